@@ -1,0 +1,60 @@
+"""The one shape every telemetry backend returns: immutable snapshots, no behaviour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Link levels between two cards, as NVML's nvmlDeviceGetTopologyCommonAncestor reports them.
+# Lower is closer. Two cards under one PCIe switch are SINGLE or MULTIPLE; across CPU sockets SYSTEM.
+LINK_INTERNAL = 0
+LINK_SINGLE = 10
+LINK_MULTIPLE = 20
+LINK_HOSTBRIDGE = 30
+LINK_NODE = 40
+LINK_SYSTEM = 50
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_mib: int | None
+    user: str | None  # None: psutil cannot see the PID (a container's namespace); shown "container/unknown"
+    uid: int | None
+    command: str  # raw command line from another user: display it inert
+
+
+@dataclass(frozen=True, slots=True)
+class CardReading:
+    index: int
+    uuid: str
+    name: str | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    utilization_pct: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    pci_bus_id: str | None = None
+    lost: bool = False  # NVML says the GPU fell off the bus (Xid 79)
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Which cards are close. `links[(a, b)]` with a < b is a LINK_* level; missing pairs are LINK_SYSTEM."""
+
+    links: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def level(self, a: int, b: int) -> int:
+        if a == b:
+            return LINK_INTERNAL
+        return self.links.get((min(a, b), max(a, b)), LINK_SYSTEM)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    taken_at: float  # epoch seconds
+    simulated: bool
+    cards: tuple[CardReading, ...]
+    topology: Topology
+    driver_version: str | None = None
