@@ -1,0 +1,346 @@
+import os
+import time
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.core.timeparse import (
+    TimeInputError,
+    parse_duration,
+    parse_range,
+    parse_when,
+    parse_when_or_range,
+)
+
+CET = timezone(timedelta(hours=1))
+NOW = datetime(2026, 11, 29, 15, 30, tzinfo=CET)  # a Sunday
+
+
+def at(*args, tz=CET):
+    return datetime(*args, tzinfo=tz)
+
+
+@pytest.fixture
+def set_tz():
+    """Set the process TZ (time.tzset) for one test, restored afterwards."""
+    old = os.environ.get("TZ")
+
+    def _set(name):
+        os.environ["TZ"] = name
+        time.tzset()
+
+    yield _set
+    if old is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+@pytest.fixture(autouse=True)
+def _utc_system(set_tz):
+    # System zone disagrees with NOW's fixed +01:00, so NOW's offset is used as the zone:
+    # results don't depend on the machine's TZ.
+    set_tz("UTC")
+
+
+# ------------------------------------------------------------- starts
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("now", NOW),
+        ("  NOW ", NOW),
+        ("16:00", at(2026, 11, 29, 16, 0)),
+        ("15:29", at(2026, 11, 29, 15, 29)),  # within the 1-minute grace: still today
+        ("15:28", at(2026, 11, 30, 15, 28)),  # past: rolls to tomorrow
+        ("9:00", at(2026, 11, 30, 9, 0)),
+        ("09:05", at(2026, 11, 30, 9, 5)),
+        ("23:59", at(2026, 11, 29, 23, 59)),
+        ("today 14:00", at(2026, 11, 29, 14, 0)),  # explicit today never rolls
+        ("today 18:00", at(2026, 11, 29, 18, 0)),
+        ("Tomorrow 9:00", at(2026, 11, 30, 9, 0)),
+        ("tomorrow   0:00", at(2026, 11, 30, 0, 0)),
+        ("tomorrow", at(2026, 11, 30, 9, 0)),  # day alone = 09:00
+        ("mon 9:00", at(2026, 11, 30, 9, 0)),
+        ("Monday 9:00", at(2026, 11, 30, 9, 0)),
+        ("tue", at(2026, 12, 1, 9, 0)),
+        ("wed 10:00", at(2026, 12, 2, 10, 0)),
+        ("thurs 8:00", at(2026, 12, 3, 8, 0)),
+        ("sat 7:15", at(2026, 12, 5, 7, 15)),
+        ("sun 16:00", at(2026, 11, 29, 16, 0)),  # today, still ahead
+        ("sun 9:00", at(2026, 12, 6, 9, 0)),  # today but past: next week
+        ("sunday", at(2026, 12, 6, 9, 0)),
+        ("2026-12-01T14:00", at(2026, 12, 1, 14, 0)),
+        ("2026-12-01 14:00", at(2026, 12, 1, 14, 0)),
+        ("2026-12-01t14:00:30", at(2026, 12, 1, 14, 0, 30)),
+        ("2026-12-01", at(2026, 12, 1, 0, 0)),
+        ("2026-12-01T14:00Z", at(2026, 12, 1, 15, 0)),
+        ("2026-12-01T14:00+03:00", at(2026, 12, 1, 12, 0)),
+        ("2026-12-01T14:00-05:00", at(2026, 12, 1, 20, 0)),
+        ("2025-01-01 00:00", at(2025, 1, 1, 0, 0)),  # past ISO is taken as is
+        ("+2h", at(2026, 11, 29, 17, 30)),
+        ("+90m", at(2026, 11, 29, 17, 0)),
+        ("+1h30m", at(2026, 11, 29, 17, 0)),
+        ("+2d", at(2026, 12, 1, 15, 30)),
+    ],
+)
+def test_parse_when(text, expected):
+    got = parse_when(text, NOW)
+    assert got == expected
+    assert got.utcoffset() == timedelta(hours=1)  # in now's zone
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("tomorow 9", "can't read 'tomorow 9' as a time"),
+        ("", "can't read '' as a time"),
+        ("9", "as a time"),  # bare hour is not a start
+        ("14h", "as a time"),
+        ("tomorrow 9", "as a time"),
+        ("25:00", "no such time of day 25:00"),
+        ("12:60", "no such time of day"),
+        ("2026-02-30", "day is out of range"),
+        ("2026-12-01T14:00:61", "second must be in"),
+        ("+0m", "at least one minute"),
+        ("+99999d", "too long"),
+        ("+2", "can't read '+2' as a time"),
+        ("9999-12-31T23:59-05:00", "can't use"),  # overflows on conversion
+        ("next week", "as a time"),
+        ("fr 9:00", "as a time"),  # weekday needs >= 3 letters
+    ],
+)
+def test_parse_when_errors(text, fragment):
+    with pytest.raises(TimeInputError) as e:
+        parse_when(text, NOW)
+    msg = str(e.value)
+    assert fragment in msg
+    assert "\n" not in msg
+
+
+def test_error_lists_accepted_forms():
+    with pytest.raises(TimeInputError) as e:
+        parse_when("tomorow 9", NOW)
+    assert str(e.value) == (
+        "can't read 'tomorow 9' as a time; use now, 14:00, tomorrow 9:00, mon 9:00, "
+        "2026-12-01T14:00 or +2h"
+    )
+
+
+def test_error_is_one_line_for_multiline_input():
+    with pytest.raises(TimeInputError) as e:
+        parse_when("tomorrow\n\nfoo", NOW)
+    assert "\n" not in str(e.value)
+
+
+def test_naive_now_is_taken_as_system_local(set_tz):
+    set_tz("Europe/Berlin")
+    assert parse_when("16:00", datetime(2026, 11, 29, 15, 30)) == at(2026, 11, 29, 16, 0)
+
+
+# ------------------------------------------------------------- durations
+
+@pytest.mark.parametrize(
+    "text, minutes",
+    [
+        ("90m", 90),
+        ("3h", 180),
+        ("1h30m", 90),
+        ("1h 30m", 90),
+        ("2d", 2880),
+        ("1d12h", 2160),
+        ("1.5h", 90),
+        ("0.5d", 720),
+        (" 3H ", 180),
+        ("2 hours 30 min", 150),
+        ("1m", 1),
+        ("3650d", 3650 * 1440),
+    ],
+)
+def test_parse_duration(text, minutes):
+    assert parse_duration(text) == timedelta(minutes=minutes)
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("0m", "at least one minute"),
+        ("0h0m", "at least one minute"),
+        ("0.2m", "at least one minute"),
+        ("-1h", "as a duration"),
+        ("45s", "seconds are not supported"),
+        ("90", "can't read '90' as a duration; use 90m, 3h"),
+        ("", "as a duration"),
+        ("h", "as a duration"),
+        ("3650d1m", "too long"),
+        ("9" * 400 + "d", "too long"),
+        ("1e9h", "as a duration"),
+        ("30m1h", "as a duration"),
+    ],
+)
+def test_parse_duration_errors(text, fragment):
+    with pytest.raises(TimeInputError) as e:
+        parse_duration(text)
+    assert fragment in str(e.value)
+
+
+# ------------------------------------------------------------- ranges
+
+@pytest.mark.parametrize(
+    "text, start, end",
+    [
+        ("tomorrow 9-19", at(2026, 11, 30, 9, 0), at(2026, 11, 30, 19, 0)),
+        ("14:00-18:00", at(2026, 11, 30, 14, 0), at(2026, 11, 30, 18, 0)),  # start past: tomorrow
+        ("16:00 - 18:00", at(2026, 11, 29, 16, 0), at(2026, 11, 29, 18, 0)),
+        ("mon 9:00-17:30", at(2026, 11, 30, 9, 0), at(2026, 11, 30, 17, 30)),
+        ("today 9-17", at(2026, 11, 29, 9, 0), at(2026, 11, 29, 17, 0)),
+        ("2026-12-01T09:00-12:00", at(2026, 12, 1, 9, 0), at(2026, 12, 1, 12, 0)),
+        ("2026-12-01 9-12:30", at(2026, 12, 1, 9, 0), at(2026, 12, 1, 12, 30)),
+        ("9-19", at(2026, 11, 30, 9, 0), at(2026, 11, 30, 19, 0)),  # past: tomorrow
+        ("16-19", at(2026, 11, 29, 16, 0), at(2026, 11, 29, 19, 0)),
+        ("22-2", at(2026, 11, 29, 22, 0), at(2026, 11, 30, 2, 0)),  # wraps midnight
+        ("sun 23:00-0:30", at(2026, 11, 29, 23, 0), at(2026, 11, 30, 0, 30)),
+        ("18-24", at(2026, 11, 29, 18, 0), at(2026, 11, 30, 0, 0)),
+        ("sun 9-17", at(2026, 12, 6, 9, 0), at(2026, 12, 6, 17, 0)),  # next week
+    ],
+)
+def test_parse_range(text, start, end):
+    assert parse_range(text, NOW) == (start, end)
+    assert parse_when_or_range(text, NOW) == (start, end)
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("16:30-16:00", "ends at or before it starts"),
+        ("16-16", "ends at or before it starts"),
+        ("2026-12-01T22:00-02:00", "ends at or before it starts"),  # dated ranges don't wrap
+        ("tomorow 9-19", "can't read 'tomorow 9-19' as a time range"),
+        ("9-25", "no such time of day"),
+        ("24-2", "no such time of day"),
+        ("tomorrow 9:00", "as a time range"),
+        ("", "as a time range"),
+    ],
+)
+def test_parse_range_errors(text, fragment):
+    with pytest.raises(TimeInputError) as e:
+        parse_range(text, NOW)
+    assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("tomorrow 9:00", (at(2026, 11, 30, 9, 0), None)),
+        ("+2h", (at(2026, 11, 29, 17, 30), None)),
+        ("2026-12-01", (at(2026, 12, 1, 0, 0), None)),
+        # not a valid dated range, so it is a time with a -02:00 offset
+        ("2026-12-01T22:00-02:00", (at(2026, 12, 2, 1, 0), None)),
+    ],
+)
+def test_parse_when_or_range_single(text, expected):
+    assert parse_when_or_range(text, NOW) == expected
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("16:30-16:00", "ends at or before it starts"),
+        ("tomorow", "as a time or range; use now, 14:00"),
+        ("tomorow", "or a range like 14:00-18:00"),
+        ("25:00", "no such time of day"),
+    ],
+)
+def test_parse_when_or_range_errors(text, fragment):
+    with pytest.raises(TimeInputError) as e:
+        parse_when_or_range(text, NOW)
+    assert fragment in str(e.value)
+
+
+# ------------------------------------------------------------- time zones / DST
+
+def test_tz_env_is_honoured(set_tz):
+    set_tz("America/New_York")
+    now = datetime(2026, 11, 29, 15, 30).astimezone()  # how the CLI builds now
+    assert now.utcoffset() == timedelta(hours=-5)
+    got = parse_when("tomorrow 9:00", now)
+    assert got.timestamp() == datetime(2026, 11, 30, 14, 0, tzinfo=timezone.utc).timestamp()
+
+
+def test_fixed_offset_now_across_dst_end_keeps_wall_clock(set_tz):
+    # Real CLI use: now from astimezone() is a fixed +02:00, but tomorrow is +01:00.
+    set_tz("Europe/Berlin")
+    now = datetime(2026, 10, 24, 15, 30).astimezone()
+    assert now.utcoffset() == timedelta(hours=2)
+    got = parse_when("tomorrow 9:00", now)
+    assert (got.hour, got.minute, got.utcoffset()) == (9, 0, timedelta(hours=1))
+    assert got.timestamp() == datetime(2026, 10, 25, 8, 0, tzinfo=timezone.utc).timestamp()
+    # relative is elapsed time: 24h later the wall clock shows one hour less
+    later = parse_when("+24h", now)
+    assert later - now == timedelta(hours=24)
+    assert (later.day, later.hour) == (25, 14)
+    assert later.utcoffset() == timedelta(hours=1)
+    start, end = parse_range("tomorrow 0-6", now)
+    assert end - start == timedelta(hours=7)  # the night has an extra hour
+    assert parse_when("sun 9:00", now) == got
+
+
+@pytest.mark.parametrize("tz_name", ["Europe/Berlin"])
+def test_zoneinfo_now_across_dst_end(tz_name):
+    z = ZoneInfo(tz_name)
+    now = datetime(2026, 10, 24, 15, 30, tzinfo=z)
+    got = parse_when("tomorrow 9:00", now)
+    assert got.timestamp() == datetime(2026, 10, 25, 8, 0, tzinfo=timezone.utc).timestamp()
+    assert (got.hour, got.utcoffset()) == (9, timedelta(hours=1))
+    later = parse_when("+24h", now)
+    assert later.timestamp() - now.timestamp() == 24 * 3600
+    assert later.hour == 14
+
+
+def test_dst_gap_and_fold_system_zone(set_tz):
+    set_tz("Europe/Berlin")
+    now = datetime(2026, 3, 28, 12, 0).astimezone()
+    gap = parse_when("2026-03-29 02:30", now)  # doesn't exist: moves forward
+    assert (gap.hour, gap.minute, gap.utcoffset()) == (3, 30, timedelta(hours=2))
+    fold = parse_when("2026-10-25 02:30", now)  # happens twice: first one
+    assert fold.timestamp() == datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc).timestamp()
+
+
+def test_dst_gap_and_fold_zoneinfo():
+    z = ZoneInfo("Europe/Berlin")
+    now = datetime(2026, 3, 28, 12, 0, tzinfo=z)
+    gap = parse_when("2026-03-29 02:30", now)
+    assert (gap.hour, gap.minute, gap.utcoffset()) == (3, 30, timedelta(hours=2))
+    fold = parse_when("2026-10-25 02:30", now)
+    assert fold.timestamp() == datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc).timestamp()
+
+
+def test_fixed_offset_not_matching_system_is_used_as_is():
+    # autouse fixture set TZ=UTC; NOW is +01:00, so +01:00 is the zone
+    got = parse_when("2026-07-01 12:00", NOW)
+    assert got == at(2026, 7, 1, 12, 0)
+    assert got.utcoffset() == timedelta(hours=1)
+
+
+# ------------------------------------------------------------- never anything but TimeInputError
+
+_grammarish = st.text(alphabet="0123456789:-+.TtZzdhms amonwrxy\u2013\n\u0663", max_size=30)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(max_size=40), _grammarish))
+def test_any_text_returns_or_raises_time_input_error(text):
+    for fn in (
+        lambda: parse_when(text, NOW),
+        lambda: parse_duration(text),
+        lambda: parse_range(text, NOW),
+        lambda: parse_when_or_range(text, NOW),
+    ):
+        try:
+            fn()
+        except TimeInputError as e:
+            assert "\n" not in str(e)
