@@ -1,0 +1,535 @@
+"""The `board` command: quick subcommands for the shell, and the TUI when run with no subcommand.
+
+Only `board` with no subcommand imports Textual; everything else stays on the fast path.
+Exit codes: 0 ok, 1 unexpected, 2 bad input or not found, 3 conflict, 4 not permitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Sequence
+
+from app.core.errors import BadInput, BoardError, NotPermitted
+
+EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_NOT_PERMITTED = 0, 1, 2, 3, 4
+
+EPILOG = """\
+times: now, 14:00, tomorrow 9:00, mon 9:00, 2026-12-01T14:00, +2h; ranges: 'tomorrow 9-19'
+durations: 90m, 3h, 1h30m, 2d
+exit codes: 0 ok, 1 unexpected, 2 bad input or not found, 3 conflict, 4 not permitted
+"""
+
+
+class Session:
+    """What a command needs, each piece opened only when first used."""
+
+    def __init__(self, args: argparse.Namespace, environ=os.environ):
+        self.args, self.environ = args, environ
+
+    @cached_property
+    def demo(self) -> bool | str | None:
+        return self.args.demo
+
+    @cached_property
+    def config(self):
+        from app.config import ConfigError, load_config
+
+        db = self.args.db
+        if db is None and self.demo is not None and not self.environ.get("BOARD_DB"):
+            from app.demo import demo_db_path
+
+            db = demo_db_path(self.environ)
+        try:
+            return load_config(db, self.environ)
+        except ConfigError as error:
+            raise BadInput(str(error)) from None
+
+    @cached_property
+    def me(self):
+        from app.core.identity import current_identity
+
+        return current_identity(self.config.admin_group)
+
+    @cached_property
+    def conn(self):
+        from app.store.db import connect
+
+        conn = connect(self.config.db_path)
+        if self.demo is not None:
+            from app.demo import seed_if_empty
+
+            seed_if_empty(conn, self.snapshot)
+        return conn
+
+    @cached_property
+    def source(self):
+        from app.gpu import NoDriverError, open_source
+
+        try:
+            return open_source(self.demo, environ=self.environ)
+        except NoDriverError as error:
+            raise BoardError(str(error)) from None
+        except ValueError as error:  # a bad scenario file
+            raise BadInput(str(error)) from None
+
+    @cached_property
+    def snapshot(self):
+        return self.source.read()
+
+    @cached_property
+    def service(self):
+        from app.core.bookings import BookingService
+
+        return BookingService(self.conn, self.me, self.config, self.snapshot.cards, self.snapshot.topology)
+
+    def now(self) -> datetime:
+        return datetime.now().astimezone()
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def iso(epoch: int | float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+
+
+def booking_json(booking) -> dict[str, Any] | None:
+    if booking is None:
+        return None
+    return {
+        "id": booking.id,
+        "user": booking.user,
+        "cards": list(booking.cards),
+        "card_uuids": list(booking.card_uuids),
+        "start": iso(booking.start),
+        "end": iso(booking.end),
+        "class": booking.klass,
+        "note": booking.note,
+        "status": booking.status,
+    }
+
+
+def print_json(value: Any) -> None:
+    # ensure_ascii keeps other users' text inert on any terminal.
+    print(json.dumps(value, indent=2))
+
+
+def booking_line(booking) -> str:
+    from app.core.bookings import format_cards, format_time
+    from app.core.text import inert
+
+    state = "" if booking.status == "booked" else f" [{booking.status}]"
+    note = f"  {inert(booking.note, 60)}" if booking.note else ""
+    return (
+        f"#{booking.id:<5} {inert(booking.user, 16):<16} cards {format_cards(booking.cards):<15}"
+        f" {format_time(booking.start)} → {format_time(booking.end)}  {booking.klass}{state}{note}"
+    )
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+# -- time arguments ----------------------------------------------------------------------------
+
+
+def parse_span(session: Session, start_text: str, for_text: str | None, until_text: str | None) -> tuple[int, int]:
+    """--start (a time or a range) with --for or --until, as UTC epoch seconds."""
+    from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
+
+    now = session.now()
+    try:
+        start, range_end = parse_when_or_range(start_text, now)
+        if for_text is not None:
+            end = start + parse_duration(for_text)
+        elif until_text is not None:
+            end = parse_when(until_text, start)
+        elif range_end is not None:
+            end = range_end
+        else:
+            raise BadInput("say how long: --for 3h, --until 18:00, or a range such as --start 'tomorrow 9-19'")
+    except TimeInputError as error:
+        raise BadInput(str(error)) from None
+    except OverflowError:
+        raise BadInput("that time is out of range") from None
+    return int(start.timestamp()), int(end.timestamp())
+
+
+def parse_cards(text: str) -> list[int]:
+    try:
+        cards = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise BadInput(f"can't read cards {text!r}; give indexes such as 0,1") from None
+    if not cards or any(c < 0 or c > 4096 for c in cards):
+        raise BadInput(f"can't read cards {text!r}; give indexes such as 0,1")
+    return cards
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def cmd_status(session: Session) -> int:
+    from app.core.bookings import format_time
+    from app.core.cardstate import UNKNOWN_USER, fleet_status
+    from app.core.text import inert
+    from app.store import bookings as rows
+
+    snapshot, now = session.snapshot, time.time()
+    live = rows.live_between(session.conn, int(now), 2**62)
+    statuses = fleet_status(snapshot, live, now, hot_celsius=session.config.hot_celsius, labels=session.config.labels)
+    if session.args.json:
+        print_json({
+            "simulated": snapshot.simulated,
+            "taken_at": iso(snapshot.taken_at),
+            "cards": [_card_json(s, UNKNOWN_USER) for s in statuses],
+        })
+        return EXIT_OK
+
+    def num(value, fmt="{}"):
+        return "n/a" if value is None else fmt.format(value)
+
+    header = ["#", "STATE", "VRAM GiB", "UTIL", "TEMP", "POWER W", "HOLDER", "UNTIL", "NEXT", "USERS"]
+    lines = [header]
+    for s in statuses:
+        r = s.reading
+        vram = "n/a" if r.memory_used_mib is None or not r.memory_total_mib else f"{r.memory_used_mib / 1024:.1f}/{r.memory_total_mib / 1024:.1f}"
+        state = " ".join([s.state, *s.warnings])
+        nxt = f"{inert(s.next_booking.user, 12)} {format_time(s.next_booking.start, now)}" if s.next_booking else "-"
+        lines.append([
+            str(r.index), state, vram, num(r.utilization_pct, "{}%"), num(r.temperature_c, "{}°C"),
+            f"{num(r.power_w, '{:.0f}')}/{num(r.power_limit_w, '{:.0f}')}",
+            inert(s.booking.user, 12) if s.booking else "-",
+            format_time(s.booking.end, now) if s.booking else "-",
+            nxt, inert(",".join(s.users), 30) or "-",
+        ])
+    names = {r.name for r in snapshot.cards if r.name}
+    badge = " · SIMULATED" if snapshot.simulated else ""
+    print(f"{len(snapshot.cards)} × {', '.join(sorted(names)) or 'GPU'}{badge}")
+    print(table(lines))
+    return EXIT_OK
+
+
+def _card_json(status, unknown_user: str) -> dict[str, Any]:
+    r = status.reading
+    return {
+        "index": r.index,
+        "uuid": r.uuid,
+        "name": r.name,
+        "label": status.label,
+        "memory_total_mib": r.memory_total_mib,
+        "memory_used_mib": r.memory_used_mib,
+        "utilization_pct": r.utilization_pct,
+        "temperature_c": r.temperature_c,
+        "power_w": r.power_w,
+        "power_limit_w": r.power_limit_w,
+        "pci_bus_id": r.pci_bus_id,
+        "state": status.state,
+        "warnings": list(status.warnings),
+        "booking": booking_json(status.booking),
+        "next_booking": booking_json(status.next_booking),
+        "processes": [
+            {"pid": p.pid, "user": p.user or unknown_user, "used_mib": p.used_mib, "command": p.command}
+            for p in r.processes
+        ],
+    }
+
+
+def cmd_book(session: Session) -> int:
+    args = session.args
+    if args.count is None and args.cards is None:
+        raise BadInput("say which cards: a count (board book 2) or --cards 0,1")
+    if args.count is not None and args.cards is not None:
+        raise BadInput("give a count or --cards, not both")
+    start, end = parse_span(session, args.start, args.duration, args.until)
+    booking = session.service.create(
+        cards=parse_cards(args.cards) if args.cards is not None else None,
+        count=args.count,
+        start=start,
+        end=end,
+        klass=args.klass,
+        note=args.note,
+    )
+    _print_booking(session, booking, "booked")
+    return EXIT_OK
+
+
+def _print_booking(session: Session, booking, verb: str) -> None:
+    if session.args.json:
+        print_json(booking_json(booking))
+    else:
+        print(f"{verb} {booking_line(booking)}")
+
+
+def cmd_list(session: Session) -> int:
+    from app.core.identity import lookup_user
+    from app.core.timeparse import TimeInputError, parse_when
+    from app.store import bookings as rows
+
+    args, now = session.args, session.now()
+    try:
+        start = int(parse_when(args.from_, now).timestamp()) if args.from_ else (None if args.all else int(now.timestamp()))
+        end = int(parse_when(args.to, now).timestamp()) if args.to else None
+    except TimeInputError as error:
+        raise BadInput(str(error)) from None
+    user = session.me.name if args.mine else args.user
+    if args.user and lookup_user(args.user) is None and not rows.listing(session.conn, start=None, end=None, user=args.user, include_cancelled=True):
+        raise BadInput(f"no user {args.user!r} on this server")
+    found = rows.listing(session.conn, start=start, end=end, user=user, include_cancelled=args.all)
+    if args.json:
+        print_json({"bookings": [booking_json(b) for b in found]})
+    elif not found:
+        print("no bookings" + ("" if args.all else " from now on; --all shows past and cancelled ones"))
+    else:
+        print("\n".join(booking_line(b) for b in found))
+    return EXIT_OK
+
+
+def cmd_cancel(session: Session) -> int:
+    _print_booking(session, session.service.cancel(session.args.id), "cancelled")
+    return EXIT_OK
+
+
+def cmd_release(session: Session) -> int:
+    _print_booking(session, session.service.release(session.args.id), "released")
+    return EXIT_OK
+
+
+def cmd_extend(session: Session) -> int:
+    args = session.args
+    booking = session.service.get(args.id)
+    from app.core.timeparse import TimeInputError, parse_duration, parse_when
+
+    try:
+        if args.duration is not None:
+            end = booking.end + int(parse_duration(args.duration).total_seconds())
+        else:
+            end = int(parse_when(args.until, session.now()).timestamp())
+    except TimeInputError as error:
+        raise BadInput(str(error)) from None
+    _print_booking(session, session.service.extend(args.id, end), "extended")
+    return EXIT_OK
+
+
+def cmd_reassign(session: Session) -> int:
+    args = session.args
+    cards = parse_cards(args.cards) if args.cards is not None else None
+    _print_booking(session, session.service.reassign(args.id, cards=cards, user=args.user), "reassigned")
+    return EXIT_OK
+
+
+def cmd_admin(session: Session) -> int:
+    raise BadInput("say which admin action: board admin reassign ID (--cards 4,5 | --user NAME)")
+
+
+def cmd_run(session: Session) -> int:
+    from app.store import bookings as rows
+
+    args = session.args
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise BadInput("give a command to run: board run -- python train.py")
+    now = time.time()
+    if args.booking is not None:
+        booking = session.service.get(args.booking)
+        if booking.uid != session.me.uid:
+            raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; run on your own booking")
+        if not booking.active(now):
+            raise NotPermitted(f"booking {booking.id} is not active now")
+    else:
+        mine = [b for b in rows.live_between(session.conn, int(now), int(now) + 1, user=session.me.name) if b.uid == session.me.uid]
+        if not mine:
+            raise NotPermitted("you have no active booking; book cards first: board book 1 --for 2h")
+        if len(mine) > 1:
+            raise BadInput(f"you hold {len(mine)} active bookings; pick one with --booking ID")
+        booking = mine[0]
+    uuids = ",".join(booking.card_uuids)
+    env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=uuids, NVIDIA_VISIBLE_DEVICES=uuids,
+               BOARD_BOOKING_ID=str(booking.id))
+    sys.stdout.flush()
+    try:
+        os.execvpe(command[0], command, env)
+    except FileNotFoundError:
+        raise BadInput(f"command not found: {command[0]}") from None
+    except PermissionError:
+        raise NotPermitted(f"can't execute {command[0]}: permission denied") from None
+    return EXIT_UNEXPECTED  # not reached
+
+
+def cmd_log(session: Session) -> int:
+    from app.core.bookings import format_time
+    from app.core.text import inert
+    from app.store import events
+
+    found = events.recent(session.conn, limit=session.args.limit, booking_id=session.args.booking)
+    if session.args.json:
+        print_json({"events": [
+            {"id": e.id, "time": iso(e.ts), "uid": e.uid, "actor": e.actor, "action": e.action,
+             "booking_id": e.booking_id, "ok": e.ok, "details": e.details}
+            for e in found
+        ]})
+        return EXIT_OK
+    for e in reversed(found):
+        outcome = "ok" if e.ok else f"REFUSED: {inert(str(e.details.get('refused', '')), 100)}"
+        booking = f" #{e.booking_id}" if e.booking_id is not None else ""
+        print(f"{format_time(e.ts)}  {inert(e.actor, 16):<16} {e.action}{booking}  {outcome}")
+    return EXIT_OK
+
+
+def cmd_whoami(session: Session) -> int:
+    me = session.me
+    if session.args.json:
+        print_json({"user": me.name, "uid": me.uid, "admin": me.is_admin, "admin_group": session.config.admin_group,
+                    "db": str(session.config.db_path)})
+    else:
+        role = "admin" if me.is_admin else "member"
+        print(f"{me.name} (uid {me.uid}), {role}; database {session.config.db_path}")
+    return EXIT_OK
+
+
+def cmd_init(session: Session) -> int:
+    from app.store.setup import init_shared
+
+    directory = Path(session.args.dir) if session.args.dir else session.config.db_path.parent
+    db_path = directory / session.config.db_path.name
+    for line in init_shared(db_path, session.args.group):
+        print(line)
+    return EXIT_OK
+
+
+def cmd_doctor(session: Session) -> int:
+    from app.store.setup import doctor
+
+    problems = 0
+    for ok, line in doctor(session.config.db_path, session.config.admin_group):
+        problems += not ok
+        print(("ok    " if ok else "FIX   ") + line)
+    return EXIT_OK if problems == 0 else EXIT_UNEXPECTED
+
+
+def cmd_board(session: Session) -> int:
+    try:
+        from app.tui.app import run_board
+    except ImportError:
+        return cmd_status(session)
+    return run_board(session)
+
+
+# -- parser ------------------------------------------------------------------------------------
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}; see '{self.prog} --help'\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = Parser(add_help=False)
+    common.add_argument("--db", default=argparse.SUPPRESS, help="the database file (else BOARD_DB, the config, /var/lib/board/board.db)")
+    common.add_argument(
+        "--demo", nargs="?", const=True, default=argparse.SUPPRESS, metavar="SCENARIO",
+        help="use the simulated fleet (optionally a scenario TOML) and a demo database",
+    )
+    parser = Parser(prog="board", description="The GPU occupancy board: see the cards, book them, run on them.",
+                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
+    parser.set_defaults(handler=cmd_board, db=None, demo=None, json=False)
+    from app import __version__
+
+    parser.add_argument("--version", action="version", version=f"board {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    def command(name: str, handler, help: str, json_flag: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, parents=[common], epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(handler=handler)
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print JSON")
+        return p
+
+    command("status", cmd_status, "every card: telemetry, state, current and next booking", json_flag=True)
+
+    p = command("book", cmd_book, "book cards for a time slot", json_flag=True)
+    p.add_argument("count", nargs="?", type=int, help="how many cards (1, 2, 4 or 8); picks the best-connected free set")
+    p.add_argument("--cards", help="exact cards, e.g. 0,1")
+    p.add_argument("--start", default="now", help="when it starts, or a range such as 'tomorrow 9-19' (default now)")
+    span = p.add_mutually_exclusive_group()
+    span.add_argument("--for", dest="duration", metavar="DUR", help="how long, e.g. 3h")
+    span.add_argument("--until", metavar="WHEN", help="when it ends")
+    p.add_argument("--class", dest="klass", default="experiment", help="online, batch, finetune or experiment (default)")
+    p.add_argument("--note", default="", help="what it is for")
+
+    p = command("list", cmd_list, "bookings from now on (or a window)", json_flag=True)
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--mine", action="store_true", help="only mine")
+    who.add_argument("--user", help="only this user's")
+    p.add_argument("--from", dest="from_", metavar="WHEN", help="window start (default now)")
+    p.add_argument("--to", metavar="WHEN", help="window end")
+    p.add_argument("--all", action="store_true", help="include past and cancelled bookings")
+
+    for name, handler, help in (
+        ("cancel", cmd_cancel, "cancel a booking (an active one ends now)"),
+        ("release", cmd_release, "end an active booking now"),
+    ):
+        p = command(name, handler, help, json_flag=True)
+        p.add_argument("id", type=int, help="booking id")
+
+    p = command("extend", cmd_extend, "make a booking longer, if the time after it is free", json_flag=True)
+    p.add_argument("id", type=int, help="booking id")
+    span = p.add_mutually_exclusive_group(required=True)
+    span.add_argument("--for", dest="duration", metavar="DUR", help="add this much time")
+    span.add_argument("--until", metavar="WHEN", help="the new end")
+
+    p = command("admin", cmd_admin, "admin actions")
+    admin = p.add_subparsers(title="admin commands", metavar="ACTION")
+    p = admin.add_parser("reassign", help="move a booking to other cards or another user", parents=[common])
+    p.set_defaults(handler=cmd_reassign)
+    p.add_argument("id", type=int, help="booking id")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--cards", help="the new cards, as many as before")
+    target.add_argument("--user", help="the new holder")
+
+    p = command("run", cmd_run, "run a command on your booked cards only")
+    p.add_argument("--booking", type=int, help="which of your active bookings (default: the only one)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+    p = command("log", cmd_log, "the audit log", json_flag=True)
+    p.add_argument("--limit", type=int, default=50, help="how many events (default 50)")
+    p.add_argument("--booking", type=int, help="only this booking's events")
+
+    command("whoami", cmd_whoami, "who board thinks you are, and your role", json_flag=True)
+
+    p = command("init", cmd_init, "create the shared database directory (setgid, 2770) and file (0660); run as root")
+    p.add_argument("--group", required=True, help="the Unix group of board users")
+    p.add_argument("--dir", help="the directory (default: the configured database's)")
+
+    command("doctor", cmd_doctor, "check the database's permissions, filesystem and audit chain")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    session = Session(args)
+    try:
+        return args.handler(session)
+    except BoardError as error:
+        print(f"board: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as error:  # noqa: BLE001 - the last line of defence: no tracebacks for users
+        if os.environ.get("BOARD_DEBUG"):
+            raise
+        print(f"board: unexpected error: {type(error).__name__}: {error}; rerun with BOARD_DEBUG=1 for details",
+              file=sys.stderr)
+        return EXIT_UNEXPECTED

@@ -1,0 +1,135 @@
+"""Settings: one root-owned TOML file plus environment overrides, read into typed dataclasses.
+
+Precedence for the database path: --db, then BOARD_DB, then [storage] db in the config
+(BOARD_CONFIG, default /etc/board/board.toml), then /var/lib/board/board.db.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+DEFAULT_CONFIG_PATH = Path("/etc/board/board.toml")
+DEFAULT_DB_PATH = Path("/var/lib/board/board.db")
+CLASSES = ("online", "batch", "finetune", "experiment")  # highest priority first
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message is one line naming the file."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClassWindow:
+    """A class is allowed in a pool only between `start` and `end` local time (wrapping midnight), and at weekends if set."""
+
+    start_minute: int
+    end_minute: int
+    weekends: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    cards: tuple[int, ...]
+    classes: tuple[str, ...] = CLASSES
+    max_hours: float | None = None
+    windows: dict[str, ClassWindow] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    max_booking_hours: float = 72.0
+    max_ahead_days: float = 30.0
+    max_cards_per_user: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaSettings:
+    server_bin: str | None = None
+    port_min: int = 8100
+    port_max: int = 8199
+    host: str = "127.0.0.1"
+    allowed_hosts: tuple[str, ...] = ("127.0.0.1",)
+    model_dirs: tuple[str, ...] = ()
+    ready_timeout_s: float = 300.0
+    log_dir: str | None = None  # default: beside the database, in servers/
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    path: Path | None = None  # the file it was read from, if any
+    db_path: Path = DEFAULT_DB_PATH
+    admin_group: str = "board-admin"
+    refresh_seconds: float = 1.0
+    hot_celsius: int = 90
+    labels: dict[int, str] = field(default_factory=dict)
+    policy: Policy = field(default_factory=Policy)
+    pools: tuple[Pool, ...] = ()
+    llama: LlamaSettings = field(default_factory=LlamaSettings)
+
+
+def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
+    path = Path(environ.get("BOARD_CONFIG") or DEFAULT_CONFIG_PATH)
+    raw: dict = {}
+    if path.exists():
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+            raise ConfigError(f"can't read config {path}: {error}") from None
+    elif "BOARD_CONFIG" in environ:
+        raise ConfigError(f"config file {path} does not exist; fix BOARD_CONFIG or create the file")
+    try:
+        config = _from_toml(raw, path if raw else None)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ConfigError(f"bad config {path}: {error}") from None
+    db_path = db or environ.get("BOARD_DB")
+    if db_path:
+        config = replace(config, db_path=Path(db_path).expanduser())
+    return config
+
+
+def _hhmm(text: str) -> int:
+    hours, minutes = text.strip().split(":")
+    value = int(hours) * 60 + int(minutes)
+    if not 0 <= value <= 24 * 60:
+        raise ValueError(f"time {text!r} is outside 00:00-24:00")
+    return value
+
+
+def _from_toml(raw: dict, path: Path | None) -> Config:
+    known = {"storage", "access", "display", "policy", "pools", "llama", "labels"}
+    if unknown := set(raw) - known:
+        raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
+    storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
+    policy = Policy(**raw.get("policy", {}))
+    pools = []
+    for entry in raw.get("pools", []):
+        entry = dict(entry)
+        windows = {}
+        for klass, window in entry.pop("windows", {}).items():
+            if klass not in CLASSES:
+                raise ValueError(f"pool {entry.get('name')!r}: unknown class {klass!r}")
+            start, end = str(window["hours"]).split("-")
+            windows[klass] = ClassWindow(_hhmm(start), _hhmm(end), bool(window.get("weekends", True)))
+        classes = tuple(entry.pop("classes", CLASSES))
+        if bad := [c for c in classes if c not in CLASSES]:
+            raise ValueError(f"pool {entry.get('name')!r}: unknown class {bad[0]!r}")
+        pools.append(Pool(name=str(entry.pop("name")), cards=tuple(int(c) for c in entry.pop("cards")),
+                          classes=classes, windows=windows, **entry))
+    llama = dict(raw.get("llama", {}))
+    for key in ("allowed_hosts", "model_dirs"):
+        if key in llama:
+            llama[key] = tuple(llama[key])
+    return Config(
+        path=path,
+        db_path=Path(storage.get("db", DEFAULT_DB_PATH)),
+        admin_group=str(access.get("admin_group", "board-admin")),
+        refresh_seconds=float(display.get("refresh_seconds", 1.0)),
+        hot_celsius=int(display.get("hot_celsius", 90)),
+        labels={int(k): str(v) for k, v in raw.get("labels", {}).items()},
+        policy=policy,
+        pools=tuple(pools),
+        llama=LlamaSettings(**llama),
+    )

@@ -1,0 +1,283 @@
+"""Booking rules: create, cancel, release, extend and reassign, each one short IMMEDIATE transaction.
+
+Every change and every refusal by rule (conflict, not permitted) is written to the audit log.
+Bad input writes nothing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable, Sequence
+
+from app.config import CLASSES, Config
+from app.core import policy
+from app.core.errors import BadInput, BoardError, Conflict, NotPermitted
+from app.core.identity import Identity, lookup_user
+from app.core.slots import find_slot, next_free_start
+from app.gpu.model import CardReading, Topology
+from app.store import bookings as rows
+from app.store import events
+from app.store.db import write
+
+GROUP_SIZES = (1, 2, 4, 8)
+MAX_NOTE_CHARS = 500
+PAST_GRACE_SECONDS = 60
+
+
+def format_time(epoch: int, now: float | None = None) -> str:
+    """A short local time: '14:00' today, 'Tue 14:00' within a week, else '2026-12-01 14:00'."""
+    moment = datetime.fromtimestamp(epoch).astimezone()
+    today = datetime.fromtimestamp(now if now is not None else time.time()).astimezone().date()
+    if moment.date() == today:
+        return moment.strftime("%H:%M")
+    if 0 < (moment.date() - today).days < 7:
+        return moment.strftime("%a %H:%M")
+    return moment.strftime("%Y-%m-%d %H:%M")
+
+
+def format_cards(cards: Sequence[int]) -> str:
+    return ",".join(str(c) for c in cards)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A booking that passed every rule, ready to insert."""
+
+    cards: tuple[int, ...]
+    uuids: tuple[str, ...]
+    start: int
+    end: int
+
+
+class BookingService:
+    """The rules, bound to one connection, one caller and one view of the cards."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        me: Identity,
+        config: Config,
+        cards: Sequence[CardReading],
+        topology: Topology,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.conn, self.me, self.config, self.topology, self.clock = conn, me, config, topology, clock
+        self.cards = {c.index: c for c in cards}
+        self.by_uuid = {c.uuid: c.index for c in cards}
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def get(self, booking_id: int) -> Booking:
+        booking = rows.get(self.conn, booking_id)
+        if booking is None:
+            raise BadInput(f"no booking {booking_id}; 'board list' shows the bookings")
+        return booking
+
+    def plan(
+        self,
+        *,
+        cards: Sequence[int] | None = None,
+        count: int | None = None,
+        start: int,
+        end: int,
+        klass: str = "experiment",
+        user: str | None = None,
+    ) -> Plan:
+        """Check a booking against every rule without writing; raises the error `create` would."""
+        now = int(self.clock())
+        klass = self._check_class(klass)
+        if start < now - PAST_GRACE_SECONDS:
+            raise BadInput(f"the start {format_time(start, now)} is in the past; pick a start from now on")
+        if end <= start:
+            raise BadInput("the end must be after the start")
+        duration = end - start
+        busy = self._busy_by_index(after=start)
+        if cards is not None:
+            chosen = self._check_cards(cards)
+            self._check_free(chosen, start, end, busy)
+        else:
+            if count not in GROUP_SIZES:
+                raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
+            eligible = [
+                i for i, c in sorted(self.cards.items())
+                if not c.lost and policy.card_refusal(self.config, i, klass, start, end) is None
+            ]
+            found = find_slot(busy, eligible, count, start, duration, self.topology)
+            if found is None:
+                raise Conflict(f"no {count} cards can take a {klass} booking; see 'board status'")
+            chosen, start = found
+            end = start + duration
+        held = [(b.start, b.end, len(b.cards)) for b in rows.live_between(self.conn, start, end, user=user or self.me.name)]
+        policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=held)
+        return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end)
+
+    def next_free(self, cards: Sequence[int], start: int, duration: int) -> int:
+        return next_free_start(self._busy_by_index(after=start), self._check_cards(cards), start, duration)
+
+    # -- changes -------------------------------------------------------------------------------
+
+    def create(
+        self,
+        *,
+        cards: Sequence[int] | None = None,
+        count: int | None = None,
+        start: int,
+        end: int,
+        klass: str = "experiment",
+        note: str = "",
+        request: dict[str, Any] | None = None,
+    ) -> Booking:
+        note = self._check_note(note)
+        details = {"cards": list(cards) if cards is not None else None, "count": count, "start": start,
+                   "end": end, "class": klass, "note": note}
+
+        def change(now: int) -> int:
+            plan = self.plan(cards=cards, count=count, start=start, end=end, klass=klass)
+            rows.sync_cards(self.conn, self.cards.values(), now)
+            booking_id = rows.insert(
+                self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
+                klass=klass, note=note, request=request, now=now, created_by=self.me.uid,
+            )
+            details.update(cards=list(plan.cards), start=plan.start, end=plan.end)
+            return booking_id
+
+        return self._audited("create", None, details, change)
+
+    def cancel(self, booking_id: int) -> Booking:
+        def change(now: int) -> int:
+            booking = self._editable(booking_id, "cancel", now)
+            if booking.start > now:
+                rows.set_cancelled(self.conn, booking_id)
+            else:
+                rows.set_times(self.conn, booking_id, booking.start, now)
+            return booking_id
+
+        return self._audited("cancel", booking_id, {}, change)
+
+    def release(self, booking_id: int) -> Booking:
+        def change(now: int) -> int:
+            booking = self._editable(booking_id, "release", now)
+            if booking.start > now:
+                raise BadInput(f"booking {booking_id} has not started yet; cancel it instead")
+            rows.set_times(self.conn, booking_id, booking.start, now)
+            return booking_id
+
+        return self._audited("release", booking_id, {}, change)
+
+    def extend(self, booking_id: int, end: int) -> Booking:
+        details = {"end": end}
+
+        def change(now: int) -> int:
+            booking = self._editable(booking_id, "extend", now)
+            if end <= booking.end:
+                raise BadInput(f"the new end must be after the current end {format_time(booking.end, now)}")
+            self._check_free(booking.cards, booking.end, end, self._busy_by_index(after=booking.end, excluding=booking_id))
+            held = [(b.start, b.end, len(b.cards)) for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
+            policy.check(self.config, cards=booking.cards, klass=booking.klass, start=booking.start, end=end,
+                         now=min(now, booking.start), held=held)
+            details["old_end"] = booking.end
+            rows.set_times(self.conn, booking_id, booking.start, end)
+            return booking_id
+
+        return self._audited("extend", booking_id, details, change)
+
+    def reassign(self, booking_id: int, *, cards: Sequence[int] | None = None, user: str | None = None) -> Booking:
+        details: dict[str, Any] = {"cards": list(cards) if cards is not None else None, "user": user}
+
+        def change(now: int) -> int:
+            if not self.me.is_admin:
+                raise NotPermitted(f"only admins (group {self.config.admin_group}) can reassign bookings")
+            booking = self._editable(booking_id, "reassign", now)
+            if cards is not None:
+                chosen = self._check_cards(cards)
+                if len(chosen) != len(booking.cards):
+                    raise BadInput(f"booking {booking_id} has {len(booking.cards)} card(s); give as many")
+                self._check_free(chosen, max(booking.start, now), booking.end,
+                                 self._busy_by_index(after=now, excluding=booking_id))
+                rows.sync_cards(self.conn, self.cards.values(), now)
+                rows.set_cards(self.conn, booking_id, [self.cards[i].uuid for i in chosen])
+                details["old_cards"] = list(booking.cards)
+            if user is not None:
+                found = lookup_user(user)
+                if found is None:
+                    raise BadInput(f"no user {user!r} on this server")
+                rows.set_owner(self.conn, booking_id, *found)
+                details["old_user"] = booking.user
+            return booking_id
+
+        return self._audited("reassign", booking_id, details, change)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _audited(self, action: str, booking_id: int | None, details: dict, change: Callable[[int], int]) -> Booking:
+        now = int(self.clock())
+        try:
+            with write(self.conn):
+                booking_id = change(now)
+                events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,
+                              booking_id=booking_id, ok=True, details=details)
+        except (Conflict, NotPermitted) as refusal:
+            with write(self.conn):
+                events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,
+                              booking_id=booking_id, ok=False, details={**details, "refused": str(refusal)})
+            raise
+        except sqlite3.IntegrityError as error:
+            # Only the overlap triggers can get here: another writer beat us past the app's own check.
+            raise Conflict(f"the cards were just booked by someone else; try again ({error})") from None
+        return self.get(booking_id)
+
+    def _editable(self, booking_id: int, verb: str, now: int) -> Booking:
+        booking = self.get(booking_id)
+        if booking.uid != self.me.uid and not self.me.is_admin:
+            raise NotPermitted(f"booking {booking_id} belongs to {booking.user}; only they or an admin can {verb} it")
+        if booking.status == "cancelled":
+            raise BadInput(f"booking {booking_id} is cancelled")
+        if booking.end <= now:
+            raise BadInput(f"booking {booking_id} has already ended; past bookings cannot change")
+        return booking
+
+    def _check_class(self, klass: str) -> str:
+        if klass not in CLASSES:
+            raise BadInput(f"unknown class {klass!r}; use one of {', '.join(CLASSES)}")
+        return klass
+
+    def _check_note(self, note: str) -> str:
+        if len(note) > MAX_NOTE_CHARS:
+            raise BadInput(f"the note is {len(note)} characters; keep it to {MAX_NOTE_CHARS}")
+        return note
+
+    def _check_cards(self, cards: Sequence[int]) -> tuple[int, ...]:
+        chosen = tuple(sorted(set(cards)))
+        if not chosen:
+            raise BadInput("name at least one card")
+        for index in chosen:
+            if index not in self.cards:
+                known = f"{min(self.cards)}-{max(self.cards)}" if self.cards else "none"
+                raise BadInput(f"unknown card {index}; the cards are {known}")
+            if self.cards[index].lost:
+                raise NotPermitted(f"card {index} is lost (fell off the bus); pick another card")
+        return chosen
+
+    def _busy_by_index(self, after: int, excluding: int | None = None) -> dict[int, list[tuple[int, int]]]:
+        by_uuid = rows.busy_by_card(self.conn, after, excluding)
+        return {self.by_uuid[u]: spans for u, spans in by_uuid.items() if u in self.by_uuid}
+
+    def _check_free(self, cards: Sequence[int], start: int, end: int, busy: dict) -> None:
+        uuids = [self.cards[i].uuid for i in cards]
+        clashes = rows.conflicts(self.conn, uuids, start, end)
+        if clashes:
+            first = clashes[0]
+            now = self.clock()
+            free_at = next_free_start(busy, cards, start, end - start)
+            raise Conflict(
+                f"card(s) {format_cards(sorted(set(first.cards) & set(cards)))} are booked by {first.user}"
+                f" until {format_time(first.end, now)} (booking {first.id});"
+                f" next free start for cards {format_cards(cards)}: {format_time(free_at, now)}"
+            )
+
+
+Booking = rows.Booking
+__all__ = ["BookingService", "Booking", "BoardError", "Plan", "format_time", "format_cards"]

@@ -1,0 +1,41 @@
+"""Who is asking: from the real UID via pwd, never from $USER, $LOGNAME or $SUDO_USER."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    name: str
+    uid: int
+    is_admin: bool
+
+
+def current_identity(admin_group: str) -> Identity:
+    uid = os.getuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:  # a UID without a passwd entry (some containers)
+        name = f"uid{uid}"
+    return Identity(name=name, uid=uid, is_admin=uid == 0 or _in_group(admin_group))
+
+
+def _in_group(group: str) -> bool:
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        return False
+    return gid == os.getgid() or gid in os.getgroups()
+
+
+def lookup_user(name: str) -> tuple[str, int] | None:
+    """(name, uid) of a local account, or None."""
+    try:
+        entry = pwd.getpwnam(name)
+    except (KeyError, ValueError):
+        return None
+    return entry.pw_name, entry.pw_uid

@@ -1,0 +1,93 @@
+"""Booking policy: the longest booking, how far ahead, cards per user, and per-pool classes and windows."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, tzinfo
+from typing import Sequence
+
+from app.config import Config, Pool
+from app.core.errors import NotPermitted
+
+
+def card_refusal(config: Config, card: int, klass: str, start: int, end: int, tz: tzinfo | None = None) -> str | None:
+    """Why `card` may not carry a `klass` booking over [start, end), or None when it may."""
+    for pool in config.pools:
+        if card not in pool.cards:
+            continue
+        if klass not in pool.classes:
+            return f"class {klass} is not allowed on pool {pool.name} (cards {_cards(pool)})"
+        if pool.max_hours is not None and end - start > pool.max_hours * 3600:
+            return f"pool {pool.name} allows at most {pool.max_hours:g} h per booking"
+        if (window := pool.windows.get(klass)) and not _inside_window(window, start, end, tz):
+            hours = f"{window.start_minute // 60:02d}:{window.start_minute % 60:02d}-{window.end_minute // 60:02d}:{window.end_minute % 60:02d}"
+            weekends = " and at weekends" if window.weekends else ""
+            return f"class {klass} is allowed on pool {pool.name} only {hours}{weekends}"
+    return None
+
+
+def check(
+    config: Config,
+    *,
+    cards: Sequence[int],
+    klass: str,
+    start: int,
+    end: int,
+    now: int,
+    held: Sequence[tuple[int, int, int]],
+    tz: tzinfo | None = None,
+) -> None:
+    """Raise NotPermitted naming the first rule the booking breaks. `held`: the user's other live (start, end, n_cards)."""
+    policy = config.policy
+    if end - start > policy.max_booking_hours * 3600:
+        raise NotPermitted(f"a booking may last at most {policy.max_booking_hours:g} h; book a shorter slot")
+    if start - now > policy.max_ahead_days * 86400:
+        raise NotPermitted(f"a booking may start at most {policy.max_ahead_days:g} days ahead")
+    for card in cards:
+        if reason := card_refusal(config, card, klass, start, end, tz):
+            raise NotPermitted(f"card {card}: {reason}")
+    peak = _peak_cards(held, start, end) + len(cards)
+    if peak > policy.max_cards_per_user:
+        raise NotPermitted(
+            f"you would hold {peak} cards at once; the limit is {policy.max_cards_per_user}"
+        )
+
+
+def _peak_cards(held: Sequence[tuple[int, int, int]], start: int, end: int) -> int:
+    """The most cards the user holds at any moment inside [start, end)."""
+    changes = []
+    for s, e, n in held:
+        if s < end and start < e:
+            changes += [(max(s, start), n), (min(e, end), -n)]
+    peak = current = 0
+    for _, delta in sorted(changes, key=lambda change: (change[0], change[1])):
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+def _inside_window(window, start: int, end: int, tz: tzinfo | None) -> bool:
+    """True when every moment of [start, end) is inside the window (local time) or at a weekend."""
+    t = datetime.fromtimestamp(start, tz).astimezone(tz)
+    stop = datetime.fromtimestamp(end, tz).astimezone(tz)
+    while t < stop:
+        midnight = t.replace(hour=0, minute=0, second=0, microsecond=0)
+        if window.weekends and t.weekday() >= 5:
+            t = midnight + timedelta(days=1)
+            continue
+        minute = t.hour * 60 + t.minute
+        s, e = window.start_minute, window.end_minute
+        if s <= e:
+            if not s <= minute < e:
+                return False
+            t = midnight + timedelta(minutes=e)
+        elif minute >= s:
+            t = midnight + timedelta(days=1, minutes=e)  # wraps past midnight
+        elif minute < e:
+            t = midnight + timedelta(minutes=e)
+        else:
+            return False
+    return True
+
+
+def _cards(pool: Pool) -> str:
+    return ",".join(str(c) for c in pool.cards)

@@ -1,0 +1,157 @@
+"""Booking rows: the SQL, and nothing else. Rules live in app.core.bookings."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from app.gpu.model import CardReading
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    id: int
+    user: str
+    uid: int
+    cards: tuple[int, ...]  # NVML indexes, in the same order as card_uuids
+    card_uuids: tuple[str, ...]
+    start: int  # UTC epoch seconds, half-open [start, end)
+    end: int
+    klass: str
+    note: str
+    status: str  # booked | cancelled
+    request: dict[str, Any] | None = None
+    created_at: int = 0
+
+    def active(self, now: float) -> bool:
+        return self.status == "booked" and self.start <= now < self.end
+
+
+_SELECT = """
+SELECT b.id, b.user, b.uid, b.starts_at, b.ends_at, b.class, b.note, b.status, b.request, b.created_at,
+       group_concat(c.idx || ' ' || c.uuid, char(10))
+FROM bookings AS b
+JOIN booking_cards AS bc ON bc.booking_id = b.id
+JOIN cards AS c ON c.uuid = bc.card_uuid
+"""
+
+
+def _booking(row) -> Booking:
+    pairs = sorted((int(idx), uuid) for idx, uuid in (line.split(" ", 1) for line in row[10].split("\n")))
+    return Booking(
+        id=row[0], user=row[1], uid=row[2], start=row[3], end=row[4], klass=row[5], note=row[6], status=row[7],
+        request=json.loads(row[8]) if row[8] else None, created_at=row[9],
+        cards=tuple(p[0] for p in pairs), card_uuids=tuple(p[1] for p in pairs),
+    )
+
+
+def get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
+    row = conn.execute(_SELECT + " WHERE b.id = ? GROUP BY b.id", (booking_id,)).fetchone()
+    return _booking(row) if row else None
+
+
+def live_between(conn: sqlite3.Connection, start: int, end: int, *, user: str | None = None) -> list[Booking]:
+    """Live (not cancelled) bookings that overlap [start, end), oldest start first."""
+    sql = _SELECT + " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ?"
+    args: list[Any] = [start, end]
+    if user is not None:
+        sql += " AND b.user = ?"
+        args.append(user)
+    return [_booking(r) for r in conn.execute(sql + " GROUP BY b.id ORDER BY b.starts_at, b.id", args)]
+
+
+def listing(
+    conn: sqlite3.Connection, *, start: int | None, end: int | None, user: str | None, include_cancelled: bool
+) -> list[Booking]:
+    clauses, args = [], []
+    if not include_cancelled:
+        clauses.append("b.status = 'booked'")
+    if start is not None:
+        clauses.append("b.ends_at > ?")
+        args.append(start)
+    if end is not None:
+        clauses.append("b.starts_at < ?")
+        args.append(end)
+    if user is not None:
+        clauses.append("b.user = ?")
+        args.append(user)
+    where = " WHERE " + " AND ".join(clauses) if clauses else ""
+    return [_booking(r) for r in conn.execute(_SELECT + where + " GROUP BY b.id ORDER BY b.starts_at, b.id", args)]
+
+
+def busy_by_card(conn: sqlite3.Connection, after: int, excluding: int | None = None) -> dict[str, list[tuple[int, int]]]:
+    """Live intervals per card UUID that end after `after`; served by the bookings_live_by_end index."""
+    rows = conn.execute(
+        "SELECT bc.card_uuid, b.starts_at, b.ends_at FROM bookings AS b"
+        " JOIN booking_cards AS bc ON bc.booking_id = b.id"
+        " WHERE b.status = 'booked' AND b.ends_at > ? AND b.id IS NOT ?",
+        (after, excluding),
+    )
+    busy: dict[str, list[tuple[int, int]]] = {}
+    for uuid, start, end in rows:
+        busy.setdefault(uuid, []).append((start, end))
+    return busy
+
+
+def conflicts(
+    conn: sqlite3.Connection, uuids: Iterable[str], start: int, end: int, excluding: int | None = None
+) -> list[Booking]:
+    uuids = list(uuids)
+    marks = ",".join("?" * len(uuids))
+    ids = [
+        r[0]
+        for r in conn.execute(
+            f"SELECT DISTINCT b.id FROM bookings AS b JOIN booking_cards AS bc ON bc.booking_id = b.id"
+            f" WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS NOT ?"
+            f" AND bc.card_uuid IN ({marks}) ORDER BY b.ends_at",
+            [start, end, excluding, *uuids],
+        )
+    ]
+    return [b for b in (get(conn, i) for i in ids) if b]
+
+
+def insert(
+    conn: sqlite3.Connection, *, user: str, uid: int, uuids: Iterable[str], start: int, end: int, klass: str,
+    note: str, request: dict | None, now: int, created_by: int,
+) -> int:
+    cursor = conn.execute(
+        "INSERT INTO bookings (user, uid, starts_at, ends_at, class, note, request, created_at, created_by)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (user, uid, start, end, klass, note, json.dumps(request) if request else None, now, created_by),
+    )
+    booking_id = cursor.lastrowid
+    conn.executemany(
+        "INSERT INTO booking_cards (card_uuid, booking_id) VALUES (?, ?)", [(u, booking_id) for u in uuids]
+    )
+    return booking_id
+
+
+def set_times(conn: sqlite3.Connection, booking_id: int, start: int, end: int) -> None:
+    conn.execute("UPDATE bookings SET starts_at = ?, ends_at = ? WHERE id = ?", (start, end, booking_id))
+
+
+def set_cancelled(conn: sqlite3.Connection, booking_id: int) -> None:
+    conn.execute("UPDATE bookings SET status = 'cancelled' WHERE id = ?", (booking_id,))
+
+
+def set_owner(conn: sqlite3.Connection, booking_id: int, user: str, uid: int) -> None:
+    conn.execute("UPDATE bookings SET user = ?, uid = ? WHERE id = ?", (user, uid, booking_id))
+
+
+def set_cards(conn: sqlite3.Connection, booking_id: int, uuids: Iterable[str]) -> None:
+    conn.execute("DELETE FROM booking_cards WHERE booking_id = ?", (booking_id,))
+    conn.executemany(
+        "INSERT INTO booking_cards (card_uuid, booking_id) VALUES (?, ?)", [(u, booking_id) for u in uuids]
+    )
+
+
+def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int) -> None:
+    """Record the cards NVML reports, keyed by UUID; the index can change after a reboot."""
+    conn.executemany(
+        "INSERT INTO cards (uuid, idx, name, seen_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (uuid) DO UPDATE SET idx = excluded.idx, name = coalesce(excluded.name, name),"
+        " seen_at = excluded.seen_at",
+        [(c.uuid, c.index, c.name, now) for c in cards],
+    )

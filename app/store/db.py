@@ -1,0 +1,85 @@
+"""Connections to the one shared SQLite file: WAL, a long busy timeout, foreign keys, short IMMEDIATE writes."""
+
+from __future__ import annotations
+
+import grp
+import os
+import sqlite3
+import stat
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from app.core.errors import BoardError, NotPermitted
+from app.store import schema
+from app.store.filesystem import network_filesystem
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+class StoreError(BoardError):
+    """The database cannot be used; the message says what to do."""
+
+
+def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
+    """Open the board database, creating and migrating it on first use."""
+    path = Path(path)
+    if kind := network_filesystem(path):
+        raise StoreError(
+            f"{path} is on a {kind} filesystem; SQLite's WAL needs a local disk: set BOARD_DB to a local path"
+        )
+    exists = path.exists()
+    if not exists and not create:
+        raise StoreError(f"no board database at {path}; run 'board init' or set BOARD_DB")
+    if not exists and not path.parent.is_dir():
+        raise StoreError(f"the directory {path.parent} does not exist; run 'board init --group G' or set BOARD_DB")
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=True)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")  # durable enough in WAL; fsyncs at checkpoints
+        if not exists and _setgid_dir(path.parent):
+            os.chmod(path, 0o660)
+        if conn.execute("PRAGMA user_version").fetchone()[0] != schema.LATEST:
+            schema.migrate(conn)
+    except sqlite3.OperationalError as error:
+        raise _access_error(path, error) from None
+    except sqlite3.DatabaseError as error:
+        raise StoreError(f"{path} is not a usable board database: {error}") from None
+    return conn
+
+
+@contextmanager
+def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One short write transaction: BEGIN IMMEDIATE takes the write lock up front, so checks and writes agree."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def data_version(conn: sqlite3.Connection) -> int:
+    """Changes whenever another connection commits; cheap enough to poll every second."""
+    return conn.execute("PRAGMA data_version").fetchone()[0]
+
+
+def _setgid_dir(directory: Path) -> bool:
+    return bool(directory.stat().st_mode & stat.S_ISGID)
+
+
+def _access_error(path: Path, error: sqlite3.OperationalError) -> BoardError:
+    message = str(error)
+    if "locked" in message or "busy" in message:
+        return StoreError(f"the board database {path} stayed locked for {BUSY_TIMEOUT_MS // 1000} s; try again")
+    if "unable to open" in message or "readonly" in message or "disk I/O" in message:
+        try:
+            group = grp.getgrgid(path.parent.stat().st_gid).gr_name
+        except (KeyError, OSError):
+            group = "the board group"
+        return NotPermitted(f"no access to the board database {path}; ask an admin to add you to group {group}")
+    return StoreError(f"the board database {path} failed: {message}")

@@ -1,0 +1,79 @@
+"""The audit log: every change and every refused attempt, append-only and hash-chained.
+
+Each row's hash covers its own fields and the previous row's hash, so an edit or a deletion
+made by hand shows up as the first row whose hash no longer matches (board doctor checks it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+GENESIS = "0" * 64
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    ts: int
+    uid: int
+    actor: str
+    action: str
+    booking_id: int | None
+    ok: bool
+    details: dict[str, Any]
+
+
+def record(
+    conn: sqlite3.Connection,
+    *,
+    ts: int,
+    uid: int,
+    actor: str,
+    action: str,
+    booking_id: int | None,
+    ok: bool,
+    details: dict[str, Any] | None = None,
+) -> None:
+    """Append one event. Call inside a write transaction, so the chain's tail cannot move underneath."""
+    row = conn.execute("SELECT hash FROM events ORDER BY id DESC LIMIT 1").fetchone()
+    prev_hash = row[0] if row else GENESIS
+    body = json.dumps(details or {}, sort_keys=True, ensure_ascii=False)
+    digest = _digest(prev_hash, ts, uid, actor, action, booking_id, ok, body)
+    conn.execute(
+        "INSERT INTO events (ts, uid, actor, action, booking_id, ok, details, prev_hash, hash)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (ts, uid, actor, action, booking_id, int(ok), body, prev_hash, digest),
+    )
+
+
+def recent(conn: sqlite3.Connection, limit: int = 100, booking_id: int | None = None) -> list[Event]:
+    where, args = ("WHERE booking_id = ?", [booking_id]) if booking_id is not None else ("", [])
+    rows = conn.execute(
+        f"SELECT id, ts, uid, actor, action, booking_id, ok, details FROM events {where}"
+        " ORDER BY id DESC LIMIT ?",
+        [*args, limit],
+    ).fetchall()
+    return [Event(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), json.loads(r[7])) for r in rows]
+
+
+def first_broken(conn: sqlite3.Connection) -> int | None:
+    """The id of the first event whose hash or link does not match, or None when the chain is whole."""
+    prev_hash = GENESIS
+    rows = conn.execute(
+        "SELECT id, ts, uid, actor, action, booking_id, ok, details, prev_hash, hash FROM events ORDER BY id"
+    )
+    for id_, ts, uid, actor, action, booking_id, ok, details, stored_prev, stored_hash in rows:
+        expected = _digest(prev_hash, ts, uid, actor, action, booking_id, bool(ok), details)
+        if stored_prev != prev_hash or stored_hash != expected:
+            return id_
+        prev_hash = stored_hash
+    return None
+
+
+def _digest(prev_hash: str, ts, uid, actor, action, booking_id, ok: bool, details: str) -> str:
+    fields = json.dumps([prev_hash, ts, uid, actor, action, booking_id, int(ok), details], ensure_ascii=False)
+    return hashlib.sha256(fields.encode("utf-8", "surrogatepass")).hexdigest()

@@ -1,0 +1,122 @@
+"""Schema migrations, tracked with PRAGMA user_version and run under BEGIN IMMEDIATE.
+
+Append a migration to MIGRATIONS; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+_V1 = """
+CREATE TABLE cards (
+    uuid TEXT PRIMARY KEY,
+    idx INTEGER NOT NULL,
+    name TEXT,
+    seen_at INTEGER NOT NULL
+);
+
+CREATE TABLE bookings (
+    id INTEGER PRIMARY KEY,
+    user TEXT NOT NULL,
+    uid INTEGER NOT NULL,
+    starts_at INTEGER NOT NULL,
+    ends_at INTEGER NOT NULL,
+    class TEXT NOT NULL DEFAULT 'experiment'
+        CHECK (class IN ('online', 'batch', 'finetune', 'experiment')),
+    note TEXT NOT NULL DEFAULT '',
+    request TEXT,
+    status TEXT NOT NULL DEFAULT 'booked' CHECK (status IN ('booked', 'cancelled')),
+    created_at INTEGER NOT NULL,
+    created_by INTEGER NOT NULL,
+    CHECK (ends_at > starts_at)
+);
+
+CREATE TABLE booking_cards (
+    card_uuid TEXT NOT NULL REFERENCES cards(uuid),
+    booking_id INTEGER NOT NULL REFERENCES bookings(id) ON DELETE CASCADE,
+    PRIMARY KEY (card_uuid, booking_id)
+) WITHOUT ROWID;
+
+CREATE INDEX booking_cards_by_booking ON booking_cards(booking_id);
+
+-- The overlap query only ever looks at live bookings that end after some time.
+CREATE INDEX bookings_live_by_end ON bookings(ends_at, starts_at) WHERE status = 'booked';
+
+-- Backstops for writers that bypass the app: no card ever holds two overlapping live bookings.
+CREATE TRIGGER booking_cards_no_overlap BEFORE INSERT ON booking_cards
+WHEN (SELECT status FROM bookings WHERE id = NEW.booking_id) = 'booked'
+BEGIN
+    SELECT RAISE(ABORT, 'overlapping booking')
+    FROM bookings AS new, booking_cards AS other JOIN bookings AS b ON b.id = other.booking_id
+    WHERE new.id = NEW.booking_id AND other.card_uuid = NEW.card_uuid AND other.booking_id != NEW.booking_id
+      AND b.status = 'booked' AND b.starts_at < new.ends_at AND b.ends_at > new.starts_at;
+END;
+
+CREATE TRIGGER bookings_no_overlap BEFORE UPDATE OF starts_at, ends_at, status ON bookings
+WHEN NEW.status = 'booked'
+BEGIN
+    SELECT RAISE(ABORT, 'overlapping booking')
+    FROM booking_cards AS mine
+    JOIN booking_cards AS other ON other.card_uuid = mine.card_uuid AND other.booking_id != mine.booking_id
+    JOIN bookings AS b ON b.id = other.booking_id
+    WHERE mine.booking_id = NEW.id AND b.status = 'booked'
+      AND b.starts_at < NEW.ends_at AND b.ends_at > NEW.starts_at;
+END;
+
+-- The audit log: append-only, each row chained to the previous one by hash.
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY,
+    ts INTEGER NOT NULL,
+    uid INTEGER NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    booking_id INTEGER,
+    ok INTEGER NOT NULL,
+    details TEXT NOT NULL DEFAULT '{}',
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+
+CREATE INDEX events_by_booking ON events(booking_id);
+
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+"""
+
+MIGRATIONS: list[str] = [_V1]
+LATEST = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring the schema to LATEST. Safe to race: the version is re-read under the write lock."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > LATEST:
+            raise sqlite3.DatabaseError(
+                f"the database has schema version {version}, newer than this board ({LATEST}); upgrade board"
+            )
+        for number in range(version, LATEST):
+            for statement in _statements(MIGRATIONS[number]):
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {LATEST}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _statements(script: str) -> list[str]:
+    # executescript() would COMMIT our transaction; split on complete statements instead.
+    statements, current = [], ""
+    for line in script.splitlines(keepends=True):
+        if line.lstrip().startswith("--"):
+            continue
+        current += line
+        if sqlite3.complete_statement(current):
+            statements.append(current.strip())
+            current = ""
+    return statements
