@@ -1,0 +1,39 @@
+# The two commands in the README's quick start: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test llama-server screenshots bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Stamps: reinstall when pyproject.toml changes.
+$(VENV)/.runtime: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --editable .
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --editable '.[test]'
+	touch $@ $(VENV)/.runtime
+
+# The real board where there is an NVIDIA driver; elsewhere the simulated fleet and a demo database.
+run: $(VENV)/.runtime
+	$(BIN)/board $$( [ -e /proc/driver/nvidia/version ] || echo --demo )
+
+# Builds llama-server from source once (about 7 minutes on 2 cores), cached in ~/.cache/board.
+llama-server:
+	@scripts/build_llama_server.sh
+
+test: $(VENV)/.test
+	BOARD_LLAMA_SERVER="$$(scripts/build_llama_server.sh | tail -n 1)" $(BIN)/python -m pytest
+
+screenshots: $(VENV)/.test
+	$(BIN)/python scripts/make_screenshots.py
+
+bench: $(VENV)/.test
+	$(BIN)/python bench/bench_cli.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
