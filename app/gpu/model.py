@@ -37,6 +37,7 @@ class CardReading:
     pci_bus_id: str | None = None
     lost: bool = False  # NVML says the GPU fell off the bus (Xid 79)
     processes: tuple[GpuProcess, ...] = ()
+    label: str | None = None  # slot or serial from a scenario; the NVML backend leaves it for the config
 
 
 @dataclass(frozen=True, slots=True)

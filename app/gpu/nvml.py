@@ -1,0 +1,224 @@
+"""The real backend: NVML through nvidia-ml-py (`import pynvml`), process owners through psutil.
+
+NVML is initialised once and the handles are kept. Fields that do not change while the
+driver is loaded (name, UUID, VRAM total, PCI bus id, power limit, driver version, topology)
+are read once; each `read()` asks only for the live ones. Every field is read on its own, so
+a card that does not support one (NotSupported, FunctionNotFound, ...) shows it as None and
+the rest still works. A card that falls off the bus (GpuIsLost, Xid 79) is marked lost and
+the other cards keep reporting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pwd
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from app.gpu import NoDriverError
+from app.gpu.model import CardReading, FleetSnapshot, GpuProcess, Topology
+
+_MIB = 1024 * 1024
+_UNKNOWN_OWNER: tuple[str | None, int | None, str] = (None, None, "")
+
+
+@dataclass(slots=True)
+class _Card:
+    """What is cached about one card between reads."""
+
+    index: int
+    handle: Any
+    uuid: str
+    name: str | None
+    memory_total_mib: int | None
+    pci_bus_id: str | None
+    power_limit_w: float | None
+    lost: bool
+
+
+class NvmlSource:
+    """Not re-entrant: the board polls from one worker and never lets polls overlap."""
+
+    simulated = False
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        # Imported here, not at module top, so that tests can put a fake in sys.modules first.
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise NoDriverError() from exc
+        self._nv = pynvml
+        self._clock = clock
+        try:
+            pynvml.nvmlInit()
+        except Exception as exc:  # LibraryNotFound, DriverNotLoaded, NoPermission, a broken install
+            raise NoDriverError() from exc
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except Exception as exc:
+            self._shutdown()
+            raise NoDriverError() from exc
+        self._closed = False
+        self._driver_version = _text(self._field(pynvml.nvmlSystemGetDriverVersion))
+        self._cards = [self._open_card(i) for i in range(count)]
+        self._topology = self._read_topology()
+        # Owners of GPU processes by (pid, create_time): a reused PID gets a fresh look-up.
+        self._owners: dict[tuple[int, float], tuple[str | None, int | None, str]] = {}
+        self._owners_seen: set[tuple[int, float]] = set()
+
+    # -- the GpuSource interface ------------------------------------------------------------
+
+    def read(self) -> FleetSnapshot:
+        taken_at = self._clock()
+        self._owners_seen = set()
+        cards = tuple(self._read_card(card) for card in self._cards)
+        # Forget processes that have exited, so the cache stays the size of what runs now.
+        self._owners = {key: self._owners[key] for key in self._owners_seen}
+        return FleetSnapshot(
+            taken_at=taken_at,
+            simulated=False,
+            cards=cards,
+            topology=self._topology,
+            driver_version=self._driver_version,
+        )
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._shutdown()
+
+    # -- slow fields, read once -------------------------------------------------------------
+
+    def _open_card(self, index: int) -> _Card:
+        nv = self._nv
+        card = _Card(index, None, f"GPU-unknown-{index}", None, None, None, None, lost=False)
+        try:
+            card.handle = nv.nvmlDeviceGetHandleByIndex(index)
+            card.uuid = _text(self._field(nv.nvmlDeviceGetUUID, card.handle)) or card.uuid
+            card.name = _text(self._field(nv.nvmlDeviceGetName, card.handle))
+            memory = self._field(nv.nvmlDeviceGetMemoryInfo, card.handle)
+            card.memory_total_mib = None if memory is None else memory.total // _MIB
+            pci = self._field(nv.nvmlDeviceGetPciInfo, card.handle)
+            card.pci_bus_id = None if pci is None else _text(pci.busId)
+            # Enforced is the limit in force (it honours nvidia-smi -pl); older drivers lack it.
+            limit_mw = self._field(nv.nvmlDeviceGetEnforcedPowerLimit, card.handle)
+            if limit_mw is None:
+                limit_mw = self._field(nv.nvmlDeviceGetPowerManagementLimit, card.handle)
+            card.power_limit_w = None if limit_mw is None else limit_mw / 1000
+        except nv.NVMLError_GpuIsLost:
+            card.lost = True
+        except Exception:
+            # No handle at all (say, no permission on this one card): its fields stay None.
+            card.handle = None
+        return card
+
+    def _read_topology(self) -> Topology:
+        links: dict[tuple[int, int], int] = {}
+        usable = [c for c in self._cards if c.handle is not None and not c.lost]
+        for a, b in itertools.combinations(usable, 2):
+            try:
+                links[(a.index, b.index)] = int(
+                    self._nv.nvmlDeviceGetTopologyCommonAncestor(a.handle, b.handle)
+                )
+            except Exception:
+                pass  # unknown pairs read as LINK_SYSTEM, the cautious answer
+        return Topology(links)
+
+    # -- live fields, every read ------------------------------------------------------------
+
+    def _read_card(self, card: _Card) -> CardReading:
+        static = dict(
+            index=card.index,
+            uuid=card.uuid,
+            name=card.name,
+            memory_total_mib=card.memory_total_mib,
+            power_limit_w=card.power_limit_w,
+            pci_bus_id=card.pci_bus_id,
+        )
+        if card.handle is not None and not card.lost:
+            try:
+                return CardReading(**static, **self._live(card.handle))
+            except self._nv.NVMLError_GpuIsLost:
+                # Sticky: a GPU off the bus stays off until it is reset, so stop asking it.
+                card.lost = True
+        return CardReading(**static, lost=card.lost)
+
+    def _live(self, handle: Any) -> dict[str, Any]:
+        nv = self._nv
+        memory = self._field(nv.nvmlDeviceGetMemoryInfo, handle)
+        utilization = self._field(nv.nvmlDeviceGetUtilizationRates, handle)
+        power_mw = self._field(nv.nvmlDeviceGetPowerUsage, handle)
+        return dict(
+            memory_used_mib=None if memory is None else memory.used // _MIB,
+            utilization_pct=None if utilization is None else utilization.gpu,
+            temperature_c=self._field(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU),
+            power_w=None if power_mw is None else power_mw / 1000,
+            processes=self._processes(handle),
+        )
+
+    def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
+        nv = self._nv
+        used: dict[int, int | None] = {}
+        for query in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
+            for info in self._field(query, handle) or ():
+                mib = None if info.usedGpuMemory is None else info.usedGpuMemory // _MIB
+                # A process can be in both lists (CUDA + graphics); it is one process.
+                before = used.get(info.pid)
+                used[info.pid] = mib if before is None else before if mib is None else max(before, mib)
+        return tuple(GpuProcess(pid, mib, *self._owner(pid)) for pid, mib in sorted(used.items()))
+
+    def _owner(self, pid: int) -> tuple[str | None, int | None, str]:
+        """(user, uid, command) of a PID, or unknowns when psutil cannot see it (a container)."""
+        if pid <= 0:
+            return _UNKNOWN_OWNER
+        try:
+            process = psutil.Process(pid)
+            key = (pid, process.create_time())
+        except psutil.Error:
+            return _UNKNOWN_OWNER
+        self._owners_seen.add(key)
+        if key not in self._owners:
+            self._owners[key] = _describe(process)
+        return self._owners[key]
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _field(self, query: Callable[..., Any], *args: Any) -> Any:
+        """One NVML call; None when the driver cannot answer. GpuIsLost passes up to mark the card."""
+        try:
+            return query(*args)
+        except self._nv.NVMLError_GpuIsLost:
+            raise
+        except Exception:
+            return None
+
+    def _shutdown(self) -> None:
+        try:
+            self._nv.nvmlShutdown()
+        except Exception:
+            pass  # closing must not fail; the process is going away or NVML never started
+
+
+def _describe(process: psutil.Process) -> tuple[str | None, int | None, str]:
+    try:
+        uid = process.uids().real
+    except psutil.Error:
+        return _UNKNOWN_OWNER
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)  # a UID with no passwd entry is still someone: show the number
+    try:
+        command = " ".join(process.cmdline()) or process.name()
+    except psutil.Error:
+        command = ""
+    return user, uid, command
+
+
+def _text(value: Any) -> Any:
+    # nvidia-ml-py returns str; releases before 11.515 returned bytes.
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

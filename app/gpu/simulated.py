@@ -1,0 +1,332 @@
+"""A simulated fleet for demos, tests and screenshots: lively, yet deterministic for a given clock.
+
+Every live value is a smooth function of the injected clock and the card index (sines with a
+per-card phase, plus the load of the card's processes), so two reads at the same clock
+value return equal snapshots, and a frozen clock gives a frozen screen.
+
+The default fleet is the team's server: 8 x NVIDIA GeForce RTX 5090, 32607 MiB, 575 W, two
+PCIe switches / NUMA nodes (cards 0-3 and 4-7), a few users' processes, card 7 running hot.
+
+Scenario files
+--------------
+A scenario TOML describes a whole fleet; every section is optional. Without ``[cards]`` it has
+the default 8 cards; without ``[[processes]]`` it has no processes; without ``[faults]`` no faults.
+
+    [cards]
+    count = 4                          # 1..64, default 8
+    name = "NVIDIA GeForce RTX 4090"   # default "NVIDIA GeForce RTX 5090"
+    memory_total_mib = 24564           # default 32607
+    power_limit_w = 450                # default 575
+    switches = 2                       # PCIe switches, cards split in order; default 2 (1 for one card)
+    labels = ["slot 1", "slot 2"]      # optional, by card index; may be shorter than count
+
+    [[processes]]                      # one table per process per card
+    card = 0                           # required
+    pid = 41001                        # required
+    used_mib = 22000                   # VRAM; omitted: NVML could not say (None)
+    user = "alice"                     # omitted: a PID psutil cannot see, "container/unknown"
+    uid = 1001                         # optional; derived from the user name when omitted
+    command = "python train.py"        # optional, default ""
+
+    [faults]
+    lost = [3]                         # cards that fell off the bus (LOST)
+    hot = [7]                          # cards that run at 91-93 degrees C
+    stall_seconds = 2.5                # every read() sleeps this long (a hung driver)
+
+    [[faults.field_error]]             # an NVML error on one field: it reads None ("n/a")
+    card = 1
+    field = "temperature"              # name, memory_total, memory_used, utilization,
+                                       # temperature, power, power_limit, pci_bus_id, processes
+
+Unknown keys, wrong types and card indexes out of range raise ValueError with a one-line
+message that names the file. See app/gpu/scenarios/example.toml.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import tomllib
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from app.gpu.model import LINK_MULTIPLE, LINK_SYSTEM, CardReading, FleetSnapshot, GpuProcess, Topology
+
+DEFAULT_NAME = "NVIDIA GeForce RTX 5090"
+DEFAULT_MEMORY_TOTAL_MIB = 32607
+DEFAULT_POWER_LIMIT_W = 575.0
+DRIVER_VERSION = "575.57.08"
+
+# Scenario field names -> the CardReading attribute an NVML error blanks.
+FIELDS = {
+    "name": "name",
+    "memory_total": "memory_total_mib",
+    "memory_used": "memory_used_mib",
+    "utilization": "utilization_pct",
+    "temperature": "temperature_c",
+    "power": "power_w",
+    "power_limit": "power_limit_w",
+    "pci_bus_id": "pci_bus_id",
+    "processes": "processes",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SimCard:
+    name: str = DEFAULT_NAME
+    memory_total_mib: int = DEFAULT_MEMORY_TOTAL_MIB
+    power_limit_w: float = DEFAULT_POWER_LIMIT_W
+    switch: int = 0  # cards under one PCIe switch are close (LINK_MULTIPLE)
+    label: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    cards: tuple[SimCard, ...]
+    processes: tuple[tuple[int, GpuProcess], ...] = ()  # (card index, process)
+    lost: frozenset[int] = frozenset()
+    hot: frozenset[int] = frozenset()
+    field_errors: frozenset[tuple[int, str]] = frozenset()  # (card index, FIELDS key)
+    stall_seconds: float = 0.0
+
+
+def demo_uid(user: str) -> int:
+    """A stable made-up UID for a simulated user name (the simulated users need not exist)."""
+    return 1000 + zlib.crc32(user.encode()) % 9000
+
+
+def _process(pid: int, used_mib: int | None, user: str | None, command: str = "") -> GpuProcess:
+    return GpuProcess(pid, used_mib, user, None if user is None else demo_uid(user), command)
+
+
+def _cards(count: int, switches: int, card: SimCard = SimCard()) -> tuple[SimCard, ...]:
+    return tuple(replace(card, switch=i * switches // count) for i in range(count))
+
+
+_TRAIN = "python train.py --config llama3-8b-lora.yaml"
+DEFAULT_FLEET = Scenario(
+    cards=_cards(8, 2),
+    processes=(
+        (0, _process(41001, 22000, "alice", _TRAIN)),
+        (1, _process(41001, 22000, "alice", _TRAIN)),
+        (2, _process(41207, 24500, "bob", "llama-server -m /models/qwen2.5-14b-q4_k_m.gguf --port 8081")),
+        (5, _process(42310, 9000, "dave", "python eval.py --shard 3")),
+        (6, _process(51999, 4096, None)),  # a container's PID: psutil cannot see it
+    ),
+    hot=frozenset({7}),
+)
+
+
+class SimulatedSource:
+    simulated = True
+
+    def __init__(
+        self,
+        scenario: Scenario = DEFAULT_FLEET,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.scenario = scenario
+        self._clock = clock
+        self._sleep = sleep
+        self._processes: dict[int, tuple[GpuProcess, ...]] = {}
+        for index, process in scenario.processes:
+            self._processes[index] = self._processes.get(index, ()) + (process,)
+        self._extra: dict[int, tuple[GpuProcess, ...]] = {}
+        cards = scenario.cards
+        self._topology = Topology(
+            {
+                (a, b): LINK_MULTIPLE if cards[a].switch == cards[b].switch else LINK_SYSTEM
+                for a in range(len(cards))
+                for b in range(a + 1, len(cards))
+            }
+        )
+
+    def set_extra_processes(self, mapping: Mapping[int, tuple[GpuProcess, ...]]) -> None:
+        """Processes started at runtime (demo llama-servers), by card; replaces the previous set."""
+        for index in mapping:
+            if not 0 <= index < len(self.scenario.cards):
+                raise ValueError(f"no simulated card {index}")
+        # One assignment, so a read on another thread sees the old set or the new one, never half.
+        self._extra = {index: tuple(processes) for index, processes in mapping.items()}
+
+    def read(self) -> FleetSnapshot:
+        if self.scenario.stall_seconds:
+            self._sleep(self.scenario.stall_seconds)
+        now = self._clock()
+        extra = self._extra
+        cards = tuple(
+            self._card(i, spec, now, self._processes.get(i, ()) + extra.get(i, ()))
+            for i, spec in enumerate(self.scenario.cards)
+        )
+        return FleetSnapshot(
+            taken_at=now, simulated=True, cards=cards, topology=self._topology, driver_version=DRIVER_VERSION
+        )
+
+    def close(self) -> None:
+        pass
+
+    def _card(self, index: int, spec: SimCard, now: float, processes: tuple[GpuProcess, ...]) -> CardReading:
+        static = CardReading(
+            index=index,
+            uuid=f"GPU-5090sim-0000-0000-0000-{index:012d}",
+            name=spec.name,
+            memory_total_mib=spec.memory_total_mib,
+            power_limit_w=spec.power_limit_w,
+            pci_bus_id=f"00000000:{index + 1:02X}:00.0",
+            label=spec.label,
+        )
+        if index in self.scenario.lost:
+            return replace(static, lost=True)
+        phase = 1.7 * index  # so that the cards do not move in lockstep
+        utilization = round(55 + 40 * math.sin(now / 17 + phase)) if processes else 0  # 15..95
+        if index in self.scenario.hot:
+            temperature = round(92 + math.sin(now / 23 + phase))  # 91..93: the HOT warning
+        else:
+            temperature = round(37 + 0.35 * utilization + 2 * math.sin(now / 41 + phase))  # 35..74
+        power = 22 + (spec.power_limit_w - 22) * 0.8 * utilization / 100 + 3 * math.sin(now / 7 + phase)
+        driver_baseline = 400 + 100 * math.sin(now / 29 + phase)  # 300..500 MiB, CUDA context and such
+        used = round(driver_baseline) + sum(p.used_mib or 0 for p in processes)
+        reading = replace(
+            static,
+            memory_used_mib=min(used, spec.memory_total_mib),
+            utilization_pct=utilization,
+            temperature_c=temperature,
+            power_w=round(power, 1),
+            processes=processes,
+        )
+        blanked = {FIELDS[f]: () if f == "processes" else None for i, f in self.scenario.field_errors if i == index}
+        return replace(reading, **blanked)
+
+
+# -- scenario files -------------------------------------------------------------------------
+
+
+class _Bad(Exception):
+    """A problem in a scenario; load_scenario adds the file name."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # TOML true is not a card count
+
+
+_INT = ("an integer", _is_int)
+_NUMBER = ("a number", lambda v: _is_int(v) or isinstance(v, float))
+_STR = ("a string", lambda v: isinstance(v, str))
+_INTS = ("a list of integers", lambda v: isinstance(v, list) and all(map(_is_int, v)))
+_STRS = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+_TABLE = ("a table", lambda v: isinstance(v, dict))
+_TABLES = ("an array of tables", lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v))
+
+_SCHEMA_TOP = {"cards": _TABLE, "processes": _TABLES, "faults": _TABLE}
+_SCHEMA_CARDS = {
+    "count": _INT,
+    "name": _STR,
+    "memory_total_mib": _INT,
+    "power_limit_w": _NUMBER,
+    "switches": _INT,
+    "labels": _STRS,
+}
+_SCHEMA_PROCESS = {"card": _INT, "pid": _INT, "used_mib": _INT, "user": _STR, "uid": _INT, "command": _STR}
+_SCHEMA_FAULTS = {"lost": _INTS, "hot": _INTS, "stall_seconds": _NUMBER, "field_error": _TABLES}
+_SCHEMA_FIELD_ERROR = {"card": _INT, "field": _STR}
+
+
+def _check(table: dict[str, Any], where: str, schema: dict[str, Any], required: tuple[str, ...] = ()) -> None:
+    for key, value in table.items():
+        if key not in schema:
+            raise _Bad(f"unknown key '{where}{key}' (expected one of: {', '.join(schema)})")
+        kind, ok = schema[key]
+        if not ok(value):
+            raise _Bad(f"{where}{key} must be {kind}, not {value!r}")
+    for key in required:
+        if key not in table:
+            raise _Bad(f"{where}{key} is missing")
+
+
+def load_scenario(path: str | os.PathLike[str]) -> Scenario:
+    """Read and validate a scenario TOML; any problem is a one-line ValueError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        return parse_scenario(data)
+    except OSError as exc:
+        raise ValueError(f"scenario {os.fspath(path)}: cannot read it ({exc.strerror})") from None
+    except (tomllib.TOMLDecodeError, _Bad) as exc:
+        raise ValueError(f"scenario {os.fspath(path)}: {exc}") from None
+
+
+def parse_scenario(data: dict[str, Any]) -> Scenario:
+    """Build a Scenario from parsed TOML. Raises _Bad (load_scenario turns it into ValueError)."""
+    _check(data, "", _SCHEMA_TOP)
+    cards = _parse_cards(data.get("cards", {}))
+    count = len(cards)
+
+    def card_index(value: int, where: str) -> int:
+        if not 0 <= value < count:
+            raise _Bad(f"{where} {value} is out of range (cards are 0-{count - 1})")
+        return value
+
+    processes = []
+    for n, table in enumerate(data.get("processes", [])):
+        where = f"processes[{n}]."
+        _check(table, where, _SCHEMA_PROCESS, required=("card", "pid"))
+        index = card_index(table["card"], f"{where}card")
+        if table["pid"] <= 0:
+            raise _Bad(f"{where}pid must be positive")
+        if table.get("used_mib", 0) < 0:
+            raise _Bad(f"{where}used_mib must not be negative")
+        user = table.get("user")
+        uid = table.get("uid", None if user is None else demo_uid(user))
+        processes.append((index, GpuProcess(table["pid"], table.get("used_mib"), user, uid, table.get("command", ""))))
+
+    faults = data.get("faults", {})
+    _check(faults, "faults.", _SCHEMA_FAULTS)
+    lost = frozenset(card_index(i, "faults.lost card") for i in faults.get("lost", []))
+    hot = frozenset(card_index(i, "faults.hot card") for i in faults.get("hot", []))
+    stall = float(faults.get("stall_seconds", 0.0))
+    if stall < 0:
+        raise _Bad("faults.stall_seconds must not be negative")
+    field_errors = set()
+    for n, table in enumerate(faults.get("field_error", [])):
+        where = f"faults.field_error[{n}]."
+        _check(table, where, _SCHEMA_FIELD_ERROR, required=("card", "field"))
+        if table["field"] not in FIELDS:
+            raise _Bad(f"{where}field {table['field']!r} is not one of: {', '.join(FIELDS)}")
+        field_errors.add((card_index(table["card"], f"{where}card"), table["field"]))
+
+    return Scenario(
+        cards=cards,
+        processes=tuple(processes),
+        lost=lost,
+        hot=hot,
+        field_errors=frozenset(field_errors),
+        stall_seconds=stall,
+    )
+
+
+def _parse_cards(table: dict[str, Any]) -> tuple[SimCard, ...]:
+    _check(table, "cards.", _SCHEMA_CARDS)
+    count = table.get("count", 8)
+    if not 1 <= count <= 64:
+        raise _Bad(f"cards.count must be 1-64, not {count}")
+    switches = table.get("switches", min(2, count))
+    if not 1 <= switches <= count:
+        raise _Bad(f"cards.switches must be 1-{count}, not {switches}")
+    labels = table.get("labels", [])
+    if len(labels) > count:
+        raise _Bad(f"cards.labels has {len(labels)} entries for {count} cards")
+    for key in ("memory_total_mib", "power_limit_w"):
+        if table.get(key, 1) <= 0:
+            raise _Bad(f"cards.{key} must be positive")
+    card = SimCard(
+        name=table.get("name", DEFAULT_NAME),
+        memory_total_mib=table.get("memory_total_mib", DEFAULT_MEMORY_TOTAL_MIB),
+        power_limit_w=float(table.get("power_limit_w", DEFAULT_POWER_LIMIT_W)),
+    )
+    cards = _cards(count, switches, card)
+    return tuple(replace(c, label=labels[i]) if i < len(labels) else c for i, c in enumerate(cards))
