@@ -93,9 +93,13 @@ class Scenario:
     stall_seconds: float = 0.0
 
 
+# The demo team's UIDs, so that simulated processes agree with a seeded demo database.
+DEMO_UIDS = {"alice": 1001, "bob": 1002, "carol": 1003, "dave": 1004, "erin": 1005}
+
+
 def demo_uid(user: str) -> int:
     """A stable made-up UID for a simulated user name (the simulated users need not exist)."""
-    return 1000 + zlib.crc32(user.encode()) % 9000
+    return DEMO_UIDS.get(user, 2000 + zlib.crc32(user.encode()) % 8000)
 
 
 def _process(pid: int, used_mib: int | None, user: str | None, command: str = "") -> GpuProcess:

@@ -56,21 +56,29 @@ def test_default_topology_has_two_switches(a, b, level):
 @pytest.mark.parametrize(
     "card, expected",
     [
-        (0, [(41001, "alice", 22000, "python train.py --config llama3-8b-lora.yaml")]),
-        (1, [(41001, "alice", 22000, "python train.py --config llama3-8b-lora.yaml")]),
-        (2, [(41207, "bob", 24500, "llama-server -m /models/qwen2.5-14b-q4_k_m.gguf --port 8081")]),
+        (0, [(41001, "alice", 1001, 22000, "python train.py --config llama3-8b-lora.yaml")]),
+        (1, [(41001, "alice", 1001, 22000, "python train.py --config llama3-8b-lora.yaml")]),
+        (2, [(41207, "bob", 1002, 24500, "llama-server -m /models/qwen2.5-14b-q4_k_m.gguf --port 8081")]),
         (3, []),
         (4, []),
-        (5, [(42310, "dave", 9000, "python eval.py --shard 3")]),
-        (6, [(51999, None, 4096, "")]),
+        (5, [(42310, "dave", 1004, 9000, "python eval.py --shard 3")]),
+        (6, [(51999, None, None, 4096, "")]),
         (7, []),
     ],
 )
 def test_default_processes(card, expected):
     processes = read_at(50.0).cards[card].processes
-    assert [(p.pid, p.user, p.used_mib, p.command) for p in processes] == expected
-    for p in processes:
-        assert p.uid == (None if p.user is None else demo_uid(p.user))
+    assert [(p.pid, p.user, p.uid, p.used_mib, p.command) for p in processes] == expected
+
+
+@pytest.mark.parametrize("user, uid", [("alice", 1001), ("bob", 1002), ("carol", 1003), ("dave", 1004)])
+def test_demo_team_has_fixed_uids(user, uid):
+    assert demo_uid(user) == uid
+
+
+def test_other_simulated_users_get_a_stable_uid_outside_the_team_range():
+    assert demo_uid("zed") == demo_uid("zed")
+    assert 2000 <= demo_uid("zed") < 10000
 
 
 @pytest.mark.parametrize("t", CLOCKS)
