@@ -272,8 +272,10 @@ class BookingService:
             first = clashes[0]
             now = self.clock()
             free_at = next_free_start(busy, cards, start, end - start)
+            taken = sorted(set(first.cards) & set(cards))
             raise Conflict(
-                f"card(s) {format_cards(sorted(set(first.cards) & set(cards)))} are booked by {first.user}"
+                f"{'card' if len(taken) == 1 else 'cards'} {format_cards(taken)} {'is' if len(taken) == 1 else 'are'}"
+                f" booked by {first.user}"
                 f" until {format_time(first.end, now)} (booking {first.id});"
                 f" next free start for cards {format_cards(cards)}: {format_time(free_at, now)}"
             )

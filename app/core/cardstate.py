@@ -76,7 +76,7 @@ def fleet_status(
                 warnings=warnings(reading, hot_celsius),
                 booking=current,
                 next_booking=upcoming,
-                label=(labels or {}).get(reading.index),
+                label=(labels or {}).get(reading.index, reading.label),
             )
         )
     return tuple(statuses)
