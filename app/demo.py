@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from app.gpu.model import FleetSnapshot
+from app.gpu.simulated import demo_uid
 from app.store import bookings as rows
 from app.store import events
 from app.store.db import write
@@ -42,12 +43,12 @@ def seed_if_empty(conn: sqlite3.Connection, snapshot: FleetSnapshot, now: float 
             return False
         rows.sync_cards(conn, snapshot.cards, now)
         uuid = {c.index: c.uuid for c in snapshot.cards}
-        for n, (user, cards, offset, hours, klass, note) in enumerate(SEED):
+        for user, cards, offset, hours, klass, note in SEED:
             if any(c not in uuid for c in cards):
                 continue
             start = base + offset * HOUR
             booking_id = rows.insert(
-                conn, user=user, uid=2000 + n, uuids=[uuid[c] for c in cards], start=start,
+                conn, user=user, uid=demo_uid(user), uuids=[uuid[c] for c in cards], start=start,
                 end=start + hours * HOUR, klass=klass, note=note, request=None, now=now, created_by=0,
             )
             events.record(conn, ts=now, uid=0, actor="demo", action="create", booking_id=booking_id, ok=True,

@@ -148,11 +148,7 @@ class BookingService:
 
     def cancel(self, booking_id: int) -> Booking:
         def change(now: int) -> int:
-            booking = self._editable(booking_id, "cancel", now)
-            if booking.start > now:
-                rows.set_cancelled(self.conn, booking_id)
-            else:
-                rows.set_times(self.conn, booking_id, booking.start, now)
+            self._end_now(self._editable(booking_id, "cancel", now), now)
             return booking_id
 
         return self._audited("cancel", booking_id, {}, change)
@@ -162,7 +158,7 @@ class BookingService:
             booking = self._editable(booking_id, "release", now)
             if booking.start > now:
                 raise BadInput(f"booking {booking_id} has not started yet; cancel it instead")
-            rows.set_times(self.conn, booking_id, booking.start, now)
+            self._end_now(booking, now)
             return booking_id
 
         return self._audited("release", booking_id, {}, change)
@@ -228,6 +224,13 @@ class BookingService:
             # Only the overlap triggers can get here: another writer beat us past the app's own check.
             raise Conflict(f"the cards were just booked by someone else; try again ({error})") from None
         return self.get(booking_id)
+
+    def _end_now(self, booking: Booking, now: int) -> None:
+        """A booking that has run keeps its past as history; one that has not is simply cancelled."""
+        if booking.start < now:
+            rows.set_times(self.conn, booking.id, booking.start, now)
+        else:
+            rows.set_cancelled(self.conn, booking.id)
 
     def _editable(self, booking_id: int, verb: str, now: int) -> Booking:
         booking = self.get(booking_id)

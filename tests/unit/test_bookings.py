@@ -1,0 +1,184 @@
+"""Booking rules through BookingService on a real SQLite file."""
+
+import pytest
+
+from app.config import Config, Policy
+from app.core.errors import BadInput, Conflict, NotPermitted
+from app.store import bookings as rows
+from app.store import events
+from tests.conftest import FROZEN_NOW
+
+H = 3600
+NOW = FROZEN_NOW
+
+
+def live(conn):
+    return rows.listing(conn, start=None, end=None, user=None, include_cancelled=False)
+
+
+class TestCreate:
+    def test_explicit_cards(self, make_service, conn):
+        booking = make_service().create(cards=[1, 0], start=NOW, end=NOW + H, note="sweep")
+        assert booking.cards == (0, 1)
+        assert (booking.user, booking.start, booking.end, booking.klass, booking.note) == ("alice", NOW, NOW + H, "experiment", "sweep")
+        assert [b.id for b in live(conn)] == [booking.id]
+
+    def test_count_picks_one_switch(self, make_service):
+        service = make_service()
+        service.create(cards=[0], start=NOW, end=NOW + H)
+        assert service.create(count=4, start=NOW, end=NOW + H).cards == (4, 5, 6, 7)
+        assert service.create(count=2, start=NOW, end=NOW + H).cards == (1, 2)
+
+    def test_count_takes_the_earliest_later_slot_when_all_are_busy(self, make_service):
+        service = make_service()
+        service.create(count=8, start=NOW, end=NOW + 2 * H)
+        booking = service.create(count=2, start=NOW, end=NOW + H)
+        assert (booking.start, booking.end) == (NOW + 2 * H, NOW + 3 * H)
+
+    @pytest.mark.parametrize(
+        "kwargs, error, message",
+        [
+            ({"cards": [0], "start": NOW - 120, "end": NOW + H}, BadInput, "in the past"),
+            ({"cards": [0], "start": NOW + H, "end": NOW + H}, BadInput, "end must be after the start"),
+            ({"cards": [0], "start": NOW, "end": NOW + 100 * H}, NotPermitted, "at most 72 h"),
+            ({"cards": [9], "start": NOW, "end": NOW + H}, BadInput, "unknown card 9; the cards are 0-7"),
+            ({"count": 3, "start": NOW, "end": NOW + H}, BadInput, "1, 2, 4 or 8 cards, not 3"),
+            ({"cards": [0], "start": NOW, "end": NOW + H, "klass": "urgent"}, BadInput, "unknown class 'urgent'"),
+            ({"cards": [0], "start": NOW, "end": NOW + H, "note": "x" * 501}, BadInput, "keep it to 500"),
+        ],
+    )
+    def test_refusals_name_the_reason_and_write_nothing(self, make_service, conn, kwargs, error, message):
+        with pytest.raises(error, match=message):
+            make_service().create(**kwargs)
+        assert live(conn) == []
+
+    def test_a_start_within_the_last_minute_is_accepted(self, make_service):
+        assert make_service().create(cards=[0], start=NOW - 30, end=NOW + H).start == NOW - 30
+
+    def test_overlap_names_holder_end_and_next_free_start(self, make_service, conn):
+        make_service("bob", 1002).create(cards=[2], start=NOW, end=NOW + 2 * H)
+        with pytest.raises(Conflict) as refused:
+            make_service().create(cards=[1, 2], start=NOW + H, end=NOW + 3 * H)
+        message = str(refused.value)
+        assert "card 2 is booked by bob until 17:30" in message
+        assert "next free start for cards 1,2: 17:30" in message
+        assert len(live(conn)) == 1
+
+    def test_a_multi_card_booking_is_all_or_nothing(self, make_service, conn):
+        make_service("bob", 1002).create(cards=[3], start=NOW, end=NOW + H)
+        with pytest.raises(Conflict):
+            make_service().create(cards=[0, 1, 2, 3], start=NOW, end=NOW + H)
+        assert conn.execute("SELECT count(*) FROM booking_cards").fetchone()[0] == 1
+
+    def test_back_to_back_bookings_do_not_overlap(self, make_service):
+        make_service().create(cards=[0], start=NOW, end=NOW + H)
+        assert make_service("bob", 1002).create(cards=[0], start=NOW + H, end=NOW + 2 * H).start == NOW + H
+
+    def test_lost_cards_are_refused_and_skipped(self, conn, make_service, fleet):
+        from dataclasses import replace
+
+        from app.core.bookings import BookingService
+        from app.core.identity import Identity
+
+        cards = [replace(c, lost=True) if c.index == 0 else c for c in fleet.cards]
+        service = BookingService(conn, Identity("alice", 1001, False), Config(), cards, fleet.topology, lambda: NOW)
+        with pytest.raises(NotPermitted, match="card 0 is lost"):
+            service.create(cards=[0], start=NOW, end=NOW + H)
+        assert service.create(count=2, start=NOW, end=NOW + H).cards == (1, 2)
+
+    def test_policy_limits_cards_per_user(self, make_service):
+        service = make_service(config=Config(policy=Policy(max_cards_per_user=2)))
+        service.create(cards=[0], start=NOW, end=NOW + H)
+        with pytest.raises(NotPermitted, match="hold 3 cards at once; the limit is 2"):
+            service.create(cards=[1, 2], start=NOW, end=NOW + H)
+
+
+class TestChanges:
+    def test_cancel_scheduled_marks_it_cancelled(self, make_service, conn):
+        service = make_service()
+        booking = service.create(cards=[0], start=NOW + H, end=NOW + 2 * H)
+        assert service.cancel(booking.id).status == "cancelled"
+        assert live(conn) == []
+
+    def test_cancel_active_ends_it_now(self, make_service):
+        service = make_service()
+        booking = service.create(cards=[0], start=NOW, end=NOW + 2 * H)
+        later = make_service(now=NOW + 600)
+        cancelled = later.cancel(booking.id)
+        assert (cancelled.status, cancelled.end) == ("booked", NOW + 600)
+
+    def test_release_needs_a_started_booking(self, make_service):
+        service = make_service()
+        booking = service.create(cards=[0], start=NOW + H, end=NOW + 2 * H)
+        with pytest.raises(BadInput, match="not started yet; cancel it instead"):
+            service.release(booking.id)
+        assert make_service(now=NOW + H + 60).release(booking.id).end == NOW + H + 60
+
+    def test_extend_only_into_free_time(self, make_service):
+        service = make_service()
+        booking = service.create(cards=[0, 1], start=NOW, end=NOW + H)
+        make_service("bob", 1002).create(cards=[1], start=NOW + 2 * H, end=NOW + 3 * H)
+        assert service.extend(booking.id, NOW + 2 * H).end == NOW + 2 * H
+        with pytest.raises(Conflict, match="card 1 is booked by bob"):
+            service.extend(booking.id, NOW + 150 * 60)
+        assert service.get(booking.id).end == NOW + 2 * H
+
+    def test_past_bookings_cannot_change(self, make_service):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + H)
+        later = make_service(now=NOW + 2 * H)
+        for action in (later.cancel, later.release, lambda i: later.extend(i, NOW + 3 * H)):
+            with pytest.raises(BadInput, match="already ended"):
+                action(booking.id)
+
+    @pytest.mark.parametrize("verb", ["cancel", "release", "extend"])
+    def test_only_the_owner_or_an_admin(self, make_service, conn, verb):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + H)
+        act = {"cancel": lambda s: s.cancel(booking.id), "release": lambda s: s.release(booking.id),
+               "extend": lambda s: s.extend(booking.id, NOW + 2 * H)}[verb]
+        with pytest.raises(NotPermitted, match=f"belongs to alice; only they or an admin can {verb} it"):
+            act(make_service("bob", 1002))
+        refused = events.recent(conn, 1)[0]
+        assert (refused.actor, refused.action, refused.ok, refused.booking_id) == ("bob", verb, False, booking.id)
+        act(make_service("carol", 1003, admin=True))
+        done = events.recent(conn, 1)[0]
+        assert (done.actor, done.action, done.ok) == ("carol", verb, True)
+
+    def test_reassign_is_admin_only_and_keeps_the_count(self, make_service):
+        booking = make_service().create(cards=[0, 1], start=NOW, end=NOW + H)
+        with pytest.raises(NotPermitted, match="only admins"):
+            make_service().reassign(booking.id, cards=[4, 5])
+        admin = make_service("root", 0, admin=True)
+        with pytest.raises(BadInput, match="has 2 card"):
+            admin.reassign(booking.id, cards=[4])
+        assert admin.reassign(booking.id, cards=[5, 4]).cards == (4, 5)
+        assert admin.reassign(booking.id, user="root").user == "root"
+        with pytest.raises(BadInput, match="no user"):
+            admin.reassign(booking.id, user="nobody-by-that-name")
+
+    def test_reassign_onto_a_busy_card_is_a_conflict(self, make_service):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + H)
+        make_service("bob", 1002).create(cards=[4], start=NOW, end=NOW + H)
+        with pytest.raises(Conflict, match="booked by bob"):
+            make_service("root", 0, admin=True).reassign(booking.id, cards=[4])
+
+    def test_unknown_booking(self, make_service):
+        with pytest.raises(BadInput, match="no booking 42"):
+            make_service().cancel(42)
+
+
+class TestAudit:
+    def test_every_change_and_refusal_is_recorded_and_chained(self, make_service, conn):
+        service = make_service()
+        booking = service.create(cards=[0], start=NOW, end=NOW + H)
+        with pytest.raises(Conflict):
+            make_service("bob", 1002).create(cards=[0], start=NOW, end=NOW + H)
+        service.extend(booking.id, NOW + 2 * H)
+        service.cancel(booking.id)
+        log = [(e.actor, e.action, e.ok) for e in reversed(events.recent(conn))]
+        assert log == [("alice", "create", True), ("bob", "create", False), ("alice", "extend", True), ("alice", "cancel", True)]
+        assert events.first_broken(conn) is None
+
+    def test_bad_input_writes_no_event(self, make_service, conn):
+        with pytest.raises(BadInput):
+            make_service().create(cards=[0], start=NOW - 3600, end=NOW)
+        assert events.recent(conn) == []

@@ -1,0 +1,62 @@
+import pytest
+
+from app.core.slots import best_group, find_slot, next_free_start, overlaps
+from app.gpu.model import LINK_MULTIPLE, LINK_SYSTEM, Topology
+
+# Two PCIe switches: cards 0-3 and 4-7, as on the real server.
+TWO_SWITCHES = Topology({(a, b): LINK_MULTIPLE if a // 4 == b // 4 else LINK_SYSTEM for a in range(8) for b in range(a + 1, 8)})
+H = 3600
+
+
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        ((0, 10), (10, 20), False),  # half-open: touching is not overlapping
+        ((0, 10), (9, 20), True),
+        ((5, 6), (0, 10), True),
+        ((0, 10), (0, 10), True),
+        ((10, 20), (0, 10), False),
+    ],
+)
+def test_overlaps_is_half_open(a, b, expected):
+    assert overlaps(a, b) is expected
+
+
+@pytest.mark.parametrize(
+    "free, count, expected",
+    [
+        (range(8), 2, (0, 1)),
+        (range(8), 4, (0, 1, 2, 3)),
+        ([0, 4, 5, 6], 2, (4, 5)),  # 0 alone on its switch; the pair comes from 4-7
+        ([0, 1, 4, 5, 6, 7], 4, (4, 5, 6, 7)),  # one whole switch beats 2+2
+        ([0, 1, 2, 4, 5], 4, (0, 1, 2, 4)),  # must straddle; the tie goes to the lowest indexes
+        ([3, 7], 2, (3, 7)),
+        ([1, 2], 4, None),
+    ],
+)
+def test_best_group_prefers_one_switch(free, count, expected):
+    assert best_group(list(free), count, TWO_SWITCHES) == expected
+
+
+def test_next_free_start_skips_to_the_end_of_the_blocking_booking():
+    busy = {0: [(0, 2 * H)], 1: [(H, 3 * H)]}
+    assert next_free_start(busy, [0], 0, H) == 2 * H
+    assert next_free_start(busy, [0, 1], 0, H) == 3 * H
+    assert next_free_start(busy, [2], 0, H) == 0
+
+
+def test_next_free_start_uses_a_gap_that_fits():
+    busy = {0: [(0, H), (2 * H, 3 * H)]}
+    assert next_free_start(busy, [0], 0, H) == H  # the one-hour gap fits exactly
+    assert next_free_start(busy, [0], 0, 2 * H) == 3 * H
+
+
+def test_find_slot_takes_the_earliest_start_then_the_best_group():
+    busy = {c: [(0, 2 * H)] for c in range(0, 6)}  # only 6 and 7 are free now
+    assert find_slot(busy, list(range(8)), 2, 0, H, TWO_SWITCHES) == ((6, 7), 0)
+    assert find_slot(busy, list(range(8)), 4, 0, H, TWO_SWITCHES) == ((0, 1, 2, 3), 2 * H)
+
+
+def test_find_slot_respects_eligible_cards():
+    assert find_slot({}, [4, 5], 4, 0, H, TWO_SWITCHES) is None
+    assert find_slot({}, [5, 6], 2, 0, H, TWO_SWITCHES) == ((5, 6), 0)
