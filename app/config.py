@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 DEFAULT_CONFIG_PATH = Path("/etc/board/board.toml")
@@ -103,7 +103,7 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
-    policy = Policy(**raw.get("policy", {}))
+    policy = _build(Policy, raw.get("policy", {}), "[policy]")
     pools = []
     for entry in raw.get("pools", []):
         entry = dict(entry)
@@ -116,8 +116,8 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         classes = tuple(entry.pop("classes", CLASSES))
         if bad := [c for c in classes if c not in CLASSES]:
             raise ValueError(f"pool {entry.get('name')!r}: unknown class {bad[0]!r}")
-        pools.append(Pool(name=str(entry.pop("name")), cards=tuple(int(c) for c in entry.pop("cards")),
-                          classes=classes, windows=windows, **entry))
+        entry.update(cards=tuple(int(c) for c in entry["cards"]), classes=classes, windows=windows)
+        pools.append(_build(Pool, entry, "[[pools]]"))
     llama = dict(raw.get("llama", {}))
     for key in ("allowed_hosts", "model_dirs"):
         if key in llama:
@@ -131,5 +131,12 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         labels={int(k): str(v) for k, v in raw.get("labels", {}).items()},
         policy=policy,
         pools=tuple(pools),
-        llama=LlamaSettings(**llama),
+        llama=_build(LlamaSettings, llama, "[llama]"),
     )
+
+
+def _build(cls, table: dict, section: str):
+    names = {f.name for f in fields(cls)}
+    if unknown := sorted(set(table) - names):
+        raise ValueError(f"unknown key {unknown[0]!r} in {section}; known keys: {', '.join(sorted(names))}")
+    return cls(**table)

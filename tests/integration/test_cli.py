@@ -1,0 +1,155 @@
+"""The quick CLI as a user runs it: a real subprocess, a real database file, the simulated fleet."""
+
+import json
+import os
+import sys
+from datetime import datetime
+
+import pytest
+
+from tests.conftest import run_board
+
+
+@pytest.fixture
+def board(tmp_path):
+    env = {"BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC"}
+
+    def run(*args, extra_env=None):
+        return run_board(*args, env={**env, **(extra_env or {})})
+
+    return run
+
+
+def ok(result):
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def ok_json(result):
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return json.loads(result.stdout)
+
+
+BOOKING_KEYS = {"id", "user", "cards", "card_uuids", "start", "end", "class", "note", "status"}
+
+
+class TestJsonShapes:
+    def test_book_prints_the_booking_with_iso_times(self, board):
+        booking = ok_json(board("book", "--cards", "0,1", "--for", "90m", "--class", "batch", "--note", "eval", "--json"))
+        assert set(booking) == BOOKING_KEYS
+        assert booking["cards"] == [0, 1] and len(booking["card_uuids"]) == 2
+        start, end = datetime.fromisoformat(booking["start"]), datetime.fromisoformat(booking["end"])
+        assert start.utcoffset() is not None and (end - start).total_seconds() == 90 * 60
+        assert (booking["class"], booking["note"], booking["status"]) == ("batch", "eval", "booked")
+
+    def test_times_are_shown_in_the_callers_zone(self, board):
+        booking = ok_json(board("book", "1", "--start", "tomorrow 9:00", "--for", "1h", "--json",
+                                extra_env={"TZ": "Asia/Tokyo"}))
+        assert booking["start"].endswith("T09:00:00+09:00")
+        listed = ok_json(board("list", "--json", extra_env={"TZ": "UTC"}))
+        assert listed["bookings"][0]["start"].endswith("T00:00:00+00:00")
+
+    def test_status(self, board):
+        ok(board("book", "--cards", "3", "--for", "1h"))
+        status = ok_json(board("status", "--json"))
+        assert status["simulated"] is True
+        assert [c["index"] for c in status["cards"]] == list(range(8))
+        card = status["cards"][3]
+        for key in ("index", "uuid", "name", "memory_total_mib", "memory_used_mib", "utilization_pct",
+                    "temperature_c", "power_w", "state", "booking", "next_booking", "processes"):
+            assert key in card
+        assert card["state"] == "BOOKED" and set(card["booking"]) == BOOKING_KEYS
+        states = {c["index"]: c["state"] for c in status["cards"]}
+        assert states[0] == "SQUATTED" and states[4] == "FREE"  # alice runs on 0 without a booking
+        assert status["cards"][6]["processes"][0]["user"] == "container/unknown"
+        assert "HOT" in status["cards"][7]["warnings"]
+
+    def test_list_filters(self, board):
+        ok(board("book", "--cards", "0", "--for", "1h"))
+        first = ok_json(board("book", "--cards", "1", "--start", "+2h", "--for", "1h", "--json"))
+        ok(board("cancel", str(first["id"])))
+        assert [b["cards"] for b in ok_json(board("list", "--json"))["bookings"]] == [[0]]
+        everything = ok_json(board("list", "--all", "--json"))["bookings"]
+        assert [b["status"] for b in everything] == ["booked", "cancelled"]
+        result = board("list", "--user", "nobody-here", "--json")
+        assert result.returncode == 2 and "no user 'nobody-here'" in result.stderr
+
+    def test_log_and_whoami(self, board):
+        ok(board("book", "--cards", "0", "--for", "1h"))
+        events = ok_json(board("log", "--json"))["events"]
+        assert events[0]["action"] == "create" and events[0]["ok"] is True
+        me = ok_json(board("whoami", "--json"))
+        assert me["uid"] == os.getuid() and me["admin"] is (os.getuid() == 0)
+
+
+class TestErrors:
+    @pytest.mark.parametrize(
+        "args, code, message",
+        [
+            (["book", "--cards", "0"], 2, "say how long"),
+            (["book", "--for", "1h"], 2, "say which cards"),
+            (["book", "3", "--for", "1h"], 2, "1, 2, 4 or 8 cards"),
+            (["book", "--cards", "0", "--for", "soon"], 2, "can't read"),
+            (["book", "--cards", "0", "--start", "yesterday", "--for", "1h"], 2, "can't read"),
+            (["book", "--cards", "0", "--start", "2020-01-01T10:00", "--for", "1h"], 2, "in the past"),
+            (["book", "--cards", "x", "--for", "1h"], 2, "can't read cards"),
+            (["book", "--cards", "12", "--for", "1h"], 2, "unknown card 12"),
+            (["book", "--cards", "0", "--for", "1h", "--class", "vip"], 2, "unknown class"),
+            (["book", "--cards", "0", "--for", "100h"], 4, "at most 72 h"),
+            (["cancel", "999"], 2, "no booking 999"),
+            (["cancel", "abc"], 2, "invalid int value"),
+            (["frobnicate"], 2, "invalid choice"),
+            (["extend", "1"], 2, "one of the arguments --for --until is required"),
+            (["admin"], 2, "admin reassign"),
+            (["run"], 2, "give a command"),
+            (["run", "--", "true"], 4, "no active booking"),
+        ],
+    )
+    def test_one_line_with_the_documented_exit_code(self, board, args, code, message):
+        result = board(*args)
+        assert result.returncode == code, result.stderr
+        assert message in result.stderr
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+        assert result.stdout == ""
+
+    def test_conflict_exits_3(self, board):
+        ok(board("book", "--cards", "0", "--for", "2h"))
+        result = board("book", "--cards", "0", "--start", "+1h", "--for", "1h")
+        assert result.returncode == 3 and "booked by" in result.stderr and "next free start" in result.stderr
+
+    def test_no_driver_is_one_clear_line(self, tmp_path):
+        result = run_board("status", env={"BOARD_DB": str(tmp_path / "b.db"), "PATH": os.environ["PATH"]})
+        assert result.returncode == 1
+        assert result.stderr == "board: no NVIDIA driver found; use --demo to explore a simulated server\n"
+
+    def test_bad_config_is_bad_input(self, board, tmp_path):
+        config = tmp_path / "board.toml"
+        config.write_text("[policy\nmax_booking_hours = 3")
+        result = board("status", extra_env={"BOARD_CONFIG": str(config)})
+        assert result.returncode == 2 and f"can't read config {config}" in result.stderr
+
+
+class TestRun:
+    def test_run_sees_only_the_booked_cards(self, board):
+        booking = ok_json(board("book", "--cards", "5,4", "--for", "1h", "--json"))
+        code = "import os; print(os.environ['CUDA_DEVICE_ORDER'], os.environ['CUDA_VISIBLE_DEVICES'], os.environ['NVIDIA_VISIBLE_DEVICES'])"
+        result = board("run", "--", sys.executable, "-c", code)
+        assert result.returncode == 0, result.stderr
+        uuids = ",".join(booking["card_uuids"])
+        assert result.stdout.split() == ["PCI_BUS_ID", uuids, uuids]
+
+    def test_run_exit_code_is_the_commands(self, board):
+        ok(board("book", "--cards", "4", "--for", "1h"))
+        assert board("run", "--", sys.executable, "-c", "raise SystemExit(7)").returncode == 7
+
+    def test_run_without_an_active_booking_refuses(self, board):
+        ok(board("book", "--cards", "4", "--start", "+1h", "--for", "1h"))
+        result = board("run", "--", "true")
+        assert result.returncode == 4 and "no active booking" in result.stderr
+
+
+def test_help_lists_every_command(board):
+    result = board("--help")
+    for command in ("status", "book", "list", "cancel", "extend", "release", "run", "log", "init", "doctor", "admin"):
+        assert command in result.stdout

@@ -1,0 +1,82 @@
+from pathlib import Path
+
+import pytest
+
+from app.config import DEFAULT_DB_PATH, ConfigError, load_config
+
+FULL = """
+[storage]
+db = "/srv/board/board.db"
+[access]
+admin_group = "gpu-admins"
+[policy]
+max_booking_hours = 12
+max_ahead_days = 7
+max_cards_per_user = 4
+[labels]
+0 = "slot A"
+[[pools]]
+name = "prod"
+cards = [0, 1, 2, 3]
+classes = ["online", "batch", "finetune"]
+[pools.windows]
+finetune = { hours = "19:00-09:00", weekends = true }
+[[pools]]
+name = "lab"
+cards = [4, 5, 6, 7]
+max_hours = 12
+[llama]
+port_min = 9000
+port_max = 9010
+model_dirs = ["/models"]
+"""
+
+
+def test_defaults_without_a_file(tmp_path):
+    config = load_config(environ={})
+    assert config.db_path == DEFAULT_DB_PATH and config.admin_group == "board-admin" and config.pools == ()
+
+
+def test_a_full_file(tmp_path):
+    path = tmp_path / "board.toml"
+    path.write_text(FULL)
+    config = load_config(environ={"BOARD_CONFIG": str(path)})
+    assert config.db_path == Path("/srv/board/board.db")
+    assert config.admin_group == "gpu-admins"
+    assert (config.policy.max_booking_hours, config.policy.max_cards_per_user) == (12, 4)
+    assert [p.name for p in config.pools] == ["prod", "lab"]
+    window = config.pools[0].windows["finetune"]
+    assert (window.start_minute, window.end_minute, window.weekends) == (19 * 60, 9 * 60, True)
+    assert config.pools[1].max_hours == 12 and config.labels == {0: "slot A"}
+    assert config.llama.model_dirs == ("/models",) and config.llama.port_min == 9000
+
+
+def test_db_precedence(tmp_path):
+    path = tmp_path / "board.toml"
+    path.write_text(FULL)
+    environ = {"BOARD_CONFIG": str(path), "BOARD_DB": "/env/board.db"}
+    assert load_config(environ=environ).db_path == Path("/env/board.db")
+    assert load_config("/flag/board.db", environ=environ).db_path == Path("/flag/board.db")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[policy\n", "can't read config"),
+        ("[polcy]\n", r"unknown section\(s\) polcy"),
+        ("[policy]\nmax_hours = 3\n", "unknown key 'max_hours' in \\[policy\\]"),
+        ('[[pools]]\nname = "p"\ncards = [0]\nclasses = ["vip"]\n', "unknown class 'vip'"),
+        ('[[pools]]\nname = "p"\ncards = [0]\n[pools.windows]\nfinetune = { hours = "25:00-09:00" }\n', "outside 00:00-24:00"),
+    ],
+)
+def test_bad_files_are_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "board.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config(environ={"BOARD_CONFIG": str(path)})
+    assert "\n" not in str(error.value) and str(path) in str(error.value)
+
+
+def test_a_named_config_that_does_not_exist(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(environ={"BOARD_CONFIG": str(tmp_path / "missing.toml")})

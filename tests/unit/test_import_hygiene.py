@@ -1,0 +1,50 @@
+"""The core never imports Textual, and the quick CLI path stays light."""
+
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import app
+from tests.conftest import REPO
+
+HEADLESS = sorted(
+    m.name for m in pkgutil.walk_packages(app.__path__, "app.")
+    if not m.name.startswith("app.tui") and m.name != "app.__main__"
+)
+
+
+def loaded_after(code: str) -> set[str]:
+    result = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sys.modules))"],
+                            capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
+
+
+def test_there_are_headless_modules_to_check():
+    assert {"app.cli", "app.core.bookings", "app.store.db", "app.gpu.nvml"} <= set(HEADLESS)
+
+
+@pytest.mark.parametrize("module", HEADLESS)
+def test_headless_module_does_not_import_textual(module):
+    assert "textual" not in loaded_after(f"import {module}")
+
+
+def test_quick_commands_do_not_load_textual_or_heavy_libraries(tmp_path):
+    code = (
+        "import os, contextlib, io\n"
+        f"os.environ.update(BOARD_DB={str(tmp_path / 'b.db')!r}, BOARD_SIMULATE='1')\n"
+        "from app.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['book', '--cards', '0', '--for', '1h']) == 0\n"
+        "    assert main(['status', '--json']) == 0\n"
+        "    assert main(['list']) == 0\n"
+    )
+    loaded = loaded_after(code)
+    assert not loaded & {"textual", "rich", "sqlite_utils", "numpy", "pandas", "psutil", "pynvml"}
+
+
+def test_the_tui_does_import_textual():
+    # Guards the test above: the probe really sees Textual when it is imported.
+    assert "textual" in loaded_after("import textual.app")
