@@ -408,7 +408,7 @@ def cmd_doctor(session: Session) -> int:
     from app.store.setup import doctor
 
     problems = 0
-    for ok, line in doctor(session.config.db_path, session.config.admin_group):
+    for ok, line in doctor(session.config.db_path, session.config.admin_group, group=session.args.group):
         problems += not ok
         print(("ok    " if ok else "FIX   ") + line)
     return EXIT_OK if problems == 0 else EXIT_UNEXPECTED
@@ -427,7 +427,30 @@ def cmd_board(session: Session) -> int:
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}; see '{self.prog} --help'\n")
+        from app.core.text import inert  # argparse echoes stray arguments verbatim: keep them one inert line
+
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {inert(message, 300)}; see '{self.prog} --help'\n")
+
+
+def booking_id(text: str) -> int:
+    """A booking id argument; out-of-range numbers are bad input, not an SQLite overflow."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text[:40]!r}; give a booking number such as 12") from None
+    if not 0 < value < 2**63:
+        raise argparse.ArgumentTypeError(f"there is no booking {text[:40]}; 'board list' shows the bookings")
+    return value
+
+
+def event_limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a count from 1 to 1000000")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -478,10 +501,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("release", cmd_release, "end an active booking now"),
     ):
         p = command(name, handler, help, json_flag=True)
-        p.add_argument("id", type=int, help="booking id")
+        p.add_argument("id", type=booking_id, help="booking id")
 
     p = command("extend", cmd_extend, "make a booking longer, if the time after it is free", json_flag=True)
-    p.add_argument("id", type=int, help="booking id")
+    p.add_argument("id", type=booking_id, help="booking id")
     span = p.add_mutually_exclusive_group(required=True)
     span.add_argument("--for", dest="duration", metavar="DUR", help="add this much time")
     span.add_argument("--until", metavar="WHEN", help="the new end")
@@ -490,19 +513,19 @@ def build_parser() -> argparse.ArgumentParser:
     admin = p.add_subparsers(title="admin commands", metavar="ACTION")
     p = admin.add_parser("reassign", help="move a booking to other cards or another user", parents=[common])
     p.set_defaults(handler=cmd_reassign)
-    p.add_argument("id", type=int, help="booking id")
+    p.add_argument("id", type=booking_id, help="booking id")
     p.add_argument("--json", action="store_true", help="print JSON")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--cards", help="the new cards, as many as before")
     target.add_argument("--user", help="the new holder")
 
     p = command("run", cmd_run, "run a command on your booked cards only")
-    p.add_argument("--booking", type=int, help="which of your active bookings (default: the only one)")
+    p.add_argument("--booking", type=booking_id, help="which of your active bookings (default: the only one)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     p = command("log", cmd_log, "the audit log", json_flag=True)
-    p.add_argument("--limit", type=int, default=50, help="how many events (default 50)")
-    p.add_argument("--booking", type=int, help="only this booking's events")
+    p.add_argument("--limit", type=event_limit, default=50, help="how many events (default 50)")
+    p.add_argument("--booking", type=booking_id, help="only this booking's events")
 
     command("whoami", cmd_whoami, "who board thinks you are, and your role", json_flag=True)
 
@@ -510,7 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", required=True, help="the Unix group of board users")
     p.add_argument("--dir", help="the directory (default: the configured database's)")
 
-    command("doctor", cmd_doctor, "check the database's permissions, filesystem and audit chain")
+    p = command("doctor", cmd_doctor, "check the database's permissions, filesystem and audit chain")
+    p.add_argument("--group", help="the Unix group of board users, to check the directory and files against")
     return parser
 
 
@@ -521,7 +545,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(session)
     except BoardError as error:
-        print(f"board: {error}", file=sys.stderr)
+        from app.core.text import inert  # messages can quote other users' text: one inert line
+
+        print(f"board: {inert(str(error))}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         return 130
@@ -530,6 +556,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the last line of defence: no tracebacks for users
         if os.environ.get("BOARD_DEBUG"):
             raise
-        print(f"board: unexpected error: {type(error).__name__}: {error}; rerun with BOARD_DEBUG=1 for details",
-              file=sys.stderr)
+        from app.core.text import inert
+
+        print(f"board: unexpected error: {type(error).__name__}: {inert(str(error), 300)};"
+              " rerun with BOARD_DEBUG=1 for details", file=sys.stderr)
         return EXIT_UNEXPECTED

@@ -24,11 +24,15 @@ class StoreError(BoardError):
 def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
     """Open the board database, creating and migrating it on first use."""
     path = Path(path)
-    if kind := network_filesystem(path):
+    try:
+        kind = network_filesystem(path)
+        exists = path.exists()
+    except PermissionError:  # a directory we may not search: the 2770 board directory, to a non-member
+        raise _access_error(path, sqlite3.OperationalError("unable to open database file")) from None
+    if kind:
         raise StoreError(
             f"{path} is on a {kind} filesystem; SQLite's WAL needs a local disk: set BOARD_DB to a local path"
         )
-    exists = path.exists()
     if not exists and not create:
         raise StoreError(f"no board database at {path}; run 'board init' or set BOARD_DB")
     if not exists and not path.parent.is_dir():

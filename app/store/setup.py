@@ -47,9 +47,9 @@ def init_shared(db_path: Path, group: str) -> list[str]:
     ]
 
 
-def doctor(db_path: Path, admin_group: str) -> Iterator[tuple[bool, str]]:
-    """(ok, line) for each check, in the order a person would fix them."""
-    directory = db_path.parent
+def doctor(db_path: Path, admin_group: str, group: str | None = None) -> Iterator[tuple[bool, str]]:
+    """(ok, line) for each check, in the order a person would fix them; `group` is the expected users' group."""
+    directory, group_arg = db_path.parent, group
     if kind := network_filesystem(directory):
         yield False, f"{directory} is on {kind}; SQLite's WAL needs a local disk: move the database to a local filesystem"
         return
@@ -60,6 +60,10 @@ def doctor(db_path: Path, admin_group: str) -> Iterator[tuple[bool, str]]:
         yield False, f"can't see {directory} ({error.strerror}); run 'board init --group G' as root"
         return
     group = _name_of_group(dir_stat.st_gid)
+    if expected := _group_problem(directory, dir_stat.st_gid, group, wanted=group_arg):
+        yield False, expected
+        if group_arg or dir_stat.st_gid == 0:
+            group = group_arg or "G"  # so that the fixes below name the right group
     if dir_stat.st_mode & stat.S_ISGID:
         yield True, f"{directory} is setgid to group {group}"
     else:
@@ -86,7 +90,7 @@ def doctor(db_path: Path, admin_group: str) -> Iterator[tuple[bool, str]]:
             yield False, f"{path} has mode {mode:o}, not 660: chmod 660 {path}"
         else:
             yield True, f"{path} has mode 660"
-        if file_stat.st_gid != dir_stat.st_gid:
+        if file_stat.st_gid != dir_stat.st_gid or (group_arg and _name_of_group(file_stat.st_gid) != group_arg):
             yield False, f"{path} has group {_name_of_group(file_stat.st_gid)}, not {group}: chgrp {group} {path}"
     try:
         conn = connect(db_path, create=False)
@@ -109,6 +113,29 @@ def doctor(db_path: Path, admin_group: str) -> Iterator[tuple[bool, str]]:
         yield True, f"admin group {admin_group} exists (gid {admin_gid})"
     except KeyError:
         yield False, f"admin group {admin_group} does not exist, so only root is an admin: groupadd {admin_group}"
+
+
+def _group_problem(directory: Path, gid: int, name: str, wanted: str | None) -> str | None:
+    """Why the directory's group looks wrong, with the fix; None when it looks right."""
+    fix = f"chgrp -R {wanted or 'G'} {directory} (as root; G is the board users' group)"
+    if wanted is not None and name != wanted:
+        return f"{directory} has group {name}, not {wanted}: chgrp -R {wanted} {directory}"
+    if gid == 0:
+        return f"{directory} has group root, not the board users' group: {fix}"
+    if os.getuid() != 0 and gid != os.getgid() and gid not in os.getgroups():
+        me = _my_name()
+        return (f"{directory} has group {name}, which you ({me}) are not in: if {name} is the board group,"
+                f" ask an admin to run 'usermod -aG {name} {me}'; otherwise {fix}")
+    return None
+
+
+def _my_name() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
 
 
 def _name_of_group(gid: int) -> str:
