@@ -86,7 +86,51 @@ CREATE TRIGGER events_no_delete BEFORE DELETE ON events
 BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
 """
 
-MIGRATIONS: list[str] = [_V1]
+# v2: llama-servers started by board (app.llama). A live server's port is unique; the process identity
+# (pid + create time + command line) of the server and of its supervisor guards every signal.
+_V2 = """
+CREATE TABLE servers (
+    id INTEGER PRIMARY KEY,
+    booking_id INTEGER NOT NULL REFERENCES bookings(id),
+    user TEXT NOT NULL,
+    uid INTEGER NOT NULL,
+    cards TEXT NOT NULL,
+    card_uuids TEXT NOT NULL,
+    model TEXT NOT NULL,
+    alias TEXT,
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    ctx INTEGER,
+    parallel INTEGER,
+    split_mode TEXT,
+    metrics INTEGER NOT NULL DEFAULT 0,
+    cmdline TEXT NOT NULL,
+    log_path TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL DEFAULT 'starting'
+        CHECK (state IN ('starting', 'ready', 'stopping', 'stopped', 'crashed', 'failed')),
+    pid INTEGER,
+    pid_started REAL,
+    pgid INTEGER,
+    supervisor_pid INTEGER,
+    supervisor_started REAL,
+    supervisor_cmdline TEXT,
+    created_at INTEGER NOT NULL,
+    ready_at INTEGER,
+    ended_at INTEGER,
+    exit_code INTEGER,
+    exit_signal INTEGER,
+    reason TEXT,
+    log_tail TEXT
+);
+
+CREATE UNIQUE INDEX servers_live_port ON servers(port) WHERE state IN ('starting', 'ready', 'stopping');
+
+CREATE INDEX servers_live ON servers(state) WHERE state IN ('starting', 'ready', 'stopping');
+
+CREATE INDEX servers_by_booking ON servers(booking_id);
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2]
 LATEST = len(MIGRATIONS)
 
 
