@@ -7,7 +7,6 @@ Precedence for the database path: --db, then BOARD_DB, then [storage] db in the 
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -74,6 +73,8 @@ def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict
     path = Path(environ.get("BOARD_CONFIG") or DEFAULT_CONFIG_PATH)
     raw: dict = {}
     if path.exists():
+        import tomllib  # only when there is a file to read
+
         try:
             raw = tomllib.loads(path.read_text())
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import sqlite3
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Callable, Sequence
 
 from app.config import CLASSES, Config
 from app.core import policy
 from app.core.errors import BadInput, BoardError, Conflict, NotPermitted
 from app.core.identity import Identity, lookup_user
+from app.core.text import format_cards, format_time
 from app.core.slots import find_slot, next_free_start
 from app.gpu.model import CardReading, Topology
 from app.store import bookings as rows
@@ -25,21 +25,6 @@ from app.store.db import write
 GROUP_SIZES = (1, 2, 4, 8)
 MAX_NOTE_CHARS = 500
 PAST_GRACE_SECONDS = 60
-
-
-def format_time(epoch: int, now: float | None = None) -> str:
-    """A short local time: '14:00' today, 'Tue 14:00' within a week, else '2026-12-01 14:00'."""
-    moment = datetime.fromtimestamp(epoch).astimezone()
-    today = datetime.fromtimestamp(now if now is not None else time.time()).astimezone().date()
-    if moment.date() == today:
-        return moment.strftime("%H:%M")
-    if 0 < (moment.date() - today).days < 7:
-        return moment.strftime("%a %H:%M")
-    return moment.strftime("%Y-%m-%d %H:%M")
-
-
-def format_cards(cards: Sequence[int]) -> str:
-    return ",".join(str(c) for c in cards)
 
 
 @dataclass(frozen=True, slots=True)

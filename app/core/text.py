@@ -1,8 +1,11 @@
-"""Text from other users, made inert for terminals: no escape sequences, no invisible or bidi tricks."""
+"""Text for people: other users' text made inert for terminals, and short local times."""
 
 from __future__ import annotations
 
+import time
 import unicodedata
+from datetime import datetime
+from typing import Sequence
 
 _SAFE_FORMAT = {"\u200d"}  # zero-width joiner inside emoji sequences is harmless; everything else Cf is shown
 
@@ -20,3 +23,18 @@ def inert(text: str, limit: int | None = None) -> str:
     if limit is not None and len(result) > limit:
         result = result[: max(limit - 1, 0)] + "…"
     return result
+
+
+def format_time(epoch: int, now: float | None = None) -> str:
+    """A short local time: '14:00' today, 'Tue 14:00' within a week, else '2026-12-01 14:00'."""
+    moment = datetime.fromtimestamp(epoch).astimezone()
+    today = datetime.fromtimestamp(now if now is not None else time.time()).astimezone().date()
+    if moment.date() == today:
+        return moment.strftime("%H:%M")
+    if 0 < (moment.date() - today).days < 7:
+        return moment.strftime("%a %H:%M")
+    return moment.strftime("%Y-%m-%d %H:%M")
+
+
+def format_cards(cards: Sequence[int]) -> str:
+    return ",".join(str(c) for c in cards)

@@ -6,7 +6,6 @@ made by hand shows up as the first row whose hash no longer matches (board docto
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -75,5 +74,7 @@ def first_broken(conn: sqlite3.Connection) -> int | None:
 
 
 def _digest(prev_hash: str, ts, uid, actor, action, booking_id, ok: bool, details: str) -> str:
+    import hashlib  # only writers and doctor need it; keeps read-only commands quick
+
     fields = json.dumps([prev_hash, ts, uid, actor, action, booking_id, int(ok), details], ensure_ascii=False)
     return hashlib.sha256(fields.encode("utf-8", "surrogatepass")).hexdigest()
