@@ -122,8 +122,7 @@ def print_json(value: Any) -> None:
 
 
 def booking_line(booking) -> str:
-    from app.core.bookings import format_cards, format_time
-    from app.core.text import inert
+    from app.core.text import format_cards, format_time, inert
 
     state = "" if booking.status == "booked" else f" [{booking.status}]"
     note = f"  {inert(booking.note, 60)}" if booking.note else ""
@@ -177,9 +176,8 @@ def parse_cards(text: str) -> list[int]:
 
 
 def cmd_status(session: Session) -> int:
-    from app.core.bookings import format_time
     from app.core.cardstate import UNKNOWN_USER, fleet_status
-    from app.core.text import inert
+    from app.core.text import format_time, inert
     from app.store import bookings as rows
 
     snapshot, now = session.snapshot, time.time()
@@ -364,8 +362,7 @@ def cmd_run(session: Session) -> int:
 
 
 def cmd_log(session: Session) -> int:
-    from app.core.bookings import format_time
-    from app.core.text import inert
+    from app.core.text import format_time, inert
     from app.store import events
 
     found = events.recent(session.conn, limit=session.args.limit, booking_id=session.args.booking)
