@@ -35,13 +35,14 @@ class Session:
 
     @cached_property
     def demo(self) -> bool | str | None:
-        return self.args.demo
+        """A scenario path, True for the default simulated fleet, or None to let BOARD_SIMULATE decide."""
+        return getattr(self.args, "scenario", None) or getattr(self.args, "demo", False) or None
 
     @cached_property
     def config(self):
         from app.config import ConfigError, load_config
 
-        db = self.args.db
+        db = getattr(self.args, "db", None)
         if db is None and self.demo is not None and not self.environ.get("BOARD_DB"):
             from app.demo import demo_db_path
 
@@ -453,13 +454,14 @@ def event_limit(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     common.add_argument("--db", default=argparse.SUPPRESS, help="the database file (else BOARD_DB, the config, /var/lib/board/board.db)")
-    common.add_argument(
-        "--demo", nargs="?", const=True, default=argparse.SUPPRESS, metavar="SCENARIO",
-        help="use the simulated fleet (optionally a scenario TOML) and a demo database",
-    )
+    common.add_argument("--demo", action="store_true", default=argparse.SUPPRESS,
+                        help="use the simulated fleet and a demo database (as BOARD_SIMULATE=1 does)")
+    common.add_argument("--scenario", metavar="TOML", default=argparse.SUPPRESS,
+                        help="with --demo: a simulated fleet scenario file (as BOARD_SIMULATE=path does)")
     parser = Parser(prog="board", description="The GPU occupancy board: see the cards, book them, run on them.",
                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
-    parser.set_defaults(handler=cmd_board, db=None, demo=None, json=False)
+    # Not db/demo/scenario: set_defaults would change the option objects that the subcommands share.
+    parser.set_defaults(handler=cmd_board, json=False)
     from app import __version__
 
     parser.add_argument("--version", action="version", version=f"board {__version__}")

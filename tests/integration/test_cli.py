@@ -153,3 +153,36 @@ def test_help_lists_every_command(board):
     result = board("--help")
     for command in ("status", "book", "list", "cancel", "extend", "release", "run", "log", "init", "doctor", "admin"):
         assert command in result.stdout
+
+
+class TestDemo:
+    """`--demo` seeds a realistic day in the user's state directory; the options work before or after the command."""
+
+    def demo_env(self, tmp_path):
+        return {"XDG_STATE_HOME": str(tmp_path / "state"), "TZ": "UTC"}
+
+    @pytest.mark.parametrize("args", [["--demo", "status", "--json"], ["status", "--demo", "--json"]])
+    def test_demo_shows_every_state(self, tmp_path, args):
+        status = ok_json(run_board(*args, env=self.demo_env(tmp_path)))
+        assert status["simulated"] is True
+        states = [c["state"] for c in status["cards"]]
+        assert {"FREE", "BOOKED", "IN USE", "SQUATTED"} <= set(states)
+        assert (tmp_path / "state" / "board" / "demo.db").exists()
+
+    def test_demo_seeds_once(self, tmp_path):
+        env = self.demo_env(tmp_path)
+        first = ok_json(run_board("--demo", "list", "--json", env=env))["bookings"]
+        again = ok_json(run_board("list", "--demo", "--json", env=env))["bookings"]
+        assert len(first) >= 5 and [b["id"] for b in again] == [b["id"] for b in first]
+
+    def test_scenario_file(self, tmp_path):
+        scenario = tmp_path / "two.toml"
+        scenario.write_text('[cards]\ncount = 2\nname = "NVIDIA A100"\n[faults]\nlost = [1]\n')
+        status = ok_json(run_board("status", "--demo", "--scenario", str(scenario), "--json", env=self.demo_env(tmp_path)))
+        assert [(c["name"], c["state"]) for c in status["cards"]] == [("NVIDIA A100", "BOOKED"), ("NVIDIA A100", "LOST")]
+
+    def test_a_bad_scenario_is_bad_input(self, tmp_path):
+        scenario = tmp_path / "bad.toml"
+        scenario.write_text("[cards]\ncount = 'eight'\n")
+        result = run_board("status", "--scenario", str(scenario), env=self.demo_env(tmp_path))
+        assert result.returncode == 2 and str(scenario) in result.stderr and result.stderr.count("\n") == 1
