@@ -85,5 +85,8 @@ def _access_error(path: Path, error: sqlite3.OperationalError) -> BoardError:
             group = grp.getgrgid(path.parent.stat().st_gid).gr_name
         except (KeyError, OSError):
             group = "the board group"
+        if group == "root":  # a broken setup, not a missing membership
+            return NotPermitted(f"no access to the board database {path}; its directory has group root:"
+                                " ask an admin to run 'board init --group G' again and then 'board doctor'")
         return NotPermitted(f"no access to the board database {path}; ask an admin to add you to group {group}")
     return StoreError(f"the board database {path} failed: {message}")

@@ -65,7 +65,7 @@ def doctor(db_path: Path, admin_group: str, group: str | None = None) -> Iterato
         if group_arg or dir_stat.st_gid == 0:
             group = group_arg or "G"  # so that the fixes below name the right group
     if dir_stat.st_mode & stat.S_ISGID:
-        yield True, f"{directory} is setgid to group {group}"
+        yield True, f"{directory} is setgid to group {_name_of_group(dir_stat.st_gid)}"
     else:
         yield False, f"{directory} is not setgid, so new files lose group {group}: chmod g+s {directory}"
     if stat.S_IMODE(dir_stat.st_mode) & 0o070 != 0o070:
