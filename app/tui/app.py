@@ -1,0 +1,344 @@
+"""The board TUI: `board` with no subcommand.
+
+`create_app` builds it from injected parts (clock, GPU source, database path, identity,
+config, host name), so tests and screenshots run on a frozen clock and a simulated fleet.
+`run_board` is what app.cli calls.
+
+Threads: telemetry and the bookings poller each loop on their own thread (app.tui.pollers)
+and post frozen snapshots; the UI's own database work runs on one more thread
+(app.tui.database). The UI thread never waits on NVML or SQLite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable, Iterable
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import ModalScreen, Screen
+from textual.signal import Signal
+
+from app.config import Config
+from app.core.cardstate import CardStatus, fleet_status
+from app.core.identity import Identity
+from app.core.text import inert
+from app.gpu import GpuSource
+from app.gpu.model import FleetSnapshot
+from app.store.bookings import Booking
+from app.tui.backend import Backend
+from app.tui.database import ActionDatabase
+from app.tui.messages import BookingsLoaded, BookingView, DatabaseFailed, TelemetryFailed, TelemetryRead
+from app.tui.pollers import HISTORY_SECONDS, Poller, bookings_loop, telemetry_loop
+from app.tui.render import cards_text, short_time
+from app.tui.screens.booking_form import BookingDraft, BookingModal
+from app.tui.screens.main import BoardScreen
+from app.tui.widgets.timeline import DEFAULT_ZOOM, ZOOMS, align
+
+ENDING_SOON_SECONDS = 600
+STALL_ALERT_SECONDS = 5.0
+SERVERS_MODULE = "app.tui.screens.servers"
+
+
+def servers_available() -> bool:
+    """The Servers screen (issue 4) plugs in by existing: app/tui/screens/servers.py with ServersScreen."""
+    try:
+        return importlib.util.find_spec(SERVERS_MODULE) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class BoardApp(App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "board"
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [
+        Binding("q", "quit_board", "Quit", tooltip="Leave the board (bookings and servers keep running)"),
+        Binding("b", "book", "Book", tooltip="Book cards: the timeline selection or the highlighted card"),
+        Binding("m", "my_bookings", "Mine", tooltip="My bookings: cancel, release, extend"),
+        Binding("question_mark", "help", "Help", tooltip="Every key"),
+    ]
+
+    def __init__(
+        self,
+        *,
+        db_path: Path,
+        source: GpuSource,
+        identity: Identity,
+        config: Config,
+        clock: Callable[[], float] = time.time,
+        host: str | None = None,
+        history_step: float | None = None,
+        servers: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.db_path = Path(db_path)
+        self.source, self.identity, self.config, self.clock = source, identity, config, clock
+        self.host = socket.gethostname() if host is None else host
+        self.refresh_seconds = max(0.2, float(config.refresh_seconds))
+        self.history_step = history_step or max(self.refresh_seconds, 1.0)
+        self.fleet: FleetSnapshot | None = None
+        self.view: BookingView | None = None
+        self.statuses: tuple[CardStatus, ...] = ()
+        self.history: dict[str, deque[tuple[float, float, float, float]]] = {}
+        self.process_started: dict[int, float] = {}
+        self.alert = ""
+        self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
+        self.last_telemetry = time.monotonic()
+        zoom = ZOOMS[DEFAULT_ZOOM]
+        start = align(clock(), zoom.step) - zoom.before
+        self._window = (start, start + zoom.step * zoom.columns)
+        self.fleet_signal: Signal[FleetSnapshot] = Signal(self, "fleet")
+        self.bookings_signal: Signal[BookingView] = Signal(self, "bookings")
+        self.database = ActionDatabase(self.db_path)
+        self._telemetry = Poller("board-telemetry", lambda p: telemetry_loop(
+            self, source, lambda: self.refresh_seconds, p, self.history_step))
+        self._bookings = Poller("board-bookings", lambda p: bookings_loop(
+            self, self.db_path, clock, lambda: self._window, p))
+        self.backend = Backend(self.database, identity, config, clock, lambda: self.fleet, self._bookings.wake)
+        self.servers = servers_available() if servers is None else servers
+        # Keys that exist only for some: non-admins never get the admin key, nor its palette entry.
+        if identity.is_admin:
+            self.bind("a", "admin", description="Admin")
+        if self.servers:
+            self.bind("s", "servers", description="Servers")
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen:
+        return BoardScreen()
+
+    def on_mount(self) -> None:
+        self._telemetry.start()
+        self._bookings.start()
+        self.set_interval(1.0, self._tick)
+
+    def on_unmount(self) -> None:
+        self._telemetry.stop()
+        self._bookings.stop()
+        self.database.close()
+
+    @property
+    def board(self) -> BoardScreen:
+        return self.screen_stack[0]  # type: ignore[return-value]
+
+    def set_window(self, start: int, end: int) -> None:
+        """The timeline shows another span: have the poller load its bookings now."""
+        self._window = (start, end)
+        self._bookings.wake()
+
+    # -- data from the pollers -----------------------------------------------------------------
+
+    @on(TelemetryRead)
+    def _telemetry_read(self, message: TelemetryRead) -> None:
+        self.last_telemetry = time.monotonic()
+        for snapshot in (*message.history, message.snapshot):
+            self._remember(snapshot)
+        self.fleet = message.snapshot
+        self.process_started = message.process_started
+        if self.alert.startswith("telemetry"):
+            self._set_alert("")
+        self._recompute()
+        self.board.show_fleet()
+        self.fleet_signal.publish(message.snapshot)
+
+    def _remember(self, snapshot: FleetSnapshot) -> None:
+        keep = int(HISTORY_SECONDS / self.history_step) + 1
+        for card in snapshot.cards:
+            samples = self.history.get(card.uuid)
+            if samples is None:
+                samples = self.history[card.uuid] = deque(maxlen=keep)
+            if samples and samples[-1][0] >= snapshot.taken_at:
+                continue
+            if samples and snapshot.taken_at - samples[-1][0] < self.history_step * 0.5:
+                continue
+            samples.append((
+                snapshot.taken_at,
+                (card.memory_used_mib or 0) / 1024,
+                float(card.utilization_pct or 0),
+                float(card.temperature_c or 0),
+            ))
+
+    @on(BookingsLoaded)
+    def _bookings_loaded(self, message: BookingsLoaded) -> None:
+        self.view = message.view
+        self._recompute()
+        self.board.show_bookings()
+        self._warn_ending()
+        self.bookings_signal.publish(message.view)
+
+    @on(TelemetryFailed)
+    def _telemetry_failed(self, message: TelemetryFailed) -> None:
+        self._set_alert(f"telemetry failed: {inert(message.error, 80)}")
+
+    @on(DatabaseFailed)
+    def _database_failed(self, message: DatabaseFailed) -> None:
+        self._set_alert(f"database: {inert(message.error, 100)}")
+
+    def _set_alert(self, text: str) -> None:
+        if text != self.alert:
+            self.alert = text
+            self.board.show_alert()
+
+    def _recompute(self) -> None:
+        if self.fleet is None:
+            return
+        upcoming: Iterable[Booking] = self.view.upcoming if self.view else ()
+        self.statuses = fleet_status(self.fleet, tuple(upcoming), self.clock(),
+                                     hot_celsius=self.config.hot_celsius, labels=self.config.labels)
+
+    def _tick(self) -> None:
+        now = self.clock()
+        for screen in self.screen_stack:
+            for header in screen.query("BoardHeader"):
+                header.now = now
+        self.board.tick(now)
+        stalled = time.monotonic() - self.last_telemetry
+        if self.fleet is not None and stalled > max(STALL_ALERT_SECONDS, 3 * self.refresh_seconds):
+            self._set_alert(f"telemetry stalled for {stalled:.0f} s; the driver is not answering")
+        self._warn_ending()
+
+    def _warn_ending(self) -> None:
+        """A toast, once per booking (and end), when one of mine ends within ten minutes."""
+        if self.view is None:
+            return
+        now = self.clock()
+        for booking in self.view.upcoming:
+            if booking.uid != self.identity.uid or not booking.active(now):
+                continue
+            left = booking.end - now
+            if 0 < left <= ENDING_SOON_SECONDS and (booking.id, booking.end) not in self.warned:
+                self.warned.add((booking.id, booking.end))
+                self.notify(
+                    f"Your booking #{booking.id} on {'card' if len(booking.cards) == 1 else 'cards'} "
+                    f"{cards_text(booking.cards)} ends at {short_time(booking.end, now)}"
+                    f" (in {max(1, round(left / 60))} min). Extend it from My bookings (m).",
+                    title="Booking ending", severity="warning", timeout=30, markup=False,
+                )
+
+    # -- actions -------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # The app's keys do nothing under a modal (the form, a confirmation): no form on top of a form.
+        if action in ("book", "my_bookings", "help", "admin", "servers", "quit_board") and isinstance(
+            self.screen, ModalScreen
+        ):
+            return False
+        if action == "admin" and not self.identity.is_admin:
+            return False
+        return True
+
+    def action_quit_board(self) -> None:
+        self.exit(0)
+
+    def draft(self) -> BookingDraft:
+        """What `b` books: the timeline's selection when it has focus or a selection, else the highlighted card."""
+        if not isinstance(self.screen, BoardScreen):
+            return BookingDraft()
+        timeline, now = self.board.timeline, self.clock()
+        if timeline.has_focus or timeline.anchor is not None:
+            selected = timeline.selected_range()
+            if selected:
+                cards, start, end = selected
+                if end <= now:
+                    return BookingDraft(cards=tuple(cards))
+                return BookingDraft(cards=tuple(cards), start=max(start, int(now)) if start > now else None, end=end)
+        status = self.board.card_table.status_at_cursor()
+        return BookingDraft(cards=(status.reading.index,) if status else ())
+
+    @work(exit_on_error=False, group="book")
+    async def action_book(self) -> None:
+        booking = await self.push_screen_wait(BookingModal(self.backend, self.draft()))
+        if booking is not None:
+            now = self.clock()
+            self.notify(
+                f"Booked #{booking.id}: {'card' if len(booking.cards) == 1 else 'cards'} {cards_text(booking.cards)}"
+                f", {short_time(booking.start, now)} → {short_time(booking.end, now)}",
+                title="Booked", markup=False,
+            )
+            if isinstance(self.screen, BoardScreen):
+                self.board.timeline.action_clear_selection()
+
+    def action_my_bookings(self) -> None:
+        from app.tui.screens.my_bookings import MyBookingsScreen
+
+        if not isinstance(self.screen, MyBookingsScreen):
+            self.push_screen(MyBookingsScreen())
+
+    def action_card_detail(self, uuid: str) -> None:
+        from app.tui.screens.card_detail import CardDetailScreen
+
+        self.push_screen(CardDetailScreen(uuid))
+
+    def action_admin(self) -> None:
+        if not self.identity.is_admin:
+            return
+        from app.tui.screens.admin import AdminScreen
+
+        if not isinstance(self.screen, AdminScreen):
+            self.push_screen(AdminScreen())
+
+    def action_servers(self) -> None:
+        if not self.servers:
+            return
+        module = importlib.import_module(SERVERS_MODULE)
+        if not isinstance(self.screen, module.ServersScreen):
+            self.push_screen(module.ServersScreen())
+
+    def action_help(self) -> None:
+        from app.tui.screens.help import HelpModal
+
+        self.push_screen(HelpModal(admin=self.identity.is_admin, servers=self.servers))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield SystemCommand("Book cards", "Open the booking form", self.action_book)
+        yield SystemCommand("My bookings", "Cancel, release or extend your bookings", self.action_my_bookings)
+        if isinstance(screen, BoardScreen):
+            yield SystemCommand("Timeline: now", "Jump the timeline to now", screen.action_now)
+            yield SystemCommand("Timeline: zoom", "Cycle hours, day and week", screen.action_zoom)
+            status = screen.card_table.status_at_cursor()
+            if status is not None:
+                yield SystemCommand(f"Card {status.reading.index} detail", "Processes, history and bookings",
+                                    lambda: self.action_card_detail(status.reading.uuid))
+        if self.servers:
+            yield SystemCommand("Servers", "llama-server on your booked cards", self.action_servers)
+        if self.identity.is_admin:
+            yield SystemCommand("Admin", "All bookings, reassign, cancel, audit log", self.action_admin)
+        yield SystemCommand("Help", "Every key", self.action_help)
+        yield from super().get_system_commands(screen)
+
+
+def create_app(
+    *,
+    db_path: Path,
+    source: GpuSource,
+    identity: Identity,
+    config: Config,
+    clock: Callable[[], float] = time.time,
+    host: str | None = None,
+    history_step: float | None = None,
+    servers: bool | None = None,
+) -> BoardApp:
+    return BoardApp(db_path=db_path, source=source, identity=identity, config=config, clock=clock, host=host,
+                    history_step=history_step, servers=servers)
+
+
+def run_board(session) -> int:
+    """`board` with no subcommand (app.cli.cmd_board)."""
+    config, identity, source = session.config, session.me, session.source
+    session.conn  # opens (and migrates) the database first, and seeds the demo one, with a clear error if it can't
+    app = create_app(db_path=config.db_path, source=source, identity=identity, config=config)
+    try:
+        result = app.run()
+    finally:
+        source.close()
+    return 0 if result is None else int(result)
+
+
+__all__ = ["BoardApp", "create_app", "run_board"]

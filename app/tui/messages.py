@@ -1,0 +1,60 @@
+"""Messages the board's worker threads post to the app. Each carries a frozen snapshot, never a live object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from app.gpu.model import FleetSnapshot
+from app.store.bookings import Booking
+
+
+class TelemetryRead(Message):
+    """One poll of the GPU source. Frequent, so a newer one replaces an unhandled older one."""
+
+    def __init__(
+        self, snapshot: FleetSnapshot, process_started: dict[int, float], history: tuple[FleetSnapshot, ...] = ()
+    ) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+        self.process_started = process_started  # pid -> epoch the process started, where the OS says
+        self.history = history  # earlier snapshots to fill the sparklines with (simulated fleets, first read)
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, TelemetryRead) and not message.history
+
+
+class TelemetryFailed(Message):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class BookingView:
+    """The live bookings as one reader saw them at one data_version."""
+
+    version: int
+    upcoming: tuple[Booking, ...]  # live bookings that end after `loaded_at`: card states, my bookings, toasts
+    window: tuple[Booking, ...]  # live bookings overlapping [window_start, window_end): the timeline
+    window_start: int
+    window_end: int
+    loaded_at: float
+
+
+class BookingsLoaded(Message):
+    """The database changed (another process, or this one), or the timeline asked for another window."""
+
+    def __init__(self, view: BookingView) -> None:
+        super().__init__()
+        self.view = view
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, BookingsLoaded)
+
+
+class DatabaseFailed(Message):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error

@@ -1,0 +1,93 @@
+"""Small pure helpers that turn board data into Rich Text for the widgets.
+
+Anything another user typed (names, notes, command lines) goes through `untrusted`, which
+makes it inert with app.core.text.inert and wraps it in a plain `Text`: never markup, never
+escapes. Styles here are names of theme-aware component classes or plain attributes; colours
+come from the .tcss files and widgets' DEFAULT_CSS.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from rich.style import Style
+from rich.text import Text
+
+from app.core.text import inert
+
+NA = "n/a"
+
+
+def untrusted(text: str | None, limit: int | None = None, style: Style | str = "") -> Text:
+    """Another user's text as inert plain Text (control, bidi and zero-width characters made visible)."""
+    return Text(inert(text or "", limit), style=style, no_wrap=True, overflow="ellipsis")
+
+
+def local(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch).astimezone()
+
+
+def short_time(epoch: float, now: float) -> str:
+    """'14:00' today, 'Tue 14:00' within a week either way, else '12-01 14:00'."""
+    moment, today = local(epoch), local(now).date()
+    days = (moment.date() - today).days
+    if days == 0:
+        return moment.strftime("%H:%M")
+    if -7 < days < 7:
+        return moment.strftime("%a %H:%M")
+    return moment.strftime("%m-%d %H:%M")
+
+
+def full_time(epoch: float) -> str:
+    """A time the booking form's start and end fields read back: '2026-11-29 16:00'."""
+    return local(epoch).strftime("%Y-%m-%d %H:%M")
+
+
+def duration(seconds: float) -> str:
+    """'45m', '3h', '1h30m', '2d4h': the same forms the time parser reads."""
+    minutes = max(0, int(seconds) // 60)
+    days, minutes = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
+    return "".join(parts) or "0m"
+
+
+def elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return NA
+    seconds = max(0, int(seconds))
+    if seconds < 3600:
+        return f"{seconds // 60}:{seconds % 60:02d}"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600}h"
+
+
+def cards_text(cards) -> str:
+    return ",".join(str(c) for c in cards)
+
+
+def bar(fraction: float | None, width: int) -> str:
+    """A horizontal bar in eighths: '█████▍  '."""
+    if fraction is None:
+        return " " * width
+    fraction = min(max(fraction, 0.0), 1.0)
+    eighths = round(fraction * width * 8)
+    full, part = divmod(eighths, 8)
+    text = "█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")
+    return text.ljust(width)[:width]
+
+
+def gib(mib: int | None) -> str:
+    return NA if mib is None else f"{mib / 1024:.1f}"
+
+
+def level_style(fraction: float | None, warn: float, danger: float) -> str:
+    """A component-class suffix for a value: 'ok', 'warn' or 'danger'."""
+    if fraction is None:
+        return "na"
+    if fraction >= danger:
+        return "danger"
+    if fraction >= warn:
+        return "warn"
+    return "ok"

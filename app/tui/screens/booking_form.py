@@ -1,0 +1,297 @@
+"""The booking form: a modal that validates live through the core and books on Enter.
+
+Every keystroke re-parses the fields (the core's time parser) and, after a short pause, asks
+the core to plan the booking on the database thread (policies, conflicts). The one-line
+error the core raises is shown inline, verbatim; a valid form shows what Enter will book.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.timer import Timer
+from textual.widgets import Button, Input, Label, Select, Static
+
+from app.config import CLASSES
+from app.core.bookings import GROUP_SIZES, Booking
+from app.core.errors import BadInput, BoardError
+from app.core.text import inert
+from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
+from app.tui.backend import Backend, BookingRequest
+from app.tui.render import cards_text, duration, full_time, short_time
+
+VALIDATE_DELAY = 0.15
+
+
+@dataclass(frozen=True, slots=True)
+class BookingDraft:
+    """What the form opens with: from a timeline selection, a card row, or nothing."""
+
+    cards: tuple[int, ...] = ()
+    count: int | None = None
+    start: int | None = None  # None: now
+    end: int | None = None  # None: the default duration
+    klass: str = "experiment"
+    note: str = ""
+    duration: str = "2h"
+
+
+def parse_cards(text: str) -> tuple[int, ...]:
+    """'0,1', '4-7', '0 2 3' -> card indexes."""
+    cards: list[int] = []
+    for part in re.split(r"[,\s]+", text.strip()):
+        if not part:
+            continue
+        if m := re.fullmatch(r"(\d{1,4})\s*-\s*(\d{1,4})", part):
+            low, high = int(m[1]), int(m[2])
+            if high < low:
+                raise BadInput(f"the card range {part} runs backwards; write it low-high, e.g. 4-7")
+            cards.extend(range(low, high + 1))
+        elif part.isdigit() and len(part) <= 4:
+            cards.append(int(part))
+        else:
+            raise BadInput(f"can't read cards {text.strip()!r}; give indexes such as 0,1 or 4-7")
+    return tuple(cards)
+
+
+def parse_form(
+    cards: str, count: str, start: str, length: str, until: str, klass: str, note: str, now: float
+) -> BookingRequest:
+    """The form's fields -> a request, or BadInput with the one line to show."""
+    chosen = parse_cards(cards) if cards.strip() else None
+    number = None
+    if count.strip():
+        if not count.strip().isdigit():
+            raise BadInput(f"the count is how many cards: {', '.join(map(str, GROUP_SIZES))}")
+        number = int(count.strip())
+    if chosen is None and number is None:
+        raise BadInput("say which cards (e.g. 0,1) or how many (1, 2, 4 or 8)")
+    if chosen is not None and number is not None:
+        raise BadInput("give cards or a count, not both")
+    if length.strip() and until.strip():
+        raise BadInput("give a duration or an end, not both")
+    moment = datetime.fromtimestamp(now).astimezone()
+    try:
+        begin, range_end = parse_when_or_range(start.strip() or "now", moment)
+        if length.strip():
+            end = begin + parse_duration(length)
+        elif until.strip():
+            end = parse_when(until, begin)
+        elif range_end is not None:
+            end = range_end
+        else:
+            raise BadInput("say how long: a duration such as 3h, or an end such as 18:00")
+    except TimeInputError as error:
+        raise BadInput(str(error)) from None
+    except OverflowError:
+        raise BadInput("that time is out of range") from None
+    return BookingRequest(chosen, number, int(begin.timestamp()), int(end.timestamp()), klass, note)
+
+
+class BookingModal(ModalScreen[Booking | None]):
+    """Returns the new Booking, or None when dismissed with Escape."""
+
+    DEFAULT_CSS = """
+    BookingModal { align: center middle; }
+    BookingModal > Vertical {
+        width: 72; max-width: 100%; height: auto; max-height: 100%;
+        border: thick $primary; background: $surface; padding: 0 1;
+    }
+    BookingModal #title { text-style: bold; color: $primary; width: 1fr; }
+    BookingModal Horizontal { height: 1; margin-bottom: 1; }
+    BookingModal Label.field { width: 8; color: $text-muted; }
+    BookingModal Label.or { width: auto; color: $text-muted; padding: 0 1; }
+    BookingModal Input { width: 1fr; }
+    BookingModal #count, BookingModal #duration { width: 10; }
+    BookingModal #end { width: 1fr; }
+    BookingModal Select { width: 24; }
+    BookingModal #message { height: auto; min-height: 2; margin-bottom: 1; }
+    BookingModal #message.-error { color: $error; text-style: bold; }
+    BookingModal #message.-ok { color: $success; }
+    BookingModal #buttons { height: 1; margin: 0; }
+    BookingModal Button { height: 1; min-width: 10; border: none; margin-right: 1; }
+    BookingModal #hint { color: $text-muted; height: 1; }
+    """
+    BINDINGS = [
+        Binding("escape", "dismiss_form", "Cancel", tooltip="Close without booking"),
+        Binding("ctrl+n", "next_free", "Next free slot", tooltip="Fill in the earliest slot that fits"),
+        Binding("ctrl+s", "submit", "Book", show=False),
+    ]
+
+    def __init__(self, backend: Backend, draft: BookingDraft = BookingDraft()) -> None:
+        super().__init__()
+        self.backend = backend
+        self.draft = draft
+        self._timer: Timer | None = None
+        self._generation = 0
+        self.error: str | None = None  # the message shown, for tests
+
+    def compose(self) -> ComposeResult:
+        d, now = self.draft, self.backend.clock()
+        start = "now" if d.start is None or d.start <= now else full_time(d.start)
+        with Vertical():
+            yield Static(Text("Book cards"), id="title")
+            with Horizontal():
+                yield Label("Cards", classes="field")
+                yield Input(cards_text(d.cards), placeholder="0,1 or 4-7", id="cards", compact=True)
+                yield Label("or count", classes="or")
+                yield Input("" if d.count is None else str(d.count), placeholder="1/2/4/8", id="count", compact=True)
+            with Horizontal():
+                yield Label("Start", classes="field")
+                yield Input(start, placeholder="now, 14:00, tomorrow 9:00, mon 9-17", id="start", compact=True)
+            with Horizontal():
+                yield Label("For", classes="field")
+                yield Input("" if d.end is not None else d.duration, placeholder="3h", id="duration", compact=True)
+                yield Label("or until", classes="or")
+                yield Input("" if d.end is None else full_time(d.end), placeholder="18:00, tomorrow 9:00", id="end",
+                            compact=True)
+            with Horizontal():
+                yield Label("Class", classes="field")
+                yield Select([(c, c) for c in CLASSES], value=d.klass, allow_blank=False, id="klass", compact=True)
+            with Horizontal():
+                yield Label("Note", classes="field")
+                yield Input(d.note, placeholder="what it is for", id="note", compact=True)
+            yield Static("", id="message")
+            with Horizontal(id="buttons"):
+                yield Button("Book", id="book", variant="primary", compact=True)
+                yield Button("Next free slot", id="next-free", compact=True)
+                yield Button("Cancel", id="cancel", compact=True)
+            yield Static(Text("enter book · ctrl+n next free slot · esc cancel · tab next field"), id="hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#cards" if not self.draft.cards else "#start", Input).focus()
+        self._validate_now()
+
+    # -- reading the fields --------------------------------------------------------------------
+
+    def _value(self, name: str) -> str:
+        return self.query_one(f"#{name}", Input).value
+
+    def request(self) -> BookingRequest:
+        klass = self.query_one("#klass", Select).value
+        return parse_form(
+            self._value("cards"), self._value("count"), self._value("start"), self._value("duration"),
+            self._value("end"), str(klass), self._value("note"), self.backend.clock(),
+        )
+
+    def show_error(self, message: str) -> None:
+        self.error = message
+        widget = self.query_one("#message", Static)
+        widget.set_classes("-error")
+        widget.update(Text("✗ " + inert(message, 300)))
+
+    def show_ok(self, text: str) -> None:
+        self.error = None
+        widget = self.query_one("#message", Static)
+        widget.set_classes("-ok")
+        widget.update(Text("✓ " + text))
+
+    # -- live validation -----------------------------------------------------------------------
+
+    @on(Input.Changed)
+    @on(Select.Changed)
+    def _changed(self) -> None:
+        self._generation += 1
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_timer(VALIDATE_DELAY, self._validate_now)
+
+    def _validate_now(self) -> None:
+        self._generation += 1
+        try:
+            request = self.request()
+        except BoardError as error:
+            self.show_error(str(error))
+            return
+        self._check(request, self._generation)
+
+    @work(exclusive=True, group="validate", exit_on_error=False)
+    async def _check(self, request: BookingRequest, generation: int) -> None:
+        try:
+            plan = await self.backend.plan(request)
+        except BoardError as error:
+            if generation == self._generation:
+                self.show_error(str(error))
+            return
+        if generation == self._generation:
+            now = self.backend.clock()
+            self.show_ok(
+                f"{'card' if len(plan.cards) == 1 else 'cards'} {cards_text(plan.cards)} · "
+                f"{short_time(plan.start, now)} → {short_time(plan.end, now)} ({duration(plan.end - plan.start)})"
+                f" · {request.klass} · enter books it"
+            )
+
+    # -- actions -------------------------------------------------------------------------------
+
+    @on(Input.Submitted)
+    def _submitted(self) -> None:
+        self.action_submit()
+
+    @on(Button.Pressed, "#book")
+    def _book_pressed(self) -> None:
+        self.action_submit()
+
+    @on(Button.Pressed, "#next-free")
+    def _next_pressed(self) -> None:
+        self.action_next_free()
+
+    @on(Button.Pressed, "#cancel")
+    def _cancel_pressed(self) -> None:
+        self.action_dismiss_form()
+
+    def action_dismiss_form(self) -> None:
+        self.dismiss(None)
+
+    def action_submit(self) -> None:
+        self._generation += 1
+        if self._timer is not None:
+            self._timer.stop()
+        try:
+            request = self.request()
+        except BoardError as error:
+            self.show_error(str(error))
+            self.app.bell()
+            return
+        self._book(request)
+
+    @work(exclusive=True, group="submit", exit_on_error=False)
+    async def _book(self, request: BookingRequest) -> None:
+        try:
+            booking = await self.backend.create(request)
+        except BoardError as error:
+            self.show_error(str(error))
+            self.app.bell()
+            return
+        self.dismiss(booking)
+
+    def action_next_free(self) -> None:
+        try:
+            request = self.request()
+        except BadInput as error:
+            self.show_error(str(error))
+            return
+        self._find_next(request)
+
+    @work(exclusive=True, group="next-free", exit_on_error=False)
+    async def _find_next(self, request: BookingRequest) -> None:
+        try:
+            cards, start = await self.backend.next_free(request)
+        except BoardError as error:
+            self.show_error(str(error))
+            return
+        length = request.end - request.start
+        with self.prevent(Input.Changed):
+            self.query_one("#cards", Input).value = cards_text(cards)
+            self.query_one("#count", Input).value = ""
+            self.query_one("#start", Input).value = "now" if start <= self.backend.clock() else full_time(start)
+            if self._value("end").strip():
+                self.query_one("#end", Input).value = full_time(start + length)
+        self._validate_now()

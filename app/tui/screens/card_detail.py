@@ -1,0 +1,148 @@
+"""Card detail: its processes, ten minutes of VRAM, utilisation and temperature, and its bookings."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Sparkline, Static
+
+from app.core.cardstate import CardStatus
+from app.tui.render import NA, cards_text, elapsed, gib, short_time, untrusted
+from app.tui.widgets.header import BoardHeader
+
+
+class CardDetailScreen(Screen):
+    DEFAULT_CSS = """
+    CardDetailScreen #title { height: 1; padding: 0 1; text-style: bold; background: $primary-muted; }
+    CardDetailScreen #facts { height: auto; padding: 0 1; }
+    CardDetailScreen #charts { height: 3; padding: 0 1; }
+    CardDetailScreen #charts > Vertical { width: 1fr; height: 3; margin-right: 1; }
+    CardDetailScreen .chart-label { height: 1; color: $text-muted; }
+    CardDetailScreen Sparkline { height: 2; }
+    CardDetailScreen #vram-chart > .sparkline--max-color { color: $warning; }
+    CardDetailScreen #vram-chart > .sparkline--min-color { color: $primary; }
+    CardDetailScreen #util-chart > .sparkline--max-color { color: $success; }
+    CardDetailScreen #util-chart > .sparkline--min-color { color: $primary-darken-2; }
+    CardDetailScreen #temp-chart > .sparkline--max-color { color: $error; }
+    CardDetailScreen #temp-chart > .sparkline--min-color { color: $warning-darken-2; }
+    CardDetailScreen .section { height: 1; padding: 0 1; text-style: bold; color: $accent; }
+    CardDetailScreen #processes { height: auto; max-height: 40%; }
+    CardDetailScreen #bookings { height: 1fr; }
+    """
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
+
+    def __init__(self, uuid: str) -> None:
+        super().__init__()
+        self.uuid = uuid
+
+    def compose(self) -> ComposeResult:
+        yield BoardHeader()
+        yield Static("", id="title")
+        yield Static("", id="facts")
+        with Horizontal(id="charts"):
+            for key, label in (("vram", "VRAM, last 10 min"), ("util", "utilisation"), ("temp", "temperature")):
+                with Vertical():
+                    yield Static(label, classes="chart-label", id=f"{key}-label")
+                    yield Sparkline([], id=f"{key}-chart", summary_function=max)
+        yield Static(Text("Processes"), classes="section")
+        yield DataTable(cursor_type="row", id="processes")
+        yield Static(Text("Bookings"), classes="section")
+        yield DataTable(cursor_type="row", id="bookings")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        app = self.app
+        header = self.query_one(BoardHeader)
+        header.host, header.user, header.admin, header.now = app.host, app.identity.name, app.identity.is_admin, app.clock()
+        header.simulated = bool(app.fleet and app.fleet.simulated)
+        processes = self.query_one("#processes", DataTable)
+        for key, label, width in (("pid", "PID", 8), ("user", "USER", 18), ("vram", "VRAM GiB", 8),
+                                  ("elapsed", "ELAPSED", 8), ("command", "COMMAND", None)):
+            processes.add_column(label, key=key, width=width)
+        bookings = self.query_one("#bookings", DataTable)
+        for key, label, width in (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 8), ("start", "START", 10),
+                                  ("end", "END", 10), ("class", "CLASS", 10), ("note", "NOTE", None)):
+            bookings.add_column(label, key=key, width=width)
+        self.update_all()
+        app.fleet_signal.subscribe(self, lambda _: self.update_all())
+        app.bookings_signal.subscribe(self, lambda _: self.update_bookings())
+        processes.focus()
+
+    def status(self) -> CardStatus | None:
+        return next((s for s in self.app.statuses if s.reading.uuid == self.uuid), None)
+
+    def update_all(self) -> None:
+        status = self.status()
+        if status is None:
+            return
+        app, r = self.app, status.reading
+        title = Text(f"Card {r.index}")
+        if status.label:
+            title.append(" ").append_text(untrusted(status.label, 20))
+        title.append(f" · {r.name or NA} · ")
+        title.append(status.state, "bold reverse")
+        for warning in status.warnings:
+            title.append(f" {warning}", "bold")
+        self.query_one("#title", Static).update(title)
+
+        facts = Text()
+        facts.append(f"VRAM {gib(r.memory_used_mib)}/{gib(r.memory_total_mib)} GiB · ")
+        facts.append(f"util {NA if r.utilization_pct is None else f'{r.utilization_pct}%'} · ")
+        facts.append(f"temp {NA if r.temperature_c is None else f'{r.temperature_c}°C'} · ")
+        power = NA if r.power_w is None else f"{r.power_w:.0f}"
+        limit = NA if r.power_limit_w is None else f"{r.power_limit_w:.0f}"
+        facts.append(f"power {power}/{limit} W\n")
+        facts.append(f"{r.uuid} · PCI {r.pci_bus_id or NA}", "dim")
+        self.query_one("#facts", Static).update(facts)
+
+        history = app.history.get(self.uuid, ())
+        self.query_one("#vram-chart", Sparkline).data = [h[1] for h in history] or [0]
+        self.query_one("#util-chart", Sparkline).data = [h[2] for h in history] or [0]
+        self.query_one("#temp-chart", Sparkline).data = [h[3] for h in history] or [0]
+        peak_vram = max((h[1] for h in history), default=None)
+        peak_temp = max((h[3] for h in history), default=None)
+        mean_util = sum(h[2] for h in history) / len(history) if history else None
+        self.query_one("#vram-label", Static).update(
+            Text(f"VRAM, 10 min · peak {NA if peak_vram is None else f'{peak_vram:.1f} GiB'}"))
+        self.query_one("#util-label", Static).update(
+            Text(f"util · mean {NA if mean_util is None else f'{mean_util:.0f}%'}"))
+        self.query_one("#temp-label", Static).update(
+            Text(f"temp · peak {NA if peak_temp is None else f'{peak_temp:.0f}°C'}"))
+
+        table = self.query_one("#processes", DataTable)
+        now = app.clock()
+        table.clear()
+        for p in r.processes:
+            started = app.process_started.get(p.pid)
+            table.add_row(
+                Text(str(p.pid)),
+                untrusted(p.user or "container/unknown", 18),
+                Text(gib(p.used_mib)),
+                Text(elapsed(None if started is None else now - started)),
+                untrusted(p.command, 200),
+            )
+        if not r.processes:
+            table.add_row(Text("-"), Text("no processes", "dim"), Text(""), Text(""), Text(""))
+        self.update_bookings()
+
+    def update_bookings(self) -> None:
+        view = self.app.view
+        table = self.query_one("#bookings", DataTable)
+        table.clear()
+        if view is None:
+            return
+        now = self.app.clock()
+        seen = set()
+        for b in sorted((*view.upcoming, *view.window), key=lambda b: (b.start, b.id)):
+            if self.uuid not in b.card_uuids or b.id in seen or b.end <= now - 86400:
+                continue
+            seen.add(b.id)
+            table.add_row(
+                Text(str(b.id)), untrusted(b.user, 12), Text(cards_text(b.cards)), Text(short_time(b.start, now)),
+                Text(short_time(b.end, now)), Text(b.klass), untrusted(b.note, 80),
+            )
+        if not seen:
+            table.add_row(Text(""), Text("no bookings", "dim"), Text(""), Text(""), Text(""), Text(""), Text(""))

@@ -1,0 +1,154 @@
+"""The board: header, live card table, timeline and a line describing what the cursor is on."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from app.tui.render import cards_text, duration, short_time
+from app.tui.screens.confirm import describe
+from app.tui.widgets.card_table import WIDE_MIN_WIDTH, CardTable
+from app.tui.widgets.header import BoardHeader
+from app.tui.widgets.timeline import Timeline
+from app.tui.widgets.upcoming import UpcomingTable
+
+
+class BoardScreen(Screen):
+    DEFAULT_CSS = """
+    BoardScreen { layout: vertical; }
+    BoardScreen #detail { height: 1; padding: 0 1; background: $panel; color: $foreground; }
+    BoardScreen #detail.-alert { color: $error; text-style: bold; }
+    BoardScreen #upcoming-title { height: 1; padding: 0 1; color: $text-muted; text-style: bold; display: none; }
+    BoardScreen #upcoming { display: none; }
+    BoardScreen.-tall Timeline { height: auto; max-height: 50%; }
+    BoardScreen.-tall #upcoming-title, BoardScreen.-tall #upcoming { display: block; }
+    """
+    TALL_MIN_HEIGHT = 34
+    BINDINGS = [
+        Binding("t", "now", "Now", tooltip="Timeline: jump to now"),
+        Binding("z", "zoom", "Zoom", tooltip="Timeline: hours, day, week"),
+        Binding("left_square_bracket", "day(-1)", "-day", show=False),
+        Binding("right_square_bracket", "day(1)", "+day", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        app = self.app
+        yield BoardHeader(id="header")
+        yield CardTable(app.identity.name, id="cards")
+        yield Timeline(app.identity.name, app.clock(), id="timeline")
+        yield Static("", id="detail")
+        yield Static(Text("Upcoming bookings"), id="upcoming-title")
+        yield UpcomingTable(app.identity.name, id="upcoming")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        header = self.query_one(BoardHeader)
+        app = self.app
+        header.host, header.user, header.admin = app.host, app.identity.name, app.identity.is_admin
+        header.now = app.clock()
+        self.query_one(CardTable).focus()
+
+    @property
+    def timeline(self) -> Timeline:
+        return self.query_one(Timeline)
+
+    @property
+    def card_table(self) -> CardTable:
+        return self.query_one(CardTable)
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def action_now(self) -> None:
+        self.timeline.jump_to_now()
+
+    def action_zoom(self) -> None:
+        self.timeline.cycle_zoom()
+
+    def action_day(self, days: int) -> None:
+        self.timeline.shift_days(days)
+
+    @on(DataTable.RowSelected, "#cards")
+    def _card_chosen(self, event: DataTable.RowSelected) -> None:
+        status = self.card_table.status_at_cursor()
+        if status is not None:
+            self.app.action_card_detail(status.reading.uuid)
+
+    def key_enter(self) -> None:
+        if self.timeline.has_focus and self.timeline.rows:
+            self.app.action_card_detail(self.timeline.rows[self.timeline.cursor[0]].uuid)
+
+    # -- what the cursor is on -----------------------------------------------------------------
+
+    @on(Timeline.CursorMoved)
+    def _cursor_moved(self, event: Timeline.CursorMoved) -> None:
+        self.describe_cursor()
+
+    @on(Timeline.ViewChanged)
+    def _view_changed(self, event: Timeline.ViewChanged) -> None:
+        self.app.set_window(event.start, event.end)
+
+    def describe_cursor(self) -> None:
+        timeline, now = self.timeline, self.app.clock()
+        detail = self.query_one("#detail", Static)
+        if self.app.alert:
+            detail.set_class(True, "-alert")
+            detail.update(Text(self.app.alert))
+            return
+        detail.set_class(False, "-alert")
+        selection = timeline.selected_range()
+        if timeline.anchor is not None and selection:
+            cards, start, end = selection
+            detail.update(Text(
+                f"selected {'card' if len(cards) == 1 else 'cards'} {cards_text(cards)} · {short_time(start, now)}"
+                f" → {short_time(end, now)} ({duration(end - start)}) · b books it"))
+            return
+        booking = timeline.booking_at(*timeline.cursor)
+        if booking is not None:
+            detail.update(describe(booking, now))
+        elif selection:
+            cards, start, _ = selection
+            detail.update(Text(f"card {cards_text(cards)} free at {short_time(start, now)} · "
+                               f"shift+arrows or drag to select · b books"))
+
+    # -- data from the app ---------------------------------------------------------------------
+
+    def show_fleet(self) -> None:
+        app = self.app
+        snapshot = app.fleet
+        if snapshot is None:
+            return
+        header = self.query_one(BoardHeader)
+        names = sorted({c.name for c in snapshot.cards if c.name})
+        from app.tui.widgets.card_table import short_name
+
+        header.fleet = f"{len(snapshot.cards)} × {', '.join(short_name(n) for n in names) or 'GPU'}"
+        header.simulated = snapshot.simulated
+        wide = app.size.width >= WIDE_MIN_WIDTH
+        self.timeline.set_cards(snapshot.cards, app.config.labels, wide=wide)
+        self.card_table.show(app.statuses, app.clock())
+
+    def show_bookings(self) -> None:
+        view = self.app.view
+        if view is not None:
+            self.timeline.set_bookings(view.window)
+            if self.has_class("-tall"):
+                now = self.app.clock()
+                self.query_one(UpcomingTable).show([b for b in view.upcoming if b.start > now], now)
+        self.card_table.show(self.app.statuses, self.app.clock())
+
+    def tick(self, now: float) -> None:
+        self.query_one(BoardHeader).now = now
+        self.timeline.set_now(now)
+
+    def show_alert(self) -> None:
+        self.query_one(BoardHeader).alert = self.app.alert
+        self.describe_cursor()
+
+    def on_resize(self) -> None:
+        self.set_class(self.app.size.height >= self.TALL_MIN_HEIGHT, "-tall")
+        self.show_fleet()
+        self.show_bookings()

@@ -1,0 +1,139 @@
+"""My bookings: every live booking of mine from now on; cancel, release and extend, each confirmed first."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from app.core.errors import BoardError
+from app.store.bookings import Booking
+from app.tui.render import cards_text, duration, short_time, untrusted
+from app.tui.screens.confirm import ConfirmModal, ExtendModal, describe
+from app.tui.widgets.header import BoardHeader
+
+
+class MyBookingsScreen(Screen):
+    DEFAULT_CSS = """
+    MyBookingsScreen #title { height: 1; padding: 0 1; text-style: bold; background: $primary-muted; }
+    MyBookingsScreen DataTable { height: 1fr; }
+    MyBookingsScreen #empty { padding: 1 2; color: $text-muted; }
+    """
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("c", "cancel", "Cancel"),
+        Binding("r", "release", "Release"),
+        Binding("e", "extend", "Extend"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield BoardHeader()
+        yield Static(Text("My bookings"), id="title")
+        table = DataTable(cursor_type="row", id="mine")
+        yield table
+        yield Static("", id="empty")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        app = self.app
+        header = self.query_one(BoardHeader)
+        header.host, header.user, header.admin, header.now = app.host, app.identity.name, app.identity.is_admin, app.clock()
+        header.simulated = bool(app.fleet and app.fleet.simulated)
+        table = self.query_one(DataTable)
+        for key, label, width in (("id", "#", 5), ("cards", "CARDS", 9), ("start", "START", 10), ("end", "END", 10),
+                                  ("length", "FOR", 7), ("class", "CLASS", 10), ("state", "STATE", 8),
+                                  ("note", "NOTE", None)):
+            table.add_column(label, key=key, width=width)
+        self.refresh_rows()
+        app.bookings_signal.subscribe(self, lambda _: self.refresh_rows())
+        table.focus()
+
+    def mine(self) -> list[Booking]:
+        view, me = self.app.view, self.app.identity
+        if view is None:
+            return []
+        now = self.app.clock()
+        return [b for b in view.upcoming if b.uid == me.uid and b.user == me.name and b.end > now]
+
+    def refresh_rows(self) -> None:
+        table = self.query_one(DataTable)
+        now = self.app.clock()
+        bookings = self.mine()
+        keys = [str(b.id) for b in bookings]
+        current = [k.value for k in table.rows]
+        row = table.cursor_row
+        if keys != current:
+            table.clear()
+        for b in bookings:
+            cells = (
+                Text(str(b.id)), Text(cards_text(b.cards)), Text(short_time(b.start, now)), Text(short_time(b.end, now)),
+                Text(duration(b.end - b.start)), Text(b.klass), Text("ACTIVE" if b.active(now) else "upcoming"),
+                untrusted(b.note, 60),
+            )
+            if keys != current:
+                table.add_row(*cells, key=str(b.id))
+            else:
+                for column, cell in zip(("id", "cards", "start", "end", "length", "class", "state", "note"), cells):
+                    table.update_cell(str(b.id), column, cell)
+        if keys != current and bookings:
+            table.move_cursor(row=min(row, len(bookings) - 1))
+        self.query_one("#empty", Static).update(
+            Text("" if bookings else "You have no bookings from now on. Press b to book cards."))
+
+    def selected(self) -> Booking | None:
+        table = self.query_one(DataTable)
+        bookings = {str(b.id): b for b in self.mine()}
+        if not bookings or table.cursor_row < 0:
+            return None
+        try:
+            key = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+        except Exception:  # noqa: BLE001 - an empty table
+            return None
+        return bookings.get(key)
+
+    def action_cancel(self) -> None:
+        self._confirm_and_run("cancel")
+
+    def action_release(self) -> None:
+        self._confirm_and_run("release")
+
+    @work(exit_on_error=False)
+    async def _confirm_and_run(self, verb: str) -> None:
+        booking = self.selected()
+        if booking is None:
+            self.app.bell()
+            return
+        now = self.app.clock()
+        if verb == "release" and not booking.active(now):
+            self.notify("It has not started yet; cancel it instead (c).", severity="warning", markup=False)
+            return
+        title = {"cancel": "Cancel this booking?", "release": "Release the cards now?"}[verb]
+        if not await self.app.push_screen_wait(ConfirmModal(title, describe(booking, now), yes=verb.capitalize())):
+            return
+        try:
+            action = self.app.backend.cancel if verb == "cancel" else self.app.backend.release
+            done = await action(booking.id)
+        except BoardError as error:
+            self.notify(str(error), severity="error", markup=False)
+            return
+        past = {"cancel": "cancelled", "release": "released"}[verb]
+        self.notify(f"{past} booking #{done.id}", markup=False)
+
+    @work(exit_on_error=False)
+    async def action_extend(self) -> None:
+        booking = self.selected()
+        if booking is None:
+            self.app.bell()
+            return
+        end = await self.app.push_screen_wait(ExtendModal(booking, self.app.clock()))
+        if end is None:
+            return
+        try:
+            done = await self.app.backend.extend(booking.id, end)
+        except BoardError as error:
+            self.notify(str(error), severity="error", markup=False)
+            return
+        self.notify(f"booking #{done.id} now ends {short_time(done.end, self.app.clock())}", markup=False)

@@ -1,0 +1,180 @@
+"""The live card table: one row per card, keyed by its UUID, diffed cell by cell on every poll."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from app.core.cardstate import BOOKED, FREE, FULL, HOT, IN_USE, LOST, SQUATTED, CardStatus
+from app.tui.render import NA, bar, gib, level_style, local, short_time, untrusted
+
+STATE_CLASS = {FREE: "free", BOOKED: "booked", IN_USE: "in-use", SQUATTED: "squatted", LOST: "lost"}
+WIDE_MIN_WIDTH = 110
+
+
+def short_name(name: str | None) -> str:
+    if not name:
+        return NA
+    for prefix in ("NVIDIA GeForce ", "NVIDIA "):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def compact_time(epoch: float, now: float) -> str:
+    if 0 <= epoch - now < 20 * 3600 or local(epoch).date() == local(now).date():
+        return local(epoch).strftime("%H:%M")
+    return local(epoch).strftime("%a %Hh")
+
+
+class CardTable(DataTable):
+    """Columns differ between the compact (80 columns) and wide layouts; `show` picks by width."""
+
+    DEFAULT_CSS = """
+    CardTable { height: auto; max-height: 60%; }
+    CardTable > .cards--free { color: $success; text-style: bold; }
+    CardTable > .cards--booked { color: $warning; text-style: bold; }
+    CardTable > .cards--in-use { color: $primary; text-style: bold; }
+    CardTable > .cards--squatted { color: $error; text-style: bold reverse; }
+    CardTable > .cards--lost { color: $error; text-style: bold; }
+    CardTable > .cards--warning { color: $error; text-style: bold; }
+    CardTable > .cards--ok { color: $success; }
+    CardTable > .cards--warn { color: $warning; }
+    CardTable > .cards--danger { color: $error; text-style: bold; }
+    CardTable > .cards--na { color: $text-muted; }
+    CardTable > .cards--muted { color: $text-muted; }
+    CardTable > .cards--mine { color: $accent; text-style: bold; }
+    """
+    COMPONENT_CLASSES = DataTable.COMPONENT_CLASSES | {
+        "cards--free", "cards--booked", "cards--in-use", "cards--squatted", "cards--lost", "cards--warning",
+        "cards--ok", "cards--warn", "cards--danger", "cards--na", "cards--muted", "cards--mine",
+    }
+
+    def __init__(self, me: str, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=False, show_cursor=True)
+        self.me = me
+        self._layout: tuple | None = None
+        self._rows: list[str] = []  # UUIDs in display order
+        self._cells: dict[tuple[str, str], Text] = {}
+        self.statuses: tuple[CardStatus, ...] = ()
+
+    # -- columns -------------------------------------------------------------------------------
+
+    def _columns(self, wide: bool, mixed: bool, width: int) -> list[tuple[str, str, int]]:
+        if not wide:
+            return [("idx", "#", 2), ("state", "STATE", 12), ("vram", "VRAM GiB", 11), ("util", "UTIL", 4),
+                    ("temp", "TEMP", 4), ("power", "POWER", 5), ("holder", "HOLDER", 13), ("next", "NEXT", 13)]
+        labelled = any(st.label for st in self.statuses)
+        columns = [("idx", "#", 8 if labelled else 2)]
+        if mixed:
+            columns.append(("gpu", "GPU", 10))
+        columns += [("state", "STATE", 15), ("vram", "VRAM GiB", 20), ("util", "UTIL", 4), ("temp", "TEMP", 4),
+                    ("power", "POWER W", 7), ("holder", "HOLDER", 17), ("next", "NEXT", 16)]
+        used = sum(w + 2 for _, _, w in columns) + 2 + 1  # padding, the users column's padding, a scrollbar
+        columns.append(("users", "USERS", max(10, width - used)))
+        return columns
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def show(self, statuses: Sequence[CardStatus], now: float) -> None:
+        """Diff the table against new statuses: only changed cells are touched; rows keep their keys."""
+        self.statuses = tuple(statuses)
+        width = self.size.width or self.app.size.width
+        wide = self.app.size.width >= WIDE_MIN_WIDTH
+        mixed = len({s.reading.name for s in statuses}) > 1
+        layout = (wide, mixed, width if wide else 0, any(s.label for s in statuses))
+        uuids = [s.reading.uuid for s in statuses]
+        with self.app.batch_update():
+            if layout != self._layout:
+                self.clear(columns=True)
+                for key, label, w in self._columns(wide, mixed, width):
+                    self.add_column(label, key=key, width=w)
+                self._layout, self._rows, self._cells = layout, [], {}
+            columns = [c.key.value for c in self.ordered_columns]
+            if uuids != self._rows:
+                cursor = self.cursor_row
+                self.clear()
+                self._cells = {}
+                for status in statuses:
+                    cells = self._cells_for(status, now, wide)
+                    self.add_row(*(cells[c] for c in columns), key=status.reading.uuid)
+                    for c in columns:
+                        self._cells[(status.reading.uuid, c)] = cells[c]
+                self._rows = uuids
+                if statuses:
+                    self.move_cursor(row=min(cursor, len(statuses) - 1))
+                return
+            for status in statuses:
+                uuid = status.reading.uuid
+                cells = self._cells_for(status, now, wide)
+                for c in columns:
+                    if self._cells.get((uuid, c)) != cells[c]:
+                        self._cells[(uuid, c)] = cells[c]
+                        self.update_cell(uuid, c, cells[c])
+
+    def status_at_cursor(self) -> CardStatus | None:
+        if 0 <= self.cursor_row < len(self.statuses):
+            return self.statuses[self.cursor_row]
+        return None
+
+    # -- cells ---------------------------------------------------------------------------------
+
+    def _cells_for(self, s: CardStatus, now: float, wide: bool) -> dict[str, Text]:
+        style = self.get_component_rich_style
+        r = s.reading
+        cells: dict[str, Text] = {}
+        if wide and s.label:
+            cells["idx"] = Text(f"{r.index} ").append_text(untrusted(s.label, 6, style("cards--muted")))
+        else:
+            cells["idx"] = Text(str(r.index))
+        cells["gpu"] = untrusted(short_name(r.name), 10)
+        state = Text(s.state, style(f"cards--{STATE_CLASS.get(s.state, 'na')}"))
+        for warning in s.warnings:
+            state.append(" ")
+            state.append(warning, style("cards--warning"))
+        cells["state"] = state
+
+        total, used = r.memory_total_mib, r.memory_used_mib
+        fraction = used / total if used is not None and total else None
+        level = style(f"cards--{level_style(fraction, 0.7, 0.9)}")
+        if wide:
+            vram = Text(bar(fraction, 8), level).append(f" {gib(used)}/{gib(total)}")
+        else:
+            figures = NA if fraction is None else f"{used / 1024:.0f}/{total / 1024:.0f}"
+            vram = Text(bar(fraction, 5), level).append(f" {figures}")
+        cells["vram"] = vram
+
+        util = r.utilization_pct
+        cells["util"] = Text(NA if util is None else f"{util}%", justify="right",
+                             style=style("cards--na") if util is None else "")
+        temp = r.temperature_c
+        cells["temp"] = Text(NA if temp is None else (f"{temp}°C" if wide else f"{temp}°"), justify="right",
+                             style=style("cards--danger" if HOT in s.warnings else ("cards--na" if temp is None else "cards--ok")))
+        if r.power_w is None:
+            power = NA
+        elif wide:
+            power = f"{r.power_w:.0f}/{r.power_limit_w:.0f}" if r.power_limit_w else f"{r.power_w:.0f}"
+        else:
+            power = f"{r.power_w:.0f}W"
+        power_fraction = r.power_w / r.power_limit_w if r.power_w is not None and r.power_limit_w else None
+        cells["power"] = Text(power, justify="right", style=style(f"cards--{level_style(power_fraction, 0.8, 0.95)}"))
+
+        when = short_time if wide else compact_time
+        if s.booking:
+            holder = untrusted(s.booking.user, 8, style("cards--mine") if s.booking.user == self.me else "")
+            holder.append(f" → {when(s.booking.end, now)}" if wide else f"→{when(s.booking.end, now)}")
+        else:
+            holder = Text("-", style("cards--muted"))
+        cells["holder"] = holder
+        if s.next_booking:
+            nxt = untrusted(s.next_booking.user, 7, style("cards--mine") if s.next_booking.user == self.me else "")
+            nxt.append(f" {when(s.next_booking.start, now)}")
+        else:
+            nxt = Text("-", style("cards--muted"))
+        cells["next"] = nxt
+        cells["users"] = untrusted(", ".join(s.users), 60) if s.users else Text("-", style("cards--muted"))
+        if FULL in s.warnings:
+            cells["vram"].stylize(style("cards--danger"), 0, len(bar(fraction, 8 if wide else 5)))
+        return cells

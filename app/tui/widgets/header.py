@@ -1,0 +1,70 @@
+"""The board's one-line header: host, cards, clock, who you are, and the ADMIN and SIMULATED badges."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from app.tui.render import local, untrusted
+
+
+class BoardHeader(Widget):
+    DEFAULT_CSS = """
+    BoardHeader {
+        dock: top;
+        height: 1;
+        background: $panel;
+        color: $foreground;
+    }
+    BoardHeader > .header--host { text-style: bold; }
+    BoardHeader > .header--badge-admin { background: $error; color: $text; text-style: bold; }
+    BoardHeader > .header--badge-simulated { background: $warning; color: $text; text-style: bold; }
+    BoardHeader > .header--clock { color: $text-muted; }
+    BoardHeader > .header--user { color: $accent; text-style: bold; }
+    """
+    COMPONENT_CLASSES = {
+        "header--host", "header--badge-admin", "header--badge-simulated", "header--clock", "header--user",
+    }
+
+    host: reactive[str] = reactive("")
+    fleet: reactive[str] = reactive("")
+    now: reactive[float] = reactive(0.0)
+    user: reactive[str] = reactive("")
+    admin: reactive[bool] = reactive(False)
+    simulated: reactive[bool] = reactive(False)
+    alert: reactive[str] = reactive("")  # e.g. "telemetry stalled 6 s"
+
+    def render(self) -> Text:
+        style = self.get_component_rich_style
+        left = Text(" ")
+        left.append_text(untrusted(self.host, 24, style("header--host")))
+        if self.fleet:
+            left.append(f"  {self.fleet}")
+        if self.simulated:
+            left.append("  ")
+            left.append(" SIMULATED ", style("header--badge-simulated"))
+        if self.alert:
+            left.append(f"  {self.alert}", "bold")
+        right = Text()
+        right.append(local(self.now).strftime("%a %d %b %H:%M:%S") if self.now else "", style("header--clock"))
+        right.append("  ")
+        right.append_text(untrusted(self.user, 16, style("header--user")))
+        if self.admin:
+            right.append(" ")
+            right.append(" ADMIN ", style("header--badge-admin"))
+        right.append(" ")
+        width = self.size.width
+        gap = width - left.cell_len - right.cell_len
+        if gap < 1:  # narrow: drop the long date first
+            right = Text(local(self.now).strftime("%H:%M:%S ") if self.now else "", style("header--clock"))
+            right.append_text(untrusted(self.user, 10, style("header--user")))
+            if self.admin:
+                right.append(" ")
+                right.append(" ADMIN ", style("header--badge-admin"))
+            right.append(" ")
+            gap = width - left.cell_len - right.cell_len
+        if gap < 1:
+            left.truncate(max(0, width - right.cell_len - 1), overflow="ellipsis")
+            gap = max(1, width - left.cell_len - right.cell_len)
+        return Text.assemble(left, " " * gap, right, no_wrap=True)
