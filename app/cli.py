@@ -538,6 +538,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for arg in argv:  # bytes that are not UTF-8 arrive as lone surrogates, which SQLite cannot store
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            print(f"board: the argument {arg[:60]!r} is not valid UTF-8; check the terminal's encoding (LANG)",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
     parser = build_parser()
     args = parser.parse_args(argv)
     session = Session(args)

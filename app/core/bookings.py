@@ -235,6 +235,10 @@ class BookingService:
     def _check_note(self, note: str) -> str:
         if len(note) > MAX_NOTE_CHARS:
             raise BadInput(f"the note is {len(note)} characters; keep it to {MAX_NOTE_CHARS}")
+        try:
+            note.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: SQLite cannot store them, so refuse before any write
+            raise BadInput("the note is not valid UTF-8 text; retype it") from None
         return note
 
     def _check_cards(self, cards: Sequence[int]) -> tuple[int, ...]:

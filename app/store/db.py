@@ -39,6 +39,8 @@ def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
         raise StoreError(f"the directory {path.parent} does not exist; run 'board init --group G' or set BOARD_DB")
     try:
         conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=True)
+        # A hand-edited row with bytes that are not UTF-8 must not crash every reader (doctor shows the edit).
+        conn.text_factory = _decode_text
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
@@ -70,6 +72,10 @@ def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 def data_version(conn: sqlite3.Connection) -> int:
     """Changes whenever another connection commits; cheap enough to poll every second."""
     return conn.execute("PRAGMA data_version").fetchone()[0]
+
+
+def _decode_text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
 
 
 def _setgid_dir(directory: Path) -> bool:
