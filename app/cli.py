@@ -412,6 +412,18 @@ def cmd_doctor(session: Session) -> int:
     return EXIT_OK if problems == 0 else EXIT_UNEXPECTED
 
 
+def cmd_backup(session: Session) -> int:
+    from app.store.backup import backup
+
+    def progress(done: int, total: int) -> None:
+        print(f"backup: {done}/{total} pages ({done * 100 // total}%)", flush=True)
+
+    source = session.config.db_path
+    result = backup(source, Path(session.args.path), force=session.args.force, progress=progress)
+    print(result.summary(source))
+    return EXIT_OK
+
+
 def cmd_board(session: Session) -> int:
     try:
         from app.tui.app import run_board
@@ -531,6 +543,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("init", cmd_init, "create the shared database directory (setgid, 2770) and file (0660); run as root")
     p.add_argument("--group", required=True, help="the Unix group of board users")
     p.add_argument("--dir", help="the directory (default: the configured database's)")
+
+    p = command("backup", cmd_backup, "copy the live database to PATH, consistent while others write (SQLite online backup)")
+    p.add_argument("path", help="the new file; an existing one is replaced only with --force")
+    p.add_argument("--force", action="store_true", help="replace PATH if it exists")
 
     p = command("doctor", cmd_doctor, "check the database's permissions, filesystem and audit chain")
     p.add_argument("--group", help="the Unix group of board users, to check the directory and files against")

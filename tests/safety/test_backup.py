@@ -1,0 +1,176 @@
+"""`board backup PATH`: consistent while writers write, never clobbers, shows progress, restores.
+
+The restore test follows docs/shared-install.md ("Restoring a backup") command by command.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import multiprocessing
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import time
+
+import pytest
+
+from app.store import events
+from app.store.backup import backup
+from app.store.db import connect, write
+from tests.conftest import run_board
+from tests.safety.writers import check, spawn
+
+
+def fill(db_path, megabytes: int) -> None:
+    """Make the database big enough for a stepwise backup: audit events with bulky details."""
+    conn = connect(db_path)
+    try:
+        with write(conn):
+            for i in range(megabytes * 1024 // 4):
+                events.record(conn, ts=1, uid=0, actor="filler", action="note", booking_id=None, ok=True,
+                              details={"pad": f"{i:08d}" * 512})
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def writers(tmp_path):
+    """start(db, n) forks n writer processes; they are killed at teardown."""
+    pids: list[int] = []
+    state = multiprocessing.get_context("fork").RawArray(ctypes.c_int, 8)
+
+    def start(db_path, n: int = 4):
+        pids.extend(spawn(db_path, 1000 + slot, state, slot) for slot in range(n))
+
+    yield start
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def counts(db_path) -> tuple[int, int]:
+    conn = sqlite3.connect(db_path)
+    try:
+        return (conn.execute("SELECT count(*) FROM bookings").fetchone()[0],
+                conn.execute("SELECT count(*) FROM events").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_backup_is_consistent_while_writers_write(tmp_path, writers):
+    live = tmp_path / "board.db"
+    fill(live, 12)
+    writers(live, 4)
+    time.sleep(0.5)
+    before = counts(live)
+    copy = tmp_path / "backups" / "board-1.db"
+    copy.parent.mkdir()
+    result = run_board("backup", str(copy), env={"BOARD_DB": str(live), "BOARD_SIMULATE": "1"})
+    time.sleep(0.3)
+    after = counts(live)
+    assert result.returncode == 0, result.stderr
+    progress = [line for line in result.stdout.splitlines() if line.startswith("backup: ")]
+    assert 2 <= len(progress) <= 12, result.stdout  # large: progress, but never a flood
+    done = [int(re.match(r"backup: (\d+)/(\d+)", line).group(1)) for line in progress]
+    assert done == sorted(done), "the backup restarted"
+    summary = result.stdout.splitlines()[-1]
+    assert "integrity ok" in summary and "audit chain intact" in summary, summary
+    assert after[0] > before[0], "the writers were not writing during the backup"
+
+    invariants = check(copy)  # integrity_check, no partial booking, no overlap, every booking audited, chain intact
+    assert before[0] <= invariants["bookings"] <= after[0]
+    conn = sqlite3.connect(copy)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert events.first_broken(conn) is None
+        # One instant: every create event in the copy has its booking there, and the other way round.
+        created = {r[0] for r in conn.execute("SELECT booking_id FROM events WHERE action = 'create' AND ok = 1")}
+        assert created == {r[0] for r in conn.execute("SELECT id FROM bookings")}
+    finally:
+        conn.close()
+    assert f"{invariants['bookings']} bookings" in summary
+    assert oct(os.stat(copy).st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["board-1.db"]  # no temporary left behind
+
+
+def test_repeated_backups_under_load_all_verify(tmp_path, writers):
+    live = tmp_path / "board.db"
+    connect(live).close()
+    writers(live, 3)
+    for n in range(5):
+        copy = tmp_path / f"b{n}.db"
+        result = backup(live, copy, pages_per_step=2)  # tiny steps: many chances to see another commit
+        assert result.integrity == "ok" and result.first_broken_event is None
+        check(copy)
+        time.sleep(0.05)
+
+
+def test_backup_refuses_to_overwrite_without_force(tmp_path):
+    live = tmp_path / "board.db"
+    env = {"BOARD_DB": str(live), "BOARD_SIMULATE": "1"}
+    assert run_board("book", "1", "--for", "1h", env=env).returncode == 0
+    target = tmp_path / "precious.db"
+    target.write_bytes(b"not yours to overwrite")
+    refused = run_board("backup", str(target), env=env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert len(refused.stderr.splitlines()) == 1 and "--force" in refused.stderr
+    assert target.read_bytes() == b"not yours to overwrite"
+    forced = run_board("backup", str(target), "--force", env=env)
+    assert forced.returncode == 0, forced.stderr
+    conn = sqlite3.connect(target)
+    assert conn.execute("SELECT note FROM bookings").fetchall() == [("",)]
+    conn.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("case", ["directory", "missing-dir", "live-itself", "wal-beside", "no-database"])
+def test_backup_refuses_bad_targets_in_one_line(tmp_path, case):
+    live = tmp_path / "board.db"
+    env = {"BOARD_DB": str(live), "BOARD_SIMULATE": "1"}
+    if case != "no-database":
+        connect(live).close()
+    target = {
+        "directory": tmp_path,
+        "missing-dir": tmp_path / "nope" / "b.db",
+        "live-itself": live,
+        "wal-beside": tmp_path / "old.db",
+        "no-database": tmp_path / "b.db",
+    }[case]
+    if case == "wal-beside":
+        (tmp_path / "old.db-wal").write_bytes(b"")
+    args = ["backup", str(target)] + (["--force"] if case == "live-itself" else [])
+    result = run_board(*args, env=env)
+    assert result.returncode in (1, 2), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+    if case == "no-database":
+        assert not live.exists()
+
+
+def test_restore_as_documented(tmp_path):
+    """docs/shared-install.md: stop the agent, move the live files aside, install the copy 0660, doctor."""
+    live = tmp_path / "lib" / "board.db"
+    live.parent.mkdir()
+    env = {"BOARD_DB": str(live), "BOARD_SIMULATE": "1"}
+    booked = json.loads(run_board("book", "2", "--for", "2h", "--note", "keep me", "--json", env=env).stdout)
+    copy = tmp_path / "board-backup.db"
+    assert run_board("backup", str(copy), env=env).returncode == 0
+    assert run_board("book", "2", "--for", "2h", "--note", "lost in the disaster", env=env).returncode == 0
+    live.write_bytes(b"\0" * 4096)  # the disaster
+
+    group = "root"
+    script = f"""
+    set -e
+    cd {live.parent}
+    mkdir -p broken && mv board.db board.db-wal board.db-shm broken/ 2>/dev/null || true
+    install -m 0660 -g {group} {copy} board.db
+    """
+    subprocess.run(["sh", "-c", script], check=True)
+    assert oct(os.stat(live).st_mode & 0o777) == "0o660"
+    listed = json.loads(run_board("list", "--json", env=env).stdout)["bookings"]
+    assert [(b["id"], b["note"]) for b in listed] == [(booked["id"], "keep me")]
+    doctor = run_board("doctor", env=env)
+    assert "audit chain intact" in doctor.stdout and "integrity: ok" in doctor.stdout, doctor.stdout
+    assert connect(live).execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # back in WAL on first open
