@@ -60,16 +60,27 @@ def recent(conn: sqlite3.Connection, limit: int = 100, booking_id: int | None = 
 
 
 def first_broken(conn: sqlite3.Connection) -> int | None:
-    """The id of the first event whose hash or link does not match, or None when the chain is whole."""
-    prev_hash = GENESIS
+    """The id of the first event that was altered or removed by hand, or None when the chain is whole.
+
+    A row whose hash does not cover its own fields was edited: that row. A row whose link does not
+    match the row before it, though its own hash is consistent, follows removed rows (its id skips
+    ahead: the first missing id) or follows a row that was edited and given a recomputed hash (that
+    row). Removing rows from the end, or recomputing every later hash too, is not visible here;
+    see the threat model in docs/shared-install.md.
+    """
+    prev_hash, prev_id = GENESIS, None
     rows = conn.execute(
         "SELECT id, ts, uid, actor, action, booking_id, ok, details, prev_hash, hash FROM events ORDER BY id"
     )
     for id_, ts, uid, actor, action, booking_id, ok, details, stored_prev, stored_hash in rows:
-        expected = _digest(prev_hash, ts, uid, actor, action, booking_id, bool(ok), details)
-        if stored_prev != prev_hash or stored_hash != expected:
+        if stored_prev != prev_hash:
+            if prev_id is None or id_ != prev_id + 1:
+                return 1 if prev_id is None else prev_id + 1
+            own = _digest(stored_prev, ts, uid, actor, action, booking_id, bool(ok), details)
+            return prev_id if stored_hash == own else id_
+        if stored_hash != _digest(prev_hash, ts, uid, actor, action, booking_id, bool(ok), details):
             return id_
-        prev_hash = stored_hash
+        prev_hash, prev_id = stored_hash, id_
     return None
 
 

@@ -100,12 +100,7 @@ def doctor(db_path: Path, admin_group: str, group: str | None = None) -> Iterato
     try:
         check = conn.execute("PRAGMA quick_check").fetchone()[0]
         yield check == "ok", f"integrity: {check}" + ("" if check == "ok" else f"; restore {db_path} from a backup")
-        broken = events.first_broken(conn)
-        if broken is None:
-            count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-            yield True, f"audit chain intact ({count} events)"
-        else:
-            yield False, f"audit event {broken} was altered or removed by hand: compare with a backup and ask who edited {db_path}"
+        yield from _audit_checks(conn, db_path)
     finally:
         conn.close()
     try:
@@ -113,6 +108,37 @@ def doctor(db_path: Path, admin_group: str, group: str | None = None) -> Iterato
         yield True, f"admin group {admin_group} exists (gid {admin_gid})"
     except KeyError:
         yield False, f"admin group {admin_group} does not exist, so only root is an admin: groupadd {admin_group}"
+
+
+# The schema's guards: someone who edits the file by hand has to drop one of these first.
+GUARD_TRIGGERS = ("events_no_update", "events_no_delete", "booking_cards_no_overlap", "bookings_no_overlap")
+
+
+def _audit_checks(conn, db_path: Path) -> Iterator[tuple[bool, str]]:
+    """The hash chain, the guard triggers, and an audit record for every booking."""
+    import sqlite3
+
+    try:
+        present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+        if missing := [name for name in GUARD_TRIGGERS if name not in present]:
+            yield False, (f"trigger(s) {', '.join(missing)} missing: the schema of {db_path} was edited by hand;"
+                          " restore it from a backup (board backup, see the README)")
+        broken = events.first_broken(conn)
+        if broken is None:
+            count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+            yield True, f"audit chain intact ({count} events)"
+        else:
+            yield False, f"audit event {broken} was altered or removed by hand: compare with a backup and ask who edited {db_path}"
+        unaudited = [row[0] for row in conn.execute(
+            "SELECT id FROM bookings WHERE id NOT IN"
+            " (SELECT booking_id FROM events WHERE action = 'create' AND ok = 1 AND booking_id IS NOT NULL)"
+            " ORDER BY id LIMIT 6")]
+        if unaudited:
+            shown = ", ".join(str(i) for i in unaudited[:5]) + (", ..." if len(unaudited) > 5 else "")
+            yield False, (f"booking(s) {shown} have no audit record of their creation: events were removed or"
+                          f" bookings added by hand; compare {db_path} with a backup")
+    except sqlite3.DatabaseError as error:
+        yield False, f"the audit log of {db_path} can't be read ({error}): restore it from a backup"
 
 
 def _group_problem(directory: Path, gid: int, name: str, wanted: str | None) -> str | None:
