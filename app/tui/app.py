@@ -76,8 +76,10 @@ class BoardApp(App[int]):
         host: str | None = None,
         history_step: float | None = None,
         servers: bool | None = None,
+        cursor_blink: bool = True,
     ) -> None:
         super().__init__()
+        self.cursor_blink = cursor_blink  # off for snapshot tests
         self.db_path = Path(db_path)
         self.source, self.identity, self.config, self.clock = source, identity, config, clock
         self.host = socket.gethostname() if host is None else host
@@ -324,9 +326,11 @@ def create_app(
     host: str | None = None,
     history_step: float | None = None,
     servers: bool | None = None,
+    cursor_blink: bool = True,
 ) -> BoardApp:
+    """The board, from injected parts: tests pass a frozen clock, a simulated source, a tmp DB and a fixed host."""
     return BoardApp(db_path=db_path, source=source, identity=identity, config=config, clock=clock, host=host,
-                    history_step=history_step, servers=servers)
+                    history_step=history_step, servers=servers, cursor_blink=cursor_blink)
 
 
 def run_board(session) -> int:

@@ -22,7 +22,7 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("timeline", "space", "start (or stop) a selection that the arrows grow"),
     ("timeline", "escape", "clear the selection"),
     ("timeline", "mouse", "click a cell; drag to select cards and times"),
-    ("booking form", "enter", "book it"),
+    ("booking form", "enter / ctrl+s", "book it"),
     ("booking form", "ctrl+n", "fill in the next free slot that fits"),
     ("booking form", "tab / shift+tab", "next / previous field"),
     ("booking form", "escape", "close without booking"),

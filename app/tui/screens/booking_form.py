@@ -107,6 +107,8 @@ class BookingModal(ModalScreen[Booking | None]):
     }
     BookingModal #title { text-style: bold; color: $primary; width: 1fr; }
     BookingModal Horizontal { height: 1; margin-bottom: 1; }
+    BookingModal.-short Horizontal { margin-bottom: 0; }
+    BookingModal.-short #message { margin-bottom: 0; }
     BookingModal Label.field { width: 8; color: $text-muted; }
     BookingModal Label.or { width: auto; color: $text-muted; padding: 0 1; }
     BookingModal Input { width: 1fr; }
@@ -167,6 +169,10 @@ class BookingModal(ModalScreen[Booking | None]):
             yield Static(Text("enter book · ctrl+n next free slot · esc cancel · tab next field"), id="hint")
 
     def on_mount(self) -> None:
+        from app.tui.screens.confirm import settle_inputs
+
+        settle_inputs(self)
+        self.set_class(self.app.size.height < 30, "-short")
         self.query_one("#cards" if not self.draft.cards else "#start", Input).focus()
         self._validate_now()
 

@@ -1,0 +1,140 @@
+"""TUI fixtures: a frozen clock (UTC), the simulated fleet, a seeded database file and an app factory.
+
+Everything a snapshot shows is fixed here: the time, the time zone, the host name, the
+fleet and its bookings. Nothing reads the machine's hostname, clock or version.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from app.config import Config
+from app.core.identity import Identity
+from app.gpu.simulated import DEFAULT_FLEET, Scenario, SimulatedSource, demo_uid
+from app.store import bookings as rows
+from app.store import events
+from app.store.db import connect, write
+from tests.conftest import FROZEN_NOW
+
+HOUR = 3600
+BASE = FROZEN_NOW - FROZEN_NOW % HOUR  # 15:00 UTC; now is 15:30
+
+ALICE = Identity("alice", demo_uid("alice"), False)
+ERIN_ADMIN = Identity("erin", demo_uid("erin"), True)
+
+# (user, cards, start offset h, hours, class, note): every card state shows on the default fleet.
+SEED = (
+    ("alice", (0, 1), -2, 6, "finetune", "llama3-8b LoRA sweep"),
+    ("bob", (2,), -20, 44, "online", "qwen2.5-14b chat endpoint"),
+    ("carol", (3,), -1, 3, "experiment", "kv-cache quantisation tests"),
+    ("erin", (7,), 2, 4, "batch", "nightly embeddings"),
+    ("frank", (4, 5, 6, 7), 20, 10, "finetune", "70B full fine-tune, run 2"),
+    ("alice", (0, 1), 30, 8, "batch", "eval harness"),
+)
+
+# Text other people control, as hostile as it gets: terminal escapes (CSI, OSC 8 links, OSC 52
+# clipboard), Rich/Textual markup, bidi overrides and zero-width characters.
+HOSTILE_USER = "m[bold red]al\x1b[31mlory\u202e"
+HOSTILE_NOTE = (
+    "\x1b]8;;http://evil.example/\x07click me\x1b]8;;\x07 [link=http://evil.example/]x[/link] "
+    "[bold red]PWNED[/] \x1b]52;c;ZWNobyBoaQ==\x07 \u202egnp.exe\u202c zero\u200bwidth \x1b[2J"
+)
+HOSTILE_COMMAND = "python -c '[blink]x[/blink]' \x1b[1;31mred\x1b[0m \x1b]0;owned\x07 \u2066rtl\u2069"
+
+
+@pytest.fixture(autouse=True)
+def utc_clock():
+    """Times on screen read the same on every machine."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if old is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+def frozen() -> float:
+    return FROZEN_NOW
+
+
+def simulated(scenario: Scenario = DEFAULT_FLEET, clock=frozen) -> SimulatedSource:
+    return SimulatedSource(scenario, clock=clock)
+
+
+def seed(db_path: Path, source: SimulatedSource, extra=()) -> None:
+    conn = connect(db_path)
+    try:
+        cards = source.read().cards
+        uuid = {c.index: c.uuid for c in cards}
+        with write(conn):
+            rows.sync_cards(conn, cards, FROZEN_NOW)
+            for user, indexes, offset, hours, klass, note in (*SEED, *extra):
+                start = BASE + offset * HOUR
+                booking_id = rows.insert(
+                    conn, user=user, uid=demo_uid(user) if user.isalnum() else 4242, uuids=[uuid[i] for i in indexes],
+                    start=start, end=start + hours * HOUR, klass=klass, note=note, request=None, now=FROZEN_NOW,
+                    created_by=0,
+                )
+                events.record(conn, ts=FROZEN_NOW, uid=0, actor="seed", action="create", booking_id=booking_id,
+                              ok=True, details={"cards": list(indexes)})
+    finally:
+        conn.close()
+
+
+def hostile_scenario() -> Scenario:
+    from app.gpu.model import GpuProcess
+
+    process = GpuProcess(47001, 3000, HOSTILE_USER, 4242, HOSTILE_COMMAND)
+    return replace(DEFAULT_FLEET, processes=(*DEFAULT_FLEET.processes, (4, process)))
+
+
+@pytest.fixture
+def seeded_db(tmp_path) -> Path:
+    path = tmp_path / "board.db"
+    seed(path, simulated())
+    return path
+
+
+@pytest.fixture
+def make_app(seeded_db):
+    """make_app(identity=ALICE, source=None, clock=frozen, config=None) -> BoardApp on the seeded database."""
+    from app.tui.app import create_app
+
+    def make(identity: Identity = ALICE, source=None, clock=frozen, config: Config | None = None, db_path=None):
+        return create_app(
+            db_path=db_path or seeded_db,
+            source=source or simulated(clock=clock),
+            identity=identity,
+            config=config or Config(),
+            clock=clock,
+            host="gpu-box",
+            history_step=5.0,
+            servers=False,
+            cursor_blink=False,
+        )
+
+    return make
+
+
+async def wait_for(pilot, condition, timeout: float = 5.0, step: float = 0.02) -> None:
+    """Let the app run until condition() holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
+        await pilot.pause(step)
+
+
+async def ready(pilot) -> None:
+    """The first telemetry and the first bookings have arrived and been drawn."""
+    app = pilot.app
+    await wait_for(pilot, lambda: app.fleet is not None and app.view is not None)
+    await pilot.pause()

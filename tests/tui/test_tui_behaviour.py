@@ -1,0 +1,404 @@
+"""Pilot tests: keys in, database rows and widgets out."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from dataclasses import replace
+
+from textual.widgets import Input, Static
+
+from app.core.identity import Identity
+from app.gpu.simulated import DEFAULT_FLEET
+from app.store import bookings as rows
+from app.tui.keys import KEYS
+from app.tui.screens.admin import AdminScreen
+from app.tui.screens.booking_form import BookingModal, parse_cards, parse_form
+from app.tui.screens.card_detail import CardDetailScreen
+from app.tui.screens.confirm import ConfirmModal
+from app.tui.screens.help import HelpModal
+from app.tui.screens.my_bookings import MyBookingsScreen
+from tests.conftest import FROZEN_NOW, run_board
+from tests.tui.conftest import ALICE, BASE, ERIN_ADMIN, HOUR, HOSTILE_NOTE, HOSTILE_USER, ready, seed, simulated, wait_for
+
+import pytest
+
+
+def bookings(db_path) -> list[rows.Booking]:
+    conn = sqlite3.connect(db_path)
+    try:
+        return rows.listing(conn, start=None, end=None, user=None, include_cancelled=True)
+    finally:
+        conn.close()
+
+
+def event_count(db_path) -> int:
+    conn = sqlite3.connect(db_path)
+    try:
+        return conn.execute("SELECT count(*) FROM events").fetchone()[0]
+    finally:
+        conn.close()
+
+
+async def erase(pilot, n: int = 30) -> None:
+    await pilot.press(*["backspace"] * n)
+
+
+class TestBookingForm:
+    async def test_book_with_keys_only(self, make_app, seeded_db):
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.press("down", "down", "down", "down", "b")  # card 4 is free until Monday
+            await wait_for(pilot, lambda: isinstance(app.screen, BookingModal))
+            form = app.screen
+            assert form.query_one("#cards", Input).value == "4"
+            assert app.focused.id == "start"  # cards came from the highlighted row
+            await pilot.press("tab")  # duration
+            await erase(pilot, 5)
+            await pilot.press(*"3h")
+            await pilot.press("tab", "tab", "tab", *"sweep 2")  # until, class, note
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: not isinstance(app.screen, BookingModal))
+        made = [b for b in bookings(seeded_db) if b.user == "alice" and b.cards == (4,)]
+        assert len(made) == 1
+        assert (made[0].start, made[0].end, made[0].klass, made[0].note) == (
+            FROZEN_NOW, FROZEN_NOW + 3 * HOUR, "experiment", "sweep 2")
+
+    async def test_conflict_shows_inline_error_and_writes_nothing(self, make_app, seeded_db):
+        before, log_before = bookings(seeded_db), event_count(seeded_db)
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.press("down", "down", "b")  # card 2 is bob's
+            await wait_for(pilot, lambda: isinstance(app.screen, BookingModal))
+            form = app.screen
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: form.error is not None and "bob" in form.error)
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, BookingModal)  # still open, showing why
+            shown = str(form.query_one("#message", Static).render())
+            assert "card 2 is booked by bob until Mon 15:00 (booking 2)" in shown
+        assert bookings(seeded_db) == before
+        assert event_count(seeded_db) == log_before
+
+    async def test_live_validation_shows_the_core_error_while_typing(self, make_app):
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.press("down", "down", "down", "down", "b")
+            await wait_for(pilot, lambda: isinstance(app.screen, BookingModal))
+            form = app.screen
+            await wait_for(pilot, lambda: "✓" in str(form.query_one("#message", Static).render()))
+            assert app.focused.id == "start"
+            await erase(pilot)
+            await pilot.press(*"yesterday")
+            await wait_for(pilot, lambda: form.error is not None and "can't read" in form.error)
+            await erase(pilot)
+            await pilot.press(*"mon 10:00")  # frank has card 4 from 11:00
+            await wait_for(pilot, lambda: form.error is not None and "frank" in form.error)
+
+    async def test_next_free_slot_fills_the_earliest_start(self, make_app):
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.press("down", "down", "b")  # bob holds card 2 until Monday 15:00
+            await wait_for(pilot, lambda: isinstance(app.screen, BookingModal))
+            form = app.screen
+            await pilot.press("ctrl+n")
+            await wait_for(pilot, lambda: form.query_one("#start", Input).value == "2026-11-30 15:00")
+            await wait_for(pilot, lambda: form.error is None)
+
+    async def test_escape_cancels(self, make_app, seeded_db):
+        before = bookings(seeded_db)
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.press("b")
+            await wait_for(pilot, lambda: isinstance(app.screen, BookingModal))
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not isinstance(app.screen, BookingModal))
+        assert bookings(seeded_db) == before
+
+    def test_parse_form(self):
+        request = parse_form("4-5", "", "16:00", "", "18:30", "batch", "n", FROZEN_NOW)
+        assert (request.cards, request.start, request.end, request.klass) == (
+            (4, 5), BASE + HOUR, BASE + 3 * HOUR + 1800, "batch")
+        assert parse_cards("0, 2 3") == (0, 2, 3)
+        for cards, count, start, length, until, message in (
+            ("", "", "now", "1h", "", "say which cards"),
+            ("1", "2", "now", "1h", "", "not both"),
+            ("1", "", "now", "1h", "18:00", "a duration or an end"),
+            ("1", "", "now", "", "", "say how long"),
+            ("x", "", "now", "1h", "", "can't read cards"),
+        ):
+            with pytest.raises(Exception, match=message):
+                parse_form(cards, count, start, length, until, "batch", "", FROZEN_NOW)
+
+
+class TestTimeline:
+    async def test_select_with_keys_then_book_exactly_that(self, make_app, seeded_db):
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            timeline = app.board.timeline
+            await pilot.press("tab")
+            assert timeline.has_focus
+            assert timeline.cursor == (0, 4)  # now: 15:30 in a view from 13:30
+            await pilot.press("down", "down", "down", "down", "right", "right")  # card 4, 16:30
+            await pilot.press("shift+down", "shift+right", "shift+right", "shift+right")  # cards 4-5, to 18:30
+            assert timeline.selected_range() == ([4, 5], BASE + HOUR + 1800, BASE + 3 * HOUR + 1800)
+            await pilot.press("b")
+            await wait_for(pilot, lambda: isinstance(app.screen, BookingModal))
+            form = app.screen
+            assert form.query_one("#cards", Input).value == "4,5"
+            assert form.query_one("#start", Input).value == "2026-11-29 16:30"
+            assert form.query_one("#end", Input).value == "2026-11-29 18:30"
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: not isinstance(app.screen, BookingModal))
+            made = [b for b in bookings(seeded_db) if b.cards == (4, 5) and b.user == "alice"]
+            assert [(b.start, b.end) for b in made] == [(BASE + HOUR + 1800, BASE + 3 * HOUR + 1800)]
+            # ...and it appears on the timeline as one block over both cards.
+            await wait_for(pilot, lambda: timeline.booking_at(4, 6) is not None)
+            assert timeline.booking_at(4, 6) is timeline.booking_at(5, 6)
+
+    async def test_mouse_drag_selects(self, make_app):
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            timeline = app.board.timeline
+            x0 = timeline.label_width + 6 * timeline.cell_width
+            await pilot.mouse_down(timeline, offset=(x0, 2 + 4))
+            await pilot.hover(timeline, offset=(x0 + 2 * timeline.cell_width, 2 + 5))
+            timeline.on_mouse_move(type("Move", (), {"button": 1, "x": x0 + 2 * timeline.cell_width, "y": 7})())
+            await pilot.mouse_up(timeline, offset=(x0 + 2 * timeline.cell_width, 2 + 5))
+            assert timeline.selected_range() == ([4, 5], BASE + 3600 + 1800 - 1800 + 1800, BASE + 3 * HOUR)
+
+    async def test_zoom_day_steps_and_now(self, make_app):
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            timeline = app.board.timeline
+            assert (timeline.view_start, timeline.view_end) == (FROZEN_NOW - 2 * HOUR, FROZEN_NOW + 22 * HOUR)
+            await pilot.press("z")
+            assert timeline.zoom.name == "week"
+            await pilot.press("z")
+            assert timeline.zoom.name == "hours"
+            await pilot.press("z", "right_square_bracket")
+            assert timeline.view_start == FROZEN_NOW - 2 * HOUR + 86400
+            await wait_for(pilot, lambda: app.view.window_start == timeline.view_start)
+            await pilot.press("left_square_bracket", "left_square_bracket", "t")
+            assert timeline.view_start == FROZEN_NOW - 2 * HOUR
+
+    async def test_many_cards_scroll_with_the_cursor(self, make_app, tmp_path):
+        from app.gpu.simulated import parse_scenario
+
+        big = simulated(parse_scenario({"cards": {"count": 64}}))
+        db = tmp_path / "big.db"
+        seed(db, big)
+        app = make_app(source=big, db_path=db)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            timeline = app.board.timeline
+            await pilot.press("tab", *["down"] * 40)
+            assert timeline.cursor[0] == 40
+            assert timeline.row_offset <= 40 < timeline.row_offset + timeline.visible_rows
+
+
+class TestLive:
+    async def test_booking_made_by_the_cli_appears_within_two_seconds(self, tmp_path):
+        from app.config import Config
+        from app.tui.app import create_app
+
+        db = tmp_path / "live.db"
+        app = create_app(db_path=db, source=simulated(clock=time.time), identity=ALICE, config=Config(),
+                         clock=time.time, host="gpu-box", servers=False, cursor_blink=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            result = await asyncio.to_thread(
+                run_board, "book", "--cards", "5", "--start", "+1h", "--for", "2h", "--note", "from the shell",
+                env={"BOARD_DB": str(db), "BOARD_SIMULATE": "1"},
+            )
+            assert result.returncode == 0, result.stderr
+            done = time.monotonic()
+            await wait_for(pilot, lambda: any(b.note == "from the shell" for b in app.view.window), timeout=2.0)
+            assert time.monotonic() - done < 2.0
+            booking = next(b for b in app.view.window if b.note == "from the shell")
+            timeline = app.board.timeline
+            await pilot.pause()
+            column = timeline._column_of(booking.start)
+            assert timeline.booking_at(5, column) == booking
+
+    async def test_stalled_telemetry_does_not_block_keys(self, make_app):
+        stalled = simulated(replace(DEFAULT_FLEET, stall_seconds=3.0))
+        app = make_app(source=stalled)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: app.view is not None)
+            await pilot.pause(0.2)
+            assert app.fleet is None  # the first read is still asleep in the driver
+            started = time.monotonic()
+            await pilot.press("question_mark")
+            await wait_for(pilot, lambda: isinstance(app.screen, HelpModal), timeout=1.0)
+            await pilot.press("escape", "m")
+            await wait_for(pilot, lambda: isinstance(app.screen, MyBookingsScreen), timeout=1.0)
+            assert time.monotonic() - started < 1.0
+            assert app.fleet is None  # still stalled: the keys did not wait for it
+
+    async def test_toast_when_my_booking_ends_within_ten_minutes(self, make_app):
+        ends = BASE + 4 * HOUR  # alice's first booking ends at 19:00
+        app = make_app(clock=lambda: ends - 7 * 60)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            await wait_for(pilot, lambda: len(app._notifications) > 0)
+            messages = [n.message for n in app._notifications]
+            assert any("booking #1" in m and "ends at 19:00" in m and "in 7 min" in m for m in messages)
+            await pilot.pause(1.2)  # the next ticks do not repeat it
+            assert len([n for n in app._notifications if "booking #1" in n.message]) == 1
+
+    async def test_no_toast_for_other_peoples_bookings(self, make_app):
+        app = make_app(clock=lambda: BASE + 2 * HOUR - 5 * 60, identity=Identity("bob", 1002, False))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.pause(0.3)
+            assert not [n for n in app._notifications if "ends at" in n.message]
+
+
+class TestMyBookings:
+    async def test_cancel_from_my_bookings(self, make_app, seeded_db):
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.press("m")
+            await wait_for(pilot, lambda: isinstance(app.screen, MyBookingsScreen))
+            screen = app.screen
+            await wait_for(pilot, lambda: screen.selected() is not None)
+            assert [b.id for b in screen.mine()] == [1, 6]
+            await pilot.press("down", "c")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+            await pilot.press("y")
+            await wait_for(pilot, lambda: [b.id for b in screen.mine()] == [1])
+        assert {b.id: b.status for b in bookings(seeded_db)}[6] == "cancelled"
+
+    async def test_release_and_extend(self, make_app, seeded_db):
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.press("m")
+            await wait_for(pilot, lambda: isinstance(app.screen, MyBookingsScreen))
+            screen = app.screen
+            await wait_for(pilot, lambda: screen.selected() is not None)
+            await pilot.press("e")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ExtendModal")
+            await erase(pilot, 5)
+            await pilot.press(*"30m", "enter")
+            await wait_for(pilot, lambda: {b.id: b.end for b in bookings(seeded_db)}[1] == BASE + 4 * HOUR + 1800)
+            await pilot.press("r")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+            await pilot.press("n")  # declined: nothing happens
+            await pilot.pause(0.2)
+            assert {b.id: b.end for b in bookings(seeded_db)}[1] == BASE + 4 * HOUR + 1800
+            await pilot.press("r")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+            await pilot.press("y")
+            await wait_for(pilot, lambda: {b.id: b.end for b in bookings(seeded_db)}[1] == FROZEN_NOW)
+
+
+class TestAdmin:
+    async def test_admin_screen_absent_for_non_admins(self, make_app):
+        app = make_app(identity=ALICE)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            await pilot.press("a")
+            await pilot.pause(0.2)
+            assert not isinstance(app.screen, AdminScreen)
+            assert "a" not in app._bindings.key_to_bindings
+            assert all(b.action != "admin" for _, b, *_ in app.active_bindings.values())
+            commands = [c.title for c in app.get_system_commands(app.screen)]
+            assert "Admin" not in commands and "Book cards" in commands
+            assert "Admin" not in app.export_screenshot()  # the footer says nothing of an admin screen
+
+    async def test_admin_reassigns_and_sees_the_audit_log(self, make_app, seeded_db):
+        app = make_app(identity=ERIN_ADMIN)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            await pilot.press("a")
+            await wait_for(pilot, lambda: isinstance(app.screen, AdminScreen))
+            screen = app.screen
+            await wait_for(pilot, lambda: len(screen.bookings) == 6)
+            await pilot.press("down", "down", "down")  # erin's batch on card 7 this evening
+            assert screen.selected().user == "erin"
+            await pilot.press("r")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ReassignModal")
+            await erase(pilot, 10)
+            await pilot.press("4", "enter")
+            await wait_for(pilot, lambda: {b.id: b.cards for b in bookings(seeded_db)}[4] == (4,))
+            await wait_for(pilot, lambda: "reassign" in str(screen.query_one("#audit").get_row_at(0)))
+            await wait_for(pilot, lambda: screen.selected() is not None and screen.selected().id == 4)
+            await pilot.press("down")  # frank's
+            await pilot.press("c")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
+            await pilot.press("y")
+            await wait_for(pilot, lambda: {b.id: b.status for b in bookings(seeded_db)}[5] == "cancelled")
+
+
+class TestCardDetail:
+    async def test_enter_opens_the_card(self, make_app):
+        app = make_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            await pilot.press("down", "down", "enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, CardDetailScreen))
+            screen = app.screen
+            assert screen.uuid.endswith("000000000002")
+            processes = screen.query_one("#processes")
+            assert processes.row_count == 1 and "41207" in str(processes.get_row_at(0)[0])
+            assert len(app.history[screen.uuid]) == 121  # ten minutes at 5 s, and now
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not isinstance(app.screen, CardDetailScreen))
+
+
+class TestUntrustedText:
+    async def test_hostile_text_renders_inert(self, make_app, tmp_path):
+        from tests.tui.conftest import hostile_scenario
+
+        source = simulated(hostile_scenario())
+        db = tmp_path / "hostile.db"
+        seed(db, source, extra=((HOSTILE_USER, (4,), -1, 3, "experiment", HOSTILE_NOTE),))
+        app = make_app(source=source, db_path=db)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            lines = [app.board.timeline.render_line(y).text for y in range(12)]
+            lines += [str(app.board.query_one("#detail").render())]
+            table = app.board.card_table
+            lines += [str(cell) for cell in table.get_row_at(4)]
+            await pilot.press("tab", "down", "down", "down", "down")  # the timeline cursor on the hostile block
+            lines += [str(app.board.query_one("#detail").render())]
+            joined = "\n".join(lines)
+            assert "\x1b" not in joined and "\u202e" not in joined and "\x07" not in joined
+            assert "m[bold red]al\\x1b[31mlory\\u202e" in joined  # the markup shows as typed
+            assert "[link=http://evil.example/" in joined and "\\x1b]8;;http://evil.example/\\x07" in joined
+            app.action_card_detail(table.statuses[4].reading.uuid)
+            await wait_for(pilot, lambda: isinstance(app.screen, CardDetailScreen))
+            await pilot.pause()
+            process = [str(cell) for cell in app.screen.query_one("#processes").get_row_at(0)]
+            assert process[1] == "m[bold red]al\\x1b[31mlory\\u202e"
+            assert process[4] == "python -c '[blink]x[/blink]' \\x1b[1;31mred\\x1b[0m \\x1b]0;owned\\x07 \\u2066rtl\\u2069"
+            notes = [str(app.screen.query_one("#bookings").get_row_at(i)[-1]) for i in range(2)]
+            assert any("[bold red]PWNED[/]" in n and "zero\\u200bwidth" in n for n in notes)
+
+
+class TestHelp:
+    def test_every_binding_is_in_the_help(self):
+        from app.tui.app import BoardApp
+        from app.tui.screens.main import BoardScreen
+        from app.tui.widgets.timeline import Timeline
+
+        listed = " / ".join(keys for _, keys, _ in KEYS)
+        names = {"question_mark": "?", "left_square_bracket": "[", "right_square_bracket": "]"}
+        for cls in (BoardApp, BoardScreen, Timeline, MyBookingsScreen, AdminScreen, BookingModal):
+            for binding in cls.BINDINGS:
+                for key in binding.key.split(","):
+                    key = names.get(key, key)
+                    key = "shift+arrows" if key.startswith("shift+") else key
+                    assert key in listed, f"{cls.__name__}: {key} is missing from app.tui.keys"
