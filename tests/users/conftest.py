@@ -126,10 +126,11 @@ class Board:
     config: Path
     scenario: Path | None = None
     env: dict = field(default_factory=dict)
+    program: list[str] | None = None  # default: this checkout's `python -m app`
 
     def cmd(self, user: str, *args: str, umask: int = 0o022, via: str = "setpriv",
             program: list[str] | None = None) -> list[str]:
-        program = program or [sys.executable, "-m", "app"]
+        program = program or self.program or [sys.executable, "-m", "app"]
         inner = ["/bin/sh", "-c", f'umask {umask:03o}; exec "$@"', "sh", *program, *args]
         if user == "root":
             return inner

@@ -1,0 +1,94 @@
+#!/bin/sh
+# Install board on a shared server: the steps of the README section "Install on a shared server"
+# (docs/shared-install.md), one for one. Run it as root from a checkout of this repository.
+#
+#   sudo scripts/install_shared.sh
+#
+# Settings (environment variables; the defaults are the README's):
+#   PREFIX             prepended to every path it writes, e.g. a temporary directory in tests (default: none)
+#   PYTHON             the interpreter for the venv (default: python3)
+#   BOARD_SOURCE       what to pip install (default: this checkout)
+#   BOARD_GROUP        the Unix group of board users (default: board)
+#   BOARD_ADMIN_GROUP  the Unix group of board admins (default: board-admin)
+#   BOARD_MEMBERS      users to add to BOARD_GROUP, space-separated (default: none)
+#
+# Groups and users are real even with PREFIX; systemctl runs only without PREFIX, on a host
+# where systemd is running.
+set -eu
+
+PREFIX=${PREFIX:-}
+PYTHON=${PYTHON:-python3}
+BOARD_SOURCE=${BOARD_SOURCE:-$(cd "$(dirname "$0")/.." && pwd)}
+GROUP=${BOARD_GROUP:-board}
+ADMIN_GROUP=${BOARD_ADMIN_GROUP:-board-admin}
+MEMBERS=${BOARD_MEMBERS:-}
+
+VENV=$PREFIX/opt/board
+BIN=$PREFIX/usr/local/bin
+CONFIG=$PREFIX/etc/board/board.toml
+DATA=$PREFIX/var/lib/board
+UNIT=$PREFIX/etc/systemd/system/board-agent.service
+
+say() { printf 'install_shared: %s\n' "$*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install_shared: run this as root (sudo $0)" >&2
+    exit 4
+fi
+umask 022
+
+# 1. A group for users and one for admins.
+for g in "$GROUP" "$ADMIN_GROUP"; do
+    getent group "$g" >/dev/null || groupadd --system "$g"
+done
+for u in $MEMBERS; do
+    usermod -aG "$GROUP" "$u"
+done
+say "groups $GROUP (users) and $ADMIN_GROUP (admins) exist"
+
+# 2. A venv under /opt/board, with board linked onto PATH.
+"$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$BOARD_SOURCE"
+mkdir -p "$BIN"
+ln -sfn "$VENV/bin/board" "$BIN/board"
+say "installed $("$BIN/board" --version) in $VENV, linked as $BIN/board"
+
+# 3. The config file: root-owned, readable by all; an existing one is kept.
+install -d -m 0755 "$PREFIX/etc/board"
+if [ ! -e "$CONFIG" ]; then
+    cat >"$CONFIG" <<EOF
+# board's settings; see the README, "Configuration".
+[storage]
+db = "$DATA/board.db"
+
+[access]
+admin_group = "$ADMIN_GROUP"
+EOF
+    chmod 0644 "$CONFIG"
+    say "wrote $CONFIG"
+else
+    say "kept the existing $CONFIG"
+fi
+
+# 4. The shared database: board init --group G (a setgid 2770 directory, a 0660 file).
+BOARD_CONFIG=$CONFIG "$BIN/board" init --group "$GROUP" --dir "$DATA"
+
+# 5. The agent: the systemd unit shipped in the package, with this install's paths.
+SHIPPED=$("$VENV/bin/python" -c 'import app, pathlib; print(pathlib.Path(app.__file__).parent / "systemd" / "board-agent.service")')
+install -d -m 0755 "$(dirname "$UNIT")"
+sed -e "s|/usr/local/bin/board|$BIN/board|g" \
+    -e "s|/etc/board/board.toml|$CONFIG|g" \
+    -e "s|/var/lib/board|$DATA|g" \
+    "$SHIPPED" >"$UNIT"
+chmod 0644 "$UNIT"
+if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
+    systemctl daemon-reload
+    systemctl enable --now board-agent.service
+    say "board-agent.service enabled and started"
+else
+    say "wrote $UNIT (systemctl skipped: no systemd running here, or PREFIX is set)"
+fi
+
+# 6. Check it all.
+BOARD_CONFIG=$CONFIG "$BIN/board" doctor --group "$GROUP"
+say "done: add users with 'usermod -aG $GROUP NAME' (they log in again), admins with 'usermod -aG $ADMIN_GROUP NAME'"
