@@ -181,6 +181,11 @@ def cmd_status(session: Session) -> int:
     from app.core.text import format_time, inert
     from app.store import bookings as rows
 
+    if session.source.simulated:  # demo llama-servers run on the CPU: show them on their booked cards
+        from app.llama.processes import feed_simulated
+
+        feed_simulated(session.source, session.conn)
+        session.__dict__.pop("snapshot", None)
     snapshot, now = session.snapshot, time.time()
     live = rows.live_between(session.conn, int(now), 2**62)
     statuses = fleet_status(snapshot, live, now, hot_celsius=session.config.hot_celsius, labels=session.config.labels)
@@ -412,6 +417,12 @@ def cmd_doctor(session: Session) -> int:
     return EXIT_OK if problems == 0 else EXIT_UNEXPECTED
 
 
+def cmd_agent(session: Session) -> int:
+    from app.agent import cmd_agent as run_agent
+
+    return run_agent(session)
+
+
 def cmd_backup(session: Session) -> int:
     from app.store.backup import backup
 
@@ -550,6 +561,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("doctor", cmd_doctor, "check the database's permissions, filesystem and audit chain")
     p.add_argument("--group", help="the Unix group of board users, to check the directory and files against")
+
+    from app.llama.cli import add_parsers as add_serve_parsers  # light: argparse only
+
+    add_serve_parsers(sub, command, common, id_type=booking_id)
+
+    p = command("agent", cmd_agent, "enforce the rules: stop servers whose booking ended (a service; --once for cron)",
+                json_flag=True)
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between passes (default 30)")
     return parser
 
 

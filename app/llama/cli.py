@@ -1,0 +1,331 @@
+"""`board serve start|stop|list|logs`: the quick CLI for llama-servers on booked cards.
+
+app.cli's build_parser calls add_parsers(); the handlers import the rest of app.llama only when run,
+so parsing stays fast and nothing here imports Textual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+RECENT_S = 24 * 3600  # `serve list` shows servers that ended within this long, besides the live ones
+
+
+def server_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a server number; 'board serve list' shows them")
+    return value
+
+
+def _start_options(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--model", "-m", help="the .gguf model file (default: the booking's request)")
+    a.add_argument("--ctx", type=int, help="total context, shared by all slots (llama-server -c; default 4096)")
+    a.add_argument("--parallel", type=int, help="slots, i.e. concurrent requests (llama-server -np; default 1)")
+    a.add_argument("--port", type=int, help="a port from the configured range (default: the first free one)")
+    a.add_argument("--split-mode", choices=("layer", "row"), default="layer",
+                   help="how to split across cards: layer (default; right for PCIe) or row")
+    a.add_argument("--tensor-split", metavar="N0,N1,...", help="share of the model per card, in card order")
+    a.add_argument("--metrics", action="store_true", help="enable /metrics (tokens/s in the TUI)")
+    a.add_argument("--alias", help="the model name the API reports (default: the file name)")
+    a.add_argument("--host", help="listen address (default 127.0.0.1; others only if the config allows them)")
+    a.add_argument("--no-wait", action="store_true", help="return right after launch instead of waiting for ready")
+
+
+class _OptionsParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        from app.core.errors import BadInput
+
+        raise BadInput(f"serve start: {message}; llama-server's own arguments go after --")
+
+
+def _split_extra(args: argparse.Namespace) -> list[str]:
+    """`serve start`'s options may come after the booking id, where argparse's REMAINDER swallows them:
+    parse those here, and return what follows `--` (the llama-server arguments)."""
+    rest = list(args.extra)
+    if "--" in rest:
+        head, extra = rest[:rest.index("--")], rest[rest.index("--") + 1:]
+    elif rest and rest[0].split("=", 1)[0] not in _START_FLAGS:
+        head, extra = [], rest  # argparse already dropped a `--` right after the booking id
+    else:
+        head, extra = rest, []
+    if head:
+        parser = _OptionsParser(prog="board serve start", add_help=False)
+        _start_options(parser)
+        parser.add_argument("--json", action="store_true")
+        parser.parse_args(head, namespace=args)
+    return extra
+
+
+def _flags() -> frozenset[str]:
+    parser = argparse.ArgumentParser(add_help=False)
+    _start_options(parser)
+    return frozenset(o for action in parser._actions for o in action.option_strings) | {"--json"}
+
+
+_START_FLAGS = _flags()
+
+
+def add_parsers(sub, command, common, id_type=int) -> None:
+    """Add `serve` and its actions. `command` is build_parser's helper; `common` its shared options."""
+    p = command("serve", cmd_serve, "llama-servers on your booked cards: start, stop, list, logs")
+    actions = p.add_subparsers(title="serve commands", metavar="ACTION")
+
+    def action(name: str, handler, help: str, json_flag: bool = False) -> argparse.ArgumentParser:
+        a = actions.add_parser(name, help=help, description=help, parents=[common])
+        a.set_defaults(handler=handler)
+        if json_flag:
+            a.add_argument("--json", action="store_true", help="print JSON")
+        return a
+
+    a = action("start", cmd_start, "start llama-server on a booking's cards (you hold it, it is active now)",
+               json_flag=True)
+    a.add_argument("booking", type=id_type, help="booking id")
+    _start_options(a)
+    a.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra llama-server arguments")
+
+    a = action("stop", cmd_stop, "stop a server (SIGTERM to its process group, SIGKILL after 10 s)", json_flag=True)
+    a.add_argument("id", type=server_id, help="server id")
+
+    a = action("list", cmd_list, "servers: live ones and those that ended in the last day", json_flag=True)
+    a.add_argument("--all", action="store_true", help="every server ever started")
+    a.add_argument("--mine", action="store_true", help="only mine")
+
+    a = action("logs", cmd_logs, "a server's log")
+    a.add_argument("id", type=server_id, help="server id")
+    a.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the server ends")
+    a.add_argument("-n", "--lines", type=int, default=50, help="how many lines from the end (default 50)")
+
+
+# -- plumbing ----------------------------------------------------------------------------------
+
+
+def _service(session):
+    from app.llama.service import ServerService
+
+    return ServerService(session.conn, session.me, session.config, topology=session.snapshot.topology,
+                         environ=session.environ)
+
+
+def _light_service(session):
+    """For commands that need no card topology: no NVML (or simulated) read at all."""
+    from app.llama.service import ServerService
+
+    return ServerService(session.conn, session.me, session.config, environ=session.environ)
+
+
+def server_json(server) -> dict[str, Any]:
+    from app.cli import iso
+
+    return {
+        "id": server.id,
+        "booking_id": server.booking_id,
+        "user": server.user,
+        "cards": list(server.cards),
+        "card_uuids": list(server.card_uuids),
+        "model": server.model,
+        "alias": server.alias,
+        "host": server.host,
+        "port": server.port,
+        "url": server.url,
+        "pid": server.pid,
+        "pgid": server.pgid,
+        "supervisor_pid": server.supervisor_pid,
+        "state": server.state,
+        "started": iso(server.created_at),
+        "ready": iso(server.ready_at),
+        "ended": iso(server.ended_at),
+        "ctx": server.ctx,
+        "parallel": server.parallel,
+        "split_mode": server.split_mode,
+        "metrics": server.metrics,
+        "log": server.log_path,
+        "exit_code": server.exit_code,
+        "exit_signal": server.exit_signal,
+        "exit": server.exit_text,
+        "reason": server.reason,
+        "log_tail": list(server.log_tail),
+        "cmdline": list(server.cmdline),
+    }
+
+
+def _print_tail(lines, limit: int = 20) -> None:
+    from app.core.text import inert
+
+    for line in list(lines)[-limit:]:
+        print(f"  | {inert(line.replace(chr(9), '    '), 300)}", file=sys.stderr)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+# -- handlers ----------------------------------------------------------------------------------
+
+
+def cmd_serve(session) -> int:
+    from app.core.errors import BadInput
+
+    raise BadInput("say what to do: board serve start|stop|list|logs (see 'board serve --help')")
+
+
+def cmd_start(session) -> int:
+    from app.cli import print_json
+    from app.core.text import inert
+    from app.llama.service import ServerEnded
+
+    args = session.args
+    extra = _split_extra(args)
+    service = _service(session)
+    server = service.start(
+        args.booking, model=args.model, ctx=args.ctx, parallel=args.parallel, port=args.port,
+        split_mode=args.split_mode, tensor_split=args.tensor_split, metrics=args.metrics, alias=args.alias,
+        host=args.host, extra=extra,
+    )
+    cards = ",".join(map(str, server.cards))
+    where = f"server {server.id} ({inert(server.alias or '', 40)}) on cards {cards}, {server.url}"
+    if args.no_wait:
+        if args.json:
+            print_json(server_json(server))
+        else:
+            print(f"starting {where}; 'board serve list' shows when it is ready, 'board serve logs {server.id} -f' its log")
+        return 0
+    print(f"starting {where} ", end="", file=sys.stderr, flush=True)
+    began = time.monotonic()
+    shown = [0]
+
+    def progress(elapsed: float) -> None:
+        while shown[0] < int(elapsed):
+            shown[0] += 1
+            print("." if shown[0] % 10 else f"{shown[0]}s", end="", file=sys.stderr, flush=True)
+
+    try:
+        server = service.wait_ready(server, progress=progress)
+    except ServerEnded as ended:
+        print(" " + ended.server.state, file=sys.stderr)
+        _print_tail(ended.server.log_tail or _log_tail(ended.server))
+        raise
+    except KeyboardInterrupt:
+        print(f"\nserver {server.id} keeps starting in the background; 'board serve list' shows it,"
+              f" 'board serve stop {server.id}' stops it", file=sys.stderr)
+        return 130
+    except BaseException:
+        print(file=sys.stderr)
+        raise
+    print(f" ready in {time.monotonic() - began:.1f} s", file=sys.stderr)
+    if args.json:
+        print_json(server_json(server))
+    else:
+        print(f"server {server.id} ready: {server.url}  (model {inert(server.alias or '', 40)}, cards {cards};"
+              f" stop with 'board serve stop {server.id}')")
+    return 0
+
+
+def _log_tail(server):
+    from app.llama.logs import tail
+
+    return tail(server.log_path)
+
+
+def cmd_stop(session) -> int:
+    from app.cli import print_json
+
+    service = _light_service(session)
+    before = service.get(session.args.id)
+    started = time.monotonic()
+    server = service.stop(session.args.id)
+    took = time.monotonic() - started
+    if session.args.json:
+        print_json(server_json(server))
+        return 0
+    if not before.live:
+        print(f"server {server.id} had already ended: {server.state}"
+              + (f" ({server.exit_text})" if server.exit_text else ""))
+    elif server.state == "stopping":
+        print(f"server {server.id} is stopping; its supervisor finishes the job ('board serve list' shows it)")
+    elif server.state == "stopped":
+        print(f"stopped server {server.id} in {took:.1f} s" + (f" ({server.exit_text})" if server.exit_text else ""))
+    else:
+        print(f"server {server.id} {server.state}" + (f": {server.reason}" if server.reason else ""))
+    return 0
+
+
+def cmd_list(session) -> int:
+    from app.cli import print_json, table
+    from app.core.text import inert
+
+    args = session.args
+    service = _light_service(session)
+    found = service.listing(everything=True, user=session.me.name if args.mine else None)
+    now = time.time()
+    if not args.all:
+        found = [s for s in found if s.live or (s.ended_at or s.created_at) >= now - RECENT_S]
+    if args.json:
+        print_json({"servers": [server_json(s) for s in found]})
+        return 0
+    if not found:
+        print("no servers" + ("" if args.all else " now or in the last day; --all shows older ones"))
+        return 0
+    lines = [["ID", "STATE", "USER", "BOOKING", "CARDS", "PORT", "PID", "UPTIME", "MODEL", "NOTE"]]
+    for s in found:
+        if s.live:
+            uptime = _duration(now - (s.ready_at or s.created_at))
+            note = s.url if s.state == "ready" else (s.reason or "")
+        else:
+            uptime = "-"
+            note = "; ".join(x for x in (s.exit_text, s.reason) if x)
+        lines.append([str(s.id), s.state, inert(s.user, 12), str(s.booking_id), ",".join(map(str, s.cards)),
+                      str(s.port), str(s.pid or "-"), uptime, inert(s.alias or s.model, 24), inert(note, 60)])
+    print(table(lines))
+    return 0
+
+
+def cmd_logs(session) -> int:
+    from app.core.errors import BadInput
+    from app.core.text import inert
+    from app.llama.logs import follow, tail
+
+    args = session.args
+    if args.lines < 0:
+        raise BadInput("--lines must be 0 or more")
+    service = _light_service(session)
+    server = service.get(args.id)
+    try:
+        open(server.log_path, "rb").close()
+    except OSError as error:
+        raise BadInput(f"can't read the log of server {server.id} ({server.log_path}): {error.strerror}") from None
+
+    def show(line: str) -> None:
+        print(inert(line.replace("\t", "    ")))
+
+    if not args.follow:
+        for line in tail(server.log_path, args.lines, max_bytes=max(64 * 1024, args.lines * 512)):
+            show(line)
+        return 0
+
+    from app.llama import rows
+
+    def ended() -> bool:
+        current = rows.get(session.conn, server.id)
+        return current is None or not current.live
+
+    try:
+        for line in follow(server.log_path, start_lines=args.lines, until=ended):
+            show(line)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return 0
+    return 0

@@ -1,0 +1,96 @@
+"""The llama-server command line and environment: the seeds' recipe, hardened.
+
+    CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=<booked UUIDs, topology order>
+    llama-server -m MODEL.gguf --host 127.0.0.1 --port <leased> -c CTX -np SLOTS -ngl 999
+      --split-mode layer [--tensor-split ...] [--metrics] [--alias NAME] [extra args]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from app.core.errors import BadInput
+from app.gpu.model import Topology
+
+SPLIT_MODES = ("layer", "row")
+DEFAULT_CTX = 4096
+DEFAULT_PARALLEL = 1
+
+# Flags board sets itself: passing them again would bypass the port lease, the allowed hosts or the
+# booked model, so extra args may not carry them (board's own options set them instead).
+_MANAGED = {
+    "-m": "--model", "--model": "--model", "-mu": "--model", "--model-url": "--model", "-hf": "--model",
+    "-hfr": "--model", "--hf-repo": "--model", "--host": "--host", "--port": "--port",
+    "-c": "--ctx", "--ctx-size": "--ctx", "-np": "--parallel", "--parallel": "--parallel",
+    "-sm": "--split-mode", "--split-mode": "--split-mode", "-ts": "--tensor-split", "--tensor-split": "--tensor-split",
+    "-a": "--alias", "--alias": "--alias", "--path": "(not allowed)", "--api-prefix": "(not allowed)",
+}
+
+
+def topology_order(cards: Sequence[int], topology: Topology | None) -> list[int]:
+    """The cards ordered so that the closest ones sit next to each other (seed 003, 5.2): llama.cpp
+    splits layers in device order, so neighbours in CUDA_VISIBLE_DEVICES exchange activations.
+    Greedy from the lowest index: the next card is the closest to the last one, ties by index."""
+    remaining = sorted(set(cards))
+    if not remaining or topology is None:
+        return remaining
+    order = [remaining.pop(0)]
+    while remaining:
+        last = order[-1]
+        nearest = min(remaining, key=lambda c: (topology.level(last, c), c))
+        remaining.remove(nearest)
+        order.append(nearest)
+    return order
+
+
+def check_model(path: str) -> str:
+    """The model's absolute path, or BadInput saying what is wrong with it."""
+    model = Path(path).expanduser()
+    if not model.exists():
+        raise BadInput(f"no model file {path}")
+    if not model.is_file():
+        raise BadInput(f"{path} is not a file; give a .gguf model file")
+    try:
+        with open(model, "rb") as f:
+            magic = f.read(4)
+    except OSError as error:
+        raise BadInput(f"can't read the model {path}: {error.strerror}") from None
+    if magic != b"GGUF":
+        raise BadInput(f"{path} is not a GGUF file; llama-server needs a .gguf model")
+    return str(model.resolve())
+
+
+def check_extra(extra: Sequence[str]) -> list[str]:
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in _MANAGED:
+            use = _MANAGED[flag]
+            hint = f"use board's {use} option instead" if use.startswith("--") else "board does not allow it"
+            raise BadInput(f"extra argument {flag} is set by board; {hint}")
+    return list(extra)
+
+
+def server_argv(
+    binary: str, *, model: str, host: str, port: int, ctx: int, parallel: int, split_mode: str = "layer",
+    tensor_split: str | None = None, metrics: bool = False, alias: str | None = None, extra: Sequence[str] = (),
+) -> list[str]:
+    argv = [binary, "-m", model, "--host", host, "--port", str(port), "-c", str(ctx), "-np", str(parallel),
+            "-ngl", "999", "--split-mode", split_mode]
+    if tensor_split:
+        argv += ["--tensor-split", tensor_split]
+    if metrics:
+        argv.append("--metrics")
+    if alias:
+        argv += ["--alias", alias]
+    return argv + list(extra)
+
+
+def server_env(card_uuids: Sequence[str], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The caller's environment, pinned to the booked cards. LLAMA_ARG_* variables are dropped so that the
+    recorded command line is the whole truth about how the server was started."""
+    env = {k: v for k, v in environ.items() if not k.startswith("LLAMA_ARG_")}
+    uuids = ",".join(card_uuids)
+    env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=uuids, NVIDIA_VISIBLE_DEVICES=uuids)
+    return env

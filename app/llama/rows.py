@@ -1,0 +1,214 @@
+"""Server rows: the SQL for the `servers` table (schema v2), and nothing else. Rules live in app.llama.service."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+STARTING, READY, STOPPING, STOPPED, CRASHED, FAILED = "starting", "ready", "stopping", "stopped", "crashed", "failed"
+LIVE_STATES = (STARTING, READY, STOPPING)
+FINAL_STATES = (STOPPED, CRASHED, FAILED)
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    id: int
+    booking_id: int
+    user: str
+    uid: int
+    cards: tuple[int, ...]  # in CUDA_VISIBLE_DEVICES order (topology order)
+    card_uuids: tuple[str, ...]
+    model: str
+    alias: str | None
+    host: str
+    port: int
+    ctx: int | None
+    parallel: int | None
+    split_mode: str | None
+    metrics: bool
+    cmdline: tuple[str, ...]
+    log_path: str
+    state: str
+    pid: int | None = None
+    pid_started: float | None = None
+    pgid: int | None = None
+    supervisor_pid: int | None = None
+    supervisor_started: float | None = None
+    supervisor_cmdline: tuple[str, ...] = ()
+    created_at: int = 0
+    ready_at: int | None = None
+    ended_at: int | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    reason: str | None = None
+    log_tail: tuple[str, ...] = field(default=())
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+    @property
+    def url(self) -> str:
+        host = self.host
+        if host in ("0.0.0.0", ""):
+            import socket
+
+            host = socket.gethostname()
+        elif ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def exit_text(self) -> str | None:
+        """'exit code 1', 'killed by signal 9 (SIGKILL)', or None while it runs or when unknown."""
+        if self.exit_signal is not None:
+            import signal
+
+            try:
+                name = signal.Signals(self.exit_signal).name
+            except ValueError:
+                name = "?"
+            return f"killed by signal {self.exit_signal} ({name})"
+        if self.exit_code is not None:
+            return f"exit code {self.exit_code}"
+        return None
+
+
+_COLUMNS = (
+    "id, booking_id, user, uid, cards, card_uuids, model, alias, host, port, ctx, parallel, split_mode, metrics,"
+    " cmdline, log_path, state, pid, pid_started, pgid, supervisor_pid, supervisor_started, supervisor_cmdline,"
+    " created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail"
+)
+
+
+def _server(row) -> Server:
+    (id_, booking_id, user, uid, cards, uuids, model, alias, host, port, ctx, parallel, split_mode, metrics,
+     cmdline, log_path, state, pid, pid_started, pgid, sup_pid, sup_started, sup_cmdline,
+     created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail) = row
+    return Server(
+        id=id_, booking_id=booking_id, user=user, uid=uid, cards=tuple(json.loads(cards)),
+        card_uuids=tuple(json.loads(uuids)), model=model, alias=alias, host=host, port=port, ctx=ctx,
+        parallel=parallel, split_mode=split_mode, metrics=bool(metrics), cmdline=tuple(json.loads(cmdline)),
+        log_path=log_path, state=state, pid=pid, pid_started=pid_started, pgid=pgid, supervisor_pid=sup_pid,
+        supervisor_started=sup_started, supervisor_cmdline=tuple(json.loads(sup_cmdline)) if sup_cmdline else (),
+        created_at=created_at, ready_at=ready_at, ended_at=ended_at, exit_code=exit_code, exit_signal=exit_signal,
+        reason=reason, log_tail=tuple(json.loads(log_tail)) if log_tail else (),
+    )
+
+
+def get(conn: sqlite3.Connection, server_id: int) -> Server | None:
+    row = conn.execute(f"SELECT {_COLUMNS} FROM servers WHERE id = ?", (server_id,)).fetchone()
+    return _server(row) if row else None
+
+
+def listing(
+    conn: sqlite3.Connection, *, live_only: bool = False, user: str | None = None, booking_id: int | None = None,
+    limit: int | None = None,
+) -> list[Server]:
+    """Newest first."""
+    clauses, args = [], []
+    if live_only:
+        clauses.append(f"state IN ({','.join('?' * len(LIVE_STATES))})")
+        args.extend(LIVE_STATES)
+    if user is not None:
+        clauses.append("user = ?")
+        args.append(user)
+    if booking_id is not None:
+        clauses.append("booking_id = ?")
+        args.append(booking_id)
+    where = " WHERE " + " AND ".join(clauses) if clauses else ""
+    tail = " LIMIT ?" if limit is not None else ""
+    if limit is not None:
+        args.append(limit)
+    return [_server(r) for r in conn.execute(f"SELECT {_COLUMNS} FROM servers{where} ORDER BY id DESC{tail}", args)]
+
+
+def live(conn: sqlite3.Connection) -> list[Server]:
+    return listing(conn, live_only=True)
+
+
+def used_ports(conn: sqlite3.Connection) -> set[int]:
+    marks = ",".join("?" * len(LIVE_STATES))
+    return {r[0] for r in conn.execute(f"SELECT port FROM servers WHERE state IN ({marks})", LIVE_STATES)}
+
+
+def ended_bookings(conn: sqlite3.Connection, now: int) -> list[Server]:
+    """Live servers whose booking has ended or was cancelled."""
+    marks = ",".join("?" * len(LIVE_STATES))
+    ids = [
+        r[0] for r in conn.execute(
+            f"SELECT s.id FROM servers AS s JOIN bookings AS b ON b.id = s.booking_id"
+            f" WHERE s.state IN ({marks}) AND (b.status != 'booked' OR b.ends_at <= ?) ORDER BY s.id",
+            [*LIVE_STATES, now],
+        )
+    ]
+    return [s for s in (get(conn, i) for i in ids) if s]
+
+
+def insert(
+    conn: sqlite3.Connection, *, booking_id: int, user: str, uid: int, cards: Iterable[int], card_uuids: Iterable[str],
+    model: str, alias: str | None, host: str, port: int, ctx: int | None, parallel: int | None,
+    split_mode: str | None, metrics: bool, cmdline: Iterable[str], now: int,
+) -> int:
+    cursor = conn.execute(
+        "INSERT INTO servers (booking_id, user, uid, cards, card_uuids, model, alias, host, port, ctx, parallel,"
+        " split_mode, metrics, cmdline, state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (booking_id, user, uid, json.dumps(list(cards)), json.dumps(list(card_uuids)), model, alias, host, port, ctx,
+         parallel, split_mode, int(metrics), json.dumps(list(cmdline)), STARTING, now),
+    )
+    return cursor.lastrowid
+
+
+def set_log_path(conn: sqlite3.Connection, server_id: int, path: str) -> None:
+    conn.execute("UPDATE servers SET log_path = ? WHERE id = ?", (path, server_id))
+
+
+def set_supervisor(conn: sqlite3.Connection, server_id: int, pid: int, started: float | None,
+                   cmdline: Iterable[str], pgid: int) -> None:
+    conn.execute(
+        "UPDATE servers SET supervisor_pid = ?, supervisor_started = ?, supervisor_cmdline = ?, pgid = ? WHERE id = ?",
+        (pid, started, json.dumps(list(cmdline)), pgid, server_id),
+    )
+
+
+def set_process(conn: sqlite3.Connection, server_id: int, pid: int, started: float | None,
+                cmdline: Iterable[str], *, only_if_unset: bool = False) -> None:
+    conn.execute(
+        "UPDATE servers SET pid = ?, pid_started = ?, cmdline = ? WHERE id = ?"
+        + (" AND pid IS NULL" if only_if_unset else ""),
+        (pid, started, json.dumps(list(cmdline)), server_id),
+    )
+
+
+def transition(conn: sqlite3.Connection, server_id: int, from_states: Iterable[str], to_state: str,
+               **fields: Any) -> bool:
+    """Move a server to `to_state` only if it is in one of `from_states`; True when this call moved it.
+
+    Several processes may race to record the same ending (the supervisor, the stopper, a reconciling
+    board); the conditional update makes the first one win and the others no-ops.
+    """
+    from_states = list(from_states)
+    sets, args = ["state = ?"], [to_state]
+    for name, value in fields.items():
+        if name == "log_tail" and value is not None:
+            value = json.dumps(list(value))
+        sets.append(f"{name} = ?")
+        args.append(value)
+    marks = ",".join("?" * len(from_states))
+    cursor = conn.execute(
+        f"UPDATE servers SET {', '.join(sets)} WHERE id = ? AND state IN ({marks})", [*args, server_id, *from_states]
+    )
+    return cursor.rowcount == 1
+
+
+def update(conn: sqlite3.Connection, server_id: int, **fields: Any) -> None:
+    """Fill in fields without changing the state (exit information after a `failed`)."""
+    sets, args = [], []
+    for name, value in fields.items():
+        if name == "log_tail" and value is not None:
+            value = json.dumps(list(value))
+        sets.append(f"{name} = ?")
+        args.append(value)
+    conn.execute(f"UPDATE servers SET {', '.join(sets)} WHERE id = ?", [*args, server_id])

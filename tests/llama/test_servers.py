@@ -1,0 +1,355 @@
+"""llama-servers on booked cards, end to end: the real CLI, a real llama-server, a tiny real model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from app.llama.health import health
+from app.llama.identity import group_members
+from tests.llama.conftest import make_fake_server
+
+llama = pytest.mark.llama
+
+SERVER_KEYS = {"id", "booking_id", "user", "cards", "model", "port", "pid", "state", "started", "log"}
+
+
+def get(url: str, timeout: float = 5):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def chat(url: str, text: str = "hello") -> dict:
+    body = json.dumps({"messages": [{"role": "user", "content": text}], "max_tokens": 4}).encode()
+    request = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+        return json.loads(response.read())
+
+
+def events(board, action: str) -> list[dict]:
+    return [e for e in board.json("log", "--limit", "200")["events"] if e["action"] == action]
+
+
+def group_alive(pgid: int) -> list[int]:
+    """psutil's view: live (non-zombie) processes in the group."""
+    alive = []
+    for process in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(process.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return alive
+
+
+@llama
+class TestStartAnswerStop:
+    def test_start_serves_chat_on_the_booked_cards_and_stop_leaves_nothing(self, board, tiny_model):
+        booking = board.book("7,3,4")  # two switches: 3 under one, 4 and 7 under the other
+        started = time.monotonic()
+        result = board.ok("serve", "start", str(booking), "--model", str(tiny_model), "--ctx", "256",
+                          "--parallel", "2", "--metrics")
+        took = time.monotonic() - started
+        assert "ready" in result.stdout and f"http://127.0.0.1:{board.port_min}" in result.stdout
+        assert "starting server 1" in result.stderr  # progress goes to stderr
+        assert took < 30
+
+        [server] = board.json("serve", "list")["servers"]
+        assert SERVER_KEYS <= set(server)
+        assert server["state"] == "ready" and server["booking_id"] == booking and server["port"] == board.port_min
+        assert server["cards"] == [3, 4, 7]  # topology order: the closest cards sit next to each other
+        url = server["url"]
+        assert get(f"{url}/health")[0] == 200
+        answer = chat(url)
+        assert answer["choices"][0]["message"]["role"] == "assistant"
+        assert answer["usage"]["completion_tokens"] >= 1
+        status, metrics = get(f"{url}/metrics")
+        assert status == 200 and b"llamacpp:tokens_predicted_total" in metrics
+
+        # The recipe: pinned to the booked cards' UUIDs, loopback only, the leased port.
+        process = psutil.Process(server["pid"])
+        env = process.environ()
+        uuids = [f"GPU-5090sim-0000-0000-0000-{i:012d}" for i in (3, 4, 7)]
+        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+        cmdline = process.cmdline()
+        assert cmdline == server["cmdline"]
+        for flag, value in (("--host", "127.0.0.1"), ("--port", str(server["port"])), ("-c", "256"), ("-np", "2"),
+                            ("-ngl", "999"), ("--split-mode", "layer"), ("-m", str(tiny_model))):
+            assert cmdline[cmdline.index(flag) + 1] == value
+        assert "--metrics" in cmdline
+        # Its own session and process group, led by the supervisor: it survives the CLI and the SSH session.
+        assert os.getpgid(server["pid"]) == server["pgid"] == server["supervisor_pid"]
+        assert os.getsid(server["pid"]) == server["pgid"] != os.getsid(0)
+
+        # Demo mode: the simulated fleet shows the server as a process on each booked card.
+        cards = {c["index"]: c for c in board.json("status")["cards"]}
+        for index in (3, 4, 7):
+            assert server["pid"] in [p["pid"] for p in cards[index]["processes"]]
+            assert cards[index]["state"] == "IN USE"
+        assert server["pid"] not in [p["pid"] for p in cards[2]["processes"]]
+
+        stopped = board.ok("serve", "stop", str(server["id"]))
+        assert "stopped server 1" in stopped.stdout
+        after = board.server(server["id"])
+        assert after["state"] == "stopped" and after["exit_code"] == 0
+        assert board.gone(after), "a process of the server's group is still there"
+        assert group_alive(server["pgid"]) == [] and group_members(server["pgid"]) == []
+        assert health(server["host"], server["port"], timeout=0.5) is None  # nothing listens any more
+        assert [e["ok"] for e in events(board, "server-start")] == [True]
+        assert [e["details"]["server"] for e in events(board, "server-stop")] == [1]
+        log = board.ok("serve", "logs", "1").stdout
+        assert "llama_server: model loaded" in log or "listening" in log
+        assert "board: llama-server" in log and "exit code 0" in log
+
+    def test_no_wait_returns_at_launch_and_the_supervisor_marks_ready(self, board, tiny_model):
+        booking = board.book("2")
+        result = board.ok("serve", "start", str(booking), "--model", str(tiny_model), "--ctx", "256", "--no-wait")
+        assert "starting server 1" in result.stdout
+        server = board.wait_state(1, ("ready",))
+        assert server["state"] == "ready"  # nobody waited: the supervisor saw /health 200 itself
+        board.ok("serve", "stop", "1")
+        assert board.gone(board.server(1))
+
+    def test_two_servers_on_one_booking_lease_different_ports(self, board, tiny_model):
+        import socket
+
+        booking = board.book("3")
+        squatter = socket.socket()  # someone else's program holds the first port of the range
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", board.port_min))
+        squatter.listen()
+        try:
+            first = board.start(booking, tiny_model)
+            second = board.start(booking, tiny_model)
+        finally:
+            squatter.close()
+        assert first["port"] == board.port_min + 1 and second["port"] == board.port_min + 2
+        taken = board.run("serve", "start", str(booking), "--model", str(tiny_model), "--port", str(first["port"]))
+        assert taken.returncode == 3 and "leased to another server" in taken.stderr
+        for server in (first, second):
+            board.ok("serve", "stop", str(server["id"]))
+            assert board.gone(board.server(server["id"]))
+
+
+@llama
+class TestCrash:
+    def test_kill_9_of_llama_server_is_recorded_as_crashed_with_exit_info(self, board, tiny_model):
+        server = board.start(board.book("0"), tiny_model)
+        os.kill(server["pid"], signal.SIGKILL)
+        crashed = board.wait_state(server["id"], ("crashed",))
+        assert crashed["state"] == "crashed"
+        assert crashed["exit_signal"] == 9 and crashed["exit_code"] is None
+        assert crashed["exit"] == "killed by signal 9 (SIGKILL)"
+        assert 0 < len(crashed["log_tail"]) <= 20
+        assert any("listening" in line or "model loaded" in line for line in crashed["log_tail"])
+        assert board.gone(crashed)
+        [event] = events(board, "server-crash")
+        assert event["details"]["exit"] == "killed by signal 9 (SIGKILL)"
+        listed = board.ok("serve", "list").stdout
+        assert "crashed" in listed and "SIGKILL" in listed
+        # Stopping a crashed server is harmless and says so.
+        again = board.ok("serve", "stop", str(server["id"]))
+        assert "already ended: crashed" in again.stdout
+
+    def test_kill_9_of_the_supervisor_takes_the_server_along_and_board_notices(self, board, tiny_model):
+        server = board.start(board.book("1"), tiny_model)
+        os.kill(server["supervisor_pid"], signal.SIGKILL)
+        assert board.gone(server, timeout=10), "llama-server outlived its supervisor"
+        found = board.server(server["id"])  # `serve list` reconciles
+        assert found["state"] == "crashed"
+        assert "exit status unknown" in found["reason"]
+
+
+@llama
+class TestIdentity:
+    def test_a_reused_pid_is_never_signalled(self, board, tiny_model):
+        booking = board.book("5")
+        server = board.start(booking, tiny_model)
+        board.ok("serve", "stop", str(server["id"]))
+        assert board.gone(board.server(server["id"]))
+        # An unrelated process now sits at the PIDs the row points to (as after PID reuse).
+        bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        try:
+            with board.raw() as conn:
+                conn.execute(
+                    "UPDATE servers SET state = 'ready', pid = ?, pgid = ?, supervisor_pid = ?, ended_at = NULL,"
+                    " exit_code = NULL WHERE id = ?",
+                    (bystander.pid, bystander.pid, bystander.pid, server["id"]),
+                )
+            # Same PID, wrong start time and command line: stop, the agent and list must leave it alone.
+            board.ok("release", str(booking))
+            board.ok("agent", "--once")
+            result = board.ok("serve", "stop", str(server["id"]))
+            assert bystander.poll() is None, "board signalled a process that is not its server"
+            assert "already ended: crashed" in result.stdout
+            found = board.server(server["id"])
+            assert found["state"] == "crashed" and "exit status unknown" in found["reason"]
+        finally:
+            bystander.kill()
+            bystander.wait()
+
+    def test_same_pid_and_start_time_but_another_command_line_is_not_ours(self):
+        from app.llama.identity import ProcessIdentity, capture, check
+
+        me = capture(os.getpid())
+        assert check(me) == "match"
+        assert check(ProcessIdentity(me.pid, me.started, me.cmdline + ("--other",))) == "other"
+        assert check(ProcessIdentity(me.pid, me.started + 1.0, me.cmdline)) == "other"
+        child = subprocess.Popen(["true"])
+        child.wait()
+        assert check(ProcessIdentity(child.pid, me.started, ("true",))) == "gone"
+
+
+class TestRefusals:
+    def test_no_active_booking_exits_4_and_is_audited(self, fake_board, tiny_model):
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
+        later = fake_board.json("book", "--cards", "0", "--start", "+2h", "--for", "1h")["id"]
+        result = fake_board.run("serve", "start", str(later), "--model", str(tiny_model))
+        assert result.returncode == 4
+        assert f"booking {later} is not active now" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        released = fake_board.book("1")
+        fake_board.ok("release", str(released))
+        ended = fake_board.run("serve", "start", str(released), "--model", str(tiny_model))
+        assert ended.returncode == 4 and ("ended" in ended.stderr or "cancelled" in ended.stderr)
+        refusals = [e for e in events(fake_board, "server-start") if not e["ok"]]
+        assert len(refusals) == 2 and any("not active" in e["details"]["refused"] for e in refusals)
+        assert fake_board.json("serve", "list", "--all")["servers"] == []
+
+    def test_someone_elses_booking_exits_4(self, fake_board, tiny_model):
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
+        fake_board.ok("status")  # creates the database
+        from app.config import Config
+        from app.core.bookings import BookingService
+        from app.core.identity import Identity
+        from app.gpu import open_source
+        from app.store.db import connect
+
+        fleet = open_source(True).read()
+        conn = connect(fake_board.db)
+        now = int(time.time())
+        alice = BookingService(conn, Identity("alice", 1001, False), Config(), fleet.cards, fleet.topology)
+        theirs = alice.create(cards=[6], start=now, end=now + 3600).id
+        conn.close()
+        result = fake_board.run("serve", "start", str(theirs), "--model", str(tiny_model))
+        assert result.returncode == 4 and "belongs to alice" in result.stderr
+
+    def test_bad_input_exits_2(self, fake_board, tiny_model, tmp_path):
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
+        booking = fake_board.book("0")
+        not_gguf = tmp_path / "model.bin"
+        not_gguf.write_bytes(b"PK\x03\x04")
+        cases = [
+            (["--model", str(tmp_path / "missing.gguf")], "no model file"),
+            (["--model", str(not_gguf)], "not a GGUF file"),
+            (["--model", str(tiny_model), "--ctx", "0"], "--ctx must be at least 1"),
+            (["--model", str(tiny_model), "--port", "80"], "outside the server range"),
+            (["--model", str(tiny_model), "--", "--port", "9999"], "extra argument --port is set by board"),
+            (["--model", str(tiny_model), "--", "--host=0.0.0.0"], "extra argument --host is set by board"),
+        ]
+        for args, message in cases:
+            result = fake_board.run("serve", "start", str(booking), *args)
+            assert result.returncode == 2, (args, result.stderr)
+            assert message in result.stderr, (args, result.stderr)
+        other_host = fake_board.run("serve", "start", str(booking), "--model", str(tiny_model), "--host", "0.0.0.0")
+        assert other_host.returncode == 4 and "host 0.0.0.0 is not allowed" in other_host.stderr
+        missing = fake_board.run("serve", "start", str(booking), "--model", str(tiny_model),
+                                 env={"BOARD_LLAMA_SERVER": str(tmp_path / "nope")})
+        assert missing.returncode == 2 and "make llama-server" in missing.stderr
+
+    def test_only_the_holder_or_an_admin_stops(self, fake_board, tiny_model):
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
+        server = fake_board.start(fake_board.book("0"), tiny_model)
+        with fake_board.raw() as conn:  # as if alice had started it
+            conn.execute("UPDATE servers SET user = 'alice', uid = 1001 WHERE id = ?", (server["id"],))
+        from app.config import Config
+        from app.core.errors import NotPermitted
+        from app.core.identity import Identity
+        from app.llama.service import ServerService
+        from app.store.db import connect
+
+        conn = connect(fake_board.db)
+        bob = ServerService(conn, Identity("bob", 1002, False), Config(db_path=fake_board.db))
+        with pytest.raises(NotPermitted, match="belongs to alice"):
+            bob.stop(server["id"])
+        conn.close()
+        assert fake_board.server(server["id"])["state"] == "ready"
+        fake_board.ok("serve", "stop", str(server["id"]))  # root: an admin
+        assert fake_board.gone(fake_board.server(server["id"]))
+
+
+@llama
+class TestBookingEnd:
+    def test_agent_once_stops_a_server_whose_booking_ended(self, board, tiny_model):
+        booking = board.book("6")
+        server = board.start(booking, tiny_model)
+        quiet = board.ok("agent", "--once", "--json")  # booking still active: nothing to do
+        assert json.loads(quiet.stdout)["stopped"] == []
+        board.ok("release", str(booking))
+        done = json.loads(board.ok("agent", "--once", "--json").stdout)
+        assert done["stopped"] == [server["id"]]
+        after = board.server(server["id"])
+        assert after["state"] == "stopped" and after["reason"] == f"booking {booking} ended"
+        assert board.gone(after)
+        [event] = events(board, "server-stop")
+        assert event["details"]["reason"] == f"booking {booking} ended"
+
+    def test_without_an_agent_the_supervisor_stops_it_as_a_backstop(self, board, tiny_model):
+        booking = board.book("7")
+        server = board.start(booking, tiny_model, env={"BOARD_LLAMA_BACKSTOP_S": "0"})
+        board.ok("release", str(booking))
+        after = board.wait_state(server["id"], ("stopped",), timeout=15)
+        assert after["state"] == "stopped" and after["reason"] == f"booking {booking} ended"
+        assert board.gone(after)
+
+
+class TestSupervision:
+    def test_not_ready_in_time_is_failed_and_stopped(self, fake_board, tiny_model):
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=503))
+        booking = fake_board.book("0")
+        result = fake_board.run("serve", "start", str(booking), "--model", str(tiny_model))
+        assert result.returncode == 1
+        assert "server 1 failed: not ready within 1.5 s" in result.stderr
+        found = fake_board.server(1)
+        assert found["state"] == "failed"
+        assert any("fake llama-server" in line for line in found["log_tail"])
+        assert fake_board.gone(found)
+
+    def test_a_server_that_ignores_sigterm_is_killed_after_10_s(self, fake_board, tiny_model):
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200,
+                                                                    ignore_term=True))
+        server = fake_board.start(fake_board.book("0"), tiny_model)
+        started = time.monotonic()
+        fake_board.ok("serve", "stop", str(server["id"]))
+        took = time.monotonic() - started
+        assert 9.5 <= took < 20
+        after = fake_board.server(server["id"])
+        assert after["state"] == "stopped" and after["exit_signal"] == 9
+        assert fake_board.gone(after)
+
+    def test_logs_follow_ends_when_the_server_does(self, fake_board, tiny_model):
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
+        server = fake_board.start(fake_board.book("0"), tiny_model)
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "logs", str(server["id"]), "-f"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **fake_board.env},
+        )
+        time.sleep(0.5)
+        fake_board.ok("serve", "stop", str(server["id"]))
+        out, err = follower.communicate(timeout=10)
+        assert follower.returncode == 0, err
+        assert "fake llama-server on" in out and "board: llama-server" in out and "ended" in out

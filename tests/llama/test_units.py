@@ -1,0 +1,174 @@
+"""The pure parts of app.llama: card order, command line, ports, logs, metrics, identity verdicts."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from app.config import LlamaSettings
+from app.core.errors import BadInput
+from app.gpu.model import LINK_MULTIPLE, LINK_SINGLE, LINK_SYSTEM, Topology
+from app.llama import command, health, identity, logs, ports
+from app.llama.binary import find_server_bin
+
+TWO_SWITCHES = Topology({(a, b): LINK_MULTIPLE if (a < 4) == (b < 4) else LINK_SYSTEM
+                         for a in range(8) for b in range(a + 1, 8)})
+
+
+@pytest.mark.parametrize("cards, topology, expected", [
+    ([0], TWO_SWITCHES, [0]),
+    ([1, 0], TWO_SWITCHES, [0, 1]),
+    ([7, 3, 4], TWO_SWITCHES, [3, 4, 7]),
+    ([0, 4, 1, 5], TWO_SWITCHES, [0, 1, 4, 5]),
+    ([6, 2, 5, 1], TWO_SWITCHES, [1, 2, 5, 6]),
+    # 0-2 share a switch but 0-1 are closer still (one bridge): keep the closest pairs adjacent.
+    ([0, 2, 1], Topology({(0, 1): LINK_SINGLE, (0, 2): LINK_MULTIPLE, (1, 2): LINK_MULTIPLE}), [0, 1, 2]),
+    ([3, 0, 2], Topology({(0, 3): LINK_SINGLE}), [0, 3, 2]),
+    ([2, 1], None, [1, 2]),
+])
+def test_topology_order_keeps_the_closest_cards_adjacent(cards, topology, expected):
+    assert command.topology_order(cards, topology) == expected
+
+
+def test_server_argv_is_the_recipe():
+    argv = command.server_argv("/bin/llama-server", model="/m.gguf", host="127.0.0.1", port=8100, ctx=4096,
+                               parallel=4, split_mode="layer", tensor_split="1,1", metrics=True, alias="m",
+                               extra=["--temp", "0.2"])
+    assert argv == ["/bin/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port", "8100", "-c", "4096",
+                    "-np", "4", "-ngl", "999", "--split-mode", "layer", "--tensor-split", "1,1", "--metrics",
+                    "--alias", "m", "--temp", "0.2"]
+
+
+def test_server_env_pins_the_cards_and_drops_llama_arg_variables():
+    env = command.server_env(["GPU-a", "GPU-b"], {"PATH": "/bin", "LLAMA_ARG_HOST": "0.0.0.0",
+                                                  "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
+    assert env == {"PATH": "/bin", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+                   "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
+
+
+@pytest.mark.parametrize("extra", [["--port", "1"], ["--host=0.0.0.0"], ["-m", "x"], ["-c", "9"], ["--api-prefix", "/x"],
+                                   ["--temp", "0.1", "--alias", "x"]])
+def test_extra_args_may_not_override_what_board_sets(extra):
+    with pytest.raises(BadInput, match="is set by board"):
+        command.check_extra(extra)
+
+
+def test_extra_args_pass_through_otherwise():
+    assert command.check_extra(["--temp", "0.1", "-t", "8", "--jinja"]) == ["--temp", "0.1", "-t", "8", "--jinja"]
+
+
+def test_check_model(tmp_path):
+    good = tmp_path / "m.gguf"
+    good.write_bytes(b"GGUF\x03\x00\x00\x00")
+    assert command.check_model(str(good)) == str(good.resolve())
+    for path, message in ((tmp_path / "missing.gguf", "no model file"), (tmp_path, "not a file")):
+        with pytest.raises(BadInput, match=message):
+            command.check_model(str(path))
+    bad = tmp_path / "x.bin"
+    bad.write_bytes(b"\x00" * 8)
+    with pytest.raises(BadInput, match="not a GGUF file"):
+        command.check_model(str(bad))
+
+
+def test_binary_lookup_order(tmp_path):
+    first, second = tmp_path / "a" / "llama-server", tmp_path / "b" / "llama-server"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+    assert find_server_bin(LlamaSettings(server_bin=str(first)), {"BOARD_LLAMA_SERVER": str(second)}) == str(first)
+    assert find_server_bin(LlamaSettings(), {"BOARD_LLAMA_SERVER": str(second), "PATH": str(first.parent)}) == str(second)
+    assert find_server_bin(LlamaSettings(), {"PATH": str(first.parent)}) == str(first)
+    with pytest.raises(BadInput, match="make llama-server"):
+        find_server_bin(LlamaSettings(), {"PATH": str(tmp_path)})
+    with pytest.raises(BadInput, match="BOARD_LLAMA_SERVER names"):
+        find_server_bin(LlamaSettings(), {"BOARD_LLAMA_SERVER": str(tmp_path / "nope")})
+
+
+def test_ports_skip_leased_and_bound_ones():
+    assert ports.candidates(8100, 8104, {8101, 8103}) == [8100, 8102, 8104]
+    assert ports.candidates(8100, 8104, {8101}, wanted=8101) == []
+    assert ports.candidates(8100, 8104, set(), wanted=8102) == [8102]
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        assert not ports.bind_free("127.0.0.1", holder.getsockname()[1])
+    finally:
+        holder.close()
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    free = probe.getsockname()[1]
+    probe.close()
+    assert ports.bind_free("127.0.0.1", free)
+
+
+def test_log_tail_and_follow(tmp_path):
+    path = tmp_path / "1.log"
+    path.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert logs.tail(str(path)) == [f"line {i}" for i in range(80, 100)]
+    assert logs.tail(str(path), 3, max_bytes=30) == ["line 97", "line 98", "line 99"]
+    assert logs.tail(str(tmp_path / "missing.log")) == []
+
+    done = threading.Event()
+
+    def writer():
+        with open(path, "a") as f:
+            for i in range(100, 103):
+                time.sleep(0.05)
+                f.write(f"line {i}\n")
+                f.flush()
+            f.write("partial")
+        done.set()
+
+    threading.Thread(target=writer).start()
+    seen = list(logs.follow(str(path), start_lines=2, until=done.is_set, poll_s=0.01))
+    assert seen == ["line 98", "line 99", "line 100", "line 101", "line 102", "partial"]
+
+
+def test_log_dir_is_group_shared_in_a_setgid_directory(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o2770)
+    path, fd = logs.open_log(shared / "servers", 7)
+    os.close(fd)
+    assert path == str(shared / "servers" / "7.log")
+    assert oct((shared / "servers").stat().st_mode & 0o7777) == oct(0o2770)
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o660)
+
+
+def test_metrics_and_token_rate():
+    rate = health.TokenRate()
+    assert rate.update({"llamacpp:tokens_predicted_total": 100.0}, now=10.0) is None
+    assert rate.update({"llamacpp:tokens_predicted_total": 150.0}, now=12.0) == 25.0
+    assert rate.update(None, now=13.0) is None
+
+
+def test_health_of_nothing_is_none():
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    assert health.health("127.0.0.1", port, timeout=0.2) is None
+    assert health.probe_host("0.0.0.0") == "127.0.0.1" and health.probe_host("::") == "::1"
+
+
+def test_exit_info_and_group_members():
+    assert identity.exit_info(-9) == (None, 9)
+    assert identity.exit_info(3) == (3, None)
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert identity.group_members(sleeper.pid) == [sleeper.pid]
+        me = identity.capture(sleeper.pid)
+        assert identity.owns_group(sleeper.pid, [me])
+        stranger = identity.ProcessIdentity(sleeper.pid, me.started - 5, me.cmdline)
+        assert not identity.signal_group(sleeper.pid, 0, [stranger])  # a reused PID: not signalled
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert identity.group_members(sleeper.pid) == []
