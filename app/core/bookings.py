@@ -79,13 +79,13 @@ class BookingService:
         if end <= start:
             raise BadInput("the end must be after the start")
         duration = end - start
-        busy = self._busy_by_index(after=start)
         if cards is not None:
             chosen = self._check_cards(cards)
-            self._check_free(chosen, start, end, busy)
+            self._check_free(chosen, start, end, lambda: self._busy_by_index(after=start))
         else:
             if count not in GROUP_SIZES:
                 raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
+            busy = self._busy_by_index(after=start)
             eligible = [
                 i for i, c in sorted(self.cards.items())
                 if not c.lost and policy.card_refusal(self.config, i, klass, start, end) is None
@@ -155,7 +155,8 @@ class BookingService:
             booking = self._editable(booking_id, "extend", now)
             if end <= booking.end:
                 raise BadInput(f"the new end must be after the current end {format_time(booking.end, now)}")
-            self._check_free(booking.cards, booking.end, end, self._busy_by_index(after=booking.end, excluding=booking_id))
+            self._check_free(booking.cards, booking.end, end,
+                             lambda: self._busy_by_index(after=booking.end, excluding=booking_id))
             held = [(b.start, b.end, len(b.cards)) for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
             policy.check(self.config, cards=booking.cards, klass=booking.klass, start=booking.start, end=end,
                          now=min(now, booking.start), held=held)
@@ -177,7 +178,7 @@ class BookingService:
                 if len(chosen) != len(booking.cards):
                     raise BadInput(f"booking {booking_id} has {len(booking.cards)} card(s); give as many")
                 self._check_free(chosen, max(booking.start, now), booking.end,
-                                 self._busy_by_index(after=now, excluding=booking_id))
+                                 lambda: self._busy_by_index(after=now, excluding=booking_id))
                 rows.sync_cards(self.conn, self.cards.values(), now)
                 rows.set_cards(self.conn, booking_id, [self.cards[i].uuid for i in chosen])
                 details["old_cards"] = list(booking.cards)
@@ -257,13 +258,15 @@ class BookingService:
         by_uuid = rows.busy_by_card(self.conn, after, excluding)
         return {self.by_uuid[u]: spans for u, spans in by_uuid.items() if u in self.by_uuid}
 
-    def _check_free(self, cards: Sequence[int], start: int, end: int, busy: dict) -> None:
+    def _check_free(self, cards: Sequence[int], start: int, end: int, busy: Callable[[], dict]) -> None:
+        # `busy` (every span after `start`) is read only to word a refusal: a scan that grows with the calendar
+        # has no place in the write lock of every booking that goes through.
         uuids = [self.cards[i].uuid for i in cards]
         clashes = rows.conflicts(self.conn, uuids, start, end)
         if clashes:
             first = clashes[0]
             now = self.clock()
-            free_at = next_free_start(busy, cards, start, end - start)
+            free_at = next_free_start(busy(), cards, start, end - start)
             taken = sorted(set(first.cards) & set(cards))
             raise Conflict(
                 f"{'card' if len(taken) == 1 else 'cards'} {format_cards(taken)} {'is' if len(taken) == 1 else 'are'}"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import grp
 import os
+import random
 import sqlite3
 import stat
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -60,13 +62,43 @@ def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
 @contextmanager
 def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One short write transaction: BEGIN IMMEDIATE takes the write lock up front, so checks and writes agree."""
-    conn.execute("BEGIN IMMEDIATE")
+    _begin_immediate(conn)
     try:
         yield conn
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def _begin_immediate(conn: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE, waiting up to the busy timeout in short, jittered naps.
+
+    SQLite's own busy handler sleeps 1, 2, 5 ... then 100 ms at a time, so under many writers the
+    lock often sits free while every waiter sleeps; short naps hand it on within a millisecond.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    nap = 0.0005
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as error:
+                if not _is_busy(error):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreError(f"the board database stayed locked for {BUSY_TIMEOUT_MS / 1000:g} s"
+                                     " (someone holds its write lock); try again") from None
+            time.sleep(random.uniform(nap / 2, nap))
+            nap = min(nap * 1.5, 0.005)
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+
+
+def _is_busy(error: sqlite3.OperationalError) -> bool:
+    return "locked" in str(error) or "busy" in str(error)
 
 
 def data_version(conn: sqlite3.Connection) -> int:
