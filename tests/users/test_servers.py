@@ -1,0 +1,113 @@
+"""bob cannot stop alice's llama-server; carol (admin) can; both as real Unix users.
+
+A stand-in llama-server (a few lines of Python that answer /health) keeps this independent of the
+real binary; tests/llama covers the real one. pytest becomes a child subreaper here, so the
+detached supervisors are re-parented to it and can be reaped when they end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import grp
+import json
+import os
+import pwd
+import sys
+import time
+
+import pytest
+
+from tests.users.conftest import MEMBERS_GROUP, write_config
+
+FAKE_SERVER = """\
+#!{python}
+import http.server, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{{}}")
+    def log_message(self, *args):
+        pass
+print("stand-in llama-server on", port, flush=True)
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def serving(board):
+    """The shared board, with a stand-in llama-server and a GGUF-looking model everyone can read."""
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    server_bin = board.root / "llama-server"
+    server_bin.write_text(FAKE_SERVER.format(python=sys.executable))
+    os.chmod(server_bin, 0o755)
+    model = board.root / "tiny.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    os.chmod(model, 0o644)
+    base = 30000 + (os.getpid() % 300) * 20
+    write_config(board.config, board.db)
+    with open(board.config, "a") as f:
+        f.write(f'\n[llama]\nserver_bin = "{server_bin}"\nport_min = {base}\nport_max = {base + 19}\n'
+                f'ready_timeout_s = 30\n')
+    board.model = model
+    return board
+
+
+def reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def alive(pid: int) -> bool:
+    reap()
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_bob_cannot_stop_alices_server_and_carol_can(serving):
+    board = serving
+    booking = board.book("alice", "--cards", "0", "--for", "1h")
+    started = board.run("alice", "serve", "start", str(booking["id"]), "--model", str(board.model), "--ctx", "256",
+                        "--json")
+    assert started.returncode == 0, started.stderr
+    server = json.loads(started.stdout)
+    assert server["user"] == "alice" and server["state"] == "ready", server
+    assert pwd.getpwuid(os.stat(f"/proc/{server['pid']}").st_uid).pw_name == "alice"
+
+    # bob: not his server, not his booking; exit 4, one line, audited, and the server keeps running
+    for args in (["serve", "stop", str(server["id"])],
+                 ["serve", "start", str(booking["id"]), "--model", str(board.model)]):
+        refused = board.run("bob", *args)
+        assert refused.returncode == 4, refused.stderr
+        assert len(refused.stderr.splitlines()) == 1 and "alice" in refused.stderr
+    assert alive(server["pid"])
+    listed = board.json("bob", "serve", "list")["servers"]
+    assert [(s["id"], s["state"]) for s in listed] == [(server["id"], "ready")]
+    bob = pwd.getpwnam("bob").pw_uid
+    log = board.json("carol", "log", "--limit", "100")["events"]
+    refusals = sorted(e["action"] for e in log if e["uid"] == bob and not e["ok"])
+    assert refusals == ["server-start", "server-stop"], log
+
+    # carol, an admin but not root, cannot signal alice's processes: she marks it stopping, and
+    # alice's own supervisor stops it
+    assert board.json("carol", "whoami")["admin"] is True
+    stopped = board.run("carol", "serve", "stop", str(server["id"]), "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout)["state"] == "stopped"
+    deadline = time.monotonic() + 15
+    while alive(server["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(server["pid"])
+    carol = pwd.getpwnam("carol").pw_uid
+    log = board.json("alice", "log", "--limit", "100")["events"]
+    assert any(e["action"] == "server-stop" and e["ok"] and e["uid"] == carol for e in log), log
+    # alice's server log sits in the shared directory, readable by the group
+    st = os.stat(server["log"])
+    assert grp.getgrgid(st.st_gid).gr_name == MEMBERS_GROUP and st.st_mode & 0o660 == 0o660
