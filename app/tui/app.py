@@ -120,10 +120,14 @@ class BoardApp(App[int]):
         self._telemetry.start()
         self._bookings.start()
         self.set_interval(1.0, self._tick)
+        if self.servers:  # reconcile, booking-end stops, demo servers on their cards, tokens/s (issue 4)
+            self.server_watch = importlib.import_module(SERVERS_MODULE).start_server_watch(self)
 
     def on_unmount(self) -> None:
         self._telemetry.stop()
         self._bookings.stop()
+        if getattr(self, "server_watch", None) is not None:
+            self.server_watch.stop()
         self.database.close()
 
     @property

@@ -1,0 +1,144 @@
+"""The Servers screen (`s`) with Pilot: the list, the start dialog, stop behind a confirmation, the live log,
+demo servers on their simulated cards, and the running board stopping a server whose booking ended."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app.config import Config, LlamaSettings
+from app.core.identity import current_identity
+from app.gpu import open_source
+from tests.llama.conftest import make_fake_server
+
+pytest.importorskip("textual")
+
+
+def make_app(board, server_bin: str, model_dirs: tuple[str, ...] = ()):
+    from app.tui.app import create_app
+
+    config = Config(db_path=board.db, llama=LlamaSettings(
+        server_bin=server_bin, port_min=board.port_min, port_max=board.port_max, model_dirs=model_dirs,
+        ready_timeout_s=60))
+    return create_app(db_path=board.db, source=open_source(True), identity=current_identity(config.admin_group),
+                      config=config, clock=time.time, host="gpu-box", servers=True, cursor_blink=False)
+
+
+async def until(pilot, condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the board")
+        await pilot.pause(0.1)
+
+
+def cells(app, server_id: int) -> list[str]:
+    table = app.screen.query_one("#servers")
+    return [str(c) for c in table.get_row(str(server_id))]
+
+
+def state_of(app, server_id: int) -> str | None:
+    try:
+        return cells(app, server_id)[1]
+    except Exception:  # noqa: BLE001 - not listed (yet)
+        return None
+
+
+class TestServersScreen:
+    async def test_list_log_and_stop_behind_a_confirmation(self, fake_board, tiny_model):
+        fake = str(make_fake_server(fake_board.tmp_path, status=200))
+        fake_board.env["BOARD_LLAMA_SERVER"] = fake
+        booking = fake_board.book("3")
+        server = fake_board.start(booking, tiny_model)
+        app = make_app(fake_board, fake)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("s")
+            from app.tui.screens.servers import ServersScreen
+
+            await until(pilot, lambda: isinstance(app.screen, ServersScreen) and state_of(app, server["id"]) == "ready")
+            row = cells(app, server["id"])
+            assert row[2] == "tiny" and row[4] == "3" and row[5] == str(server["port"])
+            log = app.screen.query_one("#log")
+            await until(pilot, lambda: any("fake llama-server on" in line for line in log.lines))
+            # Demo: the simulated card shows the server's process, so the card is IN USE.
+            await until(pilot, lambda: app.fleet is not None and server["pid"] in
+                        [p.pid for p in app.fleet.cards[3].processes])
+            await pilot.press("x")
+            await until(pilot, lambda: type(app.screen).__name__ == "ConfirmModal")
+            await pilot.press("n")  # not yet
+            await until(pilot, lambda: isinstance(app.screen, ServersScreen))
+            assert fake_board.server(server["id"])["state"] == "ready"
+            await pilot.press("x")
+            await until(pilot, lambda: type(app.screen).__name__ == "ConfirmModal")
+            await pilot.press("y")
+            await until(pilot, lambda: state_of(app, server["id"]) == "stopped")
+            await until(pilot, lambda: any("board: llama-server" in line and "ended:" in line for line in log.lines))
+        assert fake_board.gone(fake_board.server(server["id"]))
+
+    async def test_a_running_board_stops_a_server_whose_booking_ended(self, fake_board, tiny_model):
+        fake = str(make_fake_server(fake_board.tmp_path, status=200))
+        fake_board.env["BOARD_LLAMA_SERVER"] = fake
+        booking = fake_board.book("2")
+        server = fake_board.start(booking, tiny_model)
+        app = make_app(fake_board, fake)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause(0.5)
+            fake_board.ok("release", str(booking))
+            await until(pilot, lambda: fake_board.server(server["id"])["state"] == "stopped")
+        found = fake_board.server(server["id"])
+        assert found["reason"] == f"booking {booking} ended"
+        assert fake_board.gone(found)
+
+    async def test_start_needs_an_active_booking(self, fake_board, tiny_model):
+        app = make_app(fake_board, str(make_fake_server(fake_board.tmp_path, status=200)))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.press("s")
+            await pilot.pause(0.3)
+            await pilot.press("n")
+            await pilot.pause(0.3)
+            assert type(app.screen).__name__ == "ServersScreen"  # no dialog without a booking
+            assert any("no active booking" in str(n.message) for n in app._notifications)
+
+
+@pytest.mark.llama
+class TestStartDialog:
+    async def test_start_from_the_dialog_then_tokens_per_second(self, board, tiny_model, llama_server):
+        booking = board.book("5")
+        app = make_app(board, llama_server, model_dirs=(str(Path(tiny_model).parent),))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.view is not None and any(b.id == booking for b in app.view.upcoming))
+            await pilot.press("s")
+            await pilot.pause(0.3)
+            await pilot.press("n")
+            await until(pilot, lambda: type(app.screen).__name__ == "StartServerModal")
+            modal = app.screen
+            await until(pilot, lambda: modal.models == [str(tiny_model)])  # found in llama.model_dirs
+            assert modal.query_one("#model").value == str(tiny_model)
+            vram = str(modal.query_one("#vram").render())
+            assert "card 5:" in vram and "GiB free" in vram
+            modal.query_one("#ctx").value = "256"
+            modal.query_one("#model").focus()
+            await pilot.press("enter")
+            await until(pilot, lambda: type(app.screen).__name__ == "ServersScreen")
+            await until(pilot, lambda: state_of(app, 1) == "ready", timeout=60)
+            server = board.server(1)
+            assert server["cards"] == [5] and server["metrics"] is True and "--metrics" in server["cmdline"]
+            body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}).encode()
+
+            def generating() -> bool:
+                cell = cells(app, 1)[7]
+                return cell not in ("-", "off") and float(cell) > 0
+
+            deadline = time.monotonic() + 20
+            while not generating():  # tokens/s is a rate between two /metrics reads: keep it busy
+                assert time.monotonic() < deadline, "no tokens/s from /metrics"
+                request = urllib.request.Request(f"{server['url']}/v1/chat/completions", data=body,
+                                                 headers={"Content-Type": "application/json"})
+                urllib.request.urlopen(request, timeout=30).read()
+                await pilot.pause(0.3)
+        board.ok("serve", "stop", "1")
+        assert board.gone(board.server(1))
