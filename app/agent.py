@@ -46,7 +46,7 @@ def enforce_once(service, warned: set[int] | None = None, log: Callable[[str], N
         if warned is not None:
             warned.add(server.id)
         done["warned"].append(server.id)
-        log(f"warning: server {server.id} ({server.user}, port {server.port}) stops in {left // 60 + 1} min,"
+        log(f"warning: server {server.id} ({server.user}, port {server.port}) stops in {max(1, (left + 59) // 60)} min,"
             f" when booking {server.booking_id} ends")
     return done
 

@@ -58,15 +58,24 @@ def _split_extra(args: argparse.Namespace) -> list[str]:
     if head:
         parser = _OptionsParser(prog="board serve start", add_help=False)
         _start_options(parser)
-        parser.add_argument("--json", action="store_true")
+        _shared_options(parser)
         parser.parse_args(head, namespace=args)
     return extra
+
+
+def _shared_options(parser: argparse.ArgumentParser) -> None:
+    """board's shared options and --json, when they come after the booking id."""
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    parser.add_argument("--db", default=argparse.SUPPRESS)
+    parser.add_argument("--demo", action="store_true", default=argparse.SUPPRESS)
+    parser.add_argument("--scenario", default=argparse.SUPPRESS)
 
 
 def _flags() -> frozenset[str]:
     parser = argparse.ArgumentParser(add_help=False)
     _start_options(parser)
-    return frozenset(o for action in parser._actions for o in action.option_strings) | {"--json"}
+    _shared_options(parser)
+    return frozenset(o for action in parser._actions for o in action.option_strings)
 
 
 _START_FLAGS = _flags()

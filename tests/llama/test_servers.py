@@ -353,3 +353,19 @@ class TestSupervision:
         out, err = follower.communicate(timeout=10)
         assert follower.returncode == 0, err
         assert "fake llama-server on" in out and "board: llama-server" in out and "ended" in out
+
+
+class TestAgent:
+    def test_agent_warns_about_a_server_whose_booking_ends_within_10_minutes(self, fake_board, tiny_model):
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
+        soon = fake_board.json("book", "--cards", "0", "--for", "5m")["id"]
+        later = fake_board.book("1")
+        ending = fake_board.start(soon, tiny_model)
+        fake_board.start(later, tiny_model)
+        result = fake_board.ok("agent", "--once", "--json")
+        assert json.loads(result.stdout) == {"crashed": [], "stopped": [], "warned": [ending["id"]]}
+        assert f"server {ending['id']}" in result.stderr and "stops in 5 min" in result.stderr
+
+    def test_agent_rejects_a_bad_interval(self, fake_board):
+        result = fake_board.run("agent", "--interval", "0")
+        assert result.returncode == 2 and "--interval" in result.stderr
