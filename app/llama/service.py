@@ -66,7 +66,10 @@ class ServerService:
 
     def listing(self, *, everything: bool = False, user: str | None = None, limit: int | None = None) -> list[Server]:
         """Live servers, or (everything) the recent ones too. Reconciles first, so dead ones show as crashed."""
-        self.reconcile()
+        try:
+            self.reconcile()
+        except (BoardError, sqlite3.Error):
+            pass  # a read-only or busy database: list what it says
         return rows.listing(self.conn, live_only=not everything, user=user, limit=limit)
 
     # -- start ---------------------------------------------------------------------------------
@@ -225,7 +228,7 @@ class ServerService:
             now = time.monotonic()
             if now >= next_row:
                 next_row = now + 0.25
-                current = self.get(server.id)
+                current = self._reconcile_one(self.get(server.id))  # a supervisor that died says nothing
                 if current.state == rows.READY:
                     return self._with_pid(server.id)
                 if current.state != rows.STARTING:

@@ -108,7 +108,16 @@ def main(argv: list[str] | None = None) -> int:
         child, launch_error = None, f"can't run {command[0]}: {error.strerror or error}"
 
     # Everything below may be slow to import; the server is already loading.
-    return _Supervision(opts, command, child, launch_error, launched_at, stop).run()
+    try:
+        supervision = _Supervision(opts, command, child, launch_error, launched_at, stop)
+    except Exception as error:  # noqa: BLE001 - no database: the server must not run unsupervised
+        print(f"board supervisor: can't open the board database {opts['db']}: {error}; stopping the server",
+              file=sys.stderr, flush=True)
+        if child is not None:
+            child.kill()
+            child.wait()
+        return 1
+    return supervision.run()
 
 
 class _Supervision:

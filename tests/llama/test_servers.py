@@ -369,3 +369,33 @@ class TestAgent:
     def test_agent_rejects_a_bad_interval(self, fake_board):
         result = fake_board.run("agent", "--interval", "0")
         assert result.returncode == 2 and "--interval" in result.stderr
+
+
+class TestWaiting:
+    def test_the_waiting_cli_notices_a_supervisor_that_died_and_does_not_wait_for_the_timeout(self, tmp_path,
+                                                                                              tiny_model):
+        from tests.llama.conftest import Board
+
+        board = Board(tmp_path, str(make_fake_server(tmp_path, status=503)), ready_timeout_s=120)
+        try:
+            booking = board.book("0")
+            waiting = subprocess.Popen(
+                [sys.executable, "-m", "app", "serve", "start", str(booking), "--model", str(tiny_model)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **board.env},
+            )
+            deadline = time.monotonic() + 10
+            while True:
+                with board.raw() as conn:
+                    row = conn.execute("SELECT supervisor_pid, pid FROM servers").fetchone()
+                if row and row[0] and row[1]:
+                    break
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            os.kill(row[0], signal.SIGKILL)
+            started = time.monotonic()
+            out, err = waiting.communicate(timeout=30)
+            assert waiting.returncode == 1 and time.monotonic() - started < 5
+            assert "server 1 crashed" in err and "exit status unknown" in err
+            assert board.gone(board.server(1))
+        finally:
+            board.cleanup()
