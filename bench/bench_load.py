@@ -2,9 +2,9 @@
 
 Each process books through BookingService (the code the CLI and the TUI use: BEGIN IMMEDIATE,
 the overlap check, the insert and the audit event in one transaction) on one shared database
-made by `board init`. In the same run, the same processes then do a raw loop of
-`BEGIN IMMEDIATE; INSERT; COMMIT` on a second file in the same directory: the floor that SQLite
-itself sets on this machine. Required: zero overlaps and zero unhandled errors. Target: the
+made by `board init`. In the same run, just before and just after, the same number of processes
+(as the same users) do a raw loop of `BEGIN IMMEDIATE; INSERT; COMMIT` on a second file in the
+same directory: the floor that SQLite itself sets on this machine (the faster of the two runs). Required: zero overlaps and zero unhandled errors. Target: the
 board's attempts per second at least 0.5x the raw loop's.
 
     sudo .venv/bin/python bench/bench_load.py [--procs 32] [--attempts 50] [--users alice,bob] [--group boardusers]
@@ -182,7 +182,15 @@ def run(args: argparse.Namespace) -> dict:
     users: list[str | None] = [u for u in args.users.split(",") if u] if root_run else [None]
     if root_run:
         for user in users:
-            pwd.getpwnam(user)  # KeyError: the user must exist
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                raise SystemExit(f"no user {user!r}: create the users (useradd) or pick others with --users") from None
+            probe = subprocess.run(command_as(user, [sys.executable, "-c", "import tomllib, app.cli"]), cwd=REPO,
+                                   capture_output=True, text=True)
+            if probe.returncode != 0:
+                raise SystemExit(f"{user} cannot run {sys.executable} on {REPO}; let them reach it (chmod o+x on the"
+                                 f" directories above it): {probe.stderr.strip()[-200:]}")
     scratch = Path(tempfile.mkdtemp(prefix="board-bench-", dir=args.dir))
     try:
         os.chmod(scratch, 0o755)
@@ -200,8 +208,13 @@ def run(args: argparse.Namespace) -> dict:
         if root_run:
             shutil.chown(raw, group=args.group)
             os.chmod(raw, 0o660)
+        # The raw loop before and after the board's run; the faster of the two is the floor (the stricter test:
+        # a short raw run is at the mercy of whatever else the machine is doing).
+        floors = [phase("raw", raw, users, args.procs, args.attempts, args.hours, args.count_share)]
         board = phase("board", db, users, args.procs, args.attempts, args.hours, args.count_share)
-        floor = phase("raw", raw, users, args.procs, args.attempts, args.hours, args.count_share)
+        floors.append(phase("raw", raw, users, args.procs, args.attempts, args.hours, args.count_share))
+        floor = max(floors, key=lambda f: f["attempts_per_s"])
+        floor["runs_attempts_per_s"] = [f["attempts_per_s"] for f in floors]
         checks = verify(db)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -235,6 +248,8 @@ def print_table(result: dict) -> None:
     print(f"checks: {checks['overlaps']} overlaps, integrity {checks['integrity']}, audit chain"
           f" {'intact' if checks['audit_chain_intact'] else 'BROKEN'} ({checks['events']} events),"
           f" bookings by uids {checks['uids']}")
+    print(f"raw runs before and after the board's: {' and '.join(map(str, raw['runs_attempts_per_s']))} attempts/s;"
+          " the faster is the floor")
     print(f"board/raw attempts per second: {result['ratio']:.2f}x (target >= 0.5x: {'met' if result['target_met'] else 'NOT met'})")
 
 

@@ -87,13 +87,19 @@ def _ensure_user(name: str, uid: int, groups: list[str]) -> None:
             _sh("gpasswd", "-d", name, group)
 
 
-def _open_path_for_others(path: Path, changed: list[tuple[Path, int]]) -> None:
-    """Let other users traverse every directory above `path` (o+x only, no listing); remember what changed."""
+def _open_path_for_others(path: Path) -> list[Path]:
+    """Let other users traverse every directory above `path` (o+x only: no listing); returns what changed.
+
+    Not undone at the end: another session's real-user processes (or bench/bench_load.py) may be
+    running this interpreter at that moment, and taking the search bit away mid-run breaks their imports.
+    """
+    changed = []
     for directory in [*reversed(path.parents)]:
         mode = stat.S_IMODE(directory.stat().st_mode)
         if not mode & stat.S_IXOTH:
             os.chmod(directory, mode | stat.S_IXOTH)
-            changed.append((directory, mode))
+            changed.append(directory)
+    return changed
 
 
 @pytest.fixture(scope="session")
@@ -103,17 +109,14 @@ def unix_users():
         _ensure_group(group)
     for name, (uid, groups) in USERS.items():
         _ensure_user(name, uid, groups)
-    changed: list[tuple[Path, int]] = []
     # The interpreter may live under /root (pyenv): other users need to reach it, and the checkout.
     for target in (Path(os.path.realpath(sys.executable)), Path(sys.executable), REPO / "app"):
-        _open_path_for_others(target, changed)
+        _open_path_for_others(target)
     probe = _sh("setpriv", f"--reuid={pwd.getpwnam('mallory').pw_uid}", f"--regid={pwd.getpwnam('mallory').pw_gid}",
                 "--init-groups", "--", sys.executable, "-c", "import app.cli")
     if probe.returncode != 0:
         pytest.skip(f"other users cannot run {sys.executable} on this checkout: {probe.stderr.strip()[-200:]}")
-    yield {name: pwd.getpwnam(name) for name in USERS}
-    for directory, mode in reversed(changed):
-        os.chmod(directory, mode)
+    return {name: pwd.getpwnam(name) for name in USERS}
 
 
 @dataclass
