@@ -93,6 +93,7 @@ class BoardApp(App[int]):
         self.alert = ""
         self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
         self.last_telemetry = time.monotonic()
+        self._last_tick = 0.0
         zoom = ZOOMS[DEFAULT_ZOOM]
         start = align(clock(), zoom.step) - zoom.before
         self._window = (start, start + zoom.step * zoom.columns)
@@ -119,7 +120,7 @@ class BoardApp(App[int]):
     def on_mount(self) -> None:
         self._telemetry.start()
         self._bookings.start()
-        self.set_interval(1.0, self._tick)
+        self.set_interval(1.0, self._tick_if_idle)
         if self.servers:  # reconcile, booking-end stops, demo servers on their cards, tokens/s (issue 4)
             self.server_watch = importlib.import_module(SERVERS_MODULE).start_server_watch(self)
 
@@ -153,6 +154,7 @@ class BoardApp(App[int]):
         self._recompute()
         self.board.show_fleet()
         self.fleet_signal.publish(message.snapshot)
+        self._tick()  # the clock moves in the same repaint as the figures
 
     def _remember(self, snapshot: FleetSnapshot) -> None:
         keep = int(HISTORY_SECONDS / self.history_step) + 1
@@ -199,7 +201,13 @@ class BoardApp(App[int]):
         self.statuses = fleet_status(self.fleet, tuple(upcoming), self.clock(),
                                      hot_celsius=self.config.hot_celsius, labels=self.config.labels)
 
+    def _tick_if_idle(self) -> None:
+        """The 1 s timer only has work when telemetry did not just tick (a stalled driver, a slow refresh)."""
+        if time.monotonic() - self._last_tick >= 0.9:
+            self._tick()
+
     def _tick(self) -> None:
+        self._last_tick = time.monotonic()
         now = self.clock()
         for screen in self.screen_stack:
             for header in screen.query("BoardHeader"):

@@ -231,7 +231,7 @@ class TestLive:
             assert timeline.booking_at(5, column) == booking
 
     async def test_stalled_telemetry_does_not_block_keys(self, make_app):
-        stalled = simulated(replace(DEFAULT_FLEET, stall_seconds=3.0))
+        stalled = simulated(replace(DEFAULT_FLEET, stall_seconds=8.0))
         app = make_app(source=stalled)
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: app.view is not None)
@@ -239,10 +239,10 @@ class TestLive:
             assert app.fleet is None  # the first read is still asleep in the driver
             started = time.monotonic()
             await pilot.press("question_mark")
-            await wait_for(pilot, lambda: isinstance(app.screen, HelpModal), timeout=1.0)
+            await wait_for(pilot, lambda: isinstance(app.screen, HelpModal), timeout=2.0)
             await pilot.press("escape", "m")
-            await wait_for(pilot, lambda: isinstance(app.screen, MyBookingsScreen), timeout=1.0)
-            assert time.monotonic() - started < 1.0
+            await wait_for(pilot, lambda: isinstance(app.screen, MyBookingsScreen), timeout=2.0)
+            assert time.monotonic() - started < 2.0  # keys took well under the 8 s the driver is stuck for
             assert app.fleet is None  # still stalled: the keys did not wait for it
 
     async def test_toast_when_my_booking_ends_within_ten_minutes(self, make_app):

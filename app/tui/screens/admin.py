@@ -33,7 +33,7 @@ class AdminScreen(Screen):
     """
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
-        Binding("c", "cancel", "Cancel booking"),
+        Binding("c", "cancel", "Cancel", tooltip="Cancel anyone's booking"),
         Binding("r", "reassign", "Reassign"),
     ]
 

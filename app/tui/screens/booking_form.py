@@ -112,6 +112,7 @@ class BookingModal(ModalScreen[Booking | None]):
     BookingModal Label.field { width: 8; color: $text-muted; }
     BookingModal Label.or { width: auto; color: $text-muted; padding: 0 1; }
     BookingModal Input { width: 1fr; }
+    BookingModal #cards { width: 20; }
     BookingModal #count, BookingModal #duration { width: 10; }
     BookingModal #end { width: 1fr; }
     BookingModal Select { width: 24; }

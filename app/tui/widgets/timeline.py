@@ -367,33 +367,41 @@ class Timeline(Widget, can_focus=True):
         top = [" "] * width
         bottom = [" "] * width
         top_styles: dict[int, Style] = {}
-        # Day labels where the local date changes (and at the left edge).
+        # Day labels where the local date changes, and at the left edge if it fits before the next one.
+        starts: list[tuple[int, object]] = []
         previous = None
         for c in range(columns):
-            moment = local(self.column_time(c))
-            if moment.date() != previous:
-                text = moment.strftime("%a %d %b") if cw * (columns - c) >= 10 else moment.strftime("%a")
-                x = lw + c * cw
-                if previous is not None or moment.hour == 0 or c == 0:
-                    for i, ch in enumerate(("|" if previous is not None else "") + text):
-                        if x + i < width:
-                            top[x + i] = ch
-                            top_styles[x + i] = day_style
-                previous = moment.date()
+            day = local(self.column_time(c)).date()
+            if day != previous:
+                starts.append((c, day))
+                previous = day
+        for n, (c, day) in enumerate(starts):
+            x = lw + c * cw
+            limit = lw + starts[n + 1][0] * cw - 1 if n + 1 < len(starts) else width
+            text = ("|" if c > 0 else "") + day.strftime("%a %d %b")
+            if limit - x < len(text):
+                text = text[: max(0, limit - x)]
+            if len(text) < 4 and c == 0:
+                continue
+            for i, ch in enumerate(text):
+                if x + i < width:
+                    top[x + i] = ch
+                    top_styles[x + i] = day_style
         # Hour labels at a spacing that fits.
         for seconds in (1800, 3600, 7200, 10800, 21600, 43200, DAY):
             fmt = "%H:%M" if seconds < 3600 else "%H"
             need = len(fmt.replace("%H", "00").replace("%M", "00")) + 1
             if seconds % step == 0 and (seconds // step) * cw >= need:
                 break
+        grid_end = min(width, lw + columns * cw)
         for c in range(columns):
             t = self.column_time(c)
             moment = local(t)
             if (moment.hour * 3600 + moment.minute * 60) % seconds == 0:
                 x = lw + c * cw
-                for i, ch in enumerate(moment.strftime(fmt)):
-                    if x + i < width:
-                        bottom[x + i] = ch
+                text = moment.strftime(fmt)
+                if x + len(text) <= grid_end:
+                    bottom[x:x + len(text)] = text
         now_col = self._column_of(self.now)
         zoom = f"  zoom {self.zoom.name}"
         right = lw + columns * cw
@@ -412,6 +420,14 @@ class Timeline(Widget, can_focus=True):
         bottom_line = [Segment("".join(bottom), axis)]
         if 0 <= now_col < columns:
             x = lw + now_col * cw
+            # The marker wins over an hour label it lands on: blank that whole label.
+            if bottom[x] != " ":
+                left, right = x, x
+                while left > lw and bottom[left - 1] != " ":
+                    left -= 1
+                while right + 1 < grid_end and bottom[right + 1] != " ":
+                    right += 1
+                bottom[left:right + 1] = " " * (right + 1 - left)
             bottom_line = [Segment("".join(bottom[:x]), axis), Segment("▼", now_style), Segment("".join(bottom[x + 1:]), axis)]
         return [Strip(top_line, width).crop(0, width), Strip(bottom_line, width).crop(0, width)]
 

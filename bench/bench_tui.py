@@ -1,0 +1,204 @@
+"""The board TUI's costs, printed (no pass/fail):
+
+1. One timeline refresh with 64 cards and 5,000 bookings in the window: rebuilding the grid
+   and every line's Strip, and the same followed by a full repaint in a headless app.
+   Target: under 100 ms.
+2. Idle CPU over 60 s and peak RSS of `board --demo` (8 simulated cards, 1 s refresh) and of a
+   minimal Textual app (Header, Footer, a 1 s clock), run side by side in the same run, each
+   in its own pseudo-terminal at 120x40. Targets: at most 2x its CPU and 40 MB more RSS.
+
+    .venv/bin/python bench/bench_tui.py [--seconds 60] [--skip-idle]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import os
+import pty
+import random
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+NOW = 1795966200  # Sunday 2026-11-29 15:30 UTC, as in the tests
+
+
+# -- 1. the timeline -----------------------------------------------------------------------------
+
+
+def fake_bookings(cards, start: int, end: int, total: int, seed: int = 7):
+    """`total` non-overlapping bookings per card packed into [start, end), some of them multi-card."""
+    from app.store.bookings import Booking
+
+    rng = random.Random(seed)
+    per_card = -(-total // len(cards))
+    span = (end - start) // per_card
+    bookings, next_id = [], 1
+    for card in cards:
+        t = start
+        for _ in range(per_card):
+            length = rng.randint(span // 3, span)
+            bookings.append(Booking(
+                id=next_id, user=rng.choice(["alice", "bob", "carol", "dave", "erin"]), uid=1001,
+                cards=(card.index,), card_uuids=(card.uuid,), start=t, end=t + length,
+                klass=rng.choice(["online", "batch", "finetune", "experiment"]), note="", status="booked",
+            ))
+            next_id += 1
+            t += span
+    return bookings
+
+
+async def timeline_bench(rounds: int) -> dict[str, float]:
+    from textual.app import App
+
+    from app.gpu.simulated import SimulatedSource, parse_scenario
+    from app.tui.widgets.timeline import Timeline
+
+    cards = SimulatedSource(parse_scenario({"cards": {"count": 64}}), clock=lambda: NOW).read().cards
+
+    class TimelineApp(App):
+        def compose(self):
+            yield Timeline("alice", NOW, id="timeline")
+
+    app = TimelineApp()
+    async with app.run_test(size=(200, 70)) as pilot:  # every one of the 64 rows on screen
+        timeline = app.query_one(Timeline)
+        timeline.set_cards(cards)
+        bookings = fake_bookings(cards, timeline.view_start, timeline.view_end, 5000)
+        in_window = [b for b in bookings if b.end > timeline.view_start and b.start < timeline.view_end]
+        assert len(in_window) >= 5000, len(in_window)
+        await pilot.pause()
+        compute, painted = [], []
+        for n in range(rounds):
+            shuffled = bookings[n % 2:] + bookings[: n % 2]  # a new tuple each round, as a reload gives
+            t0 = time.perf_counter()
+            timeline.set_bookings(shuffled)
+            for y in range(timeline.size.height):
+                timeline.render_line(y)
+            compute.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            timeline.set_bookings(shuffled)
+            await pilot.pause()  # the refresh, the compositor and the (headless) driver
+            painted.append(time.perf_counter() - t0)
+    return {
+        "bookings": len(in_window),
+        "compute_median_ms": statistics.median(compute) * 1000,
+        "compute_max_ms": max(compute) * 1000,
+        "painted_median_ms": statistics.median(painted) * 1000,
+        "painted_max_ms": max(painted) * 1000,
+    }
+
+
+# -- 2. idle CPU and RSS -------------------------------------------------------------------------
+
+
+class Pty:
+    """A process on its own pseudo-terminal, its output drained so that it never blocks on writing."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], size: tuple[int, int] = (120, 40)) -> None:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
+        self.process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=REPO,
+                                        start_new_session=True, close_fds=True)
+        os.close(slave)
+        self.master = master
+        self.bytes = 0
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.bytes += len(data)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        os.close(self.master)
+
+
+def idle_bench(seconds: float, warmup: float) -> dict[str, dict[str, float]]:
+    import psutil
+
+    tmp = tempfile.mkdtemp(prefix="bench-tui-")
+    env = {**os.environ, "TERM": "xterm-256color", "COLORTERM": "truecolor", "XDG_STATE_HOME": tmp,
+           "BOARD_DB": f"{tmp}/board.db"}
+    env.pop("BOARD_SIMULATE", None)
+    runs = {
+        "board --demo": Pty([sys.executable, "-m", "app", "--demo"], env),
+        "minimal app": Pty([sys.executable, str(REPO / "bench" / "minimal_app.py")], env),
+    }
+    procs = {name: psutil.Process(run.process.pid) for name, run in runs.items()}
+    peak = dict.fromkeys(runs, 0)
+    try:
+        deadline = time.monotonic() + warmup
+        while time.monotonic() < deadline:
+            for name, proc in procs.items():
+                peak[name] = max(peak[name], proc.memory_info().rss)
+            time.sleep(0.2)
+        for name, run in runs.items():
+            if run.process.poll() is not None:
+                raise SystemExit(f"{name} exited early with {run.process.returncode}")
+        cpu0 = {name: sum(proc.cpu_times()[:2]) for name, proc in procs.items()}
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            for name, proc in procs.items():
+                peak[name] = max(peak[name], proc.memory_info().rss)
+            time.sleep(0.5)
+        wall = time.monotonic() - t0
+        cpu = {name: sum(proc.cpu_times()[:2]) - cpu0[name] for name, proc in procs.items()}
+    finally:
+        for run in runs.values():
+            run.stop()
+    return {name: {"cpu_pct": 100 * cpu[name] / wall, "peak_rss_mb": peak[name] / 2**20,
+                   "output_kb": runs[name].bytes / 1024} for name in runs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="idle measurement (default 60)")
+    parser.add_argument("--warmup", type=float, default=8.0, help="start-up to skip before measuring CPU")
+    parser.add_argument("--rounds", type=int, default=20, help="timeline refreshes to time")
+    parser.add_argument("--skip-idle", action="store_true")
+    args = parser.parse_args()
+
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    t = asyncio.run(timeline_bench(args.rounds))
+    print(f"timeline, 64 cards x {t['bookings']} bookings in the window ({args.rounds} refreshes):")
+    print(f"  rebuild + every line: median {t['compute_median_ms']:.1f} ms, max {t['compute_max_ms']:.1f} ms"
+          f"  (target < 100 ms)")
+    print(f"  with a full headless repaint: median {t['painted_median_ms']:.1f} ms, max {t['painted_max_ms']:.1f} ms")
+    if args.skip_idle:
+        return
+    print(f"idle, side by side for {args.seconds:.0f} s after {args.warmup:.0f} s of start-up, 120x40 ptys:")
+    idle = idle_bench(args.seconds, args.warmup)
+    for name, figures in idle.items():
+        print(f"  {name:<14} CPU {figures['cpu_pct']:5.2f} %   peak RSS {figures['peak_rss_mb']:6.1f} MB"
+              f"   output {figures['output_kb']:.0f} KiB")
+    board, base = idle["board --demo"], idle["minimal app"]
+    ratio = board["cpu_pct"] / base["cpu_pct"] if base["cpu_pct"] else float("inf")
+    print(f"  board / minimal: CPU x{ratio:.2f} (target <= 2), RSS +{board['peak_rss_mb'] - base['peak_rss_mb']:.1f} MB"
+          f" (target <= 40 MB)")
+
+
+if __name__ == "__main__":
+    main()

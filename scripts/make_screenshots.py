@@ -1,0 +1,76 @@
+"""Write the README's screenshots (screenshots/*.svg) from the simulated fleet: `make screenshots`.
+
+Everything is fixed: the clock (Sunday 2026-11-29 15:30 UTC), the time zone, the host name,
+the fleet and the demo bookings, so the files change only when the board's looks do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ["TZ"] = "UTC"
+time.tzset()
+
+from app.config import Config  # noqa: E402
+from app.core.identity import Identity  # noqa: E402
+from app.demo import seed_if_empty  # noqa: E402
+from app.gpu.simulated import SimulatedSource  # noqa: E402
+from app.store.db import connect  # noqa: E402
+from app.tui.app import create_app  # noqa: E402
+
+NOW = 1795966200
+OUT = REPO / "screenshots"
+
+
+def frozen() -> float:
+    return NOW
+
+
+async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=None) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "board.db"
+        source = SimulatedSource(clock=frozen)
+        conn = connect(db)
+        seed_if_empty(conn, source.read(), now=NOW)
+        conn.close()
+        app = create_app(db_path=db, source=source, identity=Identity("alice", 2000, False), config=Config(),
+                         clock=frozen, host="gpu-box", history_step=5.0, servers=False, cursor_blink=False)
+        async with app.run_test(size=size) as pilot:
+            deadline = time.monotonic() + 10
+            while (app.fleet is None or app.view is None) and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.pause()
+            await pilot.press(*keys)
+            while until is not None and not until(app) and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.pause(0.3)
+            path = OUT / f"{name}.svg"
+            path.write_text(app.export_screenshot(title=f"board · {name.replace('-', ' ')}"))
+            print(path.relative_to(REPO))
+
+
+async def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    from app.tui.screens.booking_form import BookingModal
+    from app.tui.screens.card_detail import CardDetailScreen
+
+    await shoot("board", (), (120, 40))
+    await shoot("board-80x24", (), (80, 24))
+    await shoot("timeline-week", ("tab", "z"), (120, 40))
+    # A keyboard selection on the timeline (cards 4-5, 16:30-18:30), then b: the form, filled in and valid.
+    await shoot("booking-form", ("tab", "down", "down", "down", "down", "right", "right", "shift+down",
+                                 "shift+right", "shift+right", "shift+right", "b"), (120, 40),
+                until=lambda app: isinstance(app.screen, BookingModal) and "✓" in str(
+                    app.screen.query_one("#message").render()))
+    await shoot("card-detail", ("enter",), (120, 40), until=lambda app: isinstance(app.screen, CardDetailScreen))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

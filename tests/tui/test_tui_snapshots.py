@@ -1,0 +1,108 @@
+"""Snapshot tests at 80x24 (compact) and 120x40 (wide): frozen clock, UTC, fixed fleet and bookings, host 'gpu-box'.
+
+Update with the whole TUI suite (syrupy prunes snapshots it did not see):
+    .venv/bin/pytest tests/tui --snapshot-update
+and look at the SVGs (rsvg-convert -o x.png file.svg) before committing them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from app.tui.screens.admin import AdminScreen
+from app.tui.screens.booking_form import BookingModal
+from app.tui.screens.card_detail import CardDetailScreen
+from tests.tui.conftest import ERIN_ADMIN, HOSTILE_NOTE, HOSTILE_USER, hostile_scenario, ready, seed, simulated, wait_for
+
+SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+
+
+class TestBoard:
+    @SIZES
+    def test_main_board(self, snap_compare, make_app, size):
+        assert snap_compare(make_app(), terminal_size=size, run_before=ready)
+
+
+class TestTimeline:
+    @SIZES
+    def test_week_view(self, snap_compare, make_app, size):
+        async def week(pilot):
+            await ready(pilot)
+            await pilot.press("tab", "z")
+            app = pilot.app
+            await wait_for(pilot, lambda: app.view.window_start == app.board.timeline.view_start)
+
+        assert snap_compare(make_app(), terminal_size=size, run_before=week)
+
+    @SIZES
+    def test_keyboard_selection(self, snap_compare, make_app, size):
+        async def select(pilot):
+            await ready(pilot)
+            await pilot.press("tab", "down", "down", "down", "down", "right", "right",
+                              "shift+down", "shift+right", "shift+right", "shift+right")
+
+        assert snap_compare(make_app(), terminal_size=size, run_before=select)
+
+
+class TestBookingForm:
+    @SIZES
+    def test_form_shows_the_conflict(self, snap_compare, make_app, size):
+        async def conflict(pilot):
+            await ready(pilot)
+            await pilot.press("down", "down", "b")  # card 2 is bob's
+            app = pilot.app
+            await wait_for(pilot, lambda: isinstance(app.screen, BookingModal) and app.screen.error is not None)
+
+        assert snap_compare(make_app(), terminal_size=size, run_before=conflict)
+
+
+class TestCardDetail:
+    @SIZES
+    def test_card_detail(self, snap_compare, make_app, size):
+        async def detail(pilot):
+            await ready(pilot)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(pilot.app.screen, CardDetailScreen))
+
+        assert snap_compare(make_app(), terminal_size=size, run_before=detail)
+
+
+class TestAdmin:
+    @SIZES
+    def test_admin_screen(self, snap_compare, make_app, size):
+        async def admin(pilot):
+            await ready(pilot)
+            await pilot.press("a")
+            app = pilot.app
+            await wait_for(pilot, lambda: isinstance(app.screen, AdminScreen) and len(app.screen.bookings) == 6)
+            await wait_for(pilot, lambda: app.screen.query_one("#audit").row_count == 6)
+
+        assert snap_compare(make_app(identity=ERIN_ADMIN), terminal_size=size, run_before=admin)
+
+
+class TestUntrustedText:
+    @SIZES
+    def test_hostile_text_is_inert(self, snap_compare, make_app, tmp_path, size):
+        """A username, note and command line with ANSI/OSC escapes, markup, bidi and zero-width characters."""
+        source = simulated(hostile_scenario())
+        db = tmp_path / "hostile.db"
+        seed(db, source, extra=((HOSTILE_USER, (4,), -1, 3, "experiment", HOSTILE_NOTE),))
+
+        async def cursor_on_it(pilot):
+            await ready(pilot)
+            await pilot.press("tab", "down", "down", "down", "down")
+
+        assert snap_compare(make_app(source=source, db_path=db), terminal_size=size, run_before=cursor_on_it)
+
+    @SIZES
+    def test_hostile_process_in_card_detail(self, snap_compare, make_app, tmp_path, size):
+        source = simulated(hostile_scenario())
+        db = tmp_path / "hostile.db"
+        seed(db, source, extra=((HOSTILE_USER, (4,), -1, 3, "experiment", HOSTILE_NOTE),))
+
+        async def detail(pilot):
+            await ready(pilot)
+            await pilot.press("down", "down", "down", "down", "enter")
+            await wait_for(pilot, lambda: isinstance(pilot.app.screen, CardDetailScreen))
+
+        assert snap_compare(make_app(source=source, db_path=db), terminal_size=size, run_before=detail)
