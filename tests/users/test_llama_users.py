@@ -19,6 +19,9 @@ import pytest
 
 from tests.users.conftest import MEMBERS_GROUP, write_config
 
+pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
+
+
 FAKE_SERVER = """\
 #!{python}
 import http.server, sys

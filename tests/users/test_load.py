@@ -10,7 +10,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.users.conftest import MEMBERS_GROUP, REPO
+
+pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
 
 def test_bench_load_small_run_as_two_real_users(unix_users):

@@ -19,6 +19,9 @@ import pytest
 
 from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO
 
+pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
+
+
 HOLD = """
 import sys
 from app.config import load_config
