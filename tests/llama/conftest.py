@@ -181,7 +181,7 @@ def board(tmp_path, llama_server):
 @pytest.fixture
 def fake_board(tmp_path):
     """A board whose llama-server is a script (`fake_server`); for rules that need no real model."""
-    b = Board(tmp_path, None, ready_timeout_s=1.5)
+    b = Board(tmp_path, None, ready_timeout_s=30)
     yield b
     b.cleanup()
 

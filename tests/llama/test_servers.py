@@ -318,16 +318,19 @@ class TestBookingEnd:
 
 
 class TestSupervision:
-    def test_not_ready_in_time_is_failed_and_stopped(self, fake_board, tiny_model):
-        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=503))
+    def test_not_ready_in_time_is_failed_and_stopped(self, tmp_path, tiny_model):
+        from tests.llama.conftest import Board
+
+        fake_board = Board(tmp_path, str(make_fake_server(tmp_path, status=503)), ready_timeout_s=1.5)
         booking = fake_board.book("0")
         result = fake_board.run("serve", "start", str(booking), "--model", str(tiny_model))
         assert result.returncode == 1
         assert "server 1 failed: not ready within 1.5 s" in result.stderr
         found = fake_board.server(1)
         assert found["state"] == "failed"
-        assert any("fake llama-server" in line for line in found["log_tail"])
+        assert any("fake llama-server" in line or "board: llama-server" in line for line in found["log_tail"])
         assert fake_board.gone(found)
+        fake_board.cleanup()
 
     def test_a_server_that_ignores_sigterm_is_killed_after_10_s(self, fake_board, tiny_model):
         fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200,
@@ -336,7 +339,7 @@ class TestSupervision:
         started = time.monotonic()
         fake_board.ok("serve", "stop", str(server["id"]))
         took = time.monotonic() - started
-        assert 9.5 <= took < 20
+        assert 9.5 <= took < 30
         after = fake_board.server(server["id"])
         assert after["state"] == "stopped" and after["exit_signal"] == 9
         assert fake_board.gone(after)

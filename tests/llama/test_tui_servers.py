@@ -28,7 +28,7 @@ def make_app(board, server_bin: str, model_dirs: tuple[str, ...] = ()):
                       config=config, clock=time.time, host="gpu-box", servers=True, cursor_blink=False)
 
 
-async def until(pilot, condition, timeout: float = 20.0) -> None:
+async def until(pilot, condition, timeout: float = 45.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -97,11 +97,10 @@ class TestServersScreen:
         app = make_app(fake_board, str(make_fake_server(fake_board.tmp_path, status=200)))
         async with app.run_test(size=(100, 30)) as pilot:
             await pilot.press("s")
-            await pilot.pause(0.3)
+            await until(pilot, lambda: type(app.screen).__name__ == "ServersScreen")
             await pilot.press("n")
-            await pilot.pause(0.3)
+            await until(pilot, lambda: any("no active booking" in str(n.message) for n in app._notifications))
             assert type(app.screen).__name__ == "ServersScreen"  # no dialog without a booking
-            assert any("no active booking" in str(n.message) for n in app._notifications)
 
 
 @pytest.mark.llama
@@ -112,7 +111,7 @@ class TestStartDialog:
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.view is not None and any(b.id == booking for b in app.view.upcoming))
             await pilot.press("s")
-            await pilot.pause(0.3)
+            await until(pilot, lambda: type(app.screen).__name__ == "ServersScreen")
             await pilot.press("n")
             await until(pilot, lambda: type(app.screen).__name__ == "StartServerModal")
             modal = app.screen
@@ -124,7 +123,7 @@ class TestStartDialog:
             modal.query_one("#model").focus()
             await pilot.press("enter")
             await until(pilot, lambda: type(app.screen).__name__ == "ServersScreen")
-            await until(pilot, lambda: state_of(app, 1) == "ready", timeout=60)
+            await until(pilot, lambda: state_of(app, 1) == "ready", timeout=90)
             server = board.server(1)
             assert server["cards"] == [5] and server["metrics"] is True and "--metrics" in server["cmdline"]
             body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}).encode()
@@ -133,7 +132,7 @@ class TestStartDialog:
                 cell = cells(app, 1)[7]
                 return cell not in ("-", "off") and float(cell) > 0
 
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 45
             while not generating():  # tokens/s is a rate between two /metrics reads: keep it busy
                 assert time.monotonic() < deadline, "no tokens/s from /metrics"
                 request = urllib.request.Request(f"{server['url']}/v1/chat/completions", data=body,
