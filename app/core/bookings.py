@@ -25,6 +25,9 @@ from app.store.db import write
 GROUP_SIZES = (1, 2, 4, 8)
 MAX_NOTE_CHARS = 500
 PAST_GRACE_SECONDS = 60
+# Slot searches first read the calendar this far past the wanted slot, and all of it only when that
+# finds nothing: a full calendar is a long read to hold the write lock for.
+LOOKAHEAD_SECONDS = 86400
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,21 @@ class BookingService:
         user: str | None = None,
     ) -> Plan:
         """Check a booking against every rule without writing; raises the error `create` would."""
+        try:
+            return self._plan(cards=cards, count=count, start=start, end=end, klass=klass, user=user)
+        except SlotTaken as taken:
+            raise self._with_next_free(taken) from None
+
+    def _plan(
+        self,
+        *,
+        cards: Sequence[int] | None = None,
+        count: int | None = None,
+        start: int,
+        end: int,
+        klass: str = "experiment",
+        user: str | None = None,
+    ) -> Plan:
         now = int(self.clock())
         klass = self._check_class(klass)
         if start < now - PAST_GRACE_SECONDS:
@@ -81,16 +99,18 @@ class BookingService:
         duration = end - start
         if cards is not None:
             chosen = self._check_cards(cards)
-            self._check_free(chosen, start, end, lambda: self._busy_by_index(after=start))
+            self._check_free(chosen, start, end)
         else:
             if count not in GROUP_SIZES:
                 raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
-            busy = self._busy_by_index(after=start)
             eligible = [
                 i for i, c in sorted(self.cards.items())
                 if not c.lost and policy.card_refusal(self.config, i, klass, start, end) is None
             ]
-            found = find_slot(busy, eligible, count, start, duration, self.topology)
+            found = self._search(
+                start, duration, None,
+                lambda busy, until: find_slot(busy, eligible, count, start, duration, self.topology, until),
+            )
             if found is None:
                 raise Conflict(f"no {count} cards can take a {klass} booking; see 'board status'")
             chosen, start = found
@@ -99,8 +119,11 @@ class BookingService:
         policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=held)
         return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end)
 
-    def next_free(self, cards: Sequence[int], start: int, duration: int) -> int:
-        return next_free_start(self._busy_by_index(after=start), self._check_cards(cards), start, duration)
+    def next_free(self, cards: Sequence[int], start: int, duration: int, excluding: int | None = None) -> int:
+        """The earliest start at or after `start` where `cards` are free for `duration`."""
+        chosen = self._check_cards(cards)
+        return self._search(start, duration, excluding,
+                            lambda busy, until: next_free_start(busy, chosen, start, duration, until))
 
     # -- changes -------------------------------------------------------------------------------
 
@@ -119,8 +142,23 @@ class BookingService:
         details = {"cards": list(cards) if cards is not None else None, "count": count, "start": start,
                    "end": end, "class": klass, "note": note}
 
+        # A count is planned on a plain read first, outside the write lock; inside it the chosen cards
+        # are only re-checked like explicit ones, and re-planned if someone took them meanwhile.
+        hint = None
+        if cards is None:
+            try:
+                hint = self._plan(count=count, start=start, end=end, klass=klass)
+            except BoardError:
+                pass  # the planning inside the lock raises it again, and audits it
+
         def change(now: int) -> int:
-            plan = self.plan(cards=cards, count=count, start=start, end=end, klass=klass)
+            plan = None
+            if hint is not None:
+                try:
+                    plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass)
+                except Conflict:
+                    pass
+            plan = plan or self._plan(cards=cards, count=count, start=start, end=end, klass=klass)
             rows.sync_cards(self.conn, self.cards.values(), now)
             booking_id = rows.insert(
                 self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
@@ -155,8 +193,7 @@ class BookingService:
             booking = self._editable(booking_id, "extend", now)
             if end <= booking.end:
                 raise BadInput(f"the new end must be after the current end {format_time(booking.end, now)}")
-            self._check_free(booking.cards, booking.end, end,
-                             lambda: self._busy_by_index(after=booking.end, excluding=booking_id))
+            self._check_free(booking.cards, booking.end, end, excluding=booking_id)
             held = [(b.start, b.end, len(b.cards)) for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
             policy.check(self.config, cards=booking.cards, klass=booking.klass, start=booking.start, end=end,
                          now=min(now, booking.start), held=held)
@@ -177,8 +214,7 @@ class BookingService:
                 chosen = self._check_cards(cards)
                 if len(chosen) != len(booking.cards):
                     raise BadInput(f"booking {booking_id} has {len(booking.cards)} card(s); give as many")
-                self._check_free(chosen, max(booking.start, now), booking.end,
-                                 lambda: self._busy_by_index(after=now, excluding=booking_id))
+                self._check_free(chosen, max(booking.start, now), booking.end, excluding=booking_id)
                 rows.sync_cards(self.conn, self.cards.values(), now)
                 rows.set_cards(self.conn, booking_id, [self.cards[i].uuid for i in chosen])
                 details["old_cards"] = list(booking.cards)
@@ -195,20 +231,26 @@ class BookingService:
     # -- helpers -------------------------------------------------------------------------------
 
     def _audited(self, action: str, booking_id: int | None, details: dict, change: Callable[[int], int]) -> Booking:
+        """Run `change` and its audit event in one transaction; a refusal by rule is audited in the same one."""
         now = int(self.clock())
+        refusal: Conflict | NotPermitted | None = None
         try:
             with write(self.conn):
-                booking_id = change(now)
+                self.conn.execute("SAVEPOINT attempt")
+                try:
+                    booking_id = change(now)
+                except (Conflict, NotPermitted) as refused:
+                    self.conn.execute("ROLLBACK TO attempt")
+                    refusal, details = refused, {**details, "refused": str(refused)}
                 events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,
-                              booking_id=booking_id, ok=True, details=details)
-        except (Conflict, NotPermitted) as refusal:
-            with write(self.conn):
-                events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,
-                              booking_id=booking_id, ok=False, details={**details, "refused": str(refusal)})
-            raise
+                              booking_id=booking_id, ok=refusal is None, details=details)
         except sqlite3.IntegrityError as error:
             # Only the overlap triggers can get here: another writer beat us past the app's own check.
             raise Conflict(f"the cards were just booked by someone else; try again ({error})") from None
+        if isinstance(refusal, SlotTaken):
+            raise self._with_next_free(refusal) from None
+        if refusal is not None:
+            raise refusal
         return self.get(booking_id)
 
     def _end_now(self, booking: Booking, now: int) -> None:
@@ -254,26 +296,39 @@ class BookingService:
                 raise NotPermitted(f"card {index} is lost (fell off the bus); pick another card")
         return chosen
 
-    def _busy_by_index(self, after: int, excluding: int | None = None) -> dict[int, list[tuple[int, int]]]:
-        by_uuid = rows.busy_by_card(self.conn, after, excluding)
+    def _search(self, start: int, duration: int, excluding: int | None, search: Callable[[dict, int | None], Any]):
+        """`search(busy, until)` on the calendar's next day past the slot, then on all of it if that finds nothing."""
+        until = start + duration + LOOKAHEAD_SECONDS
+        found = search(self._busy_by_index(start, until, excluding), until)
+        return found if found is not None else search(self._busy_by_index(start, None, excluding), None)
+
+    def _busy_by_index(self, after: int, before: int | None, excluding: int | None) -> dict[int, list[tuple[int, int]]]:
+        by_uuid = rows.busy_by_card(self.conn, after, before, excluding)
         return {self.by_uuid[u]: spans for u, spans in by_uuid.items() if u in self.by_uuid}
 
-    def _check_free(self, cards: Sequence[int], start: int, end: int, busy: Callable[[], dict]) -> None:
-        # `busy` (every span after `start`) is read only to word a refusal: a scan that grows with the calendar
-        # has no place in the write lock of every booking that goes through.
+    def _with_next_free(self, taken: SlotTaken) -> Conflict:
+        # Worked out after the commit: a scan of the calendar has no place inside the write lock.
+        free_at = self.next_free(taken.cards, taken.start, taken.duration, taken.excluding)
+        return Conflict(f"{taken}; next free start for cards {format_cards(taken.cards)}: {format_time(free_at, self.clock())}")
+
+    def _check_free(self, cards: Sequence[int], start: int, end: int, excluding: int | None = None) -> None:
         uuids = [self.cards[i].uuid for i in cards]
-        clashes = rows.conflicts(self.conn, uuids, start, end)
-        if clashes:
-            first = clashes[0]
-            now = self.clock()
-            free_at = next_free_start(busy(), cards, start, end - start)
-            taken = sorted(set(first.cards) & set(cards))
-            raise Conflict(
-                f"{'card' if len(taken) == 1 else 'cards'} {format_cards(taken)} {'is' if len(taken) == 1 else 'are'}"
-                f" booked by {first.user}"
-                f" until {format_time(first.end, now)} (booking {first.id});"
-                f" next free start for cards {format_cards(cards)}: {format_time(free_at, now)}"
-            )
+        clash = rows.first_conflict(self.conn, uuids, start, end, excluding)
+        if clash is not None:
+            raise SlotTaken(clash, cards, start, end - start, excluding, self.clock())
+
+
+class SlotTaken(Conflict):
+    """The cards are booked by someone else; the caller adds the next free start once the lock is released."""
+
+    def __init__(self, clash: Booking, cards: Sequence[int], start: int, duration: int, excluding: int | None, now: float):
+        taken = sorted(set(clash.cards) & set(cards))
+        one = len(taken) == 1
+        super().__init__(
+            f"{'card' if one else 'cards'} {format_cards(taken)} {'is' if one else 'are'} booked by {clash.user}"
+            f" until {format_time(clash.end, now)} (booking {clash.id})"
+        )
+        self.cards, self.start, self.duration, self.excluding = tuple(cards), start, duration, excluding
 
 
 Booking = rows.Booking

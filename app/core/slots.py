@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Iterable, Mapping, Sequence
 
 from app.gpu.model import Topology
 
 Interval = tuple[int, int]  # half-open [start, end), UTC epoch seconds
+# `busy` maps a card to its booked intervals, sorted by start. They never overlap on one card
+# (the store guarantees it), so they are sorted by end too, and one bisect answers "is it free?".
 
 
 def overlaps(a: Interval, b: Interval) -> bool:
@@ -14,15 +17,27 @@ def overlaps(a: Interval, b: Interval) -> bool:
 
 
 def is_free(busy: Mapping[int, Sequence[Interval]], cards: Iterable[int], wanted: Interval) -> bool:
-    return not any(overlaps(wanted, interval) for card in cards for interval in busy.get(card, ()))
+    start, end = wanted
+    for card in cards:
+        spans = busy.get(card, ())
+        before = bisect_left(spans, (end,))  # spans[:before] start before `end`
+        if before and spans[before - 1][1] > start:
+            return False
+    return True
 
 
-def next_free_start(busy: Mapping[int, Sequence[Interval]], cards: Sequence[int], start: int, duration: int) -> int:
-    """The earliest start at or after `start` where all `cards` are free for `duration`."""
-    for candidate in _candidate_starts(busy, cards, start):
+def next_free_start(
+    busy: Mapping[int, Sequence[Interval]], cards: Sequence[int], start: int, duration: int, until: int | None = None
+) -> int | None:
+    """The earliest start at or after `start` where all `cards` are free for `duration`.
+
+    `until`: `busy` is only known up to there, so a slot must end by then (else None).
+    Without it the answer always exists: the end of the last booking.
+    """
+    for candidate in _candidate_starts(busy, cards, start, duration, until):
         if is_free(busy, cards, (candidate, candidate + duration)):
             return candidate
-    raise AssertionError("unreachable: the last booking's end is always free")
+    return None
 
 
 def best_group(free: Sequence[int], count: int, topology: Topology) -> tuple[int, ...] | None:
@@ -51,11 +66,15 @@ def find_slot(
     start: int,
     duration: int,
     topology: Topology,
+    until: int | None = None,
 ) -> tuple[tuple[int, ...], int] | None:
-    """The earliest (cards, start) at or after `start` with `count` best-connected free cards, or None."""
+    """The earliest (cards, start) at or after `start` with `count` best-connected free cards, or None.
+
+    `until` as for next_free_start.
+    """
     if count > len(eligible):
         return None
-    for candidate in _candidate_starts(busy, eligible, start):
+    for candidate in _candidate_starts(busy, eligible, start, duration, until):
         wanted = (candidate, candidate + duration)
         free = [card for card in eligible if is_free(busy, (card,), wanted)]
         if group := best_group(free, count, topology):
@@ -63,7 +82,9 @@ def find_slot(
     return None
 
 
-def _candidate_starts(busy: Mapping[int, Sequence[Interval]], cards: Iterable[int], start: int) -> list[int]:
+def _candidate_starts(
+    busy: Mapping[int, Sequence[Interval]], cards: Iterable[int], start: int, duration: int, until: int | None
+) -> list[int]:
     # A slot can only open at the requested start or where some booking ends.
-    ends = {end for card in cards for _, end in busy.get(card, ()) if end > start}
-    return [start, *sorted(ends)]
+    ends = sorted({end for card in cards for _, end in busy.get(card, ()) if end > start})
+    return [c for c in [start, *ends] if until is None or c + duration <= until]

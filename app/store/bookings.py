@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from itertools import groupby
+from operator import itemgetter
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -81,35 +83,38 @@ def listing(
     return [_booking(r) for r in conn.execute(_SELECT + where + " GROUP BY b.id ORDER BY b.starts_at, b.id", args)]
 
 
-def busy_by_card(conn: sqlite3.Connection, after: int, excluding: int | None = None) -> dict[str, list[tuple[int, int]]]:
-    """Live intervals per card UUID that end after `after`; served by the bookings_live_by_end index."""
+def busy_by_card(
+    conn: sqlite3.Connection, after: int, before: int | None = None, excluding: int | None = None
+) -> dict[str, list[tuple[int, int]]]:
+    """Live intervals per card UUID that overlap [after, before), sorted; served by the bookings_live_by_end index.
+
+    Rows carry the card's integer rowid rather than its UUID: a full calendar is thousands of rows,
+    and integers cost nothing to decode.
+    """
+    uuids = dict(conn.execute("SELECT rowid, uuid FROM cards"))
     rows = conn.execute(
-        "SELECT bc.card_uuid, b.starts_at, b.ends_at FROM bookings AS b"
-        " JOIN booking_cards AS bc ON bc.booking_id = b.id"
-        " WHERE b.status = 'booked' AND b.ends_at > ? AND b.id IS NOT ?",
-        (after, excluding),
+        "SELECT c.rowid, b.starts_at, b.ends_at FROM bookings AS b"
+        " JOIN booking_cards AS bc ON bc.booking_id = b.id JOIN cards AS c ON c.uuid = bc.card_uuid"
+        " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS NOT ?"
+        " ORDER BY c.rowid, b.starts_at",
+        (after, 2**62 if before is None else before, excluding),
     )
-    busy: dict[str, list[tuple[int, int]]] = {}
-    for uuid, start, end in rows:
-        busy.setdefault(uuid, []).append((start, end))
-    return busy
+    return {uuids[card]: [(start, end) for _, start, end in spans] for card, spans in groupby(rows, itemgetter(0))}
 
 
-def conflicts(
+def first_conflict(
     conn: sqlite3.Connection, uuids: Iterable[str], start: int, end: int, excluding: int | None = None
-) -> list[Booking]:
+) -> Booking | None:
+    """The live booking on any of `uuids` that overlaps [start, end) and ends first, or None."""
     uuids = list(uuids)
     marks = ",".join("?" * len(uuids))
-    ids = [
-        r[0]
-        for r in conn.execute(
-            f"SELECT DISTINCT b.id FROM bookings AS b JOIN booking_cards AS bc ON bc.booking_id = b.id"
-            f" WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS NOT ?"
-            f" AND bc.card_uuid IN ({marks}) ORDER BY b.ends_at",
-            [start, end, excluding, *uuids],
-        )
-    ]
-    return [b for b in (get(conn, i) for i in ids) if b]
+    row = conn.execute(
+        f"SELECT b.id FROM bookings AS b JOIN booking_cards AS bc ON bc.booking_id = b.id"
+        f" WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS NOT ?"
+        f" AND bc.card_uuid IN ({marks}) ORDER BY b.ends_at, b.id LIMIT 1",
+        [start, end, excluding, *uuids],
+    ).fetchone()
+    return get(conn, row[0]) if row else None
 
 
 def insert(
@@ -148,10 +153,15 @@ def set_cards(conn: sqlite3.Connection, booking_id: int, uuids: Iterable[str]) -
 
 
 def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int) -> None:
-    """Record the cards NVML reports, keyed by UUID; the index can change after a reboot."""
+    """Record the cards NVML reports, keyed by UUID; the index can change after a reboot.
+
+    Reads first and writes only what changed, so the usual booking adds no page to the WAL.
+    """
+    known = {uuid: (idx, name) for uuid, idx, name in conn.execute("SELECT uuid, idx, name FROM cards")}
+    changed = [(c.uuid, c.index, c.name, now) for c in cards if known.get(c.uuid, (None, None)) != (c.index, c.name)]
     conn.executemany(
         "INSERT INTO cards (uuid, idx, name, seen_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (uuid) DO UPDATE SET idx = excluded.idx, name = coalesce(excluded.name, name),"
         " seen_at = excluded.seen_at",
-        [(c.uuid, c.index, c.name, now) for c in cards],
+        changed,
     )

@@ -182,3 +182,19 @@ class TestAudit:
         with pytest.raises(BadInput):
             make_service().create(cards=[0], start=NOW - 3600, end=NOW)
         assert events.recent(conn) == []
+
+
+class TestPlan:
+    def test_plan_writes_nothing_and_words_a_conflict_like_create(self, make_service, conn):
+        make_service("bob", 1002).create(cards=[2], start=NOW, end=NOW + 2 * H)
+        before = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+        with pytest.raises(Conflict, match="card 2 is booked by bob until 17:30 .*next free start for cards 2: 17:30"):
+            make_service().plan(cards=[2], start=NOW, end=NOW + H)
+        assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == before
+
+    def test_next_free_reads_past_the_lookahead_when_the_next_day_is_full(self, make_service):
+        from app.core.bookings import LOOKAHEAD_SECONDS
+
+        bob = make_service("bob", 1002, config=Config(policy=Policy(max_booking_hours=1000)))
+        bob.create(cards=[0], start=NOW, end=NOW + LOOKAHEAD_SECONDS + 5 * H)
+        assert make_service().next_free([0], NOW, H) == NOW + LOOKAHEAD_SECONDS + 5 * H

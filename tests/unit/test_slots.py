@@ -60,3 +60,11 @@ def test_find_slot_takes_the_earliest_start_then_the_best_group():
 def test_find_slot_respects_eligible_cards():
     assert find_slot({}, [4, 5], 4, 0, H, TWO_SWITCHES) is None
     assert find_slot({}, [5, 6], 2, 0, H, TWO_SWITCHES) == ((5, 6), 0)
+
+
+def test_until_limits_the_search_to_the_known_calendar():
+    busy = {0: [(0, 2 * H)]}
+    assert next_free_start(busy, [0], 0, H, until=2 * H) is None  # a slot at 2h would end past what is known
+    assert next_free_start(busy, [0], 0, H, until=3 * H) == 2 * H
+    assert find_slot(busy, [0], 1, 0, H, TWO_SWITCHES, until=2 * H) is None
+    assert find_slot(busy, [0], 1, 0, H, TWO_SWITCHES, until=3 * H) == ((0,), 2 * H)
