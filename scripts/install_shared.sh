@@ -1,6 +1,6 @@
 #!/bin/sh
 # Install board on a shared server: the steps of the README section "Install on a shared server"
-# (docs/shared-install.md), one for one. Run it as root from a checkout of this repository.
+# (README.md), one for one. Run it as root from a checkout of this repository.
 #
 #   sudo scripts/install_shared.sh
 #

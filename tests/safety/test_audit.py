@@ -1,7 +1,7 @@
 """The audit log: append-only by trigger, hash-chained, and `board doctor` names the first row a hand edit touched.
 
 Every edit here is what a group member with write access to the file could do with any SQLite
-client: the threat model (docs/shared-install.md) says such edits are not prevented in
+client: the threat model (the README) says such edits are not prevented in
 direct-file mode, only made visible.
 """
 

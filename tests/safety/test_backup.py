@@ -1,6 +1,6 @@
 """`board backup PATH`: consistent while writers write, never clobbers, shows progress, restores.
 
-The restore test follows docs/shared-install.md ("Restoring a backup") command by command.
+The restore test follows the README ("Restoring a backup") command by command.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def test_backup_refuses_bad_targets_in_one_line(tmp_path, case):
 
 
 def test_restore_as_documented(tmp_path):
-    """docs/shared-install.md: stop the agent, move the live files aside, install the copy 0660, doctor."""
+    """the README: stop the agent, move the live files aside, install the copy 0660, doctor."""
     live = tmp_path / "lib" / "board.db"
     live.parent.mkdir()
     env = {"BOARD_DB": str(live), "BOARD_SIMULATE": "1"}

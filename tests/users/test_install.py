@@ -23,7 +23,7 @@ from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO, Board
 
 pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
-SECTION = REPO / "docs" / "shared-install.md"
+SECTION = REPO / "README.md"
 IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
                                 ".hypothesis", "*.db", "*.db-wal", "*.db-shm", "tests", "screenshots")
 
