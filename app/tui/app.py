@@ -176,6 +176,8 @@ class BoardApp(App[int]):
     @on(BookingsLoaded)
     def _bookings_loaded(self, message: BookingsLoaded) -> None:
         self.view = message.view
+        if self.alert.startswith("database"):
+            self._set_alert("")
         self._recompute()
         self.board.show_bookings()
         self._warn_ending()
@@ -214,8 +216,9 @@ class BoardApp(App[int]):
                 header.now = now
         self.board.tick(now)
         stalled = time.monotonic() - self.last_telemetry
-        if self.fleet is not None and stalled > max(STALL_ALERT_SECONDS, 3 * self.refresh_seconds):
-            self._set_alert(f"telemetry stalled for {stalled:.0f} s; the driver is not answering")
+        if stalled > max(STALL_ALERT_SECONDS, 3 * self.refresh_seconds):
+            what = "telemetry stalled" if self.fleet is not None else "telemetry: no answer from the GPU driver"
+            self._set_alert(f"{what} for {stalled:.0f} s; keys still work")
         self._warn_ending()
 
     def _warn_ending(self) -> None:

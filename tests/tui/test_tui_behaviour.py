@@ -244,6 +244,9 @@ class TestLive:
             await wait_for(pilot, lambda: isinstance(app.screen, MyBookingsScreen), timeout=2.0)
             assert time.monotonic() - started < 2.0  # keys took well under the 8 s the driver is stuck for
             assert app.fleet is None  # still stalled: the keys did not wait for it
+            app.last_telemetry -= 10  # as if ten seconds had passed: the board says so
+            app._tick()
+            assert "no answer from the GPU driver for 1" in app.alert
 
     async def test_toast_when_my_booking_ends_within_ten_minutes(self, make_app):
         ends = BASE + 4 * HOUR  # alice's first booking ends at 19:00

@@ -50,6 +50,7 @@ class BoardScreen(Screen):
         app = self.app
         header.host, header.user, header.admin = app.host, app.identity.name, app.identity.is_admin
         header.now = app.clock()
+        header.simulated = bool(getattr(app.source, "simulated", False))  # before the first read arrives
         self.query_one(CardTable).focus()
 
     @property
