@@ -7,6 +7,15 @@ config, host name), so tests and screenshots run on a frozen clock and a simulat
 Threads: telemetry and the bookings poller each loop on their own thread (app.tui.pollers)
 and post frozen snapshots; the UI's own database work runs on one more thread
 (app.tui.database). The UI thread never waits on NVML or SQLite.
+
+Plugging in the Servers screen (issue 4): create app/tui/screens/servers.py with a
+`ServersScreen(Screen)` that takes no arguments. When that module exists the app binds `s`,
+lists it in the help and the command palette, and pushes `ServersScreen()` on `s`. From the
+screen: `self.app.identity`, `.config`, `.clock`, `.fleet` (the latest FleetSnapshot),
+`.view.upcoming` (live bookings), `.source` (a simulated one has set_extra_processes), and
+`await self.app.backend.database.call(lambda conn: ...)` for SQLite work on the database
+thread. `self.app.fleet_signal` and `.bookings_signal` (textual Signals) fire on every poll
+and every bookings change; put a `BoardHeader` at the top like the other screens.
 """
 
 from __future__ import annotations

@@ -168,12 +168,15 @@ class TestTimeline:
         async with app.run_test(size=(80, 24)) as pilot:
             await ready(pilot)
             timeline = app.board.timeline
-            x0 = timeline.label_width + 6 * timeline.cell_width
-            await pilot.mouse_down(timeline, offset=(x0, 2 + 4))
-            await pilot.hover(timeline, offset=(x0 + 2 * timeline.cell_width, 2 + 5))
-            timeline.on_mouse_move(type("Move", (), {"button": 1, "x": x0 + 2 * timeline.cell_width, "y": 7})())
-            await pilot.mouse_up(timeline, offset=(x0 + 2 * timeline.cell_width, 2 + 5))
-            assert timeline.selected_range() == ([4, 5], BASE + 3600 + 1800 - 1800 + 1800, BASE + 3 * HOUR)
+            x0 = timeline.label_width + 6 * timeline.cell_width  # 16:30 in a view from 13:30
+            x1 = x0 + 2 * timeline.cell_width  # 17:30
+            await pilot.mouse_down(timeline, offset=(x0, 2 + 4))  # card 4
+            assert timeline.has_focus and timeline.cursor == (4, 6)
+            # A drag: Pilot's hover moves without a button held, so send the motion a terminal sends.
+            drag = type("Drag", (), {"button": 1, "x": x1, "y": 2 + 5})()
+            timeline.on_mouse_move(drag)  # card 5
+            await pilot.mouse_up(timeline, offset=(x1, 2 + 5))
+            assert timeline.selected_range() == ([4, 5], BASE + HOUR + 1800, BASE + 3 * HOUR)
 
     async def test_zoom_day_steps_and_now(self, make_app):
         app = make_app()
