@@ -52,7 +52,8 @@ async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=N
                 await pilot.pause(0.05)
             await pilot.pause(0.3)
             path = OUT / f"{name}.svg"
-            path.write_text(app.export_screenshot(title=f"board · {name.replace('-', ' ')}"))
+            title = "board" if name == "board" else f"board · {name.replace('-', ' ')}"
+            path.write_text(app.export_screenshot(title=title))
             print(path.relative_to(REPO))
 
 
