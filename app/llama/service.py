@@ -32,7 +32,7 @@ from app.store.db import write
 
 SUPERVISOR = str(Path(__file__).resolve().with_name("supervisor.py"))
 KILL_AFTER_S = 10.0
-SUPERVISOR_GRACE_S = 1.0
+SUPERVISOR_GRACE_S = 3.0  # time for the supervisor to SIGKILL and record the exit itself
 # A row whose supervisor has not been recorded yet is still being launched for this long.
 LAUNCH_GRACE_S = 30.0
 # The supervisor's own booking-end backstop, after the agent and board instances have had their turn.

@@ -207,7 +207,10 @@ class _Supervision:
             if now >= next_db_check:
                 next_db_check = now + DB_CHECK_S
                 self._check_row(now)
-            self._wait(pidfd, 0.1 if not self.ready else DB_CHECK_S)
+            timeout = 0.1 if not self.ready else DB_CHECK_S
+            if self.kill_at is not None and not self.killed:
+                timeout = min(timeout, max(self.kill_at - now, 0.0))  # SIGKILL on time, not a tick late
+            self._wait(pidfd, timeout)
         if pidfd is not None:
             os.close(pidfd)
         self._finish(self.child.returncode)
