@@ -6,7 +6,7 @@ from __future__ import annotations
 KEYS: tuple[tuple[str, str, str], ...] = (
     ("anywhere", "b", "book cards (the timeline selection, or the highlighted card)"),
     ("anywhere", "m", "my bookings: cancel, release, extend"),
-    ("anywhere", "s", "servers (llama-server on your booked cards), where installed"),
+    ("anywhere", "s", "servers: llama-server on your booked cards"),
     ("anywhere", "a", "admin screen (admins only)"),
     ("anywhere", "?", "this help"),
     ("anywhere", "ctrl+p", "command palette: every main action by name"),
@@ -31,5 +31,8 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("my bookings", "e", "extend it"),
     ("admin", "c", "cancel anyone's booking"),
     ("admin", "r", "reassign to other cards or another user"),
+    ("servers", "n", "start llama-server on one of your active bookings"),
+    ("servers", "x", "stop the highlighted server (asks first)"),
+    ("servers", "l", "scroll the highlighted server's log"),
     ("screens", "escape", "back to the board"),
 )
