@@ -21,6 +21,7 @@ class GpuProcess:
     user: str | None  # None: psutil cannot see the PID (a container's namespace); shown "container/unknown"
     uid: int | None
     command: str  # raw command line from another user: display it inert
+    started_at: float | None = None  # epoch seconds; None where the PID is hidden (a container)
 
 
 @dataclass(frozen=True, slots=True)

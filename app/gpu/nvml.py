@@ -171,19 +171,19 @@ class NvmlSource:
                 used[info.pid] = mib if before is None else before if mib is None else max(before, mib)
         return tuple(GpuProcess(pid, mib, *self._owner(pid)) for pid, mib in sorted(used.items()))
 
-    def _owner(self, pid: int) -> tuple[str | None, int | None, str]:
-        """(user, uid, command) of a PID, or unknowns when psutil cannot see it (a container)."""
+    def _owner(self, pid: int) -> tuple[str | None, int | None, str, float | None]:
+        """(user, uid, command, started_at) of a PID, or unknowns when psutil cannot see it (a container)."""
         if pid <= 0:
-            return _UNKNOWN_OWNER
+            return (*_UNKNOWN_OWNER, None)
         try:
             process = psutil.Process(pid)
             key = (pid, process.create_time())
         except psutil.Error:
-            return _UNKNOWN_OWNER
+            return (*_UNKNOWN_OWNER, None)
         self._owners_seen.add(key)
         if key not in self._owners:
             self._owners[key] = _describe(process)
-        return self._owners[key]
+        return (*self._owners[key], key[1])
 
     # -- helpers ----------------------------------------------------------------------------
 

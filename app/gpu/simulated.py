@@ -102,6 +102,11 @@ def demo_uid(user: str) -> int:
     return DEMO_UIDS.get(user, 2000 + zlib.crc32(user.encode()) % 8000)
 
 
+def _age(pid: int) -> float:
+    """How long a scenario's process had been running when the source started: 10 min to 6 h, by PID."""
+    return 600 + pid * 7919 % 21000
+
+
 def _process(pid: int, used_mib: int | None, user: str | None, command: str = "") -> GpuProcess:
     return GpuProcess(pid, used_mib, user, None if user is None else demo_uid(user), command)
 
@@ -138,7 +143,10 @@ class SimulatedSource:
         self._clock = clock
         self._sleep = sleep
         self._processes: dict[int, tuple[GpuProcess, ...]] = {}
+        born = clock()
         for index, process in scenario.processes:
+            if process.user is not None and process.started_at is None:  # a hidden PID has no known start
+                process = replace(process, started_at=born - _age(process.pid))
             self._processes[index] = self._processes.get(index, ()) + (process,)
         self._extra: dict[int, tuple[GpuProcess, ...]] = {}
         cards = scenario.cards

@@ -27,7 +27,7 @@ def server_processes(conn: sqlite3.Connection) -> dict[int, tuple[GpuProcess, ..
             model_mib = 0
         share = round(model_mib / len(server.cards)) + CONTEXT_MIB
         process = GpuProcess(pid=server.pid, used_mib=share, user=server.user, uid=server.uid,
-                             command=" ".join(server.cmdline))
+                             command=" ".join(server.cmdline), started_at=server.pid_started)
         for card in server.cards:
             found[card] = found.get(card, ()) + (process,)
     return found

@@ -27,7 +27,6 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable
 
-from rich.text import Text
 from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -98,7 +97,6 @@ class BoardApp(App[int]):
         self.view: BookingView | None = None
         self.statuses: tuple[CardStatus, ...] = ()
         self.history: dict[str, deque[tuple[float, float, float, float]]] = {}
-        self.process_started: dict[int, float] = {}
         self.alert = ""
         self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
         self.last_telemetry = time.monotonic()
@@ -157,7 +155,6 @@ class BoardApp(App[int]):
         for snapshot in (*message.history, message.snapshot):
             self._remember(snapshot)
         self.fleet = message.snapshot
-        self.process_started = message.process_started
         if self.alert.startswith("telemetry"):
             self._set_alert("")
         self._recompute()

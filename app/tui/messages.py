@@ -13,12 +13,9 @@ from app.store.bookings import Booking
 class TelemetryRead(Message):
     """One poll of the GPU source. Frequent, so a newer one replaces an unhandled older one."""
 
-    def __init__(
-        self, snapshot: FleetSnapshot, process_started: dict[int, float], history: tuple[FleetSnapshot, ...] = ()
-    ) -> None:
+    def __init__(self, snapshot: FleetSnapshot, history: tuple[FleetSnapshot, ...] = ()) -> None:
         super().__init__()
         self.snapshot = snapshot
-        self.process_started = process_started  # pid -> epoch the process started, where the OS says
         self.history = history  # earlier snapshots to fill the sparklines with (simulated fleets, first read)
 
     def can_replace(self, message: Message) -> bool:

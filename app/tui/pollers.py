@@ -33,28 +33,6 @@ FOREVER = 2**62
 HISTORY_SECONDS = 600
 
 
-def _process_starts(snapshot: FleetSnapshot) -> dict[int, float]:
-    """When each visible process started (psutil); missing for PIDs in other namespaces."""
-    if snapshot.simulated:
-        return {}
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - a dependency, but the board must not die for it
-        return {}
-    starts: dict[int, float] = {}
-    for card in snapshot.cards:
-        for process in card.processes:
-            if process.user is None or process.pid in starts:
-                continue
-            try:
-                found = psutil.Process(process.pid)
-                if process.uid is None or found.uids().real == process.uid:
-                    starts[process.pid] = found.create_time()
-            except (psutil.Error, OSError):
-                pass
-    return starts
-
-
 def simulated_history(source: GpuSource, now: float, step: float) -> list[FleetSnapshot]:
     """The last ten minutes of a simulated fleet, which is a pure function of the clock; [] for real GPUs."""
     scenario = getattr(source, "scenario", None)
@@ -114,7 +92,7 @@ def telemetry_loop(
                 return
             history = tuple(simulated_history(source, snapshot.taken_at, history_step)) if first else ()
             first = False
-            app.post_message(TelemetryRead(snapshot, _process_starts(snapshot), history))
+            app.post_message(TelemetryRead(snapshot, history))
         worker.wait(max(0.05, refresh() - (time.monotonic() - started)))
 
 

@@ -265,12 +265,13 @@ def test_processes_get_their_owner_from_psutil(fake):
     assert process.uid == os.getuid()
     assert process.user == pwd.getpwuid(os.getuid()).pw_name
     assert process.command == " ".join(psutil.Process().cmdline())
+    assert process.started_at == psutil.Process().create_time()
 
 
 def test_pid_psutil_cannot_see_is_unknown_but_counts_its_vram(fake):
     fake.gpus[0].compute = [FakeProcess(INVISIBLE_PID, 4096 * MIB)]
     (process,) = NvmlSource().read().cards[0].processes
-    assert (process.user, process.uid, process.command) == (None, None, "")
+    assert (process.user, process.uid, process.command, process.started_at) == (None, None, "", None)
     assert process.used_mib == 4096
 
 

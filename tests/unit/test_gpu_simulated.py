@@ -203,7 +203,7 @@ pid = 8
     assert [c.label for c in snapshot.cards] == ["left", None, None]
     assert snapshot.topology.level(0, 1) == LINK_SYSTEM  # three switches, one card each
     assert snapshot.cards[2].processes == (
-        GpuProcess(7, 1000, "erin", 1234, "python x.py"),
+        GpuProcess(7, 1000, "erin", 1234, "python x.py", started_at=-(600 + 7 * 7919 % 21000)),
         GpuProcess(8, None, None, None, ""),
     )
 
@@ -329,3 +329,13 @@ def test_app_gpu_imports_no_textual_pynvml_or_psutil(code):
     check = f"{code}; import sys; print(sorted({{'textual', 'pynvml', 'psutil'}} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_visible_processes_have_a_start_time_before_the_source_started():
+    from app.gpu.simulated import SimulatedSource
+
+    cards = SimulatedSource(clock=lambda: 1_000_000.0).read().cards
+    processes = [p for card in cards for p in card.processes]
+    visible = [p for p in processes if p.user is not None]
+    assert visible and all(1_000_000.0 - 6 * 3600 <= p.started_at < 1_000_000.0 for p in visible)
+    assert all(p.started_at is None for p in processes if p.user is None)  # a hidden PID: unknown

@@ -116,7 +116,7 @@ class CardDetailScreen(Screen):
         now = app.clock()
         table.clear()
         for p in r.processes:
-            started = app.process_started.get(p.pid)
+            started = p.started_at
             table.add_row(
                 Text(str(p.pid)),
                 untrusted(p.user or "container/unknown", 18),

@@ -7,9 +7,8 @@ so a repaint is a list lookup. Cursor moves rebuild only the lines they touch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Sequence
 
 from rich.segment import Segment
