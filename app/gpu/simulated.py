@@ -47,7 +47,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import tomllib
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -262,6 +261,8 @@ def _check(table: dict[str, Any], where: str, schema: dict[str, Any], required: 
 
 def load_scenario(path: str | os.PathLike[str]) -> Scenario:
     """Read and validate a scenario TOML; any problem is a one-line ValueError naming the file."""
+    import tomllib  # only for scenario files; the default fleet's quick commands skip it
+
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
