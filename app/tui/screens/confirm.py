@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TypeVar
 
 from rich.text import Text
 from textual import on
@@ -88,11 +89,32 @@ class ConfirmModal(ModalScreen[bool]):
         self.dismiss(event.button.id == "yes")
 
 
-class ExtendModal(ModalScreen[int | None]):
+ResultType = TypeVar("ResultType")
+
+
+class FormModal(ModalScreen[ResultType]):
+    """A small form: Enter or the `yes` button submits (`_submitted`), Escape or any other button closes it."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def _submitted(self) -> None:
+        raise NotImplementedError
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "yes":
+            self._submitted()
+        else:
+            self.dismiss(None)
+
+
+class ExtendModal(FormModal[int | None]):
     """Asks how much longer, shows the new end, and confirms: returns the new end (epoch) or None."""
 
     DEFAULT_CSS = MODAL_CSS.format(name="ExtendModal")
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, booking: Booking, now: float) -> None:
         super().__init__()
@@ -154,22 +176,12 @@ class ExtendModal(ModalScreen[int | None]):
         else:
             self.app.bell()
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "yes":
-            self._submitted()
-        else:
-            self.dismiss(None)
 
 
-class ReassignModal(ModalScreen[tuple[tuple[int, ...] | None, str | None] | None]):
+class ReassignModal(FormModal[tuple[tuple[int, ...] | None, str | None] | None]):
     """Admin: new cards and/or a new holder for a booking. Returns (cards, user) or None."""
 
     DEFAULT_CSS = MODAL_CSS.format(name="ReassignModal")
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, booking: Booking, now: float) -> None:
         super().__init__()
@@ -217,12 +229,3 @@ class ReassignModal(ModalScreen[tuple[tuple[int, ...] | None, str | None] | None
         except BoardError as error:
             self.show_error(str(error))
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "yes":
-            self._submitted()
-        else:
-            self.dismiss(None)

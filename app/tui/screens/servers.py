@@ -26,7 +26,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, Log, Select, Static
 
 from app.core.errors import BadInput, BoardError
@@ -35,7 +35,7 @@ from app.llama import rows
 from app.llama.rows import Server
 from app.store.bookings import Booking
 from app.tui.render import cards_text, duration, untrusted
-from app.tui.screens.confirm import MODAL_CSS, ConfirmModal, settle_inputs
+from app.tui.screens.confirm import MODAL_CSS, ConfirmModal, FormModal, settle_inputs
 from app.tui.widgets.header import BoardHeader
 
 WATCH_SECONDS = 2.0
@@ -473,7 +473,7 @@ def parse_start(booking_id: int | None, model: str, ctx: str, parallel: str, met
     return StartRequest(booking_id, model, numbers[0], numbers[1], metrics)
 
 
-class StartServerModal(ModalScreen[StartRequest | None]):
+class StartServerModal(FormModal[StartRequest | None]):
     """Pick a booking and a model, set context and slots, see the booked cards' free VRAM; Enter starts."""
 
     DEFAULT_CSS = MODAL_CSS.format(name="StartServerModal") + """
@@ -483,7 +483,6 @@ class StartServerModal(ModalScreen[StartRequest | None]):
     StartServerModal #vram { height: auto; color: $text-muted; }
     StartServerModal Checkbox { height: 1; border: none; padding: 0; }
     """
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, bookings: list[Booking]) -> None:
         super().__init__()
@@ -599,12 +598,3 @@ class StartServerModal(ModalScreen[StartRequest | None]):
             message.set_classes("message -error")
             message.update(Text(inert(str(error), 200)))
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "yes":
-            self._submitted()
-        else:
-            self.dismiss(None)
