@@ -66,7 +66,7 @@ class Session:
         if self.demo is not None:
             from app.demo import seed_if_empty
 
-            seed_if_empty(conn, self.snapshot)
+            seed_if_empty(conn, self.snapshot.cards)
         return conn
 
     @cached_property

@@ -7,7 +7,9 @@ import sqlite3
 import time
 from pathlib import Path
 
-from app.gpu.model import FleetSnapshot
+from typing import Iterable, Sequence
+
+from app.gpu.model import CardReading
 from app.gpu.simulated import demo_uid
 from app.store import bookings as rows
 from app.store import events
@@ -34,16 +36,19 @@ def demo_db_path(environ=os.environ) -> Path:
     return directory / "demo.db"
 
 
-def seed_if_empty(conn: sqlite3.Connection, snapshot: FleetSnapshot, now: float | None = None) -> bool:
-    """Fill an empty demo database; True when it seeded. Hours are aligned so the calendar reads well."""
+def seed_if_empty(
+    conn: sqlite3.Connection, cards: Sequence[CardReading], now: float | None = None, bookings: Iterable[tuple] = SEED
+) -> bool:
+    """Fill an empty demo database with `bookings` (as SEED); True when it seeded. Hours are aligned so the
+    calendar reads well; bookings on cards the fleet lacks are skipped."""
     now = int(time.time() if now is None else now)
     base = now - now % HOUR
     with write(conn):
         if conn.execute("SELECT count(*) FROM bookings").fetchone()[0]:
             return False
-        rows.sync_cards(conn, snapshot.cards, now)
-        uuid = {c.index: c.uuid for c in snapshot.cards}
-        for user, cards, offset, hours, klass, note in SEED:
+        rows.sync_cards(conn, cards, now)
+        uuid = {c.index: c.uuid for c in cards}
+        for user, cards, offset, hours, klass, note in bookings:
             if any(c not in uuid for c in cards):
                 continue
             start = base + offset * HOUR

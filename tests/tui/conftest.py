@@ -16,9 +16,8 @@ import pytest
 from app.config import Config
 from app.core.identity import Identity
 from app.gpu.simulated import DEFAULT_FLEET, Scenario, SimulatedSource, demo_uid
-from app.store import bookings as rows
-from app.store import events
-from app.store.db import connect, write
+from app.demo import SEED, seed_if_empty
+from app.store.db import connect
 from tests.conftest import FROZEN_NOW
 
 HOUR = 3600
@@ -26,16 +25,6 @@ BASE = FROZEN_NOW - FROZEN_NOW % HOUR  # 15:00 UTC; now is 15:30
 
 ALICE = Identity("alice", demo_uid("alice"), False)
 ERIN_ADMIN = Identity("erin", demo_uid("erin"), True)
-
-# (user, cards, start offset h, hours, class, note): every card state shows on the default fleet.
-SEED = (
-    ("alice", (0, 1), -2, 6, "finetune", "llama3-8b LoRA sweep"),
-    ("bob", (2,), -20, 44, "online", "qwen2.5-14b chat endpoint"),
-    ("carol", (3,), -1, 3, "experiment", "kv-cache quantisation tests"),
-    ("erin", (7,), 2, 4, "batch", "nightly embeddings"),
-    ("frank", (4, 5, 6, 7), 20, 10, "finetune", "70B full fine-tune, run 2"),
-    ("alice", (0, 1), 30, 8, "batch", "eval harness"),
-)
 
 # Text other people control, as hostile as it gets: terminal escapes (CSI, OSC 8 links, OSC 52
 # clipboard), Rich/Textual markup, bidi overrides and zero-width characters.
@@ -70,21 +59,10 @@ def simulated(scenario: Scenario = DEFAULT_FLEET, clock=frozen) -> SimulatedSour
 
 
 def seed(db_path: Path, source: SimulatedSource, extra=()) -> None:
+    """The demo database's day (app.demo.SEED) at FROZEN_NOW, plus `extra` bookings of the same shape."""
     conn = connect(db_path)
     try:
-        cards = source.read().cards
-        uuid = {c.index: c.uuid for c in cards}
-        with write(conn):
-            rows.sync_cards(conn, cards, FROZEN_NOW)
-            for user, indexes, offset, hours, klass, note in (*SEED, *extra):
-                start = BASE + offset * HOUR
-                booking_id = rows.insert(
-                    conn, user=user, uid=demo_uid(user) if user.isalnum() else 4242, uuids=[uuid[i] for i in indexes],
-                    start=start, end=start + hours * HOUR, klass=klass, note=note, request=None, now=FROZEN_NOW,
-                    created_by=0,
-                )
-                events.record(conn, ts=FROZEN_NOW, uid=0, actor="seed", action="create", booking_id=booking_id,
-                              ok=True, details={"cards": list(indexes)})
+        seed_if_empty(conn, source.read().cards, FROZEN_NOW, (*SEED, *extra))
     finally:
         conn.close()
 
