@@ -6,6 +6,7 @@ Bad input writes nothing.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -40,6 +41,22 @@ class Plan:
     end: int
 
 
+def _worded(method):
+    """Adds the next free start to a SlotTaken on its way out, once the write lock is released:
+    a scan of the calendar has no place inside it."""
+
+    @functools.wraps(method)
+    def wrapper(self: BookingService, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except SlotTaken as taken:
+            free_at = self.next_free(taken.cards, taken.start, taken.duration, taken.excluding)
+            raise Conflict(f"{taken}; next free start for cards {format_cards(taken.cards)}: "
+                           f"{format_time(free_at, self.clock())}") from None
+
+    return wrapper
+
+
 class BookingService:
     """The rules, bound to one connection, one caller and one view of the cards."""
 
@@ -64,22 +81,6 @@ class BookingService:
             raise BadInput(f"no booking {booking_id}; 'board list' shows the bookings")
         return booking
 
-    def plan(
-        self,
-        *,
-        cards: Sequence[int] | None = None,
-        count: int | None = None,
-        start: int,
-        end: int,
-        klass: str = "experiment",
-        user: str | None = None,
-    ) -> Plan:
-        """Check a booking against every rule without writing; raises the error `create` would."""
-        try:
-            return self._plan(cards=cards, count=count, start=start, end=end, klass=klass, user=user)
-        except SlotTaken as taken:
-            raise self._with_next_free(taken) from None
-
     def _plan(
         self,
         *,
@@ -90,6 +91,7 @@ class BookingService:
         klass: str = "experiment",
         user: str | None = None,
     ) -> Plan:
+        """Check a booking against every rule without writing; raises the error `create` would."""
         now = int(self.clock())
         klass = self._check_class(klass)
         if start < now - PAST_GRACE_SECONDS:
@@ -119,6 +121,8 @@ class BookingService:
         policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=held)
         return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end)
 
+    plan = _worded(_plan)
+
     def next_free(self, cards: Sequence[int], start: int, duration: int, excluding: int | None = None) -> int:
         """The earliest start at or after `start` where `cards` are free for `duration`."""
         chosen = self._check_cards(cards)
@@ -127,6 +131,7 @@ class BookingService:
 
     # -- changes -------------------------------------------------------------------------------
 
+    @_worded
     def create(
         self,
         *,
@@ -186,6 +191,7 @@ class BookingService:
 
         return self._audited("release", booking_id, {}, change)
 
+    @_worded
     def extend(self, booking_id: int, end: int) -> Booking:
         details = {"end": end}
 
@@ -203,6 +209,7 @@ class BookingService:
 
         return self._audited("extend", booking_id, details, change)
 
+    @_worded
     def reassign(self, booking_id: int, *, cards: Sequence[int] | None = None, user: str | None = None) -> Booking:
         details: dict[str, Any] = {"cards": list(cards) if cards is not None else None, "user": user}
 
@@ -247,8 +254,6 @@ class BookingService:
         except sqlite3.IntegrityError as error:
             # Only the overlap triggers can get here: another writer beat us past the app's own check.
             raise Conflict(f"the cards were just booked by someone else; try again ({error})") from None
-        if isinstance(refusal, SlotTaken):
-            raise self._with_next_free(refusal) from None
         if refusal is not None:
             raise refusal
         return self.get(booking_id)
@@ -305,11 +310,6 @@ class BookingService:
     def _busy_by_index(self, after: int, before: int | None, excluding: int | None) -> dict[int, list[tuple[int, int]]]:
         by_uuid = rows.busy_by_card(self.conn, after, before, excluding)
         return {self.by_uuid[u]: spans for u, spans in by_uuid.items() if u in self.by_uuid}
-
-    def _with_next_free(self, taken: SlotTaken) -> Conflict:
-        # Worked out after the commit: a scan of the calendar has no place inside the write lock.
-        free_at = self.next_free(taken.cards, taken.start, taken.duration, taken.excluding)
-        return Conflict(f"{taken}; next free start for cards {format_cards(taken.cards)}: {format_time(free_at, self.clock())}")
 
     def _check_free(self, cards: Sequence[int], start: int, end: int, excluding: int | None = None) -> None:
         uuids = [self.cards[i].uuid for i in cards]

@@ -1,6 +1,6 @@
 """The board TUI: `board` with no subcommand.
 
-`create_app` builds it from injected parts (clock, GPU source, database path, identity,
+`BoardApp(...)` takes its parts injected (clock, GPU source, database path, identity,
 config, host name), so tests and screenshots run on a frozen clock and a simulated fleet.
 `run_board` is what app.cli calls.
 
@@ -8,19 +8,13 @@ Threads: telemetry and the bookings poller each loop on their own thread (app.tu
 and post frozen snapshots; the UI's own database work runs on one more thread
 (app.tui.database). The UI thread never waits on NVML or SQLite.
 
-Plugging in the Servers screen (issue 4): create app/tui/screens/servers.py with a
-`ServersScreen(Screen)` that takes no arguments. When that module exists the app binds `s`,
-lists it in the help and the command palette, and pushes `ServersScreen()` on `s`. From the
-screen: `self.app.identity`, `.config`, `.clock`, `.fleet` (the latest FleetSnapshot),
-`.view.upcoming` (live bookings), `.source` (a simulated one has set_extra_processes), and
-`await self.app.backend.database.call(lambda conn: ...)` for SQLite work on the database
-thread. `self.app.fleet_signal` and `.bookings_signal` (textual Signals) fire on every poll
-and every bookings change; put a `BoardHeader` at the top like the other screens.
+The Servers screen (app.tui.screens.servers) uses `self.app.backend.database.call(...)` for
+SQLite work, `.fleet_signal` and `.bookings_signal` (Textual Signals) to hear of each poll and
+bookings change, and its own watch thread for server lifecycles; `servers=False` leaves both out.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import time
 from collections import deque
@@ -51,15 +45,6 @@ from app.tui.widgets.timeline import DEFAULT_ZOOM, ZOOMS, align
 
 ENDING_SOON_SECONDS = 600
 STALL_ALERT_SECONDS = 5.0
-SERVERS_MODULE = "app.tui.screens.servers"
-
-
-def servers_available() -> bool:
-    """The Servers screen (issue 4) plugs in by existing: app/tui/screens/servers.py with ServersScreen."""
-    try:
-        return importlib.util.find_spec(SERVERS_MODULE) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 class BoardApp(App[int]):
@@ -83,7 +68,7 @@ class BoardApp(App[int]):
         clock: Callable[[], float] = time.time,
         host: str | None = None,
         history_step: float | None = None,
-        servers: bool | None = None,
+        servers: bool = True,
         cursor_blink: bool = True,
     ) -> None:
         super().__init__()
@@ -112,7 +97,7 @@ class BoardApp(App[int]):
         self._bookings = Poller("board-bookings", lambda p: bookings_loop(
             self, self.db_path, clock, lambda: self._window, p))
         self.backend = Backend(self.database, identity, config, clock, lambda: self.fleet, self._bookings.wake)
-        self.servers = servers_available() if servers is None else servers
+        self.servers = servers  # the Servers screen and the thread that watches server lifecycles
         # Keys that exist only for some: non-admins never get the admin key, nor its palette entry.
         if identity.is_admin:
             self.bind("a", "admin", description="Admin")
@@ -128,8 +113,10 @@ class BoardApp(App[int]):
         self._telemetry.start()
         self._bookings.start()
         self.set_interval(1.0, self._tick_if_idle)
-        if self.servers:  # reconcile, booking-end stops, demo servers on their cards, tokens/s (issue 4)
-            self.server_watch = importlib.import_module(SERVERS_MODULE).start_server_watch(self)
+        if self.servers:  # reconcile, booking-end stops, demo servers on their cards, tokens/s
+            from app.tui.screens.servers import start_server_watch
+
+            self.server_watch = start_server_watch(self)
 
     def on_unmount(self) -> None:
         self._telemetry.stop()
@@ -310,9 +297,10 @@ class BoardApp(App[int]):
     def action_servers(self) -> None:
         if not self.servers:
             return
-        module = importlib.import_module(SERVERS_MODULE)
-        if not isinstance(self.screen, module.ServersScreen):
-            self.push_screen(module.ServersScreen())
+        from app.tui.screens.servers import ServersScreen
+
+        if not isinstance(self.screen, ServersScreen):
+            self.push_screen(ServersScreen())
 
     def action_help(self) -> None:
         from app.tui.screens.help import HelpModal
@@ -337,28 +325,11 @@ class BoardApp(App[int]):
         yield from super().get_system_commands(screen)
 
 
-def create_app(
-    *,
-    db_path: Path,
-    source: GpuSource,
-    identity: Identity,
-    config: Config,
-    clock: Callable[[], float] = time.time,
-    host: str | None = None,
-    history_step: float | None = None,
-    servers: bool | None = None,
-    cursor_blink: bool = True,
-) -> BoardApp:
-    """The board, from injected parts: tests pass a frozen clock, a simulated source, a tmp DB and a fixed host."""
-    return BoardApp(db_path=db_path, source=source, identity=identity, config=config, clock=clock, host=host,
-                    history_step=history_step, servers=servers, cursor_blink=cursor_blink)
-
-
 def run_board(session) -> int:
     """`board` with no subcommand (app.cli.cmd_board)."""
     config, identity, source = session.config, session.me, session.source
     session.conn  # opens (and migrates) the database first, and seeds the demo one, with a clear error if it can't
-    app = create_app(db_path=config.db_path, source=source, identity=identity, config=config)
+    app = BoardApp(db_path=config.db_path, source=source, identity=identity, config=config)
     try:
         result = app.run()
     finally:
@@ -366,4 +337,4 @@ def run_board(session) -> int:
     return 0 if result is None else int(result)
 
 
-__all__ = ["BoardApp", "create_app", "run_board"]
+__all__ = ["BoardApp", "run_board"]

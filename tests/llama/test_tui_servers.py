@@ -19,12 +19,12 @@ pytest.importorskip("textual")
 
 
 def make_app(board, server_bin: str, model_dirs: tuple[str, ...] = ()):
-    from app.tui.app import create_app
+    from app.tui.app import BoardApp
 
     config = Config(db_path=board.db, llama=LlamaSettings(
         server_bin=server_bin, port_min=board.port_min, port_max=board.port_max, model_dirs=model_dirs,
         ready_timeout_s=60))
-    return create_app(db_path=board.db, source=open_source(True), identity=current_identity(config.admin_group),
+    return BoardApp(db_path=board.db, source=open_source(True), identity=current_identity(config.admin_group),
                       config=config, clock=time.time, host="gpu-box", servers=True, cursor_blink=False)
 
 

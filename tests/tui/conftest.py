@@ -84,10 +84,10 @@ def seeded_db(tmp_path) -> Path:
 @pytest.fixture
 def make_app(seeded_db):
     """make_app(identity=ALICE, source=None, clock=frozen, config=None) -> BoardApp on the seeded database."""
-    from app.tui.app import create_app
+    from app.tui.app import BoardApp
 
     def make(identity: Identity = ALICE, source=None, clock=frozen, config: Config | None = None, db_path=None):
-        return create_app(
+        return BoardApp(
             db_path=db_path or seeded_db,
             source=source or simulated(clock=clock),
             identity=identity,
@@ -95,7 +95,6 @@ def make_app(seeded_db):
             clock=clock,
             host="gpu-box",
             history_step=5.0,
-            servers=False,
             cursor_blink=False,
         )
 

@@ -212,10 +212,10 @@ class TestTimeline:
 class TestLive:
     async def test_booking_made_by_the_cli_appears_within_two_seconds(self, tmp_path):
         from app.config import Config
-        from app.tui.app import create_app
+        from app.tui.app import BoardApp
 
         db = tmp_path / "live.db"
-        app = create_app(db_path=db, source=simulated(clock=time.time), identity=ALICE, config=Config(),
+        app = BoardApp(db_path=db, source=simulated(clock=time.time), identity=ALICE, config=Config(),
                          clock=time.time, host="gpu-box", servers=False, cursor_blink=False)
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
