@@ -26,7 +26,7 @@ from app.store.db import connect  # noqa: E402
 from app.tui.app import BoardApp  # noqa: E402
 
 NOW = 1795966200
-OUT = REPO / "screenshots"
+OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "screenshots"  # tests write to a scratch folder
 
 
 def frozen() -> float:
@@ -38,7 +38,7 @@ async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=N
         db = Path(tmp) / "board.db"
         source = SimulatedSource(clock=frozen)
         conn = connect(db)
-        seed_if_empty(conn, source.read(), now=NOW)
+        seed_if_empty(conn, source.read().cards, now=NOW)
         conn.close()
         app = BoardApp(db_path=db, source=source, identity=Identity("alice", 2000, False), config=Config(),
                          clock=frozen, host="gpu-box", history_step=5.0, cursor_blink=False)
@@ -54,7 +54,7 @@ async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=N
             path = OUT / f"{name}.svg"
             title = "board" if name == "board" else f"board · {name.replace('-', ' ')}"
             path.write_text(app.export_screenshot(title=title))
-            print(path.relative_to(REPO))
+            print(path)
 
 
 async def main() -> None:
