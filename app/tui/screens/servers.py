@@ -85,10 +85,11 @@ class ServerWatch:
         from app.llama.health import TokenRate, metrics
         from app.llama.processes import feed_simulated
         from app.llama.service import ServerService
-        from app.store.db import connect
+        from app.store.db import connect, data_version
 
         app = self.app
         rates: dict[int, TokenRate] = {}
+        seen_version = None
         try:
             conn = connect(app.db_path)
         except Exception as error:  # noqa: BLE001 - shown on the screen; the board keeps going
@@ -97,6 +98,13 @@ class ServerWatch:
         try:
             while not self._stopped.is_set():
                 try:
+                    # Nothing to watch while no server runs and nobody else has written: the idle board.
+                    version = data_version(conn)
+                    running = self.latest is None or any(line.server.live for line in self.latest.lines)
+                    if version == seen_version and not running and not self._woken.is_set():
+                        self._woken.wait(WATCH_SECONDS)
+                        continue
+                    seen_version = version
                     service = ServerService(conn, app.identity, app.config, clock=app.clock)
                     service.reconcile()
                     for server in service.enforce_booking_end():
