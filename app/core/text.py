@@ -38,3 +38,15 @@ def format_time(epoch: int, now: float | None = None) -> str:
 
 def format_cards(cards: Sequence[int]) -> str:
     return ",".join(str(c) for c in cards)
+
+
+def format_elapsed(seconds: float | None, missing: str = "n/a") -> str:
+    """'4:05' under an hour, '3h07m' under a day, then '2d4h'."""
+    if seconds is None:
+        return missing
+    seconds = max(0, int(seconds))
+    if seconds < 3600:
+        return f"{seconds // 60}:{seconds % 60:02d}"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600}h"

@@ -171,17 +171,6 @@ def _print_tail(lines, limit: int = 20) -> None:
         print(f"  | {inert(line.replace(chr(9), '    '), 300)}", file=sys.stderr)
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
-
-
 # -- handlers ----------------------------------------------------------------------------------
 
 
@@ -274,7 +263,7 @@ def cmd_stop(session) -> int:
 
 def cmd_list(session) -> int:
     from app.cli import print_json, table
-    from app.core.text import inert
+    from app.core.text import format_elapsed, inert
 
     args = session.args
     service = _light_service(session)
@@ -291,7 +280,7 @@ def cmd_list(session) -> int:
     lines = [["ID", "STATE", "USER", "BOOKING", "CARDS", "PORT", "PID", "UPTIME", "MODEL", "NOTE"]]
     for s in found:
         if s.live:
-            uptime = _duration(now - (s.ready_at or s.created_at))
+            uptime = format_elapsed(now - (s.ready_at or s.created_at))
             note = s.url if s.state == "ready" else (s.reason or "")
         else:
             uptime = "-"

@@ -30,7 +30,7 @@ from textual.signal import Signal
 from app.config import Config
 from app.core.cardstate import CardStatus, fleet_status
 from app.core.identity import Identity
-from app.core.text import inert
+from app.core.text import format_cards, inert
 from app.gpu import GpuSource
 from app.gpu.model import FleetSnapshot
 from app.store.bookings import Booking
@@ -38,7 +38,7 @@ from app.tui.backend import Backend
 from app.tui.database import ActionDatabase
 from app.tui.messages import BookingsLoaded, BookingView, DatabaseFailed, TelemetryFailed, TelemetryRead
 from app.tui.pollers import HISTORY_SECONDS, Poller, bookings_loop, telemetry_loop
-from app.tui.render import cards_text, short_time
+from app.tui.render import short_time
 from app.tui.screens.booking_form import BookingDraft, BookingModal
 from app.tui.screens.main import BoardScreen
 from app.tui.widgets.timeline import DEFAULT_ZOOM, ZOOMS, align
@@ -227,7 +227,7 @@ class BoardApp(App[int]):
                 self.warned.add((booking.id, booking.end))
                 self.notify(
                     f"Your booking #{booking.id} on {'card' if len(booking.cards) == 1 else 'cards'} "
-                    f"{cards_text(booking.cards)} ends at {short_time(booking.end, now)}"
+                    f"{format_cards(booking.cards)} ends at {short_time(booking.end, now)}"
                     f" (in {max(1, round(left / 60))} min). Extend it from My bookings (m).",
                     title="Booking ending", severity="warning", timeout=30, markup=False,
                 )
@@ -268,7 +268,7 @@ class BoardApp(App[int]):
         if booking is not None:
             now = self.clock()
             self.notify(
-                f"Booked #{booking.id}: {'card' if len(booking.cards) == 1 else 'cards'} {cards_text(booking.cards)}"
+                f"Booked #{booking.id}: {'card' if len(booking.cards) == 1 else 'cards'} {format_cards(booking.cards)}"
                 f", {short_time(booking.start, now)} → {short_time(booking.end, now)}",
                 title="Booked", markup=False,
             )

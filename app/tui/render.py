@@ -52,21 +52,6 @@ def duration(seconds: float) -> str:
     return "".join(parts) or "0m"
 
 
-def elapsed(seconds: float | None) -> str:
-    if seconds is None:
-        return NA
-    seconds = max(0, int(seconds))
-    if seconds < 3600:
-        return f"{seconds // 60}:{seconds % 60:02d}"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600}h"
-
-
-def cards_text(cards) -> str:
-    return ",".join(str(c) for c in cards)
-
-
 def bar(fraction: float | None, width: int) -> str:
     """A horizontal bar in eighths: '█████▍  '."""
     if fraction is None:

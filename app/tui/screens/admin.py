@@ -16,9 +16,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from app.core.errors import BoardError, NotPermitted
-from app.core.text import inert
+from app.core.text import format_cards, inert
 from app.store.bookings import Booking
-from app.tui.render import cards_text, short_time, untrusted
+from app.tui.render import short_time, untrusted
 from app.tui.screens.confirm import ConfirmModal, ReassignModal, describe
 from app.tui.widgets.header import BoardHeader
 
@@ -86,7 +86,7 @@ class AdminScreen(Screen):
             state = "cancelled" if b.status == "cancelled" else ("ACTIVE" if b.active(now) else
                                                                   ("ended" if b.end <= now else "upcoming"))
             table.add_row(
-                Text(str(b.id)), untrusted(b.user, 12), Text(cards_text(b.cards)), Text(short_time(b.start, now)),
+                Text(str(b.id)), untrusted(b.user, 12), Text(format_cards(b.cards)), Text(short_time(b.start, now)),
                 Text(short_time(b.end, now)), Text(b.klass), Text(state, "dim" if state in ("cancelled", "ended") else ""),
                 untrusted(b.note, 80), key=str(b.id),
             )
@@ -149,5 +149,5 @@ class AdminScreen(Screen):
         except BoardError as error:
             self.notify(str(error), severity="error", markup=False)
             return
-        self.notify(f"booking #{done.id} is now {inert(done.user, 16)}'s on cards {cards_text(done.cards)}", markup=False)
+        self.notify(f"booking #{done.id} is now {inert(done.user, 16)}'s on cards {format_cards(done.cards)}", markup=False)
         self.reload()

@@ -23,10 +23,10 @@ from textual.widgets import Button, Input, Label, Select, Static
 from app.config import CLASSES
 from app.core.bookings import GROUP_SIZES, Booking
 from app.core.errors import BadInput, BoardError
-from app.core.text import inert
+from app.core.text import format_cards, inert
 from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
 from app.tui.backend import Backend, BookingRequest
-from app.tui.render import cards_text, duration, full_time, short_time
+from app.tui.render import duration, full_time, short_time
 
 VALIDATE_DELAY = 0.15
 
@@ -144,7 +144,7 @@ class BookingModal(ModalScreen[Booking | None]):
             yield Static(Text("Book cards"), id="title")
             with Horizontal():
                 yield Label("Cards", classes="field")
-                yield Input(cards_text(d.cards), placeholder="0,1 or 4-7", id="cards", compact=True)
+                yield Input(format_cards(d.cards), placeholder="0,1 or 4-7", id="cards", compact=True)
                 yield Label("or count", classes="or")
                 yield Input("" if d.count is None else str(d.count), placeholder="1/2/4/8", id="count", compact=True)
             with Horizontal():
@@ -231,7 +231,7 @@ class BookingModal(ModalScreen[Booking | None]):
         if generation == self._generation:
             now = self.backend.clock()
             self.show_ok(
-                f"{'card' if len(plan.cards) == 1 else 'cards'} {cards_text(plan.cards)} · "
+                f"{'card' if len(plan.cards) == 1 else 'cards'} {format_cards(plan.cards)} · "
                 f"{short_time(plan.start, now)} → {short_time(plan.end, now)} ({duration(plan.end - plan.start)})"
                 f" · {request.klass} · enter books it"
             )
@@ -296,7 +296,7 @@ class BookingModal(ModalScreen[Booking | None]):
             return
         length = request.end - request.start
         with self.prevent(Input.Changed):
-            self.query_one("#cards", Input).value = cards_text(cards)
+            self.query_one("#cards", Input).value = format_cards(cards)
             self.query_one("#count", Input).value = ""
             self.query_one("#start", Input).value = "now" if start <= self.backend.clock() else full_time(start)
             if self._value("end").strip():

@@ -9,8 +9,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Sparkline, Static
 
+from app.core.text import format_cards, format_elapsed
 from app.core.cardstate import CardStatus
-from app.tui.render import NA, cards_text, elapsed, gib, short_time, untrusted
+from app.tui.render import NA, gib, short_time, untrusted
 from app.tui.widgets.header import BoardHeader
 
 
@@ -121,7 +122,7 @@ class CardDetailScreen(Screen):
                 Text(str(p.pid)),
                 untrusted(p.user or "container/unknown", 18),
                 Text(gib(p.used_mib)),
-                Text(elapsed(None if started is None else now - started)),
+                Text(format_elapsed(None if started is None else now - started)),
                 untrusted(p.command, 200),
             )
         if not r.processes:
@@ -141,7 +142,7 @@ class CardDetailScreen(Screen):
                 continue
             seen.add(b.id)
             table.add_row(
-                Text(str(b.id)), untrusted(b.user, 12), Text(cards_text(b.cards)), Text(short_time(b.start, now)),
+                Text(str(b.id)), untrusted(b.user, 12), Text(format_cards(b.cards)), Text(short_time(b.start, now)),
                 Text(short_time(b.end, now)), Text(b.klass), untrusted(b.note, 80),
             )
         if not seen:

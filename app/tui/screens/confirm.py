@@ -14,10 +14,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from app.core.errors import BadInput, BoardError
-from app.core.text import inert
+from app.core.text import format_cards, inert
 from app.core.timeparse import TimeInputError, parse_duration, parse_when
 from app.store.bookings import Booking
-from app.tui.render import cards_text, duration, short_time
+from app.tui.render import duration, short_time
 
 MODAL_CSS = """
 {name} {{ align: center middle; }}
@@ -49,7 +49,7 @@ def describe(booking: Booking, now: float) -> Text:
     """'#12 alice · cards 0,1 · 14:00 → 20:00 · finetune · note' with the user's text inert."""
     text = Text(f"#{booking.id} ")
     text.append(inert(booking.user, 16), "bold")
-    text.append(f" · {'card' if len(booking.cards) == 1 else 'cards'} {cards_text(booking.cards)}"
+    text.append(f" · {'card' if len(booking.cards) == 1 else 'cards'} {format_cards(booking.cards)}"
                 f" · {short_time(booking.start, now)} → {short_time(booking.end, now)} · {booking.klass}")
     if booking.note:
         text.append(" · ")
@@ -193,7 +193,7 @@ class ReassignModal(FormModal[tuple[tuple[int, ...] | None, str | None] | None])
             yield Static(describe(self.booking, self.now), classes="body")
             with Horizontal():
                 yield Label("Cards", classes="field")
-                yield Input(cards_text(self.booking.cards), id="cards", compact=True)
+                yield Input(format_cards(self.booking.cards), id="cards", compact=True)
             with Horizontal():
                 yield Label("User", classes="field")
                 yield Input(inert(self.booking.user), id="user", compact=True)

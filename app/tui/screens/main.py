@@ -9,7 +9,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from app.tui.render import cards_text, duration, short_time
+from app.core.text import format_cards
+from app.tui.render import duration, short_time
 from app.tui.screens.confirm import describe
 from app.tui.widgets.card_table import WIDE_MIN_WIDTH, CardTable
 from app.tui.widgets.header import BoardHeader
@@ -104,7 +105,7 @@ class BoardScreen(Screen):
         if timeline.anchor is not None and selection:
             cards, start, end = selection
             detail.update(Text(
-                f"selected {'card' if len(cards) == 1 else 'cards'} {cards_text(cards)} · {short_time(start, now)}"
+                f"selected {'card' if len(cards) == 1 else 'cards'} {format_cards(cards)} · {short_time(start, now)}"
                 f" → {short_time(end, now)} ({duration(end - start)}) · b books it"))
             return
         booking = timeline.booking_at(*timeline.cursor)
@@ -112,7 +113,7 @@ class BoardScreen(Screen):
             detail.update(describe(booking, now))
         elif selection:
             cards, start, _ = selection
-            detail.update(Text(f"card {cards_text(cards)} free at {short_time(start, now)} · "
+            detail.update(Text(f"card {format_cards(cards)} free at {short_time(start, now)} · "
                                f"shift+arrows or drag to select · b books"))
 
     # -- data from the app ---------------------------------------------------------------------

@@ -9,9 +9,10 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from app.core.text import format_cards
 from app.core.errors import BoardError
 from app.store.bookings import Booking
-from app.tui.render import cards_text, duration, short_time, untrusted
+from app.tui.render import duration, short_time, untrusted
 from app.tui.screens.confirm import ConfirmModal, ExtendModal, describe
 from app.tui.widgets.header import BoardHeader
 
@@ -69,7 +70,7 @@ class MyBookingsScreen(Screen):
             table.clear()
         for b in bookings:
             cells = (
-                Text(str(b.id)), Text(cards_text(b.cards)), Text(short_time(b.start, now)), Text(short_time(b.end, now)),
+                Text(str(b.id)), Text(format_cards(b.cards)), Text(short_time(b.start, now)), Text(short_time(b.end, now)),
                 Text(duration(b.end - b.start)), Text(b.klass), Text("ACTIVE" if b.active(now) else "upcoming"),
                 untrusted(b.note, 60),
             )

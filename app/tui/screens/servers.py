@@ -30,11 +30,11 @@ from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, Log, Select, Static
 
 from app.core.errors import BadInput, BoardError
-from app.core.text import inert
+from app.core.text import format_cards, inert
 from app.llama import rows
 from app.llama.rows import Server
 from app.store.bookings import Booking
-from app.tui.render import cards_text, duration, untrusted
+from app.tui.render import duration, untrusted
 from app.tui.screens.confirm import MODAL_CSS, ConfirmModal, FormModal, settle_inputs
 from app.tui.widgets.header import BoardHeader
 
@@ -223,7 +223,7 @@ def _server_cells(line: ServerLine, now: float) -> tuple[Text, ...]:
              "stopping": "italic"}.get(s.state, "dim")
     return (
         Text(str(s.id)), Text(s.state, style=style), untrusted(s.alias or Path(s.model).name, 24),
-        untrusted(s.user, 12), Text(cards_text(s.cards)), Text(str(s.port)), Text(uptime), Text(rate),
+        untrusted(s.user, 12), Text(format_cards(s.cards)), Text(str(s.port)), Text(uptime), Text(rate),
     )
 
 
@@ -397,7 +397,7 @@ class ServersScreen(Screen):
                 service = ServerService(conn, app.identity, app.config, topology=topology, clock=app.clock)
                 server = service.start(request.booking_id, model=request.model, ctx=request.ctx,
                                        parallel=request.parallel, metrics=request.metrics)
-                _notify(app, f"Starting server {server.id} on cards {cards_text(server.cards)}, port {server.port}")
+                _notify(app, f"Starting server {server.id} on cards {format_cards(server.cards)}, port {server.port}")
                 if watch:
                     watch.wake()
                 server = service.wait_ready(server)
@@ -426,7 +426,7 @@ class ServersScreen(Screen):
             return
         body = Text(f"#{server.id} ")
         body.append(inert(server.alias or Path(server.model).name, 40), "bold")
-        body.append(f" · {inert(server.user, 16)} · cards {cards_text(server.cards)} · port {server.port}")
+        body.append(f" · {inert(server.user, 16)} · cards {format_cards(server.cards)} · port {server.port}")
         if not await self.app.push_screen_wait(ConfirmModal("Stop this server?", body, yes="Stop")):
             return
         app, watch = self.app, self.watch
@@ -527,7 +527,7 @@ class StartServerModal(FormModal[StartRequest | None]):
 
     def _booking_label(self, booking: Booking) -> str:
         now = self.app.clock()
-        return f"#{booking.id} · cards {cards_text(booking.cards)} · {duration(booking.end - now)} left"
+        return f"#{booking.id} · cards {format_cards(booking.cards)} · {duration(booking.end - now)} left"
 
     def on_mount(self) -> None:
         settle_inputs(self)

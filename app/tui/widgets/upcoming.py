@@ -7,8 +7,9 @@ from typing import Sequence
 from rich.text import Text
 from textual.widgets import DataTable
 
+from app.core.text import format_cards
 from app.store.bookings import Booking
-from app.tui.render import cards_text, duration, short_time, untrusted
+from app.tui.render import duration, short_time, untrusted
 
 
 class UpcomingTable(DataTable):
@@ -36,7 +37,7 @@ class UpcomingTable(DataTable):
         for b in bookings:
             state = "bold" if b.user == self.me else ""
             self.add_row(
-                Text(str(b.id)), untrusted(b.user, 12, state), Text(cards_text(b.cards)),
+                Text(str(b.id)), untrusted(b.user, 12, state), Text(format_cards(b.cards)),
                 Text(short_time(b.start, now)), Text(short_time(b.end, now)), Text(duration(b.end - b.start)),
                 Text(b.klass), untrusted(b.note, 100), key=str(b.id),
             )
