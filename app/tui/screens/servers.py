@@ -382,34 +382,17 @@ class ServersScreen(Screen):
         if request is None:
             return
         app, watch = self.app, self.watch
-        topology = app.fleet.topology if app.fleet else None
 
-        def run() -> None:
-            from app.llama.service import ServerService
-            from app.store.db import connect
+        def start(service) -> None:
+            server = service.start(request.booking_id, model=request.model, ctx=request.ctx,
+                                   parallel=request.parallel, metrics=request.metrics)
+            _notify(app, f"Starting server {server.id} on cards {format_cards(server.cards)}, port {server.port}")
+            if watch:
+                watch.wake()
+            server = service.wait_ready(server)
+            _notify(app, f"Server {server.id} ready: {server.url}")
 
-            try:
-                conn = connect(app.db_path)
-            except BoardError as error:
-                _notify(app, str(error), "error")
-                return
-            try:
-                service = ServerService(conn, app.identity, app.config, topology=topology, clock=app.clock)
-                server = service.start(request.booking_id, model=request.model, ctx=request.ctx,
-                                       parallel=request.parallel, metrics=request.metrics)
-                _notify(app, f"Starting server {server.id} on cards {format_cards(server.cards)}, port {server.port}")
-                if watch:
-                    watch.wake()
-                server = service.wait_ready(server)
-                _notify(app, f"Server {server.id} ready: {server.url}")
-            except BoardError as error:
-                _notify(app, str(error), "error")
-            finally:
-                conn.close()
-                if watch:
-                    watch.wake()
-
-        threading.Thread(target=run, name="board-server-start", daemon=True).start()
+        self._in_background("board-server-start", start)
 
     # -- stop ----------------------------------------------------------------------------------
 
@@ -429,7 +412,17 @@ class ServersScreen(Screen):
         body.append(f" · {inert(server.user, 16)} · cards {format_cards(server.cards)} · port {server.port}")
         if not await self.app.push_screen_wait(ConfirmModal("Stop this server?", body, yes="Stop")):
             return
+        def stop(service) -> None:
+            done = service.stop(server.id)
+            _notify(self.app, f"Server {done.id} {done.state}" + (f" ({done.exit_text})" if done.exit_text else ""))
+
+        self._in_background("board-server-stop", stop)
+
+    def _in_background(self, name: str, job: Callable) -> None:
+        """`job(ServerService)` on its own thread and connection (starting and stopping take seconds);
+        its errors become notifications, and the watch looks again when it is done."""
         app, watch = self.app, self.watch
+        topology = app.fleet.topology if app.fleet else None
 
         def run() -> None:
             from app.llama.service import ServerService
@@ -441,8 +434,7 @@ class ServersScreen(Screen):
                 _notify(app, str(error), "error")
                 return
             try:
-                done = ServerService(conn, app.identity, app.config, clock=app.clock).stop(server.id)
-                _notify(app, f"Server {done.id} {done.state}" + (f" ({done.exit_text})" if done.exit_text else ""))
+                job(ServerService(conn, app.identity, app.config, topology=topology, clock=app.clock))
             except BoardError as error:
                 _notify(app, str(error), "error")
             finally:
@@ -450,7 +442,7 @@ class ServersScreen(Screen):
                 if watch:
                     watch.wake()
 
-        threading.Thread(target=run, name="board-server-stop", daemon=True).start()
+        threading.Thread(target=run, name=name, daemon=True).start()
 
 
 # -- the start dialog ---------------------------------------------------------------------------
