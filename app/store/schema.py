@@ -84,6 +84,12 @@ BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
 
 CREATE TRIGGER events_no_delete BEFORE DELETE ON events
 BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+
+-- INSERT OR REPLACE deletes the old row without firing the delete trigger: no insert may reuse an id.
+-- (An id the database assigns itself reads as -1 here.)
+CREATE TRIGGER events_no_replace BEFORE INSERT ON events
+WHEN NEW.id >= 0 AND NEW.id <= (SELECT coalesce(max(id), 0) FROM events)
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
 """
 
 # v2: llama-servers started by board (app.llama). A live server's port is unique; the process identity

@@ -111,7 +111,8 @@ def doctor(db_path: Path, admin_group: str, group: str | None = None) -> Iterato
 
 
 # The schema's guards: someone who edits the file by hand has to drop one of these first.
-GUARD_TRIGGERS = ("events_no_update", "events_no_delete", "booking_cards_no_overlap", "bookings_no_overlap")
+GUARD_TRIGGERS = ("events_no_update", "events_no_delete", "events_no_replace", "booking_cards_no_overlap",
+                  "bookings_no_overlap")
 
 
 def _audit_checks(conn, db_path: Path) -> Iterator[tuple[bool, str]]:

@@ -86,6 +86,9 @@ def test_the_log_records_changes_and_refusals_with_the_uid(audited):
     "DELETE FROM events WHERE id = 3",
     "DELETE FROM events",
     "UPDATE OR REPLACE events SET id = 1 WHERE id = 2",
+    "INSERT OR REPLACE INTO events (id, ts, uid, actor, action, booking_id, ok, details, prev_hash, hash)"
+    " SELECT id, ts, uid, 'mallory', action, booking_id, ok, details, prev_hash, hash FROM events WHERE id = 6",
+    "INSERT INTO events (id, ts, uid, actor, action, ok, prev_hash, hash) VALUES (0, 0, 0, 'x', 'create', 1, '', '')",
 ])
 def test_update_and_delete_are_refused_by_triggers(audited, statement):
     before = sqlite3.connect(audited["BOARD_DB"]).execute("SELECT * FROM events").fetchall()
@@ -124,6 +127,7 @@ def tamper_cases():
             "INSERT INTO events (ts, uid, actor, action, booking_id, ok, details, prev_hash, hash)"
             " SELECT ts, 0, 'root', 'cancel', 2, 1, '{}', hash, hash FROM events ORDER BY id DESC LIMIT 1"], ROWS + 1),
         "replace-row": ([
+            "DROP TRIGGER events_no_replace",
             "INSERT OR REPLACE INTO events (id, ts, uid, actor, action, booking_id, ok, details, prev_hash, hash)"
             " SELECT id, ts, uid, 'mallory', action, booking_id, ok, details, prev_hash, hash FROM events WHERE id = 6"], 6),
         "not-utf8": ([drop, "UPDATE events SET details = CAST(x'7b22223a22ff227d' AS TEXT) WHERE id = 3"], 3),
