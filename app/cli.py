@@ -436,10 +436,8 @@ def cmd_backup(session: Session) -> int:
 
 
 def cmd_board(session: Session) -> int:
-    try:
-        from app.tui.app import run_board
-    except ImportError:
-        return cmd_status(session)
+    from app.tui.app import run_board  # the one command that loads Textual
+
     return run_board(session)
 
 
