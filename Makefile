@@ -31,8 +31,9 @@ run: $(VENV)/.runtime
 llama-server:
 	@scripts/build_llama_server.sh
 
+# A failed llama-server build stops here rather than letting its tests skip.
 test: $(VENV)/.test
-	BOARD_LLAMA_SERVER="$$(scripts/build_llama_server.sh | tail -n 1)" $(BIN)/python -m pytest
+	server="$$(scripts/build_llama_server.sh)" && BOARD_LLAMA_SERVER="$$server" $(BIN)/python -m pytest
 
 screenshots: $(VENV)/.test
 	$(BIN)/python scripts/make_screenshots.py

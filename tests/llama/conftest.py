@@ -42,6 +42,8 @@ NO_LLAMA_REASON = "no llama-server binary: run 'make llama-server' and set BOARD
 def pytest_collection_modifyitems(config, items):
     if LLAMA_SERVER:
         return
+    if os.environ.get("BOARD_LLAMA_SERVER"):  # make test names a binary: a missing one is a failure, not a skip
+        raise pytest.UsageError(f"BOARD_LLAMA_SERVER={os.environ['BOARD_LLAMA_SERVER']!r} is not an executable file")
     skip = pytest.mark.skip(reason=NO_LLAMA_REASON)
     for item in items:
         if item.get_closest_marker("llama") is not None:
