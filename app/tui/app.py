@@ -98,6 +98,7 @@ class BoardApp(App[int]):
             self, self.db_path, clock, lambda: self._window, p))
         self.backend = Backend(self.database, identity, config, clock, lambda: self.fleet, self._bookings.wake)
         self.servers = servers  # the Servers screen and the thread that watches server lifecycles
+        self.server_watch = None
         # Keys that exist only for some: non-admins never get the admin key, nor its palette entry.
         if identity.is_admin:
             self.bind("a", "admin", description="Admin")
@@ -121,7 +122,7 @@ class BoardApp(App[int]):
     def on_unmount(self) -> None:
         self._telemetry.stop()
         self._bookings.stop()
-        if getattr(self, "server_watch", None) is not None:
+        if self.server_watch is not None:
             self.server_watch.stop()
         self.database.close()
 

@@ -76,3 +76,10 @@ def level_style(fraction: float | None, warn: float, danger: float) -> str:
     if fraction >= warn:
         return "warn"
     return "ok"
+
+
+def cursor_key(table) -> str | None:
+    """The row key under a DataTable's cursor, or None when the table is empty."""
+    if table.row_count == 0 or table.cursor_row < 0:
+        return None
+    return table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value

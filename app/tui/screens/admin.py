@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Footer, Static
 from app.core.errors import BoardError, NotPermitted
 from app.core.text import format_cards, inert
 from app.store.bookings import Booking
-from app.tui.render import short_time, untrusted
+from app.tui.render import cursor_key, short_time, untrusted
 from app.tui.screens.confirm import ConfirmModal, ReassignModal, describe
 from app.tui.widgets.header import BoardHeader
 
@@ -53,9 +53,6 @@ class AdminScreen(Screen):
         app = self.app
         if not app.identity.is_admin:  # never reached through the UI: the key is not bound
             raise NotPermitted("the admin screen is for admins only")
-        header = self.query_one(BoardHeader)
-        header.host, header.user, header.admin, header.now = app.host, app.identity.name, True, app.clock()
-        header.simulated = bool(app.fleet and app.fleet.simulated)
         table = self.query_one("#all-bookings", DataTable)
         for key, label, width in (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 8), ("start", "START", 10),
                                   ("end", "END", 10), ("class", "CLASS", 10), ("status", "STATUS", 9),
@@ -110,11 +107,7 @@ class AdminScreen(Screen):
             )
 
     def selected(self) -> Booking | None:
-        table = self.query_one("#all-bookings", DataTable)
-        if not self.bookings or table.cursor_row < 0:
-            return None
-        key = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
-        return self.bookings.get(key)
+        return self.bookings.get(cursor_key(self.query_one("#all-bookings", DataTable)))
 
     @work(exit_on_error=False)
     async def action_cancel(self) -> None:

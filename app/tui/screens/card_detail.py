@@ -56,9 +56,6 @@ class CardDetailScreen(Screen):
 
     def on_mount(self) -> None:
         app = self.app
-        header = self.query_one(BoardHeader)
-        header.host, header.user, header.admin, header.now = app.host, app.identity.name, app.identity.is_admin, app.clock()
-        header.simulated = bool(app.fleet and app.fleet.simulated)
         processes = self.query_one("#processes", DataTable)
         for key, label, width in (("pid", "PID", 8), ("user", "USER", 18), ("vram", "VRAM GiB", 8),
                                   ("elapsed", "ELAPSED", 8), ("command", "COMMAND", None)):

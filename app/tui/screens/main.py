@@ -47,11 +47,6 @@ class BoardScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        header = self.query_one(BoardHeader)
-        app = self.app
-        header.host, header.user, header.admin = app.host, app.identity.name, app.identity.is_admin
-        header.now = app.clock()
-        header.simulated = bool(getattr(app.source, "simulated", False))  # before the first read arrives
         self.query_one(CardTable).focus()
 
     @property

@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Footer, Static
 from app.core.text import format_cards
 from app.core.errors import BoardError
 from app.store.bookings import Booking
-from app.tui.render import duration, short_time, untrusted
+from app.tui.render import cursor_key, duration, short_time, untrusted
 from app.tui.screens.confirm import ConfirmModal, ExtendModal, describe
 from app.tui.widgets.header import BoardHeader
 
@@ -40,9 +40,6 @@ class MyBookingsScreen(Screen):
 
     def on_mount(self) -> None:
         app = self.app
-        header = self.query_one(BoardHeader)
-        header.host, header.user, header.admin, header.now = app.host, app.identity.name, app.identity.is_admin, app.clock()
-        header.simulated = bool(app.fleet and app.fleet.simulated)
         table = self.query_one(DataTable)
         for key, label, width in (("id", "#", 5), ("cards", "CARDS", 9), ("start", "START", 10), ("end", "END", 10),
                                   ("length", "FOR", 7), ("class", "CLASS", 10), ("state", "STATE", 8),
@@ -85,15 +82,8 @@ class MyBookingsScreen(Screen):
             Text("" if bookings else "You have no bookings from now on. Press b to book cards."))
 
     def selected(self) -> Booking | None:
-        table = self.query_one(DataTable)
         bookings = {str(b.id): b for b in self.mine()}
-        if not bookings or table.cursor_row < 0:
-            return None
-        try:
-            key = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
-        except Exception:  # noqa: BLE001 - an empty table
-            return None
-        return bookings.get(key)
+        return bookings.get(cursor_key(self.query_one(DataTable)))
 
     def action_cancel(self) -> None:
         self._confirm_and_run("cancel")

@@ -34,7 +34,7 @@ from app.core.text import format_cards, inert
 from app.llama import rows
 from app.llama.rows import Server
 from app.store.bookings import Booking
-from app.tui.render import duration, untrusted
+from app.tui.render import cursor_key, duration, untrusted
 from app.tui.screens.confirm import MODAL_CSS, ConfirmModal, FormModal, settle_inputs
 from app.tui.widgets.header import BoardHeader
 
@@ -261,16 +261,9 @@ class ServersScreen(Screen):
 
     @property
     def watch(self) -> ServerWatch | None:
-        return getattr(self.app, "server_watch", None)
+        return self.app.server_watch  # the app runs it whenever this screen can open
 
     def on_mount(self) -> None:
-        app = self.app
-        header = self.query_one(BoardHeader)
-        header.host, header.user, header.admin, header.now = app.host, app.identity.name, app.identity.is_admin, app.clock()
-        header.simulated = bool(app.fleet and app.fleet.simulated)
-        if self.watch is None:  # an app built without the hook: run a watch for as long as the screen
-            self.app.server_watch = start_server_watch(self.app)
-            self._own_watch = True
         table = self.query_one(DataTable)
         for key, label, width in COLUMNS:
             table.add_column(label, key=key, width=width)
@@ -281,9 +274,6 @@ class ServersScreen(Screen):
     def on_unmount(self) -> None:
         if self._follower is not None:
             self._follower.stop()
-        if getattr(self, "_own_watch", False) and self.watch is not None:
-            self.watch.stop()
-            self.app.server_watch = None
 
     def lines(self) -> tuple[ServerLine, ...]:
         view = self.watch.latest if self.watch else None
@@ -312,15 +302,8 @@ class ServersScreen(Screen):
         self._follow(self.selected())
 
     def selected(self) -> Server | None:
-        table = self.query_one(DataTable)
         by_id = {str(line.server.id): line.server for line in self.lines()}
-        if not by_id or table.cursor_row < 0:
-            return None
-        try:
-            key = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
-        except Exception:  # noqa: BLE001 - an empty table
-            return None
-        return by_id.get(key)
+        return by_id.get(cursor_key(self.query_one(DataTable)))
 
     def _show_detail(self, view: ServersView | None) -> None:
         detail = self.query_one("#detail", Static)

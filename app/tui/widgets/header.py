@@ -35,6 +35,13 @@ class BoardHeader(Widget):
     simulated: reactive[bool] = reactive(False)
     alert: reactive[str] = reactive("")  # e.g. "telemetry stalled 6 s"
 
+    def on_mount(self) -> None:
+        """Who and where come from the app, so every screen's header says the same."""
+        app = self.app
+        self.host, self.user, self.admin = app.host, app.identity.name, app.identity.is_admin
+        self.now = app.clock()
+        self.simulated = bool(getattr(app.source, "simulated", False))
+
     def render(self) -> Text:
         style = self.get_component_rich_style
         left = Text(" ")
