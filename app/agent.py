@@ -52,7 +52,7 @@ def enforce_once(service, warned: set[int] | None = None, log: Callable[[str], N
 
 
 def cmd_agent(session) -> int:
-    from app.core.errors import BadInput, BoardError
+    from app.errors import BadInput, BoardError
     from app.llama.service import ServerService
 
     args = session.args

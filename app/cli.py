@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
-from app.core.errors import BadInput, BoardError, NotPermitted
+from app.errors import BadInput, BoardError, NotPermitted
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_NOT_PERMITTED = 0, 1, 2, 3, 4
 

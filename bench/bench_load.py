@@ -43,7 +43,7 @@ HOUR = 3600
 def worker(args: argparse.Namespace) -> None:
     from app.config import Config
     from app.core.bookings import BookingService
-    from app.core.errors import BadInput, Conflict, NotPermitted
+    from app.errors import BadInput, Conflict, NotPermitted
     from app.core.identity import current_identity
     from app.gpu import open_source
     from app.store.db import BUSY_TIMEOUT_MS, connect

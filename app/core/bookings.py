@@ -14,9 +14,10 @@ from typing import Any, Callable, Sequence
 
 from app.config import CLASSES, Config
 from app.core import policy
-from app.core.errors import BadInput, BoardError, Conflict, NotPermitted
+from app.errors import BadInput, BoardError, Conflict, NotPermitted
 from app.core.identity import Identity, lookup_user
 from app.core.text import format_cards, format_time
+from app.model import Booking
 from app.core.slots import find_slot, next_free_start
 from app.gpu.model import CardReading, Topology
 from app.store import bookings as rows
@@ -331,5 +332,5 @@ class SlotTaken(Conflict):
         self.cards, self.start, self.duration, self.excluding = tuple(cards), start, duration, excluding
 
 
-Booking = rows.Booking
+
 __all__ = ["BookingService", "Booking", "BoardError", "Plan", "format_time", "format_cards"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from app.gpu.model import CardReading, FleetSnapshot
-from app.store.bookings import Booking
+from app.model import Booking
 
 FREE, BOOKED, IN_USE, SQUATTED, LOST = "FREE", "BOOKED", "IN USE", "SQUATTED", "LOST"
 HOT, FULL = "HOT", "FULL"

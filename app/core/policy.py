@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Sequence
 
 from app.config import Config, Pool
-from app.core.errors import NotPermitted
+from app.errors import NotPermitted
 
 
 def card_refusal(config: Config, card: int, klass: str, start: int, end: int, tz: tzinfo | None = None) -> str | None:

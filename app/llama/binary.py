@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Mapping
 
 from app.config import LlamaSettings
-from app.core.errors import BadInput
+from app.errors import BadInput
 
 HOW_TO_GET = "build it with 'make llama-server' (CPU) or install llama.cpp, then set BOARD_LLAMA_SERVER or llama.server_bin"
 

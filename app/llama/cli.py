@@ -40,7 +40,7 @@ def _start_options(a: argparse.ArgumentParser) -> None:
 
 class _OptionsParser(argparse.ArgumentParser):
     def error(self, message: str):
-        from app.core.errors import BadInput
+        from app.errors import BadInput
 
         raise BadInput(f"serve start: {message}; llama-server's own arguments go after --")
 
@@ -175,7 +175,7 @@ def _print_tail(lines, limit: int = 20) -> None:
 
 
 def cmd_serve(session) -> int:
-    from app.core.errors import BadInput
+    from app.errors import BadInput
 
     raise BadInput("say what to do: board serve start|stop|list|logs (see 'board serve --help')")
 
@@ -292,7 +292,7 @@ def cmd_list(session) -> int:
 
 
 def cmd_logs(session) -> int:
-    from app.core.errors import BadInput
+    from app.errors import BadInput
     from app.core.text import inert
     from app.llama.logs import follow, tail
 

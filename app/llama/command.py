@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from app.core.errors import BadInput
+from app.errors import BadInput
 from app.gpu.model import Topology
 
 SPLIT_MODES = ("layer", "row")

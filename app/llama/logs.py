@@ -28,7 +28,7 @@ def open_log(directory: Path, server_id: int) -> tuple[str, int]:
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            from app.core.errors import NotPermitted
+            from app.errors import NotPermitted
 
             raise NotPermitted(f"can't create the server log directory {directory}: {error.strerror}") from None
         if shared:

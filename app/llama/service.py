@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from app.config import Config
-from app.core.errors import BadInput, BoardError, Conflict, NotPermitted
+from app.errors import BadInput, BoardError, Conflict, NotPermitted
 from app.core.identity import Identity
 from app.gpu.model import Topology
 from app.llama import command as cmd
@@ -26,6 +26,7 @@ from app.llama import health, logs, ports, rows
 from app.llama.binary import find_server_bin
 from app.llama.identity import ProcessIdentity, capture, check, group_members, signal_group
 from app.llama.rows import Server
+from app.model import Booking
 from app.store import bookings as booking_rows
 from app.store import events
 from app.store.db import write
@@ -136,13 +137,13 @@ class ServerService:
             raise
         return self.get(server_id)
 
-    def _may_start(self, booking: booking_rows.Booking, now: int) -> None:
+    def _may_start(self, booking: Booking, now: int) -> None:
         if booking.uid != self.me.uid:
             raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; only its holder can start a server on it")
         if booking.status != "booked":
             raise NotPermitted(f"booking {booking.id} is cancelled")
         if not booking.active(now):
-            from app.core.bookings import format_time
+            from app.core.text import format_time
 
             when = "ended" if booking.end <= now else f"starts {format_time(booking.start, now)}"
             raise NotPermitted(f"booking {booking.id} is not active now ({when}); servers run only inside a booking")

@@ -149,7 +149,7 @@ class _Supervision:
         """Run `change(conn)` in a short write transaction; retry a locked database, never die of it."""
         import sqlite3
 
-        from app.core.errors import BoardError
+        from app.errors import BoardError
         from app.store.db import write
 
         for attempt in range(attempts):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from app.core.errors import BadInput, BoardError
+from app.errors import BadInput, BoardError
 from app.store import events
 from app.store.db import connect
 

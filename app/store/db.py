@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from app.core.errors import BoardError, NotPermitted
+from app.errors import BoardError, NotPermitted
 from app.store import schema
 from app.store.filesystem import network_filesystem
 

@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 from typing import Iterator
 
-from app.core.errors import BadInput, BoardError, NotPermitted
+from app.errors import BadInput, BoardError, NotPermitted
 from app.store import events
 from app.store.db import connect
 from app.store.filesystem import network_filesystem

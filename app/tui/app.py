@@ -33,7 +33,7 @@ from app.core.identity import Identity
 from app.core.text import format_cards, inert
 from app.gpu import GpuSource
 from app.gpu.model import FleetSnapshot
-from app.store.bookings import Booking
+from app.model import Booking
 from app.tui.backend import Backend
 from app.tui.database import ActionDatabase
 from app.tui.messages import BookingsLoaded, BookingView, DatabaseFailed, TelemetryFailed, TelemetryRead

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from app.config import Config
-from app.core.bookings import Booking, BookingService, Plan
+from app.core.bookings import BookingService, Plan
+from app.model import Booking
 from app.core.identity import Identity
 from app.gpu.model import FleetSnapshot
 from app.store import bookings as rows

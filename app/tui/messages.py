@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from app.gpu.model import FleetSnapshot
-from app.store.bookings import Booking
+from app.model import Booking
 
 
 class TelemetryRead(Message):

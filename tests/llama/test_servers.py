@@ -277,7 +277,7 @@ class TestRefusals:
         with fake_board.raw() as conn:  # as if alice had started it
             conn.execute("UPDATE servers SET user = 'alice', uid = 1001 WHERE id = ?", (server["id"],))
         from app.config import Config
-        from app.core.errors import NotPermitted
+        from app.errors import NotPermitted
         from app.core.identity import Identity
         from app.llama.service import ServerService
         from app.store.db import connect

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from app.config import LlamaSettings
-from app.core.errors import BadInput
+from app.errors import BadInput
 from app.gpu.model import LINK_MULTIPLE, LINK_SINGLE, LINK_SYSTEM, Topology
 from app.llama import command, health, identity, logs, ports
 from app.llama.binary import find_server_bin

@@ -10,7 +10,7 @@ import pytest
 
 import app.store.filesystem as filesystem
 from app.cli import main
-from app.core.errors import BoardError
+from app.errors import BoardError
 from app.store.db import StoreError, connect
 from app.store.setup import doctor, init_shared
 

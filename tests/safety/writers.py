@@ -14,7 +14,7 @@ import sqlite3
 import time
 
 from app.config import Config, Policy
-from app.core.errors import BoardError
+from app.errors import BoardError
 from app.core.identity import Identity
 from app.store import events
 from app.store.db import connect

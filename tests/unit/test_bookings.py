@@ -3,7 +3,7 @@
 import pytest
 
 from app.config import Config, Policy
-from app.core.errors import BadInput, Conflict, NotPermitted
+from app.errors import BadInput, Conflict, NotPermitted
 from app.store import bookings as rows
 from app.store import events
 from tests.conftest import FROZEN_NOW

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from app.config import Config, Policy
 from app.core.bookings import BookingService
-from app.core.errors import BoardError
+from app.errors import BoardError
 from app.core.identity import Identity
 from app.gpu import open_source
 from app.store.db import connect

@@ -4,7 +4,7 @@ import pytest
 
 from app.config import ClassWindow, Config, Policy, Pool
 from app.core import policy
-from app.core.errors import NotPermitted
+from app.errors import NotPermitted
 
 UTC = timezone.utc
 PROD = Pool("prod", (0, 1, 2, 3), ("online", "batch", "finetune"), windows={"finetune": ClassWindow(19 * 60, 9 * 60)})

@@ -2,7 +2,7 @@ import sqlite3
 
 import pytest
 
-from app.core.errors import NotPermitted
+from app.errors import NotPermitted
 from app.store import events, schema
 from app.store.db import StoreError, connect, data_version, write
 

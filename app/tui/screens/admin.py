@@ -15,9 +15,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from app.core.errors import BoardError, NotPermitted
+from app.errors import BoardError, NotPermitted
 from app.core.text import format_cards, inert
-from app.store.bookings import Booking
+from app.model import Booking
 from app.tui.render import cursor_key, short_time, untrusted
 from app.tui.screens.confirm import ConfirmModal, ReassignModal, describe
 from app.tui.widgets.header import BoardHeader

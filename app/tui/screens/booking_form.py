@@ -21,8 +21,9 @@ from textual.timer import Timer
 from textual.widgets import Button, Input, Label, Select, Static
 
 from app.config import CLASSES
-from app.core.bookings import GROUP_SIZES, Booking
-from app.core.errors import BadInput, BoardError
+from app.core.bookings import GROUP_SIZES
+from app.model import Booking
+from app.errors import BadInput, BoardError
 from app.core.text import format_cards, inert
 from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
 from app.tui.backend import Backend, BookingRequest

@@ -13,10 +13,10 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from app.core.errors import BadInput, BoardError
+from app.errors import BadInput, BoardError
 from app.core.text import format_cards, inert
 from app.core.timeparse import TimeInputError, parse_duration, parse_when
-from app.store.bookings import Booking
+from app.model import Booking
 from app.tui.render import duration, short_time
 
 MODAL_CSS = """

@@ -10,8 +10,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from app.core.text import format_cards
-from app.core.errors import BoardError
-from app.store.bookings import Booking
+from app.errors import BoardError
+from app.model import Booking
 from app.tui.render import cursor_key, duration, short_time, untrusted
 from app.tui.screens.confirm import ConfirmModal, ExtendModal, describe
 from app.tui.widgets.header import BoardHeader

@@ -29,11 +29,11 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, Log, Select, Static
 
-from app.core.errors import BadInput, BoardError
+from app.errors import BadInput, BoardError
 from app.core.text import format_cards, inert
 from app.llama import rows
 from app.llama.rows import Server
-from app.store.bookings import Booking
+from app.model import Booking
 from app.tui.render import cursor_key, duration, untrusted
 from app.tui.screens.confirm import MODAL_CSS, ConfirmModal, FormModal, settle_inputs
 from app.tui.widgets.header import BoardHeader

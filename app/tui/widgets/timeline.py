@@ -24,7 +24,7 @@ from textual.widget import Widget
 from app.config import CLASSES
 from app.core.text import inert
 from app.gpu.model import CardReading
-from app.store.bookings import Booking
+from app.model import Booking
 from app.tui.render import local
 
 AXIS_ROWS = 2

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from app.core.text import format_cards
-from app.store.bookings import Booking
+from app.model import Booking
 from app.tui.render import duration, short_time, untrusted
 
 
