@@ -53,6 +53,19 @@ class Session:
             raise BadInput(str(error)) from None
 
     @cached_property
+    def client(self):
+        """The one door to the service: its socket where the config names one, else the service in this process."""
+        from app.client import open_client
+
+        explicit_db = getattr(self.args, "db", None) is not None or bool(self.environ.get("BOARD_DB"))
+        return open_client(self.config, demo=self.demo, explicit_db=explicit_db, environ=self.environ)
+
+    @property
+    def shared(self) -> bool:
+        """True when this command goes through the shared service's socket."""
+        return self.client.transport == "socket"
+
+    @cached_property
     def me(self):
         from app.core.identity import current_identity
 
@@ -99,6 +112,12 @@ class Session:
 
 def iso(epoch: int | float | None) -> str | None:
     return None if epoch is None else datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+
+
+def _booking_json(data: dict | None) -> dict[str, Any] | None:
+    from app.model import booking_from_wire
+
+    return None if data is None else booking_json(booking_from_wire(data))
 
 
 def booking_json(booking) -> dict[str, Any] | None:
@@ -177,23 +196,14 @@ def parse_cards(text: str) -> list[int]:
 
 
 def cmd_status(session: Session) -> int:
-    from app.core.cardstate import UNKNOWN_USER, fleet_status
     from app.core.text import format_time, inert
-    from app.store import bookings as rows
 
-    if session.source.simulated:  # demo llama-servers run on the CPU: show them on their booked cards
-        from app.llama.processes import feed_simulated
-
-        feed_simulated(session.source, session.conn)
-        session.__dict__.pop("snapshot", None)
-    snapshot, now = session.snapshot, time.time()
-    live = rows.live_between(session.conn, int(now), 2**62)
-    statuses = fleet_status(snapshot, live, now, hot_celsius=session.config.hot_celsius, labels=session.config.labels)
+    found, now = session.client.call("status"), time.time()
     if session.args.json:
         print_json({
-            "simulated": snapshot.simulated,
-            "taken_at": iso(snapshot.taken_at),
-            "cards": [_card_json(s, UNKNOWN_USER) for s in statuses],
+            "simulated": found["simulated"],
+            "taken_at": iso(found["taken_at"]),
+            "cards": [_card_json(card) for card in found["cards"]],
         })
         return EXIT_OK
 
@@ -202,48 +212,33 @@ def cmd_status(session: Session) -> int:
 
     header = ["#", "STATE", "VRAM GiB", "UTIL", "TEMP", "POWER W", "HOLDER", "UNTIL", "NEXT", "USERS"]
     lines = [header]
-    for s in statuses:
-        r = s.reading
-        vram = "n/a" if r.memory_used_mib is None or not r.memory_total_mib else f"{r.memory_used_mib / 1024:.1f}/{r.memory_total_mib / 1024:.1f}"
-        state = " ".join([s.state, *s.warnings])
-        nxt = f"{inert(s.next_booking.user, 12)} {format_time(s.next_booking.start, now)}" if s.next_booking else "-"
+    for c in found["cards"]:
+        used, total = c["memory_used_mib"], c["memory_total_mib"]
+        vram = "n/a" if used is None or not total else f"{used / 1024:.1f}/{total / 1024:.1f}"
+        booking, upcoming = c["booking"], c["next_booking"]
+        nxt = f"{inert(upcoming['user'], 12)} {format_time(upcoming['start'], now)}" if upcoming else "-"
         lines.append([
-            str(r.index), state, vram, num(r.utilization_pct, "{}%"), num(r.temperature_c, "{}°C"),
-            f"{num(r.power_w, '{:.0f}')}/{num(r.power_limit_w, '{:.0f}')}",
-            inert(s.booking.user, 12) if s.booking else "-",
-            format_time(s.booking.end, now) if s.booking else "-",
-            nxt, inert(",".join(s.users), 30) or "-",
+            str(c["index"]), " ".join([c["state"], *c["warnings"]]), vram, num(c["utilization_pct"], "{}%"),
+            num(c["temperature_c"], "{}°C"), f"{num(c['power_w'], '{:.0f}')}/{num(c['power_limit_w'], '{:.0f}')}",
+            inert(booking["user"], 12) if booking else "-",
+            format_time(booking["end"], now) if booking else "-",
+            nxt, inert(",".join(c["users"]), 30) or "-",
         ])
-    names = {r.name for r in snapshot.cards if r.name}
-    badge = " · SIMULATED" if snapshot.simulated else ""
-    print(f"{len(snapshot.cards)} × {', '.join(sorted(names)) or 'GPU'}{badge}")
+    names = {c["name"] for c in found["cards"] if c["name"]}
+    badge = " · SIMULATED" if found["simulated"] else ""
+    print(f"{len(found['cards'])} × {', '.join(sorted(names)) or 'GPU'}{badge}")
     print(table(lines))
     return EXIT_OK
 
 
-def _card_json(status, unknown_user: str) -> dict[str, Any]:
-    r = status.reading
-    return {
-        "index": r.index,
-        "uuid": r.uuid,
-        "name": r.name,
-        "label": status.label,
-        "memory_total_mib": r.memory_total_mib,
-        "memory_used_mib": r.memory_used_mib,
-        "utilization_pct": r.utilization_pct,
-        "temperature_c": r.temperature_c,
-        "power_w": r.power_w,
-        "power_limit_w": r.power_limit_w,
-        "pci_bus_id": r.pci_bus_id,
-        "state": status.state,
-        "warnings": list(status.warnings),
-        "booking": booking_json(status.booking),
-        "next_booking": booking_json(status.next_booking),
-        "processes": [
-            {"pid": p.pid, "user": p.user or unknown_user, "used_mib": p.used_mib, "command": p.command}
-            for p in r.processes
-        ],
-    }
+def _card_json(card: dict[str, Any]) -> dict[str, Any]:
+    from app.core.cardstate import UNKNOWN_USER
+
+    shown = {k: v for k, v in card.items() if k != "users"}
+    shown["booking"] = _booking_json(card["booking"])
+    shown["next_booking"] = _booking_json(card["next_booking"])
+    shown["processes"] = [{**p, "user": p["user"] or UNKNOWN_USER} for p in card["processes"]]
+    return shown
 
 
 def cmd_book(session: Session) -> int:
@@ -253,19 +248,23 @@ def cmd_book(session: Session) -> int:
     if args.count is not None and args.cards is not None:
         raise BadInput("give a count or --cards, not both")
     start, end = parse_span(session, args.start, args.duration, args.until)
-    booking = session.service.create(
+    booking = session.client.call(
+        "book",
         cards=parse_cards(args.cards) if args.cards is not None else None,
         count=args.count,
         start=start,
         end=end,
-        klass=args.klass,
         note=args.note,
+        **{"class": args.klass},
     )
     _print_booking(session, booking, "booked")
     return EXIT_OK
 
 
-def _print_booking(session: Session, booking, verb: str) -> None:
+def _print_booking(session: Session, data: dict, verb: str) -> None:
+    from app.model import booking_from_wire
+
+    booking = booking_from_wire(data)
     if session.args.json:
         print_json(booking_json(booking))
     else:
@@ -273,9 +272,8 @@ def _print_booking(session: Session, booking, verb: str) -> None:
 
 
 def cmd_list(session: Session) -> int:
-    from app.core.identity import lookup_user
     from app.core.timeparse import TimeInputError, parse_when
-    from app.store import bookings as rows
+    from app.model import booking_from_wire
 
     args, now = session.args, session.now()
     try:
@@ -283,10 +281,8 @@ def cmd_list(session: Session) -> int:
         end = int(parse_when(args.to, now).timestamp()) if args.to else None
     except TimeInputError as error:
         raise BadInput(str(error)) from None
-    user = session.me.name if args.mine else args.user
-    if args.user and lookup_user(args.user) is None and not rows.listing(session.conn, start=None, end=None, user=args.user, include_cancelled=True):
-        raise BadInput(f"no user {args.user!r} on this server")
-    found = rows.listing(session.conn, start=start, end=end, user=user, include_cancelled=args.all)
+    found = [booking_from_wire(b) for b in session.client.call(
+        "list", start=start, end=end, user=args.user, mine=args.mine, include_cancelled=args.all)]
     if args.json:
         print_json({"bookings": [booking_json(b) for b in found]})
     elif not found:
@@ -297,35 +293,35 @@ def cmd_list(session: Session) -> int:
 
 
 def cmd_cancel(session: Session) -> int:
-    _print_booking(session, session.service.cancel(session.args.id), "cancelled")
+    _print_booking(session, session.client.call("cancel", id=session.args.id), "cancelled")
     return EXIT_OK
 
 
 def cmd_release(session: Session) -> int:
-    _print_booking(session, session.service.release(session.args.id), "released")
+    _print_booking(session, session.client.call("release", id=session.args.id), "released")
     return EXIT_OK
 
 
 def cmd_extend(session: Session) -> int:
     args = session.args
-    booking = session.service.get(args.id)
     from app.core.timeparse import TimeInputError, parse_duration, parse_when
 
     try:
         if args.duration is not None:
-            end = booking.end + int(parse_duration(args.duration).total_seconds())
+            change = {"add_seconds": int(parse_duration(args.duration).total_seconds())}
         else:
-            end = int(parse_when(args.until, session.now()).timestamp())
+            change = {"end": int(parse_when(args.until, session.now()).timestamp())}
     except TimeInputError as error:
         raise BadInput(str(error)) from None
-    _print_booking(session, session.service.extend(args.id, end), "extended")
+    _print_booking(session, session.client.call("extend", id=args.id, **change), "extended")
     return EXIT_OK
 
 
 def cmd_reassign(session: Session) -> int:
     args = session.args
     cards = parse_cards(args.cards) if args.cards is not None else None
-    _print_booking(session, session.service.reassign(args.id, cards=cards, user=args.user), "reassigned")
+    _print_booking(session, session.client.call("reassign", id=args.id, cards=cards, user=args.user,
+                                                force=args.force), "reassigned")
     return EXIT_OK
 
 
@@ -334,29 +330,24 @@ def cmd_admin(session: Session) -> int:
 
 
 def cmd_run(session: Session) -> int:
-    from app.store import bookings as rows
+    """Exec the command on the booked cards. Through the service, this process first registers for the
+    booking, and the registration's socket stays open in the job: the service stops it when the booking ends."""
+    from app.model import booking_from_wire
 
     args = session.args
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise BadInput("give a command to run: board run -- python train.py")
-    now = time.time()
-    if args.booking is not None:
-        booking = session.service.get(args.booking)
-        if booking.uid != session.me.uid:
-            raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; run on your own booking")
-        if not booking.active(now):
-            raise NotPermitted(f"booking {booking.id} is not active now")
+    client = session.client
+    if client.transport == "socket":
+        sock, _, result = client.stream("register", {"kind": "job", "booking": args.booking})
+        os.set_inheritable(sock.fileno(), True)
+        booking = booking_from_wire(result["booking"])
     else:
-        mine = [b for b in rows.live_between(session.conn, int(now), int(now) + 1, user=session.me.name) if b.uid == session.me.uid]
-        if not mine:
-            raise NotPermitted("you have no active booking; book cards first: board book 1 --for 2h")
-        if len(mine) > 1:
-            raise BadInput(f"you hold {len(mine)} active bookings; pick one with --booking ID")
-        booking = mine[0]
+        booking = booking_from_wire(client.call("run", booking=args.booking))
     uuids = ",".join(booking.card_uuids)
     env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=uuids, NVIDIA_VISIBLE_DEVICES=uuids,
-               BOARD_BOOKING_ID=str(booking.id))
+               BOARD_BOOKING_ID=str(booking.id), BOARD_BOOKING_END=iso(booking.end))
     sys.stdout.flush()
     try:
         os.execvpe(command[0], command, env)
@@ -369,31 +360,26 @@ def cmd_run(session: Session) -> int:
 
 def cmd_log(session: Session) -> int:
     from app.core.text import format_time, inert
-    from app.store import events
 
-    found = events.recent(session.conn, limit=session.args.limit, booking_id=session.args.booking)
+    found = session.client.call("log", limit=session.args.limit, booking=session.args.booking)
     if session.args.json:
-        print_json({"events": [
-            {"id": e.id, "time": iso(e.ts), "uid": e.uid, "actor": e.actor, "action": e.action,
-             "booking_id": e.booking_id, "ok": e.ok, "details": e.details}
-            for e in found
-        ]})
+        print_json({"events": [{**{k: v for k, v in e.items() if k != "ts"}, "time": iso(e["ts"])} for e in found]})
         return EXIT_OK
     for e in reversed(found):
-        outcome = "ok" if e.ok else f"REFUSED: {inert(str(e.details.get('refused', '')), 100)}"
-        booking = f" #{e.booking_id}" if e.booking_id is not None else ""
-        print(f"{format_time(e.ts)}  {inert(e.actor, 16):<16} {e.action}{booking}  {outcome}")
+        outcome = "ok" if e["ok"] else f"REFUSED: {inert(str(e['details'].get('refused', '')), 100)}"
+        booking = f" #{e['booking_id']}" if e["booking_id"] is not None else ""
+        print(f"{format_time(e['ts'])}  {inert(e['actor'], 16):<16} {e['action']}{booking}  {outcome}")
     return EXIT_OK
 
 
 def cmd_whoami(session: Session) -> int:
-    me = session.me
+    me = session.client.call("whoami")
     if session.args.json:
-        print_json({"user": me.name, "uid": me.uid, "admin": me.is_admin, "admin_group": session.config.admin_group,
-                    "db": str(session.config.db_path)})
+        print_json(me)
     else:
-        role = "admin" if me.is_admin else "member"
-        print(f"{me.name} (uid {me.uid}), {role}; database {session.config.db_path}")
+        role = "admin" if me["admin"] else "member"
+        where = f"database {me['db']}" if me["db"] else f"the board service at {session.config.service.socket}"
+        print(f"{me['user']} (uid {me['uid']}), {role}; {where}")
     return EXIT_OK
 
 
@@ -418,9 +404,22 @@ def cmd_doctor(session: Session) -> int:
 
 
 def cmd_agent(session: Session) -> int:
-    from app.agent import cmd_agent as run_agent
+    socket_path = session.config.service.socket
+    if not socket_path or session.args.once:
+        from app.agent import cmd_agent as enforce_file  # a database one user owns: enforcement only
 
-    return run_agent(session)
+        return enforce_file(session)
+    if os.geteuid() == 0:
+        raise BoardError("the board service does not run as root; run it as the system user board:"
+                         " systemctl start board-agent, or setpriv --reuid board --regid board --init-groups"
+                         " --inh-caps +kill --ambient-caps +kill board agent")
+    from app.client.local import LocalClient
+    from app.service.server import run_agent
+
+    local = LocalClient.open(session.config, demo=session.demo, environ=session.environ)
+    local.service.transport = "socket"
+    local.service.conn  # opens and migrates the database now, with a clear error if it can't
+    return run_agent(local.service, socket_path)
 
 
 def cmd_backup(session: Session) -> int:
@@ -538,6 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--cards", help="the new cards, as many as before")
     target.add_argument("--user", help="the new holder")
+    p.add_argument("--force", action="store_true", help="move it even while its servers or jobs run (they are stopped)")
 
     p = command("run", cmd_run, "run a command on your booked cards only")
     p.add_argument("--booking", type=booking_id, help="which of your active bookings (default: the only one)")

@@ -42,6 +42,7 @@ class Policy:
     max_booking_hours: float = 72.0
     max_ahead_days: float = 30.0
     max_cards_per_user: int = 8
+    timezone: str | None = None  # windows are evaluated here; default the system's (the service's, not a client's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,23 @@ class LlamaSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    """The shared install: members reach the service on this socket instead of opening the database."""
+
+    socket: str | None = None
+    group: str = "board"  # the members; the socket is 0660 to this group
+    max_connections_per_uid: int = 64
+    idle_timeout_s: float = 300.0  # a connection that sends no request for this long is closed
+
+
+@dataclass(frozen=True, slots=True)
+class EnforceSettings:
+    grace_s: float = 60.0  # SIGTERM, then SIGKILL this long after, for jobs whose booking ended
+    run_jobs: str = "stop"  # stop | warn
+    interval_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -67,6 +85,8 @@ class Config:
     policy: Policy = field(default_factory=Policy)
     pools: tuple[Pool, ...] = ()
     llama: LlamaSettings = field(default_factory=LlamaSettings)
+    service: ServiceSettings = field(default_factory=ServiceSettings)
+    enforce: EnforceSettings = field(default_factory=EnforceSettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -100,7 +120,7 @@ def _hhmm(text: str) -> int:
 
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
-    known = {"storage", "access", "display", "policy", "pools", "llama", "labels"}
+    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -133,7 +153,18 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         policy=policy,
         pools=tuple(pools),
         llama=_build(LlamaSettings, llama, "[llama]"),
+        service=_build(ServiceSettings, raw.get("service", {}), "[service]"),
+        enforce=_enforce(raw.get("enforce", {})),
     )
+
+
+def _enforce(table: dict) -> EnforceSettings:
+    settings = _build(EnforceSettings, table, "[enforce]")
+    if settings.run_jobs not in ("stop", "warn"):
+        raise ValueError(f"[enforce] run_jobs is {settings.run_jobs!r}; use \"stop\" or \"warn\"")
+    if settings.grace_s < 0:
+        raise ValueError("[enforce] grace_s must be 0 or more seconds")
+    return settings
 
 
 def _build(cls, table: dict, section: str):

@@ -17,3 +17,13 @@ class Conflict(BoardError):
 
 class NotPermitted(BoardError):
     exit_code = 4
+
+
+class ServiceDown(BoardError):
+    """The board service does not answer on its socket; never fall back to the file."""
+
+
+def error_for(code: int, message: str) -> BoardError:
+    """The error a reply's exit-code class stands for, so a client raises what the service raised."""
+    kind = {2: BadInput, 3: Conflict, 4: NotPermitted}.get(code, BoardError)
+    return kind(message)

@@ -23,3 +23,20 @@ class Booking:
 
     def active(self, now: float) -> bool:
         return self.status == "booked" and self.start <= now < self.end
+
+
+def booking_to_wire(booking: Booking) -> dict[str, Any]:
+    return {
+        "id": booking.id, "user": booking.user, "uid": booking.uid, "cards": list(booking.cards),
+        "card_uuids": list(booking.card_uuids), "start": booking.start, "end": booking.end,
+        "class": booking.klass, "note": booking.note, "status": booking.status, "request": booking.request,
+        "created_at": booking.created_at,
+    }
+
+
+def booking_from_wire(data: dict[str, Any]) -> Booking:
+    return Booking(
+        id=data["id"], user=data["user"], uid=data["uid"], cards=tuple(data["cards"]),
+        card_uuids=tuple(data["card_uuids"]), start=data["start"], end=data["end"], klass=data["class"],
+        note=data["note"], status=data["status"], request=data.get("request"), created_at=data.get("created_at", 0),
+    )

@@ -18,7 +18,7 @@ def card_refusal(config: Config, card: int, klass: str, start: int, end: int, tz
             return f"class {klass} is not allowed on pool {pool.name} (cards {_cards(pool)})"
         if pool.max_hours is not None and end - start > pool.max_hours * 3600:
             return f"pool {pool.name} allows at most {pool.max_hours:g} h per booking"
-        if (window := pool.windows.get(klass)) and not _inside_window(window, start, end, tz):
+        if (window := pool.windows.get(klass)) and not _inside_window(window, start, end, tz or policy_zone(config)):
             hours = f"{window.start_minute // 60:02d}:{window.start_minute % 60:02d}-{window.end_minute // 60:02d}:{window.end_minute % 60:02d}"
             weekends = " and at weekends" if window.weekends else ""
             return f"class {klass} is allowed on pool {pool.name} only {hours}{weekends}"
@@ -63,6 +63,15 @@ def _peak_cards(held: Sequence[tuple[int, int, int]], start: int, end: int) -> i
         current += delta
         peak = max(peak, current)
     return peak
+
+
+def policy_zone(config: Config) -> tzinfo | None:
+    """The zone windows are evaluated in: [policy] timezone, else the system's (None: the process's local time)."""
+    if not config.policy.timezone:
+        return None
+    from zoneinfo import ZoneInfo
+
+    return ZoneInfo(config.policy.timezone)
 
 
 def _inside_window(window, start: int, end: int, tz: tzinfo | None) -> bool:

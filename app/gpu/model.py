@@ -60,3 +60,22 @@ class FleetSnapshot:
     cards: tuple[CardReading, ...]
     topology: Topology
     driver_version: str | None = None
+
+
+def snapshot_to_wire(snapshot: FleetSnapshot) -> dict:
+    from dataclasses import asdict
+
+    return {
+        "taken_at": snapshot.taken_at, "simulated": snapshot.simulated, "driver_version": snapshot.driver_version,
+        "cards": [asdict(card) for card in snapshot.cards],
+        "links": [[a, b, level] for (a, b), level in snapshot.topology.links.items()],
+    }
+
+
+def snapshot_from_wire(data: dict) -> FleetSnapshot:
+    cards = tuple(
+        CardReading(**{**card, "processes": tuple(GpuProcess(**p) for p in card["processes"])})
+        for card in data["cards"]
+    )
+    links = {(a, b): level for a, b, level in data["links"]}
+    return FleetSnapshot(data["taken_at"], data["simulated"], cards, Topology(links), data.get("driver_version"))

@@ -1,0 +1,39 @@
+"""The one door the CLI and the TUI use: `call(op, **args)` and `subscribe(kinds)`, over either transport.
+
+- LocalClient runs the service in this process, on a database file the user owns
+  (one person, --demo, make run, most tests).
+- SocketClient talks to `board agent` over its Unix socket (the shared install).
+
+Neither the CLI nor the TUI knows which one it holds. This module and app.client.socket stay
+light: the socket path imports json and socket, not sqlite3, the rules or the GPU code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol
+
+
+class Client(Protocol):
+    transport: str  # "local" or "socket"
+
+    def call(self, op: str, **args: Any) -> Any:
+        """Run one operation; raises the BoardError (with its exit code) the service raised."""
+        ...
+
+    def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+        """Events as they happen ({"event": "bookings", "version": 3}, ...), until close()."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_client(config, *, demo: bool | str | None = None, explicit_db: bool = False, environ=None) -> Client:
+    """The socket client where the config names a socket (and no personal database was asked for), else in-process."""
+    socket_path = config.service.socket
+    if socket_path and not explicit_db and demo is None:
+        from app.client.socket import SocketClient
+
+        return SocketClient(socket_path)
+    from app.client.local import LocalClient
+
+    return LocalClient.open(config, demo=demo, environ=environ)

@@ -1,0 +1,59 @@
+"""The service in this process, for a database file the caller owns. Replies go through JSON, as on the wire."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any, Iterator
+
+from app.errors import BadInput, BoardError
+
+
+class LocalClient:
+    transport = "local"
+
+    def __init__(self, service, me) -> None:
+        self.service, self.me = service, me
+        self._watchers: threading.Event | None = None
+        self._subscribers: list = []
+
+    @classmethod
+    def open(cls, config, *, demo=None, environ=None) -> "LocalClient":
+        from app.core.identity import current_identity
+        from app.gpu import NoDriverError, open_source
+        from app.service import Service
+        from app.service.fleet import Fleet
+
+        try:
+            source = open_source(demo, environ=environ if environ is not None else os.environ)
+        except NoDriverError as error:
+            raise BoardError(str(error)) from None
+        except ValueError as error:  # a bad scenario file
+            raise BadInput(str(error)) from None
+        service = Service(config, Fleet(source, config.refresh_seconds), demo=demo is not None)
+        return cls(service, current_identity(config.admin_group))
+
+    def call(self, op: str, **args: Any) -> Any:
+        # The same JSON round trip as the socket, so both transports hand back the same shapes.
+        return json.loads(json.dumps(self.service.call(self.me, op, json.loads(json.dumps(args)))))
+
+    def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+        from app.service.watch import start_watchers
+
+        if self._watchers is None:
+            self._watchers = start_watchers(self.service)
+        subscriber = self.service.hub.subscribe(kinds, self.me.uid)
+        self._subscribers.append(subscriber)
+        try:
+            while not subscriber.closed:
+                yield from subscriber.take(timeout=1.0)
+        finally:
+            self.service.hub.unsubscribe(subscriber)
+
+    def close(self) -> None:
+        for subscriber in self._subscribers:
+            self.service.hub.unsubscribe(subscriber)
+        if self._watchers is not None:
+            self._watchers.set()
+        self.service.close()

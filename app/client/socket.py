@@ -1,0 +1,135 @@
+"""The shared install's client: requests to `board agent` over its Unix socket, one JSON line each way.
+
+Kept to json and socket so that `board status` and `board book` start fast.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any, Iterator
+
+from app import wire
+from app.errors import BoardError, ServiceDown, error_for
+
+DOWN = "the board service is not running (systemctl status board-agent)"
+# Reads are safe to send again after the service restarted; a write may have landed before it died.
+READS = frozenset({"whoami", "fleet", "status", "plan", "next_free", "get", "list", "window", "all_bookings", "log"})
+
+
+class SocketClient:
+    transport = "socket"
+
+    def __init__(self, path: str, timeout: float = 30.0) -> None:
+        self.path, self.timeout = path, timeout
+        self._sock: socket.socket | None = None
+        self._reader = None
+        self._next_id = 0
+        self._closed = False
+
+    def connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except FileNotFoundError:
+            sock.close()
+            raise ServiceDown(DOWN) from None
+        except ConnectionRefusedError:
+            sock.close()
+            raise ServiceDown(DOWN) from None
+        except PermissionError:
+            sock.close()
+            raise error_for(4, f"no access to the board service at {self.path}; ask an admin to add you to its group") from None
+        except OSError as error:
+            sock.close()
+            raise ServiceDown(f"{DOWN}: {error.strerror or error}") from None
+        return sock
+
+    def _send(self, sock: socket.socket, reader, op: str, args: dict) -> dict:
+        self._next_id += 1
+        sock.sendall(wire.encode({"v": wire.VERSION, "id": self._next_id, "op": op, "args": args}))
+        line = reader.readline(wire.MAX_MESSAGE + 1)
+        if not line:
+            raise ConnectionResetError("the service closed the connection")
+        return wire.decode(line)
+
+    def call(self, op: str, **args: Any) -> Any:
+        for attempt in (1, 2):
+            try:
+                if self._sock is None:
+                    self._sock = self.connect()
+                    self._reader = self._sock.makefile("rb")
+                reply = self._send(self._sock, self._reader, op, args)
+                break
+            except (ConnectionError, BrokenPipeError, socket.timeout, ValueError) as error:
+                self._drop()
+                if isinstance(error, socket.timeout):
+                    raise ServiceDown(f"the board service did not answer within {self.timeout:g} s; try again") from None
+                if attempt == 2 or op not in READS:
+                    raise ServiceDown(f"the board service stopped while answering ({op}); check with"
+                                      " 'board list --mine' before trying again") from None
+        if reply.get("ok"):
+            return reply.get("result")
+        error = reply.get("error") or {}
+        raise error_for(int(error.get("code", 1)), str(error.get("message", "the service refused")))
+
+    def stream(self, op: str, args: dict) -> tuple[socket.socket, Any, Any]:
+        """A connection of its own for a stream (subscribe, register): (socket, reader, the first reply's result)."""
+        sock = self.connect()
+        sock.settimeout(None)
+        reader = sock.makefile("rb")
+        try:
+            reply = self._send(sock, reader, op, args)
+        except (ConnectionError, ValueError):
+            sock.close()
+            raise ServiceDown(DOWN) from None
+        if not reply.get("ok"):
+            sock.close()
+            error = reply.get("error") or {}
+            raise error_for(int(error.get("code", 1)), str(error.get("message", "the service refused")))
+        return sock, reader, reply.get("result")
+
+    def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+        """Events until close(); when the service goes away, a `down` event, then `reconnected` once it is back."""
+        delay = 0.2
+        down = False
+        while not self._closed:
+            try:
+                sock, reader, _ = self.stream("subscribe", {"kinds": list(kinds)})
+            except BoardError as error:
+                if not down:
+                    down = True
+                    yield {"event": "down", "message": str(error)}
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            if down:
+                yield {"event": "reconnected"}
+            down, delay = False, 0.2
+            self._streams = getattr(self, "_streams", []) + [sock]
+            try:
+                for line in iter(lambda: reader.readline(wire.MAX_MESSAGE + 1), b""):
+                    yield wire.decode(line)
+            except (OSError, ValueError):
+                pass
+            finally:
+                sock.close()
+            if not self._closed:
+                down = True
+                yield {"event": "down", "message": DOWN}
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._reader = None
+
+    def close(self) -> None:
+        self._closed = True
+        self._drop()
+        for sock in getattr(self, "_streams", []):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()

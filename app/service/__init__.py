@@ -1,0 +1,88 @@
+"""The board service: every rule behind one door, for a caller whose identity the transport vouches for.
+
+In process, the caller is the user who owns the database file; behind the socket
+(app.service.server) it is whoever the kernel says is at the other end (SO_PEERCRED).
+Each operation is one entry in `app.service.ops.OPS`: its arguments, its handler, whether
+it writes. Results are plain JSON values, the same over both transports.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from typing import Any, Callable
+
+from app.config import Config
+from app.core.identity import Identity
+from app.errors import BadInput, BoardError
+from app.service.fleet import Fleet
+from app.service.hub import Hub
+
+
+class Service:
+    def __init__(
+        self,
+        config: Config,
+        fleet: Fleet,
+        *,
+        clock: Callable[[], float] = time.time,
+        demo: bool = False,
+        transport: str = "local",
+    ):
+        self.config, self.fleet, self.clock, self.demo, self.transport = config, fleet, clock, demo, transport
+        self.hub = Hub()
+        self._local = threading.local()
+        self._seeded = False
+        # Jobs and servers registered over the socket: the enforcement keeps their pidfds (app.service.processes).
+        self.processes = None
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """This thread's connection; opened (and migrated, and seeded for a demo) on first use."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            from app.store.db import connect
+
+            conn = self._local.conn = connect(self.config.db_path)
+            if self.demo and not self._seeded:
+                from app.demo import seed_if_empty
+
+                seed_if_empty(conn, self.fleet.latest().cards)
+                self._seeded = True
+        return conn
+
+    def call(self, me: Identity, op: str, args: Any) -> Any:
+        """Run one operation for `me`; raises the BoardError a CLI would exit with."""
+        from app.service.ops import OPS
+
+        entry = OPS.get(op) if isinstance(op, str) else None
+        if entry is None:
+            raise BadInput(f"unknown operation {str(op)[:40]!r}; this service speaks {', '.join(sorted(OPS))}")
+        kwargs = entry.check(args)
+        try:
+            result = entry.handler(self, me, **kwargs)
+        except sqlite3.Error as error:
+            from app.store.db import storage_error
+
+            raise storage_error(self.config.db_path, error) from None
+        finally:
+            if entry.writes:
+                self.hub.changed("bookings")
+        return result
+
+    def bookings(self, me: Identity):
+        """The booking rules for `me`, on this thread's connection and the newest view of the cards."""
+        from app.core.bookings import BookingService
+
+        snapshot = self.fleet.latest()
+        return BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock)
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+
+__all__ = ["Service", "Fleet", "BoardError"]

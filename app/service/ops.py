@@ -1,0 +1,284 @@
+"""The operations: one table, one entry each (name, arguments, handler, whether it writes).
+
+The CLI's commands and the TUI's actions map onto these names, so a feature is added once.
+A handler gets the Service, the caller's Identity and the checked arguments, and returns JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from app.core.identity import Identity, lookup_user
+from app.errors import BadInput, NotPermitted
+from app.model import Booking, booking_to_wire
+
+INT, STR, BOOL, LIST, DICT = int, str, bool, list, dict
+FOREVER = 2**62
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    handler: Callable[..., Any]
+    required: dict[str, type]
+    optional: dict[str, type]
+    writes: bool = False
+
+    def check(self, args: Any) -> dict[str, Any]:
+        """The arguments as keywords; a missing, unknown or mistyped one is BadInput (exit 2)."""
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise BadInput(f"{self.name}: the arguments must be a JSON object")
+        for name in self.required:
+            if args.get(name) is None:
+                raise BadInput(f"{self.name}: missing argument {name!r}")
+        known = {**self.required, **self.optional}
+        for name, value in args.items():
+            if name not in known:
+                raise BadInput(f"{self.name}: unknown argument {str(name)[:40]!r}")
+            kind = known[name]
+            if value is not None and (not isinstance(value, kind) or (kind is INT and isinstance(value, bool))):
+                raise BadInput(f"{self.name}: argument {name!r} must be {kind.__name__}")
+            if kind is INT and value is not None and not -(2**63) < value < 2**63:
+                raise BadInput(f"{self.name}: argument {name!r} is out of range")
+        return {k: v for k, v in args.items() if v is not None}
+
+
+OPS: dict[str, Op] = {}
+
+
+def op(name: str, required: dict[str, type] | None = None, optional: dict[str, type] | None = None, writes=False):
+    def register(handler):
+        OPS[name] = Op(name, handler, required or {}, optional or {}, writes)
+        return handler
+
+    return register
+
+
+def wire(booking: Booking) -> dict[str, Any]:
+    return booking_to_wire(booking)
+
+
+def _cards(value: list | None) -> list[int] | None:
+    if value is None:
+        return None
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in value):
+        raise BadInput("cards must be a list of card numbers")
+    return value
+
+
+# -- who and what -------------------------------------------------------------------------------
+
+
+@op("whoami")
+def whoami(service, me: Identity) -> dict:
+    return {"user": me.name, "uid": me.uid, "admin": me.is_admin, "admin_group": service.config.admin_group,
+            "transport": service.transport,
+            "db": str(service.config.db_path) if service.transport == "local" else None}
+
+
+@op("fleet")
+def fleet(service, me: Identity) -> dict:
+    from app.gpu.model import snapshot_to_wire
+
+    return snapshot_to_wire(service.fleet.latest())
+
+
+@op("status")
+def status(service, me: Identity) -> dict:
+    """Every card with its state, current and next booking: the `board status --json` document, in epochs."""
+    from app.core.cardstate import fleet_status
+    from app.store import bookings as rows
+
+    snapshot = _fleet_with_servers(service)
+    now = service.clock()
+    live = rows.live_between(service.conn, int(now), FOREVER)
+    statuses = fleet_status(snapshot, live, now, hot_celsius=service.config.hot_celsius, labels=service.config.labels)
+    cards = []
+    for s in statuses:
+        r = s.reading
+        cards.append({
+            "index": r.index, "uuid": r.uuid, "name": r.name, "label": s.label,
+            "memory_total_mib": r.memory_total_mib, "memory_used_mib": r.memory_used_mib,
+            "utilization_pct": r.utilization_pct, "temperature_c": r.temperature_c, "power_w": r.power_w,
+            "power_limit_w": r.power_limit_w, "pci_bus_id": r.pci_bus_id, "state": s.state,
+            "warnings": list(s.warnings), "users": list(s.users),
+            "booking": wire(s.booking) if s.booking else None,
+            "next_booking": wire(s.next_booking) if s.next_booking else None,
+            "processes": [{"pid": p.pid, "user": p.user, "used_mib": p.used_mib, "command": p.command}
+                          for p in r.processes],
+        })
+    return {"simulated": snapshot.simulated, "taken_at": snapshot.taken_at, "cards": cards}
+
+
+def _fleet_with_servers(service):
+    if service.fleet.simulated:  # demo llama-servers run on the CPU: show them on their booked cards
+        from app.llama.processes import feed_simulated
+
+        if feed_simulated(service.fleet.source, service.conn):
+            service.fleet._read_at = float("-inf")
+    return service.fleet.latest()
+
+
+# -- bookings -----------------------------------------------------------------------------------
+
+_SLOT = {"start": INT, "end": INT}
+_WHICH = {"cards": LIST, "count": INT, "class": STR}
+
+
+@op("plan", _SLOT, _WHICH)
+def plan(service, me: Identity, start: int, end: int, cards=None, count=None, **rest) -> dict:
+    found = service.bookings(me).plan(cards=_cards(cards), count=count, start=start, end=end,
+                                      klass=rest.get("class", "experiment"))
+    return {"cards": list(found.cards), "uuids": list(found.uuids), "start": found.start, "end": found.end}
+
+
+@op("next_free", _SLOT, _WHICH)
+def next_free(service, me: Identity, start: int, end: int, cards=None, count=None, **rest) -> dict:
+    rules = service.bookings(me)
+    if cards is not None:
+        chosen = sorted(set(_cards(cards)))
+        return {"cards": chosen, "start": rules.next_free(chosen, start, end - start)}
+    found = rules.plan(count=count, start=start, end=end, klass=rest.get("class", "experiment"))
+    return {"cards": list(found.cards), "start": found.start}
+
+
+@op("book", _SLOT, {**_WHICH, "note": STR, "request": DICT, "checked": BOOL}, writes=True)
+def book(service, me: Identity, start: int, end: int, cards=None, count=None, note="", request=None,
+         checked=False, **rest) -> dict:
+    rules = service.bookings(me)
+    klass = rest.get("class", "experiment")
+    if cards is None and count is None:
+        raise BadInput("say which cards: a count (board book 2) or --cards 0,1")
+    if cards is not None and count is not None:
+        raise BadInput("give a count or --cards, not both")
+    if checked:  # the form's path: a request that fails the check writes nothing at all, not even an audit row
+        rules.plan(cards=_cards(cards), count=count, start=start, end=end, klass=klass)
+    return wire(rules.create(cards=_cards(cards), count=count, start=start, end=end, klass=klass, note=note,
+                             request=request))
+
+
+@op("get", {"id": INT})
+def get(service, me: Identity, id: int) -> dict:
+    return wire(service.bookings(me).get(id))
+
+
+@op("list", {}, {"start": INT, "end": INT, "user": STR, "mine": BOOL, "include_cancelled": BOOL})
+def listing(service, me: Identity, start=None, end=None, user=None, mine=False, include_cancelled=False) -> list:
+    from app.store import bookings as rows
+
+    if mine:
+        user = me.name
+    if user is not None and lookup_user(user) is None and not rows.listing(
+            service.conn, start=None, end=None, user=user, include_cancelled=True):
+        raise BadInput(f"no user {user!r} on this server")
+    found = rows.listing(service.conn, start=start, end=end, user=user, include_cancelled=include_cancelled)
+    return [wire(b) for b in found]
+
+
+@op("window", {"start": INT, "end": INT})
+def window(service, me: Identity, start: int, end: int) -> dict:
+    """What the board draws: bookings from now on, and those in the timeline's window."""
+    from app.store import bookings as rows
+
+    now = service.clock()
+    return {
+        "version": service.hub.versions["bookings"],
+        "now": now,
+        "upcoming": [wire(b) for b in rows.live_between(service.conn, int(now), FOREVER)],
+        "in_window": [wire(b) for b in rows.live_between(service.conn, start, end)],
+    }
+
+
+@op("cancel", {"id": INT}, writes=True)
+def cancel(service, me: Identity, id: int) -> dict:
+    return wire(service.bookings(me).cancel(id))
+
+
+@op("release", {"id": INT}, writes=True)
+def release(service, me: Identity, id: int) -> dict:
+    return wire(service.bookings(me).release(id))
+
+
+@op("extend", {"id": INT}, {"end": INT, "add_seconds": INT}, writes=True)
+def extend(service, me: Identity, id: int, end=None, add_seconds=None) -> dict:
+    rules = service.bookings(me)
+    if (end is None) == (add_seconds is None):
+        raise BadInput("give the new end or how much to add, not both")
+    if end is None:
+        end = rules.get(id).end + add_seconds
+    return wire(rules.extend(id, end))
+
+
+@op("reassign", {"id": INT}, {"cards": LIST, "user": STR, "force": BOOL}, writes=True)
+def reassign(service, me: Identity, id: int, cards=None, user=None, force=False) -> dict:
+    if (cards is None) == (user is None):
+        raise BadInput("give the new cards or the new user")
+    rules = service.bookings(me)
+    kwargs = {"cards": _cards(cards), "user": user}
+    if "force" in rules.reassign.__code__.co_varnames:
+        kwargs["force"] = force
+    return wire(rules.reassign(id, **kwargs))
+
+
+@op("all_bookings", {"since": INT})
+def all_bookings(service, me: Identity, since: int) -> list:
+    from app.store import bookings as rows
+
+    return [wire(b) for b in rows.listing(service.conn, start=since, end=None, user=None, include_cancelled=True)]
+
+
+# -- audit --------------------------------------------------------------------------------------
+
+
+@op("log", {}, {"limit": INT, "booking": INT})
+def log(service, me: Identity, limit=50, booking=None) -> list:
+    from app.store import events
+
+    if not 0 < limit <= 1_000_000:
+        raise BadInput(f"{limit} is not a count from 1 to 1000000")
+    return [{"id": e.id, "ts": e.ts, "uid": e.uid, "actor": e.actor, "action": e.action, "booking_id": e.booking_id,
+             "ok": e.ok, "details": e.details} for e in events.recent(service.conn, limit=limit, booking_id=booking)]
+
+
+# -- board run ----------------------------------------------------------------------------------
+
+
+@op("run", {}, {"booking": INT})
+def run(service, me: Identity, booking=None) -> dict:
+    """The booking a `board run` job may run under now: the caller's own, active one. Refusals are audited."""
+    return wire(run_booking(service, me, booking))
+
+
+def run_booking(service, me: Identity, booking_id: int | None) -> Booking:
+    from app.store import bookings as rows
+
+    now = service.clock()
+    try:
+        if booking_id is not None:
+            booking = service.bookings(me).get(booking_id)
+            if booking.uid != me.uid:
+                raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; run on your own booking")
+            if not booking.active(now):
+                raise NotPermitted(f"booking {booking.id} is not active now")
+            return booking
+        mine = [b for b in rows.live_between(service.conn, int(now), int(now) + 1, user=me.name) if b.uid == me.uid]
+        if not mine:
+            raise NotPermitted("you have no active booking; book cards first: board book 1 --for 2h")
+        if len(mine) > 1:
+            raise BadInput(f"you hold {len(mine)} active bookings; pick one with --booking ID")
+        return mine[0]
+    except NotPermitted as refused:
+        audit(service, me, "run", booking_id, ok=False, details={"refused": str(refused)})
+        raise
+
+
+def audit(service, me: Identity, action: str, booking_id: int | None, *, ok: bool, details: dict) -> None:
+    from app.store import events
+    from app.store.db import write
+
+    with write(service.conn):
+        events.record(service.conn, ts=int(service.clock()), uid=me.uid, actor=me.name, action=action,
+                      booking_id=booking_id, ok=ok, details=details)

@@ -1,0 +1,148 @@
+"""Processes the service may signal: only those the kernel told it about.
+
+A `board run` job (and a llama-server supervisor) connects and registers for a booking. The
+service takes its pid and uid from SO_PEERCRED, opens a pidfd for it at once and checks, through
+/proc, that the process behind the pidfd still has that uid: a pid reused between connect and
+pidfd_open would fail that check. From then on the pidfd is the only handle it signals through;
+members of the process's group are signalled through pidfds of their own, and only when they
+belong to the booking's holder. It never signals pid <= 1 or its own process group.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Registration:
+    id: int
+    kind: str  # job | server
+    booking_id: int
+    uid: int
+    pid: int
+    pgid: int
+    pidfd: int
+    registered_at: float
+    term_sent_at: float | None = None
+    warned: bool = False
+    connected: bool = True
+    done: bool = field(default=False)
+
+
+class RegistrationError(Exception):
+    pass
+
+
+def proc_uid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])  # the real uid
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def proc_pgid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def exited(pidfd: int) -> bool:
+    """A pidfd polls readable once its process has exited."""
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        self.entries: dict[int, Registration] = {}
+
+    def add(self, kind: str, booking_id: int, uid: int, pid: int) -> Registration:
+        if pid <= 1:
+            raise RegistrationError("that process cannot be registered")
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            raise RegistrationError("the registering process has already ended") from None
+        # The pidfd now pins the process: check that it is the caller's, so a reused pid cannot slip in.
+        if proc_uid(pid) != uid or exited(pidfd):
+            os.close(pidfd)
+            raise RegistrationError("the registering process is not yours")
+        pgid = proc_pgid(pid) or pid
+        with self._lock:
+            self._next += 1
+            entry = Registration(self._next, kind, booking_id, uid, pid, pgid, pidfd, time.time())
+            self.entries[entry.id] = entry
+        return entry
+
+    def disconnected(self, entry: Registration) -> None:
+        entry.connected = False  # the process keeps its pidfd watch: it may only have closed the socket
+
+    def sweep(self) -> list[Registration]:
+        """Forget registrations whose process has exited; returns them."""
+        gone = []
+        with self._lock:
+            for entry in list(self.entries.values()):
+                if exited(entry.pidfd):
+                    os.close(entry.pidfd)
+                    entry.done = True
+                    gone.append(self.entries.pop(entry.id))
+        return gone
+
+    def live(self) -> list[Registration]:
+        with self._lock:
+            return list(self.entries.values())
+
+    def signal(self, entry: Registration, sig: int) -> list[int]:
+        """Signal the registered process through its pidfd, and its group's members that the holder owns."""
+        sent = []
+        own_group = os.getpgrp()
+        if entry.pid > 1 and entry.pgid != own_group and not exited(entry.pidfd):
+            try:
+                signal.pidfd_send_signal(entry.pidfd, sig)
+                sent.append(entry.pid)
+            except ProcessLookupError:
+                pass
+        if entry.pgid > 1 and entry.pgid != own_group:
+            for pid in _group_members(entry.pgid):
+                if pid == entry.pid or pid <= 1:
+                    continue
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:
+                    continue
+                try:
+                    if proc_uid(pid) == entry.uid and proc_pgid(pid) == entry.pgid and not exited(fd):
+                        signal.pidfd_send_signal(fd, sig)
+                        sent.append(pid)
+                except ProcessLookupError:
+                    pass
+                finally:
+                    os.close(fd)
+        return sent
+
+    def close(self) -> None:
+        with self._lock:
+            for entry in self.entries.values():
+                os.close(entry.pidfd)
+            self.entries.clear()
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and proc_pgid(int(name)) == pgid:
+            members.append(int(name))
+    return members

@@ -1,0 +1,349 @@
+"""`board agent`'s socket: accept members, learn who they are from the kernel, answer, push changes, enforce.
+
+One thread per connection, so a client that says nothing or reads nothing holds only its own
+thread (idle and send timeouts close it). Every operation runs on one database thread, in
+arrival order: the service is the only writer, so BEGIN IMMEDIATE never waits on anyone.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any, Callable
+
+from app import wire
+from app.errors import BadInput, BoardError, NotPermitted
+from app.service import Service
+from app.service.peer import Peer, identity_of, is_member, peer_of
+from app.service.processes import Registry, RegistrationError
+
+SEND_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 1024
+WARN_BEFORE_END_S = 600
+
+
+def log(message: str) -> None:
+    from app.core.text import inert
+
+    stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    print(f"{stamp} {inert(message, 500)}", flush=True)
+
+
+class ServiceServer:
+    def __init__(self, service: Service, path: str, *, log: Callable[[str], None] = log) -> None:
+        self.service, self.path, self.log = service, path, log
+        self.settings = service.config.service
+        self.registry = Registry()
+        service.processes = self.registry
+        self.database = ThreadPoolExecutor(max_workers=1, thread_name_prefix="board-db")
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._per_uid: dict[int, int] = {}
+        self._connections: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+
+    # -- the socket ----------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        """Create the socket 0660, group [service] group; a stale socket file is replaced, anything else refused."""
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            info = None
+        if info is not None:
+            if not stat.S_ISSOCK(info.st_mode):
+                raise BoardError(f"{self.path} exists and is not a socket; remove it or pick another [service] socket")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(self.path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.unlink(self.path)
+            else:
+                raise BoardError(f"another board service already answers on {self.path}")
+            finally:
+                probe.close()
+        try:
+            gid = grp.getgrnam(self.settings.group).gr_gid
+        except KeyError:
+            raise BoardError(f"the members' group {self.settings.group!r} does not exist; create it or fix"
+                             " [service] group") from None
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o117)  # 0660 from the start; the group follows before listen()
+        try:
+            listener.bind(self.path)
+        finally:
+            os.umask(old)
+        os.chown(self.path, -1, gid, follow_symlinks=False)
+        listener.listen(128)
+        self._listener = listener
+
+    def serve_forever(self) -> None:
+        from app.service.watch import start_watchers
+
+        if self._listener is None:
+            self.bind()
+        watchers = start_watchers(self.service)
+        enforcer = threading.Thread(target=self._enforce_loop, name="board-enforce", daemon=True)
+        enforcer.start()
+        self._listener.settimeout(0.5)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    conn, _ = self._listener.accept()
+                except socket.timeout:
+                    continue
+                except OSError:
+                    if self.stopping.is_set():
+                        break
+                    raise
+                threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
+        finally:
+            watchers.set()
+            self._listener.close()
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            with self._lock:
+                for conn in list(self._connections):
+                    try:
+                        conn.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+            self.database.shutdown(wait=True)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # -- one connection ------------------------------------------------------------------------
+
+    def _admit(self, conn: socket.socket) -> Peer | None:
+        peer = peer_of(conn)
+        config = self.service.config
+        if not is_member(peer, self.settings.group, config.admin_group):
+            self._reply(conn, None, error=NotPermitted(
+                f"no access to the board: ask an admin to add you to group {self.settings.group}"))
+            return None
+        with self._lock:
+            if len(self._connections) >= MAX_CONNECTIONS or self._per_uid.get(peer.uid, 0) >= self.settings.max_connections_per_uid:
+                refused = True
+            else:
+                refused = False
+                self._per_uid[peer.uid] = self._per_uid.get(peer.uid, 0) + 1
+                self._connections.add(conn)
+        if refused:
+            self._reply(conn, None, error=BoardError(
+                f"too many connections from {peer.name} (at most {self.settings.max_connections_per_uid}); close some boards"))
+            return None
+        return peer
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        peer = None
+        try:
+            conn.settimeout(SEND_TIMEOUT_S)
+            peer = self._admit(conn)
+            if peer is None:
+                return
+            reader = conn.makefile("rb")
+            while not self.stopping.is_set():
+                conn.settimeout(self.settings.idle_timeout_s)
+                line = reader.readline(wire.MAX_MESSAGE + 1)
+                if not line:
+                    return
+                conn.settimeout(SEND_TIMEOUT_S)
+                if len(line) > wire.MAX_MESSAGE:
+                    self._reply(conn, None, error=BadInput(f"a message is at most {wire.MAX_MESSAGE} bytes"))
+                    return  # the rest of the line cannot be skipped reliably
+                request_id, error, message = None, None, None
+                try:
+                    message = wire.decode(line)
+                    request_id = message.get("id")
+                    if message.get("v") not in wire.VERSIONS:
+                        raise BadInput(f"protocol version {str(message.get('v'))[:10]} is not spoken here; this"
+                                       f" service speaks {', '.join(map(str, wire.VERSIONS))}")
+                except ValueError:
+                    error = BadInput("a request is one JSON object on one line")
+                except BadInput as refused:
+                    error = refused
+                if error is not None:
+                    self._reply(conn, request_id, error=error)
+                    continue
+                op = message.get("op")
+                if op == "subscribe":
+                    return self._subscribe(conn, peer, request_id, message.get("args") or {})
+                if op == "register":
+                    return self._register(conn, reader, peer, request_id, message.get("args") or {})
+                self._reply(conn, request_id, *self._call(peer, op, message.get("args")))
+        except (OSError, socket.timeout):
+            return
+        finally:
+            if peer is not None:
+                with self._lock:
+                    self._per_uid[peer.uid] -= 1
+                    self._connections.discard(conn)
+            conn.close()
+
+    def _call(self, peer: Peer, op: Any, args: Any) -> tuple[Any, BoardError | None]:
+        me = identity_of(peer, self.service.config.admin_group)
+        future = self.database.submit(self.service.call, me, op, args)
+        try:
+            return future.result(), None
+        except BoardError as error:
+            return None, error
+        except Exception as error:  # noqa: BLE001 - one bad request must not end the service
+            self.log(f"{op}: unexpected {type(error).__name__}: {error}")
+            return None, BoardError(f"the service failed on {str(op)[:40]}: {type(error).__name__}; see its log")
+
+    def _reply(self, conn: socket.socket, request_id: Any, result: Any = None, error: BoardError | None = None) -> None:
+        if error is None:
+            message = {"id": request_id, "ok": True, "result": result}
+        else:
+            message = {"id": request_id, "ok": False, "error": {"code": error.exit_code, "message": str(error)}}
+        conn.sendall(wire.encode(message))
+
+    def _subscribe(self, conn: socket.socket, peer: Peer, request_id: Any, args: dict) -> None:
+        kinds = args.get("kinds") if isinstance(args, dict) else None
+        known = {"bookings", "servers", "fleet", "notice"}
+        if not isinstance(kinds, list) or not kinds or not set(kinds) <= known:
+            self._reply(conn, request_id, error=BadInput(f"subscribe: kinds is a list of {', '.join(sorted(known))}"))
+            return
+        subscriber = self.service.hub.subscribe(kinds, peer.uid)
+        try:
+            self._reply(conn, request_id, {"versions": dict(self.service.hub.versions)})
+            if "fleet" in kinds and (snapshot := self.service.fleet.cached()) is not None:
+                from app.gpu.model import snapshot_to_wire
+
+                conn.sendall(wire.encode({"event": "fleet", "snapshot": snapshot_to_wire(snapshot)}))
+            while not self.stopping.is_set():
+                events = subscriber.take(timeout=1.0)
+                if events:
+                    conn.sendall(b"".join(wire.encode(e) for e in events))  # a reader that stalls times out here
+                elif _peer_closed(conn):
+                    return
+        finally:
+            self.service.hub.unsubscribe(subscriber)
+
+    # -- registered processes ------------------------------------------------------------------
+
+    def _register(self, conn: socket.socket, reader, peer: Peer, request_id: Any, args: dict) -> None:
+        from app.service.ops import audit, run_booking
+
+        me = identity_of(peer, self.service.config.admin_group)
+        kind = args.get("kind") if isinstance(args, dict) else None
+        booking_id = args.get("booking") if isinstance(args, dict) else None
+        if kind not in ("job",) or (booking_id is not None and (not isinstance(booking_id, int) or isinstance(booking_id, bool))):
+            self._reply(conn, request_id, error=BadInput("register: give kind \"job\" and an optional booking number"))
+            return
+
+        def admit():
+            booking = run_booking(self.service, me, booking_id)
+            try:
+                entry = self.registry.add(kind, booking.id, peer.uid, peer.pid)
+            except RegistrationError as error:
+                audit(self.service, me, "run", booking.id, ok=False, details={"refused": str(error), "pid": peer.pid})
+                raise NotPermitted(str(error)) from None
+            audit(self.service, me, "run", booking.id, ok=True, details={"pid": entry.pid, "pgid": entry.pgid})
+            return booking, entry
+
+        try:
+            booking, entry = self.database.submit(admit).result()
+        except BoardError as error:
+            self._reply(conn, request_id, error=error)
+            return
+        from app.model import booking_to_wire
+
+        self._reply(conn, request_id, {"booking": booking_to_wire(booking), "registration": entry.id})
+        try:
+            conn.settimeout(None)
+            while reader.readline(wire.MAX_MESSAGE + 1):
+                pass  # nothing more is expected; the line stays open while the job lives
+        except OSError:
+            pass
+        self.registry.disconnected(entry)
+
+    def _enforce_loop(self) -> None:
+        while not self.stopping.wait(self.service.config.enforce.interval_s):
+            try:
+                self.database.submit(self.enforce_once).result()
+            except Exception as error:  # noqa: BLE001 - a service must outlive one bad pass
+                self.log(f"enforcement pass failed: {type(error).__name__}: {error}")
+
+    def enforce_once(self) -> dict[str, list[int]]:
+        """Jobs whose booking has ended: SIGTERM, then SIGKILL after [enforce] grace_s (or only a warning)."""
+        from app.core.identity import Identity
+        from app.service.ops import audit
+        from app.store import bookings as rows
+
+        done: dict[str, list[int]] = {"ended": [], "terminated": [], "killed": [], "warned": []}
+        for entry in self.registry.sweep():
+            done["ended"].append(entry.id)
+        settings = self.service.config.enforce
+        agent = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
+        now = self.service.clock()
+        for entry in self.registry.live():
+            booking = rows.get(self.service.conn, entry.booking_id)
+            over = booking is None or not booking.active(now)
+            if not over:
+                if booking.end - now <= WARN_BEFORE_END_S and not entry.warned:
+                    entry.warned = True
+                    self.service.hub.publish("notice", {"message": f"booking {booking.id} ends in"
+                                                        f" {max(1, int(booking.end - now + 59) // 60)} min; your job"
+                                                        f" (pid {entry.pid}) will be stopped then"}, uid=entry.uid)
+                continue
+            if settings.run_jobs == "warn":
+                if not entry.warned or entry.term_sent_at is None:
+                    entry.term_sent_at = now
+                    audit(self.service, agent, "job-warn", entry.booking_id, ok=True, details={"pid": entry.pid})
+                    done["warned"].append(entry.id)
+                continue
+            if entry.term_sent_at is None:
+                entry.term_sent_at = now
+                sent = self.registry.signal(entry, signal.SIGTERM)
+                audit(self.service, agent, "job-stop", entry.booking_id, ok=True,
+                      details={"pid": entry.pid, "signal": "SIGTERM", "pids": sent, "grace_s": settings.grace_s})
+                self.log(f"job {entry.pid} (uid {entry.uid}): booking {entry.booking_id} ended; SIGTERM")
+                done["terminated"].append(entry.id)
+            elif now - entry.term_sent_at >= settings.grace_s:
+                sent = self.registry.signal(entry, signal.SIGKILL)
+                if sent:
+                    audit(self.service, agent, "job-stop", entry.booking_id, ok=True,
+                          details={"pid": entry.pid, "signal": "SIGKILL", "pids": sent})
+                    self.log(f"job {entry.pid} (uid {entry.uid}): still running after {settings.grace_s:g} s; SIGKILL")
+                    done["killed"].append(entry.id)
+        return done
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    try:
+        conn.setblocking(False)
+        try:
+            data = conn.recv(1, socket.MSG_PEEK)
+        finally:
+            conn.setblocking(True)
+            conn.settimeout(SEND_TIMEOUT_S)
+        return data == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def run_agent(service: Service, path: str) -> int:
+    server = ServiceServer(service, path)
+    server.bind()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: server.stop())
+    log(f"board agent: serving {path} (group {server.settings.group}) on {service.config.db_path}"
+        f" as uid {os.getuid()}")
+    server.serve_forever()
+    log("board agent: stopped")
+    sys.stdout.flush()
+    return 0

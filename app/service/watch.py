@@ -1,0 +1,49 @@
+"""The service's two watchers, each on a daemon thread: the fleet (one reader for every board) and the database.
+
+The database watcher catches commits made by other processes on a file-mode database (a CLI
+`board book` beside an open board); the service's own writes announce themselves at once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from app.gpu.model import snapshot_to_wire
+
+DB_POLL_SECONDS = 1.0
+
+
+def start_watchers(service) -> threading.Event:
+    stop = threading.Event()
+    for name, loop in (("board-fleet", _fleet_loop), ("board-db-watch", _db_loop)):
+        threading.Thread(target=loop, args=(service, stop), name=name, daemon=True).start()
+    return stop
+
+
+def _fleet_loop(service, stop: threading.Event) -> None:
+    while not stop.is_set():
+        if service.hub.count:
+            try:
+                snapshot = service.fleet.latest()
+            except Exception as error:  # noqa: BLE001 - a driver hiccup must not end the service
+                service.hub.publish("fleet", {"error": f"{type(error).__name__}: {error}"})
+            else:
+                service.hub.publish("fleet", {"snapshot": snapshot_to_wire(snapshot)})
+        stop.wait(service.fleet.refresh_seconds)
+
+
+def _db_loop(service, stop: threading.Event) -> None:
+    from app.store.db import connect, data_version
+
+    conn = None
+    seen = None
+    while not stop.is_set():
+        try:
+            conn = conn or connect(service.config.db_path)
+            version = data_version(conn)
+            if seen is not None and version != seen:
+                service.hub.changed("bookings")
+            seen = version
+        except Exception as error:  # noqa: BLE001 - shown by the boards; the service keeps going
+            service.hub.publish("bookings", {"error": str(error)})
+        stop.wait(DB_POLL_SECONDS)

@@ -1,0 +1,28 @@
+"""The service's wire: newline-delimited JSON, one object a line, at most MAX_MESSAGE bytes.
+
+Request `{"v": 1, "id": 7, "op": "book", "args": {...}}`; reply `{"id": 7, "ok": true, "result": ...}`
+or `{"id": 7, "ok": false, "error": {"code": 3, "message": "..."}}`, where the code is the CLI's
+exit code. Streams (`subscribe`, `register`) reply once, then send `{"event": ...}` lines.
+Both sides import this module, so it stays on the client's quick path: json only.
+"""
+
+from __future__ import annotations
+
+import json
+
+VERSION = 1
+VERSIONS = (1,)
+MAX_MESSAGE = 1 << 20
+
+
+def encode(message: dict) -> bytes:
+    # ensure_ascii: other users' text stays inert bytes on the wire and on any terminal.
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict:
+    """One message; ValueError for anything that is not one JSON object."""
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise ValueError("a message is one JSON object")
+    return message
