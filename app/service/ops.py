@@ -282,3 +282,6 @@ def audit(service, me: Identity, action: str, booking_id: int | None, *, ok: boo
     with write(service.conn):
         events.record(service.conn, ts=int(service.clock()), uid=me.uid, actor=me.name, action=action,
                       booking_id=booking_id, ok=ok, details=details)
+
+
+from app.service import servers as _servers  # noqa: E402,F401 - registers the `serve_*` operations
