@@ -21,12 +21,20 @@ DEFAULT_PARALLEL = 1
 # Flags board sets itself: passing them again would bypass the port lease, the allowed hosts or the
 # booked model, so extra args may not carry them (board's own options set them instead).
 _MANAGED = {
-    "-m": "--model", "--model": "--model", "-mu": "--model", "--model-url": "--model", "-hf": "--model",
-    "-hfr": "--model", "--hf-repo": "--model", "--host": "--host", "--port": "--port",
+    "-m": "--model", "--model": "--model", "--host": "--host", "--port": "--port",
     "-c": "--ctx", "--ctx-size": "--ctx", "-np": "--parallel", "--parallel": "--parallel",
     "-sm": "--split-mode", "--split-mode": "--split-mode", "-ts": "--tensor-split", "--tensor-split": "--tensor-split",
     "-a": "--alias", "--alias": "--alias", "--path": "(not allowed)", "--api-prefix": "(not allowed)",
 }
+
+# Flags that load a model other than the booked file, or fetch one from elsewhere (a URL, Hugging Face,
+# Docker Hub, a models directory the router serves from): the server would then run something board
+# never checked. Every -hf... and --hf-... flag is one (repo, file, token, draft repo).
+_OTHER_MODEL = {
+    "-mu", "--model-url", "-dr", "--docker-repo", "-md", "--model-draft", "--spec-draft-model",
+    "--spec-draft-hf", "--models-dir", "--models-preset",
+}
+_OTHER_MODEL_PREFIXES = ("-hf", "--hf-")
 
 
 def topology_order(cards: Sequence[int], topology: Topology | None) -> list[int]:
@@ -63,8 +71,13 @@ def check_model(path: str) -> str:
 
 
 def check_extra(extra: Sequence[str]) -> list[str]:
+    """The extra llama-server arguments, or BadInput naming the first one board sets itself or that
+    names another model; `--flag=value` spellings count as the flag."""
     for arg in extra:
         flag = arg.split("=", 1)[0]
+        if flag in _OTHER_MODEL or flag.startswith(_OTHER_MODEL_PREFIXES):
+            raise BadInput(f"extra argument {flag} names another model or model source; "
+                           "board serves only the model file given with --model")
         if flag in _MANAGED:
             use = _MANAGED[flag]
             hint = f"use board's {use} option instead" if use.startswith("--") else "board does not allow it"

@@ -58,8 +58,24 @@ def test_extra_args_may_not_override_what_board_sets(extra):
         command.check_extra(extra)
 
 
+_OTHER_MODELS = ["-mu", "--model-url", "-dr", "--docker-repo", "-hf", "-hfr", "-hff", "-hft", "-hfd", "-hfrd",
+                 "--hf-repo", "--hf-file", "--hf-token", "--hf-repo-draft", "-md", "--model-draft",
+                 "--spec-draft-model", "--spec-draft-hf", "--models-dir", "--models-preset"]
+
+
+@pytest.mark.parametrize("flag", _OTHER_MODELS)
+@pytest.mark.parametrize("spelling", ["apart", "joined"])
+def test_extra_args_may_not_name_another_model_or_source(flag, spelling):
+    extra = ["--temp", "0.1", flag, "x"] if spelling == "apart" else ["--temp", "0.1", f"{flag}=x"]
+    with pytest.raises(BadInput, match=f"extra argument {flag} names another model or model source"):
+        command.check_extra(extra)
+
+
 def test_extra_args_pass_through_otherwise():
     assert command.check_extra(["--temp", "0.1", "-t", "8", "--jinja"]) == ["--temp", "0.1", "-t", "8", "--jinja"]
+    # near misses of refused flags are llama-server's own options, not models
+    assert command.check_extra(["-mg", "0", "--models-max", "2", "--mmproj-offload"]) == [
+        "-mg", "0", "--models-max", "2", "--mmproj-offload"]
 
 
 def test_check_model(tmp_path):
