@@ -1,0 +1,72 @@
+"""The one parser for each small grammar people type: card lists and ids. The CLI, the TUI and the
+service all read them here, so `4-7` means the same thing everywhere.
+
+Only ASCII digits count: Python's int() also reads Arabic-Indic, Devanagari and fullwidth digits,
+signs, underscores and surrounding whitespace, none of which a card or booking number is written with.
+"""
+
+from __future__ import annotations
+
+import re
+
+from app.core.text import inert
+from app.errors import BadInput
+
+MAX_CARD = 4096
+MAX_ID = 2**63  # SQLite's INTEGER is signed 64-bit; ids run from 1 to MAX_ID - 1
+
+_CARD_PART = re.compile(r"([0-9]+)(?:[ \t]*-[ \t]*([0-9]+))?")
+_DIGITS = re.compile(r"[0-9]+")
+_LISTINGS = {"booking": "'board list' shows the bookings", "server": "'board serve list' shows the servers"}
+
+
+def _shown(text: str) -> str:
+    return inert(text, 40)
+
+
+def parse_cards(text: str) -> list[int]:
+    """'0,1', '4-7', '0, 2-3' -> the card indexes, sorted, each once.
+
+    Parts are separated by commas, with spaces allowed around them; a part is an index or an
+    inclusive range low-high. Empty parts, backward ranges and indexes above MAX_CARD are BadInput.
+    """
+    cards: set[int] = set()
+    for part in text.split(","):
+        found = _CARD_PART.fullmatch(part.strip(" \t"))
+        if found is None:
+            raise _unreadable(text)
+        low, high = found[1], found[2] if found[2] is not None else found[1]
+        if max(len(low), len(high)) > len(str(MAX_CARD)) or int(high) > MAX_CARD:
+            raise _unreadable(text, f"cards run from 0 to {MAX_CARD}")
+        if int(high) < int(low):
+            raise _unreadable(text, f"the range {int(low)}-{int(high)} runs backwards")
+        cards.update(range(int(low), int(high) + 1))
+    return sorted(cards)
+
+
+def _unreadable(text: str, why: str | None = None) -> BadInput:
+    reason = f" ({why})" if why else ""
+    return BadInput(f"can't read cards '{_shown(text.strip())}'{reason}; give indexes such as 0,1 or 4-7")
+
+
+def parse_id(text: str, what: str = "booking") -> int:
+    """A booking (or server, ...) number: ASCII digits only, 0 < n < 2**63; BadInput otherwise.
+
+    Something that is not a number at all says so; a number that cannot be an id (zero, a sign,
+    too large, digits from another script) says there is no such `what`, and where to look.
+    """
+    digits = text.strip(" \t")
+    if _DIGITS.fullmatch(digits) and len(digits) <= len(str(MAX_ID)) and 0 < int(digits) < MAX_ID:
+        return int(digits)
+    if not _DIGITS.fullmatch(digits) and not _python_reads_a_number(text):
+        raise BadInput(f"invalid int value: '{_shown(text)}'; give a {what} number such as 12")
+    hint = _LISTINGS.get(what)
+    raise BadInput(f"there is no {what} {_shown(text.strip())}" + (f"; {hint}" if hint else ""))
+
+
+def _python_reads_a_number(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,125 @@
+"""The one parser per grammar: card lists and ids, as typed on the CLI and in the TUI."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.core.parse import parse_cards, parse_id
+from app.core.text import format_cards
+from app.errors import BadInput
+
+UNREADABLE = "; give indexes such as 0,1 or 4-7"
+
+
+@pytest.mark.parametrize("text, cards", [
+    ("0", [0]),
+    ("0,1", [0, 1]),
+    ("4-7", [4, 5, 6, 7]),
+    ("0,2-3", [0, 2, 3]),
+    ("0, 2-3", [0, 2, 3]),
+    (" 1 ,\t0 ", [0, 1]),
+    ("4 - 5", [4, 5]),
+    ("3-3", [3]),
+    ("5,1,5", [1, 5]),
+    ("007", [7]),
+    ("4096", [4096]),
+])
+def test_cards_read(text, cards):
+    assert parse_cards(text) == cards
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("", "''"),
+    (" ", "''"),
+    (",", "','"),
+    ("0,,1", "'0,,1'"),
+    ("0,", "'0,'"),
+    (",0", "',0'"),
+    ("x", "'x'"),
+    ("0x1", "'0x1'"),
+    ("-1", "'-1'"),
+    ("+1", "'+1'"),
+    ("1_0", "'1_0'"),
+    ("1.5", "'1.5'"),
+    ("4-", "'4-'"),
+    ("4-7-9", "'4-7-9'"),
+    ("0 1", "'0 1'"),
+    ("0) OR 1=1 --", "'0) OR 1=1 --'"),
+    ("\u0663", "'\u0663'"),  # ARABIC-INDIC DIGIT THREE: int() reads it as 3
+    ("\uff11", "'\uff11'"),  # FULLWIDTH DIGIT ONE
+    ("0-\u0663", "'0-\u0663'"),
+    ("\u00b2", "'\u00b2'"),  # SUPERSCRIPT TWO: isdigit() says yes
+    ("\x1b[31m1", "'\\x1b[31m1'"),  # escapes shown as text, not sent to the terminal
+])
+def test_unreadable_cards_are_one_line_bad_input(text, shown):
+    with pytest.raises(BadInput) as refused:
+        parse_cards(text)
+    assert str(refused.value) == f"can't read cards {shown}{UNREADABLE}"
+
+
+@pytest.mark.parametrize("text, why", [
+    ("7-4", "the range 7-4 runs backwards"),
+    ("4097", "cards run from 0 to 4096"),
+    ("0-4097", "cards run from 0 to 4096"),
+    ("99999999999999999999", "cards run from 0 to 4096"),
+    ("4294967296", "cards run from 0 to 4096"),
+    # past int()'s digit limit: still BadInput, not ValueError
+    pytest.param("9" * 5000, "cards run from 0 to 4096", id="5000-digits"),
+])
+def test_cards_out_of_order_or_range_say_why(text, why):
+    with pytest.raises(BadInput, match=f"^can't read cards '.*' \\({why}\\){UNREADABLE}$"):
+        parse_cards(text)
+
+
+@given(st.lists(st.integers(0, 4096), min_size=1, max_size=20))
+def test_cards_written_by_format_cards_read_back(cards):
+    assert parse_cards(format_cards(cards)) == sorted(set(cards))
+
+
+@pytest.mark.parametrize("text, value", [
+    ("1", 1),
+    ("12", 12),
+    ("007", 7),
+    (" 12 ", 12),
+    (str(2**63 - 1), 2**63 - 1),
+])
+def test_ids_read(text, value):
+    assert parse_id(text) == value
+
+
+@pytest.mark.parametrize("text, message", [
+    ("0", "there is no booking 0; 'board list' shows the bookings"),
+    ("-1", "there is no booking -1; 'board list' shows the bookings"),
+    ("+5", "there is no booking +5; 'board list' shows the bookings"),
+    ("1_000", "there is no booking 1_000; 'board list' shows the bookings"),
+    (str(2**63), f"there is no booking {2**63}; 'board list' shows the bookings"),
+    ("99999999999999999999", "there is no booking 99999999999999999999; 'board list' shows the bookings"),
+    ("\u0663", "there is no booking \u0663; 'board list' shows the bookings"),
+    ("\uff11\uff12", "there is no booking \uff11\uff12; 'board list' shows the bookings"),
+    ("abc", "invalid int value: 'abc'; give a booking number such as 12"),
+    ("", "invalid int value: ''; give a booking number such as 12"),
+    ("1 OR 1=1", "invalid int value: '1 OR 1=1'; give a booking number such as 12"),
+    ("\x1b[2J", "invalid int value: '\\x1b[2J'; give a booking number such as 12"),
+    ("\u00b2", "invalid int value: '\u00b2'; give a booking number such as 12"),
+])
+def test_refused_ids_are_one_line_bad_input(text, message):
+    with pytest.raises(BadInput) as refused:
+        parse_id(text)
+    assert str(refused.value) == message
+
+
+def test_huge_ids_are_bad_input_and_shortened():
+    with pytest.raises(BadInput, match=r"^there is no booking 9{39}…; 'board list' shows the bookings$"):
+        parse_id("9" * 5000)
+
+
+@pytest.mark.parametrize("what, message", [
+    ("server", "there is no server 0; 'board serve list' shows the servers"),
+    ("job", "there is no job 0"),
+])
+def test_ids_name_what_they_are(what, message):
+    with pytest.raises(BadInput) as refused:
+        parse_id("0", what)
+    assert str(refused.value) == message
+    with pytest.raises(BadInput, match=f"give a {what} number such as 12"):
+        parse_id("x", what)
