@@ -113,20 +113,8 @@ def add_parsers(sub, command, common, id_type=int) -> None:
 
 
 # -- plumbing ----------------------------------------------------------------------------------
-
-
-def _service(session):
-    from app.llama.service import ServerService
-
-    return ServerService(session.conn, session.me, session.config, topology=session.snapshot.topology,
-                         environ=session.environ)
-
-
-def _light_service(session):
-    """For commands that need no card topology: no NVML (or simulated) read at all."""
-    from app.llama.service import ServerService
-
-    return ServerService(session.conn, session.me, session.config, environ=session.environ)
+# Everything that touches the database goes through `session.client` (the service in process, or its
+# socket); launching and waiting are app.llama.launch, shared with the TUI.
 
 
 def server_json(server) -> dict[str, Any]:
@@ -183,15 +171,17 @@ def cmd_serve(session) -> int:
 def cmd_start(session) -> int:
     from app.cli import print_json
     from app.core.text import inert
-    from app.llama.service import ServerEnded
+    from app.llama import launch
+    from app.llama.launch import ServerEnded
 
     args = session.args
     extra = _split_extra(args)
-    service = _service(session)
-    server = service.start(
-        args.booking, model=args.model, ctx=args.ctx, parallel=args.parallel, port=args.port,
-        split_mode=args.split_mode, tensor_split=args.tensor_split, metrics=args.metrics, alias=args.alias,
-        host=args.host, extra=extra,
+    client = session.client
+    server, grant = launch.start(
+        client, args.booking, socket_path=getattr(client, "path", None), environ=session.environ,
+        model=args.model, ctx=args.ctx, parallel=args.parallel, port=args.port, split_mode=args.split_mode,
+        tensor_split=args.tensor_split, metrics=args.metrics or None, alias=args.alias, host=args.host,
+        extra=extra or None,
     )
     cards = ",".join(map(str, server.cards))
     where = f"server {server.id} ({inert(server.alias or '', 40)}) on cards {cards}, {server.url}"
@@ -211,10 +201,10 @@ def cmd_start(session) -> int:
             print("." if shown[0] % 10 else f"{shown[0]}s", end="", file=sys.stderr, flush=True)
 
     try:
-        server = service.wait_ready(server, progress=progress)
+        server = launch.wait_ready(client, server, timeout=float(grant["ready_timeout_s"]) + 15, progress=progress)
     except ServerEnded as ended:
         print(" " + ended.server.state, file=sys.stderr)
-        _print_tail(ended.server.log_tail or _log_tail(ended.server))
+        _print_tail(ended.server.log_tail or client.call("serve_logs", id=server.id, lines=20)["lines"])
         raise
     except KeyboardInterrupt:
         print(f"\nserver {server.id} keeps starting in the background; 'board serve list' shows it,"
@@ -232,19 +222,14 @@ def cmd_start(session) -> int:
     return 0
 
 
-def _log_tail(server):
-    from app.llama.logs import tail
-
-    return tail(server.log_path)
-
-
 def cmd_stop(session) -> int:
     from app.cli import print_json
+    from app.llama import launch
 
-    service = _light_service(session)
-    before = service.get(session.args.id)
+    client = session.client
+    before = launch.get(client, session.args.id)
     started = time.monotonic()
-    server = service.stop(session.args.id)
+    server = launch.stop(client, session.args.id)
     took = time.monotonic() - started
     if session.args.json:
         print_json(server_json(server))
@@ -264,10 +249,11 @@ def cmd_stop(session) -> int:
 def cmd_list(session) -> int:
     from app.cli import print_json, table
     from app.core.text import format_elapsed, inert
+    from app.llama.rows import server_from_wire
 
     args = session.args
-    service = _light_service(session)
-    found = service.listing(everything=True, user=session.me.name if args.mine else None)
+    found = [server_from_wire(s) for s in session.client.call(
+        "serve_list", all=True, user=session.me.name if args.mine else None)]
     now = time.time()
     if not args.all:
         found = [s for s in found if s.live or (s.ended_at or s.created_at) >= now - RECENT_S]
@@ -292,6 +278,7 @@ def cmd_list(session) -> int:
 
 
 def cmd_logs(session) -> int:
+    """The owner reads the log file its own supervisor wrote; anyone else gets the lines the service holds."""
     from app.errors import BadInput
     from app.core.text import inert
     from app.llama.logs import follow, tail
@@ -299,31 +286,51 @@ def cmd_logs(session) -> int:
     args = session.args
     if args.lines < 0:
         raise BadInput("--lines must be 0 or more")
-    service = _light_service(session)
-    server = service.get(args.id)
-    try:
-        open(server.log_path, "rb").close()
-    except OSError as error:
-        raise BadInput(f"can't read the log of server {server.id} ({server.log_path}): {error.strerror}") from None
+    client = session.client
+    found = client.call("serve_logs", id=args.id, lines=args.lines)
+    path = found.get("log")
+    if path is not None:
+        try:
+            open(path, "rb").close()
+        except OSError:
+            path = None  # written elsewhere (another host's home?): what the service holds
 
     def show(line: str) -> None:
         print(inert(line.replace("\t", "    ")))
 
-    if not args.follow:
-        for line in tail(server.log_path, args.lines, max_bytes=max(64 * 1024, args.lines * 512)):
-            show(line)
-        return 0
-
-    from app.llama import rows
-
     def ended() -> bool:
-        current = rows.get(session.conn, server.id)
-        return current is None or not current.live
+        try:
+            return not client.call("serve_get", id=args.id)["state"] in ("starting", "ready", "stopping")
+        except BadInput:
+            return True
 
     try:
-        for line in follow(server.log_path, start_lines=args.lines, until=ended):
-            show(line)
-            sys.stdout.flush()
+        if path is None:
+            seen = found["lines"]
+            for line in seen:
+                show(line)
+            while args.follow and found["live"]:
+                time.sleep(1.0)
+                found = client.call("serve_logs", id=args.id, lines=500)
+                for line in _new_lines(seen, found["lines"]):
+                    show(line)
+                seen = found["lines"]
+                sys.stdout.flush()
+        elif not args.follow:
+            for line in tail(path, args.lines, max_bytes=max(64 * 1024, args.lines * 512)):
+                show(line)
+        else:
+            for line in follow(path, start_lines=args.lines, until=ended):
+                show(line)
+                sys.stdout.flush()
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def _new_lines(before: list[str], after: list[str]) -> list[str]:
+    """The lines of `after` not already in `before`: both are windows onto one growing log."""
+    for overlap in range(min(len(before), len(after)), 0, -1):
+        if before[-overlap:] == after[:overlap]:
+            return after[overlap:]
+    return after

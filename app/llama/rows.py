@@ -7,6 +7,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from app.store.db import MalformedRow, need, report_malformed
+
 STARTING, READY, STOPPING, STOPPED, CRASHED, FAILED = "starting", "ready", "stopping", "stopped", "crashed", "failed"
 LIVE_STATES = (STARTING, READY, STOPPING)
 FINAL_STATES = (STOPPED, CRASHED, FAILED)
@@ -84,23 +86,78 @@ _COLUMNS = (
 
 
 def _server(row) -> Server:
+    """Decode one row of _COLUMNS; raises MalformedRow saying what a hand edit broke."""
+    try:
+        return _decode(row)
+    except MalformedRow:
+        raise
+    except (ValueError, TypeError) as error:
+        raise MalformedRow(str(error)) from None
+
+
+_INT, _TEXT, _TIME = int, str, (int, float)
+_OPTIONAL = type(None)
+
+
+def _decode(row) -> Server:
     (id_, booking_id, user, uid, cards, uuids, model, alias, host, port, ctx, parallel, split_mode, metrics,
      cmdline, log_path, state, pid, pid_started, pgid, sup_pid, sup_started, sup_cmdline,
      created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail) = row
+    for value, kind, column in (
+        (booking_id, _INT, "booking_id"), (user, _TEXT, "user"), (uid, _INT, "uid"), (model, _TEXT, "model"),
+        (alias, (_TEXT, _OPTIONAL), "alias"), (host, _TEXT, "host"), (port, _INT, "port"),
+        (ctx, (_INT, _OPTIONAL), "ctx"), (parallel, (_INT, _OPTIONAL), "parallel"),
+        (split_mode, (_TEXT, _OPTIONAL), "split_mode"), (metrics, _INT, "metrics"), (log_path, _TEXT, "log_path"),
+        (state, _TEXT, "state"), (pid, (_INT, _OPTIONAL), "pid"), (pid_started, (*_TIME, _OPTIONAL), "pid_started"),
+        (pgid, (_INT, _OPTIONAL), "pgid"), (sup_pid, (_INT, _OPTIONAL), "supervisor_pid"),
+        (sup_started, (*_TIME, _OPTIONAL), "supervisor_started"), (created_at, _INT, "created_at"),
+        (ready_at, (_INT, _OPTIONAL), "ready_at"), (ended_at, (_INT, _OPTIONAL), "ended_at"),
+        (exit_code, (_INT, _OPTIONAL), "exit_code"), (exit_signal, (_INT, _OPTIONAL), "exit_signal"),
+        (reason, (_TEXT, _OPTIONAL), "reason"),
+    ):
+        need(value, kind, column)
+    if state not in LIVE_STATES + FINAL_STATES:
+        raise MalformedRow(f"state is {ascii(state)[:40]}")
     return Server(
-        id=id_, booking_id=booking_id, user=user, uid=uid, cards=tuple(json.loads(cards)),
-        card_uuids=tuple(json.loads(uuids)), model=model, alias=alias, host=host, port=port, ctx=ctx,
-        parallel=parallel, split_mode=split_mode, metrics=bool(metrics), cmdline=tuple(json.loads(cmdline)),
+        id=id_, booking_id=booking_id, user=user, uid=uid, cards=_json_list(cards, int, "cards"),
+        card_uuids=_json_list(uuids, str, "card_uuids"), model=model, alias=alias, host=host, port=port, ctx=ctx,
+        parallel=parallel, split_mode=split_mode, metrics=bool(metrics), cmdline=_json_list(cmdline, str, "cmdline"),
         log_path=log_path, state=state, pid=pid, pid_started=pid_started, pgid=pgid, supervisor_pid=sup_pid,
-        supervisor_started=sup_started, supervisor_cmdline=tuple(json.loads(sup_cmdline)) if sup_cmdline else (),
+        supervisor_started=sup_started,
+        supervisor_cmdline=_json_list(sup_cmdline, str, "supervisor_cmdline") if sup_cmdline else (),
         created_at=created_at, ready_at=ready_at, ended_at=ended_at, exit_code=exit_code, exit_signal=exit_signal,
-        reason=reason, log_tail=tuple(json.loads(log_tail)) if log_tail else (),
+        reason=reason, log_tail=_json_list(log_tail, str, "log_tail") if log_tail else (),
     )
 
 
+def _json_list(text: Any, item: type, column: str) -> tuple:
+    """A JSON list of `item`s stored as text, as a tuple; MalformedRow when it is anything else."""
+    need(text, str, column)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise MalformedRow(f"{column} is not JSON ({ascii(text)[:40]})") from None
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, item) for v in value):
+        raise MalformedRow(f"{column} is not a JSON list of {item.__name__} ({ascii(text)[:40]})")
+    return tuple(value)
+
+
+def _decoded(rows: Iterable) -> list[Server]:
+    """The rows that decode; each one that does not is reported once (report_malformed) and skipped."""
+    found = []
+    for row in rows:
+        try:
+            found.append(_server(row))
+        except MalformedRow as error:
+            report_malformed("server", row[0], error)
+    return found
+
+
 def get(conn: sqlite3.Connection, server_id: int) -> Server | None:
+    """The server, or None when there is none or its row is malformed (which is reported)."""
     row = conn.execute(f"SELECT {_COLUMNS} FROM servers WHERE id = ?", (server_id,)).fetchone()
-    return _server(row) if row else None
+    found = _decoded([row]) if row else []
+    return found[0] if found else None
 
 
 def listing(
@@ -122,7 +179,7 @@ def listing(
     tail = " LIMIT ?" if limit is not None else ""
     if limit is not None:
         args.append(limit)
-    return [_server(r) for r in conn.execute(f"SELECT {_COLUMNS} FROM servers{where} ORDER BY id DESC{tail}", args)]
+    return _decoded(conn.execute(f"SELECT {_COLUMNS} FROM servers{where} ORDER BY id DESC{tail}", args))
 
 
 def live(conn: sqlite3.Connection) -> list[Server]:
@@ -212,3 +269,20 @@ def update(conn: sqlite3.Connection, server_id: int, **fields: Any) -> None:
         sets.append(f"{name} = ?")
         args.append(value)
     conn.execute(f"UPDATE servers SET {', '.join(sets)} WHERE id = ?", [*args, server_id])
+
+
+def server_to_wire(server: Server) -> dict[str, Any]:
+    """The row as the operations return it (JSON values); `server_from_wire` reads it back."""
+    from dataclasses import asdict
+
+    data = asdict(server)
+    for name in ("cards", "card_uuids", "cmdline", "supervisor_cmdline", "log_tail"):
+        data[name] = list(data[name])
+    return data
+
+
+def server_from_wire(data: dict[str, Any]) -> Server:
+    values = dict(data)
+    for name in ("cards", "card_uuids", "cmdline", "supervisor_cmdline", "log_tail"):
+        values[name] = tuple(values.get(name) or ())
+    return Server(**values)

@@ -1,8 +1,21 @@
-"""llama-server lifecycle rules: start on a booking's cards, wait for ready, stop, reconcile, enforce booking ends.
+"""llama-server rules: who may start and stop, port leases, how a server's life is recorded, booking end.
 
-Every start, stop and refusal is audited in the events table inside the same short write
-transaction as the change. Processes are spawned, probed and signalled outside transactions.
-How a server is supervised, and why, is explained in app.llama.supervisor.
+One set of rules for both transports. The `serve_*` operations (app.service.servers) call these
+methods on the service's connection; what differs is only how a process is reached:
+
+- **file mode** (`processes=None`: one user's own database, in process): the row's process
+  identities (pid + start time + command line, app.llama.identity) are the user's own records of
+  the user's own processes; stop signals the verified process group and waits, the log file beside
+  the database is read, and the supervisor records its own reports by calling `supervised`,
+  `ready`, `failed` and `ended` on its own connection.
+- **socket mode** (`processes` = the service's `Supervision`, app.service.servers): nothing in a
+  row is trusted. A server is alive while its registered supervisor's pidfd says so; stop sends
+  SIGTERM through that pidfd (the service SIGKILLs after KILL_AFTER_S) and returns at once; the
+  same `ready`/`failed`/`ended` are called by the service for the messages the supervisor sends.
+
+Nothing here spawns a process: the caller launches the server it was granted (app.llama.launch),
+as itself. Every start, stop and refusal is audited in the events table inside the same short
+write transaction as the change. How a server is supervised is explained in app.llama.supervisor.
 """
 
 from __future__ import annotations
@@ -10,35 +23,43 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from app.config import Config
 from app.errors import BadInput, BoardError, Conflict, NotPermitted
 from app.core.identity import Identity
 from app.gpu.model import Topology
 from app.llama import command as cmd
-from app.llama import health, logs, ports, rows
+from app.llama import logs, ports, rows
 from app.llama.binary import find_server_bin
-from app.llama.identity import ProcessIdentity, capture, check, group_members, signal_group
+from app.llama.identity import ProcessIdentity, check, group_members, signal_group
 from app.llama.rows import Server
 from app.model import Booking
 from app.store import bookings as booking_rows
 from app.store import events
 from app.store.db import write
 
-SUPERVISOR = str(Path(__file__).resolve().with_name("supervisor.py"))
 KILL_AFTER_S = 10.0
 SUPERVISOR_GRACE_S = 3.0  # time for the supervisor to SIGKILL and record the exit itself
-# A row whose supervisor has not been recorded yet is still being launched for this long.
+# A row whose supervisor has not been recorded (registered) yet is still being launched for this long.
 LAUNCH_GRACE_S = 30.0
-# The supervisor's own booking-end backstop, after the agent and board instances have had their turn.
-BACKSTOP_S = 60.0
 WARN_BEFORE_END_S = 600
+
+
+class Processes(Protocol):
+    """How the socket service reaches servers: only through what the kernel told it (app.service.servers)."""
+
+    def alive(self, server: Server) -> bool | None:
+        """True while its registered supervisor runs, False once it has gone, None if it never registered."""
+
+    def terminate(self, server: Server) -> list[int]:
+        """SIGTERM through the supervisor's pidfd and to its group's members the holder owns; SIGKILL follows."""
+
+    def lines(self, server: Server) -> list[str]:
+        """The last log lines its supervisor sent."""
 
 
 class ServerService:
@@ -53,9 +74,16 @@ class ServerService:
         topology: Topology | None = None,
         clock: Callable[[], float] = time.time,
         environ: Mapping[str, str] = os.environ,
+        processes: Processes | None = None,
     ):
         self.conn, self.me, self.config, self.topology = conn, me, config, topology
-        self.clock, self.environ = clock, environ
+        self.clock, self.environ, self.processes = clock, environ, processes
+
+    @property
+    def own_files(self) -> bool:
+        """File mode: the rows and log files are the caller's own (see the module docstring)."""
+        return self.processes is None
+
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -75,7 +103,7 @@ class ServerService:
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(
+    def prepare(
         self,
         booking_id: int,
         *,
@@ -90,7 +118,9 @@ class ServerService:
         host: str | None = None,
         extra: Sequence[str] = (),
     ) -> Server:
-        """Launch a server on the booking's cards; returns its row in state `starting`."""
+        """Check everything and lease a port: the row, in state `starting`, that the caller then launches
+        (app.llama.launch). Nothing is spawned here: behind the socket the service must not run a member's
+        server, so in file mode the caller's own process launches it the same way."""
         settings = self.config.llama
         binary = find_server_bin(settings, self.environ)
         booking = booking_rows.get(self.conn, booking_id)
@@ -129,12 +159,6 @@ class ServerService:
                                                      parallel=parallel, split_mode=split_mode,
                                                      tensor_split=tensor_split, metrics=metrics, alias=alias,
                                                      extra=extra)))
-        server = self.get(server_id)
-        try:
-            self._launch(server)
-        except BoardError as error:
-            self._mark(server, rows.CRASHED, reason=str(error))
-            raise
         return self.get(server_id)
 
     def _may_start(self, booking: Booking, now: int) -> None:
@@ -169,7 +193,8 @@ class ServerService:
                     booking = booking_rows.get(self.conn, booking_id)
                     self._may_start(booking, now)  # again, under the write lock
                     server_id = rows.insert(self.conn, now=now, **values)
-                    rows.set_log_path(self.conn, server_id, str(logs.log_dir(self.config) / f"{server_id}.log"))
+                    if self.own_files:  # the user's own database: the log goes beside it
+                        rows.set_log_path(self.conn, server_id, str(logs.log_dir(self.config) / f"{server_id}.log"))
                     events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action="server-start",
                                   booking_id=booking_id, ok=True,
                                   details={"server": server_id, "port": port, "model": values["model"],
@@ -183,85 +208,70 @@ class ServerService:
             f"no free port in {settings.port_min}-{settings.port_max}; stop a server or widen llama.port_min/port_max"))
         raise AssertionError("unreachable")
 
-    def _launch(self, server: Server) -> None:
-        try:
-            log_path, fd = logs.open_log(Path(server.log_path).parent, server.id)
-        except OSError as error:
-            raise BoardError(f"can't write the server log {server.log_path}: {error.strerror}") from None
-        try:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(self.clock()))
-            header = (f"board: {stamp} server {server.id} for booking {server.booking_id} ({server.user}),"
-                      f" cards {','.join(map(str, server.cards))},"
-                      f" CUDA_VISIBLE_DEVICES={','.join(server.card_uuids)}\n"
-                      f"board: {' '.join(server.cmdline)}\n")
-            os.write(fd, header.encode("utf-8", "replace"))
-            argv = [sys.executable, SUPERVISOR, "--db", str(Path(self.config.db_path).resolve()),
-                    "--server", str(server.id), "--host", server.host, "--port", str(server.port),
-                    "--ready-timeout", str(self.config.llama.ready_timeout_s), "--backstop", str(_backstop(self.environ)),
-                    "--", *server.cmdline]
-            try:
-                child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, close_fds=True,
-                                         start_new_session=True, env=cmd.server_env(server.card_uuids, self.environ))
-            except OSError as error:
-                raise BoardError(f"can't start the supervisor: {error.strerror or error}") from None
-        finally:
-            os.close(fd)
-        # Reap it if it ends while we still run (a long-lived TUI); otherwise init inherits it.
-        threading.Thread(target=child.wait, name=f"reap-supervisor-{server.id}", daemon=True).start()
-        found = capture(child.pid)
+    # -- what the supervisor reports (file mode: it calls these itself; socket: the service, for it) ---
+
+    def supervised(self, server_id: int, *, supervisor: ProcessIdentity | None = None, pgid: int | None = None,
+                   child: ProcessIdentity | None = None, log_path: str | None = None) -> None:
+        """Record who runs the server: its supervisor (and its group), llama-server itself, its log."""
         with write(self.conn):
-            rows.set_supervisor(self.conn, server.id, child.pid, found.started if found else None,
-                                found.cmdline if found else argv, pgid=child.pid)
+            if supervisor is not None:
+                rows.set_supervisor(self.conn, server_id, supervisor.pid, supervisor.started, supervisor.cmdline,
+                                    pgid=pgid if pgid is not None else supervisor.pid)
+            if child is not None:
+                rows.set_process(self.conn, server_id, child.pid, child.started, child.cmdline)
+            if log_path is not None:
+                rows.set_log_path(self.conn, server_id, log_path)
 
-    # -- ready ---------------------------------------------------------------------------------
+    def ready(self, server_id: int) -> bool:
+        with write(self.conn):
+            return rows.transition(self.conn, server_id, [rows.STARTING], rows.READY, ready_at=int(self.clock()))
 
-    def wait_ready(self, server: Server, *, progress: Callable[[float], None] | None = None,
-                   poll_s: float = 0.02, timeout: float | None = None) -> Server:
-        """Poll /health until 200; BoardError when the server crashes, fails or stops instead."""
-        started = time.monotonic()
-        limit = timeout if timeout is not None else self.config.llama.ready_timeout_s + 15
-        next_row = started + 0.25
-        while True:
-            if health.health(server.host, server.port, timeout=1.0) == 200:
-                with write(self.conn):
-                    rows.transition(self.conn, server.id, [rows.STARTING], rows.READY, ready_at=int(self.clock()))
-                return self._with_pid(server.id)
-            now = time.monotonic()
-            if now >= next_row:
-                next_row = now + 0.25
-                current = self._reconcile_one(self.get(server.id))  # a supervisor that died says nothing
-                if current.state == rows.READY:
-                    return self._with_pid(server.id)
-                if current.state != rows.STARTING:
-                    if current.state == rows.STOPPING:
-                        raise BoardError(f"server {server.id} is being stopped ({current.reason or 'on request'})")
-                    raise ServerEnded(current)
-                if progress is not None:
-                    progress(now - started)
-            if now - started > limit:
-                raise BoardError(f"server {server.id} is not ready after {limit:.0f} s; see 'board serve logs {server.id}'")
-            time.sleep(poll_s)
+    def failed(self, server_id: int, reason: str, tail: Sequence[str]) -> bool:
+        """Not ready in time: `failed` (its supervisor stops it)."""
+        now = int(self.clock())
+        with write(self.conn):
+            server = rows.get(self.conn, server_id)
+            moved = rows.transition(self.conn, server_id, [rows.STARTING], rows.FAILED, reason=reason,
+                                    log_tail=list(tail), ended_at=now)
+            if moved and server is not None:
+                events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action="server-fail",
+                              booking_id=server.booking_id, ok=True,
+                              details={"server": server_id, "by": "supervisor", "reason": reason})
+        return moved
 
-    def _with_pid(self, server_id: int, timeout: float = 5.0) -> Server:
-        """The row with llama-server's pid. The supervisor records it right after launch, but its imports
-        can take longer than a tiny model takes to load: then we record it, from the supervisor's child."""
-        deadline = time.monotonic() + timeout
-        current = self.get(server_id)
-        while current.pid is None and current.live and time.monotonic() < deadline:
-            found = _child_of(current)
-            if found is not None:
-                with write(self.conn):
-                    rows.set_process(self.conn, server_id, found.pid, found.started, found.cmdline,
-                                     only_if_unset=True)
-            else:
-                time.sleep(0.005)
-            current = self.get(server_id)
-        return current
+    def ended(self, server_id: int, *, exit_code: int | None = None, exit_signal: int | None = None,
+              text: str | None = None, tail: Sequence[str] = (), asked: bool = False,
+              unexpected: str | None = None) -> Server | None:
+        """llama-server (or its supervisor) is gone: `stopped` when someone asked, else `crashed` (audited)."""
+        if unexpected is None:
+            known = exit_code is not None or exit_signal is not None
+            unexpected = "exited unexpectedly" if known else (text or "exit status unknown")
+        ended_at = int(self.clock())
+        info = dict(exit_code=exit_code, exit_signal=exit_signal, ended_at=ended_at)
+        with write(self.conn):
+            current = rows.get(self.conn, server_id)
+            if current is None:
+                return None
+            if current.state == rows.STOPPING or (asked and current.state in rows.LIVE_STATES):
+                rows.transition(self.conn, server_id, rows.LIVE_STATES, rows.STOPPED, **info)
+            elif current.state in (rows.STARTING, rows.READY):
+                if rows.transition(self.conn, server_id, [current.state], rows.CRASHED, reason=unexpected,
+                                   log_tail=list(tail), **info):
+                    events.record(self.conn, ts=ended_at, uid=self.me.uid, actor=self.me.name,
+                                  action="server-crash", booking_id=current.booking_id, ok=True,
+                                  details={"server": server_id, "exit": text or "unknown", "found_by": self.me.name})
+            elif current.exit_code is None and current.exit_signal is None and (exit_code, exit_signal) != (None, None):
+                rows.update(self.conn, server_id, exit_code=exit_code, exit_signal=exit_signal,
+                            ended_at=current.ended_at or ended_at)
+        return rows.get(self.conn, server_id)
 
     # -- stop ----------------------------------------------------------------------------------
 
     def stop(self, server_id: int, *, reason: str | None = None, enforce: bool = False, wait: bool = True) -> Server:
         """Stop a server: SIGTERM to its process group, SIGKILL after 10 s, until no process of it is left.
+
+        Behind the socket it returns at once, `stopping` (the database thread must not wait): the caller
+        watches the row (app.llama.launch.wait_final) while the supervisor and the service finish.
 
         `enforce`: a rule (the booking ended) rather than a person asks, so anyone's board may do it.
         Processes of another user cannot be signalled without root; then the row says `stopping` and
@@ -282,6 +292,9 @@ class ServerService:
                               booking_id=server.booking_id, ok=True, details={"server": server.id, "reason": reason})
         server = self.get(server.id)
         if not server.live:
+            return server
+        if self.processes is not None:  # the service: SIGTERM through the pidfd; it SIGKILLs after KILL_AFTER_S
+            self.processes.terminate(server)
             return server
         if server.pgid is None:  # launched a moment ago: its supervisor reads the row and stops it
             return self._wait_final(server, KILL_AFTER_S + 5) if wait else server
@@ -351,10 +364,14 @@ class ServerService:
         return changed
 
     def _reconcile_one(self, server: Server) -> Server:
-        if not server.live or _alive(server):
+        if not server.live:
             return server
         now = int(self.clock())
-        if server.supervisor_pid is None and now - server.created_at < LAUNCH_GRACE_S:
+        if self.processes is not None:
+            alive = self.processes.alive(server)
+            if alive or (alive is None and now - server.created_at < LAUNCH_GRACE_S):
+                return server
+        elif _alive(server) or (server.supervisor_pid is None and now - server.created_at < LAUNCH_GRACE_S):
             return server
         with write(self.conn):
             if server.state == rows.STOPPING:
@@ -362,7 +379,7 @@ class ServerService:
             else:
                 reason = "the server and its supervisor are gone; exit status unknown"
                 if rows.transition(self.conn, server.id, [server.state], rows.CRASHED, reason=reason, ended_at=now,
-                                   log_tail=logs.tail(server.log_path)):
+                                   log_tail=self._tail(server)):
                     events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action="server-crash",
                                   booking_id=server.booking_id, ok=True,
                                   details={"server": server.id, "exit": "unknown", "found_by": self.me.name})
@@ -385,6 +402,20 @@ class ServerService:
                 found.append((server, booking.end - now))
         return found
 
+    # -- logs ----------------------------------------------------------------------------------
+
+    def log_lines(self, server: Server, lines: int = logs.TAIL_LINES) -> list[str]:
+        """The server's last log lines: from the user's own file in file mode; behind the socket, only what
+        its supervisor sent (the service never opens a path from a row)."""
+        if not server.live and server.log_tail and not self.own_files:
+            return list(server.log_tail)[-lines:]
+        if self.own_files:
+            return logs.tail(server.log_path, lines, max_bytes=max(64 * 1024, lines * 512)) if server.log_path else []
+        return self.processes.lines(server)[-lines:] if lines else []
+
+    def _tail(self, server: Server) -> list[str]:
+        return self.log_lines(server) if self.own_files or server.live else list(server.log_tail)
+
     # -- helpers -------------------------------------------------------------------------------
 
     def _mark(self, server: Server, state: str, reason: str) -> None:
@@ -404,13 +435,7 @@ class ServerService:
         raise refusal
 
 
-class ServerEnded(BoardError):
-    """The server crashed, failed or stopped while we waited for it to be ready."""
-
-    def __init__(self, server: Server):
-        what = server.reason or server.exit_text or "no reason recorded"
-        super().__init__(f"server {server.id} {server.state}: {what}; see 'board serve logs {server.id}'")
-        self.server = server
+from app.llama.launch import ServerEnded  # noqa: E402,F401 - re-exported
 
 
 def _positive(flag: str, value) -> int:
@@ -423,13 +448,6 @@ def _positive(flag: str, value) -> int:
     return number
 
 
-def _backstop(environ: Mapping[str, str]) -> float:
-    try:
-        return float(environ.get("BOARD_LLAMA_BACKSTOP_S", BACKSTOP_S))
-    except ValueError:
-        return BACKSTOP_S
-
-
 def _identities(server: Server) -> list[ProcessIdentity]:
     found = []
     if server.pid is not None:
@@ -437,26 +455,6 @@ def _identities(server: Server) -> list[ProcessIdentity]:
     if server.supervisor_pid is not None:
         found.append(ProcessIdentity(server.supervisor_pid, server.supervisor_started, server.supervisor_cmdline))
     return found
-
-
-def _child_of(server: Server) -> ProcessIdentity | None:
-    """llama-server's identity, found as the verified supervisor's child running the recorded command."""
-    if server.supervisor_pid is None:
-        return None
-    supervisor = ProcessIdentity(server.supervisor_pid, server.supervisor_started, server.supervisor_cmdline)
-    if check(supervisor) != "match":
-        return None
-    import psutil
-
-    try:
-        children = psutil.Process(server.supervisor_pid).children()
-    except psutil.Error:
-        return None
-    for child in children:
-        found = capture(child.pid)
-        if found is not None and found.cmdline == server.cmdline:
-            return found
-    return None
 
 
 def _alive(server: Server) -> bool:

@@ -2,38 +2,41 @@
 
 Why a supervisor. The board process that starts a server (the CLI, a TUI) must be able to exit
 without taking the server along, yet a detached process's exit status is lost unless its parent
-collects it. So `board serve start` starts this script, detached, and this script starts
-llama-server as its own child:
+collects it. So `board serve start` (app.llama.launch) starts this script, detached and as the
+member who asked, and this script starts llama-server as its own child:
 
     board serve start ──spawn (new session, stdio → log)──▶ supervisor ──Popen──▶ llama-server
-                       (returns when /health says 200)      pid = pgid = sid     same process group
+                       (returns when the row says ready)    pid = pgid = sid     same process group
 
 * **Process group.** The supervisor leads a new session and process group; llama-server inherits it.
-  Stopping is `killpg(pgid, SIGTERM)`, then SIGKILL after 10 s: both die, nothing is left behind.
-  On SIGTERM the supervisor only notes the request, waits for llama-server to exit (forwarding the
-  signal if it came to the supervisor alone), records `stopped` with the exit status, then exits.
-* **Exit information.** When llama-server ends without being asked (`kill -9`, a segfault, a
-  failed bind), the supervisor sees the exit status via `waitpid` and records `crashed` with the
-  exit code or signal and the last 20 lines of the log.
-* **No orphans if the supervisor itself dies.** llama-server runs with PR_SET_PDEATHSIG = SIGKILL, so
-  a `kill -9` of the supervisor takes the server with it; the next board that looks (any
-  `board serve list`, the TUI, `board agent`) finds neither process and marks the row `crashed`
-  ("exit status unknown").
-* **Readiness.** It polls GET /health (503 while loading) and records `ready` at the first 200, or
-  `failed` (and stops the server) when none comes within llama.ready_timeout_s. The CLI that waits
-  polls /health too and records `ready` itself if it sees the 200 first; the state change is
-  conditional, so whichever is first wins.
-* **Requests through the database.** Once a second it reads its row. A `stopping` state (set by an
-  admin or agent who may not signal another user's processes) makes it stop the server itself. As a
-  backstop for a host without `board agent`, it also stops the server `--backstop` seconds after the
-  booking ends (the agent and any board instance normally do so first).
-* **Identity.** The row holds pid + create time + command line of both processes; see
-  app.llama.identity. Nothing signals a PID whose identity does not match.
+  On SIGTERM the supervisor notes the request, forwards it to llama-server, SIGKILLs it after 10 s,
+  records `stopped` with the exit status, then exits.
+* **Exit information.** When llama-server ends without being asked (`kill -9`, a segfault, a failed
+  bind), the supervisor sees the exit status via `waitpid` and reports `crashed` with the exit code or
+  signal and the last 20 lines of the log.
+* **No orphans if the supervisor itself dies.** llama-server runs with PR_SET_PDEATHSIG = SIGKILL, so a
+  `kill -9` of the supervisor takes the server with it.
+* **Readiness.** It polls GET /health (503 while loading) and reports `ready` at the first 200, or
+  `failed` (and stops the server) when none comes within llama.ready_timeout_s.
+
+Where the reports go: one `_Reporter` interface, two ends.
+
+* `--socket PATH` (the shared install). Right after the launch it connects to the board service
+  and registers (`register`, kind "server", the server id) on a connection it keeps open. The
+  service takes its pid and uid from SO_PEERCRED and opens a pidfd: from then on the service
+  signals only through that. Reports are JSON lines on that connection (`ready`, `failed`, `exit`,
+  and `log` with the new lines of its own log, which the service never opens). A refused
+  registration stops the server; so does losing the connection (the service restarted): a server
+  the service cannot reach must not run on.
+* `--db PATH` (file mode: the user's own database). It calls the same ServerService methods on its
+  own connection, reads its row once a second (a `stopping` row means stop) and, as a backstop for
+  a host without `board agent`, stops the server `--backstop` seconds after the booking ends.
 
 The server is launched before anything slow is imported, so the supervisor adds only an interpreter
-start to the time to ready. Usage (by app.llama.service, not by hand):
+start to the time to ready. Usage (by app.llama.launch, not by hand):
 
-    python supervisor.py --db DB --server ID --host H --port P --ready-timeout S --backstop S -- llama-server ARGS...
+    python supervisor.py (--db DB | --socket PATH) --server ID --host H --port P --ready-timeout S
+                         --backstop S --log PATH -- llama-server ARGS...
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ import sys
 import time
 
 KILL_AFTER_S = 10.0
-DB_CHECK_S = 1.0
+CHECK_S = 1.0
 PR_SET_PDEATHSIG = 1
+LOG_LINE_MAX = 1000  # characters of one log line sent to the service
+LOG_BATCH_MAX = 200  # lines in one `log` message
 
 
 class _StopRequest:
@@ -59,15 +64,17 @@ class _StopRequest:
 
 def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     if "--" not in argv:
-        raise SystemExit("usage: supervisor.py --db DB --server ID ... -- llama-server ARGS...")
+        raise SystemExit("usage: supervisor.py (--db DB | --socket PATH) --server ID ... -- llama-server ARGS...")
     split = argv.index("--")
     options, command = argv[:split], argv[split + 1:]
     opts = {}
     for i in range(0, len(options) - 1, 2):
         opts[options[i].lstrip("-")] = options[i + 1]
-    for required in ("db", "server", "host", "port", "ready-timeout", "backstop"):
+    for required in ("server", "host", "port", "ready-timeout", "backstop", "log"):
         if required not in opts:
             raise SystemExit(f"supervisor: missing --{required}")
+    if ("db" in opts) == ("socket" in opts):
+        raise SystemExit("supervisor: give --db or --socket")
     if not command:
         raise SystemExit("supervisor: no command after --")
     return opts, command
@@ -109,92 +116,225 @@ def main(argv: list[str] | None = None) -> int:
 
     # Everything below may be slow to import; the server is already loading.
     try:
-        supervision = _Supervision(opts, command, child, launch_error, launched_at, stop)
-    except Exception as error:  # noqa: BLE001 - no database: the server must not run unsupervised
-        print(f"board supervisor: can't open the board database {opts['db']}: {error}; stopping the server",
-              file=sys.stderr, flush=True)
+        if "socket" in opts:
+            reporter = _SocketReporter(opts, child)
+        else:
+            reporter = _DatabaseReporter(opts, child)
+    except Exception as error:  # noqa: BLE001 - nobody to report to: the server must not run unsupervised
+        print(f"board supervisor: {error}; stopping the server", file=sys.stderr, flush=True)
         if child is not None:
             child.kill()
             child.wait()
         return 1
-    return supervision.run()
+    return _Supervision(opts, command, child, launch_error, launched_at, stop, reporter).run()
 
 
-class _Supervision:
-    def __init__(self, opts, command, child, launch_error, launched_at, stop) -> None:
+# -- where reports go ---------------------------------------------------------------------------
+
+
+class _SocketReporter:
+    """The shared install: register with the service, then send each report as a JSON line."""
+
+    def __init__(self, opts, child) -> None:
+        import json
+        import socket
+
+        self.json, self.server_id, self.log_path = json, int(opts["server"]), opts["log"]
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        try:
+            self.sock.connect(opts["socket"])
+        except OSError as error:
+            raise RuntimeError(f"can't reach the board service at {opts['socket']}: {error.strerror or error}")
+        self.reader = self.sock.makefile("rb")
+        self._send({"v": 1, "id": 1, "op": "register", "args": {
+            "kind": "server", "server": self.server_id, "pid": child.pid if child else None, "log": self.log_path}})
+        reply = self.reader.readline(1 << 20)
+        try:
+            answer = json.loads(reply) if reply else {}
+        except ValueError:
+            answer = {}
+        if not answer.get("ok"):
+            message = (answer.get("error") or {}).get("message") or "the service closed the connection"
+            raise RuntimeError(f"the board service refused server {self.server_id}: {message}")
+        self.sock.setblocking(False)
+        self.position = 0
+        self.pending = b""
+        self.lost = False
+
+    def _send(self, message: dict) -> None:
+        data = (self.json.dumps(message, separators=(",", ":")) + "\n").encode()
+        self.sock.settimeout(10)
+        try:
+            self.sock.sendall(data)
+        except OSError:
+            self.lost = True
+        finally:
+            self.sock.setblocking(False)
+
+    def started(self, child_identity) -> None:
+        pass  # the service learnt the pid at registration
+
+    def ready(self) -> None:
+        self._send({"event": "ready"})
+
+    def failed(self, reason: str, tail: list[str]) -> None:
+        self._send({"event": "failed", "reason": reason, "tail": tail})
+
+    def ended(self, *, code, sig, text, tail, asked) -> None:
+        self.send_log()
+        self._send({"event": "exit", "code": code, "signal": sig, "text": text, "tail": tail, "asked": asked})
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def check(self, now: float) -> str | None:
+        """'lost' once the service has closed the connection (it restarted, or refused us)."""
+        self.send_log()
+        try:
+            data = self.sock.recv(4096)
+        except BlockingIOError:
+            data = None
+        except OSError:
+            data = b""
+        if data == b"" or self.lost:
+            return "lost"
+        return None
+
+    def send_log(self) -> None:
+        """The new complete lines of our own log (written by us and llama-server), for `board serve logs`."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.position)
+                chunk = f.read(1 << 20)
+        except OSError:
+            return
+        if not chunk:
+            return
+        self.position += len(chunk)
+        self.pending += chunk
+        *complete, self.pending = self.pending.split(b"\n")
+        lines = [line.decode("utf-8", "replace")[:LOG_LINE_MAX] for line in complete]
+        for start in range(0, len(lines), LOG_BATCH_MAX):
+            self._send({"event": "log", "lines": lines[start:start + LOG_BATCH_MAX]})
+
+
+class _DatabaseReporter:
+    """File mode: the user's own database, through the same ServerService methods the service uses."""
+
+    def __init__(self, opts, child) -> None:
         import pwd
         from pathlib import Path
 
+        from app.config import Config
+        from app.core.identity import Identity
+        from app.llama.service import ServerService
         from app.store.db import connect
 
-        self.server_id = int(opts["server"])
-        self.host, self.port = opts["host"], int(opts["port"])
-        self.ready_timeout = float(opts["ready-timeout"])
-        self.backstop = float(opts["backstop"])
-        self.command, self.child, self.launch_error = command, child, launch_error
-        self.launched_at, self.stop = launched_at, stop
-        self.uid = os.getuid()
+        self.server_id, self.backstop, self.log_path = int(opts["server"]), float(opts["backstop"]), opts["log"]
+        uid = os.getuid()
         try:
-            self.user = pwd.getpwuid(self.uid).pw_name
+            user = pwd.getpwuid(uid).pw_name
         except KeyError:
-            self.user = f"uid{self.uid}"
-        self.conn = connect(Path(opts["db"]), create=False)
-        self.ready = False
-        self.kill_at: float | None = None  # set once the server has been asked to stop
-        self.killed = False
+            user = f"uid{uid}"
+        try:
+            self.conn = connect(Path(opts["db"]), create=False)
+        except Exception as error:  # noqa: BLE001
+            raise RuntimeError(f"can't open the board database {opts['db']}: {error}") from None
+        self.service = ServerService(self.conn, Identity(user, uid, False), Config(db_path=Path(opts["db"])))
 
-    # -- the database ---------------------------------------------------------------------------
-
-    def _write(self, change, attempts: int = 5) -> None:
-        """Run `change(conn)` in a short write transaction; retry a locked database, never die of it."""
+    def _write(self, change, attempts: int = 5):
+        """Run one report; retry a locked database, never die of it."""
         import sqlite3
 
         from app.errors import BoardError
-        from app.store.db import write
 
         for attempt in range(attempts):
             try:
-                with write(self.conn):
-                    change(self.conn)
-                return
+                return change(self.service)
             except (sqlite3.Error, BoardError) as error:
                 if attempt == attempts - 1:
                     print(f"board supervisor: can't update server {self.server_id}: {error}", file=sys.stderr)
-                    return
+                    return None
                 time.sleep(0.2 * (attempt + 1))
 
-    def _event(self, conn, action: str, booking_id: int, details: dict) -> None:
-        from app.store import events
+    def started(self, child_identity) -> None:
+        from app.llama.identity import capture
 
-        events.record(conn, ts=int(time.time()), uid=self.uid, actor=self.user, action=action,
-                      booking_id=booking_id, ok=True, details={"server": self.server_id, "by": "supervisor", **details})
+        me = capture(os.getpid())
+        self._write(lambda s: s.supervised(self.server_id, supervisor=me, pgid=os.getpgrp(), child=child_identity))
 
-    def _row(self):
+    def ready(self) -> None:
+        self._write(lambda s: s.ready(self.server_id))
+
+    def failed(self, reason: str, tail: list[str]) -> None:
+        self._write(lambda s: s.failed(self.server_id, reason, tail))
+
+    def ended(self, *, code, sig, text, tail, asked) -> None:
+        self._write(lambda s: s.ended(self.server_id, exit_code=code, exit_signal=sig, text=text, tail=tail,
+                                      asked=asked))
+
+    def check(self, now: float) -> str | None:
+        """'ready' when the row already says so, 'stop' when it asks to stop or the booking is over."""
         import sqlite3
 
         from app.llama import rows
 
         try:
-            return rows.get(self.conn, self.server_id)
+            row = rows.get(self.conn, self.server_id)
         except sqlite3.Error:
             return None
+        if row is None:
+            return None
+        if row.state not in (rows.STARTING, rows.READY):
+            return "stop"  # stopping (asked by someone who cannot signal us), or already final
+        if self.backstop >= 0:
+            booking = self.conn.execute("SELECT ends_at, status FROM bookings WHERE id = ?",
+                                        (row.booking_id,)).fetchone()
+            if booking is not None and (booking[1] != "booked" or time.time() >= booking[0] + self.backstop):
+                reason = f"booking {row.booking_id} ended"
+                print(f"board: {reason}; stopping the server", file=sys.stderr, flush=True)
+                self._write(lambda s: s.stop(self.server_id, reason=reason, enforce=True, wait=False))
+                return "stop"
+        return "ready" if row.state == rows.READY else None
 
-    # -- the life of the server -----------------------------------------------------------------
+    def send_log(self) -> None:
+        pass  # the file is the user's own; readers open it
+
+
+# -- the life of the server ---------------------------------------------------------------------
+
+
+class _Supervision:
+    def __init__(self, opts, command, child, launch_error, launched_at, stop, reporter) -> None:
+        self.server_id = int(opts["server"])
+        self.host, self.port = opts["host"], int(opts["port"])
+        self.ready_timeout = float(opts["ready-timeout"])
+        self.log_path = opts["log"]
+        self.command, self.child, self.launch_error = command, child, launch_error
+        self.launched_at, self.stop, self.report = launched_at, stop, reporter
+        self.ready = False
+        self.kill_at: float | None = None  # set once the server has been asked to stop
+        self.killed = False
+
+    def _tail(self) -> list[str]:
+        from app.llama import logs
+
+        return logs.tail(self.log_path)
 
     def run(self) -> int:
-        from app.llama import identity, rows
+        from app.llama import identity
 
         if self.child is None:
             self._finish(None)
             return 1
-        found = identity.capture(self.child.pid)
-        if found is not None:
-            self._write(lambda c: rows.set_process(c, self.server_id, found.pid, found.started, found.cmdline))
+        self.report.started(identity.capture(self.child.pid))
         try:
             pidfd = os.pidfd_open(self.child.pid)
         except (AttributeError, OSError):
             pidfd = None
-        next_db_check = 0.0
+        next_check = 0.0
         while self.child.poll() is None:
             now = time.monotonic()
             if self.stop.requested:
@@ -204,10 +344,18 @@ class _Supervision:
                 self.killed = True
             if not self.ready and self.kill_at is None:
                 self._check_ready(now)
-            if now >= next_db_check:
-                next_db_check = now + DB_CHECK_S
-                self._check_row(now)
-            timeout = 0.1 if not self.ready else DB_CHECK_S
+            if now >= next_check:
+                next_check = now + CHECK_S
+                verdict = self.report.check(now)
+                if verdict == "ready":
+                    self.ready = True  # the waiting CLI saw the 200 first
+                elif verdict == "stop":
+                    self._terminate(now)
+                elif verdict == "lost" and self.kill_at is None:
+                    print("board: lost the board service; stopping the server", file=sys.stderr, flush=True)
+                    self.stop.requested = True
+                    self._terminate(now)
+            timeout = 0.1 if not self.ready else CHECK_S
             if self.kill_at is not None and not self.killed:
                 timeout = min(timeout, max(self.kill_at - now, 0.0))  # SIGKILL on time, not a tick late
             self._wait(pidfd, timeout)
@@ -236,60 +384,20 @@ class _Supervision:
                 pass
 
     def _check_ready(self, now: float) -> None:
-        from app.llama import health, logs, rows
+        from app.llama import health
 
         if health.health(self.host, self.port, timeout=0.5) == 200:
             self.ready = True
-            self._write(lambda c: rows.transition(c, self.server_id, [rows.STARTING], rows.READY,
-                                                  ready_at=int(time.time())))
+            self.report.ready()
         elif now - self.launched_at > self.ready_timeout:
-            row = self._row()
-            tail = logs.tail(row.log_path) if row else []
             reason = f"not ready within {self.ready_timeout:g} s"
             print(f"board: {reason}; stopping it", file=sys.stderr, flush=True)
-
-            def change(c):
-                if rows.transition(c, self.server_id, [rows.STARTING], rows.FAILED, reason=reason, log_tail=tail,
-                                   ended_at=int(time.time())) and row:
-                    self._event(c, "server-fail", row.booking_id, {"reason": reason})
-
-            self._write(change)
-            self._terminate(now)
-
-    def _check_row(self, now: float) -> None:
-        from app.llama import rows
-
-        row = self._row()
-        if row is None:
-            return
-        if row.state == rows.READY:
-            self.ready = True  # the waiting CLI saw the 200 first
-        if row.state not in (rows.STARTING, rows.READY):
-            self._terminate(now)  # stopping (asked by someone who cannot signal us), or already final
-            return
-        if self.backstop < 0:
-            return
-        booking = self.conn.execute("SELECT ends_at, status FROM bookings WHERE id = ?", (row.booking_id,)).fetchone()
-        if booking is None:
-            return
-        ends_at, status = booking
-        wall = time.time()
-        if status != "booked" or wall >= ends_at + self.backstop:
-            reason = f"booking {row.booking_id} ended"
-
-            def change(c):
-                if rows.transition(c, self.server_id, [rows.STARTING, rows.READY], rows.STOPPING, reason=reason):
-                    self._event(c, "server-stop", row.booking_id, {"reason": reason})
-
-            print(f"board: {reason}; stopping the server", file=sys.stderr, flush=True)
-            self._write(change)
+            self.report.failed(reason, self._tail())
             self._terminate(now)
 
     def _finish(self, returncode: int | None) -> None:
-        from app.llama import identity, logs, rows
+        from app.llama import identity
 
-        row = self._row()
-        tail = logs.tail(row.log_path) if row else []
         if returncode is None:
             code, sig, text = None, None, self.launch_error
         else:
@@ -297,25 +405,7 @@ class _Supervision:
             text = f"killed by signal {sig} ({identity.signal_name(sig)})" if sig else f"exit code {code}"
         print(f"board: llama-server {'(pid %d) ' % self.child.pid if self.child else ''}ended: {text}",
               file=sys.stderr, flush=True)
-        ended = int(time.time())
-        info = dict(exit_code=code, exit_signal=sig, ended_at=ended)
-
-        def change(c):
-            current = rows.get(c, self.server_id)
-            if current is None:
-                return
-            if current.state == rows.STOPPING or (self.stop.requested and current.state in rows.LIVE_STATES):
-                rows.transition(c, self.server_id, rows.LIVE_STATES, rows.STOPPED, **info)
-            elif current.state in (rows.STARTING, rows.READY):
-                reason = "exited unexpectedly" if returncode is not None else text
-                if rows.transition(c, self.server_id, [current.state], rows.CRASHED, reason=reason, log_tail=tail,
-                                   **info):
-                    self._event(c, "server-crash", current.booking_id, {"exit": text})
-            elif current.exit_code is None and current.exit_signal is None:
-                rows.update(c, self.server_id, exit_code=code, exit_signal=sig,
-                            ended_at=current.ended_at or ended)
-
-        self._write(change)
+        self.report.ended(code=code, sig=sig, text=text, tail=self._tail(), asked=self.stop.requested)
 
 
 if __name__ == "__main__":

@@ -238,9 +238,14 @@ class ServiceServer:
 
         me = identity_of(peer, self.service.config.admin_group)
         kind = args.get("kind") if isinstance(args, dict) else None
+        if kind == "server":  # a llama-server supervisor: app.service.servers says how
+            from app.service.servers import serve_registration
+
+            return serve_registration(self, conn, reader, peer, request_id, args)
         booking_id = args.get("booking") if isinstance(args, dict) else None
         if kind not in ("job",) or (booking_id is not None and (not isinstance(booking_id, int) or isinstance(booking_id, bool))):
-            self._reply(conn, request_id, error=BadInput("register: give kind \"job\" and an optional booking number"))
+            self._reply(conn, request_id, error=BadInput("register: give kind \"job\" and an optional booking number,"
+                                                         " or kind \"server\" and the server id"))
             return
 
         def admit():
@@ -277,7 +282,8 @@ class ServiceServer:
                 self.log(f"enforcement pass failed: {type(error).__name__}: {error}")
 
     def enforce_once(self) -> dict[str, list[int]]:
-        """Jobs whose booking has ended: SIGTERM, then SIGKILL after [enforce] grace_s (or only a warning)."""
+        """Jobs whose booking has ended: SIGTERM, then SIGKILL after [enforce] grace_s (or only a warning);
+        llama-servers: app.service.servers.enforce_servers (their rows, booking end, SIGKILL after 10 s)."""
         from app.core.identity import Identity
         from app.service.ops import audit
         from app.store import bookings as rows
@@ -288,7 +294,12 @@ class ServiceServer:
         settings = self.service.config.enforce
         agent = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
         now = self.service.clock()
+        from app.service.servers import enforce_servers
+
+        done.update(enforce_servers(self))
         for entry in self.registry.live():
+            if entry.kind == "server":
+                continue
             booking = rows.get(self.service.conn, entry.booking_id)
             over = booking is None or not booking.active(now)
             if not over:

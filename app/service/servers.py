@@ -1,3 +1,402 @@
-"""The llama-server operations (serve_start, serve_stop, serve_list, serve_logs), registered into OPS."""
+"""The llama-server operations (serve_start, serve_get, serve_list, serve_logs, serve_stop) and, behind
+the socket, the supervision of registered servers.
+
+The shape, one set of rules for both transports:
+
+    board serve start ──serve_start──▶ Service ──▶ ServerService.prepare (app.llama.service):
+      (the member)                                 holder, active booking, model, port lease, extra args;
+          │                                        the row, state `starting`, audited
+          └─ spawns the supervisor as itself (app.llama.launch)
+                   │
+                   ├─ socket: `register` kind "server" ──▶ ServiceServer._register ──▶ `serve_registration`
+                   │    pid/uid from SO_PEERCRED, a pidfd (Registry.add); the connection stays open and carries
+                   │    the supervisor's reports (ready, failed, log lines, exit), which call the same
+                   │    ServerService.ready/failed/ended as file mode
+                   └─ file mode: the supervisor calls those methods itself on the user's own database
+
+`serve_stop` and the booking end (`enforce_servers`, from ServiceServer.enforce_once) go through
+ServerService.stop; behind the socket its `processes` is this module's `Supervision`, which signals
+only through registered pidfds (SIGTERM, SIGKILL after KILL_AFTER_S). The service never opens a path
+from a row: log lines reach it because the supervisor sends them. Every change of a server row
+announces itself with `hub.changed("servers")`; boards then ask `serve_list`.
+"""
 
 from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.identity import Identity
+from app.errors import BadInput, NotPermitted
+from app.service.ops import BOOL, INT, LIST, STR, op
+
+LOG_KEEP = 500  # lines of each server's log the service keeps in memory
+LINE_MAX = 1000
+KILL_AFTER_S = 10.0
+
+
+# -- the rules, bound to the service ------------------------------------------------------------
+
+
+def server_rules(service, me: Identity):
+    """ServerService for `me` on the service's connection: file mode in process, the pidfds behind the socket."""
+    from app.llama.service import ServerService
+
+    processes = supervision(service) if service.processes is not None else None
+    topology = service.fleet.latest().topology if service.fleet is not None else None
+    return ServerService(service.conn, me, service.config, topology=topology, clock=service.clock,
+                         processes=processes)
+
+
+def _light_rules(service, me: Identity):
+    from app.llama.service import ServerService
+
+    processes = supervision(service) if service.processes is not None else None
+    return ServerService(service.conn, me, service.config, clock=service.clock, processes=processes)
+
+
+def _wire(server) -> dict:
+    from app.llama.rows import server_to_wire
+
+    return server_to_wire(server)
+
+
+def _changed(service) -> None:
+    service.hub.changed("servers")
+
+
+# -- operations ---------------------------------------------------------------------------------
+
+_START = {"model": STR, "ctx": INT, "parallel": INT, "port": INT, "split_mode": STR, "tensor_split": STR,
+          "metrics": BOOL, "alias": STR, "host": STR, "extra": LIST}
+
+
+@op("serve_start", {"booking": INT}, _START, writes=True)
+def serve_start(service, me: Identity, booking: int, extra=None, **options) -> dict:
+    """Check and lease; returns the row and what the caller needs to launch it as itself (app.llama.launch)."""
+    if extra is not None and not all(isinstance(a, str) for a in extra):
+        raise BadInput("serve_start: extra is a list of strings")
+    try:
+        server = server_rules(service, me).prepare(booking, extra=extra or (), **options)
+    finally:
+        _changed(service)
+    return {"server": _wire(server), "launch": {
+        "ready_timeout_s": service.config.llama.ready_timeout_s,
+        "db": str(service.config.db_path) if service.processes is None else None}}
+
+
+@op("serve_get", {"id": INT})
+def serve_get(service, me: Identity, id: int) -> dict:
+    """One server, reconciled first (a supervisor that died shows as crashed)."""
+    rules = _light_rules(service, me)
+    before = rules.get(id)
+    after = rules._reconcile_one(before)
+    if after.state != before.state:
+        _changed(service)
+    return _wire(after)
+
+
+@op("serve_list", {}, {"all": BOOL, "user": STR, "limit": INT})
+def serve_list(service, me: Identity, all=False, user=None, limit=None) -> list:
+    rules = _light_rules(service, me)
+    if rules.reconcile():
+        _changed(service)
+    from app.llama import rows
+
+    found = rows.listing(service.conn, live_only=not all, user=user, limit=limit)
+    return [_wire(s) for s in found]
+
+
+@op("serve_logs", {"id": INT}, {"lines": INT})
+def serve_logs(service, me: Identity, id: int, lines: int = 50) -> dict:
+    """The server's last lines; `log` is its file's path only for its owner, whose own process wrote it."""
+    if not 0 <= lines <= 100_000:
+        raise BadInput("lines: a count from 0 to 100000")
+    rules = _light_rules(service, me)
+    server = rules.get(id)
+    return {"lines": rules.log_lines(server, lines), "state": server.state, "live": server.live,
+            "log": server.log_path if server.uid == me.uid and server.log_path else None}
+
+
+@op("serve_stop", {"id": INT}, {"reason": STR}, writes=True)
+def serve_stop(service, me: Identity, id: int, reason=None) -> dict:
+    """Stop a server (its holder or an admin; refusals audited). Behind the socket it returns `stopping`."""
+    rules = _light_rules(service, me)
+    try:
+        return _wire(rules.stop(id, reason=reason[:200] if reason else None))
+    finally:
+        _changed(service)
+
+
+# -- supervision behind the socket --------------------------------------------------------------
+
+
+@dataclass
+class Supervised:
+    server_id: int
+    entry: Any  # app.service.processes.Registration
+    lines: deque = field(default_factory=lambda: deque(maxlen=LOG_KEEP))
+    exit: dict | None = None  # the supervisor's last `exit` report
+    term_sent_at: float | None = None
+    killed: bool = False
+    finished: bool = False  # finish() has recorded the end
+
+
+class Supervision:
+    """Registered servers: server id -> the supervisor's pidfd registration. ServerService's `processes`."""
+
+    def __init__(self, registry) -> None:
+        self.registry = registry
+        self._lock = threading.Lock()
+        self.servers: dict[int, Supervised] = {}
+
+    def add(self, server_id: int, entry) -> Supervised:
+        with self._lock:
+            current = self.servers.get(server_id)
+            if current is not None and not current.entry.done:
+                raise NotPermitted(f"server {server_id} already has a supervisor")
+            supervised = self.servers[server_id] = Supervised(server_id, entry)
+            return supervised
+
+    def get(self, server_id: int) -> Supervised | None:
+        with self._lock:
+            return self.servers.get(server_id)
+
+    def alive(self, server) -> bool | None:
+        """Registered and not yet finished: finish() records the end as soon as the supervisor's connection
+        closes and its pidfd says it exited (or at the next enforcement pass), with what it reported."""
+        found = self.get(server.id)
+        if found is None:
+            return None
+        return not found.finished
+
+    def terminate(self, server) -> list[int]:
+        found = self.get(server.id)
+        if found is None or found.entry.done:
+            return []
+        if found.term_sent_at is None:
+            found.term_sent_at = time.monotonic()
+        return self.registry.signal(found.entry, signal.SIGTERM)
+
+    def lines(self, server) -> list[str]:
+        found = self.get(server.id)
+        return list(found.lines) if found else []
+
+    def forget(self, server_id: int) -> None:
+        with self._lock:
+            self.servers.pop(server_id, None)
+
+
+def supervision(service) -> Supervision:
+    """The service's one Supervision, over its process Registry (made on first use)."""
+    found = getattr(service, "server_supervision", None)
+    if found is None or found.registry is not service.processes:
+        found = service.server_supervision = Supervision(service.processes)
+    return found
+
+
+def serve_registration(server, conn, reader, peer, request_id, args: dict) -> None:
+    """A supervisor registers (ServiceServer._register, kind "server") and reports over this connection.
+
+    Refused unless the peer (SO_PEERCRED) is the row's holder, the row is `starting`, the booking is
+    active and no live supervisor holds the row already. A pid the supervisor claims for llama-server
+    is recorded only when the kernel shows it in the supervisor's group, under the same uid.
+    """
+    from app import wire
+    from app.errors import BoardError
+    from app.llama import rows
+    from app.llama.identity import capture
+    from app.service.peer import identity_of
+    from app.service.processes import RegistrationError, exited, proc_pgid, proc_uid
+
+    service = server.service
+    me = identity_of(peer, service.config.admin_group)
+    server_id, child_pid, log_path = args.get("server"), args.get("pid"), args.get("log")
+    if not _is_int(server_id) or (child_pid is not None and not _is_int(child_pid)) or (
+            log_path is not None and not isinstance(log_path, str)):
+        server._reply(conn, request_id, error=BadInput("register: give kind \"server\", the server id, its pid"))
+        return
+    watch = supervision(service)
+
+    def admit() -> Supervised:
+        rules = _light_rules(service, me)
+        row = rules.get(server_id)
+        now = service.clock()
+        try:
+            if row.uid != peer.uid:
+                raise NotPermitted(f"server {server_id} belongs to {row.user}")
+            if row.state != rows.STARTING:
+                raise NotPermitted(f"server {server_id} is {row.state}, not starting")
+            from app.store import bookings as booking_rows
+
+            booking = booking_rows.get(service.conn, row.booking_id)
+            if booking is None or booking.uid != peer.uid or not booking.active(now):
+                raise NotPermitted(f"booking {row.booking_id} is not yours and active now")
+            try:
+                entry = server.registry.add("server", row.booking_id, peer.uid, peer.pid)
+            except RegistrationError as error:
+                raise NotPermitted(str(error)) from None
+            try:
+                supervised = watch.add(server_id, entry)
+            except NotPermitted:
+                os.close(entry.pidfd)
+                server.registry.entries.pop(entry.id, None)
+                raise
+        except NotPermitted as refusal:
+            from app.service.ops import audit
+
+            audit(service, me, "server-register", row.booking_id, ok=False,
+                  details={"server": server_id, "pid": peer.pid, "refused": str(refusal)})
+            raise
+        child = None
+        if child_pid is not None and child_pid > 1 and proc_pgid(child_pid) == entry.pgid \
+                and proc_uid(child_pid) == peer.uid:
+            child = capture(child_pid)
+        rules.supervised(server_id, supervisor=capture(peer.pid), pgid=entry.pgid, child=child,
+                         log_path=(log_path or "")[:500])
+        _changed(service)
+        return supervised
+
+    try:
+        supervised = server.database.submit(admit).result()
+    except BoardError as error:
+        server._reply(conn, request_id, error=error)
+        return
+    server._reply(conn, request_id, {"registration": supervised.entry.id, "server": server_id})
+
+    def report(message: dict) -> None:
+        rules = _light_rules(service, me)
+        event = message.get("event")
+        if event == "ready":
+            if rules.ready(server_id):
+                _changed(service)
+        elif event == "failed":
+            rules.failed(server_id, str(message.get("reason") or "failed")[:200], _lines(message.get("tail")))
+            _changed(service)
+        elif event == "exit":
+            supervised.exit = message
+
+    try:
+        conn.settimeout(None)
+        while True:
+            line = reader.readline(wire.MAX_MESSAGE + 1)
+            if not line or len(line) > wire.MAX_MESSAGE:
+                break
+            try:
+                message = wire.decode(line)
+            except ValueError:
+                break
+            if not isinstance(message, dict):
+                break
+            if message.get("event") == "log":
+                supervised.lines.extend(_lines(message.get("lines"), LOG_KEEP))
+                continue
+            server.database.submit(report, message).result()
+    except OSError:
+        pass
+    server.registry.disconnected(supervised.entry)
+
+    # A closed connection: once the pidfd says the supervisor has exited, the row records how it ended.
+    # (Checked on the database thread, where the enforcement's sweep may close the pidfd.) A supervisor
+    # that only closed the socket is finished by a later enforcement pass, when it exits.
+    def ended() -> bool:
+        if supervised.finished:
+            return True
+        if supervised.entry.done or exited(supervised.entry.pidfd):
+            finish(service, supervised)
+            return True
+        return False
+
+    deadline = time.monotonic() + 3.0
+    while not server.database.submit(ended).result() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def finish(service, supervised: Supervised) -> None:
+    """The supervisor has exited: the row records the end it reported (or 'exit status unknown')."""
+    from app.core.identity import Identity
+    from app.llama import rows
+
+    if supervised.finished:
+        return
+    supervised.finished = True
+    report = supervised.exit or {}
+    row = rows.get(service.conn, supervised.server_id)
+    if row is None:
+        return
+    holder = Identity(row.user, row.uid, False)
+    rules = _light_rules(service, holder)
+    if row.live:
+        code, sig = report.get("code"), report.get("signal")
+        rules.ended(supervised.server_id, exit_code=code if _is_int(code) else None,
+                    exit_signal=sig if _is_int(sig) else None, text=_text(report.get("text")),
+                    tail=_lines(report.get("tail")) or list(supervised.lines)[-20:],
+                    asked=bool(report.get("asked")) or supervised.term_sent_at is not None,
+                    unexpected=None if report else "the supervisor is gone; exit status unknown")
+        _changed(service)
+
+
+def enforce_servers(server) -> dict[str, list[int]]:
+    """One pass (ServiceServer.enforce_once): ended supervisors finish their rows, servers whose booking
+    ended are stopped (audited, as the agent), SIGKILL follows SIGTERM after KILL_AFTER_S, and rows
+    that never registered within the launch grace become crashed."""
+    from app.llama import rows
+
+    service = server.service
+    watch = supervision(service)
+    done: dict[str, list[int]] = {"servers_finished": [], "servers_stopped": [], "servers_killed": []}
+    for supervised in list(watch.servers.values()):
+        if supervised.entry.done:
+            if not supervised.finished:
+                finish(service, supervised)
+                done["servers_finished"].append(supervised.server_id)
+            watch.forget(supervised.server_id)
+    agent = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
+    rules = _light_rules(service, agent)
+    if rules.reconcile():
+        _changed(service)
+    for row in rows.ended_bookings(service.conn, int(service.clock())):
+        stopped = rules.stop(row.id, reason=f"booking {row.booking_id} ended", enforce=True)
+        server.log(f"server {row.id} ({row.user}, port {row.port}): booking {row.booking_id} ended; {stopped.state}")
+        done["servers_stopped"].append(row.id)
+        _changed(service)
+    now = time.monotonic()
+    for supervised in list(watch.servers.values()):
+        if supervised.entry.done:
+            continue
+        if supervised.term_sent_at is None:
+            from app.store import bookings as booking_rows
+
+            booking = booking_rows.get(service.conn, supervised.entry.booking_id)
+            if booking is None or not booking.active(service.clock()):  # its row was final, its process not
+                supervised.term_sent_at = now
+                server.registry.signal(supervised.entry, signal.SIGTERM)
+        elif not supervised.killed and now - supervised.term_sent_at >= KILL_AFTER_S:
+            supervised.killed = True
+            sent = server.registry.signal(supervised.entry, signal.SIGKILL)
+            if sent:
+                from app.service.ops import audit
+
+                audit(service, agent, "server-stop", supervised.entry.booking_id, ok=True,
+                      details={"server": supervised.server_id, "signal": "SIGKILL", "pids": sent})
+                done["servers_killed"].append(supervised.server_id)
+    return done
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) < value < 2**63
+
+
+def _text(value) -> str | None:
+    return str(value)[:200] if value is not None else None
+
+
+def _lines(value, keep: int = 20) -> list[str]:
+    if not isinstance(value, list):
+        return []
+    return [str(line)[:LINE_MAX] for line in value[-keep:]]
