@@ -1,7 +1,8 @@
 """Booking rules: create, cancel, release, extend and reassign, each one short IMMEDIATE transaction.
 
 Every change and every refusal by rule (conflict, not permitted) is written to the audit log.
-Bad input writes nothing.
+Bad input writes nothing, except from an admin's reassign: an admin acting on someone else's booking
+leaves a trace whatever the outcome.
 """
 
 from __future__ import annotations
@@ -211,53 +212,106 @@ class BookingService:
         return self._audited("extend", booking_id, details, change)
 
     @_worded
-    def reassign(self, booking_id: int, *, cards: Sequence[int] | None = None, user: str | None = None) -> Booking:
+    def reassign(
+        self, booking_id: int, *, cards: Sequence[int] | None = None, user: str | None = None, force: bool = False
+    ) -> Booking:
+        """Move a booking to other cards and/or give it to another user; admins only.
+
+        The past is never rewritten. A booking that has started and changes cards is split at now: the
+        original keeps its cards and ends now, as history, and the rest becomes a new booking (same
+        user unless `user` says otherwise, same class, note and request) on the new cards. That new
+        piece is what is returned; the audit event sits on the original id and names both. A booking
+        that has not started moves whole and keeps its id, as does a change of user alone.
+
+        Cards do not move under running work: live servers or jobs (`_running`) refuse the move unless
+        `force`, in which case the caller stops them once this returns.
+        """
         details: dict[str, Any] = {"cards": list(cards) if cards is not None else None, "user": user}
 
         def change(now: int) -> int:
             if not self.me.is_admin:
                 raise NotPermitted(f"only admins (group {self.config.admin_group}) can reassign bookings")
             booking = self._editable(booking_id, "reassign", now)
-            if cards is not None:
-                chosen = self._check_cards(cards)
-                if len(chosen) != len(booking.cards):
-                    raise BadInput(f"booking {booking_id} has {len(booking.cards)} card(s); give as many")
-                self._check_free(chosen, max(booking.start, now), booking.end, excluding=booking_id)
-                rows.sync_cards(self.conn, self.cards.values(), now)
-                rows.set_cards(self.conn, booking_id, [self.cards[i].uuid for i in chosen])
-                details["old_cards"] = list(booking.cards)
+            details.update(old_cards=list(booking.cards), old_user=booking.user)
+            owner = (booking.user, booking.uid)
             if user is not None:
                 found = lookup_user(user)
                 if found is None:
                     raise BadInput(f"no user {user!r} on this server")
-                rows.set_owner(self.conn, booking_id, *found)
-                details["old_user"] = booking.user
+                owner = found
+                details["user"] = owner[0]
+            chosen = booking.cards
+            if cards is not None:
+                chosen = self._check_cards(cards)
+                if len(chosen) != len(booking.cards):
+                    raise BadInput(f"booking {booking_id} has {len(booking.cards)} card(s); give as many")
+                details["cards"] = list(chosen)
+            if chosen != booking.cards:
+                running = self._running(booking_id)
+                if running and not force:
+                    them = "it" if len(running) == 1 else "them"
+                    raise Conflict(
+                        f"booking {booking_id} has {', '.join(running)} running on cards {format_cards(booking.cards)};"
+                        f" stop {them} first, or pass --force to stop {them} and move the booking"
+                    )
+                if running:
+                    details["stopped"] = running
+                self._check_free(chosen, max(booking.start, now), booking.end, excluding=booking_id)
+                rows.sync_cards(self.conn, self.cards.values(), now)
+                uuids = [self.cards[i].uuid for i in chosen]
+                if booking.start < now:
+                    rows.set_times(self.conn, booking_id, booking.start, now)  # first: the pieces meet at now
+                    rest = rows.insert(
+                        self.conn, user=owner[0], uid=owner[1], uuids=uuids, start=now, end=booking.end,
+                        klass=booking.klass, note=booking.note, request=booking.request, now=now,
+                        created_by=self.me.uid,
+                    )
+                    details.update(split_at=now, from_booking=booking_id, to_booking=rest)
+                    return rest
+                rows.set_cards(self.conn, booking_id, uuids)
+            if owner != (booking.user, booking.uid):
+                rows.set_owner(self.conn, booking_id, *owner)
             return booking_id
 
-        return self._audited("reassign", booking_id, details, change)
+        return self._audited("reassign", booking_id, details, change, refused_by=(Conflict, NotPermitted, BadInput))
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _audited(self, action: str, booking_id: int | None, details: dict, change: Callable[[int], int]) -> Booking:
-        """Run `change` and its audit event in one transaction; a refusal by rule is audited in the same one."""
+    def _audited(
+        self, action: str, booking_id: int | None, details: dict, change: Callable[[int], int],
+        refused_by: tuple[type[BoardError], ...] = (Conflict, NotPermitted),
+    ) -> Booking:
+        """Run `change` and its audit event in one transaction; a refusal by rule is audited in the same one.
+
+        `change` returns the booking to hand back; the event is filed under `booking_id` when given (the
+        booking acted on), else under the returned one (a new booking). `refused_by` are the errors that
+        count as refusals to audit; other errors write nothing.
+        """
         now = int(self.clock())
-        refusal: Conflict | NotPermitted | None = None
+        refusal: BoardError | None = None
+        result_id = booking_id
         try:
             with write(self.conn):
                 self.conn.execute("SAVEPOINT attempt")
                 try:
-                    booking_id = change(now)
-                except (Conflict, NotPermitted) as refused:
+                    result_id = change(now)
+                except refused_by as refused:
                     self.conn.execute("ROLLBACK TO attempt")
                     refusal, details = refused, {**details, "refused": str(refused)}
                 events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,
-                              booking_id=booking_id, ok=refusal is None, details=details)
+                              booking_id=booking_id if booking_id is not None else result_id,
+                              ok=refusal is None, details=details)
         except sqlite3.IntegrityError as error:
             # Only the overlap triggers can get here: another writer beat us past the app's own check.
             raise Conflict(f"the cards were just booked by someone else; try again ({error})") from None
         if refusal is not None:
             raise refusal
-        return self.get(booking_id)
+        return self.get(result_id)
+
+    def _running(self, booking_id: int) -> list[str]:
+        """What runs on the booking's cards and would lose them if it moved, for people: 'server 3', ...
+        Jobs join this list when the service tracks them."""
+        return [f"server {server_id}" for server_id in rows.live_server_ids(self.conn, booking_id)]
 
     def _end_now(self, booking: Booking, now: int) -> None:
         """A booking that has run keeps its past as history; one that has not is simply cancelled."""

@@ -146,3 +146,11 @@ def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int)
         " seen_at = excluded.seen_at",
         changed,
     )
+
+
+def live_server_ids(conn: sqlite3.Connection, booking_id: int) -> list[int]:
+    """The booking's servers that are starting, ready or stopping (app.llama.rows.LIVE_STATES), by id."""
+    return [r[0] for r in conn.execute(
+        "SELECT id FROM servers WHERE booking_id = ? AND state IN ('starting', 'ready', 'stopping') ORDER BY id",
+        (booking_id,),
+    )]

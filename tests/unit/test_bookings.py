@@ -166,6 +166,129 @@ class TestChanges:
             make_service().cancel(42)
 
 
+def add_server(conn, booking, state="ready", port=8100):
+    """A servers row on `booking`, as board serve leaves it."""
+    with conn:
+        return conn.execute(
+            "INSERT INTO servers (booking_id, user, uid, cards, card_uuids, model, host, port, cmdline, state, created_at)"
+            " VALUES (?, ?, ?, '[]', '[]', '/m.gguf', '127.0.0.1', ?, '[]', ?, ?)",
+            (booking.id, booking.user, booking.uid, port, state, NOW),
+        ).lastrowid
+
+
+class TestReassign:
+    """An admin moves a booking to other cards or another user; the past stays as it was."""
+
+    def admin(self, make_service, now=NOW + H):
+        return make_service("root", 0, admin=True, now=now)
+
+    def test_an_active_booking_splits_at_now_onto_cards_free_from_now_on(self, make_service, conn):
+        # bob held card 4 for the first hour; alice's booking on card 0 has run for an hour and a half.
+        make_service("bob", 1002).create(cards=[4], start=NOW, end=NOW + H)
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + 3 * H, klass="online", note="sweep",
+                                        request={"model": "/m.gguf"})
+        moved = self.admin(make_service, NOW + 90 * 60).reassign(booking.id, cards=[4])
+        assert moved.id != booking.id
+        assert (moved.cards, moved.start, moved.end) == ((4,), NOW + 90 * 60, NOW + 3 * H)
+        assert (moved.user, moved.uid, moved.klass, moved.note, moved.request, moved.status) == (
+            "alice", 1001, "online", "sweep", {"model": "/m.gguf"}, "booked")
+        history = rows.get(conn, booking.id)
+        assert (history.cards, history.start, history.end, history.status) == ((0,), NOW, NOW + 90 * 60, "booked")
+        event = events.recent(conn, 1)[0]
+        assert (event.action, event.ok, event.booking_id) == ("reassign", True, booking.id)
+        assert event.details["from_booking"] == booking.id and event.details["to_booking"] == moved.id
+        assert (event.details["old_cards"], event.details["cards"]) == ([0], [4])
+        assert (event.details["old_user"], event.details["user"]) == ("alice", None)
+        assert event.details["split_at"] == NOW + 90 * 60
+
+    def test_a_move_onto_cards_shared_with_the_old_ones_splits_cleanly(self, make_service, conn):
+        booking = make_service().create(cards=[0, 1], start=NOW, end=NOW + 2 * H)
+        moved = self.admin(make_service).reassign(booking.id, cards=[1, 2])
+        assert (moved.cards, moved.start) == ((1, 2), NOW + H)
+        assert rows.get(conn, booking.id).cards == (0, 1)
+
+    def test_a_future_booking_moves_whole_and_keeps_its_id(self, make_service, conn):
+        booking = make_service().create(cards=[0, 1], start=NOW + 2 * H, end=NOW + 3 * H)
+        moved = self.admin(make_service).reassign(booking.id, cards=[5, 4])
+        assert (moved.id, moved.cards, moved.start, moved.end) == (booking.id, (4, 5), booking.start, booking.end)
+        assert [b.id for b in live(conn)] == [booking.id]
+        assert "to_booking" not in events.recent(conn, 1)[0].details
+
+    def test_new_cards_and_a_new_user_at_once_leave_the_past_with_the_old_user(self, make_service, conn):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
+        moved = self.admin(make_service).reassign(booking.id, cards=[3], user="root")
+        assert (moved.user, moved.uid, moved.cards) == ("root", 0, (3,))
+        assert rows.get(conn, booking.id).user == "alice"
+        details = events.recent(conn, 1)[0].details
+        assert (details["old_user"], details["user"], details["old_cards"], details["cards"]) == ("alice", "root", [0], [3])
+
+    def test_a_new_user_alone_keeps_the_booking(self, make_service):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
+        given = self.admin(make_service).reassign(booking.id, user="root")
+        assert (given.id, given.user, given.start, given.cards) == (booking.id, "root", NOW, (0,))
+
+    def test_the_same_cards_are_no_move(self, make_service):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
+        assert self.admin(make_service).reassign(booking.id, cards=[0]).id == booking.id
+
+    @pytest.mark.parametrize("kwargs, message", [
+        ({"cards": [4]}, "has 2 card"),
+        ({"cards": [4, 9]}, "unknown card 9"),
+        ({"user": "nobody-by-that-name"}, "no user"),
+    ])
+    def test_an_admins_bad_input_is_audited_with_from_and_to(self, make_service, conn, kwargs, message):
+        booking = make_service().create(cards=[0, 1], start=NOW, end=NOW + 2 * H)
+        with pytest.raises(BadInput, match=message):
+            self.admin(make_service).reassign(booking.id, **kwargs)
+        event = events.recent(conn, 1)[0]
+        assert (event.actor, event.action, event.ok, event.booking_id) == ("root", "reassign", False, booking.id)
+        assert message in event.details["refused"]
+        assert (event.details["old_cards"], event.details["old_user"]) == ([0, 1], "alice")
+        assert rows.get(conn, booking.id) == booking
+        assert events.first_broken(conn) is None
+
+    def test_an_admins_reassign_of_an_ended_or_missing_booking_is_audited(self, make_service, conn):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + H)
+        for target, message in ((booking.id, "already ended"), (42, "no booking 42")):
+            with pytest.raises(BadInput, match=message):
+                self.admin(make_service, NOW + 2 * H).reassign(target, cards=[4])
+            event = events.recent(conn, 1)[0]
+            assert (event.action, event.ok, event.booking_id) == ("reassign", False, target)
+
+    def test_live_servers_refuse_the_move_without_force(self, make_service, conn):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
+        server = add_server(conn, booking)
+        with pytest.raises(Conflict) as refused:
+            self.admin(make_service).reassign(booking.id, cards=[4])
+        assert refused.value.exit_code == 3
+        assert str(refused.value) == (f"booking {booking.id} has server {server} running on cards 0;"
+                                      " stop it first, or pass --force to stop it and move the booking")
+        assert rows.get(conn, booking.id) == booking and len(live(conn)) == 1
+        event = events.recent(conn, 1)[0]
+        assert (event.ok, event.details["old_cards"], event.details["cards"]) == (False, [0], [4])
+        moved = self.admin(make_service).reassign(booking.id, cards=[4], force=True)
+        assert moved.cards == (4,)
+        assert events.recent(conn, 1)[0].details["stopped"] == [f"server {server}"]
+
+    def test_only_live_servers_count(self, make_service, conn):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
+        for n, state in enumerate(("stopped", "crashed", "failed")):
+            add_server(conn, booking, state, port=8100 + n)
+        assert self.admin(make_service).reassign(booking.id, cards=[4]).cards == (4,)
+
+    @pytest.mark.parametrize("state", ["starting", "ready", "stopping"])
+    def test_every_live_state_counts(self, make_service, conn, state):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
+        add_server(conn, booking, state)
+        with pytest.raises(Conflict, match="pass --force"):
+            self.admin(make_service).reassign(booking.id, cards=[4])
+
+    def test_a_new_user_alone_does_not_ask_about_servers(self, make_service, conn):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
+        add_server(conn, booking)
+        assert self.admin(make_service).reassign(booking.id, user="root").user == "root"
+
+
 class TestAudit:
     def test_every_change_and_refusal_is_recorded_and_chained(self, make_service, conn):
         service = make_service()
