@@ -22,7 +22,10 @@ def encode(message: dict) -> bytes:
 
 def decode(line: bytes) -> dict:
     """One message; ValueError for anything that is not one JSON object."""
-    message = json.loads(line)
+    try:
+        message = json.loads(line)
+    except RecursionError:  # [[[[... nested deeper than the parser goes: still just bad input
+        raise ValueError("a message nests too deeply") from None
     if not isinstance(message, dict):
         raise ValueError("a message is one JSON object")
     return message

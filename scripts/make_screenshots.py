@@ -23,6 +23,7 @@ from app.core.identity import Identity  # noqa: E402
 from app.demo import seed_if_empty  # noqa: E402
 from app.gpu.simulated import SimulatedSource  # noqa: E402
 from app.store.db import connect  # noqa: E402
+from app.client.local import LocalClient  # noqa: E402
 from app.tui.app import BoardApp  # noqa: E402
 
 NOW = 1795966200
@@ -40,8 +41,9 @@ async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=N
         conn = connect(db)
         seed_if_empty(conn, source.read().cards, now=NOW)
         conn.close()
-        app = BoardApp(db_path=db, source=source, identity=Identity("alice", 2000, False), config=Config(),
-                         clock=frozen, host="gpu-box", history_step=5.0, cursor_blink=False)
+        alice, config = Identity("alice", 2000, False), Config(db_path=db)
+        app = BoardApp(LocalClient.on(config, source, alice, clock=frozen), identity=alice, config=config,
+                       clock=frozen, host="gpu-box", history_step=5.0, cursor_blink=False)
         async with app.run_test(size=size) as pilot:
             deadline = time.monotonic() + 10
             while (app.fleet is None or app.view is None) and time.monotonic() < deadline:

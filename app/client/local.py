@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any, Iterator
 
 from app.errors import BadInput, BoardError
@@ -14,6 +15,7 @@ class LocalClient:
     transport = "local"
 
     def __init__(self, service, me) -> None:
+        """`me` is the caller's Identity: the user who owns the file (tests and screenshots pass another)."""
         self.service, self.me = service, me
         self._watchers: threading.Event | None = None
         self._subscribers: list = []
@@ -22,8 +24,6 @@ class LocalClient:
     def open(cls, config, *, demo=None, environ=None) -> "LocalClient":
         from app.core.identity import current_identity
         from app.gpu import NoDriverError, open_source
-        from app.service import Service
-        from app.service.fleet import Fleet
 
         try:
             source = open_source(demo, environ=environ if environ is not None else os.environ)
@@ -31,8 +31,15 @@ class LocalClient:
             raise BoardError(str(error)) from None
         except ValueError as error:  # a bad scenario file
             raise BadInput(str(error)) from None
-        service = Service(config, Fleet(source, config.refresh_seconds), demo=demo is not None)
-        return cls(service, current_identity(config.admin_group))
+        return cls.on(config, source, current_identity(config.admin_group), demo=demo is not None)
+
+    @classmethod
+    def on(cls, config, source, me, *, clock=time.time, demo: bool = False) -> "LocalClient":
+        """The service in process on `config.db_path` with this fleet and clock, for `me` (tests, screenshots)."""
+        from app.service import Service
+        from app.service.fleet import Fleet
+
+        return cls(Service(config, Fleet(source, config.refresh_seconds), clock=clock, demo=demo), me)
 
     def call(self, op: str, **args: Any) -> Any:
         # The same JSON round trip as the socket, so both transports hand back the same shapes.
@@ -41,10 +48,10 @@ class LocalClient:
     def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
         from app.service.watch import start_watchers
 
-        if self._watchers is None:
-            self._watchers = start_watchers(self.service)
         subscriber = self.service.hub.subscribe(kinds, self.me.uid)
         self._subscribers.append(subscriber)
+        if self._watchers is None:
+            self._watchers = start_watchers(self.service)
         try:
             while not subscriber.closed:
                 yield from subscriber.take(timeout=1.0)

@@ -6,6 +6,7 @@ Kept to json and socket so that `board status` and `board book` start fast.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from typing import Any, Iterator
 
@@ -26,6 +27,8 @@ class SocketClient:
         self._reader = None
         self._next_id = 0
         self._closed = False
+        self._lock = threading.Lock()  # the board calls from more than one thread; one request at a time per line
+        self._streams: list[socket.socket] = []
 
     def connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -48,13 +51,29 @@ class SocketClient:
 
     def _send(self, sock: socket.socket, reader, op: str, args: dict) -> dict:
         self._next_id += 1
-        sock.sendall(wire.encode({"v": wire.VERSION, "id": self._next_id, "op": op, "args": args}))
+        try:
+            sock.sendall(wire.encode({"v": wire.VERSION, "id": self._next_id, "op": op, "args": args}))
+        except (BrokenPipeError, ConnectionResetError):
+            # A refusal at the door (too many connections, not a member) comes before any request is read,
+            # and the service may have closed by now: its one line is still waiting here.
+            line = reader.readline(wire.MAX_MESSAGE + 1)
+            if line:
+                return wire.decode(line)
+            raise
         line = reader.readline(wire.MAX_MESSAGE + 1)
         if not line:
             raise ConnectionResetError("the service closed the connection")
         return wire.decode(line)
 
     def call(self, op: str, **args: Any) -> Any:
+        with self._lock:
+            reply = self._call(op, args)
+        if reply.get("ok"):
+            return reply.get("result")
+        error = reply.get("error") or {}
+        raise error_for(int(error.get("code", 1)), str(error.get("message", "the service refused")))
+
+    def _call(self, op: str, args: dict) -> dict:
         for attempt in (1, 2):
             try:
                 if self._sock is None:
@@ -69,10 +88,7 @@ class SocketClient:
                 if attempt == 2 or op not in READS:
                     raise ServiceDown(f"the board service stopped while answering ({op}); check with"
                                       " 'board list --mine' before trying again") from None
-        if reply.get("ok"):
-            return reply.get("result")
-        error = reply.get("error") or {}
-        raise error_for(int(error.get("code", 1)), str(error.get("message", "the service refused")))
+        return reply
 
     def stream(self, op: str, args: dict) -> tuple[socket.socket, Any, Any]:
         """A connection of its own for a stream (subscribe, register): (socket, reader, the first reply's result)."""
@@ -107,7 +123,7 @@ class SocketClient:
             if down:
                 yield {"event": "reconnected"}
             down, delay = False, 0.2
-            self._streams = getattr(self, "_streams", []) + [sock]
+            self._streams.append(sock)
             try:
                 for line in iter(lambda: reader.readline(wire.MAX_MESSAGE + 1), b""):
                     yield wire.decode(line)
@@ -127,7 +143,7 @@ class SocketClient:
     def close(self) -> None:
         self._closed = True
         self._drop()
-        for sock in getattr(self, "_streams", []):
+        for sock in self._streams:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:

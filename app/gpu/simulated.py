@@ -343,3 +343,19 @@ def _parse_cards(table: dict[str, Any]) -> tuple[SimCard, ...]:
     )
     cards = _cards(count, switches, card)
     return tuple(replace(c, label=labels[i]) if i < len(labels) else c for i, c in enumerate(cards))
+
+
+def replay(source, now: float, seconds: float, step: float) -> list:
+    """The last `seconds` of a simulated fleet, which is a pure function of the clock; [] for real GPUs."""
+    from dataclasses import replace
+
+    scenario = getattr(source, "scenario", None)
+    if not source.simulated or scenario is None:
+        return []
+    moment = [now - seconds]
+    again = SimulatedSource(replace(scenario, stall_seconds=0.0), clock=lambda: moment[0])
+    samples = []
+    while moment[0] < now:
+        samples.append(again.read())
+        moment[0] += step
+    return samples

@@ -86,6 +86,19 @@ def fleet(service, me: Identity) -> dict:
     return snapshot_to_wire(service.fleet.latest())
 
 
+@op("history", {"seconds": INT}, {"step": INT})
+def history(service, me: Identity, seconds: int, step: int | None = None) -> list:
+    """Earlier snapshots to start the sparklines with: a replay for a simulated fleet, [] for real GPUs."""
+    from app.gpu.model import snapshot_to_wire
+    from app.gpu.simulated import replay
+
+    step = step or max(1, int(service.fleet.refresh_seconds), 5)
+    if not 0 < seconds <= 86400 or step <= 0:
+        raise BadInput("history: seconds is 1 to 86400, step more than 0")
+    latest = service.fleet.latest()
+    return [snapshot_to_wire(s) for s in replay(service.fleet.source, latest.taken_at, seconds, step)]
+
+
 @op("status")
 def status(service, me: Identity) -> dict:
     """Every card with its state, current and next booking: the `board status --json` document, in epochs."""
@@ -216,11 +229,7 @@ def extend(service, me: Identity, id: int, end=None, add_seconds=None) -> dict:
 def reassign(service, me: Identity, id: int, cards=None, user=None, force=False) -> dict:
     if (cards is None) == (user is None):
         raise BadInput("give the new cards or the new user")
-    rules = service.bookings(me)
-    kwargs = {"cards": _cards(cards), "user": user}
-    if "force" in rules.reassign.__code__.co_varnames:
-        kwargs["force"] = force
-    return wire(rules.reassign(id, **kwargs))
+    return wire(service.bookings(me).reassign(id, cards=_cards(cards), user=user, force=force))
 
 
 @op("all_bookings", {"since": INT})

@@ -1,25 +1,19 @@
-"""What the screens ask of the core, as awaitables: every call runs on the database thread.
+"""What the screens ask of the service, as awaitables: every call runs on one worker thread.
 
-Screens never hold a connection or a BookingService. They call these methods, which build a
-BookingService (app.core.bookings) on the database thread with the newest card list, and
-raise the core's errors (BadInput, Conflict, NotPermitted) whose str() is the line to show.
+Screens never hold a connection or a rule object. They call these methods, which send the
+operation through the client (in-process or over the socket, the screens cannot tell) and
+raise the service's errors (BadInput, Conflict, NotPermitted) whose str() is the line to show.
 """
 
 from __future__ import annotations
 
-import sqlite3
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
-from app.config import Config
-from app.core.bookings import BookingService, Plan
-from app.model import Booking
-from app.core.identity import Identity
-from app.gpu.model import FleetSnapshot
-from app.store import bookings as rows
-from app.store import events
-from app.store.events import Event
-from app.tui.database import ActionDatabase
+from app.model import Booking, booking_from_wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,85 +27,83 @@ class BookingRequest:
     klass: str
     note: str = ""
 
+    def args(self) -> dict[str, Any]:
+        return {"cards": list(self.cards) if self.cards is not None else None, "count": self.count,
+                "start": self.start, "end": self.end, "class": self.klass}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    cards: tuple[int, ...]
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of the audit log, as the admin screen shows it."""
+
+    id: int
+    ts: int
+    uid: int
+    actor: str
+    action: str
+    booking_id: int | None
+    ok: bool
+    details: dict[str, Any]
+
 
 class Backend:
-    def __init__(
-        self,
-        database: ActionDatabase,
-        identity: Identity,
-        config: Config,
-        clock: Callable[[], float],
-        fleet: Callable[[], FleetSnapshot | None],
-        on_change: Callable[[], None] = lambda: None,
-    ) -> None:
-        self.database, self.identity, self.config, self.clock = database, identity, config, clock
-        self._fleet = fleet
-        self._on_change = on_change  # wakes the bookings poller after a write
+    def __init__(self, client, clock: Callable[[], float], on_change: Callable[[], None] = lambda: None) -> None:
+        self.client, self.clock = client, clock
+        self._on_change = on_change  # reloads the bookings at once after one of our own writes
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="board-calls")
 
-    def _service(self, conn: sqlite3.Connection) -> BookingService:
-        snapshot = self._fleet()
-        cards = snapshot.cards if snapshot else ()
-        topology = snapshot.topology if snapshot else None
-        if topology is None:
-            from app.gpu.model import Topology
+    async def call(self, op: str, **args: Any) -> Any:
+        """One operation off the UI thread; the service's error comes back to the caller."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(self.client.call, op, **args))
 
-            topology = Topology()
-        return BookingService(conn, self.identity, self.config, cards, topology, self.clock)
-
-    async def _change(self, fn: Callable[[BookingService], Booking]) -> Booking:
+    async def _change(self, op: str, **args: Any) -> Booking:
         try:
-            return await self.database.call(lambda conn: fn(self._service(conn)))
+            return booking_from_wire(await self.call(op, **args))
         finally:
             self._on_change()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- bookings ------------------------------------------------------------------------------
 
     async def plan(self, request: BookingRequest) -> Plan:
-        return await self.database.call(lambda conn: self._service(conn).plan(
-            cards=request.cards, count=request.count, start=request.start, end=request.end, klass=request.klass))
+        found = await self.call("plan", **request.args())
+        return Plan(tuple(found["cards"]), found["start"], found["end"])
 
     async def create(self, request: BookingRequest) -> Booking:
         """Check, then book; a request that fails the check writes nothing at all."""
-
-        def book(service: BookingService) -> Booking:
-            service.plan(cards=request.cards, count=request.count, start=request.start, end=request.end,
-                         klass=request.klass)
-            return service.create(cards=request.cards, count=request.count, start=request.start, end=request.end,
-                                  klass=request.klass, note=request.note)
-
-        return await self._change(book)
+        return await self._change("book", **request.args(), note=request.note, checked=True)
 
     async def next_free(self, request: BookingRequest) -> tuple[tuple[int, ...], int]:
         """The earliest (cards, start) at or after the request's start that fits its duration."""
-
-        def find(conn: sqlite3.Connection) -> tuple[tuple[int, ...], int]:
-            service = self._service(conn)
-            duration = request.end - request.start
-            if request.cards is not None:
-                return tuple(sorted(set(request.cards))), service.next_free(request.cards, request.start, duration)
-            plan = service.plan(count=request.count, start=request.start, end=request.end, klass=request.klass)
-            return plan.cards, plan.start
-
-        return await self.database.call(find)
+        found = await self.call("next_free", **request.args())
+        return tuple(found["cards"]), found["start"]
 
     async def cancel(self, booking_id: int) -> Booking:
-        return await self._change(lambda service: service.cancel(booking_id))
+        return await self._change("cancel", id=booking_id)
 
     async def release(self, booking_id: int) -> Booking:
-        return await self._change(lambda service: service.release(booking_id))
+        return await self._change("release", id=booking_id)
 
     async def extend(self, booking_id: int, end: int) -> Booking:
-        return await self._change(lambda service: service.extend(booking_id, end))
+        return await self._change("extend", id=booking_id, end=end)
 
     async def reassign(self, booking_id: int, *, cards: Sequence[int] | None = None, user: str | None = None) -> Booking:
-        return await self._change(lambda service: service.reassign(booking_id, cards=cards, user=user))
+        return await self._change("reassign", id=booking_id, cards=list(cards) if cards is not None else None, user=user)
 
     # -- lists ---------------------------------------------------------------------------------
 
     async def all_bookings(self, since: int) -> list[Booking]:
         """Every booking (cancelled too) that ends after `since`: the admin list."""
-        return await self.database.call(
-            lambda conn: rows.listing(conn, start=since, end=None, user=None, include_cancelled=True))
+        return [booking_from_wire(b) for b in await self.call("all_bookings", since=since)]
 
     async def audit_log(self, limit: int = 200) -> list[Event]:
-        return await self.database.call(lambda conn: events.recent(conn, limit))
+        return [Event(**e) for e in await self.call("log", limit=limit)]

@@ -19,7 +19,8 @@ class TelemetryRead(Message):
         self.history = history  # earlier snapshots to fill the sparklines with (simulated fleets, first read)
 
     def can_replace(self, message: Message) -> bool:
-        return isinstance(message, TelemetryRead) and not message.history
+        # Textual drops this one for the newer `message` when True: never drop the one carrying history.
+        return isinstance(message, TelemetryRead) and not self.history
 
 
 class TelemetryFailed(Message):
@@ -55,3 +56,19 @@ class DatabaseFailed(Message):
     def __init__(self, error: str) -> None:
         super().__init__()
         self.error = error
+
+
+class ServersChanged(Message):
+    """The service's servers changed; screens that show them reload."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__()
+        self.version = version
+
+
+class Notice(Message):
+    """A message from the service to this user (a booking moved, a job will be stopped)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text

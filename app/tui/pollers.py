@@ -1,52 +1,32 @@
-"""The two polling loops. Each runs on its own daemon thread and never overlaps itself.
+"""The board's two loops, each on its own daemon thread, never overlapping itself.
 
-Telemetry: read the GPU source, post a frozen `TelemetryRead`, wait for the refresh period
-(or a wake-up), repeat. A stalled driver stalls only this thread; the UI keeps handling keys.
+Events: one subscription to the service (bookings, fleet, servers, notice). A fleet event is
+posted as a frozen `TelemetryRead`; a bookings event wakes the loader. The service reads the
+GPUs once for every board and pushes each change, so the board neither reads NVML nor polls
+SQLite itself.
 
-Bookings: on its own SQLite connection, poll `PRAGMA data_version` once a second (outside any
-transaction, autocommit) and reload when another connection committed, when the timeline asks
-for another window, or every 30 s; post a frozen `BookingsLoaded`.
+Bookings: load the live bookings and the timeline's window through the client when the
+service says they changed, when the timeline asks for another window, or every 30 s; post a
+frozen `BookingsLoaded`.
 
-Both are the memray pattern: the UI only sets a `threading.Event` to wake a loop early.
 They are plain daemon threads rather than Textual thread workers on purpose: Textual runs
-thread workers on asyncio's default executor, which is joined at exit, so a driver call hung
-for minutes (a GPU off the bus) would make `q` hang too. A daemon thread is simply abandoned.
+thread workers on asyncio's default executor, which is joined at exit, so a call hung for
+minutes would make `q` hang too. A daemon thread is simply abandoned.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
-from pathlib import Path
 from typing import Callable
 
-from app.gpu import GpuSource
-from app.gpu.model import FleetSnapshot
-from app.store import bookings as rows
-from app.store.db import connect, data_version
-from app.tui.messages import BookingsLoaded, BookingView, DatabaseFailed, TelemetryFailed, TelemetryRead
+from app.gpu.model import FleetSnapshot, snapshot_from_wire
+from app.model import booking_from_wire
+from app.tui.messages import BookingsLoaded, BookingView, DatabaseFailed, Notice, ServersChanged, TelemetryFailed, TelemetryRead
 
-DB_POLL_SECONDS = 1.0  # PRODUCT.md: about once a second; a change shows within 2 s
 DB_RELOAD_SECONDS = 30.0
-FOREVER = 2**62
 HISTORY_SECONDS = 600
-
-
-def simulated_history(source: GpuSource, now: float, step: float) -> list[FleetSnapshot]:
-    """The last ten minutes of a simulated fleet, which is a pure function of the clock; [] for real GPUs."""
-    scenario = getattr(source, "scenario", None)
-    if not source.simulated or scenario is None:
-        return []
-    from app.gpu.simulated import SimulatedSource
-
-    moment = [now - HISTORY_SECONDS]
-    replay = SimulatedSource(replace(scenario, stall_seconds=0.0), clock=lambda: moment[0])
-    samples = []
-    while moment[0] < now:
-        samples.append(replay.read())
-        moment[0] += step
-    return samples
+KINDS = ("bookings", "fleet", "servers", "notice")
 
 
 class Poller:
@@ -77,56 +57,62 @@ class Poller:
         return self.stopped.is_set()
 
 
-def telemetry_loop(
-    app, source: GpuSource, refresh: Callable[[], float], worker: Poller, history_step: float = 5.0
-) -> None:
+def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step: float = 5.0) -> None:
+    """Follow the service's events until stopped; a bookings event (or a reconnect) wakes the loader."""
     first = True
+    events = client.subscribe(KINDS)
+    try:
+        for event in events:
+            if worker.is_cancelled:
+                return
+            kind = event.get("event")
+            if kind == "fleet":
+                if "error" in event:
+                    app.post_message(TelemetryFailed(event["error"]))
+                    continue
+                snapshot = snapshot_from_wire(event["snapshot"])
+                history: tuple[FleetSnapshot, ...] = ()
+                if first:
+                    first = False
+                    try:
+                        history = tuple(snapshot_from_wire(s) for s in client.call(
+                            "history", seconds=HISTORY_SECONDS, step=max(1, round(history_step))))
+                    except Exception:  # noqa: BLE001 - sparklines start empty instead
+                        pass
+                app.post_message(TelemetryRead(snapshot, history))
+            elif kind == "bookings":
+                if "error" in event:
+                    app.post_message(DatabaseFailed(event["error"]))
+                else:
+                    bookings.wake()
+            elif kind == "servers":
+                app.post_message(ServersChanged(event.get("version", 0)))
+            elif kind == "notice":
+                app.post_message(Notice(str(event.get("message", ""))))
+            elif kind == "down":
+                app.post_message(DatabaseFailed(str(event.get("message", "the board service went away"))))
+            elif kind == "reconnected":
+                bookings.wake()
+    except Exception as error:  # noqa: BLE001 - shown in the board
+        app.post_message(DatabaseFailed(str(error)))
+    finally:
+        events.close()
+
+
+def bookings_loop(app, client, clock: Callable[[], float], window: Callable[[], tuple[int, int]], worker: "Poller") -> None:
+    loaded_key: tuple | None = None
+    loaded_at = 0.0
     while not worker.is_cancelled:
-        started = time.monotonic()
+        start, end = window()
         try:
-            snapshot = source.read()
-        except Exception as error:  # noqa: BLE001 - a driver hiccup must not end the board
-            app.post_message(TelemetryFailed(f"{type(error).__name__}: {error}"))
+            found = client.call("window", start=start, end=end)
+        except Exception as error:  # noqa: BLE001 - e.g. the service is down: shown, retried on the next wake
+            app.post_message(DatabaseFailed(str(error)))
         else:
             if worker.is_cancelled:
                 return
-            history = tuple(simulated_history(source, snapshot.taken_at, history_step)) if first else ()
-            first = False
-            app.post_message(TelemetryRead(snapshot, history))
-        worker.wait(max(0.05, refresh() - (time.monotonic() - started)))
-
-
-def bookings_loop(
-    app,
-    db_path: Path,
-    clock: Callable[[], float],
-    window: Callable[[], tuple[int, int]],
-    worker: Poller,
-) -> None:
-    try:
-        conn = connect(db_path)
-    except Exception as error:  # noqa: BLE001 - shown in the board, which keeps the telemetry going
-        app.post_message(DatabaseFailed(str(error)))
-        return
-    try:
-        seen: tuple | None = None
-        loaded = 0.0
-        while not worker.is_cancelled:
-            try:
-                version = data_version(conn)
-                start, end = window()
-                key = (version, start, end)
-                if key != seen or time.monotonic() - loaded > DB_RELOAD_SECONDS:
-                    now = clock()
-                    upcoming = rows.live_between(conn, int(now), FOREVER)
-                    in_window = rows.live_between(conn, start, end)
-                    seen, loaded = key, time.monotonic()
-                    if worker.is_cancelled:
-                        return
-                    app.post_message(BookingsLoaded(BookingView(
-                        version, tuple(upcoming), tuple(in_window), start, end, now)))
-            except Exception as error:  # noqa: BLE001 - e.g. locked for longer than busy_timeout
-                app.post_message(DatabaseFailed(f"{error}"))
-            worker.wait(DB_POLL_SECONDS)
-    finally:
-        conn.close()
+            app.post_message(BookingsLoaded(BookingView(
+                found["version"], tuple(booking_from_wire(b) for b in found["upcoming"]),
+                tuple(booking_from_wire(b) for b in found["in_window"]), start, end, clock())))
+            loaded_key, loaded_at = (start, end), time.monotonic()
+        worker.wait(DB_RELOAD_SECONDS)

@@ -84,14 +84,15 @@ def seeded_db(tmp_path) -> Path:
 @pytest.fixture
 def make_app(seeded_db):
     """make_app(identity=ALICE, source=None, clock=frozen, config=None) -> BoardApp on the seeded database."""
+    from app.client.local import LocalClient
     from app.tui.app import BoardApp
 
     def make(identity: Identity = ALICE, source=None, clock=frozen, config: Config | None = None, db_path=None):
+        config = replace(config or Config(), db_path=db_path or seeded_db)
         return BoardApp(
-            db_path=db_path or seeded_db,
-            source=source or simulated(clock=clock),
+            LocalClient.on(config, source or simulated(clock=clock), identity, clock=clock),
             identity=identity,
-            config=config or Config(),
+            config=config,
             clock=clock,
             host="gpu-box",
             history_step=5.0,

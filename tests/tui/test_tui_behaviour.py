@@ -211,12 +211,15 @@ class TestTimeline:
 
 class TestLive:
     async def test_booking_made_by_the_cli_appears_within_two_seconds(self, tmp_path):
+        from app.client.local import LocalClient
         from app.config import Config
         from app.tui.app import BoardApp
 
-        db = tmp_path / "live.db"
-        app = BoardApp(db_path=db, source=simulated(clock=time.time), identity=ALICE, config=Config(),
-                         clock=time.time, host="gpu-box", servers=False, cursor_blink=False)
+        config = Config(db_path=tmp_path / "live.db")
+        db = config.db_path
+        client = LocalClient.on(config, simulated(clock=time.time), ALICE)
+        app = BoardApp(client, identity=ALICE, config=config, clock=time.time, host="gpu-box", servers=False,
+                       cursor_blink=False)
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
             result = await asyncio.to_thread(

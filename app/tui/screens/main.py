@@ -127,6 +127,7 @@ class BoardScreen(Screen):
         wide = app.size.width >= WIDE_MIN_WIDTH
         self.timeline.set_cards(snapshot.cards, app.config.labels, wide=wide)
         self.card_table.show(app.statuses, app.clock())
+        self.describe_cursor()  # the cards may have arrived after the bookings
 
     def show_bookings(self) -> None:
         view = self.app.view
@@ -135,6 +136,7 @@ class BoardScreen(Screen):
             if self.has_class("-tall"):
                 now = self.app.clock()
                 self.query_one(UpcomingTable).show([b for b in view.upcoming if b.start > now], now)
+            self.describe_cursor()  # the booking under the cursor may have changed
         self.card_table.show(self.app.statuses, self.app.clock())
 
     def tick(self, now: float) -> None:
