@@ -147,8 +147,9 @@ class _SocketReporter:
         except OSError as error:
             raise RuntimeError(f"can't reach the board service at {opts['socket']}: {error.strerror or error}")
         self.reader = self.sock.makefile("rb")
-        self._send({"v": 1, "id": 1, "op": "register", "args": {
-            "kind": "server", "server": self.server_id, "pid": child.pid if child else None, "log": self.log_path}})
+        self.sock.sendall((json.dumps({"v": 1, "id": 1, "op": "register", "args": {
+            "kind": "server", "server": self.server_id, "pid": child.pid if child else None,
+            "log": self.log_path}}) + "\n").encode())
         reply = self.reader.readline(1 << 20)
         try:
             answer = json.loads(reply) if reply else {}
@@ -161,6 +162,7 @@ class _SocketReporter:
         self.position = 0
         self.pending = b""
         self.lost = False
+        self.send_log()
 
     def _send(self, message: dict) -> None:
         data = (self.json.dumps(message, separators=(",", ":")) + "\n").encode()

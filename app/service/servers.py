@@ -267,6 +267,10 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
     except BoardError as error:
         server._reply(conn, request_id, error=error)
         return
+    except Exception as error:  # noqa: BLE001 - logged; the supervisor hears a refusal and stops its server
+        server.log(f"register server {server_id}: unexpected {type(error).__name__}: {error}")
+        server._reply(conn, request_id, error=BoardError(f"the service failed to register server {server_id}"))
+        return
     server._reply(conn, request_id, {"registration": supervised.entry.id, "server": server_id})
 
     def report(message: dict) -> None:

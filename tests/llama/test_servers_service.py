@@ -1,0 +1,189 @@
+"""llama-servers through the board service, as the shared install runs them: the real agent as user board
+(setpriv, CAP_KILL only), real members (alice, bob, carol) running the real CLI, a real llama-server.
+
+The member's own `board serve start` launches the supervisor as the member; the supervisor registers
+with the service, which signals only through the pidfd it opened. Needs root (real users) and the
+llama-server binary; skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from app.llama.health import health
+from tests.service.support import SERVICE_USER, Agent, check_reachable, ensure_system_user, needs_root, run_as
+
+pytestmark = [pytest.mark.llama, pytest.mark.users]
+
+MEMBERS, ADMINS = "boardusers", "boardadmins"
+BOARD = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "board"
+
+
+class SharedBoard:
+    """One agent (user board) with [llama] configured, and the members' CLI."""
+
+    def __init__(self, root: Path, llama_server: str, tiny_model: Path) -> None:
+        self.root = root
+        self.agent = Agent(root)
+        self.agent.write_config()
+        bin_dir, models = root / "bin", root / "models"
+        bin_dir.mkdir()
+        models.mkdir()
+        self.server_bin = bin_dir / "llama-server"
+        shutil.copy2(llama_server, self.server_bin)
+        self.model = models / "tiny.gguf"
+        shutil.copy2(tiny_model, self.model)
+        for path, mode in ((bin_dir, 0o755), (self.server_bin, 0o755), (models, 0o755), (self.model, 0o644)):
+            os.chmod(path, mode)
+        base = 24000 + (os.getpid() % 300) * 20
+        self.port_min = base
+        self.agent.config.write_text(
+            f'[storage]\ndb = "{self.agent.db}"\n\n'
+            f'[service]\nsocket = "{self.agent.socket}"\ngroup = "{MEMBERS}"\n\n'
+            f'[access]\nadmin_group = "{ADMINS}"\n\n'
+            f'[enforce]\ninterval_s = 0.5\ngrace_s = 2\n\n'
+            f'[llama]\nserver_bin = "{self.server_bin}"\nmodel_dirs = ["{models}"]\n'
+            f'port_min = {base}\nport_max = {base + 19}\nready_timeout_s = 60\n')
+        self.homes: dict[str, Path] = {}
+        for name in ("alice", "bob", "carol"):
+            home = root / f"home-{name}"
+            home.mkdir()
+            entry = pwd.getpwnam(name)
+            os.chown(home, entry.pw_uid, entry.pw_gid)
+            os.chmod(home, 0o700)  # the service (user board) cannot read a member's logs
+            self.homes[name] = home
+
+    def run(self, user: str, *args: str, timeout: float = 120):
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "HOME": str(self.homes[user]),
+               "BOARD_CONFIG": str(self.agent.config), "PYTHONDONTWRITEBYTECODE": "1"}
+        return run_as(user, str(BOARD), *args, env=env, timeout=timeout)
+
+    def ok(self, user: str, *args: str):
+        result = self.run(user, *args)
+        assert result.returncode == 0, f"{user}: board {' '.join(args)} -> {result.returncode}\n{result.stderr}"
+        return result
+
+    def json(self, user: str, *args: str):
+        return json.loads(self.ok(user, *args, "--json").stdout)
+
+    def server(self, server_id: int, user: str = "carol") -> dict:
+        return next(s for s in self.json(user, "serve", "list", "--all")["servers"] if s["id"] == server_id)
+
+    def wait_state(self, server_id: int, states: tuple[str, ...], timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            server = self.server(server_id)
+            if server["state"] in states or time.monotonic() > deadline:
+                return server
+            time.sleep(0.2)
+
+    def events(self, action: str) -> list[dict]:
+        return [e for e in self.json("carol", "log", "--limit", "200")["events"] if e["action"] == action]
+
+
+def gone(server: dict, timeout: float = 20) -> bool:
+    """No process of the server's group is left (reaping the supervisor, re-parented to this subreaper)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid in (server["supervisor_pid"],):
+            if pid:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        try:
+            os.killpg(server["pgid"], 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def shared(llama_server, tiny_model):
+    needs_root()
+    ensure_system_user()
+    for name in ("alice", "bob", "carol"):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            pytest.skip("the real-user tests' users are missing: run tests/users once (it creates them)")
+    for name in (SERVICE_USER, "alice"):
+        check_reachable(name)
+    root = Path(tempfile.mkdtemp(prefix="board-llama-service-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    board = SharedBoard(root, llama_server, tiny_model)
+    board.agent.start()
+    yield board
+    try:
+        for server in board.json("carol", "serve", "list")["servers"]:  # a failed test's leftovers
+            if server["pgid"]:
+                try:
+                    os.killpg(server["pgid"], 9)
+                except (ProcessLookupError, PermissionError):
+                    pass
+    finally:
+        rc = board.agent.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    assert rc == 0, board.agent.log_text()
+
+
+class TestThroughTheService:
+    def test_alice_starts_bob_cannot_stop_alice_stops_and_the_group_is_gone(self, shared):
+        booking = shared.json("alice", "book", "--cards", "2", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "256")
+        assert server["state"] == "ready" and server["user"] == "alice"
+        assert health(server["host"], server["port"]) == 200
+        alice = pwd.getpwnam("alice").pw_uid
+        # The kernel's view: the supervisor and llama-server are alice's, in the supervisor's group.
+        assert os.stat(f"/proc/{server['supervisor_pid']}").st_uid == alice
+        assert os.stat(f"/proc/{server['pid']}").st_uid == alice
+        assert os.getpgid(server["pid"]) == server["pgid"] == server["supervisor_pid"]
+        # The log is alice's own, in her home, which user board cannot read.
+        assert server["log"].startswith(str(shared.homes["alice"]))
+
+        # bob: exit 4, one line, audited; the server keeps serving.
+        refused = shared.run("bob", "serve", "stop", str(server["id"]))
+        assert refused.returncode == 4, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and "alice" in refused.stderr
+        bob = pwd.getpwnam("bob").pw_uid
+        assert [e["ok"] for e in shared.events("server-stop") if e["uid"] == bob] == [False]
+        assert health(server["host"], server["port"]) == 200
+        # bob can read the log lines the supervisor sent to the service (never from alice's file).
+        logs = shared.ok("bob", "serve", "logs", str(server["id"])).stdout
+        assert f"server {server['id']} for booking {booking} (alice)" in logs
+
+        stopped = shared.json("alice", "serve", "stop", str(server["id"]))
+        assert stopped["state"] == "stopped" and stopped["exit_code"] == 0, stopped
+        assert gone(server), "a process of the server's group is still there"
+        assert health(server["host"], server["port"], timeout=0.5) is None
+        assert [e["ok"] for e in shared.events("server-stop") if e["uid"] == alice] == [True]
+
+    def test_at_booking_end_the_service_stops_it(self, shared):
+        booking = shared.json("alice", "book", "--cards", "4", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "256")
+        assert server["state"] == "ready"
+        shared.ok("alice", "release", str(booking))  # the booking ends now
+        after = shared.wait_state(server["id"], ("stopped", "crashed"))
+        assert after["state"] == "stopped" and after["reason"] == f"booking {booking} ended", after
+        assert gone(server)
+        [event] = [e for e in shared.events("server-stop") if e["actor"] == "board-agent"]
+        assert event["details"]["reason"] == f"booking {booking} ended"
+
+    def test_a_crash_is_recorded_with_its_exit_and_log_tail(self, shared):
+        booking = shared.json("alice", "book", "--cards", "5", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "256")
+        os.kill(server["pid"], 9)
+        crashed = shared.wait_state(server["id"], ("crashed",))
+        assert crashed["state"] == "crashed" and crashed["exit_signal"] == 9, crashed
+        assert any("listening" in line or "model loaded" in line for line in crashed["log_tail"])
+        assert gone(server)
