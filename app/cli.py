@@ -183,13 +183,9 @@ def parse_span(session: Session, start_text: str, for_text: str | None, until_te
 
 
 def parse_cards(text: str) -> list[int]:
-    try:
-        cards = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise BadInput(f"can't read cards {text!r}; give indexes such as 0,1") from None
-    if not cards or any(c < 0 or c > 4096 for c in cards):
-        raise BadInput(f"can't read cards {text!r}; give indexes such as 0,1")
-    return cards
+    from app.core.parse import parse_cards as parse  # one grammar for the CLI and the TUI: 0,1 and 4-7
+
+    return parse(text)
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -451,21 +447,23 @@ class Parser(argparse.ArgumentParser):
 
 
 def booking_id(text: str) -> int:
-    """A booking id argument; out-of-range numbers are bad input, not an SQLite overflow."""
+    """A booking id argument: ASCII digits in 1..2**63-1; anything else is bad input, not an SQLite overflow."""
+    from app.core.parse import parse_id
+
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text[:40]!r}; give a booking number such as 12") from None
-    if not 0 < value < 2**63:
-        raise argparse.ArgumentTypeError(f"there is no booking {text[:40]}; 'board list' shows the bookings")
-    return value
+        return parse_id(text)
+    except BadInput as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def card_count(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and len(text) <= 4):
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a number of cards; give 1, 2, 4 or 8")
+    return int(text)
 
 
 def event_limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 7 else 0
     if not 0 < value <= 1_000_000:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a count from 1 to 1000000")
     return value
@@ -498,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("status", cmd_status, "every card: telemetry, state, current and next booking", json_flag=True)
 
     p = command("book", cmd_book, "book cards for a time slot", json_flag=True)
-    p.add_argument("count", nargs="?", type=int, help="how many cards (1, 2, 4 or 8); picks the best-connected free set")
+    p.add_argument("count", nargs="?", type=card_count, help="how many cards (1, 2, 4 or 8); picks the best-connected free set")
     p.add_argument("--cards", help="exact cards, e.g. 0,1")
     p.add_argument("--start", default="now", help="when it starts, or a range such as 'tomorrow 9-19' (default now)")
     span = p.add_mutually_exclusive_group()

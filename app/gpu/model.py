@@ -79,3 +79,9 @@ def snapshot_from_wire(data: dict) -> FleetSnapshot:
     )
     links = {(a, b): level for a, b, level in data["links"]}
     return FleetSnapshot(data["taken_at"], data["simulated"], cards, Topology(links), data.get("driver_version"))
+
+
+def sample(taken_at: float, card: CardReading) -> list:
+    """One sparkline point: when, VRAM in GiB, utilisation and temperature (0 where the driver said nothing)."""
+    return [taken_at, (card.memory_used_mib or 0) / 1024, float(card.utilization_pct or 0),
+            float(card.temperature_c or 0)]

@@ -87,16 +87,22 @@ def fleet(service, me: Identity) -> dict:
 
 
 @op("history", {"seconds": INT}, {"step": INT})
-def history(service, me: Identity, seconds: int, step: int | None = None) -> list:
-    """Earlier snapshots to start the sparklines with: a replay for a simulated fleet, [] for real GPUs."""
-    from app.gpu.model import snapshot_to_wire
+def history(service, me: Identity, seconds: int, step: int | None = None) -> dict:
+    """Samples to start the sparklines with, per card uuid: [taken_at, VRAM GiB, util %, temp °C], oldest first.
+
+    A replay for a simulated fleet; nothing yet for real GPUs (the service keeps no history).
+    """
+    from app.gpu.model import sample
     from app.gpu.simulated import replay
 
     step = step or max(1, int(service.fleet.refresh_seconds), 5)
     if not 0 < seconds <= 86400 or step <= 0:
         raise BadInput("history: seconds is 1 to 86400, step more than 0")
-    latest = service.fleet.latest()
-    return [snapshot_to_wire(s) for s in replay(service.fleet.source, latest.taken_at, seconds, step)]
+    samples: dict[str, list] = {}
+    for snapshot in replay(service.fleet.source, service.fleet.latest().taken_at, seconds, step):
+        for card in snapshot.cards:
+            samples.setdefault(card.uuid, []).append(sample(snapshot.taken_at, card))
+    return samples
 
 
 @op("status")

@@ -4,13 +4,14 @@
 config, host name), so tests and screenshots run on a frozen clock and a simulated fleet.
 `run_board` is what app.cli calls.
 
-Threads: telemetry and the bookings poller each loop on their own thread (app.tui.pollers)
-and post frozen snapshots; the UI's own database work runs on one more thread
-(app.tui.database). The UI thread never waits on NVML or SQLite.
+The board talks to the service only through its client (app.client): in process on a file the
+user owns, or over the shared service's socket; it cannot tell which. Threads: the events
+loop follows the service's subscription and the bookings loader reloads on each change (both
+in app.tui.pollers, posting frozen snapshots); the screens' calls run on one more thread
+(app.tui.backend). The UI thread never waits on the service.
 
-The Servers screen (app.tui.screens.servers) uses `self.app.backend.database.call(...)` for
-SQLite work, `.fleet_signal` and `.bookings_signal` (Textual Signals) to hear of each poll and
-bookings change, and its own watch thread for server lifecycles; `servers=False` leaves both out.
+The Servers screen (app.tui.screens.servers) hears of changes through `.fleet_signal`,
+`.bookings_signal` and `.servers_signal` (Textual Signals); `servers=False` leaves it out.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import socket
 import time
 from collections import deque
-from pathlib import Path
 from typing import Callable, Iterable
 
 from textual import on, work
@@ -31,13 +31,20 @@ from app.config import Config
 from app.core.cardstate import CardStatus, fleet_status
 from app.core.identity import Identity
 from app.core.text import format_cards, inert
-from app.gpu import GpuSource
-from app.gpu.model import FleetSnapshot
+from app.gpu.model import FleetSnapshot, sample
 from app.model import Booking
 from app.tui.backend import Backend
-from app.tui.database import ActionDatabase
-from app.tui.messages import BookingsLoaded, BookingView, DatabaseFailed, TelemetryFailed, TelemetryRead
-from app.tui.pollers import HISTORY_SECONDS, Poller, bookings_loop, telemetry_loop
+from app.tui.hangup import ending_on_hangup
+from app.tui.messages import (
+    BookingsLoaded,
+    BookingView,
+    DatabaseFailed,
+    Notice,
+    ServersChanged,
+    TelemetryFailed,
+    TelemetryRead,
+)
+from app.tui.pollers import HISTORY_SECONDS, Poller, bookings_loop, events_loop
 from app.tui.render import short_time
 from app.tui.screens.booking_form import BookingDraft, BookingModal
 from app.tui.screens.main import BoardScreen
@@ -60,9 +67,8 @@ class BoardApp(App[int]):
 
     def __init__(
         self,
+        client,
         *,
-        db_path: Path,
-        source: GpuSource,
         identity: Identity,
         config: Config,
         clock: Callable[[], float] = time.time,
@@ -73,8 +79,10 @@ class BoardApp(App[int]):
     ) -> None:
         super().__init__()
         self.cursor_blink = cursor_blink  # off for snapshot tests
-        self.db_path = Path(db_path)
-        self.source, self.identity, self.config, self.clock = source, identity, config, clock
+        self.client, self.identity, self.config, self.clock = client, identity, config, clock
+        service = getattr(client, "service", None)  # in process only: the Servers screen still reads the file
+        self.db_path = service.config.db_path if service is not None else None
+        self.source = service.fleet.source if service is not None else None
         self.host = socket.gethostname() if host is None else host
         self.refresh_seconds = max(0.2, float(config.refresh_seconds))
         self.history_step = history_step or max(self.refresh_seconds, 1.0)
@@ -91,12 +99,11 @@ class BoardApp(App[int]):
         self._window = (start, start + zoom.step * zoom.columns)
         self.fleet_signal: Signal[FleetSnapshot] = Signal(self, "fleet")
         self.bookings_signal: Signal[BookingView] = Signal(self, "bookings")
-        self.database = ActionDatabase(self.db_path)
-        self._telemetry = Poller("board-telemetry", lambda p: telemetry_loop(
-            self, source, lambda: self.refresh_seconds, p, self.history_step))
+        self.servers_signal: Signal[int] = Signal(self, "servers")
         self._bookings = Poller("board-bookings", lambda p: bookings_loop(
-            self, self.db_path, clock, lambda: self._window, p))
-        self.backend = Backend(self.database, identity, config, clock, lambda: self.fleet, self._bookings.wake)
+            self, client, clock, lambda: self._window, p))
+        self._events = Poller("board-events", lambda p: events_loop(self, client, self._bookings, p, self.history_step))
+        self.backend = Backend(client, clock, self._bookings.wake)
         self.servers = servers  # the Servers screen and the thread that watches server lifecycles
         self.server_watch = None
         # Keys that exist only for some: non-admins never get the admin key, nor its palette entry.
@@ -111,7 +118,7 @@ class BoardApp(App[int]):
         return BoardScreen()
 
     def on_mount(self) -> None:
-        self._telemetry.start()
+        self._events.start()
         self._bookings.start()
         self.set_interval(1.0, self._tick_if_idle)
         if self.servers:  # reconcile, booking-end stops, demo servers on their cards, tokens/s
@@ -120,11 +127,12 @@ class BoardApp(App[int]):
             self.server_watch = start_server_watch(self)
 
     def on_unmount(self) -> None:
-        self._telemetry.stop()
+        self._events.stop()
         self._bookings.stop()
         if self.server_watch is not None:
             self.server_watch.stop()
-        self.database.close()
+        self.backend.close()
+        self.client.close()
 
     @property
     def board(self) -> BoardScreen:
@@ -140,8 +148,11 @@ class BoardApp(App[int]):
     @on(TelemetryRead)
     def _telemetry_read(self, message: TelemetryRead) -> None:
         self.last_telemetry = time.monotonic()
-        for snapshot in (*message.history, message.snapshot):
-            self._remember(snapshot)
+        for uuid, samples in message.history.items():
+            for taken_at, *values in samples:
+                self._remember(uuid, taken_at, values)
+        for card in message.snapshot.cards:
+            self._remember(card.uuid, message.snapshot.taken_at, sample(message.snapshot.taken_at, card)[1:])
         self.fleet = message.snapshot
         if self.alert.startswith("telemetry"):
             self._set_alert("")
@@ -150,32 +161,32 @@ class BoardApp(App[int]):
         self.fleet_signal.publish(message.snapshot)
         self._tick()  # the clock moves in the same repaint as the figures
 
-    def _remember(self, snapshot: FleetSnapshot) -> None:
+    def _remember(self, uuid: str, taken_at: float, values) -> None:
         keep = int(HISTORY_SECONDS / self.history_step) + 1
-        for card in snapshot.cards:
-            samples = self.history.get(card.uuid)
-            if samples is None:
-                samples = self.history[card.uuid] = deque(maxlen=keep)
-            if samples and samples[-1][0] >= snapshot.taken_at:
-                continue
-            if samples and snapshot.taken_at - samples[-1][0] < self.history_step * 0.5:
-                continue
-            samples.append((
-                snapshot.taken_at,
-                (card.memory_used_mib or 0) / 1024,
-                float(card.utilization_pct or 0),
-                float(card.temperature_c or 0),
-            ))
+        samples = self.history.get(uuid)
+        if samples is None:
+            samples = self.history[uuid] = deque(maxlen=keep)
+        if samples and (samples[-1][0] >= taken_at or taken_at - samples[-1][0] < self.history_step * 0.5):
+            return
+        samples.append((taken_at, *values))
 
     @on(BookingsLoaded)
     def _bookings_loaded(self, message: BookingsLoaded) -> None:
         self.view = message.view
-        if self.alert.startswith("database"):
+        if self.alert.startswith("bookings"):
             self._set_alert("")
         self._recompute()
         self.board.show_bookings()
         self._warn_ending()
         self.bookings_signal.publish(message.view)
+
+    @on(ServersChanged)
+    def _servers_changed(self, message: ServersChanged) -> None:
+        self.servers_signal.publish(message.version)
+
+    @on(Notice)
+    def _notice(self, message: Notice) -> None:
+        self.notify(inert(message.text, 300), title="board", severity="warning", timeout=30, markup=False)
 
     @on(TelemetryFailed)
     def _telemetry_failed(self, message: TelemetryFailed) -> None:
@@ -183,7 +194,7 @@ class BoardApp(App[int]):
 
     @on(DatabaseFailed)
     def _database_failed(self, message: DatabaseFailed) -> None:
-        self._set_alert(f"database: {inert(message.error, 100)}")
+        self._set_alert(f"bookings: {inert(message.error, 100)}")
 
     def _set_alert(self, text: str) -> None:
         if text != self.alert:
@@ -328,13 +339,15 @@ class BoardApp(App[int]):
 
 def run_board(session) -> int:
     """`board` with no subcommand (app.cli.cmd_board)."""
-    config, identity, source = session.config, session.me, session.source
-    session.conn  # opens (and migrates) the database first, and seeds the demo one, with a clear error if it can't
-    app = BoardApp(db_path=config.db_path, source=source, identity=identity, config=config)
-    try:
+    from app.core.identity import Identity
+
+    client = session.client
+    me = client.call("whoami")  # the service says who we are, and opens (and seeds) a local database first
+    identity = Identity(me["user"], me["uid"], me["admin"])
+    app = BoardApp(client, identity=identity, config=session.config)
+    # A closed terminal, SIGHUP or SIGTERM ends the board (app.tui.hangup says why Textual alone doesn't).
+    with ending_on_hangup(lambda code: app.call_from_thread(app.exit, code, code)):
         result = app.run()
-    finally:
-        source.close()
     return 0 if result is None else int(result)
 
 

@@ -13,10 +13,11 @@ from app.model import Booking
 class TelemetryRead(Message):
     """One poll of the GPU source. Frequent, so a newer one replaces an unhandled older one."""
 
-    def __init__(self, snapshot: FleetSnapshot, history: tuple[FleetSnapshot, ...] = ()) -> None:
+    def __init__(self, snapshot: FleetSnapshot, history: dict[str, list] | None = None) -> None:
         super().__init__()
         self.snapshot = snapshot
-        self.history = history  # earlier snapshots to fill the sparklines with (simulated fleets, first read)
+        # Earlier samples to fill the sparklines with, per card uuid (the first read; app.service.ops.history).
+        self.history = history or {}
 
     def can_replace(self, message: Message) -> bool:
         # Textual drops this one for the newer `message` when True: never drop the one carrying history.

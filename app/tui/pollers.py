@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from app.gpu.model import FleetSnapshot, snapshot_from_wire
+from app.gpu.model import snapshot_from_wire
 from app.model import booking_from_wire
 from app.tui.messages import BookingsLoaded, BookingView, DatabaseFailed, Notice, ServersChanged, TelemetryFailed, TelemetryRead
 
@@ -71,12 +71,11 @@ def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step:
                     app.post_message(TelemetryFailed(event["error"]))
                     continue
                 snapshot = snapshot_from_wire(event["snapshot"])
-                history: tuple[FleetSnapshot, ...] = ()
+                history = None
                 if first:
                     first = False
                     try:
-                        history = tuple(snapshot_from_wire(s) for s in client.call(
-                            "history", seconds=HISTORY_SECONDS, step=max(1, round(history_step))))
+                        history = client.call("history", seconds=HISTORY_SECONDS, step=max(1, round(history_step)))
                     except Exception:  # noqa: BLE001 - sparklines start empty instead
                         pass
                 app.post_message(TelemetryRead(snapshot, history))

@@ -14,7 +14,8 @@ from app.gpu.simulated import DEFAULT_FLEET
 from app.store import bookings as rows
 from app.tui.keys import KEYS
 from app.tui.screens.admin import AdminScreen
-from app.tui.screens.booking_form import BookingModal, parse_cards, parse_form
+from app.core.parse import parse_cards
+from app.tui.screens.booking_form import BookingModal, parse_form
 from app.tui.screens.card_detail import CardDetailScreen
 from app.tui.screens.confirm import ConfirmModal
 from app.tui.screens.help import HelpModal
@@ -125,7 +126,7 @@ class TestBookingForm:
         request = parse_form("4-5", "", "16:00", "", "18:30", "batch", "n", FROZEN_NOW)
         assert (request.cards, request.start, request.end, request.klass) == (
             (4, 5), BASE + HOUR, BASE + 3 * HOUR + 1800, "batch")
-        assert parse_cards("0, 2 3") == (0, 2, 3)
+        assert parse_cards("0, 2-3") == [0, 2, 3]  # the one grammar of app.core.parse
         for cards, count, start, length, until, message in (
             ("", "", "now", "1h", "", "say which cards"),
             ("1", "2", "now", "1h", "", "not both"),

@@ -24,6 +24,7 @@ from app.config import CLASSES
 from app.core.bookings import GROUP_SIZES
 from app.model import Booking
 from app.errors import BadInput, BoardError
+from app.core.parse import parse_cards
 from app.core.text import format_cards, inert
 from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
 from app.tui.backend import Backend, BookingRequest
@@ -45,32 +46,14 @@ class BookingDraft:
     duration: str = "2h"
 
 
-def parse_cards(text: str) -> tuple[int, ...]:
-    """'0,1', '4-7', '0 2 3' -> card indexes."""
-    cards: list[int] = []
-    for part in re.split(r"[,\s]+", text.strip()):
-        if not part:
-            continue
-        if m := re.fullmatch(r"(\d{1,4})\s*-\s*(\d{1,4})", part):
-            low, high = int(m[1]), int(m[2])
-            if high < low:
-                raise BadInput(f"the card range {part} runs backwards; write it low-high, e.g. 4-7")
-            cards.extend(range(low, high + 1))
-        elif part.isdigit() and len(part) <= 4:
-            cards.append(int(part))
-        else:
-            raise BadInput(f"can't read cards {text.strip()!r}; give indexes such as 0,1 or 4-7")
-    return tuple(cards)
-
-
 def parse_form(
     cards: str, count: str, start: str, length: str, until: str, klass: str, note: str, now: float
 ) -> BookingRequest:
     """The form's fields -> a request, or BadInput with the one line to show."""
-    chosen = parse_cards(cards) if cards.strip() else None
+    chosen = tuple(parse_cards(cards)) if cards.strip() else None
     number = None
     if count.strip():
-        if not count.strip().isdigit():
+        if not (count.strip().isascii() and count.strip().isdigit()):
             raise BadInput(f"the count is how many cards: {', '.join(map(str, GROUP_SIZES))}")
         number = int(count.strip())
     if chosen is None and number is None:

@@ -207,9 +207,9 @@ class ReassignModal(FormModal[tuple[tuple[int, ...] | None, str | None] | None])
         self.query_one("#cards", Input).focus()
 
     def _result(self) -> tuple[tuple[int, ...] | None, str | None]:
-        from app.tui.screens.booking_form import parse_cards
+        from app.core.parse import parse_cards
 
-        cards = parse_cards(self.query_one("#cards", Input).value)
+        cards = tuple(parse_cards(self.query_one("#cards", Input).value))
         user = self.query_one("#user", Input).value.strip()
         new_cards = cards if tuple(sorted(cards)) != tuple(sorted(self.booking.cards)) else None
         new_user = user if user and user != self.booking.user else None
