@@ -79,6 +79,21 @@ def whoami(service, me: Identity) -> dict:
             "db": str(service.config.db_path) if service.transport == "local" else None}
 
 
+@op("stats")
+def stats(service, me: Identity) -> dict:
+    """How the service is doing: GPU reads so far, subscribers, registered processes, its memory (for benchmarks)."""
+    import resource
+
+    registry = service.processes
+    return {
+        "fleet_reads": service.fleet.reads,
+        "subscribers": service.hub.count,
+        "registered": len(registry.live()) if registry is not None else 0,
+        "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "versions": dict(service.hub.versions),
+    }
+
+
 @op("fleet")
 def fleet(service, me: Identity) -> dict:
     from app.gpu.model import snapshot_to_wire
