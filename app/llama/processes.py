@@ -15,8 +15,15 @@ CONTEXT_MIB = 256  # CUDA context and compute buffers, roughly
 
 def server_processes(conn: sqlite3.Connection) -> dict[int, tuple[GpuProcess, ...]]:
     """{card index: processes} for live servers whose llama-server still runs (identity checked)."""
+    return processes_of(rows.live(conn))
+
+
+def processes_of(servers) -> dict[int, tuple[GpuProcess, ...]]:
+    """{card index: processes} for these servers, those whose llama-server still runs (identity checked)."""
     found: dict[int, tuple[GpuProcess, ...]] = {}
-    for server in rows.live(conn):
+    for server in servers:
+        if not server.live:
+            continue
         if server.pid is None or not server.cards:
             continue
         if check(ProcessIdentity(server.pid, server.pid_started, server.cmdline)) not in ("match", "hidden"):
@@ -35,10 +42,15 @@ def server_processes(conn: sqlite3.Connection) -> dict[int, tuple[GpuProcess, ..
 
 def feed_simulated(source, conn: sqlite3.Connection) -> bool:
     """Show live servers on a simulated source's cards; False (and nothing done) for a real source."""
+    return show_on_simulated(source, rows.live(conn))
+
+
+def show_on_simulated(source, servers) -> bool:
+    """Show these servers (the live ones) on a simulated source's cards; False for a real source."""
     if not getattr(source, "simulated", False) or not hasattr(source, "set_extra_processes"):
         return False
     count = len(source.scenario.cards) if hasattr(source, "scenario") else None
-    mapping = server_processes(conn)
+    mapping = processes_of(servers)
     if count is not None:
         mapping = {card: procs for card, procs in mapping.items() if 0 <= card < count}
     source.set_extra_processes(mapping)

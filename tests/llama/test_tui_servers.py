@@ -24,8 +24,12 @@ def make_app(board, server_bin: str, model_dirs: tuple[str, ...] = ()):
     config = Config(db_path=board.db, llama=LlamaSettings(
         server_bin=server_bin, port_min=board.port_min, port_max=board.port_max, model_dirs=model_dirs,
         ready_timeout_s=60))
-    return BoardApp(db_path=board.db, source=open_source(True), identity=current_identity(config.admin_group),
-                      config=config, clock=time.time, host="gpu-box", servers=True, cursor_blink=False)
+    from app.client.local import LocalClient
+
+    identity = current_identity(config.admin_group)
+    client = LocalClient.on(config, open_source(True), identity)
+    return BoardApp(client, identity=identity, config=config, clock=time.time, host="gpu-box", servers=True,
+                    cursor_blink=False)
 
 
 async def until(pilot, condition, timeout: float = 45.0) -> None:
@@ -79,16 +83,21 @@ class TestServersScreen:
             await until(pilot, lambda: any("board: llama-server" in line and "ended:" in line for line in log.lines))
         assert fake_board.gone(fake_board.server(server["id"]))
 
-    async def test_a_running_board_stops_a_server_whose_booking_ended(self, fake_board, tiny_model):
+    async def test_the_screen_shows_what_the_agent_did_and_enforces_nothing_itself(self, fake_board, tiny_model):
         fake = str(make_fake_server(fake_board.tmp_path, status=200))
         fake_board.env["BOARD_LLAMA_SERVER"] = fake
         booking = fake_board.book("2")
         server = fake_board.start(booking, tiny_model)
         app = make_app(fake_board, fake)
-        async with app.run_test(size=(100, 30)) as pilot:
-            await pilot.pause(0.5)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("s")
+            await until(pilot, lambda: state_of(app, server["id"]) == "ready")
             fake_board.ok("release", str(booking))
-            await until(pilot, lambda: fake_board.server(server["id"])["state"] == "stopped")
+            await pilot.pause(3.0)  # the rules live in the service: an open board stops nothing itself
+            assert fake_board.server(server["id"])["state"] == "ready"
+            fake_board.ok("agent", "--once")
+            # The change reaches the screen as an event (another process committed), then one serve_list.
+            await until(pilot, lambda: state_of(app, server["id"]) == "stopped", timeout=10)
         found = fake_board.server(server["id"])
         assert found["reason"] == f"booking {booking} ended"
         assert fake_board.gone(found)

@@ -1,0 +1,96 @@
+"""The Servers screen's log view: the highlighted server's log, followed live.
+
+Following lives once, in app.llama.logs.follow: for your own server it reads the file your own
+supervisor writes (as `board serve logs -f` does). For someone else's, it shows the lines the
+service holds (`serve_logs`, sent to it by that server's supervisor), read again every second.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from textual.widgets import Log
+
+from app.core.text import inert
+from app.llama.rows import Server
+
+LOG_LINES = 200
+
+
+class ServerLog(Log):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(max_lines=5000, auto_scroll=True, **kwargs)
+        self._following: int | None = None
+        self._stop: threading.Event | None = None
+
+    def on_unmount(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    def follow(self, server: Server | None, client) -> None:
+        """Show `server`'s log from now on (nothing for None); a no-op while it already does."""
+        wanted = server.id if server else None
+        if wanted == self._following:
+            return
+        self._following = wanted
+        if self._stop is not None:
+            self._stop.set()
+        self.clear()
+        if server is None or client is None:
+            return
+        stop = self._stop = threading.Event()
+        own = server.uid == os.getuid() and server.log_path and os.access(server.log_path, os.R_OK)
+        target = self._file if own else self._service
+        threading.Thread(target=target, args=(server, client, stop), name="board-log", daemon=True).start()
+
+    def _emit(self, lines: list[str], stop: threading.Event) -> bool:
+        if stop.is_set():
+            return False
+        try:
+            self.app.call_from_thread(self.write_lines, [inert(line.replace("\t", "    ")) for line in lines])
+        except RuntimeError:  # the app has gone
+            return False
+        return True
+
+    def _file(self, server: Server, client, stop: threading.Event) -> None:
+        from app.llama.logs import follow
+
+        for line in follow(server.log_path, start_lines=LOG_LINES, until=stop.is_set, poll_s=0.25):
+            if not self._emit([line], stop):
+                return
+
+    def _service(self, server: Server, client, stop: threading.Event) -> None:
+        from app.errors import BoardError
+
+        # A client of its own for a socket (one connection is one conversation); in process, the same one.
+        if client.transport == "socket":
+            from app.client.socket import SocketClient
+
+            mine = SocketClient(client.path)
+        else:
+            mine = client
+        seen: list[str] = []
+        try:
+            while not stop.is_set():
+                try:
+                    found = mine.call("serve_logs", id=server.id, lines=LOG_LINES)
+                except BoardError:
+                    return
+                lines = found["lines"]
+                if not self._emit(_new_lines(seen, lines), stop):
+                    return
+                seen = lines
+                if not found["live"]:
+                    return
+                stop.wait(1.0)
+        finally:
+            if mine is not client:
+                mine.close()
+
+
+def _new_lines(before: list[str], after: list[str]) -> list[str]:
+    for overlap in range(min(len(before), len(after)), 0, -1):
+        if before[-overlap:] == after[:overlap]:
+            return after[overlap:]
+    return after
