@@ -409,13 +409,16 @@ def cmd_agent(session: Session) -> int:
         raise BoardError("the board service does not run as root; run it as the system user board:"
                          " systemctl start board-agent, or setpriv --reuid board --regid board --init-groups"
                          " --inh-caps +kill --ambient-caps +kill board agent")
-    from app.client.local import LocalClient
-    from app.service.server import run_agent
+    from app.service import open_service
+    from app.service.files import secure_state
+    from app.service.server import log, run_agent
 
-    local = LocalClient.open(session.config, demo=session.demo, environ=session.environ)
-    local.service.transport = "socket"
-    local.service.conn  # opens and migrates the database now, with a clear error if it can't
-    return run_agent(local.service, socket_path)
+    os.umask(0o077)  # the database, its -wal and -shm are the service's alone
+    for change in secure_state(session.config.db_path):
+        log(f"board agent: {change}")
+    service = open_service(session.config, demo=session.demo, environ=session.environ, transport="socket")
+    service.conn  # opens and migrates the database now, with a clear error if it can't
+    return run_agent(service, socket_path)
 
 
 def cmd_backup(session: Session) -> int:

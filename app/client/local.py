@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from typing import Any, Iterator
 
-from app.errors import BadInput, BoardError
 
 
 class LocalClient:
@@ -23,15 +21,9 @@ class LocalClient:
     @classmethod
     def open(cls, config, *, demo=None, environ=None) -> "LocalClient":
         from app.core.identity import current_identity
-        from app.gpu import NoDriverError, open_source
+        from app.service import open_service
 
-        try:
-            source = open_source(demo, environ=environ if environ is not None else os.environ)
-        except NoDriverError as error:
-            raise BoardError(str(error)) from None
-        except ValueError as error:  # a bad scenario file
-            raise BadInput(str(error)) from None
-        return cls.on(config, source, current_identity(config.admin_group), demo=demo is not None)
+        return cls(open_service(config, demo=demo, environ=environ), current_identity(config.admin_group))
 
     @classmethod
     def on(cls, config, source, me, *, clock=time.time, demo: bool = False) -> "LocalClient":

@@ -85,4 +85,19 @@ class Service:
             self._local.conn = None
 
 
-__all__ = ["Service", "Fleet", "BoardError"]
+def open_service(config: Config, *, demo: bool | str | None = None, environ=None, transport: str = "local") -> Service:
+    """The service on the configured database and the GPU source that `demo` picks (see app.gpu.open_source)."""
+    import os
+
+    from app.gpu import NoDriverError, open_source
+
+    try:
+        source = open_source(demo, environ=environ if environ is not None else os.environ)
+    except NoDriverError as error:
+        raise BoardError(str(error)) from None
+    except ValueError as error:  # a bad scenario file
+        raise BadInput(str(error)) from None
+    return Service(config, Fleet(source, config.refresh_seconds), demo=demo is not None, transport=transport)
+
+
+__all__ = ["Service", "Fleet", "BoardError", "open_service"]
