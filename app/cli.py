@@ -390,10 +390,15 @@ def cmd_init(session: Session) -> int:
 
 
 def cmd_doctor(session: Session) -> int:
+    from app.service.health import service_checks
     from app.store.setup import doctor
 
+    config = session.config
+    checks = service_checks(config)
+    if not config.service.socket or os.geteuid() == 0:  # members cannot see the service's files, root can
+        checks = doctor(config.db_path, config.admin_group, group=session.args.group, extra=checks)
     problems = 0
-    for ok, line in doctor(session.config.db_path, session.config.admin_group, group=session.args.group):
+    for ok, line in checks:
         problems += not ok
         print(("ok    " if ok else "FIX   ") + line)
     return EXIT_OK if problems == 0 else EXIT_UNEXPECTED
