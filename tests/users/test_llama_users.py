@@ -1,14 +1,14 @@
-"""bob cannot stop alice's llama-server; carol (admin) can; both as real Unix users.
+"""bob cannot stop alice's llama-server; carol (admin) can; all as real Unix users, through the service.
 
 A stand-in llama-server (a few lines of Python that answer /health) keeps this independent of the
-real binary; tests/llama covers the real one. pytest becomes a child subreaper here, so the
-detached supervisors are re-parented to it and can be reaped when they end.
+real binary; tests/llama covers the real one (tests/llama/test_servers_service.py over the socket).
+alice's supervisor registers with the service, which signals it only through its pidfd. pytest
+becomes a child subreaper here, so the detached supervisors are re-parented to it and can be reaped.
 """
 
 from __future__ import annotations
 
 import ctypes
-import grp
 import json
 import os
 import pwd
@@ -17,7 +17,6 @@ import time
 
 import pytest
 
-from tests.users.conftest import MEMBERS_GROUP, write_config
 
 pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
@@ -37,20 +36,18 @@ http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
 @pytest.fixture
-def serving(board):
-    """The shared board, with a stand-in llama-server and a GGUF-looking model everyone can read."""
+def serving(make_board, scratch):
+    """The shared board, with a stand-in llama-server and a GGUF-looking model everyone (and the service) can read."""
     ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-    server_bin = board.root / "llama-server"
+    server_bin = scratch / "llama-server"
     server_bin.write_text(FAKE_SERVER.format(python=sys.executable))
     os.chmod(server_bin, 0o755)
-    model = board.root / "tiny.gguf"
+    model = scratch / "tiny.gguf"
     model.write_bytes(b"GGUF" + bytes(64))
     os.chmod(model, 0o644)
     base = 30000 + (os.getpid() % 300) * 20
-    write_config(board.config, board.db)
-    with open(board.config, "a") as f:
-        f.write(f'\n[llama]\nserver_bin = "{server_bin}"\nport_min = {base}\nport_max = {base + 19}\n'
-                f'ready_timeout_s = 30\n')
+    board = make_board(extra=f'\n[llama]\nserver_bin = "{server_bin}"\nport_min = {base}\nport_max = {base + 19}\n'
+                             f'ready_timeout_s = 30\n')
     board.model = model
     return board
 
@@ -98,8 +95,11 @@ def test_bob_cannot_stop_alices_server_and_carol_can(serving):
     refusals = sorted(e["action"] for e in log if e["uid"] == bob and not e["ok"])
     assert refusals == ["server-start", "server-stop"], log
 
-    # carol, an admin but not root, cannot signal alice's processes: she marks it stopping, and
-    # alice's own supervisor stops it
+    # bob reads the log lines alice's supervisor sent to the service (the service never opens her file)
+    lines = board.run("bob", "serve", "logs", str(server["id"]))
+    assert lines.returncode == 0 and "stand-in llama-server on" in lines.stdout, lines.stderr
+
+    # carol, an admin but not root: the service stops it through the supervisor's pidfd
     assert board.json("carol", "whoami")["admin"] is True
     stopped = board.run("carol", "serve", "stop", str(server["id"]), "--json")
     assert stopped.returncode == 0, stopped.stderr
@@ -111,6 +111,6 @@ def test_bob_cannot_stop_alices_server_and_carol_can(serving):
     carol = pwd.getpwnam("carol").pw_uid
     log = board.json("alice", "log", "--limit", "100")["events"]
     assert any(e["action"] == "server-stop" and e["ok"] and e["uid"] == carol for e in log), log
-    # alice's server log sits in the shared directory, readable by the group
+    # alice's server log is her own file (her supervisor wrote it), not in the service's directory
     st = os.stat(server["log"])
-    assert grp.getgrgid(st.st_gid).gr_name == MEMBERS_GROUP and st.st_mode & 0o660 == 0o660
+    assert st.st_uid == pwd.getpwnam("alice").pw_uid and not server["log"].startswith(str(board.dir))
