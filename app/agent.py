@@ -63,7 +63,7 @@ def cmd_agent(session) -> int:
         as_json = getattr(args, "json", False)
         done = enforce_once(service, log=(lambda m: print(m, file=sys.stderr)) if as_json else _log)
         if as_json:
-            from app.cli import print_json
+            from app.output import print_json
 
             print_json(done)
         return 0

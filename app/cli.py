@@ -7,18 +7,25 @@ Exit codes: 0 ok, 1 unexpected, 2 bad input or not found, 3 conflict, 4 not perm
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
-from datetime import datetime
-from functools import cached_property
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
+from app.commands import (
+    Context,
+    check_arguments,
+    run_command,
+    cmd_book,
+    cmd_cancel,
+    cmd_list,
+    cmd_release,
+    cmd_status,
+    cmd_whoami,
+    parse_cards,
+)
 from app.errors import BadInput, BoardError, NotPermitted
-
-EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_NOT_PERMITTED = 0, 1, 2, 3, 4
+from app.output import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNEXPECTED, iso, print_booking, print_json
 
 EPILOG = """\
 times: now, 14:00, tomorrow 9:00, mon 9:00, 2026-12-01T14:00, +2h; ranges: 'tomorrow 9-19'
@@ -27,323 +34,50 @@ exit codes: 0 ok, 1 unexpected, 2 bad input or not found, 3 conflict, 4 not perm
 """
 
 
-class Session:
-    """What a command needs, each piece opened only when first used."""
-
-    def __init__(self, args: argparse.Namespace, environ=os.environ):
-        self.args, self.environ = args, environ
-
-    @cached_property
-    def demo(self) -> bool | str | None:
-        """A scenario path, True for the default simulated fleet, or None to let BOARD_SIMULATE decide."""
-        return getattr(self.args, "scenario", None) or getattr(self.args, "demo", False) or None
-
-    @cached_property
-    def config(self):
-        from app.config import ConfigError, load_config
-
-        db = getattr(self.args, "db", None)
-        if db is None and self.demo is not None and not self.environ.get("BOARD_DB"):
-            from app.demo import demo_db_path
-
-            db = demo_db_path(self.environ)
-        try:
-            return load_config(db, self.environ)
-        except ConfigError as error:
-            raise BadInput(str(error)) from None
-
-    @cached_property
-    def client(self):
-        """The one door to the service: its socket where the config names one, else the service in this process."""
-        from app.client import open_client
-
-        explicit_db = getattr(self.args, "db", None) is not None or bool(self.environ.get("BOARD_DB"))
-        return open_client(self.config, demo=self.demo, explicit_db=explicit_db, environ=self.environ)
-
-    @property
-    def shared(self) -> bool:
-        """True when this command goes through the shared service's socket."""
-        return self.client.transport == "socket"
-
-    @cached_property
-    def me(self):
-        from app.core.identity import current_identity
-
-        return current_identity(self.config.admin_group)
-
-    @cached_property
-    def conn(self):
-        from app.store.db import connect
-
-        conn = connect(self.config.db_path)
-        if self.demo is not None:
-            from app.demo import seed_if_empty
-
-            seed_if_empty(conn, self.snapshot.cards)
-        return conn
-
-    @cached_property
-    def source(self):
-        from app.gpu import NoDriverError, open_source
-
-        try:
-            return open_source(self.demo, environ=self.environ)
-        except NoDriverError as error:
-            raise BoardError(str(error)) from None
-        except ValueError as error:  # a bad scenario file
-            raise BadInput(str(error)) from None
-
-    @cached_property
-    def snapshot(self):
-        return self.source.read()
-
-    @cached_property
-    def service(self):
-        from app.core.bookings import BookingService
-
-        return BookingService(self.conn, self.me, self.config, self.snapshot.cards, self.snapshot.topology)
-
-    def now(self) -> datetime:
-        return datetime.now().astimezone()
-
-
-# -- output ------------------------------------------------------------------------------------
-
-
-def iso(epoch: int | float | None) -> str | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
-
-
-def _booking_json(data: dict | None) -> dict[str, Any] | None:
-    from app.model import booking_from_wire
-
-    return None if data is None else booking_json(booking_from_wire(data))
-
-
-def booking_json(booking) -> dict[str, Any] | None:
-    if booking is None:
-        return None
-    return {
-        "id": booking.id,
-        "user": booking.user,
-        "cards": list(booking.cards),
-        "card_uuids": list(booking.card_uuids),
-        "start": iso(booking.start),
-        "end": iso(booking.end),
-        "class": booking.klass,
-        "note": booking.note,
-        "status": booking.status,
-    }
-
-
-def print_json(value: Any) -> None:
-    # ensure_ascii keeps other users' text inert on any terminal.
-    print(json.dumps(value, indent=2))
-
-
-def booking_line(booking) -> str:
-    from app.core.text import format_cards, format_time, inert
-
-    state = "" if booking.status == "booked" else f" [{booking.status}]"
-    note = f"  {inert(booking.note, 60)}" if booking.note else ""
-    return (
-        f"#{booking.id:<5} {inert(booking.user, 16):<16} cards {format_cards(booking.cards):<15}"
-        f" {format_time(booking.start)} → {format_time(booking.end)}  {booking.klass}{state}{note}"
-    )
-
-
-def table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
-
-
-# -- time arguments ----------------------------------------------------------------------------
-
-
-def parse_span(session: Session, start_text: str, for_text: str | None, until_text: str | None) -> tuple[int, int]:
-    """--start (a time or a range) with --for or --until, as UTC epoch seconds."""
-    from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
-
-    now = session.now()
-    try:
-        start, range_end = parse_when_or_range(start_text, now)
-        if for_text is not None:
-            end = start + parse_duration(for_text)
-        elif until_text is not None:
-            end = parse_when(until_text, start)
-        elif range_end is not None:
-            end = range_end
-        else:
-            raise BadInput("say how long: --for 3h, --until 18:00, or a range such as --start 'tomorrow 9-19'")
-    except TimeInputError as error:
-        raise BadInput(str(error)) from None
-    except OverflowError:
-        raise BadInput("that time is out of range") from None
-    return int(start.timestamp()), int(end.timestamp())
-
-
-def parse_cards(text: str) -> list[int]:
-    from app.core.parse import parse_cards as parse  # one grammar for the CLI and the TUI: 0,1 and 4-7
-
-    return parse(text)
-
-
-# -- commands ----------------------------------------------------------------------------------
-
-
-def cmd_status(session: Session) -> int:
-    from app.core.text import format_time, inert
-
-    found, now = session.client.call("status"), time.time()
-    if session.args.json:
-        print_json({
-            "simulated": found["simulated"],
-            "taken_at": iso(found["taken_at"]),
-            "cards": [_card_json(card) for card in found["cards"]],
-        })
-        return EXIT_OK
-
-    def num(value, fmt="{}"):
-        return "n/a" if value is None else fmt.format(value)
-
-    header = ["#", "STATE", "VRAM GiB", "UTIL", "TEMP", "POWER W", "HOLDER", "UNTIL", "NEXT", "USERS"]
-    lines = [header]
-    for c in found["cards"]:
-        used, total = c["memory_used_mib"], c["memory_total_mib"]
-        vram = "n/a" if used is None or not total else f"{used / 1024:.1f}/{total / 1024:.1f}"
-        booking, upcoming = c["booking"], c["next_booking"]
-        nxt = f"{inert(upcoming['user'], 12)} {format_time(upcoming['start'], now)}" if upcoming else "-"
-        lines.append([
-            str(c["index"]), " ".join([c["state"], *c["warnings"]]), vram, num(c["utilization_pct"], "{}%"),
-            num(c["temperature_c"], "{}°C"), f"{num(c['power_w'], '{:.0f}')}/{num(c['power_limit_w'], '{:.0f}')}",
-            inert(booking["user"], 12) if booking else "-",
-            format_time(booking["end"], now) if booking else "-",
-            nxt, inert(",".join(c["users"]), 30) or "-",
-        ])
-    names = {c["name"] for c in found["cards"] if c["name"]}
-    badge = " · SIMULATED" if found["simulated"] else ""
-    print(f"{len(found['cards'])} × {', '.join(sorted(names)) or 'GPU'}{badge}")
-    print(table(lines))
-    return EXIT_OK
-
-
-def _card_json(card: dict[str, Any]) -> dict[str, Any]:
-    from app.core.cardstate import UNKNOWN_USER
-
-    shown = {k: v for k, v in card.items() if k != "users"}
-    shown["booking"] = _booking_json(card["booking"])
-    shown["next_booking"] = _booking_json(card["next_booking"])
-    shown["processes"] = [{**p, "user": p["user"] or UNKNOWN_USER} for p in card["processes"]]
-    return shown
-
-
-def cmd_book(session: Session) -> int:
-    args = session.args
-    if args.count is None and args.cards is None:
-        raise BadInput("say which cards: a count (board book 2) or --cards 0,1")
-    if args.count is not None and args.cards is not None:
-        raise BadInput("give a count or --cards, not both")
-    start, end = parse_span(session, args.start, args.duration, args.until)
-    booking = session.client.call(
-        "book",
-        cards=parse_cards(args.cards) if args.cards is not None else None,
-        count=args.count,
-        start=start,
-        end=end,
-        note=args.note,
-        **{"class": args.klass},
-    )
-    _print_booking(session, booking, "booked")
-    return EXIT_OK
-
-
-def _print_booking(session: Session, data: dict, verb: str) -> None:
-    from app.model import booking_from_wire
-
-    booking = booking_from_wire(data)
-    if session.args.json:
-        print_json(booking_json(booking))
-    else:
-        print(f"{verb} {booking_line(booking)}")
-
-
-def cmd_list(session: Session) -> int:
-    from app.core.timeparse import TimeInputError, parse_when
-    from app.model import booking_from_wire
-
-    args, now = session.args, session.now()
-    try:
-        start = int(parse_when(args.from_, now).timestamp()) if args.from_ else (None if args.all else int(now.timestamp()))
-        end = int(parse_when(args.to, now).timestamp()) if args.to else None
-    except TimeInputError as error:
-        raise BadInput(str(error)) from None
-    found = [booking_from_wire(b) for b in session.client.call(
-        "list", start=start, end=end, user=args.user, mine=args.mine, include_cancelled=args.all)]
-    if args.json:
-        print_json({"bookings": [booking_json(b) for b in found]})
-    elif not found:
-        print("no bookings" + ("" if args.all else " from now on; --all shows past and cancelled ones"))
-    else:
-        print("\n".join(booking_line(b) for b in found))
-    return EXIT_OK
-
-
-def cmd_cancel(session: Session) -> int:
-    _print_booking(session, session.client.call("cancel", id=session.args.id), "cancelled")
-    return EXIT_OK
-
-
-def cmd_release(session: Session) -> int:
-    _print_booking(session, session.client.call("release", id=session.args.id), "released")
-    return EXIT_OK
-
-
-def cmd_extend(session: Session) -> int:
-    args = session.args
+def cmd_extend(ctx: Context) -> int:
+    args = ctx.args
     from app.core.timeparse import TimeInputError, parse_duration, parse_when
 
     try:
         if args.duration is not None:
             change = {"add_seconds": int(parse_duration(args.duration).total_seconds())}
         else:
-            change = {"end": int(parse_when(args.until, session.now()).timestamp())}
+            change = {"end": int(parse_when(args.until, ctx.now()).timestamp())}
     except TimeInputError as error:
         raise BadInput(str(error)) from None
-    _print_booking(session, session.client.call("extend", id=args.id, **change), "extended")
+    print_booking(ctx.client.call("extend", id=args.id, **change), "extended", args.json)
     return EXIT_OK
 
 
-def cmd_reassign(session: Session) -> int:
-    args = session.args
+def cmd_reassign(ctx: Context) -> int:
+    args = ctx.args
     cards = parse_cards(args.cards) if args.cards is not None else None
-    _print_booking(session, session.client.call("reassign", id=args.id, cards=cards, user=args.user,
-                                                force=args.force), "reassigned")
+    print_booking(ctx.client.call("reassign", id=args.id, cards=cards, user=args.user, force=args.force),
+                  "reassigned", args.json)
     return EXIT_OK
 
 
-def cmd_admin(session: Session) -> int:
+def cmd_admin(ctx: Context) -> int:
     raise BadInput("say which admin action: board admin reassign ID (--cards 4,5 | --user NAME)")
 
 
-def cmd_run(session: Session) -> int:
+def cmd_run(ctx: Context) -> int:
     """Exec the command on the booked cards. Through the service, this process first registers for the
     booking, and the registration's socket stays open in the job: the service stops it when the booking ends."""
-    from app.model import booking_from_wire
-
-    args = session.args
+    args = ctx.args
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise BadInput("give a command to run: board run -- python train.py")
-    client = session.client
+    client = ctx.client
     if client.transport == "socket":
         sock, _, result = client.stream("register", {"kind": "job", "booking": args.booking})
         os.set_inheritable(sock.fileno(), True)
-        booking = booking_from_wire(result["booking"])
+        booking = result["booking"]
     else:
-        booking = booking_from_wire(client.call("run", booking=args.booking))
-    uuids = ",".join(booking.card_uuids)
+        booking = client.call("run", booking=args.booking)
+    uuids = ",".join(booking["card_uuids"])
     env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=uuids, NVIDIA_VISIBLE_DEVICES=uuids,
-               BOARD_BOOKING_ID=str(booking.id), BOARD_BOOKING_END=iso(booking.end))
+               BOARD_BOOKING_ID=str(booking["id"]), BOARD_BOOKING_END=iso(booking["end"]))
     sys.stdout.flush()
     try:
         os.execvpe(command[0], command, env)
@@ -354,11 +88,11 @@ def cmd_run(session: Session) -> int:
     return EXIT_UNEXPECTED  # not reached
 
 
-def cmd_log(session: Session) -> int:
+def cmd_log(ctx: Context) -> int:
     from app.core.text import format_time, inert
 
-    found = session.client.call("log", limit=session.args.limit, booking=session.args.booking)
-    if session.args.json:
+    found = ctx.client.call("log", limit=ctx.args.limit, booking=ctx.args.booking)
+    if ctx.args.json:
         print_json({"events": [{**{k: v for k, v in e.items() if k != "ts"}, "time": iso(e["ts"])} for e in found]})
         return EXIT_OK
     for e in reversed(found):
@@ -368,35 +102,24 @@ def cmd_log(session: Session) -> int:
     return EXIT_OK
 
 
-def cmd_whoami(session: Session) -> int:
-    me = session.client.call("whoami")
-    if session.args.json:
-        print_json(me)
-    else:
-        role = "admin" if me["admin"] else "member"
-        where = f"database {me['db']}" if me["db"] else f"the board service at {session.config.service.socket}"
-        print(f"{me['user']} (uid {me['uid']}), {role}; {where}")
-    return EXIT_OK
-
-
-def cmd_init(session: Session) -> int:
+def cmd_init(ctx: Context) -> int:
     from app.store.setup import init_shared
 
-    directory = Path(session.args.dir) if session.args.dir else session.config.db_path.parent
-    db_path = directory / session.config.db_path.name
-    for line in init_shared(db_path, session.args.group):
+    directory = Path(ctx.args.dir) if ctx.args.dir else ctx.config.db_path.parent
+    db_path = directory / ctx.config.db_path.name
+    for line in init_shared(db_path, ctx.args.group):
         print(line)
     return EXIT_OK
 
 
-def cmd_doctor(session: Session) -> int:
+def cmd_doctor(ctx: Context) -> int:
     from app.service.health import service_checks
     from app.store.setup import doctor
 
-    config = session.config
+    config = ctx.config
     checks = service_checks(config)
     if not config.service.socket or os.geteuid() == 0:  # members cannot see the service's files, root can
-        checks = doctor(config.db_path, config.admin_group, group=session.args.group, extra=checks)
+        checks = doctor(config.db_path, config.admin_group, group=ctx.args.group, extra=checks)
     problems = 0
     for ok, line in checks:
         problems += not ok
@@ -404,12 +127,12 @@ def cmd_doctor(session: Session) -> int:
     return EXIT_OK if problems == 0 else EXIT_UNEXPECTED
 
 
-def cmd_agent(session: Session) -> int:
-    socket_path = session.config.service.socket
-    if not socket_path or session.args.once:
+def cmd_agent(ctx: Context) -> int:
+    socket_path = ctx.config.service.socket
+    if not socket_path or ctx.args.once:
         from app.agent import cmd_agent as enforce_file  # a database one user owns: enforcement only
 
-        return enforce_file(session)
+        return enforce_file(ctx)
     if os.geteuid() == 0:
         raise BoardError("the board service does not run as root; run it as the system user board:"
                          " systemctl start board-agent, or setpriv --reuid board --regid board --init-groups"
@@ -419,29 +142,29 @@ def cmd_agent(session: Session) -> int:
     from app.service.server import log, run_agent
 
     os.umask(0o077)  # the database, its -wal and -shm are the service's alone
-    for change in secure_state(session.config.db_path):
+    for change in secure_state(ctx.config.db_path):
         log(f"board agent: {change}")
-    service = open_service(session.config, demo=session.demo, environ=session.environ, transport="socket")
+    service = open_service(ctx.config, demo=ctx.demo, environ=ctx.environ, transport="socket")
     service.conn  # opens and migrates the database now, with a clear error if it can't
     return run_agent(service, socket_path)
 
 
-def cmd_backup(session: Session) -> int:
+def cmd_backup(ctx: Context) -> int:
     from app.store.backup import backup
 
     def progress(done: int, total: int) -> None:
         print(f"backup: {done}/{total} pages ({done * 100 // total}%)", flush=True)
 
-    source = session.config.db_path
-    result = backup(source, Path(session.args.path), force=session.args.force, progress=progress)
+    source = ctx.config.db_path
+    result = backup(source, Path(ctx.args.path), force=ctx.args.force, progress=progress)
     print(result.summary(source))
     return EXIT_OK
 
 
-def cmd_board(session: Session) -> int:
+def cmd_board(ctx: Context) -> int:
     from app.tui.app import run_board  # the one command that loads Textual
 
-    return run_board(session)
+    return run_board(ctx)
 
 
 # -- parser ------------------------------------------------------------------------------------
@@ -579,32 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    for arg in argv:  # bytes that are not UTF-8 arrive as lone surrogates, which SQLite cannot store
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
-            print(f"board: the argument {arg[:60]!r} is not valid UTF-8; check the terminal's encoding (LANG)",
-                  file=sys.stderr)
-            return EXIT_BAD_INPUT
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    session = Session(args)
-    try:
-        return args.handler(session)
-    except BoardError as error:
-        from app.core.text import inert  # messages can quote other users' text: one inert line
-
-        print(f"board: {inert(str(error))}", file=sys.stderr)
-        return error.exit_code
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return EXIT_OK
-    except Exception as error:  # noqa: BLE001 - the last line of defence: no tracebacks for users
-        if os.environ.get("BOARD_DEBUG"):
-            raise
-        from app.core.text import inert
-
-        print(f"board: unexpected error: {type(error).__name__}: {inert(str(error), 300)};"
-              " rerun with BOARD_DEBUG=1 for details", file=sys.stderr)
-        return EXIT_UNEXPECTED
+    if (refusal := check_arguments(argv)) is not None:
+        return refusal
+    args = build_parser().parse_args(argv)
+    return run_command(args.handler, Context(args))

@@ -10,13 +10,10 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-DEFAULT_CONFIG_PATH = Path("/etc/board/board.toml")
+from app.config_file import ConfigError, read_config
+
 DEFAULT_DB_PATH = Path("/var/lib/board/board.db")
 CLASSES = ("online", "batch", "finetune", "experiment")  # highest priority first
-
-
-class ConfigError(ValueError):
-    """A config file that cannot be used; the message is one line naming the file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +87,8 @@ class Config:
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
-    path = Path(environ.get("BOARD_CONFIG") or DEFAULT_CONFIG_PATH)
-    raw: dict = {}
-    if path.exists():
-        import tomllib  # only when there is a file to read
-
-        try:
-            raw = tomllib.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-            raise ConfigError(f"can't read config {path}: {error}") from None
-    elif "BOARD_CONFIG" in environ:
-        raise ConfigError(f"config file {path} does not exist; fix BOARD_CONFIG or create the file")
+    name, raw = read_config(environ)
+    path = Path(name)
     try:
         config = _from_toml(raw, path if raw else None)
     except (KeyError, TypeError, ValueError) as error:

@@ -118,7 +118,7 @@ def add_parsers(sub, command, common, id_type=int) -> None:
 
 
 def server_json(server) -> dict[str, Any]:
-    from app.cli import iso
+    from app.output import iso
 
     return {
         "id": server.id,
@@ -169,7 +169,7 @@ def cmd_serve(session) -> int:
 
 
 def cmd_start(session) -> int:
-    from app.cli import print_json
+    from app.output import print_json
     from app.core.text import inert
     from app.llama import launch
     from app.llama.launch import ServerEnded
@@ -223,7 +223,7 @@ def cmd_start(session) -> int:
 
 
 def cmd_stop(session) -> int:
-    from app.cli import print_json
+    from app.output import print_json
     from app.llama import launch
 
     client = session.client
@@ -247,7 +247,7 @@ def cmd_stop(session) -> int:
 
 
 def cmd_list(session) -> int:
-    from app.cli import print_json, table
+    from app.output import print_json, table
     from app.core.text import format_elapsed, inert
     from app.llama.rows import server_from_wire
 

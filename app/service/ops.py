@@ -123,7 +123,7 @@ def history(service, me: Identity, seconds: int, step: int | None = None) -> dic
 @op("status")
 def status(service, me: Identity) -> dict:
     """Every card with its state, current and next booking: the `board status --json` document, in epochs."""
-    from app.core.cardstate import fleet_status
+    from app.core.cardstate import UNKNOWN_USER, fleet_status
     from app.store import bookings as rows
 
     snapshot = _fleet_with_servers(service)
@@ -141,7 +141,7 @@ def status(service, me: Identity) -> dict:
             "warnings": list(s.warnings), "users": list(s.users),
             "booking": wire(s.booking) if s.booking else None,
             "next_booking": wire(s.next_booking) if s.next_booking else None,
-            "processes": [{"pid": p.pid, "user": p.user, "used_mib": p.used_mib, "command": p.command}
+            "processes": [{"pid": p.pid, "user": p.user or UNKNOWN_USER, "used_mib": p.used_mib, "command": p.command}
                           for p in r.processes],
         })
     return {"simulated": snapshot.simulated, "taken_at": snapshot.taken_at, "cards": cards}

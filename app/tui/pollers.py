@@ -17,7 +17,6 @@ minutes would make `q` hang too. A daemon thread is simply abandoned.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable
 
 from app.gpu.model import snapshot_from_wire
@@ -99,8 +98,6 @@ def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step:
 
 
 def bookings_loop(app, client, clock: Callable[[], float], window: Callable[[], tuple[int, int]], worker: "Poller") -> None:
-    loaded_key: tuple | None = None
-    loaded_at = 0.0
     while not worker.is_cancelled:
         start, end = window()
         try:
@@ -113,5 +110,4 @@ def bookings_loop(app, client, clock: Callable[[], float], window: Callable[[], 
             app.post_message(BookingsLoaded(BookingView(
                 found["version"], tuple(booking_from_wire(b) for b in found["upcoming"]),
                 tuple(booking_from_wire(b) for b in found["in_window"]), start, end, clock())))
-            loaded_key, loaded_at = (start, end), time.monotonic()
         worker.wait(DB_RELOAD_SECONDS)

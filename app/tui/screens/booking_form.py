@@ -7,7 +7,6 @@ error the core raises is shown inline, verbatim; a valid form shows what Enter w
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 

@@ -1,0 +1,208 @@
+"""The command context and the commands the shell runs most: status, book, list, cancel, release, whoami.
+
+Both front doors run these: app.quick (no argparse, for speed) and app.cli (the full parser).
+They only talk to the service through `ctx.client` and print through app.output.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import datetime
+from functools import cached_property
+
+from app.errors import BadInput, BoardError
+from app.output import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNEXPECTED, booking_line, print_booking, print_json, status_json, status_text
+
+
+class Context:
+    """What a command needs, each piece opened only when first used: its arguments, the config, the client."""
+
+    def __init__(self, args, environ=os.environ, client=None):
+        self.args, self.environ = args, environ
+        if client is not None:
+            self.client = client
+
+    @cached_property
+    def demo(self) -> bool | str | None:
+        """A scenario path, True for the default simulated fleet, or None to let BOARD_SIMULATE decide."""
+        return getattr(self.args, "scenario", None) or getattr(self.args, "demo", False) or None
+
+    @cached_property
+    def config(self):
+        from app.config import ConfigError, load_config
+
+        db = getattr(self.args, "db", None)
+        if db is None and self.demo is not None and not self.environ.get("BOARD_DB"):
+            from app.demo import demo_db_path
+
+            db = demo_db_path(self.environ)
+        try:
+            return load_config(db, self.environ)
+        except ConfigError as error:
+            raise BadInput(str(error)) from None
+
+    @cached_property
+    def client(self):
+        """The one door to the service: its socket where the config names one, else the service in this process."""
+        from app.client import open_client
+
+        explicit_db = getattr(self.args, "db", None) is not None or bool(self.environ.get("BOARD_DB"))
+        return open_client(self.config, demo=self.demo, explicit_db=explicit_db, environ=self.environ)
+
+    @cached_property
+    def me(self):
+        """This process's own identity (file mode only: through the socket, the service says who we are)."""
+        from app.core.identity import current_identity
+
+        return current_identity(self.config.admin_group)
+
+    @cached_property
+    def conn(self):
+        """A connection to a database file this user owns (`board agent` in file mode)."""
+        from app.store.db import connect
+
+        return connect(self.config.db_path)
+
+    def now(self) -> datetime:
+        return datetime.now().astimezone()
+
+
+def check_arguments(argv) -> int | None:
+    """Bytes that are not UTF-8 arrive as lone surrogates, which SQLite cannot store: one line and exit 2."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            print(f"board: the argument {arg[:60]!r} is not valid UTF-8; check the terminal's encoding (LANG)",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+    return None
+
+
+def run_command(handler, ctx: Context) -> int:
+    """Run one command: a BoardError is one inert line on stderr and its exit code, never a traceback."""
+    try:
+        return handler(ctx)
+    except BoardError as error:
+        from app.core.text import inert  # messages can quote other users' text: one inert line
+
+        print(f"board: {inert(str(error))}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as error:  # noqa: BLE001 - the last line of defence: no tracebacks for users
+        if os.environ.get("BOARD_DEBUG"):
+            raise
+        from app.core.text import inert
+
+        print(f"board: unexpected error: {type(error).__name__}: {inert(str(error), 300)};"
+              " rerun with BOARD_DEBUG=1 for details", file=sys.stderr)
+        return EXIT_UNEXPECTED
+
+
+# -- arguments -----------------------------------------------------------------------------------
+
+
+def parse_span(ctx: Context, start_text: str, for_text: str | None, until_text: str | None) -> tuple[int, int]:
+    """--start (a time or a range) with --for or --until, as UTC epoch seconds."""
+    from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
+
+    now = ctx.now()
+    try:
+        start, range_end = parse_when_or_range(start_text, now)
+        if for_text is not None:
+            end = start + parse_duration(for_text)
+        elif until_text is not None:
+            end = parse_when(until_text, start)
+        elif range_end is not None:
+            end = range_end
+        else:
+            raise BadInput("say how long: --for 3h, --until 18:00, or a range such as --start 'tomorrow 9-19'")
+    except TimeInputError as error:
+        raise BadInput(str(error)) from None
+    except OverflowError:
+        raise BadInput("that time is out of range") from None
+    return int(start.timestamp()), int(end.timestamp())
+
+
+def parse_cards(text: str) -> list[int]:
+    from app.core.parse import parse_cards as parse  # one grammar for the CLI and the TUI: 0,1 and 4-7
+
+    return parse(text)
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def cmd_status(ctx: Context) -> int:
+    found = ctx.client.call("status")
+    if ctx.args.json:
+        print_json(status_json(found))
+    else:
+        print(status_text(found, time.time()))
+    return EXIT_OK
+
+
+def cmd_book(ctx: Context) -> int:
+    args = ctx.args
+    if args.count is None and args.cards is None:
+        raise BadInput("say which cards: a count (board book 2) or --cards 0,1")
+    if args.count is not None and args.cards is not None:
+        raise BadInput("give a count or --cards, not both")
+    start, end = parse_span(ctx, args.start, args.duration, args.until)
+    booking = ctx.client.call(
+        "book",
+        cards=parse_cards(args.cards) if args.cards is not None else None,
+        count=args.count,
+        start=start,
+        end=end,
+        note=args.note,
+        **{"class": args.klass},
+    )
+    print_booking(booking, "booked", args.json)
+    return EXIT_OK
+
+
+def cmd_list(ctx: Context) -> int:
+    from app.core.timeparse import TimeInputError, parse_when
+    from app.output import booking_json
+
+    args, now = ctx.args, ctx.now()
+    try:
+        start = int(parse_when(args.from_, now).timestamp()) if args.from_ else (None if args.all else int(now.timestamp()))
+        end = int(parse_when(args.to, now).timestamp()) if args.to else None
+    except TimeInputError as error:
+        raise BadInput(str(error)) from None
+    found = ctx.client.call("list", start=start, end=end, user=args.user, mine=args.mine, include_cancelled=args.all)
+    if args.json:
+        print_json({"bookings": [booking_json(b) for b in found]})
+    elif not found:
+        print("no bookings" + ("" if args.all else " from now on; --all shows past and cancelled ones"))
+    else:
+        print("\n".join(booking_line(b) for b in found))
+    return EXIT_OK
+
+
+def cmd_cancel(ctx: Context) -> int:
+    print_booking(ctx.client.call("cancel", id=ctx.args.id), "cancelled", ctx.args.json)
+    return EXIT_OK
+
+
+def cmd_release(ctx: Context) -> int:
+    print_booking(ctx.client.call("release", id=ctx.args.id), "released", ctx.args.json)
+    return EXIT_OK
+
+
+def cmd_whoami(ctx: Context) -> int:
+    me = ctx.client.call("whoami")
+    if ctx.args.json:
+        print_json(me)
+    else:
+        role = "admin" if me["admin"] else "member"
+        where = f"database {me['db']}" if me["db"] else f"the board service at {getattr(ctx.client, 'path', '?')}"
+        print(f"{me['user']} (uid {me['uid']}), {role}; {where}")
+    return EXIT_OK

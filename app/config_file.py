@@ -1,0 +1,85 @@
+"""Finding and reading the config file (TOML), and nothing more: light enough for the quick path.
+
+app.config builds the typed settings from what this reads.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_CONFIG_PATH = "/etc/board/board.toml"
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message is one line naming the file."""
+
+
+def configured_socket(environ=os.environ) -> str | None:
+    """`[service] socket` from the config, or None; raises ConfigError like read_config.
+
+    The quick path asks this before every command, and tomllib (with re, typing and string)
+    costs more than the whole request, so a plain config is read line by line first. Anything
+    that scan is not sure of (multi-line strings, escapes, inline or dotted tables, a table
+    named twice) goes to tomllib; a test checks that both agree on every config they both read.
+    """
+    path = environ.get("BOARD_CONFIG") or DEFAULT_CONFIG_PATH
+    try:
+        with open(path, "rb") as file:
+            text = file.read().decode()
+    except (OSError, UnicodeDecodeError):
+        text = None
+    if text is not None and (found := scan_socket(text)) is not None:
+        return found or None
+    _, raw = read_config(environ)
+    service = raw.get("service")
+    socket = service.get("socket") if isinstance(service, dict) else None
+    return socket if isinstance(socket, str) and socket else None
+
+
+def scan_socket(text: str) -> str | None:
+    """The socket from a plain config: its value, "" when there is none, or None when unsure."""
+    if '"""' in text or "'''" in text:
+        return None
+    table, socket, tables = "", "", set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            if line.startswith("[[") or not line.endswith("]") or line[1:-1].strip() in tables:
+                return None
+            table = line[1:-1].strip()
+            tables.add(table)
+            continue
+        key, equals, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not equals or key.startswith("service") and table == "" or "." in key or key.startswith(("\"", "'")):
+            return None  # dotted keys and top-level service = {...}: tomllib's job
+        if table == "service" and key == "socket":
+            if len(value) < 2 or value[0] != '"' or value.count('"') != 2 or "\\" in value:
+                return None
+            closing = value.index('"', 1)
+            if value[closing + 1:].strip() and not value[closing + 1:].strip().startswith("#"):
+                return None
+            socket = value[1:closing]
+    return socket
+
+
+def read_config(environ=os.environ) -> tuple[str, dict]:
+    """(path, its tables): BOARD_CONFIG, else the default; {} when the default does not exist."""
+    path = environ.get("BOARD_CONFIG") or DEFAULT_CONFIG_PATH
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        if "BOARD_CONFIG" in environ:
+            raise ConfigError(f"config file {path} does not exist; fix BOARD_CONFIG or create the file") from None
+        return path, {}
+    except OSError as error:
+        raise ConfigError(f"can't read config {path}: {error.strerror or error}") from None
+    import tomllib  # only when there is a file to read
+
+    try:
+        return path, tomllib.loads(data.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"can't read config {path}: {error}") from None

@@ -1,0 +1,99 @@
+"""What commands print: JSON documents and plain lines, from the service's wire values (dicts, epoch seconds).
+
+Light on purpose (json and datetime): the quick path prints through it too. Other users' text
+goes through core.text.inert before it reaches a terminal; JSON escapes everything non-ASCII.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_NOT_PERMITTED = 0, 1, 2, 3, 4
+
+
+def iso(epoch: int | float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+
+
+def print_json(value: Any) -> None:
+    # ensure_ascii keeps other users' text inert on any terminal.
+    print(json.dumps(value, indent=2))
+
+
+def booking_json(booking: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A booking as `--json` shows it: ISO times in the reader's zone."""
+    if booking is None:
+        return None
+    return {
+        "id": booking["id"],
+        "user": booking["user"],
+        "cards": list(booking["cards"]),
+        "card_uuids": list(booking["card_uuids"]),
+        "start": iso(booking["start"]),
+        "end": iso(booking["end"]),
+        "class": booking["class"],
+        "note": booking["note"],
+        "status": booking["status"],
+    }
+
+
+def booking_line(booking: dict[str, Any]) -> str:
+    from app.core.text import format_cards, format_time, inert
+
+    state = "" if booking["status"] == "booked" else f" [{booking['status']}]"
+    note = f"  {inert(booking['note'], 60)}" if booking["note"] else ""
+    return (
+        f"#{booking['id']:<5} {inert(booking['user'], 16):<16} cards {format_cards(booking['cards']):<15}"
+        f" {format_time(booking['start'])} → {format_time(booking['end'])}  {booking['class']}{state}{note}"
+    )
+
+
+def print_booking(booking: dict[str, Any], verb: str, as_json: bool) -> None:
+    if as_json:
+        print_json(booking_json(booking))
+    else:
+        print(f"{verb} {booking_line(booking)}")
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def status_json(found: dict[str, Any]) -> dict[str, Any]:
+    """`board status --json` from the service's `status` reply."""
+
+    def card(c: dict[str, Any]) -> dict[str, Any]:
+        shown = {k: v for k, v in c.items() if k != "users"}
+        shown["booking"] = booking_json(c["booking"])
+        shown["next_booking"] = booking_json(c["next_booking"])
+        return shown
+
+    return {"simulated": found["simulated"], "taken_at": iso(found["taken_at"]),
+            "cards": [card(c) for c in found["cards"]]}
+
+
+def status_text(found: dict[str, Any], now: float) -> str:
+    from app.core.text import format_time, inert
+
+    def num(value, fmt="{}"):
+        return "n/a" if value is None else fmt.format(value)
+
+    lines = [["#", "STATE", "VRAM GiB", "UTIL", "TEMP", "POWER W", "HOLDER", "UNTIL", "NEXT", "USERS"]]
+    for c in found["cards"]:
+        used, total = c["memory_used_mib"], c["memory_total_mib"]
+        vram = "n/a" if used is None or not total else f"{used / 1024:.1f}/{total / 1024:.1f}"
+        booking, upcoming = c["booking"], c["next_booking"]
+        nxt = f"{inert(upcoming['user'], 12)} {format_time(upcoming['start'], now)}" if upcoming else "-"
+        lines.append([
+            str(c["index"]), " ".join([c["state"], *c["warnings"]]), vram, num(c["utilization_pct"], "{}%"),
+            num(c["temperature_c"], "{}°C"), f"{num(c['power_w'], '{:.0f}')}/{num(c['power_limit_w'], '{:.0f}')}",
+            inert(booking["user"], 12) if booking else "-",
+            format_time(booking["end"], now) if booking else "-",
+            nxt, inert(",".join(c["users"]), 30) or "-",
+        ])
+    names = {c["name"] for c in found["cards"] if c["name"]}
+    badge = " · SIMULATED" if found["simulated"] else ""
+    return f"{len(found['cards'])} × {', '.join(sorted(names)) or 'GPU'}{badge}\n{table(lines)}"

@@ -1,0 +1,109 @@
+"""The `board` entry point, and the quick path for the commands the shell runs most.
+
+Through the shared service, `board status` or `board book 2 --for 3h` is one JSON line each
+way: argparse, dataclasses and the rules would cost more than the request. So a command from
+QUICK whose every argument this small parser knows goes straight to the socket. Anything
+else (help, other commands, a flag it does not know, two flags argparse would refuse together,
+file mode) goes to the full CLI in app.cli, which owns the grammar and the messages; a test
+checks that both parse each quick command the same.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import SimpleNamespace
+
+# command: (flags without a value, {option: attribute}, (positional attribute, its type) or None, defaults)
+QUICK: dict[str, tuple[frozenset, dict, tuple | None, dict]] = {
+    "status": (frozenset({"--json"}), {}, None, {}),
+    "whoami": (frozenset({"--json"}), {}, None, {}),
+    "book": (
+        frozenset({"--json"}),
+        {"--cards": "cards", "--start": "start", "--for": "duration", "--until": "until", "--class": "klass",
+         "--note": "note"},
+        ("count", "card_count"),
+        {"cards": None, "start": "now", "duration": None, "until": None, "klass": "experiment", "note": "",
+         "count": None},
+    ),
+    "list": (
+        frozenset({"--json", "--mine", "--all"}),
+        {"--user": "user", "--from": "from_", "--to": "to"},
+        None,
+        {"user": None, "from_": None, "to": None},
+    ),
+    "cancel": (frozenset({"--json"}), {}, ("id", "booking_id"), {}),
+    "release": (frozenset({"--json"}), {}, ("id", "booking_id"), {}),
+}
+# Options argparse refuses together; the full CLI says so.
+EXCLUSIVE = ({"duration", "until"}, {"mine", "user"})
+
+
+def parse(argv: list[str]) -> SimpleNamespace | None:
+    """The arguments as app.cli's parser would give them, or None when this parser is not sure."""
+    if not argv or argv[0] not in QUICK:
+        return None
+    flags, options, positional, defaults = QUICK[argv[0]]
+    values: dict = {**defaults, **{flag.lstrip("-"): False for flag in flags}}
+    seen: set[str] = set()
+    given_positional = False
+    words = iter(argv[1:])
+    for word in words:
+        if word in flags:
+            values[word.lstrip("-")] = True
+            seen.add(word.lstrip("-"))
+            continue
+        name, equals, value = word.partition("=")
+        if name in options:
+            if not equals:
+                value = next(words, None)
+                if value is None or value.startswith("-"):
+                    return None
+            values[options[name]] = value
+            seen.add(options[name])
+            continue
+        if positional is None or given_positional or word.startswith("-"):
+            return None
+        attribute, kind = positional
+        if not (word.isascii() and word.isdigit() and len(word) <= 18 and int(word) > 0):
+            return None  # the full parser words the refusal
+        values[attribute] = int(word)
+        given_positional = True
+    if positional is not None and positional[1] == "booking_id" and not given_positional:
+        return None
+    if any(group <= seen for group in EXCLUSIVE):
+        return None
+    return SimpleNamespace(**values)
+
+
+def shared_socket(environ) -> str | None:
+    """The shared service's socket when the config names one and no personal database was asked for."""
+    if environ.get("BOARD_DB"):
+        return None
+    from app.config_file import ConfigError, configured_socket
+
+    try:
+        return configured_socket(environ)
+    except ConfigError:
+        return None  # the full CLI reports it
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(argv)
+    path = shared_socket(os.environ) if args is not None else None
+    if path is None:
+        from app.cli import main as full
+
+        return full(argv)
+    from app import commands
+    from app.client.socket import SocketClient
+
+    if (refusal := commands.check_arguments(argv)) is not None:
+        return refusal
+    handler = getattr(commands, f"cmd_{argv[0]}")
+    return commands.run_command(handler, commands.Context(args, client=SocketClient(path)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
