@@ -12,8 +12,9 @@
 #   BOARD_ADMIN_GROUP  the Unix group of board admins (default: board-admin)
 #   BOARD_MEMBERS      users to add to BOARD_GROUP, space-separated (default: none)
 #
-# Groups and users are real even with PREFIX; systemctl runs only without PREFIX, on a host
-# where systemd is running.
+# Groups and the system user board are real even with PREFIX. With PREFIX the data directory,
+# the runtime directory and the socket live under it too, and systemctl is not run: the tests
+# start the agent the way the unit does (setpriv --reuid board ... board agent).
 set -eu
 
 PREFIX=${PREFIX:-}
@@ -22,11 +23,13 @@ BOARD_SOURCE=${BOARD_SOURCE:-$(cd "$(dirname "$0")/.." && pwd)}
 GROUP=${BOARD_GROUP:-board}
 ADMIN_GROUP=${BOARD_ADMIN_GROUP:-board-admin}
 MEMBERS=${BOARD_MEMBERS:-}
+SERVICE_USER=board  # the unit's User= and Group=
 
 VENV=$PREFIX/opt/board
 BIN=$PREFIX/usr/local/bin
 CONFIG=$PREFIX/etc/board/board.toml
 DATA=$PREFIX/var/lib/board
+RUN=$PREFIX/run/board
 UNIT=$PREFIX/etc/systemd/system/board-agent.service
 
 say() { printf 'install_shared: %s\n' "$*"; }
@@ -37,16 +40,23 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 umask 022
 
-# 1. A group for users and one for admins.
-for g in "$GROUP" "$ADMIN_GROUP"; do
+# 1. Groups: one for the people who book, one for admins; the system user the service runs as.
+for g in "$GROUP" "$ADMIN_GROUP" "$SERVICE_USER"; do
     getent group "$g" >/dev/null || groupadd --system "$g"
 done
+if ! getent passwd "$SERVICE_USER" >/dev/null; then
+    useradd --system --gid "$SERVICE_USER" --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin --comment "board service" "$SERVICE_USER"
+fi
+if [ "$GROUP" != "$SERVICE_USER" ]; then
+    usermod -aG "$GROUP" "$SERVICE_USER"  # so that it may give its socket to the members' group
+fi
 for u in $MEMBERS; do
     usermod -aG "$GROUP" "$u"
 done
-say "groups $GROUP (users) and $ADMIN_GROUP (admins) exist"
+say "groups $GROUP (users) and $ADMIN_GROUP (admins) and the system user $SERVICE_USER exist"
 
-# 2. A venv under /opt/board, with board linked onto PATH.
+# 2. The program: a venv under /opt/board, with board linked onto PATH.
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$BOARD_SOURCE"
 mkdir -p "$BIN"
@@ -61,6 +71,10 @@ if [ ! -e "$CONFIG" ]; then
 [storage]
 db = "$DATA/board.db"
 
+[service]
+socket = "$RUN/board.sock"
+group = "$GROUP"
+
 [access]
 admin_group = "$ADMIN_GROUP"
 EOF
@@ -70,8 +84,14 @@ else
     say "kept the existing $CONFIG"
 fi
 
-# 4. The shared database: board init --group G (a setgid 2770 directory, a 0660 file).
-BOARD_CONFIG=$CONFIG "$BIN/board" init --group "$GROUP" --dir "$DATA"
+# 4. The service's own directory: only board may enter it; the service creates board.db (0600) there.
+install -d -o "$SERVICE_USER" -g "$SERVICE_USER" -m 0700 "$DATA"
+if [ -n "$PREFIX" ]; then
+    # systemd makes /run/board (RuntimeDirectory=board) at each start; under a prefix, make it here.
+    install -d -m 0755 "$PREFIX/run"
+    install -d -o "$SERVICE_USER" -g "$SERVICE_USER" -m 0755 "$RUN"
+fi
+say "$DATA is $SERVICE_USER:$SERVICE_USER 0700"
 
 # 5. The agent: the systemd unit shipped in the package, with this install's paths.
 SHIPPED=$("$VENV/bin/python" -c 'import app, pathlib; print(pathlib.Path(app.__file__).parent / "systemd" / "board-agent.service")')
@@ -79,16 +99,19 @@ install -d -m 0755 "$(dirname "$UNIT")"
 sed -e "s|/usr/local/bin/board|$BIN/board|g" \
     -e "s|/etc/board/board.toml|$CONFIG|g" \
     -e "s|/var/lib/board|$DATA|g" \
+    -e "s|/run/board|$RUN|g" \
     "$SHIPPED" >"$UNIT"
 chmod 0644 "$UNIT"
 if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
     systemctl enable --now board-agent.service
     say "board-agent.service enabled and started"
+    # 6. Check it all.
+    BOARD_CONFIG=$CONFIG "$BIN/board" doctor
+    systemctl status --no-pager board-agent.service
 else
-    say "wrote $UNIT (systemctl skipped: no systemd running here, or PREFIX is set)"
+    say "wrote $UNIT (systemctl skipped: no systemd running here, or PREFIX is set);"
+    say "start it as the unit does: BOARD_CONFIG=$CONFIG setpriv --reuid $SERVICE_USER --regid $SERVICE_USER --init-groups --inh-caps +kill --ambient-caps +kill $BIN/board agent"
+    say "then check it: BOARD_CONFIG=$CONFIG $BIN/board doctor"
 fi
-
-# 6. Check it all.
-BOARD_CONFIG=$CONFIG "$BIN/board" doctor --group "$GROUP"
 say "done: add users with 'usermod -aG $GROUP NAME' (they log in again), admins with 'usermod -aG $ADMIN_GROUP NAME'"

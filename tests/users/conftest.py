@@ -1,8 +1,15 @@
-"""Real Unix users for the sharing tests: alice and bob (members), carol (admin), mallory (outsider).
+"""Real Unix users on a shared install: alice and bob (members), carol (admin), mallory (outsider).
 
-CI runs as root, so these fixtures create the users and groups with useradd/groupadd, set up a
-shared directory with `board init --group boardusers` and run the real `board` as each user
-through setpriv (or runuser). Without root every test here is skipped with the reason.
+The shared install is a service: `board agent` runs as the system user board, alone opens the
+database (a 0700 directory, a 0600 file), and members talk to it over its socket. CI runs as
+root, so these fixtures create the users and groups with useradd/groupadd, lay out a PREFIX the
+way scripts/install_shared.sh does (PREFIX/etc/board/board.toml, PREFIX/var/lib/board,
+PREFIX/run/board/board.sock), start the agent exactly as the systemd unit does, without systemd:
+
+    umask 077; setpriv --reuid board --regid board --init-groups --inh-caps +kill --ambient-caps +kill board agent
+
+and run the real `board` as each user through setpriv (or runuser) with BOARD_CONFIG naming the
+prefix's config. Without root every test here is skipped with the reason.
 
 The users and groups are left in place at the end (creating them is idempotent, and another
 test session may be using them at the same time).
@@ -15,10 +22,14 @@ import json
 import os
 import pwd
 import shutil
+import signal
+import socket
+import sqlite3
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +38,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 MEMBERS_GROUP = "boardusers"
 ADMIN_GROUP = "boardadmins"
+SERVICE_USER = "board"  # the unit's User= and Group=
 # name -> supplementary groups. The UIDs of alice, bob and carol match the simulated demo team's when free.
 USERS = {
     "alice": (1001, [MEMBERS_GROUP]),
@@ -35,6 +47,10 @@ USERS = {
     "mallory": (1066, []),
 }
 TOOLS = ("useradd", "groupadd", "usermod", "gpasswd", "setpriv", "runuser")
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
+# What the unit gives the service: its user and group, CAP_KILL and nothing else (see app/systemd/board-agent.service).
+AGENT_PRIVILEGES = ["--reuid", SERVICE_USER, "--regid", SERVICE_USER, "--init-groups",
+                    "--inh-caps", "+kill", "--ambient-caps", "+kill"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,11 +71,11 @@ def _sh(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def _ensure_group(name: str) -> None:
+def _ensure_group(name: str, system: bool = False) -> None:
     try:
         grp.getgrnam(name)
     except KeyError:
-        result = _sh("groupadd", name)
+        result = _sh("groupadd", *(["--system"] if system else []), name)
         if result.returncode not in (0, 9):  # 9: created meanwhile by someone else
             raise RuntimeError(f"groupadd {name}: {result.stderr.strip()}")
 
@@ -87,6 +103,20 @@ def _ensure_user(name: str, uid: int, groups: list[str]) -> None:
             _sh("gpasswd", "-d", name, group)
 
 
+def _ensure_service_user() -> None:
+    """The system user board (no login, no home), in the members' group so that it may give them its socket."""
+    _ensure_group(SERVICE_USER, system=True)
+    try:
+        pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        result = _sh("useradd", "--system", "--gid", SERVICE_USER, "--no-create-home", "--home-dir", "/nonexistent",
+                     "--shell", "/usr/sbin/nologin", SERVICE_USER)
+        if result.returncode not in (0, 9):
+            raise RuntimeError(f"useradd {SERVICE_USER}: {result.stderr.strip()}")
+    if SERVICE_USER not in grp.getgrnam(MEMBERS_GROUP).gr_mem:
+        _sh("usermod", "-aG", MEMBERS_GROUP, SERVICE_USER)
+
+
 def _open_path_for_others(path: Path) -> list[Path]:
     """Let other users traverse every directory above `path` (o+x only: no listing); returns what changed.
 
@@ -104,32 +134,141 @@ def _open_path_for_others(path: Path) -> list[Path]:
 
 @pytest.fixture(scope="session")
 def unix_users():
-    """The four users and two groups exist, and every user can run this checkout with this Python."""
+    """The four users, two groups and the service user exist, and every one can run this checkout with this Python."""
     for group in (MEMBERS_GROUP, ADMIN_GROUP):
         _ensure_group(group)
     for name, (uid, groups) in USERS.items():
         _ensure_user(name, uid, groups)
+    _ensure_service_user()
     # The interpreter may live under /root (pyenv): other users need to reach it, and the checkout.
     for target in (Path(os.path.realpath(sys.executable)), Path(sys.executable), REPO / "app"):
         _open_path_for_others(target)
-    probe = _sh("setpriv", f"--reuid={pwd.getpwnam('mallory').pw_uid}", f"--regid={pwd.getpwnam('mallory').pw_gid}",
-                "--init-groups", "--", sys.executable, "-c", "import app.cli")
-    if probe.returncode != 0:
-        pytest.skip(f"other users cannot run {sys.executable} on this checkout: {probe.stderr.strip()[-200:]}")
-    return {name: pwd.getpwnam(name) for name in USERS}
+    for name in ("mallory", SERVICE_USER):
+        probe = _sh(SETPRIV, f"--reuid={pwd.getpwnam(name).pw_uid}", f"--regid={pwd.getpwnam(name).pw_gid}",
+                    "--init-groups", "--", sys.executable, "-c", "import app.cli")
+        if probe.returncode != 0:
+            pytest.skip(f"{name} cannot run {sys.executable} on this checkout: {probe.stderr.strip()[-200:]}")
+    return {name: pwd.getpwnam(name) for name in [*USERS, SERVICE_USER]}
+
+
+def config_text(prefix: Path, *, admin_group: str = ADMIN_GROUP, extra: str = "") -> str:
+    """The service's config as the install script writes it, plus fast enforcement for the tests."""
+    return (f'[storage]\ndb = "{prefix}/var/lib/board/board.db"\n\n'
+            f'[service]\nsocket = "{prefix}/run/board/board.sock"\ngroup = "{MEMBERS_GROUP}"\n\n'
+            f'[access]\nadmin_group = "{admin_group}"\n\n'
+            f'[enforce]\ninterval_s = 0.5\ngrace_s = 2\n' + extra)
+
+
+def write_config(path: Path, db: Path, admin_group: str = ADMIN_GROUP, extra: str = "") -> Path:
+    """The service's config at `path` for the install whose database is `db` (PREFIX/var/lib/board/board.db).
+
+    The agent reads its config when it starts: after a change, board.stop_agent(); board.start_agent().
+    """
+    path.write_text(config_text(Path(db).parents[3], admin_group=admin_group, extra=extra))
+    os.chmod(path, 0o644)
+    return path
+
+
+def make_layout(prefix: Path, config: str | None = None) -> Path:
+    """What scripts/install_shared.sh lays out under PREFIX (less the venv): the config path."""
+    service = pwd.getpwnam(SERVICE_USER)
+    for directory in ("etc/board", "var/lib", "run"):
+        (prefix / directory).mkdir(parents=True, exist_ok=True, mode=0o755)
+    for directory in ("var/lib/board", "run/board"):
+        path = prefix / directory
+        path.mkdir(exist_ok=True)
+        os.chown(path, service.pw_uid, service.pw_gid)
+        os.chmod(path, 0o700 if directory.startswith("var") else 0o755)
+    path = prefix / "etc/board/board.toml"
+    path.write_text(config if config is not None else config_text(prefix))
+    os.chmod(path, 0o644)
+    return path
 
 
 @dataclass
 class Board:
-    """One shared board: a directory made by `board init`, a config naming the admin group, and a runner."""
+    """One shared install: a PREFIX laid out as the install script does, its agent, and a runner for users."""
 
     root: Path  # a 0755 scratch directory everyone can traverse
-    dir: Path
-    db: Path
-    config: Path
-    scenario: Path | None = None
-    env: dict = field(default_factory=dict)
+    prefix: Path
     program: list[str] | None = None  # default: this checkout's `python -m app`
+    env: dict = field(default_factory=dict)
+    agent: subprocess.Popen | None = None
+
+    @property
+    def config(self) -> Path:
+        return self.prefix / "etc/board/board.toml"
+
+    @property
+    def dir(self) -> Path:
+        return self.prefix / "var/lib/board"
+
+    @property
+    def db(self) -> Path:
+        return self.dir / "board.db"
+
+    @property
+    def socket(self) -> Path:
+        return self.prefix / "run/board/board.sock"
+
+    @property
+    def agent_log(self) -> Path:
+        return self.root / "agent.log"
+
+    def home(self, user: str) -> Path:
+        """A directory of the user's own, for what their jobs write."""
+        path = self.root / "home" / user
+        if not path.exists():
+            path.mkdir(parents=True)
+            entry = pwd.getpwnam(user)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+            os.chmod(path, 0o755)
+        return path
+
+    # -- the agent, as the unit runs it ---------------------------------------------------------------
+
+    def start_agent(self, env: dict | None = None) -> subprocess.Popen:
+        program = self.program or [sys.executable, "-m", "app"]
+        command = ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", SETPRIV, *AGENT_PRIVILEGES, "--", *program, "agent"]
+        environ = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "PYTHONUNBUFFERED": "1",
+                   "PYTHONDONTWRITEBYTECODE": "1", "BOARD_CONFIG": str(self.config), "BOARD_SIMULATE": "1",
+                   **(env or {})}
+        with open(self.agent_log, "ab") as log:
+            # A session of its own, as under systemd: never the process group of the tests or of a job.
+            self.agent = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          env=environ, cwd=REPO, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.agent.poll() is not None:
+                raise AssertionError(f"the agent exited {self.agent.returncode}:\n{self.agent_log.read_text()}")
+            if self.answers():
+                return self.agent
+            time.sleep(0.05)
+        raise AssertionError(f"the agent did not answer on {self.socket} within 30 s:\n{self.agent_log.read_text()}")
+
+    def answers(self) -> bool:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(self.socket))
+            return True
+        except OSError:
+            return False
+        finally:
+            probe.close()
+
+    def stop_agent(self) -> None:
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.send_signal(signal.SIGTERM)
+            try:
+                self.agent.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.agent.kill()
+                self.agent.wait()
+
+    def agent_alive(self) -> bool:
+        return self.agent is not None and self.agent.poll() is None and self.answers()
+
+    # -- users ------------------------------------------------------------------------------------------
 
     def cmd(self, user: str, *args: str, umask: int = 0o022, via: str = "setpriv",
             program: list[str] | None = None) -> list[str]:
@@ -140,7 +279,7 @@ class Board:
         entry = pwd.getpwnam(user)
         if via == "runuser":
             return [shutil.which("runuser") or "/usr/sbin/runuser", "--preserve-environment", "-u", user, "--", *inner]
-        return [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--", *inner]
+        return [SETPRIV, f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--", *inner]
 
     def environ(self, user: str, env: dict | None = None) -> dict:
         base = {
@@ -149,7 +288,6 @@ class Board:
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
             "BOARD_CONFIG": str(self.config),
-            "BOARD_SIMULATE": str(self.scenario) if self.scenario else "1",
             "XDG_STATE_HOME": str(self.root / "state"),
             "USER": user,
             "LOGNAME": user,
@@ -160,14 +298,19 @@ class Board:
         return {k: v for k, v in base.items() if v is not None}
 
     def run(self, user: str, *args: str, env: dict | None = None, umask: int = 0o022, via: str = "setpriv",
-            program: list[str] | None = None, check: bool = False) -> subprocess.CompletedProcess:
+            program: list[str] | None = None, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
         result = subprocess.run(
             self.cmd(user, *args, umask=umask, via=via, program=program), capture_output=True, text=True,
-            env=self.environ(user, env), cwd=REPO, timeout=120,
+            env=self.environ(user, env), cwd=REPO, timeout=timeout,
         )
         if check and result.returncode != 0:
             raise AssertionError(f"board {' '.join(args)} as {user} exited {result.returncode}: {result.stderr}")
         return result
+
+    def spawn(self, user: str, *args: str, env: dict | None = None, program: list[str] | None = None,
+              **popen) -> subprocess.Popen:
+        return subprocess.Popen(self.cmd(user, *args, program=program), env=self.environ(user, env), cwd=REPO,
+                                **popen)
 
     def json(self, user: str, *args: str, **kwargs):
         result = self.run(user, *args, "--json", check=True, **kwargs)
@@ -175,6 +318,27 @@ class Board:
 
     def book(self, user: str, *args: str, **kwargs) -> dict:
         return self.json(user, "book", *args, **kwargs)
+
+    def log(self, limit: int = 500) -> list[dict]:
+        """The audit log, oldest first, as an admin sees it through the service."""
+        return list(reversed(self.json("carol", "log", "--limit", str(limit))["events"]))
+
+    def rows(self, sql: str, *params) -> list[tuple]:
+        """Read the service's database directly, read-only, as root (never creating a file in its directory)."""
+        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+
+def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
 
 
 @pytest.fixture
@@ -188,19 +352,25 @@ def scratch(unix_users):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def write_config(path: Path, db: Path, admin_group: str = ADMIN_GROUP) -> Path:
-    path.write_text(f'[storage]\ndb = "{db}"\n\n[access]\nadmin_group = "{admin_group}"\n')
-    os.chmod(path, 0o644)
-    return path
+@pytest.fixture
+def make_board(scratch):
+    """A factory: make_board(extra_toml="") lays out the prefix, starts the agent as the unit does, and returns the Board."""
+    made: list[Board] = []
+
+    def make(extra: str = "", **agent_env) -> Board:
+        prefix = scratch / "prefix"
+        make_layout(prefix, config_text(prefix, extra=extra))
+        shared = Board(root=scratch, prefix=prefix)
+        made.append(shared)
+        shared.start_agent(agent_env)
+        return shared
+
+    yield make
+    for shared in made:
+        shared.stop_agent()
 
 
 @pytest.fixture
-def board(scratch) -> Board:
-    """`board init --group boardusers --dir D` run as root, and a config with [storage] db and the admin group."""
-    directory = scratch / "lib" / "board"
-    db = directory / "board.db"
-    config = write_config(scratch / "board.toml", db)
-    shared = Board(root=scratch, dir=directory, db=db, config=config)
-    result = shared.run("root", "init", "--group", MEMBERS_GROUP, "--dir", str(directory))
-    assert result.returncode == 0, result.stderr
-    return shared
+def board(make_board) -> Board:
+    """The shared install with its agent running, members reaching it through BOARD_CONFIG=PREFIX/etc/board/board.toml."""
+    return make_board()

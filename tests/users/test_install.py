@@ -1,25 +1,29 @@
 """scripts/install_shared.sh follows the README's "Install on a shared server" as root, and the result works.
 
 It installs into a temporary PREFIX (a venv in PREFIX/opt/board, board linked in PREFIX/usr/local/bin,
-the config in PREFIX/etc/board, the database in PREFIX/var/lib/board, the unit in
-PREFIX/etc/systemd/system), with the real groups boardusers and boardadmins. Then alice books
-through the installed `board`, bob sees it, carol (admin) cancels it, mallory is turned away.
+the config in PREFIX/etc/board, the service's directory PREFIX/var/lib/board, the socket's
+PREFIX/run/board, the unit in PREFIX/etc/systemd/system), with the real groups boardusers and
+boardadmins and the real system user board. Then the installed `board agent` is started as the
+unit starts it (setpriv, no systemd), alice books through the installed `board`, bob sees it,
+carol (admin) cancels it, mallory is turned away, and nobody but the service opens the file.
 """
 
 from __future__ import annotations
 
 import grp
 import os
+import pwd
 import re
 import shutil
 import stat
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO, Board
+from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO, SERVICE_USER, Board
 
 pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
@@ -55,27 +59,47 @@ def installed(tmp_path_factory, unix_users):
 
 
 def as_installed(prefix: Path, scratch: Path) -> Board:
-    return Board(root=scratch, dir=prefix / "var/lib/board", db=prefix / "var/lib/board/board.db",
-                 config=prefix / "etc/board/board.toml", program=[str(prefix / "usr/local/bin/board")])
+    return Board(root=scratch, prefix=prefix, program=[str(prefix / "usr/local/bin/board")])
 
 
-def run(board: Board, user: str, *args: str, **kwargs):
-    return board.run(user, *args, **kwargs)
+@pytest.fixture
+def running(installed, scratch):
+    """The installed agent, started the way the unit starts it."""
+    prefix, _ = installed
+    board = as_installed(prefix, scratch)
+    board.start_agent()
+    yield board
+    board.stop_agent()
+
+
+def owner_group_mode(path) -> tuple[str, str, int]:
+    st = os.lstat(path)
+    return pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name, stat.S_IMODE(st.st_mode)
+
+
+UNIT_LINES = ("User=board", "Group=board", "AmbientCapabilities=CAP_KILL", "CapabilityBoundingSet=CAP_KILL",
+              "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "RuntimeDirectory=board",
+              "RuntimeDirectoryMode=0755", "StateDirectory=board", "StateDirectoryMode=0700", "UMask=0077")
 
 
 def test_the_layout_is_what_the_section_says(installed):
     prefix, output = installed
     link = prefix / "usr/local/bin/board"
     assert link.is_symlink() and os.readlink(link) == str(prefix / "opt/board/bin/board")
-    data = prefix / "var/lib/board"
-    st = os.stat(data)
-    assert stat.S_IMODE(st.st_mode) == 0o2770 and grp.getgrgid(st.st_gid).gr_name == MEMBERS_GROUP
-    st = os.stat(data / "board.db")
-    assert stat.S_IMODE(st.st_mode) == 0o660 and grp.getgrgid(st.st_gid).gr_name == MEMBERS_GROUP
-    config = (prefix / "etc/board/board.toml").read_text()
-    assert f'db = "{data}/board.db"' in config and f'admin_group = "{ADMIN_GROUP}"' in config
-    assert stat.S_IMODE(os.stat(prefix / "etc/board/board.toml").st_mode) == 0o644
-    assert not re.search(r"^FIX", output, re.M) and "audit chain intact" in output
+    assert owner_group_mode(prefix / "var/lib/board") == (SERVICE_USER, SERVICE_USER, 0o700)
+    assert owner_group_mode(prefix / "run/board") == (SERVICE_USER, SERVICE_USER, 0o755)
+    assert owner_group_mode(prefix / "etc/board/board.toml") == ("root", "root", 0o644)
+    config = tomllib.loads((prefix / "etc/board/board.toml").read_text())
+    assert config["storage"] == {"db": f"{prefix}/var/lib/board/board.db"}
+    assert config["service"] == {"socket": f"{prefix}/run/board/board.sock", "group": MEMBERS_GROUP}
+    assert config["access"] == {"admin_group": ADMIN_GROUP}
+    service = pwd.getpwnam(SERVICE_USER)
+    assert service.pw_shell in ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false")
+    assert grp.getgrgid(service.pw_gid).gr_name == SERVICE_USER
+    assert SERVICE_USER in grp.getgrnam(MEMBERS_GROUP).gr_mem  # so that it may give its socket to the members
+    assert not re.search(r"^FIX", output, re.MULTILINE) and "--ambient-caps +kill" in output, output
+    assert not (prefix / "var/lib/board/board.db").exists() or owner_group_mode(
+        prefix / "var/lib/board/board.db")[:2] == (SERVICE_USER, SERVICE_USER)  # made by the service, not the script
 
 
 def test_the_unit_is_shipped_in_the_package_and_installed_with_this_prefix(installed):
@@ -83,38 +107,52 @@ def test_the_unit_is_shipped_in_the_package_and_installed_with_this_prefix(insta
     shipped = list((prefix / "opt/board/lib").glob("python3*/site-packages/app/systemd/board-agent.service"))
     assert len(shipped) == 1, "the unit is not in the installed package"
     unit = (prefix / "etc/systemd/system/board-agent.service").read_text()
-    assert re.search(rf"^ExecStart={re.escape(str(prefix))}/usr/local/bin/board agent$", unit, re.M), unit
+    assert re.search(rf"^ExecStart={re.escape(str(prefix))}/usr/local/bin/board agent$", unit, re.MULTILINE), unit
     assert f"Environment=BOARD_CONFIG={prefix}/etc/board/board.toml" in unit
-    assert f"ReadWritePaths={prefix}/var/lib/board" in unit
+    assert re.search(rf"^ReadWritePaths={re.escape(str(prefix))}/var/lib/board\b", unit, re.MULTILINE), unit
     assert "WantedBy=multi-user.target" in unit
+    for text in (unit, (REPO / "app/systemd/board-agent.service").read_text()):
+        lines = text.splitlines()
+        for line in UNIT_LINES:
+            assert line in lines, f"the unit lost {line!r}"
+        assert not [line for line in lines if line.startswith("User=") and line != "User=board"]
     if shutil.which("systemd-analyze"):
         verify = subprocess.run(["systemd-analyze", "verify", str(prefix / "etc/systemd/system/board-agent.service")],
                                 capture_output=True, text=True)
         assert verify.returncode == 0, verify.stderr
 
 
-def test_the_agent_command_the_unit_runs_exists(installed, scratch):
+def test_the_agent_command_the_unit_runs_exists_and_refuses_root(installed, scratch):
     prefix, _ = installed
     board = as_installed(prefix, scratch)
-    result = run(board, "root", "agent", "--help")
+    result = board.run("root", "agent", "--help")
     assert result.returncode == 0 and "agent" in result.stdout, result.stderr
+    as_root = subprocess.run([str(prefix / "usr/local/bin/board"), "agent"], capture_output=True, text=True,
+                             env={**board.environ("root"), "BOARD_SIMULATE": "1"}, timeout=60)
+    assert as_root.returncode == 1 and "setpriv --reuid board" in as_root.stderr, as_root.stderr
+    assert not board.socket.exists()
 
 
-def test_members_use_the_installed_board(installed, scratch):
-    prefix, _ = installed
-    board = as_installed(prefix, scratch)
+def test_members_use_the_installed_board_through_its_service(running):
+    board = running
     mine = board.json("alice", "book", "2", "--for", "1h", "--note", "installed")
     assert mine["user"] == "alice"
     seen = board.json("bob", "list")["bookings"]
-    assert [(b["id"], b["user"]) for b in seen] == [(mine["id"], "alice")]
-    refused = run(board, "bob", "cancel", str(mine["id"]))
-    assert refused.returncode == 4
+    assert (mine["id"], "alice") in [(b["id"], b["user"]) for b in seen]
+    refused = board.run("bob", "cancel", str(mine["id"]))
+    assert refused.returncode == 4 and "belongs to alice" in refused.stderr, (refused.returncode, refused.stderr)
     assert board.json("carol", "cancel", str(mine["id"]))["id"] == mine["id"]
-    outsider = run(board, "mallory", "list")
+    outsider = board.run("mallory", "list")
     assert outsider.returncode == 4 and len(outsider.stderr.splitlines()) == 1
-    assert f"ask an admin to add you to group {MEMBERS_GROUP}" in outsider.stderr
-    doctor = run(board, "bob", "doctor", "--group", MEMBERS_GROUP)
-    assert doctor.returncode == 0, doctor.stdout
+    assert "ask an admin to add you to" in outsider.stderr
+    # Only the service opens the file: it made it 0600 (UMask=0077), in its 0700 directory.
+    assert owner_group_mode(board.db) == (SERVICE_USER, SERVICE_USER, 0o600)
+    peek = board.run("bob", str(board.db), "SELECT 1", program=["sqlite3"])
+    assert peek.returncode != 0 and "unable to open" in peek.stderr.lower()
+    doctor = board.run("root", "doctor")
+    assert "integrity: ok" in doctor.stdout and "audit chain intact" in doctor.stdout, doctor.stdout
+    trail = [(e["action"], e["actor"], e["ok"]) for e in board.log() if e["booking_id"] == mine["id"]]
+    assert trail == [("create", "alice", True), ("cancel", "bob", False), ("cancel", "carol", True)], trail
 
 
 def test_the_section_and_the_script_agree():
@@ -123,10 +161,15 @@ def test_the_section_and_the_script_agree():
     script = (REPO / "scripts" / "install_shared.sh").read_text()
     block = section.split("<!-- install:begin -->", 1)[1].split("<!-- install:end -->", 1)[0]
     for needle in ("python3 -m venv /opt/board", "pip install", "ln -sfn /opt/board/bin/board /usr/local/bin/board",
-                   "groupadd --system board", "groupadd --system board-admin", "board init --group board",
-                   "/etc/board/board.toml", "systemctl enable --now board-agent", "board doctor --group board",
-                   "usermod -aG board"):
+                   "groupadd --system board", "groupadd --system board-admin", "useradd --system --gid board",
+                   "--no-create-home", "--shell /usr/sbin/nologin", "install -d -o board -g board -m 0700 /var/lib/board",
+                   "/etc/board/board.toml", 'socket = "/run/board/board.sock"', 'group = "board"',
+                   'admin_group = "board-admin"', "systemctl enable --now board-agent", "board doctor",
+                   "systemctl status board-agent", "usermod -aG board"):
         assert needle in block, f"the README section lost {needle!r}"
-    for step in ("groupadd --system", "-m venv", "pip install", "ln -sfn", "init --group", "systemctl enable --now",
-                 "doctor --group", "board-agent.service", "admin_group"):
+    assert "board init" not in block and "2770" not in block, "the section still makes a shared 2770 directory"
+    for step in ("groupadd --system", "useradd --system --gid", "--no-create-home", "--shell /usr/sbin/nologin",
+                 "-m venv", "pip install", "ln -sfn", "-m 0700 \"$DATA\"", "socket = ", "group = ", "admin_group",
+                 "systemctl enable --now", "doctor", "systemctl status", "board-agent.service"):
         assert step in script, f"the script lost {step!r}"
+    assert "init --group" not in script, "the script still runs board init"

@@ -1,51 +1,57 @@
-"""One database, many real Unix users: booking, visibility, file modes, roles, spoofing, outsiders, doctor.
+"""One service, many real Unix users: booking, visibility, roles, spoofing, outsiders, the database nobody else opens.
 
 Every `board` here is the real CLI in its own process, run as alice, bob, carol or mallory with
-setpriv (runuser where it says so), on a directory made by `board init --group boardusers`.
+setpriv (runuser where it says so), talking to `board agent` (run as the system user board, as the
+unit runs it) over its socket. BOARD_CONFIG names the prefix's config, which names the socket.
 """
 
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
-import sqlite3
 import stat
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO
+from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, SERVICE_USER, config_text
 
 pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
 
-HOLD = """
-import sys
+# Subscribes to bookings over the socket, says ready, and prints the list after the first change.
+WATCH = """
+import json
+from app.client.socket import SocketClient
 from app.config import load_config
-from app.store.db import connect
-conn = connect(load_config().db_path)
-conn.execute("SELECT count(*) FROM bookings").fetchone()
+path = load_config().service.socket
+sock, reader, _ = SocketClient(path).stream("subscribe", {"kinds": ["bookings"]})
+sock.settimeout(20)
 print("ready", flush=True)
-sys.stdin.readline()
-conn.execute("SELECT count(*) FROM bookings").fetchone()
-print("still fine", flush=True)
+while json.loads(reader.readline()).get("event") != "bookings":
+    pass
+listed = SocketClient(path).call("list")
+print(json.dumps([[b["id"], b["user"], b["cards"]] for b in listed]), flush=True)
 """
 
-WATCH = """
-import json, sys, time
-from app.config import load_config
-from app.store import bookings as rows
-from app.store.db import connect, data_version
-conn = connect(load_config().db_path)
-seen = data_version(conn)
-print("ready", flush=True)
-deadline = time.monotonic() + 20
-while data_version(conn) == seen and time.monotonic() < deadline:
-    time.sleep(0.05)
-print(json.dumps([[b.id, b.user, list(b.cards)] for b in rows.live_between(conn, 0, 2**62)]), flush=True)
+OPEN_DB = """
+import errno, sqlite3, sys
+for path in sys.argv[1:]:
+    try:
+        open(path, "rb").close()
+        print(path, "opened")
+    except OSError as error:
+        print(path, errno.errorcode[error.errno])
+try:
+    sqlite3.connect(sys.argv[1]).execute("SELECT count(*) FROM bookings").fetchone()
+    print("sqlite opened")
+except sqlite3.Error as error:
+    print("sqlite:", error)
 """
 
 
@@ -56,33 +62,56 @@ def one_line(result) -> str:
     return lines[0]
 
 
-def spawn(board, user: str, code: str, umask: int = 0o022) -> subprocess.Popen:
-    process = subprocess.Popen(
-        board.cmd(user, program=[sys.executable, "-c", code], umask=umask), stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=board.environ(user), cwd=REPO,
-    )
+def spawn(board, user: str, code: str) -> subprocess.Popen:
+    process = board.spawn(user, program=[sys.executable, "-c", code], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = process.stdout.readline().strip()
     assert line == "ready", process.stderr.read() if process.poll() is not None else line
     return process
 
 
 def owner_group_mode(path) -> tuple[str, str, int]:
-    st = os.stat(path)
+    st = os.lstat(path)
     return pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name, stat.S_IMODE(st.st_mode)
 
 
-# -- init ------------------------------------------------------------------------------------
+def refused_events(board, uid: int) -> list[dict]:
+    return [e for e in board.log() if e["uid"] == uid and not e["ok"]]
 
 
-def test_init_makes_a_setgid_group_directory_and_a_group_writable_file(board):
-    st = os.stat(board.dir)
-    assert stat.S_IMODE(st.st_mode) == 0o2770 and grp.getgrgid(st.st_gid).gr_name == MEMBERS_GROUP
-    assert owner_group_mode(board.db) == ("root", MEMBERS_GROUP, 0o660)
-    again = board.run("root", "init", "--group", MEMBERS_GROUP, "--dir", str(board.dir))
-    assert again.returncode == 0, again.stderr  # idempotent
-    ok = board.run("alice", "doctor")
-    assert ok.returncode == 0, ok.stdout
-    assert "FIX" not in ok.stdout
+# -- the service owns the file ---------------------------------------------------------------
+
+
+def test_the_service_alone_owns_the_database_and_runs_as_board_with_cap_kill_only(board):
+    board.book("alice", "1", "--for", "1h")  # the database and its -wal/-shm exist and are in use
+    assert owner_group_mode(board.dir) == (SERVICE_USER, SERVICE_USER, 0o700)
+    for suffix in ("", "-wal", "-shm"):
+        assert owner_group_mode(f"{board.db}{suffix}") == (SERVICE_USER, SERVICE_USER, 0o600), suffix
+    assert owner_group_mode(board.socket) == (SERVICE_USER, MEMBERS_GROUP, 0o660)
+    assert stat.S_ISSOCK(os.lstat(board.socket).st_mode)
+    assert owner_group_mode(board.socket.parent) == (SERVICE_USER, SERVICE_USER, 0o755)
+    with open(f"/proc/{board.agent.pid}/status") as proc:
+        status = dict(line.split(":", 1) for line in proc if ":" in line)
+    service = pwd.getpwnam(SERVICE_USER)
+    assert status["Uid"].split() == [str(service.pw_uid)] * 4 and status["Gid"].split()[0] == str(service.pw_gid)
+    assert int(status["CapEff"], 16) == 1 << 5 and int(status["CapBnd"], 16) & (1 << 5)  # CAP_KILL
+
+
+@pytest.mark.parametrize("user", ["bob", "carol", "mallory"])
+def test_members_and_admins_cannot_open_the_database_file_at_all(board, user):
+    board.book("alice", "1", "--for", "1h")
+    paths = [str(board.db), f"{board.db}-wal", f"{board.db}-shm"]
+    result = board.run(user, *paths, program=[sys.executable, "-c", OPEN_DB])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [f"{path} EACCES" for path in paths], result.stdout
+    assert lines[3].startswith("sqlite: unable to open database file"), lines[3]
+    sqlite = board.run(user, str(board.db), "SELECT count(*) FROM bookings", program=["sqlite3"])
+    assert sqlite.returncode != 0 and "unable to open" in sqlite.stderr.lower(), (sqlite.stdout, sqlite.stderr)
+    assert sqlite.stdout == ""
+    # A board that names the file itself (BOARD_DB) cannot open it either: one line, no traceback.
+    direct = board.run(user, "list", env={"BOARD_DB": str(board.db)})
+    assert direct.returncode != 0 and "Traceback" not in direct.stderr and len(direct.stderr.splitlines()) == 1
 
 
 # -- two members ----------------------------------------------------------------------------
@@ -92,15 +121,15 @@ def test_alice_and_bob_both_book_and_each_sees_the_other_at_once(board):
     bob_watches = spawn(board, "bob", WATCH)
     started = time.monotonic()
     mine = board.book("alice", "2", "--for", "2h", "--note", "alice's sweep")
-    seen = bob_watches.communicate(timeout=30)[0].strip()
+    seen = json.loads(bob_watches.communicate(timeout=30)[0].strip())
     lag = time.monotonic() - started
-    assert f'[{mine["id"]}, "alice", {mine["cards"]}]'.replace("'", "") in seen.replace("'", "")
-    assert lag < 5, f"bob's open connection saw alice's booking only after {lag:.1f} s"
+    assert [mine["id"], "alice", mine["cards"]] in seen
+    assert lag < 5, f"bob's subscription saw alice's booking only after {lag:.1f} s"
 
     alice_watches = spawn(board, "alice", WATCH)
     theirs = board.book("bob", "2", "--for", "2h", "--note", "bob's eval")
-    seen = alice_watches.communicate(timeout=30)[0]
-    assert f'"bob", {theirs["cards"]}' in seen
+    seen = json.loads(alice_watches.communicate(timeout=30)[0].strip())
+    assert [theirs["id"], "bob", theirs["cards"]] in seen
     assert not set(mine["cards"]) & set(theirs["cards"])
 
     for viewer in ("alice", "bob"):
@@ -110,53 +139,13 @@ def test_alice_and_bob_both_book_and_each_sees_the_other_at_once(board):
         holders = {c["index"]: c["booking"]["user"] for c in board.json(viewer, "status")["cards"] if c["booking"]}
         assert holders == {**{i: "alice" for i in mine["cards"]}, **{i: "bob" for i in theirs["cards"]}}
 
-    with sqlite3.connect(board.db) as conn:  # the real UIDs, from the kernel
-        rows = conn.execute("SELECT user, uid, created_by FROM bookings ORDER BY id").fetchall()
-    assert rows == [("alice", pwd.getpwnam("alice").pw_uid, pwd.getpwnam("alice").pw_uid),
-                    ("bob", pwd.getpwnam("bob").pw_uid, pwd.getpwnam("bob").pw_uid)]
-
-
-@pytest.mark.parametrize("umask", [0o077, 0o022], ids=["umask077", "umask022"])
-@pytest.mark.parametrize("first", ["alice", "bob", "carol", "root"])
-def test_wal_and_shm_work_whoever_opens_first(board, first, umask):
-    """The first opener creates -wal and -shm; every other member must still read and write through them."""
-    assert not os.path.exists(f"{board.db}-wal") and not os.path.exists(f"{board.db}-shm")
-    holder = spawn(board, first, HOLD, umask=umask)  # keeps the connection open, so the files stay
-    try:
-        for suffix in ("-wal", "-shm"):
-            owner, group, mode = owner_group_mode(f"{board.db}{suffix}")
-            assert (owner, group) == (first, MEMBERS_GROUP) and mode & 0o660 == 0o660, (suffix, owner, group, oct(mode))
-        others = [u for u in ("alice", "bob", "carol") if u != first]
-        made = [board.book(user, "1", "--for", "1h", umask=umask) for user in others]
-        for user in ("alice", "bob", "carol"):
-            listed = board.json(user, "list", umask=umask)["bookings"]
-            assert {b["id"] for b in listed} == {b["id"] for b in made}
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        assert holder.stdout.readline().strip() == "still fine", holder.stderr.read()
-    finally:
-        holder.communicate(timeout=30)
-    assert holder.returncode == 0
-    # After the last close SQLite removes them; the next first opener (another user) starts afresh.
-    later = board.book("bob" if first != "bob" else "alice", "1", "--for", "1h", umask=umask)
-    assert later["id"]
-    assert board.run("alice", "doctor", "--group", MEMBERS_GROUP).returncode == 0
-
-
-@pytest.mark.parametrize("umask", [0o077, 0o022], ids=["umask077", "umask022"])
-def test_a_member_who_creates_the_file_leaves_it_usable_for_the_group(board, umask):
-    board.db.unlink()  # a fresh install where the first `board` run creates the file, not `board init`
-    made = board.book("alice", "1", "--for", "1h", umask=umask)
-    assert owner_group_mode(board.db) == ("alice", MEMBERS_GROUP, 0o660)
-    assert board.book("bob", "1", "--for", "1h", umask=umask)["id"] == made["id"] + 1
-    assert board.run("carol", "doctor").returncode == 0
+    # The real UIDs, from the kernel (SO_PEERCRED), in the service's own file.
+    alice, bob = pwd.getpwnam("alice").pw_uid, pwd.getpwnam("bob").pw_uid
+    assert board.rows("SELECT user, uid, created_by FROM bookings ORDER BY id") == [
+        ("alice", alice, alice), ("bob", bob, bob)]
 
 
 # -- roles ----------------------------------------------------------------------------------
-
-
-def refused_events(board, uid: int) -> list[dict]:
-    return [e for e in board.json("carol", "log", "--limit", "500")["events"] if e["uid"] == uid and not e["ok"]]
 
 
 def test_bob_cannot_change_alices_bookings_and_carol_can(board):
@@ -193,24 +182,24 @@ def test_bob_cannot_change_alices_bookings_and_carol_can(board):
     assert extended["user"] == "alice"
     moved = board.json("carol", "admin", "reassign", str(active["id"]), "--cards", "4,5")
     assert moved["cards"] == [4, 5]
-    given = board.json("carol", "admin", "reassign", str(active["id"]), "--user", "bob")
+    # A booking under way is split at now (its past stays on the old cards): the rest has its own id.
+    given = board.json("carol", "admin", "reassign", str(moved["id"]), "--user", "bob")
     assert given["user"] == "bob"
     assert board.json("carol", "extend", str(future["id"]), "--for", "30m")["id"] == future["id"]
     assert board.json("carol", "cancel", str(future["id"]))["status"] == "cancelled"
-    assert board.json("carol", "release", str(active["id"]))["id"] == active["id"]
-    done = [e for e in board.json("alice", "log", "--limit", "500")["events"] if e["uid"] == carol and e["ok"]]
+    assert board.json("carol", "release", str(given["id"]))["id"] == given["id"]
+    done = [e for e in board.log() if e["uid"] == carol and e["ok"]]
     assert sorted(e["action"] for e in done) == ["cancel", "extend", "extend", "reassign", "reassign", "release"]
-    with sqlite3.connect(board.db) as conn:
-        assert conn.execute("SELECT user, uid FROM bookings WHERE id = ?", (active["id"],)).fetchone() == ("bob", bob)
-    # The chain still verifies after all of it, for a member too.
-    doctor = board.run("bob", "doctor")
-    assert doctor.returncode == 0 and "audit chain intact" in doctor.stdout, doctor.stdout
+    assert (given["id"], "bob", bob) in board.rows("SELECT id, user, uid FROM bookings")
+    # The chain verifies after all of it (doctor, as root, reads the service's file).
+    doctor = board.run("root", "doctor")
+    assert "audit chain intact" in doctor.stdout and "integrity: ok" in doctor.stdout, doctor.stdout
 
 
-def test_admin_comes_from_the_configured_group_not_the_default(board):
-    from tests.users.conftest import write_config
-
-    write_config(board.config, board.db, admin_group="board-no-such-group")
+def test_admin_comes_from_the_services_config_not_the_default(board):
+    board.stop_agent()
+    board.config.write_text(config_text(board.prefix, admin_group="board-no-such-group"))
+    board.start_agent()
     assert board.json("carol", "whoami")["admin"] is False
     booking = board.book("alice", "1", "--for", "1h")
     assert board.run("carol", "cancel", str(booking["id"])).returncode == 4
@@ -218,12 +207,12 @@ def test_admin_comes_from_the_configured_group_not_the_default(board):
 
 @pytest.mark.parametrize("via", ["setpriv", "runuser"])
 def test_user_logname_and_sudo_user_change_nothing(board, via):
-    alice = pwd.getpwnam("alice").pw_uid
+    alice, bob = pwd.getpwnam("alice").pw_uid, pwd.getpwnam("bob").pw_uid
     booking = board.book("alice", "1", "--for", "1h")
     spoof = {"USER": "alice", "LOGNAME": "alice", "USERNAME": "alice", "SUDO_USER": "alice",
              "SUDO_UID": str(alice), "SUDO_GID": str(alice)}
     who = board.json("bob", "whoami", env=spoof, via=via)
-    assert (who["user"], who["uid"], who["admin"]) == ("bob", pwd.getpwnam("bob").pw_uid, False)
+    assert (who["user"], who["uid"], who["admin"]) == ("bob", bob, False)
     result = board.run("bob", "cancel", str(booking["id"]), env=spoof, via=via)
     assert result.returncode == 4 and "belongs to alice" in one_line(result)
     mine = board.book("bob", "1", "--for", "1h", env=spoof, via=via)
@@ -231,18 +220,66 @@ def test_user_logname_and_sudo_user_change_nothing(board, via):
     as_root = {"USER": "root", "LOGNAME": "root", "SUDO_USER": "root", "SUDO_UID": "0", "SUDO_GID": "0"}
     assert board.json("bob", "whoami", env=as_root, via=via)["admin"] is False
     assert board.run("bob", "admin", "reassign", str(booking["id"]), "--user", "bob", env=as_root, via=via).returncode == 4
-    with sqlite3.connect(board.db) as conn:
-        assert conn.execute("SELECT user, uid FROM bookings WHERE id = ?", (mine["id"],)).fetchone() == (
-            "bob", pwd.getpwnam("bob").pw_uid)
-        actors = conn.execute("SELECT DISTINCT actor, uid FROM events WHERE actor != 'alice'").fetchall()
-    assert actors == [("bob", pwd.getpwnam("bob").pw_uid)]
+    assert board.rows("SELECT user, uid FROM bookings WHERE id = ?", mine["id"]) == [("bob", bob)]
+    actors = board.rows("SELECT DISTINCT actor, uid FROM events WHERE actor != 'alice'")
+    assert actors == [("bob", bob)]
+
+
+def _window(center: datetime, before_min: int = 60, after_min: int = 180) -> str:
+    start, end = center - timedelta(minutes=before_min), center + timedelta(minutes=after_min)
+    return f"{start:%H:%M}-{end:%H:%M}"
+
+
+def test_bobs_own_config_tz_and_user_change_nothing_he_may_do(make_board):
+    """Policy, pools, windows and the admin group are the service's; bob's BOARD_CONFIG, TZ and USER only display."""
+    now = datetime.now(UTC)
+    shanghai = now + timedelta(hours=8)  # Asia/Shanghai has no DST
+    board = make_board(
+        '\n[[pools]]\nname = "shanghai-day"\ncards = [4, 5]\n'
+        f'[pools.windows]\nfinetune = {{ hours = "{_window(shanghai)}", weekends = false }}\n'
+        '\n[[pools]]\nname = "utc-now"\ncards = [6, 7]\n'
+        f'[pools.windows]\nfinetune = {{ hours = "{_window(now)}", weekends = false }}\n',
+        TZ="UTC")  # the service's zone: [policy] timezone is unset, so the system's, here UTC
+    alices = board.book("alice", "--cards", "0", "--for", "2h")
+    bob_home = board.home("bob")
+    mine = bob_home / "mine.toml"
+    mine.write_text(f'[storage]\ndb = "{bob_home}/own.db"\n\n[service]\nsocket = "{board.socket}"\ngroup = "bob"\n\n'
+                    f'[access]\nadmin_group = "bob"\n\n[policy]\nmax_booking_hours = 100000\nmax_cards_per_user = 8\n')
+    os.chmod(mine, 0o644)
+    disguise = {"BOARD_CONFIG": str(mine), "TZ": "Asia/Shanghai", "USER": "carol", "LOGNAME": "carol"}
+
+    for env in ({}, disguise):
+        who = board.json("bob", "whoami", env=env)
+        assert (who["user"], who["admin"]) == ("bob", False), env
+        for args in (["admin", "reassign", str(alices["id"]), "--user", "bob"], ["cancel", str(alices["id"])]):
+            result = board.run("bob", *args, env=env)
+            assert result.returncode == 4, (env, args, result.stderr)
+            one_line(result)
+        # The window that is open now in Shanghai, not here (the service's zone): refused.
+        day = board.run("bob", "book", "--cards", "4", "--for", "1h", "--class", "finetune", env=env)
+        assert day.returncode == 4 and "only" in one_line(day) and "shanghai-day" in day.stderr, (env, day.stderr)
+        # The service's policy, not bob's: at most 72 h.
+        long = board.run("bob", "book", "--cards", "3", "--for", "100h", env=env)
+        assert long.returncode == 4 and "72" in one_line(long), (env, long.stderr)
+    # The window open now in the service's zone (closed in Shanghai): granted, once, whatever bob's TZ says.
+    night = board.book("bob", "--cards", "6", "--for", "1h", "--class", "finetune", env=disguise)
+    assert night["user"] == "bob" and night["cards"] == [6]
+    assert [(b["id"], b["user"]) for b in board.json("carol", "list")["bookings"]] == [
+        (alices["id"], "alice"), (night["id"], "bob")]
+    bob = pwd.getpwnam("bob").pw_uid
+    refused = refused_events(board, bob)
+    assert sorted(e["action"] for e in refused if e["booking_id"] == alices["id"]) == ["cancel", "cancel", "reassign",
+                                                                                        "reassign"]
+    assert {e["actor"] for e in board.log() if e["uid"] == bob} == {"bob"}
+    assert not (bob_home / "own.db").exists()
 
 
 # -- outsiders ------------------------------------------------------------------------------
 
 
 OUTSIDER_COMMANDS = [
-    ["status"], ["list"], ["list", "--json"], ["book", "1", "--for", "1h"], ["cancel", "1"], ["log"], ["extend", "1", "--for", "1h"],
+    ["status"], ["list"], ["list", "--json"], ["book", "1", "--for", "1h"], ["cancel", "1"], ["log"],
+    ["extend", "1", "--for", "1h"], ["whoami"], ["run", "--", "true"],
 ]
 
 
@@ -251,84 +288,60 @@ def test_mallory_gets_one_clear_line(board, args):
     result = board.run("mallory", *args)
     assert result.returncode == 4, result.stderr
     line = one_line(result)
-    assert "no access to the board database" in line
-    assert f"ask an admin to add you to group {MEMBERS_GROUP}" in line
+    assert "no access to the board" in line and "ask an admin to add you to" in line, line
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("dir_mode, file_mode", [(0o2775, 0o660), (0o2775, 0o640)])
-def test_mallory_is_refused_in_one_line_even_when_the_directory_is_open(board, dir_mode, file_mode):
-    board.book("alice", "1", "--for", "1h")
-    os.chmod(board.dir, dir_mode)
-    os.chmod(board.db, file_mode)
-    for args in (["status"], ["book", "1", "--for", "1h"]):
+def test_mallory_is_refused_by_the_service_itself_even_when_the_socket_is_open(board):
+    booking = board.book("alice", "1", "--for", "1h")
+    os.chmod(board.socket, 0o666)  # a mistake: the service still checks membership from SO_PEERCRED
+    for args in (["status"], ["list", "--json"], ["whoami"]):  # reads: see the next test for writes
         result = board.run("mallory", *args)
-        assert result.returncode == 4, result.stderr
+        assert result.returncode == 4, (args, result.stderr)
         assert f"ask an admin to add you to group {MEMBERS_GROUP}" in one_line(result)
+        assert result.stdout == ""
+    for args in (["book", "1", "--for", "1h"], ["cancel", str(booking["id"])], ["run", "--", "true"]):
+        result = board.run("mallory", *args)
+        assert result.returncode in (1, 4) and "Traceback" not in result.stderr, (args, result.stderr)
+    assert [b["id"] for b in board.json("alice", "list")["bookings"]] == [booking["id"]]
+    mallory = pwd.getpwnam("mallory").pw_uid
+    assert board.rows("SELECT count(*) FROM events WHERE uid = ?", mallory) == [(0,)]
+    assert board.rows("SELECT count(*) FROM bookings WHERE uid = ?", mallory) == [(0,)]
 
 
-def test_mallory_can_still_ask_who_she_is(board):
-    who = board.json("mallory", "whoami")
-    assert (who["user"], who["admin"]) == ("mallory", False)
+SLOW_OUTSIDER = """
+import json, socket, sys, time
+sock = socket.socket(socket.AF_UNIX)
+sock.connect(sys.argv[1])
+time.sleep(0.5)  # a client that is slow to send its first request (a loaded machine)
+try:
+    sock.sendall(b'{"v": 1, "id": 7, "op": "book", "args": {"count": 1, "start": 0, "end": 1}}\\n')
+    sent = "sent"
+except OSError as error:
+    sent = type(error).__name__
+print(sent, sock.makefile("rb").readline().decode().strip())
+"""
 
 
-def test_mallory_doctor_says_to_ask_for_the_group(board):
-    result = board.run("mallory", "doctor")
+@pytest.mark.xfail(strict=True, reason="app/service/server.py _admit answers a non-member before reading the request"
+                   " and closes, so a client still sending gets EPIPE, and `board book` says 'the service stopped"
+                   " while answering' (exit 1) instead of the refusal (exit 4); reported")
+def test_a_slow_outsider_still_gets_the_refusal_for_its_request(board):
+    os.chmod(board.socket, 0o666)
+    result = board.run("mallory", str(board.socket), program=[sys.executable, "-c", SLOW_OUTSIDER])
+    sent, reply = result.stdout.split(" ", 1)
+    reply = json.loads(reply)
+    assert reply["error"]["code"] == 4 and MEMBERS_GROUP in reply["error"]["message"]
+    assert sent == "sent" and reply["id"] == 7, result.stdout
+
+
+def test_a_killed_service_says_so_in_one_line_and_keeps_what_it_acknowledged(board):
+    booking = board.book("alice", "1", "--for", "1h")
+    board.agent.kill()  # kill -9: the socket file stays behind
+    board.agent.wait(timeout=10)
+    assert board.socket.exists()
+    result = board.run("alice", "list")
     assert result.returncode == 1
-    assert "Traceback" not in result.stderr + result.stdout
-    assert f"usermod -aG {MEMBERS_GROUP} mallory" in result.stdout
-
-
-# -- doctor as a member ---------------------------------------------------------------------
-
-
-def _chgrp(path, group):
-    os.chown(path, -1, grp.getgrnam(group).gr_gid)
-
-
-BREAKAGES = {
-    "file-mode-644": (lambda b: os.chmod(b.db, 0o644), "has mode 644, not 660: chmod 660 {db}"),
-    "file-mode-600": (lambda b: os.chmod(b.db, 0o600), None),  # alice can't open it: no access, ask for it
-    "file-mode-666": (lambda b: os.chmod(b.db, 0o666), "has mode 666, not 660: chmod 660 {db}"),
-    "dir-no-setgid": (lambda b: os.chmod(b.dir, 0o770), "is not setgid, so new files lose group boardusers: chmod g+s {dir}"),
-    "dir-mode-2775": (lambda b: os.chmod(b.dir, 0o2775), "others should have no access: chmod 2770 {dir}"),
-    "dir-mode-2750": (lambda b: os.chmod(b.dir, 0o2750), "group members need rwx: chmod 2770 {dir}"),
-    "file-wrong-group": (lambda b: _chgrp(b.db, "alice"), "has group alice, not boardusers: chgrp boardusers {db}"),
-    "dir-wrong-group": (lambda b: (_chgrp(b.dir, "alice"), os.chmod(b.dir, 0o2770)),
-                        "has group alice, not boardusers: chgrp -R boardusers {dir}"),
-    "dir-group-root": (lambda b: (_chgrp(b.dir, "root"), os.chmod(b.dir, 0o2775)), "has group root"),
-}
-
-
-@pytest.mark.parametrize("name", list(BREAKAGES))
-def test_doctor_as_a_member_names_the_problem_and_the_fix(board, name):
-    board.book("bob", "1", "--for", "1h")
-    breakage, expected = BREAKAGES[name]
-    breakage(board)
-    args = ["doctor", "--group", MEMBERS_GROUP] if name == "dir-wrong-group" else ["doctor"]
-    result = board.run("alice", *args)
-    assert result.returncode == 1, result.stdout
-    assert "Traceback" not in result.stdout + result.stderr
-    fixes = [line for line in result.stdout.splitlines() if line.startswith("FIX")]
-    assert fixes, result.stdout
-    if expected is None:
-        assert any("ask an admin" in f or "chmod 660" in f for f in fixes), fixes
-    else:
-        expected = expected.format(db=board.db, dir=board.dir)
-        assert any(expected in f for f in fixes), (expected, fixes)
-    if name == "dir-group-root":
-        assert any(f"chgrp -R G {board.dir}" in f for f in fixes), fixes
-
-
-def test_doctor_as_a_member_checks_wal_and_shm_too(board):
-    holder = spawn(board, "bob", HOLD)
-    try:
-        os.chmod(f"{board.db}-wal", 0o600)
-        result = board.run("root", "doctor")
-        assert f"{board.db}-wal has mode 600, not 660: chmod 660 {board.db}-wal" in result.stdout
-        os.chmod(f"{board.db}-wal", 0o660)
-        _chgrp(f"{board.db}-shm", "bob")
-        result = board.run("bob", "doctor")
-        assert f"{board.db}-shm has group bob, not boardusers: chgrp boardusers {board.db}-shm" in result.stdout
-    finally:
-        holder.communicate("\n", timeout=30)
+    assert "the board service is not running (systemctl status board-agent)" in one_line(result)
+    board.start_agent()  # the stale socket is replaced
+    assert [b["id"] for b in board.json("bob", "list")["bookings"]] == [booking["id"]]
