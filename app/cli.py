@@ -113,7 +113,7 @@ def cmd_init(ctx: Context) -> int:
 
 
 def cmd_doctor(ctx: Context) -> int:
-    from app.service.health import service_checks
+    from app.client.health import service_checks
     from app.store.setup import doctor
 
     config = ctx.config

@@ -11,6 +11,8 @@ Interval = tuple[int, int]  # half-open [start, end), UTC epoch seconds
 # `busy` maps a card to its booked intervals, sorted by start. They never overlap on one card
 # (the store guarantees it), so they are sorted by end too, and one bisect answers "is it free?".
 
+GROUP_SIZES = (1, 2, 4, 8)  # tensor-parallel groups
+
 
 def overlaps(a: Interval, b: Interval) -> bool:
     return a[0] < b[1] and b[0] < a[1]

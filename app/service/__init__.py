@@ -18,6 +18,7 @@ from app.core.identity import Identity
 from app.errors import BadInput, BoardError
 from app.service.fleet import Fleet
 from app.service.hub import Hub
+from app.service.processes import Registry
 
 
 class Service:
@@ -34,8 +35,10 @@ class Service:
         self.hub = Hub()
         self._local = threading.local()
         self._seeded = False
-        # Jobs and servers registered over the socket: the enforcement keeps their pidfds (app.service.processes).
-        self.processes = None
+        # Jobs and servers registered over the socket, by pidfd (app.service.processes), and the servers'
+        # reports on top of that (app.service.servers.Supervision, made on first use).
+        self.processes = Registry()
+        self.server_supervision = None
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -73,7 +76,7 @@ class Service:
 
     def bookings(self, me: Identity):
         """The booking rules for `me`, on this thread's connection and the newest view of the cards."""
-        from app.core.bookings import BookingService
+        from app.service.bookings import BookingService
 
         snapshot = self.fleet.latest()
         return BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock)

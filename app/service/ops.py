@@ -84,11 +84,10 @@ def stats(service, me: Identity) -> dict:
     """How the service is doing: GPU reads so far, subscribers, registered processes, its memory (for benchmarks)."""
     import resource
 
-    registry = service.processes
     return {
         "fleet_reads": service.fleet.reads,
         "subscribers": service.hub.count,
-        "registered": len(registry.live()) if registry is not None else 0,
+        "registered": len(service.processes.live()),
         "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "versions": dict(service.hub.versions),
     }

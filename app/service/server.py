@@ -22,7 +22,7 @@ from app import wire
 from app.errors import BadInput, BoardError, NotPermitted
 from app.service import Service
 from app.service.peer import Peer, identity_of, is_member, peer_of
-from app.service.processes import Registry, RegistrationError
+from app.service.processes import RegistrationError
 
 SEND_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 1024
@@ -40,8 +40,7 @@ class ServiceServer:
     def __init__(self, service: Service, path: str, *, log: Callable[[str], None] = log) -> None:
         self.service, self.path, self.log = service, path, log
         self.settings = service.config.service
-        self.registry = Registry()
-        service.processes = self.registry
+        self.registry = service.processes
         self.database = ThreadPoolExecutor(max_workers=1, thread_name_prefix="board-db")
         self.stopping = threading.Event()
         self._lock = threading.Lock()

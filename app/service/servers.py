@@ -194,10 +194,9 @@ class Supervision:
 
 def supervision(service) -> Supervision:
     """The service's one Supervision, over its process Registry (made on first use)."""
-    found = getattr(service, "server_supervision", None)
-    if found is None or found.registry is not service.processes:
-        found = service.server_supervision = Supervision(service.processes)
-    return found
+    if service.server_supervision is None:
+        service.server_supervision = Supervision(service.processes)
+    return service.server_supervision
 
 
 def serve_registration(server, conn, reader, peer, request_id, args: dict) -> None:

@@ -41,8 +41,9 @@ def _db_loop(service, stop: threading.Event) -> None:
         try:
             conn = conn or connect(service.config.db_path)
             version = data_version(conn)
-            if seen is not None and version != seen:
+            if seen is not None and version != seen:  # another process wrote: bookings, servers, or both
                 service.hub.changed("bookings")
+                service.hub.changed("servers")
             seen = version
         except Exception as error:  # noqa: BLE001 - shown by the boards; the service keeps going
             service.hub.publish("bookings", {"error": str(error)})

@@ -1,4 +1,4 @@
-"""Booking rows: the SQL, and nothing else. Rules live in app.core.bookings."""
+"""Booking rows: the SQL, and nothing else. Rules live in app.service.bookings."""
 
 from __future__ import annotations
 
@@ -10,29 +10,81 @@ from typing import Any, Iterable
 
 from app.gpu.model import CardReading
 from app.model import Booking
+from app.store.db import MalformedRow, need, report_malformed
 
 
+# LEFT JOINs, so that a booking whose card rows a hand edit broke is reported rather than silently dropped.
 _SELECT = """
 SELECT b.id, b.user, b.uid, b.starts_at, b.ends_at, b.class, b.note, b.status, b.request, b.created_at,
-       group_concat(c.idx || ' ' || c.uuid, char(10))
+       group_concat(coalesce(c.idx, '?') || ' ' || bc.card_uuid, char(10))
 FROM bookings AS b
-JOIN booking_cards AS bc ON bc.booking_id = b.id
-JOIN cards AS c ON c.uuid = bc.card_uuid
+LEFT JOIN booking_cards AS bc ON bc.booking_id = b.id
+LEFT JOIN cards AS c ON c.uuid = bc.card_uuid
 """
+
+_STATUSES = ("booked", "cancelled")
 
 
 def _booking(row) -> Booking:
-    pairs = sorted((int(idx), uuid) for idx, uuid in (line.split(" ", 1) for line in row[10].split("\n")))
+    """Decode one row of _SELECT; raises MalformedRow saying what a hand edit broke."""
+    try:
+        return _decode(row)
+    except MalformedRow:
+        raise
+    except (ValueError, TypeError, AttributeError) as error:
+        raise MalformedRow(str(error)) from None
+
+
+def _decode(row) -> Booking:
+    (id_, user, uid, start, end, klass, note, status, request, created_at, cards) = row
+    for value, kind, column in ((user, str, "user"), (uid, int, "uid"), (start, int, "starts_at"),
+                                (end, int, "ends_at"), (klass, str, "class"), (note, str, "note"),
+                                (status, str, "status"), (created_at, int, "created_at")):
+        need(value, kind, column)
+    if status not in _STATUSES:
+        raise MalformedRow(f"status is {ascii(status)[:40]}, not booked or cancelled")
+    if end <= start:
+        raise MalformedRow(f"it ends ({end}) before it starts ({start})")
+    if cards is None:
+        raise MalformedRow("it has no cards")
+    pairs = []
+    for line in cards.split("\n"):
+        idx, uuid = line.split(" ", 1)
+        if idx == "?":
+            raise MalformedRow(f"its card {ascii(uuid)[:60]} is not in the cards table")
+        pairs.append((int(idx), uuid))
+    pairs.sort()
+    if request:
+        need(request, str, "request")
+        try:
+            request = json.loads(request)
+        except ValueError:
+            raise MalformedRow(f"request is not JSON ({ascii(request)[:40]})") from None
+        if not isinstance(request, dict):
+            raise MalformedRow(f"request is JSON {type(request).__name__}, not an object")
     return Booking(
-        id=row[0], user=row[1], uid=row[2], start=row[3], end=row[4], klass=row[5], note=row[6], status=row[7],
-        request=json.loads(row[8]) if row[8] else None, created_at=row[9],
+        id=id_, user=user, uid=uid, start=start, end=end, klass=klass, note=note, status=status,
+        request=request or None, created_at=created_at,
         cards=tuple(p[0] for p in pairs), card_uuids=tuple(p[1] for p in pairs),
     )
 
 
+def _decoded(conn: sqlite3.Connection, rows: Iterable) -> list[Booking]:
+    """The rows that decode; each one that does not is reported once (report_malformed) and skipped."""
+    found = []
+    for row in rows:
+        try:
+            found.append(_booking(row))
+        except MalformedRow as error:
+            report_malformed(conn, "booking", row[0], error)
+    return found
+
+
 def get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
+    """The booking, or None when there is none or its row is malformed (which is reported)."""
     row = conn.execute(_SELECT + " WHERE b.id = ? GROUP BY b.id", (booking_id,)).fetchone()
-    return _booking(row) if row else None
+    found = _decoded(conn, [row]) if row else []
+    return found[0] if found else None
 
 
 def live_between(conn: sqlite3.Connection, start: int, end: int, *, user: str | None = None) -> list[Booking]:
@@ -42,7 +94,7 @@ def live_between(conn: sqlite3.Connection, start: int, end: int, *, user: str | 
     if user is not None:
         sql += " AND b.user = ?"
         args.append(user)
-    return [_booking(r) for r in conn.execute(sql + " GROUP BY b.id ORDER BY b.starts_at, b.id", args)]
+    return _decoded(conn, conn.execute(sql + " GROUP BY b.id ORDER BY b.starts_at, b.id", args))
 
 
 def listing(
@@ -61,7 +113,7 @@ def listing(
         clauses.append("b.user = ?")
         args.append(user)
     where = " WHERE " + " AND ".join(clauses) if clauses else ""
-    return [_booking(r) for r in conn.execute(_SELECT + where + " GROUP BY b.id ORDER BY b.starts_at, b.id", args)]
+    return _decoded(conn, conn.execute(_SELECT + where + " GROUP BY b.id ORDER BY b.starts_at, b.id", args))
 
 
 def busy_by_card(
@@ -86,16 +138,23 @@ def busy_by_card(
 def first_conflict(
     conn: sqlite3.Connection, uuids: Iterable[str], start: int, end: int, excluding: int | None = None
 ) -> Booking | None:
-    """The live booking on any of `uuids` that overlaps [start, end) and ends first, or None."""
+    """The live booking on any of `uuids` that overlaps [start, end) and ends first, or None.
+
+    A malformed booking is reported and passed over; the schema's overlap triggers still refuse a
+    booking that would overlap it.
+    """
     uuids = list(uuids)
     marks = ",".join("?" * len(uuids))
-    row = conn.execute(
-        f"SELECT b.id FROM bookings AS b JOIN booking_cards AS bc ON bc.booking_id = b.id"
+    ids = [row[0] for row in conn.execute(
+        f"SELECT DISTINCT b.id FROM bookings AS b JOIN booking_cards AS bc ON bc.booking_id = b.id"
         f" WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS NOT ?"
-        f" AND bc.card_uuid IN ({marks}) ORDER BY b.ends_at, b.id LIMIT 1",
+        f" AND bc.card_uuid IN ({marks}) ORDER BY b.ends_at, b.id",
         [start, end, excluding, *uuids],
-    ).fetchone()
-    return get(conn, row[0]) if row else None
+    )]
+    for booking_id in ids:
+        if (found := get(conn, booking_id)) is not None:
+            return found
+    return None
 
 
 def insert(

@@ -78,7 +78,7 @@ def test_a_writer_killed_at_a_chosen_point_leaves_nothing(tmp_path, point):
     pid = os.fork()
     if pid == 0:  # pragma: no cover
         try:
-            from app.core.bookings import BookingService
+            from app.service.bookings import BookingService
             from app.gpu import open_source
 
             conn = connect(db_path)

@@ -77,7 +77,7 @@ class TestCreate:
     def test_lost_cards_are_refused_and_skipped(self, conn, make_service, fleet):
         from dataclasses import replace
 
-        from app.core.bookings import BookingService
+        from app.service.bookings import BookingService
         from app.core.identity import Identity
 
         cards = [replace(c, lost=True) if c.index == 0 else c for c in fleet.cards]
@@ -316,7 +316,7 @@ class TestPlan:
         assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == before
 
     def test_next_free_reads_past_the_lookahead_when_the_next_day_is_full(self, make_service):
-        from app.core.bookings import LOOKAHEAD_SECONDS
+        from app.service.bookings import LOOKAHEAD_SECONDS
 
         bob = make_service("bob", 1002, config=Config(policy=Policy(max_booking_hours=1000)))
         bob.create(cards=[0], start=NOW, end=NOW + LOOKAHEAD_SECONDS + 5 * H)

@@ -23,7 +23,7 @@ def loaded_after(code: str) -> set[str]:
 
 
 def test_there_are_headless_modules_to_check():
-    assert {"app.cli", "app.core.bookings", "app.store.db", "app.gpu.nvml"} <= set(HEADLESS)
+    assert {"app.cli", "app.service.bookings", "app.store.db", "app.gpu.nvml"} <= set(HEADLESS)
 
 
 @pytest.mark.parametrize("module", HEADLESS)

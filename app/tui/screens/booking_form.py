@@ -20,7 +20,7 @@ from textual.timer import Timer
 from textual.widgets import Button, Input, Label, Select, Static
 
 from app.config import CLASSES
-from app.core.bookings import GROUP_SIZES
+from app.core.slots import GROUP_SIZES
 from app.model import Booking
 from app.errors import BadInput, BoardError
 from app.core.parse import parse_cards

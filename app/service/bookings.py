@@ -19,13 +19,12 @@ from app.errors import BadInput, BoardError, Conflict, NotPermitted
 from app.core.identity import Identity, lookup_user
 from app.core.text import format_cards, format_time
 from app.model import Booking
-from app.core.slots import find_slot, next_free_start
+from app.core.slots import GROUP_SIZES, find_slot, next_free_start
 from app.gpu.model import CardReading, Topology
 from app.store import bookings as rows
 from app.store import events
 from app.store.db import write
 
-GROUP_SIZES = (1, 2, 4, 8)
 MAX_NOTE_CHARS = 500
 PAST_GRACE_SECONDS = 60
 # Slot searches first read the calendar this far past the wanted slot, and all of it only when that
