@@ -18,6 +18,17 @@ DOWN = "the board service is not running (systemctl status board-agent)"
 READS = frozenset({"whoami", "fleet", "status", "plan", "next_free", "get", "list", "window", "all_bookings", "log"})
 
 
+def _group_of(path: str) -> str:
+    """The socket's group: the members' group, which is what a refused user needs to be in."""
+    import grp
+    import os
+
+    try:
+        return grp.getgrgid(os.stat(path).st_gid).gr_name
+    except (OSError, KeyError):
+        return "board"
+
+
 class SocketClient:
     transport = "socket"
 
@@ -43,7 +54,8 @@ class SocketClient:
             raise ServiceDown(DOWN) from None
         except PermissionError:
             sock.close()
-            raise error_for(4, f"no access to the board service at {self.path}; ask an admin to add you to its group") from None
+            raise error_for(4, f"no access to the board service at {self.path}; ask an admin to add you to"
+                               f" group {_group_of(self.path)}") from None
         except OSError as error:
             sock.close()
             raise ServiceDown(f"{DOWN}: {error.strerror or error}") from None

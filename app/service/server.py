@@ -25,6 +25,7 @@ from app.service.peer import Peer, identity_of, is_member, peer_of
 from app.service.processes import RegistrationError
 
 SEND_TIMEOUT_S = 10.0
+REFUSE_WAIT_S = 2.0
 MAX_CONNECTIONS = 1024
 WARN_BEFORE_END_S = 600
 
@@ -127,8 +128,8 @@ class ServiceServer:
         peer = peer_of(conn)
         config = self.service.config
         if not is_member(peer, self.settings.group, config.admin_group):
-            self._reply(conn, None, error=NotPermitted(
-                f"no access to the board: ask an admin to add you to group {self.settings.group}"))
+            self._refuse(conn, NotPermitted(f"no access to the board: ask an admin to add you to group"
+                                            f" {self.settings.group}"))
             return None
         with self._lock:
             if len(self._connections) >= MAX_CONNECTIONS or self._per_uid.get(peer.uid, 0) >= self.settings.max_connections_per_uid:
@@ -138,10 +139,22 @@ class ServiceServer:
                 self._per_uid[peer.uid] = self._per_uid.get(peer.uid, 0) + 1
                 self._connections.add(conn)
         if refused:
-            self._reply(conn, None, error=BoardError(
-                f"too many connections from {peer.name} (at most {self.settings.max_connections_per_uid}); close some boards"))
+            self._refuse(conn, BoardError(f"too many connections from {peer.name} (at most"
+                                          f" {self.settings.max_connections_per_uid}); close some boards"))
             return None
         return peer
+
+    def _refuse(self, conn: socket.socket, error: BoardError) -> None:
+        """Answer the first request (if it comes soon) with the refusal, then close: closing before the
+        client has finished sending would turn the refusal into a broken pipe on its side."""
+        request_id = None
+        try:
+            conn.settimeout(REFUSE_WAIT_S)
+            request_id = wire.decode(conn.makefile("rb").readline(wire.MAX_MESSAGE + 1)).get("id")
+        except (OSError, ValueError):
+            pass
+        conn.settimeout(SEND_TIMEOUT_S)
+        self._reply(conn, request_id, error=error)
 
     def _serve_connection(self, conn: socket.socket) -> None:
         peer = None

@@ -323,9 +323,6 @@ print(sent, sock.makefile("rb").readline().decode().strip())
 """
 
 
-@pytest.mark.xfail(strict=True, reason="app/service/server.py _admit answers a non-member before reading the request"
-                   " and closes, so a client still sending gets EPIPE, and `board book` says 'the service stopped"
-                   " while answering' (exit 1) instead of the refusal (exit 4); reported")
 def test_a_slow_outsider_still_gets_the_refusal_for_its_request(board):
     os.chmod(board.socket, 0o666)
     result = board.run("mallory", str(board.socket), program=[sys.executable, "-c", SLOW_OUTSIDER])
