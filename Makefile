@@ -31,8 +31,9 @@ run: $(VENV)/.runtime
 llama-server:
 	@scripts/build_llama_server.sh
 
-# A failed llama-server build stops here rather than letting its tests skip.
+# Lint first (seconds); a failed llama-server build stops here rather than letting its tests skip.
 test: $(VENV)/.test
+	$(BIN)/ruff check .
 	server="$$(scripts/build_llama_server.sh)" && BOARD_LLAMA_SERVER="$$server" $(BIN)/python -m pytest
 
 screenshots: $(VENV)/.test

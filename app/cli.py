@@ -145,7 +145,7 @@ def cmd_agent(ctx: Context) -> int:
     for change in secure_state(ctx.config.db_path):
         log(f"board agent: {change}")
     service = open_service(ctx.config, demo=ctx.demo, environ=ctx.environ, transport="socket")
-    service.conn  # opens and migrates the database now, with a clear error if it can't
+    service.conn  # noqa: B018 - opens and migrates the database now, with a clear error if it can't
     return run_agent(service, socket_path)
 
 
@@ -202,12 +202,14 @@ def event_limit(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
-    common.add_argument("--db", default=argparse.SUPPRESS, help="the database file (else BOARD_DB, the config, /var/lib/board/board.db)")
+    common.add_argument("--db", default=argparse.SUPPRESS,
+                        help="a database file you own (else BOARD_DB, the config, /var/lib/board/board.db)")
     common.add_argument("--demo", action="store_true", default=argparse.SUPPRESS,
                         help="use the simulated fleet and a demo database in ~/.local/state/board")
     common.add_argument("--scenario", metavar="TOML", default=argparse.SUPPRESS,
                         help="a simulated fleet scenario file (implies --demo)")
-    parser = Parser(prog="board", description="The GPU occupancy board: see the cards, book them, run on them. Without a command it opens the board.",
+    parser = Parser(prog="board", description="The GPU occupancy board: see the cards, book them, run on them."
+                                              " Without a command it opens the board.",
                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
     # Not db/demo/scenario: set_defaults would change the option objects that the subcommands share.
     parser.set_defaults(handler=cmd_board, json=False)
@@ -233,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     span = p.add_mutually_exclusive_group()
     span.add_argument("--for", dest="duration", metavar="DUR", help="how long, e.g. 3h")
     span.add_argument("--until", metavar="WHEN", help="when it ends")
-    p.add_argument("--class", dest="klass", metavar="CLASS", default="experiment", help="online, batch, finetune or experiment (default)")
+    p.add_argument("--class", dest="klass", metavar="CLASS", default="experiment",
+                   help="online, batch, finetune or experiment (default)")
     p.add_argument("--note", default="", help="what it is for")
 
     p = command("list", cmd_list, "bookings from now on (or a window)", json_flag=True)

@@ -137,7 +137,7 @@ class SocketClient:
             down, delay = False, 0.2
             self._streams.append(sock)
             try:
-                for line in iter(lambda: reader.readline(wire.MAX_MESSAGE + 1), b""):
+                while line := reader.readline(wire.MAX_MESSAGE + 1):
                     yield wire.decode(line)
             except (OSError, ValueError):
                 pass

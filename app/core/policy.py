@@ -19,7 +19,7 @@ def card_refusal(config: Config, card: int, klass: str, start: int, end: int, tz
         if pool.max_hours is not None and end - start > pool.max_hours * 3600:
             return f"pool {pool.name} allows at most {pool.max_hours:g} h per booking"
         if (window := pool.windows.get(klass)) and not _inside_window(window, start, end, tz or policy_zone(config)):
-            hours = f"{window.start_minute // 60:02d}:{window.start_minute % 60:02d}-{window.end_minute // 60:02d}:{window.end_minute % 60:02d}"
+            hours = f"{_hhmm(window.start_minute)}-{_hhmm(window.end_minute)}"
             weekends = " and at weekends" if window.weekends else ""
             return f"class {klass} is allowed on pool {pool.name} only {hours}{weekends}"
     return None
@@ -63,6 +63,10 @@ def _peak_cards(held: Sequence[tuple[int, int, int]], start: int, end: int) -> i
         current += delta
         peak = max(peak, current)
     return peak
+
+
+def _hhmm(minute: int) -> str:
+    return f"{minute // 60:02d}:{minute % 60:02d}"
 
 
 def policy_zone(config: Config) -> tzinfo | None:

@@ -300,7 +300,7 @@ def cmd_logs(session) -> int:
 
     def ended() -> bool:
         try:
-            return not client.call("serve_get", id=args.id)["state"] in ("starting", "ready", "stopping")
+            return client.call("serve_get", id=args.id)["state"] not in ("starting", "ready", "stopping")
         except BadInput:
             return True
 

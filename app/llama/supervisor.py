@@ -145,7 +145,7 @@ class _SocketReporter:
         try:
             self.sock.connect(opts["socket"])
         except OSError as error:
-            raise RuntimeError(f"can't reach the board service at {opts['socket']}: {error.strerror or error}")
+            raise RuntimeError(f"can't reach the board service at {opts['socket']}: {error.strerror or error}") from None
         self.reader = self.sock.makefile("rb")
         self.sock.sendall((json.dumps({"v": 1, "id": 1, "op": "register", "args": {
             "kind": "server", "server": self.server_id, "pid": child.pid if child else None,

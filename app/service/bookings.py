@@ -201,7 +201,8 @@ class BookingService:
             if end <= booking.end:
                 raise BadInput(f"the new end must be after the current end {format_time(booking.end, now)}")
             self._check_free(booking.cards, booking.end, end, excluding=booking_id)
-            held = [(b.start, b.end, len(b.cards)) for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
+            held = [(b.start, b.end, len(b.cards))
+                    for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
             policy.check(self.config, cards=booking.cards, klass=booking.klass, start=booking.start, end=end,
                          now=min(now, booking.start), held=held)
             details["old_end"] = booking.end

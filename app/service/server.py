@@ -132,7 +132,8 @@ class ServiceServer:
                                             f" {self.settings.group}"))
             return None
         with self._lock:
-            if len(self._connections) >= MAX_CONNECTIONS or self._per_uid.get(peer.uid, 0) >= self.settings.max_connections_per_uid:
+            crowded = len(self._connections) >= MAX_CONNECTIONS
+            if crowded or self._per_uid.get(peer.uid, 0) >= self.settings.max_connections_per_uid:
                 refused = True
             else:
                 refused = False

@@ -133,7 +133,8 @@ class TestErrors:
 class TestRun:
     def test_run_sees_only_the_booked_cards(self, board):
         booking = ok_json(board("book", "--cards", "5,4", "--for", "1h", "--json"))
-        code = "import os; print(os.environ['CUDA_DEVICE_ORDER'], os.environ['CUDA_VISIBLE_DEVICES'], os.environ['NVIDIA_VISIBLE_DEVICES'])"
+        code = ("import os; e = os.environ;"
+                " print(e['CUDA_DEVICE_ORDER'], e['CUDA_VISIBLE_DEVICES'], e['NVIDIA_VISIBLE_DEVICES'])")
         result = board("run", "--", sys.executable, "-c", code)
         assert result.returncode == 0, result.stderr
         uuids = ",".join(booking["card_uuids"])

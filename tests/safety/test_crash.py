@@ -54,7 +54,8 @@ def test_kill_9_mid_booking_leaves_no_partial_booking_and_no_overlap(tmp_path):
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
         counts = check(db_path)
     elapsed = time.monotonic() - started
-    print(f"{ITERATIONS} iterations, {kills} kill -9s, {mid_booking} between a first write and COMMIT, {counts} in {elapsed:.1f} s; states {seen}")
+    print(f"{ITERATIONS} iterations, {kills} kill -9s, {mid_booking} between a first write and COMMIT,"
+          f" {counts} in {elapsed:.1f} s; states {seen}")
     assert kills >= 200 * WRITERS or ITERATIONS < 200
     assert counts["bookings"] > ITERATIONS, "the writers hardly wrote anything; the test proves little"
     in_transaction = sum(n for s, n in seen.items() if s in (BEGUN, WROTE, COMMITTING))

@@ -20,7 +20,8 @@ class TestCreate:
     def test_explicit_cards(self, make_service, conn):
         booking = make_service().create(cards=[1, 0], start=NOW, end=NOW + H, note="sweep")
         assert booking.cards == (0, 1)
-        assert (booking.user, booking.start, booking.end, booking.klass, booking.note) == ("alice", NOW, NOW + H, "experiment", "sweep")
+        assert (booking.user, booking.start, booking.end, booking.klass, booking.note) == (
+            "alice", NOW, NOW + H, "experiment", "sweep")
         assert [b.id for b in live(conn)] == [booking.id]
 
     def test_count_picks_one_switch(self, make_service):
