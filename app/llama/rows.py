@@ -142,21 +142,21 @@ def _json_list(text: Any, item: type, column: str) -> tuple:
     return tuple(value)
 
 
-def _decoded(rows: Iterable) -> list[Server]:
+def _decoded(conn: sqlite3.Connection, rows: Iterable) -> list[Server]:
     """The rows that decode; each one that does not is reported once (report_malformed) and skipped."""
     found = []
     for row in rows:
         try:
             found.append(_server(row))
         except MalformedRow as error:
-            report_malformed("server", row[0], error)
+            report_malformed(conn, "server", row[0], error)
     return found
 
 
 def get(conn: sqlite3.Connection, server_id: int) -> Server | None:
     """The server, or None when there is none or its row is malformed (which is reported)."""
     row = conn.execute(f"SELECT {_COLUMNS} FROM servers WHERE id = ?", (server_id,)).fetchone()
-    found = _decoded([row]) if row else []
+    found = _decoded(conn, [row]) if row else []
     return found[0] if found else None
 
 
@@ -179,7 +179,7 @@ def listing(
     tail = " LIMIT ?" if limit is not None else ""
     if limit is not None:
         args.append(limit)
-    return _decoded(conn.execute(f"SELECT {_COLUMNS} FROM servers{where} ORDER BY id DESC{tail}", args))
+    return _decoded(conn, conn.execute(f"SELECT {_COLUMNS} FROM servers{where} ORDER BY id DESC{tail}", args))
 
 
 def live(conn: sqlite3.Connection) -> list[Server]:

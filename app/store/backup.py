@@ -50,14 +50,13 @@ def backup(source: Path, target: Path, *, force: bool = False, progress: Progres
            pages_per_step: int = PAGES_PER_STEP) -> BackupResult:
     """Copy the database at `source` to `target`; raises BadInput for a target it may not or cannot write."""
     source, target = Path(source), Path(target)
+    _refuse_live_files(source, target)
     if target.is_dir():
         raise BadInput(f"{target} is a directory; give the backup a file name, e.g. {target / 'board.db'}")
     if target.exists() and not force:
         raise BadInput(f"{target} already exists; pick another name, or pass --force to replace it")
     if not target.parent.is_dir():
         raise BadInput(f"the directory {target.parent} does not exist; create it first")
-    if target.exists() and source.exists() and os.path.samefile(source, target):
-        raise BadInput(f"{target} is the live database itself; back it up somewhere else")
     for suffix in ("-wal", "-shm", "-journal"):
         if Path(f"{target}{suffix}").exists():
             raise BadInput(f"{target}{suffix} exists (a database was in use there); remove it or pick another name")
@@ -83,6 +82,28 @@ def backup(source: Path, target: Path, *, force: bool = False, progress: Progres
         raise BoardError(f"copied to {target}, but the copy fails integrity_check ({result.integrity});"
                          " the live database may be damaged: run board doctor")
     return replace(result, path=target)
+
+
+def _refuse_live_files(source: Path, target: Path) -> None:
+    """The target must not be the database or one of SQLite's files beside it, however it is spelled.
+
+    Writing the copy over `board.db-wal` (or a link to it) would replace the live write-ahead log:
+    SQLite would then discard or misread the newest commits. Paths are compared resolved, so a
+    symlink, `..` or a doubled slash does not hide the live file; an existing file is also compared
+    by inode, which catches a hard link.
+    """
+    real_target = os.path.realpath(target)
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        for own in {Path(f"{source}{suffix}"), Path(f"{os.path.realpath(source)}{suffix}")}:
+            same = os.path.realpath(own) == real_target
+            if not same:
+                try:
+                    same = os.path.samefile(own, target)
+                except OSError:  # one of them does not exist
+                    same = False
+            if same:
+                what = "the live database itself" if not suffix else f"the live database's own {suffix[1:]} file ({own})"
+                raise BadInput(f"{target} is {what}; back it up somewhere else")
 
 
 def _copy(src: sqlite3.Connection, temporary: Path, progress: Progress | None, pages_per_step: int) -> BackupResult:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import grp
+import logging
 import os
 import random
 import sqlite3
@@ -12,15 +14,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from app.errors import BoardError, NotPermitted
+from app.errors import BadInput, BoardError, NotPermitted
 from app.store import schema
 from app.store.filesystem import network_filesystem
 
 BUSY_TIMEOUT_MS = 10_000
 
+log = logging.getLogger("app.store")
+_malformed: dict[tuple[str, str, object], str] = {}  # (database, kind, row id) -> the line logged, once
+
 
 class StoreError(BoardError):
     """The database cannot be used; the message says what to do."""
+
+
+class BoardConnection(sqlite3.Connection):
+    """A connection that remembers the file it opened, so a failed write can name it."""
+
+    path: Path
 
 
 def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
@@ -28,19 +39,24 @@ def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
     path = Path(path)
     try:
         kind = network_filesystem(path)
-        exists = path.exists()
+        exists = _exists(path)
     except PermissionError:  # a directory we may not search: the 2770 board directory, to a non-member
         raise _access_error(path, sqlite3.OperationalError("unable to open database file")) from None
     if kind:
         raise StoreError(
             f"{path} is on a {kind} filesystem; SQLite's WAL needs a local disk: set BOARD_DB to a local path"
         )
+    if not exists and not path.parent.is_dir():
+        raise BadInput(f"the directory {path.parent} does not exist; run 'board init --group G' or set BOARD_DB")
     if not exists and not create:
         raise StoreError(f"no board database at {path}; run 'board init' or set BOARD_DB")
-    if not exists and not path.parent.is_dir():
-        raise StoreError(f"the directory {path.parent} does not exist; run 'board init --group G' or set BOARD_DB")
+    if exists and not path.is_file():
+        raise BadInput(f"{path} is not a file, so not a board database; set BOARD_DB to the board's database file")
+    _refuse_planted_links(path)
     try:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=True)
+        conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=True,
+                               factory=BoardConnection)
+        conn.path = path
         # A hand-edited row with bytes that are not UTF-8 must not crash every reader (doctor shows the edit).
         conn.text_factory = _decode_text
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -52,23 +68,74 @@ def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
             os.chmod(path, 0o660)
         if conn.execute("PRAGMA user_version").fetchone()[0] != schema.LATEST:
             schema.migrate(conn)
-    except sqlite3.OperationalError as error:
-        raise _access_error(path, error) from None
-    except sqlite3.DatabaseError as error:
-        raise StoreError(f"{path} is not a usable board database: {error}") from None
+    except sqlite3.Error as error:
+        raise storage_error(path, error) from None
     return conn
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` names something; a symlink loop is its own error, not 'no such file'."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except PermissionError:
+        raise
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise _loop_error(path) from None
+        raise BadInput(f"can't use {path} as the board database ({error.strerror}); set BOARD_DB to a local path") from None
+    return True
+
+
+def _refuse_planted_links(path: Path) -> None:
+    """The -wal, -shm and -journal beside the database are SQLite's own files: never follow a link there.
+
+    Anyone who may write the board directory could plant `board.db-wal -> /etc/shadow`, and the next
+    board that opens the database (perhaps root's) would write its journal through the link.
+    """
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = Path(f"{path}{suffix}")
+        try:
+            planted = side.is_symlink()
+        except OSError:  # can't look: SQLite's own open will say why
+            continue
+        if planted:
+            raise StoreError(f"{side} is a symbolic link (to {os.readlink(side)}), not SQLite's own file;"
+                             f" nothing was opened: remove the symlink {side}, then run 'board doctor'")
 
 
 @contextmanager
 def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One short write transaction: BEGIN IMMEDIATE takes the write lock up front, so checks and writes agree."""
-    _begin_immediate(conn)
+    """One short write transaction: BEGIN IMMEDIATE takes the write lock up front, so checks and writes agree.
+
+    A full disk, a read-only file or filesystem, or an I/O error while writing becomes a StoreError that
+    names the database (see storage_error); other errors (a trigger's refusal) pass through unchanged.
+    """
+    try:
+        _begin_immediate(conn)
+    except sqlite3.OperationalError as error:
+        raise storage_error(_path_of(conn), error) from None
     try:
         yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
+        conn.execute("COMMIT")
+    except sqlite3.OperationalError as error:
+        _rollback(conn)
+        if _is_storage_fault(error):
+            raise storage_error(_path_of(conn), error) from None
         raise
-    conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is still open: SQLite ends it by itself after some errors (a full disk)."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.OperationalError:
+            pass  # the error being raised says more than this one
 
 
 def _begin_immediate(conn: sqlite3.Connection) -> None:
@@ -114,11 +181,51 @@ def _setgid_dir(directory: Path) -> bool:
     return bool(directory.stat().st_mode & stat.S_ISGID)
 
 
+def storage_error(path: Path, error: BaseException) -> BoardError:
+    """The one-line error a user sees for a SQLite failure on the database at `path`.
+
+    A full disk, a read-only database or filesystem, a symlink loop and a damaged file each say so;
+    a user outside the board's group is told to ask for membership. When a ROLLBACK failed because
+    SQLite had already rolled back (it does after SQLITE_FULL), the cause is the error before it.
+    """
+    if isinstance(error, BoardError):
+        return error
+    path = Path(path)
+    error = _underlying(error)
+    message = str(error)
+    name = getattr(error, "sqlite_errorname", "") or ""
+    if name.startswith("SQLITE_FULL") or "database or disk is full" in message:
+        return StoreError(f"the disk holding the board database {path} is full (database or disk is full);"
+                          f" nothing was saved: free space on that filesystem ({_free(path)}) and try again")
+    if name.startswith("SQLITE_CORRUPT") or "malformed" in message:
+        return StoreError(f"the board database {path} is damaged ({message}): restore it from a backup"
+                          " (see the README, 'Restoring a backup')")
+    if name.startswith("SQLITE_NOTADB") or "file is not a database" in message:
+        return BadInput(f"{path} is not a usable board database ({message}); set BOARD_DB to the board's"
+                        " database, or restore it from a backup")
+    if "newer than this board" in message:
+        return StoreError(f"{path} is not a usable board database: {message}")
+    if isinstance(error, sqlite3.OperationalError):
+        return _access_error(path, error)
+    return StoreError(f"the board database {path} failed: {message}")
+
+
 def _access_error(path: Path, error: sqlite3.OperationalError) -> BoardError:
     message = str(error)
     if "locked" in message or "busy" in message:
         return StoreError(f"the board database {path} stayed locked for {BUSY_TIMEOUT_MS // 1000} s; try again")
     if "unable to open" in message or "readonly" in message or "disk I/O" in message:
+        if _loops(path):
+            return _loop_error(path)
+        if _read_only_filesystem(path):
+            return StoreError(f"the board database {path} is on a read-only filesystem, so nothing can be saved:"
+                              " ask an admin to remount it read-write, or set BOARD_DB to a writable path")
+        if "readonly" in message and _may_write(path):
+            return StoreError(f"the board database {path} is read-only (attempt to write a readonly database);"
+                              " nothing was saved: ask an admin to run 'board doctor'")
+        if "disk I/O" in message and _may_write(path):
+            return StoreError(f"the board database {path} could not be written (disk I/O error); nothing was saved:"
+                              f" check that disk and its free space ({_free(path)}), then run 'board doctor'")
         try:
             group = grp.getgrgid(path.parent.stat().st_gid).gr_name
         except (KeyError, OSError):
@@ -128,3 +235,116 @@ def _access_error(path: Path, error: sqlite3.OperationalError) -> BoardError:
                                 " ask an admin to run 'board init --group G' again and then 'board doctor'")
         return NotPermitted(f"no access to the board database {path}; ask an admin to add you to group {group}")
     return StoreError(f"the board database {path} failed: {message}")
+
+
+def _is_storage_fault(error: BaseException) -> bool:
+    """A write failed because of where the database lives (full, read-only, I/O), not because of the SQL."""
+    error = _underlying(error)
+    message = str(error)
+    return any(mark in message for mark in ("disk is full", "readonly", "disk I/O", "unable to open",
+                                            "malformed", "not a database"))
+
+
+def _underlying(error: BaseException) -> BaseException:
+    """The error a failed ROLLBACK hides: 'cannot rollback - no transaction is active' follows SQLite's own rollback."""
+    seen = 0
+    while "no transaction is active" in str(error) and isinstance(error.__context__, sqlite3.Error) and seen < 5:
+        error, seen = error.__context__, seen + 1
+    return error
+
+
+def _path_of(conn: sqlite3.Connection) -> Path:
+    path = getattr(conn, "path", None)
+    if path is not None:
+        return path
+    try:  # a connection opened elsewhere: ask SQLite which file it holds
+        for _, name, filename in conn.execute("PRAGMA database_list"):
+            if name == "main" and filename:
+                return Path(filename)
+    except sqlite3.Error:
+        pass
+    return Path("the board database")
+
+
+def _loops(path: Path) -> bool:
+    for candidate in (path, *path.parents):
+        try:
+            os.stat(candidate)
+            return False
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                return True
+    return False
+
+
+def _loop_error(path: Path) -> StoreError:
+    return StoreError(f"{path} is a symbolic link loop (too many levels of symbolic links); nothing was opened:"
+                      " remove the symlink, or set BOARD_DB to the real database file")
+
+
+def _read_only_filesystem(path: Path) -> bool:
+    for candidate in (path, path.parent):
+        try:
+            return bool(os.statvfs(candidate).f_flag & os.ST_RDONLY)
+        except OSError:
+            continue
+    return False
+
+
+def _may_write(path: Path) -> bool:
+    """Whether this user should be able to write the database: root, its owner, or in its group."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return os.geteuid() == 0 or info.st_uid == os.geteuid() or info.st_gid in {os.getegid(), *os.getgroups()}
+
+
+def _free(path: Path) -> str:
+    try:
+        fs = os.statvfs(path.parent)
+    except OSError:
+        return "free space unknown"
+    return f"{fs.f_bavail * fs.f_frsize // 1024} KiB free"
+
+
+class MalformedRow(ValueError):
+    """A row that a hand edit left undecodable; the message says what is wrong with it."""
+
+
+def report_malformed(conn: sqlite3.Connection, kind: str, row_id: object, problem: object) -> None:
+    """Log 'booking 12 is malformed: ...; skipped' once per row of each database, so one bad row never stops a listing.
+
+    `problem` may quote the row's text, so it is made inert (ASCII, no control characters) and short.
+    """
+    key = (str(_path_of(conn)), kind, row_id)
+    if key in _malformed:
+        return
+    shown = _inert(str(problem))[:160]
+    where = row_id if isinstance(row_id, int) else ascii(row_id)[:40]
+    _malformed[key] = line = f"{kind} {where} is malformed: {shown}; skipped (a hand edit? see board doctor)"
+    log.warning("%s", line)
+
+
+def _inert(text: str) -> str:
+    """Printable ASCII stays; anything else (escapes, controls, bidi marks) is shown as its Python escape."""
+    return "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
+
+
+def malformed_rows() -> list[str]:
+    """The lines report_malformed has logged in this process, oldest first."""
+    return list(_malformed.values())
+
+
+def need(value: object, kind: type | tuple[type, ...], column: str) -> None:
+    """Raise MalformedRow unless `value` is of `kind`; a bool never passes for an int, nor NaN for a float."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) or not isinstance(value, kinds) or (float in kinds and value != value):
+        raise MalformedRow(f"{column} is {_describe(value)}")
+
+
+def _describe(value: object) -> str:
+    if value is None:
+        return "NULL"
+    text = ascii(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"

@@ -6,7 +6,7 @@ import grp
 import os
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from app.errors import BadInput, BoardError, NotPermitted
 from app.store import events
@@ -47,17 +47,43 @@ def init_shared(db_path: Path, group: str) -> list[str]:
     ]
 
 
-def doctor(db_path: Path, admin_group: str, group: str | None = None) -> Iterator[tuple[bool, str]]:
-    """(ok, line) for each check, in the order a person would fix them; `group` is the expected users' group."""
-    directory, group_arg = db_path.parent, group
-    if kind := network_filesystem(directory):
-        yield False, f"{directory} is on {kind}; SQLite's WAL needs a local disk: move the database to a local filesystem"
+def doctor(db_path: Path, admin_group: str, group: str | None = None,
+           extra: Iterable[tuple[bool, str]] = ()) -> Iterator[tuple[bool, str]]:
+    """(ok, line) for each check, in the order a person would fix them; `group` is the expected users' group.
+
+    `extra` is more (ok, line) checks to append after the file's own, for example the service's state;
+    it is read last, and only then. No fix line ever names a symlink as the thing to chmod or chown:
+    those commands follow links, so the fix for a link is to remove it.
+    """
+    db_path = Path(db_path)
+    if kind := network_filesystem(db_path.parent):
+        yield False, (f"{db_path.parent} is on {kind}; SQLite's WAL needs a local disk:"
+                      " move the database to a local filesystem")
+        yield from extra
         return
-    yield True, f"{directory} is on a local filesystem"
+    yield True, f"{db_path.parent} is on a local filesystem"
+    yield from _file_checks(db_path, group)
     try:
-        dir_stat = directory.stat()
+        admin_gid = grp.getgrnam(admin_group).gr_gid
+        yield True, f"admin group {admin_group} exists (gid {admin_gid})"
+    except KeyError:
+        yield False, f"admin group {admin_group} does not exist, so only root is an admin: groupadd {admin_group}"
+    yield from extra
+
+
+def _file_checks(db_path: Path, group_arg: str | None) -> Iterator[tuple[bool, str]]:
+    directory = db_path.parent
+    if directory.is_symlink():
+        yield False, (f"{directory} is a symlink (to {_target(directory)}), not the board's directory: remove the"
+                      f" symlink {directory} and set BOARD_DB to a path in the real directory")
+        return
+    try:
+        dir_stat = directory.lstat()
     except OSError as error:
         yield False, f"can't see {directory} ({error.strerror}); run 'board init --group G' as root"
+        return
+    if not stat.S_ISDIR(dir_stat.st_mode):
+        yield False, f"{directory} is not a directory; set BOARD_DB to a file in the board's directory"
         return
     group = _name_of_group(dir_stat.st_gid)
     if expected := _group_problem(directory, dir_stat.st_gid, group, wanted=group_arg):
@@ -69,14 +95,17 @@ def doctor(db_path: Path, admin_group: str, group: str | None = None) -> Iterato
     else:
         yield False, f"{directory} is not setgid, so new files lose group {group}: chmod g+s {directory}"
     if stat.S_IMODE(dir_stat.st_mode) & 0o070 != 0o070:
-        yield False, f"{directory} has mode {stat.S_IMODE(dir_stat.st_mode):o}; group members need rwx: chmod 2770 {directory}"
+        yield False, (f"{directory} has mode {stat.S_IMODE(dir_stat.st_mode):o}; group members need rwx:"
+                      f" chmod 2770 {directory}")
     elif stat.S_IMODE(dir_stat.st_mode) & 0o007:
-        yield False, f"{directory} has mode {stat.S_IMODE(dir_stat.st_mode):o}; others should have no access: chmod 2770 {directory}"
+        yield False, (f"{directory} has mode {stat.S_IMODE(dir_stat.st_mode):o}; others should have no access:"
+                      f" chmod 2770 {directory}")
     else:
         yield True, f"{directory} has mode {stat.S_IMODE(dir_stat.st_mode):o}"
-    for path in (db_path, Path(f"{db_path}-wal"), Path(f"{db_path}-shm")):
+    planted = False  # a link or a foreign file where SQLite keeps its own: don't open the database through it
+    for path in (db_path, Path(f"{db_path}-wal"), Path(f"{db_path}-shm"), Path(f"{db_path}-journal")):
         try:
-            file_stat = path.stat()
+            file_stat = path.lstat()
         except FileNotFoundError:
             if path == db_path:
                 yield False, f"{db_path} does not exist: run 'board init --group {group}' as root"
@@ -85,29 +114,95 @@ def doctor(db_path: Path, admin_group: str, group: str | None = None) -> Iterato
         except OSError as error:
             yield False, f"can't see {path} ({error.strerror}); ask an admin to add you to group {group}"
             return
+        if stat.S_ISLNK(file_stat.st_mode):
+            planted = True
+            yield False, (f"{path} is a symlink (to {_target(path)}), not a file of the board's own: remove the symlink"
+                          f" {path} (someone who can write {directory} made it; SQLite would write through it)")
+            continue
+        if not stat.S_ISREG(file_stat.st_mode):
+            planted = True
+            yield False, f"{path} is not a regular file ({_kind(file_stat.st_mode)}): remove {path}"
+            continue
+        if file_stat.st_nlink > 1:
+            planted = True
+            yield False, (f"{path} has {file_stat.st_nlink} hard links, so another path shares the file:"
+                          f" find / -xdev -samefile {path} lists them; remove the others")
+        if owner_problem := _owner_problem(path, file_stat.st_uid, dir_stat, group):
+            yield False, owner_problem  # a plain file, so opening it below is safe
+        if path.name.endswith("-journal"):
+            continue  # not the board's (it uses WAL); only a link or a stranger's file there matters
         mode = stat.S_IMODE(file_stat.st_mode)
         if mode != FILE_MODE:
             yield False, f"{path} has mode {mode:o}, not 660: chmod 660 {path}"
         else:
             yield True, f"{path} has mode 660"
         if file_stat.st_gid != dir_stat.st_gid or (group_arg and _name_of_group(file_stat.st_gid) != group_arg):
-            yield False, f"{path} has group {_name_of_group(file_stat.st_gid)}, not {group}: chgrp {group} {path}"
+            yield False, f"{path} has group {_name_of_group(file_stat.st_gid)}, not {group}: chgrp -h {group} {path}"
+    if planted:
+        yield False, f"{db_path} was not opened (see above); run 'board doctor' again after the fixes"
+        return
+    yield from _content_checks(db_path)
+
+
+def _content_checks(db_path: Path) -> Iterator[tuple[bool, str]]:
+    """Open the database and check it; a damaged file is one FIX line, never a traceback."""
+    import sqlite3
+
     try:
         conn = connect(db_path, create=False)
     except BoardError as error:
         yield False, str(error)
         return
     try:
-        check = conn.execute("PRAGMA quick_check").fetchone()[0]
-        yield check == "ok", f"integrity: {check}" + ("" if check == "ok" else f"; restore {db_path} from a backup")
+        try:
+            rows = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
+        except sqlite3.DatabaseError as error:
+            yield False, f"{db_path} is damaged ({error}): restore it from a backup (see the README, 'Restoring a backup')"
+            return
+        check = "; ".join(" ".join(str(row).split()) for row in rows)  # one line, whatever SQLite says
+        if check != "ok":
+            yield False, f"integrity: {check[:300]}; restore {db_path} from a backup"
+            return
+        yield True, "integrity: ok"
         yield from _audit_checks(conn, db_path)
     finally:
         conn.close()
+
+
+def _target(link: Path) -> str:
     try:
-        admin_gid = grp.getgrnam(admin_group).gr_gid
-        yield True, f"admin group {admin_group} exists (gid {admin_gid})"
+        return os.readlink(link)
+    except OSError:
+        return "?"
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def _owner_problem(path: Path, uid: int, dir_stat: os.stat_result, group: str) -> str | None:
+    """Why the owner of `path` is unexpected: root, the directory's owner, you, or a member of its group are fine."""
+    if uid in (0, dir_stat.st_uid, os.getuid()):
+        return None
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid)
     except KeyError:
-        yield False, f"admin group {admin_group} does not exist, so only root is an admin: groupadd {admin_group}"
+        return (f"{path} is owned by uid {uid}, which no user has: if you don't know why, remove {path};"
+                f" otherwise chown -h root:{group} {path}")
+    try:
+        members = grp.getgrgid(dir_stat.st_gid).gr_mem
+    except KeyError:
+        members = []
+    if user.pw_gid == dir_stat.st_gid or user.pw_name in members:
+        return None
+    return (f"{path} is owned by {user.pw_name} (uid {uid}), who is not in group {_name_of_group(dir_stat.st_gid)}:"
+            f" if you don't know why, remove {path}; otherwise chown -h root:{group} {path}")
 
 
 # The schema's guards: someone who edits the file by hand has to drop one of these first.
@@ -129,7 +224,8 @@ def _audit_checks(conn, db_path: Path) -> Iterator[tuple[bool, str]]:
             count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
             yield True, f"audit chain intact ({count} events)"
         else:
-            yield False, f"audit event {broken} was altered or removed by hand: compare with a backup and ask who edited {db_path}"
+            yield False, (f"audit event {broken} was altered or removed by hand: compare with a backup and ask who"
+                          f" edited {db_path}")
         unaudited = [row[0] for row in conn.execute(
             "SELECT id FROM bookings WHERE id NOT IN"
             " (SELECT booking_id FROM events WHERE action = 'create' AND ok = 1 AND booking_id IS NOT NULL)"

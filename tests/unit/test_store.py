@@ -2,7 +2,7 @@ import sqlite3
 
 import pytest
 
-from app.errors import NotPermitted
+from app.errors import BadInput, NotPermitted
 from app.store import events, schema
 from app.store.db import StoreError, connect, data_version, write
 
@@ -68,15 +68,19 @@ def test_migrating_twice_is_harmless(db_path):
 
 
 def test_a_missing_directory_says_what_to_do(tmp_path):
-    with pytest.raises(StoreError, match="does not exist; run 'board init"):
+    with pytest.raises(BadInput, match="does not exist; run 'board init") as caught:
         connect(tmp_path / "nowhere" / "board.db")
+    assert caught.value.exit_code == 2 and "\n" not in str(caught.value)
+    with pytest.raises(BadInput, match="does not exist"):
+        connect(tmp_path / "nowhere" / "board.db", create=False)
 
 
 def test_a_file_that_is_not_a_database(tmp_path):
     path = tmp_path / "board.db"
     path.write_text("hello, this is not sqlite" * 100)
-    with pytest.raises(StoreError, match="not a usable board database"):
+    with pytest.raises(BadInput, match="not a usable board database") as caught:
         connect(path)
+    assert caught.value.exit_code == 2 and "\n" not in str(caught.value)
 
 
 def test_a_network_filesystem_is_refused(tmp_path, monkeypatch):
