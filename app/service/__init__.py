@@ -39,6 +39,7 @@ class Service:
         # reports on top of that (app.service.servers.Supervision, made on first use).
         self.processes = Registry()
         self.server_supervision = None
+        self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -79,7 +80,8 @@ class Service:
         from app.service.bookings import BookingService
 
         snapshot = self.fleet.latest()
-        return BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock)
+        return BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock,
+                              jobs=self.processes.jobs_of)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

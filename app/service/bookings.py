@@ -69,8 +69,10 @@ class BookingService:
         cards: Sequence[CardReading],
         topology: Topology,
         clock: Callable[[], float] = time.time,
+        jobs: Callable[[int], list[int]] = lambda booking_id: [],
     ):
         self.conn, self.me, self.config, self.topology, self.clock = conn, me, config, topology, clock
+        self.jobs = jobs  # booking id -> pids of the `board run` jobs registered for it (the service knows)
         self.cards = {c.index: c for c in cards}
         self.by_uuid = {c.uuid: c.index for c in cards}
 
@@ -224,7 +226,7 @@ class BookingService:
         that has not started moves whole and keeps its id, as does a change of user alone.
 
         Cards do not move under running work: live servers or jobs (`_running`) refuse the move unless
-        `force`, in which case the caller stops them once this returns.
+        `force`. Forced, the split ends the original at now, so the service's enforcement stops them.
         """
         details: dict[str, Any] = {"cards": list(cards) if cards is not None else None, "user": user}
 
@@ -309,9 +311,9 @@ class BookingService:
         return self.get(result_id)
 
     def _running(self, booking_id: int) -> list[str]:
-        """What runs on the booking's cards and would lose them if it moved, for people: 'server 3', ...
-        Jobs join this list when the service tracks them."""
-        return [f"server {server_id}" for server_id in rows.live_server_ids(self.conn, booking_id)]
+        """What runs on the booking's cards and would lose them if it moved, for people: 'server 3', 'job 4711'."""
+        return ([f"server {server_id}" for server_id in rows.live_server_ids(self.conn, booking_id)]
+                + [f"job {pid}" for pid in self.jobs(booking_id)])
 
     def _end_now(self, booking: Booking, now: int) -> None:
         """A booking that has run keeps its past as history; one that has not is simply cancelled."""

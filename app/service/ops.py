@@ -249,7 +249,16 @@ def extend(service, me: Identity, id: int, end=None, add_seconds=None) -> dict:
 def reassign(service, me: Identity, id: int, cards=None, user=None, force=False) -> dict:
     if (cards is None) == (user is None):
         raise BadInput("give the new cards or the new user")
-    return wire(service.bookings(me).reassign(id, cards=_cards(cards), user=user, force=force))
+    from app.store import bookings as rows
+
+    before = rows.get(service.conn, id)  # None for a bad id: reassign refuses it, and audits that
+    moved = service.bookings(me).reassign(id, cards=_cards(cards), user=user, force=force)
+    what = f"booking {id} was moved by {me.name}: cards {','.join(map(str, moved.cards))}, holder {moved.user}" + (
+        f" (from now on booking {moved.id})" if moved.id != id else "")
+    for uid in {before.uid if before else moved.uid, moved.uid}:
+        service.hub.publish("notice", {"message": what}, uid=uid)
+    service.wake_enforcer.set()  # work left on the old cards, or of the old holder, stops now rather than later
+    return wire(moved)
 
 
 @op("all_bookings", {"since": INT})

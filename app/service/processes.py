@@ -28,6 +28,7 @@ class Registration:
     pgid: int
     pidfd: int
     registered_at: float
+    cards: tuple[str, ...] = ()  # the booking's card uuids when it registered: work on them, and only them
     term_sent_at: float | None = None
     warned: bool = False
     connected: bool = True
@@ -69,7 +70,7 @@ class Registry:
         self._next = 0
         self.entries: dict[int, Registration] = {}
 
-    def add(self, kind: str, booking_id: int, uid: int, pid: int) -> Registration:
+    def add(self, kind: str, booking_id: int, uid: int, pid: int, cards: tuple[str, ...] = ()) -> Registration:
         if pid <= 1:
             raise RegistrationError("that process cannot be registered")
         try:
@@ -83,7 +84,7 @@ class Registry:
         pgid = proc_pgid(pid) or pid
         with self._lock:
             self._next += 1
-            entry = Registration(self._next, kind, booking_id, uid, pid, pgid, pidfd, time.time())
+            entry = Registration(self._next, kind, booking_id, uid, pid, pgid, pidfd, time.time(), tuple(cards))
             self.entries[entry.id] = entry
         return entry
 
@@ -100,6 +101,11 @@ class Registry:
                     entry.done = True
                     gone.append(self.entries.pop(entry.id))
         return gone
+
+    def jobs_of(self, booking_id: int) -> list[int]:
+        """The pids of the live `board run` jobs registered for a booking."""
+        return [entry.pid for entry in self.live() if entry.kind == "job" and entry.booking_id == booking_id
+                and not exited(entry.pidfd)]
 
     def live(self) -> list[Registration]:
         with self._lock:

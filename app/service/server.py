@@ -263,7 +263,7 @@ class ServiceServer:
         def admit():
             booking = run_booking(self.service, me, booking_id)
             try:
-                entry = self.registry.add(kind, booking.id, peer.uid, peer.pid)
+                entry = self.registry.add(kind, booking.id, peer.uid, peer.pid, booking.card_uuids)
             except RegistrationError as error:
                 audit(self.service, me, "run", booking.id, ok=False, details={"refused": str(error), "pid": peer.pid})
                 raise NotPermitted(str(error)) from None
@@ -287,7 +287,11 @@ class ServiceServer:
         self.registry.disconnected(entry)
 
     def _enforce_loop(self) -> None:
-        while not self.stopping.wait(self.service.config.enforce.interval_s):
+        while not self.stopping.is_set():
+            self.service.wake_enforcer.wait(self.service.config.enforce.interval_s)
+            self.service.wake_enforcer.clear()
+            if self.stopping.is_set():
+                return
             try:
                 self.database.submit(self.enforce_once).result()
             except Exception as error:  # noqa: BLE001 - a service must outlive one bad pass
@@ -313,7 +317,9 @@ class ServiceServer:
             if entry.kind == "server":
                 continue
             booking = rows.get(self.service.conn, entry.booking_id)
-            over = booking is None or not booking.active(now)
+            # Over: the booking ended, was cancelled or split away, moved to other cards, or changed hands.
+            over = (booking is None or not booking.active(now) or booking.uid != entry.uid
+                    or tuple(sorted(booking.card_uuids)) != tuple(sorted(entry.cards)))
             if not over:
                 if booking.end - now <= WARN_BEFORE_END_S and not entry.warned:
                     entry.warned = True

@@ -270,3 +270,25 @@ def test_a_reused_pid_is_never_signalled(board):
         finish(job, *([reused] if reused else []))
     stops = events(board, "job-stop", booking["id"])
     assert [e["details"]["signal"] for e in stops] == ["SIGTERM"]
+
+
+def test_an_admin_move_waits_for_running_work_unless_forced_and_then_stops_it(board):
+    booking = board.book("bob", "--cards", "6", "--for", "1h")
+    job, out = start_job(board, "bob", booking["id"], "exit", name="moved")
+    try:
+        env = read_json(out / "env.json")
+        refused = board.run("carol", "admin", "reassign", str(booking["id"]), "--cards", "7")
+        assert refused.returncode == 3, refused.stderr
+        assert f"job {env['pid']}" in refused.stderr and "--force" in refused.stderr
+        assert alive(job) and not (out / "term").exists()
+
+        time.sleep(1.1)  # at least a second of the booking is past, to stay on card 6 as history
+        moved = board.json("carol", "admin", "reassign", str(booking["id"]), "--cards", "7", "--force")
+        assert moved["cards"] == [7] and moved["id"] != booking["id"]  # the rest of the booking, on card 7
+        job.wait(timeout=15)  # the old piece ended at now: the job on card 6 is stopped at once
+        assert (out / "term").read_text() == "TERM\n"
+        [audit] = [e for e in events(board, "reassign", booking["id"]) if e["ok"]]
+        assert audit["details"]["stopped"] == [f"job {env['pid']}"] and audit["details"]["to_booking"] == moved["id"]
+        assert events(board, "job-stop", booking["id"])
+    finally:
+        finish(job)
