@@ -29,6 +29,7 @@ class Registration:
     pidfd: int
     registered_at: float
     cards: tuple[str, ...] = ()  # the booking's card uuids when it registered: work on them, and only them
+    started_ticks: int = 0  # the process's start time (/proc/PID/stat), which with the pid names it for good
     term_sent_at: float | None = None
     warned: bool = False
     connected: bool = True
@@ -59,6 +60,15 @@ def proc_pgid(pid: int) -> int | None:
         return None
 
 
+def proc_started(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (/proc/PID/stat field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def exited(pidfd: int) -> bool:
     """A pidfd polls readable once its process has exited."""
     return bool(select.select([pidfd], [], [], 0)[0])
@@ -70,7 +80,10 @@ class Registry:
         self._next = 0
         self.entries: dict[int, Registration] = {}
 
-    def add(self, kind: str, booking_id: int, uid: int, pid: int, cards: tuple[str, ...] = ()) -> Registration:
+    def add(self, kind: str, booking_id: int, uid: int, pid: int, cards: tuple[str, ...] = (),
+            started_ticks: int | None = None, pgid: int | None = None) -> Registration:
+        """Hold a pidfd for `pid`. With `started_ticks` (adopting a job a restarted service knew), the process
+        must still be the one that registered: same start time, same uid."""
         if pid <= 1:
             raise RegistrationError("that process cannot be registered")
         try:
@@ -78,13 +91,15 @@ class Registry:
         except ProcessLookupError:
             raise RegistrationError("the registering process has already ended") from None
         # The pidfd now pins the process: check that it is the caller's, so a reused pid cannot slip in.
-        if proc_uid(pid) != uid or exited(pidfd):
+        started = proc_started(pid)
+        if proc_uid(pid) != uid or exited(pidfd) or started is None or started_ticks not in (None, started):
             os.close(pidfd)
             raise RegistrationError("the registering process is not yours")
-        pgid = proc_pgid(pid) or pid
+        pgid = pgid or proc_pgid(pid) or pid
         with self._lock:
             self._next += 1
-            entry = Registration(self._next, kind, booking_id, uid, pid, pgid, pidfd, time.time(), tuple(cards))
+            entry = Registration(self._next, kind, booking_id, uid, pid, pgid, pidfd, time.time(), tuple(cards),
+                                 started)
             self.entries[entry.id] = entry
         return entry
 

@@ -89,6 +89,7 @@ class ServiceServer:
 
         if self._listener is None:
             self.bind()
+        self.database.submit(self.adopt_jobs).result()
         watchers = start_watchers(self.service)
         enforcer = threading.Thread(target=self._enforce_loop, name="board-enforce", daemon=True)
         enforcer.start()
@@ -247,6 +248,8 @@ class ServiceServer:
 
     def _register(self, conn: socket.socket, reader, peer: Peer, request_id: Any, args: dict) -> None:
         from app.service.ops import audit, run_booking
+        from app.store import events, jobs
+        from app.store.db import write
 
         me = identity_of(peer, self.service.config.admin_group)
         kind = args.get("kind") if isinstance(args, dict) else None
@@ -255,7 +258,7 @@ class ServiceServer:
 
             return serve_registration(self, conn, reader, peer, request_id, args)
         booking_id = args.get("booking") if isinstance(args, dict) else None
-        if kind not in ("job",) or (booking_id is not None and (not isinstance(booking_id, int) or isinstance(booking_id, bool))):
+        if kind != "job" or (booking_id is not None and (not isinstance(booking_id, int) or isinstance(booking_id, bool))):
             self._reply(conn, request_id, error=BadInput("register: give kind \"job\" and an optional booking number,"
                                                          " or kind \"server\" and the server id"))
             return
@@ -267,7 +270,11 @@ class ServiceServer:
             except RegistrationError as error:
                 audit(self.service, me, "run", booking.id, ok=False, details={"refused": str(error), "pid": peer.pid})
                 raise NotPermitted(str(error)) from None
-            audit(self.service, me, "run", booking.id, ok=True, details={"pid": entry.pid, "pgid": entry.pgid})
+            with write(self.service.conn):
+                jobs.remember(self.service.conn, pid=entry.pid, started_ticks=entry.started_ticks, booking_id=booking.id,
+                              uid=entry.uid, pgid=entry.pgid, cards=entry.cards, now=int(self.service.clock()))
+                events.record(self.service.conn, ts=int(self.service.clock()), uid=me.uid, actor=me.name, action="run",
+                              booking_id=booking.id, ok=True, details={"pid": entry.pid, "pgid": entry.pgid})
             return booking, entry
 
         try:
@@ -285,6 +292,27 @@ class ServiceServer:
         except OSError:
             pass
         self.registry.disconnected(entry)
+
+    def adopt_jobs(self) -> list[int]:
+        """After a restart: take back the `board run` jobs this service knew, where the very process (same
+        pid, start time and uid) still runs; forget the rest. Returns the pids adopted."""
+        from app.store import jobs
+        from app.store.db import write
+
+        adopted = []
+        with write(self.service.conn):
+            for job in jobs.remembered(self.service.conn):
+                try:
+                    entry = self.registry.add("job", job["booking_id"], job["uid"], job["pid"], job["cards"],
+                                              started_ticks=job["started_ticks"], pgid=job["pgid"])
+                except RegistrationError:
+                    jobs.forget(self.service.conn, job["pid"], job["started_ticks"])
+                else:
+                    self.registry.disconnected(entry)
+                    adopted.append(entry.pid)
+        if adopted:
+            self.log(f"board agent: took back {len(adopted)} running job(s): pids {', '.join(map(str, adopted))}")
+        return adopted
 
     def _enforce_loop(self) -> None:
         while not self.stopping.is_set():
@@ -305,8 +333,14 @@ class ServiceServer:
         from app.store import bookings as rows
 
         done: dict[str, list[int]] = {"ended": [], "terminated": [], "killed": [], "warned": []}
+        from app.store import jobs
+        from app.store.db import write
+
         for entry in self.registry.sweep():
             done["ended"].append(entry.id)
+            if entry.kind == "job":
+                with write(self.service.conn):
+                    jobs.forget(self.service.conn, entry.pid, entry.started_ticks)
         settings = self.service.config.enforce
         agent = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
         now = self.service.clock()

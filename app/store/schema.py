@@ -136,7 +136,22 @@ CREATE INDEX servers_live ON servers(state) WHERE state IN ('starting', 'ready',
 CREATE INDEX servers_by_booking ON servers(booking_id);
 """
 
-MIGRATIONS: list[str] = [_V1, _V2]
+# `board run` jobs the service holds a pidfd for, so that a restarted service adopts them again.
+# Written by the service alone; (pid, started_ticks) names one process for the life of the machine.
+_V3 = """
+CREATE TABLE jobs (
+    pid INTEGER NOT NULL,
+    started_ticks INTEGER NOT NULL,
+    booking_id INTEGER NOT NULL,
+    uid INTEGER NOT NULL,
+    pgid INTEGER NOT NULL,
+    cards TEXT NOT NULL,
+    registered_at INTEGER NOT NULL,
+    PRIMARY KEY (pid, started_ticks)
+);
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3]
 LATEST = len(MIGRATIONS)
 
 

@@ -292,3 +292,25 @@ def test_an_admin_move_waits_for_running_work_unless_forced_and_then_stops_it(bo
         assert events(board, "job-stop", booking["id"])
     finally:
         finish(job)
+
+
+def test_a_restarted_service_takes_its_jobs_back(board):
+    booking = board.book("bob", "1", "--for", "1h")
+    job, out = start_job(board, "bob", booking["id"], "exit", name="kept")
+    gone, gone_out = start_job(board, "bob", board.book("bob", "1", "--for", "1h")["id"], "exit", name="gone")
+    try:
+        read_json(out / "env.json")
+        read_json(gone_out / "env.json")
+        board.agent.kill()  # kill -9 while both jobs run: their registrations were acknowledged
+        board.agent.wait(timeout=10)
+        gone.kill()  # this one ends while the service is away: nothing to take back
+        gone.wait(timeout=10)
+        board.start_agent()
+        assert wait_for(lambda: "took back 1 running job(s)" in board.agent_log.read_text(), 10), \
+            board.agent_log.read_text()
+        assert alive(job)
+        board.json("bob", "release", str(booking["id"]))
+        job.wait(timeout=15)  # the adopted job is still stopped when its booking ends
+        assert (out / "term").read_text() == "TERM\n"
+    finally:
+        finish(job, gone)
