@@ -275,19 +275,16 @@ class BookingService:
                 rows.set_owner(self.conn, booking_id, *owner)
             return booking_id
 
-        return self._audited("reassign", booking_id, details, change, refused_by=(Conflict, NotPermitted, BadInput))
+        return self._audited("reassign", booking_id, details, change)
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _audited(
-        self, action: str, booking_id: int | None, details: dict, change: Callable[[int], int],
-        refused_by: tuple[type[BoardError], ...] = (Conflict, NotPermitted),
-    ) -> Booking:
+    def _audited(self, action: str, booking_id: int | None, details: dict, change: Callable[[int], int]) -> Booking:
         """Run `change` and its audit event in one transaction; a refusal by rule is audited in the same one.
 
         `change` returns the booking to hand back; the event is filed under `booking_id` when given (the
-        booking acted on), else under the returned one (a new booking). `refused_by` are the errors that
-        count as refusals to audit; other errors write nothing.
+        booking acted on), else under the returned one (a new booking). Refusals by rule (Conflict,
+        NotPermitted) are audited; bad input writes nothing.
         """
         now = int(self.clock())
         refusal: BoardError | None = None
@@ -297,7 +294,7 @@ class BookingService:
                 self.conn.execute("SAVEPOINT attempt")
                 try:
                     result_id = change(now)
-                except refused_by as refused:
+                except (Conflict, NotPermitted) as refused:
                     self.conn.execute("ROLLBACK TO attempt")
                     refusal, details = refused, {**details, "refused": str(refused)}
                 events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,

@@ -237,24 +237,21 @@ class TestReassign:
         ({"cards": [4, 9]}, "unknown card 9"),
         ({"user": "nobody-by-that-name"}, "no user"),
     ])
-    def test_an_admins_bad_input_is_audited_with_from_and_to(self, make_service, conn, kwargs, message):
+    def test_an_admins_bad_input_writes_nothing(self, make_service, conn, kwargs, message):
         booking = make_service().create(cards=[0, 1], start=NOW, end=NOW + 2 * H)
+        before = events.recent(conn, 100)
         with pytest.raises(BadInput, match=message):
             self.admin(make_service).reassign(booking.id, **kwargs)
-        event = events.recent(conn, 1)[0]
-        assert (event.actor, event.action, event.ok, event.booking_id) == ("root", "reassign", False, booking.id)
-        assert message in event.details["refused"]
-        assert (event.details["old_cards"], event.details["old_user"]) == ([0, 1], "alice")
+        assert events.recent(conn, 100) == before  # bad input: no audit row, as everywhere
         assert rows.get(conn, booking.id) == booking
-        assert events.first_broken(conn) is None
 
-    def test_an_admins_reassign_of_an_ended_or_missing_booking_is_audited(self, make_service, conn):
+    def test_an_admins_reassign_of_an_ended_or_missing_booking_writes_nothing(self, make_service, conn):
         booking = make_service().create(cards=[0], start=NOW, end=NOW + H)
+        before = events.recent(conn, 100)
         for target, message in ((booking.id, "already ended"), (42, "no booking 42")):
             with pytest.raises(BadInput, match=message):
                 self.admin(make_service, NOW + 2 * H).reassign(target, cards=[4])
-            event = events.recent(conn, 1)[0]
-            assert (event.action, event.ok, event.booking_id) == ("reassign", False, target)
+        assert events.recent(conn, 100) == before
 
     def test_live_servers_refuse_the_move_without_force(self, make_service, conn):
         booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)

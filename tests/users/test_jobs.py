@@ -45,7 +45,8 @@ while True:
 FORGE = """
 import json, os, signal, socket, sys, time
 from app.config import load_config
-out, booking, victim_pid, victim_uid, other_booking = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+out = sys.argv[1]
+booking, victim_pid, victim_uid, other_booking = (int(a) for a in sys.argv[2:6])
 signal.signal(signal.SIGTERM, lambda *_: (open(os.path.join(out, "term"), "a").write("TERM\\n"), sys.exit(0)))
 sock = socket.socket(socket.AF_UNIX)
 sock.connect(load_config().service.socket)
