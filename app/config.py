@@ -113,6 +113,14 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
     policy = _build(Policy, raw.get("policy", {}), "[policy]")
+    if policy.timezone:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(policy.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"[policy] timezone {policy.timezone!r} is not a known time zone,"
+                             " such as 'Europe/Berlin'") from None
     pools = []
     for entry in raw.get("pools", []):
         entry = dict(entry)

@@ -130,7 +130,8 @@ class Registry:
         """Signal the registered process through its pidfd, and its group's members that the holder owns."""
         sent = []
         own_group = os.getpgrp()
-        if entry.pid > 1 and entry.pgid != own_group and not exited(entry.pidfd):
+        # Still the holder's: a job that exec'd something setuid since is no longer theirs to stop.
+        if entry.pid > 1 and entry.pgid != own_group and not exited(entry.pidfd) and proc_uid(entry.pid) == entry.uid:
             try:
                 signal.pidfd_send_signal(entry.pidfd, sig)
                 sent.append(entry.pid)

@@ -67,6 +67,9 @@ def test_db_precedence(tmp_path):
         ("[policy]\nmax_hours = 3\n", "unknown key 'max_hours' in \\[policy\\]"),
         ('[[pools]]\nname = "p"\ncards = [0]\nclasses = ["vip"]\n', "unknown class 'vip'"),
         ('[[pools]]\nname = "p"\ncards = [0]\n[pools.windows]\nfinetune = { hours = "25:00-09:00" }\n', "outside 00:00-24:00"),
+        ('[policy]\ntimezone = "Mars/Olympus"\n', "not a known time zone"),
+        ('[enforce]\nrun_jobs = "kill"\n', "use \"stop\" or \"warn\""),
+        ('[service]\nsokcet = "/x"\n', "unknown key 'sokcet' in \\[service\\]"),
     ],
 )
 def test_bad_files_are_one_line_errors(tmp_path, text, message):

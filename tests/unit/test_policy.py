@@ -69,3 +69,18 @@ def test_cards_held_at_different_times_do_not_add_up():
     check(cards=(4,), held=held)  # 3 before, 3 after, never 4 at once with the new one
     with pytest.raises(NotPermitted):
         check(cards=(4, 5), held=held + [(at("2026-12-01T11:00"), at("2026-12-01T11:30"), 3)])
+
+
+def test_windows_are_read_in_the_configured_zone_whatever_the_process_zone():
+    from dataclasses import replace
+
+    # 20:00-23:00 UTC is 04:00-07:00 the next morning in Shanghai: inside the night window there, not in UTC.
+    start, end = at("2026-12-01T20:00"), at("2026-12-01T23:00")
+    shanghai = replace(CONFIG, policy=replace(CONFIG.policy, timezone="Asia/Shanghai"))
+    berlin = replace(CONFIG, policy=replace(CONFIG.policy, timezone="Europe/Berlin"))  # 21:00-24:00 there: inside too
+    early = at("2026-12-01T10:30"), at("2026-12-01T11:30")  # 18:30 in Shanghai: outside; 11:30 in Berlin: outside
+    assert policy.card_refusal(shanghai, 0, "finetune", start, end) is None
+    assert policy.card_refusal(berlin, 0, "finetune", start, end) is None
+    assert "only 19:00-09:00" in policy.card_refusal(shanghai, 0, "finetune", *early)
+    assert "only 19:00-09:00" in policy.card_refusal(berlin, 0, "finetune", *early)
+    assert policy.card_refusal(shanghai, 0, "finetune", at("2026-12-01T11:00"), at("2026-12-01T12:00")) is None  # 19-20h
