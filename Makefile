@@ -39,8 +39,12 @@ test: $(VENV)/.test
 screenshots: $(VENV)/.test
 	$(BIN)/python scripts/make_screenshots.py
 
+# About 4 minutes. As root: through a throwaway agent run as the unit runs it (users alice, bob, board).
 bench: $(VENV)/.test
 	$(BIN)/python bench/bench_cli.py
+	$(BIN)/python bench/bench_tui.py --seconds 45
+	if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/bench_service.py && $(BIN)/python bench/bench_load.py; \
+	else echo "bench_service.py and bench_load.py need root (sudo make bench)"; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

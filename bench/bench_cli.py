@@ -1,12 +1,21 @@
-"""Quick-CLI latency: `board book` and `board status --json` on the simulated fleet, against
-`python3 -c "import sqlite3"` run side by side (interleaved) on the same machine. Target: 3x or less.
+"""Quick-CLI latency through the shared service's socket: `board status --json` and `board book`
+as a member (alice) against a running `board agent`, against `python3 -c "import sqlite3"` with
+the same interpreter, run side by side (interleaved, so machine noise hits every case alike).
+Medians; the ratio is against that baseline. Target (issue 8, section 6): 2x or less.
 
-    .venv/bin/python bench/bench_cli.py [--runs 30]
+    sudo .venv/bin/python bench/bench_cli.py [--runs 30] [--group boardusers] [--breakdown]
+    .venv/bin/python bench/bench_cli.py --file [--runs 30]     # the old file mode (BOARD_DB), no root
+
+Socket mode needs root: it starts a throwaway agent as the user board, exactly as the unit does
+(bench/shared_install.py), and runs every case as alice through setpriv (the baseline too, so
+both pay the same exec). Each `board book 1 --for 10m --start +Nh --json` takes a slot of its own
+and is cancelled afterwards, off the clock. The agent and its directory are gone at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -15,46 +24,134 @@ import tempfile
 import time
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shared_install import BIN, MEMBERS_GROUP, REPO, SharedInstall, as_user  # noqa: E402
+
 STDLIB_FLOOR = "import argparse, dataclasses, datetime, grp, hashlib, json, pathlib, pwd, sqlite3, typing, unicodedata"
 
 
-def timed(argv: list[str], env: dict) -> float:
-    start = time.perf_counter()
-    result = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    elapsed = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {result.stderr.strip()}")
-    return elapsed
+def timed(argv: list[str], env: dict, cwd: str | None = None) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the child: user + system, its stdout)."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err, cwd=cwd)
+        out = child.stdout.read()
+        _, status, usage = os.wait4(child.pid, 0)
+        elapsed = time.perf_counter() - start
+        child.stdout.close()
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"{' '.join(argv)} failed ({child.returncode}): {err.read().decode().strip()}")
+    return elapsed, usage.ru_utime + usage.ru_stime, out.decode()
+
+
+def report(wall: dict[str, list[float]], cpu: dict[str, list[float]], target: float) -> None:
+    base, base_cpu = statistics.median(next(iter(wall.values()))), statistics.median(next(iter(cpu.values())))
+    print(f"{'case':44} {'median ms':>9} {'p90 ms':>7} {'min ms':>7} {'ratio':>6}   {'CPU ms':>6} {'ratio':>6}")
+    for name, values in wall.items():
+        median = statistics.median(values)
+        p90 = statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]
+        cpu_median = statistics.median(cpu[name])
+        flag = "" if not name.startswith("board") else ("  ok" if median / base <= target else "  OVER")
+        print(f"{name:44} {median * 1000:9.1f} {p90 * 1000:7.1f} {min(values) * 1000:7.1f} {median / base:5.2f}x"
+              f"   {cpu_median * 1000:6.1f} {cpu_median / base_cpu:5.2f}x{flag}")
+    print(f"target: board commands at {target:g}x the baseline or less (median wall time); CPU is user + system of"
+          " the child, steadier when the machine is shared")
+
+
+def run_cases(cases: dict, runs: int, env: dict, cwd: str | None = None, user: str | None = None,
+              after=None) -> tuple[dict, dict]:
+    wall: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
+    for n in range(runs):
+        for name, argv in cases.items():  # interleaved, so machine noise hits every case alike
+            elapsed, used, out = timed(as_user(user, argv(n)), env, cwd)
+            wall[name].append(elapsed)
+            cpu[name].append(used)
+            if after is not None:
+                after(name, out)
+    return wall, cpu
+
+
+# What the socket client's path costs in imports alone, step by step (--breakdown): the floor of any
+# socket client (json, socket, threading), then what app.quick adds on top of it.
+BREAKDOWN = {
+    "imports: json, socket, threading": "import json, socket, threading",
+    "  + datetime, typing (app.output, app.client)": "import json, socket, threading, datetime, typing",
+    "  + tomllib (app.config_file)": "import json, socket, threading, datetime, typing, tomllib",
+    "  = app.quick's modules, no request": "import tomllib, app.quick, app.commands, app.client.socket, app.output",
+}
+
+
+def compile_bytecode() -> None:
+    # As an installed package has: bytecode, so that no case pays for compiling.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "app")], check=True, stdout=subprocess.DEVNULL)
+
+
+def socket_mode(runs: int, group: str, user: str, breakdown: bool) -> None:
+    compile_bytecode()
+    with SharedInstall(group=group) as install:
+        env = install.environ(user)
+        board = str(BIN / "board")
+        install.run(user, "status")  # the first request opens (and migrates) the database: not timed
+        cases = {
+            "baseline: python3 -c 'import sqlite3'": lambda n: [sys.executable, "-c", "import sqlite3"],
+            "board status --json": lambda n: [board, "status", "--json"],
+            "board book 1 --for 10m --start +Nh": lambda n: [board, "book", "1", "--for", "10m", "--start",
+                                                             f"+{n + 1}h", "--json"],
+        }
+        if breakdown:
+            cases.update({name: (lambda code: lambda n: [sys.executable, "-c", code])(code)
+                          for name, code in BREAKDOWN.items()})
+        admin = install.client()  # root: cancels each booking after it is timed, through the service
+
+        def cancel(name: str, out: str) -> None:
+            if name.startswith("board book"):
+                admin.call("cancel", id=json.loads(out)["id"])
+
+        try:
+            wall, cpu = run_cases(cases, runs, env, str(install.root), user, cancel)
+        finally:
+            admin.close()
+    print(f"{runs} runs each, interleaved, as {user} (setpriv) against a board agent on its socket:")
+    report(wall, cpu, 2.0)
+
+
+def file_mode(runs: int) -> None:
+    compile_bytecode()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "BOARD_DB": f"{tmp}/board.db", "BOARD_SIMULATE": "1"}
+        board = str(BIN / "board")
+        subprocess.run([board, "status"], env=env, check=True, stdout=subprocess.DEVNULL)  # create + migrate once
+        cases = {
+            "baseline: python3 -c 'import sqlite3'": lambda n: [sys.executable, "-c", "import sqlite3"],
+            "stdlib floor: the same imports, no board": lambda n: [sys.executable, "-c", STDLIB_FLOOR],
+            "board status --json (file)": lambda n: [board, "status", "--json"],
+            "board book 1 --for 10m (file)": lambda n: [board, "book", "1", "--start", f"+{n + 1}h", "--for", "10m"],
+        }
+        wall, cpu = run_cases(cases, runs, env)
+    print(f"{runs} runs each, interleaved, file mode (BOARD_DB, in process):")
+    report(wall, cpu, 3.0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
-    runs = parser.parse_args().runs
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "BOARD_DB": f"{tmp}/board.db", "BOARD_SIMULATE": "1"}
-        board = str(BIN / "board")
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(__file__).parent.parent / "app")],
-                       check=True, stdout=subprocess.DEVNULL)  # as an installed package has: bytecode
-        subprocess.run([board, "status"], env=env, check=True, stdout=subprocess.DEVNULL)  # create + migrate once
-        cases = {
-            "baseline: python3 -c 'import sqlite3'": lambda n: [sys.executable, "-c", "import sqlite3"],
-            # What the quick path's standard-library imports cost alone: the floor without rewriting them away.
-            "stdlib floor: the same imports, no board": lambda n: [sys.executable, "-c", STDLIB_FLOOR],
-            "board book 1 --for 10m": lambda n: [board, "book", "1", "--start", f"+{n + 1}h", "--for", "10m"],
-            "board status --json": lambda n: [board, "status", "--json"],
-        }
-        samples: dict[str, list[float]] = {name: [] for name in cases}
-        for n in range(runs):
-            for name, argv in cases.items():  # interleaved, so machine noise hits every case alike
-                samples[name].append(timed(argv(n), env))
-    base = statistics.median(samples[next(iter(cases))])
-    print(f"{'case':40} {'median ms':>10} {'p90 ms':>8} {'ratio':>6}")
-    for name, values in samples.items():
-        median = statistics.median(values)
-        p90 = statistics.quantiles(values, n=10)[-1]
-        print(f"{name:40} {median * 1000:10.1f} {p90 * 1000:8.1f} {median / base:6.2f}x")
+    parser.add_argument("--group", default=MEMBERS_GROUP, help=f"the members' group (default {MEMBERS_GROUP})")
+    parser.add_argument("--user", default="alice", help="the member who runs the commands (default alice)")
+    parser.add_argument("--file", action="store_true", help="file mode instead (BOARD_DB; no agent, no root)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time the quick path's imports step by step (where the time goes)")
+    args = parser.parse_args()
+    if not args.file and os.geteuid() != 0:
+        print("not root, so no agent of our own: file mode (sudo for the socket, the shared install's path)")
+        args.file = True
+    if args.file:
+        file_mode(args.runs)
+    else:
+        socket_mode(args.runs, args.group, args.user, args.breakdown)
 
 
 if __name__ == "__main__":

@@ -1,38 +1,40 @@
-"""Load: 32 processes, split between 2 real users, each make 50 booking attempts over 8 cards.
+"""Load through the shared service: 32 client processes as 2 real users (alice and bob, 16 each)
+book at once through `board agent`'s socket, each making 50 attempts over the 8 simulated cards
+(half of them a count, half exact cards; starts within the next week, on the hour, 1-3 h long).
 
-Each process books through BookingService (the code the CLI and the TUI use: BEGIN IMMEDIATE,
-the overlap check, the insert and the audit event in one transaction) on one shared database
-made by `board init`. In the same run, just before and just after, the same number of processes
-(as the same users) do a raw loop of `BEGIN IMMEDIATE; INSERT; COMMIT` on a second file in the
-same directory: the floor that SQLite itself sets on this machine (the faster of the two runs). Required: zero overlaps and zero unhandled errors. Target: the
-board's attempts per second at least 0.5x the raw loop's.
+In the same run, just before and just after, the same number of processes (as the same users)
+do a raw loop of `BEGIN IMMEDIATE; INSERT; COMMIT` on a file of their own in a directory beside
+the service's (same disk, the board's pragmas): the floor SQLite itself sets on this machine (the
+faster of the two runs). Required: zero overlaps (the service's database read afterwards, as root,
+read-only), integrity ok, an intact audit chain, zero unhandled errors. Target (issue 8, section 6):
+the service's attempts per second at least 0.5x the raw loop's; p50, p99 and max latency printed.
 
-    sudo .venv/bin/python bench/bench_load.py [--procs 32] [--attempts 50] [--users alice,bob] [--group boardusers]
+    sudo .venv/bin/python bench/bench_load.py [--procs 32] [--attempts 50] [--users alice,bob] [--group boardusers] [--json]
 
-As root it runs the processes as the given users (setpriv), who must exist, share --group, and
-be able to run this Python on this checkout. Not as root, every process is yours (it says so).
-Prints a table; --json prints the figures as JSON instead.
+Root only: the agent runs as the user board, exactly as the unit runs it, on a throwaway install
+(bench/shared_install.py), and the clients as alice and bob through setpriv. Members can no longer
+write the board's file, so the old file-mode version of this benchmark is gone. The agent and the
+scratch directory are removed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import grp
 import json
 import os
 import pwd
 import random
-import shutil
 import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shared_install import MEMBERS_GROUP, REPO, SharedInstall, as_user, require_root  # noqa: E402
 
 HOUR = 3600
 
@@ -41,23 +43,23 @@ HOUR = 3600
 
 
 def worker(args: argparse.Namespace) -> None:
-    from app.config import Config
-    from app.core.bookings import BookingService
     from app.errors import BadInput, Conflict, NotPermitted
-    from app.core.identity import current_identity
-    from app.gpu import open_source
-    from app.store.db import BUSY_TIMEOUT_MS, connect
 
     rng = random.Random(args.seed)
     raw = args.mode == "raw"
     if raw:
-        conn = sqlite3.connect(args.db, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        os.umask(0o002)  # the other user's processes write the same -wal and -shm
+        from app.store.db import BUSY_TIMEOUT_MS
+
+        conn = sqlite3.connect(args.target, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA synchronous = NORMAL")
+        me = pwd.getpwuid(os.getuid()).pw_name
     else:
-        conn = connect(Path(args.db))
-        fleet = open_source(True).read()
-        service = BookingService(conn, current_identity("board-admin"), Config(), fleet.cards, fleet.topology)
+        from app.client.socket import SocketClient
+
+        client = SocketClient(args.target)
+        me = client.call("whoami")["user"]  # connected before the start signal, as an open board is
     base = (int(time.time()) // HOUR + 1) * HOUR
     print("ready", flush=True)
     sys.stdin.readline()  # the go signal: every process starts together
@@ -71,17 +73,15 @@ def worker(args: argparse.Namespace) -> None:
             if raw:
                 conn.execute("BEGIN IMMEDIATE")
                 conn.execute("INSERT INTO raw (user, uid, starts_at, ends_at, note) VALUES (?, ?, ?, ?, ?)",
-                             (pwd.getpwuid(os.getuid()).pw_name, os.getuid(), start, end, "bench"))
+                             (me, os.getuid(), start, end, "bench"))
                 conn.execute("COMMIT")
-                outcomes["booked"] += 1
+            elif rng.random() < args.count_share:
+                client.call("book", count=rng.choice((1, 2, 4)), start=start, end=end, note="bench")
             else:
-                if rng.random() < args.count_share:
-                    service.create(count=rng.choice((1, 2, 4)), start=start, end=end, note="bench")
-                else:
-                    first = rng.randrange(0, 8)
-                    service.create(cards=sorted({first, (first + rng.randrange(0, 2)) % 8}), start=start, end=end,
-                                   note="bench")
-                outcomes["booked"] += 1
+                first = rng.randrange(0, 8)
+                client.call("book", cards=sorted({first, (first + rng.randrange(0, 2)) % 8}), start=start, end=end,
+                            note="bench")
+            outcomes["booked"] += 1
         except Conflict:
             outcomes["conflict"] += 1
         except (NotPermitted, BadInput):
@@ -90,32 +90,22 @@ def worker(args: argparse.Namespace) -> None:
             outcomes["error"] += 1
             errors.append(f"{type(error).__name__}: {error}")
         latencies.append(time.perf_counter() - began)
-    print(json.dumps({"user": pwd.getpwuid(os.getuid()).pw_name, "outcomes": outcomes, "latencies": latencies,
-                      "errors": errors[:5]}), flush=True)
+    print(json.dumps({"user": me, "outcomes": outcomes, "latencies": latencies, "errors": errors[:5]}), flush=True)
 
 
 # -- the driver -------------------------------------------------------------------------------------------
 
 
-def command_as(user: str | None, argv: list[str]) -> list[str]:
-    if user is None:
-        return argv
-    entry = pwd.getpwnam(user)
-    return [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}",
-            "--init-groups", "--", *argv]
-
-
-def phase(mode: str, db: Path, users: list[str | None], procs: int, attempts: int, hours: int,
-          count_share: float) -> dict:
+def phase(mode: str, target: str, users: list[str], procs: int, args: argparse.Namespace, env: dict) -> dict:
     """Start `procs` workers (round-robin over users), release them together, collect their reports."""
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(db.parent),
-           "BOARD_SIMULATE": "1"}
     children = []
     for n in range(procs):
-        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--db", str(db),
-                "--attempts", str(attempts), "--hours", str(hours), "--seed", str(n), "--count-share", str(count_share)]
-        children.append(subprocess.Popen(command_as(users[n % len(users)], argv), stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO))
+        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--target", target,
+                "--attempts", str(args.attempts), "--hours", str(args.hours), "--seed", str(n),
+                "--count-share", str(args.count_share)]
+        children.append(subprocess.Popen(as_user(users[n % len(users)], argv), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO))
     for child in children:
         line = child.stdout.readline().strip()
         if line != "ready":
@@ -151,10 +141,71 @@ def phase(mode: str, db: Path, users: list[str | None], procs: int, attempts: in
     }
 
 
+def rules_alone(scratch: Path, users: list[str], args: argparse.Namespace) -> dict:
+    """The same attempts (the same seeds, one process after the other) through Service.call in this process, on a
+    file of its own: what the rules cost with no socket, no threads and no other process. The service runs every
+    operation on one database thread, so this is about the most it can do."""
+    from app.config import Config
+    from app.core.identity import Identity
+    from app.errors import BadInput, Conflict, NotPermitted
+    from app.service import open_service
+
+    service = open_service(Config(db_path=scratch / "alone.db"), environ={"BOARD_SIMULATE": "1"})
+    who = [Identity(u, pwd.getpwnam(u).pw_uid, False) for u in users]
+    base = (int(time.time()) // HOUR + 1) * HOUR
+    plans = []
+    for n in range(args.procs):  # the workers' sequences, interleaved as they would arrive
+        rng = random.Random(n)
+        for k in range(args.attempts):
+            start = base + HOUR * rng.randrange(0, args.hours)
+            end = start + HOUR * rng.choice((1, 2, 3))
+            if rng.random() < args.count_share:
+                call = {"count": rng.choice((1, 2, 4)), "start": start, "end": end, "note": "bench"}
+            else:
+                first = rng.randrange(0, 8)
+                call = {"cards": sorted({first, (first + rng.randrange(0, 2)) % 8}), "start": start, "end": end,
+                        "note": "bench"}
+            plans.append((k, n, call))
+    plans.sort(key=lambda p: (p[0], p[1]))
+    outcomes = {"booked": 0, "conflict": 0, "refused": 0, "error": 0}
+    latencies = []
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    began = time.perf_counter()
+    for _, n, call in plans:
+        t0 = time.perf_counter()
+        try:
+            service.call(who[n % len(who)], "book", call)
+            outcomes["booked"] += 1
+        except Conflict:
+            outcomes["conflict"] += 1
+        except (NotPermitted, BadInput):
+            outcomes["refused"] += 1
+        latencies.append(time.perf_counter() - t0)
+    wall = time.perf_counter() - began
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        print(f"rules alone, {len(plans)} attempts under cProfile (slower than unprofiled), by cumulative time:")
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(r"app/", 30)
+    service.close()
+    latencies.sort()
+    return {"attempts_per_s": round(len(plans) / wall, 1), "bookings_per_s": round(outcomes["booked"] / wall, 1),
+            "p50_ms": round(statistics.median(latencies) * 1000, 2),
+            "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 2), "max_ms": round(latencies[-1] * 1000, 2),
+            "outcomes": outcomes}
+
+
 def verify(db: Path) -> dict:
+    """The service's database, read-only, as root: overlaps among live bookings, integrity, the audit chain."""
     from app.store import events
 
-    conn = sqlite3.connect(db)
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         overlaps = conn.execute(
             "SELECT count(*) FROM booking_cards AS x JOIN booking_cards AS y"
@@ -176,57 +227,50 @@ def verify(db: Path) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     from app.store.db import connect
-    from app.store.setup import init_shared
 
-    root_run = os.geteuid() == 0
-    users: list[str | None] = [u for u in args.users.split(",") if u] if root_run else [None]
-    if root_run:
+    require_root("bench_load.py")
+    users = [u for u in args.users.split(",") if u]
+    with SharedInstall(group=args.group) as install:
         for user in users:
             try:
                 pwd.getpwnam(user)
             except KeyError:
                 raise SystemExit(f"no user {user!r}: create the users (useradd) or pick others with --users") from None
-            probe = subprocess.run(command_as(user, [sys.executable, "-c", "import tomllib, app.cli"]), cwd=REPO,
-                                   capture_output=True, text=True)
-            if probe.returncode != 0:
-                raise SystemExit(f"{user} cannot run {sys.executable} on {REPO}; let them reach it (chmod o+x on the"
-                                 f" directories above it): {probe.stderr.strip()[-200:]}")
-    scratch = Path(tempfile.mkdtemp(prefix="board-bench-", dir=args.dir))
-    try:
-        os.chmod(scratch, 0o755)
-        board_dir = scratch / "board"
-        db, raw = board_dir / "board.db", board_dir / "raw.db"
-        if root_run:
-            init_shared(db, args.group)
-        else:
-            board_dir.mkdir()
-            connect(db).close()
-        conn = connect(raw)  # the same pragmas as the board's own file
+        install.run(users[0], "status")  # opens (and migrates) the service's database
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(install.root), "TZ": "UTC"}
+        # The raw loop's file: a group directory beside the service's, on the same disk, the board's pragmas.
+        scratch = install.root / "raw"
+        scratch.mkdir()
+        os.chown(scratch, 0, grp.getgrnam(args.group).gr_gid)
+        os.chmod(scratch, 0o2770)
+        raw = scratch / "raw.db"
+        conn = connect(raw)
         conn.execute("CREATE TABLE raw (id INTEGER PRIMARY KEY, user TEXT, uid INTEGER, starts_at INTEGER,"
                      " ends_at INTEGER, note TEXT)")
         conn.close()
-        if root_run:
-            shutil.chown(raw, group=args.group)
-            os.chmod(raw, 0o660)
-        # The raw loop before and after the board's run; the faster of the two is the floor (the stricter test:
-        # a short raw run is at the mercy of whatever else the machine is doing).
-        floors = [phase("raw", raw, users, args.procs, args.attempts, args.hours, args.count_share)]
-        board = phase("board", db, users, args.procs, args.attempts, args.hours, args.count_share)
-        floors.append(phase("raw", raw, users, args.procs, args.attempts, args.hours, args.count_share))
-        floor = max(floors, key=lambda f: f["attempts_per_s"])
-        floor["runs_attempts_per_s"] = [f["attempts_per_s"] for f in floors]
-        checks = verify(db)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        for path in scratch.iterdir():
+            os.chown(path, 0, grp.getgrnam(args.group).gr_gid)
+            os.chmod(path, 0o660)
+        # The raw loop before and after the service's run; the faster of the two is the floor (the stricter
+        # test: a short raw run is at the mercy of whatever else the machine is doing).
+        floors = [phase("raw", str(raw), users, args.procs, args, env)]
+        board = phase("service", str(install.socket), users, args.procs, args, env)
+        floors.append(phase("raw", str(raw), users, args.procs, args, env))
+        stats = install.stats()
+        checks = verify(install.db)
+        alone = rules_alone(scratch, users, args)
+    floor = max(floors, key=lambda f: f["attempts_per_s"])
+    floor["runs_attempts_per_s"] = [f["attempts_per_s"] for f in floors]
     ratio = board["attempts_per_s"] / floor["attempts_per_s"]
     return {
-        "as_real_users": root_run,
         "hours": args.hours,
         "count_share": args.count_share,
         "board": board,
         "raw": floor,
+        "rules_alone": alone,
         "ratio": round(ratio, 3),
         "checks": checks,
+        "service_max_rss_kib": stats["max_rss_kib"],
         "ok": checks["overlaps"] == 0 and board["outcomes"]["error"] == 0 and checks["integrity"] == "ok"
         and checks["audit_chain_intact"],
         "target_met": ratio >= 0.5,
@@ -235,22 +279,26 @@ def run(args: argparse.Namespace) -> dict:
 
 def print_table(result: dict) -> None:
     board, raw, checks = result["board"], result["raw"], result["checks"]
-    who = ", ".join(board["users"]) if result["as_real_users"] else f"{board['users'][0]} (not root: one user)"
-    print(f"{board['processes']} processes as {who}; {board['attempts'] // board['processes']} attempts each; 8 cards;"
-          f" starts within {result['hours']} h; {result['count_share']:.0%} of attempts ask for a count")
-    print(f"{'':28} {'attempts/s':>10} {'bookings/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-    for name, row in (("board (BookingService)", board), ("raw BEGIN IMMEDIATE insert", raw)):
-        print(f"{name:28} {row['attempts_per_s']:>10} {row['bookings_per_s']:>10} {row['p50_ms']:>8}"
+    print(f"{board['processes']} processes as {', '.join(board['users'])}; {board['attempts'] // board['processes']}"
+          f" attempts each; 8 cards; starts within {result['hours']} h; {result['count_share']:.0%} of attempts ask"
+          " for a count")
+    print(f"{'':30} {'attempts/s':>10} {'bookings/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    rows = (("service (socket, board agent)", board), ("raw BEGIN IMMEDIATE insert", raw),
+            ("rules alone: Service.call, 1 thread", result["rules_alone"]))
+    for name, row in rows:
+        print(f"{name:30} {row['attempts_per_s']:>10} {row['bookings_per_s']:>10} {row['p50_ms']:>8}"
               f" {row['p99_ms']:>8} {row['max_ms']:>8}")
     o = board["outcomes"]
-    print(f"board outcomes: {o['booked']} booked, {o['conflict']} conflicts, {o['refused']} refused by policy,"
+    print(f"service outcomes: {o['booked']} booked, {o['conflict']} conflicts, {o['refused']} refused by policy,"
           f" {o['error']} unhandled errors" + (f" (first: {board['errors'][0]})" if board["errors"] else ""))
-    print(f"checks: {checks['overlaps']} overlaps, integrity {checks['integrity']}, audit chain"
+    print(f"checks (as root, read-only): {checks['overlaps']} overlaps, integrity {checks['integrity']}, audit chain"
           f" {'intact' if checks['audit_chain_intact'] else 'BROKEN'} ({checks['events']} events),"
-          f" bookings by uids {checks['uids']}")
-    print(f"raw runs before and after the board's: {' and '.join(map(str, raw['runs_attempts_per_s']))} attempts/s;"
+          f" bookings by uids {checks['uids']}; service peak RSS {result['service_max_rss_kib'] / 1024:.1f} MB")
+    print(f"raw runs before and after the service's: {' and '.join(map(str, raw['runs_attempts_per_s']))} attempts/s;"
           " the faster is the floor")
-    print(f"board/raw attempts per second: {result['ratio']:.2f}x (target >= 0.5x: {'met' if result['target_met'] else 'NOT met'})")
+    print(f"rules alone (the same attempts through Service.call in one thread, no socket): {result['rules_alone']['outcomes']}")
+    print(f"service/raw attempts per second: {result['ratio']:.2f}x (target >= 0.5x:"
+          f" {'met' if result['target_met'] else 'NOT met'})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,11 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count-share", type=float, default=0.5,
                         help="share of attempts that ask for a count (board book 2) rather than exact cards (default 0.5)")
     parser.add_argument("--users", default="alice,bob")
-    parser.add_argument("--group", default="boardusers", help="a group both users are in (default boardusers)")
-    parser.add_argument("--dir", default="/tmp", help="where the scratch databases go (a local disk)")
+    parser.add_argument("--group", default=MEMBERS_GROUP, help=f"the members' group (default {MEMBERS_GROUP})")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--worker", choices=("board", "raw"), dest="mode", help=argparse.SUPPRESS)
-    parser.add_argument("--db", help=argparse.SUPPRESS)
+    parser.add_argument("--profile", action="store_true",
+                        help="print a cProfile of the rules-alone phase (where a booking attempt's time goes)")
+    parser.add_argument("--worker", choices=("service", "raw"), dest="mode", help=argparse.SUPPRESS)
+    parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.mode:
