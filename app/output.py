@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_NOT_PERMITTED = 0, 1, 2, 3, 4
 
@@ -17,12 +17,12 @@ def iso(epoch: int | float | None) -> str | None:
     return None if epoch is None else datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
 
 
-def print_json(value: Any) -> None:
+def print_json(value: object) -> None:
     # ensure_ascii keeps other users' text inert on any terminal.
     print(json.dumps(value, indent=2))
 
 
-def booking_json(booking: dict[str, Any] | None) -> dict[str, Any] | None:
+def booking_json(booking: dict | None) -> dict | None:
     """A booking as `--json` shows it: ISO times in the reader's zone."""
     if booking is None:
         return None
@@ -39,7 +39,7 @@ def booking_json(booking: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def booking_line(booking: dict[str, Any]) -> str:
+def booking_line(booking: dict) -> str:
     from app.core.text import format_cards, format_time, inert
 
     state = "" if booking["status"] == "booked" else f" [{booking['status']}]"
@@ -50,7 +50,7 @@ def booking_line(booking: dict[str, Any]) -> str:
     )
 
 
-def print_booking(booking: dict[str, Any], verb: str, as_json: bool) -> None:
+def print_booking(booking: dict, verb: str, as_json: bool) -> None:
     if as_json:
         print_json(booking_json(booking))
     else:
@@ -62,10 +62,10 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def status_json(found: dict[str, Any]) -> dict[str, Any]:
+def status_json(found: dict) -> dict:
     """`board status --json` from the service's `status` reply."""
 
-    def card(c: dict[str, Any]) -> dict[str, Any]:
+    def card(c: dict) -> dict:
         shown = {k: v for k, v in c.items() if k != "users"}
         shown["booking"] = booking_json(c["booking"])
         shown["next_booking"] = booking_json(c["next_booking"])
@@ -75,7 +75,7 @@ def status_json(found: dict[str, Any]) -> dict[str, Any]:
             "cards": [card(c) for c in found["cards"]]}
 
 
-def status_text(found: dict[str, Any], now: float) -> str:
+def status_text(found: dict, now: float) -> str:
     from app.core.text import format_time, inert
 
     def num(value, fmt="{}"):

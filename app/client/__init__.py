@@ -6,28 +6,13 @@
 
 Neither the CLI nor the TUI knows which one it holds. This module and app.client.socket stay
 light: the socket path imports json and socket, not sqlite3, the rules or the GPU code.
+The interface both clients offer is written down in app.client.interface.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol
 
-
-class Client(Protocol):
-    transport: str  # "local" or "socket"
-
-    def call(self, op: str, **args: Any) -> Any:
-        """Run one operation; raises the BoardError (with its exit code) the service raised."""
-        ...
-
-    def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
-        """Events as they happen ({"event": "bookings", "version": 3}, ...), until close()."""
-        ...
-
-    def close(self) -> None: ...
-
-
-def open_client(config, *, demo: bool | str | None = None, explicit_db: bool = False, environ=None) -> Client:
+def open_client(config, *, demo: bool | str | None = None, explicit_db: bool = False, environ=None):
     """The socket client where the config names a socket (and no personal database was asked for), else in-process."""
     socket_path = config.service.socket
     if socket_path and not explicit_db and demo is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
 
 from app import wire
 from app.errors import BoardError, ServiceDown, error_for
@@ -77,7 +77,7 @@ class SocketClient:
             raise ConnectionResetError("the service closed the connection")
         return wire.decode(line)
 
-    def call(self, op: str, **args: Any) -> Any:
+    def call(self, op: str, **args: object) -> object:
         with self._lock:
             reply = self._call(op, args)
         if reply.get("ok"):
@@ -102,7 +102,7 @@ class SocketClient:
                                       " 'board list --mine' before trying again") from None
         return reply
 
-    def stream(self, op: str, args: dict) -> tuple[socket.socket, Any, Any]:
+    def stream(self, op: str, args: dict) -> tuple[socket.socket, object, object]:
         """A connection of its own for a stream (subscribe, register): (socket, reader, the first reply's result)."""
         sock = self.connect()
         sock.settimeout(None)
@@ -118,7 +118,7 @@ class SocketClient:
             raise error_for(int(error.get("code", 1)), str(error.get("message", "the service refused")))
         return sock, reader, reply.get("result")
 
-    def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict]:
         """Events until close(); when the service goes away, a `down` event, then `reconnected` once it is back."""
         delay = 0.2
         down = False

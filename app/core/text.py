@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import unicodedata
 from datetime import datetime
-from typing import Sequence
+from collections.abc import Sequence
 
 _SAFE_FORMAT = {"\u200d"}  # zero-width joiner inside emoji sequences is harmless; everything else Cf is shown
 

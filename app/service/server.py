@@ -21,6 +21,7 @@ from typing import Any, Callable
 from app import wire
 from app.errors import BadInput, BoardError, NotPermitted
 from app.service import Service
+from app.core.identity import Identity
 from app.service.peer import Peer, identity_of, is_member, peer_of
 from app.service.processes import RegistrationError
 
@@ -159,7 +160,7 @@ class ServiceServer:
         self._reply(conn, request_id, error=error)
 
     def _serve_connection(self, conn: socket.socket) -> None:
-        peer = None
+        peer, me = None, None
         try:
             conn.settimeout(SEND_TIMEOUT_S)
             peer = self._admit(conn)
@@ -194,7 +195,9 @@ class ServiceServer:
                     return self._subscribe(conn, peer, request_id, message.get("args") or {})
                 if op == "register":
                     return self._register(conn, reader, peer, request_id, message.get("args") or {})
-                self._reply(conn, request_id, *self._call(peer, op, message.get("args")))
+                if me is None:  # once per connection: the passwd and group lookups are not free
+                    me = identity_of(peer, self.service.config.admin_group)
+                self._reply(conn, request_id, *self._call(me, op, message.get("args")))
         except (OSError, socket.timeout):
             return
         finally:
@@ -204,8 +207,7 @@ class ServiceServer:
                     self._connections.discard(conn)
             conn.close()
 
-    def _call(self, peer: Peer, op: Any, args: Any) -> tuple[Any, BoardError | None]:
-        me = identity_of(peer, self.service.config.admin_group)
+    def _call(self, me: Identity, op: Any, args: Any) -> tuple[Any, BoardError | None]:
         future = self.database.submit(self.service.call, me, op, args)
         try:
             return future.result(), None

@@ -15,7 +15,10 @@ DB_POLL_SECONDS = 1.0
 
 def start_watchers(service) -> threading.Event:
     stop = threading.Event()
-    for name, loop in (("board-fleet", _fleet_loop), ("board-db-watch", _db_loop)):
+    loops = [("board-fleet", _fleet_loop)]
+    if service.transport == "local":  # behind the socket the service is the only writer, and says so itself
+        loops.append(("board-db-watch", _db_loop))
+    for name, loop in loops:
         threading.Thread(target=loop, args=(service, stop), name=name, daemon=True).start()
     return stop
 

@@ -70,3 +70,31 @@ def test_the_line_scan_agrees_with_tomllib_or_steps_aside(text):
 def test_the_line_scan_reads_the_installed_config():
     assert scan_socket(CONFIGS[0]) == "/run/board/board.sock"
     assert scan_socket(CONFIGS[11]) is None  # a multi-line string could hide a fake table: tomllib decides
+
+
+def test_the_socket_path_loads_nothing_heavy():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import app.quick, app.commands, app.output, app.client.socket, app.config_file\n"
+        "import app.core.text, app.core.parse, app.core.timeparse\n"
+        "heavy = {'argparse', 'dataclasses', 'tomllib', 'sqlite3', 'typing', 'textual', 'psutil', 'pynvml',\n"
+        "         'app.config', 'app.service', 'app.store', 'app.cli'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_both_clients_offer_the_one_interface():
+    from app.client.interface import Client
+    from app.client.local import LocalClient
+    from app.client.socket import SocketClient
+
+    for kind in (LocalClient, SocketClient):
+        for name in ("call", "subscribe", "close"):
+            assert callable(getattr(kind, name)), (kind, name)
+        assert kind.transport in ("local", "socket")
+    assert {"call", "subscribe", "close"} <= set(vars(Client))
