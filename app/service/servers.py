@@ -47,7 +47,7 @@ def server_rules(service, me: Identity):
     """ServerService for `me` on the service's connection: file mode in process, the pidfds behind the socket."""
     from app.llama.service import ServerService
 
-    processes = supervision(service) if service.processes is not None else None
+    processes = supervision(service) if service.transport == "socket" else None
     topology = service.fleet.latest().topology if service.fleet is not None else None
     return ServerService(service.conn, me, service.config, topology=topology, clock=service.clock,
                          processes=processes)
@@ -56,7 +56,7 @@ def server_rules(service, me: Identity):
 def _light_rules(service, me: Identity):
     from app.llama.service import ServerService
 
-    processes = supervision(service) if service.processes is not None else None
+    processes = supervision(service) if service.transport == "socket" else None
     return ServerService(service.conn, me, service.config, clock=service.clock, processes=processes)
 
 
@@ -87,7 +87,7 @@ def serve_start(service, me: Identity, booking: int, extra=None, **options) -> d
         _changed(service)
     return {"server": _wire(server), "launch": {
         "ready_timeout_s": service.config.llama.ready_timeout_s,
-        "db": str(service.config.db_path) if service.processes is None else None}}
+        "db": str(service.config.db_path) if service.transport == "local" else None}}
 
 
 @op("serve_get", {"id": INT})
