@@ -102,16 +102,6 @@ def cmd_log(ctx: Context) -> int:
     return EXIT_OK
 
 
-def cmd_init(ctx: Context) -> int:
-    from app.store.setup import init_shared
-
-    directory = Path(ctx.args.dir) if ctx.args.dir else ctx.config.db_path.parent
-    db_path = directory / ctx.config.db_path.name
-    for line in init_shared(db_path, ctx.args.group):
-        print(line)
-    return EXIT_OK
-
-
 def cmd_doctor(ctx: Context) -> int:
     from app.client.health import service_checks
     from app.store.setup import doctor
@@ -119,7 +109,7 @@ def cmd_doctor(ctx: Context) -> int:
     config = ctx.config
     checks = service_checks(config)
     if not config.service.socket or os.geteuid() == 0:  # members cannot see the service's files, root can
-        checks = doctor(config.db_path, config.admin_group, group=ctx.args.group, extra=checks)
+        checks = doctor(config.db_path, config.admin_group, extra=checks)
     problems = 0
     for ok, line in checks:
         problems += not ok
@@ -281,16 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("whoami", cmd_whoami, "who board thinks you are, and your role", json_flag=True)
 
-    p = command("init", cmd_init, "create the shared database directory (setgid, 2770) and file (0660); run as root")
-    p.add_argument("--group", required=True, help="the Unix group of board users")
-    p.add_argument("--dir", help="the directory (default: the configured database's)")
-
     p = command("backup", cmd_backup, "copy the live database to PATH, consistent while others write (SQLite online backup)")
     p.add_argument("path", help="the new file; an existing one is replaced only with --force")
     p.add_argument("--force", action="store_true", help="replace PATH if it exists")
 
-    p = command("doctor", cmd_doctor, "check the database's permissions, filesystem and audit chain")
-    p.add_argument("--group", help="the Unix group of board users, to check the directory and files against")
+    command("doctor", cmd_doctor, "check the database (one owner, 0700/0600, no links, audit chain) and the service")
 
     from app.llama.cli import add_parsers as add_serve_parsers  # light: argparse only
 

@@ -1,8 +1,8 @@
 """The audit log: append-only by trigger, hash-chained, and `board doctor` names the first row a hand edit touched.
 
-Every edit here is what a group member with write access to the file could do with any SQLite
-client: the threat model (the README) says such edits are not prevented in
-direct-file mode, only made visible.
+Every edit here is what whoever may open the file (root, the service user board, or the one owner
+of a database of their own) could do with any SQLite client: the threat model (the README) says
+such edits are not prevented, only made visible.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,17 @@ def test_an_intact_file_passes(audited):
     result = doctor(audited)
     assert audit_fixes(result) == [], result.stdout
     assert f"audit chain intact ({ROWS} events)" in result.stdout
+
+
+def test_a_split_by_an_admins_reassign_is_the_new_bookings_audit_record(audited):
+    """reassign splits an active booking at now; its event (filed under the old id) records the new one."""
+    start = sqlite3.connect(audited["BOARD_DB"]).execute("SELECT starts_at FROM bookings WHERE id = 1").fetchone()[0]
+    while time.time() < start + 1.05:  # under way for at least a second, so the move splits it
+        time.sleep(0.05)
+    moved = run_board("admin", "reassign", "1", "--cards", "6", "--json", env=audited)
+    assert moved.returncode == 0, moved.stderr
+    rest = json.loads(moved.stdout)["id"]
+    assert rest != 1
+    assert audit_fixes(doctor(audited)) == []
+    hand_edit(audited, "DROP TRIGGER events_no_delete", "DELETE FROM events WHERE action = 'reassign'")
+    assert f"booking(s) {rest} have no audit record of their creation" in doctor(audited).stdout

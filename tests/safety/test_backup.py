@@ -150,9 +150,9 @@ def test_backup_refuses_bad_targets_in_one_line(tmp_path, case):
 
 
 def test_restore_as_documented(tmp_path):
-    """the README: stop the agent, move the live files aside, install the copy 0660, doctor."""
+    """the README: stop the agent, move the live files aside, install the copy 0600, doctor."""
     live = tmp_path / "lib" / "board.db"
-    live.parent.mkdir()
+    live.parent.mkdir(mode=0o700)
     env = {"BOARD_DB": str(live), "BOARD_SIMULATE": "1"}
     booked = json.loads(run_board("book", "2", "--for", "2h", "--note", "keep me", "--json", env=env).stdout)
     copy = tmp_path / "board-backup.db"
@@ -160,17 +160,19 @@ def test_restore_as_documented(tmp_path):
     assert run_board("book", "2", "--for", "2h", "--note", "lost in the disaster", env=env).returncode == 0
     live.write_bytes(b"\0" * 4096)  # the disaster
 
-    group = "root"
+    owner = f"{os.getuid()}"  # the directory's owner: board on the shared install
     script = f"""
     set -e
     cd {live.parent}
     mkdir -p broken && mv board.db board.db-wal board.db-shm broken/ 2>/dev/null || true
-    install -m 0660 -g {group} {copy} board.db
+    install -m 0600 -o {owner} -g {os.getgid()} {copy} board.db
     """
     subprocess.run(["sh", "-c", script], check=True)
-    assert oct(os.stat(live).st_mode & 0o777) == "0o660"
+    assert oct(os.stat(live).st_mode & 0o777) == "0o600"
     listed = json.loads(run_board("list", "--json", env=env).stdout)["bookings"]
     assert [(b["id"], b["note"]) for b in listed] == [(booked["id"], "keep me")]
     doctor = run_board("doctor", env=env)
     assert "audit chain intact" in doctor.stdout and "integrity: ok" in doctor.stdout, doctor.stdout
+    assert f"ok    {live} belongs to" in doctor.stdout, doctor.stdout  # the restored copy: its owner's, 0600
+    assert [line for line in doctor.stdout.splitlines() if line.startswith("FIX") and str(live.parent) in line] == []
     assert connect(live).execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # back in WAL on first open

@@ -298,8 +298,11 @@ def test_everything_stored_lists_inert(shared):
     for args in (["list", "--all"], ["list", "--all", "--json"], ["log", "--limit", "1000"],
                  ["log", "--limit", "1000", "--json"], ["status"], ["status", "--json"], ["doctor"]):
         shown = run_board(*args, env=shared)
-        assert shown.returncode == (1 if args == ["doctor"] else 0), (args, shown.stderr, shown.stdout)
-        assert "audit chain intact" in shown.stdout or args != ["doctor"]
+        assert shown.returncode == 0 or args == ["doctor"], (args, shown.stderr, shown.stdout)
+        if args == ["doctor"]:  # a test directory's modes and admin group may want fixing; the contents may not
+            assert shown.returncode in (0, 1) and "audit chain intact" in shown.stdout, shown.stdout
+            assert [line for line in shown.stdout.splitlines() if line.startswith("FIX")
+                    and any(word in line for word in ("audit", "trigger", "integrity", "damaged"))] == []
         assert_inert(shown)
 
 

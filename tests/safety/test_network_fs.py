@@ -1,4 +1,4 @@
-"""A database on a network or FUSE filesystem is refused, in one clear line, by connect, init and doctor.
+"""A database on a network or FUSE filesystem is refused, in one clear line, by connect and doctor.
 
 SQLite's WAL keeps its index in shared memory (-shm), which only works between processes on one
 host. The mounts table is substituted (app.store.filesystem.MOUNTS), so no real NFS is needed.
@@ -10,9 +10,8 @@ import pytest
 
 import app.store.filesystem as filesystem
 from app.cli import main
-from app.errors import BoardError
 from app.store.db import StoreError, connect
-from app.store.setup import doctor, init_shared
+from app.store.setup import doctor
 
 REFUSED = ["nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "fuse", "fuse.gcsfuse", "fuse.s3fs", "9p", "ceph",
            "glusterfs", "lustre", "afs"]
@@ -53,15 +52,6 @@ def test_connect_refuses(mounted, kind):
 
 
 @pytest.mark.parametrize("kind", ["nfs", "nfs4", "cifs", "smb3", "fuse.sshfs", "fuse"])
-def test_init_refuses(mounted, kind):
-    directory = mounted(kind) / "board"
-    with pytest.raises(BoardError) as caught:
-        init_shared(directory / "board.db", "root")
-    one_line_with(str(caught.value), kind)
-    assert not directory.exists()
-
-
-@pytest.mark.parametrize("kind", ["nfs", "nfs4", "cifs", "smb3", "fuse.sshfs", "fuse"])
 def test_doctor_refuses(mounted, kind):
     checks = list(doctor(mounted(kind) / "board.db", "board-admin"))
     assert len(checks) == 1 and checks[0][0] is False
@@ -69,8 +59,7 @@ def test_doctor_refuses(mounted, kind):
 
 
 @pytest.mark.parametrize("kind", ["nfs", "nfs4", "cifs", "smb3", "fuse.sshfs", "fuse"])
-@pytest.mark.parametrize("command", [["status"], ["book", "1", "--for", "1h"], ["list"], ["init", "--group", "root"],
-                                     ["doctor"]])
+@pytest.mark.parametrize("command", [["status"], ["book", "1", "--for", "1h"], ["list"], ["doctor"]])
 def test_the_cli_says_so_in_one_line(mounted, kind, command, capsys, monkeypatch):
     db = mounted(kind) / "board" / "board.db"
     db.parent.mkdir()

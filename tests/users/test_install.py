@@ -151,6 +151,9 @@ def test_members_use_the_installed_board_through_its_service(running):
     assert peek.returncode != 0 and "unable to open" in peek.stderr.lower()
     doctor = board.run("root", "doctor")
     assert "integrity: ok" in doctor.stdout and "audit chain intact" in doctor.stdout, doctor.stdout
+    # One owner: the directory 0700 and every file in it 0600, all the service user's; nothing to fix.
+    assert f"ok    {board.db.parent} belongs to {SERVICE_USER}, mode 700" in doctor.stdout, doctor.stdout
+    assert doctor.returncode == 0 and "FIX" not in doctor.stdout, doctor.stdout
     trail = [(e["action"], e["actor"], e["ok"]) for e in board.log() if e["booking_id"] == mine["id"]]
     assert trail == [("create", "alice", True), ("cancel", "bob", False), ("cancel", "carol", True)], trail
 

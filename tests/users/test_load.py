@@ -107,6 +107,7 @@ def test_32_clients_as_two_real_users_book_at_once_through_the_service(board):
     assert created == [(total["booked"],)]  # one audit event per booking, none lost in the rush
     doctor = board.run("root", "doctor")
     assert "integrity: ok" in doctor.stdout and "audit chain intact" in doctor.stdout, doctor.stdout
+    assert doctor.returncode == 0 and "FIX" not in doctor.stdout, doctor.stdout  # one owner, 0700/0600, no links
 
 
 def test_bench_load_small_run_as_two_real_users(unix_users):

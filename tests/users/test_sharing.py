@@ -194,6 +194,7 @@ def test_bob_cannot_change_alices_bookings_and_carol_can(board):
     # The chain verifies after all of it (doctor, as root, reads the service's file).
     doctor = board.run("root", "doctor")
     assert "audit chain intact" in doctor.stdout and "integrity: ok" in doctor.stdout, doctor.stdout
+    assert doctor.returncode == 0 and "FIX" not in doctor.stdout, doctor.stdout  # one owner, 0700/0600, no links
 
 
 def test_admin_comes_from_the_services_config_not_the_default(board):
