@@ -34,6 +34,13 @@ def frozen() -> float:
     return NOW
 
 
+def settled(app) -> bool:
+    """The bookings shown are those of the timeline's current window (a zoom or scroll reloads them)."""
+    timeline = app.board.timeline
+    return app.view is not None and (app.view.window_start, app.view.window_end) == (timeline.view_start,
+                                                                                      timeline.view_end)
+
+
 async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "board.db"
@@ -50,7 +57,7 @@ async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=N
                 await pilot.pause(0.05)
             await pilot.pause()
             await pilot.press(*keys)
-            while until is not None and not until(app) and time.monotonic() < deadline:
+            while not (settled(app) and (until is None or until(app))) and time.monotonic() < deadline:
                 await pilot.pause(0.05)
             await pilot.pause(0.3)
             path = OUT / f"{name}.svg"

@@ -89,27 +89,35 @@ class BoardScreen(Screen):
         self.app.set_window(event.start, event.end)
 
     def describe_cursor(self) -> None:
-        timeline, now = self.timeline, self.app.clock()
-        detail = self.query_one("#detail", Static)
-        if self.app.alert:
-            detail.set_class(True, "-alert")
-            detail.update(Text(self.app.alert))
+        """The line under the timeline: the alert, the selection, or the booking under the cursor.
+
+        Called on every telemetry and bookings update, so it repaints only when the line changes."""
+        alert, text = bool(self.app.alert), self._cursor_text()
+        if (alert, text) == getattr(self, "_described", None):
             return
-        detail.set_class(False, "-alert")
+        self._described = (alert, text)
+        detail = self.query_one("#detail", Static)
+        detail.set_class(alert, "-alert")
+        detail.update(text if text is not None else "")
+
+    def _cursor_text(self) -> Text | None:
+        timeline, now = self.timeline, self.app.clock()
+        if self.app.alert:
+            return Text(self.app.alert)
         selection = timeline.selected_range()
         if timeline.anchor is not None and selection:
             cards, start, end = selection
-            detail.update(Text(
+            return Text(
                 f"selected {'card' if len(cards) == 1 else 'cards'} {format_cards(cards)} · {short_time(start, now)}"
-                f" → {short_time(end, now)} ({duration(end - start)}) · b books it"))
-            return
+                f" → {short_time(end, now)} ({duration(end - start)}) · b books it")
         booking = timeline.booking_at(*timeline.cursor)
         if booking is not None:
-            detail.update(describe(booking, now))
-        elif selection:
+            return describe(booking, now)
+        if selection:
             cards, start, _ = selection
-            detail.update(Text(f"card {format_cards(cards)} free at {short_time(start, now)} · "
-                               f"shift+arrows or drag to select · b books"))
+            return Text(f"card {format_cards(cards)} free at {short_time(start, now)} · "
+                        f"shift+arrows or drag to select · b books")
+        return None
 
     # -- data from the app ---------------------------------------------------------------------
 
