@@ -198,7 +198,9 @@ class CardTable(DataTable):
         super().notify_style_update()
         self.__dict__.pop("_style_cache", None)
         self._cells, self._built = {}, {}
-        self._layout = None  # rebuild with the new theme's colours on the next poll
+        self._layout = None
+        if self.statuses:  # a theme or focus change: rebuild with its colours now, not at the next poll
+            self.call_after_refresh(lambda: self.show(self.statuses, self.app.clock()))
 
     def _cells_for(self, s: CardStatus, now: float, wide: bool) -> dict[str, Cell]:
         """Every cell of a row; `_parts` does the formatting, this only builds what changed."""
