@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import errno
-import grp
 import logging
 import os
 import random
 import sqlite3
-import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,16 +38,18 @@ def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
     try:
         kind = network_filesystem(path)
         exists = _exists(path)
-    except PermissionError:  # a directory we may not search: the 2770 board directory, to a non-member
+    except PermissionError:  # a directory we may not search: the service's 0700 one, to anyone but the service
         raise _access_error(path, sqlite3.OperationalError("unable to open database file")) from None
     if kind:
         raise StoreError(
             f"{path} is on a {kind} filesystem; SQLite's WAL needs a local disk: set BOARD_DB to a local path"
         )
     if not exists and not path.parent.is_dir():
-        raise BadInput(f"the directory {path.parent} does not exist; run 'board init --group G' or set BOARD_DB")
+        raise BadInput(f"the directory {path.parent} does not exist; create it, or set BOARD_DB to a database file"
+                       " of your own")
     if not exists and not create:
-        raise StoreError(f"no board database at {path}; run 'board init' or set BOARD_DB")
+        raise StoreError(f"no board database at {path}; set BOARD_DB to yours (the board service creates its own"
+                         " at its first start)")
     if exists and not path.is_file():
         raise BadInput(f"{path} is not a file, so not a board database; set BOARD_DB to the board's database file")
     _refuse_planted_links(path)
@@ -64,8 +64,6 @@ def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")  # durable enough in WAL; fsyncs at checkpoints
-        if not exists and _setgid_dir(path.parent):
-            os.chmod(path, 0o660)
         if conn.execute("PRAGMA user_version").fetchone()[0] != schema.LATEST:
             schema.migrate(conn)
     except sqlite3.Error as error:
@@ -177,10 +175,6 @@ def _decode_text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _setgid_dir(directory: Path) -> bool:
-    return bool(directory.stat().st_mode & stat.S_ISGID)
-
-
 def storage_error(path: Path, error: BaseException) -> BoardError:
     """The one-line error a user sees for a SQLite failure on the database at `path`.
 
@@ -226,14 +220,10 @@ def _access_error(path: Path, error: sqlite3.OperationalError) -> BoardError:
         if "disk I/O" in message and _may_write(path):
             return StoreError(f"the board database {path} could not be written (disk I/O error); nothing was saved:"
                               f" check that disk and its free space ({_free(path)}), then run 'board doctor'")
-        try:
-            group = grp.getgrgid(path.parent.stat().st_gid).gr_name
-        except (KeyError, OSError):
-            group = "the board group"
-        if group == "root":  # a broken setup, not a missing membership
-            return NotPermitted(f"no access to the board database {path}; its directory has group root:"
-                                " ask an admin to run 'board init --group G' again and then 'board doctor'")
-        return NotPermitted(f"no access to the board database {path}; ask an admin to add you to group {group}")
+        # Not yours: on a shared install only the service opens it, and the config should name its socket.
+        return NotPermitted(f"no access to the board database {path}: it is the board service's; use it through"
+                            " the service ([service] socket in the config, ask an admin) or set BOARD_DB to"
+                            " a database of your own")
     return StoreError(f"the board database {path} failed: {message}")
 
 

@@ -12,7 +12,7 @@ RACERS = 16
 
 def test_exactly_one_of_sixteen_processes_wins_the_same_slot(tmp_path):
     db = tmp_path / "board.db"
-    connect(db).close()  # created and migrated once, as `board init` would
+    connect(db).close()  # created and migrated once, before the race
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("BOARD_")}, "BOARD_DB": str(db), "BOARD_SIMULATE": "1"}
     # A barrier: every racer has imported and parsed before any of them books.
     go = tmp_path / "go"

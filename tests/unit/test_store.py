@@ -68,7 +68,7 @@ def test_migrating_twice_is_harmless(db_path):
 
 
 def test_a_missing_directory_says_what_to_do(tmp_path):
-    with pytest.raises(BadInput, match="does not exist; run 'board init") as caught:
+    with pytest.raises(BadInput, match="does not exist; create it, or set BOARD_DB") as caught:
         connect(tmp_path / "nowhere" / "board.db")
     assert caught.value.exit_code == 2 and "\n" not in str(caught.value)
     with pytest.raises(BadInput, match="does not exist"):

@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from tests.users.conftest import wait_for
+
 
 pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
@@ -96,8 +98,10 @@ def test_bob_cannot_stop_alices_server_and_carol_can(serving):
     assert refusals == ["server-start", "server-stop"], log
 
     # bob reads the log lines alice's supervisor sent to the service (the service never opens her file)
-    lines = board.run("bob", "serve", "logs", str(server["id"]))
-    assert lines.returncode == 0 and "stand-in llama-server on" in lines.stdout, lines.stderr
+    # (they reach it as the supervisor sends them, so the first answer may come before them)
+    logged = lambda: board.run("bob", "serve", "logs", str(server["id"]))  # noqa: E731
+    assert wait_for(lambda: "stand-in llama-server on" in logged().stdout, 15), logged().stderr
+    assert logged().returncode == 0
 
     # carol, an admin but not root: the service stops it through the supervisor's pidfd
     assert board.json("carol", "whoami")["admin"] is True
