@@ -79,9 +79,9 @@ def run_cases(cases: dict, runs: int, env: dict, cwd: str | None = None, user: s
 # socket client (json, socket, threading), then what app.quick adds on top of it.
 BREAKDOWN = {
     "imports: json, socket, threading": "import json, socket, threading",
-    "  + datetime, typing (app.output, app.client)": "import json, socket, threading, datetime, typing",
-    "  + tomllib (app.config_file)": "import json, socket, threading, datetime, typing, tomllib",
-    "  = app.quick's modules, no request": "import tomllib, app.quick, app.commands, app.client.socket, app.output",
+    "  + datetime, functools (app.output, app.commands)": "import json, socket, threading, datetime, functools",
+    "  = app.quick's modules, no request": "import app.quick, app.commands, app.client.socket, app.output, app.config_file",
+    "  (tomllib, which the plain config's line scan avoids)": "import json, socket, threading, datetime, tomllib",
 }
 
 
