@@ -25,6 +25,20 @@ class Booking:
         return self.status == "booked" and self.start <= now < self.end
 
 
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of the audit log: who did what to which booking, and whether it was allowed."""
+
+    id: int
+    ts: int
+    uid: int
+    actor: str
+    action: str
+    booking_id: int | None
+    ok: bool
+    details: dict[str, Any]
+
+
 def booking_to_wire(booking: Booking) -> dict[str, Any]:
     return {
         "id": booking.id, "user": booking.user, "uid": booking.uid, "cards": list(booking.cards),

@@ -8,22 +8,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
 from typing import Any
 
+from app.model import Event
+
 GENESIS = "0" * 64
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    id: int
-    ts: int
-    uid: int
-    actor: str
-    action: str
-    booking_id: int | None
-    ok: bool
-    details: dict[str, Any]
 
 
 def record(

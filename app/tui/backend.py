@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Sequence
 
-from app.model import Booking, booking_from_wire
+from app.model import Booking, Event, booking_from_wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,20 +37,6 @@ class Plan:
     cards: tuple[int, ...]
     start: int
     end: int
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One line of the audit log, as the admin screen shows it."""
-
-    id: int
-    ts: int
-    uid: int
-    actor: str
-    action: str
-    booking_id: int | None
-    ok: bool
-    details: dict[str, Any]
 
 
 class Backend:
