@@ -53,17 +53,29 @@ def topology_order(cards: Sequence[int], topology: Topology | None) -> list[int]
     return order
 
 
+def model_argument(path: str) -> str:
+    """The model as the service takes it: an absolute, normal path, checked as text only.
+
+    The service never opens a path a client sent; the member's own process checked the file
+    (check_model) and its supervisor, running as the member, is what opens it."""
+    if not isinstance(path, str) or not path or any(ord(c) < 32 or c == "\x7f" for c in path):
+        raise BadInput("give the model as a path to a .gguf file")
+    if not os.path.isabs(path):
+        raise BadInput(f"give the model's absolute path, not {path[:80]!r}")
+    return os.path.normpath(path)
+
+
 def check_model(path: str) -> str:
-    """The model's absolute path, or BadInput saying what is wrong with it."""
+    """The model's absolute path, or BadInput saying what is wrong with it: run by the member's own process."""
     model = Path(path).expanduser()
-    if not model.exists():
-        raise BadInput(f"no model file {path}")
-    if not model.is_file():
-        raise BadInput(f"{path} is not a file; give a .gguf model file")
     try:
+        if not model.exists():
+            raise BadInput(f"no model file {path}")
+        if not model.is_file():
+            raise BadInput(f"{path} is not a file; give a .gguf model file")
         with open(model, "rb") as f:
             magic = f.read(4)
-    except OSError as error:
+    except OSError as error:  # a directory on the way you may not enter, or a file you may not read
         raise BadInput(f"can't read the model {path}: {error.strerror}") from None
     if magic != b"GGUF":
         raise BadInput(f"{path} is not a GGUF file; llama-server needs a .gguf model")

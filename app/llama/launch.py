@@ -53,6 +53,11 @@ def start(client, booking_id: int, *, socket_path: str | None = None, environ: M
           **options) -> tuple[Server, dict]:
     """serve_start, then launch: the row (state `starting`) of a server whose supervisor now runs, and
     the grant (ready_timeout_s)."""
+    model = options.get("model")
+    if model is None:  # the booking's request may name it
+        model = (client.call("get", id=booking_id).get("request") or {}).get("model")
+    if model:  # checked here, by the member's own process: the service never opens a path a client sent
+        options["model"] = cmd.check_model(model)
     granted = client.call("serve_start", booking=booking_id, **{k: v for k, v in options.items() if v is not None})
     server = server_from_wire(granted["server"])
     try:

@@ -133,7 +133,7 @@ class ServerService:
         model = model or request.get("model")
         if not model:
             raise BadInput("say which model: --model PATH.gguf")
-        model_path = cmd.check_model(model)
+        model_path = cmd.model_argument(model)
         ctx = _positive("--ctx", ctx if ctx is not None else request.get("ctx") or cmd.DEFAULT_CTX)
         parallel = _positive("--parallel", parallel if parallel is not None else request.get("parallel")
                              or cmd.DEFAULT_PARALLEL)

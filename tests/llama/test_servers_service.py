@@ -168,6 +168,24 @@ class TestThroughTheService:
         assert health(server["host"], server["port"], timeout=0.5) is None
         assert [e["ok"] for e in shared.events("server-stop") if e["uid"] == alice] == [True]
 
+    def test_the_service_never_opens_the_model_a_member_names(self, shared):
+        # alice's own copy, in her 0700 home: user board cannot even see it, and need not.
+        mine = shared.homes["alice"] / "private.gguf"
+        shutil.copy2(shared.model, mine)
+        alice = pwd.getpwnam("alice")
+        os.chown(mine, alice.pw_uid, alice.pw_gid)
+        os.chmod(mine, 0o600)
+        booking = shared.json("alice", "book", "--cards", "5", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(mine), "--ctx", "256")
+        assert server["state"] == "ready" and server["model"] == str(mine)
+        assert health(server["host"], server["port"]) == 200
+        # bob names the same file: his own process cannot read it, so nothing reaches the service.
+        booking_bob = shared.json("bob", "book", "--cards", "6", "--for", "1h")["id"]
+        refused = shared.run("bob", "serve", "start", str(booking_bob), "--model", str(mine))
+        assert refused.returncode == 2 and "can't read the model" in refused.stderr, refused.stderr
+        assert [e for e in shared.events("server-start") if e["uid"] == pwd.getpwnam("bob").pw_uid] == []
+        shared.json("alice", "serve", "stop", str(server["id"]))
+
     def test_at_booking_end_the_service_stops_it(self, shared):
         booking = shared.json("alice", "book", "--cards", "4", "--for", "1h")["id"]
         server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "256")

@@ -188,3 +188,13 @@ def test_exit_info_and_group_members():
         sleeper.kill()
         sleeper.wait()
     assert identity.group_members(sleeper.pid) == []
+
+
+def test_the_service_takes_the_model_as_text_only():
+    from app.llama.command import model_argument
+
+    assert model_argument("/models/../models/tiny.gguf") == "/models/tiny.gguf"
+    for bad, message in (("tiny.gguf", "absolute path"), ("/models/x\x1b[2J.gguf", "path to a .gguf"),
+                         ("", "path to a .gguf")):
+        with pytest.raises(BadInput, match=message):
+            model_argument(bad)
