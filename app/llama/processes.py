@@ -13,11 +13,6 @@ from app.llama.identity import ProcessIdentity, check
 CONTEXT_MIB = 256  # CUDA context and compute buffers, roughly
 
 
-def server_processes(conn: sqlite3.Connection) -> dict[int, tuple[GpuProcess, ...]]:
-    """{card index: processes} for live servers whose llama-server still runs (identity checked)."""
-    return processes_of(rows.live(conn))
-
-
 def processes_of(servers) -> dict[int, tuple[GpuProcess, ...]]:
     """{card index: processes} for these servers, those whose llama-server still runs (identity checked)."""
     found: dict[int, tuple[GpuProcess, ...]] = {}
