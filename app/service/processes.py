@@ -127,32 +127,39 @@ class Registry:
             return list(self.entries.values())
 
     def signal(self, entry: Registration, sig: int) -> list[int]:
-        """Signal the registered process through its pidfd, and its group's members that the holder owns."""
-        sent = []
+        """Signal the registered process through its pidfd, then the rest of the job: the holder's processes
+        that descend from it and, when it leads its own process group (as a shell gives a job), that group.
+
+        A job started in the background of a script shares the script's group without leading it; then
+        only its descendants count, so the script itself is never stopped. Nothing in the service's own
+        group is signalled but a registered process, which its pidfd pins."""
         own_group = os.getpgrp()
+        leads = entry.pgid == entry.pid and entry.pgid > 1 and entry.pgid != own_group
+        # Found first: once the job has died, its children belong to init and no longer look like its own.
+        members = sorted(_job_members(entry.pid, entry.pgid if leads else None) - {entry.pid})
+        sent = []
         # Still the holder's: a job that exec'd something setuid since is no longer theirs to stop.
-        if entry.pid > 1 and entry.pgid != own_group and not exited(entry.pidfd) and proc_uid(entry.pid) == entry.uid:
+        if entry.pid > 1 and not exited(entry.pidfd) and proc_uid(entry.pid) == entry.uid:
             try:
                 signal.pidfd_send_signal(entry.pidfd, sig)
                 sent.append(entry.pid)
             except ProcessLookupError:
                 pass
-        if entry.pgid > 1 and entry.pgid != own_group:
-            for pid in _group_members(entry.pgid):
-                if pid == entry.pid or pid <= 1:
-                    continue
-                try:
-                    fd = os.pidfd_open(pid)
-                except OSError:
-                    continue
-                try:
-                    if proc_uid(pid) == entry.uid and proc_pgid(pid) == entry.pgid and not exited(fd):
-                        signal.pidfd_send_signal(fd, sig)
-                        sent.append(pid)
-                except ProcessLookupError:
-                    pass
-                finally:
-                    os.close(fd)
+        for pid in members:
+            if pid <= 1:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:  # checked through the pidfd's process: a pid reused meanwhile is not the job's
+                if proc_uid(pid) == entry.uid and proc_pgid(pid) != own_group and not exited(fd):
+                    signal.pidfd_send_signal(fd, sig)
+                    sent.append(pid)
+            except ProcessLookupError:
+                pass
+            finally:
+                os.close(fd)
         return sent
 
     def close(self) -> None:
@@ -162,9 +169,27 @@ class Registry:
             self.entries.clear()
 
 
-def _group_members(pgid: int) -> list[int]:
-    members = []
+def _job_members(root: int, pgid: int | None) -> set[int]:
+    """The processes that descend from `root`, and those in process group `pgid` when given."""
+    parents: dict[int, list[int]] = {}
+    members: set[int] = set()
     for name in os.listdir("/proc"):
-        if name.isdigit() and proc_pgid(int(name)) == pgid:
-            members.append(int(name))
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        pid, ppid, group = int(name), int(fields[1]), int(fields[2])
+        parents.setdefault(ppid, []).append(pid)
+        if pgid is not None and group == pgid:
+            members.add(pid)
+    todo, seen = [root], {root}
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            if child not in seen:  # /proc is read while processes come and go: never loop
+                seen.add(child)
+                members.add(child)
+                todo.append(child)
     return members
