@@ -40,6 +40,10 @@ def test_kill_9_mid_booking_leaves_no_partial_booking_and_no_overlap(tmp_path):
         for slot in range(WRITERS):
             state[slot] = -1  # not yet connected
         pids = [spawn(db_path, iteration * WRITERS + slot, state, slot) for slot in range(WRITERS)]
+        # Kill writers that are writing: opening the file first takes a machine-dependent while.
+        deadline = time.monotonic() + 10
+        while any(state[slot] == -1 for slot in range(WRITERS)) and time.monotonic() < deadline:
+            time.sleep(0.001)
         time.sleep(rng.uniform(0.01, 0.04))
         for slot, pid in enumerate(pids):
             seen[state[slot]] = seen.get(state[slot], 0) + 1
