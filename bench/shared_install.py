@@ -23,29 +23,25 @@ import grp
 import os
 import pwd
 import shutil
-import signal
-import socket
 import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests import agent_process  # noqa: E402 - the agent as the unit runs it, as the tests start it
+
 BIN = Path(sys.executable).parent
 BOARD = BIN / "board"  # the installed entry point, as a member runs it
-SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
-SERVICE_USER = "board"
+SETPRIV, SERVICE_USER = agent_process.SETPRIV, agent_process.SERVICE_USER
 # The members' group. install_shared.sh defaults it to "board" (the service user's own group); the real-user
 # tests use "boardusers" with the user board in it, and these benchmarks do the same (--group changes it).
 MEMBERS_GROUP = "boardusers"
 MEMBERS = {"alice": 1001, "bob": 1002}
-AGENT_PRIVILEGES = ["--reuid", SERVICE_USER, "--regid", SERVICE_USER, "--init-groups",
-                    "--inh-caps", "+kill", "--ambient-caps", "+kill"]
 
 
 def require_root(what: str) -> None:
@@ -198,39 +194,14 @@ class SharedInstall:
     # -- the agent ------------------------------------------------------------------------------
 
     def start_agent(self) -> None:
-        command = ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", SETPRIV, *AGENT_PRIVILEGES, "--", str(BOARD), "agent"]
-        environ = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "PYTHONUNBUFFERED": "1",
-                   "BOARD_CONFIG": str(self.config), "BOARD_SIMULATE": "1", **self.agent_env}
-        with open(self.agent_log, "ab") as log:
-            self.agent = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          env=environ, cwd=REPO, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.agent.poll() is not None:
-                raise SystemExit(f"the agent exited {self.agent.returncode}:\n{self.agent_log.read_text()}")
-            if self.answers():
-                return
-            time.sleep(0.05)
-        raise SystemExit(f"the agent did not answer on {self.socket} within 30 s:\n{self.agent_log.read_text()}")
-
-    def answers(self) -> bool:
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.agent = agent_process.start([str(BOARD)], self.config, self.agent_log, self.agent_env)
         try:
-            probe.connect(str(self.socket))
-            return True
-        except OSError:
-            return False
-        finally:
-            probe.close()
+            agent_process.wait_serving(self.agent, self.socket, self.agent_log)
+        except AssertionError as error:
+            raise SystemExit(str(error)) from None
 
     def stop_agent(self) -> None:
-        if self.agent is not None and self.agent.poll() is None:
-            self.agent.send_signal(signal.SIGTERM)
-            try:
-                self.agent.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.agent.kill()
-                self.agent.wait()
+        agent_process.stop(self.agent)
 
     @property
     def agent_pid(self) -> int:

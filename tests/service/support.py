@@ -12,15 +12,16 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests import agent_process
+
 REPO = Path(__file__).resolve().parents[2]
 BOARD = Path(sys.prefix) / "bin" / "board"  # the venv's console script, as the unit's ExecStart names it
-SERVICE_USER = "board"
+SERVICE_USER = agent_process.SERVICE_USER
 TOOLS = ("setpriv", "useradd", "groupadd")
 
 
@@ -155,74 +156,35 @@ class Agent:
         self.config.write_text("\n".join(lines) + "\n")
         os.chmod(self.config, 0o644)
 
-    def environ(self) -> dict:
-        return {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "TZ": "UTC",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "BOARD_CONFIG": str(self.config),
-            "BOARD_SIMULATE": "1",
-        }
-
     def start(self, timeout: float = 30.0) -> None:
         """Start it and wait until it answers on its socket."""
         self.spawn()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"board agent exited {self.proc.returncode} at start:\n{self.log_text()}")
-            if self.answers():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"board agent did not serve {self.socket} within {timeout:g} s:\n{self.log_text()}")
+        agent_process.wait_serving(self.proc, self.socket, self.log, timeout)
 
     def spawn(self) -> None:
-        """`board agent` as the unit runs it: user board, CAP_KILL only, BOARD_CONFIG and BOARD_SIMULATE=1."""
+        """`board agent` as the unit runs it (tests/agent_process.py), without waiting."""
         assert self.proc is None or self.proc.poll() is not None, "the agent is already running"
-        entry = pwd.getpwnam(SERVICE_USER)
         self.starts += 1
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups",
-                 "--inh-caps", "+kill", "--ambient-caps", "+kill", "--", str(BOARD), "agent"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.environ(), cwd="/",
-            )
+        self.proc = agent_process.start([str(BOARD)], self.config, self.log)
 
     def answers(self) -> bool:
-        if not self.socket.exists():
-            return False
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(2)
-        try:
-            probe.connect(str(self.socket))
-            return True
-        except OSError:
-            return False
-        finally:
-            probe.close()
+        return agent_process.answers(self.socket)
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, as systemctl stop does; returns the exit status (SIGKILL and a failure if it does not end)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            raise AssertionError(f"board agent ignored SIGTERM for {timeout:g} s:\n{self.log_text()}") from None
+        if self.proc is None:
+            return 0
+        rc = agent_process.stop(self.proc, timeout)
+        if rc is None:
+            raise AssertionError(f"board agent ignored SIGTERM for {timeout:g} s:\n{self.log_text()}")
+        return rc
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
 
     def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except OSError:
-            return "(no log)"
+        return agent_process.tail(self.log)
 
     def client(self, timeout: float = 30.0):
         from app.client.socket import SocketClient

@@ -22,8 +22,6 @@ import json
 import os
 import pwd
 import shutil
-import signal
-import socket
 import sqlite3
 import stat
 import subprocess
@@ -35,10 +33,13 @@ from pathlib import Path
 
 import pytest
 
+from tests import agent_process
+from tests.agent_process import SETPRIV
+
 REPO = Path(__file__).resolve().parents[2]
 MEMBERS_GROUP = "boardusers"
 ADMIN_GROUP = "boardadmins"
-SERVICE_USER = "board"  # the unit's User= and Group=
+SERVICE_USER = agent_process.SERVICE_USER  # the unit's User= and Group=
 # name -> supplementary groups. The UIDs of alice, bob and carol match the simulated demo team's when free.
 USERS = {
     "alice": (1001, [MEMBERS_GROUP]),
@@ -47,10 +48,6 @@ USERS = {
     "mallory": (1066, []),
 }
 TOOLS = ("useradd", "groupadd", "usermod", "gpasswd", "setpriv", "runuser")
-SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
-# What the unit gives the service: its user and group, CAP_KILL and nothing else (see app/systemd/board-agent.service).
-AGENT_PRIVILEGES = ["--reuid", SERVICE_USER, "--regid", SERVICE_USER, "--init-groups",
-                    "--inh-caps", "+kill", "--ambient-caps", "+kill"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -228,42 +225,16 @@ class Board:
     # -- the agent, as the unit runs it ---------------------------------------------------------------
 
     def start_agent(self, env: dict | None = None) -> subprocess.Popen:
-        program = self.program or [sys.executable, "-m", "app"]
-        command = ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", SETPRIV, *AGENT_PRIVILEGES, "--", *program, "agent"]
-        environ = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "PYTHONUNBUFFERED": "1",
-                   "PYTHONDONTWRITEBYTECODE": "1", "BOARD_CONFIG": str(self.config), "BOARD_SIMULATE": "1",
-                   **(env or {})}
-        with open(self.agent_log, "ab") as log:
-            # A session of its own, as under systemd: never the process group of the tests or of a job.
-            self.agent = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          env=environ, cwd=REPO, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.agent.poll() is not None:
-                raise AssertionError(f"the agent exited {self.agent.returncode}:\n{self.agent_log.read_text()}")
-            if self.answers():
-                return self.agent
-            time.sleep(0.05)
-        raise AssertionError(f"the agent did not answer on {self.socket} within 30 s:\n{self.agent_log.read_text()}")
+        self.agent = agent_process.start(self.program or [sys.executable, "-m", "app"], self.config,
+                                         self.agent_log, env)
+        agent_process.wait_serving(self.agent, self.socket, self.agent_log)
+        return self.agent
 
     def answers(self) -> bool:
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(self.socket))
-            return True
-        except OSError:
-            return False
-        finally:
-            probe.close()
+        return agent_process.answers(self.socket)
 
     def stop_agent(self) -> None:
-        if self.agent is not None and self.agent.poll() is None:
-            self.agent.send_signal(signal.SIGTERM)
-            try:
-                self.agent.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.agent.kill()
-                self.agent.wait()
+        agent_process.stop(self.agent)
 
     def agent_alive(self) -> bool:
         return self.agent is not None and self.agent.poll() is None and self.answers()

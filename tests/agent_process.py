@@ -1,0 +1,79 @@
+"""`board agent` as the systemd unit runs it, without systemd: the one way tests and benchmarks start it.
+
+    umask 077; setpriv --reuid board --regid board --init-groups --inh-caps +kill --ambient-caps +kill board agent
+
+in a session of its own (as under systemd: never the process group of the tests or of a job),
+with the config named by BOARD_CONFIG and the simulated fleet (BOARD_SIMULATE=1). Plain Python,
+no pytest: bench/ uses it too.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
+SERVICE_USER = "board"
+PRIVILEGES = ["--reuid", SERVICE_USER, "--regid", SERVICE_USER, "--init-groups",
+              "--inh-caps", "+kill", "--ambient-caps", "+kill"]
+ENVIRON = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "PYTHONUNBUFFERED": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "BOARD_SIMULATE": "1"}
+
+
+def start(program: list[str], config: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """Spawn the agent (`program` is how to run board: the installed entry point or `python -m app`)."""
+    command = ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", SETPRIV, *PRIVILEGES, "--", *program, "agent"]
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env={**ENVIRON, "BOARD_CONFIG": str(config), **(env or {})}, cwd=REPO,
+                                start_new_session=True)
+
+
+def answers(path: Path) -> bool:
+    """Something accepts connections on the socket."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def wait_serving(process: subprocess.Popen, path: Path, log: Path, timeout: float = 30.0) -> None:
+    """Until the agent answers on `path`; AssertionError, with its log, when it exits or stays silent."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"board agent exited {process.returncode} at start:\n{tail(log)}")
+        if answers(path):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"board agent did not serve {path} within {timeout:g} s:\n{tail(log)}")
+
+
+def stop(process: subprocess.Popen | None, timeout: float = 15.0) -> int | None:
+    """SIGTERM, as systemctl stop does: its exit status, or None when it had to be killed."""
+    if process is None or process.poll() is not None:
+        return None if process is None else process.returncode
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+        return None
+
+
+def tail(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")[-4000:]
+    except OSError:
+        return "(no log)"
