@@ -107,28 +107,6 @@ def run_command(handler, ctx: Context) -> int:
 # -- arguments -----------------------------------------------------------------------------------
 
 
-def parse_span(ctx: Context, start_text: str, for_text: str | None, until_text: str | None) -> tuple[int, int]:
-    """--start (a time or a range) with --for or --until, as UTC epoch seconds."""
-    from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
-
-    now = ctx.now()
-    try:
-        start, range_end = parse_when_or_range(start_text, now)
-        if for_text is not None:
-            end = start + parse_duration(for_text)
-        elif until_text is not None:
-            end = parse_when(until_text, start)
-        elif range_end is not None:
-            end = range_end
-        else:
-            raise BadInput("say how long: --for 3h, --until 18:00, or a range such as --start 'tomorrow 9-19'")
-    except TimeInputError as error:
-        raise BadInput(str(error)) from None
-    except OverflowError:
-        raise BadInput("that time is out of range") from None
-    return int(start.timestamp()), int(end.timestamp())
-
-
 def parse_cards(text: str) -> list[int]:
     from app.core.parse import parse_cards as parse  # one grammar for the CLI and the TUI: 0,1 and 4-7
 
@@ -153,7 +131,10 @@ def cmd_book(ctx: Context) -> int:
         raise BadInput("say which cards: a count (board book 2) or --cards 0,1")
     if args.count is not None and args.cards is not None:
         raise BadInput("give a count or --cards, not both")
-    start, end = parse_span(ctx, args.start, args.duration, args.until)
+    from app.core.parse import parse_span
+
+    start, end = parse_span(args.start, args.duration, args.until, ctx.now(),
+                            how_long="say how long: --for 3h, --until 18:00, or a range such as --start 'tomorrow 9-19'")
     booking = ctx.client.call(
         "book",
         cards=parse_cards(args.cards) if args.cards is not None else None,

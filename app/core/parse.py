@@ -1,5 +1,5 @@
-"""The one parser for each small grammar people type: card lists and ids. The CLI, the TUI and the
-service all read them here, so `4-7` means the same thing everywhere.
+"""The one parser for each small grammar people type: card lists, ids and time spans. The CLI, the TUI
+and the service all read them here, so `4-7` or `tomorrow 9-19` means the same thing everywhere.
 
 Only ASCII digits count: Python's int() also reads Arabic-Indic, Devanagari and fullwidth digits,
 signs, underscores and surrounding whitespace, none of which a card or booking number is written with.
@@ -8,6 +8,7 @@ signs, underscores and surrounding whitespace, none of which a card or booking n
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
 from app.core.text import inert
 from app.errors import BadInput
@@ -70,3 +71,26 @@ def _python_reads_a_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def parse_span(start: str, length: str | None, until: str | None, now: datetime, *, how_long: str) -> tuple[int, int]:
+    """A start (a time, or a range such as 'tomorrow 9-19') with a duration or an end, as UTC epoch seconds.
+
+    `how_long` is the line to show when neither a duration, an end nor a range says how long."""
+    from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
+
+    try:
+        begin, range_end = parse_when_or_range(start, now)
+        if length is not None:
+            end = begin + parse_duration(length)
+        elif until is not None:
+            end = parse_when(until, begin)
+        elif range_end is not None:
+            end = range_end
+        else:
+            raise BadInput(how_long)
+    except TimeInputError as error:
+        raise BadInput(str(error)) from None
+    except OverflowError:
+        raise BadInput("that time is out of range") from None
+    return int(begin.timestamp()), int(end.timestamp())

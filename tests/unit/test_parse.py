@@ -123,3 +123,19 @@ def test_ids_name_what_they_are(what, message):
     assert str(refused.value) == message
     with pytest.raises(BadInput, match=f"give a {what} number such as 12"):
         parse_id("x", what)
+
+
+def test_one_span_grammar_for_the_cli_and_the_form():
+    from datetime import datetime, timezone
+
+    from app.core.parse import parse_span
+
+    now = datetime(2026, 12, 1, 10, 30, tzinfo=timezone.utc)
+    at = lambda h, m=0, day=1: int(datetime(2026, 12, day, h, m, tzinfo=timezone.utc).timestamp())  # noqa: E731
+    assert parse_span("now", "2h", None, now, how_long="x") == (at(10, 30), at(12, 30))
+    assert parse_span("14:00", None, "18:30", now, how_long="x") == (at(14), at(18, 30))
+    assert parse_span("tomorrow 9-19", None, None, now, how_long="x") == (at(9, day=2), at(19, day=2))
+    with pytest.raises(BadInput, match="^say how long here$"):
+        parse_span("14:00", None, None, now, how_long="say how long here")
+    with pytest.raises(BadInput):
+        parse_span("yesterday-ish", "1h", None, now, how_long="x")

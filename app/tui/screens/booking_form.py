@@ -23,9 +23,8 @@ from app.config import CLASSES
 from app.core.slots import GROUP_SIZES
 from app.model import Booking
 from app.errors import BadInput, BoardError
-from app.core.parse import parse_cards
+from app.core.parse import parse_cards, parse_span
 from app.core.text import format_cards, inert
-from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
 from app.tui.backend import Backend, BookingRequest
 from app.tui.render import duration, full_time, short_time
 
@@ -61,22 +60,10 @@ def parse_form(
         raise BadInput("give cards or a count, not both")
     if length.strip() and until.strip():
         raise BadInput("give a duration or an end, not both")
-    moment = datetime.fromtimestamp(now).astimezone()
-    try:
-        begin, range_end = parse_when_or_range(start.strip() or "now", moment)
-        if length.strip():
-            end = begin + parse_duration(length)
-        elif until.strip():
-            end = parse_when(until, begin)
-        elif range_end is not None:
-            end = range_end
-        else:
-            raise BadInput("say how long: a duration such as 3h, or an end such as 18:00")
-    except TimeInputError as error:
-        raise BadInput(str(error)) from None
-    except OverflowError:
-        raise BadInput("that time is out of range") from None
-    return BookingRequest(chosen, number, int(begin.timestamp()), int(end.timestamp()), klass, note)
+    begin, end = parse_span(start.strip() or "now", length if length.strip() else None,
+                            until if until.strip() else None, datetime.fromtimestamp(now).astimezone(),
+                            how_long="say how long: a duration such as 3h, or an end such as 18:00")
+    return BookingRequest(chosen, number, begin, end, klass, note)
 
 
 class BookingModal(ModalScreen[Booking | None]):
