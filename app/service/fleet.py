@@ -31,6 +31,11 @@ class Fleet:
                 self.reads += 1
             return self._latest
 
+    def invalidate(self) -> None:
+        """The next `latest()` reads again (the simulated fleet just gained a server's process)."""
+        with self._lock:
+            self._read_at = float("-inf")
+
     def cached(self) -> FleetSnapshot | None:
         return self._latest
 

@@ -151,7 +151,7 @@ def _fleet_with_servers(service):
         from app.llama.processes import feed_simulated
 
         if feed_simulated(service.fleet.source, service.conn):
-            service.fleet._read_at = float("-inf")
+            service.fleet.invalidate()
     return service.fleet.latest()
 
 
@@ -251,7 +251,7 @@ def reassign(service, me: Identity, id: int, cards=None, user=None, force=False)
         raise BadInput("give the new cards or the new user")
     from app.store import bookings as rows
 
-    before = rows.get(service.conn, id)  # None for a bad id: reassign refuses it, and audits that
+    before = rows.get(service.conn, id)  # None for a bad id: reassign refuses it
     moved = service.bookings(me).reassign(id, cards=_cards(cards), user=user, force=force)
     what = f"booking {id} was moved by {me.name}: cards {','.join(map(str, moved.cards))}, holder {moved.user}" + (
         f" (from now on booking {moved.id})" if moved.id != id else "")
