@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from app.core.identity import Identity, lookup_user
-from app.errors import BadInput, NotPermitted
+from app.errors import BadInput
 from app.model import Booking, booking_to_wire
 
 INT, STR, BOOL, LIST, DICT = int, str, bool, list, dict
@@ -287,30 +287,9 @@ def log(service, me: Identity, limit=50, booking=None) -> list:
 @op("run", {}, {"booking": INT})
 def run(service, me: Identity, booking=None) -> dict:
     """The booking a `board run` job may run under now: the caller's own, active one. Refusals are audited."""
+    from app.service.enforce import run_booking
+
     return wire(run_booking(service, me, booking))
-
-
-def run_booking(service, me: Identity, booking_id: int | None) -> Booking:
-    from app.store import bookings as rows
-
-    now = service.clock()
-    try:
-        if booking_id is not None:
-            booking = service.bookings(me).get(booking_id)
-            if booking.uid != me.uid:
-                raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; run on your own booking")
-            if not booking.active(now):
-                raise NotPermitted(f"booking {booking.id} is not active now")
-            return booking
-        mine = [b for b in rows.live_between(service.conn, int(now), int(now) + 1, user=me.name) if b.uid == me.uid]
-        if not mine:
-            raise NotPermitted("you have no active booking; book cards first: board book 1 --for 2h")
-        if len(mine) > 1:
-            raise BadInput(f"you hold {len(mine)} active bookings; pick one with --booking ID")
-        return mine[0]
-    except NotPermitted as refused:
-        audit(service, me, "run", booking_id, ok=False, details={"refused": str(refused)})
-        raise
 
 
 def audit(service, me: Identity, action: str, booking_id: int | None, *, ok: bool, details: dict) -> None:

@@ -28,7 +28,6 @@ from app.service.processes import RegistrationError
 SEND_TIMEOUT_S = 10.0
 REFUSE_WAIT_S = 2.0
 MAX_CONNECTIONS = 1024
-WARN_BEFORE_END_S = 600
 
 
 def log(message: str) -> None:
@@ -249,7 +248,8 @@ class ServiceServer:
     # -- registered processes ------------------------------------------------------------------
 
     def _register(self, conn: socket.socket, reader, peer: Peer, request_id: Any, args: dict) -> None:
-        from app.service.ops import audit, run_booking
+        from app.service.enforce import run_booking
+        from app.service.ops import audit
         from app.store import events, jobs
         from app.store.db import write
 
@@ -328,62 +328,9 @@ class ServiceServer:
                 self.log(f"enforcement pass failed: {type(error).__name__}: {error}")
 
     def enforce_once(self) -> dict[str, list[int]]:
-        """Jobs whose booking has ended: SIGTERM, then SIGKILL after [enforce] grace_s (or only a warning);
-        llama-servers: app.service.servers.enforce_servers (their rows, booking end, SIGKILL after 10 s)."""
-        from app.core.identity import Identity
-        from app.service.ops import audit
-        from app.store import bookings as rows
+        from app.service.enforce import enforce_once
 
-        done: dict[str, list[int]] = {"ended": [], "terminated": [], "killed": [], "warned": []}
-        from app.store import jobs
-        from app.store.db import write
-
-        for entry in self.registry.sweep():
-            done["ended"].append(entry.id)
-            if entry.kind == "job":
-                with write(self.service.conn):
-                    jobs.forget(self.service.conn, entry.pid, entry.started_ticks)
-        settings = self.service.config.enforce
-        agent = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
-        now = self.service.clock()
-        from app.service.servers import enforce_servers
-
-        done.update(enforce_servers(self))
-        for entry in self.registry.live():
-            if entry.kind == "server":
-                continue
-            booking = rows.get(self.service.conn, entry.booking_id)
-            # Over: the booking ended, was cancelled or split away, moved to other cards, or changed hands.
-            over = (booking is None or not booking.active(now) or booking.uid != entry.uid
-                    or tuple(sorted(booking.card_uuids)) != tuple(sorted(entry.cards)))
-            if not over:
-                if booking.end - now <= WARN_BEFORE_END_S and not entry.warned:
-                    entry.warned = True
-                    self.service.hub.publish("notice", {"message": f"booking {booking.id} ends in"
-                                                        f" {max(1, int(booking.end - now + 59) // 60)} min; your job"
-                                                        f" (pid {entry.pid}) will be stopped then"}, uid=entry.uid)
-                continue
-            if settings.run_jobs == "warn":
-                if not entry.warned or entry.term_sent_at is None:
-                    entry.term_sent_at = now
-                    audit(self.service, agent, "job-warn", entry.booking_id, ok=True, details={"pid": entry.pid})
-                    done["warned"].append(entry.id)
-                continue
-            if entry.term_sent_at is None:
-                entry.term_sent_at = now
-                sent = self.registry.signal(entry, signal.SIGTERM)
-                audit(self.service, agent, "job-stop", entry.booking_id, ok=True,
-                      details={"pid": entry.pid, "signal": "SIGTERM", "pids": sent, "grace_s": settings.grace_s})
-                self.log(f"job {entry.pid} (uid {entry.uid}): booking {entry.booking_id} ended; SIGTERM")
-                done["terminated"].append(entry.id)
-            elif now - entry.term_sent_at >= settings.grace_s:
-                sent = self.registry.signal(entry, signal.SIGKILL)
-                if sent:
-                    audit(self.service, agent, "job-stop", entry.booking_id, ok=True,
-                          details={"pid": entry.pid, "signal": "SIGKILL", "pids": sent})
-                    self.log(f"job {entry.pid} (uid {entry.uid}): still running after {settings.grace_s:g} s; SIGKILL")
-                    done["killed"].append(entry.id)
-        return done
+        return enforce_once(self)
 
 
 def _peer_closed(conn: socket.socket) -> bool:

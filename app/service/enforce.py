@@ -1,0 +1,103 @@
+"""`board run` jobs under the service: who may run on a booking, and what happens when the booking is over.
+
+A job may run only on its caller's own booking, active now (`run_booking`; refusals are audited). Once
+its booking is over (ended, cancelled, split away, moved to other cards or given to someone else), an
+enforcement pass (`enforce_once`) sends SIGTERM, then SIGKILL after [enforce] grace_s, or with
+run_jobs = "warn" only audits it. Ten minutes before the end the holder gets one notice.
+llama-servers have their own pass, app.service.servers.enforce_servers, run from the same one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from app.core.identity import Identity
+from app.errors import BadInput, NotPermitted
+from app.model import Booking
+
+WARN_BEFORE_END_S = 600
+
+
+def run_booking(service, me: Identity, booking_id: int | None) -> Booking:
+    """The booking a `board run` job of `me` may run under now: the one named, or the only active one."""
+    from app.service.ops import audit
+    from app.store import bookings as rows
+
+    now = service.clock()
+    try:
+        if booking_id is not None:
+            booking = service.bookings(me).get(booking_id)
+            if booking.uid != me.uid:
+                raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; run on your own booking")
+            if not booking.active(now):
+                raise NotPermitted(f"booking {booking.id} is not active now")
+            return booking
+        mine = [b for b in rows.live_between(service.conn, int(now), int(now) + 1, user=me.name) if b.uid == me.uid]
+        if not mine:
+            raise NotPermitted("you have no active booking; book cards first: board book 1 --for 2h")
+        if len(mine) > 1:
+            raise BadInput(f"you hold {len(mine)} active bookings; pick one with --booking ID")
+        return mine[0]
+    except NotPermitted as refused:
+        audit(service, me, "run", booking_id, ok=False, details={"refused": str(refused)})
+        raise
+
+
+def is_over(booking: Booking | None, entry, now: float) -> bool:
+    """A job's booking is over: ended, cancelled or split away, moved to other cards, or changed hands."""
+    return (booking is None or not booking.active(now) or booking.uid != entry.uid
+            or tuple(sorted(booking.card_uuids)) != tuple(sorted(entry.cards)))
+
+
+def enforce_once(server) -> dict[str, list[int]]:
+    """One pass for `server` (a ServiceServer: its service, registry and log); returns what it did, by entry id."""
+    from app.service.ops import audit
+    from app.service.servers import enforce_servers
+    from app.store import bookings as rows
+    from app.store import jobs
+    from app.store.db import write
+
+    service, registry = server.service, server.registry
+    done: dict[str, list[int]] = {"ended": [], "terminated": [], "killed": [], "warned": []}
+    for entry in registry.sweep():
+        done["ended"].append(entry.id)
+        if entry.kind == "job":
+            with write(service.conn):
+                jobs.forget(service.conn, entry.pid, entry.started_ticks)
+    settings = service.config.enforce
+    agent = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
+    now = service.clock()
+    done.update(enforce_servers(server))
+    for entry in registry.live():
+        if entry.kind == "server":
+            continue
+        booking = rows.get(service.conn, entry.booking_id)
+        if not is_over(booking, entry, now):
+            if booking.end - now <= WARN_BEFORE_END_S and not entry.warned:
+                entry.warned = True
+                minutes = max(1, int(booking.end - now + 59) // 60)
+                service.hub.publish("notice", {"message": f"booking {booking.id} ends in {minutes} min; your job"
+                                                          f" (pid {entry.pid}) will be stopped then"}, uid=entry.uid)
+            continue
+        if settings.run_jobs == "warn":
+            if entry.term_sent_at is None:
+                entry.term_sent_at = now
+                audit(service, agent, "job-warn", entry.booking_id, ok=True, details={"pid": entry.pid})
+                done["warned"].append(entry.id)
+            continue
+        if entry.term_sent_at is None:
+            entry.term_sent_at = now
+            sent = registry.signal(entry, signal.SIGTERM)
+            audit(service, agent, "job-stop", entry.booking_id, ok=True,
+                  details={"pid": entry.pid, "signal": "SIGTERM", "pids": sent, "grace_s": settings.grace_s})
+            server.log(f"job {entry.pid} (uid {entry.uid}): booking {entry.booking_id} ended; SIGTERM")
+            done["terminated"].append(entry.id)
+        elif now - entry.term_sent_at >= settings.grace_s:
+            sent = registry.signal(entry, signal.SIGKILL)
+            if sent:
+                audit(service, agent, "job-stop", entry.booking_id, ok=True,
+                      details={"pid": entry.pid, "signal": "SIGKILL", "pids": sent})
+                server.log(f"job {entry.pid} (uid {entry.uid}): still running after {settings.grace_s:g} s; SIGKILL")
+                done["killed"].append(entry.id)
+    return done

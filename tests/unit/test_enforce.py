@@ -1,0 +1,307 @@
+"""`board run` jobs under the service, in process: who may run on a booking (run_booking), and one
+enforcement pass (enforce_once) over real child processes registered by pidfd, on a clock the test moves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from app.config import Config, EnforceSettings
+from app.core.identity import Identity
+from app.errors import BadInput, NotPermitted
+from app.gpu import open_source
+from app.service import Service
+from app.service.enforce import WARN_BEFORE_END_S, enforce_once, is_over, run_booking
+from app.service.fleet import Fleet
+from app.store import events, jobs
+from app.store.db import write
+from tests.conftest import FROZEN_NOW
+
+ALICE = Identity("alice", os.getuid(), False)
+BOB = Identity("bob", os.getuid() + 1, False)
+ADMIN = Identity("root", 0, True)
+# Ignores SIGTERM, so that only the SIGKILL after the grace ends it; says when the handler is in place.
+STUBBORN = [sys.executable, "-c",
+            "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True);"
+            " time.sleep(60)"]
+GRACE_S = 30
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock(FROZEN_NOW)
+
+
+def make_service(tmp_path, clock, run_jobs: str = "stop") -> Service:
+    config = replace(Config(), db_path=tmp_path / "board.db", enforce=EnforceSettings(grace_s=GRACE_S, run_jobs=run_jobs))
+    return Service(config, Fleet(open_source(True, clock=clock), 1.0), clock=clock)
+
+
+@pytest.fixture
+def service(tmp_path, clock):
+    service = make_service(tmp_path, clock)
+    yield service
+    service.processes.close()
+    service.close()
+
+
+@pytest.fixture
+def stubborn():
+    process = subprocess.Popen(STUBBORN, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    yield process
+    process.kill()
+    process.wait()
+
+
+def book(service: Service, me: Identity = ALICE, *, cards=(0,), start: int = FROZEN_NOW, hours: float = 1):
+    return service.bookings(me).create(cards=list(cards), start=start, end=start + int(hours * 3600))
+
+
+def register(service: Service, booking, process: subprocess.Popen):
+    entry = service.processes.add("job", booking.id, os.getuid(), process.pid, booking.card_uuids)
+    with write(service.conn):
+        jobs.remember(service.conn, pid=entry.pid, started_ticks=entry.started_ticks, booking_id=booking.id,
+                      uid=entry.uid, pgid=entry.pgid, cards=entry.cards, now=FROZEN_NOW)
+    return entry
+
+
+def server_of(service: Service) -> SimpleNamespace:
+    """What enforce_once needs of a ServiceServer: the service, its registry and a log."""
+    return SimpleNamespace(service=service, registry=service.processes, log=[].append)
+
+
+def audited(service: Service, action: str) -> list:
+    return [e for e in events.recent(service.conn, limit=100) if e.action == action]
+
+
+def ended(process: subprocess.Popen) -> bool:
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+# -- who may run ---------------------------------------------------------------------------------
+
+
+def test_the_only_active_booking_is_the_one_run_takes(service):
+    booking = book(service)
+    book(service, start=FROZEN_NOW + 7200)  # later: not active, not a second choice
+    assert run_booking(service, ALICE, None).id == booking.id
+    assert run_booking(service, ALICE, booking.id).id == booking.id
+
+
+def test_run_on_someone_else_s_booking_is_refused_and_audited(service):
+    booking = book(service, BOB)
+    with pytest.raises(NotPermitted, match=f"booking {booking.id} belongs to bob; run on your own booking"):
+        run_booking(service, ALICE, booking.id)
+    refusals = audited(service, "run")
+    assert [(e.actor, e.ok, e.booking_id) for e in refusals] == [("alice", False, booking.id)]
+    assert "belongs to bob" in refusals[0].details["refused"]
+
+
+def test_an_admin_cannot_run_on_someone_else_s_booking_either(service):
+    booking = book(service, BOB)
+    with pytest.raises(NotPermitted, match="belongs to bob"):
+        run_booking(service, ADMIN, booking.id)
+
+
+def test_run_on_a_booking_that_has_not_started_is_refused(service, clock):
+    booking = book(service, start=FROZEN_NOW + 3600)
+    with pytest.raises(NotPermitted, match=f"booking {booking.id} is not active now"):
+        run_booking(service, ALICE, booking.id)
+    clock.now = booking.start  # from its first second it is
+    assert run_booking(service, ALICE, booking.id).id == booking.id
+    clock.now = booking.end  # and at its end it is not
+    with pytest.raises(NotPermitted, match="not active now"):
+        run_booking(service, ALICE, booking.id)
+
+
+def test_run_without_an_active_booking_says_how_to_book(service):
+    book(service, BOB)  # someone else's active booking is not the caller's
+    with pytest.raises(NotPermitted, match="you have no active booking; book cards first"):
+        run_booking(service, ALICE, None)
+    assert [e.ok for e in audited(service, "run")] == [False]
+
+
+def test_two_active_bookings_ask_which_one_and_audit_nothing(service):
+    book(service, cards=(0,))
+    book(service, cards=(1,))
+    with pytest.raises(BadInput, match="you hold 2 active bookings; pick one with --booking ID"):
+        run_booking(service, ALICE, None)
+    assert audited(service, "run") == []
+
+
+def test_run_on_a_booking_that_does_not_exist_is_bad_input(service):
+    with pytest.raises(BadInput, match="no booking 99"):
+        run_booking(service, ALICE, 99)
+
+
+# -- when is a job's booking over ----------------------------------------------------------------
+
+
+def entry_for(booking, uid=None, cards=None):
+    return SimpleNamespace(uid=booking.uid if uid is None else uid,
+                           cards=tuple(booking.card_uuids if cards is None else cards))
+
+
+def test_a_booking_is_over_for_its_job_when_ended_gone_moved_or_given_away(service):
+    booking = book(service, cards=(0, 1))
+    entry = entry_for(booking)
+    assert not is_over(booking, entry, FROZEN_NOW)
+    assert not is_over(booking, entry_for(booking, cards=reversed(booking.card_uuids)), FROZEN_NOW)  # order is no move
+    assert is_over(None, entry, FROZEN_NOW)
+    assert is_over(booking, entry, booking.end)
+    assert not is_over(booking, entry, booking.end - 1)
+    assert is_over(booking, entry_for(booking, uid=booking.uid + 1), FROZEN_NOW)
+    assert is_over(booking, entry_for(booking, cards=booking.card_uuids[:1]), FROZEN_NOW)
+
+
+# -- one enforcement pass ------------------------------------------------------------------------
+
+
+def test_a_job_runs_untouched_while_its_booking_lasts(service, stubborn):
+    booking = book(service)
+    entry = register(service, booking, stubborn)
+    subscriber = service.hub.subscribe({"notice"}, uid=os.getuid())
+    done = enforce_once(server_of(service))
+    assert done["terminated"] == done["killed"] == done["warned"] == done["ended"] == []
+    assert stubborn.poll() is None and not entry.warned
+    assert subscriber.take(timeout=0) == []
+
+
+def test_the_holder_is_told_once_when_ten_minutes_are_left(service, clock, stubborn):
+    booking = book(service)
+    entry = register(service, booking, stubborn)
+    subscriber = service.hub.subscribe({"notice"}, uid=os.getuid())
+    clock.now = booking.end - WARN_BEFORE_END_S - 1
+    enforce_once(server_of(service))
+    assert subscriber.take(timeout=0) == [] and not entry.warned
+    clock.now = booking.end - WARN_BEFORE_END_S
+    enforce_once(server_of(service))
+    notices = subscriber.take(timeout=0)
+    assert [n["message"] for n in notices] == [
+        f"booking {booking.id} ends in 10 min; your job (pid {stubborn.pid}) will be stopped then"]
+    clock.now += 60
+    enforce_once(server_of(service))
+    assert subscriber.take(timeout=0) == []  # once
+    assert stubborn.poll() is None
+
+
+def test_the_notice_rounds_the_minutes_up(service, clock, stubborn):
+    booking = book(service)
+    register(service, booking, stubborn)
+    subscriber = service.hub.subscribe({"notice"}, uid=os.getuid())
+    clock.now = booking.end - 61
+    enforce_once(server_of(service))
+    assert "ends in 2 min" in subscriber.take(timeout=0)[0]["message"]
+
+
+def test_a_job_past_its_booking_gets_sigterm_then_sigkill_after_the_grace(service, clock, stubborn):
+    booking = book(service)
+    entry = register(service, booking, stubborn)
+    server = server_of(service)
+    clock.now = booking.end
+    assert enforce_once(server)["terminated"] == [entry.id]
+    assert entry.term_sent_at == booking.end
+    stops = audited(service, "job-stop")
+    assert [(e.actor, e.booking_id, e.details["signal"], e.details["pids"], e.details["grace_s"]) for e in stops] == [
+        ("board-agent", booking.id, "SIGTERM", [stubborn.pid], GRACE_S)]
+    assert stubborn.poll() is None  # it ignores SIGTERM
+
+    clock.now = booking.end + GRACE_S - 1
+    done = enforce_once(server)
+    assert done["terminated"] == done["killed"] == [] and stubborn.poll() is None
+
+    clock.now = booking.end + GRACE_S
+    assert enforce_once(server)["killed"] == [entry.id]
+    assert ended(stubborn) and stubborn.returncode == -signal.SIGKILL
+    assert [e.details["signal"] for e in audited(service, "job-stop")] == ["SIGKILL", "SIGTERM"]
+
+    clock.now += 1
+    done = enforce_once(server)
+    assert done["ended"] == [entry.id] and done["killed"] == []
+    assert jobs.remembered(service.conn) == []  # a restarted service would not adopt it
+
+
+def test_a_job_that_heeds_sigterm_is_not_killed(service, clock):
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        booking = book(service)
+        entry = register(service, booking, process)
+        clock.now = booking.end
+        enforce_once(server_of(service))
+        assert ended(process) and process.returncode == -signal.SIGTERM
+        clock.now += GRACE_S
+        done = enforce_once(server_of(service))
+        assert done["ended"] == [entry.id] and done["killed"] == []
+        assert [e.details["signal"] for e in audited(service, "job-stop")] == ["SIGTERM"]
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_cancelled_booking_stops_its_job_at_once(service, stubborn):
+    booking = book(service)
+    entry = register(service, booking, stubborn)
+    service.bookings(ALICE).release(booking.id)
+    assert enforce_once(server_of(service))["terminated"] == [entry.id]
+
+
+def test_a_booking_moved_to_other_cards_stops_its_job(service, clock, stubborn):
+    booking = book(service, start=FROZEN_NOW)
+    entry = register(service, booking, stubborn)
+    clock.now += 600
+    moved = service.bookings(ADMIN).reassign(booking.id, cards=[5], force=True)
+    assert moved.id != booking.id  # split at now: the job's piece ended
+    assert enforce_once(server_of(service))["terminated"] == [entry.id]
+
+
+def test_warn_mode_audits_once_and_leaves_the_job_running(tmp_path, clock, stubborn):
+    service = make_service(tmp_path, clock, run_jobs="warn")
+    try:
+        booking = book(service)
+        entry = register(service, booking, stubborn)
+        clock.now = booking.end
+        assert enforce_once(server_of(service))["warned"] == [entry.id]
+        for _ in range(2):
+            clock.now += GRACE_S
+            done = enforce_once(server_of(service))
+            assert done["warned"] == done["terminated"] == done["killed"] == []
+        assert [(e.action, e.details["pid"]) for e in audited(service, "job-warn")] == [("job-warn", stubborn.pid)]
+        assert audited(service, "job-stop") == []
+        assert stubborn.poll() is None
+    finally:
+        service.processes.close()
+        service.close()
+
+
+def test_warn_mode_after_the_ten_minute_notice_still_audits_the_end(tmp_path, clock, stubborn):
+    service = make_service(tmp_path, clock, run_jobs="warn")
+    try:
+        booking = book(service)
+        entry = register(service, booking, stubborn)
+        clock.now = booking.end - 60
+        enforce_once(server_of(service))
+        assert entry.warned
+        clock.now = booking.end
+        assert enforce_once(server_of(service))["warned"] == [entry.id]
+    finally:
+        service.processes.close()
+        service.close()
