@@ -50,8 +50,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def _subreaper():
+    """For the modules that start supervisors (their `pytestmark`); not the pure tests, which mutmut runs
+    in its own process, where a subreaper would reap orphans that are not its workers."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
     except (OSError, AttributeError):

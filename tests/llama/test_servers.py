@@ -17,6 +17,8 @@ from app.llama.health import health
 from app.llama.identity import group_members
 from tests.llama.conftest import make_fake_server
 
+pytestmark = pytest.mark.usefixtures("_subreaper")
+
 llama = pytest.mark.llama
 
 SERVER_KEYS = {"id", "booking_id", "user", "cards", "model", "port", "pid", "state", "started", "log"}

@@ -21,7 +21,7 @@ import pytest
 from app.llama.health import health
 from tests.service.support import SERVICE_USER, Agent, check_reachable, ensure_system_user, needs_root, run_as
 
-pytestmark = [pytest.mark.llama, pytest.mark.users]
+pytestmark = [pytest.mark.llama, pytest.mark.users, pytest.mark.usefixtures("_subreaper")]
 
 MEMBERS, ADMINS = "boardusers", "boardadmins"
 BOARD = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "board"

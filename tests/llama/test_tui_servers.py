@@ -15,6 +15,8 @@ from app.core.identity import current_identity
 from app.gpu import open_source
 from tests.llama.conftest import make_fake_server
 
+pytestmark = pytest.mark.usefixtures("_subreaper")
+
 pytest.importorskip("textual")
 
 
