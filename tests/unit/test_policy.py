@@ -6,6 +6,9 @@ from app.config import ClassWindow, Config, Policy, Pool
 from app.core import policy
 from app.errors import NotPermitted
 
+# The window check walks the booking day by day: a step that stops advancing must fail the test, not hang it.
+pytestmark = pytest.mark.timeout(120)
+
 UTC = timezone.utc
 PROD = Pool("prod", (0, 1, 2, 3), ("online", "batch", "finetune"), windows={"finetune": ClassWindow(19 * 60, 9 * 60)})
 LAB = Pool("lab", (4, 5, 6, 7), max_hours=12)
@@ -65,10 +68,112 @@ def test_check_refuses_with_the_rule(overrides, message):
 
 
 def test_cards_held_at_different_times_do_not_add_up():
-    held = [(at("2026-12-01T08:00"), at("2026-12-01T10:00"), 3), (at("2026-12-01T12:00"), at("2026-12-01T13:00"), 3)]
-    check(cards=(4,), held=held)  # 3 before, 3 after, never 4 at once with the new one
-    with pytest.raises(NotPermitted):
-        check(cards=(4, 5), held=held + [(at("2026-12-01T11:00"), at("2026-12-01T11:30"), 3)])
+    # Both held bookings overlap the new one (10-12) and meet each other at 11:00: 3 then 3, never 6 at once.
+    held = [(at("2026-12-01T09:00"), at("2026-12-01T11:00"), 3), (at("2026-12-01T11:00"), at("2026-12-01T13:00"), 3)]
+    check(cards=(4,), held=held)  # 3 + 1 = 4 at any moment: exactly the limit
+    with pytest.raises(NotPermitted, match="hold 5 cards at once"):
+        check(cards=(4, 5), held=held)
+    with pytest.raises(NotPermitted, match="hold 7 cards at once"):  # a third held booking inside both
+        check(cards=(4,), held=held + [(at("2026-12-01T10:30"), at("2026-12-01T11:30"), 3)])
+
+
+@pytest.mark.parametrize("held_start, held_end", [
+    ("2026-12-01T08:00", "2026-12-01T10:00"),  # ends as the new one starts
+    ("2026-12-01T12:00", "2026-12-01T14:00"),  # starts as the new one ends
+])
+def test_a_booking_that_only_meets_the_new_one_is_not_held_at_once(held_start, held_end):
+    check(cards=(4,), held=[(at(held_start), at(held_end), 4)])  # 4 + 1 would be over the limit of 4
+
+
+def test_a_booking_that_overlaps_by_one_second_is_held_at_once():
+    before = (at("2026-12-01T08:00"), at("2026-12-01T10:00") + 1, 4)
+    after = (at("2026-12-01T12:00") - 1, at("2026-12-01T14:00"), 4)
+    for held in (before, after):
+        with pytest.raises(NotPermitted, match="hold 5 cards at once; the limit is 4"):
+            check(cards=(4,), held=[held])
+
+
+# -- each limit exactly at the boundary (allowed) and one second past it (refused) ---------------------------
+
+
+def test_the_longest_booking_exactly_is_allowed_and_a_second_more_is_not():
+    start, prod = at("2026-12-01T10:00"), {"cards": (0,), "klass": "online"}  # prod has no cap of its own
+    check(start=start, end=start + 48 * 3600, **prod)
+    with pytest.raises(NotPermitted, match="at most 48 h"):
+        check(start=start, end=start + 48 * 3600 + 1, **prod)
+
+
+def test_the_furthest_start_exactly_is_allowed_and_a_second_later_is_not():
+    now = at("2026-12-01T09:00")
+    check(now=now, start=now + 7 * 86400, end=now + 7 * 86400 + 3600)
+    with pytest.raises(NotPermitted, match="at most 7 days ahead"):
+        check(now=now, start=now + 7 * 86400 + 1, end=now + 7 * 86400 + 3601)
+
+
+def test_the_card_limit_exactly_is_allowed_and_one_more_card_is_not():
+    check(cards=(4, 5, 6, 7))
+    check(cards=(4,), held=[(at("2026-12-01T10:00"), at("2026-12-01T12:00"), 3)])
+    with pytest.raises(NotPermitted, match="hold 5 cards at once; the limit is 4"):
+        check(cards=(4, 5), held=[(at("2026-12-01T10:00"), at("2026-12-01T12:00"), 3)])
+
+
+def test_the_pool_cap_exactly_is_allowed_and_a_second_more_is_not():
+    start = at("2026-12-01T00:00")
+    assert policy.card_refusal(CONFIG, 5, "experiment", start, start + 12 * 3600, tz=UTC) is None
+    assert "pool lab allows at most 12 h" in policy.card_refusal(CONFIG, 5, "experiment", start, start + 12 * 3600 + 1,
+                                                                 tz=UTC)
+    check(cards=(5,), start=start, end=start + 12 * 3600, now=start)
+    with pytest.raises(NotPermitted, match="card 5: pool lab allows at most 12 h"):
+        check(cards=(5,), start=start, end=start + 12 * 3600 + 1, now=start)
+
+
+def test_a_card_in_no_pool_takes_any_class():
+    alone = Config(policy=CONFIG.policy, pools=(LAB,))
+    assert policy.card_refusal(alone, 0, "finetune", at("2026-12-01T10:00"), at("2026-12-01T12:00"), tz=UTC) is None
+
+
+DAY = Pool("day", (0,), windows={"batch": ClassWindow(9 * 60, 19 * 60, weekends=False)})
+DAY_CONFIG = Config(policy=CONFIG.policy, pools=(DAY,))
+
+
+@pytest.mark.parametrize(
+    "start, end, allowed",
+    [
+        ("2026-12-01T09:00", "2026-12-01T19:00", True),  # exactly the window (Tuesday)
+        ("2026-12-01T08:59", "2026-12-01T12:00", False),  # a minute early
+        ("2026-12-01T12:00", "2026-12-01T19:01", False),  # a minute late
+        ("2026-12-01T18:00", "2026-12-01T19:00", True),  # ends exactly at the window's end
+        ("2026-12-01T19:00", "2026-12-01T20:00", False),  # starts exactly at the window's end
+        ("2026-12-01T09:00", "2026-12-02T19:00", False),  # two working days, but the night between is outside
+        ("2026-12-01T20:00", "2026-12-01T22:00", False),  # evening
+        ("2026-12-01T03:00", "2026-12-01T04:00", False),  # small hours: outside a window that does not wrap
+        ("2026-12-05T10:00", "2026-12-05T12:00", True),  # Saturday, inside the hours: weekends are no exception here
+        ("2026-12-05T20:00", "2026-12-05T21:00", False),  # Saturday evening, no weekend allowance
+    ],
+)
+def test_a_window_within_one_day(start, end, allowed):
+    reason = policy.card_refusal(DAY_CONFIG, 0, "batch", at(start), at(end), tz=UTC)
+    if allowed:
+        assert reason is None
+    else:
+        assert reason is not None and "only 09:00-19:00" in reason and "weekends" not in reason
+
+
+@pytest.mark.parametrize(
+    "start, end, allowed",
+    [
+        ("2026-12-01T19:00", "2026-12-01T23:59", True),  # starts exactly at the window's start
+        ("2026-12-01T18:59", "2026-12-01T20:00", False),
+        ("2026-12-02T00:00", "2026-12-02T09:00", True),  # after midnight, ends exactly at the window's end
+        ("2026-12-02T08:00", "2026-12-02T09:01", False),
+        ("2026-12-02T09:00", "2026-12-02T10:00", False),  # starts exactly at the window's end
+        ("2026-12-01T19:00", "2026-12-03T09:00", False),  # two nights: the day between is outside
+        ("2026-12-04T19:00", "2026-12-07T09:00", True),  # Friday night, the weekend, Monday morning
+    ],
+)
+def test_a_window_that_wraps_midnight(start, end, allowed):
+    reason = policy.card_refusal(CONFIG, 0, "finetune", at(start), at(end), tz=UTC)
+    assert (reason is None) is allowed, reason
 
 
 def test_windows_are_read_in_the_configured_zone_whatever_the_process_zone():
