@@ -319,3 +319,155 @@ class TestPlan:
         bob = make_service("bob", 1002, config=Config(policy=Policy(max_booking_hours=1000)))
         bob.create(cards=[0], start=NOW, end=NOW + LOOKAHEAD_SECONDS + 5 * H)
         assert make_service().next_free([0], NOW, H) == NOW + LOOKAHEAD_SECONDS + 5 * H
+
+
+class TestBoundaries:
+    """Each rule exactly at its limit (allowed) and one unit past it (refused)."""
+
+    def test_the_longest_booking_exactly(self, make_service, conn):
+        service = make_service()  # the default policy: 72 h
+        assert service.create(cards=[0], start=NOW, end=NOW + 72 * H).end == NOW + 72 * H
+        with pytest.raises(NotPermitted, match="at most 72 h"):
+            service.create(cards=[1], start=NOW, end=NOW + 72 * H + 1)
+        assert len(live(conn)) == 1
+
+    def test_an_extension_to_the_longest_booking_exactly(self, make_service):
+        service = make_service()
+        booking = service.create(cards=[0], start=NOW, end=NOW + H)
+        with pytest.raises(NotPermitted, match="at most 72 h"):
+            service.extend(booking.id, NOW + 72 * H + 1)
+        assert service.extend(booking.id, NOW + 72 * H).end == NOW + 72 * H
+
+    def test_the_furthest_start_exactly(self, make_service):
+        service = make_service()  # the default policy: 30 days ahead
+        assert service.create(cards=[0], start=NOW + 30 * 86400, end=NOW + 30 * 86400 + H).start == NOW + 30 * 86400
+        with pytest.raises(NotPermitted, match="at most 30 days ahead"):
+            service.create(cards=[1], start=NOW + 30 * 86400 + 1, end=NOW + 30 * 86400 + H)
+
+    def test_the_past_grace_exactly(self, make_service):
+        from app.service.bookings import PAST_GRACE_SECONDS
+
+        service = make_service()
+        assert service.create(cards=[0], start=NOW - PAST_GRACE_SECONDS, end=NOW + H).start == NOW - PAST_GRACE_SECONDS
+        with pytest.raises(BadInput, match="in the past"):
+            service.create(cards=[1], start=NOW - PAST_GRACE_SECONDS - 1, end=NOW + H)
+
+    def test_the_shortest_booking_is_one_second(self, make_service):
+        assert make_service().create(cards=[0], start=NOW, end=NOW + 1).end == NOW + 1
+
+    def test_the_longest_note_exactly(self, make_service):
+        from app.service.bookings import MAX_NOTE_CHARS
+
+        service = make_service()
+        assert service.create(cards=[0], start=NOW, end=NOW + H, note="n" * MAX_NOTE_CHARS).note == "n" * MAX_NOTE_CHARS
+        with pytest.raises(BadInput, match=f"keep it to {MAX_NOTE_CHARS}"):
+            service.create(cards=[1], start=NOW, end=NOW + H, note="n" * (MAX_NOTE_CHARS + 1))
+
+    def test_the_last_card_exists_and_the_next_does_not(self, make_service):
+        service = make_service()
+        assert service.create(cards=[7], start=NOW, end=NOW + H).cards == (7,)
+        with pytest.raises(BadInput, match="unknown card 8; the cards are 0-7"):
+            service.create(cards=[8], start=NOW, end=NOW + H)
+        with pytest.raises(BadInput, match="unknown card -1"):
+            service.create(cards=[-1], start=NOW, end=NOW + H)
+
+    @pytest.mark.parametrize("count", [1, 2, 4, 8])
+    def test_every_group_size_is_accepted(self, make_service, count):
+        assert len(make_service().create(count=count, start=NOW, end=NOW + H).cards) == count
+
+    def test_the_card_limit_exactly(self, make_service, conn):
+        service = make_service(config=Config(policy=Policy(max_cards_per_user=2)))
+        service.create(cards=[0], start=NOW, end=NOW + H)
+        assert service.create(cards=[1], start=NOW, end=NOW + H).cards == (1,)  # 2 at once: the limit
+        with pytest.raises(NotPermitted, match="hold 3 cards at once; the limit is 2"):
+            service.create(cards=[2], start=NOW + H - 1, end=NOW + 2 * H)  # one second inside the first two
+        assert len(live(conn)) == 2
+
+    def test_back_to_back_bookings_are_not_held_at_once(self, make_service):
+        service = make_service(config=Config(policy=Policy(max_cards_per_user=2)))
+        service.create(cards=[0, 1], start=NOW, end=NOW + H)
+        assert service.create(cards=[2, 3], start=NOW + H, end=NOW + 2 * H).cards == (2, 3)  # after
+        assert service.create(cards=[4, 5], start=NOW + 2 * H, end=NOW + 3 * H).cards == (4, 5)
+        assert service.create(cards=[0, 1], start=NOW + 3 * H, end=NOW + 4 * H).cards == (0, 1)  # same cards again
+        later = make_service(config=Config(policy=Policy(max_cards_per_user=2)), now=NOW - H)
+        assert later.create(cards=[6, 7], start=NOW - H, end=NOW).cards == (6, 7)  # before
+
+    def test_a_booking_that_ends_now_no_longer_changes(self, make_service):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + H)
+        assert make_service(now=NOW + H - 1).extend(booking.id, NOW + 2 * H).end == NOW + 2 * H
+        with pytest.raises(BadInput, match="already ended"):
+            make_service(now=NOW + 2 * H).extend(booking.id, NOW + 3 * H)
+
+    def test_release_at_the_start_exactly(self, make_service, conn):
+        booking = make_service().create(cards=[0], start=NOW + H, end=NOW + 2 * H)
+        with pytest.raises(BadInput, match="not started yet"):
+            make_service(now=NOW + H - 1).release(booking.id)
+        make_service(now=NOW + H).release(booking.id)  # it has started: nothing of it has run, so it is cancelled
+        assert live(conn) == []
+
+    def test_an_extension_by_one_second(self, make_service):
+        service = make_service()
+        booking = service.create(cards=[0], start=NOW, end=NOW + H)
+        with pytest.raises(BadInput, match="must be after the current end"):
+            service.extend(booking.id, NOW + H)
+        assert service.extend(booking.id, NOW + H + 1).end == NOW + H + 1
+
+    def test_a_cancelled_booking_no_longer_changes(self, make_service):
+        service = make_service()
+        booking = service.create(cards=[0], start=NOW + H, end=NOW + 2 * H)
+        service.cancel(booking.id)
+        for action in (service.cancel, service.release, lambda i: service.extend(i, NOW + 3 * H)):
+            with pytest.raises(BadInput, match="is cancelled"):
+                action(booking.id)
+
+
+class TestWrongRefusals:
+    """The rules must allow what they should: a refusal here is a bug, not caution."""
+
+    def test_an_extension_at_the_card_limit_does_not_count_the_booking_against_itself(self, make_service):
+        service = make_service(config=Config(policy=Policy(max_cards_per_user=2)))
+        booking = service.create(cards=[0, 1], start=NOW, end=NOW + H)  # exactly the limit
+        assert service.extend(booking.id, NOW + 2 * H).end == NOW + 2 * H
+
+    def test_an_extension_up_to_the_users_next_booking_is_not_held_at_once(self, make_service):
+        service = make_service(config=Config(policy=Policy(max_cards_per_user=2)))
+        booking = service.create(cards=[0], start=NOW, end=NOW + H)
+        service.create(cards=[1, 2], start=NOW + 2 * H, end=NOW + 3 * H)
+        assert service.extend(booking.id, NOW + 2 * H).end == NOW + 2 * H  # meets the 2-card booking
+        with pytest.raises(NotPermitted, match="hold 3 cards at once; the limit is 2"):
+            service.extend(booking.id, NOW + 2 * H + 1)
+        assert service.get(booking.id).end == NOW + 2 * H
+
+    def test_an_admins_extension_counts_the_holders_cards_not_the_admins(self, make_service):
+        limit = Config(policy=Policy(max_cards_per_user=2))
+        alice = make_service(config=limit)
+        booking = alice.create(cards=[0], start=NOW, end=NOW + H)
+        alice.create(cards=[1], start=NOW + H, end=NOW + 2 * H)
+        alice.create(cards=[2, 3], start=NOW + 2 * H, end=NOW + 3 * H)
+        admin = make_service("root", 0, admin=True, config=limit)
+        admin.create(cards=[4, 5], start=NOW, end=NOW + 3 * H)  # the admin's own cards are not alice's
+        assert admin.extend(booking.id, NOW + 2 * H).end == NOW + 2 * H  # alice holds 2 at once: the limit
+        with pytest.raises(NotPermitted, match="hold 3 cards at once"):
+            admin.extend(booking.id, NOW + 2 * H + 1)
+
+    def test_a_future_booking_moves_onto_cards_that_overlap_its_own(self, make_service, conn):
+        booking = make_service().create(cards=[0, 1], start=NOW + H, end=NOW + 2 * H)
+        moved = make_service("root", 0, admin=True).reassign(booking.id, cards=[1, 2])
+        assert (moved.id, moved.cards, moved.start, moved.end) == (booking.id, (1, 2), NOW + H, NOW + 2 * H)
+        assert [b.id for b in live(conn)] == [booking.id]
+
+    def test_a_move_onto_cards_free_from_the_end_of_another_booking(self, make_service):
+        booking = make_service().create(cards=[0], start=NOW + H, end=NOW + 2 * H)
+        make_service("bob", 1002).create(cards=[4], start=NOW, end=NOW + H)  # ends as alice's starts
+        make_service("bob", 1002).create(cards=[4], start=NOW + 2 * H, end=NOW + 3 * H)  # starts as it ends
+        assert make_service("root", 0, admin=True).reassign(booking.id, cards=[4]).cards == (4,)
+
+    def test_a_reassign_to_more_or_fewer_cards_is_bad_input(self, make_service, conn):
+        booking = make_service().create(cards=[0, 1], start=NOW + H, end=NOW + 2 * H)
+        admin = make_service("root", 0, admin=True)
+        for cards in ([4, 5, 6], [4], [4, 4]):  # a repeated card is one card
+            with pytest.raises(BadInput, match=f"booking {booking.id} has 2 card\\(s\\); give as many") as refused:
+                admin.reassign(booking.id, cards=cards)
+            assert refused.value.exit_code == 2
+        assert rows.get(conn, booking.id) == booking
+        assert admin.reassign(booking.id, cards=[6, 4]).cards == (4, 6)
