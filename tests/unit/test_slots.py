@@ -1,6 +1,6 @@
 import pytest
 
-from app.core.slots import best_group, find_slot, next_free_start, overlaps
+from app.core.slots import best_group, find_slot, is_free, next_free_start, overlaps
 from app.gpu.model import LINK_MULTIPLE, LINK_SYSTEM, Topology
 
 # Two PCIe switches: cards 0-3 and 4-7, as on the real server.
@@ -68,3 +68,36 @@ def test_until_limits_the_search_to_the_known_calendar():
     assert next_free_start(busy, [0], 0, H, until=3 * H) == 2 * H
     assert find_slot(busy, [0], 1, 0, H, TWO_SWITCHES, until=2 * H) is None
     assert find_slot(busy, [0], 1, 0, H, TWO_SWITCHES, until=3 * H) == ((0,), 2 * H)
+
+
+@pytest.mark.parametrize(
+    "wanted, free",
+    [
+        ((0, 10), True),  # ends as the booking starts
+        ((20, 30), True),  # starts as the booking ends
+        ((0, 11), False),  # one second into it
+        ((19, 30), False),  # one second before its end
+        ((12, 13), False),  # inside
+        ((0, 50), False),  # around it
+        ((20, 40), True),  # the whole gap between the two bookings, meeting both
+        ((19, 40), False),
+        ((20, 41), False),
+    ],
+)
+def test_is_free_at_the_edges(wanted, free):
+    busy = {0: [(10, 20), (40, 50)], 1: [(30, 40)]}
+    assert is_free(busy, [0], wanted) is free
+    assert is_free(busy, [2], wanted) is True  # a card nobody booked
+    if wanted == (20, 40):
+        assert is_free(busy, [0, 1], wanted) is False  # every card must be free
+
+
+def test_next_free_start_passes_back_to_back_bookings_as_one():
+    busy = {0: [(0, H), (H, 2 * H), (3 * H, 4 * H)]}
+    assert next_free_start(busy, [0], 0, H) == 2 * H  # the gap between the first two is empty
+    assert next_free_start(busy, [0], 0, H + 1) == 4 * H  # the next gap is one second short
+
+
+def test_best_group_takes_all_the_free_cards_when_that_is_the_count():
+    assert best_group([1, 5], 2, TWO_SWITCHES) == (1, 5)
+    assert best_group([1, 5], 3, TWO_SWITCHES) is None
