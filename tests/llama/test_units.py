@@ -51,11 +51,63 @@ def test_server_env_pins_the_cards_and_drops_llama_arg_variables():
                    "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
 
 
-@pytest.mark.parametrize("extra", [["--port", "1"], ["--host=0.0.0.0"], ["-m", "x"], ["-c", "9"], ["--api-prefix", "/x"],
-                                   ["--temp", "0.1", "--alias", "x"]])
-def test_extra_args_may_not_override_what_board_sets(extra):
-    with pytest.raises(BadInput, match="is set by board"):
+def test_server_env_keeps_the_order_it_is_given_not_the_uuids_sorted():
+    uuids = ["GPU-c0", "GPU-a2", "GPU-b3"]  # cards 0, 3, 2 in topology order; sorted they would read a2, b3, c0
+    env = command.server_env(uuids, {})
+    assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == "GPU-c0,GPU-a2,GPU-b3"
+
+
+def test_a_server_gets_each_cards_own_uuid_in_topology_order(tmp_path):
+    """The booking's UUIDs follow the cards into topology order: neither index order nor UUID order."""
+    from app.config import Config
+    from app.core.identity import Identity
+    from app.gpu.model import CardReading
+    from app.llama.service import ServerService
+    from app.service.bookings import BookingService
+    from app.store.db import connect
+    from tests.conftest import FROZEN_NOW
+
+    # Card 0 sits next to card 3; 2 is far from both. UUIDs sort as 2, 3, 0; indexes as 0, 2, 3.
+    uuids = {0: "GPU-c000", 1: "GPU-d111", 2: "GPU-a222", 3: "GPU-b333"}
+    topology = Topology({(0, 3): LINK_SINGLE})
+    cards = [CardReading(index=i, uuid=u) for i, u in uuids.items()]
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    config = Config(db_path=tmp_path / "board.db", llama=LlamaSettings(server_bin=str(binary)))
+    me = Identity("alice", os.getuid(), False)
+    conn = connect(config.db_path)
+    try:
+        booking = BookingService(conn, me, config, cards, topology, lambda: FROZEN_NOW).create(
+            cards=[3, 2, 0], start=FROZEN_NOW, end=FROZEN_NOW + 3600)
+        assert dict(zip(booking.cards, booking.card_uuids)) == {0: "GPU-c000", 2: "GPU-a222", 3: "GPU-b333"}
+        server = ServerService(conn, me, config, topology=topology, clock=lambda: FROZEN_NOW, environ={}).prepare(
+            booking.id, model="/models/m.gguf")
+    finally:
+        conn.close()
+    assert list(server.cards) == [0, 3, 2]
+    assert list(server.card_uuids) == ["GPU-c000", "GPU-b333", "GPU-a222"]
+    assert command.server_env(server.card_uuids, {})["CUDA_VISIBLE_DEVICES"] == "GPU-c000,GPU-b333,GPU-a222"
+
+
+# Every flag board sets itself, and what to use instead (None: board does not allow it at all).
+_BOARD_SETS = {
+    "-m": "--model", "--model": "--model", "--host": "--host", "--port": "--port", "-c": "--ctx", "--ctx-size": "--ctx",
+    "-np": "--parallel", "--parallel": "--parallel", "-sm": "--split-mode", "--split-mode": "--split-mode",
+    "-ts": "--tensor-split", "--tensor-split": "--tensor-split", "-a": "--alias", "--alias": "--alias",
+    "--path": None, "--api-prefix": None,
+}
+
+
+@pytest.mark.parametrize("flag", list(_BOARD_SETS))
+@pytest.mark.parametrize("spelling", ["apart", "joined"])
+def test_extra_args_may_not_override_what_board_sets(flag, spelling):
+    extra = ["--temp", "0.1", flag, "x"] if spelling == "apart" else ["--temp", "0.1", f"{flag}=x"]
+    use = _BOARD_SETS[flag]
+    hint = f"use board's {use} option instead" if use else "board does not allow it"
+    with pytest.raises(BadInput) as refused:
         command.check_extra(extra)
+    assert str(refused.value) == f"extra argument {flag} is set by board; {hint}"
 
 
 _OTHER_MODELS = ["-mu", "--model-url", "-dr", "--docker-repo", "-hf", "-hfr", "-hff", "-hft", "-hfd", "-hfrd",
@@ -71,11 +123,24 @@ def test_extra_args_may_not_name_another_model_or_source(flag, spelling):
         command.check_extra(extra)
 
 
-def test_extra_args_pass_through_otherwise():
-    assert command.check_extra(["--temp", "0.1", "-t", "8", "--jinja"]) == ["--temp", "0.1", "-t", "8", "--jinja"]
-    # near misses of refused flags are llama-server's own options, not models
-    assert command.check_extra(["-mg", "0", "--models-max", "2", "--mmproj-offload"]) == [
-        "-mg", "0", "--models-max", "2", "--mmproj-offload"]
+def test_the_lists_above_are_every_flag_the_filter_knows():
+    # A flag added to the filter gets a test here; one dropped from it fails the tests above.
+    assert set(_BOARD_SETS) == set(command._MANAGED)
+    assert set(_OTHER_MODELS) >= command._OTHER_MODEL
+    assert all(any(flag.startswith(prefix) for flag in _OTHER_MODELS) for prefix in command._OTHER_MODEL_PREFIXES)
+
+
+@pytest.mark.parametrize("extra", [
+    ["--temp", "0.1", "-t", "8", "--jinja"],
+    ["--temp=0.1", "--top-k=40"],  # joined spellings of other options
+    # near misses of refused flags are llama-server's own options, not board's or another model's
+    ["-mg", "0"], ["--mlock"], ["-cb"], ["-cd", "512"], ["-n", "16"], ["-t", "4"], ["--api-key", "k"],
+    ["--models-max", "2"], ["--mmproj-offload"], ["-h"], ["--help"],
+    # a refused flag's text inside a value is not that flag
+    ["--slot-save-path", "/tmp/--port"], ["--chat-template-file=/t/-m.jinja"],
+])
+def test_extra_args_pass_through_otherwise(extra):
+    assert command.check_extra(extra) == extra
 
 
 def test_check_model(tmp_path):
