@@ -306,5 +306,24 @@ def test_everything_stored_lists_inert(shared):
         assert_inert(shown)
 
 
-def test_case_count():
-    assert len(HOSTILE_TEXT) + len(REFUSED_TEXT) + len(MALFORMED) + 3 >= 40
+# Hostile notes that carry nothing a terminal would act on: markup and SQL are only dangerous unescaped.
+_SAFE_TO_PRINT = {"newline", "rich-bold", "rich-link", "rich-close-all", "rich-click-action", "rich-escaped",
+                  "emoji-zwj", "combining-zalgo", "sql-drop", "sql-or", "sql-union", "format-strings",
+                  "json-breakout", "exactly-500", "empty"}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_TEXT))
+def test_the_inertness_check_flags_each_unsafe_case(name):
+    """Every assert_inert above is only as good as `dangerous`: it must see each trick raw, and pass it escaped."""
+    text = HOSTILE_TEXT[name]
+    assert bool(dangerous(text)) is (name not in _SAFE_TO_PRINT), dangerous(text)
+    assert dangerous(ascii(text)) == []  # what board shows instead: escaped
+
+
+def test_the_inertness_check_sees_every_kind_of_character_it_guards_against():
+    raw = "".join(HOSTILE_TEXT.values())
+    kinds = {unicodedata.category(c) for c in raw if dangerous(c)}
+    assert kinds == {"Cc", "Cf", "Zl", "Zp"}
+    assert any(0x80 <= ord(c) <= 0x9F for c in raw if dangerous(c))  # C1 controls, not only C0
+    assert dangerous(b"\xff".decode("utf-8", "surrogateescape")) == ["U+DCFF"]  # a lone surrogate (Cs)
+    assert dangerous("\n\u200d") == []  # newline and the emoji joiner may reach the terminal
