@@ -471,3 +471,38 @@ class TestWrongRefusals:
             assert refused.value.exit_code == 2
         assert rows.get(conn, booking.id) == booking
         assert admin.reassign(booking.id, cards=[6, 4]).cards == (4, 6)
+
+
+@pytest.mark.timeout(120)  # the window check loops under the write lock: a broken step must fail, not hang
+class TestPools:
+    """Pool rules through the service: refused where the pool says so, allowed where it does not."""
+
+    def config(self):
+        from app.config import ClassWindow, Pool
+
+        night = ClassWindow(19 * 60, 9 * 60, weekends=False)
+        prod = Pool("prod", (0, 1, 2, 3), ("online", "finetune"), windows={"finetune": night})
+        return Config(policy=Policy(timezone="UTC"), pools=(prod, Pool("lab", (4, 5, 6, 7), max_hours=12)))
+
+    def test_a_count_picks_only_cards_whose_pool_takes_the_class(self, make_service):
+        service = make_service(config=self.config())
+        assert service.create(count=4, start=NOW, end=NOW + H, klass="experiment").cards == (4, 5, 6, 7)
+        assert service.create(count=4, start=NOW, end=NOW + H, klass="online").cards == (0, 1, 2, 3)
+        later = service.create(count=2, start=NOW, end=NOW + H, klass="experiment")  # prod is free, but not for it
+        assert (later.cards, later.start) == ((4, 5), NOW + H)
+
+    def test_a_window_refuses_outside_it_and_allows_inside_it(self, make_service, conn):
+        service = make_service(config=self.config())  # NOW is Sunday 15:30 UTC, and the window has no weekends
+        with pytest.raises(NotPermitted, match="card 0: class finetune is allowed on pool prod only 19:00-09:00$"):
+            service.create(cards=[0], start=NOW, end=NOW + H, klass="finetune")
+        night = NOW + 3 * H + 30 * 60  # Sunday 19:00
+        assert service.create(cards=[0], start=night, end=night + 14 * H, klass="finetune").end == night + 14 * H
+        with pytest.raises(NotPermitted, match="only 19:00-09:00"):
+            service.create(cards=[1], start=night, end=night + 14 * H + 60, klass="finetune")
+        assert len(live(conn)) == 1
+
+    def test_the_pool_cap_exactly(self, make_service):
+        service = make_service(config=self.config())
+        assert service.create(cards=[4], start=NOW, end=NOW + 12 * H).end == NOW + 12 * H
+        with pytest.raises(NotPermitted, match="card 5: pool lab allows at most 12 h"):
+            service.create(cards=[5], start=NOW, end=NOW + 12 * H + 1)
