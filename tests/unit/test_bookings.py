@@ -363,6 +363,13 @@ class TestBoundaries:
         with pytest.raises(BadInput, match=f"keep it to {MAX_NOTE_CHARS}"):
             service.create(cards=[1], start=NOW, end=NOW + H, note="n" * (MAX_NOTE_CHARS + 1))
 
+    def test_any_unicode_note_is_kept_but_a_lone_surrogate_is_bad_input(self, make_service, conn):
+        service = make_service()
+        assert service.create(cards=[0], start=NOW, end=NOW + H, note="é 😀 日本").note == "é 😀 日本"
+        with pytest.raises(BadInput, match="not valid UTF-8"):
+            service.create(cards=[1], start=NOW, end=NOW + H, note="bad \udcff")
+        assert len(live(conn)) == 1
+
     def test_the_last_card_exists_and_the_next_does_not(self, make_service):
         service = make_service()
         assert service.create(cards=[7], start=NOW, end=NOW + H).cards == (7,)
