@@ -1,0 +1,114 @@
+"""Who is at the other end of the socket (app.service.peer): the kernel's SO_PEERCRED on a real socket, the
+peer's groups from /proc, and the admin and member checks the service's door makes from them.
+
+The groups used are Debian's standard ones (adm, tape, nogroup), so no account is created here;
+tests/users runs the same door with real members."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from app.service.peer import Peer, _groups, gid_of, identity_of, is_member, peer_of
+
+ADM = grp.getgrnam("adm").gr_gid
+TAPE = grp.getgrnam("tape").gr_gid
+NOBODY = pwd.getpwnam("nobody")
+STRANGER_UID = 4_000_123  # no passwd entry
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="starting a process as another user needs root")
+
+
+def peer(uid: int, *groups: int, gid: int | None = None) -> Peer:
+    gid = NOBODY.pw_gid if gid is None else gid
+    return Peer(pid=1, uid=uid, gid=gid, groups=frozenset({gid, *groups}))
+
+
+def test_the_kernel_names_this_process_at_the_other_end():
+    ours, theirs = socket.socketpair(socket.AF_UNIX)
+    with ours, theirs:
+        found = peer_of(ours)
+    assert (found.pid, found.uid, found.gid) == (os.getpid(), os.getuid(), os.getgid())
+    assert os.getgid() in found.groups and set(os.getgroups()) <= found.groups
+
+
+@root_only
+def test_a_process_of_another_user_is_seen_with_its_own_uid_and_groups():
+    folder = tempfile.mkdtemp(prefix="board-peer-")  # pytest's tmp_path is root's alone
+    os.chmod(folder, 0o755)
+    path = os.path.join(folder, "door.sock")
+    with socket.socket(socket.AF_UNIX) as door:
+        door.bind(path)
+        os.chmod(path, 0o777)
+        door.listen(1)
+        door.settimeout(10)
+        child = subprocess.Popen(  # the system python: nobody may not read this checkout's venv
+            ["/usr/bin/python3", "-c", "import socket, sys, time; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
+             " print('in', flush=True); time.sleep(30)", path],
+            user=NOBODY.pw_uid, group=NOBODY.pw_gid, extra_groups=[TAPE], stdout=subprocess.PIPE, text=True, cwd="/",
+        )
+        try:
+            conn, _ = door.accept()
+            with conn:
+                assert child.stdout.readline().strip() == "in"
+                found = peer_of(conn)
+        finally:
+            child.kill()
+            child.wait()
+            shutil.rmtree(folder)
+    assert (found.pid, found.uid, found.gid) == (child.pid, NOBODY.pw_uid, NOBODY.pw_gid)
+    assert found.groups == {NOBODY.pw_gid, TAPE}  # the process's groups, not root's who started it
+    assert found.name == "nobody"
+
+
+def test_groups_come_from_proc_while_the_process_runs():
+    assert _groups(os.getpid(), os.getuid(), 12345) == {12345, *os.getgroups()}
+
+
+def test_a_peer_that_is_gone_gets_its_account_s_groups():
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert _groups(gone.pid, NOBODY.pw_uid, NOBODY.pw_gid) == set(os.getgrouplist("nobody", NOBODY.pw_gid))
+    assert _groups(gone.pid, STRANGER_UID, 777) == {777}  # no account either: its primary group alone
+
+
+def test_an_account_without_a_name_is_called_by_its_uid():
+    assert peer(STRANGER_UID).name == f"uid{STRANGER_UID}"
+    assert peer(NOBODY.pw_uid).name == "nobody"
+
+
+def test_gid_of_a_group():
+    assert gid_of("adm") == ADM
+    assert gid_of("no-such-group-here") is None
+
+
+def test_admins_are_root_and_members_of_the_admin_group():
+    assert identity_of(peer(0), "adm").is_admin
+    assert identity_of(peer(NOBODY.pw_uid, ADM), "adm").is_admin
+    assert identity_of(peer(NOBODY.pw_uid, ADM, gid=ADM), "adm").is_admin  # as the primary group too
+    member = identity_of(peer(NOBODY.pw_uid, TAPE), "adm")
+    assert not member.is_admin
+    assert (member.name, member.uid) == ("nobody", NOBODY.pw_uid)
+    assert not identity_of(peer(NOBODY.pw_uid, ADM), "no-such-group-here").is_admin  # a missing group names nobody
+
+
+def test_the_door_lets_in_members_admins_root_and_the_service_itself():
+    assert is_member(peer(NOBODY.pw_uid, TAPE), "tape", "adm")
+    assert is_member(peer(NOBODY.pw_uid, ADM), "tape", "adm")
+    assert is_member(peer(0), "tape", "adm")
+    assert is_member(peer(os.getuid()), "tape", "adm")
+
+
+def test_the_door_keeps_out_everyone_else():
+    assert not is_member(peer(NOBODY.pw_uid), "tape", "adm")
+    assert not is_member(peer(STRANGER_UID, 999_999), "tape", "adm")
+    # Groups that do not exist admit nobody: a missing name must not match a missing gid.
+    assert not is_member(peer(NOBODY.pw_uid), "no-such-group-here", "nor-this-one")
