@@ -359,7 +359,8 @@ def enforce_servers(server) -> dict[str, list[int]]:
                 finish(service, supervised)
                 done["servers_finished"].append(supervised.server_id)
             watch.forget(supervised.server_id)
-    agent = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
+    from app.service.enforce import AGENT as agent
+
     rules = _light_rules(service, agent)
     if rules.reconcile():
         _changed(service)

@@ -80,9 +80,13 @@ def register(service: Service, booking, process: subprocess.Popen):
     return entry
 
 
-def server_of(service: Service) -> SimpleNamespace:
+def server_of(service: Service, log: list | None = None) -> SimpleNamespace:
     """What enforce_once needs of a ServiceServer: the service, its registry and a log."""
-    return SimpleNamespace(service=service, registry=service.processes, log=[].append)
+    return SimpleNamespace(service=service, registry=service.processes, log=(log if log is not None else []).append)
+
+
+def stops(service: Service, action: str = "job-stop") -> list[tuple]:
+    return [(e.actor, e.uid, e.booking_id, e.ok, e.details) for e in audited(service, action)]
 
 
 def audited(service: Service, action: str) -> list:
@@ -135,9 +139,18 @@ def test_run_on_a_booking_that_has_not_started_is_refused(service, clock):
 
 def test_run_without_an_active_booking_says_how_to_book(service):
     book(service, BOB)  # someone else's active booking is not the caller's
-    with pytest.raises(NotPermitted, match="you have no active booking; book cards first"):
+    with pytest.raises(NotPermitted) as refused:
         run_booking(service, ALICE, None)
+    assert str(refused.value) == "you have no active booking; book cards first: board book 1 --for 2h"
     assert [e.ok for e in audited(service, "run")] == [False]
+
+
+def test_a_booking_that_starts_in_a_second_is_not_active_yet(service, clock):
+    booking = book(service, start=FROZEN_NOW + 1)
+    with pytest.raises(NotPermitted, match="no active booking"):
+        run_booking(service, ALICE, None)
+    clock.now += 1
+    assert run_booking(service, ALICE, None).id == booking.id
 
 
 def test_two_active_bookings_ask_which_one_and_audit_nothing(service):
@@ -213,16 +226,54 @@ def test_the_notice_rounds_the_minutes_up(service, clock, stubborn):
     assert "ends in 2 min" in subscriber.take(timeout=0)[0]["message"]
 
 
+def test_the_last_minute_reads_one_minute(service, clock, stubborn):
+    booking = book(service)
+    register(service, booking, stubborn)
+    subscriber = service.hub.subscribe({"notice"}, uid=os.getuid())
+    clock.now = booking.end - 30
+    enforce_once(server_of(service))
+    assert "ends in 1 min;" in subscriber.take(timeout=0)[0]["message"]
+
+
+def test_the_notice_goes_to_the_holder_alone(service, clock, stubborn):
+    booking = book(service)
+    register(service, booking, stubborn)
+    someone_else = service.hub.subscribe({"notice"}, uid=os.getuid() + 1)
+    clock.now = booking.end - 60
+    enforce_once(server_of(service))
+    assert someone_else.take(timeout=0) == []
+
+
+def test_every_registration_is_looked_at_in_one_pass(service, clock, stubborn):
+    """A server's registration and a job whose booking still runs come first; the job after them is still stopped."""
+    server_booking = book(service, cards=(2,), hours=0.5)
+    running = book(service, cards=(0,), hours=2)
+    ending = book(service, cards=(1,), hours=0.5)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as first, \
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as second:
+        try:
+            service.processes.add("server", server_booking.id, os.getuid(), first.pid, server_booking.card_uuids)
+            register(service, running, second)
+            entry = register(service, ending, stubborn)
+            clock.now = ending.end
+            assert enforce_once(server_of(service))["terminated"] == [entry.id]
+            assert first.poll() is None and second.poll() is None  # a server is enforce_servers' to stop
+        finally:
+            first.kill()
+            second.kill()
+
+
 def test_a_job_past_its_booking_gets_sigterm_then_sigkill_after_the_grace(service, clock, stubborn):
     booking = book(service)
     entry = register(service, booking, stubborn)
-    server = server_of(service)
+    log: list[str] = []
+    server = server_of(service, log)
     clock.now = booking.end
     assert enforce_once(server)["terminated"] == [entry.id]
     assert entry.term_sent_at == booking.end
-    stops = audited(service, "job-stop")
-    assert [(e.actor, e.booking_id, e.details["signal"], e.details["pids"], e.details["grace_s"]) for e in stops] == [
-        ("board-agent", booking.id, "SIGTERM", [stubborn.pid], GRACE_S)]
+    term = {"pid": stubborn.pid, "signal": "SIGTERM", "pids": [stubborn.pid], "grace_s": GRACE_S}
+    assert stops(service) == [("board-agent", os.getuid(), booking.id, True, term)]
+    assert log == [f"job {stubborn.pid} (uid {os.getuid()}): booking {booking.id} ended; SIGTERM"]
     assert stubborn.poll() is None  # it ignores SIGTERM
 
     clock.now = booking.end + GRACE_S - 1
@@ -232,7 +283,10 @@ def test_a_job_past_its_booking_gets_sigterm_then_sigkill_after_the_grace(servic
     clock.now = booking.end + GRACE_S
     assert enforce_once(server)["killed"] == [entry.id]
     assert ended(stubborn) and stubborn.returncode == -signal.SIGKILL
-    assert [e.details["signal"] for e in audited(service, "job-stop")] == ["SIGKILL", "SIGTERM"]
+    kill = {"pid": stubborn.pid, "signal": "SIGKILL", "pids": [stubborn.pid]}
+    assert stops(service) == [("board-agent", os.getuid(), booking.id, True, kill),
+                              ("board-agent", os.getuid(), booking.id, True, term)]
+    assert log[1:] == [f"job {stubborn.pid} (uid {os.getuid()}): still running after {GRACE_S} s; SIGKILL"]
 
     clock.now += 1
     done = enforce_once(server)
@@ -275,19 +329,27 @@ def test_a_booking_moved_to_other_cards_stops_its_job(service, clock, stubborn):
 
 def test_warn_mode_audits_once_and_leaves_the_job_running(tmp_path, clock, stubborn):
     service = make_service(tmp_path, clock, run_jobs="warn")
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         booking = book(service)
+        other = book(service, cards=(1,), hours=2)
         entry = register(service, booking, stubborn)
+        second = register(service, other, later)
         clock.now = booking.end
         assert enforce_once(server_of(service))["warned"] == [entry.id]
+        clock.now = other.end  # the first, warned already, comes before the second in the pass
+        assert enforce_once(server_of(service))["warned"] == [second.id]
         for _ in range(2):
             clock.now += GRACE_S
             done = enforce_once(server_of(service))
             assert done["warned"] == done["terminated"] == done["killed"] == []
-        assert [(e.action, e.details["pid"]) for e in audited(service, "job-warn")] == [("job-warn", stubborn.pid)]
+        assert stops(service, "job-warn") == [("board-agent", os.getuid(), other.id, True, {"pid": later.pid}),
+                                              ("board-agent", os.getuid(), booking.id, True, {"pid": stubborn.pid})]
         assert audited(service, "job-stop") == []
-        assert stubborn.poll() is None
+        assert stubborn.poll() is None and later.poll() is None
     finally:
+        later.kill()
+        later.wait()
         service.processes.close()
         service.close()
 
