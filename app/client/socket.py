@@ -29,6 +29,11 @@ def _group_of(path: str) -> str:
         return "board"
 
 
+class NotSent(ConnectionError):
+    """The service had closed the line before the request went out (idle timeout, a refusal at the door):
+    it never read it, so any request, a write too, is safe to send again on a new connection."""
+
+
 class SocketClient:
     transport = "socket"
 
@@ -71,7 +76,7 @@ class SocketClient:
             line = reader.readline(wire.MAX_MESSAGE + 1)
             if line:
                 return wire.decode(line)
-            raise
+            raise NotSent() from None
         line = reader.readline(wire.MAX_MESSAGE + 1)
         if not line:
             raise ConnectionResetError("the service closed the connection")
@@ -97,7 +102,7 @@ class SocketClient:
                 self._drop()
                 if isinstance(error, socket.timeout):
                     raise ServiceDown(f"the board service did not answer within {self.timeout:g} s; try again") from None
-                if attempt == 2 or op not in READS:
+                if attempt == 2 or (op not in READS and not isinstance(error, NotSent)):
                     raise ServiceDown(f"the board service stopped while answering ({op}); check with"
                                       " 'board list --mine' before trying again") from None
         return reply

@@ -60,10 +60,14 @@ def _light_rules(service, me: Identity):
     return ServerService(service.conn, me, service.config, clock=service.clock, processes=processes)
 
 
-def _wire(server) -> dict:
+def _wire(server, me: Identity) -> dict:
+    """A server for `me`: where its log file lies is its holder's to know (as in serve_logs)."""
     from app.llama.rows import server_to_wire
 
-    return server_to_wire(server)
+    wired = server_to_wire(server)
+    if server.uid != me.uid:
+        wired["log_path"] = ""
+    return wired
 
 
 def _changed(service) -> None:
@@ -85,7 +89,7 @@ def serve_start(service, me: Identity, booking: int, extra=None, **options) -> d
         server = server_rules(service, me).prepare(booking, extra=extra or (), **options)
     finally:
         _changed(service)
-    return {"server": _wire(server), "launch": {
+    return {"server": _wire(server, me), "launch": {
         "ready_timeout_s": service.config.llama.ready_timeout_s,
         "db": str(service.config.db_path) if service.transport == "local" else None}}
 
@@ -98,7 +102,7 @@ def serve_get(service, me: Identity, id: int) -> dict:
     after = rules._reconcile_one(before)
     if after.state != before.state:
         _changed(service)
-    return _wire(after)
+    return _wire(after, me)
 
 
 @op("serve_list", {}, {"all": BOOL, "user": STR, "limit": INT})
@@ -109,7 +113,7 @@ def serve_list(service, me: Identity, all=False, user=None, limit=None) -> list:
     from app.llama import rows
 
     found = rows.listing(service.conn, live_only=not all, user=user, limit=limit)
-    return [_wire(s) for s in found]
+    return [_wire(s, me) for s in found]
 
 
 @op("serve_logs", {"id": INT}, {"lines": INT})
@@ -128,7 +132,7 @@ def serve_stop(service, me: Identity, id: int, reason=None) -> dict:
     """Stop a server (its holder or an admin; refusals audited). Behind the socket it returns `stopping`."""
     rules = _light_rules(service, me)
     try:
-        return _wire(rules.stop(id, reason=reason[:200] if reason else None))
+        return _wire(rules.stop(id, reason=reason[:200] if reason else None), me)
     finally:
         _changed(service)
 

@@ -207,6 +207,21 @@ def test_silent_and_stalled_clients_never_block_others(make_agent):
         raw.close()
 
 
+def test_a_client_left_idle_past_the_timeout_still_books(make_agent):
+    """The service closes an idle line; the client's next request, a write too, goes out on a new one:
+    a request that could not be sent was never read, so sending it again cannot book twice."""
+    agent = make_agent(service={"idle_timeout_s": 1})
+    client = SocketClient(str(agent.socket))
+    try:
+        assert client.call("whoami")["user"] == "root"
+        time.sleep(2.5)  # past the idle timeout: the service has closed this client's line
+        tomorrow = int(time.time()) + 86400
+        booked = client.call("book", count=1, start=tomorrow, end=tomorrow + HOUR)
+        assert [b["id"] for b in client.call("list", include_cancelled=True, start=0)] == [booked["id"]]
+    finally:
+        client.close()
+
+
 def test_a_client_that_disappears_mid_request_costs_nothing(agent):
     for _ in range(20):
         raw = Raw(agent.socket)

@@ -21,11 +21,11 @@ runs as client calls from processes of those users (and [local] in process, iden
     the row's holder, on her own active booking, by the peer's uid: admins too are refused
     "server N belongs to X" / "booking N is not yours and active now"; audited server-register, ok=0
  7. service/servers.py serve_logs [socket]: the log file's path only for the server's holder (null for others);
-    serve_get and serve_list still hand it to everyone (xfail in tests/service/test_service_permissions.py)
+    serve_get, serve_list, serve_start and serve_stop blank it ("") for everyone else
  8. service/server.py ServiceServer._admit, peer.py is_member [cli socket]
     uid 0, the service's own uid, or a process in the members' or the admin group
     "no access to the board: ask an admin to add you to group G"; not audited (nothing is written);
-    a SocketClient refused there says "the service stopped while answering" on its next write (xfail, ibid.)
+    a SocketClient refused there is refused again on its next request, a write too (the door never read it)
  9. client/socket.py SocketClient.connect [cli socket]: the kernel, by the socket's mode (0660, group G)
     "no access to the board service at PATH; ask an admin to add you to group G"
 10. service/peer.py identity_of [cli socket]: admin = uid 0, or the admin gid among the groups of the peer
