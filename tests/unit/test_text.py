@@ -17,6 +17,7 @@ from app.core.text import format_cards, format_elapsed, format_time, inert
         ("nul\x00", "nul\\x00"),
         ("c1\x9b", "c1\\x9b"),
         ("line\u2028sep", "line\\u2028sep"),
+        ("para\u2029sep", "para\\u2029sep"),
         ("👩\u200d💻 ok", "👩\u200d💻 ok"),  # the joiner inside an emoji is harmless
     ],
 )
@@ -26,11 +27,14 @@ def test_inert_makes_controls_visible(raw, shown):
 
 def test_inert_truncates_with_an_ellipsis():
     assert inert("abcdefgh", 5) == "abcd…" and inert("abc", 5) == "abc"
+    assert inert("abcde", 5) == "abcde"  # exactly the limit: nothing cut
+    assert inert("abc", 1) == "…"
 
 
 @pytest.mark.parametrize(
     "seconds, shown",
-    [(None, "n/a"), (-5, "0:00"), (59, "0:59"), (3599, "59:59"), (3600, "1h00m"), (86399, "23h59m"), (90000, "1d1h")],
+    [(None, "n/a"), (-5, "0:00"), (59, "0:59"), (3000, "50:00"), (3599, "59:59"), (3600, "1h00m"), (5400, "1h30m"),
+     (86399, "23h59m"), (86400, "1d0h"), (90000, "1d1h"), (2 * 86400, "2d0h")],
 )
 def test_format_elapsed(seconds, shown):
     assert format_elapsed(seconds) == shown
@@ -46,7 +50,24 @@ def test_format_cards_and_time(monkeypatch):
         assert format_cards((0, 1, 4)) == "0,1,4"
         assert format_time(int(now) + 1800, now) == "16:00"
         assert format_time(int(now) + 86400, now) == "Mon 15:30"
+        assert format_time(int(now) + 6 * 86400, now) == "Sat 15:30"
+        assert format_time(int(now) + 7 * 86400, now) == "2026-12-06 15:30"  # a week on: the weekday is ambiguous
         assert format_time(int(now) + 8 * 86400, now) == "2026-12-07 15:30"
+        assert format_time(int(now) - 86400, now) == "2026-11-28 15:30"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_format_time_without_now_reads_the_clock(monkeypatch):
+    import time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        now = datetime(2026, 11, 29, 15, 30, tzinfo=timezone.utc).timestamp()
+        monkeypatch.setattr(time, "time", lambda: now)
+        assert format_time(int(now) + 1800) == "16:00"
     finally:
         monkeypatch.undo()
         time.tzset()

@@ -1,6 +1,7 @@
 import os
 import time
 from datetime import datetime, timedelta, timezone
+from datetime import time as time_of_day
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -65,6 +66,8 @@ def _utc_system(set_tz):
         ("Tomorrow 9:00", at(2026, 11, 30, 9, 0)),
         ("tomorrow   0:00", at(2026, 11, 30, 0, 0)),
         ("tomorrow", at(2026, 11, 30, 9, 0)),  # day alone = 09:00
+        ("tmrw 9:00", at(2026, 11, 30, 9, 0)),
+        ("TMR", at(2026, 11, 30, 9, 0)),
         ("mon 9:00", at(2026, 11, 30, 9, 0)),
         ("Monday 9:00", at(2026, 11, 30, 9, 0)),
         ("tue", at(2026, 12, 1, 9, 0)),
@@ -73,6 +76,8 @@ def _utc_system(set_tz):
         ("sat 7:15", at(2026, 12, 5, 7, 15)),
         ("sun 16:00", at(2026, 11, 29, 16, 0)),  # today, still ahead
         ("sun 9:00", at(2026, 12, 6, 9, 0)),  # today but past: next week
+        ("sun 15:29", at(2026, 11, 29, 15, 29)),  # within the 1-minute grace: still today
+        ("sun 15:28", at(2026, 12, 6, 15, 28)),
         ("sunday", at(2026, 12, 6, 9, 0)),
         ("2026-12-01T14:00", at(2026, 12, 1, 14, 0)),
         ("2026-12-01 14:00", at(2026, 12, 1, 14, 0)),
@@ -137,6 +142,16 @@ def test_error_is_one_line_for_multiline_input():
     assert "\n" not in str(e.value)
 
 
+def test_long_input_is_shown_cut_to_40_characters():
+    forms = "use 90m, 3h, 1h30m, 1.5h, 2d or 1d12h"
+    with pytest.raises(TimeInputError) as e:
+        parse_duration("x" * 40)
+    assert str(e.value) == f"can't read '{'x' * 40}' as a duration; {forms}"
+    with pytest.raises(TimeInputError) as e:
+        parse_duration("x" * 40 + "yz")
+    assert str(e.value) == f"can't read '{'x' * 40}...' as a duration; {forms}"
+
+
 def test_naive_now_is_taken_as_system_local(set_tz):
     set_tz("Europe/Berlin")
     assert parse_when("16:00", datetime(2026, 11, 29, 15, 30)) == at(2026, 11, 29, 16, 0)
@@ -196,6 +211,7 @@ def test_parse_duration_errors(text, fragment):
         ("tomorrow 9-19", at(2026, 11, 30, 9, 0), at(2026, 11, 30, 19, 0)),
         ("14:00-18:00", at(2026, 11, 30, 14, 0), at(2026, 11, 30, 18, 0)),  # start past: tomorrow
         ("16:00 - 18:00", at(2026, 11, 29, 16, 0), at(2026, 11, 29, 18, 0)),
+        ("16:15-18", at(2026, 11, 29, 16, 15), at(2026, 11, 29, 18, 0)),
         ("mon 9:00-17:30", at(2026, 11, 30, 9, 0), at(2026, 11, 30, 17, 30)),
         ("today 9-17", at(2026, 11, 29, 9, 0), at(2026, 11, 29, 17, 0)),
         ("2026-12-01T09:00-12:00", at(2026, 12, 1, 9, 0), at(2026, 12, 1, 12, 0)),
@@ -230,6 +246,23 @@ def test_parse_range_errors(text, fragment):
     with pytest.raises(TimeInputError) as e:
         parse_range(text, NOW)
     assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("16:30-16:00", "range '16:30-16:00' ends at or before it starts; "
+                        "an end hour smaller than the start hour runs past midnight, e.g. 22-2"),
+        ("2026-12-01T22:00-02:00", "range '2026-12-01T22:00-02:00' ends at or before it starts"),  # no wrap hint
+        ("tomorow 9-19", "can't read 'tomorow 9-19' as a time range; use 14:00-18:00, tomorrow 9-19, "
+                         "mon 9:00-17:30, 22-2 or 2026-12-01T09:00-12:00"),
+        ("9-25", "no such time of day 25:00; hours are 0-23, minutes 0-59, e.g. 14:00"),
+    ],
+)
+def test_parse_range_error_messages_say_what_to_do(text, message):
+    with pytest.raises(TimeInputError) as e:
+        parse_range(text, NOW)
+    assert str(e.value) == message
 
 
 @pytest.mark.parametrize(
@@ -308,6 +341,9 @@ def test_dst_gap_and_fold_system_zone(set_tz):
     assert (gap.hour, gap.minute, gap.utcoffset()) == (3, 30, timedelta(hours=2))
     fold = parse_when("2026-10-25 02:30", now)  # happens twice: first one
     assert fold.timestamp() == datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc).timestamp()
+    # seconds survive the system zone, in and out of the gap
+    assert parse_when("2026-03-29 02:30:15", now).time() == time_of_day(3, 30, 15)
+    assert parse_when("2026-12-01T14:00:30", now) == datetime(2026, 12, 1, 14, 0, 30, tzinfo=ZoneInfo("Europe/Berlin"))
 
 
 def test_dst_gap_and_fold_zoneinfo():
@@ -324,6 +360,11 @@ def test_fixed_offset_not_matching_system_is_used_as_is():
     got = parse_when("2026-07-01 12:00", NOW)
     assert got == at(2026, 7, 1, 12, 0)
     assert got.utcoffset() == timedelta(hours=1)
+
+
+def test_a_fixed_offset_does_not_pass_through_the_system_zone(set_tz):
+    set_tz("Pacific/Kiritimati")  # +14: there, 9999-12-31 23:00+01:00 would fall in the year 10000
+    assert parse_when("9999-12-31 23:00", NOW) == at(9999, 12, 31, 23, 0)
 
 
 # ------------------------------------------------------------- never anything but TimeInputError
