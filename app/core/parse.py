@@ -62,7 +62,7 @@ def parse_id(text: str, what: str = "booking") -> int:
     if not _DIGITS.fullmatch(digits) and not _python_reads_a_number(text):
         raise BadInput(f"invalid int value: '{_shown(text)}'; give a {what} number such as 12")
     hint = _LISTINGS.get(what)
-    raise BadInput(f"there is no {what} {_shown(text.strip())}" + (f"; {hint}" if hint else ""))
+    raise BadInput(f"there is no {what} {_shown(digits)}" + (f"; {hint}" if hint else ""))
 
 
 def _python_reads_a_number(text: str) -> bool:

@@ -44,6 +44,8 @@ def test_cards_read(text, cards):
     ("4-", "'4-'"),
     ("4-7-9", "'4-7-9'"),
     ("0 1", "'0 1'"),
+    ("0,\n1", "'0,\\x0a1'"),  # only spaces and tabs may surround a part
+    ("2X", "'2X'"),
     ("0) OR 1=1 --", "'0) OR 1=1 --'"),
     ("\u0663", "'\u0663'"),  # ARABIC-INDIC DIGIT THREE: int() reads it as 3
     ("\uff11", "'\uff11'"),  # FULLWIDTH DIGIT ONE
@@ -96,6 +98,9 @@ def test_ids_read(text, value):
     ("99999999999999999999", "there is no booking 99999999999999999999; 'board list' shows the bookings"),
     ("\u0663", "there is no booking \u0663; 'board list' shows the bookings"),
     ("\uff11\uff12", "there is no booking \uff11\uff12; 'board list' shows the bookings"),
+    # int() skips a newline; the message must not name booking 12, which may well exist
+    ("12\n", "there is no booking 12\\x0a; 'board list' shows the bookings"),
+    ("12X", "invalid int value: '12X'; give a booking number such as 12"),
     ("abc", "invalid int value: 'abc'; give a booking number such as 12"),
     ("", "invalid int value: ''; give a booking number such as 12"),
     ("1 OR 1=1", "invalid int value: '1 OR 1=1'; give a booking number such as 12"),
@@ -137,5 +142,11 @@ def test_one_span_grammar_for_the_cli_and_the_form():
     assert parse_span("tomorrow 9-19", None, None, now, how_long="x") == (at(9, day=2), at(19, day=2))
     with pytest.raises(BadInput, match="^say how long here$"):
         parse_span("14:00", None, None, now, how_long="say how long here")
-    with pytest.raises(BadInput):
+    with pytest.raises(BadInput) as refused:
         parse_span("yesterday-ish", "1h", None, now, how_long="x")
+    assert str(refused.value) == (  # the time parser's own line, with the forms it reads
+        "can't read 'yesterday-ish' as a time or range; use now, 14:00, tomorrow 9:00, mon 9:00, "
+        "2026-12-01T14:00 or +2h; or a range like 14:00-18:00, tomorrow 9-19, mon 9:00-17:30, 22-2 or "
+        "2026-12-01T09:00-12:00")
+    with pytest.raises(BadInput, match="^that time is out of range$"):  # past the year 9999
+        parse_span("9999-12-31T23:00", "2h", None, now, how_long="x")
