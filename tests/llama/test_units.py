@@ -44,6 +44,13 @@ def test_server_argv_is_the_recipe():
                     "--alias", "m", "--temp", "0.2"]
 
 
+def test_server_argv_by_default_splits_by_layer_with_nothing_optional():
+    argv = command.server_argv("/bin/llama-server", model="/m.gguf", host="127.0.0.1", port=8100, ctx=4096,
+                               parallel=1)
+    assert argv == ["/bin/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port", "8100", "-c", "4096",
+                    "-np", "1", "-ngl", "999", "--split-mode", "layer"]
+
+
 def test_server_env_pins_the_cards_and_drops_llama_arg_variables():
     env = command.server_env(["GPU-a", "GPU-b"], {"PATH": "/bin", "LLAMA_ARG_HOST": "0.0.0.0",
                                                   "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
@@ -119,8 +126,16 @@ _OTHER_MODELS = ["-mu", "--model-url", "-dr", "--docker-repo", "-hf", "-hfr", "-
 @pytest.mark.parametrize("spelling", ["apart", "joined"])
 def test_extra_args_may_not_name_another_model_or_source(flag, spelling):
     extra = ["--temp", "0.1", flag, "x"] if spelling == "apart" else ["--temp", "0.1", f"{flag}=x"]
-    with pytest.raises(BadInput, match=f"extra argument {flag} names another model or model source"):
+    with pytest.raises(BadInput) as refused:
         command.check_extra(extra)
+    assert str(refused.value) == (f"extra argument {flag} names another model or model source; "
+                                  "board serves only the model file given with --model")
+
+
+@pytest.mark.parametrize("arg", ["--model=/models/lr=1e-4/m.gguf", "--model-url=https://host/get?file=m.gguf"])
+def test_a_joined_flag_is_refused_even_when_its_value_holds_an_equals_sign(arg):
+    with pytest.raises(BadInput, match=f"extra argument {arg.split('=')[0]} "):
+        command.check_extra([arg])
 
 
 def test_the_lists_above_are_every_flag_the_filter_knows():
@@ -154,6 +169,14 @@ def test_check_model(tmp_path):
     bad.write_bytes(b"\x00" * 8)
     with pytest.raises(BadInput, match="not a GGUF file"):
         command.check_model(str(bad))
+
+
+def test_check_model_says_why_it_cannot_read_the_path(tmp_path):
+    # One line naming the path and the system's reason, not a traceback (here a name too long for the filesystem).
+    path = str(tmp_path / ("m" * 300 + ".gguf"))
+    with pytest.raises(BadInput) as refused:
+        command.check_model(path)
+    assert str(refused.value) == f"can't read the model {path}: File name too long"
 
 
 def test_binary_lookup_order(tmp_path):
@@ -259,7 +282,15 @@ def test_the_service_takes_the_model_as_text_only():
     from app.llama.command import model_argument
 
     assert model_argument("/models/../models/tiny.gguf") == "/models/tiny.gguf"
-    for bad, message in (("tiny.gguf", "absolute path"), ("/models/x\x1b[2J.gguf", "path to a .gguf"),
-                         ("", "path to a .gguf")):
-        with pytest.raises(BadInput, match=message):
+    assert model_argument("/models/My Models/tiny q4.gguf") == "/models/My Models/tiny q4.gguf"  # spaces are fine
+    for bad in ("/models/x\x1b[2J.gguf", "/models/x\x7f.gguf", "/models/x\n.gguf", "", None):
+        with pytest.raises(BadInput) as refused:
             model_argument(bad)
+        assert str(refused.value) == "give the model as a path to a .gguf file"
+    with pytest.raises(BadInput) as refused:
+        model_argument("tiny.gguf")
+    assert str(refused.value) == "give the model's absolute path, not 'tiny.gguf'"
+    # A long relative path is quoted only as far as its first 80 characters.
+    with pytest.raises(BadInput) as refused:
+        model_argument("models/" + "x" * 200 + ".gguf")
+    assert str(refused.value) == "give the model's absolute path, not '" + "models/" + "x" * 73 + "'"
