@@ -149,6 +149,10 @@ DAY_CONFIG = Config(policy=CONFIG.policy, pools=(DAY,))
         ("2026-12-01T03:00", "2026-12-01T04:00", False),  # small hours: outside a window that does not wrap
         ("2026-12-05T10:00", "2026-12-05T12:00", True),  # Saturday, inside the hours: weekends are no exception here
         ("2026-12-05T20:00", "2026-12-05T21:00", False),  # Saturday evening, no weekend allowance
+        ("2026-12-01T09:30", "2026-12-01T18:30", True),  # inside, starting off the hour
+        ("2026-12-01T18:30", "2026-12-01T19:15", False),  # off the hour, into the evening
+        ("2026-12-01T18:00:30", "2026-12-01T19:00:15", False),  # off the minute, 15 s into the evening
+        ("2026-12-01T18:00", "2026-12-01T19:00:01", False),  # one second into the evening
     ],
 )
 def test_a_window_within_one_day(start, end, allowed):
@@ -169,6 +173,7 @@ def test_a_window_within_one_day(start, end, allowed):
         ("2026-12-02T09:00", "2026-12-02T10:00", False),  # starts exactly at the window's end
         ("2026-12-01T19:00", "2026-12-03T09:00", False),  # two nights: the day between is outside
         ("2026-12-04T19:00", "2026-12-07T09:00", True),  # Friday night, the weekend, Monday morning
+        ("2026-12-06T10:00", "2026-12-07T10:00", False),  # Sunday into Monday's working hours
     ],
 )
 def test_a_window_that_wraps_midnight(start, end, allowed):
@@ -189,3 +194,39 @@ def test_windows_are_read_in_the_configured_zone_whatever_the_process_zone():
     assert "only 19:00-09:00" in policy.card_refusal(shanghai, 0, "finetune", *early)
     assert "only 19:00-09:00" in policy.card_refusal(berlin, 0, "finetune", *early)
     assert policy.card_refusal(shanghai, 0, "finetune", at("2026-12-01T11:00"), at("2026-12-01T12:00")) is None  # 19-20h
+
+
+def test_a_refusal_names_the_pool_its_cards_and_the_window_exactly():
+    day = policy.card_refusal(DAY_CONFIG, 0, "batch", at("2026-12-01T20:00"), at("2026-12-01T21:00"), tz=UTC)
+    assert day == "class batch is allowed on pool day only 09:00-19:00"
+    night = policy.card_refusal(CONFIG, 0, "finetune", at("2026-12-01T10:00"), at("2026-12-01T11:00"), tz=UTC)
+    assert night == "class finetune is allowed on pool prod only 19:00-09:00 and at weekends"
+    other = policy.card_refusal(CONFIG, 1, "experiment", at("2026-12-01T10:00"), at("2026-12-01T11:00"), tz=UTC)
+    assert other == "class experiment is not allowed on pool prod (cards 0,1,2,3)"
+
+
+def test_check_reads_windows_in_the_zone_it_is_given():
+    from zoneinfo import ZoneInfo
+
+    # 11:00-12:00 UTC is 19:00-20:00 in Shanghai: inside the night window there, not in UTC.
+    night_there = dict(cards=(0,), klass="finetune", start=at("2026-12-01T11:00"), end=at("2026-12-01T12:00"))
+    check(tz=ZoneInfo("Asia/Shanghai"), **night_there)
+    with pytest.raises(NotPermitted, match="card 0: class finetune is allowed on pool prod only 19:00-09:00"):
+        check(tz=UTC, **night_there)
+
+
+def test_a_window_that_starts_and_ends_at_the_same_minute_is_empty():
+    # The config accepts "10:00-10:00"; it allows nothing (but weekends, when it has them), never the whole day.
+    empty = Config(policy=CONFIG.policy, pools=(Pool("p", (0,), windows={"batch": ClassWindow(600, 600, False)}),))
+    for start, end in (("2026-12-01T10:00", "2026-12-01T11:00"), ("2026-12-01T09:00", "2026-12-01T10:00"),
+                       ("2026-12-01T22:00", "2026-12-01T23:00")):
+        assert policy.card_refusal(empty, 0, "batch", at(start), at(end), tz=UTC) == (
+            "class batch is allowed on pool p only 10:00-10:00")
+
+
+def test_a_booking_inside_the_hour_the_clocks_go_back_is_still_checked():
+    # Berlin, Sunday 2026-10-25: 02:30 summer time to 02:15 winter time is 45 minutes, all outside 09:00-19:00.
+    berlin = Config(policy=Policy(timezone="Europe/Berlin"), pools=DAY_CONFIG.pools)
+    reason = policy.card_refusal(berlin, 0, "batch", at("2026-10-25T00:30"), at("2026-10-25T01:15"))
+    assert reason == "class batch is allowed on pool day only 09:00-19:00"
+    assert policy.card_refusal(berlin, 0, "batch", at("2026-10-25T08:00"), at("2026-10-25T09:00")) is None  # 9-10
