@@ -28,7 +28,8 @@ class Peer:
 
 
 def peer_of(sock: socket.socket) -> Peer:
-    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    # struct ucred: pid_t (signed), uid_t and gid_t (unsigned)
+    pid, uid, gid = struct.unpack("iII", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
     return Peer(pid, uid, gid, frozenset(_groups(pid, uid, gid)))
 
 

@@ -109,6 +109,7 @@ def test_the_door_lets_in_members_admins_root_and_the_service_itself():
 
 def test_the_door_keeps_out_everyone_else():
     assert not is_member(peer(NOBODY.pw_uid), "tape", "adm")
+    assert not is_member(peer(1), "tape", "adm")  # a system account (daemon) is no member either
     assert not is_member(peer(STRANGER_UID, 999_999), "tape", "adm")
     # Groups that do not exist admit nobody: a missing name must not match a missing gid.
     assert not is_member(peer(NOBODY.pw_uid), "no-such-group-here", "nor-this-one")
