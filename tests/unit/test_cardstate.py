@@ -93,7 +93,9 @@ class TestWarnings:
     def test_fleet_status_passes_the_configured_threshold(self):
         snapshot = FleetSnapshot(NOW, True, (reading(0, temperature_c=80), reading(1, temperature_c=79)), Topology())
         assert [s.warnings for s in fleet_status(snapshot, [], NOW, hot_celsius=80)] == [(HOT,), ()]
-        assert [s.warnings for s in fleet_status(snapshot, [], NOW)] == [(), ()]  # 90 by default
+        assert [s.warnings for s in fleet_status(snapshot, [], NOW)] == [(), ()]
+        at_default = FleetSnapshot(NOW, True, (reading(0, temperature_c=90), reading(1, temperature_c=89)), Topology())
+        assert [s.warnings for s in fleet_status(at_default, [], NOW)] == [(HOT,), ()]  # 90 by default
 
 
 class TestFleetStatus:
