@@ -6,6 +6,7 @@ from app.config import Config, Policy
 from app.errors import BadInput, Conflict, NotPermitted
 from app.store import bookings as rows
 from app.store import events
+from app.core.text import format_time
 from tests.conftest import FROZEN_NOW
 
 H = 3600
@@ -513,3 +514,147 @@ class TestPools:
         assert service.create(cards=[4], start=NOW, end=NOW + 12 * H).end == NOW + 12 * H
         with pytest.raises(NotPermitted, match="card 5: pool lab allows at most 12 h"):
             service.create(cards=[5], start=NOW, end=NOW + 12 * H + 1)
+
+
+class TestWording:
+    """What a refusal says and what the audit log keeps: people (and `board log`) read both."""
+
+    def test_bad_input_is_worded_exactly(self, make_service):
+        service = make_service()
+        cases = [
+            ({"cards": [0], "start": NOW - 120, "end": NOW + H}, "the start 15:28 is in the past; pick a start from now on"),
+            ({"cards": [0], "start": NOW + H, "end": NOW + H}, "the end must be after the start"),
+            ({"cards": [], "start": NOW, "end": NOW + H}, "name at least one card"),
+            ({"cards": [0], "start": NOW, "end": NOW + H, "klass": "urgent"},
+             "unknown class 'urgent'; use one of online, batch, finetune, experiment"),
+            ({"cards": [0], "start": NOW, "end": NOW + H, "note": "bad \udcff"},
+             "the note is not valid UTF-8 text; retype it"),
+        ]
+        for kwargs, message in cases:
+            with pytest.raises(BadInput) as refused:
+                service.create(**kwargs)
+            assert str(refused.value) == message
+
+    def test_a_server_with_no_cards_names_none(self, conn, fleet):
+        from app.core.identity import Identity
+        from app.service.bookings import BookingService
+
+        service = BookingService(conn, Identity("alice", 1001, False), Config(), [], fleet.topology, lambda: NOW)
+        with pytest.raises(BadInput) as refused:
+            service.create(cards=[0], start=NOW, end=NOW + H)
+        assert str(refused.value) == "unknown card 0; the cards are none"
+
+    def test_a_clash_on_several_cards_names_them_all(self, make_service):
+        bob = make_service("bob", 1002).create(cards=[1, 2], start=NOW, end=NOW + 2 * H)
+        with pytest.raises(Conflict) as refused:
+            make_service().create(cards=[0, 1, 2], start=NOW, end=NOW + H)
+        assert str(refused.value) == (f"cards 1,2 are booked by bob until 17:30 (booking {bob.id});"
+                                      " next free start for cards 0,1,2: 17:30")
+
+    def test_the_next_free_start_is_for_the_wanted_length_not_longer(self, make_service):
+        bob = make_service("bob", 1002)
+        first = bob.create(cards=[2], start=NOW, end=NOW + 2 * H)
+        bob.create(cards=[2], start=NOW + 4 * H, end=NOW + 5 * H)  # the two-hour gap between fits one hour
+        with pytest.raises(Conflict) as refused:
+            make_service().create(cards=[2], start=NOW + H, end=NOW + 2 * H)
+        assert str(refused.value) == (f"card 2 is booked by bob until 17:30 (booking {first.id});"
+                                      " next free start for cards 2: 17:30")
+
+    def test_no_cards_for_the_class_is_worded(self, make_service):
+        from app.config import Pool
+
+        config = Config(pools=(Pool("prod", tuple(range(8)), ("online",)),))
+        with pytest.raises(Conflict) as refused:
+            make_service(config=config).create(count=2, start=NOW, end=NOW + H, klass="batch")
+        assert str(refused.value) == "no 2 cards can take a batch booking; see 'board status'"
+
+    def test_a_refusal_is_audited_with_its_reason(self, make_service, conn):
+        service = make_service(config=Config(policy=Policy(max_cards_per_user=1)))
+        with pytest.raises(NotPermitted) as refused:
+            service.create(cards=[0, 1], start=NOW, end=NOW + H, note="sweep")
+        event = events.recent(conn, 1)[0]
+        assert (event.actor, event.action, event.ok, event.booking_id) == ("alice", "create", False, None)
+        assert event.details == {"cards": [0, 1], "count": None, "start": NOW, "end": NOW + H, "class": "experiment",
+                                 "note": "sweep", "refused": str(refused.value)}
+        assert str(refused.value) == "you would hold 2 cards at once; the limit is 1"
+
+    def test_a_writer_that_beats_the_check_is_a_conflict(self, make_service, conn, monkeypatch):
+        from app.service import bookings
+
+        make_service("bob", 1002).create(cards=[0], start=NOW, end=NOW + H)
+        # Another writer got in between the check and the insert: the store's overlap trigger refuses.
+        monkeypatch.setattr(bookings.rows, "first_conflict", lambda *args, **kwargs: None)
+        with pytest.raises(Conflict) as refused:
+            make_service().create(cards=[0], start=NOW, end=NOW + H)
+        assert str(refused.value).startswith("the cards were just booked by someone else; try again (")
+        assert len(live(conn)) == 1
+
+
+class TestSearchEdges:
+    """Slot searches read the next day first, the rest only when needed; answers must not depend on that."""
+
+    def far_calendar(self, make_service):
+        # Every card busy for 40 h, free for 20 h, busy again for 40 h: the second block starts past the lookahead.
+        bob = make_service("bob", 1002)
+        bob.create(count=8, start=NOW, end=NOW + 40 * H)
+        bob.create(count=8, start=NOW + 60 * H, end=NOW + 100 * H)
+
+    def test_a_count_does_not_take_a_gap_too_short_for_it(self, make_service):
+        self.far_calendar(make_service)
+        plan = make_service().plan(count=8, start=NOW, end=NOW + 30 * H)
+        assert (plan.start, plan.end) == (NOW + 100 * H, NOW + 130 * H)
+
+    def test_next_free_does_not_take_a_gap_too_short_for_it(self, make_service):
+        self.far_calendar(make_service)
+        assert make_service().next_free([3], NOW, 30 * H) == NOW + 100 * H
+        assert make_service().next_free([3], NOW, 20 * H) == NOW + 40 * H
+
+    def test_a_move_onto_an_own_card_suggests_a_time_that_ignores_the_booking_moved(self, make_service):
+        booking = make_service().create(cards=[0, 1], start=NOW + H, end=NOW + 2 * H)
+        bob = make_service("bob", 1002).create(cards=[2], start=NOW + H, end=NOW + 90 * 60)
+        with pytest.raises(Conflict) as refused:
+            make_service("root", 0, admin=True).reassign(booking.id, cards=[1, 2])
+        # From 17:00 cards 1 and 2 are free for the hour: card 1 is only busy with the booking being moved.
+        assert str(refused.value) == (f"card 2 is booked by bob until 17:00 (booking {bob.id});"
+                                      " next free start for cards 1,2: 17:00")
+
+    def test_the_same_past_the_lookahead(self, make_service):
+        config = Config(policy=Policy(max_booking_hours=100))
+        booking = make_service(config=config).create(cards=[0, 1], start=NOW + H, end=NOW + 61 * H)
+        make_service("bob", 1002, config=config).create(cards=[2], start=NOW + H, end=NOW + 41 * H)
+        with pytest.raises(Conflict, match=f"next free start for cards 1,2: {format_time(NOW + 41 * H, NOW)}$"):
+            make_service("root", 0, admin=True, config=config).reassign(booking.id, cards=[1, 2])
+
+
+class TestOwnership:
+    def test_other_users_cards_do_not_count_against_my_limit(self, make_service):
+        limit = Config(policy=Policy(max_cards_per_user=2))
+        make_service("bob", 1002, config=limit).create(cards=[0, 1], start=NOW, end=NOW + H)
+        assert make_service(config=limit).create(cards=[2, 3], start=NOW, end=NOW + H).cards == (2, 3)
+        assert make_service(config=limit).create(count=2, start=NOW + H, end=NOW + 2 * H).cards == (0, 1)
+
+    def test_running_jobs_refuse_a_move(self, conn, fleet):
+        from app.core.identity import Identity
+        from app.service.bookings import BookingService
+
+        def service(name, uid, admin=False):
+            return BookingService(conn, Identity(name, uid, admin), Config(), fleet.cards, fleet.topology,
+                                  lambda: NOW, jobs=lambda booking_id: [4711] if booking_id == booking.id else [])
+
+        booking = service("alice", 1001).create(cards=[0], start=NOW, end=NOW + 2 * H)
+        with pytest.raises(Conflict, match=f"booking {booking.id} has job 4711 running on cards 0; stop it first"):
+            service("root", 0, admin=True).reassign(booking.id, cards=[4])
+
+    def test_a_booking_that_ends_exactly_now_no_longer_changes(self, make_service):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + H)
+        with pytest.raises(BadInput) as refused:
+            make_service(now=NOW + H).extend(booking.id, NOW + 2 * H)
+        assert str(refused.value) == f"booking {booking.id} has already ended; past bookings cannot change"
+
+    def test_a_cancelled_booking_is_worded(self, make_service):
+        service = make_service()
+        booking = service.create(cards=[0], start=NOW + H, end=NOW + 2 * H)
+        service.cancel(booking.id)
+        with pytest.raises(BadInput) as refused:
+            service.cancel(booking.id)
+        assert str(refused.value) == f"booking {booking.id} is cancelled"
