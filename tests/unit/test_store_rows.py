@@ -79,6 +79,22 @@ def test_listing_with_no_filter_returns_everything(cards):
         second]
 
 
+def test_listing_filters_by_window_and_user(cards):
+    early = book(cards, start=FROZEN_NOW + HOUR, end=FROZEN_NOW + 2 * HOUR)
+    late = book(cards, start=FROZEN_NOW + 5 * HOUR, end=FROZEN_NOW + 6 * HOUR)
+    bobs = book(cards, uuids=["GPU-bbbb"], user="bob", start=FROZEN_NOW + 3 * HOUR, end=FROZEN_NOW + 4 * HOUR)
+
+    def ids(**kw):
+        query = dict(start=None, end=None, user=None, include_cancelled=False) | kw
+        return [b.id for b in bookings.listing(cards, **query)]
+
+    assert ids(start=FROZEN_NOW + 2 * HOUR) == [bobs, late]  # ends exactly at start: not listed
+    assert ids(end=FROZEN_NOW + 3 * HOUR) == [early]  # starts exactly at end: not listed
+    assert ids(start=FROZEN_NOW + 2 * HOUR, end=FROZEN_NOW + 5 * HOUR, user="alice") == []
+    assert ids(start=FROZEN_NOW, end=FROZEN_NOW + 6 * HOUR, user="alice") == [early, late]
+    assert ids(user="bob") == [bobs]
+
+
 def test_busy_by_card_stops_at_before(cards):
     book(cards, start=FROZEN_NOW + HOUR, end=FROZEN_NOW + 2 * HOUR)
     book(cards, start=FROZEN_NOW + 5 * HOUR, end=FROZEN_NOW + 6 * HOUR)
