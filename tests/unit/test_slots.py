@@ -1,7 +1,7 @@
 import pytest
 
 from app.core.slots import best_group, find_slot, is_free, next_free_start, overlaps
-from app.gpu.model import LINK_MULTIPLE, LINK_SYSTEM, Topology
+from app.gpu.model import LINK_MULTIPLE, LINK_SINGLE, LINK_SYSTEM, Topology
 
 # Two PCIe switches: cards 0-3 and 4-7, as on the real server.
 TWO_SWITCHES = Topology({(a, b): LINK_MULTIPLE if a // 4 == b // 4 else LINK_SYSTEM for a in range(8) for b in range(a + 1, 8)})
@@ -101,3 +101,12 @@ def test_next_free_start_passes_back_to_back_bookings_as_one():
 def test_best_group_takes_all_the_free_cards_when_that_is_the_count():
     assert best_group([1, 5], 2, TWO_SWITCHES) == (1, 5)
     assert best_group([1, 5], 3, TWO_SWITCHES) is None
+
+
+def test_best_group_counts_every_pair_on_a_three_level_tree():
+    # Pairs share a switch, fours share a bridge, the halves meet across the system: 3+1 has three
+    # cross-system pairs, 2+2 has four, so 3+1 wins on the sum of every pair's level.
+    tree = Topology({(a, b): LINK_SINGLE if a // 2 == b // 2 else LINK_MULTIPLE if a // 4 == b // 4 else LINK_SYSTEM
+                     for a in range(8) for b in range(a + 1, 8)})
+    assert best_group([0, 1, 2, 4, 5], 4, tree) == (0, 1, 2, 4)
+    assert best_group([0, 1, 2, 6, 7], 4, tree) == (0, 1, 2, 6)
