@@ -1,14 +1,15 @@
-"""Who is asking (app.core.identity): the real UID's account and the admin group, read in a process that really
-runs as that user with those groups, never from $USER.
+"""Who is asking (app.core.identity): the real UID's account and the admin group, read while the test process
+really runs as that user with those groups, never from $USER.
 
 The groups are Debian's standard ones (adm, tape, nogroup), so no account is created here."""
 
 from __future__ import annotations
 
 import grp
-import json
 import os
 import pwd
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -22,35 +23,30 @@ STRANGER_UID = 4_000_123  # no passwd entry
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")
 
 
+@contextmanager
+def running_as(uid: int, gid: int, groups: list[int]) -> Iterator[None]:
+    """This very process runs as uid with primary gid and supplementary groups, its saved ids still root's."""
+    uids, gids, root_groups = os.getresuid(), os.getresgid(), os.getgroups()
+    os.setgroups(groups)
+    os.setresgid(gid, gid, gids[2])
+    os.setresuid(uid, uid, 0)
+    try:
+        yield
+    finally:  # the saved UID 0 is what lets it become root again
+        os.setresuid(*uids)
+        os.setresgid(*gids)
+        os.setgroups(root_groups)
+
+
 def identity_as(uid: int, gid: int, groups: list[int], admin_group: str) -> Identity:
-    """current_identity() in a forked child that has dropped to uid, primary gid and supplementary groups."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        answer: object = "the child died before answering"
-        try:
-            os.close(read_end)
-            os.setgroups(groups)
-            os.setgid(gid)
-            os.setuid(uid)
-            found = current_identity(admin_group)
-            answer = [found.name, found.uid, found.is_admin]
-        except (OSError, LookupError, TypeError, ValueError) as error:  # the parent fails the test with it
-            answer = repr(error)
-        finally:
-            os.write(write_end, json.dumps(answer).encode())
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        answer = json.loads(pipe.read())
-    os.waitpid(pid, 0)
-    assert isinstance(answer, list), answer
-    return Identity(*answer)
+    with running_as(uid, gid, groups):
+        return current_identity(admin_group)
 
 
 @root_only
 def test_root_is_admin_whatever_the_admin_group():
     assert current_identity("no-such-group-here") == Identity("root", 0, True)
+    assert identity_as(0, NOBODY.pw_gid, [], "adm") == Identity("root", 0, True)
 
 
 @root_only

@@ -148,7 +148,7 @@ def test_long_input_is_shown_cut_to_40_characters():
         parse_duration("x" * 40)
     assert str(e.value) == f"can't read '{'x' * 40}' as a duration; {forms}"
     with pytest.raises(TimeInputError) as e:
-        parse_duration("x" * 40 + "yz")
+        parse_duration("x" * 40 + "y")
     assert str(e.value) == f"can't read '{'x' * 40}...' as a duration; {forms}"
 
 
@@ -258,6 +258,7 @@ def test_parse_range_errors(text, fragment):
                          "mon 9:00-17:30, 22-2 or 2026-12-01T09:00-12:00"),
         ("9-25", "no such time of day 25:00; hours are 0-23, minutes 0-59, e.g. 14:00"),
     ],
+    ids=["wraps-hint", "dated-no-hint", "unknown-word", "hour-25"],
 )
 def test_parse_range_error_messages_say_what_to_do(text, message):
     with pytest.raises(TimeInputError) as e:
