@@ -80,7 +80,9 @@ def policy_zone(config: Config) -> tzinfo | None:
 
 def _inside_window(window, start: int, end: int, tz: tzinfo | None) -> bool:
     """True when every moment of [start, end) is inside the window (local time) or at a weekend."""
-    t = datetime.fromtimestamp(start, tz).astimezone(tz)
+    # tz None: naive local wall time, so steps across a DST change keep the system zone's rules
+    # (an aware local time from astimezone() has a fixed offset).
+    t = datetime.fromtimestamp(start, tz)
     while t.timestamp() < end:  # instants: wall times repeat in the hour a clock goes back
         midnight = t.replace(hour=0, minute=0, second=0, microsecond=0)
         if window.weekends and t.weekday() >= 5:

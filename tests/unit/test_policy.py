@@ -230,3 +230,19 @@ def test_a_booking_inside_the_hour_the_clocks_go_back_is_still_checked():
     reason = policy.card_refusal(berlin, 0, "batch", at("2026-10-25T00:30"), at("2026-10-25T01:15"))
     assert reason == "class batch is allowed on pool day only 09:00-19:00"
     assert policy.card_refusal(berlin, 0, "batch", at("2026-10-25T08:00"), at("2026-10-25T09:00")) is None  # 9-10
+
+
+def test_the_system_zone_keeps_its_rules_across_a_clock_change(monkeypatch):
+    import time
+
+    # No [policy] timezone: the system's. Friday 20:00 summer time to Monday 09:00 winter time, Berlin.
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        weekend = policy.card_refusal(CONFIG, 0, "finetune", at("2026-10-23T18:00"), at("2026-10-26T08:00"))
+        late = policy.card_refusal(CONFIG, 0, "finetune", at("2026-10-23T18:00"), at("2026-10-26T08:01"))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert weekend is None
+    assert late == "class finetune is allowed on pool prod only 19:00-09:00 and at weekends"
