@@ -618,7 +618,7 @@ class TestSearchEdges:
         assert str(refused.value) == (f"card 2 is booked by bob until 17:00 (booking {bob.id});"
                                       " next free start for cards 1,2: 17:00")
 
-    def test_the_same_past_the_lookahead(self, make_service):
+    def test_a_move_past_the_lookahead_also_ignores_the_booking_moved(self, make_service):
         config = Config(policy=Policy(max_booking_hours=100))
         booking = make_service(config=config).create(cards=[0, 1], start=NOW + H, end=NOW + 61 * H)
         make_service("bob", 1002, config=config).create(cards=[2], start=NOW + H, end=NOW + 41 * H)
