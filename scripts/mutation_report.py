@@ -79,6 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{len(unexplained)} mutant(s) neither caught nor explained in {args.explained.relative_to(REPO)}:")
         for name, status in unexplained:
             print(f"  {status:12} .venv/bin/mutmut show {name}")
+    caught_anyway = sorted(name for codes in by_module.values() for name, code in codes.items()
+                           if name in equivalent and code in CAUGHT)
+    gone = sorted(equivalent - {name for codes in by_module.values() for name in codes})
+    if caught_anyway or gone:  # the list must not rot: these lines no longer explain anything
+        print(f"\n{len(caught_anyway) + len(gone)} line(s) of {args.explained.relative_to(REPO)} to remove:")
+        for name in caught_anyway:
+            print(f"  caught now   {name}")
+        for name in gone:
+            print(f"  no such mutant {name}")
     if failing:
         print(f"\nunder {args.target:g}%: {', '.join(failing)}")
     return 1 if failing or unexplained else 0

@@ -217,22 +217,14 @@ def test_the_holder_is_told_once_when_ten_minutes_are_left(service, clock, stubb
     assert stubborn.poll() is None
 
 
-def test_the_notice_rounds_the_minutes_up(service, clock, stubborn):
+@pytest.mark.parametrize("left_s, says", [(61, "ends in 2 min;"), (30, "ends in 1 min;")])
+def test_the_notice_rounds_the_minutes_up(service, clock, stubborn, left_s, says):
     booking = book(service)
     register(service, booking, stubborn)
     subscriber = service.hub.subscribe({"notice"}, uid=os.getuid())
-    clock.now = booking.end - 61
+    clock.now = booking.end - left_s
     enforce_once(server_of(service))
-    assert "ends in 2 min" in subscriber.take(timeout=0)[0]["message"]
-
-
-def test_the_last_minute_reads_one_minute(service, clock, stubborn):
-    booking = book(service)
-    register(service, booking, stubborn)
-    subscriber = service.hub.subscribe({"notice"}, uid=os.getuid())
-    clock.now = booking.end - 30
-    enforce_once(server_of(service))
-    assert "ends in 1 min;" in subscriber.take(timeout=0)[0]["message"]
+    assert says in subscriber.take(timeout=0)[0]["message"]
 
 
 def test_the_notice_goes_to_the_holder_alone(service, clock, stubborn):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 
 import pytest
 
@@ -10,6 +9,7 @@ from app.gpu.model import CardReading
 from app.store import bookings, events
 from app.store.db import connect, write
 from tests.conftest import FROZEN_NOW
+from tests.safety.test_malformed_rows import hand_edit
 
 HOUR = 3600
 CARDS = [CardReading(index=0, uuid="GPU-aaaa", name="H100"), CardReading(index=1, uuid="GPU-bbbb", name="H100")]
@@ -27,18 +27,6 @@ def cards(conn):
     with write(conn):
         bookings.sync_cards(conn, CARDS, FROZEN_NOW)
     return conn
-
-
-def hand_edit(db_path, *statements: str) -> None:
-    """What a member could do with the sqlite3 shell, constraints switched off."""
-    raw = sqlite3.connect(db_path, isolation_level=None)
-    try:
-        raw.execute("PRAGMA foreign_keys = OFF")
-        raw.execute("PRAGMA ignore_check_constraints = ON")
-        for statement in statements:
-            raw.execute(statement)
-    finally:
-        raw.close()
 
 
 def reported(caplog) -> list[str]:

@@ -62,7 +62,7 @@ import pytest
 
 from tests.agent_process import SETPRIV
 from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO, Board, config_text, make_layout
-from tests.users.test_llama_users import FAKE_SERVER
+from tests.users.test_llama_users import FAKE_SERVER, reap
 
 pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
@@ -71,17 +71,6 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def uid(user: str) -> int:
     return pwd.getpwnam(user).pw_uid
-
-
-def reap() -> None:
-    """The detached supervisors are re-parented to pytest (a child subreaper): reap the ones that ended."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 @pytest.fixture(scope="module")
