@@ -40,33 +40,58 @@ def test_the_kernel_names_this_process_at_the_other_end():
     assert os.getgid() in found.groups and set(os.getgroups()) <= found.groups
 
 
-@root_only
-def test_a_process_of_another_user_is_seen_with_its_own_uid_and_groups():
+def peer_at_the_door(uid: int, gid: int, extra_groups: list[int], *, stays: bool = True) -> tuple[Peer, int]:
+    """(what peer_of says, the pid) for a process of `uid` that connects to a socket; with stays=False it has
+    exited before the service reads the connection, as a client that sent its line and left would have."""
     folder = tempfile.mkdtemp(prefix="board-peer-")  # pytest's tmp_path is root's alone
     os.chmod(folder, 0o755)
     path = os.path.join(folder, "door.sock")
-    with socket.socket(socket.AF_UNIX) as door:
-        door.bind(path)
-        os.chmod(path, 0o777)
-        door.listen(1)
-        door.settimeout(10)
-        child = subprocess.Popen(  # the system python: nobody may not read this checkout's venv
-            ["/usr/bin/python3", "-c", "import socket, sys, time; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
-             " print('in', flush=True); time.sleep(30)", path],
-            user=NOBODY.pw_uid, group=NOBODY.pw_gid, extra_groups=[TAPE], stdout=subprocess.PIPE, text=True, cwd="/",
-        )
-        try:
-            conn, _ = door.accept()
-            with conn:
+    try:
+        with socket.socket(socket.AF_UNIX) as door:
+            door.bind(path)
+            os.chmod(path, 0o777)
+            door.listen(1)
+            door.settimeout(10)
+            child = subprocess.Popen(  # the system python: nobody may not read this checkout's venv
+                ["/usr/bin/python3", "-c", "import socket, sys, time; s = socket.socket(socket.AF_UNIX);"
+                 " s.connect(sys.argv[1]); print('in', flush=True); time.sleep(30 if sys.argv[2] == 'stay' else 0)",
+                 path, "stay" if stays else "leave"],
+                user=uid, group=gid, extra_groups=extra_groups, stdout=subprocess.PIPE, text=True, cwd="/",
+            )
+            try:
                 assert child.stdout.readline().strip() == "in"
-                found = peer_of(conn)
-        finally:
-            child.kill()
-            child.wait()
-            shutil.rmtree(folder)
-    assert (found.pid, found.uid, found.gid) == (child.pid, NOBODY.pw_uid, NOBODY.pw_gid)
+                if not stays:
+                    child.wait(timeout=10)
+                conn, _ = door.accept()
+                with conn:
+                    return peer_of(conn), child.pid
+            finally:
+                child.kill()
+                child.wait()
+    finally:
+        shutil.rmtree(folder)
+
+
+@root_only
+def test_a_process_of_another_user_is_seen_with_its_own_uid_and_groups():
+    found, pid = peer_at_the_door(NOBODY.pw_uid, NOBODY.pw_gid, [TAPE])
+    assert (found.pid, found.uid, found.gid) == (pid, NOBODY.pw_uid, NOBODY.pw_gid)
     assert found.groups == {NOBODY.pw_gid, TAPE}  # the process's groups, not root's who started it
     assert found.name == "nobody"
+
+
+@root_only
+def test_a_uid_past_two_to_the_31_is_read_as_it_is():
+    big = 3_000_000_000  # valid on Linux (uid_t is unsigned): user namespaces map ranges up there
+    found, _ = peer_at_the_door(big, big, [])
+    assert (found.uid, found.gid, found.name) == (big, big, f"uid{big}")
+
+
+@root_only
+def test_a_client_gone_before_it_is_read_gets_its_account_s_groups():
+    found, pid = peer_at_the_door(NOBODY.pw_uid, NOBODY.pw_gid, [TAPE], stays=False)
+    assert (found.pid, found.uid) == (pid, NOBODY.pw_uid)
+    assert found.groups == set(os.getgrouplist("nobody", NOBODY.pw_gid))  # /proc has nothing left to say
 
 
 def test_groups_come_from_proc_while_the_process_runs():
