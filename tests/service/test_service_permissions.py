@@ -22,7 +22,6 @@ import os
 import pwd
 import queue
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from app.errors import BadInput, NotPermitted, error_for
 from tests import agent_process
 from tests.agent_process import SETPRIV
 from tests.service.support import REPO, SERVICE_USER, Agent, check_reachable, ensure_outsider, needs_root
-from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, unix_users  # noqa: F401 - the users, as tests/users has them
+from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, read_rows, unix_users  # noqa: F401 - the users, as tests/users has them
 
 pytestmark = pytest.mark.users  # real Unix users (root); skipped with the reason otherwise
 
@@ -174,12 +173,7 @@ class World:
         return self.callers[user]
 
     def rows(self, sql: str, *params) -> list[tuple]:
-        """The service's database, read-only (root may read the service's 0700 directory)."""
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        try:
-            return conn.execute(sql, params).fetchall()
-        finally:
-            conn.close()
+        return read_rows(self.db, sql, *params)
 
     def written(self) -> tuple:
         """What a refusal must leave as it was: bookings, their cards, which servers exist and whose."""

@@ -182,6 +182,15 @@ def make_layout(prefix: Path, config: str | None = None) -> Path:
     return path
 
 
+def read_rows(db, sql: str, *params) -> list[tuple]:
+    """Read the service's database directly, read-only, as root (never creating a file in its directory)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
 @dataclass
 class Board:
     """One shared install: a PREFIX laid out as the install script does, its agent, and a runner for users."""
@@ -295,12 +304,7 @@ class Board:
         return list(reversed(self.json("carol", "log", "--limit", str(limit))["events"]))
 
     def rows(self, sql: str, *params) -> list[tuple]:
-        """Read the service's database directly, read-only, as root (never creating a file in its directory)."""
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        try:
-            return conn.execute(sql, params).fetchall()
-        finally:
-            conn.close()
+        return read_rows(self.db, sql, *params)
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05):

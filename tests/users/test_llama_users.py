@@ -14,6 +14,7 @@ import os
 import pwd
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -37,16 +38,22 @@ http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
+def write_stand_ins(folder: Path) -> tuple[Path, Path]:
+    """A stand-in llama-server and a GGUF-looking model in `folder`, that everyone (and the service) can read."""
+    server_bin = folder / "llama-server"
+    server_bin.write_text(FAKE_SERVER.format(python=sys.executable))
+    os.chmod(server_bin, 0o755)
+    model = folder / "tiny.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    os.chmod(model, 0o644)
+    return server_bin, model
+
+
 @pytest.fixture
 def serving(make_board, scratch):
     """The shared board, with a stand-in llama-server and a GGUF-looking model everyone (and the service) can read."""
     ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-    server_bin = scratch / "llama-server"
-    server_bin.write_text(FAKE_SERVER.format(python=sys.executable))
-    os.chmod(server_bin, 0o755)
-    model = scratch / "tiny.gguf"
-    model.write_bytes(b"GGUF" + bytes(64))
-    os.chmod(model, 0o644)
+    server_bin, model = write_stand_ins(scratch)
     base = 30000 + (os.getpid() % 300) * 20
     board = make_board(extra=f'\n[llama]\nserver_bin = "{server_bin}"\nport_min = {base}\nport_max = {base + 19}\n'
                              f'ready_timeout_s = 30\n')

@@ -62,7 +62,7 @@ import pytest
 
 from tests.agent_process import SETPRIV
 from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO, Board, config_text, make_layout
-from tests.users.test_llama_users import FAKE_SERVER, reap
+from tests.users.test_llama_users import reap, write_stand_ins
 
 pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
@@ -81,12 +81,7 @@ def shared(unix_users):
     os.chmod(root, 0o755)
     (root / "state").mkdir()
     os.chmod(root / "state", 0o1777)
-    server_bin = root / "llama-server"
-    server_bin.write_text(FAKE_SERVER.format(python=sys.executable))
-    os.chmod(server_bin, 0o755)
-    model = root / "tiny.gguf"
-    model.write_bytes(b"GGUF" + bytes(64))
-    os.chmod(model, 0o644)
+    server_bin, model = write_stand_ins(root)
     base = 36000 + (os.getpid() % 300) * 20  # not test_llama_users' range: both may run at once
     prefix = root / "prefix"
     make_layout(prefix, config_text(prefix, extra=f'\n[llama]\nserver_bin = "{server_bin}"\nport_min = {base}\n'
