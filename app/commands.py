@@ -145,6 +145,11 @@ def cmd_book(ctx: Context) -> int:
         **{"class": args.klass},
     )
     print_booking(booking, "booked", args.json)
+    if booking.get("notes"):
+        from app.core.text import inert  # notes name other users and their processes
+
+        for note in booking["notes"]:
+            print(f"board: note: {inert(note)}", file=sys.stderr)
     return EXIT_OK
 
 

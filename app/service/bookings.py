@@ -19,8 +19,9 @@ from app.errors import BadInput, BoardError, Conflict, NotPermitted
 from app.core.identity import Identity, lookup_user
 from app.core.text import format_cards, format_time
 from app.model import Booking
-from app.core.slots import GROUP_SIZES, find_slot, next_free_start
-from app.gpu.model import CardReading, Topology
+from app.core.cardstate import UNKNOWN_USER
+from app.core.slots import GROUP_SIZES, find_slot, is_free, next_free_start
+from app.gpu.model import CardReading, GpuProcess, Topology
 from app.store import bookings as rows
 from app.store import events
 from app.store.db import write
@@ -40,6 +41,7 @@ class Plan:
     uuids: tuple[str, ...]
     start: int
     end: int
+    notes: tuple[str, ...] = ()  # one line each: cards passed over or taken despite what runs on them now
 
 
 def _worded(method):
@@ -102,27 +104,22 @@ class BookingService:
         if end <= start:
             raise BadInput("the end must be after the start")
         duration = end - start
+        # What runs on the cards now says nothing about a slot that starts later.
+        now_slot = start <= now + PAST_GRACE_SECONDS
+        notes: list[str] = []
         if cards is not None:
             chosen = self._check_cards(cards)
             self._check_free(chosen, start, end)
+            if now_slot:
+                mine = self._held_now(now)
+                notes = [f"card {i} has {self._whose(found, named=True)} now"
+                         for i in chosen if (found := self._foreign(self.cards[i], i in mine))]
         else:
-            if count not in GROUP_SIZES:
-                raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
-            eligible = [
-                i for i, c in sorted(self.cards.items())
-                if not c.lost and policy.card_refusal(self.config, i, klass, start, end) is None
-            ]
-            found = self._search(
-                start, duration, None,
-                lambda busy, until: find_slot(busy, eligible, count, start, duration, self.topology, until),
-            )
-            if found is None:
-                raise Conflict(f"no {count} cards can take a {klass} booking; see 'board status'")
-            chosen, start = found
+            chosen, start, notes = self._pick(count, klass, start, duration, now, now_slot)
             end = start + duration
         held = [(b.start, b.end, len(b.cards)) for b in rows.live_between(self.conn, start, end, user=user or self.me.name)]
         policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=held)
-        return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end)
+        return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end, tuple(notes))
 
     plan = _worded(_plan)
 
@@ -134,8 +131,12 @@ class BookingService:
 
     # -- changes -------------------------------------------------------------------------------
 
+    def create(self, **kwargs: Any) -> Booking:
+        """Book (see `book`), without the notes."""
+        return self.book(**kwargs)[0]
+
     @_worded
-    def create(
+    def book(
         self,
         *,
         cards: Sequence[int] | None = None,
@@ -145,7 +146,8 @@ class BookingService:
         klass: str = "experiment",
         note: str = "",
         request: dict[str, Any] | None = None,
-    ) -> Booking:
+    ) -> tuple[Booking, tuple[str, ...]]:
+        """Create a booking; also returns the notes on what runs on the cards now (Plan.notes)."""
         note = self._check_note(note)
         details = {"cards": list(cards) if cards is not None else None, "count": count, "start": start,
                    "end": end, "class": klass, "note": note}
@@ -159,14 +161,20 @@ class BookingService:
             except BoardError:
                 pass  # the planning inside the lock raises it again, and audits it
 
+        notes: tuple[str, ...] = ()
+
         def change(now: int) -> int:
+            nonlocal notes
             plan = None
             if hint is not None:
                 try:
                     plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass)
+                    notes = hint.notes  # why the count picked these cards
                 except Conflict:
                     pass
-            plan = plan or self._plan(cards=cards, count=count, start=start, end=end, klass=klass)
+            if plan is None:
+                plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass)
+                notes = plan.notes
             rows.sync_cards(self.conn, self.cards.values(), now)
             booking_id = rows.insert(
                 self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
@@ -175,7 +183,7 @@ class BookingService:
             details.update(cards=list(plan.cards), start=plan.start, end=plan.end)
             return booking_id
 
-        return self._audited("create", None, details, change)
+        return self._audited("create", None, details, change), notes
 
     def cancel(self, booking_id: int) -> Booking:
         def change(now: int) -> int:
@@ -354,6 +362,84 @@ class BookingService:
             if self.cards[index].lost:
                 raise NotPermitted(f"card {index} is lost (fell off the bus); pick another card")
         return chosen
+
+    def _pick(
+        self, count: int | None, klass: str, start: int, duration: int, now: int, now_slot: bool
+    ) -> tuple[tuple[int, ...], int, list[str]]:
+        """The best-connected `count` cards at the earliest start, and notes on the cards passed over.
+
+        A slot that starts now leaves out cards with another user's processes, and HOT cards while a
+        cooler group can start at the same time."""
+        if count not in GROUP_SIZES:
+            raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
+        eligible = [
+            i for i, c in sorted(self.cards.items())
+            if not c.lost and policy.card_refusal(self.config, i, klass, start, start + duration) is None
+        ]
+        mine = self._held_now(now) if now_slot else set()
+        foreign = {i: found for i in eligible if now_slot and (found := self._foreign(self.cards[i], i in mine))}
+        clean = [i for i in eligible if i not in foreign]
+        cool = [i for i in clean if not (now_slot and self._hot(i))]
+
+        def pick(busy, until):
+            found = find_slot(busy, clean, count, start, duration, self.topology, until)
+            if found is None or len(cool) == len(clean):
+                return found
+            # A HOT card only when no cooler group can start at the same time.
+            cooler = find_slot(busy, cool, count, found[1], duration, self.topology, until)
+            return cooler if cooler is not None and cooler[1] == found[1] else found
+
+        found = self._search(start, duration, None, pick)
+        # Passed over: the cards left out that the calendar had free, at the start asked for or the one found.
+        why = {i: self._whose(procs) for i, procs in foreign.items()}
+        if found is not None:
+            why.update({i: f"{self.cards[i].temperature_c} °C" for i in clean if i not in cool and i not in found[0]})
+        passed = []
+        if why:
+            slots = [(begin, begin + duration) for begin in {start, found[1] if found is not None else start}]
+            busy = self._busy_by_index(start, max(slots)[1], None)
+            passed = [f"card {i} ({why[i]})" for i in sorted(why) if any(is_free(busy, (i,), s) for s in slots)]
+        if found is None:
+            also = f"; passed over {', '.join(passed)}" if passed else ""
+            raise Conflict(f"no {count} cards can take a {klass} booking{also}; see 'board status'")
+        chosen, begin = found
+        notes = [f"passed over {', '.join(passed)}"] if passed else []
+        notes += [f"took card {i} though it is HOT ({self.cards[i].temperature_c} °C): no cooler group"
+                  " could start then" for i in chosen if i not in cool]
+        return chosen, begin, notes
+
+    def _held_now(self, now: int) -> set[int]:
+        """The cards the caller holds a booking on right now; only asked when some process has no owner."""
+        if not any(p.uid is None and p.user is None for c in self.cards.values() for p in c.processes):
+            return set()
+        return {self.by_uuid[u] for b in rows.live_between(self.conn, now, now + 1, user=self.me.name)
+                for u in b.card_uuids if u in self.by_uuid}
+
+    def _foreign(self, card: CardReading, mine: bool) -> list[GpuProcess]:
+        """Another user's processes on the card. One nobody can name (a container's) may be the holder's own,
+        as on the board (cardstate), so it is someone else's only on a card the caller does not hold."""
+        def theirs(p: GpuProcess) -> bool:
+            if p.uid is not None:
+                return p.uid != self.me.uid
+            return p.user != self.me.name if p.user is not None else not mine
+
+        return [p for p in card.processes if theirs(p)]
+
+    @staticmethod
+    def _whose(processes: Sequence[GpuProcess], named: bool = False) -> str:
+        """Whose processes, and their VRAM where NVML says: "bob's processes, 9.0 GiB", or when
+        `named` "bob's processes (9.0 GiB)"."""
+        users = dict.fromkeys(p.user or UNKNOWN_USER for p in processes)
+        used = [p.used_mib for p in processes if p.used_mib is not None]
+        whose = " and ".join(user + "'s" for user in users) + " processes"
+        if not used:
+            return whose
+        size = f"{sum(used) / 1024:.1f} GiB"
+        return f"{whose} ({size})" if named else f"{whose}, {size}"
+
+    def _hot(self, index: int) -> bool:
+        temperature = self.cards[index].temperature_c
+        return temperature is not None and temperature >= self.config.hot_celsius
 
     def _search(self, start: int, duration: int, excluding: int | None, search: Callable[[dict, int | None], Any]):
         """`search(busy, until)` on the calendar's next day past the slot, then on all of it if that finds nothing."""

@@ -189,8 +189,10 @@ def book(service, me: Identity, start: int, end: int, cards=None, count=None, no
         raise BadInput("give a count or --cards, not both")
     if checked:  # the form's path: a request that fails the check writes nothing at all, not even an audit row
         rules.plan(cards=_cards(cards), count=count, start=start, end=end, klass=klass)
-    return wire(rules.create(cards=_cards(cards), count=count, start=start, end=end, klass=klass, note=note,
-                             request=request))
+    booking, notes = rules.book(cards=_cards(cards), count=count, start=start, end=end, klass=klass, note=note,
+                                request=request)
+    # "notes", only when there are any: one line each on what runs on the cards now (passed over, or named)
+    return {**wire(booking), "notes": list(notes)} if notes else wire(booking)
 
 
 @op("get", {"id": INT})

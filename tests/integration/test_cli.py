@@ -37,9 +37,9 @@ BOOKING_KEYS = {"id", "user", "cards", "card_uuids", "start", "end", "class", "n
 
 class TestJsonShapes:
     def test_book_prints_the_booking_with_iso_times(self, board):
-        booking = ok_json(board("book", "--cards", "0,1", "--for", "90m", "--class", "batch", "--note", "eval", "--json"))
+        booking = ok_json(board("book", "--cards", "3,4", "--for", "90m", "--class", "batch", "--note", "eval", "--json"))
         assert set(booking) == BOOKING_KEYS
-        assert booking["cards"] == [0, 1] and len(booking["card_uuids"]) == 2
+        assert booking["cards"] == [3, 4] and len(booking["card_uuids"]) == 2
         start, end = datetime.fromisoformat(booking["start"]), datetime.fromisoformat(booking["end"])
         assert start.utcoffset() is not None and (end - start).total_seconds() == 90 * 60
         assert (booking["class"], booking["note"], booking["status"]) == ("batch", "eval", "booked")
@@ -144,7 +144,7 @@ class TestErrors:
 
 class TestRun:
     def test_run_sees_only_the_booked_cards(self, board):
-        booking = ok_json(board("book", "--cards", "5,4", "--for", "1h", "--json"))
+        booking = ok_json(board("book", "--cards", "4,3", "--for", "1h", "--json"))  # idle cards: no notes
         code = ("import os; e = os.environ;"
                 " print(e['CUDA_DEVICE_ORDER'], e['CUDA_VISIBLE_DEVICES'], e['NVIDIA_VISIBLE_DEVICES'])")
         result = board("run", "--", sys.executable, "-c", code)

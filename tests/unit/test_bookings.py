@@ -13,6 +13,15 @@ H = 3600
 NOW = FROZEN_NOW
 
 
+@pytest.fixture
+def fleet(fleet):
+    """The default fleet, idle and cool: these rules are the calendar's; what runs on the cards now is
+    test_booking_sees_cards.py's."""
+    from dataclasses import replace
+
+    return replace(fleet, cards=tuple(replace(c, processes=(), temperature_c=40) for c in fleet.cards))
+
+
 def live(conn):
     return rows.listing(conn, start=None, end=None, user=None, include_cancelled=False)
 
