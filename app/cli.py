@@ -281,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parsers(sub, command, common, id_type=booking_id)
 
+    from app.fit.cli import add_parser as add_fit_parser
+
+    add_fit_parser(command)
+
     p = command("agent", cmd_agent, "enforce the rules: stop servers whose booking ended (a service; --once for cron)",
                 json_flag=True)
     p.add_argument("--once", action="store_true", help="one pass, then exit")

@@ -72,6 +72,15 @@ class EnforceSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class FitSettings:
+    """Memory accounting (board fit, book --model, serve start's check)."""
+
+    overhead_mib: float = 500.0  # per card: the CUDA context and libraries' workspaces on an RTX 5090
+    max_fill: float = 0.90  # each card stays at or below this share of its memory
+    card_mib: float | None = None  # a card's memory; default what the fleet reports (32607 for an RTX 5090)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -84,6 +93,7 @@ class Config:
     llama: LlamaSettings = field(default_factory=LlamaSettings)
     service: ServiceSettings = field(default_factory=ServiceSettings)
     enforce: EnforceSettings = field(default_factory=EnforceSettings)
+    fit: FitSettings = field(default_factory=FitSettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -108,7 +118,7 @@ def _hhmm(text: str) -> int:
 
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
-    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce"}
+    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -151,7 +161,17 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         llama=_build(LlamaSettings, llama, "[llama]"),
         service=_build(ServiceSettings, raw.get("service", {}), "[service]"),
         enforce=_enforce(raw.get("enforce", {})),
+        fit=_fit(raw.get("fit", {})),
     )
+
+
+def _fit(table: dict) -> FitSettings:
+    settings = _build(FitSettings, table, "[fit]")
+    if not 0 < settings.max_fill <= 1:
+        raise ValueError(f"[fit] max_fill is {settings.max_fill}; give a share of the card from 0 to 1, such as 0.9")
+    if settings.overhead_mib < 0 or (settings.card_mib is not None and settings.card_mib <= 0):
+        raise ValueError("[fit] overhead_mib must be 0 or more, and card_mib more than 0")
+    return settings
 
 
 def _enforce(table: dict) -> EnforceSettings:

@@ -255,7 +255,7 @@ def compute_bytes(s: Shape, devices: Sequence[Sequence[int]], output_device: int
         g = Graph()
         prefix = f"d{d}."
         inputs = _inputs(g, s, layers, copies, prefix) if layers or d == output_device else {}
-        if d == output_device:
+        if d == output_device or len(s.n_head) - 1 in layers:
             inputs["out_ids"] = [g.input(f"{prefix}out_ids#{c}", s.n_outputs * I32) for c in range(copies)]
         if not gpu and d == 0:
             x = _embeddings(g, s)

@@ -1,0 +1,89 @@
+"""`board fit`: the estimate for 1, 2, 4 and 8 cards, the smallest group that fits, and the seeds' advice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.fit.estimate import CARD_COUNTS, MIB, Placement, Settings, place
+from app.fit.gguf_model import Model
+
+DEFAULT_CARD_MIB = 32607  # an RTX 5090 as NVML reports it
+
+
+@dataclass(frozen=True)
+class Fit:
+    model: Model
+    settings: Settings
+    options: tuple[Placement, ...]
+
+    @property
+    def smallest_fit(self) -> int | None:
+        return next((o.cards for o in self.options if o.fits), None)
+
+    def option(self, cards: int) -> Placement | None:
+        return next((o for o in self.options if o.cards == cards), None)
+
+    def as_json(self) -> dict:
+        one = self.options[0]
+        kv = sum(c.kv_mib for c in one.per_card)
+        compute = sum(c.compute_mib for c in one.per_card) + one.host_compute_mib
+        return {
+            "model": self.model.path, "n_layer": self.model.n_layer, "ctx": self.settings.ctx,
+            "parallel": self.settings.parallel, "cache_type_k": self.settings.cache_type_k,
+            "cache_type_v": self.settings.cache_type_v,
+            "weights_mib": round(self.model.weights_bytes / MIB, 1), "kv_mib": round(kv, 1),
+            "compute_mib": round(compute, 1), "host_mib": round(one.host_mib, 1),
+            "options": [o.as_dict() for o in self.options], "smallest_fit": self.smallest_fit,
+        }
+
+
+def fit(model: Model, settings: Settings, *, card_mib: float = DEFAULT_CARD_MIB, overhead_mib: float = 500.0,
+        max_fill: float = 0.90, counts: tuple[int, ...] = CARD_COUNTS) -> Fit:
+    return Fit(model, settings, tuple(place(model, settings, n, card_mib=card_mib, overhead_mib=overhead_mib,
+                                            max_fill=max_fill) for n in counts))
+
+
+def advice(result: Fit) -> str:
+    """The seeds' rule in one line: the smallest group that fits, TP2/TP4 over TP8."""
+    n = result.smallest_fit
+    if n is None:
+        return ("Does not fit even on 8 cards: lower --ctx or --parallel, use a q8_0 cache "
+                "(--cache-type-k q8_0 --cache-type-v q8_0), or a smaller quantisation.")
+    if n == 1:
+        return "Fits on one card: book 1. Splitting a model that fits only adds transfers between cards."
+    if n in (2, 4):
+        return f"Fits on {n} cards (TP{n}): book {n}. A model that fits on {n} gains nothing from 8; prefer TP2/TP4."
+    return "Needs all 8 cards: book the whole machine, and check that a smaller context or quantisation won't do."
+
+
+def _mib(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
+
+
+def render(result: Fit) -> str:
+    m, s = result.model, result.settings
+    slots = f"{s.parallel} slot{'s' if s.parallel != 1 else ''}"
+    per_slot = f"{s.ctx // s.parallel:,} tokens each" if not s.unified else "one shared cache"
+    totals = result.as_json()
+    lines = [
+        f"model    {m.path}",
+        f"         {m.arch}, {m.n_layer} layers, {m.weight_type}, {m.file_bytes / (1 << 30):.2f} GiB"
+        + (f", {m.n_expert} experts ({m.n_expert_used} used)" if m.n_expert else ""),
+        f"request  ctx {s.ctx:,}, {slots} ({per_slot}), KV cache {s.cache_type_k}/{s.cache_type_v}, "
+        f"flash attention {'on' if s.flash_attn else 'off'}",
+        f"total    weights {_mib(totals['weights_mib'])} MiB ({_mib(totals['host_mib'])} of it on the host), "
+        f"KV {_mib(totals['kv_mib'])} MiB, compute {_mib(totals['compute_mib'])} MiB",
+        "",
+        f"cards  MiB on the fullest card: weights + KV + compute + overhead = total      "
+        f"fits (limit {_mib(result.options[0].limit_mib)})",
+    ]
+    for option in result.options:
+        fullest = max(option.per_card, key=lambda c: c.total_mib)
+        sum_line = (f"{_mib(fullest.weights_mib):>7} + {_mib(fullest.kv_mib):>6} + {_mib(fullest.compute_mib):>6} + "
+                    f"{_mib(fullest.overhead_mib):>4} = {_mib(fullest.total_mib):>7}")
+        every = " ".join(_mib(c.total_mib) for c in option.per_card) if option.cards > 1 else ""
+        lines.append(f"{option.cards:>5}  {sum_line}   {'yes' if option.fits else 'NO':<4}{'  cards: ' + every if every else ''}")
+    lines += ["", f"smallest fit: {result.smallest_fit or 'none'} card{'s' if (result.smallest_fit or 0) != 1 else ''}",
+              advice(result)]
+    return "\n".join(lines)
+
