@@ -53,9 +53,13 @@ class Settings:
                 raise BadInput(f"--cache-type-{which} {name!r} is not a cache type; use one of {', '.join(CACHE_TYPES)}")
             block = CACHE_TYPES[name][1]
             head = model.head_k if which == "k" else model.head_v
-            if head % block:
-                raise BadInput(f"--cache-type-{which} {name} needs a head size that is a multiple of {block}; "
-                               f"this model's is {head} (llama.cpp refuses it)")
+            if self.flash_attn and head % block:
+                raise BadInput(f"--cache-type-{which} {name} with flash attention needs a head size that is a multiple "
+                               f"of {block}; this model's is {head} (llama.cpp refuses it)")
+            widths = {head * n for n in model.n_head_kv}
+            if bad := sorted(w for w in widths if w % block):
+                raise BadInput(f"--cache-type-{which} {name} needs K/V rows that are a multiple of {block} wide; "
+                               f"this model's are {bad[0]}")
         if _quantised(self.cache_type_v) and not self.flash_attn:
             raise BadInput(f"a {self.cache_type_v} V cache needs flash attention (--flash-attn on), as llama.cpp requires")
 

@@ -21,7 +21,7 @@ from app.errors import BadInput
 KNOWN_ARCHITECTURES: dict[str, tuple[int, int, bool] | None] = {
     "llama": None, "mistral3": None, "qwen2": None, "qwen2moe": None, "qwen3": None, "qwen3moe": None,
     "phi3": None, "internlm2": None, "gemma": None, "starcoder2": None, "command-r": None, "olmo2": None,
-    "granite": None, "granitemoe": None,
+    "granite": None, "granitemoe": None, "deci": None,
     "gemma2": (2, 4096, False), "gemma3": (6, 0, False), "cohere2": (4, 0, False), "gpt-oss": (2, 0, False),
 }
 

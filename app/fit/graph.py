@@ -93,6 +93,8 @@ class Allocator:
             if offset + size == block[0]:
                 block[0] = offset
                 block[1] += size
+                if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == block[0]:
+                    self.free[i - 1][1] += self.free.pop(i)[1]
                 return
         position = next((i for i, block in enumerate(self.free) if block[0] > offset), len(self.free))
         self.free.insert(position, [offset, size])
@@ -254,13 +256,14 @@ def compute_bytes(s: Shape, devices: Sequence[Sequence[int]], output_device: int
     for d, layers in enumerate(devices):
         g = Graph()
         prefix = f"d{d}."
-        inputs = _inputs(g, s, layers, copies, prefix) if layers or d == output_device else {}
-        if d == output_device or len(s.n_head) - 1 in layers:
-            inputs["out_ids"] = [g.input(f"{prefix}out_ids#{c}", s.n_outputs * I32) for c in range(copies)]
+        # inputs are allocated in the order the graph first reaches them: the residual stream, then the rest
         if not gpu and d == 0:
             x = _embeddings(g, s)
         else:
             x = [g.input(f"{prefix}x#{c}", E * T * F32) for c in range(copies)][0]
+        inputs = _inputs(g, s, layers, copies, prefix) if layers or d == output_device else {}
+        if d == output_device or len(s.n_head) - 1 in layers:
+            inputs["out_ids"] = [g.input(f"{prefix}out_ids#{c}", s.n_outputs * I32) for c in range(copies)]
         for il in layers:
             x = _layer(g, s, il, x, inputs, last=il == len(s.n_head) - 1)
         if d == output_device:
@@ -285,6 +288,7 @@ def _embeddings(g: Graph, s: Shape) -> str:
     T, E = s.n_tokens, s.n_embd
     tokens = g.input("tokens", T * I32)
     g.input("embd_input", E * T * F32)
+    # in the order the graph first reaches them: ggml_set_rows's sources are (rows, indices, destination)
     mixed_tokens = g.input("mixed_tokens", T * I32)
     mixed_slots = g.input("mixed_slots", T * I64)
     mixed_embd = g.input("mixed_embd", E * T * F32)

@@ -87,3 +87,47 @@ def render(result: Fit) -> str:
               advice(result)]
     return "\n".join(lines)
 
+
+
+def overflow(placement: Placement) -> str:
+    """'card 1 needs 31,200 MiB, 1,854 over the 29,346 MiB limit' for the fullest card over the limit."""
+    index, worst = max(enumerate(placement.per_card), key=lambda pair: pair[1].total_mib)
+    over = worst.total_mib - placement.limit_mib
+    return (f"card {index} of {placement.cards} needs {_mib(worst.total_mib)} MiB, {_mib(over)} MiB over the "
+            f"{_mib(placement.limit_mib)} MiB limit")
+
+
+def alternatives(model: Model, settings: Settings, cards: int, **limits) -> list[str]:
+    """What would fit instead, each as the option to change: a smaller context, fewer slots, a q8_0
+    cache, or more cards."""
+    from dataclasses import replace
+
+    def fits(s: Settings, n: int = cards) -> bool:
+        try:
+            return place(model, s, n, **limits).fits
+        except Exception:  # noqa: BLE001 - a variant llama.cpp would refuse is simply not offered
+            return False
+
+    found = []
+    ctx = settings.ctx
+    while ctx > 512 and not fits(replace(settings, ctx=ctx)):
+        ctx //= 2
+    if ctx != settings.ctx and fits(replace(settings, ctx=ctx)):
+        found.append(f"--ctx {ctx}")
+    if settings.parallel > 1:
+        fewer = next((p for p in range(settings.parallel - 1, 0, -1) if fits(replace(settings, parallel=p))), None)
+        if fewer:
+            found.append(f"--parallel {fewer}")
+    if settings.cache_type_k == "f16" and fits(replace(settings, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn=True)):
+        found.append("--cache-type-k q8_0 --cache-type-v q8_0")
+    more = next((n for n in CARD_COUNTS if n > cards and fits(settings, n)), None)
+    if more:
+        found.append(f"{more} cards")
+    return found
+
+
+def request_record(result: Placement, model: Model, settings: Settings) -> dict:
+    """What a booking stores of its request: enough to serve it again and to compare with what is used."""
+    return {"model": model.path, **settings.as_dict(), "cards_planned": result.cards,
+            "per_card_mib": [round(c.total_mib) for c in result.per_card],
+            "estimate": [c.as_dict() for c in result.per_card]}
