@@ -3,7 +3,7 @@ user's processes and HOT cards, and says so; named cards are booked with a note.
 
 import pytest
 
-from app.config import Config
+from app.config import Config, Pool
 from app.core.identity import Identity
 from app.errors import Conflict
 from app.gpu.model import CardReading, GpuProcess
@@ -38,8 +38,9 @@ def cards(processes=None, temperatures=None, count=8):
 
 @pytest.fixture
 def service(conn, fleet):
-    def make(readings, name="alice", uid=1001, now=NOW):
-        return BookingService(conn, Identity(name, uid, False), Config(), readings, fleet.topology, lambda: now)
+    def make(readings, name="alice", uid=1001, now=NOW, config=None):
+        return BookingService(conn, Identity(name, uid, False), config or Config(), readings, fleet.topology,
+                              lambda: now)
 
     return make
 
@@ -140,6 +141,12 @@ class TestPickingByCount:
         assert (booking.cards, booking.start) == ((0,), NOW)
         assert notes == ("took card 0 though it is HOT (93 °C): no cooler group could start then",)
 
+    def test_a_hot_card_is_avoided_past_the_first_days_search_too(self, service):
+        readings = cards(temperatures={0: 93}, count=2)
+        service(readings, "bob", 1002).create(cards=[0, 1], start=NOW, end=NOW + 48 * H)  # longer than the lookahead
+        booking, _ = service(readings).book(count=1, start=NOW, end=NOW + H)
+        assert (booking.cards, booking.start) == ((1,), NOW + 48 * H)
+
     def test_both_reasons_in_card_order(self, service):
         readings = cards({3: [bobs()]}, temperatures={0: 93})
         booking, notes = service(readings).book(count=2, start=NOW, end=NOW + H)
@@ -166,6 +173,11 @@ class TestPickingByCount:
             + ", ".join(f"card {i} (bob's processes, 9.0 GiB)" for i in range(1, 8))
             + "; see 'board status'"
         )
+
+    def test_cards_whose_pool_refuses_the_length_are_left_out(self, service):
+        short = Config(pools=(Pool("short", (0, 1, 2, 3), max_hours=2),))
+        booking, notes = service(cards(), config=short).book(count=1, start=NOW, end=NOW + 3 * H)
+        assert (booking.cards, notes) == ((4,), ())
 
     def test_plan_says_the_same(self, service):
         plan = service(cards({0: [bobs()]})).plan(count=1, start=NOW, end=NOW + H)
@@ -194,6 +206,23 @@ class TestBookingNamedCards:
         service(readings).create(cards=[0], start=NOW, end=NOW + 10)
         _, notes = service(readings).book(cards=[0], start=NOW + 10, end=NOW + H)
         assert notes == ()
+
+    def test_a_container_on_a_card_someone_else_held_until_the_start_is_named(self, service):
+        readings = cards({0: [containers()]})
+        service(readings, "bob", 1002, now=NOW - H).create(cards=[0], start=NOW - H, end=NOW + 10)
+        _, notes = service(readings).book(cards=[0], start=NOW + 10, end=NOW + H)
+        assert notes == ("card 0 has container/unknown's processes (4.0 GiB) now",)
+
+    def test_my_booking_from_the_next_second_does_not_hold_the_card_now(self, service):
+        readings = cards({0: [containers()]})
+        service(readings).create(cards=[0], start=NOW + 1, end=NOW + H)
+        _, notes = service(readings).book(cards=[0], start=NOW - 30, end=NOW + 1)
+        assert notes == ("card 0 has container/unknown's processes (4.0 GiB) now",)
+
+    def test_sizes_are_in_gib_of_1024_mib(self, service):
+        # 100 GiB on one card: an H200 (141 GB) holds it.
+        _, notes = service(cards({3: [bobs(100 * GIB)]})).book(cards=[3], start=NOW, end=NOW + H)
+        assert notes == ("card 3 has bob's processes (100.0 GiB) now",)
 
     def test_a_future_slot_says_nothing(self, service):
         start = NOW + PAST_GRACE_SECONDS + 1
