@@ -276,14 +276,19 @@ class BoardApp(App[int]):
 
     @work(exit_on_error=False, group="book")
     async def action_book(self) -> None:
-        booking = await self.push_screen_wait(BookingModal(self.backend, self.draft()))
-        if booking is not None:
-            now = self.clock()
+        booked = await self.push_screen_wait(BookingModal(self.backend, self.draft()))
+        if booked is not None:
+            booking, now = booked.booking, self.clock()
             self.notify(
                 f"Booked #{booking.id}: {'card' if len(booking.cards) == 1 else 'cards'} {format_cards(booking.cards)}"
                 f", {short_time(booking.start, now)} → {short_time(booking.end, now)}",
                 title="Booked", markup=False,
             )
+            # What runs on the cards now (passed over, or another user's processes on a named card). The
+            # notes carry other users' names: plain text, never markup.
+            for note in booked.notes:
+                self.notify(inert(note, 300), title=f"Booking #{booking.id}", severity="warning", timeout=20,
+                            markup=False)
             if isinstance(self.screen, BoardScreen):
                 self.board.timeline.action_clear_selection()
 

@@ -39,6 +39,15 @@ class Plan:
     end: int
 
 
+@dataclass(frozen=True, slots=True)
+class Booked:
+    """A new booking, and the service's notes on what runs on its cards now (cards passed over, or
+    another user's processes on a named card): one line each, other users' names in them."""
+
+    booking: Booking
+    notes: tuple[str, ...] = ()
+
+
 class Backend:
     def __init__(self, client, clock: Callable[[], float], on_change: Callable[[], None] = lambda: None) -> None:
         self.client, self.clock = client, clock
@@ -49,11 +58,14 @@ class Backend:
         """One operation off the UI thread; the service's error comes back to the caller."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(self.client.call, op, **args))
 
-    async def _change(self, op: str, **args: Any) -> Booking:
+    async def _write(self, op: str, **args: Any) -> dict[str, Any]:
         try:
-            return booking_from_wire(await self.call(op, **args))
+            return await self.call(op, **args)
         finally:
             self._on_change()
+
+    async def _change(self, op: str, **args: Any) -> Booking:
+        return booking_from_wire(await self._write(op, **args))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -64,9 +76,10 @@ class Backend:
         found = await self.call("plan", **request.args())
         return Plan(tuple(found["cards"]), found["start"], found["end"])
 
-    async def create(self, request: BookingRequest) -> Booking:
+    async def create(self, request: BookingRequest) -> Booked:
         """Check, then book; a request that fails the check writes nothing at all."""
-        return await self._change("book", **request.args(), note=request.note, checked=True)
+        found = await self._write("book", **request.args(), note=request.note, checked=True)
+        return Booked(booking_from_wire(found), tuple(found.get("notes", ())))
 
     async def next_free(self, request: BookingRequest) -> tuple[tuple[int, ...], int]:
         """The earliest (cards, start) at or after the request's start that fits its duration."""

@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 from textual.widgets import Input, Static
+from textual.widgets._toast import Toast
 
 from app.core.identity import Identity
 from app.gpu.simulated import DEFAULT_FLEET
@@ -110,6 +111,49 @@ class TestBookingForm:
             await pilot.press("ctrl+n")
             await wait_for(pilot, lambda: form.query_one("#start", Input).value == "2026-11-30 15:00")
             await wait_for(pilot, lambda: form.error is None)
+
+    async def test_booking_a_card_with_another_users_processes_toasts_the_note(self, make_app, seeded_db):
+        app = make_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            await pilot.press(*["down"] * 5, "b")  # card 5: free now, dave's eval runs on it
+            await wait_for(pilot, lambda: isinstance(app.screen, BookingModal))
+            assert app.screen.query_one("#cards", Input).value == "5"
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: not isinstance(app.screen, BookingModal))
+            await wait_for(pilot, lambda: any(n.severity == "warning" for n in app._notifications))
+            made = [b for b in bookings(seeded_db) if b.user == "alice" and b.cards == (5,)]
+            assert len(made) == 1
+            warnings = [(n.title, n.message) for n in app._notifications if n.severity == "warning"]
+            assert warnings == [(f"Booking #{made[0].id}", "card 5 has dave's processes (8.8 GiB) now")]
+            assert any(n.title == "Booked" for n in app._notifications)
+
+    async def test_a_booking_without_notes_toasts_no_warning(self, make_app):
+        app = make_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            await pilot.press(*["down"] * 4, "b", "enter")  # card 4: free, nothing runs on it
+            await wait_for(pilot, lambda: any(n.title == "Booked" for n in app._notifications))
+            assert [n for n in app._notifications if n.severity == "warning"] == []
+
+    async def test_a_name_in_the_note_shows_as_typed(self, make_app, tmp_path):
+        from app.gpu.model import GpuProcess
+
+        marked = GpuProcess(47002, 3000, "m[b]al[/b]lory[link=http://evil.example/]", 4243, "python x.py")
+        source = simulated(replace(DEFAULT_FLEET, processes=(*DEFAULT_FLEET.processes, (4, marked))))
+        db = tmp_path / "marked.db"
+        seed(db, source)
+        app = make_app(source=source, db_path=db)
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            await ready(pilot)
+            await pilot.press(*["down"] * 4, "b", "enter")  # card 4: free, the marked name's process on it
+            warned = lambda: [t for t in app.screen.query(Toast) if t._notification.severity == "warning"]  # noqa: E731
+            await wait_for(pilot, lambda: len(warned()) == 1)
+            shown = warned()[0].render()
+            # Markup would have eaten the tags (and made a link): they show as typed, unstyled.
+            assert "card 4 has m[b]al[/b]lory[link=http://evil.example/]'s processes (2.9 GiB) now" in shown.plain
+            title = len("Booking #7\n")
+            assert [span for span in shown.spans if span.end > title] == []
 
     async def test_escape_cancels(self, make_app, seeded_db):
         before = bookings(seeded_db)

@@ -21,11 +21,10 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from app.config import CLASSES
 from app.core.slots import GROUP_SIZES
-from app.model import Booking
 from app.errors import BadInput, BoardError
 from app.core.parse import parse_cards, parse_span
 from app.core.text import format_cards, inert
-from app.tui.backend import Backend, BookingRequest
+from app.tui.backend import Backend, Booked, BookingRequest
 from app.tui.render import duration, full_time, short_time
 
 VALIDATE_DELAY = 0.15
@@ -66,8 +65,8 @@ def parse_form(
     return BookingRequest(chosen, number, begin, end, klass, note)
 
 
-class BookingModal(ModalScreen[Booking | None]):
-    """Returns the new Booking, or None when dismissed with Escape."""
+class BookingModal(ModalScreen[Booked | None]):
+    """Returns the new booking with the service's notes on its cards, or None when dismissed with Escape."""
 
     DEFAULT_CSS = """
     BookingModal { align: center middle; }
@@ -242,12 +241,12 @@ class BookingModal(ModalScreen[Booking | None]):
     @work(exclusive=True, group="submit", exit_on_error=False)
     async def _book(self, request: BookingRequest) -> None:
         try:
-            booking = await self.backend.create(request)
+            booked = await self.backend.create(request)
         except BoardError as error:
             self.show_error(str(error))
             self.app.bell()
             return
-        self.dismiss(booking)
+        self.dismiss(booked)
 
     def action_next_free(self) -> None:
         try:
