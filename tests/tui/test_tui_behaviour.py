@@ -412,6 +412,60 @@ class TestCardDetail:
             await wait_for(pilot, lambda: not isinstance(app.screen, CardDetailScreen))
 
 
+class TestCardTable:
+    async def test_a_booking_request_shows_beside_the_vram_and_a_holder_over_it_is_flagged(self, make_app, tmp_path):
+        from app.gpu.model import GpuProcess
+        from app.gpu.simulated import demo_uid
+
+        # Card 4: alice's server holds 22000 MiB of the 20000 asked for (10 % over); card 6: a container
+        # (the holder's, as far as anyone can tell) within its 4096.
+        server = GpuProcess(47003, 22000, "alice", demo_uid("alice"), "llama-server -m qwen.gguf")
+        source = simulated(replace(DEFAULT_FLEET, processes=(*DEFAULT_FLEET.processes, (4, server))))
+        db = tmp_path / "requests.db"
+        seed(db, source)
+        app = make_app(source=source, db_path=db)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            table = app.board.card_table
+            assert "req" not in " ".join(str(c) for c in table.get_row_at(4))  # no request, no room taken
+            for card, mib in ((4, 20000), (6, 4096)):
+                await app.backend.call("book", cards=[card], start=FROZEN_NOW, end=FROZEN_NOW + 2 * HOUR,
+                                       request={"model": "qwen2.5-14b", "per_card_mib": [mib]})
+            await wait_for(pilot, lambda: "req" in str(table.get_row_at(6)[2]))
+            over, within = ([str(c) for c in table.get_row_at(i)] for i in (4, 6))
+            assert over[2].endswith("/31.8 req 19.5") and over[1] == "IN USE OVER"
+            assert within[2].endswith("/31.8 req 4.0") and "OVER" not in within[1]
+            assert table.virtual_size.width <= table.size.width  # the wider VRAM column still fits 120
+            await pilot.resize_terminal(80, 24)  # compact: no room for the request; the flag stays
+            await wait_for(pilot, lambda: not app.board.card_table.get_row_at(4)[2].plain.endswith("req 19.5"))
+            await pilot.pause()
+            compact = [str(c) for c in app.board.card_table.get_row_at(4)]
+            assert compact[1] == "IN USE OVER" and "req" not in compact[2]
+
+    @pytest.mark.parametrize("request_, holder_mib, over", [
+        ({"per_card_mib": [20000, 20000]}, 21000, False),  # 5 % over: within the margin
+        ({"per_card_mib": [20000, 20000]}, 21001, True),
+        ({"per_card_mib": [30000, 20000]}, 21001, False),  # the estimate is per card, in the booking's card order
+        ({"per_card_mib": [20000]}, 99999, False),  # one figure for two cards: not a request the board can read
+        ({"per_card_mib": "20000"}, 99999, False),
+        ({"per_card_mib": [True, True]}, 99999, False),
+        ({"per_card_mib": [0, 0]}, 99999, False),
+        ({"model": "qwen"}, 99999, False),
+        (None, 99999, False),
+    ])
+    def test_over_the_request(self, request_, holder_mib, over):
+        from app.gpu.model import CardReading, GpuProcess
+        from app.model import Booking
+        from app.tui.widgets.card_table import over_request
+
+        booking = Booking(id=1, user="alice", uid=1001, cards=(4, 5), card_uuids=("GPU-4", "GPU-5"), start=0, end=1,
+                          klass="experiment", note="", status="booked", request=request_)
+        processes = (GpuProcess(1, holder_mib - 1000, "alice", 1001, ""), GpuProcess(2, 1000, None, None, ""),
+                     GpuProcess(3, 5000, "bob", 1002, ""), GpuProcess(4, None, "alice", 1001, ""))
+        reading = CardReading(index=4, uuid="GPU-4", memory_total_mib=32607, processes=processes)
+        assert over_request(reading, booking) is over
+
+
 class TestUntrustedText:
     async def test_hostile_text_renders_inert(self, make_app, tmp_path):
         from tests.tui.conftest import hostile_scenario

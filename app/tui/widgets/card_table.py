@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from rich.cells import cell_len
@@ -12,10 +13,49 @@ from textual.widgets import DataTable
 
 from app.core.cardstate import BOOKED, FREE, FULL, HOT, IN_USE, LOST, SQUATTED, CardStatus
 from app.core.text import inert
+from app.gpu.model import CardReading
+from app.model import Booking
 from app.tui.render import NA, bar, gib, level_style, local, short_time
 
 STATE_CLASS = {FREE: "free", BOOKED: "booked", IN_USE: "in-use", SQUATTED: "squatted", LOST: "lost"}
 WIDE_MIN_WIDTH = 110
+OVER = "OVER"  # the holder uses more VRAM than the booking's request estimated
+OVER_MARGIN = 0.05
+
+
+def requested_mib(booking: Booking | None, uuid: str) -> float | None:
+    """The VRAM the booking's request estimated for this card (request["per_card_mib"], one per card in
+    the booking's card order), or None. The request is what the booker sent: anything malformed is None."""
+    request = booking.request if booking is not None else None
+    if not isinstance(request, dict) or uuid not in booking.card_uuids:
+        return None
+    per_card = request.get("per_card_mib")
+    if not isinstance(per_card, list) or len(per_card) != len(booking.card_uuids):
+        return None
+    mib = per_card[booking.card_uuids.index(uuid)]
+    if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not math.isfinite(mib) or mib <= 0:
+        return None
+    return mib
+
+
+def holder_mib(reading: CardReading, booking: Booking) -> int | None:
+    """The VRAM of the holder's processes on the card, or None when NVML reports none. A process nobody
+    can name (a container's) counts as the holder's, as the card's state does (app.core.cardstate)."""
+    def holders(p) -> bool:
+        if p.uid is not None:
+            return p.uid == booking.uid
+        return p.user == booking.user if p.user is not None else True
+
+    used = [p.used_mib for p in reading.processes if p.used_mib is not None and holders(p)]
+    return sum(used) if used else None
+
+
+def over_request(reading: CardReading, booking: Booking | None) -> bool:
+    requested = requested_mib(booking, reading.uuid)
+    if requested is None:
+        return False
+    used = holder_mib(reading, booking)
+    return used is not None and used > requested * (1 + OVER_MARGIN)
 
 
 def short_name(name: str | None) -> str:
@@ -99,6 +139,7 @@ class CardTable(DataTable):
         self._built: dict[tuple[str, str], tuple[tuple, Cell]] = {}  # (uuid, column) -> (parts, Cell)
         self._changed_rows: set = set()
         self.statuses: tuple[CardStatus, ...] = ()
+        self._requested = False  # the wide VRAM column has room for requests
 
     # -- repainting only what changed ------------------------------------------------------------
 
@@ -126,7 +167,7 @@ class CardTable(DataTable):
 
     # -- columns -------------------------------------------------------------------------------
 
-    def _columns(self, wide: bool, mixed: bool, width: int) -> list[tuple[str, str, int]]:
+    def _columns(self, wide: bool, mixed: bool, width: int, requested: bool = False) -> list[tuple[str, str, int]]:
         if not wide:
             return [("idx", "#", 2), ("state", "STATE", 12), ("vram", "VRAM GiB", 11), ("util", "UTIL", 4),
                     ("temp", "TEMP", 4), ("power", "POWER", 5), ("holder", "HOLDER", 13), ("next", "NEXT", 13)]
@@ -134,8 +175,9 @@ class CardTable(DataTable):
         columns = [("idx", "#", 8 if labelled else 2)]
         if mixed:
             columns.append(("gpu", "GPU", 10))
-        columns += [("state", "STATE", 15), ("vram", "VRAM GiB", 20), ("util", "UTIL", 4), ("temp", "TEMP", 4),
-                    ("power", "POWER W", 7), ("holder", "HOLDER", 17), ("next", "NEXT", 16)]
+        # A booking's request adds " req 21.3" to its cards' VRAM: six more columns (from the users column).
+        columns += [("state", "STATE", 15), ("vram", "VRAM GiB", 26 if requested else 20), ("util", "UTIL", 4),
+                    ("temp", "TEMP", 4), ("power", "POWER W", 7), ("holder", "HOLDER", 17), ("next", "NEXT", 16)]
         used = sum(w + 2 for _, _, w in columns) + 2 + 1  # padding, the users column's padding, a scrollbar
         columns.append(("users", "USERS", max(10, width - used)))
         return columns
@@ -148,12 +190,14 @@ class CardTable(DataTable):
         width = self.size.width or self.app.size.width
         wide = self.app.size.width >= WIDE_MIN_WIDTH
         mixed = len({s.reading.name for s in statuses}) > 1
-        layout = (wide, mixed, width if wide else 0, any(s.label for s in statuses))
+        requested = wide and any(requested_mib(s.booking, s.reading.uuid) is not None for s in statuses)
+        self._requested = requested
+        layout = (wide, mixed, width if wide else 0, any(s.label for s in statuses), requested)
         uuids = [s.reading.uuid for s in statuses]
         with self.app.batch_update():
             if layout != self._layout:
                 self.clear(columns=True)
-                for key, label, w in self._columns(wide, mixed, width):
+                for key, label, w in self._columns(wide, mixed, width, requested):
                     self.add_column(label, key=key, width=w)
                 self._layout, self._rows, self._cells = layout, [], {}
             columns = [c.key.value for c in self.ordered_columns]
@@ -227,6 +271,9 @@ class CardTable(DataTable):
         state = [(s.state, f"cards--{STATE_CLASS.get(s.state, 'na')}")]
         for warning in s.warnings:
             state += [(" ", ""), (warning, "cards--warning")]
+        over = over_request(r, s.booking)
+        if over:
+            state += [(" ", ""), (OVER, "cards--warn")]
         cells["state"] = (tuple(state), "left")
 
         total, used = r.memory_total_mib, r.memory_used_mib
@@ -236,7 +283,11 @@ class CardTable(DataTable):
             figures = f" {gib(used)}/{gib(total)}"
         else:
             figures = " " + (NA if fraction is None else f"{used / 1024:.0f}/{total / 1024:.0f}")
-        cells["vram"] = (((bar(fraction, 8 if wide else 5), level), (figures, "")), "left")
+        vram = [(bar(fraction, 7 if self._requested else 8 if wide else 5), level), (figures, "")]
+        requested = requested_mib(s.booking, r.uuid) if self._requested else None
+        if requested is not None:
+            vram.append((f" req {requested / 1024:.1f}", "cards--warn" if over else "cards--muted"))
+        cells["vram"] = (tuple(vram), "left")
 
         util = r.utilization_pct
         cells["util"] = (((NA, "cards--na") if util is None else (f"{util}%", ""),), "right")
