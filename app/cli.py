@@ -228,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--class", dest="klass", metavar="CLASS", default="experiment",
                    help="online, batch, finetune or experiment (default)")
     p.add_argument("--note", default="", help="what it is for")
+    from app.fit.cli import add_request_options
+
+    p.add_argument("--model", metavar="M.gguf", help="size the booking from this model (with --ctx, --parallel): "
+                                                       "picks the smallest group of cards that fits, and stores the request")
+    add_request_options(p)
 
     p = command("list", cmd_list, "bookings from now on (or a window)", json_flag=True)
     who = p.add_mutually_exclusive_group()

@@ -127,21 +127,24 @@ def cmd_status(ctx: Context) -> int:
 
 def cmd_book(ctx: Context) -> int:
     args = ctx.args
-    if args.count is None and args.cards is None:
-        raise BadInput("say which cards: a count (board book 2) or --cards 0,1")
+    if args.count is None and args.cards is None and not getattr(args, "model", None):
+        raise BadInput("say which cards: a count (board book 2), --cards 0,1, or --model M.gguf to size it")
     if args.count is not None and args.cards is not None:
         raise BadInput("give a count or --cards, not both")
     from app.core.parse import parse_span
 
     start, end = parse_span(args.start, args.duration, args.until, ctx.now(),
                             how_long="say how long: --for 3h, --until 18:00, or a range such as --start 'tomorrow 9-19'")
+    cards = parse_cards(args.cards) if args.cards is not None else None
+    count, request = args.count, None
+    if getattr(args, "model", None):  # only the full parser knows --model: it reads the GGUF, so no quick path
+        from app.fit.cli import settings_from
+        from app.fit.request import for_booking, limits
+
+        count, request = for_booking(args.model, settings_from(args), limits(ctx.config), count=count, cards=cards)
+        count = None if cards is not None else count
     booking = ctx.client.call(
-        "book",
-        cards=parse_cards(args.cards) if args.cards is not None else None,
-        count=args.count,
-        start=start,
-        end=end,
-        note=args.note,
+        "book", cards=cards, count=count, start=start, end=end, note=args.note, request=request,
         **{"class": args.klass},
     )
     print_booking(booking, "booked", args.json)

@@ -36,7 +36,30 @@ def booking_json(booking: dict | None) -> dict | None:
         "class": booking["class"],
         "note": booking["note"],
         "status": booking["status"],
+        **({"request": booking["request"]} if booking.get("request") else {}),
     }
+
+
+def request_text(request: dict | None) -> str:
+    """'mid.gguf ctx 32,768 ×4, ~2.1 GiB/card' for a booking sized from a model; '' otherwise."""
+    from app.core.text import inert
+
+    if not isinstance(request, dict) or not request.get("model"):
+        return ""
+    per_card = request.get("per_card_mib") or []
+    estimate = f", ~{max(per_card) / 1024:.1f} GiB/card" if per_card and all(isinstance(x, int) for x in per_card) else ""
+    name = inert(str(request["model"]).rsplit("/", 1)[-1], 40)
+    return f"{name} ctx {request.get('ctx', '?'):,} ×{request.get('parallel', '?')}{estimate}"
+
+
+def requested_mib(booking: dict | None, card: int) -> int | None:
+    """What the booking's request estimated for `card`, or None."""
+    request = (booking or {}).get("request") or {}
+    per_card = request.get("per_card_mib") or []
+    cards = list((booking or {}).get("cards") or [])
+    if card in cards and len(per_card) == len(cards) and isinstance(per_card[cards.index(card)], int):
+        return per_card[cards.index(card)]
+    return None
 
 
 def booking_line(booking: dict) -> str:
@@ -44,9 +67,10 @@ def booking_line(booking: dict) -> str:
 
     state = "" if booking["status"] == "booked" else f" [{booking['status']}]"
     note = f"  {inert(booking['note'], 60)}" if booking["note"] else ""
+    asked = f"  [{text}]" if (text := request_text(booking.get("request"))) else ""
     return (
         f"#{booking['id']:<5} {inert(booking['user'], 16):<16} cards {format_cards(booking['cards']):<15}"
-        f" {format_time(booking['start'])} → {format_time(booking['end'])}  {booking['class']}{state}{note}"
+        f" {format_time(booking['start'])} → {format_time(booking['end'])}  {booking['class']}{state}{asked}{note}"
     )
 
 
@@ -75,20 +99,26 @@ def status_json(found: dict) -> dict:
             "cards": [card(c) for c in found["cards"]]}
 
 
+OVER_ASKED = 1.05  # a holder using more than this times the estimate they booked with is flagged
+
+
 def status_text(found: dict, now: float) -> str:
     from app.core.text import format_time, inert
 
     def num(value, fmt="{}"):
         return "n/a" if value is None else fmt.format(value)
 
-    lines = [["#", "STATE", "VRAM GiB", "UTIL", "TEMP", "POWER W", "HOLDER", "UNTIL", "NEXT", "USERS"]]
+    lines = [["#", "STATE", "VRAM GiB", "ASKED", "UTIL", "TEMP", "POWER W", "HOLDER", "UNTIL", "NEXT", "USERS"]]
     for c in found["cards"]:
         used, total = c["memory_used_mib"], c["memory_total_mib"]
         vram = "n/a" if used is None or not total else f"{used / 1024:.1f}/{total / 1024:.1f}"
         booking, upcoming = c["booking"], c["next_booking"]
+        asked = requested_mib(booking, c["index"])
+        over = asked is not None and used is not None and used > asked * OVER_ASKED
+        asked_text = "-" if asked is None else f"{asked / 1024:.1f}" + (" OVER" if over else "")
         nxt = f"{inert(upcoming['user'], 12)} {format_time(upcoming['start'], now)}" if upcoming else "-"
         lines.append([
-            str(c["index"]), " ".join([c["state"], *c["warnings"]]), vram, num(c["utilization_pct"], "{}%"),
+            str(c["index"]), " ".join([c["state"], *c["warnings"]]), vram, asked_text, num(c["utilization_pct"], "{}%"),
             num(c["temperature_c"], "{}°C"), f"{num(c['power_w'], '{:.0f}')}/{num(c['power_limit_w'], '{:.0f}')}",
             inert(booking["user"], 12) if booking else "-",
             format_time(booking["end"], now) if booking else "-",

@@ -30,6 +30,10 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _INPUT = ("token_embd.", "position_embd.", "token_types.")
 
 
+class UnknownArchitecture(BadInput):
+    """A model whose memory board cannot size: the check that needs the estimate steps aside."""
+
+
 @dataclass(frozen=True)
 class Model:
     path: str
@@ -97,7 +101,7 @@ def read_model(path: str | os.PathLike) -> Model:
     if not isinstance(arch, str):
         raise BadInput(f"{first}: the GGUF header names no architecture (general.architecture)")
     if arch not in KNOWN_ARCHITECTURES:
-        raise BadInput(f"{first}: board can't size the {arch!r} architecture yet "
+        raise UnknownArchitecture(f"{first}: board can't size the {arch!r} architecture yet "
                        f"(it knows {', '.join(sorted(KNOWN_ARCHITECTURES))}); give llama-server's own figures a try")
 
     def need(key: str):

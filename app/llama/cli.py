@@ -36,6 +36,11 @@ def _start_options(a: argparse.ArgumentParser) -> None:
     a.add_argument("--alias", help="the model name the API reports (default: the file name)")
     a.add_argument("--host", help="listen address (default 127.0.0.1; others only if the config allows them)")
     a.add_argument("--no-wait", action="store_true", help="return right after launch instead of waiting for ready")
+    a.add_argument("--cache-type-k", help="K cache type: f16 (default), q8_0, q4_0, ...")
+    a.add_argument("--cache-type-v", help="V cache type (a quantised one needs flash attention)")
+    a.add_argument("--flash-attn", choices=("on", "off"), help="flash attention (default on)")
+    a.add_argument("--force", action="store_true",
+                   help="start even if board's estimate says it does not fit the booked cards (audited)")
 
 
 class _OptionsParser(argparse.ArgumentParser):
@@ -173,6 +178,7 @@ def cmd_start(session) -> int:
     from app.core.text import inert
     from app.llama import launch
     from app.llama.launch import ServerEnded
+    from app.fit.request import limits
 
     args = session.args
     extra = _split_extra(args)
@@ -181,7 +187,8 @@ def cmd_start(session) -> int:
         client, args.booking, socket_path=getattr(client, "path", None), environ=session.environ,
         model=args.model, ctx=args.ctx, parallel=args.parallel, port=args.port, split_mode=args.split_mode,
         tensor_split=args.tensor_split, metrics=args.metrics or None, alias=args.alias, host=args.host,
-        extra=extra or None,
+        extra=extra or None, cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, flash_attn=args.flash_attn,
+        fit_limits=limits(session.config), force=args.force,
     )
     cards = ",".join(map(str, server.cards))
     where = f"server {server.id} ({inert(server.alias or '', 40)}) on cards {cards}, {server.url}"

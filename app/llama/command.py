@@ -15,6 +15,7 @@ from app.errors import BadInput
 from app.gpu.model import Topology
 
 SPLIT_MODES = ("layer", "row")
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # as app.fit.estimate sizes them
 DEFAULT_CTX = 4096
 DEFAULT_PARALLEL = 1
 
@@ -25,6 +26,8 @@ _MANAGED = {
     "-c": "--ctx", "--ctx-size": "--ctx", "-np": "--parallel", "--parallel": "--parallel",
     "-sm": "--split-mode", "--split-mode": "--split-mode", "-ts": "--tensor-split", "--tensor-split": "--tensor-split",
     "-a": "--alias", "--alias": "--alias", "--path": "(not allowed)", "--api-prefix": "(not allowed)",
+    "-fa": "--flash-attn", "--flash-attn": "--flash-attn", "-ctk": "--cache-type-k", "--cache-type-k": "--cache-type-k",
+    "-ctv": "--cache-type-v", "--cache-type-v": "--cache-type-v",
 }
 
 # Flags that load a model other than the booked file, or fetch one from elsewhere (a URL, Hugging Face,
@@ -97,12 +100,19 @@ def check_extra(extra: Sequence[str]) -> list[str]:
     return list(extra)
 
 
+def cache_type(which: str, name: str) -> str:
+    if name not in CACHE_TYPES:
+        raise BadInput(f"--cache-type-{which} {name[:20]!r} is not a cache type; use one of {', '.join(CACHE_TYPES)}")
+    return name
+
+
 def server_argv(
     binary: str, *, model: str, host: str, port: int, ctx: int, parallel: int, split_mode: str = "layer",
     tensor_split: str | None = None, metrics: bool = False, alias: str | None = None, extra: Sequence[str] = (),
+    cache_types: tuple[str, str] = ("f16", "f16"), flash_attn: str = "on",
 ) -> list[str]:
     argv = [binary, "-m", model, "--host", host, "--port", str(port), "-c", str(ctx), "-np", str(parallel),
-            "-ngl", "999", "--split-mode", split_mode]
+            "-ngl", "999", "--split-mode", split_mode, "-fa", flash_attn, "-ctk", cache_types[0], "-ctv", cache_types[1]]
     if tensor_split:
         argv += ["--tensor-split", tensor_split]
     if metrics:

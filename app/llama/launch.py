@@ -50,14 +50,17 @@ def own_log_dir(environ: Mapping[str, str] = os.environ) -> Path:
 
 
 def start(client, booking_id: int, *, socket_path: str | None = None, environ: Mapping[str, str] = os.environ,
-          **options) -> tuple[Server, dict]:
+          fit_limits: Mapping | None = None, force: bool = False, **options) -> tuple[Server, dict]:
     """serve_start, then launch: the row (state `starting`) of a server whose supervisor now runs, and
-    the grant (ready_timeout_s)."""
-    model = options.get("model")
-    if model is None:  # the booking's request may name it
-        model = (client.call("get", id=booking_id).get("request") or {}).get("model")
+    the grant (ready_timeout_s). With `fit_limits` (app.fit.request.limits), a server whose estimate does
+    not fit the booked cards is refused (NotPermitted) unless `force`; the estimate goes into the audit row."""
+    booking = client.call("get", id=booking_id)
+    request = booking.get("request") or {}
+    model = options.get("model") or request.get("model")
     if model:  # checked here, by the member's own process: the service never opens a path a client sent
         options["model"] = cmd.check_model(model)
+        if fit_limits is not None:
+            options.update(_fit(options, request, fit_limits, len(booking["cards"]), force))
     granted = client.call("serve_start", booking=booking_id, **{k: v for k, v in options.items() if v is not None})
     server = server_from_wire(granted["server"])
     try:
@@ -70,6 +73,23 @@ def start(client, booking_id: int, *, socket_path: str | None = None, environ: M
             pass
         raise
     return server, granted["launch"]
+
+
+def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool) -> dict:
+    """The settings the estimate was made for (so the server runs exactly those) and the estimate itself."""
+    from app.fit.gguf_model import UnknownArchitecture
+    from app.fit.request import for_server, settings_of
+
+    flash = {"on": True, "off": False}.get(options.get("flash_attn"))
+    settings = settings_of(request, ctx=options.get("ctx"), parallel=options.get("parallel"),
+                           cache_type_k=options.get("cache_type_k"), cache_type_v=options.get("cache_type_v"),
+                           flash_attn=flash)
+    try:
+        estimate = for_server(options["model"], settings, dict(limits), cards, force=force)
+    except UnknownArchitecture:
+        return {}  # board can't size it: llama-server's own figures will tell after it loads
+    return {"ctx": settings.ctx, "parallel": settings.parallel, "cache_type_k": settings.cache_type_k,
+            "cache_type_v": settings.cache_type_v, "flash_attn": "on" if settings.flash_attn else "off", "fit": estimate}
 
 
 def launch(server: Server, grant: Mapping, *, socket_path: str | None, environ: Mapping[str, str] = os.environ) -> str:

@@ -117,6 +117,10 @@ class ServerService:
         alias: str | None = None,
         host: str | None = None,
         extra: Sequence[str] = (),
+        cache_type_k: str | None = None,
+        cache_type_v: str | None = None,
+        flash_attn: str | None = None,
+        fit: dict | None = None,
     ) -> Server:
         """Check everything and lease a port: the row, in state `starting`, that the caller then launches
         (app.llama.launch). Nothing is spawned here: behind the socket the service must not run a member's
@@ -137,6 +141,12 @@ class ServerService:
         ctx = _positive("--ctx", ctx if ctx is not None else request.get("ctx") or cmd.DEFAULT_CTX)
         parallel = _positive("--parallel", parallel if parallel is not None else request.get("parallel")
                              or cmd.DEFAULT_PARALLEL)
+        cache_type_k = cmd.cache_type("k", cache_type_k or request.get("cache_type_k") or "f16")
+        cache_type_v = cmd.cache_type("v", cache_type_v or request.get("cache_type_v") or "f16")
+        if flash_attn is None:
+            flash_attn = "off" if request.get("flash_attn") is False else "on"
+        if flash_attn not in ("on", "off"):
+            raise BadInput(f"--flash-attn is on or off, not {flash_attn[:20]!r}")
         if split_mode not in cmd.SPLIT_MODES:
             raise BadInput(f"unknown split mode {split_mode!r}; use {' or '.join(cmd.SPLIT_MODES)}")
         extra = cmd.check_extra(extra)
@@ -147,6 +157,8 @@ class ServerService:
         if port is not None and not settings.port_min <= port <= settings.port_max:
             raise BadInput(f"port {port} is outside the server range {settings.port_min}-{settings.port_max}")
         cards = cmd.topology_order(booking.cards, self.topology)
+        if tensor_split is None and len(cards) > 1:  # explicit, so the split board estimated is the one that happens
+            tensor_split = ",".join(["1"] * len(cards))
         uuid_of = dict(zip(booking.cards, booking.card_uuids))
         uuids = [uuid_of[c] for c in cards]
         alias = alias or Path(model_path).stem
@@ -158,7 +170,8 @@ class ServerService:
             metrics=metrics, cmdline=cmd.server_argv(binary, model=model_path, host=host, port=p, ctx=ctx,
                                                      parallel=parallel, split_mode=split_mode,
                                                      tensor_split=tensor_split, metrics=metrics, alias=alias,
-                                                     extra=extra)))
+                                                     cache_types=(cache_type_k, cache_type_v), flash_attn=flash_attn,
+                                                     extra=extra)), audit={"fit": fit} if fit else {})
         return self.get(server_id)
 
     def _may_start(self, booking: Booking, now: int) -> None:
@@ -172,7 +185,8 @@ class ServerService:
             when = "ended" if booking.end <= now else f"starts {format_time(booking.start, now)}"
             raise NotPermitted(f"booking {booking.id} is not active now ({when}); servers run only inside a booking")
 
-    def _lease(self, booking_id: int, wanted: int | None, host: str, fields: Callable[[int], dict]) -> tuple[int, int]:
+    def _lease(self, booking_id: int, wanted: int | None, host: str, fields: Callable[[int], dict],
+               audit: dict) -> tuple[int, int]:
         """Insert the row with the first port that is neither leased to a live server nor bound by anyone."""
         settings = self.config.llama
         leased = rows.used_ports(self.conn)
@@ -198,7 +212,7 @@ class ServerService:
                     events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action="server-start",
                                   booking_id=booking_id, ok=True,
                                   details={"server": server_id, "port": port, "model": values["model"],
-                                           "cards": values["cards"]})
+                                           "cards": values["cards"], **audit})
                 return server_id, port
             except NotPermitted as refusal:
                 self._refused("server-start", booking_id, details, refusal)

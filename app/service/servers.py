@@ -33,7 +33,7 @@ from typing import Any
 
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
-from app.service.ops import BOOL, INT, LIST, STR, op
+from app.service.ops import BOOL, DICT, INT, LIST, STR, op
 
 LOG_KEEP = 500  # lines of each server's log the service keeps in memory
 LINE_MAX = 1000
@@ -77,7 +77,8 @@ def _changed(service) -> None:
 # -- operations ---------------------------------------------------------------------------------
 
 _START = {"model": STR, "ctx": INT, "parallel": INT, "port": INT, "split_mode": STR, "tensor_split": STR,
-          "metrics": BOOL, "alias": STR, "host": STR, "extra": LIST}
+          "metrics": BOOL, "alias": STR, "host": STR, "extra": LIST, "cache_type_k": STR, "cache_type_v": STR,
+          "flash_attn": STR, "fit": DICT}
 
 
 @op("serve_start", {"booking": INT}, _START, writes=True)

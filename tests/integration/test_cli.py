@@ -168,7 +168,7 @@ def test_help_lists_every_command(board):
     # Only the command list has lines indented by exactly four spaces: a name, then its help.
     names = re.findall(r"^ {4}(\S+)", listing, flags=re.MULTILINE)
     assert names == ["status", "book", "list", "cancel", "release", "extend", "admin", "run", "log", "whoami",
-                     "backup", "doctor", "serve", "agent"]  # no `init`: the retired shared 2770 directory
+                     "backup", "doctor", "serve", "fit", "agent"]  # no `init`: the retired shared 2770 directory
 
 
 class TestDemo:

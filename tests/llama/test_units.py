@@ -38,17 +38,18 @@ def test_topology_order_keeps_the_closest_cards_adjacent(cards, topology, expect
 def test_server_argv_is_the_recipe():
     argv = command.server_argv("/bin/llama-server", model="/m.gguf", host="127.0.0.1", port=8100, ctx=4096,
                                parallel=4, split_mode="layer", tensor_split="1,1", metrics=True, alias="m",
-                               extra=["--temp", "0.2"])
+                               extra=["--temp", "0.2"], cache_types=("q8_0", "q4_0"), flash_attn="on")
     assert argv == ["/bin/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port", "8100", "-c", "4096",
-                    "-np", "4", "-ngl", "999", "--split-mode", "layer", "--tensor-split", "1,1", "--metrics",
+                    "-np", "4", "-ngl", "999", "--split-mode", "layer", "-fa", "on", "-ctk", "q8_0", "-ctv", "q4_0",
+                    "--tensor-split", "1,1", "--metrics",
                     "--alias", "m", "--temp", "0.2"]
 
 
-def test_server_argv_by_default_splits_by_layer_with_nothing_optional():
+def test_server_argv_by_default_splits_by_layer_with_flash_attention_and_an_f16_cache():
     argv = command.server_argv("/bin/llama-server", model="/m.gguf", host="127.0.0.1", port=8100, ctx=4096,
                                parallel=1)
     assert argv == ["/bin/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port", "8100", "-c", "4096",
-                    "-np", "1", "-ngl", "999", "--split-mode", "layer"]
+                    "-np", "1", "-ngl", "999", "--split-mode", "layer", "-fa", "on", "-ctk", "f16", "-ctv", "f16"]
 
 
 def test_server_env_pins_the_cards_and_drops_llama_arg_variables():
@@ -102,7 +103,8 @@ _BOARD_SETS = {
     "-m": "--model", "--model": "--model", "--host": "--host", "--port": "--port", "-c": "--ctx", "--ctx-size": "--ctx",
     "-np": "--parallel", "--parallel": "--parallel", "-sm": "--split-mode", "--split-mode": "--split-mode",
     "-ts": "--tensor-split", "--tensor-split": "--tensor-split", "-a": "--alias", "--alias": "--alias",
-    "--path": None, "--api-prefix": None,
+    "--path": None, "--api-prefix": None, "-fa": "--flash-attn", "--flash-attn": "--flash-attn",
+    "-ctk": "--cache-type-k", "--cache-type-k": "--cache-type-k", "-ctv": "--cache-type-v", "--cache-type-v": "--cache-type-v",
 }
 
 

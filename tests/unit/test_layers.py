@@ -17,11 +17,12 @@ ALLOWED = {
     "gpu": set(),
     "core": {"model", "errors", "config", "gpu"},
     "store": {"model", "errors", "gpu"},
-    "llama": {"model", "errors", "config", "gpu", "core", "store", "output"},
+    "fit": {"errors", "output", "core"},
+    "llama": {"model", "errors", "config", "gpu", "core", "store", "output", "fit"},
     "service": {"model", "errors", "config", "gpu", "core", "store", "llama", "demo", "wire"},
     "client": {"model", "errors", "core", "service", "wire"},
     "output": {"core"},
-    "tui": {"model", "errors", "config", "gpu", "core", "llama", "client"},
+    "tui": {"model", "errors", "config", "gpu", "core", "llama", "client", "fit"},
 }
 
 

@@ -303,11 +303,12 @@ class ServersScreen(Screen):
         app = self.app
 
         def start(client) -> None:
+            from app.fit.request import limits
             from app.llama import launch
 
             server, grant = launch.start(client, request.booking_id, socket_path=getattr(client, "path", None),
                                          model=request.model, ctx=request.ctx, parallel=request.parallel,
-                                         metrics=request.metrics)
+                                         metrics=request.metrics, fit_limits=limits(app.config))
             _notify(app, f"Starting server {server.id} on cards {format_cards(server.cards)}, port {server.port}")
             server = launch.wait_ready(client, server, timeout=float(grant["ready_timeout_s"]) + 15, poll_s=0.25)
             _notify(app, f"Server {server.id} ready: {server.url}")
