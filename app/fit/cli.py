@@ -38,6 +38,11 @@ def add_parser(command) -> None:
     add_request_options(p)
     p.add_argument("--cards", type=positive, choices=CARD_COUNTS, metavar="N",
                    help="only this many cards (1, 2, 4 or 8; default: all four options)")
+    p.add_argument("--for", dest="duration", metavar="DUR",
+                   help="also find the earliest slots of this length where a group that fits is free (asks the service)")
+    p.add_argument("--start", default="now", help="with --for: from when to search (default now)")
+    p.add_argument("--class", dest="klass", default="experiment", metavar="CLASS",
+                   help="with --for: the booking class the slots must allow (default experiment)")
 
 
 def settings_from(args: argparse.Namespace):
@@ -58,8 +63,61 @@ def cmd_fit(ctx) -> int:
     result = fit(model, settings_from(args), card_mib=settings.card_mib or DEFAULT_CARD_MIB,
                  overhead_mib=settings.overhead_mib, max_fill=settings.max_fill,
                  counts=(args.cards,) if args.cards else CARD_COUNTS)
+    slots = _slots(ctx, result) if args.duration else None
     if args.json:
-        print_json(result.as_json())
+        shown = [{k: v for k, v in s.items() if k != "at"} for s in slots] if slots is not None else None
+        print_json({**result.as_json(), **({"slots": shown} if shown is not None else {})})
     else:
         print(render(result))
+        if slots is not None:
+            print(_slot_text(ctx, slots, result.smallest_fit))
     return EXIT_OK
+
+
+def _slots(ctx, result) -> list[dict]:
+    """The earliest slots where the smallest group that fits is free: the service knows the calendar, the
+    pools and what runs on the cards now."""
+    from app.core.parse import parse_span
+    from app.output import iso
+
+    if result.smallest_fit is None:
+        return []
+    start, end = parse_span(ctx.args.start, ctx.args.duration, None, ctx.now(), how_long="give --for, such as 3h")
+    found = ctx.client.call("slots", start=start, end=end, count=result.smallest_fit, limit=3,
+                            **{"class": ctx.args.klass})["slots"]
+    return [{"cards": s["cards"], "start": iso(s["start"]), "end": iso(s["end"]),
+             "free_until": iso(s["free_until"]) if s["free_until"] is not None else None,
+             "pools": _pools(ctx.config, s["cards"]), "at": s["start"]} for s in found]
+
+
+def _pools(config, cards) -> list[dict]:
+    from app.config import CLASSES
+
+    return [{"name": p.name, "classes": list(p.classes) if tuple(p.classes) != CLASSES else None}
+            for p in config.pools if set(p.cards) & set(cards)]
+
+
+def _slot_text(ctx, slots: list[dict], count: int | None) -> str:
+    """'now: cards 4,5 until 19:00 only; from 19:00: cards 0-3 (prod, online/batch only)'."""
+    import time
+
+    from app.core.text import format_cards, format_time, inert
+
+    if count is None:
+        return "when: no group of cards fits this request"
+    if not slots:
+        return f"when: no {count} free cards take a {ctx.args.klass} booking of {ctx.args.duration} in the calendar's reach"
+    now = time.time()
+    parts = []
+    for s in slots:
+        when = "now" if s["at"] <= now + 60 else f"from {format_time(s['at'], now)}"
+        text = f"{when}: cards {format_cards(s['cards'])}"
+        if s["free_until"]:
+            from datetime import datetime
+
+            text += f" until {format_time(int(datetime.fromisoformat(s['free_until']).timestamp()), now)} only"
+        pools = [inert(p["name"], 20) + (f", {'/'.join(p['classes'])} only" if p["classes"] else "") for p in s["pools"]]
+        if pools:
+            text += f" ({'; '.join(pools)})"
+        parts.append(text)
+    return "when: " + "; ".join(parts)

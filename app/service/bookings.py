@@ -31,6 +31,7 @@ PAST_GRACE_SECONDS = 60
 # Slot searches first read the calendar this far past the wanted slot, and all of it only when that
 # finds nothing: a full calendar is a long read to hold the write lock for.
 LOOKAHEAD_SECONDS = 86400
+MAX_CANDIDATES = 60  # booking ends tried as starts by `options`: enough for 3 slots on a busy calendar
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,30 @@ class BookingService:
         return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end, tuple(notes))
 
     plan = _worded(_plan)
+
+    def options(self, count: int, klass: str, start: int, duration: int, limit: int = 3) -> list[tuple[Plan, int | None]]:
+        """The earliest slots, each on a different group of `count` cards, where every rule lets a `klass`
+        booking of `duration` start; with each, when its cards stop being free (None: not within a day
+        past the slot). Candidate starts are `start` and each moment a booking on some card ends."""
+        self._check_class(klass)
+        if count not in GROUP_SIZES:
+            raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
+        horizon = start + int(self.config.policy.max_ahead_days * 86400)
+        ends = sorted({b.end for b in rows.live_between(self.conn, start, horizon) if b.end > start})[:MAX_CANDIDATES]
+        found: list[tuple[Plan, int | None]] = []
+        for candidate in [start, *ends]:
+            if len(found) == limit:
+                break
+            try:
+                plan = self._plan(count=count, start=candidate, end=candidate + duration, klass=klass)
+            except (Conflict, NotPermitted, BadInput):
+                continue
+            busy = self._busy_by_index(plan.end, plan.end + LOOKAHEAD_SECONDS, None)
+            starts = [begin for i in plan.cards for begin, _ in busy.get(i, ()) if begin >= plan.end]
+            # A later slot on cards already offered adds nothing unless the earlier one was cut short.
+            if not any(plan.cards == seen.cards and (until is None or plan.start < until) for seen, until in found):
+                found.append((plan, min(starts) if starts else None))
+        return found
 
     def next_free(self, cards: Sequence[int], start: int, duration: int, excluding: int | None = None) -> int:
         """The earliest start at or after `start` where `cards` are free for `duration`."""

@@ -178,6 +178,16 @@ def next_free(service, me: Identity, start: int, end: int, cards=None, count=Non
     return {"cards": list(found.cards), "start": found.start}
 
 
+@op("slots", _SLOT, {"count": INT, "class": STR, "limit": INT})
+def slots(service, me: Identity, start: int, end: int, count=1, limit=3, **rest) -> dict:
+    """Up to `limit` earliest slots on different groups of `count` cards (board fit --for)."""
+    if not 1 <= limit <= 10:
+        raise BadInput("slots: limit is 1 to 10")
+    found = service.bookings(me).options(count, rest.get("class", "experiment"), start, end - start, limit)
+    return {"slots": [{"cards": list(p.cards), "start": p.start, "end": p.end, "free_until": until}
+                      for p, until in found]}
+
+
 @op("book", _SLOT, {**_WHICH, "note": STR, "request": DICT, "checked": BOOL}, writes=True)
 def book(service, me: Identity, start: int, end: int, cards=None, count=None, note="", request=None,
          checked=False, **rest) -> dict:
