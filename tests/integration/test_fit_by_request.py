@@ -83,3 +83,14 @@ def test_book_needs_cards_a_count_or_a_model(board):
     result = board("book", "--for", "1h")
     assert result.returncode == 2
     assert "--model M.gguf" in result.stderr
+
+
+def test_serve_start_refuses_settings_that_do_not_fit_the_booked_cards(board, model):
+    booked = json.loads(board("book", "--model", model, "--for", "1h", "--json").stdout)
+    result = board("serve", "start", str(booked["id"]), "--ctx", "999999999", "--parallel", "64", "--no-wait")
+    assert result.returncode == 4
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line
+    assert line.startswith("board: serve start: gqa8.gguf does not fit: card 0 of 1 needs ")
+    assert "would fit: --ctx " in line
+    assert board("serve", "list").stdout.startswith("no servers")
