@@ -7,7 +7,8 @@
 - KV cache (src/llama-context.cpp, llama-kv-cache.cpp, llama-kv-cache-iswa.cpp): n_ctx = pad256(ctx);
   with -np N, not unified, N streams of pad256(n_ctx / N) cells; unified, one stream of n_ctx cells. Each
   layer holds n_stream x cells x (row(type_k, n_embd_k_gqa) + row(type_v, n_embd_v_gqa)) on its card.
-  Sliding-window layers keep pad256(min(cells, n_swa x (N if unified else 1) + n_ubatch)) cells.
+  Sliding-window layers keep pad256(min(cells, n_swa x (N if unified else 1) + n_ubatch)) cells. Without
+  flash attention V is transposed and each layer's V row is as wide as the widest layer's.
 - Compute buffers: graph.py replays the scheduler's reservation.
 - Each card also carries a fixed overhead (the CUDA context, cuBLAS workspaces): [fit] overhead_mib.
 """
@@ -145,9 +146,12 @@ def layer_cards(n_layer: int, split: Sequence[float]) -> list[int]:
 def kv_bytes_per_layer(model: Model, settings: Settings) -> list[int]:
     streams, cells = settings.cells()
     swa_cells = _pad(min(cells, model.n_swa * (settings.parallel if settings.unified else 1) + settings.n_ubatch))
+    # Without flash attention V is stored transposed, every layer as wide as the widest (llama_kv_cache).
+    v_max = max(model.n_embd_v_gqa(il) for il in range(model.n_layer))
     sizes = []
     for il in range(model.n_layer):
-        row = row_bytes(settings.cache_type_k, model.n_embd_k_gqa(il)) + row_bytes(settings.cache_type_v, model.n_embd_v_gqa(il))
+        v_width = model.n_embd_v_gqa(il) if settings.flash_attn else v_max
+        row = row_bytes(settings.cache_type_k, model.n_embd_k_gqa(il)) + row_bytes(settings.cache_type_v, v_width)
         sizes.append(streams * (swa_cells if model.swa[il] else cells) * row)
     return sizes
 

@@ -31,6 +31,7 @@ CASES = [
     ("mid", Settings(ctx=4096, parallel=4)),
     ("mid", Settings(ctx=2048, parallel=2, flash_attn=False)),
     ("per-layer", Settings(ctx=4096, parallel=2)),
+    ("per-layer", Settings(ctx=4096, parallel=1, cache_type_k="q4_0", flash_attn=False)),  # V as wide as the widest
     ("swa", Settings(ctx=4096, parallel=4)),
     ("swa", Settings(ctx=2048, parallel=2, flash_attn=False)),
 ]
