@@ -31,6 +31,7 @@ from app.config import Config
 from app.core.cardstate import CardStatus, fleet_status
 from app.core.identity import Identity
 from app.core.text import format_cards, inert
+from app.fit.request import limits
 from app.gpu.model import FleetSnapshot, sample
 from app.model import Booking
 from app.tui.backend import Backend
@@ -103,7 +104,7 @@ class BoardApp(App[int]):
         self._bookings = Poller("board-bookings", lambda p: bookings_loop(
             self, client, clock, lambda: self._window, p))
         self._events = Poller("board-events", lambda p: events_loop(self, client, self._bookings, p, self.history_step))
-        self.backend = Backend(client, clock, self._bookings.wake)
+        self.backend = Backend(client, clock, self._bookings.wake, fit_limits=limits(config))
         self.servers = servers  # the Servers screen and the thread that watches server lifecycles
         self.server_watch = None
         # Keys that exist only for some: non-admins never get the admin key, nor its palette entry.

@@ -8,17 +8,39 @@ raise the service's errors (BadInput, Conflict, NotPermitted) whose str() is the
 from __future__ import annotations
 
 import asyncio
+import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
+from app.config import Config
+from app.errors import BadInput, BoardError, NotPermitted
+from app.core.text import inert
+from app.fit.estimate import Placement, Settings, place
+from app.fit.gguf_model import Model, read_model
+from app.fit.report import fit, request_record
+from app.fit.request import limits
 from app.model import Booking, Event, booking_from_wire
+
+# How far the form looks for models under [llama] model_dirs: a share mounted over the network can be huge.
+MODEL_LIMIT = 2000  # .gguf files listed at most
+MODEL_DEPTH = 4  # folders below a model dir (a Hugging Face cache keeps its files 3 below)
+MODEL_VISITS = 20000  # directory entries looked at, in all
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAsk:
+    """A request in memory terms: the model file and the server settings it will run with."""
+
+    path: str
+    settings: Settings = Settings()
 
 
 @dataclass(frozen=True, slots=True)
 class BookingRequest:
-    """A parsed booking form: explicit cards or a count, and a half-open [start, end)."""
+    """A parsed booking form: explicit cards or a count (or, with a model, neither: the smallest group that
+    fits), and a half-open [start, end). `record` is what the booking stores of the model once sized."""
 
     cards: tuple[int, ...] | None
     count: int | None
@@ -26,10 +48,116 @@ class BookingRequest:
     end: int
     klass: str
     note: str = ""
+    model: ModelAsk | None = None
+    record: dict | None = None
 
     def args(self) -> dict[str, Any]:
         return {"cards": list(self.cards) if self.cards is not None else None, "count": self.count,
                 "start": self.start, "end": self.end, "class": self.klass}
+
+    def sized(self, sizing: Sizing) -> BookingRequest:
+        """This request on the cards the model needs: the count filled in when none was given, and the
+        record to store. NotPermitted, with the one line to show, when it does not fit."""
+        if not sizing.fits:
+            raise NotPermitted(sizing.refusal())
+        given = self.cards is not None or self.count is not None
+        return replace(self, count=self.count if given else sizing.placement.cards, record=sizing.record())
+
+
+def _mib(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """A model's memory on the form's cards. `placement` is on the cards asked for (named or counted), else on
+    the smallest group that fits, else on 8; `cards` names them when the form did."""
+
+    model: Model
+    settings: Settings
+    placement: Placement
+    smallest_fit: int | None
+    cards: tuple[int, ...] | None = None
+    chosen: bool = False  # the form gave the cards or the count; False: the board picks the smallest fit
+
+    @property
+    def fits(self) -> bool:
+        return self.placement.fits
+
+    def record(self) -> dict:
+        return request_record(self.placement, self.model, self.settings)
+
+    def line(self) -> str:
+        """'≈ 9,812 MiB per card (weights 7,100 + KV 1,800 + compute 412 + overhead 500) · fits 1 card', or
+        'does not fit on 1 card: the card needs 31,200 MiB, over the 29,346 MiB limit; fits on 2 cards'."""
+        p = self.placement
+        index, fullest = max(enumerate(p.per_card), key=lambda pair: pair[1].total_mib)
+        n = f"{p.cards} card{'s' if p.cards != 1 else ''}"
+        if p.fits:
+            parts = (f"weights {_mib(fullest.weights_mib)} + KV {_mib(fullest.kv_mib)} + "
+                     f"compute {_mib(fullest.compute_mib)} + overhead {_mib(fullest.overhead_mib)}")
+            fits = f"fits {n}" if self.chosen else f"books {n}, the fewest that fit"
+            return f"≈ {_mib(fullest.total_mib)} MiB per card ({parts}) · {fits}"
+        if self.cards is not None:
+            who = f"card {self.cards[index]}"
+        else:
+            who = "the card" if p.cards == 1 else "the fullest card"
+        over = f"{who} needs {_mib(fullest.total_mib)} MiB, over the {_mib(p.limit_mib)} MiB limit"
+        if not self.chosen:  # not even the smallest group fits: the placement is on 8
+            return f"does not fit even on {n}: {over}; lower the context or parallel"
+        if self.smallest_fit is None:
+            return f"does not fit on {n}: {over}; no group of up to 8 fits: lower the context or parallel"
+        return f"does not fit on {n}: {over}; fits on {self.smallest_fit} card{'s' if self.smallest_fit != 1 else ''}"
+
+
+    def refusal(self) -> str:
+        """Why Enter refuses, in one line; the live line above it shows the figures."""
+        name = inert(os.path.basename(self.model.path), 80)
+        n = f"{self.placement.cards} card{'s' if self.placement.cards != 1 else ''}"
+        if not self.chosen:
+            return f"{name} does not fit even on {n}: lower the context or parallel"
+        if self.smallest_fit is None:
+            return f"{name} does not fit on {n}, nor on 8: lower the context or parallel"
+        k = self.smallest_fit
+        return (f"{name} does not fit on {n}; it fits on {k}: ask for {k}, or leave cards and count empty "
+                "for the fewest that fit")
+
+
+def find_models(dirs: Iterable[str], *, limit: int = MODEL_LIMIT, depth: int = MODEL_DEPTH,
+                visits: int = MODEL_VISITS) -> list[str]:
+    """The .gguf files under `dirs`, as absolute paths, sorted: at most `limit` of them, `depth` folders down,
+    `visits` entries looked at. A split model shows once, as its first part (the estimate reads all parts).
+    Folders that can't be read are passed over; links to files count, links to folders are not followed."""
+    found: set[str] = set()
+    seen = 0
+    pending = [(os.path.abspath(os.path.expanduser(d)), 0) for d in dirs]
+    while pending and len(found) < limit and seen < visits:
+        folder, level = pending.pop(0)
+        try:
+            with os.scandir(folder) as entries:
+                listed = sorted(entries, key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in listed:
+            seen += 1
+            if seen > visits or len(found) >= limit:
+                break
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if level < depth and not entry.name.startswith("."):
+                        pending.append((entry.path, level + 1))
+                elif entry.name.endswith(".gguf") and entry.is_file() and not _later_part(entry.name):
+                    found.add(entry.path)
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def _later_part(name: str) -> bool:
+    """'-00002-of-00003.gguf' and later: parts that the first part's estimate already sums."""
+    stem = name[: -len(".gguf")]
+    part, _, rest = stem.rpartition("-of-")
+    return bool(part) and rest.isdigit() and part[-5:].isdigit() and int(part[-5:]) > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +177,15 @@ class Booked:
 
 
 class Backend:
-    def __init__(self, client, clock: Callable[[], float], on_change: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, client, clock: Callable[[], float], on_change: Callable[[], None] = lambda: None,
+                 fit_limits: dict | None = None) -> None:
         self.client, self.clock = client, clock
         self._on_change = on_change  # reloads the bookings at once after one of our own writes
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="board-calls")
+        # Model files are read on a thread of their own: a big vocabulary takes seconds, service calls must not wait.
+        self._fit_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="board-fit")
+        self.fit_limits = fit_limits or limits(Config())  # card_mib, overhead_mib, max_fill: the config's [fit]
+        self._models: dict[str, tuple[tuple[int, int], Model]] = {}  # path -> ((mtime_ns, size), model); fit thread only
 
     async def call(self, op: str, **args: Any) -> Any:
         """One operation off the UI thread; the service's error comes back to the caller."""
@@ -69,20 +202,82 @@ class Backend:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._fit_executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- models --------------------------------------------------------------------------------
+
+    async def model_files(self, dirs: Sequence[str]) -> list[str]:
+        """The .gguf files under [llama] model_dirs (bounded: see find_models), for completion."""
+        return await asyncio.get_running_loop().run_in_executor(self._fit_executor, find_models, tuple(dirs))
+
+    async def size(self, request: BookingRequest) -> Sizing:
+        """The request's model on its cards (named, counted, or the smallest group that fits). BadInput with one
+        line for a file that is missing or can't be sized."""
+        if request.model is None:
+            raise BadInput("no model to size")
+        return await asyncio.get_running_loop().run_in_executor(self._fit_executor, self._size, request)
+
+    def _model(self, path: str) -> Model:
+        """read_model, once per file version: the header of a big vocabulary takes seconds to read."""
+        path = os.path.abspath(os.path.expanduser(path))
+        try:
+            info = os.stat(path)
+        except OSError:
+            return read_model(path)  # its one-line reason: missing, a directory, unreadable
+        version = (info.st_mtime_ns, info.st_size)
+        cached = self._models.get(path)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        model = read_model(path)
+        self._models[path] = (version, model)
+        return model
+
+    def _size(self, request: BookingRequest) -> Sizing:
+        ask = request.model
+        assert ask is not None
+        try:
+            model = self._model(ask.path)
+            smallest = fit(model, ask.settings, **self.fit_limits).smallest_fit
+            chosen = request.cards is not None or request.count is not None
+            if request.cards is not None:
+                n = len(request.cards)
+            elif request.count is not None:
+                n = request.count
+            else:
+                n = smallest or 8
+            placement = place(model, ask.settings, n, **self.fit_limits)
+        except BoardError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a header the estimate can't follow is one line in the form
+            raise BadInput(f"can't size {ask.path}: {type(error).__name__}: {str(error)[:120]}") from None
+        return Sizing(model, ask.settings, placement, smallest, request.cards, chosen)
+
+    async def _sized(self, request: BookingRequest) -> BookingRequest:
+        if request.model is None or request.record is not None:
+            return request
+        return request.sized(await self.size(request))
 
     # -- bookings ------------------------------------------------------------------------------
 
+    # A request with a model is sized first (request.sized): the count becomes the smallest group that fits,
+    # and one that does not fit its cards is refused here, before the service hears of it.
+
     async def plan(self, request: BookingRequest) -> Plan:
+        request = await self._sized(request)
         found = await self.call("plan", **request.args())
         return Plan(tuple(found["cards"]), found["start"], found["end"])
 
     async def create(self, request: BookingRequest) -> Booked:
-        """Check, then book; a request that fails the check writes nothing at all."""
-        found = await self._write("book", **request.args(), note=request.note, checked=True)
+        """Check, then book; a request that fails the check writes nothing at all. A model's request (the
+        settings and the estimate per card) is stored with the booking."""
+        request = await self._sized(request)
+        found = await self._write("book", **request.args(), note=request.note, request=request.record, checked=True)
         return Booked(booking_from_wire(found), tuple(found.get("notes", ())))
 
     async def next_free(self, request: BookingRequest) -> tuple[tuple[int, ...], int]:
-        """The earliest (cards, start) at or after the request's start that fits its duration."""
+        """The earliest (cards, start) at or after the request's start that fits its duration; with a model and
+        no count, for the smallest group of cards that fits it."""
+        request = await self._sized(request)
         found = await self.call("next_free", **request.args())
         return tuple(found["cards"]), found["start"]
 

@@ -182,6 +182,197 @@ class TestBookingForm:
                 parse_form(cards, count, start, length, until, "batch", "", FROZEN_NOW)
 
 
+# The model shapes for the form: tiny fits one card; heavy (about 100 MiB of F32 weights, 8 layers) needs two
+# under HEAVY_FIT, where a card holds 700 MiB and the usual 500 MiB overhead: 648 MiB on one, 617 on each of two.
+HEAVY = "heavy"
+HEAVY_FIT = dict(card_mib=700)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tests.fit.shapes import Shape, write_model
+
+    folder = tmp_path_factory.mktemp("models")
+    (folder / "big").mkdir()
+    write_model(folder / "tiny.gguf", "tiny")
+    write_model(folder / "big" / f"{HEAVY}.gguf", Shape(HEAVY, n_embd=256, n_layer=8, n_head=4, n_head_kv=2, n_ff=4096))
+    (folder / "README.txt").write_text("not a model")
+    return folder
+
+
+def model_config(model_dir):
+    from app.config import Config, FitSettings, LlamaSettings
+
+    return Config(llama=LlamaSettings(model_dirs=(str(model_dir),)), fit=FitSettings(**HEAVY_FIT))
+
+
+def estimate(path, cards: int, **settings):
+    """What app.fit says the model needs on `cards` cards under HEAVY_FIT: the figures the form must show."""
+    from app.fit.estimate import Settings, place
+    from app.fit.gguf_model import read_model
+    from app.fit.request import limits
+
+    return place(read_model(path), Settings(**settings), cards, **limits(model_config(path.parent)))
+
+
+async def fill(pilot, form, name: str, text: str) -> None:
+    """Focus the field, clear it and type `text` key by key."""
+    field = form.query_one(f"#{name}", Input)
+    field.focus()
+    await pilot.pause()
+    await pilot.press("end")
+    await erase(pilot, len(field.value) + 1)
+    await pilot.press(*text)
+
+
+async def open_form(pilot, *keys: str) -> BookingModal:
+    await ready(pilot)
+    await pilot.press(*keys, "b")
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, BookingModal))
+    return pilot.app.screen
+
+
+def fit_line(form) -> str:
+    return str(form.query_one("#fit", Static).render())
+
+
+class TestBookingFormModel:
+    async def test_the_model_field_completes_from_the_model_dirs(self, make_app, model_dir):
+        app = make_app(config=model_config(model_dir))
+        async with app.run_test(size=(120, 40)) as pilot:
+            form = await open_form(pilot, "down", "down", "down", "down")
+            await wait_for(pilot, lambda: form.models != [])
+            assert form.models == [str(model_dir / "big" / f"{HEAVY}.gguf"), str(model_dir / "tiny.gguf")]
+            assert form.query_one("#ctx", Input).disabled and form.query_one("#parallel", Input).disabled
+            model = form.query_one("#model", Input)
+            await fill(pilot, form, "model", f"{model_dir}/t")
+            await wait_for(pilot, lambda: model._suggestion == str(model_dir / "tiny.gguf"))
+            await pilot.press("right")  # takes the completion
+            assert model.value == str(model_dir / "tiny.gguf")
+            assert not form.query_one("#ctx", Input).disabled and not form.query_one("#parallel", Input).disabled
+            await wait_for(pilot, lambda: "fits 1 card" in fit_line(form))
+
+    async def test_the_live_line_shows_the_memory_per_card_and_the_fit(self, make_app, model_dir):
+        tiny = model_dir / "tiny.gguf"
+        app = make_app(config=model_config(model_dir))
+        async with app.run_test(size=(120, 40)) as pilot:
+            form = await open_form(pilot, "down", "down", "down", "down")  # card 4
+            await fill(pilot, form, "model", str(tiny))
+            await wait_for(pilot, lambda: "fits 1 card" in fit_line(form))
+            card = estimate(tiny, 1).per_card[0]
+            assert fit_line(form) == (
+                f"≈ {card.total_mib:,.0f} MiB per card (weights {card.weights_mib:.1f} + KV {card.kv_mib:.1f} + "
+                f"compute {card.compute_mib:.1f} + overhead 500) · fits 1 card")
+            assert form.query_one("#fit").has_class("-fits")
+            await wait_for(pilot, lambda: form.error is None)  # and the slot is free: enter would book it
+            # A longer context on the same card: the KV cache and compute grow past the card's 630 MiB.
+            big = estimate(tiny, 1, ctx=131072).per_card[0]
+            assert big.total_mib > 630
+            await fill(pilot, form, "ctx", "131072")
+            await wait_for(pilot, lambda: "does not fit" in fit_line(form))
+            assert fit_line(form) == (f"does not fit on 1 card: card 4 needs {big.total_mib:,.0f} MiB, over the 630 MiB "
+                                      "limit; no group of up to 8 fits: lower the context or parallel")
+            assert form.query_one("#fit").has_class("-over")
+            assert form.error == "tiny.gguf does not fit on 1 card, nor on 8: lower the context or parallel"
+
+    async def test_a_model_without_a_count_books_the_smallest_group_that_fits(self, make_app, model_dir, seeded_db):
+        heavy = model_dir / "big" / f"{HEAVY}.gguf"
+        assert not estimate(heavy, 1).fits and estimate(heavy, 2).fits  # the shape is chosen so
+        app = make_app(config=model_config(model_dir))
+        async with app.run_test(size=(120, 40)) as pilot:
+            form = await open_form(pilot)
+            await fill(pilot, form, "cards", "")
+            await fill(pilot, form, "model", str(heavy))
+            await wait_for(pilot, lambda: "books 2 cards, the fewest that fit" in fit_line(form))
+            await wait_for(pilot, lambda: "✓ cards" in str(form.query_one("#message", Static).render()))
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: not isinstance(app.screen, BookingModal))
+        made = [b for b in bookings(seeded_db) if b.user == "alice" and b.request is not None]
+        assert len(made) == 1 and len(made[0].cards) == 2
+        request = made[0].request
+        assert (request["model"], request["ctx"], request["parallel"], request["cards_planned"]) == (str(heavy), 4096, 1, 2)
+        assert request["per_card_mib"] == [round(c.total_mib) for c in estimate(heavy, 2).per_card]
+
+    async def test_a_model_too_big_for_the_count_is_refused_in_the_form(self, make_app, model_dir, seeded_db):
+        heavy = model_dir / "big" / f"{HEAVY}.gguf"
+        before, log_before = bookings(seeded_db), event_count(seeded_db)
+        app = make_app(config=model_config(model_dir))
+        async with app.run_test(size=(120, 40)) as pilot:
+            form = await open_form(pilot)
+            await fill(pilot, form, "cards", "")
+            await fill(pilot, form, "count", "1")
+            await fill(pilot, form, "model", str(heavy))
+            await wait_for(pilot, lambda: "does not fit" in fit_line(form))
+            need = estimate(heavy, 1).per_card[0].total_mib
+            assert fit_line(form) == (f"does not fit on 1 card: the card needs {need:,.0f} MiB, over the 630 MiB limit; "
+                                      "fits on 2 cards")
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, BookingModal)
+            assert form.error == ("heavy.gguf does not fit on 1 card; it fits on 2: ask for 2, or leave cards and count "
+                                  "empty for the fewest that fit")
+        assert bookings(seeded_db) == before
+        assert event_count(seeded_db) == log_before
+
+    async def test_next_free_slot_looks_for_the_group_that_fits(self, make_app, model_dir):
+        heavy = model_dir / "big" / f"{HEAVY}.gguf"
+        app = make_app(config=model_config(model_dir))
+        async with app.run_test(size=(120, 40)) as pilot:
+            form = await open_form(pilot)
+            await fill(pilot, form, "cards", "")
+            await fill(pilot, form, "model", str(heavy))
+            await pilot.press("ctrl+n")
+            await wait_for(pilot, lambda: form.query_one("#cards", Input).value != "")
+            assert len(parse_cards(form.query_one("#cards", Input).value)) == 2
+            await wait_for(pilot, lambda: "fits 2 cards" in fit_line(form))  # now on the cards it named
+            await wait_for(pilot, lambda: form.error is None)
+
+    async def test_a_missing_or_marked_up_path_shows_as_typed(self, make_app, model_dir, seeded_db):
+        before = bookings(seeded_db)
+        app = make_app(config=model_config(model_dir))
+        async with app.run_test(size=(120, 40)) as pilot:
+            form = await open_form(pilot, "down", "down", "down", "down")
+            await fill(pilot, form, "model", f"{model_dir}/[b]gone[/b].gguf")
+            await wait_for(pilot, lambda: form.query_one("#fit").has_class("-error"))
+            shown = form.query_one("#fit", Static).render()
+            assert shown.plain == f"✗ no model file {model_dir}/[b]gone[/b].gguf"
+            assert shown.spans == []  # no markup was read from the path
+            assert form.error == f"no model file {model_dir}/[b]gone[/b].gguf"
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, BookingModal)
+            await fill(pilot, form, "model", "")  # no model: the old form, card 4 as given
+            await wait_for(pilot, lambda: form.error is None and "no model" in fit_line(form))
+            assert form.query_one("#ctx", Input).disabled
+        assert bookings(seeded_db) == before
+
+    def test_parse_form_with_a_model(self):
+        request = parse_form("", "", "now", "1h", "", "batch", "", FROZEN_NOW, "/m/x.gguf", "32768", "4")
+        assert (request.cards, request.count, request.model.path) == (None, None, "/m/x.gguf")
+        assert (request.model.settings.ctx, request.model.settings.parallel) == (32768, 4)
+        assert parse_form("1", "", "now", "1h", "", "batch", "", FROZEN_NOW, "", "0", "x").model is None  # unused
+        for ctx, parallel, count, message in (("0", "1", "", "the context is"), ("4096", "0", "", "parallel is"),
+                                              ("4096", "", "0", "the count is")):
+            with pytest.raises(Exception, match=message):
+                parse_form("", count, "now", "1h", "", "batch", "", FROZEN_NOW, "/m/x.gguf", ctx, parallel)
+
+    def test_find_models_is_bounded(self, tmp_path):
+        from app.tui.backend import find_models
+
+        for path in ("a.gguf", "b.GGUF.txt", "one/two/three/four/deep.gguf", "one/two/three/four/five/deeper.gguf",
+                     ".hidden/h.gguf", "split-00001-of-00002.gguf", "split-00002-of-00002.gguf"):
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_bytes(b"")
+        (tmp_path / "loop").symlink_to(tmp_path)  # a link back up is not followed
+        (tmp_path / "linked.gguf").symlink_to(tmp_path / "a.gguf")  # a link to a file is listed as itself
+        found = find_models([str(tmp_path), str(tmp_path / "missing")])
+        assert found == [str(tmp_path / p) for p in ("a.gguf", "linked.gguf", "one/two/three/four/deep.gguf",
+                                                      "split-00001-of-00002.gguf")]
+        assert len(find_models([str(tmp_path)], limit=2)) == 2
+        assert find_models([str(tmp_path)], depth=0) == [str(tmp_path / p) for p in (
+            "a.gguf", "linked.gguf", "split-00001-of-00002.gguf")]
+
+
 class TestTimeline:
     async def test_select_with_keys_then_book_exactly_that(self, make_app, seeded_db):
         app = make_app()

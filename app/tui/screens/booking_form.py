@@ -3,10 +3,16 @@
 Every keystroke re-parses the fields (the core's time parser) and, after a short pause, asks
 the core to plan the booking on the database thread (policies, conflicts). The one-line
 error the core raises is shown inline, verbatim; a valid form shows what Enter will book.
+
+With a model (a .gguf, completed from [llama] model_dirs), a context and a parallel count, the
+form sizes the booking by memory (app.fit, on the backend's own thread): a live line shows the
+fullest card's MiB and the fit; no count books the smallest group that fits, and a count or cards
+that are too small are refused in the form. The booking stores the request and its estimate.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -16,6 +22,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
+from textual.suggester import SuggestFromList
 from textual.timer import Timer
 from textual.widgets import Button, Input, Label, Select, Static
 
@@ -24,10 +31,12 @@ from app.core.slots import GROUP_SIZES
 from app.errors import BadInput, BoardError
 from app.core.parse import parse_cards, parse_span
 from app.core.text import format_cards, inert
-from app.tui.backend import Backend, Booked, BookingRequest
+from app.fit.estimate import Settings
+from app.tui.backend import Backend, Booked, BookingRequest, ModelAsk, Sizing
 from app.tui.render import duration, full_time, short_time
 
 VALIDATE_DELAY = 0.15
+NO_MODEL = "no model: the cards as given (a .gguf sizes them by its memory)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +52,39 @@ class BookingDraft:
     duration: str = "2h"
 
 
+def _whole(text: str, what: str) -> int:
+    text = text.strip().replace(",", "").replace("_", "")
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise BadInput(what)
+    return int(text)
+
+
+def parse_model(model: str, ctx: str, parallel: str) -> ModelAsk | None:
+    """The model fields -> what to size, or None when no model is given (ctx and parallel are then ignored)."""
+    if not model.strip():
+        return None
+    values = {}
+    if ctx.strip():
+        values["ctx"] = _whole(ctx, "the context is a number of tokens, such as 4096 or 32768")
+    if parallel.strip():
+        values["parallel"] = _whole(parallel, "parallel is how many requests the server serves at once: 1 or more")
+    return ModelAsk(model.strip(), Settings(**values))
+
+
 def parse_form(
-    cards: str, count: str, start: str, length: str, until: str, klass: str, note: str, now: float
+    cards: str, count: str, start: str, length: str, until: str, klass: str, note: str, now: float,
+    model: str = "", ctx: str = "", parallel: str = "",
 ) -> BookingRequest:
     """The form's fields -> a request, or BadInput with the one line to show."""
     chosen = tuple(parse_cards(cards)) if cards.strip() else None
     number = None
     if count.strip():
-        if not (count.strip().isascii() and count.strip().isdigit()):
+        if not (count.strip().isascii() and count.strip().isdigit()) or int(count.strip()) < 1:
             raise BadInput(f"the count is how many cards: {', '.join(map(str, GROUP_SIZES))}")
         number = int(count.strip())
-    if chosen is None and number is None:
-        raise BadInput("say which cards (e.g. 0,1) or how many (1, 2, 4 or 8)")
+    ask = parse_model(model, ctx, parallel)
+    if chosen is None and number is None and ask is None:
+        raise BadInput("say which cards (e.g. 0,1) or how many (1, 2, 4 or 8), or give a model to size it")
     if chosen is not None and number is not None:
         raise BadInput("give cards or a count, not both")
     if length.strip() and until.strip():
@@ -62,7 +92,7 @@ def parse_form(
     begin, end = parse_span(start.strip() or "now", length if length.strip() else None,
                             until if until.strip() else None, datetime.fromtimestamp(now).astimezone(),
                             how_long="say how long: a duration such as 3h, or an end such as 18:00")
-    return BookingRequest(chosen, number, begin, end, klass, note)
+    return BookingRequest(chosen, number, begin, end, klass, note, model=ask)
 
 
 class BookingModal(ModalScreen[Booked | None]):
@@ -82,7 +112,14 @@ class BookingModal(ModalScreen[Booked | None]):
     BookingModal Label.or { width: auto; color: $text-muted; padding: 0 1; }
     BookingModal Input { width: 1fr; }
     BookingModal #cards { width: 20; }
-    BookingModal #count, BookingModal #duration { width: 10; }
+    BookingModal #count, BookingModal #duration, BookingModal #ctx { width: 10; }
+    BookingModal #parallel { width: 6; }
+    BookingModal Input:disabled { color: $text-disabled; }
+    BookingModal #fit { height: auto; margin-bottom: 1; color: $text-muted; }
+    BookingModal.-short #fit { margin-bottom: 0; }
+    BookingModal #fit.-fits { color: $success; }
+    BookingModal #fit.-over { color: $warning; text-style: bold; }
+    BookingModal #fit.-error { color: $error; }
     BookingModal #end { width: 1fr; }
     BookingModal Select { width: 24; }
     BookingModal #message { height: auto; min-height: 2; margin-bottom: 1; }
@@ -105,6 +142,9 @@ class BookingModal(ModalScreen[Booked | None]):
         self._timer: Timer | None = None
         self._generation = 0
         self.error: str | None = None  # the message shown, for tests
+        self.sizing: Sizing | None = None  # the model's last estimate on the form's cards, for tests
+        self._sized_path: str | None = None
+        self.models: list[str] = []  # the .gguf files found under [llama] model_dirs
 
     def compose(self) -> ComposeResult:
         d, now = self.draft, self.backend.clock()
@@ -116,6 +156,17 @@ class BookingModal(ModalScreen[Booked | None]):
                 yield Input(format_cards(d.cards), placeholder="0,1 or 4-7", id="cards", compact=True)
                 yield Label("or count", classes="or")
                 yield Input("" if d.count is None else str(d.count), placeholder="1/2/4/8", id="count", compact=True)
+            with Horizontal():
+                yield Label("Model", classes="field")
+                yield Input("", placeholder=self._model_placeholder(), id="model", compact=True)
+            with Horizontal():
+                yield Label("Context", classes="field")
+                yield Input(str(Settings.ctx), placeholder="tokens", id="ctx", restrict=r"[0-9]*", compact=True,
+                            disabled=True)
+                yield Label("parallel", classes="or")
+                yield Input(str(Settings.parallel), placeholder="slots", id="parallel", restrict=r"[0-9]*",
+                            compact=True, disabled=True)
+            yield Static(NO_MODEL, id="fit")
             with Horizontal():
                 yield Label("Start", classes="field")
                 yield Input(start, placeholder="now, 14:00, tomorrow 9:00, mon 9-17", id="start", compact=True)
@@ -145,6 +196,20 @@ class BookingModal(ModalScreen[Booked | None]):
         self.set_class(self.app.size.height < 30, "-short")
         self.query_one("#cards" if not self.draft.cards else "#start", Input).focus()
         self._validate_now()
+        dirs = self.app.config.llama.model_dirs
+        if dirs:
+            self._list_models(tuple(dirs))
+
+    def _model_placeholder(self) -> str:
+        dirs = self.app.config.llama.model_dirs
+        first = os.path.abspath(os.path.expanduser(dirs[0])) if dirs else ""
+        return f"optional: {first.rstrip('/')}/… (→ completes)" if first else "optional: /path/to/model.gguf"
+
+    @work(exclusive=True, group="models", exit_on_error=False)
+    async def _list_models(self, dirs: tuple[str, ...]) -> None:
+        found = await self.backend.model_files(dirs)  # folders it can't read are passed over
+        self.models = found
+        self.query_one("#model", Input).suggester = SuggestFromList(found, case_sensitive=True)
 
     # -- reading the fields --------------------------------------------------------------------
 
@@ -156,7 +221,14 @@ class BookingModal(ModalScreen[Booked | None]):
         return parse_form(
             self._value("cards"), self._value("count"), self._value("start"), self._value("duration"),
             self._value("end"), str(klass), self._value("note"), self.backend.clock(),
+            self._value("model"), self._value("ctx"), self._value("parallel"),
         )
+
+    def show_fit(self, text: str, state: str) -> None:
+        """The live line under the model fields; state: '' (no model or waiting), -fits, -over or -error."""
+        widget = self.query_one("#fit", Static)
+        widget.set_classes(state)
+        widget.update(Text(inert(text, 300)))
 
     def show_error(self, message: str) -> None:
         self.error = message
@@ -174,7 +246,14 @@ class BookingModal(ModalScreen[Booked | None]):
 
     @on(Input.Changed)
     @on(Select.Changed)
-    def _changed(self) -> None:
+    def _changed(self, event: Input.Changed | Select.Changed) -> None:
+        if isinstance(event, Input.Changed) and event.input.id == "model":
+            given = bool(event.value.strip())
+            for name in ("ctx", "parallel"):  # they only mean something for a model
+                self.query_one(f"#{name}", Input).disabled = not given
+            if not given:
+                self.sizing = self._sized_path = None
+                self.show_fit(NO_MODEL, "")
         self._generation += 1
         if self._timer is not None:
             self._timer.stop()
@@ -191,6 +270,11 @@ class BookingModal(ModalScreen[Booked | None]):
 
     @work(exclusive=True, group="validate", exit_on_error=False)
     async def _check(self, request: BookingRequest, generation: int) -> None:
+        if request.model is not None:
+            sized = await self._size_model(request, generation)
+            if sized is None:
+                return
+            request = sized
         try:
             plan = await self.backend.plan(request)
         except BoardError as error:
@@ -204,6 +288,29 @@ class BookingModal(ModalScreen[Booked | None]):
                 f"{short_time(plan.start, now)} → {short_time(plan.end, now)} ({duration(plan.end - plan.start)})"
                 f" · {request.klass} · enter books it"
             )
+
+    async def _size_model(self, request: BookingRequest, generation: int) -> BookingRequest | None:
+        """The model's estimate on the form's cards, into the live line; the request sized for the service, or
+        None (with the reason shown) when it can't be sized or does not fit."""
+        assert request.model is not None
+        if request.model.path != self._sized_path:
+            self.show_fit(f"reading {os.path.basename(request.model.path)}…", "")
+        try:
+            sizing = await self.backend.size(request)
+        except BoardError as error:
+            if generation == self._generation:
+                self.sizing, self._sized_path = None, request.model.path
+                self.show_fit("✗ " + str(error), "-error")
+                self.show_error(str(error))
+            return None
+        if generation != self._generation:
+            return None
+        self.sizing, self._sized_path = sizing, request.model.path
+        self.show_fit(sizing.line(), "-fits" if sizing.fits else "-over")
+        if not sizing.fits:
+            self.show_error(sizing.refusal())
+            return None
+        return request.sized(sizing)
 
     # -- actions -------------------------------------------------------------------------------
 
