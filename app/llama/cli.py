@@ -107,7 +107,8 @@ def add_parsers(sub, command, common, id_type=int) -> None:
     a = action("stop", cmd_stop, "stop a server (SIGTERM to its process group, SIGKILL after 10 s)", json_flag=True)
     a.add_argument("id", type=server_id, help="server id")
 
-    a = action("list", cmd_list, "servers: live ones and those that ended in the last day", json_flag=True)
+    a = action("list", cmd_list, "servers: live ones and those that ended in the last day (MEM: the memory"
+               " llama.cpp allocated at load / board's estimate)", json_flag=True)
     a.add_argument("--all", action="store_true", help="every server ever started")
     a.add_argument("--mine", action="store_true", help="only mine")
 
@@ -154,7 +155,25 @@ def server_json(server) -> dict[str, Any]:
         "reason": server.reason,
         "log_tail": list(server.log_tail),
         "cmdline": list(server.cmdline),
+        "estimate": server.estimate,
+        "measured": server.measured,
     }
+
+
+def memory_cell(server) -> str:
+    """MEM: what llama.cpp allocated over all its buffers / board's estimate over all cards, e.g. "9.8/10.2G",
+    in GiB, or in MiB ("106/624M") while both are under a GiB; "-" for a figure that is not known."""
+    measured = server.measured_memory
+    used = measured.total_mib if measured is not None else None
+    per_card = server.estimate_per_card
+    planned = sum(per_card) if per_card is not None else None
+    if used is None and planned is None:
+        return "-"
+    if max(x for x in (used, planned) if x is not None) >= 1024:
+        shown = ["-" if x is None else f"{x / 1024:.1f}" for x in (used, planned)]
+        return f"{shown[0]}/{shown[1]}G"
+    shown = ["-" if x is None else f"{x:.0f}" for x in (used, planned)]
+    return f"{shown[0]}/{shown[1]}M"
 
 
 def _print_tail(lines, limit: int = 20) -> None:
@@ -270,7 +289,7 @@ def cmd_list(session) -> int:
     if not found:
         print("no servers" + ("" if args.all else " now or in the last day; --all shows older ones"))
         return 0
-    lines = [["ID", "STATE", "USER", "BOOKING", "CARDS", "PORT", "PID", "UPTIME", "MODEL", "NOTE"]]
+    lines = [["ID", "STATE", "USER", "BOOKING", "CARDS", "PORT", "PID", "UPTIME", "MEM", "MODEL", "NOTE"]]
     for s in found:
         if s.live:
             uptime = format_elapsed(now - (s.ready_at or s.created_at))
@@ -279,7 +298,8 @@ def cmd_list(session) -> int:
             uptime = "-"
             note = "; ".join(x for x in (s.exit_text, s.reason) if x)
         lines.append([str(s.id), s.state, inert(s.user, 12), str(s.booking_id), ",".join(map(str, s.cards)),
-                      str(s.port), str(s.pid or "-"), uptime, inert(s.alias or s.model, 24), inert(note, 60)])
+                      str(s.port), str(s.pid or "-"), uptime, memory_cell(s), inert(s.alias or s.model, 24),
+                      inert(note, 60)])
     print(table(lines))
     return 0
 

@@ -1,4 +1,5 @@
-"""Server rows: the SQL for the `servers` table (schema v2), and nothing else. Rules live in app.llama.service."""
+"""Server rows: the SQL for the `servers` table (schema v2; v4 added `estimate` and `measured`), and the shapes of
+its JSON columns. Rules live in app.llama.service."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ class Server:
     exit_signal: int | None = None
     reason: str | None = None
     log_tail: tuple[str, ...] = field(default=())
+    # board's estimate the start was checked against (check_estimate), and what llama.cpp logged at load
+    # (check_measured: app.llama.memory.Measured.to_json); None when unknown.
+    estimate: dict | None = None
+    measured: dict | None = None
 
     @property
     def live(self) -> bool:
@@ -61,6 +66,26 @@ class Server:
         elif ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
+
+    @property
+    def measured_memory(self):
+        """The measured figures as app.llama.memory.Measured, or None when none were recorded."""
+        if not self.measured:
+            return None
+        from app.llama.memory import Measured
+
+        try:
+            return Measured.from_json(self.measured)
+        except (ArithmeticError, RecursionError):
+            return None
+
+    @property
+    def estimate_per_card(self) -> list[int] | None:
+        """board's estimate in MiB for each card, in `cards` order, or None when there is none."""
+        figures = (self.estimate or {}).get("per_card_mib")
+        if not isinstance(figures, list) or not figures or not all(_mib(f) for f in figures):
+            return None
+        return list(figures)
 
     @property
     def exit_text(self) -> str | None:
@@ -81,7 +106,7 @@ class Server:
 _COLUMNS = (
     "id, booking_id, user, uid, cards, card_uuids, model, alias, host, port, ctx, parallel, split_mode, metrics,"
     " cmdline, log_path, state, pid, pid_started, pgid, supervisor_pid, supervisor_started, supervisor_cmdline,"
-    " created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail"
+    " created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail, estimate, measured"
 )
 
 
@@ -102,7 +127,7 @@ _OPTIONAL = type(None)
 def _decode(row) -> Server:
     (id_, booking_id, user, uid, cards, uuids, model, alias, host, port, ctx, parallel, split_mode, metrics,
      cmdline, log_path, state, pid, pid_started, pgid, sup_pid, sup_started, sup_cmdline,
-     created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail) = row
+     created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail, estimate, measured) = row
     for value, kind, column in (
         (booking_id, _INT, "booking_id"), (user, _TEXT, "user"), (uid, _INT, "uid"), (model, _TEXT, "model"),
         (alias, (_TEXT, _OPTIONAL), "alias"), (host, _TEXT, "host"), (port, _INT, "port"),
@@ -127,6 +152,8 @@ def _decode(row) -> Server:
         supervisor_cmdline=_json_list(sup_cmdline, str, "supervisor_cmdline") if sup_cmdline else (),
         created_at=created_at, ready_at=ready_at, ended_at=ended_at, exit_code=exit_code, exit_signal=exit_signal,
         reason=reason, log_tail=_json_list(log_tail, str, "log_tail") if log_tail else (),
+        estimate=_json_object(estimate, check_estimate, "estimate"),
+        measured=_json_object(measured, check_measured, "measured"),
     )
 
 
@@ -140,6 +167,69 @@ def _json_list(text: Any, item: type, column: str) -> tuple:
     if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, item) for v in value):
         raise MalformedRow(f"{column} is not a JSON list of {item.__name__} ({ascii(text)[:40]})")
     return tuple(value)
+
+
+def _json_object(text: Any, check, column: str) -> dict | None:
+    """A JSON object stored as text (or NULL), as `check` accepts it; MalformedRow when it is anything else."""
+    if text is None:
+        return None
+    need(text, str, column)
+    try:
+        return check(json.loads(text))
+    except RecursionError:
+        raise MalformedRow(f"{column} is nested too deeply") from None
+    except ValueError as error:  # json.JSONDecodeError is one
+        raise MalformedRow(f"{column} is not what board stores ({error}; {ascii(text)[:40]})") from None
+
+
+# -- the JSON columns: what a client or a supervisor sends is checked against these shapes --------
+
+MAX_CARDS = 64
+MAX_DEVICES = 16  # llama.cpp buffers of one server: CUDA0..7, CUDA_Host, CPU, CPU_Mapped, ... with room to spare
+MAX_MIB = 1 << 30  # a PiB: anything larger is junk, not a figure
+
+
+def check_estimate(value: object) -> dict:
+    """The estimate as stored: {"per_card_mib": [int, ...], "limit_mib": int, "fits": bool, "forced": bool}
+    (app.fit.request.for_server), other keys dropped; ValueError saying what is wrong."""
+    if not isinstance(value, dict):
+        raise ValueError("the estimate is not an object")
+    cards = value.get("per_card_mib")
+    if not isinstance(cards, list) or not 0 < len(cards) <= MAX_CARDS or not all(_mib(v) for v in cards):
+        raise ValueError("per_card_mib is not a list of whole MiB, one per card")
+    if not _mib(value.get("limit_mib")):
+        raise ValueError("limit_mib is not a whole number of MiB")
+    for key in ("fits", "forced"):
+        if not isinstance(value.get(key), bool):
+            raise ValueError(f"{key} is not true or false")
+    return {"per_card_mib": list(cards), "limit_mib": value["limit_mib"], "fits": value["fits"], "forced": value["forced"]}
+
+
+def check_measured(value: object) -> dict:
+    """What llama.cpp logged, as Measured.to_json writes it (normalised by a round trip through Measured), at most
+    MAX_DEVICES buffers and kv caches; ValueError saying what is wrong."""
+    from app.llama.memory import Measured
+
+    if not isinstance(value, dict):
+        raise ValueError("the measured memory is not an object")
+    devices, caches = value.get("devices"), value.get("kv_caches")
+    if isinstance(devices, dict) and len(devices) > MAX_DEVICES or isinstance(caches, list) and len(caches) > MAX_DEVICES:
+        raise ValueError(f"more than {MAX_DEVICES} devices or caches")
+    try:
+        measured = Measured.from_json(value)
+    except (ArithmeticError, RecursionError):  # an integer too large for a float
+        measured = None
+    if measured is None:
+        raise ValueError("the measured memory is not llama.cpp's figures")
+    if any(len(name) > 64 or not name.isprintable() for name in measured.devices):
+        raise ValueError("a device name is too long or not printable")
+    if any(memory.total_mib > MAX_MIB for memory in measured.devices.values()):
+        raise ValueError("a device's figure is too large")
+    return measured.to_json()
+
+
+def _mib(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_MIB
 
 
 def _decoded(conn: sqlite3.Connection, rows: Iterable) -> list[Server]:
@@ -207,15 +297,22 @@ def ended_bookings(conn: sqlite3.Connection, now: int) -> list[Server]:
 def insert(
     conn: sqlite3.Connection, *, booking_id: int, user: str, uid: int, cards: Iterable[int], card_uuids: Iterable[str],
     model: str, alias: str | None, host: str, port: int, ctx: int | None, parallel: int | None,
-    split_mode: str | None, metrics: bool, cmdline: Iterable[str], now: int,
+    split_mode: str | None, metrics: bool, cmdline: Iterable[str], now: int, estimate: dict | None = None,
 ) -> int:
     cursor = conn.execute(
         "INSERT INTO servers (booking_id, user, uid, cards, card_uuids, model, alias, host, port, ctx, parallel,"
-        " split_mode, metrics, cmdline, state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " split_mode, metrics, cmdline, state, created_at, estimate)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (booking_id, user, uid, json.dumps(list(cards)), json.dumps(list(card_uuids)), model, alias, host, port, ctx,
-         parallel, split_mode, int(metrics), json.dumps(list(cmdline)), STARTING, now),
+         parallel, split_mode, int(metrics), json.dumps(list(cmdline)), STARTING, now,
+         json.dumps(estimate) if estimate is not None else None),
     )
     return cursor.lastrowid
+
+
+def set_measured(conn: sqlite3.Connection, server_id: int, measured: dict) -> None:
+    """Record what llama.cpp logged at load (check_measured's shape)."""
+    conn.execute("UPDATE servers SET measured = ? WHERE id = ?", (json.dumps(measured), server_id))
 
 
 def set_log_path(conn: sqlite3.Connection, server_id: int, path: str) -> None:

@@ -150,6 +150,7 @@ class ServerService:
         if split_mode not in cmd.SPLIT_MODES:
             raise BadInput(f"unknown split mode {split_mode!r}; use {' or '.join(cmd.SPLIT_MODES)}")
         extra = cmd.check_extra(extra)
+        estimate = _estimate(fit, len(booking.cards))
         host = host or settings.host
         if host not in settings.allowed_hosts:
             refusal = NotPermitted(f"host {host} is not allowed; the config allows {', '.join(settings.allowed_hosts)}")
@@ -167,11 +168,11 @@ class ServerService:
         server_id, port = self._lease(booking_id, port, host, lambda p: dict(
             booking_id=booking_id, user=self.me.name, uid=self.me.uid, cards=cards, card_uuids=uuids,
             model=model_path, alias=alias, host=host, port=p, ctx=ctx, parallel=parallel, split_mode=split_mode,
-            metrics=metrics, cmdline=cmd.server_argv(binary, model=model_path, host=host, port=p, ctx=ctx,
+            metrics=metrics, estimate=estimate, cmdline=cmd.server_argv(binary, model=model_path, host=host, port=p, ctx=ctx,
                                                      parallel=parallel, split_mode=split_mode,
                                                      tensor_split=tensor_split, metrics=metrics, alias=alias,
                                                      cache_types=(cache_type_k, cache_type_v), flash_attn=flash_attn,
-                                                     extra=extra)), audit={"fit": fit} if fit else {})
+                                                     extra=extra)), audit={"fit": estimate} if estimate else {})
         return self.get(server_id)
 
     def _may_start(self, booking: Booking, now: int) -> None:
@@ -236,9 +237,16 @@ class ServerService:
             if log_path is not None:
                 rows.set_log_path(self.conn, server_id, log_path)
 
-    def ready(self, server_id: int) -> bool:
+    def ready(self, server_id: int, *, measured: object = None) -> bool:
+        """`starting` -> `ready`, recording the memory llama.cpp logged at load (`measured`, Measured.to_json's
+        shape) when it came with the report. The supervisor is the holder's own process: figures of another
+        shape are ignored (rows.check_measured), never an error, so a ready server is never lost over them."""
+        figures = measured_figures(measured)
         with write(self.conn):
-            return rows.transition(self.conn, server_id, [rows.STARTING], rows.READY, ready_at=int(self.clock()))
+            moved = rows.transition(self.conn, server_id, [rows.STARTING], rows.READY, ready_at=int(self.clock()))
+            if moved and figures is not None:
+                rows.set_measured(self.conn, server_id, figures)
+        return moved
 
     def failed(self, server_id: int, reason: str, tail: Sequence[str]) -> bool:
         """Not ready in time: `failed` (its supervisor stops it)."""
@@ -460,6 +468,29 @@ def _positive(flag: str, value) -> int:
     if number < 1:
         raise BadInput(f"{flag} must be at least 1")
     return number
+
+
+def measured_figures(value: object) -> dict | None:
+    """A supervisor's memory report as stored (rows.check_measured), or None when there is none or it is junk."""
+    if value is None:
+        return None
+    try:
+        return rows.check_measured(value)
+    except ValueError:
+        return None
+
+
+def _estimate(fit: object, cards: int) -> dict | None:
+    """The client's estimate (app.fit.request.for_server) as stored, one figure per booked card; BadInput otherwise."""
+    if fit is None:
+        return None
+    try:
+        estimate = rows.check_estimate(fit)
+    except ValueError as error:
+        raise BadInput(f"serve_start: fit: {error}") from None
+    if len(estimate["per_card_mib"]) != cards:
+        raise BadInput(f"serve_start: fit: {len(estimate['per_card_mib'])} figures for {cards} booked cards")
+    return estimate
 
 
 def _identities(server: Server) -> list[ProcessIdentity]:

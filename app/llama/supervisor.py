@@ -18,6 +18,9 @@ member who asked, and this script starts llama-server as its own child:
   `kill -9` of the supervisor takes the server with it.
 * **Readiness.** It polls GET /health (503 while loading) and reports `ready` at the first 200, or
   `failed` (and stops the server) when none comes within llama.ready_timeout_s.
+* **Memory.** With `ready` goes what llama.cpp logged of its buffers at load (`-lv 4`: weights, KV cache
+  and compute per device), read from this server's part of its own log by app.llama.memory, so that
+  board can show the memory actually used beside its estimate.
 
 Where the reports go: one `_Reporter` interface, two ends.
 
@@ -51,6 +54,8 @@ CHECK_S = 1.0
 PR_SET_PDEATHSIG = 1
 LOG_LINE_MAX = 1000  # characters of one log line sent to the service
 LOG_BATCH_MAX = 200  # lines in one `log` message
+MEMORY_LOG_MAX = 16 << 20  # bytes of the log read for the memory figures (llama.cpp logs them at load, early on)
+MEMORY_TRIES, MEMORY_RETRY_S = 10, 0.05  # llama.cpp's log thread may not have written the last buffer line yet
 
 
 class _StopRequest:
@@ -107,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     import subprocess
 
     launched_at = time.monotonic()
+    log_start = _size(opts["log"])  # the log may hold an earlier server's lines (it is appended to)
     try:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=True,
                                  preexec_fn=_death_signal_setter())
@@ -126,7 +132,14 @@ def main(argv: list[str] | None = None) -> int:
             child.kill()
             child.wait()
         return 1
-    return _Supervision(opts, command, child, launch_error, launched_at, stop, reporter).run()
+    return _Supervision(opts, command, child, launch_error, launched_at, stop, reporter, log_start).run()
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 # -- where reports go ---------------------------------------------------------------------------
@@ -177,8 +190,8 @@ class _SocketReporter:
     def started(self, child_identity) -> None:
         pass  # the service learnt the pid at registration
 
-    def ready(self) -> None:
-        self._send({"event": "ready"})
+    def ready(self, memory: dict | None) -> None:
+        self._send({"event": "ready", "memory": memory} if memory else {"event": "ready"})
 
     def failed(self, reason: str, tail: list[str]) -> None:
         self._send({"event": "failed", "reason": reason, "tail": tail})
@@ -267,8 +280,8 @@ class _DatabaseReporter:
         me = capture(os.getpid())
         self._write(lambda s: s.supervised(self.server_id, supervisor=me, pgid=os.getpgrp(), child=child_identity))
 
-    def ready(self) -> None:
-        self._write(lambda s: s.ready(self.server_id))
+    def ready(self, memory: dict | None) -> None:
+        self._write(lambda s: s.ready(self.server_id, measured=memory))
 
     def failed(self, reason: str, tail: list[str]) -> None:
         self._write(lambda s: s.failed(self.server_id, reason, tail))
@@ -309,11 +322,11 @@ class _DatabaseReporter:
 
 
 class _Supervision:
-    def __init__(self, opts, command, child, launch_error, launched_at, stop, reporter) -> None:
+    def __init__(self, opts, command, child, launch_error, launched_at, stop, reporter, log_start: int = 0) -> None:
         self.server_id = int(opts["server"])
         self.host, self.port = opts["host"], int(opts["port"])
         self.ready_timeout = float(opts["ready-timeout"])
-        self.log_path = opts["log"]
+        self.log_path, self.log_start = opts["log"], log_start
         self.command, self.child, self.launch_error = command, child, launch_error
         self.launched_at, self.stop, self.report = launched_at, stop, reporter
         self.ready = False
@@ -390,12 +403,36 @@ class _Supervision:
 
         if health.health(self.host, self.port, timeout=0.5) == 200:
             self.ready = True
-            self.report.ready()
+            self.report.ready(self._memory())
         elif now - self.launched_at > self.ready_timeout:
             reason = f"not ready within {self.ready_timeout:g} s"
             print(f"board: {reason}; stopping it", file=sys.stderr, flush=True)
             self.report.failed(reason, self._tail())
             self._terminate(now)
+
+    def _memory(self) -> dict | None:
+        """What llama.cpp logged of its buffers at load (Measured.to_json), or None when the log has none
+        (a build that does not log them, or `-lv` lowered in the extra arguments)."""
+        from app.llama.memory import read_memory
+
+        measured = None
+        for attempt in range(MEMORY_TRIES):
+            measured = read_memory(self._log_lines())
+            if measured is not None and measured.compute_mib > 0:  # compute is reserved, and logged, last
+                break
+            if attempt < MEMORY_TRIES - 1:
+                time.sleep(MEMORY_RETRY_S)
+        return measured.to_json() if measured is not None else None
+
+    def _log_lines(self) -> list[str]:
+        """This server's lines of the log: from where it stood at launch."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_start)
+                data = f.read(MEMORY_LOG_MAX)
+        except OSError:
+            return []
+        return data.decode("utf-8", "replace").splitlines()
 
     def _finish(self, returncode: int | None) -> None:
         from app.llama import identity

@@ -10,8 +10,8 @@ The shape, one set of rules for both transports:
                    │
                    ├─ socket: `register` kind "server" ──▶ ServiceServer._register ──▶ `serve_registration`
                    │    pid/uid from SO_PEERCRED, a pidfd (Registry.add); the connection stays open and carries
-                   │    the supervisor's reports (ready, failed, log lines, exit), which call the same
-                   │    ServerService.ready/failed/ended as file mode
+                   │    the supervisor's reports (ready, with the memory llama.cpp logged; failed; log lines;
+                   │    exit), which call the same ServerService.ready/failed/ended as file mode
                    └─ file mode: the supervisor calls those methods itself on the user's own database
 
 `serve_stop` and the booking end (`enforce_servers`, from ServiceServer.enforce_once) go through
@@ -281,7 +281,13 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
         rules = _light_rules(service, me)
         event = message.get("event")
         if event == "ready":
-            if rules.ready(server_id):
+            from app.llama.service import measured_figures
+
+            memory = message.get("memory")
+            figures = measured_figures(memory)
+            if memory is not None and figures is None:  # the member's own process sent it: ignored, not fatal
+                server.log(f"server {server_id}: ignored a memory report that is not llama.cpp's figures")
+            if rules.ready(server_id, measured=figures):
                 _changed(service)
         elif event == "failed":
             rules.failed(server_id, str(message.get("reason") or "failed")[:200], _lines(message.get("tail")))

@@ -151,7 +151,14 @@ CREATE TABLE jobs (
 );
 """
 
-MIGRATIONS: list[str] = [_V1, _V2, _V3]
+# v4: a server's memory, as JSON: `estimate` is board's per-card estimate the start was checked against
+# (per_card_mib, limit_mib, fits, forced), `measured` what llama.cpp logged at load (app.llama.memory.Measured).
+_V4 = """
+ALTER TABLE servers ADD COLUMN estimate TEXT;
+ALTER TABLE servers ADD COLUMN measured TEXT;
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4]
 LATEST = len(MIGRATIONS)
 
 

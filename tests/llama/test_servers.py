@@ -147,6 +147,63 @@ class TestStartAnswerStop:
             assert board.gone(board.server(server["id"]))
 
 
+@pytest.fixture(scope="module")
+def mid_model(tmp_path_factory):
+    """About 91 MiB of F16 weights (tests/fit/shapes.py): figures well above rounding."""
+    from tests.fit.shapes import write_model
+
+    return write_model(tmp_path_factory.mktemp("mid") / "mid.gguf", "mid")
+
+
+class TestMemory:
+    @llama
+    def test_the_servers_own_figures_are_recorded_beside_the_estimate(self, board, mid_model):
+        from app.config import Config
+        from app.fit.estimate import Settings, cpu_totals
+        from app.fit.gguf_model import read_model
+        from app.fit.request import for_server, limits
+        from app.llama.memory import Measured, read_memory
+
+        # An earlier server's log under the same name (ids restart with a new database): a load cut short,
+        # whose buffer lines must not count for this server.
+        (board.tmp_path / "servers").mkdir()
+        (board.tmp_path / "servers" / "1.log").write_text(
+            "load_tensors:        CUDA0 model buffer size =  5000.00 MiB\n")
+        started = board.start(board.book("2"), mid_model)  # waits for ready
+        # Recorded with the ready report: the start's own answer has them.
+        assert started["state"] == "ready" and started["measured"] is not None
+        with open(started["log"]) as log:
+            earlier, *own = log.readlines()
+        assert "CUDA0" in read_memory([earlier, *own]).devices  # read whole, the earlier lines would count
+        assert started["measured"] == read_memory(own).to_json()
+        measured = Measured.from_json(started["measured"])
+        settings = Settings(ctx=256, parallel=1)
+        predicted = cpu_totals(read_model(str(mid_model)), settings)
+        assert measured.weights_mib == pytest.approx(predicted["weights_mib"], abs=0.01) and measured.weights_mib > 90
+        assert measured.kv_mib == pytest.approx(predicted["kv_mib"], abs=0.01)
+        assert measured.compute_mib > 0 and measured.kv_cells == 256
+        # The estimate the start was checked against (what the CLI computed in the member's process).
+        estimate = for_server(str(mid_model), settings, limits(Config()), 1, force=False)
+        assert started["estimate"] == estimate and estimate["per_card_mib"][0] > measured.total_mib
+
+        [listed] = board.json("serve", "list")["servers"]
+        assert (listed["measured"], listed["estimate"]) == (started["measured"], started["estimate"])
+        table = board.ok("serve", "list").stdout.splitlines()
+        assert table[0].split()[8] == "MEM"
+        assert table[1].split()[8] == f"{measured.total_mib:.0f}/{estimate['per_card_mib'][0]}M"
+        board.ok("serve", "stop", "1")
+        assert board.gone(board.server(1))
+
+    def test_a_server_that_logs_no_figures_is_ready_all_the_same(self, fake_board, tiny_model):
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
+        server = fake_board.start(fake_board.book("4"), tiny_model)
+        assert server["state"] == "ready" and server["measured"] is None
+        [planned] = server["estimate"]["per_card_mib"]
+        assert fake_board.ok("serve", "list").stdout.splitlines()[1].split()[8] == f"-/{planned}M"
+        fake_board.ok("serve", "stop", str(server["id"]))
+        assert fake_board.gone(fake_board.server(server["id"]))
+
+
 @llama
 class TestCrash:
     def test_kill_9_of_llama_server_is_recorded_as_crashed_with_exit_info(self, board, tiny_model):

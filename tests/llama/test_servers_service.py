@@ -21,6 +21,30 @@ import pytest
 from app.llama.health import health
 from tests.service.support import SERVICE_USER, Agent, check_reachable, ensure_system_user, needs_root, run_as
 
+# A supervisor that registers a server the service leased and reports it ready with memory figures that are
+# junk (as a member's own process could send), then its exit; prints the row as it was once ready.
+JUNK_MEMORY = """
+import json, socket, sys, time
+from app.client.socket import SocketClient
+path, booking, model = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+client = SocketClient(path)
+server = client.call("serve_start", booking=booking, model=model)["server"]
+sock = socket.socket(socket.AF_UNIX)
+sock.connect(path)
+reader = sock.makefile("rb")
+def send(message):
+    sock.sendall((json.dumps(message) + "\\n").encode())
+send({"v": 1, "id": 1, "op": "register", "args": {"kind": "server", "server": server["id"], "log": "/nonexistent"}})
+assert json.loads(reader.readline())["ok"]
+send({"event": "ready", "memory": {"source": "lines", "devices": {"CPU": "junk"}}})
+deadline = time.monotonic() + 15
+while (row := client.call("serve_get", id=server["id"]))["state"] == "starting" and time.monotonic() < deadline:
+    time.sleep(0.05)
+send({"event": "exit", "code": 0, "signal": None, "text": "exit code 0", "tail": [], "asked": True})
+sock.close()
+print(json.dumps(row))
+"""
+
 pytestmark = [pytest.mark.llama, pytest.mark.users, pytest.mark.usefixtures("_subreaper")]
 
 MEMBERS, ADMINS = "boardusers", "boardadmins"
@@ -159,7 +183,8 @@ class TestThroughTheService:
         assert [e["ok"] for e in shared.events("server-stop") if e["uid"] == bob] == [False]
         assert health(server["host"], server["port"]) == 200
         # bob can read the log lines the supervisor sent to the service (never from alice's file).
-        logs = shared.ok("bob", "serve", "logs", str(server["id"])).stdout
+        # (-n 500: at -lv 4 llama.cpp logs some 160 lines at load, so board's header is not among the last 50)
+        logs = shared.ok("bob", "serve", "logs", str(server["id"]), "-n", "500").stdout
         assert f"server {server['id']} for booking {booking} (alice)" in logs
 
         stopped = shared.json("alice", "serve", "stop", str(server["id"]))
@@ -205,3 +230,39 @@ class TestThroughTheService:
         assert crashed["state"] == "crashed" and crashed["exit_signal"] == 9, crashed
         assert any("listening" in line or "model loaded" in line for line in crashed["log_tail"])
         assert gone(server)
+
+
+class TestMemory:
+    def test_llama_cpps_figures_reach_the_service_with_ready_and_everyone_sees_them(self, shared):
+        from app.llama.memory import Measured, read_memory
+
+        booking = shared.json("alice", "book", "--cards", "3", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "256")
+        assert server["state"] == "ready" and server["measured"] is not None
+        with open(server["log"]) as log:  # alice's own file; the service never opened it
+            assert server["measured"] == read_memory(log).to_json()
+        measured = Measured.from_json(server["measured"])
+        assert measured.weights_mib > 0 and measured.kv_cells == 256
+        [planned] = server["estimate"]["per_card_mib"]
+        assert server["estimate"]["fits"] is True and planned > measured.total_mib
+        # carol, another member, sees both figures: in the JSON and as MEM in the table.
+        assert shared.server(server["id"], "carol")["measured"] == server["measured"]
+        table = shared.ok("carol", "serve", "list").stdout.splitlines()
+        assert table[0].split()[8] == "MEM" and table[1].split()[8] == f"{measured.total_mib:.0f}/{planned}M", table
+        shared.json("alice", "serve", "stop", str(server["id"]))
+        assert gone(server)
+
+    def test_a_junk_memory_report_is_logged_and_ignored_and_the_server_is_still_ready(self, shared):
+        booking = shared.json("alice", "book", "--cards", "6", "--for", "1h")["id"]
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(shared.homes["alice"]),
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        # In a session of its own, as a real supervisor: the row records its group, which the fixture's
+        # cleanup SIGKILLs, and that must not be pytest's.
+        result = run_as("alice", "setsid", "-w", str(BOARD.parent / "python"), "-c", JUNK_MEMORY,
+                        str(shared.agent.socket), str(booking), str(shared.model), env=env)
+        assert result.returncode == 0, result.stderr
+        row = json.loads(result.stdout)
+        assert row["state"] == "ready" and row["measured"] is None
+        assert "ignored a memory report that is not llama.cpp's figures" in shared.agent.log_text()
+        after = shared.wait_state(row["id"], ("stopped",))
+        assert after["state"] == "stopped", after  # the service went on serving the connection to its end

@@ -137,6 +137,23 @@ class TestStartDialog:
             await until(pilot, lambda: state_of(app, 1) == "ready", timeout=90)
             server = board.server(1)
             assert server["cards"] == [5] and server["metrics"] is True and "--metrics" in server["cmdline"]
+            # The memory llama.cpp allocated beside board's estimate: on this screen and on the card's own.
+            from app.llama.memory import Measured
+
+            measured = Measured.from_json(server["measured"])
+            memory = (f"memory: measured {measured.total_mib:.1f} MiB (weights {measured.weights_mib:.1f},"
+                      f" KV {measured.kv_mib:.1f}, compute {measured.compute_mib:.1f})"
+                      f" · estimated {server['estimate']['per_card_mib'][0]:,} MiB")
+            await until(pilot, lambda: memory in str(app.screen.query_one("#detail").render()))
+            from app.tui.screens.card_detail import CardDetailScreen
+
+            app.push_screen(CardDetailScreen(server["card_uuids"][0]))
+            await until(pilot, lambda: isinstance(app.screen, CardDetailScreen) and app.screen.query("#servers"))
+            servers = app.screen.query_one("#servers")
+            await until(pilot, lambda: memory in str(servers.render()))
+            assert servers.display and str(servers.render()).startswith("#1 tiny · ")
+            await pilot.press("escape")
+            await until(pilot, lambda: type(app.screen).__name__ == "ServersScreen")
             body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}).encode()
 
             def generating() -> bool:

@@ -41,7 +41,7 @@ def test_server_argv_is_the_recipe():
                                extra=["--temp", "0.2"], cache_types=("q8_0", "q4_0"), flash_attn="on")
     assert argv == ["/bin/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port", "8100", "-c", "4096",
                     "-np", "4", "-ngl", "999", "--split-mode", "layer", "-fa", "on", "-ctk", "q8_0", "-ctv", "q4_0",
-                    "--tensor-split", "1,1", "--metrics",
+                    "-lv", "4", "--tensor-split", "1,1", "--metrics",
                     "--alias", "m", "--temp", "0.2"]
 
 
@@ -49,7 +49,8 @@ def test_server_argv_by_default_splits_by_layer_with_flash_attention_and_an_f16_
     argv = command.server_argv("/bin/llama-server", model="/m.gguf", host="127.0.0.1", port=8100, ctx=4096,
                                parallel=1)
     assert argv == ["/bin/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port", "8100", "-c", "4096",
-                    "-np", "1", "-ngl", "999", "--split-mode", "layer", "-fa", "on", "-ctk", "f16", "-ctv", "f16"]
+                    "-np", "1", "-ngl", "999", "--split-mode", "layer", "-fa", "on", "-ctk", "f16", "-ctv", "f16",
+                    "-lv", "4"]
 
 
 def test_server_env_pins_the_cards_and_drops_llama_arg_variables():

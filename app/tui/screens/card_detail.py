@@ -1,8 +1,10 @@
-"""Card detail: its processes, ten minutes of VRAM, utilisation and temperature, and its bookings."""
+"""Card detail: its processes, ten minutes of VRAM, utilisation and temperature, the llama-servers board runs on it
+(with the memory llama.cpp allocated beside board's estimate; shown only when there are some), and its bookings."""
 
 from __future__ import annotations
 
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -12,6 +14,7 @@ from textual.widgets import DataTable, Footer, Sparkline, Static
 from app.core.text import format_cards, format_elapsed
 from app.core.cardstate import CardStatus
 from app.tui.render import NA, gib, short_time, untrusted
+from app.tui.screens.servers import ServersLoaded, ServersView, memory_text
 from app.tui.widgets.header import BoardHeader
 
 
@@ -31,6 +34,7 @@ class CardDetailScreen(Screen):
     CardDetailScreen #temp-chart > .sparkline--min-color { color: $warning-darken-2; }
     CardDetailScreen .section { height: 1; padding: 0 1; text-style: bold; color: $accent; }
     CardDetailScreen #processes { height: auto; max-height: 40%; }
+    CardDetailScreen #servers { height: auto; max-height: 30%; padding: 0 1; }
     CardDetailScreen #bookings { height: 1fr; }
     """
     BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
@@ -50,6 +54,8 @@ class CardDetailScreen(Screen):
                     yield Sparkline([], id=f"{key}-chart", summary_function=max)
         yield Static(Text("Processes"), classes="section")
         yield DataTable(cursor_type="row", id="processes")
+        yield Static(Text("Servers"), classes="section", id="servers-title")
+        yield Static("", id="servers")
         yield Static(Text("Bookings"), classes="section")
         yield DataTable(cursor_type="row", id="bookings")
         yield Footer()
@@ -65,6 +71,8 @@ class CardDetailScreen(Screen):
                                   ("end", "END", 10), ("class", "CLASS", 10), ("note", "NOTE", None)):
             bookings.add_column(label, key=key, width=width)
         self.update_all()
+        watch = getattr(app, "server_watch", None)
+        self.update_servers(watch.latest if watch is not None else None)
         app.fleet_signal.subscribe(self, lambda _: self.update_all())
         app.bookings_signal.subscribe(self, lambda _: self.update_bookings())
         processes.focus()
@@ -125,6 +133,31 @@ class CardDetailScreen(Screen):
         if not r.processes:
             table.add_row(Text("-"), Text("no processes", "dim"), Text(""), Text(""), Text(""))
         self.update_bookings()
+
+    @on(ServersLoaded)
+    def _servers_loaded(self, message: ServersLoaded) -> None:
+        if self.is_mounted:  # else on_mount shows the feed's latest
+            self.update_servers(message.view)
+
+    def update_servers(self, view: ServersView | None) -> None:
+        """The live servers on this card, each with its memory line; the section hides when there are none."""
+        status = self.status()
+        index = status.reading.index if status is not None else None
+        found = [line.server for line in (view.lines if view is not None else ())
+                 if line.server.live and index in line.server.cards]
+        text = Text()
+        for server in found:
+            if text:
+                text.append("\n")
+            text.append(f"#{server.id} ").append_text(untrusted(server.alias or server.model, 40))
+            text.append(" · ").append_text(untrusted(server.user, 12))
+            text.append(f" · {server.state} · cards {format_cards(server.cards)} · port {server.port}")
+            memory = memory_text(server, card=index)
+            if memory:
+                text.append(f"\n  {memory}", "dim")
+        self.query_one("#servers", Static).update(text)
+        for widget in (self.query_one("#servers-title"), self.query_one("#servers")):
+            widget.display = bool(found)
 
     def update_bookings(self) -> None:
         view = self.app.view

@@ -10,6 +10,8 @@
 - Start and stop send `serve_start` / `serve_stop` (app.llama.launch, shared with the CLI) from a
   short-lived daemon thread, so a start that waits for /health never holds up the UI or `q`.
 - The log (app.tui.screens.server_log) follows the highlighted server's log.
+- The detail line shows the memory llama.cpp allocated at load beside board's estimate (`memory_text`);
+  card detail shows the same for the servers on its card.
 - The start form is app.tui.screens.server_start.
 """
 
@@ -145,8 +147,10 @@ class ServerFeed:
             pass
 
     def _deliver(self, view: ServersView) -> None:
+        from app.tui.screens.card_detail import CardDetailScreen  # it imports this module
+
         for screen in self.app.screen_stack:
-            if isinstance(screen, ServersScreen):
+            if isinstance(screen, (ServersScreen, CardDetailScreen)):
                 screen.post_message(ServersLoaded(view))
 
 
@@ -161,6 +165,34 @@ def _notify(app, message: str, severity: str = "information") -> None:
         app.call_from_thread(app.notify, message, severity=severity, markup=False, timeout=10)
     except RuntimeError:  # the app has gone
         pass
+
+
+def memory_text(server: Server, card: int | None = None) -> str | None:
+    """'memory: measured X MiB (weights a, KV b, compute c) · estimated Y MiB', or None when neither is known.
+
+    Measured is what llama.cpp allocated at load over all its buffers (host ones included), estimated board's
+    figure over all cards. With `card` (one of the server's cards) and llama.cpp's figures for that card's
+    device (CUDA<n>, n its place in the server's cards), that card's share of both."""
+    measured, per_card = server.measured_memory, server.estimate_per_card
+    if measured is None and per_card is None:
+        return None
+    where, memory, estimate = "memory", measured, sum(per_card) if per_card else None
+    place = server.cards.index(card) if card in server.cards else None
+    device = measured.devices.get(f"CUDA{place}") if measured is not None and place is not None else None
+    if device is not None:
+        where, memory = "memory on this card", device
+        estimate = per_card[place] if per_card and place < len(per_card) else None
+    used = "measured -" if memory is None else (
+        f"measured {_mib(memory.total_mib)} MiB (weights {_mib(memory.weights_mib)}, KV {_mib(memory.kv_mib)},"
+        f" compute {_mib(memory.compute_mib)})")
+    planned = "estimated -" if estimate is None else f"estimated {estimate:,} MiB"
+    if server.estimate and server.estimate.get("forced"):
+        planned += f", over the {server.estimate.get('limit_mib')} MiB limit (forced)"
+    return f"{where}: {used} · {planned}"
+
+
+def _mib(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
 # -- the screen ---------------------------------------------------------------------------------
@@ -272,7 +304,11 @@ class ServersScreen(Screen):
                      server.exit_text or "", server.reason or "", f"log {server.log_path}" if server.log_path else ""]
             if server.state in (rows.CRASHED, rows.FAILED):
                 detail.set_classes("-error")
-            detail.update(Text(" · ".join(inert(p, 120) for p in parts if p)))
+            text = Text(" · ".join(inert(p, 120) for p in parts if p))
+            memory = memory_text(server)
+            if memory:
+                text.append("\n" + inert(memory, 200))
+            detail.update(text)
 
     @on(DataTable.RowHighlighted, "#servers")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
