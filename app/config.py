@@ -167,6 +167,9 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
 
 def _fit(table: dict) -> FitSettings:
     settings = _build(FitSettings, table, "[fit]")
+    for key, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"[fit] {key} must be a number, not {str(value)[:20]!r}")
     if not 0 < settings.max_fill <= 1:
         raise ValueError(f"[fit] max_fill is {settings.max_fill}; give a share of the card from 0 to 1, such as 0.9")
     if settings.overhead_mib < 0 or (settings.card_mib is not None and settings.card_mib <= 0):

@@ -46,7 +46,7 @@ class Settings:
     def check(self, model: Model) -> None:
         """BadInput where llama.cpp would refuse these settings for this model."""
         if self.ctx < 1:
-            raise BadInput(f"the context must be at least 1 token, not {self.ctx}")
+            raise BadInput(f"--ctx must be at least 1 token, not {self.ctx}")
         if self.parallel < 1:
             raise BadInput(f"--parallel must be at least 1, not {self.parallel}")
         for which, name in (("k", self.cache_type_k), ("v", self.cache_type_v)):
@@ -73,7 +73,8 @@ class Settings:
 
     @property
     def n_ubatch(self) -> int:
-        return min(min(_pad(self.ctx), self.batch), self.ubatch)
+        """llama_context caps the batch by the context before it pads the context to 256."""
+        return min(self.ctx, self.batch, self.ubatch)
 
     def as_dict(self) -> dict:
         return {"ctx": self.ctx, "parallel": self.parallel, "cache_type_k": self.cache_type_k,

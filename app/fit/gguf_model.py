@@ -1,4 +1,4 @@
-"""A model's shape from its GGUF header and tensor index (never the tensor data), with the `gguf` package.
+"""A model's shape from its GGUF header and tensor index (never the tensor data; see gguf_header).
 
 Tensors are grouped as llama.cpp places them (src/llama-model.cpp, load_tensors): the input layer
 (token_embd and friends) stays on the host, `blk.N.*` is repeating layer N, and the output layer
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.errors import BadInput
+from app.fit.gguf_header import Counted, read_header
 
 # Architectures whose attention keeps a plain K and V row per token per layer: the KV rule below holds.
 # MLA (deepseek2), recurrent and hybrid models (mamba, rwkv, qwen3next) size their memory otherwise.
@@ -85,17 +86,14 @@ def read_model(path: str | os.PathLike) -> Model:
     architecture whose memory board cannot model."""
     first = Path(path).expanduser()
     files = split_paths(first)
-    readers = [_reader(f) for f in files]
-    fields = readers[0].fields
+    headers = [_header(f) for f in files]
+    fields = headers[0][0]
 
     def value(key: str, default=None):
-        field = fields.get(key)
-        if field is None:
-            return default
-        try:
-            return field.contents()
-        except (IndexError, ValueError, UnicodeDecodeError):
-            raise BadInput(f"{first}: the GGUF field {key} is malformed") from None
+        got = fields.get(key, default)
+        if isinstance(got, Counted):
+            raise BadInput(f"{first}: the GGUF field {key} is an array of {got.length}, too long to be per layer")
+        return got
 
     arch = value("general.architecture")
     if not isinstance(arch, str):
@@ -126,7 +124,7 @@ def read_model(path: str | os.PathLike) -> Model:
     swa, n_swa = _sliding_window(arch, n_layer, value)
 
     tokens = fields.get("tokenizer.ggml.tokens")
-    n_vocab = int(value(f"{arch}.vocab_size", 0) or (len(tokens.data) if tokens is not None else 0))
+    n_vocab = int(value(f"{arch}.vocab_size", 0) or (tokens.length if isinstance(tokens, Counted) else 0))
 
     layer_bytes = [0] * n_layer
     input_bytes = output_bytes = 0
@@ -134,9 +132,9 @@ def read_model(path: str | os.PathLike) -> Model:
     has_output = False
     type_bytes: dict[str, int] = {}
     tensor_bytes = 0
-    for reader in readers:
-        for tensor in reader.tensors:
-            size = int(tensor.n_bytes)
+    for _, tensors in headers:
+        for tensor in tensors:
+            size = tensor.n_bytes
             tensor_bytes += size
             if tensor.name.startswith(_INPUT):
                 input_bytes += size
@@ -150,7 +148,7 @@ def read_model(path: str | os.PathLike) -> Model:
                 output_bytes += size
                 has_output = has_output or tensor.name == "output.weight"
             if size >= 1 << 20:
-                type_bytes[tensor.tensor_type.name] = type_bytes.get(tensor.tensor_type.name, 0) + size
+                type_bytes[tensor.type_name] = type_bytes.get(tensor.type_name, 0) + size
     if not has_output:
         output_bytes += embedding
 
@@ -165,21 +163,18 @@ def read_model(path: str | os.PathLike) -> Model:
     )
 
 
-def _reader(path: Path):
-    from gguf import GGUFReader  # numpy and gguf cost ~0.2 s to import: only for commands that read a model
-
+def _header(path: Path):
     try:
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF":
-                raise BadInput(f"{path} is not a GGUF file")
-        return GGUFReader(path, "r")
+        return read_header(path)
     except FileNotFoundError:
         raise BadInput(f"no model file {path}") from None
     except IsADirectoryError:
         raise BadInput(f"{path} is a directory; give a .gguf file") from None
     except OSError as error:
         raise BadInput(f"can't read {path}: {error.strerror}") from None
-    except (ValueError, IndexError, KeyError) as error:  # the reader's own complaints about a damaged header
+    except ValueError as error:
+        if str(error) == "not a GGUF file":
+            raise BadInput(f"{path} is not a GGUF file") from None
         raise BadInput(f"{path}: the GGUF header is damaged ({str(error)[:80]})") from None
 
 

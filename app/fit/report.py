@@ -71,7 +71,7 @@ def render(result: Fit) -> str:
         + (f", {m.n_expert} experts ({m.n_expert_used} used)" if m.n_expert else ""),
         f"request  ctx {s.ctx:,}, {slots} ({per_slot}), KV cache {s.cache_type_k}/{s.cache_type_v}, "
         f"flash attention {'on' if s.flash_attn else 'off'}",
-        f"total    weights {_mib(totals['weights_mib'])} MiB ({_mib(totals['host_mib'])} of it on the host), "
+        f"total    weights {_mib(totals['weights_mib'])} MiB ({_mib(result.options[0].host_weights_mib)} of it on the host), "
         f"KV {_mib(totals['kv_mib'])} MiB, compute {_mib(totals['compute_mib'])} MiB",
         "",
         f"cards  MiB on the fullest card: weights + KV + compute + overhead = total      "
@@ -119,7 +119,7 @@ def alternatives(model: Model, settings: Settings, cards: int, **limits) -> list
         if fewer:
             found.append(f"--parallel {fewer}")
     if settings.cache_type_k == "f16" and fits(replace(settings, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn=True)):
-        found.append("--cache-type-k q8_0 --cache-type-v q8_0")
+        found.append("--cache-type-k q8_0 --cache-type-v q8_0" + ("" if settings.flash_attn else " --flash-attn on"))
     more = next((n for n in CARD_COUNTS if n > cards and fits(settings, n)), None)
     if more:
         found.append(f"{more} cards")

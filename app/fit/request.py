@@ -43,10 +43,9 @@ def for_booking(path: str, settings: Settings, bounds: dict, *, count: int | Non
     return n, request_record(placement, model, settings)
 
 
-def for_server(path: str, settings: Settings, bounds: dict, cards: int, *, force: bool) -> dict:
+def for_server(model: Model, settings: Settings, bounds: dict, cards: int, *, force: bool) -> dict:
     """The estimate for a server on `cards` cards; NotPermitted when it does not fit, unless forced.
     What it returns goes into the audit row of the start."""
-    model = read_model(path)
     placement = place(model, settings, cards, **bounds)
     if not placement.fits and not force:
         raise _refusal(model, settings, placement, bounds, "serve start")

@@ -77,7 +77,8 @@ def start(client, booking_id: int, *, socket_path: str | None = None, environ: M
 
 def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool) -> dict:
     """The settings the estimate was made for (so the server runs exactly those) and the estimate itself."""
-    from app.fit.gguf_model import UnknownArchitecture
+    from app.errors import BadInput
+    from app.fit.gguf_model import read_model
     from app.fit.request import for_server, settings_of
 
     flash = {"on": True, "off": False}.get(options.get("flash_attn"))
@@ -85,9 +86,10 @@ def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool)
                            cache_type_k=options.get("cache_type_k"), cache_type_v=options.get("cache_type_v"),
                            flash_attn=flash)
     try:
-        estimate = for_server(options["model"], settings, dict(limits), cards, force=force)
-    except UnknownArchitecture:
-        return {}  # board can't size it: llama-server's own figures will tell after it loads
+        model = read_model(options["model"])
+    except BadInput:
+        return {}  # board can't size it (an architecture it does not know): llama-server itself will tell
+    estimate = for_server(model, settings, dict(limits), cards, force=force)
     return {"ctx": settings.ctx, "parallel": settings.parallel, "cache_type_k": settings.cache_type_k,
             "cache_type_v": settings.cache_type_v, "flash_attn": "on" if settings.flash_attn else "off", "fit": estimate}
 

@@ -183,7 +183,7 @@ class TestMemory:
         assert measured.kv_mib == pytest.approx(predicted["kv_mib"], abs=0.01)
         assert measured.compute_mib > 0 and measured.kv_cells == 256
         # The estimate the start was checked against (what the CLI computed in the member's process).
-        estimate = for_server(str(mid_model), settings, limits(Config()), 1, force=False)
+        estimate = for_server(read_model(str(mid_model)), settings, limits(Config()), 1, force=False)
         assert started["estimate"] == estimate and estimate["per_card_mib"][0] > measured.total_mib
 
         [listed] = board.json("serve", "list")["servers"]

@@ -17,7 +17,7 @@ ALLOWED = {
     "gpu": set(),
     "core": {"model", "errors", "config", "gpu"},
     "store": {"model", "errors", "gpu"},
-    "fit": {"errors", "output", "core"},
+    "fit": {"errors", "output", "core", "config"},
     "llama": {"model", "errors", "config", "gpu", "core", "store", "output", "fit"},
     "service": {"model", "errors", "config", "gpu", "core", "store", "llama", "demo", "wire"},
     "client": {"model", "errors", "core", "service", "wire"},
