@@ -54,7 +54,7 @@ def settings_from(args: argparse.Namespace):
 
 def cmd_fit(ctx) -> int:
     from app.fit.gguf_model import read_model
-    from app.fit.report import DEFAULT_CARD_MIB, fit, render
+    from app.fit.report import DEFAULT_CARD_MIB, fit, render, with_measured
     from app.output import EXIT_OK, print_json
 
     args = ctx.args
@@ -63,6 +63,11 @@ def cmd_fit(ctx) -> int:
     result = fit(model, settings_from(args), card_mib=settings.card_mib or DEFAULT_CARD_MIB,
                  overhead_mib=settings.overhead_mib, max_fill=settings.max_fill,
                  counts=(args.cards,) if args.cards else CARD_COUNTS)
+    # The service is asked only where it runs anyway (the shared install) or --for needs it: a plain fit on
+    # a development machine opens no database and reads no GPU.
+    asks = bool(ctx.config.service.socket or args.duration)
+    if asks and (server := _measured(ctx, model, result.settings)) is not None:
+        result = with_measured(result, server, overhead_mib=settings.overhead_mib)
     slots = _slots(ctx, result) if args.duration else None
     if args.json:
         shown = [{k: v for k, v in s.items() if k != "at"} for s in slots] if slots is not None else None
@@ -72,6 +77,19 @@ def cmd_fit(ctx) -> int:
         if slots is not None:
             print(_slot_text(ctx, slots, result.smallest_fit))
     return EXIT_OK
+
+
+def _measured(ctx, model, settings) -> dict | None:
+    """The latest server of this model and settings that logged its memory, if the service can be asked."""
+    from app.errors import BoardError
+    from app.fit.report import same_request
+
+    try:
+        servers = ctx.client.call("serve_list", all=True, limit=500)
+    except BoardError:  # no service, or no database: the estimate stands alone
+        return None
+    found = [s for s in servers if s.get("measured") and same_request(s, model, settings)]
+    return max(found, key=lambda s: s.get("ready_at") or 0) if found else None
 
 
 def _slots(ctx, result) -> list[dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from app.fit.estimate import CARD_COUNTS, MIB, Placement, Settings, place
@@ -15,6 +16,7 @@ class Fit:
     model: Model
     settings: Settings
     options: tuple[Placement, ...]
+    measured: dict | None = None  # a server of this model and settings, and what llama.cpp logged for it
 
     @property
     def smallest_fit(self) -> int | None:
@@ -34,6 +36,7 @@ class Fit:
             "weights_mib": round(self.model.weights_bytes / MIB, 1), "kv_mib": round(kv, 1),
             "compute_mib": round(compute, 1), "host_mib": round(one.host_mib, 1),
             "options": [o.as_dict() for o in self.options], "smallest_fit": self.smallest_fit,
+            **({"measured": self.measured} if self.measured else {}),
         }
 
 
@@ -83,6 +86,13 @@ def render(result: Fit) -> str:
                     f"{_mib(fullest.overhead_mib):>4} = {_mib(fullest.total_mib):>7}")
         every = " ".join(_mib(c.total_mib) for c in option.per_card) if option.cards > 1 else ""
         lines.append(f"{option.cards:>5}  {sum_line}   {'yes' if option.fits else 'NO':<4}{'  cards: ' + every if every else ''}")
+    if (measured := result.measured) is not None:
+        import time
+
+        when = time.strftime("%d %b", time.localtime(measured["ready_at"])) if measured.get("ready_at") else "?"
+        used = (f"the {measured['cards']}-card row uses its figures" if measured["per_card"]
+                else f"{_mib(measured['total_mib'])} MiB in all")
+        lines += ["", f"measured on this server on {when} (server {measured['server']}): {used}"]
     lines += ["", f"smallest fit: {result.smallest_fit or 'none'} card{'s' if (result.smallest_fit or 0) != 1 else ''}",
               advice(result)]
     return "\n".join(lines)
@@ -131,3 +141,41 @@ def request_record(result: Placement, model: Model, settings: Settings) -> dict:
     return {"model": model.path, **settings.as_dict(), "cards_planned": result.cards,
             "per_card_mib": [round(c.total_mib) for c in result.per_card],
             "estimate": [c.as_dict() for c in result.per_card]}
+
+
+def _flag(cmdline: list, flag: str, default: str) -> str:
+    return cmdline[cmdline.index(flag) + 1] if flag in cmdline[:-1] else default
+
+
+def same_request(server: dict, model: Model, settings: Settings) -> bool:
+    """A server of this model run with these settings (its command line says which cache and attention)."""
+    cmdline = list(server.get("cmdline") or [])
+    return (server.get("model") == os.path.realpath(model.path) and server.get("ctx") == settings.ctx
+            and server.get("parallel") == settings.parallel
+            and _flag(cmdline, "-ctk", "f16") == settings.cache_type_k and _flag(cmdline, "-ctv", "f16") == settings.cache_type_v
+            and _flag(cmdline, "-fa", "auto") == ("on" if settings.flash_attn else "off")
+            and ("-kvu" in cmdline) == settings.unified)
+
+
+def with_measured(result: Fit, server: dict, *, overhead_mib: float) -> Fit:
+    """The estimate, with the option of the server's card count replaced by what llama.cpp measured on those
+    cards (CUDA0.. in the server's card order, plus the overhead llama.cpp does not count)."""
+    from dataclasses import replace
+
+    from app.fit.estimate import CardUse
+
+    devices = (server.get("measured") or {}).get("devices") or {}
+    n = len(server.get("cards") or ())
+    names = [f"CUDA{i}" for i in range(n)]
+    measured = {"server": server.get("id"), "ready_at": server.get("ready_at"), "cards": n,
+                "total_mib": round(sum(sum(float(v) for k, v in d.items() if k.endswith("_mib")) for d in devices.values()), 1),
+                "per_card": None}
+    options = list(result.options)
+    if n and all(name in devices for name in names):
+        per_card = tuple(CardUse(float(devices[name]["weights_mib"]), float(devices[name]["kv_mib"]),
+                                 float(devices[name]["compute_mib"]) + float(devices[name].get("output_mib", 0)),
+                                 overhead_mib) for name in names)
+        measured["per_card"] = [c.as_dict() for c in per_card]
+        options = [replace(o, per_card=per_card, fits=all(c.total_mib <= o.limit_mib for c in per_card))
+                   if o.cards == n else o for o in options]
+    return replace(result, options=tuple(options), measured=measured)

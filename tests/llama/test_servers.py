@@ -191,6 +191,13 @@ class TestMemory:
         table = board.ok("serve", "list").stdout.splitlines()
         assert table[0].split()[8] == "MEM"
         assert table[1].split()[8] == f"{measured.total_mib:.0f}/{estimate['per_card_mib'][0]}M"
+        # A later fit of the same model and settings names the measurement (this CPU build has no CUDA device
+        # to map onto a card, so the figure is the total); other settings do not match it.
+        later = board.json("fit", str(mid_model), "--ctx", "256", "--for", "1h")
+        assert later["measured"]["server"] == 1
+        assert later["measured"]["total_mib"] == pytest.approx(measured.total_mib, abs=0.1)
+        assert "measured on this server on " in board.ok("fit", str(mid_model), "--ctx", "256", "--for", "1h").stdout
+        assert "measured" not in board.json("fit", str(mid_model), "--ctx", "512", "--for", "1h")
         board.ok("serve", "stop", "1")
         assert board.gone(board.server(1))
 

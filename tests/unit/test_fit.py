@@ -738,3 +738,42 @@ def test_the_header_is_read_without_gguf_reader_and_big_arrays_are_only_counted(
     assert fields["tokenizer.ggml.scores"] == Counted(100_000)
     assert read_model(path).n_vocab == 100_000
     assert sum(t.n_bytes for t in tensors) == shapes.tensor_bytes(shapes.SHAPES["wide-vocab"])
+
+
+def test_measured_cards_replace_the_estimate_of_that_count_and_decide_the_fit(tmp_path):
+    import os
+
+    from app.fit.report import fit, render, same_request, with_measured
+
+    model = read_model(shapes.write_model(tmp_path / "mid.gguf", "mid"))
+    settings = Settings(ctx=4096, parallel=2)
+    result = fit(model, settings, card_mib=1000, overhead_mib=500, max_fill=0.9)  # a limit of 900 MiB a card
+    cuda = {"weights_mib": 50.0, "kv_mib": 4.0, "compute_mib": 10.0, "output_mib": 1.0}
+    devices = {"CUDA0": cuda, "CUDA1": {**cuda, "weights_mib": 450.0}, "CUDA_Host": {**cuda, "weights_mib": 1.0}}
+    server = {"id": 7, "ready_at": 1795966200, "cards": [3, 4], "model": os.path.realpath(model.path), "ctx": 4096,
+              "parallel": 2, "cmdline": ["llama-server", "-fa", "on", "-ctk", "f16", "-ctv", "f16"],
+              "measured": {"source": "lines", "devices": devices}}
+    assert same_request(server, model, settings)
+    assert result.option(2).fits
+    measured = with_measured(result, server, overhead_mib=500)
+    assert [c.total_mib for c in measured.option(2).per_card] == [565.0, 965.0]
+    assert not measured.option(2).fits and measured.option(1) == result.option(1)
+    assert measured.as_json()["measured"]["per_card"][1]["weights_mib"] == 450.0
+    assert "measured on this server on " in render(measured) and "the 2-card row uses its figures" in render(measured)
+
+
+@pytest.mark.parametrize("change", [
+    {"ctx": 8192}, {"parallel": 1}, {"cmdline": ["llama-server", "-fa", "off", "-ctk", "f16", "-ctv", "f16"]},
+    {"cmdline": ["llama-server", "-fa", "on", "-ctk", "q8_0", "-ctv", "f16"]},
+    {"cmdline": ["llama-server", "-fa", "on", "-ctk", "f16", "-ctv", "f16", "-kvu"]}, {"model": "/elsewhere/mid.gguf"},
+])
+def test_a_server_with_other_settings_is_not_the_same_request(tmp_path, change):
+    import os
+
+    from app.fit.report import same_request
+
+    model = read_model(shapes.write_model(tmp_path / "mid.gguf", "mid"))
+    server = {"model": os.path.realpath(model.path), "ctx": 4096, "parallel": 2,
+              "cmdline": ["llama-server", "-fa", "on", "-ctk", "f16", "-ctv", "f16"]}
+    assert same_request(server, model, Settings(ctx=4096, parallel=2))
+    assert not same_request({**server, **change}, model, Settings(ctx=4096, parallel=2))
