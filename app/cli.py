@@ -28,21 +28,28 @@ from app.errors import BadInput, BoardError, NotPermitted
 from app.output import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNEXPECTED, iso, print_booking, print_json
 
 EPILOG = """\
-times: now, 14:00, tomorrow 9:00, mon 9:00, 2026-12-01T14:00, +2h; ranges: 'tomorrow 9-19'
-durations: 90m, 3h, 1h30m, 2d
+times: now, 14:00, tomorrow 9:00, mon 9:00, tonight, this weekend, 2026-12-01T14:00, +2h; ranges: 'tomorrow 9-19'
+--until: day words read from now as in --start; a bare 18:00 is the first 18:00 after the start, +2h is after the start
+  (for extend: after the current end)
+cards: 0,1 or 4-7 or 0-1,4;  durations: 90m, 3h, 1h30m, 2d
 exit codes: 0 ok, 1 unexpected, 2 bad input or not found, 3 conflict, 4 not permitted
 """
 
 
 def cmd_extend(ctx: Context) -> int:
+    """--until reads as in `book`, with the booking's current end as the start: 20:00 is the first 20:00 after it."""
     args = ctx.args
-    from app.core.timeparse import TimeInputError, parse_duration, parse_when
+    from datetime import datetime
+
+    from app.core.timeparse import TimeInputError, parse_duration, parse_end
 
     try:
         if args.duration is not None:
             change = {"add_seconds": int(parse_duration(args.duration).total_seconds())}
         else:
-            change = {"end": int(parse_when(args.until, ctx.now()).timestamp())}
+            current = datetime.fromtimestamp(ctx.client.call("get", id=args.id)["end"]).astimezone()
+            end = parse_end(args.until, current, ctx.now(), night_start=ctx.night_start, after="the current end")
+            change = {"end": int(end.timestamp())}
     except TimeInputError as error:
         raise BadInput(str(error)) from None
     print_booking(ctx.client.call("extend", id=args.id, **change), "extended", args.json)
@@ -220,11 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("book", cmd_book, "book cards for a time slot", json_flag=True)
     p.add_argument("count", nargs="?", type=card_count, help="how many cards (1, 2, 4 or 8); picks the best-connected free set")
-    p.add_argument("--cards", help="exact cards, e.g. 0,1")
+    p.add_argument("--cards", help="exact cards, e.g. 0,1 or 4-7 or 0-1,4")
     p.add_argument("--start", default="now", help="when it starts, or a range such as 'tomorrow 9-19' (default now)")
     span = p.add_mutually_exclusive_group()
     span.add_argument("--for", dest="duration", metavar="DUR", help="how long, e.g. 3h")
-    span.add_argument("--until", metavar="WHEN", help="when it ends")
+    span.add_argument("--until", metavar="WHEN",
+                      help="when it ends: tomorrow 18:00; a bare 18:00 is the first after the start, +2h is after the start")
     p.add_argument("--class", dest="klass", metavar="CLASS", default="experiment",
                    help="online, batch, finetune or experiment (default)")
     p.add_argument("--note", default="", help="what it is for")
@@ -253,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", type=booking_id, help="booking id")
     span = p.add_mutually_exclusive_group(required=True)
     span.add_argument("--for", dest="duration", metavar="DUR", help="add this much time")
-    span.add_argument("--until", metavar="WHEN", help="the new end")
+    span.add_argument("--until", metavar="WHEN",
+                      help="the new end: fri 18:00; a bare 20:00 is the first after the current end, +2h is after it")
 
     p = command("admin", cmd_admin, "admin actions")
     admin = p.add_subparsers(title="admin commands", metavar="ACTION")

@@ -68,6 +68,10 @@ class Context:
     def now(self) -> datetime:
         return datetime.now().astimezone()
 
+    def night_start(self) -> int:
+        """What `tonight` means, in minutes after midnight: read from the config only when someone says it."""
+        return self.config.booking.night_start_minute
+
 
 def check_arguments(argv) -> int | None:
     """Bytes that are not UTF-8 arrive as lone surrogates, which SQLite cannot store: one line and exit 2."""
@@ -133,7 +137,7 @@ def cmd_book(ctx: Context) -> int:
         raise BadInput("give a count or --cards, not both")
     from app.core.parse import parse_span
 
-    start, end = parse_span(args.start, args.duration, args.until, ctx.now(),
+    start, end = parse_span(args.start, args.duration, args.until, ctx.now(), night_start=ctx.night_start,
                             how_long="say how long: --for 3h, --until 18:00, or a range such as --start 'tomorrow 9-19'")
     cards = parse_cards(args.cards) if args.cards is not None else None
     count, request = args.count, None

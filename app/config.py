@@ -81,6 +81,17 @@ class FitSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class BookingSettings:
+    """How booking words read: `tonight` starts at `night_start` (local time, HH:MM)."""
+
+    night_start: str = "19:00"
+
+    @property
+    def night_start_minute(self) -> int:
+        return _hhmm(self.night_start)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -94,6 +105,7 @@ class Config:
     service: ServiceSettings = field(default_factory=ServiceSettings)
     enforce: EnforceSettings = field(default_factory=EnforceSettings)
     fit: FitSettings = field(default_factory=FitSettings)
+    booking: BookingSettings = field(default_factory=BookingSettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -118,7 +130,7 @@ def _hhmm(text: str) -> int:
 
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
-    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit"}
+    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -162,7 +174,18 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         service=_build(ServiceSettings, raw.get("service", {}), "[service]"),
         enforce=_enforce(raw.get("enforce", {})),
         fit=_fit(raw.get("fit", {})),
+        booking=_booking(raw.get("booking", {})),
     )
+
+
+def _booking(table: dict) -> BookingSettings:
+    settings = _build(BookingSettings, table, "[booking]")
+    night = settings.night_start
+    hours, colon, minutes = night.strip().partition(":") if isinstance(night, str) else ("", "", "")
+    digits = colon and (hours + minutes).isascii() and hours.isdigit() and minutes.isdigit() and len(minutes) == 2
+    if not (digits and int(hours) < 24 and int(minutes) < 60):
+        raise ValueError(f"[booking] night_start is {str(night)[:20]!r}; give a time of day such as \"19:00\"")
+    return settings
 
 
 def _fit(table: dict) -> FitSettings:

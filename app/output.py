@@ -7,6 +7,7 @@ goes through core.text.inert before it reaches a terminal; JSON escapes everythi
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from collections.abc import Sequence
 
@@ -62,23 +63,28 @@ def requested_mib(booking: dict | None, card: int) -> int | None:
     return None
 
 
-def booking_line(booking: dict) -> str:
-    from app.core.text import format_cards, format_time, inert
+def booking_line(booking: dict, now: float | None = None) -> str:
+    """One booking on one line; given `now`, each time also says how far away it is: '19:00 (in 45 min)'."""
+    from app.core.text import format_cards, format_time, inert, relative
+
+    def when(epoch: int) -> str:
+        return format_time(epoch, now) + (f" ({relative(epoch, now)})" if now is not None else "")
 
     state = "" if booking["status"] == "booked" else f" [{booking['status']}]"
     note = f"  {inert(booking['note'], 60)}" if booking["note"] else ""
     asked = f"  [{text}]" if (text := request_text(booking.get("request"))) else ""
     return (
         f"#{booking['id']:<5} {inert(booking['user'], 16):<16} cards {format_cards(booking['cards']):<15}"
-        f" {format_time(booking['start'])} → {format_time(booking['end'])}  {booking['class']}{state}{asked}{note}"
+        f" {when(booking['start'])} → {when(booking['end'])}  {booking['class']}{state}{asked}{note}"
     )
 
 
-def print_booking(booking: dict, verb: str, as_json: bool) -> None:
+def print_booking(booking: dict, verb: str, as_json: bool, now: float | None = None) -> None:
+    """A confirmation: the line with how far away its times are (now defaults to the clock); --json is unchanged."""
     if as_json:
         print_json(booking_json(booking))
     else:
-        print(f"{verb} {booking_line(booking)}")
+        print(f"{verb} {booking_line(booking, time.time() if now is None else now)}")
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:

@@ -8,6 +8,7 @@ signs, underscores and surrounding whitespace, none of which a card or booking n
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 
 from app.core.text import inert
@@ -73,18 +74,22 @@ def _python_reads_a_number(text: str) -> bool:
     return True
 
 
-def parse_span(start: str, length: str | None, until: str | None, now: datetime, *, how_long: str) -> tuple[int, int]:
+def parse_span(start: str, length: str | None, until: str | None, now: datetime, *, how_long: str,
+               night_start: int | Callable[[], int] | None = None) -> tuple[int, int]:
     """A start (a time, or a range such as 'tomorrow 9-19') with a duration or an end, as UTC epoch seconds.
 
-    `how_long` is the line to show when neither a duration, an end nor a range says how long."""
-    from app.core.timeparse import TimeInputError, parse_duration, parse_when, parse_when_or_range
+    `--until` reads as timeparse.parse_end says: day words from now, a bare time and `+2h` from the start.
+    `how_long` is the line to show when neither a duration, an end nor a range says how long;
+    `night_start` is what `tonight` means (default 19:00), asked only when someone says it."""
+    from app.core.timeparse import NIGHT_START, TimeInputError, parse_duration, parse_end, parse_when_or_range
 
+    night = NIGHT_START if night_start is None else night_start
     try:
-        begin, range_end = parse_when_or_range(start, now)
+        begin, range_end = parse_when_or_range(start, now, night_start=night)
         if length is not None:
             end = begin + parse_duration(length)
         elif until is not None:
-            end = parse_when(until, begin)
+            end = parse_end(until, begin, now, night_start=night)
         elif range_end is not None:
             end = range_end
         else:

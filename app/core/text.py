@@ -36,6 +36,23 @@ def format_time(epoch: int, now: float | None = None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M")
 
 
+def relative(epoch: float, now: float) -> str:
+    """How far away a time is: 'in 45 min', 'in 3 h', 'in 2 days', '45 min ago', or 'now' within a minute.
+
+    Minutes under 90 minutes, hours under 36 hours, then days; each rounded to the nearest."""
+    seconds = epoch - now
+    ahead, span = seconds >= 0, abs(seconds)
+    if span < 60:
+        return "now"
+    if span < 90 * 60:
+        amount = f"{round(span / 60)} min"
+    elif span < 36 * 3600:
+        amount = f"{round(span / 3600)} h"
+    else:
+        amount = f"{round(span / 86400)} days"
+    return f"in {amount}" if ahead else f"{amount} ago"
+
+
 def format_cards(cards: Sequence[int]) -> str:
     return ",".join(str(c) for c in cards)
 

@@ -4,8 +4,11 @@ Standard library only. Every public function either returns or raises
 ``TimeInputError`` (a one-line ``ValueError``) for any string input.
 
 Starts (case-insensitive):
-    now | 14:00 | today 14:00 | tomorrow 9:00 | tomorrow | mon 9:00 | monday |
+    now | 14:00 | today 14:00 | tomorrow 9:00 | tomorrow | mon 9:00 | monday | tonight | this weekend |
     2026-12-01T14:00[:30][Z|+01:00] | 2026-12-01 14:00 | 2026-12-01 | +2h +90m +1h30m +2d
+Ends (``parse_end``, for --until): the same forms, read the same way from now, except two that are
+    read from the start: a bare time (``18:00``) is the first such time after the start, and ``+2h``
+    is two hours after the start. An end at or before the start is an error that shows both.
 Durations: 90m 3h 1h30m 2d 1d12h 1.5h (minute resolution; 0 < d <= 3650 days)
 Ranges: 9-19 | 14:00-18:00 | today 9-17 | tomorrow 9-19 | mon 9:00-17:30 |
     2026-12-01T09:00-12:00
@@ -16,6 +19,8 @@ Rules:
   ``today`` is taken literally (may be in the past; the caller decides).
 * A day without a time (``tomorrow``, ``mon``, ``today``) means 09:00 that day.
   ``2026-12-01`` alone means midnight.
+* ``tonight`` is today at the night start (``[booking] night_start``, 19:00), or now once that
+  has passed. ``this weekend`` is Saturday 09:00, or now on a Saturday or Sunday.
 * In a range the end may omit minutes; if the end hour is smaller than the start
   hour the range runs past midnight (``22-2`` = 22:00 to 02:00 next day; ``24``
   is accepted as an end meaning midnight). Otherwise end <= start is an error.
@@ -40,27 +45,33 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from datetime import date, datetime, timedelta, timezone
 
 __all__ = [
     "TimeInputError",
     "parse_when",
+    "parse_end",
     "parse_duration",
     "parse_range",
     "parse_when_or_range",
 ]
 
-START_FORMS = "now, 14:00, tomorrow 9:00, mon 9:00, 2026-12-01T14:00 or +2h"
+START_FORMS = "now, 14:00, tomorrow 9:00, mon 9:00, tonight, this weekend, 2026-12-01T14:00 or +2h"
+END_FORMS = "18:00 (the first after the start), +2h (after the start), tomorrow 18:00, fri 12:00 or 2026-12-01T18:00"
 DURATION_FORMS = "90m, 3h, 1h30m, 1.5h, 2d or 1d12h"
 RANGE_FORMS = "14:00-18:00, tomorrow 9-19, mon 9:00-17:30, 22-2 or 2026-12-01T09:00-12:00"
 
 MAX_MINUTES = 3650 * 24 * 60
 GRACE = timedelta(minutes=1)
-DEFAULT_HOUR = 9  # `tomorrow` / `mon` alone
+DEFAULT_HOUR = 9  # `tomorrow` / `mon` alone, and Saturday's hour for `this weekend`
+NIGHT_START = 19 * 60  # `tonight`, in minutes after midnight: [booking] night_start
+NightStart = int | Callable[[], int]  # the minutes, or a function that reads them from the config when needed
 
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 
 _HM = r"(\d{1,2}):(\d{2})"
+_BARE_TIME = re.compile(_HM)
 _H_OPT_M = r"(\d{1,2})(?::(\d{2}))?"
 _DATE = r"(\d{4})-(\d{1,2})-(\d{1,2})"
 _WORD_TIME = re.compile(rf"(?:([a-z]+)(?:\s+{_HM})?|{_HM})")
@@ -201,12 +212,22 @@ def parse_duration(text: str) -> timedelta:
 
 
 @_guard(START_FORMS)
-def parse_when(text: str, now: datetime) -> datetime:
-    """A start time (see module docstring) as an aware datetime in now's local zone."""
+def parse_when(text: str, now: datetime, *, night_start: NightStart = NIGHT_START) -> datetime:
+    """A start time (see module docstring) as an aware datetime in now's local zone.
+
+    `night_start` (minutes after midnight, or a function giving them) is asked only for `tonight`,
+    so a caller can leave the config unread until someone says it."""
     now = _aware(now)
     t = " ".join(text.strip().lower().split())
     if t == "now":
         return now
+    if t == "tonight":
+        minute = night_start() if callable(night_start) else night_start
+        return max(now, _wall(now.date(), minute // 60, minute % 60, 0, now))
+    if t == "this weekend":
+        if now.weekday() >= 5:
+            return now
+        return _wall(now.date() + timedelta(days=5 - now.weekday()), DEFAULT_HOUR, 0, 0, now)
     if t.startswith("+"):
         try:
             delta = timedelta(minutes=_duration_minutes(t[1:]))
@@ -236,6 +257,43 @@ def parse_when(text: str, now: datetime) -> datetime:
         except KeyError:
             pass
     raise _err(text, "a time", START_FORMS)
+
+
+def _shown(moment: datetime) -> str:
+    """'Mon 30 Nov 14:00': a time in a message, with its day, since the point is often the day."""
+    return moment.strftime("%a %d %b %H:%M")
+
+
+@_guard(END_FORMS)
+def parse_end(text: str, start: datetime, now: datetime, *, night_start: NightStart = NIGHT_START,
+              after: str = "the start") -> datetime:
+    """An end for `start` (see module docstring); `after` names the start in the message (`extend`: the current end)."""
+    now = _aware(now)
+    start = _to_local(_aware(start), now)
+    t = " ".join(text.strip().lower().split())
+    if m := _BARE_TIME.fullmatch(t):
+        h, mi = _hm(*m.groups())
+        end = _wall(start.date(), h, mi, 0, now)
+        if end <= start:
+            end = _wall(start.date() + timedelta(days=1), h, mi, 0, now)
+    elif t.startswith("+"):
+        try:
+            delta = timedelta(minutes=_duration_minutes(t[1:]))
+        except TimeInputError as e:
+            if str(e).startswith("can't read"):
+                raise _err(text, "an end", END_FORMS) from None
+            raise
+        end = _to_local(start.astimezone(timezone.utc) + delta, now)
+    else:
+        try:
+            end = parse_when(text, now, night_start=night_start)
+        except TimeInputError as e:
+            if str(e).startswith("can't read"):
+                raise _err(text, "an end", END_FORMS) from None
+            raise
+    if end <= start:
+        raise TimeInputError(f"the end {_shown(end)} is at or before {after} {_shown(start)}; give a later end, such as +2h")
+    return end
 
 
 def _range(text: str, now: datetime) -> tuple[datetime, datetime] | None:
@@ -274,7 +332,8 @@ def parse_range(text: str, now: datetime) -> tuple[datetime, datetime]:
 
 
 @_guard(f"{START_FORMS}; or a range like {RANGE_FORMS}")
-def parse_when_or_range(text: str, now: datetime) -> tuple[datetime, datetime | None]:
+def parse_when_or_range(text: str, now: datetime, *, night_start: NightStart = NIGHT_START,
+                        ) -> tuple[datetime, datetime | None]:
     """A range -> (start, end); otherwise a start -> (start, None). For --start."""
     now = _aware(now)
     try:
@@ -286,7 +345,7 @@ def parse_when_or_range(text: str, now: datetime) -> tuple[datetime, datetime | 
     if r is not None:
         return r
     try:
-        return parse_when(text, now), None
+        return parse_when(text, now, night_start=night_start), None
     except TimeInputError as e:
         if str(e).startswith("can't read"):
             raise _err(text, "a time or range", f"{START_FORMS}; or a range like {RANGE_FORMS}") from None

@@ -100,7 +100,8 @@ def _slots(ctx, result) -> list[dict]:
 
     if result.smallest_fit is None:
         return []
-    start, end = parse_span(ctx.args.start, ctx.args.duration, None, ctx.now(), how_long="give --for, such as 3h")
+    start, end = parse_span(ctx.args.start, ctx.args.duration, None, ctx.now(), how_long="give --for, such as 3h",
+                            night_start=ctx.night_start)
     found = ctx.client.call("slots", start=start, end=end, count=result.smallest_fit, limit=3,
                             **{"class": ctx.args.klass})["slots"]
     return [{"cards": s["cards"], "start": iso(s["start"]), "end": iso(s["end"]),

@@ -33,7 +33,11 @@ def run_booking(service, me: Identity, booking_id: int | None) -> Booking:
             if booking.uid != me.uid:
                 raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; run on your own booking")
             if not booking.active(now):
-                raise NotPermitted(f"booking {booking.id} is not active now")
+                from app.core.text import format_time, relative
+
+                when = (f"ended {format_time(booking.end, now)}, {relative(booking.end, now)}" if booking.end <= now
+                        else f"starts {format_time(booking.start, now)}, {relative(booking.start, now)}")
+                raise NotPermitted(f"booking {booking.id} is not active now ({when})")
             return booking
         mine = [b for b in rows.live_between(service.conn, int(now), int(now) + 1) if b.uid == me.uid]
         if not mine:

@@ -202,3 +202,93 @@ class TestDemo:
         scenario.write_text("[cards]\ncount = 'eight'\n")
         result = run_board("status", "--scenario", str(scenario), env=self.demo_env(tmp_path))
         assert result.returncode == 2 and str(scenario) in result.stderr and result.stderr.count("\n") == 1
+
+
+class TestTimeWords:
+    """Issue 11: --until reads day words from now, as --start does; a bare time and +DUR from the start."""
+
+    @pytest.mark.parametrize("start, until, hours", [
+        ("tomorrow 14:00", "tomorrow 16:00", 2),  # booked 26 hours before: "tomorrow" was read from the start's day
+        ("tomorrow 14:00", "16:00", 2),
+        ("tomorrow 14:00", "+3h", 3),
+        ("tomorrow 22:00", "6:00", 8),  # the first 06:00 after the start
+        ("tomorrow 14:00", "9:00", 19),
+    ])
+    def test_until(self, board, start, until, hours):
+        booking = ok_json(board("book", "--cards", "0", "--start", start, "--until", until, "--json"))
+        span = datetime.fromisoformat(booking["end"]) - datetime.fromisoformat(booking["start"])
+        assert span == timedelta(hours=hours)
+
+    @pytest.mark.parametrize("start, until", [("tomorrow 14:00", "today 16:00"), ("tomorrow 14:00", "tomorrow 14:00")])
+    def test_an_end_at_or_before_the_start_is_exit_2_showing_both(self, board, start, until):
+        result = board("book", "--cards", "0", "--start", start, "--until", until)
+        assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+        end = until.split()[1]
+        assert re.match(rf"board: the end \w{{3}} \d\d \w{{3}} {end} is at or before the start \w{{3}} \d\d \w{{3}} 14:00;",
+                        result.stderr), result.stderr
+        assert ok_json(board("list", "--json"))["bookings"] == []  # nothing written
+
+    def test_tonight_is_the_configured_night_start(self, board, tmp_path):
+        config = tmp_path / "board.toml"
+        config.write_text('[booking]\nnight_start = "23:59"\n')
+        before = datetime.now(timezone.utc)
+        booking = ok_json(board("book", "--cards", "1", "--start", "tonight", "--for", "1h", "--json",
+                                extra_env={"BOARD_CONFIG": str(config)}))
+        start = datetime.fromisoformat(booking["start"])
+        if before.strftime("%H:%M") < "23:59":
+            assert (start.date(), start.hour, start.minute) == (before.date(), 23, 59)
+        else:  # already night: tonight is now
+            assert start - before < timedelta(minutes=1)
+
+    def test_this_weekend(self, board):
+        booking = ok_json(board("book", "--cards", "1", "--start", "this weekend", "--for", "1h", "--json"))
+        start, today = datetime.fromisoformat(booking["start"]), datetime.now(timezone.utc)
+        if today.weekday() < 5:
+            assert (start.weekday(), start.hour, start.minute) == (5, 9, 0) and 0 < (start.date() - today.date()).days < 6
+        else:
+            assert abs(start - today) < timedelta(minutes=1)
+
+    @pytest.mark.parametrize("cards, booked", [("4-7", [4, 5, 6, 7]), ("0-1,4", [0, 1, 4]), ("0,1", [0, 1])])
+    def test_card_lists(self, board, cards, booked):
+        # stdout alone: cards 0 and 1 run someone's processes, so stderr has notes
+        assert json.loads(ok(board("book", "--cards", cards, "--for", "1h", "--json")).stdout)["cards"] == booked
+
+    def test_a_bad_card_list_is_one_line(self, board):
+        result = board("book", "--cards", "7-4", "--for", "1h")
+        assert result.returncode == 2 and result.stderr == (
+            "board: can't read cards '7-4' (the range 7-4 runs backwards); give indexes such as 0,1 or 4-7\n")
+
+    def test_confirmations_say_how_far_away(self, board):
+        booked = ok(board("book", "--cards", "3", "--start", "+2h", "--for", "1h")).stdout
+        assert re.search(r" \d\d:\d\d \(in 2 h\) → \d\d:\d\d \(in 3 h\)  experiment", booked), booked
+        extended = ok(board("extend", "1", "--for", "1h")).stdout
+        assert extended.startswith("extended #1 ") and "(in 2 h) → " in extended and "(in 4 h)" in extended
+        cancelled = ok(board("cancel", "1")).stdout
+        assert cancelled.startswith("cancelled #1 ") and "(in 2 h) → " in cancelled, cancelled
+
+    def test_not_active_now_says_when_it_starts(self, board):
+        ok(board("book", "--cards", "3", "--start", "+2h", "--for", "1h"))
+        result = board("run", "--booking", "1", "--", "true")
+        assert result.returncode == 4
+        assert re.fullmatch(r"board: booking 1 is not active now \(starts \d\d:\d\d, in 2 h\)\n", result.stderr) or \
+            re.fullmatch(r"board: booking 1 is not active now \(starts \w{3} \d\d:\d\d, in 2 h\)\n", result.stderr), \
+            result.stderr
+
+    @pytest.mark.parametrize("until, end", [
+        ("15:00", "T15:00"),  # the first 15:00 after the current end (tomorrow 12:00)
+        ("9:00", "T09:00"),  # ... which is the day after
+        ("+1h", "T13:00"),  # after the current end
+        ("tomorrow 18:00", "T18:00"),  # day words from now
+    ])
+    def test_extend_until_reads_from_the_current_end(self, board, until, end):
+        booking = ok_json(board("book", "--cards", "2", "--start", "tomorrow 10:00", "--for", "2h", "--json"))
+        extended = ok_json(board("extend", "1", "--until", until, "--json"))
+        old_end, new_end = datetime.fromisoformat(booking["end"]), datetime.fromisoformat(extended["end"])
+        assert extended["end"][10:16] == end
+        assert timedelta(0) < new_end - old_end < timedelta(days=1)
+
+    def test_extend_until_before_the_current_end_shows_both(self, board):
+        ok(board("book", "--cards", "2", "--start", "tomorrow 10:00", "--for", "2h"))
+        result = board("extend", "1", "--until", "tomorrow 11:00")
+        assert result.returncode == 2 and re.match(
+            r"board: the end \w{3} \d\d \w{3} 11:00 is at or before the current end \w{3} \d\d \w{3} 12:00;", result.stderr)

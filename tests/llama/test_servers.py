@@ -286,7 +286,7 @@ class TestRefusals:
         later = fake_board.json("book", "--cards", "0", "--start", "+2h", "--for", "1h")["id"]
         result = fake_board.run("serve", "start", str(later), "--model", str(tiny_model))
         assert result.returncode == 4
-        assert f"booking {later} is not active now" in result.stderr
+        assert f"booking {later} is not active now (starts " in result.stderr and ", in 2 h); " in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
         released = fake_board.book("1")
         fake_board.ok("release", str(released))

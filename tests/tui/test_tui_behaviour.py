@@ -181,6 +181,24 @@ class TestBookingForm:
             with pytest.raises(Exception, match=message):
                 parse_form(cards, count, start, length, until, "batch", "", FROZEN_NOW)
 
+    def test_the_form_and_the_extend_box_read_times_as_the_cli_does(self):
+        from app.model import Booking
+        from app.tui.screens.confirm import ExtendModal
+
+        request = parse_form("4", "", "tonight", "", "tomorrow 7:00", "batch", "", FROZEN_NOW, night_start=20 * 60)
+        assert (request.start, request.end) == (BASE + 5 * HOUR, BASE + 16 * HOUR)
+        request = parse_form("0-1,4", "", "tomorrow 14:00", "", "tomorrow 16:00", "batch", "", FROZEN_NOW)
+        assert (request.cards, request.end - request.start) == ((0, 1, 4), 2 * HOUR)  # not 26 hours
+        with pytest.raises(Exception, match="the end Sun 29 Nov 16:00 is at or before the start Mon 30 Nov 14:00"):
+            parse_form("4", "", "tomorrow 14:00", "", "today 16:00", "batch", "", FROZEN_NOW)
+        ends_tomorrow_10 = Booking(1, "alice", 1001, (4,), ("GPU-4",), BASE + 17 * HOUR, BASE + 19 * HOUR, "batch", "",
+                                   "booked")
+        extend = ExtendModal(ends_tomorrow_10, FROZEN_NOW)
+        assert extend._parse("9:00") == BASE + 42 * HOUR  # the first 09:00 after the current end
+        assert extend._parse("+1h") == extend._parse("1h") == BASE + 20 * HOUR
+        with pytest.raises(Exception, match="is at or before the current end Mon 30 Nov 10:00"):
+            extend._parse("tomorrow 9:00")
+
 
 # The model shapes for the form: tiny fits one card; heavy (about 100 MiB of F32 weights, 8 layers) needs two
 # under HEAVY_FIT, where a card holds 700 MiB and the usual 500 MiB overhead: 648 MiB on one, 617 on each of two.

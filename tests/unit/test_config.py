@@ -51,6 +51,13 @@ def test_a_full_file(tmp_path):
     assert config.llama.model_dirs == ("/models",) and config.llama.port_min == 9000
 
 
+def test_night_start(tmp_path):
+    assert load_config(environ={}).booking.night_start_minute == 19 * 60
+    path = tmp_path / "board.toml"
+    path.write_text('[booking]\nnight_start = "20:30"\n')
+    assert load_config(environ={"BOARD_CONFIG": str(path)}).booking.night_start_minute == 20 * 60 + 30
+
+
 def test_db_precedence(tmp_path):
     path = tmp_path / "board.toml"
     path.write_text(FULL)
@@ -70,6 +77,11 @@ def test_db_precedence(tmp_path):
         ('[policy]\ntimezone = "Mars/Olympus"\n', "not a known time zone"),
         ('[enforce]\nrun_jobs = "kill"\n', "use \"stop\" or \"warn\""),
         ('[service]\nsokcet = "/x"\n', "unknown key 'sokcet' in \\[service\\]"),
+        ('[booking]\nnight_start = "24:00"\n', '\\[booking\\] night_start is \'24:00\'; give a time of day such as "19:00"'),
+        ('[booking]\nnight_start = "19:75"\n', "night_start is '19:75'"),
+        ('[booking]\nnight_start = 19\n', "night_start is '19'"),
+        ('[booking]\nnight_start = "\u0661\u0669:00"\n', "night_start is"),
+        ('[booking]\nnight = "19:00"\n', "unknown key 'night' in \\[booking\\]; known keys: night_start"),
     ],
 )
 def test_bad_files_are_one_line_errors(tmp_path, text, message):

@@ -1,10 +1,12 @@
 """The one parser per grammar: card lists and ids, as typed on the CLI and in the TUI."""
 
+from datetime import datetime, timezone
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.parse import parse_cards, parse_id
+from app.core.parse import parse_cards, parse_id, parse_span
 from app.core.text import format_cards
 from app.errors import BadInput
 
@@ -16,6 +18,7 @@ UNREADABLE = "; give indexes such as 0,1 or 4-7"
     ("0,1", [0, 1]),
     ("4-7", [4, 5, 6, 7]),
     ("0,2-3", [0, 2, 3]),
+    ("0-1,4", [0, 1, 4]),
     ("0, 2-3", [0, 2, 3]),
     (" 1 ,\t0 ", [0, 1]),
     ("4 - 5", [4, 5]),
@@ -145,8 +148,49 @@ def test_one_span_grammar_for_the_cli_and_the_form():
     with pytest.raises(BadInput) as refused:
         parse_span("yesterday-ish", "1h", None, now, how_long="x")
     assert str(refused.value) == (  # the time parser's own line, with the forms it reads
-        "can't read 'yesterday-ish' as a time or range; use now, 14:00, tomorrow 9:00, mon 9:00, "
-        "2026-12-01T14:00 or +2h; or a range like 14:00-18:00, tomorrow 9-19, mon 9:00-17:30, 22-2 or "
+        "can't read 'yesterday-ish' as a time or range; use now, 14:00, tomorrow 9:00, mon 9:00, tonight, "
+        "this weekend, 2026-12-01T14:00 or +2h; or a range like 14:00-18:00, tomorrow 9-19, mon 9:00-17:30, 22-2 or "
         "2026-12-01T09:00-12:00")
     with pytest.raises(BadInput, match="^that time is out of range$"):  # past the year 9999
         parse_span("9999-12-31T23:00", "2h", None, now, how_long="x")
+
+
+NOW = datetime(2026, 11, 29, 15, 30, tzinfo=timezone.utc)  # a Sunday, as tests.conftest.FROZEN_NOW
+
+
+def _at(day: int, h: int, m: int = 0) -> int:
+    """Epoch seconds at h:m UTC on 29 November 2026 + (day - 29) days: 30 is Monday, 31 is 1 December."""
+    return int(datetime(2026, 11, 29, tzinfo=timezone.utc).timestamp()) + (day - 29) * 86400 + h * 3600 + m * 60
+
+
+@pytest.mark.parametrize("start, length, until, span", [
+    # issue 11: "tomorrow" in --until is read from now, not from the start's day (this booked 26 hours)
+    ("tomorrow 14:00", None, "tomorrow 16:00", (_at(30, 14), _at(30, 16))),
+    ("tomorrow 14:00", None, "16:00", (_at(30, 14), _at(30, 16))),
+    ("tomorrow 14:00", None, "9:00", (_at(30, 14), _at(31, 9))),  # the first 9:00 after the start
+    ("tomorrow 14:00", None, "+2h", (_at(30, 14), _at(30, 16))),
+    ("22:00", None, "6:00", (_at(29, 22), _at(30, 6))),
+    ("tonight", None, "17:00", (_at(29, 19), _at(30, 17))),  # a bare end never falls before its start
+    ("tomorrow 9-19", None, "tue 12:00", (_at(30, 9), _at(31, 12))),  # an end overrides the range's
+    ("tonight", None, "tomorrow 7:00", (_at(29, 19), _at(30, 7))),
+    ("tonight", "10h", None, (_at(29, 19), _at(30, 5))),
+    ("this weekend", None, "+1h", (_at(29, 15, 30), _at(29, 16, 30))),  # Sunday: now
+    ("now", None, "tonight", (_at(29, 15, 30), _at(29, 19))),
+])
+def test_until_reads_day_words_from_now_and_bare_times_from_the_start(start, length, until, span):
+    assert parse_span(start, length, until, NOW, how_long="x") == span
+
+
+def test_tonight_is_the_configured_night_start():
+    assert parse_span("tonight", "1h", None, NOW, how_long="x", night_start=21 * 60) == (_at(29, 21), _at(29, 22))
+
+
+@pytest.mark.parametrize("start, until, message", [
+    ("tomorrow 14:00", "today 16:00", "the end Sun 29 Nov 16:00 is at or before the start Mon 30 Nov 14:00; "),
+    ("tomorrow 9-19", "now", "the end Sun 29 Nov 15:30 is at or before the start Mon 30 Nov 09:00; "),
+    ("tonight", "tonight", "the end Sun 29 Nov 19:00 is at or before the start Sun 29 Nov 19:00; "),
+])
+def test_an_end_at_or_before_the_start_is_bad_input_showing_both(start, until, message):
+    with pytest.raises(BadInput) as refused:
+        parse_span(start, None, until, NOW, how_long="x")
+    assert str(refused.value).startswith(message)

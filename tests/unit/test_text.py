@@ -2,7 +2,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from app.core.text import format_cards, format_elapsed, format_time, inert
+from app.core.text import format_cards, format_elapsed, format_time, inert, relative
 
 
 @pytest.mark.parametrize(
@@ -71,3 +71,15 @@ def test_format_time_without_now_reads_the_clock(monkeypatch):
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+@pytest.mark.parametrize(
+    "seconds, shown",
+    [(0, "now"), (59, "now"), (-59, "now"), (60, "in 1 min"), (45 * 60, "in 45 min"), (-45 * 60, "45 min ago"),
+     (89 * 60, "in 89 min"), (90 * 60, "in 2 h"), (3 * 3600 + 20 * 60, "in 3 h"), (5 * 3600 - 60, "in 5 h"),
+     (-26 * 3600, "26 h ago"), (36 * 3600 - 1, "in 36 h"), (36 * 3600, "in 2 days"), (3 * 86400, "in 3 days"),
+     (-10 * 86400, "10 days ago")],
+)
+def test_relative_says_how_far_away(seconds, shown):
+    now = 1795966200
+    assert relative(now + seconds, now) == shown

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from app.core.timeparse import (
     TimeInputError,
     parse_duration,
+    parse_end,
     parse_range,
     parse_when,
     parse_when_or_range,
@@ -131,7 +132,7 @@ def test_error_lists_accepted_forms():
     with pytest.raises(TimeInputError) as e:
         parse_when("tomorow 9", NOW)
     assert str(e.value) == (
-        "can't read 'tomorow 9' as a time; use now, 14:00, tomorrow 9:00, mon 9:00, "
+        "can't read 'tomorow 9' as a time; use now, 14:00, tomorrow 9:00, mon 9:00, tonight, this weekend, "
         "2026-12-01T14:00 or +2h"
     )
 
@@ -368,6 +369,107 @@ def test_a_fixed_offset_does_not_pass_through_the_system_zone(set_tz):
     assert parse_when("9999-12-31 23:00", NOW) == at(9999, 12, 31, 23, 0)
 
 
+# ------------------------------------------------------------- tonight, this weekend
+
+WEDNESDAY = datetime(2026, 11, 25, 10, 0, tzinfo=CET)
+
+
+@pytest.mark.parametrize(
+    "text, now, night_start, expected",
+    [
+        ("tonight", WEDNESDAY, 19 * 60, at(2026, 11, 25, 19, 0)),
+        ("Tonight", WEDNESDAY, 22 * 60 + 30, at(2026, 11, 25, 22, 30)),  # [booking] night_start = "22:30"
+        ("tonight", at(2026, 11, 25, 21, 15), 19 * 60, at(2026, 11, 25, 21, 15)),  # already night: now
+        ("tonight", at(2026, 11, 25, 19, 0), 19 * 60, at(2026, 11, 25, 19, 0)),
+        ("this weekend", WEDNESDAY, 19 * 60, at(2026, 11, 28, 9, 0)),  # Saturday 09:00
+        ("this  WEEKEND", at(2026, 11, 27, 23, 59), 19 * 60, at(2026, 11, 28, 9, 0)),  # Friday night
+        ("this weekend", at(2026, 11, 28, 7, 0), 19 * 60, at(2026, 11, 28, 7, 0)),  # Saturday: now
+        ("this weekend", NOW, 19 * 60, NOW),  # Sunday: now
+    ],
+)
+def test_tonight_and_this_weekend(text, now, night_start, expected):
+    assert parse_when(text, now, night_start=night_start) == expected
+    assert parse_when(text, now, night_start=lambda: night_start) == expected
+
+
+def test_night_start_is_asked_only_for_tonight():
+    def unread():
+        raise AssertionError("the config was read for a time that does not need it")
+
+    assert parse_when("tomorrow 9:00", NOW, night_start=unread) == at(2026, 11, 30, 9, 0)
+    assert parse_end("+2h", NOW, NOW, night_start=unread) == at(2026, 11, 29, 17, 30)
+
+
+@pytest.mark.parametrize("text", ["tonite", "this week", "weekend", "tonight 22:00", "next weekend"])
+def test_other_words_are_not_read(text):
+    with pytest.raises(TimeInputError, match="can't read"):
+        parse_when(text, NOW)
+
+
+# ------------------------------------------------------------- ends (--until)
+
+TOMORROW_14 = at(2026, 11, 30, 14, 0)
+
+
+@pytest.mark.parametrize(
+    "text, start, expected",
+    [
+        # day words read from now, as in --start: the 26-hour booking of issue 11 is two hours
+        ("tomorrow 16:00", TOMORROW_14, at(2026, 11, 30, 16, 0)),
+        ("mon 18:00", TOMORROW_14, at(2026, 11, 30, 18, 0)),  # Monday is tomorrow, from now
+        ("tue", TOMORROW_14, at(2026, 12, 1, 9, 0)),
+        ("2026-12-02T12:00", TOMORROW_14, at(2026, 12, 2, 12, 0)),
+        ("today 17:00", NOW, at(2026, 11, 29, 17, 0)),
+        ("tonight", NOW, at(2026, 11, 29, 19, 0)),
+        ("this weekend", at(2026, 11, 29, 15, 0), NOW),  # Sunday: now
+        # a bare time: the first such time after the start
+        ("18:00", TOMORROW_14, at(2026, 11, 30, 18, 0)),
+        ("9:00", TOMORROW_14, at(2026, 12, 1, 9, 0)),
+        ("14:00", TOMORROW_14, at(2026, 12, 1, 14, 0)),  # strictly after: the same time is the next day
+        ("2:00", at(2026, 11, 29, 22, 0), at(2026, 11, 30, 2, 0)),  # past midnight
+        ("16:00", NOW, at(2026, 11, 29, 16, 0)),
+        # +DUR: after the start
+        ("+2h", TOMORROW_14, at(2026, 11, 30, 16, 0)),
+        ("+1h30m", NOW, at(2026, 11, 29, 17, 0)),
+        ("+1d", TOMORROW_14, at(2026, 12, 1, 14, 0)),
+    ],
+)
+def test_parse_end(text, start, expected):
+    assert parse_end(text, start, NOW) == expected
+
+
+@pytest.mark.parametrize(
+    "text, start, message",
+    [
+        ("today 16:00", TOMORROW_14, "the end Sun 29 Nov 16:00 is at or before the start Mon 30 Nov 14:00"),
+        ("tomorrow 14:00", TOMORROW_14, "the end Mon 30 Nov 14:00 is at or before the start Mon 30 Nov 14:00"),
+        ("now", TOMORROW_14, "the end Sun 29 Nov 15:30 is at or before the start Mon 30 Nov 14:00"),
+        ("tomorrow 9", NOW, "can't read 'tomorrow 9' as an end; use 18:00 (the first after the start)"),
+        ("+soon", NOW, "can't read '+soon' as an end"),
+        ("+0m", NOW, "must be at least one minute"),
+        ("25:00", NOW, "no such time of day 25:00"),
+    ],
+)
+def test_parse_end_errors(text, start, message):
+    with pytest.raises(TimeInputError) as refused:
+        parse_end(text, start, NOW)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_end_names_what_it_must_follow():
+    with pytest.raises(TimeInputError, match="^the end Sun 29 Nov 16:00 is at or before the current end Mon 30 Nov 14:00;"):
+        parse_end("today 16:00", TOMORROW_14, NOW, after="the current end")
+
+
+def test_a_bare_end_keeps_the_wall_clock_across_dst(set_tz):
+    set_tz("Europe/Berlin")
+    now = datetime(2026, 10, 24, 15, 30).astimezone()  # +02:00; the night to the 25th has 25 hours
+    start = parse_when("22:00", now)
+    end = parse_end("6:00", start, now)
+    assert (end.day, end.hour, end.utcoffset()) == (25, 6, timedelta(hours=1))
+    assert end - start == timedelta(hours=9)
+
+
 # ------------------------------------------------------------- never anything but TimeInputError
 
 _grammarish = st.text(alphabet="0123456789:-+.TtZzdhms amonwrxy\u2013\n\u0663", max_size=30)
@@ -381,6 +483,7 @@ def test_any_text_returns_or_raises_time_input_error(text):
         lambda: parse_duration(text),
         lambda: parse_range(text, NOW),
         lambda: parse_when_or_range(text, NOW),
+        lambda: parse_end(text, NOW, NOW),
     ):
         try:
             fn()

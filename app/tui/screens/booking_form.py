@@ -73,9 +73,9 @@ def parse_model(model: str, ctx: str, parallel: str) -> ModelAsk | None:
 
 def parse_form(
     cards: str, count: str, start: str, length: str, until: str, klass: str, note: str, now: float,
-    model: str = "", ctx: str = "", parallel: str = "",
+    model: str = "", ctx: str = "", parallel: str = "", night_start: int | None = None,
 ) -> BookingRequest:
-    """The form's fields -> a request, or BadInput with the one line to show."""
+    """The form's fields -> a request, or BadInput with the one line to show; the times read as the CLI's do."""
     chosen = tuple(parse_cards(cards)) if cards.strip() else None
     number = None
     if count.strip():
@@ -91,7 +91,7 @@ def parse_form(
         raise BadInput("give a duration or an end, not both")
     begin, end = parse_span(start.strip() or "now", length if length.strip() else None,
                             until if until.strip() else None, datetime.fromtimestamp(now).astimezone(),
-                            how_long="say how long: a duration such as 3h, or an end such as 18:00")
+                            how_long="say how long: a duration such as 3h, or an end such as 18:00", night_start=night_start)
     return BookingRequest(chosen, number, begin, end, klass, note, model=ask)
 
 
@@ -222,6 +222,7 @@ class BookingModal(ModalScreen[Booked | None]):
             self._value("cards"), self._value("count"), self._value("start"), self._value("duration"),
             self._value("end"), str(klass), self._value("note"), self.backend.clock(),
             self._value("model"), self._value("ctx"), self._value("parallel"),
+            night_start=self.app.config.booking.night_start_minute,
         )
 
     def show_fit(self, text: str, state: str) -> None:

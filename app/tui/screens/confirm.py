@@ -15,7 +15,7 @@ from textual.widgets import Button, Input, Label, Static
 
 from app.errors import BadInput, BoardError
 from app.core.text import format_cards, inert
-from app.core.timeparse import TimeInputError, parse_duration, parse_when
+from app.core.timeparse import TimeInputError, parse_duration, parse_end
 from app.model import Booking
 from app.tui.render import duration, short_time
 
@@ -146,8 +146,10 @@ class ExtendModal(FormModal[int | None]):
             return self.booking.end + int(parse_duration(text.lstrip("+")).total_seconds())
         except TimeInputError:
             pass
-        try:
-            end = parse_when(text, datetime.fromtimestamp(self.now).astimezone())
+        try:  # as `board extend --until`: 20:00 is the first 20:00 after the current end
+            end = parse_end(text, datetime.fromtimestamp(self.booking.end).astimezone(),
+                            datetime.fromtimestamp(self.now).astimezone(),
+                            night_start=lambda: self.app.config.booking.night_start_minute, after="the current end")
         except TimeInputError as error:
             raise BadInput(str(error)) from None
         return int(end.timestamp())
