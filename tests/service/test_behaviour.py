@@ -330,7 +330,7 @@ def test_cli_exit_codes_and_one_line_errors(cli):
 
     for args, words in (
         (("book", "--cards", "99", "--for", "1h"), "unknown card 99"),
-        (("book", "1", "--start", "tomorrow 9:00", "--until", "2020-01-01T08:00"), "end must be after the start"),
+        (("book", "1", "--start", "tomorrow 9:00", "--until", "2020-01-01T08:00"), "is at or before the start"),
         (("book", "1", "--for", "1h", "--class", "gaming"), "unknown class"),
         (("cancel", "4242"), "no booking 4242"),
         (("list", "--user", "nobody-here"), "no user 'nobody-here'"),

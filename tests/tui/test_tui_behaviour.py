@@ -351,7 +351,8 @@ class TestBookingFormModel:
         async with app.run_test(size=(120, 40)) as pilot:
             form = await open_form(pilot, "down", "down", "down", "down")
             await fill(pilot, form, "model", f"{model_dir}/[b]gone[/b].gguf")
-            await wait_for(pilot, lambda: form.query_one("#fit").has_class("-error"))
+            # the line follows the typing: wait for the whole path, not a prefix that was missing too
+            await wait_for(pilot, lambda: form.error == f"no model file {model_dir}/[b]gone[/b].gguf")
             shown = form.query_one("#fit", Static).render()
             assert shown.plain == f"✗ no model file {model_dir}/[b]gone[/b].gguf"
             assert shown.spans == []  # no markup was read from the path

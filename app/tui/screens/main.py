@@ -124,9 +124,10 @@ class BoardScreen(Screen):
     def show_fleet(self) -> None:
         app = self.app
         snapshot = app.fleet
-        if snapshot is None:
+        found = self.query(BoardHeader)
+        if snapshot is None or not found:  # not yet, or the screen is being torn down as the app exits
             return
-        header = self.query_one(BoardHeader)
+        header = found.first()
         names = sorted({c.name for c in snapshot.cards if c.name})
         from app.tui.widgets.card_table import short_name
 
