@@ -509,6 +509,18 @@ class TestLive:
             app._tick()
             assert "no answer from the GPU driver for 1" in app.alert
 
+    async def test_pollers_delivering_while_the_app_exits_do_not_crash(self, make_app):
+        """At exit Textual removes the board's widgets before the pollers stop: a late read is dropped."""
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await app.board.remove_children()
+            app._tick()
+            app._set_alert("telemetry failed: late")
+            app.board.show_fleet()
+            app.board.show_bookings()
+            assert app.board.torn_down
+
     async def test_toast_when_my_booking_ends_within_ten_minutes(self, make_app):
         ends = BASE + 4 * HOUR  # alice's first booking ends at 19:00
         app = make_app(clock=lambda: ends - 7 * 60)

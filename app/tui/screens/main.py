@@ -121,13 +121,17 @@ class BoardScreen(Screen):
 
     # -- data from the app ---------------------------------------------------------------------
 
+    @property
+    def torn_down(self) -> bool:
+        """The app is exiting and has removed this screen's widgets; pollers may still deliver."""
+        return not self.query(BoardHeader)
+
     def show_fleet(self) -> None:
         app = self.app
         snapshot = app.fleet
-        found = self.query(BoardHeader)
-        if snapshot is None or not found:  # not yet, or the screen is being torn down as the app exits
+        if snapshot is None or self.torn_down:
             return
-        header = found.first()
+        header = self.query_one(BoardHeader)
         names = sorted({c.name for c in snapshot.cards if c.name})
         from app.tui.widgets.card_table import short_name
 
@@ -139,6 +143,8 @@ class BoardScreen(Screen):
         self.describe_cursor()  # the cards may have arrived after the bookings
 
     def show_bookings(self) -> None:
+        if self.torn_down:
+            return
         view = self.app.view
         if view is not None:
             self.timeline.set_bookings(view.window)
@@ -149,10 +155,14 @@ class BoardScreen(Screen):
         self.card_table.show(self.app.statuses, self.app.clock())
 
     def tick(self, now: float) -> None:
+        if self.torn_down:
+            return
         self.query_one(BoardHeader).now = now
         self.timeline.set_now(now)
 
     def show_alert(self) -> None:
+        if self.torn_down:
+            return
         self.query_one(BoardHeader).alert = self.app.alert
         self.describe_cursor()
 
