@@ -16,7 +16,7 @@ from app.store.db import MalformedRow, need, report_malformed
 # LEFT JOINs, so that a booking whose card rows a hand edit broke is reported rather than silently dropped.
 _SELECT = """
 SELECT b.id, b.user, b.uid, b.starts_at, b.ends_at, b.class, b.note, b.status, b.request, b.created_at,
-       group_concat(coalesce(c.idx, '?') || ' ' || bc.card_uuid, char(10))
+       b.requested_at, b.queued, b.series_id, group_concat(coalesce(c.idx, '?') || ' ' || bc.card_uuid, char(10))
 FROM bookings AS b
 LEFT JOIN booking_cards AS bc ON bc.booking_id = b.id
 LEFT JOIN cards AS c ON c.uuid = bc.card_uuid
@@ -36,13 +36,17 @@ def _booking(row) -> Booking:
 
 
 def _decode(row) -> Booking:
-    (id_, user, uid, start, end, klass, note, status, request, created_at, cards) = row
+    (id_, user, uid, start, end, klass, note, status, request, created_at, requested_at, queued, series_id, cards) = row
     for value, kind, column in ((user, str, "user"), (uid, int, "uid"), (start, int, "starts_at"),
                                 (end, int, "ends_at"), (klass, str, "class"), (note, str, "note"),
                                 (status, str, "status"), (created_at, int, "created_at")):
         need(value, kind, column)
     if status not in _STATUSES:
         raise MalformedRow(f"status is {ascii(status)[:40]}, not booked or cancelled")
+    if requested_at is not None:
+        need(requested_at, int, "requested_at")
+    if queued not in (None, "time", "cards"):
+        raise MalformedRow(f"queued is {ascii(queued)[:40]}, not time, cards or null")
     if end <= start:
         raise MalformedRow(f"it ends ({end}) before it starts ({start})")
     if cards is None:
@@ -64,7 +68,8 @@ def _decode(row) -> Booking:
             raise MalformedRow(f"request is JSON {type(request).__name__}, not an object")
     return Booking(
         id=id_, user=user, uid=uid, start=start, end=end, klass=klass, note=note, status=status,
-        request=request or None, created_at=created_at,
+        request=request or None, created_at=created_at, requested_at=requested_at if requested_at is not None else start,
+        queued=queued, series_id=series_id,
         cards=tuple(p[0] for p in pairs), card_uuids=tuple(p[1] for p in pairs),
     )
 
@@ -159,12 +164,14 @@ def first_conflict(
 
 def insert(
     conn: sqlite3.Connection, *, user: str, uid: int, uuids: Iterable[str], start: int, end: int, klass: str,
-    note: str, request: dict | None, now: int, created_by: int,
+    note: str, request: dict | None, now: int, created_by: int, requested_at: int | None = None,
+    queued: str | None = None, series_id: int | None = None,
 ) -> int:
     cursor = conn.execute(
-        "INSERT INTO bookings (user, uid, starts_at, ends_at, class, note, request, created_at, created_by)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (user, uid, start, end, klass, note, json.dumps(request) if request else None, now, created_by),
+        "INSERT INTO bookings (user, uid, starts_at, ends_at, class, note, request, created_at, created_by,"
+        " requested_at, queued, series_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (user, uid, start, end, klass, note, json.dumps(request) if request else None, now, created_by,
+         start if requested_at is None else requested_at, queued, series_id),
     )
     booking_id = cursor.lastrowid
     conn.executemany(

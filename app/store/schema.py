@@ -158,7 +158,27 @@ ALTER TABLE servers ADD COLUMN estimate TEXT;
 ALTER TABLE servers ADD COLUMN measured TEXT;
 """
 
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4]
+# v5: booking semantics. `requested_at` is the moment the holder wanted the cards from (the start they asked
+# for, or when they asked, if later): a wait is its start minus this. `queued` marks a booking that asked to
+# move earlier when time frees up: 'time' on its own cards, 'cards' on any group of as many. A standing
+# slot's occurrences share a `series_id`; `series.rule` is the JSON of what was asked (app.core.series).
+_V5 = """
+CREATE TABLE series (
+    id INTEGER PRIMARY KEY,
+    user TEXT NOT NULL,
+    uid INTEGER NOT NULL,
+    rule TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+ALTER TABLE bookings ADD COLUMN requested_at INTEGER;
+ALTER TABLE bookings ADD COLUMN queued TEXT CHECK (queued IN ('time', 'cards'));
+ALTER TABLE bookings ADD COLUMN series_id INTEGER REFERENCES series(id);
+UPDATE bookings SET requested_at = starts_at;
+CREATE INDEX bookings_queued ON bookings(starts_at) WHERE queued IS NOT NULL AND status = 'booked';
+CREATE INDEX bookings_by_series ON bookings(series_id) WHERE series_id IS NOT NULL;
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5]
 LATEST = len(MIGRATIONS)
 
 

@@ -26,7 +26,7 @@ ME = pwd.getpwuid(UID).pw_name
 ADMIN = UID == 0 or any(g.gr_name == "board-admin" and (g.gr_gid in os.getgroups() or ME in g.gr_mem)
                         for g in grp.getgrall())
 BOOKING_KEYS = {"id", "user", "uid", "cards", "card_uuids", "start", "end", "class", "note", "status", "request",
-                "created_at"}
+                "created_at", "requested_at", "queued", "series_id"}
 CLI_BOOKING_KEYS = {"id", "user", "cards", "card_uuids", "start", "end", "class", "note", "status"}
 
 
