@@ -25,7 +25,7 @@ from app.commands import (
     parse_cards,
 )
 from app.errors import BadInput, BoardError, NotPermitted
-from app.output import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNEXPECTED, iso, print_booking, print_json
+from app.output import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNEXPECTED, booking_json, iso, print_booking, print_json
 
 EPILOG = """\
 times: now, 14:00, tomorrow 9:00, mon 9:00, tonight, this weekend, 2026-12-01T14:00, +2h; ranges: 'tomorrow 9-19'
@@ -64,8 +64,34 @@ def cmd_reassign(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_move(ctx: Context) -> int:
+    """--start and --for/--until read as in `book`; the cards stay."""
+    args = ctx.args
+    from app.core.parse import parse_span
+
+    start, end = parse_span(args.start, args.duration, args.until, ctx.now(), night_start=ctx.night_start,
+                            how_long="say how long: --for 3h or --until 18:00")
+    moved = ctx.client.call("move", id=args.id, start=start, end=end,
+                            **({"override_policy": True} if args.override_policy else {}))
+    print_booking(moved, "moved", args.json)
+    return EXIT_OK
+
+
 def cmd_admin(ctx: Context) -> int:
-    raise BadInput("say which admin action: board admin reassign ID (--cards 4,5 | --user NAME)")
+    raise BadInput("say which admin action: board admin reassign ID (--cards 4,5 | --user NAME),"
+                   " or board admin move ID --start WHEN (--for DUR | --until WHEN)")
+
+
+def cmd_wait(ctx: Context) -> int:
+    """Block until the booking starts, then print its cards (a move by the backfill or an admin is followed)."""
+    from app.client.wait import wait_for_start
+
+    booking = wait_for_start(ctx.client, ctx.args.id, timeout=ctx.args.timeout)
+    if ctx.args.json:
+        print_json(booking_json(booking))
+    else:
+        print(",".join(str(c) for c in booking["cards"]))
+    return EXIT_OK
 
 
 def cmd_run(ctx: Context) -> int:
@@ -76,6 +102,12 @@ def cmd_run(ctx: Context) -> int:
     if not command:
         raise BadInput("give a command to run: board run -- python train.py")
     client = ctx.client
+    if args.wait:
+        if args.booking is None:
+            raise BadInput("--wait needs the booking to wait for: board run --booking ID --wait -- CMD")
+        from app.client.wait import wait_for_start
+
+        wait_for_start(client, args.booking)
     if client.transport == "socket":
         sock, _, result = client.stream("register", {"kind": "job", "booking": args.booking})
         os.set_inheritable(sock.fileno(), True)
@@ -190,6 +222,16 @@ def card_count(text: str) -> int:
     return int(text)
 
 
+def seconds(text: str) -> float:
+    """A duration argument ('90m', '2h') in seconds."""
+    from app.core.timeparse import TimeInputError, parse_duration
+
+    try:
+        return parse_duration(text).total_seconds()
+    except TimeInputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def event_limit(text: str) -> int:
     value = int(text) if text.isascii() and text.isdigit() and len(text) <= 7 else 0
     if not 0 < value <= 1_000_000:
@@ -236,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--class", dest="klass", metavar="CLASS", default="experiment",
                    help="online, batch, finetune or experiment (default)")
     p.add_argument("--note", default="", help="what it is for")
+    later = p.add_mutually_exclusive_group()
+    later.add_argument("--asap", action="store_true",
+                       help="the earliest slot that fits, from now (or --start) on; it joins the queue and moves"
+                            " up by itself when time frees earlier")
+    later.add_argument("--or-later", action="store_true",
+                       help="as --asap: start at --start or, if that is taken or refused, the earliest start after")
     from app.fit.cli import add_request_options
 
     p.add_argument("--model", metavar="M.gguf", help="size the booking from this model (with --ctx, --parallel): "
@@ -274,10 +322,28 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--cards", help="the new cards, as many as before")
     target.add_argument("--user", help="the new holder")
     p.add_argument("--force", action="store_true", help="move it even while its servers or jobs run (they are stopped)")
+    p = admin.add_parser("move", help="give a booking new times on the same cards; its holder is told",
+                         parents=[common])
+    p.set_defaults(handler=cmd_move)
+    p.add_argument("id", type=booking_id, help="booking id")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--start", required=True, help="the new start, as in book (a started booking keeps its start)")
+    span = p.add_mutually_exclusive_group(required=True)
+    span.add_argument("--for", dest="duration", metavar="DUR", help="how long from the new start")
+    span.add_argument("--until", metavar="WHEN", help="the new end, as in book")
+    p.add_argument("--override-policy", action="store_true",
+                   help="move it even where a pool rule or limit refuses (recorded in the audit log)")
 
     p = command("run", cmd_run, "run a command on your booked cards only")
     p.add_argument("--booking", type=booking_id, help="which of your active bookings (default: the only one)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for the booking (--booking) to start, then run: a night job starts itself")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+    p = command("wait", cmd_wait, "wait until a booking starts, then print its cards (exit 3 if it is cancelled)",
+                json_flag=True)
+    p.add_argument("id", type=booking_id, help="booking id")
+    p.add_argument("--timeout", type=seconds, metavar="DUR", help="give up after this long (exit 3), e.g. 2h")
 
     p = command("log", cmd_log, "the audit log", json_flag=True)
     p.add_argument("--limit", type=event_limit, default=50, help="how many events (default 50)")

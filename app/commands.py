@@ -147,16 +147,19 @@ def cmd_book(ctx: Context) -> int:
 
         count, request = for_booking(args.model, settings_from(args), limits(ctx.config), count=count, cards=cards)
         count = None if cards is not None else count
+    or_later = bool(getattr(args, "asap", False) or getattr(args, "or_later", False))
     booking = ctx.client.call(
         "book", cards=cards, count=count, start=start, end=end, note=args.note, request=request,
-        **{"class": args.klass},
+        **{"class": args.klass}, **({"or_later": True} if or_later else {}),
     )
     print_booking(booking, "booked", args.json)
-    if booking.get("notes"):
-        from app.core.text import inert  # notes name other users and their processes
+    from app.core.text import inert  # notes name other users and their processes
 
-        for note in booking["notes"]:
-            print(f"board: note: {inert(note)}", file=sys.stderr)
+    for note in booking.get("notes") or ():
+        print(f"board: note: {inert(note)}", file=sys.stderr)
+    if booking.get("queued") and booking["start"] > ctx.now().timestamp():
+        print(f"board: queued: booking {booking['id']} moves up by itself when time frees earlier;"
+              f" 'board wait {booking['id']}' waits for it to start", file=sys.stderr)
     return EXIT_OK
 
 

@@ -37,6 +37,10 @@ def booking_json(booking: dict | None) -> dict | None:
         "class": booking["class"],
         "note": booking["note"],
         "status": booking["status"],
+        "requested_at": iso(booking.get("requested_at") or booking["start"]),
+        "queued": booking.get("queued"),
+        "series_id": booking.get("series_id"),
+        "notice": booking.get("notice"),
         **({"request": booking["request"]} if booking.get("request") else {}),
     }
 
@@ -73,9 +77,11 @@ def booking_line(booking: dict, now: float | None = None) -> str:
     state = "" if booking["status"] == "booked" else f" [{booking['status']}]"
     note = f"  {inert(booking['note'], 60)}" if booking["note"] else ""
     asked = f"  [{text}]" if (text := request_text(booking.get("request"))) else ""
+    queued = "  queued" if booking.get("queued") and (now is None or booking["start"] > now) else ""
+    notice = f"  ({inert(booking['notice'], 80)})" if booking.get("notice") else ""
     return (
         f"#{booking['id']:<5} {inert(booking['user'], 16):<16} cards {format_cards(booking['cards']):<15}"
-        f" {when(booking['start'])} → {when(booking['end'])}  {booking['class']}{state}{asked}{note}"
+        f" {when(booking['start'])} → {when(booking['end'])}  {booking['class']}{state}{queued}{notice}{asked}{note}"
     )
 
 

@@ -19,7 +19,7 @@ QUICK: dict[str, tuple[frozenset, dict, tuple | None, dict]] = {
     "status": (frozenset({"--json"}), {}, None, {}),
     "whoami": (frozenset({"--json"}), {}, None, {}),
     "book": (
-        frozenset({"--json"}),
+        frozenset({"--json", "--asap", "--or-later"}),
         {"--cards": "cards", "--start": "start", "--for": "duration", "--until": "until", "--class": "klass",
          "--note": "note"},
         ("count", "card_count"),
@@ -36,7 +36,11 @@ QUICK: dict[str, tuple[frozenset, dict, tuple | None, dict]] = {
     "release": (frozenset({"--json"}), {}, ("id", "booking_id"), {}),
 }
 # Options argparse refuses together; the full CLI says so.
-EXCLUSIVE = ({"duration", "until"}, {"mine", "user"})
+EXCLUSIVE = ({"duration", "until"}, {"mine", "user"}, {"asap", "or_later"})
+
+
+def _attribute(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")  # as argparse names it
 
 
 def parse(argv: list[str]) -> SimpleNamespace | None:
@@ -44,14 +48,14 @@ def parse(argv: list[str]) -> SimpleNamespace | None:
     if not argv or argv[0] not in QUICK:
         return None
     flags, options, positional, defaults = QUICK[argv[0]]
-    values: dict = {**defaults, **{flag.lstrip("-"): False for flag in flags}}
+    values: dict = {**defaults, **{_attribute(flag): False for flag in flags}}
     seen: set[str] = set()
     given_positional = False
     words = iter(argv[1:])
     for word in words:
         if word in flags:
-            values[word.lstrip("-")] = True
-            seen.add(word.lstrip("-"))
+            values[_attribute(word)] = True
+            seen.add(_attribute(word))
             continue
         name, equals, value = word.partition("=")
         if name in options:

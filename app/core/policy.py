@@ -37,11 +37,8 @@ def check(
     tz: tzinfo | None = None,
 ) -> None:
     """Raise NotPermitted naming the first rule the booking breaks. `held`: the user's other live (start, end, n_cards)."""
+    check_span(config, start=start, end=end, now=now)
     policy = config.policy
-    if end - start > policy.max_booking_hours * 3600:
-        raise NotPermitted(f"a booking may last at most {policy.max_booking_hours:g} h; book a shorter slot")
-    if start - now > policy.max_ahead_days * 86400:
-        raise NotPermitted(f"a booking may start at most {policy.max_ahead_days:g} days ahead")
     for card in cards:
         if reason := card_refusal(config, card, klass, start, end, tz):
             raise NotPermitted(f"card {card}: {reason}")
@@ -50,6 +47,33 @@ def check(
         raise NotPermitted(
             f"you would hold {peak} cards at once; the limit is {policy.max_cards_per_user}"
         )
+
+
+def check_span(config: Config, *, start: int, end: int, now: int) -> None:
+    """The rules no other start can satisfy: the longest booking, and how far ahead it may start."""
+    policy = config.policy
+    if end - start > policy.max_booking_hours * 3600:
+        raise NotPermitted(f"a booking may last at most {policy.max_booking_hours:g} h; book a shorter slot")
+    if start - now > policy.max_ahead_days * 86400:
+        raise NotPermitted(f"a booking may start at most {policy.max_ahead_days:g} days ahead")
+
+
+def window_opens(config: Config, klass: str, start: int, end: int, tz: tzinfo | None = None) -> list[int]:
+    """The instants in [start, end) when some pool's window for `klass` opens (a weekend-wide window: each
+    Saturday's midnight). Besides booking ends, these are the only starts where a refusal can turn into a yes."""
+    windows = [w for pool in config.pools if (w := pool.windows.get(klass)) is not None]
+    if not windows:
+        return []
+    tz = tz or policy_zone(config)
+    found: set[int] = set()
+    day = datetime.fromtimestamp(start, tz).replace(hour=0, minute=0, second=0, microsecond=0)
+    while day.timestamp() < end:
+        for window in windows:
+            found.add(int((day + timedelta(minutes=window.start_minute)).timestamp()))
+            if window.weekends and day.weekday() == 5:
+                found.add(int(day.timestamp()))
+        day += timedelta(days=1)  # wall-clock arithmetic: midnight stays midnight across DST
+    return sorted(t for t in found if start <= t < end)
 
 
 def _peak_cards(held: Sequence[tuple[int, int, int]], start: int, end: int) -> int:

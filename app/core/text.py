@@ -53,6 +53,20 @@ def relative(epoch: float, now: float) -> str:
     return f"in {amount}" if ahead else f"{amount} ago"
 
 
+def format_when(epoch: float, now: float) -> str:
+    """A time and how far away it is: '19:00 (in 45 min)'."""
+    return f"{format_time(int(epoch), now)} ({relative(epoch, now)})"
+
+
+def format_duration(seconds: float) -> str:
+    """'45m', '3h', '1h30m', '2d4h': the same forms the time parser reads."""
+    minutes = max(0, int(seconds) // 60)
+    days, minutes = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
+    return "".join(parts) or "0m"
+
+
 def format_cards(cards: Sequence[int]) -> str:
     return ",".join(str(c) for c in cards)
 

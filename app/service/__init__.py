@@ -64,8 +64,14 @@ class Service:
         if entry is None:
             raise BadInput(f"unknown operation {str(op)[:40]!r}; this service speaks {', '.join(sorted(OPS))}")
         kwargs = entry.check(args)
+        self._local.told = []
         try:
             result = entry.handler(self, me, **kwargs)
+            if entry.writes:
+                try:
+                    self.backfill()  # a change may have freed time that queued bookings wait for
+                except (sqlite3.Error, BoardError):
+                    pass  # the change stands; the enforcer's next pass tries the backfill again
         except sqlite3.Error as error:
             from app.store.db import storage_error
 
@@ -73,15 +79,38 @@ class Service:
         finally:
             if entry.writes:
                 self.hub.changed("bookings")
+            self.tell(self._local.told)
         return result
+
+    def backfill(self) -> None:
+        """Move queued bookings up where time has freed (BookingService.backfill); their holders are told."""
+        from app.store import bookings as rows
+
+        if rows.queued(self.conn, int(self.clock())):
+            from app.service.enforce import AGENT
+
+            rules = self.bookings(AGENT)
+            if rules.backfill():
+                self.hub.changed("bookings")
+            self.tell(rules.told)
+
+    def tell(self, told: list[tuple[int, str]]) -> None:
+        """Publish the notices a change left for other users (BookingService.told), once it is committed."""
+        for uid, message in told:
+            self.hub.publish("notice", {"message": message}, uid=uid)
+        told.clear()
 
     def bookings(self, me: Identity):
         """The booking rules for `me`, on this thread's connection and the newest view of the cards."""
         from app.service.bookings import BookingService
 
         snapshot = self.fleet.latest()
-        return BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock,
-                              jobs=self.processes.jobs_of)
+        rules = BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock,
+                               jobs=self.processes.jobs_of)
+        rules.told = getattr(self._local, "told", None)
+        if rules.told is None:
+            rules.told = self._local.told = []
+        return rules
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -8,19 +8,20 @@ leaves a trace whatever the outcome.
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from app.config import CLASSES, Config
 from app.core import policy
-from app.errors import BadInput, BoardError, Conflict, NotPermitted
+from app.errors import BadInput, BoardError, Conflict, NotPermitted, error_for
 from app.core.identity import Identity, lookup_user
-from app.core.text import format_cards, format_time
+from app.core.text import format_cards, format_duration, format_time, format_when
 from app.model import Booking
 from app.core.cardstate import UNKNOWN_USER
-from app.core.slots import GROUP_SIZES, find_slot, is_free, next_free_start
+from app.core.slots import GROUP_SIZES, best_group, is_free
 from app.gpu.model import CardReading, GpuProcess, Topology
 from app.store import bookings as rows
 from app.store import events
@@ -46,19 +47,26 @@ class Plan:
 
 
 def _worded(method):
-    """Adds the next free start to a SlotTaken on its way out, once the write lock is released:
-    a scan of the calendar has no place inside it."""
+    """Adds the earliest start that works to a refusal on its way out, once the write lock is released:
+    a scan of the calendar has no place inside it. A refusal carries what to search for in `retry`."""
 
     @functools.wraps(method)
     def wrapper(self: BookingService, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except SlotTaken as taken:
-            free_at = self.next_free(taken.cards, taken.start, taken.duration, taken.excluding)
-            raise Conflict(f"{taken}; next free start for cards {format_cards(taken.cards)}: "
-                           f"{format_time(free_at, self.clock())}") from None
+        except (Conflict, NotPermitted) as refused:
+            retry = getattr(refused, "retry", None)
+            if retry is None:
+                raise
+            raise error_for(refused.exit_code, f"{refused}; {self._suggestion(**retry)}") from None
 
     return wrapper
+
+
+def _retry(error: BoardError, **search: Any) -> BoardError:
+    """Mark a refusal with the search (`_earliest`'s arguments) that finds a start that works instead."""
+    error.retry = search  # type: ignore[attr-defined]
+    return error
 
 
 class BookingService:
@@ -78,6 +86,7 @@ class BookingService:
         self.jobs = jobs  # booking id -> pids of the `board run` jobs registered for it (the service knows)
         self.cards = {c.index: c for c in cards}
         self.by_uuid = {c.uuid: c.index for c in cards}
+        self.told: list[tuple[int, str]] = []  # (uid, message): notices for the service to publish after a change
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -95,51 +104,129 @@ class BookingService:
         start: int,
         end: int,
         klass: str = "experiment",
-        user: str | None = None,
+        or_later: bool = False,
+        excluding: int | None = None,
     ) -> Plan:
-        """Check a booking against every rule without writing; raises the error `create` would."""
+        """Check a booking against every rule without writing; raises the error `create` would.
+
+        It starts at `start` or not at all, unless `or_later`: then at the earliest start from `start` on
+        that every rule accepts."""
         now = int(self.clock())
         klass = self._check_class(klass)
         if start < now - PAST_GRACE_SECONDS:
             raise BadInput(f"the start {format_time(start, now)} is in the past; pick a start from now on")
         if end <= start:
             raise BadInput("the end must be after the start")
-        duration = end - start
-        # What runs on the cards now says nothing about a slot that starts later.
-        now_slot = start <= now + PAST_GRACE_SECONDS
+        chosen = self._check_cards(cards) if cards is not None else None
+        if chosen is None and count not in GROUP_SIZES:
+            raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
+        policy.check_span(self.config, start=start, end=end, now=now)  # no other start helps with these
+        search = dict(cards=chosen, count=count, klass=klass, start=start, duration=end - start, excluding=excluding)
+        try:
+            return self._plan_at(chosen, count, klass, start, end - start, now, excluding)
+        except (Conflict, NotPermitted) as refused:
+            if not or_later:
+                raise _retry(refused, **search) from None
+            found = self._earliest(**search)
+            if found is None:
+                raise _retry(refused, **search) from None
+            return replace(found, notes=(f"starts later than asked: {refused}", *found.notes))
+
+    plan = _worded(_plan)
+
+    def _plan_at(
+        self, cards: tuple[int, ...] | None, count: int | None, klass: str, start: int, duration: int, now: int,
+        excluding: int | None, busy: dict | None = None, held: list[Booking] | None = None,
+        now_slot: bool | None = None,
+    ) -> Plan:
+        """The booking at exactly `start`, or the refusal that names the rule (NotPermitted) or the holder (Conflict).
+
+        `busy` and `held` (the caller's live bookings), when given, save the reads: `_earliest` tries many starts."""
+        end = start + duration
+        if now_slot is None:  # what runs on the cards now says nothing about a slot that starts later
+            now_slot = start <= now + PAST_GRACE_SECONDS
         notes: list[str] = []
         if cards is not None:
-            chosen = self._check_cards(cards)
-            self._check_free(chosen, start, end)
+            for card in cards:
+                if reason := policy.card_refusal(self.config, card, klass, start, end):
+                    raise NotPermitted(f"card {card}: {reason}")
+            if busy is None:
+                self._check_free(cards, start, end, excluding)
+            elif not is_free(busy, cards, (start, end)):
+                raise Conflict("taken")  # a search only needs to know; the one refusal shown is worded
+            chosen = cards
             if now_slot:
                 mine = self._held_now(now)
                 notes = [f"card {i} has {self._whose(found, named=True)} now"
                          for i in chosen if (found := self._foreign(self.cards[i], i in mine))]
         else:
-            chosen, start, notes = self._pick(count, klass, start, duration, now, now_slot)
-            end = start + duration
-        held = [(b.start, b.end, len(b.cards)) for b in rows.live_between(self.conn, start, end, user=user or self.me.name)]
-        policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=held)
+            chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy)
+        if held is None:
+            held = rows.live_between(self.conn, start, end, user=self.me.name)
+        spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
+        policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=spans)
         return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end, tuple(notes))
 
-    plan = _worded(_plan)
+    def _earliest(
+        self, *, cards: tuple[int, ...] | None, count: int | None, klass: str, start: int, duration: int,
+        excluding: int | None = None,
+    ) -> Plan | None:
+        """The earliest booking from `start` on, within how far ahead a booking may start, that every rule accepts.
+
+        A slot can only open at `start`, where some booking ends (cards come free, the caller's own count
+        drops) or where a pool's window opens; each of those is tried in turn."""
+        now = int(self.clock())
+        horizon = now + int(self.config.policy.max_ahead_days * 86400)
+        # Asked for now, the cards with someone else's processes stay out of every later start too:
+        # nobody knows when those processes end.
+        now_slot = start <= now + PAST_GRACE_SECONDS
+        opens = policy.window_opens(self.config, klass, start, horizon + 1)
+        # The next day past the slot first, all of the calendar only when that finds nothing: a full
+        # calendar is a long read, and this may run under the write lock.
+        for until in (start + duration + LOOKAHEAD_SECONDS, None):
+            busy = self._busy_by_index(start, until, excluding)
+            held = rows.live_between(self.conn, start, until or 2**62, user=self.me.name)
+            ends = {e for spans in busy.values() for _, e in spans if e > start}
+            for candidate in sorted({start, *ends, *opens}):
+                if candidate > horizon or (until is not None and candidate + duration > until):
+                    break
+                try:
+                    return self._plan_at(cards, count, klass, candidate, duration, now, excluding, busy, held, now_slot)
+                except (Conflict, NotPermitted):
+                    continue
+        return None
+
+    def _suggestion(self, **search: Any) -> str:
+        """The refusal's second half: the earliest start that works, or that none does."""
+        found = self._earliest(**search)
+        now = self.clock()
+        if found is None:
+            return f"no start within {self.config.policy.max_ahead_days:g} days works either"
+        if search["cards"] is not None:
+            return f"next free start for cards {format_cards(found.cards)}: {format_when(found.start, now)}"
+        cards = f"{'card' if len(found.cards) == 1 else 'cards'} {format_cards(found.cards)}"
+        return f"the earliest start that works: {format_when(found.start, now)} on {cards} (--or-later takes it)"
 
     def options(self, count: int, klass: str, start: int, duration: int, limit: int = 3) -> list[tuple[Plan, int | None]]:
         """The earliest slots, each on a different group of `count` cards, where every rule lets a `klass`
         booking of `duration` start; with each, when its cards stop being free (None: not within a day
-        past the slot). Candidate starts are `start` and each moment a booking on some card ends."""
+        past the slot). Candidate starts are `start`, each moment a booking on some card ends, and each
+        moment a pool's window opens."""
         self._check_class(klass)
         if count not in GROUP_SIZES:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
+        now = int(self.clock())
         horizon = start + int(self.config.policy.max_ahead_days * 86400)
         ends = sorted({b.end for b in rows.live_between(self.conn, start, horizon) if b.end > start})[:MAX_CANDIDATES]
+        opens = policy.window_opens(self.config, klass, start, horizon)[:MAX_CANDIDATES]
         found: list[tuple[Plan, int | None]] = []
-        for candidate in [start, *ends]:
+        for candidate in sorted({start, *ends, *opens}):
             if len(found) == limit:
                 break
             try:
-                plan = self._plan(count=count, start=candidate, end=candidate + duration, klass=klass)
-            except (Conflict, NotPermitted, BadInput):
+                policy.check_span(self.config, start=candidate, end=candidate + duration, now=now)
+                plan = self._plan_at(None, count, klass, candidate, duration, now, None)
+            except (Conflict, NotPermitted):
                 continue
             busy = self._busy_by_index(plan.end, plan.end + LOOKAHEAD_SECONDS, None)
             starts = [begin for i in plan.cards for begin, _ in busy.get(i, ()) if begin >= plan.end]
@@ -148,11 +235,13 @@ class BookingService:
                 found.append((plan, min(starts) if starts else None))
         return found
 
-    def next_free(self, cards: Sequence[int], start: int, duration: int, excluding: int | None = None) -> int:
-        """The earliest start at or after `start` where `cards` are free for `duration`."""
-        chosen = self._check_cards(cards)
-        return self._search(start, duration, excluding,
-                            lambda busy, until: next_free_start(busy, chosen, start, duration, until))
+    def next_free(self, cards: Sequence[int], start: int, duration: int, excluding: int | None = None,
+                  klass: str = "experiment") -> int | None:
+        """The earliest start at or after `start` where `cards` are free for `duration` and the rules let
+        the caller book them; None when none is, within how far ahead a booking may start."""
+        found = self._earliest(cards=self._check_cards(cards), count=None, klass=self._check_class(klass), start=start,
+                               duration=duration, excluding=excluding)
+        return found.start if found is not None else None
 
     # -- changes -------------------------------------------------------------------------------
 
@@ -171,18 +260,25 @@ class BookingService:
         klass: str = "experiment",
         note: str = "",
         request: dict[str, Any] | None = None,
+        or_later: bool = False,
     ) -> tuple[Booking, tuple[str, ...]]:
-        """Create a booking; also returns the notes on what runs on the cards now (Plan.notes)."""
+        """Create a booking; also returns the notes on what runs on the cards now (Plan.notes).
+
+        `or_later`: take the earliest start from `start` on that works, and join the queue: the booking
+        moves earlier by itself when time frees up (`backfill`)."""
         note = self._check_note(note)
         details = {"cards": list(cards) if cards is not None else None, "count": count, "start": start,
                    "end": end, "class": klass, "note": note}
+        if or_later:
+            details["or_later"] = True
 
-        # A count is planned on a plain read first, outside the write lock; inside it the chosen cards
-        # are only re-checked like explicit ones, and re-planned if someone took them meanwhile.
+        # A count, or a start that may move, is planned on a plain read first, outside the write lock;
+        # inside it the plan is only re-checked like explicit cards at a fixed start, and re-planned if
+        # someone took them meanwhile.
         hint = None
-        if cards is None:
+        if cards is None or or_later:
             try:
-                hint = self._plan(count=count, start=start, end=end, klass=klass)
+                hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later)
             except BoardError:
                 pass  # the planning inside the lock raises it again, and audits it
 
@@ -198,12 +294,14 @@ class BookingService:
                 except Conflict:
                     pass
             if plan is None:
-                plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass)
+                plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later)
                 notes = plan.notes
             rows.sync_cards(self.conn, self.cards.values(), now)
             booking_id = rows.insert(
                 self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
                 klass=klass, note=note, request=request, now=now, created_by=self.me.uid,
+                requested_at=min(max(start, now), plan.start),
+                queued=("cards" if cards is None else "time") if or_later else None,
             )
             details.update(cards=list(plan.cards), start=plan.start, end=plan.end)
             return booking_id
@@ -212,7 +310,9 @@ class BookingService:
 
     def cancel(self, booking_id: int) -> Booking:
         def change(now: int) -> int:
-            self._end_now(self._editable(booking_id, "cancel", now), now)
+            booking = self._editable(booking_id, "cancel", now)
+            self._end_now(booking, now)
+            self._tell(booking, f"cancelled by admin {self.me.name}")
             return booking_id
 
         return self._audited("cancel", booking_id, {}, change)
@@ -223,18 +323,18 @@ class BookingService:
             if booking.start > now:
                 raise BadInput(f"booking {booking_id} has not started yet; cancel it instead")
             self._end_now(booking, now)
+            self._tell(booking, f"released by admin {self.me.name}")
             return booking_id
 
         return self._audited("release", booking_id, {}, change)
 
-    @_worded
     def extend(self, booking_id: int, end: int) -> Booking:
         details = {"end": end}
 
         def change(now: int) -> int:
             booking = self._editable(booking_id, "extend", now)
             if end <= booking.end:
-                raise BadInput(f"the new end must be after the current end {format_time(booking.end, now)}")
+                raise BadInput(f"the new end must be after the current end {format_when(booking.end, now)}")
             self._check_free(booking.cards, booking.end, end, excluding=booking_id)
             held = [(b.start, b.end, len(b.cards))
                     for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
@@ -242,9 +342,43 @@ class BookingService:
                          now=min(now, booking.start), held=held)
             details["old_end"] = booking.end
             rows.set_times(self.conn, booking_id, booking.start, end)
+            self._tell(booking, f"extended to {format_time(end, now)} by admin {self.me.name}")
             return booking_id
 
         return self._audited("extend", booking_id, details, change)
+
+    def move(self, booking_id: int, start: int, end: int, override_policy: bool = False) -> Booking:
+        """Give a booking new times on the same cards; admins only. The rules apply unless `override_policy`,
+        which the audit event records. A booking that has started keeps its start: only its end moves."""
+        details: dict[str, Any] = {"start": start, "end": end}
+        if override_policy:
+            details["override_policy"] = True
+
+        def change(now: int) -> int:
+            if not self.me.is_admin:
+                raise NotPermitted(f"only admins (group {self.config.admin_group}) can move bookings")
+            booking = self._editable(booking_id, "move", now)
+            if booking.start <= now and start != booking.start:
+                raise BadInput(f"booking {booking_id} started at {format_time(booking.start, now)}; only its end can"
+                               " move (--until), or reassign it")
+            if booking.start > now and start < now - PAST_GRACE_SECONDS:
+                raise BadInput(f"the start {format_time(start, now)} is in the past; pick a start from now on")
+            if end <= max(start, now):
+                raise BadInput(f"the end {format_when(end, now)} must be after the start {format_when(start, now)}"
+                               " and after now")
+            self._check_free(booking.cards, start, end, excluding=booking_id)
+            if not override_policy:
+                held = [(b.start, b.end, len(b.cards))
+                        for b in rows.live_between(self.conn, start, end, user=booking.user) if b.id != booking_id]
+                policy.check(self.config, cards=booking.cards, klass=booking.klass, start=start, end=end,
+                             now=min(now, start), held=held)
+            details.update(old_start=booking.start, old_end=booking.end)
+            rows.set_times(self.conn, booking_id, start, end)
+            self._tell(booking, f"moved from {format_time(booking.start, now)}-{format_time(booking.end, now)} to "
+                                f"{format_time(start, now)}-{format_time(end, now)} by admin {self.me.name}")
+            return booking_id
+
+        return self._audited("move", booking_id, details, change)
 
     @_worded
     def reassign(
@@ -291,26 +425,93 @@ class BookingService:
                     )
                 if running:
                     details["stopped"] = running
-                self._check_free(chosen, max(booking.start, now), booking.end, excluding=booking_id)
+                begin = max(booking.start, now)
+                try:
+                    self._check_free(chosen, begin, booking.end, excluding=booking_id)
+                except SlotTaken as taken:
+                    raise _retry(taken, cards=chosen, count=None, klass=booking.klass, start=begin,
+                                 duration=booking.end - begin, excluding=booking_id) from None
+            what = " and ".join(
+                ([f"moved to cards {format_cards(chosen)}"] if chosen != booking.cards else [])
+                + ([f"given to {owner[0]}"] if owner != (booking.user, booking.uid) else [])) + f" by admin {self.me.name}"
+            result = booking_id
+            if chosen != booking.cards:
                 rows.sync_cards(self.conn, self.cards.values(), now)
                 uuids = [self.cards[i].uuid for i in chosen]
                 if booking.start < now:
                     rows.set_times(self.conn, booking_id, booking.start, now)  # first: the pieces meet at now
-                    rest = rows.insert(
+                    result = rows.insert(
                         self.conn, user=owner[0], uid=owner[1], uuids=uuids, start=now, end=booking.end,
                         klass=booking.klass, note=booking.note, request=booking.request, now=now,
-                        created_by=self.me.uid,
+                        created_by=self.me.uid, requested_at=booking.requested_at,
                     )
-                    details.update(split_at=now, from_booking=booking_id, to_booking=rest)
-                    return rest
-                rows.set_cards(self.conn, booking_id, uuids)
-            if owner != (booking.user, booking.uid):
+                    details.update(split_at=now, from_booking=booking_id, to_booking=result)
+                    what += f" (from now on booking {result})"
+                else:
+                    rows.set_cards(self.conn, booking_id, uuids)
+            if owner != (booking.user, booking.uid) and result == booking_id:
                 rows.set_owner(self.conn, booking_id, *owner)
-            return booking_id
+            self._tell(booking, what, also=(result, owner[1]))
+            return result
 
         return self._audited("reassign", booking_id, details, change)
 
+    def backfill(self) -> list[tuple[Booking, Booking]]:
+        """Move queued bookings earlier where time has freed up, in one transaction; returns (before, after) pairs.
+
+        Bookings that asked to move (`queued`) and have not started are taken in class order (online first),
+        then by when they were wanted from, then by id; each moves to the earliest start that every rule
+        accepts for its holder, from when it was wanted on, if that is earlier than its start. A booking
+        queued on its cards ('time') keeps them; one queued for a count ('cards') may take any group of as
+        many. No booking moves later, and none that did not ask to. Each move is audited (actor "board")
+        and told to its holder."""
+        rank = {klass: i for i, klass in enumerate(CLASSES)}
+        moved: list[tuple[Booking, Booking]] = []
+        with write(self.conn):
+            now = int(self.clock())
+            waiting = sorted(rows.queued(self.conn, now), key=lambda b: (rank.get(b.klass, len(rank)), b.requested_at, b.id))
+            for booking in waiting:
+                wanted = max(now, booking.requested_at)
+                if booking.start <= wanted:
+                    continue
+                holder = BookingService(self.conn, Identity(booking.user, booking.uid, False), self.config,
+                                        list(self.cards.values()), self.topology, self.clock, self.jobs)
+                cards = tuple(booking.cards) if booking.queued == "time" else None
+                if cards is not None and any(i not in self.cards for i in cards):
+                    continue  # its cards are not in this view of the fleet: leave it be
+                plan = holder._earliest(cards=cards, count=None if cards else len(booking.cards), klass=booking.klass,
+                                        start=wanted, duration=booking.end - booking.start, excluding=booking.id)
+                if plan is None or plan.start >= booking.start:
+                    continue
+                rows.set_times(self.conn, booking.id, plan.start, plan.end)
+                if plan.cards != booking.cards:
+                    rows.sync_cards(self.conn, self.cards.values(), now)
+                    rows.set_cards(self.conn, booking.id, plan.uuids)
+                what = f"moved up from {format_time(booking.start, now)} by backfill"
+                rows.set_notice(self.conn, booking.id, what)
+                events.record(self.conn, ts=now, uid=os.getuid(), actor="board", action="backfill", booking_id=booking.id,
+                              ok=True, details={"old_start": booking.start, "old_cards": list(booking.cards),
+                                                "start": plan.start, "end": plan.end, "cards": list(plan.cards)})
+                after = rows.get(self.conn, booking.id)
+                self.told.append((booking.uid, f"booking {booking.id} was {what}: now {format_when(plan.start, now)}"
+                                                f" on cards {format_cards(plan.cards)}"))
+                moved.append((booking, after))
+        return moved
+
     # -- helpers -------------------------------------------------------------------------------
+
+    def _tell(self, booking: Booking, what: str, also: tuple[int, int] | None = None) -> None:
+        """Leave `what` ("moved up from 15:00 by backfill") on a booking someone else changed, for its holder
+        (and, with `also` = (booking id, uid), on the piece or new holder a change made); the service
+        publishes `told` once the change is committed."""
+        targets = {(booking.id, booking.uid)} | ({also} if also else set())
+        if all(uid == self.me.uid for _, uid in targets):
+            return
+        for booking_id in {booking_id for booking_id, _ in targets}:
+            rows.set_notice(self.conn, booking_id, what)
+        for uid in {uid for _, uid in targets}:
+            self.told.append((uid, f"booking {booking.id} was {what}"))
+
 
     def _audited(self, action: str, booking_id: int | None, details: dict, change: Callable[[int], int]) -> Booking:
         """Run `change` and its audit event in one transaction; a refusal by rule is audited in the same one.
@@ -389,49 +590,57 @@ class BookingService:
         return chosen
 
     def _pick(
-        self, count: int | None, klass: str, start: int, duration: int, now: int, now_slot: bool
-    ) -> tuple[tuple[int, ...], int, list[str]]:
-        """The best-connected `count` cards at the earliest start, and notes on the cards passed over.
+        self, count: int, klass: str, start: int, duration: int, now: int, now_slot: bool, excluding: int | None,
+        busy: dict | None,
+    ) -> tuple[tuple[int, ...], list[str]]:
+        """The best-connected `count` cards free at exactly `start`, and notes on the cards passed over.
 
-        A slot that starts now leaves out cards with another user's processes, and HOT cards while a
-        cooler group can start at the same time."""
-        if count not in GROUP_SIZES:
-            raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
-        eligible = [
-            i for i, c in sorted(self.cards.items())
-            if not c.lost and policy.card_refusal(self.config, i, klass, start, start + duration) is None
-        ]
+        Too few cards that the pools allow is a refusal by rule, naming each rule; too few of those free
+        is a conflict, naming who holds them. A slot that starts now leaves out cards with another
+        user's processes, and HOT cards while a cooler group is free."""
+        end = start + duration
+        refusals = {i: f"card {i} is lost (fell off the bus)" if c.lost
+                    else policy.card_refusal(self.config, i, klass, start, end) for i, c in sorted(self.cards.items())}
+        eligible = [i for i, reason in refusals.items() if reason is None]
+        if len(eligible) < count:
+            reasons = "; ".join(dict.fromkeys(reason for reason in refusals.values() if reason is not None))
+            raise NotPermitted(f"{count} {'card' if count == 1 else 'cards'} for a {format_duration(duration)} {klass}"
+                               f" booking from {format_when(start, now)}: the rules allow {len(eligible) or 'none'}:"
+                               f" {reasons}")
         mine = self._held_now(now) if now_slot else set()
         foreign = {i: found for i in eligible if now_slot and (found := self._foreign(self.cards[i], i in mine))}
-        clean = [i for i in eligible if i not in foreign]
-        cool = [i for i in clean if not (now_slot and self._hot(i))]
-
-        def pick(busy, until):
-            found = find_slot(busy, clean, count, start, duration, self.topology, until)
-            if found is None or len(cool) == len(clean):
-                return found
-            # A HOT card only when no cooler group can start at the same time.
-            cooler = find_slot(busy, cool, count, found[1], duration, self.topology, until)
-            return cooler if cooler is not None and cooler[1] == found[1] else found
-
-        found = self._search(start, duration, None, pick)
-        # Passed over: the cards left out that the calendar had free, at the start asked for or the one found.
-        why = {i: self._whose(procs) for i, procs in foreign.items()}
-        if found is not None:
-            why.update({i: f"{self.cards[i].temperature_c} °C" for i in clean if i not in cool and i not in found[0]})
-        passed = []
-        if why:
-            slots = [(begin, begin + duration) for begin in {start, found[1] if found is not None else start}]
-            busy = self._busy_by_index(start, max(slots)[1], None)
-            passed = [f"card {i} ({why[i]})" for i in sorted(why) if any(is_free(busy, (i,), s) for s in slots)]
-        if found is None:
-            also = f"; passed over {', '.join(passed)}" if passed else ""
-            raise Conflict(f"no {count} cards can take a {klass} booking{also}; see 'board status'")
-        chosen, begin = found
-        notes = [f"passed over {', '.join(passed)}"] if passed else []
+        searching = busy is not None
+        if busy is None:
+            busy = self._busy_by_index(start, end, excluding)
+        free = [i for i in eligible if i not in foreign and is_free(busy, (i,), (start, end))]
+        cool = [i for i in free if not (now_slot and self._hot(i))]
+        chosen = best_group(cool, count, self.topology) or best_group(free, count, self.topology)
+        why = {i: self._whose(procs) for i, procs in foreign.items() if is_free(busy, (i,), (start, end))}
+        passed = [f"card {i} ({why[i]})" for i in sorted(why)]
+        if chosen is None:
+            if searching:
+                raise Conflict("taken")
+            raise self._no_group(count, klass, start, end, [i for i in eligible if i not in free], passed, excluding)
+        why.update({i: f"{self.cards[i].temperature_c} °C" for i in free if i not in cool and i not in chosen})
+        notes = [f"passed over {', '.join(f'card {i} ({why[i]})' for i in sorted(why))}"] if why else []
         notes += [f"took card {i} though it is HOT ({self.cards[i].temperature_c} °C): no cooler group"
                   " could start then" for i in chosen if i not in cool]
-        return chosen, begin, notes
+        return chosen, notes
+
+    def _no_group(self, count: int, klass: str, start: int, end: int, taken: list[int], passed: list[str],
+                  excluding: int | None) -> Conflict:
+        """Too few free cards at the start: who holds the ones that are taken, and until when."""
+        now = self.clock()
+        uuids = {self.cards[i].uuid for i in taken}
+        holders = [f"{'card' if len(cards) == 1 else 'cards'} {format_cards(cards)} {'is' if len(cards) == 1 else 'are'}"
+                   f" booked by {b.user} until {format_when(b.end, now)} (booking {b.id})"
+                   for b in rows.live_between(self.conn, start, end) if b.id != excluding
+                   if (cards := sorted(self.by_uuid[u] for u in b.card_uuids if u in uuids))]
+        why = holders[:3] + (["…"] if len(holders) > 3 else []) + ([f"passed over {', '.join(passed)}"] if passed else [])
+        return Conflict(f"no {'card is' if count == 1 else f'{count} cards are'} free for"
+                        f" {'an' if klass[0] in 'aeiou' else 'a'} {klass} booking"
+                        f" at {format_when(start, now)}"
+                        + (f": {'; '.join(why)}" if why else ""))
 
     def _held_now(self, now: int) -> set[int]:
         """The cards the caller holds a booking on right now; only asked when some process has no owner."""
@@ -466,12 +675,6 @@ class BookingService:
         temperature = self.cards[index].temperature_c
         return temperature is not None and temperature >= self.config.hot_celsius
 
-    def _search(self, start: int, duration: int, excluding: int | None, search: Callable[[dict, int | None], Any]):
-        """`search(busy, until)` on the calendar's next day past the slot, then on all of it if that finds nothing."""
-        until = start + duration + LOOKAHEAD_SECONDS
-        found = search(self._busy_by_index(start, until, excluding), until)
-        return found if found is not None else search(self._busy_by_index(start, None, excluding), None)
-
     def _busy_by_index(self, after: int, before: int | None, excluding: int | None) -> dict[int, list[tuple[int, int]]]:
         by_uuid = rows.busy_by_card(self.conn, after, before, excluding)
         return {self.by_uuid[u]: spans for u, spans in by_uuid.items() if u in self.by_uuid}
@@ -480,21 +683,19 @@ class BookingService:
         uuids = [self.cards[i].uuid for i in cards]
         clash = rows.first_conflict(self.conn, uuids, start, end, excluding)
         if clash is not None:
-            raise SlotTaken(clash, cards, start, end - start, excluding, self.clock())
+            raise SlotTaken(clash, cards, self.clock())
 
 
 class SlotTaken(Conflict):
-    """The cards are booked by someone else; the caller adds the next free start once the lock is released."""
+    """The cards are booked by someone else: who, and until when."""
 
-    def __init__(self, clash: Booking, cards: Sequence[int], start: int, duration: int, excluding: int | None, now: float):
+    def __init__(self, clash: Booking, cards: Sequence[int], now: float):
         taken = sorted(set(clash.cards) & set(cards))
         one = len(taken) == 1
         super().__init__(
             f"{'card' if one else 'cards'} {format_cards(taken)} {'is' if one else 'are'} booked by {clash.user}"
-            f" until {format_time(clash.end, now)} (booking {clash.id})"
+            f" until {format_when(clash.end, now)} (booking {clash.id})"
         )
-        self.cards, self.start, self.duration, self.excluding = tuple(cards), start, duration, excluding
 
 
-
-__all__ = ["BookingService", "Booking", "BoardError", "Plan", "format_time", "format_cards"]
+__all__ = ["BookingService", "Booking", "BoardError", "Plan", "SlotTaken", "format_time", "format_cards"]

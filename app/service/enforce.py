@@ -73,6 +73,8 @@ def enforce_once(server) -> dict[str, list[int]]:
                 jobs.forget(service.conn, entry.pid, entry.started_ticks)
     settings = service.config.enforce
     now = service.clock()
+    service.backfill()  # a squatter gone, a booking ended early by enforcement: queued bookings move up
+    _tell_started(server, now)
     done.update(enforce_servers(server))
     for entry in registry.live():
         if entry.kind == "server":
@@ -106,3 +108,19 @@ def enforce_once(server) -> dict[str, list[int]]:
                 server.log(f"job {entry.pid} (uid {entry.uid}): still running after {settings.grace_s:g} s; SIGKILL")
                 done["killed"].append(entry.id)
     return done
+
+
+def _tell_started(server, now: float) -> None:
+    """Each holder whose booking started since the last pass hears of it (their open boards toast it)."""
+    from app.core.text import format_cards, format_time
+    from app.store import bookings as rows
+
+    since = getattr(server, "started_told_until", None)
+    server.started_told_until = now
+    if since is None:  # a fresh service: bookings that started before it did are old news
+        return
+    for booking in rows.live_between(server.service.conn, int(since), int(now) + 1):
+        if since < booking.start <= now:
+            server.service.hub.publish("notice", {
+                "message": f"booking {booking.id} has started: cards {format_cards(booking.cards)} until"
+                           f" {format_time(booking.end, now)}"}, uid=booking.uid)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from app.core.identity import Identity, lookup_user
-from app.errors import BadInput
+from app.errors import BadInput, Conflict
 from app.model import Booking, booking_to_wire
 
 INT, STR, BOOL, LIST, DICT = int, str, bool, list, dict
@@ -161,20 +161,25 @@ _SLOT = {"start": INT, "end": INT}
 _WHICH = {"cards": LIST, "count": INT, "class": STR}
 
 
-@op("plan", _SLOT, _WHICH)
-def plan(service, me: Identity, start: int, end: int, cards=None, count=None, **rest) -> dict:
+@op("plan", _SLOT, {**_WHICH, "or_later": BOOL})
+def plan(service, me: Identity, start: int, end: int, cards=None, count=None, or_later=False, **rest) -> dict:
     found = service.bookings(me).plan(cards=_cards(cards), count=count, start=start, end=end,
-                                      klass=rest.get("class", "experiment"))
-    return {"cards": list(found.cards), "uuids": list(found.uuids), "start": found.start, "end": found.end}
+                                      klass=rest.get("class", "experiment"), or_later=or_later)
+    return {"cards": list(found.cards), "uuids": list(found.uuids), "start": found.start, "end": found.end,
+            "notes": list(found.notes)}
 
 
 @op("next_free", _SLOT, _WHICH)
 def next_free(service, me: Identity, start: int, end: int, cards=None, count=None, **rest) -> dict:
-    rules = service.bookings(me)
+    rules, klass = service.bookings(me), rest.get("class", "experiment")
     if cards is not None:
         chosen = sorted(set(_cards(cards)))
-        return {"cards": chosen, "start": rules.next_free(chosen, start, end - start)}
-    found = rules.plan(count=count, start=start, end=end, klass=rest.get("class", "experiment"))
+        found = rules.next_free(chosen, start, end - start, klass=klass)
+        if found is None:
+            raise Conflict(f"no start within {service.config.policy.max_ahead_days:g} days works for cards"
+                           f" {','.join(map(str, chosen))}; try other cards or a shorter slot")
+        return {"cards": chosen, "start": found}
+    found = rules.plan(count=count, start=start, end=end, klass=klass, or_later=True)
     return {"cards": list(found.cards), "start": found.start}
 
 
@@ -188,9 +193,9 @@ def slots(service, me: Identity, start: int, end: int, count=1, limit=3, **rest)
                       for p, until in found]}
 
 
-@op("book", _SLOT, {**_WHICH, "note": STR, "request": DICT, "checked": BOOL}, writes=True)
+@op("book", _SLOT, {**_WHICH, "note": STR, "request": DICT, "checked": BOOL, "or_later": BOOL}, writes=True)
 def book(service, me: Identity, start: int, end: int, cards=None, count=None, note="", request=None,
-         checked=False, **rest) -> dict:
+         checked=False, or_later=False, **rest) -> dict:
     rules = service.bookings(me)
     klass = rest.get("class", "experiment")
     if cards is None and count is None:
@@ -198,9 +203,9 @@ def book(service, me: Identity, start: int, end: int, cards=None, count=None, no
     if cards is not None and count is not None:
         raise BadInput("give a count or --cards, not both")
     if checked:  # the form's path: a request that fails the check writes nothing at all, not even an audit row
-        rules.plan(cards=_cards(cards), count=count, start=start, end=end, klass=klass)
+        rules.plan(cards=_cards(cards), count=count, start=start, end=end, klass=klass, or_later=or_later)
     booking, notes = rules.book(cards=_cards(cards), count=count, start=start, end=end, klass=klass, note=note,
-                                request=request)
+                                request=request, or_later=or_later)
     # "notes", only when there are any: one line each on what runs on the cards now (passed over, or named)
     return {**wire(booking), "notes": list(notes)} if notes else wire(booking)
 
@@ -261,15 +266,16 @@ def extend(service, me: Identity, id: int, end=None, add_seconds=None) -> dict:
 def reassign(service, me: Identity, id: int, cards=None, user=None, force=False) -> dict:
     if (cards is None) == (user is None):
         raise BadInput("give the new cards or the new user")
-    from app.store import bookings as rows
-
-    before = rows.get(service.conn, id)  # None for a bad id: reassign refuses it
     moved = service.bookings(me).reassign(id, cards=_cards(cards), user=user, force=force)
-    what = f"booking {id} was moved by {me.name}: cards {','.join(map(str, moved.cards))}, holder {moved.user}" + (
-        f" (from now on booking {moved.id})" if moved.id != id else "")
-    for uid in {before.uid if before else moved.uid, moved.uid}:
-        service.hub.publish("notice", {"message": what}, uid=uid)
     service.wake_enforcer.set()  # work left on the old cards, or of the old holder, stops now rather than later
+    return wire(moved)
+
+
+@op("move", {"id": INT, "start": INT, "end": INT}, {"override_policy": BOOL}, writes=True)
+def move(service, me: Identity, id: int, start: int, end: int, override_policy=False) -> dict:
+    """An admin gives a booking new times on the same cards; its holder is told."""
+    moved = service.bookings(me).move(id, start, end, override_policy=override_policy)
+    service.wake_enforcer.set()  # work past the new end stops now rather than at the next pass
     return wire(moved)
 
 

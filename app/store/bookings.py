@@ -16,7 +16,7 @@ from app.store.db import MalformedRow, need, report_malformed
 # LEFT JOINs, so that a booking whose card rows a hand edit broke is reported rather than silently dropped.
 _SELECT = """
 SELECT b.id, b.user, b.uid, b.starts_at, b.ends_at, b.class, b.note, b.status, b.request, b.created_at,
-       b.requested_at, b.queued, b.series_id, group_concat(coalesce(c.idx, '?') || ' ' || bc.card_uuid, char(10))
+       b.requested_at, b.queued, b.series_id, b.notice, group_concat(coalesce(c.idx, '?') || ' ' || bc.card_uuid, char(10))
 FROM bookings AS b
 LEFT JOIN booking_cards AS bc ON bc.booking_id = b.id
 LEFT JOIN cards AS c ON c.uuid = bc.card_uuid
@@ -36,7 +36,7 @@ def _booking(row) -> Booking:
 
 
 def _decode(row) -> Booking:
-    (id_, user, uid, start, end, klass, note, status, request, created_at, requested_at, queued, series_id, cards) = row
+    (id_, user, uid, start, end, klass, note, status, request, created_at, requested_at, queued, series_id, notice, cards) = row
     for value, kind, column in ((user, str, "user"), (uid, int, "uid"), (start, int, "starts_at"),
                                 (end, int, "ends_at"), (klass, str, "class"), (note, str, "note"),
                                 (status, str, "status"), (created_at, int, "created_at")):
@@ -69,7 +69,7 @@ def _decode(row) -> Booking:
     return Booking(
         id=id_, user=user, uid=uid, start=start, end=end, klass=klass, note=note, status=status,
         request=request or None, created_at=created_at, requested_at=requested_at if requested_at is not None else start,
-        queued=queued, series_id=series_id,
+        queued=queued, series_id=series_id, notice=notice if isinstance(notice, str) else None,
         cards=tuple(p[0] for p in pairs), card_uuids=tuple(p[1] for p in pairs),
     )
 
@@ -182,6 +182,21 @@ def insert(
 
 def set_times(conn: sqlite3.Connection, booking_id: int, start: int, end: int) -> None:
     conn.execute("UPDATE bookings SET starts_at = ?, ends_at = ? WHERE id = ?", (start, end, booking_id))
+
+
+def set_notice(conn: sqlite3.Connection, booking_id: int, notice: str) -> None:
+    conn.execute("UPDATE bookings SET notice = ? WHERE id = ?", (notice, booking_id))
+
+
+def queued(conn: sqlite3.Connection, now: int) -> list[Booking]:
+    """Live bookings that asked to move earlier and have not started, served by the bookings_queued index."""
+    return _decoded(conn, conn.execute(
+        _SELECT + " WHERE b.status = 'booked' AND b.queued IS NOT NULL AND b.starts_at > ? GROUP BY b.id"
+        " ORDER BY b.starts_at, b.id", (now,)))
+
+
+def set_queued(conn: sqlite3.Connection, booking_id: int, queued: str | None) -> None:
+    conn.execute("UPDATE bookings SET queued = ? WHERE id = ?", (queued, booking_id))
 
 
 def set_cancelled(conn: sqlite3.Connection, booking_id: int) -> None:

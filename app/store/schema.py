@@ -162,6 +162,7 @@ ALTER TABLE servers ADD COLUMN measured TEXT;
 # for, or when they asked, if later): a wait is its start minus this. `queued` marks a booking that asked to
 # move earlier when time frees up: 'time' on its own cards, 'cards' on any group of as many. A standing
 # slot's occurrences share a `series_id`; `series.rule` is the JSON of what was asked (app.core.series).
+# `notice` is the latest change someone else made to the booking (an admin, the backfill), for its holder.
 _V5 = """
 CREATE TABLE series (
     id INTEGER PRIMARY KEY,
@@ -173,6 +174,7 @@ CREATE TABLE series (
 ALTER TABLE bookings ADD COLUMN requested_at INTEGER;
 ALTER TABLE bookings ADD COLUMN queued TEXT CHECK (queued IN ('time', 'cards'));
 ALTER TABLE bookings ADD COLUMN series_id INTEGER REFERENCES series(id);
+ALTER TABLE bookings ADD COLUMN notice TEXT;
 UPDATE bookings SET requested_at = starts_at;
 CREATE INDEX bookings_queued ON bookings(starts_at) WHERE queued IS NOT NULL AND status = 'booked';
 CREATE INDEX bookings_by_series ON bookings(series_id) WHERE series_id IS NOT NULL;

@@ -26,8 +26,9 @@ ME = pwd.getpwuid(UID).pw_name
 ADMIN = UID == 0 or any(g.gr_name == "board-admin" and (g.gr_gid in os.getgroups() or ME in g.gr_mem)
                         for g in grp.getgrall())
 BOOKING_KEYS = {"id", "user", "uid", "cards", "card_uuids", "start", "end", "class", "note", "status", "request",
-                "created_at", "requested_at", "queued", "series_id"}
-CLI_BOOKING_KEYS = {"id", "user", "cards", "card_uuids", "start", "end", "class", "note", "status"}
+                "created_at", "requested_at", "queued", "series_id", "notice"}
+CLI_BOOKING_KEYS = {"id", "user", "cards", "card_uuids", "start", "end", "class", "note", "status",
+                    "requested_at", "queued", "series_id", "notice"}
 
 
 def tomorrow(hours: float = 0) -> int:
@@ -90,12 +91,15 @@ def test_a_conflict_is_refused_and_writes_only_its_audit_row(client):
     assert client.call("get", id=first["id"])["cards"] == [3]
 
 
-def test_book_by_count_on_a_full_fleet_takes_the_next_free_start(client):
+def test_book_by_count_on_a_full_fleet_starts_when_asked_or_not_at_all(client):
     start = tomorrow()
     whole = client.call("book", count=8, start=start, end=start + HOUR)
     assert sorted(whole["cards"]) == list(range(8))
-    later = client.call("book", count=1, start=start, end=start + HOUR)
-    assert (later["start"], later["end"]) == (start + HOUR, start + 2 * HOUR)
+    with pytest.raises(Conflict) as refused:  # no silent slide
+        client.call("book", count=1, start=start, end=start + HOUR)
+    assert f"booked by {whole['user']} until" in str(refused.value) and "the earliest start that works" in str(refused.value)
+    later = client.call("book", count=1, start=start, end=start + HOUR, or_later=True)
+    assert (later["start"], later["end"], later["queued"]) == (start + HOUR, start + 2 * HOUR, "cards")
     with pytest.raises(Conflict):  # exact cards are not moved
         client.call("book", cards=[later["cards"][0]], start=start, end=start + HOUR)
 

@@ -101,17 +101,21 @@ class TestPickingByCount:
     def test_a_card_passed_over_now_is_named_when_the_booking_waits(self, service):
         readings = cards({0: [bobs()]}, count=2)
         service(readings, "carol", 1003).create(cards=[1], start=NOW, end=NOW + H)
-        service(readings, "bob", 1002).create(cards=[0], start=NOW + H, end=NOW + 2 * H)
-        booking, notes = service(readings).book(count=1, start=NOW, end=NOW + H)
+        carols = service(readings, "bob", 1002).create(cards=[0], start=NOW + H, end=NOW + 2 * H).id - 1
+        booking, notes = service(readings).book(count=1, start=NOW, end=NOW + H, or_later=True)
         assert (booking.cards, booking.start) == ((1,), NOW + H)
-        assert notes == ("passed over card 0 (bob's processes, 9.0 GiB)",)
+        assert notes == (f"starts later than asked: no card is free for an experiment booking at 15:30 (now): card 1 is"
+                         f" booked by carol until 16:30 (in 60 min) (booking {carols}); passed over card 0 (bob's"
+                         " processes, 9.0 GiB)",)
 
     def test_a_card_passed_over_at_the_later_start_is_named(self, service):
         readings = cards({0: [bobs()]}, count=2)
         service(readings, "carol", 1003).create(cards=[0, 1], start=NOW, end=NOW + H)
-        booking, notes = service(readings).book(count=1, start=NOW, end=NOW + H)
-        assert (booking.cards, booking.start) == ((1,), NOW + H)
-        assert notes == ("passed over card 0 (bob's processes, 9.0 GiB)",)
+        booking, notes = service(readings).book(count=1, start=NOW, end=NOW + H, or_later=True)
+        assert (booking.cards, booking.start) == ((1,), NOW + H)  # asked for now: bob's card stays out
+        assert notes == ("starts later than asked: no card is free for an experiment booking at 15:30 (now): cards 0,1 are"
+                         " booked by carol until 16:30 (in 60 min) (booking 1)",
+                         "passed over card 0 (bob's processes, 9.0 GiB)")
 
     def test_a_hot_card_is_passed_over_for_a_cooler_group(self, service):
         booking, notes = service(cards(temperatures={0: 93})).book(count=2, start=NOW, end=NOW + H)
@@ -144,8 +148,8 @@ class TestPickingByCount:
     def test_a_hot_card_is_avoided_past_the_first_days_search_too(self, service):
         readings = cards(temperatures={0: 93}, count=2)
         service(readings, "bob", 1002).create(cards=[0, 1], start=NOW, end=NOW + 48 * H)  # longer than the lookahead
-        booking, _ = service(readings).book(count=1, start=NOW, end=NOW + H)
-        assert (booking.cards, booking.start) == ((1,), NOW + 48 * H)
+        booking, _ = service(readings).book(count=1, start=NOW, end=NOW + H, or_later=True)
+        assert booking.start == NOW + 48 * H
 
     def test_both_reasons_in_card_order(self, service):
         readings = cards({3: [bobs()]}, temperatures={0: 93})
@@ -169,9 +173,9 @@ class TestPickingByCount:
         with pytest.raises(Conflict) as refused:
             service(readings).book(count=2, start=NOW, end=NOW + H)
         assert str(refused.value) == (
-            "no 2 cards can take a experiment booking; passed over "
+            "no 2 cards are free for an experiment booking at 15:30 (now): passed over "
             + ", ".join(f"card {i} (bob's processes, 9.0 GiB)" for i in range(1, 8))
-            + "; see 'board status'"
+            + "; no start within 30 days works either"
         )
 
     def test_cards_whose_pool_refuses_the_length_are_left_out(self, service):

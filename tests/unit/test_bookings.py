@@ -43,8 +43,13 @@ class TestCreate:
     def test_count_takes_the_earliest_later_slot_when_all_are_busy(self, make_service):
         service = make_service()
         service.create(count=8, start=NOW, end=NOW + 2 * H)
-        booking = service.create(count=2, start=NOW, end=NOW + H)
-        assert (booking.start, booking.end) == (NOW + 2 * H, NOW + 3 * H)
+        with pytest.raises(Conflict) as refused:  # a count starts when asked, or not at all
+            service.create(count=2, start=NOW, end=NOW + H)
+        assert str(refused.value) == ("no 2 cards are free for an experiment booking at 15:30 (now): cards 0,1,2,3,4,5,6,7"
+                                      " are booked by alice until 17:30 (in 2 h) (booking 1); the earliest start that"
+                                      " works: 17:30 (in 2 h) on cards 0,1 (--or-later takes it)")
+        booking = service.create(count=2, start=NOW, end=NOW + H, or_later=True)
+        assert (booking.start, booking.end, booking.queued, booking.requested_at) == (NOW + 2 * H, NOW + 3 * H, "cards", NOW)
 
     @pytest.mark.parametrize(
         "kwargs, error, message",
@@ -71,8 +76,8 @@ class TestCreate:
         with pytest.raises(Conflict) as refused:
             make_service().create(cards=[1, 2], start=NOW + H, end=NOW + 3 * H)
         message = str(refused.value)
-        assert "card 2 is booked by bob until 17:30" in message
-        assert "next free start for cards 1,2: 17:30" in message
+        assert "card 2 is booked by bob until 17:30 (in 2 h)" in message
+        assert "next free start for cards 1,2: 17:30 (in 2 h)" in message
         assert len(live(conn)) == 1
 
     def test_a_multi_card_booking_is_all_or_nothing(self, make_service, conn):
@@ -319,7 +324,7 @@ class TestPlan:
     def test_plan_writes_nothing_and_words_a_conflict_like_create(self, make_service, conn):
         make_service("bob", 1002).create(cards=[2], start=NOW, end=NOW + 2 * H)
         before = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-        with pytest.raises(Conflict, match="card 2 is booked by bob until 17:30 .*next free start for cards 2: 17:30"):
+        with pytest.raises(Conflict, match=r"card 2 is booked by bob until 17:30 .*next free start for cards 2: 17:30 \(in 2 h\)"):
             make_service().plan(cards=[2], start=NOW, end=NOW + H)
         assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == before
 
@@ -505,12 +510,13 @@ class TestPools:
         service = make_service(config=self.config())
         assert service.create(count=4, start=NOW, end=NOW + H, klass="experiment").cards == (4, 5, 6, 7)
         assert service.create(count=4, start=NOW, end=NOW + H, klass="online").cards == (0, 1, 2, 3)
-        later = service.create(count=2, start=NOW, end=NOW + H, klass="experiment")  # prod is free, but not for it
+        later = service.create(count=2, start=NOW, end=NOW + H, klass="experiment", or_later=True)  # prod is free, not for it
         assert (later.cards, later.start) == ((4, 5), NOW + H)
 
     def test_a_window_refuses_outside_it_and_allows_inside_it(self, make_service, conn):
         service = make_service(config=self.config())  # NOW is Sunday 15:30 UTC, and the window has no weekends
-        with pytest.raises(NotPermitted, match="card 0: class finetune is allowed on pool prod only 19:00-09:00$"):
+        with pytest.raises(NotPermitted, match=r"card 0: class finetune is allowed on pool prod only 19:00-09:00;"
+                                               r" next free start for cards 0: 19:00 \(in 4 h\)$"):
             service.create(cards=[0], start=NOW, end=NOW + H, klass="finetune")
         night = NOW + 3 * H + 30 * 60  # Sunday 19:00
         assert service.create(cards=[0], start=night, end=night + 14 * H, klass="finetune").end == night + 14 * H
@@ -557,8 +563,8 @@ class TestWording:
         bob = make_service("bob", 1002).create(cards=[1, 2], start=NOW, end=NOW + 2 * H)
         with pytest.raises(Conflict) as refused:
             make_service().create(cards=[0, 1, 2], start=NOW, end=NOW + H)
-        assert str(refused.value) == (f"cards 1,2 are booked by bob until 17:30 (booking {bob.id});"
-                                      " next free start for cards 0,1,2: 17:30")
+        assert str(refused.value) == (f"cards 1,2 are booked by bob until 17:30 (in 2 h) (booking {bob.id});"
+                                      " next free start for cards 0,1,2: 17:30 (in 2 h)")
 
     def test_the_next_free_start_is_for_the_wanted_length_not_longer(self, make_service):
         bob = make_service("bob", 1002)
@@ -566,16 +572,18 @@ class TestWording:
         bob.create(cards=[2], start=NOW + 4 * H, end=NOW + 5 * H)  # the two-hour gap between fits one hour
         with pytest.raises(Conflict) as refused:
             make_service().create(cards=[2], start=NOW + H, end=NOW + 2 * H)
-        assert str(refused.value) == (f"card 2 is booked by bob until 17:30 (booking {first.id});"
-                                      " next free start for cards 2: 17:30")
+        assert str(refused.value) == (f"card 2 is booked by bob until 17:30 (in 2 h) (booking {first.id});"
+                                      " next free start for cards 2: 17:30 (in 2 h)")
 
     def test_no_cards_for_the_class_is_worded(self, make_service):
         from app.config import Pool
 
         config = Config(pools=(Pool("prod", tuple(range(8)), ("online",)),))
-        with pytest.raises(Conflict) as refused:
+        with pytest.raises(NotPermitted) as refused:
             make_service(config=config).create(count=2, start=NOW, end=NOW + H, klass="batch")
-        assert str(refused.value) == "no 2 cards can take a batch booking; see 'board status'"
+        assert str(refused.value) == ("2 cards for a 1h batch booking from 15:30 (now): the rules allow none: class batch"
+                                      " is not allowed on pool prod (cards 0,1,2,3,4,5,6,7); no start within 30 days works"
+                                      " either")
 
     def test_a_refusal_is_audited_with_its_reason(self, make_service, conn):
         service = make_service(config=Config(policy=Policy(max_cards_per_user=1)))
@@ -584,8 +592,8 @@ class TestWording:
         event = events.recent(conn, 1)[0]
         assert (event.actor, event.action, event.ok, event.booking_id) == ("alice", "create", False, None)
         assert event.details == {"cards": [0, 1], "count": None, "start": NOW, "end": NOW + H, "class": "experiment",
-                                 "note": "sweep", "refused": str(refused.value)}
-        assert str(refused.value) == "you would hold 2 cards at once; the limit is 1"
+                                 "note": "sweep", "refused": "you would hold 2 cards at once; the limit is 1"}
+        assert str(refused.value) == "you would hold 2 cards at once; the limit is 1; no start within 30 days works either"
 
     def test_a_writer_that_beats_the_check_is_a_conflict(self, make_service, conn, monkeypatch):
         from app.service import bookings
@@ -610,7 +618,7 @@ class TestSearchEdges:
 
     def test_a_count_does_not_take_a_gap_too_short_for_it(self, make_service):
         self.far_calendar(make_service)
-        plan = make_service().plan(count=8, start=NOW, end=NOW + 30 * H)
+        plan = make_service().plan(count=8, start=NOW, end=NOW + 30 * H, or_later=True)
         assert (plan.start, plan.end) == (NOW + 100 * H, NOW + 130 * H)
 
     def test_next_free_does_not_take_a_gap_too_short_for_it(self, make_service):
@@ -624,14 +632,14 @@ class TestSearchEdges:
         with pytest.raises(Conflict) as refused:
             make_service("root", 0, admin=True).reassign(booking.id, cards=[1, 2])
         # From 17:00 cards 1 and 2 are free for the hour: card 1 is only busy with the booking being moved.
-        assert str(refused.value) == (f"card 2 is booked by bob until 17:00 (booking {bob.id});"
-                                      " next free start for cards 1,2: 17:00")
+        assert str(refused.value) == (f"card 2 is booked by bob until 17:00 (in 2 h) (booking {bob.id});"
+                                      " next free start for cards 1,2: 17:00 (in 2 h)")
 
     def test_a_move_past_the_lookahead_also_ignores_the_booking_moved(self, make_service):
         config = Config(policy=Policy(max_booking_hours=100))
         booking = make_service(config=config).create(cards=[0, 1], start=NOW + H, end=NOW + 61 * H)
         make_service("bob", 1002, config=config).create(cards=[2], start=NOW + H, end=NOW + 41 * H)
-        with pytest.raises(Conflict, match=f"next free start for cards 1,2: {format_time(NOW + 41 * H, NOW)}$"):
+        with pytest.raises(Conflict, match=f"next free start for cards 1,2: {format_time(NOW + 41 * H, NOW)} \\(in 2 days\\)$"):
             make_service("root", 0, admin=True, config=config).reassign(booking.id, cards=[1, 2])
 
 
