@@ -207,8 +207,10 @@ A standing slot: the same cards at the same times of day on each matching day fr
 Times are wall-clock in the service's policy zone ([policy] timezone), so 09:00 stays 09:00 across DST;
 an --until at or before --start ends the next morning (--start 19:00 --until 7:00). Each occurrence is
 a booking (linked by a series id) and passes every rule on its own, the policy's max_ahead_days
-included: book what it allows and add the rest later with 'board series extend'. Nothing is booked
-unless every occurrence is free, or with --skip-conflicts; the rest are listed with their holder."""
+included: book what it allows and add the rest later with 'board series extend' (admins may pass
+--override-policy, which is audited). Nothing is booked unless every occurrence is free, or with
+--skip-conflicts; the conflicting ones are listed with their holder. 'board series' shows, cancels
+(from now on) and extends a series; 'board cancel ID' cancels one occurrence."""
 
 
 def add_series_options(p: argparse.ArgumentParser) -> None:

@@ -221,7 +221,7 @@ class SeriesService:
                 if not override:
                     refusals.append(Miss(start, end, str(refused)))
                     continue
-                try:  # the policy is overridden, never a conflict
+                try:  # the policy is overridden, never a conflict (whatever order _plan checks them in)
                     self.rules._check_free(cards, start, end)
                 except Conflict as taken:
                     conflicts.append(Miss(start, end, str(taken)))
