@@ -20,6 +20,10 @@ from app.commands import (
     cmd_cancel,
     cmd_list,
     cmd_release,
+    cmd_series,
+    cmd_series_cancel,
+    cmd_series_extend,
+    cmd_series_show,
     cmd_status,
     cmd_whoami,
     parse_cards,
@@ -239,6 +243,63 @@ def event_limit(text: str) -> int:
     return value
 
 
+SERIES_HELP = """\
+A standing slot: the same cards at the same times of day on each matching day from --from to --to
+(inclusive), e.g. --cards 0-3 --class online --every weekday --start 9:00 --until 19:00 --to 2027-03-31.
+Times are wall-clock in the service's policy zone ([policy] timezone), so 09:00 stays 09:00 across DST;
+an --until at or before --start ends the next morning (--start 19:00 --until 7:00). Each occurrence is
+a booking (linked by a series id) and passes every rule on its own, the policy's max_ahead_days
+included: book what it allows and add the rest later with 'board series extend' (admins may pass
+--override-policy, which is audited). Nothing is booked unless every occurrence is free, or with
+--skip-conflicts; the conflicting ones are listed with their holder. 'board series' shows, cancels
+(from now on) and extends a series; 'board cancel ID' cancels one occurrence."""
+
+
+def add_series_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("standing slots (with --every)", SERIES_HELP)
+    group.add_argument("--every", metavar="DAYS",
+                       help="day, weekday, weekend, week (the weekday of --from) or days such as mon,wed,fri")
+    group.add_argument("--from", dest="from_date", metavar="DATE", help="the first day: 2026-12-07, tomorrow, mon"
+                                                                       " (default today)")
+    group.add_argument("--to", dest="to_date", metavar="DATE", help="the last day (required with --every)")
+    add_series_choices(group)
+
+
+def add_series_choices(p) -> None:
+    p.add_argument("--skip-conflicts", action="store_true",
+                   help="book the free occurrences and list the conflicting ones (default: all or nothing)")
+    p.add_argument("--override-policy", action="store_true",
+                   help="admins: book occurrences the policy refuses; each override is audited")
+
+
+def add_series_parser(command, common) -> None:
+    """`board series show|cancel|extend SID`: a standing slot made with `board book --every`."""
+    p = command("series", cmd_series, "standing slots made with 'book --every': show, cancel, extend")
+    actions = p.add_subparsers(title="series commands", metavar="ACTION")
+    for name, handler, help in (
+        ("show", cmd_series_show, "the series' rule and every booking it made"),
+        ("cancel", cmd_series_cancel, "cancel the occurrences that have not started (past ones stay as history,"
+                                      " a running one stays)"),
+        ("extend", cmd_series_extend, "move the last day later, booking the new occurrences all or nothing"),
+    ):
+        q = actions.add_parser(name, help=help, description=help, parents=[common])
+        q.set_defaults(handler=handler)
+        q.add_argument("id", type=series_id, help="series id (board list shows each booking's)")
+        q.add_argument("--json", action="store_true", help="print JSON")
+        if name == "extend":
+            q.add_argument("--to", dest="to_date", metavar="DATE", required=True, help="the new last day")
+            add_series_choices(q)
+
+
+def series_id(text: str) -> int:
+    from app.core.parse import parse_id
+
+    try:
+        return parse_id(text, "series")
+    except BadInput as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     common.add_argument("--db", default=argparse.SUPPRESS,
@@ -289,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="M.gguf", help="size the booking from this model (with --ctx, --parallel): "
                                                        "picks the smallest group of cards that fits, and stores the request")
     add_request_options(p)
+    add_series_options(p)
 
     p = command("list", cmd_list, "bookings from now on (or a window)", json_flag=True)
     who = p.add_mutually_exclusive_group()
@@ -333,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     span.add_argument("--until", metavar="WHEN", help="the new end, as in book")
     p.add_argument("--override-policy", action="store_true",
                    help="move it even where a pool rule or limit refuses (recorded in the audit log)")
+
+    add_series_parser(command, common)
 
     p = command("run", cmd_run, "run a command on your booked cards only")
     p.add_argument("--booking", type=booking_id, help="which of your active bookings (default: the only one)")

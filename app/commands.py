@@ -130,6 +130,8 @@ def cmd_status(ctx: Context) -> int:
 
 
 def cmd_book(ctx: Context) -> int:
+    if series_asked(ctx.args):
+        return cmd_book_series(ctx)
     args = ctx.args
     if args.count is None and args.cards is None and not getattr(args, "model", None):
         raise BadInput("say which cards: a count (board book 2), --cards 0,1, or --model M.gguf to size it")
@@ -201,4 +203,93 @@ def cmd_whoami(ctx: Context) -> int:
         role = "admin" if me["admin"] else "member"
         where = f"database {me['db']}" if me["db"] else f"the board service at {getattr(ctx.client, 'path', '?')}"
         print(f"{me['user']} (uid {me['uid']}), {role}; {where}")
+    return EXIT_OK
+
+
+# -- series (standing slots) ---------------------------------------------------------------------
+
+SERIES_FLAGS = {"every": "--every", "from_date": "--from", "to_date": "--to", "skip_conflicts": "--skip-conflicts",
+                "override_policy": "--override-policy"}
+
+
+def series_asked(args) -> bool:
+    """Whether `book` was given any series flag (the quick parser knows none of them)."""
+    return any(getattr(args, name, None) not in (None, False) for name in SERIES_FLAGS)
+
+
+def cmd_book_series(ctx: Context) -> int:
+    """`book --every ...`: a standing slot. --start/--until are times of day, --from/--to the first and last days."""
+    import re
+
+    args = ctx.args
+    if args.every is None:
+        given = next(flag for name, flag in SERIES_FLAGS.items() if getattr(args, name, None) not in (None, False))
+        raise BadInput(f"{given} is for a series; add --every weekday (or day, weekend, week, mon,wed,fri)")
+    if args.count is not None or args.cards is None:
+        raise BadInput("a series books the same cards each time: give --cards, such as --cards 0-3")
+    if getattr(args, "model", None):
+        raise BadInput("--model is not for a series; size it with 'board fit M.gguf' and give --cards")
+    start, until = args.start, args.until
+    if until is None and (both := re.fullmatch(r"\s*(\d{1,2}(?::\d{2})?)\s*-\s*(\d{1,2}(?::\d{2})?)\s*", start)):
+        start, until = both[1], both[2]  # --start 9-19
+    if args.duration is not None or until is None or start == "now":
+        raise BadInput("with --every, give --start and --until as times of day, such as --start 9:00 --until 19:00"
+                       " (--start 19:00 --until 7:00 ends the next morning)")
+    if args.to_date is None:
+        raise BadInput("give --to DATE, the last day of the series, such as --to 2027-03-31")
+    now = ctx.now()
+    result = ctx.client.call(
+        "series_book", cards=parse_cards(args.cards), every=args.every, start=start, until=until,
+        to=series_date(args.to_date, "--to", now), note=args.note, skip_conflicts=args.skip_conflicts,
+        override_policy=args.override_policy,
+        **{"class": args.klass, "from": series_date(args.from_date, "--from", now) if args.from_date else None},
+    )
+    from app.output import print_series
+
+    print_series(result, "booked", args.json)
+    return EXIT_OK
+
+
+def series_date(text: str, what: str, now: datetime) -> str:
+    """A day for --from/--to: 2026-12-07 as given (the service reads it), or a day word (today, tomorrow, mon)."""
+    import re
+
+    from app.core.timeparse import TimeInputError, parse_when
+
+    if re.fullmatch(r"\s*\d{4}-\d{1,2}-\d{1,2}\s*", text):
+        return text.strip()
+    try:
+        return parse_when(text, now).date().isoformat()
+    except TimeInputError:
+        from app.core.text import inert
+
+        raise BadInput(f"can't read {what} {inert(text.strip(), 40)!r} as a day; give a date such as 2026-12-07,"
+                       " or today, tomorrow, mon") from None
+
+
+def cmd_series(ctx: Context) -> int:
+    raise BadInput("say which: board series show SID, board series cancel SID, board series extend SID --to DATE")
+
+
+def cmd_series_show(ctx: Context) -> int:
+    from app.output import print_series
+
+    print_series(ctx.client.call("series_get", id=ctx.args.id), None, ctx.args.json, every_booking=True)
+    return EXIT_OK
+
+
+def cmd_series_cancel(ctx: Context) -> int:
+    from app.output import print_series
+
+    print_series(ctx.client.call("series_cancel", id=ctx.args.id), "cancelled", ctx.args.json)
+    return EXIT_OK
+
+
+def cmd_series_extend(ctx: Context) -> int:
+    from app.output import print_series
+
+    args = ctx.args
+    result = ctx.client.call("series_extend", id=args.id, to=series_date(args.to_date, "--to", ctx.now()),
+                             skip_conflicts=args.skip_conflicts, override_policy=args.override_policy)
+    print_series(result, "extended", args.json)
     return EXIT_OK

@@ -79,9 +79,10 @@ def booking_line(booking: dict, now: float | None = None) -> str:
     asked = f"  [{text}]" if (text := request_text(booking.get("request"))) else ""
     queued = "  queued" if booking.get("queued") and (now is None or booking["start"] > now) else ""
     notice = f"  ({inert(booking['notice'], 80)})" if booking.get("notice") else ""
+    series = f" (series {booking['series_id']})" if booking.get("series_id") else ""
     return (
         f"#{booking['id']:<5} {inert(booking['user'], 16):<16} cards {format_cards(booking['cards']):<15}"
-        f" {when(booking['start'])} → {when(booking['end'])}  {booking['class']}{state}{queued}{notice}{asked}{note}"
+        f" {when(booking['start'])} → {when(booking['end'])}  {booking['class']}{series}{state}{queued}{notice}{asked}{note}"
     )
 
 
@@ -139,3 +140,64 @@ def status_text(found: dict, now: float) -> str:
     names = {c["name"] for c in found["cards"] if c["name"]}
     badge = " · SIMULATED" if found["simulated"] else ""
     return f"{len(found['cards'])} × {', '.join(sorted(names)) or 'GPU'}{badge}\n{table(lines)}"
+
+
+# -- series (standing slots) ---------------------------------------------------------------------
+
+
+def series_json(result: dict) -> dict:
+    """A series reply (series_book, series_extend, series_get, series_cancel) as `--json` shows it: ISO times."""
+    def misses(key: str) -> list[dict]:
+        return [{"start": iso(m["start"]), "end": iso(m["end"]), "reason": m["reason"]} for m in result.get(key, [])]
+
+    series = result["series"]
+    shown: dict = {"series": {**series, "created_at": iso(series["created_at"])}}
+    for key in ("bookings", "cancelled", "running"):
+        if key in result:
+            shown[key] = [booking_json(b) for b in result[key]]
+    for key in ("skipped", "overridden"):
+        if key in result:
+            shown[key] = misses(key)
+    return shown
+
+
+def series_line(series: dict) -> str:
+    """'series 3 alice: cards 0,1,2,3 online, every weekday 09:00-19:00, 2026-12-07 to 2027-03-31  prod TP4'."""
+    from app.core.series import describe
+    from app.core.text import format_cards, inert
+
+    rule = series["rule"]
+    cards = rule.get("cards") if isinstance(rule.get("cards"), list) else []
+    note = f"  {inert(str(rule['note']), 60)}" if rule.get("note") else ""
+    cancelled = " [cancelled]" if rule.get("cancelled_at") is not None else ""
+    return (f"series {series['id']} {inert(series['user'], 16)}: cards {format_cards(cards)} {rule.get('class', '?')},"
+            f" {describe(rule)}{cancelled}{note}")
+
+
+def print_series(result: dict, verb: str | None, as_json: bool, now: float | None = None, every_booking=False) -> None:
+    """A series reply: the rule, then its bookings (those made or cancelled; only the first and last of a long
+    list unless `every_booking`). The occurrences skipped or booked despite the policy, and a running one a
+    cancel left alone, go to stderr as notes, one line each. `verb` None: the series as it stands (show)."""
+    import sys
+
+    from app.core.text import format_time, inert
+
+    if as_json:
+        print_json(series_json(result))
+        return
+    now = time.time() if now is None else now
+    made = result["bookings"] if "bookings" in result else result.get("cancelled", [])
+    if verb is None:
+        print(series_line(result["series"]))
+    else:
+        print(f"{verb} {series_line(result['series'])} ({len(made)} booking{'' if len(made) == 1 else 's'})")
+    if every_booking or len(made) <= 3:
+        print("\n".join(f"  {booking_line(b, now)}" for b in made) or "  no bookings")
+    else:
+        print(f"  first {booking_line(made[0], now)}\n  last  {booking_line(made[-1], now)}")
+    for booking in result.get("running", []):
+        print(f"board: note: booking {booking['id']} is running until {format_time(booking['end'], now)} and stays;"
+              f" 'board release {booking['id']}' ends it", file=sys.stderr)
+    for label, key in (("skipped", "skipped"), ("booked despite the policy", "overridden")):
+        for miss in result.get(key, []):
+            print(f"board: note: {label} {format_time(miss['start'], now)}: {inert(miss['reason'])}", file=sys.stderr)

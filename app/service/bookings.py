@@ -106,8 +106,10 @@ class BookingService:
         klass: str = "experiment",
         or_later: bool = False,
         excluding: int | None = None,
+        user: str | None = None,
     ) -> Plan:
         """Check a booking against every rule without writing; raises the error `create` would.
+        `user`: whose limit on cards at once applies (default the caller's: an admin may act for a holder).
 
         It starts at `start` or not at all, unless `or_later`: then at the earliest start from `start` on
         that every rule accepts."""
@@ -121,9 +123,10 @@ class BookingService:
         if chosen is None and count not in GROUP_SIZES:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
         policy.check_span(self.config, start=start, end=end, now=now)  # no other start helps with these
-        search = dict(cards=chosen, count=count, klass=klass, start=start, duration=end - start, excluding=excluding)
+        search = dict(cards=chosen, count=count, klass=klass, start=start, duration=end - start, excluding=excluding,
+                      user=user)
         try:
-            return self._plan_at(chosen, count, klass, start, end - start, now, excluding)
+            return self._plan_at(chosen, count, klass, start, end - start, now, excluding, user=user)
         except (Conflict, NotPermitted) as refused:
             if not or_later:
                 raise _retry(refused, **search) from None
@@ -137,7 +140,7 @@ class BookingService:
     def _plan_at(
         self, cards: tuple[int, ...] | None, count: int | None, klass: str, start: int, duration: int, now: int,
         excluding: int | None, busy: dict | None = None, held: list[Booking] | None = None,
-        now_slot: bool | None = None,
+        now_slot: bool | None = None, user: str | None = None,
     ) -> Plan:
         """The booking at exactly `start`, or the refusal that names the rule (NotPermitted) or the holder (Conflict).
 
@@ -162,14 +165,14 @@ class BookingService:
         else:
             chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy)
         if held is None:
-            held = rows.live_between(self.conn, start, end, user=self.me.name)
+            held = rows.live_between(self.conn, start, end, user=user or self.me.name)
         spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
         policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=spans)
         return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end, tuple(notes))
 
     def _earliest(
         self, *, cards: tuple[int, ...] | None, count: int | None, klass: str, start: int, duration: int,
-        excluding: int | None = None,
+        excluding: int | None = None, user: str | None = None,
     ) -> Plan | None:
         """The earliest booking from `start` on, within how far ahead a booking may start, that every rule accepts.
 
@@ -185,7 +188,7 @@ class BookingService:
         # calendar is a long read, and this may run under the write lock.
         for until in (start + duration + LOOKAHEAD_SECONDS, None):
             busy = self._busy_by_index(start, until, excluding)
-            held = rows.live_between(self.conn, start, until or 2**62, user=self.me.name)
+            held = rows.live_between(self.conn, start, until or 2**62, user=user or self.me.name)
             ends = {e for spans in busy.values() for _, e in spans if e > start}
             for candidate in sorted({start, *ends, *opens}):
                 if candidate > horizon or (until is not None and candidate + duration > until):

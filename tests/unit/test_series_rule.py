@@ -1,0 +1,135 @@
+"""The pure expansion of a standing slot (app.core.series): which days, what times, across DST and midnight."""
+
+from __future__ import annotations
+
+import time
+from datetime import date, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from app.core.series import MAX_SPAN_DAYS, Rule, describe, make_rule, occurrences, parse_clock, parse_every
+from app.errors import BadInput
+
+UTC = timezone.utc
+BERLIN = ZoneInfo("Europe/Berlin")
+MONDAY = date(2026, 12, 7)
+
+
+def days_of(rule: Rule, tz=UTC) -> list[str]:
+    return [datetime.fromtimestamp(start, tz).strftime("%a %d") for start, _ in occurrences(rule, tz)]
+
+
+def walls(rule: Rule, tz) -> list[tuple[str, str]]:
+    return [(datetime.fromtimestamp(s, tz).strftime("%a %d %H:%M"), datetime.fromtimestamp(e, tz).strftime("%a %d %H:%M"))
+            for s, e in occurrences(rule, tz)]
+
+
+@pytest.mark.parametrize(
+    "every, expected",
+    [
+        ("day", ["Mon 07", "Tue 08", "Wed 09", "Thu 10", "Fri 11", "Sat 12", "Sun 13", "Mon 14"]),
+        ("weekday", ["Mon 07", "Tue 08", "Wed 09", "Thu 10", "Fri 11", "Mon 14"]),
+        ("weekend", ["Sat 12", "Sun 13"]),
+        ("mon,wed,fri", ["Mon 07", "Wed 09", "Fri 11", "Mon 14"]),
+        ("Friday, MON", ["Mon 07", "Fri 11", "Mon 14"]),  # full names, any case, any order
+        ("tue", ["Tue 08"]),
+    ],
+)
+def test_every_picks_the_days_from_the_first_to_the_last_inclusive(every, expected):
+    rule = make_rule(every, "9:00", "19:00", MONDAY, MONDAY + timedelta(days=7))
+    assert days_of(rule) == expected
+
+
+def test_week_repeats_on_the_weekday_of_the_first_day():
+    wednesday = date(2026, 12, 9)
+    rule = make_rule("week", "9", "10", wednesday, wednesday + timedelta(days=21))
+    assert rule.days == (2,)
+    assert days_of(rule) == ["Wed 09", "Wed 16", "Wed 23", "Wed 30"]
+    assert describe(rule.to_json()) == "every week (Wednesday) 09:00-10:00, 2026-12-09 to 2026-12-30"
+
+
+def test_each_occurrence_runs_from_start_to_until_on_its_day():
+    rule = make_rule("weekday", "9:00", "19:00", MONDAY, MONDAY + timedelta(days=1))
+    assert walls(rule, UTC) == [("Mon 07 09:00", "Mon 07 19:00"), ("Tue 08 09:00", "Tue 08 19:00")]
+
+
+def test_an_until_at_or_before_the_start_ends_the_next_morning():
+    rule = make_rule("weekday", "19:00", "07:00", MONDAY + timedelta(days=4), MONDAY + timedelta(days=7))
+    assert walls(rule, UTC) == [("Fri 11 19:00", "Sat 12 07:00"), ("Mon 14 19:00", "Tue 15 07:00")]
+    assert rule.overnight and describe(rule.to_json()).startswith("every weekday 19:00-07:00 (next day)")
+    midnight = make_rule("day", "22:00", "24:00", MONDAY, MONDAY)
+    assert walls(midnight, UTC) == [("Mon 07 22:00", "Tue 08 00:00")]
+
+
+def test_clock_times_stay_on_the_wall_clock_across_dst():
+    # Europe/Berlin springs forward on Sunday 2027-03-28 and falls back on Sunday 2027-10-31.
+    spring = make_rule("day", "9:00", "19:00", date(2027, 3, 27), date(2027, 3, 29))
+    assert [w[0][-5:] for w in walls(spring, BERLIN)] == ["09:00"] * 3
+    assert [datetime.fromtimestamp(s, UTC).hour for s, _ in occurrences(spring, BERLIN)] == [8, 7, 7]
+    night = make_rule("day", "19:00", "7:00", date(2027, 3, 27), date(2027, 3, 27))
+    (start, end), = occurrences(night, BERLIN)
+    assert end - start == 11 * 3600  # the night the clocks skip an hour
+    autumn = make_rule("day", "19:00", "7:00", date(2027, 10, 30), date(2027, 10, 30))
+    (start, end), = occurrences(autumn, BERLIN)
+    assert end - start == 13 * 3600 and walls(autumn, BERLIN) == [("Sat 30 19:00", "Sun 31 07:00")]
+
+
+def test_a_time_the_clocks_skip_moves_forward_by_the_gap():
+    rule = make_rule("day", "2:30", "5:00", date(2027, 3, 28), date(2027, 3, 28))
+    assert walls(rule, BERLIN) == [("Sun 28 03:30", "Sun 28 05:00")]
+
+
+def test_no_zone_means_the_process_local_time_with_its_own_rules(monkeypatch):
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        rule = make_rule("day", "9:00", "19:00", date(2027, 3, 27), date(2027, 3, 29))
+        assert occurrences(rule, None) == occurrences(rule, BERLIN)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_the_rule_round_trips_through_its_json():
+    rule = make_rule("mon,fri", "19:00", "7:00", MONDAY, MONDAY + timedelta(days=30))
+    assert Rule.from_json(rule.to_json()) == rule
+    assert rule.to_json() == {"every": "mon,fri", "days": [0, 4], "start": "19:00", "until": "07:00",
+                              "from": "2026-12-07", "to": "2027-01-06"}
+    with pytest.raises(ValueError):
+        Rule.from_json({**rule.to_json(), "days": [7]})
+
+
+@pytest.mark.parametrize(
+    "every, start, until, first, last, message",
+    [
+        ("fortnight", "9", "19", MONDAY, MONDAY, "can't read --every 'fortnight'; use day, weekday"),
+        ("mo", "9", "19", MONDAY, MONDAY, "can't read --every 'mo'"),
+        ("mon,,fri", "9", "19", MONDAY, MONDAY, "can't read --every"),
+        ("day", "tomorrow 9:00", "19", MONDAY, MONDAY, "can't read --start 'tomorrow 9:00' as a time of day"),
+        ("day", "9", "25:00", MONDAY, MONDAY, "can't read --until '25:00'"),
+        ("day", "9", "9:00", MONDAY, MONDAY, "--until 09:00 is the same time as --start"),
+        ("day", "9", "19", MONDAY, MONDAY - timedelta(days=1), "--to 2026-12-06 is before --from 2026-12-07"),
+        ("day", "9", "19", MONDAY, MONDAY + timedelta(days=MAX_SPAN_DAYS + 1), "a series spans at most 366 days"),
+    ],
+)
+def test_bad_rules_are_one_line_bad_input(every, start, until, first, last, message):
+    with pytest.raises(BadInput) as refused:
+        make_rule(every, start, until, first, last)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_rule_may_have_no_occurrences_the_service_refuses_that():
+    rule = make_rule("weekend", "9", "19", MONDAY, MONDAY + timedelta(days=4))
+    assert occurrences(rule, UTC) == []
+
+
+@pytest.mark.parametrize("text, minute", [("9", 540), ("09:00", 540), ("19:30", 1170), ("0:00", 0), ("24:00", 0)])
+def test_clock_times(text, minute):
+    assert parse_clock(text, "--start") == minute
+
+
+def test_every_words_are_stored_as_people_read_them():
+    assert parse_every("Weekdays", MONDAY) == ("weekday", (0, 1, 2, 3, 4))
+    assert parse_every("wed,mon,wed", MONDAY) == ("mon,wed", (0, 2))
+    assert parse_every("daily", MONDAY) == ("day", tuple(range(7)))

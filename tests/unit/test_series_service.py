@@ -1,0 +1,201 @@
+"""Series rules on a frozen clock and a real SQLite file (app.service.series): policy zone, pools, overrides,
+who may act, and what a cancel keeps. The same behaviour over both transports is in tests/service/test_series.py."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from app.config import ClassWindow, Config, Policy, Pool
+from app.errors import BadInput, Conflict, NotPermitted
+from app.service.series import SeriesService
+from app.store import bookings as rows
+from app.store import events
+from tests.conftest import FROZEN_NOW  # Sunday 2026-11-29 15:30 UTC
+
+BERLIN = ZoneInfo("Europe/Berlin")
+HOUR = 3600
+# The seeds' plan: prod takes online, batch and finetune, finetune only at night and at weekends; lab anything.
+PROD = Pool("prod", (0, 1, 2, 3), ("online", "batch", "finetune"), windows={"finetune": ClassWindow(19 * 60, 9 * 60)})
+LAB = Pool("lab", (4, 5, 6, 7), max_hours=12)
+SEEDS = Config(policy=Policy(timezone="Europe/Berlin", max_ahead_days=400), pools=(PROD, LAB))
+
+
+@pytest.fixture
+def series(make_service):
+    """series(name=..., uid=..., admin=..., config=SEEDS, now=FROZEN_NOW) -> SeriesService."""
+
+    def make(name="alice", uid=1001, admin=False, config=SEEDS, now=FROZEN_NOW):
+        return SeriesService(make_service(name=name, uid=uid, admin=admin, config=config, now=now))
+
+    return make
+
+
+def berlin(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, BERLIN).strftime("%a %Y-%m-%d %H:%M")
+
+
+def written(conn) -> tuple[int, int, int]:
+    return (conn.execute("SELECT count(*) FROM bookings").fetchone()[0],
+            conn.execute("SELECT count(*) FROM series").fetchone()[0],
+            conn.execute("SELECT count(*) FROM events").fetchone()[0])
+
+
+def test_the_seeds_standing_arrangement_books_in_the_policy_zone(series, conn):
+    """prod cards 0-3 online every weekday 09:00-19:00, and finetune on them at night: both fit, side by side."""
+    day = series().book(cards=[0, 1, 2, 3], klass="online", every="weekday", start="9:00", until="19:00",
+                        first="2026-12-07", last="2026-12-18", note="prod TP4")
+    night = series().book(cards=[0, 1, 2, 3], klass="finetune", every="weekday", start="19:00", until="7:00",
+                          first="2026-12-07", last="2026-12-18", note="nightly finetune")
+    assert len(day.booked) == len(night.booked) == 10
+    assert [berlin(b.start)[-5:] + "-" + berlin(b.end)[-5:] for b in day.booked] == ["09:00-19:00"] * 10
+    assert berlin(night.booked[4].start) == "Fri 2026-12-11 19:00" and berlin(night.booked[4].end) == "Sat 2026-12-12 07:00"
+    assert {b.series_id for b in day.booked} == {day.series.id} != {b.series_id for b in night.booked}
+    assert {(b.cards, b.klass, b.note, b.user) for b in day.booked} == {((0, 1, 2, 3), "online", "prod TP4", "alice")}
+    assert day.series.rule == {"every": "weekday", "days": [0, 1, 2, 3, 4], "start": "09:00", "until": "19:00",
+                               "from": "2026-12-07", "to": "2026-12-18", "cards": [0, 1, 2, 3], "class": "online",
+                               "note": "prod TP4", "zone": "Europe/Berlin"}
+    stored, found = series().get(day.series.id)
+    assert stored == day.series and found == day.booked
+    created = [e for e in events.recent(conn, 1000) if e.action == "create"]
+    assert len(created) == 20 and {e.details["series_id"] for e in created} == {day.series.id, night.series.id}
+
+
+def test_the_wall_clock_holds_across_dst_in_the_policy_zone_not_the_callers(series, monkeypatch):
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # the service reads [policy] timezone, whatever its own TZ
+    time.tzset()
+    try:
+        made = series().book(cards=[4], every="day", start="9:00", until="10:00", first="2027-03-27",
+                             last="2027-03-29")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert [berlin(b.start)[-5:] for b in made.booked] == ["09:00"] * 3
+    assert [datetime.fromtimestamp(b.start, timezone.utc).hour for b in made.booked] == [8, 7, 7]
+
+
+def test_policy_refusals_name_the_rule_and_book_nothing(series, conn):
+    before = written(conn)
+    with pytest.raises(NotPermitted) as refused:
+        series().book(cards=[0, 1], klass="finetune", every="weekday", start="8:00", until="18:00",
+                      first="2026-12-07", last="2026-12-11")
+    message = str(refused.value)
+    assert message.startswith("the policy refuses 5 of 5 occurrences, so nothing was booked: card 0: class finetune"
+                              " is allowed on pool prod only 19:00-09:00 and at weekends (5 occurrences,"
+                              " Mon 2026-12-07 08:00 to Fri 2026-12-11 08:00)")
+    assert message.endswith("admins may pass --override-policy") and refused.value.exit_code == 4
+    bookings, series_rows, audit = written(conn)
+    assert (bookings, series_rows, audit) == (before[0], before[1], before[2] + 1)  # only the refusal's audit row
+    (event,) = events.recent(conn, 1)
+    assert (event.action, event.ok, event.booking_id) == ("series", False, None) and "refused" in event.details
+
+
+def test_occurrences_past_max_ahead_are_refused_with_a_way_forward(series):
+    short = Config(policy=Policy(timezone="Europe/Berlin", max_ahead_days=14))
+    with pytest.raises(NotPermitted) as refused:
+        series(config=short).book(cards=[5], every="day", start="9:00", until="17:00", first="2026-12-07",
+                                  last="2026-12-20")
+    assert "a booking may start at most 14 days ahead (7 occurrences, Mon 2026-12-14 09:00 to Sun 2026-12-20 09:00)" \
+        in str(refused.value)
+    assert "book up to --to 2026-12-13 now and add the rest later with 'board series extend'" in str(refused.value)
+
+
+def test_only_admins_override_the_policy_and_each_override_is_audited(series, conn):
+    ask = dict(cards=[0], klass="finetune", every="day", start="10:00", until="12:00", first="2026-12-05",
+               last="2026-12-07")  # Sat, Sun (weekends: allowed) and Mon (refused: the night window)
+    with pytest.raises(NotPermitted) as refused:
+        series().book(**ask, override_policy=True)
+    assert str(refused.value) == "only admins (group board-admin) can pass --override-policy"
+    made = series(name="root", uid=0, admin=True).book(**ask, override_policy=True)
+    assert len(made.booked) == 3 and [berlin(m.start) for m in made.overridden] == ["Mon 2026-12-07 10:00"]
+    audit = {e.booking_id: e.details for e in events.recent(conn, 100) if e.action == "create"}
+    assert [audit[b.id].get("override_policy") for b in made.booked] == [
+        None, None, "card 0: class finetune is allowed on pool prod only 19:00-09:00 and at weekends"]
+    (event,) = [e for e in events.recent(conn, 100) if e.action == "series" and e.ok]
+    assert event.details["override_policy"] is True and len(event.details["overridden"]) == 1
+
+
+def test_an_override_never_books_over_someone(series, make_service):
+    make_service(name="bob", uid=1002).create(cards=[0], start=FROZEN_NOW + 8 * 24 * HOUR, end=FROZEN_NOW + 9 * 24 * HOUR)
+    with pytest.raises(Conflict) as refused:
+        series(name="root", uid=0, admin=True).book(cards=[0], klass="finetune", every="day", start="10:00",
+                                                    until="12:00", first="2026-12-07", last="2026-12-08",
+                                                    override_policy=True)
+    assert "card 0 is booked by bob" in str(refused.value)
+
+
+def test_cancel_keeps_the_past_and_the_running_occurrence(series, conn):
+    clock = [FROZEN_NOW]
+    made = series(now=lambda: clock[0]).book(cards=[6], every="day", start="9:00", until="17:00",
+                                             first="2026-12-07", last="2026-12-10")
+    first, second, *rest = made.booked
+    clock[0] = second.start + HOUR  # Tuesday 10:00: Monday's is history, Tuesday's runs
+    kept, cancelled, running = series(now=lambda: clock[0]).cancel(made.series.id)
+    assert [b.id for b in cancelled] == [b.id for b in rest] and [b.id for b in running] == [second.id]
+    statuses = {b.id: b.status for b in rows.listing(conn, start=None, end=None, user=None, include_cancelled=True)}
+    assert statuses == {first.id: "booked", second.id: "booked", **{b.id: "cancelled" for b in rest}}
+    assert kept.rule["cancelled_at"] == clock[0]
+    with pytest.raises(BadInput, match="already cancelled"):
+        series(now=lambda: clock[0]).cancel(made.series.id)
+    with pytest.raises(BadInput, match="was cancelled; book a new one"):
+        series(now=lambda: clock[0]).extend(made.series.id, "2026-12-20")
+
+
+def test_only_the_holder_or_an_admin_changes_a_series(series, conn):
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08")
+    for act in (lambda s: s.cancel(made.series.id), lambda s: s.extend(made.series.id, "2026-12-09")):
+        with pytest.raises(NotPermitted, match="series .* belongs to alice; only they or an admin"):
+            act(series(name="bob", uid=1002))
+    assert [e.ok for e in events.recent(conn, 2)] == [False, False]  # both refusals audited
+    extended = series(name="root", uid=0, admin=True).extend(made.series.id, "2026-12-09")
+    assert [(b.user, b.uid) for b in extended.booked] == [("alice", 1001)]  # the holder's, not the admin's
+    (event,) = [e for e in events.recent(conn, 10) if e.action == "create" and e.booking_id == extended.booked[0].id]
+    assert (event.actor, event.uid) == ("root", 0)
+
+
+def test_extend_is_all_or_nothing_and_keeps_the_rule_on_refusal(series, make_service, conn):
+    made = series().book(cards=[3], klass="online", every="weekday", start="9:00", until="19:00",
+                         first="2026-12-07", last="2026-12-11")
+    holder = make_service(name="bob", uid=1002).create(cards=[3], start=made.booked[-1].start + 3 * 24 * HOUR + HOUR,
+                                                        end=made.booked[-1].start + 3 * 24 * HOUR + 2 * HOUR)
+    with pytest.raises(Conflict) as refused:
+        series().extend(made.series.id, "2026-12-18")
+    assert f"(booking {holder.id})" in str(refused.value) and "Mon 2026-12-14 09:00" in str(refused.value)
+    assert series().get(made.series.id)[0].rule["to"] == "2026-12-11" and len(series().get(made.series.id)[1]) == 5
+    grown = series().extend(made.series.id, "2026-12-18", skip_conflicts=True)
+    assert len(grown.booked) == 4 and [berlin(m.start) for m in grown.skipped] == ["Mon 2026-12-14 09:00"]
+    assert grown.series.rule["to"] == "2026-12-18" and {b.series_id for b in grown.booked} == {made.series.id}
+    with pytest.raises(BadInput, match="--to 2026-12-18 is not after the series' last day 2026-12-18"):
+        series().extend(made.series.id, "2026-12-18")
+
+
+@pytest.mark.parametrize(
+    "ask, message",
+    [
+        (dict(every="daily-ish"), "can't read --every"),
+        (dict(last="2026-12-01"), "--to 2026-12-01 is before --from 2026-12-07"),
+        (dict(every="weekend", last="2026-12-11"), "no occurrences: every weekend"),
+        (dict(first="2026-11-20"), "--from 2026-11-20 is in the past"),
+        (dict(last="2026-12-32"), "can't read --to '2026-12-32' as a date"),
+        (dict(cards=[9]), "unknown card 9"),
+        (dict(klass="urgent"), "unknown class 'urgent'"),
+        (dict(note="x" * 501), "the note is 501 characters"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(series, conn, ask, message):
+    before = written(conn)
+    args = dict(cards=[4], every="weekday", start="9:00", until="19:00", first="2026-12-07", last="2026-12-18") | ask
+    with pytest.raises(BadInput) as refused:
+        series().book(**args)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert written(conn) == before
+
+
+def test_today_starts_with_the_next_occurrence_still_ahead(series):
+    # Sunday 15:30 UTC is 16:30 in Berlin: today's 09:00 has passed, so the series starts on Monday.
+    made = series().book(cards=[4], every="day", start="9:00", until="10:00", last="2026-12-01")
+    assert [berlin(b.start) for b in made.booked] == ["Mon 2026-11-30 09:00", "Tue 2026-12-01 09:00"]
+    assert made.series.rule["from"] == "2026-11-29"
