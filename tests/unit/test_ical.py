@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.ical import calendar, card_ranges, fold
+from app.core import text
+from app.core.ical import calendar, card_ranges, fold, inert
 from app.core.parse import parse_cards
 from app.model import Booking
 
@@ -86,10 +87,10 @@ def test_notes_and_names_from_other_users_stay_inert(note):
     found = events(data)
     assert list(found) == [f"board-booking-1@{DOMAIN}"]  # nothing forged
     event = found[f"board-booking-1@{DOMAIN}"]
-    text = str(event["DESCRIPTION"])
-    lines = text.split("\n")
+    shown = str(event["DESCRIPTION"])
+    lines = shown.split("\n")
     # Line breaks stay line breaks; nothing else a terminal or renderer would act on survives.
-    assert not [c for c in text.replace("\n", "") if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")]
+    assert not [c for c in shown.replace("\n", "") if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")]
     assert lines[-2:] == ["", "board booking #1"]
     assert str(event["SUMMARY"]) == "m\\x1b[2Jallory;, · cards 0-3 · online"
     assert b"\x1b" not in data and b"\x00" not in data
@@ -149,17 +150,22 @@ def test_fold_at_75_octets(line, pieces):
 
 
 @given(st.text(max_size=400))
-def test_folding_unfolds_to_the_same_line(text):
-    line = "DESCRIPTION:" + text.replace("\r", "").replace("\n", "")
+def test_folding_unfolds_to_the_same_line(value):
+    line = "DESCRIPTION:" + value.replace("\r", "").replace("\n", "")
     folded = fold(line)
     pieces = folded.encode("utf-8").split(b"\r\n")
     assert all(len(p) <= 75 for p in pieces) and all(p.startswith(b" ") for p in pieces[1:])
     assert folded.replace("\r\n ", "") == line
 
 
-@pytest.mark.parametrize("cards, text", [
+@given(st.text(max_size=50))
+def test_the_fast_path_past_inert_changes_nothing(note):
+    assert inert(note) == text.inert(note)
+
+
+@pytest.mark.parametrize("cards, shown", [
     ((0,), "0"), ((0, 1, 2, 3), "0-3"), ((4, 5, 7), "4-5,7"), ((0, 2, 4), "0,2,4"), ((7, 6, 5, 0), "0,5-7"),
 ])
-def test_card_ranges_are_the_grammar_people_type(cards, text):
-    assert card_ranges(cards) == text
-    assert parse_cards(text) == sorted(cards)
+def test_card_ranges_are_the_grammar_people_type(cards, shown):
+    assert card_ranges(cards) == shown
+    assert parse_cards(shown) == sorted(cards)
