@@ -18,6 +18,7 @@ from app.commands import (
     run_command,
     cmd_book,
     cmd_cancel,
+    cmd_ical,
     cmd_list,
     cmd_release,
     cmd_series,
@@ -359,6 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="from_", metavar="WHEN", help="window start (default now)")
     p.add_argument("--to", metavar="WHEN", help="window end")
     p.add_argument("--all", action="store_true", help="include past and cancelled bookings")
+
+    p = command("ical", cmd_ical, "live bookings as an iCalendar file (RFC 5545) on stdout: board ical > board.ics")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--mine", action="store_true", help="only mine")
+    who.add_argument("--user", help="only this user's")
+    p.add_argument("--cards", help="only bookings that hold any of these cards, e.g. 0-3")
+    p.add_argument("--all", action="store_true", help="no default window: past bookings too, and all ahead")
+    p.add_argument("--from", dest="from_", metavar="WHEN", help="window start (default 7 days ago)")
+    p.add_argument("--to", metavar="WHEN", help="window end (default 90 days after now, or after --from if later)")
 
     for name, handler, help in (
         ("cancel", cmd_cancel, "cancel a booking (an active one ends now)"),

@@ -185,6 +185,41 @@ def cmd_list(ctx: Context) -> int:
     return EXIT_OK
 
 
+ICAL_PAST, ICAL_AHEAD = 7, 90  # days: the default window of `board ical`, from a week ago to a quarter on
+
+
+def cmd_ical(ctx: Context) -> int:
+    """Live bookings as an RFC 5545 calendar on stdout (app.core.ical). Everyone's by default, from a week ago to
+    90 days on (from --from, if that is later); --all drops the default window; --cards keeps those holding any."""
+    from datetime import timedelta
+    from socket import gethostname
+
+    from app.core.ical import calendar
+    from app.core.timeparse import TimeInputError, parse_when
+    from app.model import booking_from_wire
+
+    args, now = ctx.args, ctx.now()
+    cards = set(parse_cards(args.cards)) if args.cards is not None else None
+    try:
+        start = parse_when(args.from_, now, night_start=ctx.night_start) if args.from_ else None
+        end = parse_when(args.to, now, night_start=ctx.night_start) if args.to else None
+    except TimeInputError as error:
+        raise BadInput(str(error)) from None
+    if not args.all:
+        start = start or now - timedelta(days=ICAL_PAST)
+        end = end or max(now, start) + timedelta(days=ICAL_AHEAD)
+    if start is not None and end is not None and end <= start:
+        raise BadInput(f"--to {end:%Y-%m-%d %H:%M} is not after --from {start:%Y-%m-%d %H:%M}")
+    found = ctx.client.call("list", start=None if start is None else int(start.timestamp()),
+                            end=None if end is None else int(end.timestamp()), user=args.user, mine=args.mine)
+    bookings = [booking_from_wire(b) for b in found if cards is None or cards & set(b["cards"])]
+    host = gethostname()
+    sys.stdout.flush()
+    sys.stdout.buffer.write(calendar(bookings, domain=host, name=f"board on {host}"))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
 def cmd_cancel(ctx: Context) -> int:
     print_booking(ctx.client.call("cancel", id=ctx.args.id), "cancelled", ctx.args.json)
     return EXIT_OK

@@ -168,8 +168,8 @@ def test_help_lists_every_command(board):
     listing = result.stdout.split("commands:\n", 1)[1].split("\n\n", 1)[0]
     # Only the command list has lines indented by exactly four spaces: a name, then its help.
     names = re.findall(r"^ {4}(\S+)", listing, flags=re.MULTILINE)
-    assert names == ["status", "book", "list", "cancel", "release", "extend", "admin", "series", "run", "wait", "log",
-                     "whoami",
+    assert names == ["status", "book", "list", "ical", "cancel", "release", "extend", "admin", "series", "run", "wait",
+                     "log", "whoami",
                      "backup", "doctor", "serve", "fit", "agent"]  # no `init`: the retired shared 2770 directory
 
 
