@@ -1,0 +1,192 @@
+"""Issue 11, sections 2, 3 and 6 over the client interface the CLI and TUI use, in process and through the socket:
+a booking starts when asked or says why not; --asap joins a queue that moves up; admins move time and holders hear of it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from app.errors import BadInput, Conflict, NotPermitted
+from tests.service.test_behaviour import ADMIN, HOUR, events_of, one_line_error, tomorrow
+
+
+def test_a_count_starts_when_asked_or_says_the_earliest_start_that_works(client):
+    start = tomorrow()
+    whole = client.call("book", count=8, start=start, end=start + HOUR)
+    with pytest.raises(Conflict) as refused:
+        client.call("book", count=2, start=start, end=start + HOUR)
+    message = str(refused.value)
+    assert f"cards 0,1,2,3,4,5,6,7 are booked by {whole['user']} until" in message
+    assert f"(booking {whole['id']}); the earliest start that works:" in message and "(--or-later takes it)" in message
+    assert len(client.call("list")) == 1  # nothing slid in silently
+
+
+def test_asap_takes_the_earliest_slot_and_joins_the_queue(client):
+    start = tomorrow()
+    client.call("book", count=8, start=start, end=start + HOUR)
+    queued = client.call("book", count=2, start=start, end=start + HOUR, or_later=True)
+    assert (queued["start"], queued["queued"], queued["requested_at"]) == (start + HOUR, "cards", start)
+    assert "starts later than asked" in queued["notes"][0]
+
+
+def test_a_cancel_moves_the_queue_up_and_tells_the_holder(client):
+    start = tomorrow()
+    blocker = client.call("book", count=8, start=start, end=start + 2 * HOUR)
+    queued = client.call("book", count=2, start=start, end=start + HOUR, or_later=True)
+    fixed = client.call("book", count=2, start=start + 2 * HOUR, end=start + 3 * HOUR)  # did not ask to move
+    assert queued["start"] == start + 2 * HOUR and fixed["start"] == start + 2 * HOUR
+    client.call("cancel", id=blocker["id"])
+    moved = client.call("get", id=queued["id"])
+    assert (moved["start"], moved["end"]) == (start, start + HOUR)
+    assert moved["notice"].startswith("moved up from ") and moved["notice"].endswith(" by backfill")
+    assert client.call("get", id=fixed["id"])["start"] == start + 2 * HOUR
+    backfill = [e for e in events_of(client, queued["id"]) if e["action"] == "backfill"]
+    assert len(backfill) == 1 and backfill[0]["actor"] == "board"
+    assert (backfill[0]["details"]["old_start"], backfill[0]["details"]["start"]) == (start + 2 * HOUR, start)
+
+
+def test_the_queue_moves_in_class_order_then_by_when_asked(client):
+    start = tomorrow()
+    blocker = client.call("book", count=8, start=start, end=start + HOUR)
+    experiment = client.call("book", count=8, start=start, end=start + HOUR, or_later=True)
+    online = client.call("book", count=8, start=start, end=start + HOUR, or_later=True, **{"class": "online"})
+    assert (experiment["start"], online["start"]) == (start + HOUR, start + 2 * HOUR)
+    client.call("cancel", id=blocker["id"])
+    # The hour that freed goes to online, though experiment asked first; experiment never moves later.
+    assert client.call("get", id=online["id"])["start"] == start
+    assert client.call("get", id=experiment["id"])["start"] == start + HOUR
+
+
+def test_a_queued_booking_on_named_cards_keeps_them(client):
+    start = tomorrow()
+    blocker = client.call("book", cards=[2, 3], start=start, end=start + 2 * HOUR)
+    queued = client.call("book", cards=[3], start=start, end=start + HOUR, or_later=True)
+    assert (queued["start"], queued["queued"]) == (start + 2 * HOUR, "time")
+    client.call("cancel", id=blocker["id"])
+    moved = client.call("get", id=queued["id"])
+    assert (moved["cards"], moved["start"]) == ([3], start)
+
+
+def test_an_end_before_the_start_is_refused_with_both_times(cli):
+    rc, _, err = cli("book", "1", "--start", "tomorrow 14:00", "--until", "tomorrow 13:00")
+    assert rc == 2 and "14:00" in one_line_error(err) and "13:00" in err
+
+
+def test_the_cli_books_asap_lists_it_queued_and_its_requested_at(cli, client):
+    start = tomorrow()
+    client.call("book", count=8, start=start, end=start + HOUR)
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(start))
+    rc, out, err = cli("book", "2", "--start", when, "--for", "1h", "--asap")
+    assert rc == 0, err
+    assert "queued: booking" in err and "board wait" in err
+    rc, out, _ = cli("list", "--json")
+    mine = [b for b in json.loads(out)["bookings"] if b["queued"]]
+    assert len(mine) == 1 and mine[0]["queued"] == "cards"
+    assert mine[0]["requested_at"].startswith(time.strftime("%Y-%m-%dT%H:%M", time.localtime(start)))
+    rc, out, _ = cli("list")
+    assert "queued" in out
+
+
+def test_the_cli_refuses_a_count_that_cannot_start_when_asked_with_exit_3(cli, client):
+    start = tomorrow()
+    client.call("book", count=8, start=start, end=start + HOUR)
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(start))
+    rc, _, err = cli("book", "2", "--start", when, "--for", "1h")
+    assert rc == 3 and "the earliest start that works" in one_line_error(err)
+    rc, _, err = cli("book", "2", "--start", when, "--for", "1h", "--or-later")
+    assert rc == 0, err
+
+
+# -- waiting --------------------------------------------------------------------------------------
+
+
+def test_wait_blocks_until_the_start_then_prints_the_cards(cli, client):
+    soon = int(time.time()) + 3
+    booking = client.call("book", cards=[5, 6], start=soon, end=soon + HOUR)
+    rc, out, err = cli("wait", str(booking["id"]), "--timeout", "1m")
+    assert rc == 0, err
+    assert out == "5,6\n" and time.time() >= soon
+    assert f"waiting for booking {booking['id']}: starts" in err
+
+
+def test_wait_on_a_cancelled_booking_exits_3(cli, client):
+    start = tomorrow()
+    booking = client.call("book", cards=[1], start=start, end=start + HOUR)
+    client.call("cancel", id=booking["id"])
+    rc, out, err = cli("wait", str(booking["id"]))
+    assert rc == 3 and out == "" and "was cancelled" in one_line_error(err)
+
+
+def test_wait_sees_a_cancel_while_it_waits_and_gives_up_after_the_timeout(client):
+    import io
+
+    from app.client.wait import POLL_S, wait_for_start
+
+    start = tomorrow()
+    booking = client.call("book", cards=[1], start=start, end=start + HOUR)
+    clock = [time.time()]
+    progress = io.StringIO()
+
+    def sleep(seconds: float) -> None:  # the waiter's own time passes; the service's is real
+        clock[0] += seconds
+        if clock[0] - sleep.began > POLL_S and not sleep.moved:  # cancelled while it waits: seen at the next poll
+            sleep.moved = True
+            client.call("cancel", id=booking["id"])
+
+    sleep.began, sleep.moved = clock[0], False
+    with pytest.raises(Conflict, match=f"booking {booking['id']} was cancelled"):
+        wait_for_start(client, booking["id"], timeout=3600, clock=lambda: clock[0], sleep=sleep, progress=progress)
+    assert progress.getvalue().count("waiting for booking") == 1
+
+    later = client.call("book", cards=[1], start=start, end=start + HOUR)
+    clock[0] = time.time()
+    with pytest.raises(Conflict, match=f"booking {later['id']} has not started: it starts"):
+        wait_for_start(client, later["id"], timeout=60, clock=lambda: clock[0],
+                       sleep=lambda s: clock.__setitem__(0, clock[0] + s), progress=progress)
+
+
+def test_run_wait_starts_the_command_when_the_booking_starts(cli, client):
+    soon = int(time.time()) + 3
+    booking = client.call("book", cards=[7], start=soon, end=soon + HOUR)
+    rc, out, err = cli("run", "--booking", str(booking["id"]), "--wait", "--", "sh", "-c",
+                       'echo "$BOARD_BOOKING_ID $BOARD_BOOKING_END"; date +%s')
+    assert rc == 0, err
+    booking_id, end, started = out.split()
+    assert int(booking_id) == booking["id"] and end and int(started) >= soon
+
+
+def test_run_wait_needs_the_booking(cli):
+    rc, _, err = cli("run", "--wait", "--", "true")
+    assert rc == 2 and "--booking ID" in one_line_error(err)
+
+
+# -- admins move time, holders hear of it ---------------------------------------------------------
+
+
+@pytest.mark.skipif(not ADMIN, reason="needs an admin caller (root, or a member of board-admin)")
+def test_an_admin_move_changes_the_times_keeps_the_cards_and_is_audited(client):
+    start = tomorrow()
+    booking = client.call("book", cards=[4, 5], start=start, end=start + HOUR)
+    moved = client.call("move", id=booking["id"], start=start + 3 * HOUR, end=start + 5 * HOUR)
+    assert (moved["cards"], moved["start"], moved["end"]) == ([4, 5], start + 3 * HOUR, start + 5 * HOUR)
+    event = events_of(client, booking["id"])[0]
+    assert (event["action"], event["ok"], event["details"]["old_start"]) == ("move", True, start)
+    with pytest.raises(Conflict):
+        other = client.call("book", cards=[5], start=start + 6 * HOUR, end=start + 7 * HOUR)
+        client.call("move", id=other["id"], start=start + 4 * HOUR, end=start + 5 * HOUR)
+
+
+def test_move_bad_times_write_nothing_and_a_member_may_not_move(client):
+    start = tomorrow()
+    booking = client.call("book", cards=[4], start=start, end=start + HOUR)
+    before = len(events_of(client))
+    with pytest.raises(BadInput if ADMIN else NotPermitted) as refused:
+        client.call("move", id=booking["id"], start=start + 2 * HOUR, end=start + HOUR)
+    if ADMIN:
+        assert "must be after the start" in str(refused.value) and len(events_of(client)) == before
+    else:  # a member's attempt is refused by rule, and audited
+        assert "only admins" in str(refused.value) and len(events_of(client)) == before + 1
+    assert client.call("get", id=booking["id"])["start"] == start
