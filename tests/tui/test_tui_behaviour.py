@@ -81,7 +81,7 @@ class TestBookingForm:
             await pilot.pause(0.3)
             assert isinstance(app.screen, BookingModal)  # still open, showing why
             shown = str(form.query_one("#message", Static).render())
-            assert "card 2 is booked by bob until Mon 15:00 (booking 2)" in shown
+            assert "card 2 is booked by bob until Mon 15:00 (in 24 h) (booking 2)" in shown
         assert bookings(seeded_db) == before
         assert event_count(seeded_db) == log_before
 
