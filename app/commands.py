@@ -39,9 +39,14 @@ class Context:
 
             db = demo_db_path(self.environ)
         try:
-            return load_config(db, self.environ)
+            config = load_config(db, self.environ)
         except ConfigError as error:
             raise BadInput(str(error)) from None
+        if self.demo is not None:  # the demo's pools, so its board shows the rules its service keeps
+            from app.demo import demo_config
+
+            config = demo_config(config)
+        return config
 
     @cached_property
     def client(self):

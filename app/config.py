@@ -24,6 +24,14 @@ class ClassWindow:
     end_minute: int
     weekends: bool = True
 
+    def open_at(self, weekday: int, minute: int) -> bool:
+        """Whether the class may run at this local wall time (weekday 0 is Monday, minute of the day);
+        app.core.policy checks whole bookings."""
+        if self.weekends and weekday >= 5:
+            return True
+        start, end = self.start_minute, self.end_minute
+        return start <= minute < end if start <= end else (minute >= start or minute < end)
+
 
 @dataclass(frozen=True, slots=True)
 class Pool:

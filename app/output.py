@@ -137,6 +137,9 @@ def status_text(found: dict, now: float) -> str:
             format_time(booking["end"], now) if booking else "-",
             nxt, inert(",".join(c["users"]), 30) or "-",
         ])
+    if any(c.get("label") for c in found["cards"]):  # in full: the board abbreviates labels to fit
+        for line, c in zip(lines, [None, *found["cards"]]):
+            line.insert(1, "LABEL" if c is None else inert(c.get("label") or "-", 60))
     names = {c["name"] for c in found["cards"] if c["name"]}
     badge = " · SIMULATED" if found["simulated"] else ""
     return f"{len(found['cards'])} × {', '.join(sorted(names)) or 'GPU'}{badge}\n{table(lines)}"

@@ -20,7 +20,7 @@ time.tzset()
 
 from app.config import Config  # noqa: E402
 from app.core.identity import Identity  # noqa: E402
-from app.demo import seed_if_empty  # noqa: E402
+from app.demo import demo_config, seed_if_empty  # noqa: E402
 from app.gpu.simulated import SimulatedSource  # noqa: E402
 from app.store.db import connect  # noqa: E402
 from app.client.local import LocalClient  # noqa: E402
@@ -48,7 +48,7 @@ async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=N
         conn = connect(db)
         seed_if_empty(conn, source.read().cards, now=NOW)
         conn.close()
-        alice, config = Identity("alice", 2000, False), Config(db_path=db)
+        alice, config = Identity("alice", 2000, False), demo_config(Config(db_path=db))
         app = BoardApp(LocalClient.on(config, source, alice, clock=frozen), identity=alice, config=config,
                        clock=frozen, host="gpu-box", history_step=5.0, cursor_blink=False)
         async with app.run_test(size=size) as pilot:
@@ -74,8 +74,8 @@ async def main() -> None:
     await shoot("board", (), (120, 40))
     await shoot("board-80x24", (), (80, 24))
     await shoot("timeline-week", ("tab", "z"), (120, 40))
-    # A keyboard selection on the timeline (cards 4-5, 16:30-18:30), then b: the form, filled in and valid.
-    await shoot("booking-form", ("tab", "down", "down", "down", "down", "right", "right", "shift+down",
+    # A keyboard selection on the timeline (lab cards 5-6, 16:30-18:30), then b: the form, filled in and valid.
+    await shoot("booking-form", ("tab", "down", "down", "down", "down", "down", "right", "right", "shift+down",
                                  "shift+right", "shift+right", "shift+right", "b"), (120, 40),
                 until=lambda app: isinstance(app.screen, BookingModal) and "✓" in str(
                     app.screen.query_one("#message").render()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 
@@ -21,6 +22,26 @@ NA = "n/a"
 def untrusted(text: str | None, limit: int | None = None, style: Style | str = "") -> Text:
     """Another user's text as inert plain Text (control, bidi and zero-width characters made visible)."""
     return Text(inert(text or "", limit), style=style, no_wrap=True, overflow="ellipsis")
+
+
+def abbreviate(text: str, width: int) -> str:
+    """`text` in at most `width` cells: whole when it fits, else its start and its end around "…", since
+    card labels lead with a slot or name and end with what tells them apart (a serial, a number)."""
+    if cell_len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    tail_room = (width - 1) // 2
+    head, tail = "", ""
+    for ch in text:
+        if cell_len(head + ch) > width - 1 - tail_room:
+            break
+        head += ch
+    for ch in reversed(text):
+        if cell_len(head + tail + ch) > width - 1:
+            break
+        tail = ch + tail
+    return f"{head}…{tail}"
 
 
 def local(epoch: float) -> datetime:

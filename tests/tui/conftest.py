@@ -16,12 +16,24 @@ import pytest
 from app.config import Config
 from app.core.identity import Identity
 from app.gpu.simulated import DEFAULT_FLEET, Scenario, SimulatedSource, demo_uid
-from app.demo import SEED, seed_if_empty
+from app.demo import seed_if_empty
 from app.store.db import connect
 from tests.conftest import FROZEN_NOW
 
 HOUR = 3600
-BASE = FROZEN_NOW - FROZEN_NOW % HOUR  # 15:00 UTC; now is 15:30
+BASE = FROZEN_NOW - FROZEN_NOW % HOUR  # 15:00 UTC, Sunday; now is 15:30
+
+# The day most tests see (user, cards, start offset h from BASE, duration h, class, note), fixed here rather than
+# taken from the demo, so the demo's plan can change: alice IN USE on 0,1, bob IN USE on 2, carol BOOKED idle
+# on 3, dave SQUATTED on 5 (the simulated fleet's processes).
+DAY = (
+    ("alice", (0, 1), -2, 6, "finetune", "llama3-8b LoRA sweep"),
+    ("bob", (2,), -20, 44, "online", "qwen2.5-14b chat endpoint"),
+    ("carol", (3,), -1, 3, "experiment", "kv-cache quantisation tests"),
+    ("erin", (7,), 2, 4, "batch", "nightly embeddings"),
+    ("frank", (4, 5, 6, 7), 20, 10, "finetune", "70B full fine-tune, run 2"),
+    ("alice", (0, 1), 30, 8, "batch", "eval harness"),
+)
 
 ALICE = Identity("alice", demo_uid("alice"), False)
 ERIN_ADMIN = Identity("erin", demo_uid("erin"), True)
@@ -59,10 +71,19 @@ def simulated(scenario: Scenario = DEFAULT_FLEET, clock=frozen) -> SimulatedSour
 
 
 def seed(db_path: Path, source: SimulatedSource, extra=()) -> None:
-    """The demo database's day (app.demo.SEED) at FROZEN_NOW, plus `extra` bookings of the same shape."""
+    """DAY at FROZEN_NOW, plus `extra` bookings of the same shape."""
     conn = connect(db_path)
     try:
-        seed_if_empty(conn, source.read().cards, FROZEN_NOW, (*SEED, *extra))
+        seed_if_empty(conn, source.read().cards, FROZEN_NOW, (*DAY, *extra))
+    finally:
+        conn.close()
+
+
+def seed_demo(db_path: Path, source: SimulatedSource, now: float = FROZEN_NOW) -> None:
+    """The database `board --demo` seeds (app.demo: prod's standing plan and the lab's bookings), at `now`."""
+    conn = connect(db_path)
+    try:
+        seed_if_empty(conn, source.read().cards, now)
     finally:
         conn.close()
 

@@ -7,14 +7,20 @@ and look at the SVGs (rsvg-convert -o x.png file.svg) before committing them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from app.config import Config
+from app.demo import demo_config
 from app.tui.screens.admin import AdminScreen
 from app.tui.screens.booking_form import BookingModal
 from app.tui.screens.card_detail import CardDetailScreen
-from tests.tui.conftest import ERIN_ADMIN, HOSTILE_NOTE, HOSTILE_USER, hostile_scenario, ready, seed, simulated, wait_for
+from tests.tui.conftest import (ERIN_ADMIN, HOSTILE_NOTE, HOSTILE_USER, hostile_scenario, ready, seed, seed_demo, simulated,
+                                wait_for)
 
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+DEMO = demo_config(Config())  # prod 0-3 (finetune 19:00-09:00 and weekends), lab 4-7 (≤12 h)
 
 
 class TestBoard:
@@ -106,3 +112,36 @@ class TestUntrustedText:
             await wait_for(pilot, lambda: isinstance(pilot.app.screen, CardDetailScreen))
 
         assert snap_compare(make_app(source=source, db_path=db), terminal_size=size, run_before=detail)
+
+
+class TestPools:
+    @SIZES
+    def test_rules_rows_shading_and_the_rules_of_a_free_cell(self, snap_compare, make_app, size):
+        """Sunday: prod takes finetune until Monday 09:00; the cursor on card 3 after carol's booking."""
+        async def free_prod_cell(pilot):
+            await ready(pilot)
+            await pilot.press("tab", "down", "down", "down", *["right"] * 5)
+
+        assert snap_compare(make_app(config=DEMO), terminal_size=size, run_before=free_prod_cell)
+
+    @SIZES
+    def test_week_view_of_the_demo(self, snap_compare, make_app, tmp_path, size):
+        """The demo's plan: bob's TP4 online service on weekdays 09:00-19:00, alice's finetune at night."""
+        source = simulated()
+        db = tmp_path / "demo.db"
+        seed_demo(db, source)
+
+        async def week(pilot):
+            await ready(pilot)
+            await pilot.press("z")
+            app = pilot.app
+            await wait_for(pilot, lambda: app.view.window_start == app.board.timeline.view_start)
+
+        assert snap_compare(make_app(config=DEMO, source=source, db_path=db), terminal_size=size, run_before=week)
+
+
+class TestLabels:
+    @SIZES
+    def test_long_labels_are_abbreviated_and_the_holder_column_stays(self, snap_compare, make_app, size):
+        labels = {i: f"rack-A slot {i} SN-7731{i}" for i in range(8)}
+        assert snap_compare(make_app(config=replace(DEMO, labels=labels)), terminal_size=size, run_before=ready)

@@ -9,12 +9,13 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from app.core.text import format_cards
+from app.core.policy import policy_zone
+from app.core.text import format_cards, inert
 from app.tui.render import duration, short_time
 from app.tui.screens.confirm import describe
 from app.tui.widgets.card_table import WIDE_MIN_WIDTH, CardTable
 from app.tui.widgets.header import BoardHeader
-from app.tui.widgets.timeline import Timeline
+from app.tui.widgets.timeline import Timeline, pool_rules
 from app.tui.widgets.upcoming import UpcomingTable
 
 
@@ -40,9 +41,9 @@ class BoardScreen(Screen):
         app = self.app
         yield BoardHeader(id="header")
         yield CardTable(app.identity.name, id="cards")
-        yield Timeline(app.identity.name, app.clock(), id="timeline")
+        yield Timeline(app.identity.name, app.clock(), pools=app.config.pools, zone=policy_zone(app.config), id="timeline")
         yield Static("", id="detail")
-        yield Static(Text("Upcoming bookings"), id="upcoming-title")
+        yield Static(Text("Active and upcoming bookings"), id="upcoming-title")
         yield UpcomingTable(app.identity.name, id="upcoming")
         yield Footer()
 
@@ -115,6 +116,10 @@ class BoardScreen(Screen):
             return describe(booking, now)
         if selection:
             cards, start, _ = selection
+            pool = timeline.pool_of(timeline.cursor[0])
+            if pool is not None:  # the rules before the booking, not in its refusal
+                return Text(f"card {format_cards(cards)} free at {short_time(start, now)} · "
+                            f"{inert(pool.name, 20)}: {pool_rules(pool)} · b books")
             return Text(f"card {format_cards(cards)} free at {short_time(start, now)} · "
                         f"shift+arrows or drag to select · b books")
         return None
@@ -149,8 +154,7 @@ class BoardScreen(Screen):
         if view is not None:
             self.timeline.set_bookings(view.window)
             if self.has_class("-tall"):
-                now = self.app.clock()
-                self.query_one(UpcomingTable).show([b for b in view.upcoming if b.start > now], now)
+                self.query_one(UpcomingTable).show(view.upcoming, self.app.clock())
             self.describe_cursor()  # the booking under the cursor may have changed
         self.card_table.show(self.app.statuses, self.app.clock())
 
@@ -159,6 +163,8 @@ class BoardScreen(Screen):
             return
         self.query_one(BoardHeader).now = now
         self.timeline.set_now(now)
+        if self.has_class("-tall") and self.app.view is not None:  # time left, and ended bookings leave
+            self.query_one(UpcomingTable).show(self.app.view.upcoming, now)
 
     def show_alert(self) -> None:
         if self.torn_down:

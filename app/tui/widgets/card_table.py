@@ -15,7 +15,7 @@ from app.core.cardstate import BOOKED, FREE, FULL, HOT, IN_USE, LOST, SQUATTED, 
 from app.core.text import inert
 from app.gpu.model import CardReading
 from app.model import Booking
-from app.tui.render import NA, bar, gib, level_style, local, short_time
+from app.tui.render import NA, abbreviate, bar, gib, level_style, local, short_time
 
 STATE_CLASS = {FREE: "free", BOOKED: "booked", IN_USE: "in-use", SQUATTED: "squatted", LOST: "lost"}
 WIDE_MIN_WIDTH = 110
@@ -264,7 +264,7 @@ class CardTable(DataTable):
         r = s.reading
         cells: dict[str, tuple] = {}
         if wide and s.label:
-            cells["idx"] = (((f"{r.index} ", ""), (inert(s.label, 6), "cards--muted")), "left")
+            cells["idx"] = (((f"{r.index} ", ""), (abbreviate(inert(s.label), 6), "cards--muted")), "left")
         else:
             cells["idx"] = (((str(r.index), ""),), "left")
         cells["gpu"] = (((inert(short_name(r.name), 10), ""),), "left")

@@ -1,5 +1,9 @@
 """The timeline calendar: cards down, time across, bookings as coloured blocks.
 
+The pools' rules are drawn too, so nobody learns them by being refused: each pool's cards are shaded
+alike, and under the time axis one row per pool says which classes it takes in each stretch of time,
+with a mark where a class window opens or closes.
+
 Built for thousands of bookings. `set_bookings` paints an owner grid (row x column -> booking)
 once per data change; each visible line is then a precomputed `Strip` of run-length segments,
 so a repaint is a list lookup. Cursor moves rebuild only the lines they touch.
@@ -8,9 +12,10 @@ so a repaint is a list lookup. Cursor moves rebuild only the lines they touch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, tzinfo
 from typing import Sequence
 
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -21,11 +26,11 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
-from app.config import CLASSES
+from app.config import CLASSES, ClassWindow, Pool
 from app.core.text import inert
 from app.gpu.model import CardReading
 from app.model import Booking
-from app.tui.render import local
+from app.tui.render import abbreviate, local
 
 AXIS_ROWS = 2
 DAY = 86400
@@ -55,6 +60,53 @@ class Row:
     lost: bool = False
 
 
+# How a pools row names the classes allowed in a stretch of time, longest first, as room allows.
+SHORT_CLASS = {"online": "on", "batch": "ba", "finetune": "ft", "experiment": "ex"}
+POOL_SHADES = ("pool-a", "pool-b")  # alternate, so neighbouring pools part
+
+
+def _hhmm(minute: int) -> str:
+    return f"{minute // 60:02d}:{minute % 60:02d}"
+
+
+def pool_rules(pool: Pool) -> str:
+    """What a pool takes, in words: 'online, batch, finetune 19:00-09:00 and weekends' or 'any class, ≤12 h'."""
+    parts = []
+    for klass in pool.classes:
+        window = pool.windows.get(klass)
+        if window is None:
+            parts.append(klass)
+        else:
+            weekends = " and weekends" if window.weekends else ""
+            parts.append(f"{klass} {_hhmm(window.start_minute)}-{_hhmm(window.end_minute)}{weekends}")
+    text = "any class" if set(pool.classes) == set(CLASSES) and not pool.windows else ", ".join(parts)
+    if pool.max_hours is not None:
+        text += f", ≤{pool.max_hours:g} h"
+    return text
+
+
+def _open_through(window: ClassWindow, moment: datetime, minutes: int) -> bool:
+    """Whether the window is open for the whole of [moment, moment + minutes): open at the start of each
+    day's piece, with no edge of the window inside it (so a column an edge cuts reads as closed)."""
+    weekday, minute = moment.weekday(), moment.hour * 60 + moment.minute
+    while minutes > 0:
+        piece = min(minutes, 24 * 60 - minute)
+        if not window.open_at(weekday, minute):
+            return False
+        edges = () if window.weekends and weekday >= 5 else (window.start_minute, window.end_minute)
+        if any(minute < edge < minute + piece for edge in edges):
+            return False
+        minutes, minute, weekday = minutes - piece, 0, (weekday + 1) % 7
+    return True
+
+
+def allowed_classes(pool: Pool, start: int, seconds: int, zone: tzinfo | None) -> tuple[str, ...]:
+    """The classes `pool` takes for the whole of [start, start + seconds), windows read in `zone` (None: local)."""
+    moment = datetime.fromtimestamp(start, zone)
+    minutes = max(1, seconds // 60)
+    return tuple(k for k in pool.classes if (w := pool.windows.get(k)) is None or _open_through(w, moment, minutes))
+
+
 def align(epoch: float, step: int) -> int:
     """Round down to a step boundary in local time, so 30-minute columns start at :00 and :30."""
     offset = local(epoch).utcoffset() or timedelta(0)
@@ -78,13 +130,23 @@ class Timeline(Widget, can_focus=True):
     Timeline > .timeline--experiment { background: $success-darken-2; color: $text; }
     Timeline > .timeline--mine { text-style: bold underline; }
     Timeline > .timeline--now { color: $error; text-style: bold; }
+    Timeline > .timeline--pool-a { background: $secondary 15%; }
+    Timeline > .timeline--pool-b { background: $accent 12%; }
+    Timeline > .timeline--rule { color: $text-muted; }
+    Timeline > .timeline--rule-edge { color: $foreground; text-style: bold; }
+    Timeline > .timeline--rule-online { color: $error-lighten-1; }
+    Timeline > .timeline--rule-batch { color: $warning; }
+    Timeline > .timeline--rule-finetune { color: $primary-lighten-2; }
+    Timeline > .timeline--rule-experiment { color: $success-lighten-1; }
     Timeline > .timeline--selection { background: $accent 60%; color: $text; }
     Timeline > .timeline--cursor { background: $accent; color: $text; text-style: bold; }
     """
     COMPONENT_CLASSES = {
         "timeline--axis", "timeline--day", "timeline--label", "timeline--label-lost", "timeline--free",
         "timeline--past", "timeline--online", "timeline--batch", "timeline--finetune", "timeline--experiment",
-        "timeline--mine", "timeline--now", "timeline--selection", "timeline--cursor",
+        "timeline--mine", "timeline--now", "timeline--selection", "timeline--cursor", "timeline--pool-a",
+        "timeline--pool-b", "timeline--rule", "timeline--rule-edge", "timeline--rule-online", "timeline--rule-batch",
+        "timeline--rule-finetune", "timeline--rule-experiment",
     }
     BINDINGS = [
         Binding("left", "move(0, -1)", "Earlier", show=False),
@@ -113,11 +175,17 @@ class Timeline(Widget, can_focus=True):
             super().__init__()
             self.booking, self.card, self.start, self.end = booking, card, start, end
 
-    def __init__(self, me: str, now: float, *, id: str | None = None) -> None:
+    def __init__(self, me: str, now: float, *, pools: Sequence[Pool] = (), zone: tzinfo | None = None,
+                 id: str | None = None) -> None:
         super().__init__(id=id)
         self.me = me
         self.now = now
+        self.pools = tuple(pools)
+        self.zone = zone  # where the pools' windows are read (app.core.policy.policy_zone)
         self.rows: list[Row] = []
+        self._row_pool: list[int | None] = []  # each card row's pool, an index into pools
+        self.pool_rows: list[int] = []  # the pools with cards in the fleet, one rules row each
+        self._allowed: list[list[tuple[str, ...]]] = []  # per pools row, per column: the classes it takes
         self.bookings: tuple[Booking, ...] = ()
         self.view_start = align(now, ZOOMS[DEFAULT_ZOOM].step) - ZOOMS[DEFAULT_ZOOM].before
         self.cursor = (0, self._column_of(now))
@@ -153,27 +221,51 @@ class Timeline(Widget, can_focus=True):
         return max(1, (self.size.width - self.label_width) // self.zoom.columns)
 
     @property
+    def axis_rows(self) -> int:
+        """The time axis and the pools' rules rows above the cards."""
+        return AXIS_ROWS + len(self.pool_rows)
+
+    @property
     def visible_rows(self) -> int:
-        return max(0, self.size.height - AXIS_ROWS)
+        return max(0, self.size.height - self.axis_rows)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return AXIS_ROWS + max(1, len(self.rows))
+        return self.axis_rows + max(1, len(self.rows))
+
+    def pool_of(self, row: int) -> Pool | None:
+        """The pool a card row belongs to, if any."""
+        if 0 <= row < len(self._row_pool) and self._row_pool[row] is not None:
+            return self.pools[self._row_pool[row]]
+        return None
 
     # -- data ----------------------------------------------------------------------------------
 
     def set_cards(self, cards: Sequence[CardReading], labels: dict[int, str] | None = None, wide: bool = False) -> None:
+        """Rows for the cards, labelled 'index label' with the label shortened to fit (app.tui.render.abbreviate)."""
         labels = labels or {}
+        named = [(card, inert(labels.get(card.index, card.label) or "")) for card in cards]
+        widest = max((cell_len(f"{c.index} {name}".rstrip()) for c, name in named), default=1)
+        pool_names = max((cell_len(inert(self.pools[p].name)) for p in self._pools_of(cards)), default=0)
+        width = max(3, min(12 if wide else 9, max(widest, min(pool_names, 8)) + 1))
         rows = []
-        for card in cards:
-            label = labels.get(card.index, card.label)
-            text = f"{card.index} {inert(label)}" if wide and label else str(card.index)
+        for card, name in named:
+            index = str(card.index)
+            text = f"{index} {abbreviate(name, width - len(index) - 2)}" if name and width - len(index) > 3 else index
             rows.append(Row(card.index, card.uuid, text, card.lost))
-        if rows != self.rows:
+        if rows != self.rows or width != self.label_width:
             self.rows = rows
-            self.label_width = max(3, min(12, max((len(r.label) for r in rows), default=1) + 1))
+            self.label_width = width
+            # A card in two pools is shaded as the first one's (the policy applies both).
+            pool_of = {card: n for n, pool in reversed(list(enumerate(self.pools))) for card in pool.cards}
+            self._row_pool = [pool_of.get(r.index) for r in rows]
+            self.pool_rows = sorted(p for p in set(self._row_pool) if p is not None)
             self.cursor = (min(self.cursor[0], max(0, len(rows) - 1)), self.cursor[1])
             self._rebuild_grid()
             self.refresh(layout=True)
+
+    def _pools_of(self, cards: Sequence[CardReading]) -> set[int]:
+        indexes = {c.index for c in cards}
+        return {n for n, pool in enumerate(self.pools) if indexes & set(pool.cards)}
 
     def set_bookings(self, bookings: Sequence[Booking]) -> None:
         self.bookings = tuple(bookings)
@@ -210,6 +302,8 @@ class Timeline(Widget, can_focus=True):
                     if cells[c] is None:
                         cells[c] = booking
         self._grid = grid
+        self._allowed = [[allowed_classes(self.pools[p], start + c * step, step, self.zone) for c in range(columns)]
+                         for p in self.pool_rows]
         self._invalidate()
 
     def _invalidate(self) -> None:
@@ -258,11 +352,11 @@ class Timeline(Widget, can_focus=True):
             self._width = width
             self._lines.clear()
             self._axis = None
-        if y < AXIS_ROWS:
+        if y < self.axis_rows:
             if self._axis is None:
-                self._axis = self._build_axis()
+                self._axis = self._build_axis() + [self._build_rules(n) for n in range(len(self.pool_rows))]
             return self._axis[y]
-        row = y - AXIS_ROWS + self.row_offset
+        row = y - self.axis_rows + self.row_offset
         if row >= len(self.rows):
             return Strip.blank(width, self.rich_style)
         line = self._lines.get(row)
@@ -288,8 +382,11 @@ class Timeline(Widget, can_focus=True):
         in_selection = selection is not None and selection[0] <= row <= selection[1]
         cursor_col = self.cursor[1] if self.cursor[0] == row and self.has_focus else -1
         base = self.rich_style
-        segments = [Segment(card.label[: lw - 1].ljust(lw), base + self._style("label-lost" if card.lost else "label"))]
-        free, past, now_style = self._style("free"), self._style("past"), self._overlay("now")
+        pool = self._row_pool[row] if row < len(self._row_pool) else None
+        shade = self._style(POOL_SHADES[self.pool_rows.index(pool) % 2]) if pool is not None else Style()
+        label_style = base + self._style("label-lost" if card.lost else "label") + shade
+        segments = [Segment(set_cell_size(card.label, lw - 1), label_style), Segment(" ", base)]
+        free, past, now_style = self._style("free") + shade, self._style("past"), self._overlay("now")
         mine, selected, cursor = self._overlay("mine"), self._style("selection"), self._style("cursor")
         columns = len(cells)
 
@@ -430,6 +527,74 @@ class Timeline(Widget, can_focus=True):
             bottom_line = [Segment("".join(bottom[:x]), axis), Segment("▼", now_style), Segment("".join(bottom[x + 1:]), axis)]
         return [Strip(top_line, width).crop(0, width), Strip(bottom_line, width).crop(0, width)]
 
+    def _build_rules(self, n: int) -> Strip:
+        """A pool's rules row: the pool's name, then the classes it takes in each stretch of time. A "▏"
+        marks where a window opens or closes; the names shorten (finetune, ft, f) to fit their stretch."""
+        width, cw, lw = self.size.width, self.cell_width, self.label_width
+        pool = self.pools[self.pool_rows[n]]
+        allowed = self._allowed[n] if n < len(self._allowed) else []
+        columns = len(allowed)
+        base = self.rich_style
+        rule, past = base + self._style("rule"), base + self._style("past")
+        shade = self._style(POOL_SHADES[n % 2])
+        chars: list[str] = [" "] * (columns * cw)
+        now_col = self._column_of(self.now)
+        first = min(max(now_col, 0), columns)  # the past is blank and dimmed, as on the card rows
+        styles: list[Style] = [past] * (first * cw) + [rule] * ((columns - first) * cw)
+        if 0 <= now_col < columns:
+            chars[now_col * cw], styles[now_col * cw] = "│", rule + self._overlay("now")
+        column = first
+        while column < columns:
+            end = column + 1
+            while end < columns and allowed[end] == allowed[column]:
+                end += 1
+            x = column * cw
+            if column > 0 and column != now_col:  # a window opens or closes here
+                chars[x], styles[x] = "▏", rule + self._style("rule-edge")
+            if column > 0 or column == now_col:  # after the mark, or after the now line
+                x += 1
+            for text, style in self._rule_words(pool, allowed[column], end * cw - x):
+                for ch in text:
+                    chars[x], styles[x] = ch, style
+                    x += 1
+            column = end
+        name = set_cell_size(abbreviate(inert(pool.name), lw - 1), lw - 1)
+        segments = [Segment(name, base + self._style("label") + shade), Segment(" ", base)]
+        x = 0
+        while x < len(chars):
+            end = x + 1
+            while end < len(chars) and styles[end] is styles[x]:
+                end += 1
+            segments.append(Segment("".join(chars[x:end]), styles[x]))
+            x = end
+        used = lw + columns * cw
+        if used < width:
+            segments.append(Segment(" " * (width - used), base))
+        return Strip(segments, width).crop(0, width)
+
+    def _rule_words(self, pool: Pool, allowed: tuple[str, ...], room: int) -> list[tuple[str, Style]]:
+        """The allowed classes in their colours, in the longest form that fits `room` cells."""
+        base = self.rich_style
+        rule = base + self._style("rule")
+        cap = [(f" ≤{pool.max_hours:g}h", rule)] if pool.max_hours is not None else []
+        if not allowed:
+            forms = [[("closed", rule)]]
+        elif set(allowed) == set(CLASSES):
+            forms = [[("any class", rule), *cap], [("any", rule), *cap], [("any", rule)]]
+        else:
+            forms = []
+            for short, gap in ((False, " "), (True, " "), (True, "")):
+                words: list[tuple[str, Style]] = []
+                for k in allowed:
+                    if words and gap:
+                        words.append((gap, rule))
+                    words.append(((SHORT_CLASS[k] if gap else k[0]) if short else k, base + self._style(f"rule-{k}")))
+                forms += [[*words, *cap], words]
+        for words in forms:
+            if sum(len(text) for text, _ in words) <= room:
+                return words
+        return []
+
     # -- cursor and selection ------------------------------------------------------------------
 
     def booking_at(self, row: int, column: int) -> Booking | None:
@@ -543,9 +708,9 @@ class Timeline(Widget, can_focus=True):
     # -- mouse ---------------------------------------------------------------------------------
 
     def _cell_at(self, x: int, y: int) -> tuple[int, int] | None:
-        if y < AXIS_ROWS or x < self.label_width:
+        if y < self.axis_rows or x < self.label_width:
             return None
-        row = y - AXIS_ROWS + self.row_offset
+        row = y - self.axis_rows + self.row_offset
         column = (x - self.label_width) // self.cell_width
         if row >= len(self.rows) or column >= self.zoom.columns:
             return None
@@ -565,7 +730,7 @@ class Timeline(Widget, can_focus=True):
 
     def on_mouse_move(self, event: events.MouseMove) -> None:
         if self.app.mouse_captured is self and event.button:
-            cell = self._cell_at(max(event.x, self.label_width), max(event.y, AXIS_ROWS))
+            cell = self._cell_at(max(event.x, self.label_width), max(event.y, self.axis_rows))
             if cell is not None and cell != self.cursor:
                 self._set_cursor(*cell, extend=True)
 

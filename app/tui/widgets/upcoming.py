@@ -1,4 +1,4 @@
-"""Upcoming bookings on all cards, soonest first: fills the space a large terminal has below the timeline."""
+"""Active and upcoming bookings on all cards, soonest first: fills the space a large terminal has below the timeline."""
 
 from __future__ import annotations
 
@@ -15,9 +15,13 @@ from app.tui.render import duration, short_time, untrusted
 class UpcomingTable(DataTable):
     DEFAULT_CSS = """
     UpcomingTable { height: 1fr; }
+    UpcomingTable > .upcoming--active { color: $success; text-style: bold; }
+    UpcomingTable > .upcoming--later { color: $text-muted; }
     """
+    COMPONENT_CLASSES = DataTable.COMPONENT_CLASSES | {"upcoming--active", "upcoming--later"}
     COLUMNS = (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 9), ("start", "START", 10),
-               ("end", "END", 10), ("length", "FOR", 6), ("class", "CLASS", 10), ("note", "NOTE", None))
+               ("end", "END", 10), ("length", "FOR", 6), ("when", "WHEN", 12), ("class", "CLASS", 10),
+               ("note", "NOTE", None))
 
     def __init__(self, me: str, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", show_cursor=False)
@@ -29,15 +33,22 @@ class UpcomingTable(DataTable):
             self.add_column(label, key=key, width=width)
 
     def show(self, bookings: Sequence[Booking], now: float) -> None:
+        """The bookings not yet over at `now`; an active one says how long it has left, a later one how soon it starts."""
+        bookings = [b for b in bookings if b.end > now]
         key = (tuple((b.id, b.start, b.end, b.user, b.note, b.cards) for b in bookings), int(now // 60))
         if key == self._shown:
             return
         self._shown = key
+        active, later = self.get_component_rich_style("upcoming--active"), self.get_component_rich_style("upcoming--later")
         self.clear()
         for b in bookings:
             state = "bold" if b.user == self.me else ""
+            if b.start <= now:
+                when = Text(f"{duration(b.end - now)} left", style=active)
+            else:
+                when = Text(f"in {duration(b.start - now)}", style=later)
             self.add_row(
                 Text(str(b.id)), untrusted(b.user, 12, state), Text(format_cards(b.cards)),
-                Text(short_time(b.start, now)), Text(short_time(b.end, now)), Text(duration(b.end - b.start)),
+                Text(short_time(b.start, now)), Text(short_time(b.end, now)), Text(duration(b.end - b.start)), when,
                 Text(b.klass), untrusted(b.note, 100), key=str(b.id),
             )
