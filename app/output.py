@@ -77,7 +77,7 @@ def booking_line(booking: dict, now: float | None = None) -> str:
     state = "" if booking["status"] == "booked" else f" [{booking['status']}]"
     note = f"  {inert(booking['note'], 60)}" if booking["note"] else ""
     asked = f"  [{text}]" if (text := request_text(booking.get("request"))) else ""
-    queued = "  queued" if booking.get("queued") and (now is None or booking["start"] > now) else ""
+    queued = "  queued" if booking.get("queued") and booking["start"] > (time.time() if now is None else now) else ""
     notice = f"  ({inert(booking['notice'], 80)})" if booking.get("notice") else ""
     series = f" (series {booking['series_id']})" if booking.get("series_id") else ""
     return (

@@ -28,7 +28,8 @@ def wait_for_start(client, booking_id: int, *, timeout: float | None = None, clo
         now = clock()
         why = f" ({inert(booking['notice'], 80)})" if booking.get("notice") else ""
         if booking["status"] == "cancelled":
-            raise Conflict(f"booking {booking_id} was cancelled{why}; nothing to wait for")
+            by = why if why.startswith(" (cancelled") else ""
+            raise Conflict(f"booking {booking_id} was cancelled{by}; nothing to wait for")
         if booking["end"] <= now:
             raise Conflict(f"booking {booking_id} ended {format_when(booking['end'], now)}; nothing to wait for")
         if booking["start"] <= now:

@@ -33,6 +33,7 @@ PAST_GRACE_SECONDS = 60
 # finds nothing: a full calendar is a long read to hold the write lock for.
 LOOKAHEAD_SECONDS = 86400
 MAX_CANDIDATES = 60  # booking ends tried as starts by `options`: enough for 3 slots on a busy calendar
+MAX_BACKFILL_ROUNDS = 10  # each round moves at least one booking earlier; a bound, not an expected count
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +378,8 @@ class BookingService:
                              now=min(now, start), held=held)
             details.update(old_start=booking.start, old_end=booking.end)
             rows.set_times(self.conn, booking_id, start, end)
+            if booking.queued:  # an admin set its time: the backfill must not move it back
+                rows.set_queued(self.conn, booking_id, None)
             self._tell(booking, f"moved from {format_time(booking.start, now)}-{format_time(booking.end, now)} to "
                                 f"{format_time(start, now)}-{format_time(end, now)} by admin {self.me.name}")
             return booking_id
@@ -468,37 +471,49 @@ class BookingService:
         queued on its cards ('time') keeps them; one queued for a count ('cards') may take any group of as
         many. No booking moves later, and none that did not ask to. Each move is audited (actor "board")
         and told to its holder."""
-        rank = {klass: i for i, klass in enumerate(CLASSES)}
         moved: list[tuple[Booking, Booking]] = []
         with write(self.conn):
             now = int(self.clock())
-            waiting = sorted(rows.queued(self.conn, now), key=lambda b: (rank.get(b.klass, len(rank)), b.requested_at, b.id))
-            for booking in waiting:
-                wanted = max(now, booking.requested_at)
-                if booking.start <= wanted:
-                    continue
-                holder = BookingService(self.conn, Identity(booking.user, booking.uid, False), self.config,
-                                        list(self.cards.values()), self.topology, self.clock, self.jobs)
-                cards = tuple(booking.cards) if booking.queued == "time" else None
-                if cards is not None and any(i not in self.cards for i in cards):
-                    continue  # its cards are not in this view of the fleet: leave it be
-                plan = holder._earliest(cards=cards, count=None if cards else len(booking.cards), klass=booking.klass,
-                                        start=wanted, duration=booking.end - booking.start, excluding=booking.id)
-                if plan is None or plan.start >= booking.start:
-                    continue
-                rows.set_times(self.conn, booking.id, plan.start, plan.end)
-                if plan.cards != booking.cards:
-                    rows.sync_cards(self.conn, self.cards.values(), now)
-                    rows.set_cards(self.conn, booking.id, plan.uuids)
-                what = f"moved up from {format_time(booking.start, now)} by backfill"
-                rows.set_notice(self.conn, booking.id, what)
-                events.record(self.conn, ts=now, uid=os.getuid(), actor="board", action="backfill", booking_id=booking.id,
-                              ok=True, details={"old_start": booking.start, "old_cards": list(booking.cards),
-                                                "start": plan.start, "end": plan.end, "cards": list(plan.cards)})
-                after = rows.get(self.conn, booking.id)
-                self.told.append((booking.uid, f"booking {booking.id} was {what}: now {format_when(plan.start, now)}"
-                                                f" on cards {format_cards(plan.cards)}"))
-                moved.append((booking, after))
+            # A move frees the slot it left, which may let one earlier in the order move again: until none does.
+            for _ in range(MAX_BACKFILL_ROUNDS):
+                found = self._backfill_round(now)
+                moved += found
+                if not found:
+                    break
+        return moved
+
+    def _backfill_round(self, now: int) -> list[tuple[Booking, Booking]]:
+        rank = {klass: i for i, klass in enumerate(CLASSES)}
+        moved: list[tuple[Booking, Booking]] = []
+        waiting = sorted(rows.queued(self.conn, now), key=lambda b: (rank.get(b.klass, len(rank)), b.requested_at, b.id))
+        for booking in waiting:
+            wanted = max(now, booking.requested_at)
+            if booking.start <= wanted:
+                continue
+            holder = BookingService(self.conn, Identity(booking.user, booking.uid, False), self.config,
+                                    list(self.cards.values()), self.topology, self.clock, self.jobs)
+            cards = tuple(booking.cards) if booking.queued == "time" else None
+            if cards is not None and any(i not in self.cards for i in cards):
+                continue  # its cards are not in this view of the fleet: leave it be
+            plan = holder._earliest(cards=cards, count=None if cards else len(booking.cards), klass=booking.klass,
+                                    start=wanted, duration=booking.end - booking.start, excluding=booking.id)
+            if plan is None or plan.start >= booking.start:
+                continue
+            if plan.cards != booking.cards:  # off the old cards first: they may be taken at the new time
+                rows.sync_cards(self.conn, self.cards.values(), now)
+                rows.set_cards(self.conn, booking.id, ())
+            rows.set_times(self.conn, booking.id, plan.start, plan.end)
+            if plan.cards != booking.cards:
+                rows.set_cards(self.conn, booking.id, plan.uuids)
+            what = f"moved up from {format_time(booking.start, now)} by backfill"
+            rows.set_notice(self.conn, booking.id, what)
+            events.record(self.conn, ts=now, uid=os.getuid(), actor="board", action="backfill", booking_id=booking.id,
+                          ok=True, details={"old_start": booking.start, "old_cards": list(booking.cards),
+                                            "start": plan.start, "end": plan.end, "cards": list(plan.cards)})
+            after = rows.get(self.conn, booking.id)
+            self.told.append((booking.uid, f"booking {booking.id} was {what}: now {format_when(plan.start, now)}"
+                                            f" on cards {format_cards(plan.cards)}"))
+            moved.append((booking, after))
         return moved
 
     # -- helpers -------------------------------------------------------------------------------

@@ -50,10 +50,14 @@ class BookingRequest:
     note: str = ""
     model: ModelAsk | None = None
     record: dict | None = None
+    or_later: bool = False  # the earliest start from `start` on, and the queue (book --or-later)
 
     def args(self) -> dict[str, Any]:
         return {"cards": list(self.cards) if self.cards is not None else None, "count": self.count,
                 "start": self.start, "end": self.end, "class": self.klass}
+
+    def plan_args(self) -> dict[str, Any]:
+        return {**self.args(), **({"or_later": True} if self.or_later else {})}
 
     def sized(self, sizing: Sizing) -> BookingRequest:
         """This request on the cards the model needs: the count filled in when none was given, and the
@@ -264,14 +268,14 @@ class Backend:
 
     async def plan(self, request: BookingRequest) -> Plan:
         request = await self._sized(request)
-        found = await self.call("plan", **request.args())
+        found = await self.call("plan", **request.plan_args())
         return Plan(tuple(found["cards"]), found["start"], found["end"])
 
     async def create(self, request: BookingRequest) -> Booked:
         """Check, then book; a request that fails the check writes nothing at all. A model's request (the
         settings and the estimate per card) is stored with the booking."""
         request = await self._sized(request)
-        found = await self._write("book", **request.args(), note=request.note, request=request.record, checked=True)
+        found = await self._write("book", **request.plan_args(), note=request.note, request=request.record, checked=True)
         return Booked(booking_from_wire(found), tuple(found.get("notes", ())))
 
     async def next_free(self, request: BookingRequest) -> tuple[tuple[int, ...], int]:

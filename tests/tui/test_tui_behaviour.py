@@ -7,7 +7,7 @@ import sqlite3
 import time
 from dataclasses import replace
 
-from textual.widgets import Input, Static
+from textual.widgets import Checkbox, Input, Static
 from textual.widgets._toast import Toast
 
 from app.core.identity import Identity
@@ -57,6 +57,8 @@ class TestBookingForm:
             form = app.screen
             assert form.query_one("#cards", Input).value == "4"
             assert app.focused.id == "start"  # cards came from the highlighted row
+            await pilot.press("tab")  # or later
+            assert app.focused.id == "or-later"
             await pilot.press("tab")  # duration
             await erase(pilot, 5)
             await pilot.press(*"3h")
@@ -302,11 +304,14 @@ class TestBookingFormModel:
             await fill(pilot, form, "cards", "")
             await fill(pilot, form, "model", str(heavy))
             await wait_for(pilot, lambda: "books 2 cards, the fewest that fit" in fit_line(form))
+            await wait_for(pilot, lambda: "no 2 cards are free" in str(form.query_one("#message", Static).render()))
+            form.query_one("#or-later", Checkbox).value = True  # two cards are free later: take that, and queue
             await wait_for(pilot, lambda: "✓ cards" in str(form.query_one("#message", Static).render()))
+            assert "· queued ·" in str(form.query_one("#message", Static).render())
             await pilot.press("enter")
             await wait_for(pilot, lambda: not isinstance(app.screen, BookingModal))
         made = [b for b in bookings(seeded_db) if b.user == "alice" and b.request is not None]
-        assert len(made) == 1 and len(made[0].cards) == 2
+        assert len(made) == 1 and len(made[0].cards) == 2 and made[0].queued == "cards"
         request = made[0].request
         assert (request["model"], request["ctx"], request["parallel"], request["cards_planned"]) == (str(heavy), 4096, 1, 2)
         assert request["per_card_mib"] == [round(c.total_mib) for c in estimate(heavy, 2).per_card]

@@ -90,3 +90,38 @@ class TestBackfill:
         make_service("root", 0, admin=True, config=limit).backfill()
         assert rows.get(conn, queued.id).start == NOW  # now is free of card 7 and of bob: two cards are fine
         assert rows.get(conn, held.id).start == NOW + 2 * H
+
+    def test_a_queued_count_moves_onto_other_cards_while_its_old_ones_are_taken_then(self, make_service, conn):
+        alice, bob = make_service(), make_service("bob", 1002)
+        bob.create(cards=[0, 1, 2, 3], start=NOW, end=NOW + 2 * H)
+        lab = bob.create(cards=[4, 5, 6, 7], start=NOW, end=NOW + 3 * H)
+        queued = alice.create(count=4, start=NOW + 120, end=NOW + H + 120, or_later=True)  # past the now grace
+        assert (queued.cards, queued.start) == ((0, 1, 2, 3), NOW + 2 * H)
+        bob.cancel(lab.id)
+        moved = make_service("root", 0, admin=True).backfill()
+        after = rows.get(conn, queued.id)
+        assert (after.cards, after.start) == ((4, 5, 6, 7), NOW + 120)  # cards 0-3 are bob's then
+        assert [a.id for _, a in moved] == [queued.id]
+
+    def test_the_freed_time_goes_to_online_first_and_the_rest_follows_in_the_same_call(self, make_service, conn):
+        alice = make_service()
+        blocker = make_service("bob", 1002).create(cards=list(range(8)), start=NOW, end=NOW + 4 * H)
+        first = alice.create(cards=[0], start=NOW + 60, end=NOW + 2 * H, or_later=True)
+        second = make_service("carol", 1003).create(cards=[0], start=NOW + 60, end=NOW + H, or_later=True,
+                                                     klass="online")
+        assert (first.start, second.start) == (NOW + 4 * H, NOW + 6 * H - 60)
+        make_service("bob", 1002).cancel(blocker.id)
+        make_service("root", 0, admin=True).backfill()
+        # online first: it takes the hour from 15:31; then experiment follows it, in the same call.
+        assert rows.get(conn, second.id).start == NOW + 60
+        assert rows.get(conn, first.id).start == NOW + H
+
+    def test_an_admin_move_takes_a_booking_out_of_the_queue(self, make_service, conn):
+        blocker = make_service("bob", 1002).create(cards=[3], start=NOW, end=NOW + 2 * H)
+        queued = make_service().create(cards=[3], start=NOW + 60, end=NOW + H, or_later=True)
+        make_service("root", 0, admin=True).move(queued.id, NOW + 5 * H, NOW + 6 * H)
+        make_service("bob", 1002).cancel(blocker.id)
+        assert make_service("root", 0, admin=True).backfill() == []
+        after = rows.get(conn, queued.id)
+        assert (after.start, after.queued) == (NOW + 5 * H, None)
+        assert after.notice.startswith("moved from ") and after.notice.endswith(" by admin root")

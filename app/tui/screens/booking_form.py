@@ -24,7 +24,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.timer import Timer
-from textual.widgets import Button, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from app.config import CLASSES
 from app.core.slots import GROUP_SIZES
@@ -73,7 +73,7 @@ def parse_model(model: str, ctx: str, parallel: str) -> ModelAsk | None:
 
 def parse_form(
     cards: str, count: str, start: str, length: str, until: str, klass: str, note: str, now: float,
-    model: str = "", ctx: str = "", parallel: str = "", night_start: int | None = None,
+    model: str = "", ctx: str = "", parallel: str = "", night_start: int | None = None, or_later: bool = False,
 ) -> BookingRequest:
     """The form's fields -> a request, or BadInput with the one line to show; the times read as the CLI's do."""
     chosen = tuple(parse_cards(cards)) if cards.strip() else None
@@ -92,7 +92,7 @@ def parse_form(
     begin, end = parse_span(start.strip() or "now", length if length.strip() else None,
                             until if until.strip() else None, datetime.fromtimestamp(now).astimezone(),
                             how_long="say how long: a duration such as 3h, or an end such as 18:00", night_start=night_start)
-    return BookingRequest(chosen, number, begin, end, klass, note, model=ask)
+    return BookingRequest(chosen, number, begin, end, klass, note, model=ask, or_later=or_later)
 
 
 class BookingModal(ModalScreen[Booked | None]):
@@ -121,6 +121,7 @@ class BookingModal(ModalScreen[Booked | None]):
     BookingModal #fit.-over { color: $warning; text-style: bold; }
     BookingModal #fit.-error { color: $error; }
     BookingModal #end { width: 1fr; }
+    BookingModal #or-later { width: auto; margin-left: 1; }
     BookingModal Select { width: 24; }
     BookingModal #message { height: auto; min-height: 2; margin-bottom: 1; }
     BookingModal #message.-error { color: $error; text-style: bold; }
@@ -170,6 +171,8 @@ class BookingModal(ModalScreen[Booked | None]):
             with Horizontal():
                 yield Label("Start", classes="field")
                 yield Input(start, placeholder="now, 14:00, tomorrow 9:00, mon 9-17", id="start", compact=True)
+                yield Checkbox("or later", id="or-later", compact=True,
+                               tooltip="the earliest start that fits from here on; it moves up when time frees")
             with Horizontal():
                 yield Label("For", classes="field")
                 yield Input("" if d.end is not None else d.duration, placeholder="3h", id="duration", compact=True)
@@ -223,6 +226,7 @@ class BookingModal(ModalScreen[Booked | None]):
             self._value("end"), str(klass), self._value("note"), self.backend.clock(),
             self._value("model"), self._value("ctx"), self._value("parallel"),
             night_start=self.app.config.booking.night_start_minute,
+            or_later=self.query_one("#or-later", Checkbox).value,
         )
 
     def show_fit(self, text: str, state: str) -> None:
@@ -247,7 +251,8 @@ class BookingModal(ModalScreen[Booked | None]):
 
     @on(Input.Changed)
     @on(Select.Changed)
-    def _changed(self, event: Input.Changed | Select.Changed) -> None:
+    @on(Checkbox.Changed)
+    def _changed(self, event: Input.Changed | Select.Changed | Checkbox.Changed) -> None:
         if isinstance(event, Input.Changed) and event.input.id == "model":
             given = bool(event.value.strip())
             for name in ("ctx", "parallel"):  # they only mean something for a model
@@ -287,7 +292,7 @@ class BookingModal(ModalScreen[Booked | None]):
             self.show_ok(
                 f"{'card' if len(plan.cards) == 1 else 'cards'} {format_cards(plan.cards)} · "
                 f"{short_time(plan.start, now)} → {short_time(plan.end, now)} ({duration(plan.end - plan.start)})"
-                f" · {request.klass} · enter books it"
+                f" · {request.klass}{' · queued' if request.or_later else ''} · enter books it"
             )
 
     async def _size_model(self, request: BookingRequest, generation: int) -> BookingRequest | None:
