@@ -14,7 +14,7 @@ from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 
-from app.core.text import inert
+from app.core.text import format_duration, inert
 
 NA = "n/a"
 
@@ -64,13 +64,8 @@ def full_time(epoch: float) -> str:
     return local(epoch).strftime("%Y-%m-%d %H:%M")
 
 
-def duration(seconds: float) -> str:
-    """'45m', '3h', '1h30m', '2d4h': the same forms the time parser reads."""
-    minutes = max(0, int(seconds) // 60)
-    days, minutes = divmod(minutes, 24 * 60)
-    hours, minutes = divmod(minutes, 60)
-    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
-    return "".join(parts) or "0m"
+duration = format_duration  # the same forms the time parser reads, as the CLI prints them
+NOTICE_MARK = "⚑"  # on a booking someone else changed (an admin, the backfill): its holder should look
 
 
 def bar(fraction: float | None, width: int) -> str:

@@ -18,7 +18,7 @@ from app.tui.screens.admin import AdminScreen
 from app.core.parse import parse_cards
 from app.tui.screens.booking_form import BookingModal, parse_form
 from app.tui.screens.card_detail import CardDetailScreen
-from app.tui.screens.confirm import ConfirmModal
+from app.tui.screens.confirm import ConfirmModal, describe
 from app.tui.screens.help import HelpModal
 from app.tui.screens.my_bookings import MyBookingsScreen
 from tests.conftest import FROZEN_NOW, run_board
@@ -308,6 +308,7 @@ class TestBookingFormModel:
             form.query_one("#or-later", Checkbox).value = True  # two cards are free later: take that, and queue
             await wait_for(pilot, lambda: "✓ cards" in str(form.query_one("#message", Static).render()))
             assert "· queued ·" in str(form.query_one("#message", Static).render())
+            assert "✓" in str(form.query_one("#or-later", Checkbox).render())  # ticked shows a tick, unticked a blank
             await pilot.press("enter")
             await wait_for(pilot, lambda: not isinstance(app.screen, BookingModal))
         made = [b for b in bookings(seeded_db) if b.user == "alice" and b.request is not None]
@@ -546,6 +547,29 @@ class TestLive:
 
 
 class TestMyBookings:
+    async def test_a_booking_someone_else_changed_is_marked_for_its_holder(self, make_app, seeded_db):
+        conn = sqlite3.connect(seeded_db)
+        with conn:  # what an admin's move leaves on the row (the service's part is tested in tests/service)
+            rows.set_notice(conn, 6, "moved from Mon 09:00-11:00 to Mon 10:00-12:00 by admin erin")
+            conn.execute("UPDATE bookings SET queued = 'cards' WHERE id = 6")
+        conn.close()
+        app = make_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            await pilot.press("m")
+            await wait_for(pilot, lambda: isinstance(app.screen, MyBookingsScreen))
+            screen = app.screen
+            await wait_for(pilot, lambda: screen.selected() is not None)
+            table = screen.query_one("#mine")
+            cells = {c: str(table.get_cell("6", c)) for c in ("state", "note")}
+            assert cells["state"] == "queued"
+            assert cells["note"].startswith("⚑ moved from Mon 09:00-11:00 to Mon 10:00-12:00 by admin erin")
+            assert str(table.get_cell("1", "note")).startswith("⚑") is False
+            await pilot.press("escape")
+            booking = next(b for b in app.view.upcoming if b.id == 6)
+            assert app.board.timeline._block_label(booking, 0, 0).startswith("⚑ alice")
+            assert "⚑ moved from Mon 09:00-11:00" in str(describe(booking, FROZEN_NOW))
+
     async def test_cancel_from_my_bookings(self, make_app, seeded_db):
         app = make_app()
         async with app.run_test(size=(80, 24)) as pilot:

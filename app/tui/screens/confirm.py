@@ -17,7 +17,7 @@ from app.errors import BadInput, BoardError
 from app.core.text import format_cards, inert
 from app.core.timeparse import TimeInputError, parse_duration, parse_end
 from app.model import Booking
-from app.tui.render import duration, short_time
+from app.tui.render import NOTICE_MARK, duration, short_time
 
 MODAL_CSS = """
 {name} {{ align: center middle; }}
@@ -54,6 +54,8 @@ def describe(booking: Booking, now: float) -> Text:
     if booking.note:
         text.append(" · ")
         text.append(inert(booking.note, 80), "italic")
+    if booking.notice:
+        text.append(f" · {NOTICE_MARK} {inert(booking.notice, 80)}", "bold yellow")
     return text
 
 

@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Footer, Static
 from app.core.text import format_cards
 from app.errors import BoardError
 from app.model import Booking
-from app.tui.render import cursor_key, duration, short_time, untrusted
+from app.tui.render import NOTICE_MARK, cursor_key, duration, short_time, untrusted
 from app.tui.screens.confirm import ConfirmModal, ExtendModal, describe
 from app.tui.widgets.header import BoardHeader
 
@@ -68,8 +68,9 @@ class MyBookingsScreen(Screen):
         for b in bookings:
             cells = (
                 Text(str(b.id)), Text(format_cards(b.cards)), Text(short_time(b.start, now)), Text(short_time(b.end, now)),
-                Text(duration(b.end - b.start)), Text(b.klass), Text("ACTIVE" if b.active(now) else "upcoming"),
-                untrusted(b.note, 60),
+                Text(duration(b.end - b.start)), Text(b.klass),
+                Text("ACTIVE" if b.active(now) else "queued" if b.queued else "upcoming"),
+                noted(b),
             )
             if keys != current:
                 table.add_row(*cells, key=str(b.id))
@@ -128,3 +129,15 @@ class MyBookingsScreen(Screen):
             self.notify(str(error), severity="error", markup=False)
             return
         self.notify(f"booking #{done.id} now ends {short_time(done.end, self.app.clock())}", markup=False)
+
+
+def noted(booking: Booking) -> Text:
+    """The note, after what someone else last did to the booking (an admin, the backfill), marked as in the timeline."""
+    text = Text()
+    if booking.notice:
+        text.append_text(untrusted(f"{NOTICE_MARK} {booking.notice}", 100, "bold yellow"))
+        if booking.note:
+            text.append(" · ")
+    if booking.note:
+        text.append_text(untrusted(booking.note, 60))
+    return text

@@ -30,7 +30,7 @@ from app.config import CLASSES, ClassWindow, Pool
 from app.core.text import inert
 from app.gpu.model import CardReading
 from app.model import Booking
-from app.tui.render import abbreviate, local
+from app.tui.render import NOTICE_MARK, abbreviate, local
 
 AXIS_ROWS = 2
 DAY = 86400
@@ -369,6 +369,8 @@ class Timeline(Widget, can_focus=True):
         if row > 0 and self._grid[row - 1][column] is booking:
             return ""
         label = inert(booking.user, 16)
+        if booking.notice:  # someone else changed it: the detail line below says what
+            label = f"{NOTICE_MARK} {label}"
         if len(booking.cards) > 1:
             label += f" ×{len(booking.cards)}"
         return label
