@@ -157,7 +157,7 @@ def test_restore_as_documented(tmp_path):
     booked = json.loads(run_board("book", "2", "--for", "2h", "--note", "keep me", "--json", env=env).stdout)
     copy = tmp_path / "board-backup.db"
     assert run_board("backup", str(copy), env=env).returncode == 0
-    assert run_board("book", "2", "--for", "2h", "--note", "lost in the disaster", env=env).returncode == 0
+    assert run_board("book", "2", "--for", "2h", "--asap", "--note", "lost in the disaster", env=env).returncode == 0
     live.write_bytes(b"\0" * 4096)  # the disaster
 
     owner = f"{os.getuid()}"  # the directory's owner: board on the shared install
