@@ -100,6 +100,18 @@ class BookingSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class HistorySettings:
+    """What the service records of the cards (app.history): a sample every `sample_s`, raw for `raw_hours`,
+    5-minute rollups for `rollup_days`. `db`: the history file; default beside the board's, <name>.history.db."""
+
+    enabled: bool = True
+    sample_s: float = 10.0
+    raw_hours: float = 48.0
+    rollup_days: float = 365.0
+    db: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -114,6 +126,13 @@ class Config:
     enforce: EnforceSettings = field(default_factory=EnforceSettings)
     fit: FitSettings = field(default_factory=FitSettings)
     booking: BookingSettings = field(default_factory=BookingSettings)
+    history: HistorySettings = field(default_factory=HistorySettings)
+
+    @property
+    def history_path(self) -> Path:
+        if self.history.db:
+            return Path(self.history.db).expanduser()
+        return self.db_path.with_name(self.db_path.stem + ".history.db")
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -138,7 +157,8 @@ def _hhmm(text: str) -> int:
 
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
-    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking"}
+    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
+             "history"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -183,7 +203,23 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         enforce=_enforce(raw.get("enforce", {})),
         fit=_fit(raw.get("fit", {})),
         booking=_booking(raw.get("booking", {})),
+        history=_history(raw.get("history", {})),
     )
+
+
+def _history(table: dict) -> HistorySettings:
+    settings = _build(HistorySettings, table, "[history]")
+    if not isinstance(settings.enabled, bool):
+        raise ValueError("[history] enabled must be true or false")
+    for key in ("sample_s", "raw_hours", "rollup_days"):
+        value = getattr(settings, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError(f"[history] {key} must be a number more than 0, not {str(value)[:20]!r}")
+    if settings.sample_s > 300:
+        raise ValueError("[history] sample_s is at most 300 (one sample in each 5-minute rollup)")
+    if settings.db is not None and not isinstance(settings.db, str):
+        raise ValueError("[history] db must be a path")
+    return settings
 
 
 def _booking(table: dict) -> BookingSettings:

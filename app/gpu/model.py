@@ -13,6 +13,16 @@ LINK_HOSTBRIDGE = 30
 LINK_NODE = 40
 LINK_SYSTEM = 50
 
+# NVML's clocks event (throttle) reason bits (nvmlClocksEventReason*); the ones the history names.
+THROTTLE_IDLE = 0x1
+THROTTLE_SW_POWER_CAP = 0x4
+THROTTLE_HW_SLOWDOWN = 0x8
+THROTTLE_SW_THERMAL = 0x20
+THROTTLE_HW_THERMAL = 0x40
+THROTTLE_HW_POWER_BRAKE = 0x80
+# "Thermal throttling" in the seeds' sense: the card slowed itself for heat (or the board's HW slowdown).
+THROTTLE_THERMAL = THROTTLE_HW_SLOWDOWN | THROTTLE_SW_THERMAL | THROTTLE_HW_THERMAL
+
 
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
@@ -39,6 +49,8 @@ class CardReading:
     lost: bool = False  # NVML says the GPU fell off the bus (Xid 79)
     processes: tuple[GpuProcess, ...] = ()
     label: str | None = None  # slot or serial from a scenario; the NVML backend leaves it for the config
+    sm_clock_mhz: int | None = None
+    throttle_reasons: int | None = None  # NVML's clocks event (throttle) reason bits, THROTTLE_* below
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +94,7 @@ def snapshot_from_wire(data: dict) -> FleetSnapshot:
 
 
 def sample(taken_at: float, card: CardReading) -> list:
-    """One sparkline point: when, VRAM in GiB, utilisation and temperature (0 where the driver said nothing)."""
+    """One sparkline point: when, VRAM in GiB, utilisation, temperature and power in W (0 where the driver said
+    nothing)."""
     return [taken_at, (card.memory_used_mib or 0) / 1024, float(card.utilization_pct or 0),
-            float(card.temperature_c or 0)]
+            float(card.temperature_c or 0), float(card.power_w or 0)]

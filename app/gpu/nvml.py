@@ -152,11 +152,17 @@ class NvmlSource:
         memory = self._field(nv.nvmlDeviceGetMemoryInfo, handle)
         utilization = self._field(nv.nvmlDeviceGetUtilizationRates, handle)
         power_mw = self._field(nv.nvmlDeviceGetPowerUsage, handle)
+        # The "throttle" name is the older drivers' one; nvidia-ml-py keeps both.
+        reasons = self._field(nv.nvmlDeviceGetCurrentClocksEventReasons, handle)
+        if reasons is None:
+            reasons = self._field(nv.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
         return dict(
             memory_used_mib=None if memory is None else memory.used // _MIB,
             utilization_pct=None if utilization is None else utilization.gpu,
             temperature_c=self._field(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU),
             power_w=None if power_mw is None else power_mw / 1000,
+            sm_clock_mhz=self._field(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM),
+            throttle_reasons=None if reasons is None else int(reasons),
             processes=self._processes(handle),
         )
 

@@ -35,8 +35,9 @@ the default 8 cards; without ``[[processes]]`` it has no processes; without ``[f
 
     [[faults.field_error]]             # an NVML error on one field: it reads None ("n/a")
     card = 1
-    field = "temperature"              # name, memory_total, memory_used, utilization,
-                                       # temperature, power, power_limit, pci_bus_id, processes
+    field = "temperature"              # name, memory_total, memory_used, utilization, temperature,
+                                       # power, power_limit, pci_bus_id, processes, sm_clock,
+                                       # throttle_reasons
 
 Unknown keys, wrong types and card indexes out of range raise ValueError with a one-line
 message that names the file. See app/gpu/scenarios/example.toml.
@@ -52,7 +53,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.gpu.model import LINK_MULTIPLE, LINK_SYSTEM, CardReading, FleetSnapshot, GpuProcess, Topology
+from app.gpu.model import (
+    LINK_MULTIPLE,
+    LINK_SYSTEM,
+    THROTTLE_IDLE,
+    THROTTLE_SW_THERMAL,
+    CardReading,
+    FleetSnapshot,
+    GpuProcess,
+    Topology,
+)
 
 DEFAULT_NAME = "NVIDIA GeForce RTX 5090"
 DEFAULT_MEMORY_TOTAL_MIB = 32607
@@ -70,7 +80,12 @@ FIELDS = {
     "power_limit": "power_limit_w",
     "pci_bus_id": "pci_bus_id",
     "processes": "processes",
+    "sm_clock": "sm_clock_mhz",
+    "throttle_reasons": "throttle_reasons",
 }
+
+SM_BOOST_MHZ = 2407  # an RTX 5090's boost clock
+SM_IDLE_MHZ = 180
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +217,12 @@ class SimulatedSource:
         power = 22 + (spec.power_limit_w - 22) * 0.8 * utilization / 100 + 3 * math.sin(now / 7 + phase)
         driver_baseline = 400 + 100 * math.sin(now / 29 + phase)  # 300..500 MiB, CUDA context and such
         used = round(driver_baseline) + sum(p.used_mib or 0 for p in processes)
+        # Idle cards clock down; a hot card at 92 degrees C or more slows itself (software thermal slowdown).
+        throttle = 0 if utilization else THROTTLE_IDLE
+        sm_clock = round(SM_BOOST_MHZ - 3 * (100 - utilization)) if utilization else SM_IDLE_MHZ
+        if temperature >= 92:
+            throttle |= THROTTLE_SW_THERMAL
+            sm_clock -= 400
         reading = replace(
             static,
             memory_used_mib=min(used, spec.memory_total_mib),
@@ -209,6 +230,8 @@ class SimulatedSource:
             temperature_c=temperature,
             power_w=round(power, 1),
             processes=processes,
+            sm_clock_mhz=sm_clock,
+            throttle_reasons=throttle,
         )
         blanked = {FIELDS[f]: () if f == "processes" else None for i, f in self.scenario.field_errors if i == index}
         return replace(reading, **blanked)

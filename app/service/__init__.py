@@ -39,6 +39,7 @@ class Service:
         # reports on top of that (app.service.servers.Supervision, made on first use).
         self.processes = Registry()
         self.server_supervision = None
+        self.history = None  # app.history.store.HistoryStore, made on first use (app.history.sampler.history_store)
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
 
     @property

@@ -100,23 +100,13 @@ def fleet(service, me: Identity) -> dict:
     return snapshot_to_wire(service.fleet.latest())
 
 
-@op("history", {"seconds": INT}, {"step": INT})
-def history(service, me: Identity, seconds: int, step: int | None = None) -> dict:
-    """Samples to start the sparklines with, per card uuid: [taken_at, VRAM GiB, util %, temp °C], oldest first.
+@op("history", {"seconds": INT}, {"step": INT, "uuid": STR})
+def history(service, me: Identity, seconds: int, step: int | None = None, uuid: str | None = None) -> dict:
+    """Per card uuid (or the one asked for), [taken_at, VRAM GiB, util %, temp °C, power W] every `step` seconds
+    over the last `seconds`, oldest first: the service's recorded history (app.history.reply)."""
+    from app.history.reply import history_reply
 
-    A replay for a simulated fleet; nothing yet for real GPUs (the service keeps no history).
-    """
-    from app.gpu.model import sample
-    from app.gpu.simulated import replay
-
-    step = step or max(1, int(service.fleet.refresh_seconds), 5)
-    if not 0 < seconds <= 86400 or step <= 0:
-        raise BadInput("history: seconds is 1 to 86400, step more than 0")
-    samples: dict[str, list] = {}
-    for snapshot in replay(service.fleet.source, service.fleet.latest().taken_at, seconds, step):
-        for card in snapshot.cards:
-            samples.setdefault(card.uuid, []).append(sample(snapshot.taken_at, card))
-    return samples
+    return history_reply(service, seconds, step, uuid)
 
 
 @op("status")

@@ -93,6 +93,9 @@ class ServiceServer:
         watchers = start_watchers(self.service)
         enforcer = threading.Thread(target=self._enforce_loop, name="board-enforce", daemon=True)
         enforcer.start()
+        from app.history.sampler import start_sampler
+
+        history = start_sampler(self.service, log=self.log)
         self._listener.settimeout(0.5)
         try:
             while not self.stopping.is_set():
@@ -107,6 +110,8 @@ class ServiceServer:
                 threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
         finally:
             watchers.set()
+            if history is not None:
+                history.set()
             self._listener.close()
             try:
                 os.unlink(self.path)

@@ -90,7 +90,7 @@ class BoardApp(App[int]):
         self.fleet: FleetSnapshot | None = None
         self.view: BookingView | None = None
         self.statuses: tuple[CardStatus, ...] = ()
-        self.history: dict[str, deque[tuple[float, float, float, float]]] = {}
+        self.history: dict[str, deque[tuple[float, ...]]] = {}  # [t, VRAM GiB, util, temp, power W]
         self.alert = ""
         self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
         self.last_telemetry = time.monotonic()

@@ -24,6 +24,7 @@ MIB = 1024 * 1024
 
 NVML_SUCCESS = 0
 NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
 NVML_TOPOLOGY_INTERNAL = 0
 NVML_TOPOLOGY_SINGLE = 10
 NVML_TOPOLOGY_MULTIPLE = 20
@@ -128,6 +129,8 @@ class FakeGpu:
     temperature: int = 40
     power_mw: int = 30_000
     power_limit_mw: int = 575_000
+    sm_clock_mhz: int = 2407
+    clocks_event_reasons: int = 0  # nvmlClocksEventReason* bits
     switch: int = 0
     compute: list[FakeProcess] = field(default_factory=list)
     graphics: list[FakeProcess] = field(default_factory=list)
@@ -234,6 +237,18 @@ class FakePynvml(types.ModuleType):
 
     def nvmlDeviceGetPowerManagementLimit(self, handle):
         return self._enter("nvmlDeviceGetPowerManagementLimit", handle).power_limit_mw
+
+    def nvmlDeviceGetClockInfo(self, handle, type):
+        gpu = self._enter("nvmlDeviceGetClockInfo", handle)
+        if type != NVML_CLOCK_SM:
+            raise self.NVMLError_InvalidArgument()
+        return gpu.sm_clock_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self._enter("nvmlDeviceGetCurrentClocksEventReasons", handle).clocks_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return self._enter("nvmlDeviceGetCurrentClocksThrottleReasons", handle).clocks_event_reasons
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         return _process_list(self._enter("nvmlDeviceGetComputeRunningProcesses", handle).compute)

@@ -1,10 +1,13 @@
-"""Card detail: its processes, ten minutes of VRAM, utilisation and temperature, the llama-servers board runs on it
-(with the memory llama.cpp allocated beside board's estimate; shown only when there are some), and its bookings."""
+"""Card detail: its processes, its VRAM, utilisation, temperature and power over the last hour, day or week (from
+the service's history, app.history), the llama-servers board runs on it (with the memory llama.cpp allocated beside
+board's estimate; shown only when there are some), and its bookings."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -12,10 +15,24 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Sparkline, Static
 
 from app.core.text import format_cards, format_elapsed
+from app.errors import BoardError
 from app.core.cardstate import CardStatus
 from app.tui.render import NA, gib, short_time, untrusted
 from app.tui.screens.servers import ServersLoaded, ServersView, memory_text
 from app.tui.widgets.header import BoardHeader
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    key: str
+    label: str
+    seconds: int
+    step: int  # about 300 points: raw samples for an hour, rollups beyond
+
+
+SPANS = {"1h": Span("1h", "1 h", 3600, 10), "24h": Span("24h", "24 h", 86400, 300),
+         "7d": Span("7d", "7 d", 7 * 86400, 1800)}
+HISTORY_RELOAD_S = 30.0
 
 
 class CardDetailScreen(Screen):
@@ -32,23 +49,33 @@ class CardDetailScreen(Screen):
     CardDetailScreen #util-chart > .sparkline--min-color { color: $primary-darken-2; }
     CardDetailScreen #temp-chart > .sparkline--max-color { color: $error; }
     CardDetailScreen #temp-chart > .sparkline--min-color { color: $warning-darken-2; }
+    CardDetailScreen #power-chart > .sparkline--max-color { color: $accent; }
+    CardDetailScreen #power-chart > .sparkline--min-color { color: $primary-darken-2; }
     CardDetailScreen .section { height: 1; padding: 0 1; text-style: bold; color: $accent; }
     CardDetailScreen #processes { height: auto; max-height: 40%; }
     CardDetailScreen #servers { height: auto; max-height: 30%; padding: 0 1; }
     CardDetailScreen #bookings { height: 1fr; }
     """
-    BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("1", "span('1h')", "1 h", tooltip="The charts over the last hour"),
+        Binding("2", "span('24h')", "24 h", tooltip="The charts over the last day"),
+        Binding("3", "span('7d')", "7 d", tooltip="The charts over the last week"),
+    ]
 
     def __init__(self, uuid: str) -> None:
         super().__init__()
         self.uuid = uuid
+        self.span = SPANS["1h"]
+        # The service's points for this card and span ([t, VRAM GiB, util %, temp °C, power W]); None: not loaded.
+        self.points: list[list[float]] | None = None
 
     def compose(self) -> ComposeResult:
         yield BoardHeader()
         yield Static("", id="title")
         yield Static("", id="facts")
         with Horizontal(id="charts"):
-            for key, label in (("vram", "VRAM, last 10 min"), ("util", "utilisation"), ("temp", "temperature")):
+            for key, label in (("vram", "VRAM"), ("util", "utilisation"), ("temp", "temperature"), ("power", "power")):
                 with Vertical():
                     yield Static(label, classes="chart-label", id=f"{key}-label")
                     yield Sparkline([], id=f"{key}-chart", summary_function=max)
@@ -75,7 +102,26 @@ class CardDetailScreen(Screen):
         self.update_servers(watch.latest if watch is not None else None)
         app.fleet_signal.subscribe(self, lambda _: self.update_all())
         app.bookings_signal.subscribe(self, lambda _: self.update_bookings())
+        self.load_history()
+        self.set_interval(HISTORY_RELOAD_S, self.load_history)
         processes.focus()
+
+    def action_span(self, key: str) -> None:
+        self.span = SPANS[key]
+        self.points = None
+        self.load_history()
+
+    @work(exclusive=True, group="card-history", exit_on_error=False)
+    async def load_history(self) -> None:
+        """Ask the service for this card's history over the span; the charts draw what it holds."""
+        span = self.span
+        try:
+            found = await self.app.backend.call("history", seconds=span.seconds, step=span.step, uuid=self.uuid)
+        except BoardError:
+            found = {}  # an older service, or none: the charts fall back to what this board saw
+        if span is self.span:
+            self.points = found.get(self.uuid, [])
+            self.update_charts()
 
     def status(self) -> CardStatus | None:
         return next((s for s in self.app.statuses if s.reading.uuid == self.uuid), None)
@@ -104,19 +150,7 @@ class CardDetailScreen(Screen):
         facts.append(f"{r.uuid} · PCI {r.pci_bus_id or NA}", "dim")
         self.query_one("#facts", Static).update(facts)
 
-        history = app.history.get(self.uuid, ())
-        self.query_one("#vram-chart", Sparkline).data = [h[1] for h in history] or [0]
-        self.query_one("#util-chart", Sparkline).data = [h[2] for h in history] or [0]
-        self.query_one("#temp-chart", Sparkline).data = [h[3] for h in history] or [0]
-        peak_vram = max((h[1] for h in history), default=None)
-        peak_temp = max((h[3] for h in history), default=None)
-        mean_util = sum(h[2] for h in history) / len(history) if history else None
-        self.query_one("#vram-label", Static).update(
-            Text(f"VRAM, 10 min · peak {NA if peak_vram is None else f'{peak_vram:.1f} GiB'}"))
-        self.query_one("#util-label", Static).update(
-            Text(f"util · mean {NA if mean_util is None else f'{mean_util:.0f}%'}"))
-        self.query_one("#temp-label", Static).update(
-            Text(f"temp · peak {NA if peak_temp is None else f'{peak_temp:.0f}°C'}"))
+        self.update_charts()
 
         table = self.query_one("#processes", DataTable)
         now = app.clock()
@@ -133,6 +167,34 @@ class CardDetailScreen(Screen):
         if not r.processes:
             table.add_row(Text("-"), Text("no processes", "dim"), Text(""), Text(""), Text(""))
         self.update_bookings()
+
+    def update_charts(self) -> None:
+        """The four charts over the span: the service's points, or, until they come (or where it has none for
+        the last hour), what this board saw."""
+        status = self.status()
+        points = self.points
+        seen = ""
+        if not points and self.span.key == "1h":
+            points, seen = [list(h) for h in self.app.history.get(self.uuid, ())], " (this board)"
+        points = points or []
+        limit = status.reading.power_limit_w if status is not None else None
+        for key, column in (("vram", 1), ("util", 2), ("temp", 3), ("power", 4)):
+            self.query_one(f"#{key}-chart", Sparkline).data = [p[column] for p in points if len(p) > column] or [0]
+
+        def peak(column: int) -> float | None:
+            return max((p[column] for p in points if len(p) > column), default=None)
+
+        mean_util = sum(p[2] for p in points) / len(points) if points else None
+        span = f"{self.span.label}{seen}"
+        self.query_one("#vram-label", Static).update(
+            Text(f"VRAM, {span} · peak {NA if peak(1) is None else f'{peak(1):.1f} GiB'}"))
+        self.query_one("#util-label", Static).update(
+            Text(f"util · mean {NA if mean_util is None else f'{mean_util:.0f}%'}"))
+        self.query_one("#temp-label", Static).update(
+            Text(f"temp · peak {NA if peak(3) is None else f'{peak(3):.0f}°C'}"))
+        of = "" if limit is None else f" of {limit:.0f}"
+        self.query_one("#power-label", Static).update(
+            Text(f"power · peak {NA if peak(4) is None else f'{peak(4):.0f}{of} W'}"))
 
     @on(ServersLoaded)
     def _servers_loaded(self, message: ServersLoaded) -> None:

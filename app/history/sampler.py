@@ -1,0 +1,113 @@
+"""The service's sampler: every `[history] sample_s` it records each card, and once a minute it rolls up and prunes.
+
+It is its own daemon thread with its own connections (to board.history.db for writing, to board.db for
+reading the bookings), not jobs on the service's database thread: the booking operations run on that one
+thread in arrival order, so a sample queued there would wait behind a slow operation and delay the next
+one in turn. Here nothing is shared: the history file has no other writer, each transaction is one round
+of samples, an hour of rollups or an hour of pruning, and the bookings are read from a WAL snapshot, which
+neither waits for nor blocks the booking writes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from app.core.cardstate import UNKNOWN_USER, fleet_status
+from app.gpu.model import FleetSnapshot
+from app.history.store import HistoryStore, Sample
+
+MAINTAIN_EVERY_S = 60.0
+FOREVER = 2**62
+
+
+def history_store(service) -> HistoryStore:
+    """The service's history store, made on first use."""
+    if service.history is None:
+        service.history = HistoryStore(service.config.history_path)
+    return service.history
+
+
+def sample_fleet(service, snapshot: FleetSnapshot) -> list[Sample]:
+    """One round: every card of the snapshot, with its state from the live bookings."""
+    from app.store import bookings as rows
+
+    now = service.clock()
+    live = rows.live_between(service.conn, int(now), FOREVER)
+    statuses = fleet_status(snapshot, live, now, hot_celsius=service.config.hot_celsius, labels=service.config.labels)
+    dt = max(1, round(service.config.history.sample_s))
+    found = []
+    for status in statuses:
+        r = status.reading
+        users: dict[str, int | None] = {}
+        for p in r.processes:
+            user = p.user or UNKNOWN_USER
+            before = users.get(user)
+            users[user] = p.used_mib if before is None else before + (p.used_mib or 0)
+        found.append(Sample(
+            ts=int(snapshot.taken_at), uuid=r.uuid, state=status.state, dt=dt, vram=r.memory_used_mib,
+            util=r.utilization_pct, temp=r.temperature_c, power=_whole(r.power_w), power_limit=_whole(r.power_limit_w),
+            sm=r.sm_clock_mhz, throttle=r.throttle_reasons,
+            booking=status.booking.id if status.booking else None,
+            holder=status.booking.user if status.booking else None, users=tuple(users.items())))
+    return found
+
+
+class Sampler:
+    """`run(stop)` is the loop; `sample_once` and `maintain` are one step each, for tests with their own clock."""
+
+    def __init__(self, service, *, log: Callable[[str], None] = print) -> None:
+        self.service, self.log = service, log
+        self.settings = service.config.history
+        self.store = history_store(service)
+        self._maintained_at = float("-inf")
+
+    def sample_once(self) -> list[Sample]:
+        snapshot = self.service.fleet.latest()
+        samples = sample_fleet(self.service, snapshot)
+        for card in snapshot.cards:
+            self.store.card_id(card.uuid, card.index, card.name, card.memory_total_mib)
+        self.store.add(samples)
+        return samples
+
+    def maintain(self, now: float | None = None) -> tuple[int, int, int]:
+        """Roll up the finished buckets and prune: (buckets rolled, samples deleted, rollups deleted)."""
+        now = self.service.clock() if now is None else now
+        rolled = self.store.roll_up(now)
+        samples, rollups = self.store.prune(now, raw_hours=self.settings.raw_hours,
+                                            rollup_days=self.settings.rollup_days)
+        return rolled, samples, rollups
+
+    def step(self) -> None:
+        """One turn of the loop: a sample, and the upkeep when a minute has passed."""
+        self.sample_once()
+        now = self.service.clock()
+        if now - self._maintained_at >= MAINTAIN_EVERY_S:
+            self._maintained_at = now
+            self.maintain(now)
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    self.step()
+                except Exception as error:  # noqa: BLE001 - a service outlives one bad sample (a full disk, say)
+                    self.log(f"history: sample failed: {type(error).__name__}: {error}")
+                stop.wait(self.settings.sample_s)
+        finally:
+            self.store.close()
+            self.service.close()  # this thread's board.db connection
+
+
+def start_sampler(service, *, log: Callable[[str], None] = print) -> threading.Event | None:
+    """Start the sampler thread if [history] is enabled; set the returned event to stop it."""
+    if not service.config.history.enabled:
+        return None
+    stop = threading.Event()
+    sampler = Sampler(service, log=log)
+    threading.Thread(target=sampler.run, args=(stop,), name="board-history", daemon=True).start()
+    return stop
+
+
+def _whole(watts: float | None) -> int | None:
+    return None if watts is None else round(watts)
