@@ -214,7 +214,7 @@ def _history(table: dict) -> HistorySettings:
     for key in ("sample_s", "raw_hours", "rollup_days"):
         value = getattr(settings, key)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ValueError(f"[history] {key} must be a number more than 0, not {str(value)[:20]!r}")
+            raise ValueError(f"[history] {key} must be a number more than 0, not {repr(value)[:20]}")
     if settings.sample_s > 300:
         raise ValueError("[history] sample_s is at most 300 (one sample in each 5-minute rollup)")
     if settings.db is not None and not isinstance(settings.db, str):

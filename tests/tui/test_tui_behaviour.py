@@ -663,6 +663,42 @@ class TestCardDetail:
             await wait_for(pilot, lambda: not isinstance(app.screen, CardDetailScreen))
 
 
+    async def test_the_charts_show_the_services_history_with_power_over_1_h_24_h_and_7_d(self, make_app, seeded_db):
+        from textual.widgets import Sparkline
+
+        from app.history.store import HistoryStore, Sample
+
+        uuid = "GPU-5090sim-0000-0000-0000-000000000002"
+        store = HistoryStore(seeded_db.with_name("board.history.db"))
+        # The last hour every 10 s, with a power only the store knows; a week ago, a 300 W stretch, rolled up.
+        hour = [Sample(ts=FROZEN_NOW - 3600 + 10 * i, uuid=uuid, state="IN USE", dt=10, vram=20480, util=50,
+                       temp=60, power=100 + i) for i in range(360)]
+        week = [Sample(ts=FROZEN_NOW - 6 * 86400 + 10 * i, uuid=uuid, state="IN USE", dt=10, vram=30720, util=90,
+                       temp=80, power=300) for i in range(60)]
+        store.add(week + hour)
+        store.roll_up(FROZEN_NOW - 3600)
+        store.close()
+        app = make_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            app.push_screen(CardDetailScreen(uuid))
+            await wait_for(pilot, lambda: isinstance(app.screen, CardDetailScreen) and app.screen.points)
+            screen = app.screen
+            power = screen.query_one("#power-chart", Sparkline)
+            assert list(power.data) == [100 + i for i in range(360)]
+            assert "1 h" in str(screen.query_one("#vram-label").render()) and "20.0 GiB" in str(
+                screen.query_one("#vram-label").render())
+            assert "459 of 575 W" in str(screen.query_one("#power-label").render())
+            await pilot.press("3")
+            await wait_for(pilot, lambda: screen.points and screen.span.key == "7d" and list(power.data)[0] == 300)
+            assert "7 d" in str(screen.query_one("#vram-label").render())
+            assert "30.0 GiB" in str(screen.query_one("#vram-label").render())  # the week-old peak, from rollups
+            assert len(screen.points) == 3  # two rollups' half hour, and the last hour from the raw samples
+            await pilot.press("2")
+            await wait_for(pilot, lambda: screen.span.key == "24h" and screen.points and list(power.data)[0] == 129)
+            assert len(screen.points) == 12  # the last hour in 5-minute steps: the week-old stretch is not in it
+
+
 class TestCardTable:
     async def test_a_booking_request_shows_beside_the_vram_and_a_holder_over_it_is_flagged(self, make_app, tmp_path):
         from app.gpu.model import GpuProcess

@@ -58,6 +58,18 @@ def test_night_start(tmp_path):
     assert load_config(environ={"BOARD_CONFIG": str(path)}).booking.night_start_minute == 20 * 60 + 30
 
 
+def test_history_settings_and_where_the_history_lives(tmp_path):
+    config = load_config("/srv/board/board.db", environ={})
+    assert (config.history.enabled, config.history.sample_s, config.history.raw_hours, config.history.rollup_days) == (
+        True, 10.0, 48.0, 365.0)
+    assert config.history_path == Path("/srv/board/board.history.db")
+    path = tmp_path / "board.toml"
+    path.write_text('[history]\nenabled = false\nsample_s = 30\nrollup_days = 90\ndb = "/data/h.db"\n')
+    config = load_config(environ={"BOARD_CONFIG": str(path)})
+    assert (config.history.enabled, config.history.sample_s, config.history.rollup_days) == (False, 30, 90)
+    assert config.history_path == Path("/data/h.db")
+
+
 def test_db_precedence(tmp_path):
     path = tmp_path / "board.toml"
     path.write_text(FULL)
@@ -82,6 +94,11 @@ def test_db_precedence(tmp_path):
         ('[booking]\nnight_start = 19\n', "night_start is '19'"),
         ('[booking]\nnight_start = "\u0661\u0669:00"\n', "night_start is"),
         ('[booking]\nnight = "19:00"\n', "unknown key 'night' in \\[booking\\]; known keys: night_start"),
+        ('[history]\nsample_s = 0\n', "\\[history\\] sample_s must be a number more than 0, not 0"),
+        ('[history]\nraw_hours = "48"\n', "raw_hours must be a number more than 0"),
+        ('[history]\nsample_s = 600\n', "sample_s is at most 300"),
+        ('[history]\nenabled = "yes"\n', "enabled must be true or false"),
+        ('[history]\nkeep_days = 3\n', "unknown key 'keep_days' in \\[history\\]"),
     ],
 )
 def test_bad_files_are_one_line_errors(tmp_path, text, message):

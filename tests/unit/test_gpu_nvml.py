@@ -160,6 +160,7 @@ def test_live_values_follow_the_driver(fake):
         ("nvmlDeviceGetName", "NVMLError_Unknown", "name", None),
         ("nvmlDeviceGetPciInfo", "NVMLError_NotSupported", "pci_bus_id", None),
         ("nvmlDeviceGetComputeRunningProcesses", "NVMLError_NoPermission", "processes", ()),
+        ("nvmlDeviceGetClockInfo", "NVMLError_NotSupported", "sm_clock_mhz", None),
         # The enforced limit is missing on older drivers: fall back to the management limit.
         ("nvmlDeviceGetEnforcedPowerLimit", "NVMLError_FunctionNotFound", "power_limit_w", 575.0),
     ],
@@ -174,6 +175,18 @@ def test_a_failing_field_reads_none_and_the_rest_still_works(fake, function, err
     assert broken.lost is False
     assert broken.uuid == fake.gpus[1].uuid
     assert healthy.temperature_c == 42 and healthy.memory_used_mib == 1002 and healthy.name is not None
+
+
+def test_sm_clock_and_throttle_reasons_are_read_with_the_older_name_as_a_fallback(fake):
+    fake.gpus[0].sm_clock_mhz, fake.gpus[0].clocks_event_reasons = 1650, 0x20 | 0x4
+    fake.gpus[1].clocks_event_reasons = 0x40
+    fake.gpus[1].errors["nvmlDeviceGetCurrentClocksEventReasons"] = fake.NVMLError_FunctionNotFound
+    fake.gpus[2].errors["nvmlDeviceGetCurrentClocksEventReasons"] = fake.NVMLError_FunctionNotFound
+    fake.gpus[2].errors["nvmlDeviceGetCurrentClocksThrottleReasons"] = fake.NVMLError_NotSupported
+    cards = NvmlSource().read().cards
+    assert (cards[0].sm_clock_mhz, cards[0].throttle_reasons) == (1650, 0x24)
+    assert cards[1].throttle_reasons == 0x40  # a driver before the "event" name
+    assert cards[2].throttle_reasons is None
 
 
 def test_power_limit_is_none_when_neither_query_works(fake):

@@ -98,6 +98,17 @@ def test_default_values_stay_in_their_ranges(t):
 # -- determinism -----------------------------------------------------------------------------
 
 
+def test_the_hot_card_slows_itself_and_idle_cards_clock_down():
+    from app.gpu.model import THROTTLE_IDLE, THROTTLE_SW_THERMAL, THROTTLE_THERMAL
+
+    for t in range(0, 600, 7):
+        cards = SimulatedSource(clock=lambda: float(t)).read().cards
+        hot = cards[7]
+        assert bool(hot.throttle_reasons & THROTTLE_SW_THERMAL) == (hot.temperature_c >= 92)
+        assert cards[3].throttle_reasons == THROTTLE_IDLE and cards[3].sm_clock_mhz == 180  # nothing runs on it
+        assert not cards[0].throttle_reasons & THROTTLE_THERMAL and 2100 <= cards[0].sm_clock_mhz <= 2407
+
+
 @pytest.mark.parametrize("t", CLOCKS)
 def test_same_clock_gives_equal_snapshots(t):
     assert read_at(t) == read_at(t)
