@@ -79,7 +79,8 @@ async def main() -> None:
                                  "shift+right", "shift+right", "shift+right", "b"), (120, 40),
                 until=lambda app: isinstance(app.screen, BookingModal) and "✓" in str(
                     app.screen.query_one("#message").render()))
-    await shoot("card-detail", ("enter",), (120, 40), until=lambda app: isinstance(app.screen, CardDetailScreen))
+    await shoot("card-detail", ("enter",), (120, 40),
+                until=lambda app: isinstance(app.screen, CardDetailScreen) and app.screen.points is not None)
 
 
 if __name__ == "__main__":

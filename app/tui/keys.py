@@ -34,5 +34,7 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("servers", "n", "start llama-server on one of your active bookings"),
     ("servers", "x", "stop the highlighted server (asks first)"),
     ("servers", "l", "scroll the highlighted server's log"),
+    ("card detail", "h", "charts over the last hour, day or week, in turn (the service's history)"),
+    ("card detail", "1 / 2 / 3", "charts over the last hour / day / week"),
     ("screens", "escape", "back to the board"),
 )

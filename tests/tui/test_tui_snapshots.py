@@ -68,7 +68,9 @@ class TestCardDetail:
         async def detail(pilot):
             await ready(pilot)
             await pilot.press("enter")
-            await wait_for(pilot, lambda: isinstance(pilot.app.screen, CardDetailScreen))
+            # The charts drawn from the service's history (a replay of the simulated fleet here), not before.
+            await wait_for(pilot, lambda: isinstance(pilot.app.screen, CardDetailScreen)
+                           and pilot.app.screen.points is not None)
 
         assert snap_compare(make_app(), terminal_size=size, run_before=detail)
 
@@ -109,7 +111,9 @@ class TestUntrustedText:
         async def detail(pilot):
             await ready(pilot)
             await pilot.press("down", "down", "down", "down", "enter")
-            await wait_for(pilot, lambda: isinstance(pilot.app.screen, CardDetailScreen))
+            # The charts drawn from the service's history (a replay of the simulated fleet here), not before.
+            await wait_for(pilot, lambda: isinstance(pilot.app.screen, CardDetailScreen)
+                           and pilot.app.screen.points is not None)
 
         assert snap_compare(make_app(source=source, db_path=db), terminal_size=size, run_before=detail)
 

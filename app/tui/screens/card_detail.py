@@ -58,9 +58,10 @@ class CardDetailScreen(Screen):
     """
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
-        Binding("1", "span('1h')", "1 h", tooltip="The charts over the last hour"),
-        Binding("2", "span('24h')", "24 h", tooltip="The charts over the last day"),
-        Binding("3", "span('7d')", "7 d", tooltip="The charts over the last week"),
+        Binding("h", "next_span", "Span", tooltip="The charts over the last hour, day or week, in turn"),
+        Binding("1", "span('1h')", "1 h", show=False),
+        Binding("2", "span('24h')", "24 h", show=False),
+        Binding("3", "span('7d')", "7 d", show=False),
     ]
 
     def __init__(self, uuid: str) -> None:
@@ -105,6 +106,10 @@ class CardDetailScreen(Screen):
         self.load_history()
         self.set_interval(HISTORY_RELOAD_S, self.load_history)
         processes.focus()
+
+    def action_next_span(self) -> None:
+        keys = list(SPANS)
+        self.action_span(keys[(keys.index(self.span.key) + 1) % len(keys)])
 
     def action_span(self, key: str) -> None:
         self.span = SPANS[key]
@@ -175,7 +180,7 @@ class CardDetailScreen(Screen):
         points = self.points
         seen = ""
         if not points and self.span.key == "1h":
-            points, seen = [list(h) for h in self.app.history.get(self.uuid, ())], " (this board)"
+            points, seen = [list(h) for h in self.app.history.get(self.uuid, ())], " seen"
         points = points or []
         limit = status.reading.power_limit_w if status is not None else None
         for key, column in (("vram", 1), ("util", 2), ("temp", 3), ("power", 4)):
@@ -185,16 +190,16 @@ class CardDetailScreen(Screen):
             return max((p[column] for p in points if len(p) > column), default=None)
 
         mean_util = sum(p[2] for p in points) / len(points) if points else None
-        span = f"{self.span.label}{seen}"
+        # Short enough for a quarter of 80 columns: the span once, then each chart's figure.
         self.query_one("#vram-label", Static).update(
-            Text(f"VRAM, {span} · peak {NA if peak(1) is None else f'{peak(1):.1f} GiB'}"))
+            Text(f"{self.span.label}{seen} VRAM max {NA if peak(1) is None else f'{peak(1):.1f}G'}"))
         self.query_one("#util-label", Static).update(
-            Text(f"util · mean {NA if mean_util is None else f'{mean_util:.0f}%'}"))
+            Text(f"util mean {NA if mean_util is None else f'{mean_util:.0f}%'}"))
         self.query_one("#temp-label", Static).update(
-            Text(f"temp · peak {NA if peak(3) is None else f'{peak(3):.0f}°C'}"))
-        of = "" if limit is None else f" of {limit:.0f}"
+            Text(f"temp max {NA if peak(3) is None else f'{peak(3):.0f}°C'}"))
+        of = "" if limit is None else f"/{limit:.0f}"
         self.query_one("#power-label", Static).update(
-            Text(f"power · peak {NA if peak(4) is None else f'{peak(4):.0f}{of} W'}"))
+            Text(f"power max {NA if peak(4) is None else f'{peak(4):.0f}{of}W'}"))
 
     @on(ServersLoaded)
     def _servers_loaded(self, message: ServersLoaded) -> None:
