@@ -173,7 +173,8 @@ def service_side_by_side(seconds: float, sample_s: float) -> dict:
             time.sleep(1)
         cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
         history_file = on.db.with_name(on.db.stem + ".history.db")
-        size = history_file.stat().st_size if history_file.exists() else 0
+        size = sum(p.stat().st_size for p in (history_file, history_file.with_name(history_file.name + "-wal"))
+                   if p.exists())
         conn = sqlite3.connect(f"file:{history_file}?mode=ro", uri=True)
         try:
             rows = conn.execute("SELECT count(*) FROM samples").fetchone()[0]
