@@ -87,12 +87,20 @@ class Sampler:
             self.maintain(now)
 
     def run(self, stop: threading.Event) -> None:
+        failing = None  # the last failure logged: a full disk says so once, not every 10 s
         try:
             while not stop.is_set():
                 try:
                     self.step()
                 except Exception as error:  # noqa: BLE001 - a service outlives one bad sample (a full disk, say)
-                    self.log(f"history: sample failed: {type(error).__name__}: {error}")
+                    line = f"history: sample failed: {type(error).__name__}: {error}"
+                    if line != failing:
+                        self.log(line)
+                    failing = line
+                else:
+                    if failing is not None:
+                        self.log("history: sampling again")
+                    failing = None
                 stop.wait(self.settings.sample_s)
         finally:
             self.store.close()

@@ -118,6 +118,12 @@ class HistoryStore:
 
             import sqlite_utils
 
+            from app.store.db import StoreError, _refuse_planted_links
+
+            # As for board.db: never write through a link someone planted where the file or its journal goes.
+            if self.path.is_symlink():
+                raise StoreError(f"{self.path} is a symbolic link, not the history's own file; remove it")
+            _refuse_planted_links(self.path)
             conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from dataclasses import replace
 
@@ -159,3 +160,23 @@ def test_the_quick_path_and_a_disabled_history_start_no_sampler(tmp_path):
     service = Service(config, Fleet(SimulatedSource(), 1))
     assert start_sampler(service) is None
     assert not (tmp_path / "board.history.db").exists()
+
+
+def test_the_loop_logs_a_lasting_failure_once_and_its_end(client, tmp_path):
+    import threading
+
+    sampler = Sampler(client.service)
+    lines, calls = [], []
+    sampler.log = lines.append
+    stop = threading.Event()
+
+    def step():
+        calls.append(1)
+        if len(calls) <= 3:
+            raise sqlite3.OperationalError("database or disk is full")
+        stop.set()
+
+    sampler.step = step
+    sampler.settings = HistorySettings(sample_s=0.001)
+    sampler.run(stop)
+    assert lines == ["history: sample failed: OperationalError: database or disk is full", "history: sampling again"]

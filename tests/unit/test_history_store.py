@@ -141,3 +141,16 @@ class TestSeries:
         [point] = store.series(A, T0, T0 + 2 * BUCKET_S, 2 * BUCKET_S)
         assert point.util.mean == pytest.approx((30 * 10 + 100) / 31)
         assert (point.util.min, point.util.max, point.n) == (10, 100, 31)
+
+
+@pytest.mark.parametrize("suffix", ["", "-wal"])
+def test_a_planted_link_is_refused_and_nothing_is_written_through_it(tmp_path, suffix):
+    from app.store.db import StoreError
+
+    target = tmp_path / "elsewhere"
+    target.write_text("not yours")
+    path = tmp_path / "board.history.db"
+    (tmp_path / f"board.history.db{suffix}").symlink_to(target)
+    with pytest.raises(StoreError, match="symbolic link"):
+        HistoryStore(path).add([sample(T0)])
+    assert target.read_text() == "not yours"
