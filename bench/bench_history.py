@@ -141,6 +141,15 @@ def synthetic_year(path: Path, *, days: int = 365, cards: int = 8, now: int = NO
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     written = time.perf_counter()
     counts = {t: db[t].count for t in ("samples", "sample_users", "rollups", "squats", "cards")}
+    # What the readers do: the card detail's week, and a year's figures per card (what a report sums up).
+    timings = {}
+    begun = time.perf_counter()
+    store.series(first.cards[0].uuid, now - 7 * 86400, now, 1800)
+    timings["week_of_one_card_ms"] = round(1000 * (time.perf_counter() - begun), 1)
+    begun = time.perf_counter()
+    db.execute("SELECT card, state, sum(seconds), avg(util_mean), max(vram_max) FROM rollup_view"
+               " WHERE ts >= ? GROUP BY card, state", [now - 365 * 86400]).fetchall()
+    timings["year_by_card_and_state_ms"] = round(1000 * (time.perf_counter() - begun), 1)
     try:
         pages = dict(db.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall())
     except sqlite3.OperationalError:  # an SQLite built without dbstat
@@ -151,6 +160,7 @@ def synthetic_year(path: Path, *, days: int = 365, cards: int = 8, now: int = NO
             "table_mb": {name: round(b / 1e6, 2) for name, b in sorted(pages.items(), key=lambda kv: -kv[1])},
             "bytes_per_rollup": round(pages.get("rollups", 0) / max(1, counts["rollups"]), 1),
             "write_s": {"rollups": round(rolled_at - started, 1), "raw": round(written - rolled_at, 1)},
+            "query": timings,
             "slot_bits": SLOT_BITS}
 
 
@@ -209,7 +219,7 @@ def main() -> int:
             print(f"{figures['cards']} cards, {figures['days']} days: {figures['mb']} MB (target 50 MB)")
             print(f"  rows {figures['rows']}")
             print(f"  by table (MB) {figures['table_mb']}; {figures['bytes_per_rollup']} bytes a rollup")
-            print(f"  written in {figures['write_s']} s")
+            print(f"  written in {figures['write_s']} s; queries {figures['query']}")
         return 0 if figures["bytes"] <= 50e6 else 1
     figures = service_side_by_side(args.seconds, args.sample_s)
     if args.json:

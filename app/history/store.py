@@ -286,11 +286,8 @@ class HistoryStore:
         rolled_to = min(self._meta("rolled_to") or start, end)
         points = self._rollup_points(card, start, max(start, rolled_to), step) if rolled_to > start else []
         tail = self._raw_points(card, max(start, rolled_to), end, step, origin=start)
-        if points and tail and tail[0].ts == points[-1].ts:  # the step the watermark cuts: keep the fuller side
-            if tail[0].n > points[-1].n:
-                points.pop()
-            else:
-                tail.pop(0)
+        if points and tail and tail[0].ts == points[-1].ts:  # the step the watermark cuts: one point of both
+            points[-1] = _merge(points[-1], tail.pop(0))
         return points + tail
 
     def _raw_points(self, card: int, start: int, end: int, step: int, origin: int | None = None) -> list[Point]:
@@ -356,6 +353,15 @@ class HistoryStore:
     def rolled_to(self) -> int | None:
         """Where the rollups end: buckets before this epoch second are rolled up."""
         return self._meta("rolled_to")
+
+
+def _merge(a: Point, b: Point) -> Point:
+    def span(x: Span, y: Span) -> Span:
+        if x.mean is None or y.mean is None:
+            return x if y.mean is None else y
+        return Span(min(x.min, y.min), (x.mean * a.n + y.mean * b.n) / (a.n + b.n), max(x.max, y.max))
+
+    return Point(a.ts, *(span(getattr(a, m), getattr(b, m)) for m in METRICS), n=a.n + b.n)
 
 
 def _point(row) -> Point:

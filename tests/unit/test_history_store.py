@@ -154,3 +154,12 @@ def test_a_planted_link_is_refused_and_nothing_is_written_through_it(tmp_path, s
     with pytest.raises(StoreError, match="symbolic link"):
         HistoryStore(path).add([sample(T0)])
     assert target.read_text() == "not yours"
+
+
+def test_a_step_the_watermark_cuts_is_one_point_of_both_sides(store):
+    store.add([sample(T0 + 10 * i, util=10) for i in range(30)] + [sample(T0 + BUCKET_S + 10 * i, util=40)
+                                                                    for i in range(10)])
+    store.roll_up(T0 + BUCKET_S)  # the first bucket rolled up, the second still raw
+    [point] = store.series(A, T0, T0 + 2 * BUCKET_S, 2 * BUCKET_S)
+    assert (point.util.min, point.util.max, point.n) == (10, 40, 40)
+    assert point.util.mean == pytest.approx((30 * 10 + 10 * 40) / 40)
