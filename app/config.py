@@ -100,6 +100,19 @@ class BookingSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """`listen = "127.0.0.1:9400"`: the service serves Prometheus's /metrics there (app.service.metrics); unset: off."""
+
+    listen: str | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port); an IPv6 host is written in brackets, "[::1]:9400"."""
+        host, _, port = str(self.listen).rpartition(":")
+        return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -114,6 +127,7 @@ class Config:
     enforce: EnforceSettings = field(default_factory=EnforceSettings)
     fit: FitSettings = field(default_factory=FitSettings)
     booking: BookingSettings = field(default_factory=BookingSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -138,7 +152,8 @@ def _hhmm(text: str) -> int:
 
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
-    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking"}
+    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
+             "metrics"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -183,7 +198,21 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         enforce=_enforce(raw.get("enforce", {})),
         fit=_fit(raw.get("fit", {})),
         booking=_booking(raw.get("booking", {})),
+        metrics=_metrics(raw.get("metrics", {})),
     )
+
+
+def _metrics(table: dict) -> MetricsSettings:
+    settings = _build(MetricsSettings, table, "[metrics]")
+    listen = settings.listen
+    if listen is None:
+        return settings
+    host, _, port = listen.rpartition(":") if isinstance(listen, str) else ("", "", "")
+    host = host.removeprefix("[").removesuffix("]")
+    if not (host and host.isascii() and host.isprintable() and " " not in host
+            and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"[metrics] listen is {str(listen)[:40]!r}; give host:port, such as \"127.0.0.1:9400\"")
+    return settings
 
 
 def _booking(table: dict) -> BookingSettings:
