@@ -80,7 +80,10 @@ class BoardCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snapshot = self.service.fleet.latest()
         view = self.view()
-        pools = {card: pool.name for pool in reversed(self.service.config.pools) for card in pool.cards}
+        pools: dict[int, list[str]] = {}  # a card in two pools has both names, "prod,night"
+        for pool in self.service.config.pools:
+            for index in pool.cards:
+                pools.setdefault(index, []).append(pool.name)
         statuses = fleet_status(snapshot, view.live, self.service.clock(), hot_celsius=self.service.config.hot_celsius)
 
         def gauge(name: str, text: str, unit_labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -98,7 +101,7 @@ class BoardCollector(Collector):
         }
         for status in statuses:
             reading, booking = status.reading, status.booking
-            labels = [reading.uuid, str(reading.index), reading.name or "", pools.get(reading.index, ""),
+            labels = [reading.uuid, str(reading.index), reading.name or "", ",".join(pools.get(reading.index, ())),
                       booking.user if booking else "", booking.klass if booking else "", str(booking.id) if booking else ""]
             sm_clock = getattr(reading, "sm_clock_mhz", None)  # the history's field (issue 12, section 1), when there
             for key, value in (

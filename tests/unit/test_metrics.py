@@ -42,10 +42,10 @@ class Clock:
 @pytest.fixture
 def service(tmp_path):
     config = Config(db_path=tmp_path / "board.db", metrics=MetricsSettings("127.0.0.1:0"),
-                    pools=(Pool("prod", (0, 1, 2, 3)), Pool("lab", (4, 5, 6, 7))))
+                    pools=(Pool("prod", (0, 1, 2, 3)), Pool("lab", (4, 5, 6, 7)), Pool("night", (3, 7))))
     clock = Clock(FROZEN_NOW)
     made = Service(config, Fleet(open_source(True, clock=clock), 1.0, clock=lambda: 0.0), clock=clock)
-    made.adopted = made.conn  # the service creates the database, as the agent does before it serves
+    made.conn.execute("SELECT 1")  # the service creates the database, as the agent does before it serves
     yield made
     made.close()
 
@@ -94,6 +94,7 @@ class TestCards:
             assert card(got["board_gpu_power_limit_watts"], reading.index)[0].value == 575.0
         assert {s.labels["pool"] for s in card(got["board_gpu_temperature_celsius"], 2)} == {"prod"}
         assert {s.labels["pool"] for s in card(got["board_gpu_temperature_celsius"], 6)} == {"lab"}
+        assert {s.labels["pool"] for s in card(got["board_gpu_temperature_celsius"], 7)} == {"lab,night"}
         assert got["board_fleet_read_timestamp_seconds"][0].value == snapshot.taken_at
 
     def test_the_holder_class_and_booking_label_the_card_they_hold(self, service, metrics):
