@@ -203,6 +203,7 @@ class _Handler(WSGIRequestHandler):
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    request_queue_size = 128  # socketserver's 5 drops the SYNs of a crowd of scrapers: a 1 s retransmit each
 
 
 class MetricsServer:
