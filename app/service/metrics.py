@@ -35,7 +35,8 @@ from app.core.cardstate import BOOKED, FREE, IN_USE, LOST, SQUATTED, fleet_statu
 from app.errors import BoardError
 from app.model import Booking
 
-VIEW_TTL_S = 5.0  # bookings start and end with the clock, not only with changes: read again at least this often
+VIEW_TTL_S = 5.0  # the queue and the counters move without a bookings change (a crash, time): read again this often
+AHEAD_S = 3600  # the view holds the bookings of the next hour, so the holder at each scrape's own time is right
 REQUEST_TIMEOUT_S = 10.0  # a scraper that connects and says nothing holds its thread no longer than this
 FOREVER = 2**62
 MIB = 1024 * 1024
@@ -149,7 +150,8 @@ class BoardCollector(Collector):
         counts = {name: dict(totals) for name, totals in before.counts.items()}
         conn.execute("BEGIN")  # one snapshot of the file for the bookings and the events
         try:
-            live = rows.live_between(conn, now, now + 1)
+            # The next hour's too: a booking that starts between two reads takes its card at the scrape that follows.
+            live = rows.live_between(conn, now, now + AHEAD_S)
             queued = len(rows.queued(conn, now))
             cursor = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
             for name, _, where, _, key in COUNTED:

@@ -174,6 +174,18 @@ class TestCounters:
                           ok=False, details={"refused": "an old refusal"})
         assert {s.labels["reason"]: s.value for s in scrape(metrics)["board_bookings_refused"]} == {"unknown": 1}
 
+    def test_server_crashes_are_counted_from_their_audit_events(self, service, metrics):
+        from app.store import events
+        from app.store.db import write
+
+        assert scrape(metrics)["board_server_crashes"][0].value == 0
+        with write(service.conn):
+            for server_id in (1, 2):
+                events.record(service.conn, ts=FROZEN_NOW, uid=0, actor="board", action="server-crash", booking_id=None,
+                              ok=True, details={"server": server_id})
+        metrics.collector.clock = lambda: 60.0  # no booking changed: the view is read again once it is old
+        assert scrape(metrics)["board_server_crashes"][0].value == 2
+
     def test_no_family_is_exported_for_a_source_that_does_not_exist_yet(self, metrics):
         names = set(scrape(metrics))
         assert not [n for n in names if any(word in n for word in ("xid", "oom", "alert", "notify"))]
@@ -205,6 +217,17 @@ class TestScraping:
         service.call(ALICE, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + H, "cards": [4]})
         assert value(card(scrape(metrics)["board_gpu_state"], 4), state="booked", holder="alice") == 1.0
         assert metrics.collector.reads == 2
+
+    def test_a_booking_takes_its_card_when_it_starts_and_leaves_it_when_it_ends(self, service, metrics):
+        later = service.call(ALICE, "book", {"start": FROZEN_NOW + 60, "end": FROZEN_NOW + 120, "cards": [4]})
+        assert value(card(scrape(metrics)["board_gpu_state"], 4), state="free") == 1.0
+        reads = metrics.collector.reads
+        service.clock.now = FROZEN_NOW + 60  # nothing changed but the time, and the view is not read again
+        held = card(scrape(metrics)["board_gpu_state"], 4)
+        assert value(held, state="booked", holder="alice", booking_id=str(later["id"])) == 1.0
+        assert metrics.collector.reads == reads
+        service.clock.now = FROZEN_NOW + 120
+        assert value(card(scrape(metrics)["board_gpu_state"], 4), state="free", holder="") == 1.0
 
     def test_a_database_it_cannot_read_is_a_503_and_one_line_in_the_log(self, service, tmp_path):
         gone = replace(service.config, db_path=tmp_path / "missing" / "board.db")
