@@ -1,8 +1,9 @@
 """Prometheus's /metrics ([metrics] listen): the cards and the bookings as the service already knows them.
 
 A scrape is cheap whoever asks and however often:
-- the card gauges come from the fleet's shared snapshot (`Fleet.latest`): the GPUs are read at most
-  once per [display] refresh_seconds however many scrape, never once per scrape;
+- the card gauges come from the fleet's shared snapshot (`Fleet.latest`): a scrape reads the GPUs only
+  when nobody has for [display] refresh_seconds, and scrapers that come meanwhile share that read, so
+  many scrapers cost no more GPU reads than one (at most one per refresh period);
 - bookings and counters come from a view read on this module's own read-only connection, kept for
   VIEW_TTL_S and read again sooner only when the bookings changed (the hub's version); one scraper
   reads it while the others wait for it, so a crowd of scrapers costs one read;
@@ -38,12 +39,12 @@ from app.model import Booking
 VIEW_TTL_S = 5.0  # the queue and the counters move without a bookings change (a crash, time): read again this often
 AHEAD_S = 3600  # the view holds the bookings of the next hour, so the holder at each scrape's own time is right
 REQUEST_TIMEOUT_S = 10.0  # a scraper that connects and says nothing holds its thread no longer than this
-FOREVER = 2**62
 MIB = 1024 * 1024
 STATES = {FREE: "free", BOOKED: "booked", IN_USE: "in_use", SQUATTED: "squatted", LOST: "lost"}
 CARD_LABELS = ("uuid", "index", "name", "pool", "holder", "class", "booking_id")
 
-# The counters that the audit log carries: (metric, help, its events, the label read from each event's details).
+# The counters that the audit log carries: (metric, help, which events, the label's name, the details key it is read
+# from).
 # An event's refusal category ("refused_by") is written since metrics came; older refusals count as "unknown".
 COUNTED = (
     ("board_bookings_created", "Bookings created (each occurrence of a series counts), by class.",
