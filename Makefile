@@ -31,10 +31,11 @@ run: $(VENV)/.runtime
 llama-server:
 	@scripts/build_llama_server.sh
 
-# Lint first (seconds); a failed llama-server build stops here rather than letting its tests skip.
+# Lint first (seconds); a failed llama-server build or Prometheus download stops here rather than letting tests skip.
 test: $(VENV)/.test
 	$(BIN)/ruff check .
-	server="$$(scripts/build_llama_server.sh)" && BOARD_LLAMA_SERVER="$$server" $(BIN)/python -m pytest
+	server="$$(scripts/build_llama_server.sh)" && prometheus="$$(scripts/fetch_prometheus.sh)" && \
+	BOARD_LLAMA_SERVER="$$server" BOARD_PROMETHEUS_DIR="$$prometheus" $(BIN)/python -m pytest
 
 $(VENV)/.mutation: pyproject.toml | $(VENV)/.test
 	$(BIN)/python -m pip install --quiet $(EDITABLE) '.[test,mutation]'

@@ -80,6 +80,19 @@ class EnforceSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """`listen = "127.0.0.1:9400"`: the service serves Prometheus's /metrics there (app.service.metrics); unset: off."""
+
+    listen: str | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port); an IPv6 host is written in brackets, "[::1]:9400"."""
+        host, _, port = str(self.listen).rpartition(":")
+        return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+@dataclass(frozen=True, slots=True)
 class FitSettings:
     """Memory accounting (board fit, book --model, serve start's check)."""
 
@@ -124,6 +137,7 @@ class Config:
     llama: LlamaSettings = field(default_factory=LlamaSettings)
     service: ServiceSettings = field(default_factory=ServiceSettings)
     enforce: EnforceSettings = field(default_factory=EnforceSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     fit: FitSettings = field(default_factory=FitSettings)
     booking: BookingSettings = field(default_factory=BookingSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
@@ -158,7 +172,7 @@ def _hhmm(text: str) -> int:
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
     known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
-             "history"}
+             "history", "metrics"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -201,6 +215,7 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         llama=_build(LlamaSettings, llama, "[llama]"),
         service=_build(ServiceSettings, raw.get("service", {}), "[service]"),
         enforce=_enforce(raw.get("enforce", {})),
+        metrics=_metrics(raw.get("metrics", {})),
         fit=_fit(raw.get("fit", {})),
         booking=_booking(raw.get("booking", {})),
         history=_history(raw.get("history", {})),
@@ -241,6 +256,19 @@ def _fit(table: dict) -> FitSettings:
         raise ValueError(f"[fit] max_fill is {settings.max_fill}; give a share of the card from 0 to 1, such as 0.9")
     if settings.overhead_mib < 0 or (settings.card_mib is not None and settings.card_mib <= 0):
         raise ValueError("[fit] overhead_mib must be 0 or more, and card_mib more than 0")
+    return settings
+
+
+def _metrics(table: dict) -> MetricsSettings:
+    settings = _build(MetricsSettings, table, "[metrics]")
+    listen = settings.listen
+    if listen is None:
+        return settings
+    host, _, port = listen.rpartition(":") if isinstance(listen, str) else ("", "", "")
+    host = host.removeprefix("[").removesuffix("]")
+    if not (host and host.isascii() and host.isprintable() and " " not in host
+            and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"[metrics] listen is {str(listen)[:40]!r}; give host:port, such as \"127.0.0.1:9400\"")
     return settings
 
 

@@ -70,6 +70,11 @@ def _retry(error: BoardError, **search: Any) -> BoardError:
     return error
 
 
+def refused_by(refusal: BoardError) -> str:
+    """The audit's refusal category, counted by /metrics: "conflict" (the time is taken) or "policy" (a rule)."""
+    return "conflict" if isinstance(refusal, Conflict) else "policy"
+
+
 class BookingService:
     """The rules, bound to one connection, one caller and one view of the cards."""
 
@@ -548,7 +553,7 @@ class BookingService:
                     result_id = change(now)
                 except (Conflict, NotPermitted) as refused:
                     self.conn.execute("ROLLBACK TO attempt")
-                    refusal, details = refused, {**details, "refused": str(refused)}
+                    refusal, details = refused, {**details, "refused": str(refused), "refused_by": refused_by(refused)}
                 events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,
                               booking_id=booking_id if booking_id is not None else result_id,
                               ok=refusal is None, details=details)

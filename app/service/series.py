@@ -24,7 +24,7 @@ from app.core import policy
 from app.core.series import MAX_SPAN_DAYS, Rule, describe, local_date, make_rule, occurrences, parse_date
 from app.errors import BadInput, BoardError, Conflict, NotPermitted
 from app.model import Booking
-from app.service.bookings import BookingService
+from app.service.bookings import BookingService, refused_by
 from app.store import bookings as rows
 from app.store import events
 from app.store import series as store
@@ -189,7 +189,7 @@ class SeriesService:
                     result = change(now)
                 except (Conflict, NotPermitted) as refused:
                     self.conn.execute("ROLLBACK TO series")
-                    refusal, details = refused, {**details, "refused": str(refused)}
+                    refusal, details = refused, {**details, "refused": str(refused), "refused_by": refused_by(refused)}
                 events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action, booking_id=None,
                               ok=refusal is None, details=details)
         except sqlite3.IntegrityError as error:

@@ -356,11 +356,18 @@ def _peer_closed(conn: socket.socket) -> bool:
 def run_agent(service: Service, path: str) -> int:
     server = ServiceServer(service, path)
     server.bind()
+    metrics = None
+    if service.config.metrics.listen:  # Prometheus's /metrics; prometheus-client is loaded only then
+        from app.service.metrics import MetricsServer
+
+        metrics = MetricsServer(service, log)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: server.stop())
     log(f"board agent: serving {path} (group {server.settings.group}) on {service.config.db_path}"
         f" as uid {os.getuid()}")
     server.serve_forever()
+    if metrics is not None:
+        metrics.close()
     log("board agent: stopped")
     sys.stdout.flush()
     return 0

@@ -592,7 +592,8 @@ class TestWording:
         event = events.recent(conn, 1)[0]
         assert (event.actor, event.action, event.ok, event.booking_id) == ("alice", "create", False, None)
         assert event.details == {"cards": [0, 1], "count": None, "start": NOW, "end": NOW + H, "class": "experiment",
-                                 "note": "sweep", "refused": "you would hold 2 cards at once; the limit is 1"}
+                                 "note": "sweep", "refused": "you would hold 2 cards at once; the limit is 1",
+                                 "refused_by": "policy"}
         assert str(refused.value) == "you would hold 2 cards at once; the limit is 1; no start within 30 days works either"
 
     def test_a_writer_that_beats_the_check_is_a_conflict(self, make_service, conn, monkeypatch):

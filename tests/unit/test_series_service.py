@@ -91,6 +91,7 @@ def test_policy_refusals_name_the_rule_and_book_nothing(series, conn):
     assert (bookings, series_rows, audit) == (before[0], before[1], before[2] + 1)  # only the refusal's audit row
     (event,) = events.recent(conn, 1)
     assert (event.action, event.ok, event.booking_id) == ("series", False, None) and "refused" in event.details
+    assert event.details["refused_by"] == "policy"  # counted by /metrics as board_bookings_refused_total{reason="policy"}
 
 
 def test_occurrences_past_max_ahead_are_refused_with_a_way_forward(series):
@@ -118,13 +119,14 @@ def test_only_admins_override_the_policy_and_each_override_is_audited(series, co
     assert event.details["override_policy"] is True and len(event.details["overridden"]) == 1
 
 
-def test_an_override_never_books_over_someone(series, make_service):
+def test_an_override_never_books_over_someone(series, make_service, conn):
     make_service(name="bob", uid=1002).create(cards=[0], start=FROZEN_NOW + 8 * 24 * HOUR, end=FROZEN_NOW + 9 * 24 * HOUR)
     with pytest.raises(Conflict) as refused:
         series(name="root", uid=0, admin=True).book(cards=[0], klass="finetune", every="day", start="10:00",
                                                     until="12:00", first="2026-12-07", last="2026-12-08",
                                                     override_policy=True)
     assert "card 0 is booked by bob" in str(refused.value)
+    assert events.recent(conn, 1)[0].details["refused_by"] == "conflict"
 
 
 def test_cancel_keeps_the_past_and_the_running_occurrence(series, conn):

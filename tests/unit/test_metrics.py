@@ -1,0 +1,273 @@
+"""/metrics in process: the service on a real database file and the simulated fleet, scraped over real HTTP.
+
+The real agent, promtool and a real Prometheus server are in tests/service/test_metrics_prometheus.py.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import replace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.config import Config, ConfigError, MetricsSettings, Pool, load_config
+from app.core.identity import Identity
+from app.errors import BoardError, Conflict, NotPermitted
+from app.gpu import open_source
+from app.gpu.model import CardReading
+from app.service import Service
+from app.service.fleet import Fleet
+from app.service.metrics import MetricsServer
+from tests.conftest import FROZEN_NOW
+
+H = 3600
+ALICE, BOB = Identity("alice", 1001, False), Identity("bob", 1002, False)
+CARD_LABELS = {"uuid", "index", "name", "pool", "holder", "class", "booking_id"}
+
+
+class Clock:
+    """The service's clock, moved by hand; the fleet's and the view's monotonic clocks stay put unless moved."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def service(tmp_path):
+    config = Config(db_path=tmp_path / "board.db", metrics=MetricsSettings("127.0.0.1:0"),
+                    pools=(Pool("prod", (0, 1, 2, 3)), Pool("lab", (4, 5, 6, 7)), Pool("night", (3, 7))))
+    clock = Clock(FROZEN_NOW)
+    made = Service(config, Fleet(open_source(True, clock=clock), 1.0, clock=lambda: 0.0), clock=clock)
+    made.conn.execute("SELECT 1")  # the service creates the database, as the agent does before it serves
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def metrics(service):
+    logged: list[str] = []
+    server = MetricsServer(service, logged.append)
+    server.collector.clock = lambda: 0.0  # the view never ages: only a change to the bookings makes it read again
+    server.logged = logged
+    yield server
+    server.close()
+
+
+def scrape(server: MetricsServer) -> dict[str, list]:
+    """The exposition over HTTP, parsed by prometheus_client's own parser: family name -> samples."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+
+
+def card(samples, index: int, **labels) -> list:
+    return [s for s in samples if s.labels["index"] == str(index) and all(s.labels[k] == v for k, v in labels.items())]
+
+
+def value(samples, **labels) -> float | None:
+    found = [s.value for s in samples if all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+class TestCards:
+    def test_each_card_has_its_gauges_from_the_fleet_snapshot(self, service, metrics):
+        got = scrape(metrics)
+        snapshot = service.fleet.latest()
+        for reading in snapshot.cards:
+            used = card(got["board_gpu_memory_used_bytes"], reading.index)
+            assert len(used) == 1 and set(used[0].labels) == CARD_LABELS
+            assert used[0].labels["uuid"] == reading.uuid and used[0].labels["name"] == "NVIDIA GeForce RTX 5090"
+            assert used[0].value == reading.memory_used_mib * 1024 * 1024
+            assert card(got["board_gpu_memory_total_bytes"], reading.index)[0].value == 32607 * 1024 * 1024
+            utilization = card(got["board_gpu_utilization_ratio"], reading.index)[0].value
+            assert utilization == pytest.approx(reading.utilization_pct / 100)
+            assert card(got["board_gpu_temperature_celsius"], reading.index)[0].value == reading.temperature_c
+            assert card(got["board_gpu_power_watts"], reading.index)[0].value == reading.power_w
+            assert card(got["board_gpu_power_limit_watts"], reading.index)[0].value == 575.0
+        assert {s.labels["pool"] for s in card(got["board_gpu_temperature_celsius"], 2)} == {"prod"}
+        assert {s.labels["pool"] for s in card(got["board_gpu_temperature_celsius"], 6)} == {"lab"}
+        assert {s.labels["pool"] for s in card(got["board_gpu_temperature_celsius"], 7)} == {"lab,night"}
+        assert got["board_fleet_read_timestamp_seconds"][0].value == snapshot.taken_at
+
+    def test_the_holder_class_and_booking_label_the_card_they_hold(self, service, metrics):
+        booked = service.call(ALICE, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + H, "cards": [3], "class": "batch"})
+        got = scrape(metrics)
+        held = card(got["board_gpu_temperature_celsius"], 3)
+        assert [(s.labels["holder"], s.labels["class"], s.labels["booking_id"]) for s in held] == [
+            ("alice", "batch", str(booked["id"]))]
+        free = card(got["board_gpu_temperature_celsius"], 4)
+        assert [(s.labels["holder"], s.labels["class"], s.labels["booking_id"]) for s in free] == [("", "", "")]
+
+    def test_the_state_is_one_series_per_state_one_of_them_1(self, service, metrics):
+        service.call(ALICE, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + H, "cards": [3]})
+        got = scrape(metrics)["board_gpu_state"]
+        # The default simulated fleet: 3 booked by alice with nothing on it, 4 free, 0 bob's processes unbooked.
+        for index, state in ((3, "booked"), (4, "free"), (0, "squatted")):
+            series = {s.labels["state"]: s.value for s in card(got, index)}
+            assert series == {name: float(name == state) for name in ("free", "booked", "in_use", "squatted", "lost")}
+
+    def test_a_lost_card_reports_its_state_and_no_made_up_values(self, service, metrics):
+        snapshot = service.fleet.latest()
+        lost = replace(snapshot.cards[5], lost=True)
+        service.fleet._latest = replace(snapshot, cards=(*snapshot.cards[:5], lost, *snapshot.cards[6:]))
+        got = scrape(metrics)
+        assert value(card(got["board_gpu_state"], 5), state="lost") == 1.0
+        assert card(got["board_gpu_memory_used_bytes"], 5) == [] and len(got["board_gpu_memory_used_bytes"]) == 7
+
+    def test_the_sm_clock_when_the_readings_carry_it(self, service, metrics):
+        if "sm_clock_mhz" not in CardReading.__dataclass_fields__:
+            pytest.skip("CardReading has no sm_clock_mhz yet: the history (issue 12, section 1) adds it")
+        snapshot = service.fleet.latest()
+        cards = tuple(replace(c, sm_clock_mhz=2000 + c.index) for c in snapshot.cards)
+        service.fleet._latest = replace(snapshot, cards=cards)
+        got = scrape(metrics)
+        assert card(got["board_gpu_sm_clock_hertz"], 6)[0].value == 2006e6
+
+
+class TestCounters:
+    def test_created_and_refused_by_reason_and_backfill_moves(self, service, metrics):
+        first = service.call(ALICE, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + H, "cards": [3]})
+        with pytest.raises(Conflict):
+            service.call(BOB, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + H, "cards": [3]})
+        with pytest.raises(NotPermitted):
+            service.call(BOB, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + 100 * H, "cards": [4]})
+        queued = service.call(BOB, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + H, "cards": [3], "or_later": True,
+                                            "class": "batch"})
+        got = scrape(metrics)
+        assert {s.labels["class"]: s.value for s in got["board_bookings_created"]} == {"experiment": 1, "batch": 1}
+        assert {s.labels["reason"]: s.value for s in got["board_bookings_refused"]} == {"conflict": 1, "policy": 1}
+        assert got["board_backfill_moves"][0].value == 0 and got["board_bookings_queued"][0].value == 1
+        assert queued["start"] == FROZEN_NOW + H
+
+        service.call(ALICE, "release", {"id": first["id"]})  # bob's queued booking moves up to now
+        got = scrape(metrics)
+        assert got["board_backfill_moves"][0].value == 1 and got["board_bookings_queued"][0].value == 0
+        assert value(card(got["board_gpu_state"], 3), state="booked", holder="bob") == 1.0
+
+    def test_counting_goes_on_from_where_it_was_and_a_restart_gives_the_same_totals(self, service, metrics):
+        for hour in range(3):
+            service.call(ALICE, "book", {"start": FROZEN_NOW + hour * H, "end": FROZEN_NOW + (hour + 1) * H, "cards": [1]})
+        assert value(scrape(metrics)["board_bookings_created"], **{"class": "experiment"}) == 3
+        service.call(ALICE, "book", {"start": FROZEN_NOW + 5 * H, "end": FROZEN_NOW + 6 * H, "cards": [1]})
+        assert value(scrape(metrics)["board_bookings_created"], **{"class": "experiment"}) == 4
+
+        restarted = MetricsServer(service, print)  # as a new process would: the whole log read once
+        try:
+            assert value(scrape(restarted)["board_bookings_created"], **{"class": "experiment"}) == 4
+        finally:
+            restarted.close()
+
+    def test_refusals_audited_before_the_category_count_as_unknown(self, service, metrics):
+        from app.store import events
+        from app.store.db import write
+
+        with write(service.conn):
+            events.record(service.conn, ts=FROZEN_NOW, uid=1001, actor="alice", action="create", booking_id=None,
+                          ok=False, details={"refused": "an old refusal"})
+        assert {s.labels["reason"]: s.value for s in scrape(metrics)["board_bookings_refused"]} == {"unknown": 1}
+
+    def test_server_crashes_are_counted_from_their_audit_events(self, service, metrics):
+        from app.store import events
+        from app.store.db import write
+
+        assert scrape(metrics)["board_server_crashes"][0].value == 0
+        with write(service.conn):
+            for server_id in (1, 2):
+                events.record(service.conn, ts=FROZEN_NOW, uid=0, actor="board", action="server-crash", booking_id=None,
+                              ok=True, details={"server": server_id})
+        metrics.collector.clock = lambda: 60.0  # no booking changed: the view is read again once it is old
+        assert scrape(metrics)["board_server_crashes"][0].value == 2
+
+    def test_no_family_is_exported_for_a_source_that_does_not_exist_yet(self, metrics):
+        names = set(scrape(metrics))
+        assert not [n for n in names if any(word in n for word in ("xid", "oom", "alert", "notify"))]
+
+
+class TestScraping:
+    def test_many_scrapers_share_one_gpu_read_and_one_database_read_and_write_nothing(self, service, metrics):
+        watcher = sqlite3.connect(service.config.db_path)
+        version = watcher.execute("PRAGMA data_version").fetchone()[0]
+        reads = service.fleet.reads
+        results: list[int] = []
+
+        def scraper():
+            for _ in range(10):
+                results.append(len(scrape(metrics)["board_gpu_state"]))
+
+        threads = [threading.Thread(target=scraper) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == [40] * 80
+        assert service.fleet.reads - reads <= 1 and metrics.collector.reads == 1
+        assert watcher.execute("PRAGMA data_version").fetchone()[0] == version  # no commit by anyone else
+        watcher.close()
+
+    def test_a_change_to_the_bookings_is_seen_at_the_next_scrape(self, service, metrics):
+        scrape(metrics)
+        service.call(ALICE, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + H, "cards": [4]})
+        assert value(card(scrape(metrics)["board_gpu_state"], 4), state="booked", holder="alice") == 1.0
+        assert metrics.collector.reads == 2
+
+    def test_a_booking_takes_its_card_when_it_starts_and_leaves_it_when_it_ends(self, service, metrics):
+        later = service.call(ALICE, "book", {"start": FROZEN_NOW + 60, "end": FROZEN_NOW + 120, "cards": [4]})
+        assert value(card(scrape(metrics)["board_gpu_state"], 4), state="free") == 1.0
+        reads = metrics.collector.reads
+        service.clock.now = FROZEN_NOW + 60  # nothing changed but the time, and the view is not read again
+        held = card(scrape(metrics)["board_gpu_state"], 4)
+        assert value(held, state="booked", holder="alice", booking_id=str(later["id"])) == 1.0
+        assert metrics.collector.reads == reads
+        service.clock.now = FROZEN_NOW + 120
+        assert value(card(scrape(metrics)["board_gpu_state"], 4), state="free", holder="") == 1.0
+
+    def test_a_database_it_cannot_read_is_a_503_and_one_line_in_the_log(self, service, tmp_path):
+        gone = replace(service.config, db_path=tmp_path / "missing" / "board.db")
+        broken = Service(gone, service.fleet, clock=service.clock)
+        logged: list[str] = []
+        server = MetricsServer(broken, logged.append)
+        try:
+            for _ in range(2):
+                with pytest.raises(urllib.error.HTTPError) as error:
+                    scrape(server)
+                assert error.value.code == 503 and "board.db" in error.value.read().decode()
+        finally:
+            server.close()
+        assert len([line for line in logged if line.startswith("/metrics:")]) == 1
+        assert "\n" not in logged[-1] and "Traceback" not in logged[-1]
+
+    def test_a_port_in_use_is_one_line(self, service, metrics):
+        taken = replace(service.config, metrics=MetricsSettings(f"127.0.0.1:{metrics.port}"))
+        with pytest.raises(BoardError, match=rf"can't serve /metrics on 127.0.0.1:{metrics.port} \(Address already in use\)"):
+            MetricsServer(Service(taken, service.fleet), print)
+
+
+class TestConfig:
+    def test_off_unless_listen_is_set(self, tmp_path):
+        path = tmp_path / "board.toml"
+        path.write_text("[metrics]\n")
+        assert load_config(environ={"BOARD_CONFIG": str(path)}).metrics.listen is None
+        path.write_text('[metrics]\nlisten = "[::1]:9400"\n')
+        assert load_config(environ={"BOARD_CONFIG": str(path)}).metrics.address == ("::1", 9400)
+
+    @pytest.mark.parametrize("listen", ["9400", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", "127.0.0.1:http", ":9400",
+                                        "127.0.0.1:94 00", 9400])
+    def test_a_bad_address_is_one_line(self, tmp_path, listen):
+        path = tmp_path / "board.toml"
+        path.write_text(f"[metrics]\nlisten = {listen!r}\n".replace("'", '"'))
+        with pytest.raises(ConfigError, match=r"\[metrics\] listen is .*; give host:port, such as \"127.0.0.1:9400\"$"):
+            load_config(environ={"BOARD_CONFIG": str(path)})
+
+    def test_an_unknown_key_is_named(self, tmp_path):
+        path = tmp_path / "board.toml"
+        path.write_text('[metrics]\nport = 9400\n')
+        with pytest.raises(ConfigError, match="unknown key 'port' in \\[metrics\\]"):
+            load_config(environ={"BOARD_CONFIG": str(path)})
