@@ -100,6 +100,23 @@ class BookingSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class NotifyTarget:
+    """Where pushes go (app.notify). The url holds the secret (a robot key, a webhook path): never logged or shown."""
+
+    name: str
+    type: str  # wecom | slack | webhook
+    url: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class NotifySettings:
+    targets: tuple[NotifyTarget, ...] = ()
+    summary_at: tuple[str, ...] = ("09:00",)  # local times (policy zone) of the board summary
+    timeout_s: float = 5.0  # per HTTP request
+    max_attempts: int = 8  # then the message is given up
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -114,6 +131,7 @@ class Config:
     enforce: EnforceSettings = field(default_factory=EnforceSettings)
     fit: FitSettings = field(default_factory=FitSettings)
     booking: BookingSettings = field(default_factory=BookingSettings)
+    notify: NotifySettings = field(default_factory=NotifySettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -138,7 +156,8 @@ def _hhmm(text: str) -> int:
 
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
-    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking"}
+    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
+             "notify"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -183,7 +202,49 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         enforce=_enforce(raw.get("enforce", {})),
         fit=_fit(raw.get("fit", {})),
         booking=_booking(raw.get("booking", {})),
+        notify=_notify(raw.get("notify", {})),
     )
+
+
+NOTIFY_TYPES = ("wecom", "slack", "webhook")
+
+
+def _notify(table: dict) -> NotifySettings:
+    """[notify] and its [[notify.targets]]. Messages name a target by its name and type, never by its url."""
+    table = dict(table)
+    targets = []
+    for number, entry in enumerate(table.pop("targets", []), 1):
+        entry = dict(entry)
+        kind = entry.get("type")
+        name = str(entry.get("name") or (kind if isinstance(kind, str) else f"target {number}"))
+        where = f"[[notify.targets]] {name!r}"
+        if unknown := sorted(set(entry) - {"name", "type", "url"}):
+            raise ValueError(f"unknown key {unknown[0][:40]!r} in {where}; known keys: name, type, url")
+        if kind not in NOTIFY_TYPES:
+            raise ValueError(f"{where}: type is {str(kind)[:20]!r}; use one of {', '.join(NOTIFY_TYPES)}")
+        from urllib.parse import urlsplit
+
+        url = entry.get("url")
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{where}: url must be an http:// or https:// address")  # it is secret: not quoted
+        if any(t.name == name for t in targets):
+            raise ValueError(f"{where}: two targets have this name; give each its own name")
+        targets.append(NotifyTarget(name, kind, url))
+    settings = _build(NotifySettings, table, "[notify]")
+    at = settings.summary_at
+    if not isinstance(at, list | tuple) or not all(isinstance(t, str) for t in at):
+        raise ValueError("[notify] summary_at is a list of times of day such as [\"09:00\"]")
+    for text in at:
+        hours, colon, minutes = text.strip().partition(":")
+        if not (colon and hours.isascii() and hours.isdigit() and minutes.isascii() and minutes.isdigit()
+                and int(hours) < 24 and int(minutes) < 60 and len(minutes) == 2):
+            raise ValueError(f"[notify] summary_at has {text[:20]!r}; give times of day such as \"09:00\"")
+    for key in ("timeout_s", "max_attempts"):
+        value = getattr(settings, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError(f"[notify] {key} must be a number more than 0")
+    return replace(settings, targets=tuple(targets), summary_at=tuple(at), max_attempts=int(settings.max_attempts))
 
 
 def _booking(table: dict) -> BookingSettings:

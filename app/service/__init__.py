@@ -40,6 +40,7 @@ class Service:
         self.processes = Registry()
         self.server_supervision = None
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
+        self.notifier = None  # the delivery thread's app.notify.deliver.Deliverer, where the socket server runs one
 
     @property
     def conn(self) -> sqlite3.Connection:

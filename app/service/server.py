@@ -93,6 +93,9 @@ class ServiceServer:
         watchers = start_watchers(self.service)
         enforcer = threading.Thread(target=self._enforce_loop, name="board-enforce", daemon=True)
         enforcer.start()
+        from app.service.notify import start_notifier
+
+        start_notifier(self)  # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
         self._listener.settimeout(0.5)
         try:
             while not self.stopping.is_set():
