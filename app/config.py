@@ -101,11 +101,35 @@ class BookingSettings:
 
 @dataclass(frozen=True, slots=True)
 class NotifyTarget:
-    """Where pushes go (app.notify). The url holds the secret (a robot key, a webhook path): never logged or shown."""
+    """Where pushes go (app.notify). The url holds the secret (a robot key, a webhook path): never logged or shown.
+
+    The config is readable by every member, so `url_file` may name a file only the service reads instead;
+    it is read when a push is sent, never by the members' commands."""
 
     name: str
     type: str  # wecom | slack | webhook
-    url: str = field(repr=False)
+    url: str = field(default="", repr=False)
+    url_file: str | None = None
+
+    def address(self) -> str:
+        """The url; from `url_file` if that is where it is (raises OSError or ValueError when it can't be used)."""
+        if not self.url_file:
+            return self.url
+        with open(self.url_file, encoding="utf-8") as file:
+            url = file.read(4096).strip()
+        if not _web_address(url):
+            raise ValueError("its url_file does not hold an http:// or https:// address")
+        return url
+
+
+def _web_address(url: object) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        return parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname) and "\n" not in url
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,19 +242,20 @@ def _notify(table: dict) -> NotifySettings:
         kind = entry.get("type")
         name = str(entry.get("name") or (kind if isinstance(kind, str) else f"target {number}"))
         where = f"[[notify.targets]] {name!r}"
-        if unknown := sorted(set(entry) - {"name", "type", "url"}):
-            raise ValueError(f"unknown key {unknown[0][:40]!r} in {where}; known keys: name, type, url")
+        if unknown := sorted(set(entry) - {"name", "type", "url", "url_file"}):
+            raise ValueError(f"unknown key {unknown[0][:40]!r} in {where}; known keys: name, type, url, url_file")
         if kind not in NOTIFY_TYPES:
             raise ValueError(f"{where}: type is {str(kind)[:20]!r}; use one of {', '.join(NOTIFY_TYPES)}")
-        from urllib.parse import urlsplit
-
-        url = entry.get("url")
-        parts = urlsplit(url) if isinstance(url, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        url, url_file = entry.get("url"), entry.get("url_file")
+        if (url is None) == (url_file is None):
+            raise ValueError(f"{where}: give url, or url_file (a file only the service reads), not both")
+        if url is not None and not _web_address(url):
             raise ValueError(f"{where}: url must be an http:// or https:// address")  # it is secret: not quoted
+        if url_file is not None and not (isinstance(url_file, str) and os.path.isabs(url_file)):
+            raise ValueError(f"{where}: url_file must be an absolute path")
         if any(t.name == name for t in targets):
             raise ValueError(f"{where}: two targets have this name; give each its own name")
-        targets.append(NotifyTarget(name, kind, url))
+        targets.append(NotifyTarget(name, kind, url or "", url_file))
     settings = _build(NotifySettings, table, "[notify]")
     at = settings.summary_at
     if not isinstance(at, list | tuple) or not all(isinstance(t, str) for t in at):

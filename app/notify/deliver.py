@@ -34,19 +34,23 @@ class Outcome:
 
 def describe(target: NotifyTarget) -> str:
     """A target as messages name it: 'team (wecom, qyapi.weixin.qq.com)'; the url's path, query and user stay out."""
-    parts = urlsplit(target.url)
-    host = parts.hostname or "?"
     try:
+        parts = urlsplit(target.address())
+        host = parts.hostname or "?"
         port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        port = ""
+    except (OSError, ValueError):
+        host, port = "url_file unreadable", ""
     return f"{target.name} ({target.type}, {host}{port})"
 
 
 def redact(text: str, target: NotifyTarget) -> str:
     """`text` without the url or its secret parts (path, query, user info), one short line."""
-    parts = urlsplit(target.url)
-    for secret in sorted({target.url, parts.path, parts.query, parts.netloc, parts.username or "", parts.password or "",
+    try:
+        url = target.address()
+    except (OSError, ValueError):
+        url = ""
+    parts = urlsplit(url)
+    for secret in sorted({url, parts.path, parts.query, parts.netloc, parts.username or "", parts.password or "",
                           *parts.query.split("&"), *(q.partition("=")[2] for q in parts.query.split("&"))},
                          key=len, reverse=True):
         if len(secret) >= 4:
@@ -56,7 +60,13 @@ def redact(text: str, target: NotifyTarget) -> str:
 
 def send(target: NotifyTarget, data: bytes, timeout: float) -> Outcome:
     """POST `data` as JSON; a 2xx answer is success (and for WeCom, errcode 0 in its body)."""
-    request = urllib.request.Request(target.url, data=data, method="POST",
+    try:
+        url = target.address()
+    except OSError as error:  # the message names the file, which is no secret
+        return Outcome(None, f"cannot read url_file: {error.strerror or type(error).__name__}", retry=True)
+    except ValueError as error:
+        return Outcome(None, str(error), retry=True)
+    request = urllib.request.Request(url, data=data, method="POST",
                                      headers={"Content-Type": "application/json; charset=utf-8",
                                               "User-Agent": "board-notify"})
     try:

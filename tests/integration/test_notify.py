@@ -33,7 +33,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict, bytes]] = []
-        self.arrived, self.gate = threading.Event(), threading.Event()
+        self.arrived, self.gate, self.answering = threading.Event(), threading.Event(), threading.Event()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -44,6 +44,7 @@ class Receiver:
                 route = self.path.split("/")[1]
                 if route == "slow":
                     receiver.gate.wait(WAIT_S)
+                receiver.answering.set()  # before the answer: a sender that waited for it sees this set
                 status, reply = {"fail": (500, b"oops"), "gone": (404, b"no such hook"),
                                  "wecom-bad": (200, b'{"errcode": 93000, "errmsg": "invalid webhook url SEKRIT"}'),
                                  "wecom-ok": (200, b'{"errcode": 0, "errmsg": "ok"}')}.get(route, (200, b"ok"))
@@ -180,6 +181,19 @@ class TestDelivery:
         (row,) = rows_of(service)
         assert row.state == "pending" and row.last_error.startswith("could not connect") and row.last_status is None
 
+    def test_the_url_can_live_in_a_file_only_the_service_reads(self, tmp_path, receiver):
+        secret = tmp_path / "team.url"
+        service = make_service(tmp_path, [NotifyTarget("ops", "slack", url_file=str(secret))], Clock())
+        push(service, "alert.firing", "hot")
+        send = deliverer(service, lambda fn: fn(), print)
+        send.pass_once()  # no file yet: retried later, and the error names no url
+        assert [(r.state, r.last_error) for r in rows_of(service)] == \
+            [("pending", "cannot read url_file: No such file or directory")]
+        secret.write_text(receiver.url("ok") + "\n")
+        send.clock = Clock(FROZEN_NOW + 30)
+        send.pass_once()
+        assert [r.state for r in rows_of(service)] == ["sent"] and receiver.bodies("ok") == [{"text": "*hot*"}]
+
     def test_an_outbox_survives_a_restart(self, tmp_path, receiver):
         clock = Clock()
         first = make_service(tmp_path, [NotifyTarget("ops", "slack", receiver.url("fail"))], clock)
@@ -253,13 +267,14 @@ class TestNeverBlocks:
         server = ServiceServer(service, str(tmp_path / "unused.sock"), log=lambda line: None)
         thread = start_notifier(server)
         try:
-            server.database.submit(lambda: push(service, "alert.firing", "first")).result()
+            server.database.submit(lambda: push(service, "alert.firing", "first")).result(WAIT_S)
             assert receiver.arrived.wait(WAIT_S)
-            status, error = server._call(ADMIN, "status", None)  # answered while the receiver still holds the POST
-            assert error is None and len(status["cards"]) == 8 and not receiver.gate.is_set()
-            server.database.submit(lambda: push(service, "alert.firing", "second")).result()
+            # answered while the receiver still holds the POST (a bound on the wait, so a blocked service fails)
+            status = server.database.submit(service.call, ADMIN, "status", None).result(WAIT_S)
+            assert len(status["cards"]) == 8 and not receiver.answering.is_set()
+            server.database.submit(lambda: push(service, "alert.firing", "second")).result(WAIT_S)
             pending = server.database.submit(lambda: [r.state for r in rows_of(service)]).result()
-            assert pending == ["pending", "pending"]
+            assert pending == ["pending", "pending"] and not receiver.answering.is_set()
             receiver.gate.set()
             for _ in range(WAIT_S * 20):
                 if server.database.submit(lambda: [r.state for r in rows_of(service)]).result() == ["sent", "sent"]:

@@ -88,7 +88,9 @@ class TestConfig:
         ('[[notify.targets]]\ntype = "teams"\nurl = "https://x.example/SEKRIT"\n', "type is 'teams'"),
         ('[[notify.targets]]\ntype = "slack"\nurl = "ftp://x.example/SEKRIT"\n', "http:// or https://"),
         ('[[notify.targets]]\ntype = "slack"\nurl = "SEKRIT"\n', "http:// or https://"),
-        ('[[notify.targets]]\ntype = "slack"\n', "http:// or https://"),
+        ('[[notify.targets]]\ntype = "slack"\n', "give url, or url_file"),
+        ('[[notify.targets]]\ntype = "slack"\nurl = "https://a.example/SEKRIT"\nurl_file = "/etc/x"\n', "not both"),
+        ('[[notify.targets]]\ntype = "slack"\nurl_file = "SEKRIT"\n', "url_file must be an absolute path"),
         ('[[notify.targets]]\ntype = "slack"\nurl = "https://a.example/SEKRIT"\n'
          '[[notify.targets]]\ntype = "slack"\nurl = "https://b.example/SEKRIT"\n', "two targets have this name"),
         ('[[notify.targets]]\ntype = "slack"\nurl = "https://a.example/SEKRIT"\nkey = "SEKRIT"\n', "unknown key 'key'"),
@@ -149,3 +151,23 @@ class TestSummary:
         berlin = ZoneInfo("Europe/Berlin")
         nine = int(datetime(2026, 7, 1, 9, 0, tzinfo=berlin).timestamp())  # 07:00 UTC in summer
         assert due_slot(nine + 60, ("09:00",), berlin) == nine
+
+
+class TestSecrets:
+    def target(self, url: str):
+        from app.config import NotifyTarget
+
+        return NotifyTarget("ops", "webhook", url)
+
+    def test_a_target_is_named_by_name_type_and_host(self):
+        from app.notify.deliver import describe
+
+        assert describe(self.target("https://user:SEKRIT1@hooks.example:8443/T0/SEKRIT2?key=SEKRIT3")) == \
+            "ops (webhook, hooks.example:8443)"
+
+    def test_redact_removes_every_secret_part_of_the_url(self):
+        from app.notify.deliver import redact
+
+        url = "https://bot:SEKRIT1@hooks.example/services/SEKRIT2?key=SEKRIT3&x=1"
+        said = redact(f"failed {url} path /services/SEKRIT2 key SEKRIT3 user bot:SEKRIT1\nmore", self.target(url))
+        assert "SEKRIT" not in said and "\n" not in said and said.startswith("failed <secret>")
