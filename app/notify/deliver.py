@@ -106,6 +106,8 @@ class Deliverer:
         self.config, self.clock, self.run_db, self.conn, self.log = config, clock, run_db, conn, log
         self.send, self.before = send, before
         self.wake = threading.Event()
+        # Since this service started, for its metrics: pushes a target took, tries that failed, pushes given up.
+        self.counts = {"sent": 0, "failed_tries": 0, "given_up": 0}
 
     @property
     def targets(self) -> dict[str, NotifyTarget]:
@@ -131,8 +133,10 @@ class Deliverer:
             outcome = self.send(target, body(target.type, row.message), self.config.notify.timeout_s)
         self.run_db(lambda: outbox.record(self.conn(), row, now=int(self.clock()), status=outcome.status,
                                           error=outcome.error, retry=outcome.retry))
+        last = not outcome.retry or row.attempts + 1 >= row.max_attempts
+        self.counts["sent" if outcome.error is None else "failed_tries"] += 1
+        self.counts["given_up"] += outcome.error is not None and last
         if outcome.error is not None and target is not None:
-            last = not outcome.retry or row.attempts + 1 >= row.max_attempts
             self.log(f"notify: {row.kind} #{row.id} to {describe(target)}: {outcome.error}"
                      f" ({'given up' if last else 'will retry'})")
 

@@ -148,6 +148,7 @@ class TestDelivery:
         assert logs[-2] == (f"notify: alert.firing #{row.id} to ops (slack, 127.0.0.1:{receiver.port}):"
                             " HTTP 500 Internal Server Error (given up)")
         assert "will retry" in logs[0]
+        assert send.counts == {"sent": 0, "failed_tries": 4, "given_up": 1}
         no_secret(*logs)
 
     def test_a_404_is_given_up_at_once(self, tmp_path, receiver):
@@ -347,3 +348,7 @@ class TestCli:
         assert (done.returncode, done.stdout) == (2, "")
         assert done.stderr == "board: no target 'nope'; the targets are: ops\n"
         assert receiver.requests == []
+
+    def test_notify_without_an_action_says_which(self, tmp_path):
+        done = run_board("notify", env=self.config(tmp_path))
+        assert (done.returncode, done.stderr) == (2, "board: say which notify action: board notify test [--target NAME]\n")
