@@ -146,6 +146,8 @@ class Deliverer:
                 self.pass_once()
                 upcoming = self.run_db(lambda: outbox.next_due(self.conn()))
             except Exception as error:  # noqa: BLE001 - the delivery thread outlives one bad pass
+                if stopping.is_set():
+                    return  # the database thread has gone: what was sent and not recorded goes again next start
                 self.log(f"notify: delivery pass failed: {type(error).__name__}")
                 upcoming = None
             wait = IDLE_WAIT_S if upcoming is None else min(max(upcoming - self.clock(), 0.05), IDLE_WAIT_S)
