@@ -8,6 +8,7 @@ pushes are at least once.
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -79,7 +80,7 @@ def send(target: NotifyTarget, data: bytes, timeout: float) -> Outcome:
         return Outcome(None, f"no answer within {timeout:g} s", retry=True)
     except urllib.error.URLError as error:
         return Outcome(None, redact(f"could not connect: {error.reason}", target), retry=True)
-    except (OSError, ValueError) as error:  # a reset connection, a malformed answer
+    except (OSError, ValueError, http.client.HTTPException) as error:  # a reset connection, a malformed answer
         return Outcome(None, redact(f"{type(error).__name__}: {error}", target), retry=True)
     if target.type == "wecom":  # the robot answers 200 with an errcode: 93000 bad key, 45009 rate limit
         try:
@@ -95,8 +96,9 @@ def send(target: NotifyTarget, data: bytes, timeout: float) -> Outcome:
 class Deliverer:
     """Sends due outbox rows, retrying with backoff; `pass_once` is one round, `run` loops until `stopping`.
 
-    `run_db(fn)` runs fn(conn) where the database may be written (the service's database thread) and
-    returns its result; `before` runs there too at the start of each pass (the summary scheduler).
+    `run_db(fn)` calls fn() where the database may be written (the service's database thread) and returns
+    its result, and `conn()` is that thread's connection; `before` runs there at the start of each pass
+    (the summary scheduler). The HTTP happens on the caller's thread, between those calls.
     """
 
     def __init__(self, config: Config, clock: Callable[[], float], run_db: Callable[[Callable[[], Any]], Any],

@@ -29,7 +29,7 @@ WAIT_S = 30  # only how long a test waits for something that should happen at on
 
 class Receiver:
     """An HTTP server that records each POST and answers as its path says: /ok, /fail (500), /gone (404),
-    /wecom-ok, /wecom-bad (200 with a WeCom errcode), /slow (waits for `gate`, then 200)."""
+    /wecom-ok, /wecom-bad (200 with a WeCom errcode), /slow (waits for `gate`, then 200), /garbage (no HTTP)."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict, bytes]] = []
@@ -45,6 +45,10 @@ class Receiver:
                 if route == "slow":
                     receiver.gate.wait(WAIT_S)
                 receiver.answering.set()  # before the answer: a sender that waited for it sees this set
+                if route == "garbage":  # not HTTP at all
+                    self.wfile.write(b"garbage\r\n\r\n")
+                    self.close_connection = True
+                    return
                 status, reply = {"fail": (500, b"oops"), "gone": (404, b"no such hook"),
                                  "wecom-bad": (200, b'{"errcode": 93000, "errmsg": "invalid webhook url SEKRIT"}'),
                                  "wecom-ok": (200, b'{"errcode": 0, "errmsg": "ok"}')}.get(route, (200, b"ok"))
@@ -171,6 +175,13 @@ class TestDelivery:
         assert receiver.arrived.is_set() and not receiver.gate.is_set()  # it was still holding the request
         assert [(r.state, r.attempts, r.last_status, r.last_error) for r in rows_of(service)] == \
             [("pending", 1, None, "no answer within 0.2 s")]
+
+    def test_an_answer_that_is_not_http_is_retried(self, tmp_path, receiver):
+        service = make_service(tmp_path, [NotifyTarget("ops", "slack", receiver.url("garbage"))], Clock())
+        push(service, "alert.firing", "hot")
+        deliverer(service, lambda fn: fn(), print).pass_once()
+        (row,) = rows_of(service)
+        assert (row.state, row.attempts, row.last_error.split(":")[0]) == ("pending", 1, "BadStatusLine")
 
     def test_nothing_listening_is_retried(self, tmp_path):
         with socket.socket() as probe:
