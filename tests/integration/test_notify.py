@@ -155,6 +155,17 @@ class TestDelivery:
         assert send.counts == {"sent": 0, "failed_tries": 4, "given_up": 1}
         no_secret(*logs)
 
+    def test_a_test_message_skips_the_line_behind_a_backing_off_push(self, tmp_path, receiver):
+        service = make_service(tmp_path, [NotifyTarget("ops", "slack", receiver.url("fail"))], Clock())
+        push(service, "alert.firing", "hot")
+        send = deliverer(service, lambda fn: fn(), print)
+        send.pass_once()  # failed: the alert backs off for 30 s
+        outbox.enqueue(service.conn, service.config.notify, Message("test", FROZEN_NOW, "test"), now=FROZEN_NOW,
+                       max_attempts=1)
+        send.pass_once()
+        assert [b["text"] for b in receiver.bodies("fail")] == ["*hot*", "*test*"]
+        assert [(r.kind, r.state) for r in rows_of(service)] == [("alert.firing", "pending"), ("test", "failed")]
+
     def test_a_404_is_given_up_at_once(self, tmp_path, receiver):
         service = make_service(tmp_path, [NotifyTarget("hook", "webhook", receiver.url("gone"))], Clock())
         push(service, "alert.firing", "hot")
