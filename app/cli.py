@@ -439,6 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_fit_parser(command)
 
+    from app.notify.cli import add_parser as add_notify_parser
+
+    add_notify_parser(command, common)
+
     p = command("agent", cmd_agent, "enforce the rules: stop servers whose booking ended (a service; --once for cron)",
                 json_flag=True)
     p.add_argument("--once", action="store_true", help="one pass, then exit")

@@ -125,6 +125,47 @@ class HistorySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class NotifyTarget:
+    """Where pushes go (app.notify). The url holds the secret (a robot key, a webhook path): never logged or shown.
+
+    The config is readable by every member, so `url_file` may name a file only the service reads instead;
+    it is read when a push is sent, never by the members' commands."""
+
+    name: str
+    type: str  # wecom | slack | webhook
+    url: str = field(default="", repr=False)
+    url_file: str | None = None
+
+    def address(self) -> str:
+        """The url; from `url_file` if that is where it is (raises OSError or ValueError when it can't be used)."""
+        if not self.url_file:
+            return self.url
+        with open(self.url_file, encoding="utf-8") as file:
+            url = file.read(4096).strip()
+        if not _web_address(url):
+            raise ValueError("its url_file does not hold an http:// or https:// address")
+        return url
+
+
+def _web_address(url: object) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        return parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname) and "\n" not in url
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class NotifySettings:
+    targets: tuple[NotifyTarget, ...] = ()
+    summary_at: tuple[str, ...] = ("09:00",)  # local times (policy zone) of the board summary
+    timeout_s: float = 5.0  # per HTTP request
+    max_attempts: int = 8  # then the message is given up
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -147,6 +188,7 @@ class Config:
         if self.history.db:
             return Path(self.history.db).expanduser()
         return self.db_path.with_name(self.db_path.stem + ".history.db")
+    notify: NotifySettings = field(default_factory=NotifySettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -172,7 +214,7 @@ def _hhmm(text: str) -> int:
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
     known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
-             "history", "metrics"}
+             "history", "metrics", "notify"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -219,6 +261,7 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         fit=_fit(raw.get("fit", {})),
         booking=_booking(raw.get("booking", {})),
         history=_history(raw.get("history", {})),
+        notify=_notify(raw.get("notify", {})),
     )
 
 
@@ -235,6 +278,48 @@ def _history(table: dict) -> HistorySettings:
     if settings.db is not None and not isinstance(settings.db, str):
         raise ValueError("[history] db must be a path")
     return settings
+
+
+NOTIFY_TYPES = ("wecom", "slack", "webhook")
+
+
+def _notify(table: dict) -> NotifySettings:
+    """[notify] and its [[notify.targets]]. Messages name a target by its name and type, never by its url."""
+    table = dict(table)
+    targets = []
+    for number, entry in enumerate(table.pop("targets", []), 1):
+        entry = dict(entry)
+        kind = entry.get("type")
+        name = str(entry.get("name") or (kind if isinstance(kind, str) else f"target {number}"))
+        where = f"[[notify.targets]] {name!r}"
+        if unknown := sorted(set(entry) - {"name", "type", "url", "url_file"}):
+            raise ValueError(f"unknown key {unknown[0][:40]!r} in {where}; known keys: name, type, url, url_file")
+        if kind not in NOTIFY_TYPES:
+            raise ValueError(f"{where}: type is {str(kind)[:20]!r}; use one of {', '.join(NOTIFY_TYPES)}")
+        url, url_file = entry.get("url"), entry.get("url_file")
+        if (url is None) == (url_file is None):
+            raise ValueError(f"{where}: give url, or url_file (a file only the service reads), not both")
+        if url is not None and not _web_address(url):
+            raise ValueError(f"{where}: url must be an http:// or https:// address")  # it is secret: not quoted
+        if url_file is not None and not (isinstance(url_file, str) and os.path.isabs(url_file)):
+            raise ValueError(f"{where}: url_file must be an absolute path")
+        if any(t.name == name for t in targets):
+            raise ValueError(f"{where}: two targets have this name; give each its own name")
+        targets.append(NotifyTarget(name, kind, url or "", url_file))
+    settings = _build(NotifySettings, table, "[notify]")
+    at = settings.summary_at
+    if not isinstance(at, list | tuple) or not all(isinstance(t, str) for t in at):
+        raise ValueError("[notify] summary_at is a list of times of day such as [\"09:00\"]")
+    for text in at:
+        hours, colon, minutes = text.strip().partition(":")
+        if not (colon and hours.isascii() and hours.isdigit() and minutes.isascii() and minutes.isdigit()
+                and int(hours) < 24 and int(minutes) < 60 and len(minutes) == 2):
+            raise ValueError(f"[notify] summary_at has {text[:20]!r}; give times of day such as \"09:00\"")
+    for key in ("timeout_s", "max_attempts"):
+        value = getattr(settings, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError(f"[notify] {key} must be a number more than 0")
+    return replace(settings, targets=tuple(targets), summary_at=tuple(at), max_attempts=int(settings.max_attempts))
 
 
 def _booking(table: dict) -> BookingSettings:

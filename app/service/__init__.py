@@ -41,6 +41,7 @@ class Service:
         self.server_supervision = None
         self.history = None  # app.history.store.HistoryStore, made on first use (app.history.sampler.history_store)
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
+        self.notifier = None  # the delivery thread's app.notify.deliver.Deliverer, where the socket server runs one
 
     @property
     def conn(self) -> sqlite3.Connection:

@@ -96,6 +96,9 @@ class ServiceServer:
         from app.history.sampler import start_sampler
 
         history = start_sampler(self.service, log=self.log)
+        from app.service.notify import start_notifier
+
+        start_notifier(self)  # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
         self._listener.settimeout(0.5)
         try:
             while not self.stopping.is_set():

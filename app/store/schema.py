@@ -180,7 +180,31 @@ CREATE INDEX bookings_queued ON bookings(starts_at) WHERE queued IS NOT NULL AND
 CREATE INDEX bookings_by_series ON bookings(series_id) WHERE series_id IS NOT NULL;
 """
 
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5]
+# v6: the notify outbox (app.notify): one row per message and target, written in the transaction that decides to
+# push it, sent later by the service's delivery thread. `message` is JSON (app.notify.formats.Message), never the
+# target's url. `key` makes an enqueue idempotent (one summary per slot). Sent and given-up rows are pruned.
+_V6 = """
+CREATE TABLE outbox (
+    id INTEGER PRIMARY KEY,
+    target TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    key TEXT,
+    message TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'sent', 'failed')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    next_at INTEGER NOT NULL,
+    last_status INTEGER,
+    last_error TEXT,
+    done_at INTEGER
+);
+CREATE INDEX outbox_due ON outbox(next_at) WHERE state = 'pending';
+CREATE INDEX outbox_done ON outbox(done_at) WHERE state != 'pending';
+CREATE UNIQUE INDEX outbox_by_key ON outbox(key, target) WHERE key IS NOT NULL;
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6]
 LATEST = len(MIGRATIONS)
 
 
