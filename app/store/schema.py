@@ -204,7 +204,39 @@ CREATE INDEX outbox_done ON outbox(done_at) WHERE state != 'pending';
 CREATE UNIQUE INDEX outbox_by_key ON outbox(key, target) WHERE key IS NOT NULL;
 """
 
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6]
+# v7: the team's monitor (issue 12). `faults`: what the seeds count (Xid events from NVML, OOM exits, thermal
+# throttling with its duration), one row each, written by the service (app.faults). `alerts`: each rule's
+# finding about one subject (a card uuid, a booking id, 'fleet'), firing then resolved (app.alerts); at most
+# one firing row per rule and subject. `uid` set: for that user alone (their booking ends in 10 minutes).
+_V7 = """
+CREATE TABLE faults (
+    id INTEGER PRIMARY KEY,
+    ts INTEGER NOT NULL,
+    card_uuid TEXT,
+    kind TEXT NOT NULL CHECK (kind IN ('xid', 'oom', 'throttle')),
+    code INTEGER,
+    detail TEXT NOT NULL DEFAULT '',
+    duration_s REAL,
+    booking_id INTEGER,
+    user TEXT
+);
+CREATE INDEX faults_by_ts ON faults(ts);
+CREATE TABLE alerts (
+    id INTEGER PRIMARY KEY,
+    rule TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('firing', 'resolved')),
+    fired_at INTEGER NOT NULL,
+    resolved_at INTEGER,
+    last_seen INTEGER NOT NULL,
+    message TEXT NOT NULL,
+    uid INTEGER
+);
+CREATE UNIQUE INDEX alerts_firing ON alerts(rule, subject) WHERE state = 'firing';
+CREATE INDEX alerts_by_time ON alerts(fired_at);
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
 LATEST = len(MIGRATIONS)
 
 
