@@ -9,6 +9,7 @@ import time
 import pytest
 
 from app.config import ClassWindow, Config, Policy, Pool
+from app.core import policy
 from app.core.identity import Identity
 from app.errors import BadInput, Conflict, NotPermitted
 from app.service.bookings import BookingService
@@ -225,3 +226,102 @@ class TestNextFree:
     def test_none_when_no_start_works(self, make_service):
         short = Config(policy=Policy(max_booking_hours=2.0))
         assert make_service(config=short).next_free([3], NOW, 3 * H) is None
+
+
+class TestEarliest:
+    def test_a_window_that_opens_exactly_at_the_horizon_is_still_a_start(self, make_service):
+        # The window opens at 15:30; today's is taken, and tomorrow's is exactly one day (max_ahead_days) ahead.
+        tea = Config(policy=Policy(timezone="UTC", max_ahead_days=1),
+                     pools=(Pool("all", tuple(range(8)), windows={"finetune": ClassWindow(930, 1050, weekends=False)}),))
+        make_service("bob", 1002, config=tea).create(cards=[0], start=NOW, end=NOW + 3 * H)
+        assert make_service(config=tea).next_free([0], NOW, H, klass="finetune") == NOW + 86400
+
+    def test_past_the_first_day_the_holders_own_bookings_still_count(self, make_service):
+        one = Config(policy=Policy(max_cards_per_user=1))
+        make_service("bob", 1002, config=one).create(cards=[3], start=NOW, end=NOW + 48 * H)
+        make_service(config=one).create(cards=[0], start=NOW + 48 * H, end=NOW + 49 * H)
+        assert make_service(config=one).next_free([3], NOW, H) == NOW + 49 * H  # not 48 h: card 0 is hers then
+
+    def test_other_users_bookings_do_not_count_to_the_callers_limit(self, make_service):
+        one = Config(policy=Policy(max_cards_per_user=1))
+        make_service("bob", 1002, config=one).create(cards=[0], start=NOW, end=NOW + H)
+        assert make_service(config=one).next_free([3], NOW, H) == NOW
+
+    def test_the_booking_being_moved_does_not_count_to_its_holders_limit(self, make_service):
+        one = Config(policy=Policy(max_cards_per_user=1))
+        alice = make_service(config=one)
+        booking = alice.create(cards=[3], start=NOW + H, end=NOW + 2 * H)
+        assert alice.next_free([4], NOW + H, H, excluding=booking.id) == NOW + H
+
+    def test_asked_for_now_the_cards_with_other_users_processes_stay_out_of_later_starts_too(self, make_service):
+        # Free now: only cards 2, 5 and 6, where bob's, dave's and an unnamed process run.
+        blocker = make_service("bob", 1002).create(cards=[0, 1, 3, 4, 7], start=NOW, end=NOW + 2 * H)
+        booking, notes = make_service().book(count=1, start=NOW + 60, end=NOW + 60 + H, or_later=True)
+        assert (booking.start, booking.cards) == (NOW + 2 * H, (0,))
+        assert notes[0] == "starts later than asked: no card is free for an experiment booking at 15:31 (in 1 min):" \
+            f" cards 0,1,3,4,7 are booked by bob until 17:30 (in 2 h) (booking {blocker.id}); passed over card 2" \
+            " (bob's processes, 23.9 GiB), card 5 (dave's processes, 8.8 GiB), card 6 (container/unknown's processes, 4.0 GiB)"
+
+
+class TestRefusals:
+    def test_a_class_no_pool_allows_names_each_pool_once(self, make_service):
+        online = Config(pools=(Pool("a", (0, 1, 2, 3), classes=("online",)), Pool("b", (4, 5, 6, 7), classes=("online",))))
+        with pytest.raises(NotPermitted) as refused:
+            make_service(config=online).create(count=1, start=NOW + H, end=NOW + 2 * H)
+        assert str(refused.value) == (
+            "1 card for a 1h experiment booking from 16:30 (in 60 min): the rules allow none: class experiment is not"
+            " allowed on pool a (cards 0,1,2,3); class experiment is not allowed on pool b (cards 4,5,6,7);"
+            " no start within 30 days works either")
+
+    def test_named_cards_the_pool_refuses(self, make_service):
+        lab = Config(pools=(Pool("lab", (3,), classes=("batch",)),))
+        with pytest.raises(NotPermitted) as refused:
+            make_service(config=lab).create(cards=[3], start=NOW + H, end=NOW + 2 * H)
+        assert str(refused.value) == ("card 3: class experiment is not allowed on pool lab (cards 3);"
+                                      " no start within 30 days works either")
+
+    @pytest.mark.parametrize("taken", [3, 4])
+    def test_at_most_three_holders_are_named_then_an_ellipsis(self, make_service, taken):
+        bob = make_service("bob", 1002)
+        ids = [bob.create(cards=[i], start=NOW, end=NOW + 2 * H).id for i in range(taken)]
+        with pytest.raises(Conflict) as refused:
+            make_service().create(count=8, start=NOW + H, end=NOW + 2 * H, klass="batch")
+        holders = [f"card {i} is booked by bob until 17:30 (in 2 h) (booking {ids[i]})" for i in range(3)]
+        shown = "; ".join(holders + (["…"] if taken > 3 else []))
+        assert str(refused.value) == (f"no 8 cards are free for a batch booking at 16:30 (in 60 min): {shown};"
+                                      " the earliest start that works: 17:30 (in 2 h) on cards 0,1,2,3,4,5,6,7"
+                                      " (--or-later takes it)")
+
+    def test_one_card_is_suggested_as_a_card(self, make_service):
+        booking = make_service("bob", 1002).create(cards=list(range(8)), start=NOW, end=NOW + 2 * H)
+        with pytest.raises(Conflict) as refused:
+            make_service().create(count=1, start=NOW + H, end=NOW + 2 * H)
+        assert str(refused.value).endswith("; the earliest start that works: 17:30 (in 2 h) on card 0 (--or-later takes"
+                                           " it)")
+        assert f"(booking {booking.id})" in str(refused.value)
+
+
+def test_a_split_by_reassign_leaves_the_notice_on_both_pieces(make_service, conn):
+    booking = make_service().create(cards=[3], start=NOW - 30, end=NOW + H)
+    admin = make_service("root", 0, admin=True)
+    piece = admin.reassign(booking.id, cards=[4])
+    what = f"moved to cards 4 by admin root (from now on booking {piece.id})"
+    assert (rows.get(conn, booking.id).notice, piece.notice) == (what, what)
+    assert admin.told == [(1001, f"booking {booking.id} was {what}")]
+
+
+class TestWindowOpens:
+    def test_openings_fall_on_the_minute_whatever_the_seconds_of_the_start(self):
+        config = Config(policy=Policy(timezone="UTC"), pools=(Pool("p", (0,), windows={"finetune": NIGHT}),))
+        assert policy.window_opens(config, "finetune", NOW + 17, NOW + 86400) == [NOW + 3 * H + 1800]
+
+    def test_the_span_includes_its_start_and_not_its_end(self):
+        config = Config(policy=Policy(timezone="UTC"), pools=(Pool("p", (0,), windows={"finetune": NIGHT}),))
+        seven = NOW + 3 * H + 1800
+        assert policy.window_opens(config, "finetune", seven, seven + 86400) == [seven]
+        assert policy.window_opens(config, "finetune", NOW, seven) == []
+
+    def test_a_window_without_weekends_does_not_open_at_saturday_midnight(self):
+        config = Config(policy=Policy(timezone="UTC"), pools=(Pool("p", (0,), windows={"batch": NIGHT}),))
+        friday = NOW + 5 * 86400  # Friday 15:30
+        assert policy.window_opens(config, "batch", friday, friday + 86400) == [friday + 3 * H + 1800]
