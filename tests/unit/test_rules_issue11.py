@@ -325,3 +325,13 @@ class TestWindowOpens:
         config = Config(policy=Policy(timezone="UTC"), pools=(Pool("p", (0,), windows={"batch": NIGHT}),))
         friday = NOW + 5 * 86400  # Friday 15:30
         assert policy.window_opens(config, "batch", friday, friday + 86400) == [friday + 3 * H + 1800]
+
+
+def test_or_later_with_no_start_that_works_is_refused_with_the_rules_reason(make_service, conn):
+    online = Config(pools=(Pool("all", tuple(range(8)), classes=("online",)),))
+    with pytest.raises(NotPermitted) as refused:
+        make_service(config=online).book(count=1, start=NOW + H, end=NOW + 2 * H, or_later=True)
+    assert str(refused.value) == (
+        "1 card for a 1h experiment booking from 16:30 (in 60 min): the rules allow none: class experiment is not"
+        " allowed on pool all (cards 0,1,2,3,4,5,6,7); no start within 30 days works either")
+    assert rows.listing(conn, start=None, end=None, user=None, include_cancelled=True) == []

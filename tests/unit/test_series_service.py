@@ -199,3 +199,15 @@ def test_today_starts_with_the_next_occurrence_still_ahead(series):
     made = series().book(cards=[4], every="day", start="9:00", until="10:00", last="2026-12-01")
     assert [berlin(b.start) for b in made.booked] == ["Mon 2026-11-30 09:00", "Tue 2026-12-01 09:00"]
     assert made.series.rule["from"] == "2026-11-29"
+
+
+def test_an_admins_extension_counts_the_holders_bookings_against_the_holders_limit(series, make_service):
+    one = Config(policy=Policy(timezone="UTC", max_cards_per_user=1))
+    made = series(config=one).book(cards=[3], every="day", start="9:00", until="10:00", first="2026-12-07",
+                                   last="2026-12-08")
+    nine = int(datetime(2026, 12, 9, 9, 0, tzinfo=timezone.utc).timestamp())
+    make_service(config=one).create(cards=[0], start=nine, end=nine + HOUR)
+    with pytest.raises(NotPermitted) as refused:
+        series(name="root", uid=0, admin=True, config=one).extend(made.series.id, "2026-12-09")
+    assert str(refused.value) == ("the policy refuses the occurrence, so nothing was booked: you would hold 2 cards at"
+                                  " once; the limit is 1 (Wed 2026-12-09 09:00); admins may pass --override-policy")
