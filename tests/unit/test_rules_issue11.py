@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -162,6 +163,18 @@ class TestBackfill:
         seven = BookingService(conn, Identity("root", 0, True), Config(), fleet.cards[:7], fleet.topology, lambda: NOW)
         assert [after.id for _, after in seven.backfill()] == [queued.id]
         assert rows.get(conn, elsewhere.id).start == NOW + 2 * H
+
+    def test_a_card_replaced_since_is_recorded_before_a_queued_count_moves_onto_it(self, make_service, conn, fleet):
+        bob = make_service("bob", 1002)
+        bob.create(cards=[0, 1, 2, 3], start=NOW, end=NOW + 2 * H)
+        lab = bob.create(cards=[4, 5, 6, 7], start=NOW, end=NOW + 3 * H)
+        queued = make_service().create(count=4, start=NOW + 120, end=NOW + H + 120, or_later=True)
+        bob.cancel(lab.id)
+        swapped = [replace(c, uuid="GPU-replacement") if c.index == 7 else c for c in fleet.cards]
+        BookingService(conn, Identity("root", 0, True), Config(), swapped, fleet.topology, lambda: NOW).backfill()
+        after = rows.get(conn, queued.id)
+        assert (after.start, after.cards, after.card_uuids[-1]) == (NOW + 120, (4, 5, 6, 7), "GPU-replacement")
+        assert conn.execute("SELECT idx, seen_at FROM cards WHERE uuid = 'GPU-replacement'").fetchone() == (7, NOW)
 
     def test_a_move_that_frees_time_for_one_earlier_in_the_order_is_followed_in_the_same_call(self, make_service, conn):
         blocker = make_service("bob", 1002).create(cards=[0], start=NOW, end=NOW + 2 * H)
