@@ -293,6 +293,13 @@ class TestRefusals:
         assert str(refused.value) == ("card 3: class experiment is not allowed on pool lab (cards 3);"
                                       " no start within 30 days works either")
 
+    def test_the_pools_refusal_comes_before_whoever_holds_the_card(self, make_service):
+        lab = Config(pools=(Pool("lab", (3,), classes=("batch",)),))
+        make_service("bob", 1002, config=lab).create(cards=[3], start=NOW + H, end=NOW + 2 * H, klass="batch")
+        with pytest.raises(NotPermitted) as refused:
+            make_service(config=lab).create(cards=[3], start=NOW + H, end=NOW + 2 * H)
+        assert str(refused.value).startswith("card 3: class experiment is not allowed on pool lab (cards 3);")
+
     @pytest.mark.parametrize("taken", [3, 4])
     def test_at_most_three_holders_are_named_then_an_ellipsis(self, make_service, taken):
         bob = make_service("bob", 1002)

@@ -232,3 +232,8 @@ def test_a_stored_rule_whose_until_is_its_start_runs_a_whole_day():
     rule = Rule.from_json({"every": "day", "days": [0], "start": "09:00", "until": "09:00", "from": "2026-12-07",
                            "to": "2026-12-07"})
     assert walls(rule, UTC) == [("Mon 07 09:00", "Tue 08 09:00")]
+
+
+def test_a_series_may_span_exactly_the_most_days():
+    rule = make_rule("week", "9", "19", MONDAY, MONDAY + timedelta(days=MAX_SPAN_DAYS))
+    assert (rule.last - rule.first).days == MAX_SPAN_DAYS
