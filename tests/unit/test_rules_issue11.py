@@ -224,6 +224,13 @@ class TestOptions:
         assert [(plan.start, plan.end, until) for plan, until in found] == [(NOW + 3 * H + 1800, NOW + 4 * H + 1800, None)]
 
 
+    def test_a_window_that_opens_exactly_at_the_horizon_is_offered_as_next_free_finds_it(self, make_service):
+        tea = Config(policy=Policy(timezone="UTC", max_ahead_days=1),
+                     pools=(Pool("all", tuple(range(8)), windows={"finetune": ClassWindow(930, 1050, weekends=False)}),))
+        make_service("bob", 1002, config=tea).create(cards=list(range(8)), start=NOW, end=NOW + 3 * H)
+        found = make_service(config=tea).options(8, "finetune", NOW, H)
+        assert [(plan.start, until) for plan, until in found] == [(NOW + 86400, None)]
+
 class TestNextFree:
     def test_the_classes_window_decides_when_the_cards_are_next_free(self, make_service):
         lab = Config(policy=Policy(timezone="UTC"),
