@@ -1,0 +1,44 @@
+"""Series rows (app.store.series): canonical JSON in, and a row edited by hand reported once and skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.store import series as store
+from app.store.db import malformed_rows, write
+
+NOW = 1795966200
+
+
+def test_the_rule_is_stored_as_canonical_json_and_read_back(conn):
+    with write(conn):
+        series_id = store.insert(conn, user="alice", uid=1001, rule={"to": "2026-12-11", "every": "day"}, now=NOW)
+    assert conn.execute("SELECT rule FROM series WHERE id = ?", (series_id,)).fetchone()[0] == \
+        '{"every": "day", "to": "2026-12-11"}'
+    with write(conn):
+        store.set_rule(conn, series_id, {"to": "2026-12-18", "every": "day"})
+    assert conn.execute("SELECT rule FROM series WHERE id = ?", (series_id,)).fetchone()[0] == \
+        '{"every": "day", "to": "2026-12-18"}'
+    assert store.get(conn, series_id) == store.Series(series_id, "alice", 1001, {"every": "day", "to": "2026-12-18"}, NOW)
+
+
+@pytest.mark.parametrize(
+    "column, value, problem",
+    [
+        ("user", b"al", "user is bytes b'al'"),  # TEXT columns store a number as text: a blob is what breaks them
+        ("uid", "x", "uid is str 'x'"),
+        ("rule", b"{}", "rule is bytes b'{}'"),
+        ("created_at", "soon", "created_at is str 'soon'"),
+        ("rule", "{" + "x" * 50, "rule is not JSON ('{" + "x" * 38 + ")"),
+        ("rule", "[1, 2]", "rule is JSON list, not an object"),
+    ],
+)
+def test_a_row_edited_by_hand_is_reported_once_and_skipped(conn, column, value, problem):
+    with write(conn):
+        series_id = store.insert(conn, user="alice", uid=1001, rule={"every": "day"}, now=NOW)
+        conn.execute(f"UPDATE series SET {column} = ? WHERE id = ?", (value, series_id))
+    before = len(malformed_rows())
+    assert store.get(conn, series_id) is None
+    assert store.get(conn, series_id) is None  # reported once
+    line = f"series {series_id} is malformed: {problem}; skipped (a hand edit? see board doctor)"
+    assert malformed_rows()[before:] == [line]
