@@ -211,3 +211,69 @@ def test_an_admins_extension_counts_the_holders_bookings_against_the_holders_lim
         series(name="root", uid=0, admin=True, config=one).extend(made.series.id, "2026-12-09")
     assert str(refused.value) == ("the policy refuses the occurrence, so nothing was booked: you would hold 2 cards at"
                                   " once; the limit is 1 (Wed 2026-12-09 09:00); admins may pass --override-policy")
+
+
+def test_each_series_change_is_audited_with_what_it_did(series, conn):
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08",
+                         note="standup")
+    ids = [b.id for b in made.booked]
+    (event,) = [e for e in events.recent(conn, 10) if e.action == "series"]
+    assert (event.booking_id, event.ok, event.actor) == (None, True, "alice")
+    assert event.details == {
+        "rule": {"every": "day", "days": [0, 1, 2, 3, 4, 5, 6], "start": "09:00", "until": "10:00", "from": "2026-12-07",
+                 "to": "2026-12-08", "cards": [7], "class": "experiment", "note": "standup", "zone": "Europe/Berlin"},
+        "skip_conflicts": False, "override_policy": False, "series_id": made.series.id, "bookings": ids,
+        "skipped": [], "overridden": []}
+    grown = series().extend(made.series.id, "2026-12-09")
+    assert grown.booked[0].note == "standup"
+    (event,) = [e for e in events.recent(conn, 10) if e.action == "series_extend"]
+    assert event.details == {"series_id": made.series.id, "to": "2026-12-09", "skip_conflicts": False,
+                             "override_policy": False, "old_to": "2026-12-08", "bookings": [grown.booked[0].id],
+                             "skipped": [], "overridden": []}
+    series().cancel(made.series.id)
+    (event,) = [e for e in events.recent(conn, 10) if e.action == "series_cancel"]
+    assert event.details == {"series_id": made.series.id, "cancelled": [*ids, grown.booked[0].id], "running": []}
+    cancels = sorted((e.booking_id, e.ok, e.details) for e in events.recent(conn, 20) if e.action == "cancel")
+    assert cancels == [(i, True, {"series_id": made.series.id}) for i in [*ids, grown.booked[0].id]]
+
+
+@pytest.mark.parametrize("verb", ["cancel", "extend"])
+def test_someone_elses_series_names_its_holder_and_the_verb(series, verb):
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08")
+    bob = series(name="bob", uid=1002)
+    with pytest.raises(NotPermitted) as refused:
+        bob.cancel(made.series.id) if verb == "cancel" else bob.extend(made.series.id, "2026-12-09")
+    assert str(refused.value) == f"series {made.series.id} belongs to alice; only they or an admin can {verb} it"
+
+
+def test_a_series_with_only_its_running_occurrence_left_says_how_to_end_it(series):
+    clock = [FROZEN_NOW]
+    made = series(now=lambda: clock[0]).book(cards=[6], every="day", start="9:00", until="17:00",
+                                             first="2026-12-07", last="2026-12-07")
+    clock[0] = made.booked[0].start  # it starts this very second
+    with pytest.raises(BadInput) as refused:
+        series(now=lambda: clock[0]).cancel(made.series.id)
+    booking = made.booked[0].id
+    assert str(refused.value) == (f"series {made.series.id} has no occurrences ahead to cancel; booking {booking} is"
+                                  f" running: 'board release {booking}' ends it")
+    clock[0] = made.booked[0].end  # over: nothing runs
+    with pytest.raises(BadInput) as refused:
+        series(now=lambda: clock[0]).cancel(made.series.id)
+    assert str(refused.value) == f"series {made.series.id} has no occurrences ahead to cancel"
+
+
+@pytest.mark.parametrize("ask, message", [
+    (dict(first="7 Dec"), "can't read --from '7 Dec' as a date; give a day such as 2026-12-07"),
+    (dict(last="soon"), "can't read --to 'soon' as a date; give a day such as 2026-12-07"),
+])
+def test_unreadable_dates_name_the_option(series, ask, message):
+    with pytest.raises(BadInput) as refused:
+        series().book(**{**dict(cards=[7], every="day", start="9:00", until="10:00", last="2026-12-08"), **ask})
+    assert str(refused.value) == message
+
+
+def test_an_unreadable_new_last_day_names_the_option(series):
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08")
+    with pytest.raises(BadInput) as refused:
+        series().extend(made.series.id, "next week")
+    assert str(refused.value) == "can't read --to 'next week' as a date; give a day such as 2026-12-07"
