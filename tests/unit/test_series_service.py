@@ -279,32 +279,35 @@ def test_an_unreadable_new_last_day_names_the_option(series):
     assert str(refused.value) == "can't read --to 'next week' as a date; give a day such as 2026-12-07"
 
 
-def test_conflicts_are_listed_with_when_and_who_and_what_to_do(series, make_service, monkeypatch, request):
+def test_conflicts_are_listed_with_when_and_who_and_what_to_do(series, make_service, monkeypatch):
     monkeypatch.setenv("TZ", "UTC")  # the holder's end is the reader's local time
     time.tzset()
-    request.addfinalizer(time.tzset)  # runs after monkeypatch has put TZ back
-    one = Config(policy=Policy(timezone="UTC"))
-    bob = make_service(name="bob", uid=1002, config=one)
-    day = int(datetime(2026, 12, 7, 9, 0, tzinfo=timezone.utc).timestamp())
-    taken = bob.create(cards=[7], start=day, end=day + HOUR)
-    ask = dict(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07")
-    holder = f"card 7 is booked by bob until 2026-12-07 10:00 (in 8 days) (booking {taken.id})"
-    with pytest.raises(Conflict) as refused:
-        series(config=one).book(**ask, last="2026-12-09")
-    assert str(refused.value) == (f"1 of 3 occurrences conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder};"
-                                  " pass --skip-conflicts to book the other 2")
-    with pytest.raises(Conflict) as refused:
-        series(config=one).book(**ask, last="2026-12-07")
-    assert str(refused.value) == f"the occurrence conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder}"
-    for offset in range(1, 12):  # twelve days taken: ten are named, the rest counted
-        bob.create(cards=[7], start=day + offset * 86400, end=day + offset * 86400 + HOUR)
-    with pytest.raises(Conflict) as refused:
-        series(config=one).book(**ask, last="2026-12-18")
-    assert str(refused.value).startswith("12 of 12 occurrences conflict, so nothing was booked: Mon 2026-12-07 09:00: ")
-    assert str(refused.value).count(": card 7 is booked by bob") == 10 and str(refused.value).endswith("; and 2 more")
-    with pytest.raises(Conflict) as refused:
-        series(config=one).book(**ask, last="2026-12-18", skip_conflicts=True)
-    assert str(refused.value).startswith("all 12 occurrences conflict, so nothing was booked: Mon 2026-12-07 09:00: card 7")
+    try:
+        one = Config(policy=Policy(timezone="UTC"))
+        bob = make_service(name="bob", uid=1002, config=one)
+        day = int(datetime(2026, 12, 7, 9, 0, tzinfo=timezone.utc).timestamp())
+        taken = bob.create(cards=[7], start=day, end=day + HOUR)
+        ask = dict(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07")
+        holder = f"card 7 is booked by bob until 2026-12-07 10:00 (in 8 days) (booking {taken.id})"
+        with pytest.raises(Conflict) as refused:
+            series(config=one).book(**ask, last="2026-12-09")
+        assert str(refused.value) == (f"1 of 3 occurrences conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder};"
+                                      " pass --skip-conflicts to book the other 2")
+        with pytest.raises(Conflict) as refused:
+            series(config=one).book(**ask, last="2026-12-07")
+        assert str(refused.value) == f"the occurrence conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder}"
+        for offset in range(1, 12):  # twelve days taken: ten are named, the rest counted
+            bob.create(cards=[7], start=day + offset * 86400, end=day + offset * 86400 + HOUR)
+        with pytest.raises(Conflict) as refused:
+            series(config=one).book(**ask, last="2026-12-18")
+        assert str(refused.value).startswith("12 of 12 occurrences conflict, so nothing was booked: Mon 2026-12-07 09:00: ")
+        assert str(refused.value).count(": card 7 is booked by bob") == 10 and str(refused.value).endswith("; and 2 more")
+        with pytest.raises(Conflict) as refused:
+            series(config=one).book(**ask, last="2026-12-18", skip_conflicts=True)
+        assert str(refused.value).startswith("all 12 occurrences conflict, so nothing was booked: Mon 2026-12-07 09:00: card 7")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_each_booking_a_series_makes_has_its_own_create_event(series, conn):
