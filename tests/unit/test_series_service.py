@@ -318,3 +318,17 @@ def test_each_booking_a_series_makes_has_its_own_create_event(series, conn):
     assert (event.booking_id, event.ok) == (booking.id, True)
     assert event.details == {"cards": [7], "start": booking.start, "end": booking.end, "class": "batch", "note": "nightly",
                              "series_id": made.series.id}
+
+
+def test_today_is_the_policy_zones_day(series, monkeypatch):
+    tokyo = Config(policy=Policy(timezone="Asia/Tokyo"))  # Monday 00:30 there, still Sunday in UTC
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        with pytest.raises(BadInput) as refused:
+            series(config=tokyo).book(cards=[7], every="day", start="9:00", until="10:00", first="2026-11-29",
+                                      last="2026-11-30")
+        assert str(refused.value) == "--from 2026-11-29 is in the past; a series starts today (2026-11-30) at the earliest"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
