@@ -14,6 +14,7 @@ from app.errors import BadInput, Conflict, NotPermitted
 from app.service.series import SeriesService
 from app.store import bookings as rows
 from app.store import events
+from app.store.db import write
 from tests.conftest import FROZEN_NOW  # Sunday 2026-11-29 15:30 UTC
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -332,3 +333,24 @@ def test_today_is_the_policy_zones_day(series, monkeypatch):
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_an_unknown_or_hand_broken_series_is_one_line_bad_input(series, conn):
+    with pytest.raises(BadInput) as refused:
+        series().get(999)
+    assert str(refused.value) == "no series 999; 'board list' shows each booking's series"
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08")
+    with write(conn):
+        conn.execute("UPDATE series SET rule = json_set(rule, '$.days', json('[9]')) WHERE id = ?", (made.series.id,))
+    with pytest.raises(BadInput) as refused:
+        series().extend(made.series.id, "2026-12-09")
+    assert str(refused.value) == (f"series {made.series.id} has a malformed rule (days (9,) are not weekdays 0-6);"
+                                  " cancel it and book anew")
+
+
+def test_an_extension_spans_at_most_a_year_at_a_time(series):
+    made = series().book(cards=[7], every="week", start="9:00", until="10:00", first="2026-12-07", last="2026-12-07")
+    with pytest.raises(BadInput) as refused:
+        series().extend(made.series.id, "2027-12-10")
+    assert str(refused.value) == "2026-12-08 to 2027-12-10 is 367 days; extend a series by at most 366 days at a time"
+    assert series().extend(made.series.id, "2027-12-09").series.rule["to"] == "2027-12-09"  # exactly 366 days
