@@ -156,10 +156,9 @@ def describe(rule: dict[str, Any]) -> str:
     every = rule.get("every", "?")
     if every == "week":
         every = f"week ({_FULL[rule['days'][0]].capitalize()})" if rule.get("days") else "week"
-    until = rule.get("until", "?")
-    start = rule.get("start", "?")
+    start, until = rule.get("start"), rule.get("until")
     night = " (next day)" if isinstance(start, str) and isinstance(until, str) and until <= start else ""
-    return f"every {every} {start}-{until}{night}, {rule.get('from', '?')} to {rule.get('to', '?')}"
+    return f"every {every} {start or '?'}-{until or '?'}{night}, {rule.get('from', '?')} to {rule.get('to', '?')}"
 
 
 def _hhmm(minute: int) -> str:

@@ -227,7 +227,7 @@ class BookingService:
         now = int(self.clock())
         horizon = start + int(self.config.policy.max_ahead_days * 86400)
         ends = sorted({b.end for b in rows.live_between(self.conn, start, horizon) if b.end > start})[:MAX_CANDIDATES]
-        opens = policy.window_opens(self.config, klass, start, horizon)[:MAX_CANDIDATES]
+        opens = policy.window_opens(self.config, klass, start, horizon + 1)[:MAX_CANDIDATES]  # a start may be at the horizon
         found: list[tuple[Plan, int | None]] = []
         for candidate in sorted({start, *ends, *opens}):
             if len(found) == limit:

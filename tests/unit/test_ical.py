@@ -169,3 +169,30 @@ def test_the_fast_path_past_inert_changes_nothing(note):
 def test_card_ranges_are_the_grammar_people_type(cards, shown):
     assert card_ranges(cards) == shown
     assert parse_cards(shown) == sorted(cards)
+
+
+def test_the_file_is_exactly_the_rfc_5545_lines_a_strict_reader_expects():
+    # Property names and fixed values are upper case, as RFC 5545 writes them; the note's CRLF and LF
+    # line breaks both become one \n.
+    data = calendar([booking(hours=2, note="line one\r\nline two\nthree", series_id=4)], domain=DOMAIN)
+    assert data.decode("utf-8").split("\r\n") == [
+        "BEGIN:VCALENDAR",
+        "VERSION:2.0",
+        "PRODID:-//board//board ical//EN",
+        "CALSCALE:GREGORIAN",
+        "X-WR-CALNAME:board",
+        "REFRESH-INTERVAL;VALUE=DURATION:PT15M",
+        "X-PUBLISHED-TTL:PT15M",
+        "BEGIN:VEVENT",
+        f"UID:board-booking-1@{DOMAIN}",
+        "DTSTAMP:20261204T090000Z",
+        "DTSTART:20261205T090000Z",
+        "DTEND:20261205T110000Z",
+        "SUMMARY:alice · cards 0-3 · online",
+        "DESCRIPTION:line one\\nline two\\nthree\\n\\nboard booking #1\\, series 4",
+        "CATEGORIES:online,series 4",
+        "STATUS:CONFIRMED",
+        "END:VEVENT",
+        "END:VCALENDAR",
+        "",
+    ]

@@ -8,7 +8,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from app.core.series import MAX_SPAN_DAYS, Rule, describe, make_rule, occurrences, parse_clock, parse_every
+from app.core.series import (
+    MAX_SPAN_DAYS, Rule, describe, local_date, make_rule, occurrences, parse_clock, parse_date, parse_every,
+)
 from app.errors import BadInput
 
 UTC = timezone.utc
@@ -133,3 +135,105 @@ def test_every_words_are_stored_as_people_read_them():
     assert parse_every("Weekdays", MONDAY) == ("weekday", (0, 1, 2, 3, 4))
     assert parse_every("wed,mon,wed", MONDAY) == ("mon,wed", (0, 2))
     assert parse_every("daily", MONDAY) == ("day", tuple(range(7)))
+
+
+CLOCK_HINT = "with --every, give clock times such as --start 9:00 --until 19:00"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"days": [7]}, "days (7,) are not weekdays 0-6"),
+        ({"start": "9h"}, f"can't read start '9h' as a time of day; {CLOCK_HINT}"),
+        ({"until": "7pm"}, f"can't read until '7pm' as a time of day; {CLOCK_HINT}"),
+        ({"from": "12/07/2026"}, "can't read from '12/07/2026' as a date; give a day such as 2026-12-07"),
+        ({"to": "2027-02-30"}, "can't read to '2027-02-30' as a date; give a day such as 2026-12-07"),
+    ],
+)
+def test_a_stored_rule_edited_into_nonsense_names_the_field(change, message):
+    stored = make_rule("day", "9", "19", MONDAY, MONDAY).to_json()
+    with pytest.raises((ValueError, BadInput)) as refused:
+        Rule.from_json({**stored, **change})
+    assert str(refused.value) == message
+
+
+def test_with_dates_keeps_the_days_and_times():
+    rule = make_rule("weekly", "19:00", "7:00", MONDAY, MONDAY)
+    later = rule.with_dates(MONDAY + timedelta(days=7), MONDAY + timedelta(days=21))
+    assert later.to_json() == {"every": "week", "days": [0], "start": "19:00", "until": "07:00", "from": "2026-12-14",
+                               "to": "2026-12-28"}
+
+
+@pytest.mark.parametrize(
+    "every, start, until, last, message",
+    [
+        ("day", "9", "19", MONDAY - timedelta(days=1),
+         "--to 2026-12-06 is before --from 2026-12-07; the dates are the first and last days of the series"),
+        ("day", "9", "9:00", MONDAY, "--until 09:00 is the same time as --start; give the time each occurrence ends,"
+         " such as --start 9:00 --until 19:00 (or 19:00 to 07:00 for a night)"),
+        ("x" * 45, "9", "19", MONDAY, f"can't read --every '{'x' * 39}…'; use day, weekday, weekend, week, or days such"
+         " as mon,wed,fri"),
+        ("day", "1" * 45, "19", MONDAY, f"can't read --start '{'1' * 39}…' as a time of day; {CLOCK_HINT}"),
+    ],
+)
+def test_bad_rules_say_exactly_what_to_type(every, start, until, last, message):
+    with pytest.raises(BadInput) as refused:
+        make_rule(every, start, until, MONDAY, last)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("text", ["24:30", "9:60", "-1:00"])
+def test_clock_times_past_the_day_are_refused(text):
+    with pytest.raises(BadInput):
+        parse_clock(text, "--start")
+
+
+def test_the_last_minute_of_the_day_is_a_clock_time():
+    assert parse_clock("23:59", "--until") == 23 * 60 + 59
+
+
+def test_a_long_unreadable_date_is_cut_short_in_the_message():
+    with pytest.raises(BadInput) as refused:
+        parse_date("2" * 45, "--from")
+    assert str(refused.value) == f"can't read --from '{'2' * 39}…' as a date; give a day such as 2026-12-07"
+
+
+def test_the_local_date_is_the_zones_not_the_process(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        evening = int(datetime(2026, 12, 7, 20, 0, tzinfo=UTC).timestamp())
+        assert local_date(evening, ZoneInfo("Asia/Tokyo")) == date(2026, 12, 8)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+@pytest.mark.parametrize(
+    "stored, shown",
+    [
+        ({}, "every ? ?-?, ? to ?"),  # a row edited by hand still describes, as far as it can
+        ({"every": "day", "until": "07:00"}, "every day ?-07:00, ? to ?"),  # not "(next day)": no start to be after
+        ({"every": "day", "start": "19:00"}, "every day 19:00-?, ? to ?"),
+        ({"every": "week", "start": "09:00", "until": "19:00", "from": "2026-12-07", "to": "2026-12-28"},
+         "every week 09:00-19:00, 2026-12-07 to 2026-12-28"),
+        ({"every": "week", "days": [2], "start": "19:00", "until": "07:00", "from": "2026-12-09", "to": "2026-12-30"},
+         "every week (Wednesday) 19:00-07:00 (next day), 2026-12-09 to 2026-12-30"),
+        # until equal to start runs the whole day round, to the next day, as occurrences expands it
+        ({"every": "day", "start": "09:00", "until": "09:00", "from": "2026-12-07", "to": "2026-12-07"},
+         "every day 09:00-09:00 (next day), 2026-12-07 to 2026-12-07"),
+    ],
+)
+def test_describe(stored, shown):
+    assert describe(stored) == shown
+
+
+def test_a_stored_rule_whose_until_is_its_start_runs_a_whole_day():
+    rule = Rule.from_json({"every": "day", "days": [0], "start": "09:00", "until": "09:00", "from": "2026-12-07",
+                           "to": "2026-12-07"})
+    assert walls(rule, UTC) == [("Mon 07 09:00", "Tue 08 09:00")]
+
+
+def test_a_series_may_span_exactly_the_most_days():
+    rule = make_rule("week", "9", "19", MONDAY, MONDAY + timedelta(days=MAX_SPAN_DAYS))
+    assert (rule.last - rule.first).days == MAX_SPAN_DAYS

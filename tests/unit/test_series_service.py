@@ -14,6 +14,7 @@ from app.errors import BadInput, Conflict, NotPermitted
 from app.service.series import SeriesService
 from app.store import bookings as rows
 from app.store import events
+from app.store.db import write
 from tests.conftest import FROZEN_NOW  # Sunday 2026-11-29 15:30 UTC
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -201,3 +202,157 @@ def test_today_starts_with_the_next_occurrence_still_ahead(series):
     made = series().book(cards=[4], every="day", start="9:00", until="10:00", last="2026-12-01")
     assert [berlin(b.start) for b in made.booked] == ["Mon 2026-11-30 09:00", "Tue 2026-12-01 09:00"]
     assert made.series.rule["from"] == "2026-11-29"
+
+
+def test_an_admins_extension_counts_the_holders_bookings_against_the_holders_limit(series, make_service):
+    one = Config(policy=Policy(timezone="UTC", max_cards_per_user=1))
+    made = series(config=one).book(cards=[3], every="day", start="9:00", until="10:00", first="2026-12-07",
+                                   last="2026-12-08")
+    nine = int(datetime(2026, 12, 9, 9, 0, tzinfo=timezone.utc).timestamp())
+    make_service(config=one).create(cards=[0], start=nine, end=nine + HOUR)
+    with pytest.raises(NotPermitted) as refused:
+        series(name="root", uid=0, admin=True, config=one).extend(made.series.id, "2026-12-09")
+    assert str(refused.value) == ("the policy refuses the occurrence, so nothing was booked: you would hold 2 cards at"
+                                  " once; the limit is 1 (Wed 2026-12-09 09:00); admins may pass --override-policy")
+
+
+def test_each_series_change_is_audited_with_what_it_did(series, conn):
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08",
+                         note="standup")
+    ids = [b.id for b in made.booked]
+    (event,) = [e for e in events.recent(conn, 10) if e.action == "series"]
+    assert (event.booking_id, event.ok, event.actor) == (None, True, "alice")
+    assert event.details == {
+        "rule": {"every": "day", "days": [0, 1, 2, 3, 4, 5, 6], "start": "09:00", "until": "10:00", "from": "2026-12-07",
+                 "to": "2026-12-08", "cards": [7], "class": "experiment", "note": "standup", "zone": "Europe/Berlin"},
+        "skip_conflicts": False, "override_policy": False, "series_id": made.series.id, "bookings": ids,
+        "skipped": [], "overridden": []}
+    grown = series().extend(made.series.id, "2026-12-09")
+    assert grown.booked[0].note == "standup"
+    (event,) = [e for e in events.recent(conn, 10) if e.action == "series_extend"]
+    assert event.details == {"series_id": made.series.id, "to": "2026-12-09", "skip_conflicts": False,
+                             "override_policy": False, "old_to": "2026-12-08", "bookings": [grown.booked[0].id],
+                             "skipped": [], "overridden": []}
+    series().cancel(made.series.id)
+    (event,) = [e for e in events.recent(conn, 10) if e.action == "series_cancel"]
+    assert event.details == {"series_id": made.series.id, "cancelled": [*ids, grown.booked[0].id], "running": []}
+    cancels = sorted((e.booking_id, e.ok, e.details) for e in events.recent(conn, 20) if e.action == "cancel")
+    assert cancels == [(i, True, {"series_id": made.series.id}) for i in [*ids, grown.booked[0].id]]
+
+
+@pytest.mark.parametrize("verb", ["cancel", "extend"])
+def test_someone_elses_series_names_its_holder_and_the_verb(series, verb):
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08")
+    bob = series(name="bob", uid=1002)
+    with pytest.raises(NotPermitted) as refused:
+        bob.cancel(made.series.id) if verb == "cancel" else bob.extend(made.series.id, "2026-12-09")
+    assert str(refused.value) == f"series {made.series.id} belongs to alice; only they or an admin can {verb} it"
+
+
+def test_a_series_with_only_its_running_occurrence_left_says_how_to_end_it(series):
+    clock = [FROZEN_NOW]
+    made = series(now=lambda: clock[0]).book(cards=[6], every="day", start="9:00", until="17:00",
+                                             first="2026-12-07", last="2026-12-07")
+    clock[0] = made.booked[0].start  # it starts this very second
+    with pytest.raises(BadInput) as refused:
+        series(now=lambda: clock[0]).cancel(made.series.id)
+    booking = made.booked[0].id
+    assert str(refused.value) == (f"series {made.series.id} has no occurrences ahead to cancel; booking {booking} is"
+                                  f" running: 'board release {booking}' ends it")
+    clock[0] = made.booked[0].end  # over: nothing runs
+    with pytest.raises(BadInput) as refused:
+        series(now=lambda: clock[0]).cancel(made.series.id)
+    assert str(refused.value) == f"series {made.series.id} has no occurrences ahead to cancel"
+
+
+@pytest.mark.parametrize("ask, message", [
+    (dict(first="7 Dec"), "can't read --from '7 Dec' as a date; give a day such as 2026-12-07"),
+    (dict(last="soon"), "can't read --to 'soon' as a date; give a day such as 2026-12-07"),
+])
+def test_unreadable_dates_name_the_option(series, ask, message):
+    with pytest.raises(BadInput) as refused:
+        series().book(**{**dict(cards=[7], every="day", start="9:00", until="10:00", last="2026-12-08"), **ask})
+    assert str(refused.value) == message
+
+
+def test_an_unreadable_new_last_day_names_the_option(series):
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08")
+    with pytest.raises(BadInput) as refused:
+        series().extend(made.series.id, "next week")
+    assert str(refused.value) == "can't read --to 'next week' as a date; give a day such as 2026-12-07"
+
+
+def test_conflicts_are_listed_with_when_and_who_and_what_to_do(series, make_service, monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")  # the holder's end is the reader's local time
+    time.tzset()
+    try:
+        one = Config(policy=Policy(timezone="UTC"))
+        bob = make_service(name="bob", uid=1002, config=one)
+        day = int(datetime(2026, 12, 7, 9, 0, tzinfo=timezone.utc).timestamp())
+        taken = bob.create(cards=[7], start=day, end=day + HOUR)
+        ask = dict(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07")
+        holder = f"card 7 is booked by bob until 2026-12-07 10:00 (in 8 days) (booking {taken.id})"
+        with pytest.raises(Conflict) as refused:
+            series(config=one).book(**ask, last="2026-12-09")
+        assert str(refused.value) == (f"1 of 3 occurrences conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder};"
+                                      " pass --skip-conflicts to book the other 2")
+        with pytest.raises(Conflict) as refused:
+            series(config=one).book(**ask, last="2026-12-07")
+        assert str(refused.value) == f"the occurrence conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder}"
+        for offset in range(1, 12):  # twelve days taken: ten are named, the rest counted
+            bob.create(cards=[7], start=day + offset * 86400, end=day + offset * 86400 + HOUR)
+        with pytest.raises(Conflict) as refused:
+            series(config=one).book(**ask, last="2026-12-18")
+        assert str(refused.value).startswith("12 of 12 occurrences conflict, so nothing was booked: Mon 2026-12-07 09:00: ")
+        assert str(refused.value).count(": card 7 is booked by bob") == 10 and str(refused.value).endswith("; and 2 more")
+        with pytest.raises(Conflict) as refused:
+            series(config=one).book(**ask, last="2026-12-18", skip_conflicts=True)
+        assert str(refused.value).startswith("all 12 occurrences conflict, so nothing was booked: Mon 2026-12-07 09:00: card 7")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_each_booking_a_series_makes_has_its_own_create_event(series, conn):
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-07",
+                         klass="batch", note="nightly")
+    (booking,) = made.booked
+    (event,) = [e for e in events.recent(conn, 10) if e.action == "create"]
+    assert (event.booking_id, event.ok) == (booking.id, True)
+    assert event.details == {"cards": [7], "start": booking.start, "end": booking.end, "class": "batch", "note": "nightly",
+                             "series_id": made.series.id}
+
+
+def test_today_is_the_policy_zones_day(series, monkeypatch):
+    tokyo = Config(policy=Policy(timezone="Asia/Tokyo"))  # Monday 00:30 there, still Sunday in UTC
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        with pytest.raises(BadInput) as refused:
+            series(config=tokyo).book(cards=[7], every="day", start="9:00", until="10:00", first="2026-11-29",
+                                      last="2026-11-30")
+        assert str(refused.value) == "--from 2026-11-29 is in the past; a series starts today (2026-11-30) at the earliest"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_an_unknown_or_hand_broken_series_is_one_line_bad_input(series, conn):
+    with pytest.raises(BadInput) as refused:
+        series().get(999)
+    assert str(refused.value) == "no series 999; 'board list' shows each booking's series"
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08")
+    with write(conn):
+        conn.execute("UPDATE series SET rule = json_set(rule, '$.days', json('[9]')) WHERE id = ?", (made.series.id,))
+    with pytest.raises(BadInput) as refused:
+        series().extend(made.series.id, "2026-12-09")
+    assert str(refused.value) == (f"series {made.series.id} has a malformed rule (days (9,) are not weekdays 0-6);"
+                                  " cancel it and book anew")
+
+
+def test_an_extension_spans_at_most_a_year_at_a_time(series):
+    made = series().book(cards=[7], every="week", start="9:00", until="10:00", first="2026-12-07", last="2026-12-07")
+    with pytest.raises(BadInput) as refused:
+        series().extend(made.series.id, "2027-12-10")
+    assert str(refused.value) == "2026-12-08 to 2027-12-10 is 367 days; extend a series by at most 366 days at a time"
+    assert series().extend(made.series.id, "2027-12-09").series.rule["to"] == "2027-12-09"  # exactly 366 days

@@ -2,7 +2,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from app.core.text import format_cards, format_elapsed, format_time, inert, relative
+from app.core.text import format_cards, format_duration, format_elapsed, format_time, inert, relative
 
 
 @pytest.mark.parametrize(
@@ -83,3 +83,12 @@ def test_format_time_without_now_reads_the_clock(monkeypatch):
 def test_relative_says_how_far_away(seconds, shown):
     now = 1795966200
     assert relative(now + seconds, now) == shown
+
+
+@pytest.mark.parametrize(
+    "seconds, shown",
+    [(0, "0m"), (59, "0m"), (-120, "0m"), (45 * 60, "45m"), (3 * 3600, "3h"), (90 * 60, "1h30m"), (86400, "1d"),
+     (25 * 3600, "1d1h"), (2 * 86400 + 4 * 3600 + 60, "2d4h1m"), (86400 + 30 * 60, "1d30m")],
+)
+def test_format_duration_in_the_forms_the_time_parser_reads(seconds, shown):
+    assert format_duration(seconds) == shown
