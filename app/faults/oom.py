@@ -19,20 +19,18 @@ def oom_line(lines: Iterable[str]) -> str | None:
 
 
 def record_server_oom(conn, *, ts: float, booking_id: int | None, user: str | None, server_id: int,
-                      tail: Iterable[str]) -> int | None:
+                      card_uuids: Iterable[str], tail: Iterable[str]) -> int | None:
     """A server that ended with an out-of-memory line in its log is an OOM fault; its id, or None. Call inside the
     write transaction that records the server's end."""
     from app.faults import store
-    from app.store import bookings as rows
 
     line = oom_line(tail)
     if line is None:
         return None
-    booking = rows.get(conn, booking_id) if booking_id is not None else None
+    cards = list(card_uuids)
     # One card: that card. A server split over several cannot say which one ran out: the fault names none.
-    card = booking.card_uuids[0] if booking is not None and len(booking.card_uuids) == 1 else None
-    return store.record(conn, ts=ts, kind="oom", card_uuid=card, detail=f"server {server_id}: {line}",
-                        booking_id=booking_id, user=user)
+    return store.record(conn, ts=ts, kind="oom", card_uuid=cards[0] if len(cards) == 1 else None,
+                        detail=f"server {server_id}: {line}", booking_id=booking_id, user=user)
 
 
 def full_cards(snapshot, card_uuids: Iterable[str]) -> list[str]:

@@ -14,7 +14,7 @@ from app.config import Config
 from app.core.identity import Identity
 from app.errors import BadInput
 from app.faults import store
-from app.faults.oom import oom_line, record_job_oom, record_server_oom
+from app.faults.oom import oom_line, record_job_oom
 from app.faults.throttle import ThrottleTracker
 from app.faults.watcher import FaultWatcher
 from app.faults.xid import meaning
@@ -116,14 +116,34 @@ def test_oom_lines_from_llama_cpp():
     assert oom_line([]) is None
 
 
-def test_a_server_that_ends_out_of_memory_is_one_oom(tmp_path):
-    conn = connect(tmp_path / "board.db")
+def add_server(conn, cards: list[int]) -> int:
+    from app.llama import rows
+
     with write(conn):
-        assert record_server_oom(conn, ts=10, booking_id=None, user="bob", server_id=3, tail=LLAMA_OTHER) is None
-        fault_id = record_server_oom(conn, ts=10, booking_id=None, user="bob", server_id=3, tail=LLAMA_OOM)
-    [fault] = store.recent(conn, 0)
-    assert (fault.id, fault.kind, fault.user) == (fault_id, "oom", "bob")
-    assert fault.detail.startswith("server 3: ggml_backend_cuda_buffer_type_alloc_buffer")
+        conn.execute("INSERT OR IGNORE INTO bookings (id, user, uid, starts_at, ends_at, created_at, created_by)"
+                     " VALUES (1, 'bob', 1002, 0, 3600, 0, 1002)")
+        return rows.insert(conn, booking_id=1, user="bob", uid=1002, cards=cards, card_uuids=[f"GPU-{c}" for c in cards],
+                           model="/m.gguf", alias=None, host="127.0.0.1", port=8080 + cards[0], ctx=256, parallel=1,
+                           split_mode="layer", metrics=False, cmdline=["llama-server"], now=FROZEN_NOW)
+
+
+def test_servers_that_crash_or_fail_out_of_memory_are_ooms(tmp_path, clock):
+    from app.llama.service import ServerService
+
+    conn = connect(tmp_path / "board.db")
+    rules = ServerService(conn, Identity("bob", 1002, False), Config(), clock=clock)
+    crashed, failed, other, split = add_server(conn, [2]), add_server(conn, [3]), add_server(conn, [4]), add_server(conn, [0, 1])
+    rules.ended(crashed, exit_code=1, tail=LLAMA_OOM)
+    rules.failed(failed, "not ready in time", LLAMA_KV_OOM)
+    rules.ended(other, exit_code=1, tail=LLAMA_OTHER)  # crashed, but not for memory
+    rules.ended(split, exit_code=1, tail=LLAMA_OOM)
+    found = {f.detail.split(":")[0]: f for f in store.recent(conn, 0)}
+    assert sorted(found) == [f"server {crashed}", f"server {failed}", f"server {split}"]
+    assert (found[f"server {crashed}"].card_uuid, found[f"server {crashed}"].user) == ("GPU-2", "bob")
+    assert found[f"server {crashed}"].detail.endswith("cudaMalloc failed: out of memory")
+    assert found[f"server {split}"].card_uuid is None  # split over two cards: which one ran out is unknown
+    rules.ended(crashed, exit_code=1, tail=LLAMA_OOM)  # the same end reported again: still one fault
+    assert store.count(conn, 0, ["oom"]) == 3
     conn.close()
 
 
@@ -314,3 +334,40 @@ def test_the_waiting_watcher_wakes_on_an_injected_xid(monkeypatch):
     events = source.events(30)  # returns when the event comes, long before 30 s
     assert [(e.uuid, e.code) for e in events] == [("GPU-real-0", 119)]
     source.close()
+
+
+# -- board run jobs: the enforcement pass sees them go ------------------------------------------
+
+
+def test_a_job_that_exits_on_a_full_card_counts_and_one_on_a_roomy_card_does_not(tmp_path, clock):
+    import os
+    import subprocess
+    from types import SimpleNamespace
+
+    from app.service.enforce import enforce_once
+    from app.store import jobs
+
+    text = "[cards]\ncount = 2\n[[processes]]\ncard = 0\npid = 41001\nused_mib = 31000\nuser = \"alice\"\n"
+    service = make_service(tmp_path, SimulatedSource(scenario(tmp_path, text), clock=clock), clock)
+    me = Identity("alice", os.getuid(), False)
+    server = SimpleNamespace(service=service, registry=service.processes, log=[].append)
+    pids = []
+    try:
+        for card in (0, 1):
+            booking = service.bookings(me).create(cards=[card], start=FROZEN_NOW, end=FROZEN_NOW + 3600)
+            process = subprocess.Popen(["sleep", "60"])
+            pids.append(process.pid)
+            entry = service.processes.add("job", booking.id, os.getuid(), process.pid, booking.card_uuids)
+            with write(service.conn):
+                jobs.remember(service.conn, pid=entry.pid, started_ticks=entry.started_ticks, booking_id=booking.id,
+                              uid=entry.uid, pgid=entry.pgid, cards=entry.cards, now=FROZEN_NOW)
+            service.fleet.latest()  # the reading the service had when the job went
+            process.kill()
+            process.wait()
+            assert enforce_once(server)["ended"] == [entry.id]
+        [fault] = store.recent(service.conn, 0)
+        assert (fault.kind, fault.card_uuid, fault.user) == ("oom", sim_uuid(0), "alice")
+        assert fault.detail == f"board run job {pids[0]} exited while card {sim_uuid(0)} was FULL"
+    finally:
+        service.processes.close()
+        service.close()
