@@ -20,8 +20,7 @@ def faults(service, me: Identity, since: int, kind: str | None = None) -> dict:
     if kind is not None and kind not in store.KINDS:
         raise BadInput(f"fault kind must be one of {', '.join(store.KINDS)}, not {kind[:20]!r}")
     kinds = None if kind is None else [kind]
-    snapshot = service.fleet.cached()
-    index = {card.uuid: card.index for card in snapshot.cards} if snapshot is not None else {}
+    index = {card.uuid: card.index for card in service.fleet.latest().cards}  # the shared, cached reading
     found = store.recent(service.conn, since, kinds, limit=LIMIT)
     counts = {k: store.count(service.conn, since, [k]) for k in (kinds or store.KINDS)}
     return {"since": since, "counts": counts,
