@@ -105,7 +105,9 @@ class NvmlSource:
                 data = nv.nvmlEventSetWait_v2(self._events, 0 if found else timeout_ms)
             except nv.NVMLError_Timeout:
                 return found
-            except Exception:  # noqa: BLE001 - a failed wait (the set is gone at shutdown) ends this round
+            except Exception:  # noqa: BLE001 - a failed wait (a lost card, the set freed at shutdown) ends this round
+                if not found:
+                    time.sleep(timeout_s)  # a wait that fails at once every time must not spin the caller's loop
                 return found
             if int(data.eventType) & nv.nvmlEventTypeXidCriticalError:
                 found.append(GpuEvent("xid", self._uuid_of(data.device), self._clock(), code=int(data.eventData)))

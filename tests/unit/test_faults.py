@@ -371,3 +371,19 @@ def test_a_job_that_exits_on_a_full_card_counts_and_one_on_a_roomy_card_does_not
     finally:
         service.processes.close()
         service.close()
+
+
+def test_a_wait_that_fails_at_once_still_takes_its_time(monkeypatch):
+    """A driver whose wait fails at once (not a timeout) must not turn the watcher's loop into a busy one."""
+    from app.gpu.nvml import NvmlSource
+
+    fake = FakePynvml([FakeGpu(uuid="GPU-real-0")])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    source = NvmlSource()
+    source.events(0)
+    fake.event_sets[0].freed = True  # every wait now fails with InvalidArgument
+    slept = []
+    monkeypatch.setattr("app.gpu.nvml.time.sleep", slept.append)
+    assert source.events(0.5) == []
+    assert slept == [0.5]
+    source.close()
