@@ -74,3 +74,10 @@ def recent(conn: sqlite3.Connection, since: float, kinds: Iterable[str] | None =
         sql += " LIMIT ?"
         args.append(int(limit))
     return [Fault(*row) for row in conn.execute(sql, args)]
+
+
+def by_code(conn: sqlite3.Connection, since: float, kind: str = "xid") -> dict[int, int]:
+    """How many faults of `kind` since `since`, by code (the Xid counter by code, for /metrics)."""
+    rows = conn.execute("SELECT code, count(*) FROM faults WHERE ts >= ? AND kind = ? AND code IS NOT NULL"
+                        " GROUP BY code ORDER BY code", (int(since), kind))
+    return {code: n for code, n in rows}

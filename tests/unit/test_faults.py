@@ -78,6 +78,11 @@ def test_record_count_and_recent(tmp_path):
     assert [f.ts for f in store.recent(conn, 0)] == [300, 200, 100]  # newest first
     [oom] = store.recent(conn, 0, kinds=["oom"])
     assert (oom.booking_id, oom.user, oom.card_uuid) == (7, "bob", "GPU-b")
+    with write(conn):
+        store.record(conn, ts=400, kind="xid", card_uuid="GPU-b", code=79)
+        store.record(conn, ts=500, kind="xid", card_uuid="GPU-b", code=13)
+    assert store.by_code(conn, 0) == {13: 1, 79: 2}
+    assert store.by_code(conn, 450) == {13: 1}
     with pytest.raises(ValueError, match="fault kind"):
         store.record(conn, ts=1, kind="fire")
     conn.close()
@@ -387,3 +392,9 @@ def test_a_wait_that_fails_at_once_still_takes_its_time(monkeypatch):
     assert source.events(0.5) == []
     assert slept == [0.5]
     source.close()
+
+
+def test_the_shipped_faults_scenario_loads():
+    shipped = load_scenario(Path(__file__).resolve().parents[2] / "app/gpu/scenarios/faults.toml")
+    assert (len(shipped.cards), shipped.xids, shipped.ooms, shipped.throttles) == (
+        8, ((3, 79, 30.0), (1, 13, 5.0)), ((2, 60.0),), ((5, 10.0, 120.0),))
