@@ -398,3 +398,17 @@ def test_the_shipped_faults_scenario_loads():
     shipped = load_scenario(Path(__file__).resolve().parents[2] / "app/gpu/scenarios/faults.toml")
     assert (len(shipped.cards), shipped.xids, shipped.ooms, shipped.throttles) == (
         8, ((3, 79, 30.0), (1, 13, 5.0)), ((2, 60.0),), ((5, 10.0, 120.0),))
+
+
+def test_two_ctypes_handles_to_one_device_match_by_address():
+    """Real events carry a fresh c_nvmlDevice_t: it is not the registered object, but it points at the same device."""
+    import ctypes
+
+    pynvml = pytest.importorskip("pynvml")
+    from app.gpu.nvml import _address
+
+    registered = ctypes.cast(ctypes.c_void_p(0x7F00_1234), pynvml.c_nvmlDevice_t)
+    from_event = ctypes.cast(ctypes.c_void_p(0x7F00_1234), pynvml.c_nvmlDevice_t)
+    other = ctypes.cast(ctypes.c_void_p(0x7F00_5678), pynvml.c_nvmlDevice_t)
+    assert registered is not from_event
+    assert _address(registered) == _address(from_event) != _address(other)
