@@ -54,6 +54,18 @@ class CardReading:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuEvent:
+    """Something a card reported between reads (GpuSource.events): an Xid with its code, or (simulated only) an
+    out-of-memory exit with its log line in `detail`."""
+
+    kind: str  # "xid" or "oom"
+    uuid: str
+    ts: float  # epoch seconds
+    code: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Topology:
     """Which cards are close. `links[(a, b)]` with a < b is a LINK_* level; missing pairs are LINK_SYSTEM."""
 

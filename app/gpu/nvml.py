@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from app.gpu import NoDriverError
-from app.gpu.model import CardReading, FleetSnapshot, GpuProcess, Topology
+from app.gpu.model import CardReading, FleetSnapshot, GpuEvent, GpuProcess, Topology
 
 _MIB = 1024 * 1024
 _UNKNOWN_OWNER: tuple[str | None, int | None, str] = (None, None, "")
@@ -69,6 +69,7 @@ class NvmlSource:
         # Owners of GPU processes by (pid, create_time): a reused PID gets a fresh look-up.
         self._owners: dict[tuple[int, float], tuple[str | None, int | None, str]] = {}
         self._owners_seen: set[tuple[int, float]] = set()
+        self._events: Any = None  # the Xid event set, made by the first events(); False: no card supports it
 
     # -- the GpuSource interface ------------------------------------------------------------
 
@@ -86,9 +87,64 @@ class NvmlSource:
             driver_version=self._driver_version,
         )
 
+    def events(self, timeout_s: float) -> list[GpuEvent]:
+        """The critical Xid events since the last call, waiting up to `timeout_s` for the first one.
+
+        Called from one thread (the service's fault watcher); NVML itself is thread-safe, so reads go on meanwhile.
+        """
+        nv = self._nv
+        if self._events is None:
+            self._events = self._register_events()
+        if self._events is False:
+            time.sleep(timeout_s)  # no card reports Xid events: the caller still waits its turn
+            return []
+        found: list[GpuEvent] = []
+        timeout_ms = max(0, round(timeout_s * 1000))
+        while True:
+            try:
+                data = nv.nvmlEventSetWait_v2(self._events, 0 if found else timeout_ms)
+            except nv.NVMLError_Timeout:
+                return found
+            except Exception:  # noqa: BLE001 - a failed wait (a lost card, the set freed at shutdown) ends this round
+                if not found:
+                    time.sleep(timeout_s)  # a wait that fails at once every time must not spin the caller's loop
+                return found
+            if int(data.eventType) & nv.nvmlEventTypeXidCriticalError:
+                found.append(GpuEvent("xid", self._uuid_of(data.device), self._clock(), code=int(data.eventData)))
+
+    def _register_events(self) -> Any:
+        nv = self._nv
+        try:
+            event_set = nv.nvmlEventSetCreate()
+        except Exception:  # noqa: BLE001 - no event API here: no Xid events, the rest still works
+            return False
+        registered = 0
+        for card in self._cards:
+            if card.handle is None or card.lost:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(card.handle, nv.nvmlEventTypeXidCriticalError, event_set)
+                registered += 1
+            except Exception:  # noqa: BLE001 - NotSupported on this card (GeForce before Kepler, a vGPU)
+                pass  # this card's Xids go unseen; the others still report
+        if not registered:
+            self._field(nv.nvmlEventSetFree, event_set)
+            return False
+        return event_set
+
+    def _uuid_of(self, device: Any) -> str:
+        """The card an event names; matched by handle, since a card that fell off the bus cannot tell its UUID."""
+        address = _address(device)
+        for card in self._cards:
+            if card.handle is not None and _address(card.handle) == address:
+                return card.uuid
+        return _text(self._field(self._nv.nvmlDeviceGetUUID, device)) or "GPU-unknown"
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._events:
+                self._field(self._nv.nvmlEventSetFree, self._events)
             self._shutdown()
 
     # -- slow fields, read once -------------------------------------------------------------
@@ -223,6 +279,16 @@ def _describe(process: psutil.Process) -> tuple[str | None, int | None, str]:
     except psutil.Error:
         command = ""
     return user, uid, command
+
+
+def _address(handle: Any) -> int:
+    """What a device handle points at: two ctypes pointers to one device compare unequal, their addresses do not."""
+    import ctypes
+
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value or 0
+    except (ctypes.ArgumentError, TypeError):
+        return id(handle)  # not a ctypes pointer (the test fake): the object is the handle
 
 
 def _text(value: Any) -> Any:

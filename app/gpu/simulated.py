@@ -39,6 +39,10 @@ the default 8 cards; without ``[[processes]]`` it has no processes; without ``[f
                                        # power, power_limit, pci_bus_id, processes, sm_clock,
                                        # throttle_reasons
 
+    xid = [{card = 3, code = 79, at = 30}]        # Xid events, `at` seconds after the source starts (default 0)
+    oom = [{card = 2, at = 60}]                   # a server on the card exits with llama.cpp's out-of-memory line
+    throttle = [{card = 5, at = 10, seconds = 120}]  # HW slowdown for that long
+
 Unknown keys, wrong types and card indexes out of range raise ValueError with a one-line
 message that names the file. See app/gpu/scenarios/example.toml.
 """
@@ -56,10 +60,12 @@ from typing import Any
 from app.gpu.model import (
     LINK_MULTIPLE,
     LINK_SYSTEM,
+    THROTTLE_HW_SLOWDOWN,
     THROTTLE_IDLE,
     THROTTLE_SW_THERMAL,
     CardReading,
     FleetSnapshot,
+    GpuEvent,
     GpuProcess,
     Topology,
 )
@@ -105,6 +111,9 @@ class Scenario:
     hot: frozenset[int] = frozenset()
     field_errors: frozenset[tuple[int, str]] = frozenset()  # (card index, FIELDS key)
     stall_seconds: float = 0.0
+    xids: tuple[tuple[int, int, float], ...] = ()  # (card index, Xid code, seconds after start)
+    ooms: tuple[tuple[int, float], ...] = ()  # (card index, seconds after start)
+    throttles: tuple[tuple[int, float, float], ...] = ()  # (card index, from, seconds), after start
 
 
 # The demo team's UIDs, so that simulated processes agree with a seeded demo database.
@@ -157,7 +166,10 @@ class SimulatedSource:
         self._clock = clock
         self._sleep = sleep
         self._processes: dict[int, tuple[GpuProcess, ...]] = {}
-        born = clock()
+        born = self._born = clock()
+        # Events still to come, in time order: (due at, event kind, card index, Xid code).
+        self._pending = sorted([(born + at, "xid", card, code) for card, code, at in scenario.xids]
+                               + [(born + at, "oom", card, None) for card, at in scenario.ooms])
         for index, process in scenario.processes:
             if process.user is not None and process.started_at is None:  # a hidden PID has no known start
                 process = replace(process, started_at=born - _age(process.pid))
@@ -193,13 +205,29 @@ class SimulatedSource:
             taken_at=now, simulated=True, cards=cards, topology=self._topology, driver_version=DRIVER_VERSION
         )
 
+    def events(self, timeout_s: float) -> list[GpuEvent]:
+        """The scenario's Xid events and OOM exits that have come due; waits `timeout_s` when none has."""
+        now = self._clock()
+        due = [event for event in self._pending if event[0] <= now]
+        if not due:
+            self._sleep(timeout_s)
+            return []
+        self._pending = self._pending[len(due):]
+        return [GpuEvent(kind, self._uuid(index), ts, code=code,
+                         detail="" if code is not None else "ggml_cuda: cudaMalloc failed: out of memory")
+                for ts, kind, index, code in due]
+
     def close(self) -> None:
         pass
+
+    @staticmethod
+    def _uuid(index: int) -> str:
+        return f"GPU-5090sim-0000-0000-0000-{index:012d}"
 
     def _card(self, index: int, spec: SimCard, now: float, processes: tuple[GpuProcess, ...]) -> CardReading:
         static = CardReading(
             index=index,
-            uuid=f"GPU-5090sim-0000-0000-0000-{index:012d}",
+            uuid=self._uuid(index),
             name=spec.name,
             memory_total_mib=spec.memory_total_mib,
             power_limit_w=spec.power_limit_w,
@@ -223,6 +251,9 @@ class SimulatedSource:
         if temperature >= 92:
             throttle |= THROTTLE_SW_THERMAL
             sm_clock -= 400
+        if any(i == index and 0 <= now - self._born - at < seconds for i, at, seconds in self.scenario.throttles):
+            throttle |= THROTTLE_HW_SLOWDOWN
+            sm_clock = min(sm_clock, SM_BOOST_MHZ // 2)
         reading = replace(
             static,
             memory_used_mib=min(used, spec.memory_total_mib),
@@ -266,7 +297,11 @@ _SCHEMA_CARDS = {
     "labels": _STRS,
 }
 _SCHEMA_PROCESS = {"card": _INT, "pid": _INT, "used_mib": _INT, "user": _STR, "uid": _INT, "command": _STR}
-_SCHEMA_FAULTS = {"lost": _INTS, "hot": _INTS, "stall_seconds": _NUMBER, "field_error": _TABLES}
+_SCHEMA_FAULTS = {"lost": _INTS, "hot": _INTS, "stall_seconds": _NUMBER, "field_error": _TABLES, "xid": _TABLES,
+                  "oom": _TABLES, "throttle": _TABLES}
+_SCHEMA_XID = {"card": _INT, "code": _INT, "at": _NUMBER}
+_SCHEMA_OOM = {"card": _INT, "at": _NUMBER}
+_SCHEMA_THROTTLE = {"card": _INT, "at": _NUMBER, "seconds": _NUMBER}
 _SCHEMA_FIELD_ERROR = {"card": _INT, "field": _STR}
 
 
@@ -335,6 +370,22 @@ def parse_scenario(data: dict[str, Any]) -> Scenario:
             raise _Bad(f"{where}field {table['field']!r} is not one of: {', '.join(FIELDS)}")
         field_errors.add((card_index(table["card"], f"{where}card"), table["field"]))
 
+    def timed(name: str, schema: dict, required: tuple[str, ...]) -> list[tuple[int, dict]]:
+        found = []
+        for n, table in enumerate(faults.get(name, [])):
+            where = f"faults.{name}[{n}]."
+            _check(table, where, schema, required=required)
+            for key in ("at", "seconds", "code"):
+                if table.get(key, 0) < 0:
+                    raise _Bad(f"{where}{key} must not be negative")
+            found.append((card_index(table["card"], f"{where}card"), table))
+        return found
+
+    xids = tuple((i, t["code"], float(t.get("at", 0))) for i, t in timed("xid", _SCHEMA_XID, ("card", "code")))
+    ooms = tuple((i, float(t.get("at", 0))) for i, t in timed("oom", _SCHEMA_OOM, ("card",)))
+    throttles = tuple((i, float(t.get("at", 0)), float(t["seconds"]))
+                      for i, t in timed("throttle", _SCHEMA_THROTTLE, ("card", "seconds")))
+
     return Scenario(
         cards=cards,
         processes=tuple(processes),
@@ -342,6 +393,9 @@ def parse_scenario(data: dict[str, Any]) -> Scenario:
         hot=hot,
         field_errors=frozenset(field_errors),
         stall_seconds=stall,
+        xids=xids,
+        ooms=ooms,
+        throttles=throttles,
     )
 
 

@@ -58,6 +58,7 @@ def is_over(booking: Booking | None, entry, now: float) -> bool:
 
 def enforce_once(server) -> dict[str, list[int]]:
     """One pass for `server` (a ServiceServer: its service, registry and log); returns what it did, by entry id."""
+    from app.faults.oom import record_job_oom
     from app.service.ops import audit
     from app.service.servers import enforce_servers
     from app.store import bookings as rows
@@ -71,6 +72,8 @@ def enforce_once(server) -> dict[str, list[int]]:
         if entry.kind == "job":
             with write(service.conn):
                 jobs.forget(service.conn, entry.pid, entry.started_ticks)
+                record_job_oom(service.conn, ts=service.clock(), snapshot=service.fleet.cached(), card_uuids=entry.cards,
+                               booking_id=entry.booking_id, pid=entry.pid)
     settings = service.config.enforce
     now = service.clock()
     service.backfill()  # a squatter gone, a booking ended early by enforcement: queued bookings move up

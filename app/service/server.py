@@ -99,6 +99,9 @@ class ServiceServer:
         from app.service.notify import start_notifier
 
         start_notifier(self)  # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
+        from app.faults.watcher import start_watcher
+
+        faults, faults_thread = start_watcher(self.service, log=self.log)  # Xid events and throttling spells
         self._listener.settimeout(0.5)
         try:
             while not self.stopping.is_set():
@@ -115,6 +118,8 @@ class ServiceServer:
             watchers.set()
             if history is not None:
                 history.set()
+            faults.set()
+            faults_thread.join(timeout=5)  # it records the throttling still on before it goes
             self._listener.close()
             try:
                 os.unlink(self.path)

@@ -10,10 +10,13 @@ field names. tests/unit/test_gpu_nvml.py checks it against the installed module.
 
 Faults: `FakeGpu.errors["nvmlDeviceGetTemperature"] = fake.NVMLError_NotSupported`,
 `FakeGpu.lost = True` (every call on it raises GpuIsLost), `fake.init_error = ...`.
+Xid events: `fake.inject_xid(index, code)` wakes a waiting `nvmlEventSetWait_v2` on a set the card registered with;
+`FakeGpu.errors["nvmlDeviceRegisterEvents"] = fake.NVMLError_NotSupported` makes a card refuse events.
 """
 
 from __future__ import annotations
 
+import queue
 import string
 import types
 from collections import Counter
@@ -57,6 +60,7 @@ NVML_ERROR_NO_DATA = 21
 NVML_ERROR_UNKNOWN = 999
 
 CONSTANTS = {name: value for name, value in dict(globals()).items() if name.startswith("NVML_")}
+CONSTANTS["nvmlEventTypeXidCriticalError"] = 0x8  # the event API's names are not NVML_ prefixed
 
 
 class NVMLError(Exception):
@@ -156,6 +160,7 @@ class FakePynvml(types.ModuleType):
         self.init_error: type | None = None
         self.initialised = False
         self.calls: Counter[str] = Counter()
+        self.event_sets: list[_EventSet] = []
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -259,6 +264,46 @@ class FakePynvml(types.ModuleType):
     def nvmlDeviceGetTopologyCommonAncestor(self, device1, device2):
         a, b = self._enter("nvmlDeviceGetTopologyCommonAncestor", device1, device2)
         return NVML_TOPOLOGY_MULTIPLE if a.switch == b.switch else NVML_TOPOLOGY_SYSTEM
+
+    # -- the event API: a set is a queue that inject_xid feeds -------------------------------------
+
+    def nvmlEventSetCreate(self):
+        self._enter("nvmlEventSetCreate")
+        event_set = _EventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, handle, eventTypes, eventSet):
+        self._enter("nvmlDeviceRegisterEvents", handle)
+        eventSet.registered[handle.index] = (handle, eventSet.registered.get(handle.index, (None, 0))[1] | eventTypes)
+
+    def nvmlEventSetWait_v2(self, eventSet, timeoutms):
+        self._enter("nvmlEventSetWait_v2")
+        if eventSet.freed:
+            raise self.NVMLError_InvalidArgument()
+        try:
+            return eventSet.queue.get(timeout=timeoutms / 1000)
+        except queue.Empty:
+            raise self.NVMLError_Timeout() from None
+
+    def nvmlEventSetFree(self, eventSet):
+        self._enter("nvmlEventSetFree")
+        eventSet.freed = True
+
+    def inject_xid(self, index: int, code: int) -> None:
+        """An Xid on card `index`: every live set the card registered for Xid events gets it."""
+        for event_set in self.event_sets:
+            handle, types_ = event_set.registered.get(index, (None, 0))
+            if handle is not None and types_ & CONSTANTS["nvmlEventTypeXidCriticalError"] and not event_set.freed:
+                event_set.queue.put(Struct(device=handle, eventType=CONSTANTS["nvmlEventTypeXidCriticalError"],
+                                           eventData=code, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF))
+
+
+class _EventSet:
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+        self.registered: dict[int, tuple[_Handle, int]] = {}  # card index -> (the handle registered, event types)
+        self.freed = False
 
 
 API = [name for name in vars(FakePynvml) if name.startswith("nvml")]

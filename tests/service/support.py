@@ -165,7 +165,7 @@ class Agent:
         """`board agent` as the unit runs it (tests/agent_process.py), without waiting."""
         assert self.proc is None or self.proc.poll() is not None, "the agent is already running"
         self.starts += 1
-        self.proc = agent_process.start([str(BOARD)], self.config, self.log)
+        self.proc = agent_process.start([str(BOARD)], self.config, self.log, getattr(self, "env", None))
 
     def answers(self) -> bool:
         return agent_process.answers(self.socket)

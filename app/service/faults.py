@@ -1,0 +1,27 @@
+"""The `faults` operation: what the service recorded of Xid events, OOM exits and thermal throttling (app.faults).
+
+Read-only, for any member: the faults concern the shared cards, not anyone's private data.
+"""
+
+from __future__ import annotations
+
+from app.core.identity import Identity
+from app.errors import BadInput
+from app.faults import store
+from app.service.ops import INT, STR, op
+
+LIMIT = 10_000
+
+
+@op("faults", {"since": INT}, {"kind": STR})
+def faults(service, me: Identity, since: int, kind: str | None = None) -> dict:
+    """The faults since `since` (epoch seconds), newest first, with the card's index where the fleet knows it,
+    and the counts by kind over the same window."""
+    if kind is not None and kind not in store.KINDS:
+        raise BadInput(f"fault kind must be one of {', '.join(store.KINDS)}, not {kind[:20]!r}")
+    kinds = None if kind is None else [kind]
+    index = {card.uuid: card.index for card in service.fleet.latest().cards}  # the shared, cached reading
+    found = store.recent(service.conn, since, kinds, limit=LIMIT)
+    counts = {k: store.count(service.conn, since, [k]) for k in (kinds or store.KINDS)}
+    return {"since": since, "counts": counts,
+            "faults": [{**f.to_json(), "card": index.get(f.card_uuid)} for f in found]}
