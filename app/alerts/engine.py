@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from app.alerts.rules import Card, Crash, Ending, Finding, Inputs, evaluate
+from app.alerts.rules import Card, Crash, Ending, Inputs, evaluate
 from app.core.cardstate import BOOKED, fleet_status
 
 MONTH_S = 30 * 86400
@@ -103,8 +103,9 @@ class Engine:
         self.held_fired: set[int] = set()  # fired during quiet hours
         self.held_resolved: list[tuple[int, str, str, str]] = []  # pushed, then resolved during quiet hours
 
-    def run(self, service, inputs: Inputs | None = None) -> dict[str, list[int]]:
-        """One pass; returns the alert ids fired, resolved and pushed."""
+    def run(self, service, inputs: Inputs | None = None, *, told: frozenset[str] = frozenset()) -> dict[str, list[int]]:
+        """One pass; returns the alert ids fired, resolved and pushed. `told`: subjects whose user has heard
+        already (a `board run` job's own ten-minute notice), so their per-user alert is recorded, not repeated."""
         from app.notify.summary import zone
         from app.store.db import write
 
@@ -129,7 +130,8 @@ class Engine:
                                   (f.rule, f.subject, int(now), int(now), f.message, f.uid)).lastrowid
                 done["fired"].append(id)
                 if f.uid is not None:
-                    notices.append((f.uid, f.message))
+                    if f.subject not in told:
+                        notices.append((f.uid, f.message))
                 elif quiet:
                     self.unpushed.add(id)
                     self.held_fired.add(id)
@@ -185,7 +187,8 @@ def alerts_run(server) -> dict[str, list[int]]:
     engine = getattr(server, "alerts", None)
     if engine is None:
         engine = server.alerts = Engine()
-    return engine.run(server.service)
+    told = frozenset(f"booking:{e.booking_id}" for e in server.registry.live() if e.kind != "server" and e.warned)
+    return engine.run(server.service, told=told)
 
 
 def listing(service, me, *, all: bool = False, limit: int = 200) -> list[dict]:

@@ -22,7 +22,7 @@ ALLOWED = {
     "history": {"model", "errors", "config", "gpu", "core", "store"},
     "notify": {"errors", "config", "core", "store", "output"},
     "service": {"model", "errors", "config", "gpu", "core", "store", "llama", "demo", "wire", "history", "notify", "alerts"},
-    "alerts": {"errors", "config", "core", "store", "history", "service", "output"},
+    "alerts": {"errors", "config", "core", "store", "history", "service", "notify", "output"},
     "client": {"model", "errors", "core", "service", "wire"},
     "output": {"core"},
     "tui": {"model", "errors", "config", "gpu", "core", "llama", "client", "fit"},
