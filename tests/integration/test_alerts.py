@@ -172,3 +172,24 @@ class TestCli:
         result = run_board("alerts", *args, env={"BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1"})
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 or args != ["--limit", "0"]
+
+
+def test_the_enforcer_pass_evaluates_and_pushes(tmp_path, receiver):
+    from app.service.server import ServiceServer
+
+    clock = Clock()
+    service = make_service(tmp_path, clock, receiver, scenario={"cards": {"count": 2}, "faults": {"lost": [1]}})
+    server = ServiceServer(service, str(tmp_path / "sock"), log=lambda line: None)
+    assert server.enforce_once()["alerts"] != []
+    assert [(a["rule"], a["state"]) for a in listing(service, BOB)] == [("lost", "firing")]
+    assert pushed(service, receiver) == [("alert.firing", "GPU 1 is LOST: the driver no longer sees it")]
+    server.database.shutdown()
+
+
+def test_alerts_off_means_no_pass(tmp_path):
+    from app.service.server import ServiceServer
+
+    service = make_service(tmp_path, Clock(), scenario={"cards": {"count": 2}, "faults": {"lost": [1]}}, enabled=False)
+    server = ServiceServer(service, str(tmp_path / "sock"), log=lambda line: None)
+    assert server.enforce_once()["alerts"] == [] and listing(service, BOB, all=True) == []
+    server.database.shutdown()
