@@ -52,9 +52,11 @@ def gather(service, now: float) -> Inputs:
         cards.append(Card(r.index, r.uuid, s.state, r.memory_used_mib, r.memory_total_mib, r.temperature_c, holder,
                           squatters, idle_since.get(r.uuid)))
     then = int(now - settings.window_min * 60)
-    queued_before = conn.execute(
-        "SELECT count(*) FROM bookings WHERE status = 'booked' AND queued IS NOT NULL AND created_at <= ?"
-        " AND starts_at > ?", (then, then)).fetchone()[0]
+    # The queue then: bookings made by then, queued, not started by then (a queued booking that moved up since
+    # counts as it is now, queued or not: the rows keep no history).
+    queued = "SELECT count(*) FROM bookings WHERE status = 'booked' AND queued IS NOT NULL AND created_at <= ? AND starts_at > ?"
+    queued_before = conn.execute(queued, (then, then)).fetchone()[0]
+    queued_now = conn.execute(queued, (int(now), int(now))).fetchone()[0]
     waits = tuple(w for (w,) in conn.execute(
         "SELECT starts_at - requested_at FROM bookings WHERE status = 'booked' AND starts_at > ? AND starts_at <= ?"
         " AND requested_at > 0", (then, int(now))))
@@ -65,8 +67,7 @@ def gather(service, now: float) -> Inputs:
         (int(now - settings.crashed_min * 60),)))
     ending = tuple(Ending(b.id, b.uid, b.end) for b in rows.live_between(conn, int(now), int(now) + 1)
                    if b.end - now <= settings.ending_min * 60)
-    return Inputs(now, tuple(cards), util_mean, len(rows.queued(conn, int(now))), queued_before, waits, faults,
-                  crashes, ending)
+    return Inputs(now, tuple(cards), util_mean, queued_now, queued_before, waits, faults, crashes, ending)
 
 
 def _history(service, now: float, booked: set[str]) -> tuple[float | None, dict[str, float]]:

@@ -144,6 +144,49 @@ class TestFromTheFleet:
         assert ("idle-booked" in found) is fired
 
 
+class TestFromTheDatabase:
+    def booking(self, service, start, *, requested=None, queued=None, created=None) -> int:
+        return service.conn.execute(
+            "INSERT INTO bookings (user, uid, starts_at, ends_at, created_at, created_by, requested_at, queued)"
+            " VALUES ('alice', 1001, ?, ?, ?, 1001, ?, ?)",
+            (start, start + 3600, created or start - 7200, requested or start, queued)).lastrowid
+
+    @pytest.mark.parametrize("waited_s, fired", [(1800, False), (1802, True)])
+    def test_waits_of_the_bookings_started_in_the_window(self, tmp_path, waited_s, fired):
+        clock = Clock()
+        service = make_service(tmp_path, clock, scenario={"cards": {"count": 1}})
+        now = int(clock.now)
+        self.booking(service, now - 600, requested=now - 600)  # no wait
+        self.booking(service, now - 60, requested=now - 60 - 2 * waited_s)  # the mean is waited_s
+        self.booking(service, now - 4000, requested=now - 90000)  # started before the window: not counted
+        inputs = gather(service, now)
+        assert sorted(inputs.waits_s) == [0, 2 * waited_s]
+        assert ("wait" in {f.rule for f in evaluate(inputs, service.config.alerts)}) is fired
+
+    def test_the_queue_now_and_at_the_window_start(self, tmp_path):
+        clock = Clock()
+        service = make_service(tmp_path, clock, scenario={"cards": {"count": 1}})
+        now = int(clock.now)
+        self.booking(service, now + 3600, queued="time", created=now - 7200)  # queued then and now
+        self.booking(service, now + 3600, queued="cards", created=now - 60)  # queued since
+        self.booking(service, now - 60, queued="time", created=now - 7200)  # was queued then; has started
+        inputs = gather(service, now)
+        assert (inputs.queued_before, inputs.queued_now) == (2, 2)
+
+    def test_servers_that_crashed_lately(self, tmp_path):
+        clock = Clock()
+        service = make_service(tmp_path, clock, scenario={"cards": {"count": 1}})
+        now = int(clock.now)
+        booking = self.booking(service, now - 600)
+        for state, ended in (("crashed", now - 60), ("crashed", now - 3601 - 60), ("stopped", now - 60)):
+            service.conn.execute(
+                "INSERT INTO servers (booking_id, user, uid, cards, card_uuids, model, host, port, cmdline, state,"
+                " created_at, ended_at) VALUES (?, 'carol', 1003, '0', 'GPU-0', '/models/qwen.gguf', '127.0.0.1',"
+                " 8100, 'llama-server', ?, ?, ?)", (booking, state, now - 7200, ended))
+        found = [f.message for f in evaluate(gather(service, now), service.config.alerts) if f.rule == "crashed"]
+        assert found == ["server 1 (qwen.gguf) of carol crashed"]
+
+
 class TestCli:
     def alerts_db(self, tmp_path):
         clock = Clock(T0 + 12 * 3600)
