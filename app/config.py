@@ -166,6 +166,32 @@ class NotifySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AlertSettings:
+    """The alert rules' thresholds and windows (app.alerts.rules); `quiet` ("22:00-08:00", local time) holds the
+    team-chat pushes back, and `repeat_min` keeps a rule that fires again so soon from pushing again."""
+
+    enabled: bool = True
+    window_min: float = 60.0  # utilisation, queue growth and waits are measured over this window
+    util_low_pct: float = 30.0
+    util_high_pct: float = 85.0
+    wait_min: float = 30.0
+    vram_pct: float = 90.0
+    faults_month: int = 3  # more than this many OOM or Xid faults in 30 days
+    hot_c: float = 92.0
+    idle_booked_min: float = 30.0
+    crashed_min: float = 60.0  # a server that crashed this recently
+    ending_min: float = 10.0
+    repeat_min: float = 60.0
+    quiet: str | None = None
+
+    def quiet_minutes(self) -> tuple[int, int] | None:
+        if not self.quiet:
+            return None
+        start, end = self.quiet.split("-")
+        return _hhmm(start), _hhmm(end)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -189,6 +215,7 @@ class Config:
             return Path(self.history.db).expanduser()
         return self.db_path.with_name(self.db_path.stem + ".history.db")
     notify: NotifySettings = field(default_factory=NotifySettings)
+    alerts: AlertSettings = field(default_factory=AlertSettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -214,7 +241,7 @@ def _hhmm(text: str) -> int:
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
     known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
-             "history", "metrics", "notify"}
+             "history", "metrics", "notify", "alerts"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -262,6 +289,7 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         booking=_booking(raw.get("booking", {})),
         history=_history(raw.get("history", {})),
         notify=_notify(raw.get("notify", {})),
+        alerts=_alerts(raw.get("alerts", {})),
     )
 
 
@@ -320,6 +348,25 @@ def _notify(table: dict) -> NotifySettings:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise ValueError(f"[notify] {key} must be a number more than 0")
     return replace(settings, targets=tuple(targets), summary_at=tuple(at), max_attempts=int(settings.max_attempts))
+
+
+def _alerts(table: dict) -> AlertSettings:
+    settings = _build(AlertSettings, table, "[alerts]")
+    if not isinstance(settings.enabled, bool):
+        raise ValueError("[alerts] enabled must be true or false")
+    for f in fields(AlertSettings):
+        value = getattr(settings, f.name)
+        if f.name in ("enabled", "quiet"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"[alerts] {f.name} must be a number, 0 or more, not {repr(value)[:20]}")
+    if settings.quiet is not None:
+        try:
+            settings.quiet_minutes()
+        except (AttributeError, ValueError):
+            raise ValueError(f"[alerts] quiet is {str(settings.quiet)[:20]!r}; give local hours such as"
+                             " \"22:00-08:00\"") from None
+    return settings
 
 
 def _booking(table: dict) -> BookingSettings:

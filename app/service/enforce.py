@@ -110,6 +110,9 @@ def enforce_once(server) -> dict[str, list[int]]:
                       details={"pid": entry.pid, "signal": "SIGKILL", "pids": sent})
                 server.log(f"job {entry.pid} (uid {entry.uid}): still running after {settings.grace_s:g} s; SIGKILL")
                 done["killed"].append(entry.id)
+    from app.alerts.engine import alerts_run
+
+    done["alerts"] = alerts_run(server).get("fired", [])  # last: a failing alert pass leaves the jobs enforced
     return done
 
 

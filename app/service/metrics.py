@@ -66,6 +66,7 @@ class View:
     cursor: int = 0  # the last event id counted
     version: int | None = None  # the hub's bookings version it was read at
     read_at: float = float("-inf")
+    alerts: dict[str, int] = field(default_factory=dict)  # rule -> alerts fired (rows are kept: a counter)
 
 
 class BoardCollector(Collector):
@@ -132,6 +133,10 @@ class BoardCollector(Collector):
             else:
                 counter.add_metric([], totals.get("", 0))
             yield counter
+        alerts = CounterMetricFamily("board_alerts", "Alerts fired (app.alerts), by rule.", labels=["rule"])
+        for rule, total in sorted(view.alerts.items()):
+            alerts.add_metric([rule], total)
+        yield alerts
 
     def view(self) -> View:
         """The database's view, read again when older than ttl_s or when the bookings changed; shared by scrapers."""
@@ -163,10 +168,11 @@ class BoardCollector(Collector):
                 for label, n in found:
                     label = "unknown" if label is None else str(label)
                     totals[label] = totals.get(label, 0) + n
+            alerts = dict(conn.execute("SELECT rule, count(*) FROM alerts GROUP BY rule").fetchall())
         finally:
             conn.execute("COMMIT")
         self.reads += 1
-        return View(live, queued, counts, cursor, version, self.clock())
+        return View(live, queued, counts, cursor, version, self.clock(), alerts)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:

@@ -369,3 +369,4 @@ def audit(service, me: Identity, action: str, booking_id: int | None, *, ok: boo
 from app.service import servers as _servers  # noqa: E402,F401 - registers the `serve_*` operations
 from app.service import notify as _notify  # noqa: E402,F401 - registers the `notify_*` operations
 from app.service import faults as _faults  # noqa: E402,F401 - registers the `faults` operation
+from app.service import alerts as _alerts  # noqa: E402,F401 - registers the `alerts` operation

@@ -37,6 +37,7 @@ from app.model import Booking
 from app.tui.backend import Backend
 from app.tui.hangup import ending_on_hangup
 from app.tui.messages import (
+    AlertsLoaded,
     BookingsLoaded,
     BookingView,
     DatabaseFailed,
@@ -180,6 +181,10 @@ class BoardApp(App[int]):
         self.board.show_bookings()
         self._warn_ending()
         self.bookings_signal.publish(message.view)
+
+    @on(AlertsLoaded)
+    def _alerts_loaded(self, message: AlertsLoaded) -> None:
+        self.board.show_alerts(message.line)
 
     @on(ServersChanged)
     def _servers_changed(self, message: ServersChanged) -> None:

@@ -73,3 +73,14 @@ class Notice(Message):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text = text
+
+
+class AlertsLoaded(Message):
+    """The alerts firing now, as one line for the header ("" when none)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__()
+        self.line = line
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, AlertsLoaded)

@@ -110,4 +110,23 @@ def bookings_loop(app, client, clock: Callable[[], float], window: Callable[[], 
             app.post_message(BookingsLoaded(BookingView(
                 found["version"], tuple(booking_from_wire(b) for b in found["upcoming"]),
                 tuple(booking_from_wire(b) for b in found["in_window"]), start, end, clock())))
+            _load_alerts(app, client)
         worker.wait(DB_RELOAD_SECONDS)
+
+
+def alerts_line(alerts: list[dict]) -> str:
+    """The header's alerts: the newest one's message, and how many more."""
+    if not alerts:
+        return ""
+    more = f" (+{len(alerts) - 1} more: board alerts)" if len(alerts) > 1 else ""
+    return f"⚠ {alerts[0]['message']}{more}"
+
+
+def _load_alerts(app, client) -> None:
+    from app.tui.messages import AlertsLoaded
+
+    try:
+        found = client.call("alerts", limit=100)
+    except Exception:  # noqa: BLE001 - an older service without alerts, or a hiccup: the header simply has none
+        return
+    app.post_message(AlertsLoaded(alerts_line(found)))

@@ -186,9 +186,20 @@ class TestCounters:
         metrics.collector.clock = lambda: 60.0  # no booking changed: the view is read again once it is old
         assert scrape(metrics)["board_server_crashes"][0].value == 2
 
+    def test_alerts_fired_are_counted_by_rule(self, service, metrics):
+        from app.alerts.engine import Engine
+        from app.alerts.rules import Card, Inputs
+
+        assert scrape(metrics)["board_alerts"] == []
+        engine, hot, cool = Engine(), Card(7, "GPU-7", "FREE", temp_c=95), Card(7, "GPU-7", "FREE", temp_c=50)
+        for cards in ((hot, Card(3, "GPU-3", "LOST")), (cool,), (hot,)):  # hot fires twice, lost once
+            engine.run(service, Inputs(FROZEN_NOW, cards=cards))
+        metrics.collector.clock = lambda: 60.0
+        assert {s.labels["rule"]: s.value for s in scrape(metrics)["board_alerts"]} == {"hot": 2, "lost": 1}
+
     def test_no_family_is_exported_for_a_source_that_does_not_exist_yet(self, metrics):
         names = set(scrape(metrics))
-        assert not [n for n in names if any(word in n for word in ("xid", "oom", "alert", "notify"))]
+        assert not [n for n in names if any(word in n for word in ("xid", "oom", "notify"))]
 
 
 class TestScraping:

@@ -172,6 +172,10 @@ class BoardScreen(Screen):
         self.query_one(BoardHeader).alert = self.app.alert
         self.describe_cursor()
 
+    def show_alerts(self, line: str) -> None:
+        if not self.torn_down:
+            self.query_one(BoardHeader).alerts = line
+
     def on_resize(self) -> None:
         self.set_class(self.app.size.height >= self.TALL_MIN_HEIGHT, "-tall")
         self.show_fleet()

@@ -22,9 +22,11 @@ class BoardHeader(Widget):
     BoardHeader > .header--badge-simulated { background: $warning; color: $text; text-style: bold; }
     BoardHeader > .header--clock { color: $text-muted; }
     BoardHeader > .header--user { color: $accent; text-style: bold; }
+    BoardHeader > .header--alerts { color: $warning; text-style: bold; }
     """
     COMPONENT_CLASSES = {
         "header--host", "header--badge-admin", "header--badge-simulated", "header--clock", "header--user",
+        "header--alerts",
     }
 
     host: reactive[str] = reactive("")
@@ -34,6 +36,7 @@ class BoardHeader(Widget):
     admin: reactive[bool] = reactive(False)
     simulated: reactive[bool] = reactive(False)
     alert: reactive[str] = reactive("")  # e.g. "telemetry stalled 6 s"
+    alerts: reactive[str] = reactive("")  # the service's alert rules: "2 alerts: GPU 7 at 93 °C …" (app.alerts)
 
     def on_mount(self) -> None:
         """Who and where come from the app, so every screen's header says the same."""
@@ -53,6 +56,9 @@ class BoardHeader(Widget):
             left.append(" SIMULATED ", style("header--badge-simulated"))
         if self.alert:
             left.append(f"  {self.alert}", "bold")
+        if self.alerts:
+            left.append("  ")
+            left.append_text(untrusted(self.alerts, 80, style("header--alerts")))  # names come from other users
         right = Text()
         right.append(local(self.now).strftime("%a %d %b %H:%M:%S") if self.now else "", style("header--clock"))
         right.append("  ")

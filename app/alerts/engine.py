@@ -1,0 +1,210 @@
+"""Alerts in the service: gather what the rules need, diff their findings against the firing rows, fire and resolve.
+
+`Engine.run` is one pass, on the database thread (the enforcer's pass calls it). In one transaction:
+- a finding with no firing row fires (a new row); one with a firing row refreshes its `last_seen` and message;
+- a firing row with no finding is resolved;
+- the team chat gets each fire and resolve through app.service.notify.push, except
+  - a per-user alert (a booking ending soon): its holder alone hears of it, as a hub "notice" (their boards);
+  - a repeat: the same rule and subject was pushed less than `[alerts] repeat_min` ago; it is recorded, not
+    pushed, and neither is its resolve;
+  - quiet hours (`[alerts] quiet`, local time of [policy] timezone): recorded, not pushed. When quiet ends,
+    what fired then and still fires is pushed, and so is the resolve of what was pushed before and resolved
+    during quiet; what fired and resolved within quiet is only recorded (`board alerts --all` shows it).
+Per-user notices are not held by quiet hours: they reach only the holder's own board.
+Alerts are not written to the audit log: their rows are their own record, and the audit log is who did what.
+What was pushed, held or suppressed is kept in memory: after a restart the firing rows carry on unpushed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from app.alerts.rules import Card, Crash, Ending, Inputs, evaluate
+from app.core.cardstate import BOOKED, fleet_status
+
+MONTH_S = 30 * 86400
+FOREVER = 2**62
+
+
+def quiet_at(now: float, quiet: tuple[int, int] | None, tz) -> bool:
+    """Whether `now` falls in the quiet hours (start, end minutes of the local day; wrapping midnight)."""
+    if quiet is None:
+        return False
+    local = datetime.fromtimestamp(now, tz)
+    minute = local.hour * 60 + local.minute
+    start, end = quiet
+    return start <= minute < end if start <= end else (minute >= start or minute < end)
+
+
+def gather(service, now: float) -> Inputs:
+    """What the rules read: the fleet now, the history over the window, the bookings, faults and servers."""
+    from app.store import bookings as rows
+
+    settings, conn = service.config.alerts, service.conn
+    snapshot = service.fleet.latest()
+    live = rows.live_between(conn, int(now), FOREVER)
+    statuses = fleet_status(snapshot, live, now, hot_celsius=service.config.hot_celsius, labels=service.config.labels)
+    util_mean, idle_since = _history(service, now, {s.reading.uuid for s in statuses if s.state == BOOKED})
+    cards = []
+    for s in statuses:
+        r, holder = s.reading, s.booking.user if s.booking else None
+        squatters = tuple(u for u in s.users if u != holder)
+        cards.append(Card(r.index, r.uuid, s.state, r.memory_used_mib, r.memory_total_mib, r.temperature_c, holder,
+                          squatters, idle_since.get(r.uuid)))
+    then = int(now - settings.window_min * 60)
+    # The queue then: bookings made by then, queued, not started by then (a queued booking that moved up since
+    # counts as it is now, queued or not: the rows keep no history).
+    queued = "SELECT count(*) FROM bookings WHERE status = 'booked' AND queued IS NOT NULL AND created_at <= ? AND starts_at > ?"
+    queued_before = conn.execute(queued, (then, then)).fetchone()[0]
+    queued_now = conn.execute(queued, (int(now), int(now))).fetchone()[0]
+    waits = tuple(w for (w,) in conn.execute(
+        "SELECT starts_at - requested_at FROM bookings WHERE status = 'booked' AND starts_at > ? AND starts_at <= ?"
+        " AND requested_at > 0", (then, int(now))))
+    from app.faults import store as fault_rows
+
+    faults = fault_rows.count(conn, now - MONTH_S, kinds=("oom", "xid"))
+    crashes = tuple(Crash(i, user, ended, model.rsplit("/", 1)[-1]) for i, user, ended, model in conn.execute(
+        "SELECT id, user, ended_at, model FROM servers WHERE state = 'crashed' AND ended_at >= ?",
+        (int(now - settings.crashed_min * 60),)))
+    ending = tuple(Ending(b.id, b.uid, b.end) for b in rows.live_between(conn, int(now), int(now) + 1)
+                   if b.end - now <= settings.ending_min * 60)
+    return Inputs(now, tuple(cards), util_mean, queued_now, queued_before, waits, faults, crashes, ending)
+
+
+def _history(service, now: float, booked: set[str]) -> tuple[float | None, dict[str, float]]:
+    """The fleet's mean utilisation over the window, and for each card BOOKED now, since when it has been BOOKED
+    (one booking, unbroken) in the samples. Nothing when the history is off."""
+    if not service.config.history.enabled:
+        return None, {}
+    from app.history.sampler import history_store
+
+    settings = service.config.alerts
+    span = max(settings.window_min * 60, settings.idle_booked_min * 60 + 2 * service.config.history.sample_s + 60)
+    samples = history_store(service).samples(now - span, now + 1)
+    window = [s["util"] for s in samples if s["ts"] >= now - settings.window_min * 60 and s["state"] != "LOST"
+              and s["util"] is not None]
+    util = sum(window) / len(window) if window else None
+    since: dict[str, float] = {}
+    holding: dict[str, int | None] = {}  # the booking of each card's newest sample
+    broken: set[str] = set()
+    for s in reversed(samples):  # newest first: walk back while the card stays BOOKED under one booking
+        uuid = s["uuid"]
+        if uuid not in booked or uuid in broken:
+            continue
+        if s["state"] != BOOKED or holding.setdefault(uuid, s["booking"]) != s["booking"]:
+            broken.add(uuid)
+            continue
+        since[uuid] = s["ts"]
+    return util, since
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.last_push: dict[tuple[str, str], float] = {}
+        self.unpushed: set[int] = set()  # fired without a push (a repeat, or quiet hours): no resolve either
+        self.held_fired: set[int] = set()  # fired during quiet hours
+        self.held_resolved: list[tuple[int, str, str, str]] = []  # pushed, then resolved during quiet hours
+
+    def run(self, service, inputs: Inputs | None = None, *, told: frozenset[str] = frozenset()) -> dict[str, list[int]]:
+        """One pass; returns the alert ids fired, resolved and pushed. `told`: subjects whose user has heard
+        already (a `board run` job's own ten-minute notice), so their per-user alert is recorded, not repeated."""
+        from app.notify.summary import zone
+        from app.store.db import write
+
+        settings = service.config.alerts
+        now = service.clock()
+        inputs = inputs if inputs is not None else gather(service, now)
+        findings = {(f.rule, f.subject): f for f in evaluate(inputs, settings)}
+        quiet = quiet_at(now, settings.quiet_minutes(), zone(service.config.policy.timezone))
+        conn = service.conn
+        done: dict[str, list[int]] = {"fired": [], "resolved": [], "pushed": []}
+        notices: list[tuple[int, str]] = []
+        with write(conn):
+            firing = {(rule, subject): (id, message, uid) for id, rule, subject, message, uid in conn.execute(
+                "SELECT id, rule, subject, message, uid FROM alerts WHERE state = 'firing'")}
+            for key, f in findings.items():
+                if key in firing:
+                    conn.execute("UPDATE alerts SET last_seen = ?, message = ? WHERE id = ?",
+                                 (int(now), f.message, firing[key][0]))
+                    continue
+                id = conn.execute("INSERT INTO alerts (rule, subject, state, fired_at, last_seen, message, uid)"
+                                  " VALUES (?, ?, 'firing', ?, ?, ?, ?)",
+                                  (f.rule, f.subject, int(now), int(now), f.message, f.uid)).lastrowid
+                done["fired"].append(id)
+                if f.uid is not None:
+                    if f.subject not in told:
+                        notices.append((f.uid, f.message))
+                elif quiet:
+                    self.unpushed.add(id)
+                    self.held_fired.add(id)
+                elif now - self.last_push.get(key, float("-inf")) < settings.repeat_min * 60:
+                    self.unpushed.add(id)
+                else:
+                    self._push(service, "firing", id, f.rule, f.subject, f.message, done)
+            for key, (id, message, uid) in firing.items():
+                if key in findings:
+                    continue
+                conn.execute("UPDATE alerts SET state = 'resolved', resolved_at = ? WHERE id = ?", (int(now), id))
+                done["resolved"].append(id)
+                if uid is not None or id in self.unpushed:
+                    self.unpushed.discard(id)
+                    self.held_fired.discard(id)
+                elif quiet:
+                    self.held_resolved.append((id, *key, message))
+                else:
+                    self._push(service, "resolved", id, *key, message, done)
+            if not quiet and (self.held_fired or self.held_resolved):
+                self._flush(service, done)
+        for uid, message in notices:
+            service.hub.publish("notice", {"message": message}, uid=uid)
+        return done
+
+    def _push(self, service, state: str, id: int, rule: str, subject: str, message: str, done) -> None:
+        from app.service.notify import push
+
+        title = message if state == "firing" else f"resolved: {message}"
+        push(service, f"alert.{state}", title, fields=(("rule", rule), ("subject", subject)), key=f"alert:{id}:{state}")
+        if state == "firing":
+            self.last_push[(rule, subject)] = service.clock()
+        done["pushed"].append(id)
+
+    def _flush(self, service, done) -> None:
+        """Quiet hours are over: push what fired then and still fires, and the resolves they held back."""
+        held = sorted(self.held_fired)
+        marks = ",".join("?" * len(held))
+        for id, rule, subject, message in service.conn.execute(
+                f"SELECT id, rule, subject, message FROM alerts WHERE state = 'firing' AND id IN ({marks})", held):
+            self.unpushed.discard(id)
+            self._push(service, "firing", id, rule, subject, message, done)
+        for id, rule, subject, message in self.held_resolved:
+            self._push(service, "resolved", id, rule, subject, message, done)
+        self.held_fired.clear()
+        self.held_resolved.clear()
+
+
+def alerts_run(server) -> dict[str, list[int]]:
+    """The enforcer pass's hook: one pass of the server's engine, if alerts are on."""
+    if not server.service.config.alerts.enabled:
+        return {}
+    engine = getattr(server, "alerts", None)
+    if engine is None:
+        engine = server.alerts = Engine()
+    told = frozenset(f"booking:{e.booking_id}" for e in server.registry.live() if e.kind != "server" and e.warned)
+    return engine.run(server.service, told=told)
+
+
+def listing(service, me, *, all: bool = False, limit: int = 200) -> list[dict]:
+    """The alerts `me` may see, newest first: firing ones (and, with `all`, resolved ones too). A per-user alert
+    is shown to its user alone."""
+    where = "" if all else "WHERE state = 'firing'"
+    found = []
+    for row in service.conn.execute(
+            f"SELECT id, rule, subject, state, fired_at, resolved_at, last_seen, message, uid FROM alerts {where}"
+            " ORDER BY fired_at DESC, id DESC"):
+        if row[8] is not None and row[8] != me.uid:
+            continue
+        found.append(dict(zip(("id", "rule", "subject", "state", "fired_at", "resolved_at", "last_seen", "message",
+                               "uid"), row)))
+        if len(found) >= limit:
+            break
+    return found

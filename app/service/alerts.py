@@ -1,0 +1,17 @@
+"""The `alerts` operation (any member): the alerts firing now, or with `all` the resolved ones too; a per-user
+alert (a booking ending soon) only to its user. The rules and the engine are app.alerts."""
+
+from __future__ import annotations
+
+from app.core.identity import Identity
+from app.errors import BadInput
+from app.service.ops import BOOL, INT, op
+
+
+@op("alerts", {}, {"all": BOOL, "limit": INT})
+def alerts(service, me: Identity, all: bool = False, limit: int = 200) -> list:
+    from app.alerts.engine import listing
+
+    if not 0 < limit <= 10_000:
+        raise BadInput("alerts: limit is from 1 to 10000")
+    return listing(service, me, all=all, limit=limit)
