@@ -17,7 +17,7 @@ NOW = 1_795_966_200 // 300 * 300
 A, B = "GPU-a", "GPU-b"
 
 
-def booking(id, user, uuid, start, end, wait_s, klass="train"):
+def booking(id, user, uuid, start, end, wait_s, klass="batch"):
     return Booking(id=id, user=user, uid=1000 + id, cards=(0 if uuid == A else 1,), card_uuids=(uuid,), start=start,
                    end=end, klass=klass, note="", status="booked", requested_at=start - wait_s)
 
@@ -41,7 +41,7 @@ def scene(tmp_path):
     fill(store, B, NOW - 4 * H, 2, IN_USE, 90, users=(("bob", 100),), holder="bob")
     store.roll_up(NOW + 300)
     bookings = [booking(1, "alice", A, NOW - 10 * H, NOW - 6 * H, 20 * 60),
-                booking(2, "bob", B, NOW - 4 * H, NOW - 2 * H, 60 * 60, klass="infer")]
+                booking(2, "bob", B, NOW - 4 * H, NOW - 2 * H, 60 * 60, klass="online")]
     yield store, bookings
     store.close()
 
@@ -83,7 +83,7 @@ def test_by_card_class_and_pool(scene):
     assert cards["0"]["util_mean_pct"] == round((24 * 50 + 12 * 9 + 12 * 40) / 60, 1)
     assert (cards["0"]["booked_h"], cards["0"]["squatted_h"], cards["1"]["booked_h"]) == (4.0, 1.0, 2.0)
     classes = {r["key"]: r for r in report(scene, by="class")["rows"]}
-    assert (classes["train"]["booked_h"], classes["infer"]["used_h"], classes["(none)"]["squatted_h"]) == (4.0, 2.0, 1.0)
+    assert (classes["batch"]["booked_h"], classes["online"]["used_h"], classes["(none)"]["squatted_h"]) == (4.0, 2.0, 1.0)
     assert [r["key"] for r in report(scene, by="pool")["rows"]] == ["big", "big+small"]
 
 
