@@ -31,7 +31,9 @@ def table(doc: dict) -> str:
     def line(cells: list[str]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
-    out = [f"Booked against used, {doc['days']:g} days to now (used: IN USE at {doc['busy_util_pct']:g} % or more)", ""]
+    days = doc['days']
+    out = [f"Booked against used, {days:g} day{'' if days == 1 else 's'} to now"
+           f" (used: IN USE at {doc['busy_util_pct']:g} % or more)", ""]
     out.append(line(heading))
     out.extend(line(cells) for cells in body)
     if not body:

@@ -170,7 +170,8 @@ def test_help_lists_every_command(board):
     names = re.findall(r"^ {4}(\S+)", listing, flags=re.MULTILINE)
     assert names == ["status", "book", "list", "ical", "cancel", "release", "extend", "admin", "series", "run", "wait",
                      "log", "whoami",
-                     "backup", "doctor", "serve", "fit", "notify", "agent"]  # no `init`: the retired shared 2770 directory
+                     "backup", "doctor", "serve", "fit", "notify", "report",
+                     "agent"]  # no `init`: the retired shared 2770 directory
 
 
 class TestDemo:

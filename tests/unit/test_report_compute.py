@@ -203,3 +203,16 @@ def test_wait_p90_is_the_nearest_rank():
     late = booking(11, "alice", A, NOW - 2 * 86400, NOW - 2 * 86400 + 60, 60)
     early = booking(12, "alice", A, NOW + H, NOW + 2 * H, 60)
     assert compute([late, early], [], [], [], now=NOW, since_s=86400)["total"]["wait_n"] == 0
+
+
+def test_busy_util_in_the_config(tmp_path):
+    from app.config import ConfigError, load_config
+
+    assert load_config(environ={}).report.busy_util == 10.0
+    path = tmp_path / "board.toml"
+    path.write_text("[report]\nbusy_util = 25\n")
+    assert load_config(environ={"BOARD_CONFIG": str(path)}).report.busy_util == 25
+    for bad in ("101", "-1", "true", '"ten"'):
+        path.write_text(f"[report]\nbusy_util = {bad}\n")
+        with pytest.raises(ConfigError, match=r"\[report\] busy_util"):
+            load_config(environ={"BOARD_CONFIG": str(path)})
