@@ -28,8 +28,15 @@ def report_reply(service, since_s: int, by: str) -> dict:
         from app.history.sampler import history_store
 
         store = history_store(service)
-        rollups = store.rollups(start, now)
-        squats = store.squats(start, now)
+        # Rollups up to where they end, then the raw samples (the last minutes, not rolled up yet), each as a
+        # one-sample rollup: finer data where it exists.
+        rolled = max(start, min(now, store.rolled_to() or start))
+        rollups = store.rollups(start, rolled)
+        squats = store.squats(start, rolled)
+        for s in store.samples(rolled, now):
+            rollups.append({"ts": s["ts"], "uuid": s["uuid"], "n": 1, "seconds": s["dt"], "state": s["state"],
+                            "util_mean": s["util"], "vram_max": s["vram"], "temp_max": s["temp"]})
+            squats.extend({"ts": s["ts"], "uuid": s["uuid"], "user": u["user"], "n": 1} for u in s["users"] if u["squat"])
         for uuid, idx, total in store.db.execute("SELECT uuid, idx, memory_total FROM cards"):
             if idx is not None:
                 cards[uuid] = str(idx)

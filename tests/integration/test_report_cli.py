@@ -90,11 +90,13 @@ def test_the_op_on_the_sampled_simulated_fleet(tmp_path):
         while clock[0] < start + H:
             sampler.sample_once()
             clock[0] += 10
-        alice.service.history.roll_up(clock[0])
-        doc = alice.call("report", since_s=H)
-        found = {r["key"]: r for r in doc["rows"]}
-        assert (found["alice"]["booked_h"], found["alice"]["idle_h"], found["alice"]["used_h"]) == (1.0, 1.0, 0.0)
-        assert (found["bob"]["booked_h"], found["bob"]["squatted_h"]) == (0.0, 1.0)
+        # The same figures from the raw samples (nothing rolled up yet), from the rollups, and from both.
+        for roll_to in (None, start + H // 2, clock[0]):
+            if roll_to is not None:
+                alice.service.history.roll_up(roll_to)
+            found = {r["key"]: r for r in alice.call("report", since_s=H)["rows"]}
+            assert (found["alice"]["booked_h"], found["alice"]["idle_h"], found["alice"]["used_h"]) == (1.0, 1.0, 0.0)
+            assert (found["bob"]["booked_h"], found["bob"]["squatted_h"]) == (0.0, 1.0)
         cards = {r["key"]: r for r in alice.call("report", since_s=H, by="card")["rows"]}
         assert cards["2"]["squatted_h"] == 1.0 and cards["1"]["idle_h"] == 1.0
         with pytest.raises(BadInput):
