@@ -113,6 +113,7 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
     for spans in held.values():
         spans.sort(key=lambda x: x[0])
     starts = {uuid: [s for s, _, _ in spans] for uuid, spans in held.items()}
+    by_id = {b.id: b for b in bookings}
 
     def holder(uuid: str, ts: int):
         spans = held.get(uuid)
@@ -136,11 +137,12 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
     idle_by_user: dict[str, list[float]] = {}
     for r in rollups:
         uuid, ts, seconds, state = r["uuid"], r["ts"], r["seconds"], r["state"]
-        if r["n"]:
+        if r["n"] and "booking_id" not in r:
             dt[(ts, uuid)] = seconds / r["n"]
         if state == LOST:
             continue
-        b = holder(uuid, ts)
+        # Rows summed per booking (app.report.gather) name it; a plain rollup is looked up by its time.
+        b = by_id.get(r["booking_id"]) if "booking_id" in r else holder(uuid, ts)
         util = r.get("util_mean")
         if util is not None:
             fleet_s += seconds
@@ -158,7 +160,8 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
         if b is None and by in ("user", "class"):
             continue  # an unbooked card's hours belong to no one (squats are counted below)
         g = group(key_of(b, uuid))
-        if state == IN_USE and util is not None and util >= busy_util:
+        busy = r["busy"] if "busy" in r else util is not None and util >= busy_util  # summed rows say
+        if state == IN_USE and busy:
             g.used += seconds
         elif state == BOOKED:
             g.idle += seconds
@@ -167,7 +170,7 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
             g.util_sum += util * seconds
 
     for s in squats:
-        seconds = s["n"] * dt.get((s["ts"], s["uuid"]), 10.0)
+        seconds = s["seconds"] if "seconds" in s else s["n"] * dt.get((s["ts"], s["uuid"]), 10.0)
         if by == "user":
             key = s["user"]
         else:

@@ -30,7 +30,8 @@ def fill(store, uuid, start, hours, state, util, users=(), holder=None, **metric
 @pytest.fixture
 def scene(tmp_path):
     """alice on card a for 4 h (2 h busy at 50 %, 1 h running at 9 %, 1 h booked and idle), waited 20 min; bob on
-    card b for 2 h at 90 %, waited 60 min; carol squats card a for 1 h at 40 % between them."""
+    card b for 2 h at 90 %, waited 60 min; carol squats card a for 1 h at 40 % between them; card b is free, full
+    and hot for the last hour."""
     store = HistoryStore(tmp_path / "board.history.db")
     store.card_id(A, 0, "RTX 5090", 32768)
     store.card_id(B, 1, "RTX 5090", 32768)
@@ -39,6 +40,7 @@ def scene(tmp_path):
     fill(store, A, NOW - 7 * H, 1, BOOKED, 0)
     fill(store, A, NOW - 5 * H, 1, SQUATTED, 40, users=(("carol", 100),))
     fill(store, B, NOW - 4 * H, 2, IN_USE, 90, users=(("bob", 100),), holder="bob")
+    fill(store, B, NOW - H, 1, FREE, 0, vram=30000, temp=92)  # after bob: full and hot, nobody's
     store.roll_up(NOW + 300)
     bookings = [booking(1, "alice", A, NOW - 10 * H, NOW - 6 * H, 20 * 60),
                 booking(2, "bob", B, NOW - 4 * H, NOW - 2 * H, 60 * 60, klass="online")]
@@ -89,11 +91,13 @@ def test_by_card_class_and_pool(scene):
 
 def test_verdicts_from_the_scene(scene):
     verdicts = {v["threshold"]: v for v in report(scene)["verdicts"]}
-    fleet = round((24 * 50 + 12 * 9 + 12 * 40 + 24 * 90) / 84, 1)
+    fleet = round((24 * 50 + 12 * 9 + 12 * 40 + 24 * 90) / 96, 1)
     assert verdicts["utilisation_low"]["value"] == fleet and not verdicts["utilisation_low"]["fires"]
     assert verdicts["wait"]["fires"] and verdicts["wait"]["value"] == 40.0
     assert "mean wait 40 min over 2 bookings (p90 60 min)" in verdicts["wait"]["message"]
-    assert not verdicts["vram"]["fires"] and not verdicts["temperature"]["fires"] and not verdicts["faults"]["fires"]
+    assert verdicts["vram"]["fires"] and verdicts["temperature"]["fires"] and not verdicts["faults"]["fires"]
+    assert verdicts["vram"]["message"] == ("VRAM at or over 90 % for 1 card-hours over 1 day (card 1 1.0 h): jobs are near"
+                                           " out of memory; book bigger cards or more of them")
 
 
 def rollup(uuid=A, ts=NOW - H, util=50, state=IN_USE, vram=1000, temp=60):
@@ -216,3 +220,22 @@ def test_busy_util_in_the_config(tmp_path):
         path.write_text(f"[report]\nbusy_util = {bad}\n")
         with pytest.raises(ConfigError, match=r"\[report\] busy_util"):
             load_config(environ={"BOARD_CONFIG": str(path)})
+
+
+@pytest.mark.parametrize("by", ["user", "class", "pool", "card"])
+@pytest.mark.parametrize("busy_util", [9, 10, 50, 51])
+def test_rollups_summed_in_sql_give_the_same_report(scene, by, busy_util):
+    """The service sums a year's rollups per booking in SQL (app.report.gather); the figures are those of the
+    rollups one by one."""
+    from app.report.gather import SQUATS, summed_rollups
+    from app.history.store import SLOT_BITS, _bucket_id
+
+    store, bookings = scene
+    start = NOW - 86400
+    squats = [{"ts": ts, "uuid": u, "user": user, "n": n, "seconds": sec} for ts, u, user, n, sec in
+              store.db.execute(SQUATS, [_bucket_id(start, 0) << SLOT_BITS, _bucket_id(NOW, 0) << SLOT_BITS])]
+    summed = summed_rollups(store, start, NOW, bookings, busy_util)
+    assert len(summed) < len(store.rollups(start, NOW))
+    kw = {"now": NOW, "since_s": 86400, "by": by, "busy_util": busy_util, "cards": {A: "0", B: "1"},
+          "pools": {A: "big", B: "big+small"}, "memory_total": {A: 32768, B: 32768}}
+    assert compute(bookings, summed, squats, [], **kw) == report(scene, by=by, busy_util=busy_util)
