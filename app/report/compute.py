@@ -6,7 +6,8 @@
 - squatted hours: `squats` rows (someone else's processes on a card they had not booked), per squatter;
 - utilisation: the mean of the rollups' means, weighted by their seconds (a group's while it held the card);
 - wait: start - requested_at over bookings that started in the window (mean and p90, nearest rank).
-A rollup belongs to the booking holding its card at its start; a card in two pools is one group, "a+b".
+A rollup belongs to the booking holding its card at its start (or the one it names: the service sums a year's
+rollups per booking in SQL, app.report.gather); a card in two pools is one group, "a+b".
 """
 
 from __future__ import annotations
