@@ -451,6 +451,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_alerts_parser(command)
 
+    from app.report.cli import add_parser as add_report_parser
+
+    add_report_parser(command)
+
     p = command("agent", cmd_agent, "enforce the rules: stop servers whose booking ended (a service; --once for cron)",
                 json_flag=True)
     p.add_argument("--once", action="store_true", help="one pass, then exit")

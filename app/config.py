@@ -125,6 +125,13 @@ class HistorySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportSettings:
+    """`board report`: a card in IN USE counts as used only at a mean utilisation of `busy_util` % or more."""
+
+    busy_util: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class NotifyTarget:
     """Where pushes go (app.notify). The url holds the secret (a robot key, a webhook path): never logged or shown.
 
@@ -216,6 +223,7 @@ class Config:
         return self.db_path.with_name(self.db_path.stem + ".history.db")
     notify: NotifySettings = field(default_factory=NotifySettings)
     alerts: AlertSettings = field(default_factory=AlertSettings)
+    report: ReportSettings = field(default_factory=ReportSettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -241,7 +249,7 @@ def _hhmm(text: str) -> int:
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
     known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
-             "history", "metrics", "notify", "alerts"}
+             "history", "metrics", "notify", "alerts", "report"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -290,7 +298,16 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         history=_history(raw.get("history", {})),
         notify=_notify(raw.get("notify", {})),
         alerts=_alerts(raw.get("alerts", {})),
+        report=_report(raw.get("report", {})),
     )
+
+
+def _report(table: dict) -> ReportSettings:
+    settings = _build(ReportSettings, table, "[report]")
+    value = settings.busy_util
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
+        raise ValueError(f"[report] busy_util is a percentage, 0 to 100, not {repr(value)[:20]}")
+    return settings
 
 
 def _history(table: dict) -> HistorySettings:

@@ -109,6 +109,14 @@ def history(service, me: Identity, seconds: int, step: int | None = None, uuid: 
     return history_reply(service, seconds, step, uuid)
 
 
+@op("report", {"since_s": INT}, {"by": STR})
+def report(service, me: Identity, since_s: int, by: str = "user") -> dict:
+    """Booked GPU-hours against used ones per user, class, pool or card, and the seeds' verdicts (app.report)."""
+    from app.report.gather import report_reply
+
+    return report_reply(service, since_s, by)
+
+
 @op("status")
 def status(service, me: Identity) -> dict:
     """Every card with its state, current and next booking: the `board status --json` document, in epochs."""

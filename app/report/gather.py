@@ -1,0 +1,126 @@
+"""The `report` operation: read the rows (bookings and faults from board.db, rollups and squats from the history)
+and hand them to app.report.compute. Read-only: a history file that is not there is not made."""
+
+from __future__ import annotations
+
+from app.history.store import BUCKET_S, CARD_BITS, CARD_MASK, EPOCH, SLOT_BITS, STATES, _bucket_id
+from app.report.compute import HOT_C, MAX_SINCE, VRAM_PCT, compute
+
+FOREVER = 2**62
+# Per card, state and what the verdicts test (busy, VRAM at 90 %, 92 °C): seconds, samples, the weighted mean
+# utilisation and the most VRAM and heat. Each group is on one side of every threshold, so its sums answer
+# exactly what the rollups one by one would.
+GROUPS = f"""
+    SELECT c.uuid, r.state, sum(r.n * r.dt) AS seconds, sum(r.n) AS n,
+           sum((r.util_min + r.util_mean_d) * r.n * r.dt) * 1.0 / nullif(sum(CASE WHEN r.util_min IS NOT NULL
+               THEN r.n * r.dt END), 0) AS util_mean,
+           max(r.vram_min + r.vram_max_d) AS vram_max, max(r.temp_min + r.temp_max_d) AS temp_max,
+           min(r.id >> {CARD_BITS}) AS first, (r.util_min + r.util_mean_d) >= ? AS busy,
+           (r.vram_min + r.vram_max_d) * 100 >= {VRAM_PCT} * coalesce(c.memory_total, 1 << 40) AS full,
+           (r.temp_min + r.temp_max_d) >= {HOT_C} AS hot
+    FROM rollups r JOIN cards c ON c.id = (r.id & {CARD_MASK})
+    WHERE r.id >= ? AND r.id < ? {{card}}
+    GROUP BY c.uuid, r.state, busy, full, hot"""
+SQUATS = f"""
+    SELECT ((s.id >> {SLOT_BITS + CARD_BITS}) * {BUCKET_S} + {EPOCH}), c.uuid, s.user, s.n, s.n * coalesce(r.dt, 10)
+    FROM squats s JOIN cards c ON c.id = ((s.id >> {SLOT_BITS}) & {CARD_MASK})
+    LEFT JOIN rollups r ON r.id = (s.id >> {SLOT_BITS})
+    WHERE s.id >= ? AND s.id < ?"""
+
+
+def report_reply(service, since_s: int, by: str) -> dict:
+    from app.errors import BadInput
+    from app.store import bookings as rows
+
+    if not 3600 <= since_s <= MAX_SINCE:
+        raise BadInput(f"report: since_s is 3600 to {MAX_SINCE}")
+    now = int(service.clock())
+    start = now - since_s
+    # Two weeks back at least: the high-utilisation verdict compares this week's waits with the last one's.
+    bookings = rows.live_between(service.conn, min(start, now - 14 * 86400), FOREVER)
+    from app.faults import store as fault_rows
+
+    faults = [{"ts": f.ts, "kind": f.kind} for f in fault_rows.recent(service.conn, start) if f.ts < now]
+    rollups: list[dict] = []
+    squats: list[dict] = []
+    memory_total: dict[str, int] = {}
+    cards: dict[str, str] = {}
+    if service.config.history_path.exists():
+        from app.history.sampler import history_store
+
+        store = history_store(service)
+        for uuid, idx, total in store.db.execute("SELECT uuid, idx, memory_total FROM cards"):
+            if idx is not None:
+                cards[uuid] = str(idx)
+            if total:
+                memory_total[uuid] = total
+        # Rollups up to where they end, summed per booking in SQL (a year is 841 k of them), then the raw
+        # samples (the last minutes, not rolled up yet), each as a one-sample rollup: finer data where it exists.
+        rolled = max(start, min(now, store.rolled_to() or start))
+        rollups = summed_rollups(store, start, rolled, bookings, service.config.report.busy_util)
+        squats = [{"ts": ts, "uuid": uuid, "user": user, "n": n, "seconds": seconds} for ts, uuid, user, n, seconds in
+                  store.db.execute(SQUATS, [_bucket_id(start, 0) << SLOT_BITS, _bucket_id(rolled, 0) << SLOT_BITS])]
+        for s in store.samples(rolled, now):
+            rollups.append({"ts": s["ts"], "uuid": s["uuid"], "n": 1, "seconds": s["dt"], "state": s["state"],
+                            "util_mean": s["util"], "vram_max": s["vram"], "temp_max": s["temp"]})
+            squats.extend({"ts": s["ts"], "uuid": s["uuid"], "user": u["user"], "n": 1} for u in s["users"] if u["squat"])
+    for card in service.fleet.latest().cards:
+        cards[card.uuid] = str(card.index)
+        memory_total.setdefault(card.uuid, card.memory_total_mib)
+    for b in bookings:
+        for index, uuid in zip(b.cards, b.card_uuids):
+            cards.setdefault(uuid, str(index))
+    pools: dict[str, str] = {}
+    for uuid, name in cards.items():
+        names = [p.name for p in service.config.pools if name.isdigit() and int(name) in p.cards]
+        if names:
+            pools[uuid] = "+".join(names)
+    return compute(bookings, rollups, squats, faults, now=now, since_s=since_s, by=by,
+                   busy_util=service.config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total)
+
+
+def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:
+    """The rollups over [start, end) as compute takes them, summed: per booking and card while it held the card,
+    and per card over all its time; the unbooked rows are the second less the first."""
+    if end <= start:
+        return []
+    db, cards = store.db, store.cards()
+    def bucket(ts: int) -> int:  # the first bucket starting at or after ts
+        return -(-(ts - EPOCH) // BUCKET_S)
+
+    lo, hi = bucket(start), bucket(end)  # buckets starting in [start, end)
+
+    def groups(first: int, last: int, card: int | None = None) -> list[dict]:
+        where = "" if card is None else f"AND (r.id & {CARD_MASK}) = {int(card)}"
+        rows = db.execute(GROUPS.format(card=where), [busy_util, first << CARD_BITS, last << CARD_BITS]).fetchall()
+        return [{"uuid": u, "state": STATES[st], "seconds": sec, "n": n, "util_mean": util, "vram_max": vram,
+                 "temp_max": temp, "ts": (f * BUCKET_S) + EPOCH, "busy": busy, "flags": (busy, full, hot)}
+                for u, st, sec, n, util, vram, temp, f, busy, full, hot in rows]
+
+    found, booked = [], {}
+    for b in bookings:
+        for uuid in b.card_uuids:
+            card = cards.get(uuid)
+            first, last = max(lo, bucket(b.start)), min(hi, bucket(b.end))
+            if card is None or last <= first:
+                continue
+            for row in groups(first, last, card):
+                row["booking_id"] = b.id
+                found.append(row)
+                key = _key(row)
+                sums = booked.setdefault(key, [0, 0, 0.0])
+                sums[0] += row["seconds"]
+                sums[1] += row["n"]
+                sums[2] += (row["util_mean"] or 0) * row["seconds"]
+    for row in groups(lo, hi):
+        sums = booked.get(_key(row), [0, 0, 0.0])
+        seconds = row["seconds"] - sums[0]
+        if seconds <= 0:
+            continue
+        util = None if row["util_mean"] is None else (row["util_mean"] * row["seconds"] - sums[2]) / seconds
+        found.append({**row, "seconds": seconds, "n": row["n"] - sums[1], "util_mean": util, "booking_id": None})
+    return found
+
+
+def _key(row: dict) -> tuple:
+    return row["uuid"], row["state"], row["flags"]

@@ -1,0 +1,56 @@
+"""`board report`'s table and CSV from the report document (app.report.compute)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from app.core.text import inert
+
+COLUMNS = (  # (document field, heading, format)
+    ("booked_h", "BOOKED h", "{:.1f}"), ("used_h", "USED h", "{:.1f}"), ("used_pct", "USED", "{:.0f} %"),
+    ("idle_h", "IDLE h", "{:.1f}"), ("idle_pct", "IDLE", "{:.0f} %"), ("squatted_h", "SQUAT h", "{:.1f}"),
+    ("util_mean_pct", "UTIL", "{:.0f} %"), ("wait_mean_min", "WAIT", "{:.0f} min"),
+    ("wait_p90_min", "WAIT p90", "{:.0f} min"), ("bookings", "BOOKINGS", "{}"),
+)
+CSV_FIELDS = ("key", "booked_h", "used_h", "used_pct", "idle_h", "idle_pct", "squatted_h", "util_mean_pct",
+              "wait_mean_min", "wait_p90_min", "wait_n", "bookings")
+
+
+def _cell(value, form: str) -> str:
+    return "-" if value is None else form.format(value)
+
+
+def table(doc: dict) -> str:
+    """Aligned: names left, figures right, a rule and the totals row under them, then the verdicts."""
+    heading = [doc["by"].upper()] + [h for _, h, _ in COLUMNS]
+    body = [[inert(str(r["key"]), 32)] + [_cell(r[f], form) for f, _, form in COLUMNS] for r in doc["rows"]]
+    total = ["TOTAL"] + [_cell(doc["total"][f], form) for f, _, form in COLUMNS]
+    widths = [max(len(line[i]) for line in [heading, *body, total]) for i in range(len(heading))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    days = doc['days']
+    out = [f"Booked against used, {days:g} day{'' if days == 1 else 's'} to now"
+           f" (used: IN USE at {doc['busy_util_pct']:g} % or more)", ""]
+    out.append(line(heading))
+    out.extend(line(cells) for cells in body)
+    if not body:
+        out.append("(no bookings or history in this window)")
+    out.append("  ".join("-" * w for w in widths))
+    out.append(line(total))
+    out.append("")
+    for v in doc["verdicts"]:
+        out.append(f"{'!!' if v['fires'] else 'ok'}  {inert(v['message'], 400)}")
+    return "\n".join(out)
+
+
+def to_csv(doc: dict) -> str:
+    """A header, one row per group, the total last (key "total")."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_FIELDS)
+    for r in [*doc["rows"], doc["total"]]:
+        writer.writerow(["" if r[f] is None else r[f] for f in CSV_FIELDS])
+    return buffer.getvalue()

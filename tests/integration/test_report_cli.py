@@ -1,0 +1,107 @@
+"""`board report` end to end: a real board.db and history file, the real CLI (table, --json, --csv, bad input),
+and the op through the in-process service with the real sampler on the simulated fleet."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from dataclasses import replace
+
+import pytest
+
+from app.client.local import LocalClient
+from app.config import Config, HistorySettings
+from app.core.cardstate import BOOKED, IN_USE
+from app.core.identity import Identity
+from app.errors import BadInput
+from app.gpu.simulated import DEFAULT_FLEET, SimulatedSource, demo_uid
+from app.history.sampler import Sampler
+from app.history.store import BUCKET_S, HistoryStore, Sample
+from app.store import bookings as rows
+from tests.conftest import FROZEN_NOW, run_board
+
+H = 3600
+UUID = "GPU-5090sim-0000-0000-0000-{:012d}".format
+
+
+@pytest.fixture
+def files(tmp_path, conn, fleet):
+    """alice booked card 0 from 5 h ago for 4 h (asked 30 min before): 2 h busy at 58 %, 2 h idle."""
+    now = int(time.time()) // BUCKET_S * BUCKET_S
+    rows.sync_cards(conn, fleet.cards, now - 7 * H)
+    rows.insert(conn, user="alice", uid=1001, uuids=[UUID(0)], start=now - 5 * H, end=now - H, klass="batch", note="",
+                request=None, now=now - 6 * H, created_by=1001, requested_at=now - 5 * H - 1800)
+    conn.commit()
+    store = HistoryStore(tmp_path / "board.history.db")
+    store.card_id(UUID(0), 0, "RTX 5090", 32607)
+    for t in range(now - 5 * H, now - H, 300):
+        store.add([Sample(ts=t, uuid=UUID(0), state=IN_USE if t < now - 3 * H else BOOKED, dt=300,
+                          util=58 if t < now - 3 * H else 0)])
+    store.roll_up(now)
+    store.close()
+    return {"BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC"}
+
+
+def test_the_cli_json_table_and_csv(files):
+    result = run_board("report", "--since", "1d", "--json", env=files)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) == {"by", "since", "until", "days", "busy_util_pct", "rows", "total", "verdicts"}
+    (alice,) = doc["rows"]
+    assert (alice["key"], alice["booked_h"], alice["used_h"], alice["idle_h"], alice["idle_pct"]) == \
+        ("alice", 4.0, 2.0, 2.0, 50.0)
+    assert (alice["util_mean_pct"], alice["wait_mean_min"], alice["wait_p90_min"]) == (29.0, 30.0, 30.0)
+    assert [v["threshold"] for v in doc["verdicts"]] == ["utilisation_low", "utilisation_high", "wait", "vram",
+                                                          "faults", "temperature"]
+    low = doc["verdicts"][0]
+    assert low["fires"] and low["message"].endswith("alice's bookings were idle 50 % of their hours")
+    table = run_board("report", "--since", "1d", env=files)
+    assert table.returncode == 0 and "alice" in table.stdout and "TOTAL" in table.stdout
+    assert "!!  utilisation 29 % over 1 day (< 30 %)" in table.stdout
+    assert "ok  mean wait 30 min over 1 booking (p90 30 min) over 1 day (not over 30 min)" in table.stdout
+    found = list(csv.DictReader(io.StringIO(run_board("report", "--since", "1d", "--csv", "--by", "card",
+                                                      env=files).stdout)))
+    assert [(r["key"], r["booked_h"], r["used_h"]) for r in found] == [("0", "4.0", "2.0"), ("total", "4.0", "2.0")]
+
+
+@pytest.mark.parametrize("args", [("--since", "forever"), ("--since", "0d"), ("--by", "team"), ("--json", "--csv")])
+def test_bad_input_is_one_line_and_exit_2(files, args):
+    result = run_board("report", *args, env=files)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_the_op_on_the_sampled_simulated_fleet(tmp_path):
+    """Real sampling: alice's idle card 1 is BOOKED every sample, bob squats card 2 (no booking) for the hour."""
+    from app.gpu.model import GpuProcess
+
+    clock = [float(FROZEN_NOW // BUCKET_S * BUCKET_S)]
+    start = int(clock[0])
+    fleet = replace(DEFAULT_FLEET, processes=((2, GpuProcess(200, 5000, "bob", demo_uid("bob"), "python x.py")),))
+    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0,
+                     history=HistorySettings(sample_s=10, raw_hours=1, rollup_days=2))
+    source = SimulatedSource(fleet, clock=lambda: clock[0])
+    alice = LocalClient.on(config, source, Identity("alice", demo_uid("alice"), False), clock=lambda: clock[0])
+    try:
+        alice.call("book", cards=[1], start=start, end=start + 2 * H)
+        sampler = Sampler(alice.service)
+        while clock[0] < start + H:
+            sampler.sample_once()
+            clock[0] += 10
+        # The same figures from the raw samples (nothing rolled up yet), from the rollups, and from both.
+        for roll_to in (None, start + H // 2, clock[0]):
+            if roll_to is not None:
+                alice.service.history.roll_up(roll_to)
+            found = {r["key"]: r for r in alice.call("report", since_s=H)["rows"]}
+            assert (found["alice"]["booked_h"], found["alice"]["idle_h"], found["alice"]["used_h"]) == (1.0, 1.0, 0.0)
+            assert (found["bob"]["booked_h"], found["bob"]["squatted_h"]) == (0.0, 1.0)
+        cards = {r["key"]: r for r in alice.call("report", since_s=H, by="card")["rows"]}
+        assert cards["2"]["squatted_h"] == 1.0 and cards["1"]["idle_h"] == 1.0
+        with pytest.raises(BadInput):
+            alice.call("report", since_s=60)
+        with pytest.raises(BadInput):
+            alice.call("report", since_s=H, by="team")
+    finally:
+        alice.close()

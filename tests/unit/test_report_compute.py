@@ -1,0 +1,241 @@
+"""The report from a real history file with hand-made samples (one per 5-minute bucket, so every rollup is one
+sample and every figure is known exactly), and each verdict at its boundary."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.cardstate import BOOKED, FREE, IN_USE, SQUATTED
+from app.errors import BadInput
+from app.history.store import HistoryStore, Sample
+from app.model import Booking
+from app.report.compute import compute, parse_since
+from app.report.render import table, to_csv
+
+H = 3600
+NOW = 1_795_966_200 // 300 * 300
+A, B = "GPU-a", "GPU-b"
+
+
+def booking(id, user, uuid, start, end, wait_s, klass="batch"):
+    return Booking(id=id, user=user, uid=1000 + id, cards=(0 if uuid == A else 1,), card_uuids=(uuid,), start=start,
+                   end=end, klass=klass, note="", status="booked", requested_at=start - wait_s)
+
+
+def fill(store, uuid, start, hours, state, util, users=(), holder=None, **metrics):
+    store.add([Sample(ts=t, uuid=uuid, state=state, dt=300, util=util, users=users, holder=holder, **metrics)
+               for t in range(start, start + int(hours * H), 300)])
+
+
+@pytest.fixture
+def scene(tmp_path):
+    """alice on card a for 4 h (2 h busy at 50 %, 1 h running at 9 %, 1 h booked and idle), waited 20 min; bob on
+    card b for 2 h at 90 %, waited 60 min; carol squats card a for 1 h at 40 % between them; card b is free, full
+    and hot for the last hour."""
+    store = HistoryStore(tmp_path / "board.history.db")
+    store.card_id(A, 0, "RTX 5090", 32768)
+    store.card_id(B, 1, "RTX 5090", 32768)
+    fill(store, A, NOW - 10 * H, 2, IN_USE, 50)
+    fill(store, A, NOW - 8 * H, 1, IN_USE, 9)
+    fill(store, A, NOW - 7 * H, 1, BOOKED, 0)
+    fill(store, A, NOW - 5 * H, 1, SQUATTED, 40, users=(("carol", 100),))
+    fill(store, B, NOW - 4 * H, 2, IN_USE, 90, users=(("bob", 100),), holder="bob")
+    fill(store, B, NOW - H, 1, FREE, 0, vram=30000, temp=92)  # after bob: full and hot, nobody's
+    store.roll_up(NOW + 300)
+    bookings = [booking(1, "alice", A, NOW - 10 * H, NOW - 6 * H, 20 * 60),
+                booking(2, "bob", B, NOW - 4 * H, NOW - 2 * H, 60 * 60, klass="online")]
+    yield store, bookings
+    store.close()
+
+
+def report(scene, by="user", **kw):
+    store, bookings = scene
+    start = NOW - 86400
+    return compute(bookings, store.rollups(start, NOW), store.squats(start, NOW), kw.pop("faults", []), now=NOW,
+                   since_s=86400, by=by, cards={A: "0", B: "1"}, pools={A: "big", B: "big+small"},
+                   memory_total={A: 32768, B: 32768}, **kw)
+
+
+def test_by_user_booked_used_idle_squatted_util_and_wait(scene):
+    doc = report(scene)
+    rows = {r["key"]: r for r in doc["rows"]}
+    assert [r["key"] for r in doc["rows"]] == ["alice", "bob", "carol"]  # by booked hours, then name
+    assert rows["alice"] == {"key": "alice", "bookings": 1, "booked_h": 4.0, "used_h": 2.0, "idle_h": 1.0,
+                             "squatted_h": 0.0, "used_pct": 50.0, "idle_pct": 25.0,
+                             "util_mean_pct": round((24 * 50 + 12 * 9) / 48, 1), "wait_n": 1, "wait_mean_min": 20.0,
+                             "wait_p90_min": 20.0}
+    assert (rows["bob"]["booked_h"], rows["bob"]["used_h"], rows["bob"]["idle_h"], rows["bob"]["util_mean_pct"]) \
+        == (2.0, 2.0, 0.0, 90.0)
+    assert (rows["carol"]["booked_h"], rows["carol"]["squatted_h"], rows["carol"]["used_pct"]) == (0.0, 1.0, None)
+    total = doc["total"]
+    assert (total["booked_h"], total["used_h"], total["idle_h"], total["squatted_h"], total["bookings"]) \
+        == (6.0, 4.0, 1.0, 1.0, 2)
+    assert (total["wait_mean_min"], total["wait_p90_min"], total["wait_n"]) == (40.0, 60.0, 2)
+
+
+def test_busy_util_is_inclusive(scene):
+    # The hour at 9 % counts as used from busy_util 9 on, not at 10.
+    assert {r["key"]: r["used_h"] for r in report(scene, busy_util=9)["rows"]}["alice"] == 3.0
+    assert {r["key"]: r["used_h"] for r in report(scene, busy_util=10)["rows"]}["alice"] == 2.0
+
+
+def test_by_card_class_and_pool(scene):
+    cards = {r["key"]: r for r in report(scene, by="card")["rows"]}
+    # Card 0's utilisation: every hour it was up, squatted too: (24*50 + 12*9 + 12*0 + 12*40) / 60 buckets.
+    assert cards["0"]["util_mean_pct"] == round((24 * 50 + 12 * 9 + 12 * 40) / 60, 1)
+    assert (cards["0"]["booked_h"], cards["0"]["squatted_h"], cards["1"]["booked_h"]) == (4.0, 1.0, 2.0)
+    classes = {r["key"]: r for r in report(scene, by="class")["rows"]}
+    assert (classes["batch"]["booked_h"], classes["online"]["used_h"], classes["(none)"]["squatted_h"]) == (4.0, 2.0, 1.0)
+    assert [r["key"] for r in report(scene, by="pool")["rows"]] == ["big", "big+small"]
+
+
+def test_verdicts_from_the_scene(scene):
+    verdicts = {v["threshold"]: v for v in report(scene)["verdicts"]}
+    fleet = round((24 * 50 + 12 * 9 + 12 * 40 + 24 * 90) / 96, 1)
+    assert verdicts["utilisation_low"]["value"] == fleet and not verdicts["utilisation_low"]["fires"]
+    assert verdicts["wait"]["fires"] and verdicts["wait"]["value"] == 40.0
+    assert "mean wait 40 min over 2 bookings (p90 60 min)" in verdicts["wait"]["message"]
+    assert verdicts["vram"]["fires"] and verdicts["temperature"]["fires"] and not verdicts["faults"]["fires"]
+    assert verdicts["vram"]["message"] == ("VRAM at or over 90 % for 1 card-hours over 1 day (card 1 1.0 h): jobs are near"
+                                           " out of memory; book bigger cards or more of them")
+
+
+def rollup(uuid=A, ts=NOW - H, util=50, state=IN_USE, vram=1000, temp=60):
+    return {"uuid": uuid, "ts": ts, "n": 1, "seconds": 300, "state": state, "util_mean": util, "vram_max": vram,
+            "temp_max": temp}
+
+
+def verdict(name, bookings=(), rollups=(), faults=(), since_s=7 * 86400):
+    doc = compute(list(bookings), list(rollups), [], list(faults), now=NOW, since_s=since_s,
+                  memory_total={A: 32768})
+    return {v["threshold"]: v for v in doc["verdicts"]}[name]
+
+
+def test_utilisation_low_under_30():
+    assert verdict("utilisation_low", rollups=[rollup(util=29)])["fires"]
+    assert not verdict("utilisation_low", rollups=[rollup(util=30)])["fires"]
+    found = verdict("utilisation_low", bookings=[booking(1, "alice", A, NOW - 2 * H, NOW, 0)],
+                    rollups=[rollup(util=0, state=BOOKED, ts=NOW - 2 * H + 300 * i) for i in range(5)]
+                    + [rollup(util=60, ts=NOW - H)])
+    assert found["message"] == ("utilisation 10 % over 7 days (< 30 %): the cards are cut too fine or booked and"
+                                " idle; alice's bookings were idle 83 % of their hours")
+
+
+def test_utilisation_high_needs_a_growing_queue():
+    busy = [rollup(util=86)]
+    waiting = [booking(1, "alice", A, NOW + H, NOW + 2 * H, 2 * H)]  # asked an hour ago, starts in an hour
+    assert verdict("utilisation_high", waiting, busy)["fires"]
+    assert not verdict("utilisation_high", waiting, [rollup(util=85)])["fires"]
+    assert not verdict("utilisation_high", [], busy)["fires"]  # busy but nobody waits
+    # Or the mean wait rising: 10 min last week, 50 min this week.
+    rising = [booking(1, "a", A, NOW - 10 * 86400, NOW - 10 * 86400 + H, 600),
+              booking(2, "b", A, NOW - 86400, NOW - 86400 + H, 3000)]
+    assert verdict("utilisation_high", rising, busy)["fires"]
+    assert not verdict("utilisation_high", list(reversed([
+        booking(1, "a", A, NOW - 10 * 86400, NOW - 10 * 86400 + H, 3000),
+        booking(2, "b", A, NOW - 86400, NOW - 86400 + H, 600)])), busy)["fires"]
+
+
+def test_wait_over_30_minutes():
+    assert not verdict("wait", [booking(1, "a", A, NOW - H, NOW, 1800)])["fires"]
+    assert verdict("wait", [booking(1, "a", A, NOW - H, NOW, 1801)])["fires"]
+
+
+def test_vram_at_90_percent():
+    assert verdict("vram", rollups=[rollup(vram=29492)])["fires"]  # 90 % of 32768 MiB is 29491.2
+    assert not verdict("vram", rollups=[rollup(vram=29491)])["fires"]
+
+
+def test_more_than_3_faults_a_month():
+    month = 30 * 86400
+    three = [{"ts": NOW - 100 * i - 1, "kind": kind} for i, kind in enumerate(("xid", "oom", "xid"))]
+    throttle = {"ts": NOW - 50, "kind": "throttle"}  # not a fault the seeds count
+    assert not verdict("faults", faults=[*three, throttle], since_s=month)["fires"]
+    found = verdict("faults", faults=[*three, {"ts": NOW - 1000, "kind": "oom"}], since_s=month)
+    assert found["fires"] and found["value"] == 4.0
+    assert found["message"].startswith("2 OOM and 2 Xid faults over 30 days, 4.0 a month (> 3)")
+    assert not verdict("faults", faults=[{"ts": NOW - month - 1, "kind": "oom"}] * 5, since_s=month)["fires"]
+
+
+def test_cards_at_92_degrees():
+    assert verdict("temperature", rollups=[rollup(temp=92)])["fires"]
+    assert not verdict("temperature", rollups=[rollup(temp=91)])["fires"]
+
+
+def test_lost_and_free_hours():
+    doc = compute([], [rollup(state=FREE, util=0)], [], [], now=NOW, since_s=86400, by="card", cards={A: "0"})
+    assert doc["rows"][0]["key"] == "0" and doc["rows"][0]["util_mean_pct"] == 0.0
+
+
+@pytest.mark.parametrize("text, seconds", [("30d", 30 * 86400), ("12h", 12 * H), ("4w", 28 * 86400), ("400d", 400 * 86400)])
+def test_since(text, seconds):
+    assert parse_since(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "30", "0d", "401d", "-1d", "30m", "1e3d"])
+def test_bad_since(text):
+    with pytest.raises(BadInput):
+        parse_since(text)
+
+
+def test_bad_by():
+    with pytest.raises(BadInput, match="--by"):
+        compute([], [], [], [], now=NOW, since_s=H, by="team")
+
+
+def test_table_and_csv(scene):
+    doc = report(scene)
+    doc["rows"][2]["key"] = "car\x1bol"  # a user name is shown inert
+    text = table(doc)
+    lines = text.splitlines()
+    assert lines[2].split() == ["USER", "BOOKED", "h", "USED", "h", "USED", "IDLE", "h", "IDLE", "SQUAT", "h", "UTIL",
+                                "WAIT", "WAIT", "p90", "BOOKINGS"]
+    assert lines[3].split()[:3] == ["alice", "4.0", "2.0"] and "car\\x1bol" in text and "\x1b" not in text
+    assert len({len(line) for line in lines[2:5]}) == 1  # aligned: the name column padded, figures right
+    assert lines[7].startswith("TOTAL") and "!!  mean wait 40 min" in text
+    csv_lines = to_csv(doc).splitlines()
+    assert csv_lines[0].startswith("key,booked_h,used_h,used_pct") and csv_lines[-1].startswith("total,6.0,4.0,66.7")
+    assert len(csv_lines) == 5
+
+
+def test_wait_p90_is_the_nearest_rank():
+    # Ten bookings that waited 1..10 minutes: mean 5.5, p90 the 9th.
+    bookings = [booking(i, "alice", A, NOW - i * H, NOW - i * H + 60, i * 60) for i in range(1, 11)]
+    doc = compute(bookings, [], [], [], now=NOW, since_s=86400)
+    assert (doc["total"]["wait_mean_min"], doc["total"]["wait_p90_min"], doc["total"]["wait_n"]) == (5.5, 9.0, 10)
+    # One that started before the window, and one not started yet, are not waits of this window.
+    late = booking(11, "alice", A, NOW - 2 * 86400, NOW - 2 * 86400 + 60, 60)
+    early = booking(12, "alice", A, NOW + H, NOW + 2 * H, 60)
+    assert compute([late, early], [], [], [], now=NOW, since_s=86400)["total"]["wait_n"] == 0
+
+
+def test_busy_util_in_the_config(tmp_path):
+    from app.config import ConfigError, load_config
+
+    assert load_config(environ={}).report.busy_util == 10.0
+    path = tmp_path / "board.toml"
+    path.write_text("[report]\nbusy_util = 25\n")
+    assert load_config(environ={"BOARD_CONFIG": str(path)}).report.busy_util == 25
+    for bad in ("101", "-1", "true", '"ten"'):
+        path.write_text(f"[report]\nbusy_util = {bad}\n")
+        with pytest.raises(ConfigError, match=r"\[report\] busy_util"):
+            load_config(environ={"BOARD_CONFIG": str(path)})
+
+
+@pytest.mark.parametrize("by", ["user", "class", "pool", "card"])
+@pytest.mark.parametrize("busy_util", [9, 10, 50, 51])
+def test_rollups_summed_in_sql_give_the_same_report(scene, by, busy_util):
+    """The service sums a year's rollups per booking in SQL (app.report.gather); the figures are those of the
+    rollups one by one."""
+    from app.report.gather import SQUATS, summed_rollups
+    from app.history.store import SLOT_BITS, _bucket_id
+
+    store, bookings = scene
+    start = NOW - 86400
+    squats = [{"ts": ts, "uuid": u, "user": user, "n": n, "seconds": sec} for ts, u, user, n, sec in
+              store.db.execute(SQUATS, [_bucket_id(start, 0) << SLOT_BITS, _bucket_id(NOW, 0) << SLOT_BITS])]
+    summed = summed_rollups(store, start, NOW, bookings, busy_util)
+    assert len(summed) < len(store.rollups(start, NOW))
+    kw = {"now": NOW, "since_s": 86400, "by": by, "busy_util": busy_util, "cards": {A: "0", B: "1"},
+          "pools": {A: "big", B: "big+small"}, "memory_total": {A: 32768, B: 32768}}
+    assert compute(bookings, summed, squats, [], **kw) == report(scene, by=by, busy_util=busy_util)
