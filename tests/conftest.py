@@ -56,6 +56,16 @@ def make_service(conn, fleet):
     return make
 
 
+class Clock:
+    """A clock the test moves by hand: `clock.now += 60`."""
+
+    def __init__(self, now: float = FROZEN_NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def run_board(*args: str, env: dict | None = None, input: str | None = None, user_env: bool = True):
     """Run the real `board` CLI in a subprocess; returns CompletedProcess (text)."""
     import subprocess

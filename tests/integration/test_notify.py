@@ -20,7 +20,7 @@ from app.notify.formats import Message, body
 from app.service import Service
 from app.service.fleet import Fleet
 from app.service.notify import deliverer, push
-from tests.conftest import FROZEN_NOW, run_board
+from tests.conftest import Clock, FROZEN_NOW, run_board
 
 ADMIN = Identity("root", 0, True)
 MEMBER = Identity("alice", 1001, False)
@@ -87,12 +87,6 @@ def receiver():
     made.close()
 
 
-class Clock:
-    def __init__(self, now: float = FROZEN_NOW) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_service(tmp_path, targets, clock, **notify) -> Service:

@@ -21,7 +21,7 @@ from app.service.enforce import WARN_BEFORE_END_S, enforce_once, is_over, run_bo
 from app.service.fleet import Fleet
 from app.store import events, jobs
 from app.store.db import write
-from tests.conftest import FROZEN_NOW
+from tests.conftest import Clock, FROZEN_NOW
 
 ALICE = Identity("alice", os.getuid(), False)
 BOB = Identity("bob", os.getuid() + 1, False)
@@ -33,12 +33,6 @@ STUBBORN = [sys.executable, "-c",
 GRACE_S = 30
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from app.gpu.simulated import SimulatedSource, load_scenario, parse_scenario
 from app.service import Service
 from app.service.fleet import Fleet
 from app.store.db import connect, write
-from tests.conftest import FROZEN_NOW
+from tests.conftest import Clock, FROZEN_NOW
 
 if str(ROOT := Path(__file__).resolve().parents[2]) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -37,12 +37,6 @@ def sim_uuid(index: int) -> str:
     return f"GPU-5090sim-0000-0000-0000-{index:012d}"
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -22,21 +22,13 @@ from app.gpu.model import CardReading
 from app.service import Service
 from app.service.fleet import Fleet
 from app.service.metrics import MetricsServer
-from tests.conftest import FROZEN_NOW
+from tests.conftest import Clock, FROZEN_NOW
 
 H = 3600
 ALICE, BOB = Identity("alice", 1001, False), Identity("bob", 1002, False)
 CARD_LABELS = {"uuid", "index", "name", "pool", "holder", "class", "booking_id"}
 
 
-class Clock:
-    """The service's clock, moved by hand; the fleet's and the view's monotonic clocks stay put unless moved."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
