@@ -67,6 +67,7 @@ class View:
     version: int | None = None  # the hub's bookings version it was read at
     read_at: float = float("-inf")
     alerts: dict[str, int] = field(default_factory=dict)  # rule -> alerts fired (rows are kept: a counter)
+    faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, Xid code or "") -> faults (rows are kept)
 
 
 class BoardCollector(Collector):
@@ -137,6 +138,21 @@ class BoardCollector(Collector):
         for rule, total in sorted(view.alerts.items()):
             alerts.add_metric([rule], total)
         yield alerts
+        xid = CounterMetricFamily("board_xid_errors", "Critical Xid errors NVML reported (app.faults), by code.",
+                                  labels=["code"])
+        for (kind, code), total in sorted(view.faults.items()):
+            if kind == "xid":
+                xid.add_metric([code], total)
+        yield xid
+        yield CounterMetricFamily("board_oom", "Out-of-memory exits: llama-servers and board run jobs (app.faults).",
+                                  value=sum(n for (kind, _), n in view.faults.items() if kind == "oom"))
+        notifier = self.service.notifier
+        if notifier is not None:  # only where the socket service delivers; in memory: a restart resets it
+            failures = CounterMetricFamily("board_notify_failures", "Pushes that failed: each failed try, and the"
+                                           " messages given up after the last try.", labels=["outcome"])
+            failures.add_metric(["failed_try"], notifier.counts["failed_tries"])
+            failures.add_metric(["given_up"], notifier.counts["given_up"])
+            yield failures
 
     def view(self) -> View:
         """The database's view, read again when older than ttl_s or when the bookings changed; shared by scrapers."""
@@ -169,10 +185,12 @@ class BoardCollector(Collector):
                     label = "unknown" if label is None else str(label)
                     totals[label] = totals.get(label, 0) + n
             alerts = dict(conn.execute("SELECT rule, count(*) FROM alerts GROUP BY rule").fetchall())
+            faults = {(kind, "" if code is None else str(code)): n for kind, code, n in conn.execute(
+                "SELECT kind, code, count(*) FROM faults WHERE kind IN ('xid', 'oom') GROUP BY 1, 2")}
         finally:
             conn.execute("COMMIT")
         self.reads += 1
-        return View(live, queued, counts, cursor, version, self.clock(), alerts)
+        return View(live, queued, counts, cursor, version, self.clock(), alerts, faults)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:

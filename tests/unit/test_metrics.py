@@ -189,9 +189,26 @@ class TestCounters:
         metrics.collector.clock = lambda: 60.0
         assert {s.labels["rule"]: s.value for s in scrape(metrics)["board_alerts"]} == {"hot": 2, "lost": 1}
 
-    def test_no_family_is_exported_for_a_source_that_does_not_exist_yet(self, metrics):
-        names = set(scrape(metrics))
-        assert not [n for n in names if any(word in n for word in ("xid", "oom", "notify"))]
+    def test_xid_errors_by_code_and_oom_exits_are_counted_from_the_faults(self, service, metrics):
+        from app.faults import store as faults
+        from app.store.db import write
+
+        assert scrape(metrics)["board_xid_errors"] == [] and scrape(metrics)["board_oom"][0].value == 0
+        with write(service.conn):
+            for kind, code in (("xid", 79), ("xid", 79), ("xid", 48), ("oom", None), ("throttle", None)):
+                faults.record(service.conn, ts=FROZEN_NOW, kind=kind, code=code, card_uuid="GPU-0")
+        metrics.collector.clock = lambda: 60.0
+        found = scrape(metrics)
+        assert {s.labels["code"]: s.value for s in found["board_xid_errors"]} == {"79": 2, "48": 1}
+        assert found["board_oom"][0].value == 1
+
+    def test_notify_failures_come_from_the_delivery_thread_where_one_runs(self, service, metrics):
+        from types import SimpleNamespace
+
+        assert "board_notify_failures" not in scrape(metrics)  # nobody delivers in process
+        service.notifier = SimpleNamespace(counts={"sent": 4, "failed_tries": 3, "given_up": 1})
+        found = {s.labels["outcome"]: s.value for s in scrape(metrics)["board_notify_failures"]}
+        assert found == {"failed_try": 3, "given_up": 1}
 
 
 class TestScraping:
