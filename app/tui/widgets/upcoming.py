@@ -12,6 +12,9 @@ from app.model import Booking
 from app.tui.render import duration, short_time, untrusted
 
 
+NOTE_WIDTH = 100  # the note's limit: a fixed width, as an auto one is measured by whatever the console is at the time
+
+
 class UpcomingTable(DataTable):
     DEFAULT_CSS = """
     UpcomingTable { height: 1fr; }
@@ -21,7 +24,7 @@ class UpcomingTable(DataTable):
     COMPONENT_CLASSES = DataTable.COMPONENT_CLASSES | {"upcoming--active", "upcoming--later"}
     COLUMNS = (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 9), ("start", "START", 10),
                ("end", "END", 10), ("length", "FOR", 6), ("when", "WHEN", 12), ("class", "CLASS", 10),
-               ("note", "NOTE", None))
+               ("note", "NOTE", NOTE_WIDTH))
 
     def __init__(self, me: str, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", show_cursor=False)
@@ -50,5 +53,5 @@ class UpcomingTable(DataTable):
             self.add_row(
                 Text(str(b.id)), untrusted(b.user, 12, state), Text(format_cards(b.cards)),
                 Text(short_time(b.start, now)), Text(short_time(b.end, now)), Text(duration(b.end - b.start)), when,
-                Text(b.klass), untrusted(b.note, 100), key=str(b.id),
+                Text(b.klass), untrusted(b.note, NOTE_WIDTH), key=str(b.id),
             )
