@@ -12,7 +12,7 @@ import os
 import sqlite3
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from app.config import CLASSES, Config
 from app.core import policy
@@ -34,6 +34,7 @@ PAST_GRACE_SECONDS = 60
 LOOKAHEAD_SECONDS = 86400
 MAX_CANDIDATES = 60  # booking ends tried as starts by `options`: enough for 3 slots on a busy calendar
 MAX_BACKFILL_ROUNDS = 10  # each round moves at least one booking earlier; a bound, not an expected count
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,32 +538,39 @@ class BookingService:
 
 
     def _audited(self, action: str, booking_id: int | None, details: dict, change: Callable[[int], int]) -> Booking:
-        """Run `change` and its audit event in one transaction; a refusal by rule is audited in the same one.
+        """`audited` for a change to one booking, which it returns: the event is filed under `booking_id` when
+        given (the booking acted on), else under the one `change` returns (a new booking)."""
+        result_id = self.audited(action, details, change,
+                                 filed_under=lambda made: made if booking_id is None else booking_id)
+        return self.get(result_id)
 
-        `change` returns the booking to hand back; the event is filed under `booking_id` when given (the
-        booking acted on), else under the returned one (a new booking). Refusals by rule (Conflict,
-        NotPermitted) are audited; bad input writes nothing.
+    def audited(self, action: str, details: dict, change: Callable[[int], T],
+                filed_under: Callable[[T | None], int | None] = lambda _: None) -> T:
+        """Run `change(now)` and its audit event in one transaction; a refusal by rule is audited in the same one.
+
+        Refusals by rule (Conflict, NotPermitted) roll `change` back, are audited with the rule that refused,
+        and are raised again; bad input writes nothing. The event is filed under the booking id
+        `filed_under` gives for the result (None after a refusal).
         """
         now = int(self.clock())
         refusal: BoardError | None = None
-        result_id = booking_id
+        result: T | None = None
         try:
             with write(self.conn):
                 self.conn.execute("SAVEPOINT attempt")
                 try:
-                    result_id = change(now)
+                    result = change(now)
                 except (Conflict, NotPermitted) as refused:
                     self.conn.execute("ROLLBACK TO attempt")
                     refusal, details = refused, {**details, "refused": str(refused), "refused_by": refused_by(refused)}
                 events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,
-                              booking_id=booking_id if booking_id is not None else result_id,
-                              ok=refusal is None, details=details)
+                              booking_id=filed_under(result), ok=refusal is None, details=details)
         except sqlite3.IntegrityError as error:
             # Only the overlap triggers can get here: another writer beat us past the app's own check.
             raise Conflict(f"the cards were just booked by someone else; try again ({error})") from None
         if refusal is not None:
             raise refusal
-        return self.get(result_id)
+        return result
 
     def _running(self, booking_id: int) -> list[str]:
         """What runs on the booking's cards and would lose them if it moved, for people: 'server 3', 'job 4711'."""

@@ -15,24 +15,21 @@ a running one is left to its holder (`board release ID`).
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Sequence
 
 from app.core import policy
 from app.core.series import MAX_SPAN_DAYS, Rule, describe, local_date, make_rule, occurrences, parse_date
-from app.errors import BadInput, BoardError, Conflict, NotPermitted
+from app.errors import BadInput, Conflict, NotPermitted
 from app.model import Booking
-from app.service.bookings import BookingService, refused_by
+from app.service.bookings import BookingService
 from app.store import bookings as rows
 from app.store import events
 from app.store import series as store
-from app.store.db import write
 from app.store.series import Series
 
 MAX_LISTED = 10  # occurrences named in one refusal; the rest are counted
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +109,7 @@ class SeriesService:
                            overridden=[m.to_wire() for m in overridden])
             return series_id
 
-        series_id = self._audited("series", details, change)
+        series_id = self.rules.audited("series", details, change)
         return self._outcome(series_id, details)
 
     def extend(self, series_id: int, last: str, *, skip_conflicts: bool = False, override_policy: bool = False) -> Outcome:
@@ -144,7 +141,7 @@ class SeriesService:
                            overridden=[m.to_wire() for m in overridden])
             return series_id
 
-        self._audited("series_extend", details, change)
+        self.rules.audited("series_extend", details, change)
         return self._outcome(series_id, details)
 
     def cancel(self, series_id: int) -> tuple[Series, list[Booking], list[Booking]]:
@@ -169,35 +166,11 @@ class SeriesService:
             details.update(cancelled=[b.id for b in ahead], running=running)
             return series_id
 
-        self._audited("series_cancel", details, change)
+        self.rules.audited("series_cancel", details, change)
         get = self.rules.get
         return self._series(series_id), [get(i) for i in details["cancelled"]], [get(i) for i in details["running"]]
 
     # -- helpers -------------------------------------------------------------------------------
-
-    def _audited(self, action: str, details: dict[str, Any], change: Callable[[int], T]) -> T:
-        """`change` and its audit event in one transaction, as BookingService._audited: a refusal by rule
-        (Conflict, NotPermitted) is rolled back to the savepoint and audited; bad input writes nothing.
-        The series' own event has no booking id: each booking it makes or cancels has its own event."""
-        now = int(self.clock())
-        refusal: BoardError | None = None
-        result = None
-        try:
-            with write(self.conn):
-                self.conn.execute("SAVEPOINT series")
-                try:
-                    result = change(now)
-                except (Conflict, NotPermitted) as refused:
-                    self.conn.execute("ROLLBACK TO series")
-                    refusal, details = refused, {**details, "refused": str(refused), "refused_by": refused_by(refused)}
-                events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action, booking_id=None,
-                              ok=refusal is None, details=details)
-        except sqlite3.IntegrityError as error:
-            # Only the overlap triggers can get here: another writer beat us past the app's own check.
-            raise Conflict(f"the cards were just booked by someone else; try again ({error})") from None
-        if refusal is not None:
-            raise refusal
-        return result
 
     def _check(
         self, cards: tuple[int, ...], klass: str, spans: list[tuple[int, int]], skip: bool, override: bool, user: str
