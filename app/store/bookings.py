@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 from app.gpu.model import CardReading
 from app.model import Booking
-from app.store.db import MalformedRow, need, report_malformed
+from app.store.db import MalformedRow, need, need_json_object, report_malformed
 
 
 # LEFT JOINs, so that a booking whose card rows a hand edit broke is reported rather than silently dropped.
@@ -59,13 +59,7 @@ def _decode(row) -> Booking:
         pairs.append((int(idx), uuid))
     pairs.sort()
     if request:
-        need(request, str, "request")
-        try:
-            request = json.loads(request)
-        except ValueError:
-            raise MalformedRow(f"request is not JSON ({ascii(request)[:40]})") from None
-        if not isinstance(request, dict):
-            raise MalformedRow(f"request is JSON {type(request).__name__}, not an object")
+        request = need_json_object(request, "request")
     return Booking(
         id=id_, user=user, uid=uid, start=start, end=end, klass=klass, note=note, status=status,
         request=request or None, created_at=created_at, requested_at=requested_at if requested_at is not None else start,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import random
@@ -331,6 +332,18 @@ def need(value: object, kind: type | tuple[type, ...], column: str) -> None:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool) or not isinstance(value, kinds) or (float in kinds and value != value):
         raise MalformedRow(f"{column} is {_describe(value)}")
+
+
+def need_json_object(value: object, column: str) -> dict:
+    """The JSON object stored as text in `column`; MalformedRow when it is not text, not JSON or not an object."""
+    need(value, str, column)
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        raise MalformedRow(f"{column} is not JSON ({ascii(value)[:40]})") from None
+    if not isinstance(decoded, dict):
+        raise MalformedRow(f"{column} is JSON {type(decoded).__name__}, not an object")
+    return decoded
 
 
 def _describe(value: object) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.model import Booking
 from app.store import bookings as rows
-from app.store.db import MalformedRow, need, report_malformed
+from app.store.db import MalformedRow, need, need_json_object, report_malformed
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +38,9 @@ def get(conn: sqlite3.Connection, series_id: int) -> Series | None:
         return None
     id_, user, uid, rule, created_at = row
     try:
-        for value, kind, column in ((user, str, "user"), (uid, int, "uid"), (rule, str, "rule"),
-                                    (created_at, int, "created_at")):
+        for value, kind, column in ((user, str, "user"), (uid, int, "uid"), (created_at, int, "created_at")):
             need(value, kind, column)
-        try:
-            decoded = json.loads(rule)
-        except ValueError:
-            raise MalformedRow(f"rule is not JSON ({ascii(rule)[:40]})") from None
-        if not isinstance(decoded, dict):
-            raise MalformedRow(f"rule is JSON {type(decoded).__name__}, not an object")
+        decoded = need_json_object(rule, "rule")
     except MalformedRow as error:
         report_malformed(conn, "series", series_id, error)
         return None
