@@ -14,7 +14,8 @@ def test_notify_test_through_the_agent(make_agent):
         agent = make_agent(start=False)
         with agent.config.open("a") as config:
             # No summary: started between 09:00 and 10:00, the agent would push the 09:00 one first.
-            config.write(f'\n[notify]\nsummary_at = []\n[[notify.targets]]\nname = "team"\ntype = "wecom"\nurl = "{receiver.url("wecom-ok")}"\n'
+            config.write('\n[notify]\nsummary_at = []\n'
+                         f'[[notify.targets]]\nname = "team"\ntype = "wecom"\nurl = "{receiver.url("wecom-ok")}"\n'
                          f'[[notify.targets]]\nname = "ops"\ntype = "slack"\nurl = "{receiver.url("fail")}"\n')
         agent.start()
         rc, out, err = board_cli("notify", "test", env={"BOARD_CONFIG": str(agent.config)})
