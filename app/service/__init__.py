@@ -69,9 +69,9 @@ class Service:
         self._local.told = []
         try:
             result = entry.handler(self, me, **kwargs)
-            if entry.writes:
+            if entry.frees:
                 try:
-                    self.backfill()  # a change may have freed time that queued bookings wait for
+                    self.backfill()  # queued bookings move up into the time this change freed
                 except (sqlite3.Error, BoardError):
                     pass  # the change stands; the enforcer's next pass tries the backfill again
         except sqlite3.Error as error:

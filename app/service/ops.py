@@ -23,7 +23,8 @@ class Op:
     handler: Callable[..., Any]
     required: dict[str, type]
     optional: dict[str, type]
-    writes: bool = False
+    writes: bool = False  # changes bookings: subscribers reload them
+    frees: bool = False  # may free time, so queued bookings move up after it (Service.backfill)
 
     def check(self, args: Any) -> dict[str, Any]:
         """The arguments as keywords; a missing, unknown or mistyped one is BadInput (exit 2)."""
@@ -49,9 +50,10 @@ class Op:
 OPS: dict[str, Op] = {}
 
 
-def op(name: str, required: dict[str, type] | None = None, optional: dict[str, type] | None = None, writes=False):
+def op(name: str, required: dict[str, type] | None = None, optional: dict[str, type] | None = None, writes=False,
+       frees=False):
     def register(handler):
-        OPS[name] = Op(name, handler, required or {}, optional or {}, writes)
+        OPS[name] = Op(name, handler, required or {}, optional or {}, writes or frees, frees)
         return handler
 
     return register
@@ -240,12 +242,12 @@ def window(service, me: Identity, start: int, end: int) -> dict:
     }
 
 
-@op("cancel", {"id": INT}, writes=True)
+@op("cancel", {"id": INT}, frees=True)
 def cancel(service, me: Identity, id: int) -> dict:
     return wire(service.bookings(me).cancel(id))
 
 
-@op("release", {"id": INT}, writes=True)
+@op("release", {"id": INT}, frees=True)
 def release(service, me: Identity, id: int) -> dict:
     return wire(service.bookings(me).release(id))
 
@@ -260,7 +262,7 @@ def extend(service, me: Identity, id: int, end=None, add_seconds=None) -> dict:
     return wire(rules.extend(id, end))
 
 
-@op("reassign", {"id": INT}, {"cards": LIST, "user": STR, "force": BOOL}, writes=True)
+@op("reassign", {"id": INT}, {"cards": LIST, "user": STR, "force": BOOL}, frees=True)
 def reassign(service, me: Identity, id: int, cards=None, user=None, force=False) -> dict:
     if (cards is None) == (user is None):
         raise BadInput("give the new cards or the new user")
@@ -269,7 +271,7 @@ def reassign(service, me: Identity, id: int, cards=None, user=None, force=False)
     return wire(moved)
 
 
-@op("move", {"id": INT, "start": INT, "end": INT}, {"override_policy": BOOL}, writes=True)
+@op("move", {"id": INT, "start": INT, "end": INT}, {"override_policy": BOOL}, frees=True)
 def move(service, me: Identity, id: int, start: int, end: int, override_policy=False) -> dict:
     """An admin gives a booking new times on the same cards; its holder is told."""
     moved = service.bookings(me).move(id, start, end, override_policy=override_policy)
@@ -333,7 +335,7 @@ def series_extend(service, me: Identity, id: int, to: str, skip_conflicts=False,
     return _outcome_wire(outcome)
 
 
-@op("series_cancel", {"id": INT}, writes=True)
+@op("series_cancel", {"id": INT}, frees=True)
 def series_cancel(service, me: Identity, id: int) -> dict:
     series, cancelled, running = _series(service, me).cancel(id)
     _tell_holder(service, me, series, "cancelled")

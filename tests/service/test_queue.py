@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -46,6 +47,41 @@ def test_a_cancel_moves_the_queue_up_and_tells_the_holder(client):
     backfill = [e for e in events_of(client, queued["id"]) if e["action"] == "backfill"]
     assert len(backfill) == 1 and backfill[0]["actor"] == "board"
     assert (backfill[0]["details"]["old_start"], backfill[0]["details"]["start"]) == (start + 2 * HOUR, start)
+
+
+def _free_by(client, how: str, blocker: dict) -> None:
+    if how == "release":
+        client.call("release", id=blocker["id"])
+    elif how == "move":
+        client.call("move", id=blocker["id"], start=blocker["end"] + 5 * HOUR, end=blocker["end"] + 6 * HOUR)
+    elif how == "reassign":
+        client.call("reassign", id=blocker["id"], cards=[6])
+    else:
+        client.call("series_cancel", id=blocker["series_id"])
+
+
+@pytest.mark.parametrize("how", ["release", "move", "reassign", "series_cancel"])
+def test_every_change_that_frees_time_moves_the_queue_up(client, how):
+    if how in ("move", "reassign") and not ADMIN:
+        pytest.skip("only admins move and reassign bookings")
+    if how == "release":  # only a booking that has started can be released
+        start = int(time.time()) // 60 * 60
+        blocker = client.call("book", cards=[5], start=start, end=start + 2 * HOUR)
+    elif how == "series_cancel":  # tomorrow's 09:00-11:00 in the zone the service reads clock times in
+        zone = timezone.utc if client.transport == "socket" else None
+        first = (datetime.fromtimestamp(time.time(), zone).date() + timedelta(days=1)).isoformat()
+        made = client.call("series_book", cards=[5], every="day", start="9:00", until="11:00", to=first,
+                           **{"from": first})
+        blocker = made["bookings"][0]
+        start = blocker["start"]
+    else:
+        start = tomorrow()
+        blocker = client.call("book", cards=[5], start=start, end=start + 2 * HOUR)
+    queued = client.call("book", cards=[5], start=start, end=start + HOUR, or_later=True)
+    assert queued["start"] == blocker["end"]
+    _free_by(client, how, blocker)
+    moved = client.call("get", id=queued["id"])
+    assert moved["start"] < blocker["end"] and moved["notice"].endswith(" by backfill")
 
 
 def test_the_queue_moves_in_class_order_then_by_when_asked(client):
