@@ -117,7 +117,8 @@ class BoardApp(App[int]):
     # -- life cycle ----------------------------------------------------------------------------
 
     def get_default_screen(self) -> Screen:
-        return BoardScreen()
+        self._board = BoardScreen()
+        return self._board
 
     def on_mount(self) -> None:
         self._events.start()
@@ -138,7 +139,9 @@ class BoardApp(App[int]):
 
     @property
     def board(self) -> BoardScreen:
-        return self.screen_stack[0]  # type: ignore[return-value]
+        # Not screen_stack[0]: on exit the stack empties while the pollers' last messages are still being
+        # handled, and the screen itself (BoardScreen.torn_down) knows to ignore them.
+        return self._board
 
     def set_window(self, start: int, end: int) -> None:
         """The timeline shows another span: have the poller load its bookings now."""
