@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from app.llama.health import health
-from tests.service.support import SERVICE_USER, Agent, check_reachable, ensure_system_user, needs_root, run_as
+from tests.service.support import SERVICE_USER, Agent, check_reachable, needs_root, run_as
+from tests.unix_users import ensure_unix_users
 
 # A supervisor that registers a server the service leased and reports it ready with memory figures that are
 # junk (as a member's own process could send), then its exit; prints the row as it was once ready.
@@ -135,12 +136,7 @@ def gone(server: dict, timeout: float = 20) -> bool:
 @pytest.fixture
 def shared(llama_server, tiny_model):
     needs_root()
-    ensure_system_user()
-    for name in ("alice", "bob", "carol"):
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            pytest.skip("the real-user tests' users are missing: run tests/users once (it creates them)")
+    ensure_unix_users()  # alice, bob, carol and the service user, whichever suite runs first
     for name in (SERVICE_USER, "alice"):
         check_reachable(name)
     root = Path(tempfile.mkdtemp(prefix="board-llama-service-", dir="/tmp"))

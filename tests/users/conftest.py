@@ -17,13 +17,11 @@ test session may be using them at the same time).
 
 from __future__ import annotations
 
-import grp
 import json
 import os
 import pwd
 import shutil
 import sqlite3
-import stat
 import subprocess
 import sys
 import tempfile
@@ -35,18 +33,8 @@ import pytest
 
 from tests import agent_process
 from tests.agent_process import SETPRIV
+from tests.unix_users import ADMIN_GROUP, MEMBERS_GROUP, REPO, SERVICE_USER, ensure_unix_users
 
-REPO = Path(__file__).resolve().parents[2]
-MEMBERS_GROUP = "boardusers"
-ADMIN_GROUP = "boardadmins"
-SERVICE_USER = agent_process.SERVICE_USER  # the unit's User= and Group=
-# name -> supplementary groups. The UIDs of alice, bob and carol match the simulated demo team's when free.
-USERS = {
-    "alice": (1001, [MEMBERS_GROUP]),
-    "bob": (1002, [MEMBERS_GROUP]),
-    "carol": (1003, [MEMBERS_GROUP, ADMIN_GROUP]),
-    "mallory": (1066, []),
-}
 TOOLS = ("useradd", "groupadd", "usermod", "gpasswd", "setpriv", "runuser")
 
 
@@ -64,88 +52,10 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-def _sh(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-def _ensure_group(name: str, system: bool = False) -> None:
-    try:
-        grp.getgrnam(name)
-    except KeyError:
-        result = _sh("groupadd", *(["--system"] if system else []), name)
-        if result.returncode not in (0, 9):  # 9: created meanwhile by someone else
-            raise RuntimeError(f"groupadd {name}: {result.stderr.strip()}")
-
-
-def _ensure_user(name: str, uid: int, groups: list[str]) -> None:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        taken = True
-        try:
-            pwd.getpwuid(uid)
-        except KeyError:
-            taken = False
-        cmd = ["useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group"]
-        if not taken:
-            cmd += ["--uid", str(uid)]
-        result = _sh(*cmd, name)
-        if result.returncode not in (0, 9):
-            raise RuntimeError(f"useradd {name}: {result.stderr.strip()}")
-    for group in (MEMBERS_GROUP, ADMIN_GROUP):
-        members = grp.getgrnam(group).gr_mem
-        if group in groups and name not in members:
-            _sh("usermod", "-aG", group, name)
-        elif group not in groups and name in members:
-            _sh("gpasswd", "-d", name, group)
-
-
-def _ensure_service_user() -> None:
-    """The system user board (no login, no home), in the members' group so that it may give them its socket."""
-    _ensure_group(SERVICE_USER, system=True)
-    try:
-        pwd.getpwnam(SERVICE_USER)
-    except KeyError:
-        result = _sh("useradd", "--system", "--gid", SERVICE_USER, "--no-create-home", "--home-dir", "/nonexistent",
-                     "--shell", "/usr/sbin/nologin", SERVICE_USER)
-        if result.returncode not in (0, 9):
-            raise RuntimeError(f"useradd {SERVICE_USER}: {result.stderr.strip()}")
-    if SERVICE_USER not in grp.getgrnam(MEMBERS_GROUP).gr_mem:
-        _sh("usermod", "-aG", MEMBERS_GROUP, SERVICE_USER)
-
-
-def _open_path_for_others(path: Path) -> list[Path]:
-    """Let other users traverse every directory above `path` (o+x only: no listing); returns what changed.
-
-    Not undone at the end: another session's real-user processes (or bench/bench_load.py) may be
-    running this interpreter at that moment, and taking the search bit away mid-run breaks their imports.
-    """
-    changed = []
-    for directory in [*reversed(path.parents)]:
-        mode = stat.S_IMODE(directory.stat().st_mode)
-        if not mode & stat.S_IXOTH:
-            os.chmod(directory, mode | stat.S_IXOTH)
-            changed.append(directory)
-    return changed
-
-
 @pytest.fixture(scope="session")
 def unix_users():
-    """The four users, two groups and the service user exist, and every one can run this checkout with this Python."""
-    for group in (MEMBERS_GROUP, ADMIN_GROUP):
-        _ensure_group(group)
-    for name, (uid, groups) in USERS.items():
-        _ensure_user(name, uid, groups)
-    _ensure_service_user()
-    # The interpreter may live under /root (pyenv): other users need to reach it, and the checkout.
-    for target in (Path(os.path.realpath(sys.executable)), Path(sys.executable), REPO / "app"):
-        _open_path_for_others(target)
-    for name in ("mallory", SERVICE_USER):
-        probe = _sh(SETPRIV, f"--reuid={pwd.getpwnam(name).pw_uid}", f"--regid={pwd.getpwnam(name).pw_gid}",
-                    "--init-groups", "--", sys.executable, "-c", "import app.cli")
-        if probe.returncode != 0:
-            pytest.skip(f"{name} cannot run {sys.executable} on this checkout: {probe.stderr.strip()[-200:]}")
-    return {name: pwd.getpwnam(name) for name in [*USERS, SERVICE_USER]}
+    """The users and groups (tests.unix_users), created once per session."""
+    return ensure_unix_users()
 
 
 def config_text(prefix: Path, *, admin_group: str = ADMIN_GROUP, extra: str = "") -> str:
