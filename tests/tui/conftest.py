@@ -132,6 +132,36 @@ async def wait_for(pilot, condition, timeout: float = 5.0, step: float = 0.02) -
         await pilot.pause(step)
 
 
+async def settle(pilot, timeout: float = 5.0) -> None:
+    """Let the app run until two screenshots 0.1 s apart are the same: whatever a message or timer still had
+    to draw has been drawn. Fails after `timeout` seconds of a screen that keeps changing."""
+    deadline = time.monotonic() + timeout
+    before = pilot.app.export_screenshot()
+    while True:
+        await pilot.pause(0.1)
+        after = pilot.app.export_screenshot()
+        if after == before:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the screen still changed after {timeout} s")
+        before = after
+
+
+@pytest.fixture
+def snap_compare(snap_compare):
+    """pytest-textual-snapshot's snap_compare, taking its picture only once the screen has settled (settle)."""
+
+    def compare(app, *, run_before=None, **kwargs) -> bool:
+        async def then_settle(pilot) -> None:
+            if run_before is not None:
+                await run_before(pilot)
+            await settle(pilot)
+
+        return snap_compare(app, run_before=then_settle, **kwargs)
+
+    return compare
+
+
 async def ready(pilot) -> None:
     """The first telemetry and the first bookings have arrived and been drawn."""
     app = pilot.app
