@@ -94,6 +94,7 @@ class BookingService:
         self.cards = {c.index: c for c in cards}
         self.by_uuid = {c.uuid: c.index for c in cards}
         self.told: list[tuple[int, str]] = []  # (uid, message): notices for the service to publish after a change
+        self._others: tuple[int, dict[int, list[GpuProcess]]] | None = None  # (now, _others_now's answer)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -638,8 +639,8 @@ class BookingService:
             raise NotPermitted(f"{count} {'card' if count == 1 else 'cards'} for a {format_duration(duration)} {klass}"
                                f" booking from {format_when(start, now)}: the rules allow {len(eligible) or 'none'}:"
                                f" {reasons}")
-        mine = self._held_now(now) if now_slot else set()
-        foreign = {i: found for i in eligible if now_slot and (found := self._foreign(self.cards[i], i in mine))}
+        others = self._others_now(now) if now_slot else {}
+        foreign = {i: others[i] for i in eligible if i in others}
         searching = busy is not None
         if busy is None:
             busy = self._busy_by_index(start, end, excluding)
@@ -672,6 +673,14 @@ class BookingService:
                         f" {'an' if klass[0] in 'aeiou' else 'a'} {klass} booking"
                         f" at {format_when(start, now)}"
                         + (f": {'; '.join(why)}" if why else ""))
+
+    def _others_now(self, now: int) -> dict[int, list[GpuProcess]]:
+        """Each card's processes of someone else's right now. Worked out once for `now`: a search for the
+        earliest start asks at every candidate, and a backfill searches for each queued booking."""
+        if self._others is None or self._others[0] != now:
+            mine = self._held_now(now)
+            self._others = (now, {i: found for i, card in self.cards.items() if (found := self._foreign(card, i in mine))})
+        return self._others[1]
 
     def _held_now(self, now: int) -> set[int]:
         """The cards the caller holds a booking on right now; only asked when some process has no owner."""
