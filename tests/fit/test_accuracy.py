@@ -1,6 +1,7 @@
 """board fit against the real llama-server: its own buffer sizes (the -lv 4 lines) for each test shape and setting.
 
-Targets (issue 10): weights and KV within 1 %, weights + KV + compute within 5 % of llama.cpp's total. The CPU
+Targets (issue 10): weights and KV within 1 %, weights + KV + compute within 5 % of llama.cpp's total; the
+compute buffers are held to 1 % (or 0.05 MiB) as well, since the graph replay matches them. The CPU
 build repacks Q4_0 weights into a second buffer that CUDA never makes, so these runs pass --no-repack.
 scripts/fit_accuracy.py runs the whole matrix and prints the worst case of each figure.
 """
@@ -53,5 +54,7 @@ def test_the_estimate_matches_llama_cpp(llama_server, model_path, shape, setting
     # the log prints two decimals of MiB: allow that rounding on top of the 1 % for the smallest models
     assert estimate["weights_mib"] == pytest.approx(real["weights_mib"], rel=0.01, abs=0.006)
     assert estimate["kv_mib"] == pytest.approx(real["kv_mib"], rel=0.01, abs=0.006)
+    # beyond the issue's 5 % on the total: the compute buffers themselves, flash attention on or off
+    assert estimate["compute_mib"] == pytest.approx(real["compute_mib"], rel=0.01, abs=0.05)
     total = sum(real.values())
     assert sum(estimate.values()) == pytest.approx(total, rel=0.05)
