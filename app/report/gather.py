@@ -3,6 +3,8 @@ and hand them to app.report.compute. Read-only: a history file that is not there
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from app.history.store import BUCKET_S, CARD_BITS, CARD_MASK, EPOCH, SLOT_BITS, STATES, _bucket_id
 from app.report.compute import HOT_C, MAX_SINCE, VRAM_PCT, compute
 
@@ -90,8 +92,8 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
 
     lo, hi = bucket(start), bucket(end)  # buckets starting in [start, end)
 
-    def groups(first: int, last: int, card: int | None = None) -> list[dict]:
-        where = "" if card is None else f"AND (r.id & {CARD_MASK}) = {int(card)}"
+    def groups(first: int, last: int, held: Sequence[int] = ()) -> list[dict]:
+        where = f"AND (r.id & {CARD_MASK}) IN ({', '.join(str(int(c)) for c in held)})" if held else ""
         rows = db.execute(GROUPS.format(card=where), [busy_util, first << CARD_BITS, last << CARD_BITS]).fetchall()
         return [{"uuid": u, "state": STATES[st], "seconds": sec, "n": n, "util_mean": util, "vram_max": vram,
                  "temp_max": temp, "ts": (f * BUCKET_S) + EPOCH, "busy": busy, "flags": (busy, full, hot)}
@@ -99,12 +101,11 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
 
     found, booked = [], {}
     for b in bookings:
-        for uuid in b.card_uuids:
-            card = cards.get(uuid)
-            first, last = max(lo, bucket(b.start)), min(hi, bucket(b.end))
-            if card is None or last <= first:
-                continue
-            for row in groups(first, last, card):
+        # one read of the booking's span for all its cards: the rollups of every card sit in it side by side
+        held = [card for uuid in b.card_uuids if (card := cards.get(uuid)) is not None]
+        first, last = max(lo, bucket(b.start)), min(hi, bucket(b.end))
+        if held and last > first:
+            for row in groups(first, last, held):
                 row["booking_id"] = b.id
                 found.append(row)
                 key = _key(row)

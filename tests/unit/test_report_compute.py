@@ -239,3 +239,21 @@ def test_rollups_summed_in_sql_give_the_same_report(scene, by, busy_util):
     kw = {"now": NOW, "since_s": 86400, "by": by, "busy_util": busy_util, "cards": {A: "0", B: "1"},
           "pools": {A: "big", B: "big+small"}, "memory_total": {A: 32768, B: 32768}}
     assert compute(bookings, summed, squats, [], **kw) == report(scene, by=by, busy_util=busy_util)
+
+
+@pytest.mark.parametrize("by", ["user", "card"])
+def test_a_booking_on_two_cards_is_summed_per_card(scene, by):
+    """One read of a booking's span serves all its cards; each card's rollups still go to that card."""
+    from app.report.gather import summed_rollups
+
+    store, _ = scene
+    both = [Booking(id=3, user="dave", uid=1003, cards=(0, 1), card_uuids=(A, B), start=NOW - 9 * H, end=NOW - 3 * H,
+                    klass="batch", note="", status="booked", requested_at=NOW - 9 * H)]
+    start = NOW - 86400
+    kw = {"now": NOW, "since_s": 86400, "by": by, "busy_util": 10, "cards": {A: "0", B: "1"},
+          "pools": {}, "memory_total": {A: 32768, B: 32768}}
+    summed = summed_rollups(store, start, NOW, both, 10)
+    assert {row["uuid"] for row in summed if row["booking_id"] == 3} == {A, B}
+    one_by_one = compute(both, store.rollups(start, NOW), [], [], **kw)
+    assert compute(both, summed, [], [], **kw) == one_by_one
+    assert one_by_one["total"]["booked_h"] == 12.0
