@@ -23,7 +23,6 @@ import grp
 import os
 import pwd
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests import agent_process  # noqa: E402 - the agent as the unit runs it, as the tests start it
+from tests.unix_users import ensure_group, ensure_service_user, ensure_user, open_path_for_others  # noqa: E402
 
 BIN = Path(sys.executable).parent
 BOARD = BIN / "board"  # the installed entry point, as a member runs it
@@ -50,58 +50,24 @@ def require_root(what: str) -> None:
                          " (sudo .venv/bin/python ...)")
 
 
-def _sh(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-def _ensure_group(name: str, system: bool = False) -> None:
-    try:
-        grp.getgrnam(name)
-    except KeyError:
-        result = _sh("groupadd", *(["--system"] if system else []), name)
-        if result.returncode not in (0, 9):  # 9: made meanwhile by someone else
-            raise SystemExit(f"groupadd {name}: {result.stderr.strip()}")
-
-
 def _ensure_member(name: str, group: str) -> None:
     if name not in grp.getgrnam(group).gr_mem and pwd.getpwnam(name).pw_gid != grp.getgrnam(group).gr_gid:
-        _sh("usermod", "-aG", group, name)
+        subprocess.run(["usermod", "-aG", group, name], capture_output=True)
 
 
 def ensure_users(group: str = MEMBERS_GROUP, members: dict[str, int] = MEMBERS) -> None:
     """The system user board (in `group`, so it may give the socket to it), and the members in `group`."""
-    _ensure_group(SERVICE_USER, system=True)
-    _ensure_group(group)
-    try:
-        pwd.getpwnam(SERVICE_USER)
-    except KeyError:
-        result = _sh("useradd", "--system", "--gid", SERVICE_USER, "--no-create-home", "--home-dir", "/nonexistent",
-                     "--shell", "/usr/sbin/nologin", SERVICE_USER)
-        if result.returncode not in (0, 9):
-            raise SystemExit(f"useradd {SERVICE_USER}: {result.stderr.strip()}")
     if group != SERVICE_USER:
-        _ensure_member(SERVICE_USER, group)
+        ensure_group(group)
+    ensure_service_user(group)
     for name, uid in members.items():
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            cmd = ["useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group"]
-            try:
-                pwd.getpwuid(uid)
-            except KeyError:
-                cmd += ["--uid", str(uid)]
-            result = _sh(*cmd, name)
-            if result.returncode not in (0, 9):
-                raise SystemExit(f"useradd {name}: {result.stderr.strip()}")
+        ensure_user(name, uid)
         _ensure_member(name, group)
     # Every directory above the interpreter and the checkout must be searchable by others (o+x, no listing).
     for target in (Path(os.path.realpath(sys.executable)), Path(sys.executable), REPO / "app"):
-        for directory in reversed(target.parents):
-            mode = stat.S_IMODE(directory.stat().st_mode)
-            if not mode & stat.S_IXOTH:
-                os.chmod(directory, mode | stat.S_IXOTH)
+        open_path_for_others(target)
     for name in (SERVICE_USER, *members):
-        probe = _sh(*as_user(name, [sys.executable, "-c", "import app.cli"]))
+        probe = subprocess.run(as_user(name, [sys.executable, "-c", "import app.cli"]), capture_output=True, text=True)
         if probe.returncode != 0:
             raise SystemExit(f"{name} cannot run {sys.executable} on {REPO}: {probe.stderr.strip()[-300:]}")
 

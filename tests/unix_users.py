@@ -37,7 +37,7 @@ def _sh(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def _ensure_group(name: str, system: bool = False) -> None:
+def ensure_group(name: str, system: bool = False) -> None:
     try:
         grp.getgrnam(name)
     except KeyError:
@@ -46,7 +46,8 @@ def _ensure_group(name: str, system: bool = False) -> None:
             raise RuntimeError(f"groupadd {name}: {result.stderr.strip()}")
 
 
-def _ensure_user(name: str, uid: int, groups: list[str]) -> None:
+def ensure_user(name: str, uid: int) -> None:
+    """The user, with a group of its own and no home; uid `uid` where it is free."""
     try:
         pwd.getpwnam(name)
     except KeyError:
@@ -61,6 +62,10 @@ def _ensure_user(name: str, uid: int, groups: list[str]) -> None:
         result = _sh(*cmd, name)
         if result.returncode not in (0, 9):
             raise RuntimeError(f"useradd {name}: {result.stderr.strip()}")
+
+
+def _set_groups(name: str, groups: list[str]) -> None:
+    """`name` in exactly those of the members' and admins' groups that `groups` lists."""
     for group in (MEMBERS_GROUP, ADMIN_GROUP):
         members = grp.getgrnam(group).gr_mem
         if group in groups and name not in members:
@@ -69,9 +74,9 @@ def _ensure_user(name: str, uid: int, groups: list[str]) -> None:
             _sh("gpasswd", "-d", name, group)
 
 
-def _ensure_service_user() -> None:
-    """The system user board (no login, no home), in the members' group so that it may give them its socket."""
-    _ensure_group(SERVICE_USER, system=True)
+def ensure_service_user(group: str = MEMBERS_GROUP) -> None:
+    """The system user board (no login, no home), in `group` (the members') so that it may give them its socket."""
+    ensure_group(SERVICE_USER, system=True)
     try:
         pwd.getpwnam(SERVICE_USER)
     except KeyError:
@@ -79,11 +84,11 @@ def _ensure_service_user() -> None:
                      "--shell", "/usr/sbin/nologin", SERVICE_USER)
         if result.returncode not in (0, 9):
             raise RuntimeError(f"useradd {SERVICE_USER}: {result.stderr.strip()}")
-    if SERVICE_USER not in grp.getgrnam(MEMBERS_GROUP).gr_mem:
-        _sh("usermod", "-aG", MEMBERS_GROUP, SERVICE_USER)
+    if SERVICE_USER not in grp.getgrnam(group).gr_mem and group != SERVICE_USER:
+        _sh("usermod", "-aG", group, SERVICE_USER)
 
 
-def _open_path_for_others(path: Path) -> list[Path]:
+def open_path_for_others(path: Path) -> list[Path]:
     """Let other users traverse every directory above `path` (o+x only: no listing); returns what changed.
 
     Not undone at the end: another session's real-user processes (or bench/bench_load.py) may be
@@ -101,13 +106,14 @@ def _open_path_for_others(path: Path) -> list[Path]:
 def ensure_unix_users() -> dict[str, pwd.struct_passwd]:
     """The four users, two groups and the service user exist, and every one can run this checkout with this Python."""
     for group in (MEMBERS_GROUP, ADMIN_GROUP):
-        _ensure_group(group)
+        ensure_group(group)
     for name, (uid, groups) in USERS.items():
-        _ensure_user(name, uid, groups)
-    _ensure_service_user()
+        ensure_user(name, uid)
+        _set_groups(name, groups)
+    ensure_service_user()
     # The interpreter may live under /root (pyenv): other users need to reach it, and the checkout.
     for target in (Path(os.path.realpath(sys.executable)), Path(sys.executable), REPO / "app"):
-        _open_path_for_others(target)
+        open_path_for_others(target)
     for name in ("mallory", SERVICE_USER):
         probe = _sh(SETPRIV, f"--reuid={pwd.getpwnam(name).pw_uid}", f"--regid={pwd.getpwnam(name).pw_gid}",
                     "--init-groups", "--", sys.executable, "-c", "import app.cli")
