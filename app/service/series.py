@@ -288,7 +288,7 @@ class SeriesService:
             groups.append(f"{reason} ({days})")
         message = f"the policy refuses {self._count(refusals, total)}, so nothing was booked: {'; '.join(groups)}"
         if conflicts:
-            message += f"; also {len(conflicts)} {'conflicts' if len(conflicts) == 1 else 'conflict'}: {self._listed(conflicts)}"
+            message += f"; also {len(conflicts)} {'conflict' if len(conflicts) == 1 else 'conflicts'}: {self._listed(conflicts)}"
         if free and min(m.start for m in refusals) > max(start for start, _ in free):
             last_free = local_date(max(start for start, _ in free), self.tz)
             message += (f"; book up to --to {last_free.isoformat()} now and add the rest later with"

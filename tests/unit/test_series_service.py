@@ -95,6 +95,25 @@ def test_policy_refusals_name_the_rule_and_book_nothing(series, conn):
     assert event.details["refused_by"] == "policy"  # counted by /metrics as board_bookings_refused_total{reason="policy"}
 
 
+@pytest.mark.parametrize("taken", [1, 2])
+def test_a_refusal_also_lists_the_conflicts_with_their_holder(series, make_service, conn, taken):
+    """Finetune at 08:00 on prod breaks its window on Friday; at the weekend it may run, but bob holds card 0."""
+    bob = make_service(name="bob", uid=1002, config=SEEDS)
+    for day in range(taken):
+        start = int(datetime(2026, 12, 12 + day, 8, tzinfo=BERLIN).timestamp())  # Saturday, then Sunday
+        bob.create(cards=[0], start=start, end=start + HOUR, klass="batch")
+    before = written(conn)
+    with pytest.raises(NotPermitted) as refused:
+        series().book(cards=[0, 1], klass="finetune", every="day", start="8:00", until="18:00",
+                      first="2026-12-11", last="2026-12-13")
+    message = str(refused.value)
+    assert message.startswith("the policy refuses 1 of 3 occurrences, so nothing was booked: card 0: class finetune")
+    also = f"; also {taken} {'conflict' if taken == 1 else 'conflicts'}: "
+    assert also in message and message.count("bob") == taken, message
+    assert message.endswith("admins may pass --override-policy")
+    assert written(conn)[:2] == before[:2]
+
+
 def test_occurrences_past_max_ahead_are_refused_with_a_way_forward(series):
     short = Config(policy=Policy(timezone="Europe/Berlin", max_ahead_days=14))
     with pytest.raises(NotPermitted) as refused:
