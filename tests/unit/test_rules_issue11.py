@@ -362,3 +362,36 @@ def test_or_later_with_no_start_that_works_is_refused_with_the_rules_reason(make
         "1 card for a 1h experiment booking from 16:30 (in 60 min): the rules allow none: class experiment is not"
         " allowed on pool all (cards 0,1,2,3,4,5,6,7); no start within 30 days works either")
     assert rows.listing(conn, start=None, end=None, user=None, include_cancelled=True) == []
+
+
+class TestAdminChangesTellTheHolder:
+    """An admin's extend, cancel and release on someone else's booking: the holder's notice, what the service
+    publishes to them, and the audit row's details. NOW is Sunday 15:30 UTC."""
+
+    def test_an_extend_audits_both_ends_and_tells_the_holder(self, make_service, conn):
+        booking = make_service().create(cards=[3], start=NOW + 2 * H, end=NOW + 3 * H)
+        admin = make_service("root", 0, admin=True)
+        extended = admin.extend(booking.id, NOW + 4 * H)
+        assert (extended.start, extended.end, extended.notice) == (NOW + 2 * H, NOW + 4 * H, "extended to 19:30 by admin root")
+        assert admin.told == [(1001, f"booking {booking.id} was extended to 19:30 by admin root")]
+        event = last_event(conn, booking.id)
+        assert (event.action, event.ok, event.details) == ("extend", True, {"end": NOW + 4 * H, "old_end": NOW + 3 * H})
+
+    @pytest.mark.parametrize("how", ["cancel", "release"])
+    def test_a_cancel_or_release_tells_the_holder(self, make_service, how):
+        start = NOW + 2 * H if how == "cancel" else NOW  # only a booking that has started is released
+        booking = make_service().create(cards=[3], start=start, end=start + H)
+        admin = make_service("root", 0, admin=True)
+        ended = getattr(admin, how)(booking.id)
+        what = f"{'cancelled' if how == 'cancel' else 'released'} by admin root"
+        assert ended.notice == what and admin.told == [(1001, f"booking {booking.id} was {what}")]
+
+    def test_an_extend_is_checked_against_the_bookings_class(self, make_service):
+        """The pool's window is the finetune class's: a finetune booking may grow inside it, and not past it."""
+        night = ClassWindow(19 * 60, 7 * 60)  # at weekends too: NOW is a Sunday
+        evenings = Config(policy=Policy(timezone="UTC"), pools=(Pool("all", tuple(range(8)), windows={"finetune": night}),))
+        alice = make_service(config=evenings)
+        booking = alice.create(cards=[3], start=NOW + 4 * H, end=NOW + 5 * H, klass="finetune")  # 19:30-20:30
+        assert alice.extend(booking.id, NOW + 6 * H).end == NOW + 6 * H
+        with pytest.raises(NotPermitted, match="finetune"):
+            alice.extend(booking.id, NOW + 17 * H)  # 08:30 on Monday, past the window
