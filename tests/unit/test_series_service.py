@@ -132,6 +132,8 @@ def test_only_admins_override_the_policy_and_each_override_is_audited(series, co
     assert str(refused.value) == "only admins (group board-admin) can pass --override-policy"
     made = series(name="root", uid=0, admin=True).book(**ask, override_policy=True)
     assert len(made.booked) == 3 and [berlin(m.start) for m in made.overridden] == ["Mon 2026-12-07 10:00"]
+    assert [(berlin(m.end), m.reason) for m in made.overridden] == [
+        ("Mon 2026-12-07 12:00", "card 0: class finetune is allowed on pool prod only 19:00-09:00 and at weekends")]
     audit = {e.booking_id: e.details for e in events.recent(conn, 100) if e.action == "create"}
     assert [audit[b.id].get("override_policy") for b in made.booked] == [
         None, None, "card 0: class finetune is allowed on pool prod only 19:00-09:00 and at weekends"]
@@ -189,6 +191,7 @@ def test_extend_is_all_or_nothing_and_keeps_the_rule_on_refusal(series, make_ser
     assert series().get(made.series.id)[0].rule["to"] == "2026-12-11" and len(series().get(made.series.id)[1]) == 5
     grown = series().extend(made.series.id, "2026-12-18", skip_conflicts=True)
     assert len(grown.booked) == 4 and [berlin(m.start) for m in grown.skipped] == ["Mon 2026-12-14 09:00"]
+    assert [berlin(m.end) for m in grown.skipped] == ["Mon 2026-12-14 19:00"] and "bob" in grown.skipped[0].reason
     assert grown.series.rule["to"] == "2026-12-18" and {b.series_id for b in grown.booked} == {made.series.id}
     with pytest.raises(BadInput, match="--to 2026-12-18 is not after the series' last day 2026-12-18"):
         series().extend(made.series.id, "2026-12-18")
@@ -375,3 +378,24 @@ def test_an_extension_spans_at_most_a_year_at_a_time(series):
         series().extend(made.series.id, "2027-12-10")
     assert str(refused.value) == "2026-12-08 to 2027-12-10 is 367 days; extend a series by at most 366 days at a time"
     assert series().extend(made.series.id, "2027-12-09").series.rule["to"] == "2027-12-09"  # exactly 366 days
+
+
+@pytest.mark.parametrize("days", [2, 10, 11])
+def test_conflicts_are_counted_and_listed_up_to_ten(series, make_service, days):
+    """bob holds card 5 at 09:00 on the first day (two days asked) or on every day (ten are listed, the rest counted)."""
+    bob = make_service(name="bob", uid=1002, config=SEEDS)
+    for day in range(1 if days == 2 else days):
+        start = int(datetime(2026, 12, 7 + day, 9, tzinfo=BERLIN).timestamp())
+        bob.create(cards=[5], start=start, end=start + HOUR)
+    with pytest.raises(Conflict) as refused:
+        series().book(cards=[5], every="day", start="9:00", until="10:00", first="2026-12-07",
+                      last=f"2026-12-{6 + days:02d}")
+    message = str(refused.value)
+    if days == 2:
+        assert message.startswith("1 of 2 occurrences conflicts, so nothing was booked: Mon 2026-12-07 09:00: card 5 is"
+                                  " booked by bob until ")
+        assert message.endswith("; pass --skip-conflicts to book the other 1")
+    else:
+        assert message.startswith(f"{days} of {days} occurrences conflict, so nothing was booked: ")
+        assert message.count("booked by bob") == 10
+        assert message.endswith("; and 1 more") == (days == 11) and "and 0 more" not in message
