@@ -41,7 +41,7 @@ $(VENV)/.mutation: pyproject.toml | $(VENV)/.test
 	$(BIN)/python -m pip install --quiet $(EDITABLE) '.[test,mutation]'
 	touch $@
 
-# Mutation testing of the rules (pyproject's [tool.mutmut]): about 20 minutes on 2 cores. From scratch each
+# Mutation testing of the rules (pyproject's [tool.mutmut]): about an hour on 2 cores. From scratch each
 # time: mutmut keeps its map of which tests reach which function by test name, so a test rewritten under
 # its old name would leave stale survivors. Prints the score per module and any survivor not in tests/MUTANTS.md.
 mutation: $(VENV)/.mutation
