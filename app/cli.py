@@ -112,6 +112,7 @@ def cmd_run(ctx: Context) -> int:
             raise BadInput("--wait needs the booking to wait for: board run --booking ID --wait -- CMD")
         from app.client.wait import wait_for_start
 
+        client.call("run", booking=args.booking, waiting=True)  # someone else's booking is refused now, not at its start
         wait_for_start(client, args.booking)
     if client.transport == "socket":
         sock, _, result = client.stream("register", {"kind": "job", "booking": args.booking})

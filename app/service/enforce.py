@@ -21,8 +21,9 @@ WARN_BEFORE_END_S = 600
 AGENT = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
 
 
-def run_booking(service, me: Identity, booking_id: int | None) -> Booking:
-    """The booking a `board run` job of `me` may run under now: the one named, or the only active one."""
+def run_booking(service, me: Identity, booking_id: int | None, waiting: bool = False) -> Booking:
+    """The booking a `board run` job of `me` may run under now: the one named, or the only active one.
+    `waiting` (`board run --wait`): only whose it is counts yet; the job registers once it has started."""
     from app.service.ops import audit
     from app.store import bookings as rows
 
@@ -32,6 +33,8 @@ def run_booking(service, me: Identity, booking_id: int | None) -> Booking:
             booking = service.bookings(me).get(booking_id)
             if booking.uid != me.uid:
                 raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; run on your own booking")
+            if waiting:
+                return booking
             if not booking.active(now):
                 from app.core.text import relative, stamp_time
 
