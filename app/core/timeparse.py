@@ -127,7 +127,12 @@ def _wall(d: date, h: int, m: int, s: int, now: datetime, notes: Notes | None = 
     A time the clocks skip is TimeInputError, unless not `strict` (a candidate to compare, not the answer:
     then the instant after the gap). A time they show twice is the first; `notes` gets a line saying so."""
     naive = datetime(d.year, d.month, d.day, h, m, s)
-    first, second = sorted((_resolve(naive.replace(fold=fold), now) for fold in (0, 1)), key=datetime.timestamp)
+    plain = _resolve(naive, now)
+    try:
+        other = _resolve(naive.replace(fold=1), now)
+    except (OverflowError, ValueError):  # the system zone's fold=1 looks a day past 9999-12-31: no DST there
+        other = plain
+    first, second = sorted((plain, other), key=datetime.timestamp)
     if naive not in (first.replace(tzinfo=None), second.replace(tzinfo=None)):  # in a gap: neither shows it
         if strict:
             raise _skipped(naive, first, second, now)
