@@ -28,6 +28,7 @@ from app.commands import (
     cmd_status,
     cmd_whoami,
     parse_cards,
+    say_notes,
 )
 from app.errors import BadInput, BoardError, NotPermitted
 from app.output import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNEXPECTED, booking_json, iso, print_booking, print_json
@@ -53,7 +54,10 @@ def cmd_extend(ctx: Context) -> int:
             change = {"add_seconds": int(parse_duration(args.duration).total_seconds())}
         else:
             current = datetime.fromtimestamp(ctx.client.call("get", id=args.id)["end"]).astimezone()
-            end = parse_end(args.until, current, ctx.now(), night_start=ctx.night_start, after="the current end")
+            notes: list[str] = []
+            end = parse_end(args.until, current, ctx.now(), night_start=ctx.night_start, after="the current end",
+                            notes=notes)
+            say_notes(notes)
             change = {"end": int(end.timestamp())}
     except TimeInputError as error:
         raise BadInput(str(error)) from None
@@ -74,8 +78,10 @@ def cmd_move(ctx: Context) -> int:
     args = ctx.args
     from app.core.parse import parse_span
 
+    notes: list[str] = []
     start, end = parse_span(args.start, args.duration, args.until, ctx.now(), night_start=ctx.night_start,
-                            how_long="say how long: --for 3h or --until 18:00")
+                            how_long="say how long: --for 3h or --until 18:00", notes=notes)
+    say_notes(notes)
     moved = ctx.client.call("move", id=args.id, start=start, end=end,
                             **({"override_policy": True} if args.override_policy else {}))
     print_booking(moved, "moved", args.json)
@@ -112,6 +118,7 @@ def cmd_run(ctx: Context) -> int:
             raise BadInput("--wait needs the booking to wait for: board run --booking ID --wait -- CMD")
         from app.client.wait import wait_for_start
 
+        client.call("run", booking=args.booking, waiting=True)  # someone else's booking is refused now, not at its start
         wait_for_start(client, args.booking)
     if client.transport == "socket":
         sock, _, result = client.stream("register", {"kind": "job", "booking": args.booking})

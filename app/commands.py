@@ -125,6 +125,12 @@ def parse_cards(text: str) -> list[int]:
 # -- commands ------------------------------------------------------------------------------------
 
 
+def say_notes(notes: list[str]) -> None:
+    """What reading the times noticed (a wall time the clocks show twice: which was taken), on stderr."""
+    for note in notes:
+        print(f"board: note: {note}", file=sys.stderr)
+
+
 def cmd_status(ctx: Context) -> int:
     found = ctx.client.call("status")
     if ctx.args.json:
@@ -144,8 +150,11 @@ def cmd_book(ctx: Context) -> int:
         raise BadInput("give a count or --cards, not both")
     from app.core.parse import parse_span
 
+    notes: list[str] = []
     start, end = parse_span(args.start, args.duration, args.until, ctx.now(), night_start=ctx.night_start,
-                            how_long="say how long: --for 3h, --until 18:00, or a range such as --start 'tomorrow 9-19'")
+                            how_long="say how long: --for 3h, --until 18:00, or a range such as --start 'tomorrow 9-19'",
+                            notes=notes)
+    say_notes(notes)
     cards = parse_cards(args.cards) if args.cards is not None else None
     count, request = args.count, None
     if getattr(args, "model", None):  # only the full parser knows --model: it reads the GGUF, so no quick path

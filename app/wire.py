@@ -20,7 +20,22 @@ def encode(message: dict) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def decode(line: bytes) -> dict:
+def worded(text: str) -> str:
+    """`text` (a reply, a message) with the service's time stamps worded in this process's zone, the reader's
+    (app.core.text.localize). Only a text with a stamp pays for the import."""
+    if "<@" not in text:
+        return text
+    from app.core.text import localize
+
+    return localize(text)
+
+
+def receive(line: bytes) -> dict:
+    """A message from the service, for a person here: `decode`, its stamps `worded`."""
+    return decode(worded(line.decode()) if b"<@" in line else line)
+
+
+def decode(line: bytes | str) -> dict:
     """One message; ValueError for anything that is not one JSON object."""
     try:
         message = json.loads(line)

@@ -56,6 +56,14 @@ def make_service(conn, fleet):
     return make
 
 
+def worded(said) -> str:
+    """A service's message (an error, a note, a notice) as a member's client shows it: its time stamps worded in
+    this process's zone, as both clients do at their door (app.wire.worded)."""
+    from app.core.text import localize
+
+    return localize(str(said))
+
+
 class Clock:
     """A clock the test moves by hand: `clock.now += 60`."""
 

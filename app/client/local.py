@@ -1,4 +1,5 @@
-"""The service in this process, for a database file the caller owns. Replies go through JSON, as on the wire."""
+"""The service in this process, for a database file the caller owns. Replies go through JSON, as on the wire,
+and their time stamps are worded here, as the socket client words them (app.wire.worded)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 import time
 from typing import Any, Iterator
 
+from app import wire
 
 
 class LocalClient:
@@ -34,8 +36,16 @@ class LocalClient:
         return cls(Service(config, Fleet(source, config.refresh_seconds), clock=clock, demo=demo), me)
 
     def call(self, op: str, **args: Any) -> Any:
-        # The same JSON round trip as the socket, so both transports hand back the same shapes.
-        return json.loads(json.dumps(self.service.call(self.me, op, json.loads(json.dumps(args)))))
+        from app.errors import BoardError
+
+        try:
+            result = self.service.call(self.me, op, json.loads(json.dumps(args)))
+        except BoardError as error:
+            if (worded := wire.worded(str(error))) != str(error):
+                error.args = (worded,)
+            raise
+        # The same JSON round trip as the socket, so both transports hand back the same shapes and words.
+        return json.loads(wire.worded(json.dumps(result)))
 
     def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
         from app.service.watch import start_watchers
@@ -46,7 +56,10 @@ class LocalClient:
             self._watchers = start_watchers(self.service)
         try:
             while not subscriber.closed:
-                yield from subscriber.take(timeout=1.0)
+                for event in subscriber.take(timeout=1.0):
+                    # A notice is the one event worded for people; the hub shares it, so it is copied.
+                    text = event.get("message")
+                    yield {**event, "message": wire.worded(text)} if isinstance(text, str) else event
         finally:
             self.service.hub.unsubscribe(subscriber)
 

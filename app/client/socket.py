@@ -75,12 +75,12 @@ class SocketClient:
             # and the service may have closed by now: its one line is still waiting here.
             line = reader.readline(wire.MAX_MESSAGE + 1)
             if line:
-                return wire.decode(line)
+                return wire.receive(line)
             raise NotSent() from None
         line = reader.readline(wire.MAX_MESSAGE + 1)
         if not line:
             raise ConnectionResetError("the service closed the connection")
-        return wire.decode(line)
+        return wire.receive(line)
 
     def call(self, op: str, **args: object) -> object:
         with self._lock:
@@ -143,7 +143,7 @@ class SocketClient:
             self._streams.append(sock)
             try:
                 while line := reader.readline(wire.MAX_MESSAGE + 1):
-                    yield wire.decode(line)
+                    yield wire.receive(line)
             except (OSError, ValueError):
                 pass
             finally:

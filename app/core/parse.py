@@ -75,21 +75,22 @@ def _python_reads_a_number(text: str) -> bool:
 
 
 def parse_span(start: str, length: str | None, until: str | None, now: datetime, *, how_long: str,
-               night_start: int | Callable[[], int] | None = None) -> tuple[int, int]:
+               night_start: int | Callable[[], int] | None = None, notes: list[str] | None = None) -> tuple[int, int]:
     """A start (a time, or a range such as 'tomorrow 9-19') with a duration or an end, as UTC epoch seconds.
 
     `--until` reads as timeparse.parse_end says: day words from now, a bare time and `+2h` from the start.
     `how_long` is the line to show when neither a duration, an end nor a range says how long;
-    `night_start` is what `tonight` means (default 19:00), asked only when someone says it."""
+    `night_start` is what `tonight` means (default 19:00), asked only when someone says it. A wall time
+    the clocks skip is BadInput; `notes` gets a line for one they show twice (which was taken)."""
     from app.core.timeparse import NIGHT_START, TimeInputError, parse_duration, parse_end, parse_when_or_range
 
     night = NIGHT_START if night_start is None else night_start
     try:
-        begin, range_end = parse_when_or_range(start, now, night_start=night)
+        begin, range_end = parse_when_or_range(start, now, night_start=night, notes=notes)
         if length is not None:
             end = begin + parse_duration(length)
         elif until is not None:
-            end = parse_end(until, begin, now, night_start=night)
+            end = parse_end(until, begin, now, night_start=night, notes=notes)
         elif range_end is not None:
             end = range_end
         else:

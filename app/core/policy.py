@@ -6,6 +6,7 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Sequence
 
 from app.config import Config, Pool
+from app.core.text import zone_name
 from app.errors import NotPermitted
 
 
@@ -18,8 +19,10 @@ def card_refusal(config: Config, card: int, klass: str, start: int, end: int, tz
             return f"class {klass} is not allowed on pool {pool.name} (cards {_cards(pool)})"
         if pool.max_hours is not None and end - start > pool.max_hours * 3600:
             return f"pool {pool.name} allows at most {pool.max_hours:g} h per booking"
-        if (window := pool.windows.get(klass)) and not _inside_window(window, start, end, tz or policy_zone(config)):
-            hours = f"{_hhmm(window.start_minute)}-{_hhmm(window.end_minute)}"
+        window = pool.windows.get(klass)
+        if window and not _inside_window(window, start, end, zone := tz or policy_zone(config)):
+            # Wall-clock hours of the policy zone, labelled: a member elsewhere reads them as such.
+            hours = f"{_hhmm(window.start_minute)}-{_hhmm(window.end_minute)} ({zone_name(zone)})"
             weekends = " and at weekends" if window.weekends else ""
             return f"class {klass} is allowed on pool {pool.name} only {hours}{weekends}"
     return None

@@ -1,10 +1,18 @@
-"""Text for people: other users' text made inert for terminals, and short local times."""
+"""Text for people: other users' text made inert for terminals, and short local times.
+
+Times are worded here alone. The service words its messages for people in other zones (a cloud
+server on UTC, a team in Asia/Shanghai), so it writes each time as a stamp (`stamp_time`,
+`stamp_when`, `stamp_day`: the epoch and the service's now) and the reader's client words the
+stamps (`localize`) in the reader's own zone, at its one door (app.client), as format_time would.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 import time
 import unicodedata
-from datetime import datetime
+from datetime import datetime, tzinfo
 from collections.abc import Sequence
 
 _SAFE_FORMAT = {"\u200d"}  # zero-width joiner inside emoji sequences is harmless; everything else Cf is shown
@@ -25,10 +33,15 @@ def inert(text: str, limit: int | None = None) -> str:
     return result
 
 
-def format_time(epoch: int, now: float | None = None) -> str:
-    """A short local time: '14:00' today, 'Tue 14:00' within a week, else '2026-12-01 14:00'."""
-    moment = datetime.fromtimestamp(epoch).astimezone()
-    today = datetime.fromtimestamp(now if now is not None else time.time()).astimezone().date()
+def _local(epoch: float, tz: tzinfo | None) -> datetime:
+    return datetime.fromtimestamp(epoch, tz) if tz is not None else datetime.fromtimestamp(epoch).astimezone()
+
+
+def format_time(epoch: int, now: float | None = None, tz: tzinfo | None = None) -> str:
+    """A short local time (in `tz`, default this process's zone): '14:00' today, 'Tue 14:00' within a week,
+    else '2026-12-01 14:00'."""
+    moment = _local(epoch, tz)
+    today = _local(now if now is not None else time.time(), tz).date()
     if moment.date() == today:
         return moment.strftime("%H:%M")
     if 0 < (moment.date() - today).days < 7:
@@ -53,9 +66,71 @@ def relative(epoch: float, now: float) -> str:
     return f"in {amount}" if ahead else f"{amount} ago"
 
 
-def format_when(epoch: float, now: float) -> str:
+def format_when(epoch: float, now: float, tz: tzinfo | None = None) -> str:
     """A time and how far away it is: '19:00 (in 45 min)'."""
-    return f"{format_time(int(epoch), now)} ({relative(epoch, now)})"
+    return f"{format_time(int(epoch), now, tz)} ({relative(epoch, now)})"
+
+
+def format_day(epoch: float, tz: tzinfo | None = None) -> str:
+    """A time with its weekday and date, whatever now is: 'Mon 2026-12-07 09:00' (the occurrences of a series)."""
+    return _local(epoch, tz).strftime("%a %Y-%m-%d %H:%M")
+
+
+# -- times in messages the service words for someone in another zone -------------------------------
+
+STAMP_MARK = "<@"  # every stamp starts so: a message without it has nothing to word
+_STAMP = re.compile(r"<@(time|when|day):(-?\d{1,15})(?::(-?\d{1,15}))?>")
+
+
+def stamp_time(epoch: float, now: float) -> str:
+    """`epoch` as the reader's format_time(epoch, now) will word it."""
+    return f"<@time:{int(epoch)}:{int(now)}>"
+
+
+def stamp_when(epoch: float, now: float) -> str:
+    """`epoch` as the reader's format_when(epoch, now) will word it: '19:00 (in 45 min)'."""
+    return f"<@when:{int(epoch)}:{int(now)}>"
+
+
+def stamp_day(epoch: float) -> str:
+    """`epoch` as the reader's format_day(epoch) will word it: 'Mon 2026-12-07 09:00'."""
+    return f"<@day:{int(epoch)}>"
+
+
+def localize(text: str, tz: tzinfo | None = None) -> str:
+    """`text` with each stamp worded in `tz` (default: this process's zone, the reader's TZ).
+
+    The now a stamp carries is the service's at the time it wrote it, so a message reads as it would
+    have read from a service in the reader's zone. A stamp out of range is left as it is."""
+    if STAMP_MARK not in text:
+        return text
+
+    def word(found: re.Match) -> str:
+        how, epoch, now = found.group(1), int(found.group(2)), found.group(3)
+        try:
+            if how == "day":
+                return format_day(epoch, tz)
+            if now is None:
+                return found.group(0)
+            return (format_when if how == "when" else format_time)(epoch, int(now), tz)
+        except (OverflowError, OSError, ValueError):
+            return found.group(0)
+
+    return _STAMP.sub(word, text)
+
+
+def zone_name(tz: tzinfo | None = None) -> str:
+    """A zone as people name it: 'Asia/Shanghai'. None is this process's zone: TZ, else /etc/localtime's name,
+    else its abbreviation ('UTC')."""
+    if tz is not None:
+        return getattr(tz, "key", None) or datetime.now(tz).tzname() or str(tz)
+    named = os.environ.get("TZ", "").lstrip(":")
+    if named and not named.startswith("/") and "," not in named:
+        return named
+    target = os.path.realpath(named or "/etc/localtime")
+    if "/zoneinfo/" in target:
+        return target.split("/zoneinfo/", 1)[1]
+    return time.strftime("%Z")
 
 
 def format_duration(seconds: float) -> str:

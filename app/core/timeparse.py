@@ -37,8 +37,10 @@ resolved like this:
   ``tomorrow 9:00`` stays 09:00 local even if the offset changes overnight.
   The result then carries that day's offset.
 * otherwise the fixed offset is taken as the zone itself.
-Nonexistent wall times (spring-forward gap) move forward by the gap
-(02:30 -> 03:30); ambiguous ones take the first occurrence.
+A wall time the clocks skip (the spring-forward gap, 02:30 on a night they go from 02:00 to
+03:00) is refused: nobody means an instant that never shows on a clock. One they show twice (the
+autumn hour) is its first occurrence, and a caller that passes `notes` gets a line saying so and
+how to write the second (``2027-10-31T02:30+01:00``); an explicit offset is never ambiguous.
 """
 
 from __future__ import annotations
@@ -109,15 +111,65 @@ def _to_local(dt: datetime, now: datetime) -> datetime:
     return dt.astimezone() if _zone_mode(now) == "system" else dt.astimezone(now.tzinfo)
 
 
-def _wall(d: date, h: int, m: int, s: int, now: datetime) -> datetime:
-    """Wall-clock time h:m:s on day d in now's (local) zone, DST-correct."""
+Notes = list  # lines for the person who typed the time (an ambiguous wall time), or None: nobody asks
+
+
+def _resolve(naive: datetime, now: datetime) -> datetime:
+    """The instant `naive` (a wall time, its fold saying which of two) names in now's zone, as a local time there."""
     if _zone_mode(now) == "system":
-        dt = datetime(d.year, d.month, d.day, h, m, s).astimezone()
-        if (dt.hour, dt.minute) != (h, m):  # in a gap: shift forward
-            dt = datetime(d.year, d.month, d.day, h, m, s, fold=1).astimezone()
-        return dt
-    dt = datetime(d.year, d.month, d.day, h, m, s, tzinfo=now.tzinfo)
-    return dt.astimezone(timezone.utc).astimezone(now.tzinfo)
+        return naive.astimezone()
+    return naive.replace(tzinfo=now.tzinfo).astimezone(timezone.utc).astimezone(now.tzinfo)
+
+
+def _wall(d: date, h: int, m: int, s: int, now: datetime, notes: Notes | None = None, *, strict: bool = True) -> datetime:
+    """Wall-clock time h:m:s on day d in now's (local) zone, DST-correct.
+
+    A time the clocks skip is TimeInputError, unless not `strict` (a candidate to compare, not the answer:
+    then the instant after the gap). A time they show twice is the first; `notes` gets a line saying so."""
+    naive = datetime(d.year, d.month, d.day, h, m, s)
+    plain = _resolve(naive, now)
+    try:
+        other = _resolve(naive.replace(fold=1), now)
+    except (OverflowError, ValueError):  # the system zone's fold=1 looks a day past 9999-12-31: no DST there
+        other = plain
+    first, second = sorted((plain, other), key=datetime.timestamp)
+    if naive not in (first.replace(tzinfo=None), second.replace(tzinfo=None)):  # in a gap: neither shows it
+        if strict:
+            raise _skipped(naive, first, second, now)
+        return second
+    if notes is not None and first.timestamp() != second.timestamp():
+        notes.append(f"{naive:%H:%M} happens twice on {naive:%a %d %b %Y} (the clocks go back); took the first"
+                     f" ({first:%Z}, UTC{_offset(first)}); write {naive:%Y-%m-%dT%H:%M}{_offset(second)} for the second")
+    return first
+
+
+def _offset(moment: datetime) -> str:
+    """'+02:00': the offset as --start reads it after a time."""
+    minutes = int(moment.utcoffset().total_seconds()) // 60
+    return f"{'-' if minutes < 0 else '+'}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+def _skipped(naive: datetime, early: datetime, late: datetime, now: datetime) -> TimeInputError:
+    """The refusal of a wall time in a gap: when the clocks jump, from what to what, and what to give instead.
+    `early` and `late` are the instants the time would name with the offset after and before the jump."""
+    lo, hi = int(early.timestamp()), int(late.timestamp())  # the jump is in (lo, hi]: find its second
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _resolve_epoch(mid, now).utcoffset() == early.utcoffset():
+            lo = mid
+        else:
+            hi = mid
+    before, after = _resolve_epoch(lo, now), _resolve_epoch(hi, now)
+    jump_from, jump_to = (before + timedelta(seconds=1)).replace(tzinfo=None), after.replace(tzinfo=None)
+    return TimeInputError(
+        f"{naive:%H:%M} does not exist on {naive:%a %d %b %Y}: the clocks go forward from {jump_from:%H:%M}"
+        f" ({before:%Z}) to {jump_to:%H:%M} ({after:%Z}); give a time before {jump_from:%H:%M} or from"
+        f" {jump_to:%H:%M} on")
+
+
+def _resolve_epoch(epoch: int, now: datetime) -> datetime:
+    moment = datetime.fromtimestamp(epoch, timezone.utc)
+    return moment.astimezone() if _zone_mode(now) == "system" else moment.astimezone(now.tzinfo)
 
 
 # ---------------------------------------------------------------- pieces
@@ -146,18 +198,17 @@ def _day_word(word: str, now: datetime) -> tuple[date, int | None]:
     raise KeyError(word)
 
 
-def _on_day(word: str | None, h: int, m: int, now: datetime) -> datetime:
-    """Resolve `[word] h:m` with the roll-forward rules."""
+def _on_day(word: str | None, h: int, m: int, now: datetime, notes: Notes | None = None) -> datetime:
+    """Resolve `[word] h:m` with the roll-forward rules (a day passed over may lack the time: no matter)."""
     if word is None:  # bare time: today, else tomorrow
-        dt = _wall(now.date(), h, m, 0, now)
-        if dt < now - GRACE:
-            dt = _wall(now.date() + timedelta(days=1), h, m, 0, now)
-        return dt
+        day = now.date()
+        if _wall(day, h, m, 0, now, strict=False) < now - GRACE:
+            day += timedelta(days=1)
+        return _wall(day, h, m, 0, now, notes)
     d, weekday = _day_word(word, now)
-    dt = _wall(d, h, m, 0, now)
-    if weekday is not None and dt < now - GRACE:
-        dt = _wall(d + timedelta(days=7), h, m, 0, now)
-    return dt
+    if weekday is not None and _wall(d, h, m, 0, now, strict=False) < now - GRACE:
+        d += timedelta(days=7)
+    return _wall(d, h, m, 0, now, notes)
 
 
 def _duration_minutes(text: str) -> int:
@@ -212,22 +263,23 @@ def parse_duration(text: str) -> timedelta:
 
 
 @_guard(START_FORMS)
-def parse_when(text: str, now: datetime, *, night_start: NightStart = NIGHT_START) -> datetime:
+def parse_when(text: str, now: datetime, *, night_start: NightStart = NIGHT_START, notes: Notes | None = None) -> datetime:
     """A start time (see module docstring) as an aware datetime in now's local zone.
 
     `night_start` (minutes after midnight, or a function giving them) is asked only for `tonight`,
-    so a caller can leave the config unread until someone says it."""
+    so a caller can leave the config unread until someone says it. `notes` gets a line for a wall time
+    the clocks show twice (which one was taken)."""
     now = _aware(now)
     t = " ".join(text.strip().lower().split())
     if t == "now":
         return now
     if t == "tonight":
         minute = night_start() if callable(night_start) else night_start
-        return max(now, _wall(now.date(), minute // 60, minute % 60, 0, now))
+        return max(now, _wall(now.date(), minute // 60, minute % 60, 0, now, notes))
     if t == "this weekend":
         if now.weekday() >= 5:
             return now
-        return _wall(now.date() + timedelta(days=5 - now.weekday()), DEFAULT_HOUR, 0, 0, now)
+        return _wall(now.date() + timedelta(days=5 - now.weekday()), DEFAULT_HOUR, 0, 0, now, notes)
     if t.startswith("+"):
         try:
             delta = timedelta(minutes=_duration_minutes(t[1:]))
@@ -241,7 +293,7 @@ def parse_when(text: str, now: datetime, *, night_start: NightStart = NIGHT_STAR
         day = date(int(y), int(mo), int(d))
         h, mi = _hm(hh, mm) if hh else (0, 0)
         if off is None:
-            return _wall(day, h, mi, int(ss or 0), now)
+            return _wall(day, h, mi, int(ss or 0), now, notes)
         if off == "z":
             tz = timezone.utc
         else:
@@ -253,7 +305,7 @@ def parse_when(text: str, now: datetime, *, night_start: NightStart = NIGHT_STAR
         word, h1, m1, h2, m2 = m.groups()
         h, mi = (DEFAULT_HOUR, 0) if word and h1 is None else _hm(h1 or h2, m1 or m2)
         try:
-            return _on_day(word, h, mi, now)
+            return _on_day(word, h, mi, now, notes)
         except KeyError:
             pass
     raise _err(text, "a time", START_FORMS)
@@ -266,16 +318,17 @@ def _shown(moment: datetime) -> str:
 
 @_guard(END_FORMS)
 def parse_end(text: str, start: datetime, now: datetime, *, night_start: NightStart = NIGHT_START,
-              after: str = "the start") -> datetime:
+              after: str = "the start", notes: Notes | None = None) -> datetime:
     """An end for `start` (see module docstring); `after` names the start in the message (`extend`: the current end)."""
     now = _aware(now)
     start = _to_local(_aware(start), now)
     t = " ".join(text.strip().lower().split())
     if m := _BARE_TIME.fullmatch(t):
         h, mi = _hm(*m.groups())
-        end = _wall(start.date(), h, mi, 0, now)
-        if end <= start:
-            end = _wall(start.date() + timedelta(days=1), h, mi, 0, now)
+        day = start.date()
+        if _wall(day, h, mi, 0, now, strict=False) <= start:
+            day += timedelta(days=1)
+        end = _wall(day, h, mi, 0, now, notes)
     elif t.startswith("+"):
         try:
             delta = timedelta(minutes=_duration_minutes(t[1:]))
@@ -286,7 +339,7 @@ def parse_end(text: str, start: datetime, now: datetime, *, night_start: NightSt
         end = _to_local(start.astimezone(timezone.utc) + delta, now)
     else:
         try:
-            end = parse_when(text, now, night_start=night_start)
+            end = parse_when(text, now, night_start=night_start, notes=notes)
         except TimeInputError as e:
             if str(e).startswith("can't read"):
                 raise _err(text, "an end", END_FORMS) from None
@@ -296,7 +349,7 @@ def parse_end(text: str, start: datetime, now: datetime, *, night_start: NightSt
     return end
 
 
-def _range(text: str, now: datetime) -> tuple[datetime, datetime] | None:
+def _range(text: str, now: datetime, notes: Notes | None = None) -> tuple[datetime, datetime] | None:
     """None if text isn't range-shaped; else the range or TimeInputError."""
     t = " ".join(text.strip().lower().split())
     m = _RANGE.fullmatch(t)
@@ -306,10 +359,10 @@ def _range(text: str, now: datetime) -> tuple[datetime, datetime] | None:
     sh, sm = _hm(h1, m1)
     eh, em = _hm(h2, m2, allow_24=True)
     if y:
-        start = _wall(date(int(y), int(mo), int(d)), sh, sm, 0, now)
+        start = _wall(date(int(y), int(mo), int(d)), sh, sm, 0, now, notes)
     else:
         try:
-            start = _on_day(word, sh, sm, now)
+            start = _on_day(word, sh, sm, now, notes)
         except KeyError:
             raise _err(text, "a time range", RANGE_FORMS) from None
     wraps = eh == 24 or (eh < sh and not y)
@@ -319,13 +372,13 @@ def _range(text: str, now: datetime) -> tuple[datetime, datetime] | None:
             + ("" if y else "; an end hour smaller than the start hour runs past midnight, e.g. 22-2")
         )
     end_day = start.date() + timedelta(days=1) if wraps else start.date()
-    return start, _wall(end_day, eh % 24, em, 0, now)
+    return start, _wall(end_day, eh % 24, em, 0, now, notes)
 
 
 @_guard(RANGE_FORMS)
-def parse_range(text: str, now: datetime) -> tuple[datetime, datetime]:
+def parse_range(text: str, now: datetime, *, notes: Notes | None = None) -> tuple[datetime, datetime]:
     """A range (see module docstring) -> (start, end), end > start, aware in now's local zone."""
-    r = _range(text, _aware(now))
+    r = _range(text, _aware(now), notes)
     if r is None:
         raise _err(text, "a time range", RANGE_FORMS)
     return r
@@ -333,19 +386,22 @@ def parse_range(text: str, now: datetime) -> tuple[datetime, datetime]:
 
 @_guard(f"{START_FORMS}; or a range like {RANGE_FORMS}")
 def parse_when_or_range(text: str, now: datetime, *, night_start: NightStart = NIGHT_START,
-                        ) -> tuple[datetime, datetime | None]:
+                        notes: Notes | None = None) -> tuple[datetime, datetime | None]:
     """A range -> (start, end); otherwise a start -> (start, None). For --start."""
     now = _aware(now)
+    said: Notes = []  # a range's notes count only if it is read as a range
     try:
-        r = _range(text, now)
+        r = _range(text, now, said)
     except TimeInputError:
         if not _ISO.fullmatch(" ".join(text.lower().split())):  # ISO: maybe a negative offset
             raise
         r = None
     if r is not None:
+        if notes is not None:
+            notes.extend(said)
         return r
     try:
-        return parse_when(text, now, night_start=night_start), None
+        return parse_when(text, now, night_start=night_start, notes=notes), None
     except TimeInputError as e:
         if str(e).startswith("can't read"):
             raise _err(text, "a time or range", f"{START_FORMS}; or a range like {RANGE_FORMS}") from None

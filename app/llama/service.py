@@ -182,10 +182,10 @@ class ServerService:
         if booking.status != "booked":
             raise NotPermitted(f"booking {booking.id} is cancelled")
         if not booking.active(now):
-            from app.core.text import format_time, relative
+            from app.core.text import relative, stamp_time
 
-            when = (f"ended {format_time(booking.end, now)}, {relative(booking.end, now)}" if booking.end <= now
-                    else f"starts {format_time(booking.start, now)}, {relative(booking.start, now)}")
+            when = (f"ended {stamp_time(booking.end, now)}, {relative(booking.end, now)}" if booking.end <= now
+                    else f"starts {stamp_time(booking.start, now)}, {relative(booking.start, now)}")
             raise NotPermitted(f"booking {booking.id} is not active now ({when}); servers run only inside a booking")
 
     def _lease(self, booking_id: int, wanted: int | None, host: str, fields: Callable[[int], dict],

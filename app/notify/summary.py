@@ -1,13 +1,15 @@
 """The board summary pushed at `[notify] summary_at`: every card's VRAM, utilisation and holder, and what frees next.
 
 Built from the `status` operation's document (app.service.ops.status), so it says what `board status` says.
-Times are wall-clock in the policy zone ([policy] timezone, else the service's).
+Times are wall-clock in the policy zone ([policy] timezone, else the service's), labelled with it in the
+title: a push goes to the whole team, in whatever zones they are.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, tzinfo
 
+from app.core.text import format_time, zone_name
 from app.notify.formats import Message
 
 GRACE_S = 3600  # a summary slot missed by less than this (the service was down) is still sent once
@@ -36,12 +38,6 @@ def due_slot(now: float, summary_at: tuple[str, ...], tz: tzinfo | None) -> int 
     return best if best is not None and now - best < GRACE_S else None
 
 
-def _hhmm(epoch: float, now: float, tz: tzinfo | None) -> str:
-    moment = datetime.fromtimestamp(epoch, tz) if tz else datetime.fromtimestamp(epoch).astimezone()
-    today = (datetime.fromtimestamp(now, tz) if tz else datetime.fromtimestamp(now).astimezone()).date()
-    return moment.strftime("%H:%M") if moment.date() == today else moment.strftime("%a %H:%M")
-
-
 def _gib(mib: float | None) -> str:
     return "?" if mib is None else f"{mib / 1024:.1f}"
 
@@ -57,9 +53,9 @@ def summary(status: dict, now: float, tz: tzinfo | None) -> Message:
         line = (f"GPU {card['index']}: {card['state']}, {_gib(card.get('memory_used_mib'))}/"
                 f"{_gib(card.get('memory_total_mib'))} GiB, {'?' if util is None else util} % busy, {holder}")
         if booking:
-            line += f" until {_hhmm(booking['end'], now, tz)}"
+            line += f" until {format_time(booking['end'], now, tz)}"
         if upcoming:
-            line += f"; next {upcoming['user']} at {_hhmm(upcoming['start'], now, tz)}"
+            line += f"; next {upcoming['user']} at {format_time(upcoming['start'], now, tz)}"
         lines.append(line)
         if card["state"] == "LOST":
             continue
@@ -70,8 +66,8 @@ def summary(status: dict, now: float, tz: tzinfo | None) -> Message:
             if upcoming and upcoming["start"] <= free_at:
                 free_at = upcoming["end"]  # booked back to back: it frees after the next one
             frees.append((free_at, card["index"]))
-    title = f"Board at {_hhmm(now, now, tz)}: {len(free_now)} of {len(cards)} cards free"
+    title = f"Board at {format_time(int(now), now, tz)} ({zone_name(tz)}): {len(free_now)} of {len(cards)} cards free"
     fields = [("Free now", ",".join(map(str, free_now)) or "none")]
     if frees:
-        fields.append(("Free next", "; ".join(f"GPU {i} at {_hhmm(t, now, tz)}" for t, i in sorted(frees)[:4])))
+        fields.append(("Free next", "; ".join(f"GPU {i} at {format_time(t, now, tz)}" for t, i in sorted(frees)[:4])))
     return Message("summary", int(now), title, tuple(lines), tuple(fields))

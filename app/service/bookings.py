@@ -18,7 +18,7 @@ from app.config import CLASSES, Config
 from app.core import policy
 from app.errors import BadInput, BoardError, Conflict, NotPermitted, error_for
 from app.core.identity import Identity, lookup_user
-from app.core.text import format_cards, format_duration, format_time, format_when
+from app.core.text import format_cards, format_duration, stamp_time, stamp_when
 from app.model import Booking
 from app.core.cardstate import UNKNOWN_USER
 from app.core.slots import GROUP_SIZES, best_group, is_free
@@ -124,7 +124,7 @@ class BookingService:
         now = int(self.clock())
         klass = self._check_class(klass)
         if start < now - PAST_GRACE_SECONDS:
-            raise BadInput(f"the start {format_time(start, now)} is in the past; pick a start from now on")
+            raise BadInput(f"the start {stamp_time(start, now)} is in the past; pick a start from now on")
         if end <= start:
             raise BadInput("the end must be after the start")
         chosen = self._check_cards(cards) if cards is not None else None
@@ -214,9 +214,9 @@ class BookingService:
         if found is None:
             return f"no start within {self.config.policy.max_ahead_days:g} days works either"
         if search["cards"] is not None:
-            return f"next free start for cards {format_cards(found.cards)}: {format_when(found.start, now)}"
+            return f"next free start for cards {format_cards(found.cards)}: {stamp_when(found.start, now)}"
         cards = f"{'card' if len(found.cards) == 1 else 'cards'} {format_cards(found.cards)}"
-        return f"the earliest start that works: {format_when(found.start, now)} on {cards} (--or-later takes it)"
+        return f"the earliest start that works: {stamp_when(found.start, now)} on {cards} (--or-later takes it)"
 
     def options(self, count: int, klass: str, start: int, duration: int, limit: int = 3) -> list[tuple[Plan, int | None]]:
         """The earliest slots, each on a different group of `count` cards, where every rule lets a `klass`
@@ -345,7 +345,7 @@ class BookingService:
         def change(now: int) -> int:
             booking = self._editable(booking_id, "extend", now)
             if end <= booking.end:
-                raise BadInput(f"the new end must be after the current end {format_when(booking.end, now)}")
+                raise BadInput(f"the new end must be after the current end {stamp_when(booking.end, now)}")
             self._check_free(booking.cards, booking.end, end, excluding=booking_id)
             held = [(b.start, b.end, len(b.cards))
                     for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
@@ -353,7 +353,7 @@ class BookingService:
                          now=min(now, booking.start), held=held)
             details["old_end"] = booking.end
             rows.set_times(self.conn, booking_id, booking.start, end)
-            self._tell(booking, f"extended to {format_time(end, now)} by admin {self.me.name}")
+            self._tell(booking, f"extended to {stamp_time(end, now)} by admin {self.me.name}")
             return booking_id
 
         return self._audited("extend", booking_id, details, change)
@@ -370,12 +370,12 @@ class BookingService:
                 raise NotPermitted(f"only admins (group {self.config.admin_group}) can move bookings")
             booking = self._editable(booking_id, "move", now)
             if booking.start <= now and start != booking.start:
-                raise BadInput(f"booking {booking_id} started at {format_time(booking.start, now)}; only its end can"
+                raise BadInput(f"booking {booking_id} started at {stamp_time(booking.start, now)}; only its end can"
                                " move (--until), or reassign it")
             if booking.start > now and start < now - PAST_GRACE_SECONDS:
-                raise BadInput(f"the start {format_time(start, now)} is in the past; pick a start from now on")
+                raise BadInput(f"the start {stamp_time(start, now)} is in the past; pick a start from now on")
             if end <= max(start, now):
-                raise BadInput(f"the end {format_when(end, now)} must be after the start {format_when(start, now)}"
+                raise BadInput(f"the end {stamp_when(end, now)} must be after the start {stamp_when(start, now)}"
                                " and after now")
             self._check_free(booking.cards, start, end, excluding=booking_id)
             if not override_policy:
@@ -387,8 +387,8 @@ class BookingService:
             rows.set_times(self.conn, booking_id, start, end)
             if booking.queued:  # an admin set its time: the backfill must not move it back
                 rows.set_queued(self.conn, booking_id, None)
-            self._tell(booking, f"moved from {format_time(booking.start, now)}-{format_time(booking.end, now)} to "
-                                f"{format_time(start, now)}-{format_time(end, now)} by admin {self.me.name}")
+            self._tell(booking, f"moved from {stamp_time(booking.start, now)}-{stamp_time(booking.end, now)} to "
+                                f"{stamp_time(start, now)}-{stamp_time(end, now)} by admin {self.me.name}")
             return booking_id
 
         return self._audited("move", booking_id, details, change)
@@ -512,13 +512,13 @@ class BookingService:
             rows.set_times(self.conn, booking.id, plan.start, plan.end)
             if plan.cards != booking.cards:
                 rows.set_cards(self.conn, booking.id, plan.uuids)
-            what = f"moved up from {format_time(booking.start, now)} by backfill"
+            what = f"moved up from {stamp_time(booking.start, now)} by backfill"
             rows.set_notice(self.conn, booking.id, what)
             events.record(self.conn, ts=now, uid=os.getuid(), actor="board", action="backfill", booking_id=booking.id,
                           ok=True, details={"old_start": booking.start, "old_cards": list(booking.cards),
                                             "start": plan.start, "end": plan.end, "cards": list(plan.cards)})
             after = rows.get(self.conn, booking.id)
-            self.told.append((booking.uid, f"booking {booking.id} was {what}: now {format_when(plan.start, now)}"
+            self.told.append((booking.uid, f"booking {booking.id} was {what}: now {stamp_when(plan.start, now)}"
                                             f" on cards {format_cards(plan.cards)}"))
             moved.append((booking, after))
         return moved
@@ -637,7 +637,7 @@ class BookingService:
         if len(eligible) < count:
             reasons = "; ".join(dict.fromkeys(reason for reason in refusals.values() if reason is not None))
             raise NotPermitted(f"{count} {'card' if count == 1 else 'cards'} for a {format_duration(duration)} {klass}"
-                               f" booking from {format_when(start, now)}: the rules allow {len(eligible) or 'none'}:"
+                               f" booking from {stamp_when(start, now)}: the rules allow {len(eligible) or 'none'}:"
                                f" {reasons}")
         others = self._others_now(now) if now_slot else {}
         foreign = {i: others[i] for i in eligible if i in others}
@@ -665,13 +665,13 @@ class BookingService:
         now = self.clock()
         uuids = {self.cards[i].uuid for i in taken}
         holders = [f"{'card' if len(cards) == 1 else 'cards'} {format_cards(cards)} {'is' if len(cards) == 1 else 'are'}"
-                   f" booked by {b.user} until {format_when(b.end, now)} (booking {b.id})"
+                   f" booked by {b.user} until {stamp_when(b.end, now)} (booking {b.id})"
                    for b in rows.live_between(self.conn, start, end) if b.id != excluding
                    if (cards := sorted(self.by_uuid[u] for u in b.card_uuids if u in uuids))]
         why = holders[:3] + (["…"] if len(holders) > 3 else []) + ([f"passed over {', '.join(passed)}"] if passed else [])
         return Conflict(f"no {'card is' if count == 1 else f'{count} cards are'} free for"
                         f" {'an' if klass[0] in 'aeiou' else 'a'} {klass} booking"
-                        f" at {format_when(start, now)}"
+                        f" at {stamp_when(start, now)}"
                         + (f": {'; '.join(why)}" if why else ""))
 
     def _others_now(self, now: int) -> dict[int, list[GpuProcess]]:
@@ -734,8 +734,8 @@ class SlotTaken(Conflict):
         one = len(taken) == 1
         super().__init__(
             f"{'card' if one else 'cards'} {format_cards(taken)} {'is' if one else 'are'} booked by {clash.user}"
-            f" until {format_when(clash.end, now)} (booking {clash.id})"
+            f" until {stamp_when(clash.end, now)} (booking {clash.id})"
         )
 
 
-__all__ = ["BookingService", "Booking", "BoardError", "Plan", "SlotTaken", "format_time", "format_cards"]
+__all__ = ["BookingService", "Booking", "BoardError", "Plan", "SlotTaken", "format_cards"]

@@ -21,8 +21,9 @@ WARN_BEFORE_END_S = 600
 AGENT = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
 
 
-def run_booking(service, me: Identity, booking_id: int | None) -> Booking:
-    """The booking a `board run` job of `me` may run under now: the one named, or the only active one."""
+def run_booking(service, me: Identity, booking_id: int | None, waiting: bool = False) -> Booking:
+    """The booking a `board run` job of `me` may run under now: the one named, or the only active one.
+    `waiting` (`board run --wait`): only whose it is counts yet; the job registers once it has started."""
     from app.service.ops import audit
     from app.store import bookings as rows
 
@@ -32,11 +33,13 @@ def run_booking(service, me: Identity, booking_id: int | None) -> Booking:
             booking = service.bookings(me).get(booking_id)
             if booking.uid != me.uid:
                 raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; run on your own booking")
+            if waiting:
+                return booking
             if not booking.active(now):
-                from app.core.text import format_time, relative
+                from app.core.text import relative, stamp_time
 
-                when = (f"ended {format_time(booking.end, now)}, {relative(booking.end, now)}" if booking.end <= now
-                        else f"starts {format_time(booking.start, now)}, {relative(booking.start, now)}")
+                when = (f"ended {stamp_time(booking.end, now)}, {relative(booking.end, now)}" if booking.end <= now
+                        else f"starts {stamp_time(booking.start, now)}, {relative(booking.start, now)}")
                 raise NotPermitted(f"booking {booking.id} is not active now ({when})")
             return booking
         mine = [b for b in rows.live_between(service.conn, int(now), int(now) + 1) if b.uid == me.uid]
@@ -118,7 +121,7 @@ def enforce_once(server) -> dict[str, list[int]]:
 
 def _tell_started(server, now: float) -> None:
     """Each holder whose booking started since the last pass hears of it (their open boards toast it)."""
-    from app.core.text import format_cards, format_time
+    from app.core.text import format_cards, stamp_time
     from app.store import bookings as rows
 
     since = getattr(server, "started_told_until", None)
@@ -129,4 +132,4 @@ def _tell_started(server, now: float) -> None:
         if since < booking.start <= now:
             server.service.hub.publish("notice", {
                 "message": f"booking {booking.id} has started: cards {format_cards(booking.cards)} until"
-                           f" {format_time(booking.end, now)}"}, uid=booking.uid)
+                           f" {stamp_time(booking.end, now)}"}, uid=booking.uid)

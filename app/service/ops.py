@@ -359,12 +359,15 @@ def log(service, me: Identity, limit=50, booking=None) -> list:
 # -- board run ----------------------------------------------------------------------------------
 
 
-@op("run", {}, {"booking": INT})
-def run(service, me: Identity, booking=None) -> dict:
-    """The booking a `board run` job may run under now: the caller's own, active one. Refusals are audited."""
+@op("run", {}, {"booking": INT, "waiting": BOOL})
+def run(service, me: Identity, booking=None, waiting=False) -> dict:
+    """The booking a `board run` job may run under now: the caller's own, active one. Refusals are audited.
+    `waiting` (`board run --wait`, before it waits): the caller's own booking, whether or not it has started."""
     from app.service.enforce import run_booking
 
-    return wire(run_booking(service, me, booking))
+    if waiting and booking is None:
+        raise BadInput("run: waiting needs the booking to wait for")
+    return wire(run_booking(service, me, booking, waiting))
 
 
 def audit(service, me: Identity, action: str, booking_id: int | None, *, ok: bool, details: dict) -> None:

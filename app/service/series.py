@@ -8,7 +8,8 @@ always refuse the whole request (exit 4), unless an admin passes `override_polic
 overridden occurrence's audit event says which rule it broke.
 
 Clock times are read in the policy zone (app.core.policy.policy_zone), the zone pool windows are
-read in, so a slot keeps its wall-clock times across DST changes whatever the caller's TZ.
+read in, so a slot keeps its wall-clock times across DST changes whatever the caller's TZ. The
+occurrences a refusal names are instants, worded in the reader's zone (app.core.text.stamp_day).
 Cancelling a series cancels the occurrences that have not started; past ones stay as history, and
 a running one is left to its holder (`board release ID`).
 """
@@ -16,11 +17,12 @@ a running one is left to its holder (`board release ID`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Sequence
 
 from app.core import policy
 from app.core.series import MAX_SPAN_DAYS, Rule, describe, local_date, make_rule, occurrences, parse_date
+from app.core.text import stamp_day
 from app.errors import BadInput, Conflict, NotPermitted
 from app.model import Booking
 from app.service.bookings import BookingService
@@ -265,11 +267,8 @@ class SeriesService:
         return Outcome(self._series(series_id), [self.rules.get(i) for i in details["bookings"]],
                        misses("skipped"), misses("overridden"))
 
-    def _when(self, epoch: int) -> str:
-        return datetime.fromtimestamp(epoch, self.tz).strftime("%a %Y-%m-%d %H:%M")
-
     def _listed(self, misses: list[Miss]) -> str:
-        shown = "; ".join(f"{self._when(m.start)}: {m.reason}" for m in misses[:MAX_LISTED])
+        shown = "; ".join(f"{stamp_day(m.start)}: {m.reason}" for m in misses[:MAX_LISTED])
         return shown + (f"; and {len(misses) - MAX_LISTED} more" if len(misses) > MAX_LISTED else "")
 
     @staticmethod
@@ -283,8 +282,8 @@ class SeriesService:
             by_rule.setdefault(miss.reason, []).append(miss.start)
         groups = []
         for reason, starts in by_rule.items():
-            days = self._when(starts[0]) if len(starts) == 1 else (
-                f"{len(starts)} occurrences, {self._when(starts[0])} to {self._when(starts[-1])}")
+            days = stamp_day(starts[0]) if len(starts) == 1 else (
+                f"{len(starts)} occurrences, {stamp_day(starts[0])} to {stamp_day(starts[-1])}")
             groups.append(f"{reason} ({days})")
         message = f"the policy refuses {self._count(refusals, total)}, so nothing was booked: {'; '.join(groups)}"
         if conflicts:

@@ -294,3 +294,49 @@ class TestTimeWords:
         result = board("extend", "1", "--until", "tomorrow 11:00")
         assert result.returncode == 2 and re.match(
             r"board: the end \w{3} \d\d \w{3} 11:00 is at or before the current end \w{3} \d\d \w{3} 12:00;", result.stderr)
+
+
+def _last_sunday(month: int) -> str:
+    """The next last Sunday of `month` after today: where Europe/Berlin's clocks change (March: forward, October: back)."""
+    from calendar import monthrange
+
+    year = datetime.now(timezone.utc).year
+    while True:
+        last = datetime(year, month, monthrange(year, month)[1])
+        sunday = last - timedelta(days=(last.weekday() - 6) % 7)
+        if sunday.date() > datetime.now(timezone.utc).date() + timedelta(days=1):
+            return sunday.date().isoformat()
+        year += 1
+
+
+class TestClockChanges:
+    """Issue 17: a wall time the clocks skip is refused; one they show twice is the first, and the note says so."""
+
+    @pytest.fixture
+    def berlin(self, board, tmp_path):
+        config = tmp_path / "board.toml"
+        config.write_text("[policy]\nmax_ahead_days = 400\n")  # the next clock change is at most a year away
+        return lambda *args: board(*args, extra_env={"TZ": "Europe/Berlin", "BOARD_CONFIG": str(config)})
+
+    @pytest.mark.parametrize("args", [("--start", "{day}T02:30", "--for", "1h"), ("--start", "{day} 2-4"),
+                                      ("--start", "{day}T01:00", "--until", "{day} 02:30")])
+    def test_a_time_the_clocks_skip_is_exit_2_and_writes_nothing(self, berlin, args):
+        day = _last_sunday(3)
+        result = berlin("book", "--cards", "0", *(a.format(day=day) for a in args))
+        when = datetime.fromisoformat(day).strftime("%a %d %b %Y")
+        assert (result.returncode, result.stdout) == (2, "")
+        assert result.stderr.startswith("board: 02:") and result.stderr.count("\n") == 1
+        assert f" does not exist on {when}: the clocks go forward from 02:00 (CET) to 03:00 (CEST); give a time" \
+               " before 02:00 or from 03:00 on\n" in result.stderr
+        assert ok_json(berlin("list", "--json"))["bookings"] == []
+
+    def test_a_time_shown_twice_is_the_first_and_the_note_says_how_to_write_the_second(self, berlin):
+        day = _last_sunday(10)
+        first = berlin("book", "--cards", "0", "--start", f"{day}T02:30", "--for", "30m", "--json")
+        assert first.returncode == 0, first.stderr
+        when = datetime.fromisoformat(day).strftime("%a %d %b %Y")
+        assert first.stderr == (f"board: note: 02:30 happens twice on {when} (the clocks go back); took the first"
+                                f" (CEST, UTC+02:00); write {day}T02:30+01:00 for the second\n")
+        assert json.loads(first.stdout)["start"] == f"{day}T02:30:00+02:00"
+        second = ok_json(berlin("book", "--cards", "0", "--start", f"{day}T02:30+01:00", "--for", "30m", "--json"))
+        assert second["start"] == f"{day}T02:30:00+01:00"  # an hour after the first: no clash, no note

@@ -268,7 +268,7 @@ class TestSummary:
         clock.now = nine + 600
         send.pass_once()
         (summary,) = receiver.bodies("ok")
-        assert summary["kind"] == "summary" and summary["title"].startswith("Board at 09:00: ")
+        assert summary["kind"] == "summary" and summary["title"].startswith("Board at 09:00 (UTC): ")
         assert summary["text"].count("\n") == 7 and summary["text"].startswith("GPU 0: ")  # the 8 simulated cards
         assert "Free now" in summary["fields"]
 

@@ -105,5 +105,5 @@ def test_an_online_day_is_not_moved_to_the_night(board):
 def test_explicit_cards_against_a_window_name_the_card_and_the_rule(board):
     result = board("book", "--cards", "0", "--class", "finetune", "--start", f"{next_tuesday()} 12:00", "--for", "2h")
     assert result.returncode == 4
-    assert result.stderr.startswith("board: card 0: class finetune is allowed on pool prod only 19:00-07:00;")
+    assert result.stderr.startswith("board: card 0: class finetune is allowed on pool prod only 19:00-07:00 (UTC);")
     assert "next free start for cards 0:" in result.stderr and "19:00" in result.stderr

@@ -194,6 +194,19 @@ def test_run_wait_starts_the_command_when_the_booking_starts(cli, client):
     assert int(booking_id) == booking["id"] and end and int(started) >= soon
 
 
+@pytest.mark.skipif(not ADMIN, reason="needs an admin caller (root, or a member of board-admin)")
+def test_run_wait_on_someone_elses_booking_is_refused_at_once(cli, client):
+    """As without --wait: exit 4 now, audited, rather than after waiting for a start that is not ours."""
+    start = tomorrow()
+    booking = client.call("book", cards=[6], start=start, end=start + HOUR)
+    client.call("reassign", id=booking["id"], user="nobody")
+    rc, out, err = cli("run", "--booking", str(booking["id"]), "--wait", "--", "true", timeout=30)
+    assert (rc, out) == (4, "")
+    assert one_line_error(err) == f"board: booking {booking['id']} belongs to nobody; run on your own booking"
+    refused = [e for e in events_of(client, booking["id"]) if e["action"] == "run"]
+    assert [e["ok"] for e in refused] == [False]
+
+
 def test_run_wait_needs_the_booking(cli):
     rc, _, err = cli("run", "--wait", "--", "true")
     assert rc == 2 and "--booking ID" in one_line_error(err)

@@ -8,7 +8,7 @@ from app.core.identity import Identity
 from app.errors import Conflict
 from app.gpu.model import CardReading, GpuProcess
 from app.service.bookings import PAST_GRACE_SECONDS, BookingService
-from tests.conftest import FROZEN_NOW
+from tests.conftest import FROZEN_NOW, worded
 
 H = 3600
 NOW = FROZEN_NOW
@@ -104,18 +104,18 @@ class TestPickingByCount:
         carols = service(readings, "bob", 1002).create(cards=[0], start=NOW + H, end=NOW + 2 * H).id - 1
         booking, notes = service(readings).book(count=1, start=NOW, end=NOW + H, or_later=True)
         assert (booking.cards, booking.start) == ((1,), NOW + H)
-        assert notes == (f"starts later than asked: no card is free for an experiment booking at 15:30 (now): card 1 is"
-                         f" booked by carol until 16:30 (in 60 min) (booking {carols}); passed over card 0 (bob's"
-                         " processes, 9.0 GiB)",)
+        assert tuple(map(worded, notes)) == (f"starts later than asked: no card is free for an experiment booking at"
+                                             f" 15:30 (now): card 1 is booked by carol until 16:30 (in 60 min) (booking"
+                                             f" {carols}); passed over card 0 (bob's processes, 9.0 GiB)",)
 
     def test_a_card_passed_over_at_the_later_start_is_named(self, service):
         readings = cards({0: [bobs()]}, count=2)
         service(readings, "carol", 1003).create(cards=[0, 1], start=NOW, end=NOW + H)
         booking, notes = service(readings).book(count=1, start=NOW, end=NOW + H, or_later=True)
         assert (booking.cards, booking.start) == ((1,), NOW + H)  # asked for now: bob's card stays out
-        assert notes == ("starts later than asked: no card is free for an experiment booking at 15:30 (now): cards 0,1 are"
-                         " booked by carol until 16:30 (in 60 min) (booking 1)",
-                         "passed over card 0 (bob's processes, 9.0 GiB)")
+        assert tuple(map(worded, notes)) == ("starts later than asked: no card is free for an experiment booking at"
+                                             " 15:30 (now): cards 0,1 are booked by carol until 16:30 (in 60 min)"
+                                             " (booking 1)", "passed over card 0 (bob's processes, 9.0 GiB)")
 
     def test_a_hot_card_is_passed_over_for_a_cooler_group(self, service):
         booking, notes = service(cards(temperatures={0: 93})).book(count=2, start=NOW, end=NOW + H)
@@ -172,7 +172,7 @@ class TestPickingByCount:
         readings = cards({i: [bobs()] for i in range(1, 8)})
         with pytest.raises(Conflict) as refused:
             service(readings).book(count=2, start=NOW, end=NOW + H)
-        assert str(refused.value) == (
+        assert worded(refused.value) == (
             "no 2 cards are free for an experiment booking at 15:30 (now): passed over "
             + ", ".join(f"card {i} (bob's processes, 9.0 GiB)" for i in range(1, 8))
             + "; no start within 30 days works either"

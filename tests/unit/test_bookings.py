@@ -6,8 +6,10 @@ from app.config import Config, Policy
 from app.errors import BadInput, Conflict, NotPermitted
 from app.store import bookings as rows
 from app.store import events
+import re
+
 from app.core.text import format_time
-from tests.conftest import FROZEN_NOW
+from tests.conftest import FROZEN_NOW, worded
 
 H = 3600
 NOW = FROZEN_NOW
@@ -45,7 +47,7 @@ class TestCreate:
         service.create(count=8, start=NOW, end=NOW + 2 * H)
         with pytest.raises(Conflict) as refused:  # a count starts when asked, or not at all
             service.create(count=2, start=NOW, end=NOW + H)
-        assert str(refused.value) == ("no 2 cards are free for an experiment booking at 15:30 (now): cards 0,1,2,3,4,5,6,7"
+        assert worded(refused.value) == ("no 2 cards are free for an experiment booking at 15:30 (now): cards 0,1,2,3,4,5,6,7"
                                       " are booked by alice until 17:30 (in 2 h) (booking 1); the earliest start that"
                                       " works: 17:30 (in 2 h) on cards 0,1 (--or-later takes it)")
         booking = service.create(count=2, start=NOW, end=NOW + H, or_later=True)
@@ -75,7 +77,7 @@ class TestCreate:
         make_service("bob", 1002).create(cards=[2], start=NOW, end=NOW + 2 * H)
         with pytest.raises(Conflict) as refused:
             make_service().create(cards=[1, 2], start=NOW + H, end=NOW + 3 * H)
-        message = str(refused.value)
+        message = worded(refused.value)
         assert "card 2 is booked by bob until 17:30 (in 2 h)" in message
         assert "next free start for cards 1,2: 17:30 (in 2 h)" in message
         assert len(live(conn)) == 1
@@ -324,8 +326,10 @@ class TestPlan:
     def test_plan_writes_nothing_and_words_a_conflict_like_create(self, make_service, conn):
         make_service("bob", 1002).create(cards=[2], start=NOW, end=NOW + 2 * H)
         before = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-        with pytest.raises(Conflict, match=r"card 2 is booked by bob until 17:30 .*next free start for cards 2: 17:30 \(in 2 h"):
+        with pytest.raises(Conflict) as refused:
             make_service().plan(cards=[2], start=NOW, end=NOW + H)
+        assert re.search(r"card 2 is booked by bob until 17:30 .*next free start for cards 2: 17:30 \(in 2 h",
+                         worded(refused.value))
         assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == before
 
     def test_next_free_reads_past_the_lookahead_when_the_next_day_is_full(self, make_service):
@@ -515,9 +519,10 @@ class TestPools:
 
     def test_a_window_refuses_outside_it_and_allows_inside_it(self, make_service, conn):
         service = make_service(config=self.config())  # NOW is Sunday 15:30 UTC, and the window has no weekends
-        with pytest.raises(NotPermitted, match=r"card 0: class finetune is allowed on pool prod only 19:00-09:00;"
-                                               r" next free start for cards 0: 19:00 \(in 4 h\)$"):
+        with pytest.raises(NotPermitted) as refused:
             service.create(cards=[0], start=NOW, end=NOW + H, klass="finetune")
+        assert worded(refused.value) == ("card 0: class finetune is allowed on pool prod only 19:00-09:00 (UTC);"
+                                         " next free start for cards 0: 19:00 (in 4 h)")
         night = NOW + 3 * H + 30 * 60  # Sunday 19:00
         assert service.create(cards=[0], start=night, end=night + 14 * H, klass="finetune").end == night + 14 * H
         with pytest.raises(NotPermitted, match="only 19:00-09:00"):
@@ -548,7 +553,7 @@ class TestWording:
         for kwargs, message in cases:
             with pytest.raises(BadInput) as refused:
                 service.create(**kwargs)
-            assert str(refused.value) == message
+            assert worded(refused.value) == message
 
     def test_a_server_with_no_cards_names_none(self, conn, fleet):
         from app.core.identity import Identity
@@ -563,7 +568,7 @@ class TestWording:
         bob = make_service("bob", 1002).create(cards=[1, 2], start=NOW, end=NOW + 2 * H)
         with pytest.raises(Conflict) as refused:
             make_service().create(cards=[0, 1, 2], start=NOW, end=NOW + H)
-        assert str(refused.value) == (f"cards 1,2 are booked by bob until 17:30 (in 2 h) (booking {bob.id});"
+        assert worded(refused.value) == (f"cards 1,2 are booked by bob until 17:30 (in 2 h) (booking {bob.id});"
                                       " next free start for cards 0,1,2: 17:30 (in 2 h)")
 
     def test_the_next_free_start_is_for_the_wanted_length_not_longer(self, make_service):
@@ -572,7 +577,7 @@ class TestWording:
         bob.create(cards=[2], start=NOW + 4 * H, end=NOW + 5 * H)  # the two-hour gap between fits one hour
         with pytest.raises(Conflict) as refused:
             make_service().create(cards=[2], start=NOW + H, end=NOW + 2 * H)
-        assert str(refused.value) == (f"card 2 is booked by bob until 17:30 (in 2 h) (booking {first.id});"
+        assert worded(refused.value) == (f"card 2 is booked by bob until 17:30 (in 2 h) (booking {first.id});"
                                       " next free start for cards 2: 17:30 (in 2 h)")
 
     def test_no_cards_for_the_class_is_worded(self, make_service):
@@ -581,7 +586,7 @@ class TestWording:
         config = Config(pools=(Pool("prod", tuple(range(8)), ("online",)),))
         with pytest.raises(NotPermitted) as refused:
             make_service(config=config).create(count=2, start=NOW, end=NOW + H, klass="batch")
-        assert str(refused.value) == ("2 cards for a 1h batch booking from 15:30 (now): the rules allow none: class batch"
+        assert worded(refused.value) == ("2 cards for a 1h batch booking from 15:30 (now): the rules allow none: class batch"
                                       " is not allowed on pool prod (cards 0,1,2,3,4,5,6,7); no start within 30 days works"
                                       " either")
 
@@ -633,15 +638,16 @@ class TestSearchEdges:
         with pytest.raises(Conflict) as refused:
             make_service("root", 0, admin=True).reassign(booking.id, cards=[1, 2])
         # From 17:00 cards 1 and 2 are free for the hour: card 1 is only busy with the booking being moved.
-        assert str(refused.value) == (f"card 2 is booked by bob until 17:00 (in 2 h) (booking {bob.id});"
+        assert worded(refused.value) == (f"card 2 is booked by bob until 17:00 (in 2 h) (booking {bob.id});"
                                       " next free start for cards 1,2: 17:00 (in 2 h)")
 
     def test_a_move_past_the_lookahead_also_ignores_the_booking_moved(self, make_service):
         config = Config(policy=Policy(max_booking_hours=100))
         booking = make_service(config=config).create(cards=[0, 1], start=NOW + H, end=NOW + 61 * H)
         make_service("bob", 1002, config=config).create(cards=[2], start=NOW + H, end=NOW + 41 * H)
-        with pytest.raises(Conflict, match=f"next free start for cards 1,2: {format_time(NOW + 41 * H, NOW)} \\(in 2 days\\)$"):
+        with pytest.raises(Conflict) as refused:
             make_service("root", 0, admin=True, config=config).reassign(booking.id, cards=[1, 2])
+        assert worded(refused.value).endswith(f"next free start for cards 1,2: {format_time(NOW + 41 * H, NOW)} (in 2 days)")
 
 
 class TestOwnership:

@@ -123,7 +123,7 @@ class TestSummary:
             card(4, "LOST", None, None),
         ]}
         message = summary(status, FROZEN_NOW, timezone.utc)
-        assert message.title == "Board at 15:30: 1 of 5 cards free"
+        assert message.title == "Board at 15:30 (UTC): 1 of 5 cards free"
         assert message.lines == (
             "GPU 0: FREE, 1.0/31.8 GiB, 0 % busy, nobody",
             "GPU 1: IN USE, 30.0/31.8 GiB, 97 % busy, alice until 17:30",
@@ -151,6 +151,22 @@ class TestSummary:
         berlin = ZoneInfo("Europe/Berlin")
         nine = int(datetime(2026, 7, 1, 9, 0, tzinfo=berlin).timestamp())  # 07:00 UTC in summer
         assert due_slot(nine + 60, ("09:00",), berlin) == nine
+
+    def test_times_are_in_the_policy_zone_and_labelled_with_it(self, monkeypatch):
+        """A push goes to the whole team: the policy zone's times, named, whatever the service's own TZ."""
+        import time
+        from zoneinfo import ZoneInfo
+
+        monkeypatch.setenv("TZ", "America/New_York")
+        time.tzset()
+        try:
+            status = {"cards": [card(0, "BOOKED", booking={"user": "bob", "start": FROZEN_NOW, "end": FROZEN_NOW + 3600})]}
+            message = summary(status, FROZEN_NOW, ZoneInfo("Asia/Shanghai"))  # 15:30 UTC is 23:30 there
+        finally:
+            monkeypatch.undo()
+            time.tzset()
+        assert message.title == "Board at 23:30 (Asia/Shanghai): 0 of 1 cards free"
+        assert message.lines == ("GPU 0: BOOKED, 1.0/31.8 GiB, 0 % busy, bob until Mon 00:30",)
 
 
 class TestSecrets:

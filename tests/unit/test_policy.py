@@ -24,7 +24,7 @@ def at(text: str) -> int:
     [
         (0, "online", "2026-12-01T10:00", "2026-12-01T12:00", None),
         (0, "experiment", "2026-12-01T10:00", "2026-12-01T12:00", "not allowed on pool prod"),
-        (0, "finetune", "2026-12-01T10:00", "2026-12-01T12:00", "only 19:00-09:00 and at weekends"),  # Tuesday day
+        (0, "finetune", "2026-12-01T10:00", "2026-12-01T12:00", "only 19:00-09:00 (UTC) and at weekends"),  # Tuesday day
         (0, "finetune", "2026-12-01T19:00", "2026-12-02T09:00", None),  # the whole night window
         (0, "finetune", "2026-12-01T18:00", "2026-12-01T20:00", "only 19:00"),  # starts an hour early
         (0, "finetune", "2026-12-01T20:00", "2026-12-02T10:00", "only 19:00"),  # runs an hour late
@@ -191,16 +191,17 @@ def test_windows_are_read_in_the_configured_zone_whatever_the_process_zone():
     early = at("2026-12-01T10:30"), at("2026-12-01T11:30")  # 18:30 in Shanghai: outside; 11:30 in Berlin: outside
     assert policy.card_refusal(shanghai, 0, "finetune", start, end) is None
     assert policy.card_refusal(berlin, 0, "finetune", start, end) is None
-    assert "only 19:00-09:00" in policy.card_refusal(shanghai, 0, "finetune", *early)
-    assert "only 19:00-09:00" in policy.card_refusal(berlin, 0, "finetune", *early)
+    # The hours are the policy zone's, and say so: a member elsewhere reads them as that zone's.
+    assert "only 19:00-09:00 (Asia/Shanghai)" in policy.card_refusal(shanghai, 0, "finetune", *early)
+    assert "only 19:00-09:00 (Europe/Berlin)" in policy.card_refusal(berlin, 0, "finetune", *early)
     assert policy.card_refusal(shanghai, 0, "finetune", at("2026-12-01T11:00"), at("2026-12-01T12:00")) is None  # 19-20h
 
 
 def test_a_refusal_names_the_pool_its_cards_and_the_window_exactly():
     day = policy.card_refusal(DAY_CONFIG, 0, "batch", at("2026-12-01T20:00"), at("2026-12-01T21:00"), tz=UTC)
-    assert day == "class batch is allowed on pool day only 09:00-19:00"
+    assert day == "class batch is allowed on pool day only 09:00-19:00 (UTC)"
     night = policy.card_refusal(CONFIG, 0, "finetune", at("2026-12-01T10:00"), at("2026-12-01T11:00"), tz=UTC)
-    assert night == "class finetune is allowed on pool prod only 19:00-09:00 and at weekends"
+    assert night == "class finetune is allowed on pool prod only 19:00-09:00 (UTC) and at weekends"
     other = policy.card_refusal(CONFIG, 1, "experiment", at("2026-12-01T10:00"), at("2026-12-01T11:00"), tz=UTC)
     assert other == "class experiment is not allowed on pool prod (cards 0,1,2,3)"
 
@@ -221,14 +222,14 @@ def test_a_window_that_starts_and_ends_at_the_same_minute_is_empty():
     for start, end in (("2026-12-01T10:00", "2026-12-01T11:00"), ("2026-12-01T09:00", "2026-12-01T10:00"),
                        ("2026-12-01T22:00", "2026-12-01T23:00")):
         assert policy.card_refusal(empty, 0, "batch", at(start), at(end), tz=UTC) == (
-            "class batch is allowed on pool p only 10:00-10:00")
+            "class batch is allowed on pool p only 10:00-10:00 (UTC)")
 
 
 def test_a_booking_inside_the_hour_the_clocks_go_back_is_still_checked():
     # Berlin, Sunday 2026-10-25: 02:30 summer time to 02:15 winter time is 45 minutes, all outside 09:00-19:00.
     berlin = Config(policy=Policy(timezone="Europe/Berlin"), pools=DAY_CONFIG.pools)
     reason = policy.card_refusal(berlin, 0, "batch", at("2026-10-25T00:30"), at("2026-10-25T01:15"))
-    assert reason == "class batch is allowed on pool day only 09:00-19:00"
+    assert reason == "class batch is allowed on pool day only 09:00-19:00 (Europe/Berlin)"
     assert policy.card_refusal(berlin, 0, "batch", at("2026-10-25T08:00"), at("2026-10-25T09:00")) is None  # 9-10
 
 
@@ -245,4 +246,4 @@ def test_the_system_zone_keeps_its_rules_across_a_clock_change(monkeypatch):
         monkeypatch.undo()
         time.tzset()
     assert weekend is None
-    assert late == "class finetune is allowed on pool prod only 19:00-09:00 and at weekends"
+    assert late == "class finetune is allowed on pool prod only 19:00-09:00 (Europe/Berlin) and at weekends"

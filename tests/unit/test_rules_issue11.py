@@ -16,7 +16,7 @@ from app.errors import BadInput, Conflict, NotPermitted
 from app.service.bookings import BookingService
 from app.store import bookings as rows
 from app.store import events
-from tests.conftest import FROZEN_NOW
+from tests.conftest import FROZEN_NOW, worded
 
 H = 3600
 NOW = FROZEN_NOW
@@ -44,8 +44,9 @@ class TestMove:
         admin = self.admin(make_service)
         moved = admin.move(booking.id, NOW + 4 * H, NOW + 5 * H)
         assert (moved.id, moved.start, moved.end, moved.cards) == (booking.id, NOW + 4 * H, NOW + 5 * H, (3,))
-        assert moved.notice == "moved from 17:30-18:30 to 19:30-20:30 by admin root"
-        assert admin.told == [(1001, f"booking {booking.id} was moved from 17:30-18:30 to 19:30-20:30 by admin root")]
+        assert worded(moved.notice) == "moved from 17:30-18:30 to 19:30-20:30 by admin root"
+        assert [(uid, worded(told)) for uid, told in admin.told] == [
+            (1001, f"booking {booking.id} was moved from 17:30-18:30 to 19:30-20:30 by admin root")]
         event = last_event(conn, booking.id)
         assert (event.action, event.actor, event.ok) == ("move", "root", True)
         assert event.details == {"start": NOW + 4 * H, "end": NOW + 5 * H, "old_start": NOW + 2 * H, "old_end": NOW + 3 * H}
@@ -64,7 +65,7 @@ class TestMove:
         admin = self.admin(make_service)
         with pytest.raises(BadInput) as refused:
             admin.move(booking.id, NOW + H, NOW + 2 * H)
-        assert str(refused.value) == (f"booking {booking.id} started at 15:30; only its end can move (--until),"
+        assert worded(refused.value) == (f"booking {booking.id} started at 15:30; only its end can move (--until),"
                                       " or reassign it")
         assert admin.move(booking.id, NOW, NOW + 2 * H).end == NOW + 2 * H  # the end alone may move
 
@@ -73,14 +74,14 @@ class TestMove:
         admin = self.admin(make_service)
         with pytest.raises(BadInput) as refused:
             admin.move(booking.id, NOW - 61, NOW + H)
-        assert str(refused.value) == "the start 15:28 is in the past; pick a start from now on"
+        assert worded(refused.value) == "the start 15:28 is in the past; pick a start from now on"
         assert admin.move(booking.id, NOW - 60, NOW + H).start == NOW - 60
 
     def test_the_end_must_be_after_the_start(self, make_service):
         booking = make_service().create(cards=[3], start=NOW + 2 * H, end=NOW + 3 * H)
         with pytest.raises(BadInput) as refused:
             self.admin(make_service).move(booking.id, NOW + 3 * H, NOW + 3 * H)
-        assert str(refused.value) == "the end 18:30 (in 3 h) must be after the start 18:30 (in 3 h) and after now"
+        assert worded(refused.value) == "the end 18:30 (in 3 h) must be after the start 18:30 (in 3 h) and after now"
 
     def test_the_new_times_must_be_free_of_others_but_may_overlap_the_old_ones(self, make_service, conn):
         booking = make_service().create(cards=[3], start=NOW + 2 * H, end=NOW + 3 * H)
@@ -89,7 +90,7 @@ class TestMove:
         for start, end in ((NOW + 4 * H, NOW + 5 * H + 1), (NOW + 5 * H, NOW + 6 * H), (NOW + 6 * H - 1, NOW + 7 * H)):
             with pytest.raises(Conflict) as refused:
                 admin.move(booking.id, start, end)
-            assert str(refused.value) == f"card 3 is booked by bob until 21:30 (in 6 h) (booking {bob.id})"
+            assert worded(refused.value) == f"card 3 is booked by bob until 21:30 (in 6 h) (booking {bob.id})"
         assert last_event(conn, booking.id).ok is False  # the refusal is filed under the booking moved
         assert admin.move(booking.id, NOW + 2 * H + 1800, NOW + 3 * H + 1800).start == NOW + 2 * H + 1800
 
@@ -113,7 +114,7 @@ class TestMove:
         assert admin.move(booking.id, NOW + 19 * H, NOW + 20 * H).start == NOW + 19 * H  # Mon 10:30, inside
         with pytest.raises(NotPermitted) as refused:
             admin.move(booking.id, NOW + 28 * H, NOW + 29 * H)
-        assert str(refused.value) == "card 3: class batch is allowed on pool lab only 09:00-19:00"
+        assert worded(refused.value) == "card 3: class batch is allowed on pool lab only 09:00-19:00 (UTC)"
         moved = admin.move(booking.id, NOW + 28 * H, NOW + 29 * H, override_policy=True)
         assert moved.start == NOW + 28 * H
         assert last_event(conn, booking.id).details == {"start": NOW + 28 * H, "end": NOW + 29 * H, "override_policy": True,
@@ -134,8 +135,9 @@ class TestBackfill:
         admin = make_service("root", 0, admin=True, config=every)
         moved = admin.backfill()
         assert [(before.start, after.start, after.end) for before, after in moved] == [(NOW + 2 * H, NOW + 60, NOW + 60 + 3 * H)]
-        assert moved[0][1].notice == "moved up from 17:30 by backfill"
-        assert admin.told == [(1001, f"booking {queued.id} was moved up from 17:30 by backfill: now 15:31 (in 1 min)"
+        assert worded(moved[0][1].notice) == "moved up from 17:30 by backfill"
+        assert [(uid, worded(told)) for uid, told in admin.told] == [
+            (1001, f"booking {queued.id} was moved up from 17:30 by backfill: now 15:31 (in 1 min)"
                                      " on cards 0")]
         event = last_event(conn, queued.id)
         assert (event.action, event.actor, event.ok, event.uid) == ("backfill", "board", True, os.getuid())
@@ -278,7 +280,7 @@ class TestEarliest:
         blocker = make_service("bob", 1002).create(cards=[0, 1, 3, 4, 7], start=NOW, end=NOW + 2 * H)
         booking, notes = make_service().book(count=1, start=NOW + 60, end=NOW + 60 + H, or_later=True)
         assert (booking.start, booking.cards) == (NOW + 2 * H, (0,))
-        assert notes[0] == "starts later than asked: no card is free for an experiment booking at 15:31 (in 1 min):" \
+        assert worded(notes[0]) == "starts later than asked: no card is free for an experiment booking at 15:31 (in 1 min):" \
             f" cards 0,1,3,4,7 are booked by bob until 17:30 (in 2 h) (booking {blocker.id}); passed over card 2" \
             " (bob's processes, 23.9 GiB), card 5 (dave's processes, 8.8 GiB), card 6 (container/unknown's processes, 4.0 GiB)"
 
@@ -288,7 +290,7 @@ class TestRefusals:
         online = Config(pools=(Pool("a", (0, 1, 2, 3), classes=("online",)), Pool("b", (4, 5, 6, 7), classes=("online",))))
         with pytest.raises(NotPermitted) as refused:
             make_service(config=online).create(count=1, start=NOW + H, end=NOW + 2 * H)
-        assert str(refused.value) == (
+        assert worded(refused.value) == (
             "1 card for a 1h experiment booking from 16:30 (in 60 min): the rules allow none: class experiment is not"
             " allowed on pool a (cards 0,1,2,3); class experiment is not allowed on pool b (cards 4,5,6,7);"
             " no start within 30 days works either")
@@ -315,7 +317,7 @@ class TestRefusals:
             make_service().create(count=8, start=NOW + H, end=NOW + 2 * H, klass="batch")
         holders = [f"card {i} is booked by bob until 17:30 (in 2 h) (booking {ids[i]})" for i in range(3)]
         shown = "; ".join(holders + (["…"] if taken > 3 else []))
-        assert str(refused.value) == (f"no 8 cards are free for a batch booking at 16:30 (in 60 min): {shown};"
+        assert worded(refused.value) == (f"no 8 cards are free for a batch booking at 16:30 (in 60 min): {shown};"
                                       " the earliest start that works: 17:30 (in 2 h) on cards 0,1,2,3,4,5,6,7"
                                       " (--or-later takes it)")
 
@@ -323,9 +325,9 @@ class TestRefusals:
         booking = make_service("bob", 1002).create(cards=list(range(8)), start=NOW, end=NOW + 2 * H)
         with pytest.raises(Conflict) as refused:
             make_service().create(count=1, start=NOW + H, end=NOW + 2 * H)
-        assert str(refused.value).endswith("; the earliest start that works: 17:30 (in 2 h) on card 0 (--or-later takes"
+        assert worded(refused.value).endswith("; the earliest start that works: 17:30 (in 2 h) on card 0 (--or-later takes"
                                            " it)")
-        assert f"(booking {booking.id})" in str(refused.value)
+        assert f"(booking {booking.id})" in worded(refused.value)
 
 
 def test_a_split_by_reassign_leaves_the_notice_on_both_pieces(make_service, conn):
@@ -358,7 +360,7 @@ def test_or_later_with_no_start_that_works_is_refused_with_the_rules_reason(make
     online = Config(pools=(Pool("all", tuple(range(8)), classes=("online",)),))
     with pytest.raises(NotPermitted) as refused:
         make_service(config=online).book(count=1, start=NOW + H, end=NOW + 2 * H, or_later=True)
-    assert str(refused.value) == (
+    assert worded(refused.value) == (
         "1 card for a 1h experiment booking from 16:30 (in 60 min): the rules allow none: class experiment is not"
         " allowed on pool all (cards 0,1,2,3,4,5,6,7); no start within 30 days works either")
     assert rows.listing(conn, start=None, end=None, user=None, include_cancelled=True) == []
@@ -372,8 +374,10 @@ class TestAdminChangesTellTheHolder:
         booking = make_service().create(cards=[3], start=NOW + 2 * H, end=NOW + 3 * H)
         admin = make_service("root", 0, admin=True)
         extended = admin.extend(booking.id, NOW + 4 * H)
-        assert (extended.start, extended.end, extended.notice) == (NOW + 2 * H, NOW + 4 * H, "extended to 19:30 by admin root")
-        assert admin.told == [(1001, f"booking {booking.id} was extended to 19:30 by admin root")]
+        assert (extended.start, extended.end, worded(extended.notice)) == (NOW + 2 * H, NOW + 4 * H,
+                                                                           "extended to 19:30 by admin root")
+        assert [(uid, worded(told)) for uid, told in admin.told] == [
+            (1001, f"booking {booking.id} was extended to 19:30 by admin root")]
         event = last_event(conn, booking.id)
         assert (event.action, event.ok, event.details) == ("extend", True, {"end": NOW + 4 * H, "old_end": NOW + 3 * H})
 

@@ -15,6 +15,7 @@ from app.service.series import SeriesService
 from app.store import bookings as rows
 from app.store import events
 from app.store.db import write
+from app.core.text import localize
 from tests.conftest import FROZEN_NOW  # Sunday 2026-11-29 15:30 UTC
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -37,6 +38,11 @@ def series(make_service):
 
 def berlin(epoch: int) -> str:
     return datetime.fromtimestamp(epoch, BERLIN).strftime("%a %Y-%m-%d %H:%M")
+
+
+def worded(said, zone=BERLIN) -> str:
+    """A refusal as a member in `zone` (default Berlin, the seeds' policy zone) reads it: its times in their zone."""
+    return localize(str(said), zone)
 
 
 def written(conn) -> tuple[int, int, int]:
@@ -83,9 +89,9 @@ def test_policy_refusals_name_the_rule_and_book_nothing(series, conn):
     with pytest.raises(NotPermitted) as refused:
         series().book(cards=[0, 1], klass="finetune", every="weekday", start="8:00", until="18:00",
                       first="2026-12-07", last="2026-12-11")
-    message = str(refused.value)
+    message = worded(refused.value)
     assert message.startswith("the policy refuses 5 of 5 occurrences, so nothing was booked: card 0: class finetune"
-                              " is allowed on pool prod only 19:00-09:00 and at weekends (5 occurrences,"
+                              " is allowed on pool prod only 19:00-09:00 (Europe/Berlin) and at weekends (5 occurrences,"
                               " Mon 2026-12-07 08:00 to Fri 2026-12-11 08:00)")
     assert message.endswith("admins may pass --override-policy") and refused.value.exit_code == 4
     bookings, series_rows, audit = written(conn)
@@ -106,7 +112,7 @@ def test_a_refusal_also_lists_the_conflicts_with_their_holder(series, make_servi
     with pytest.raises(NotPermitted) as refused:
         series().book(cards=[0, 1], klass="finetune", every="day", start="8:00", until="18:00",
                       first="2026-12-11", last="2026-12-13")
-    message = str(refused.value)
+    message = worded(refused.value)
     assert message.startswith("the policy refuses 1 of 3 occurrences, so nothing was booked: card 0: class finetune")
     also = f"; also {taken} {'conflict' if taken == 1 else 'conflicts'}: "
     assert also in message and message.count("bob") == taken, message
@@ -120,8 +126,8 @@ def test_occurrences_past_max_ahead_are_refused_with_a_way_forward(series):
         series(config=short).book(cards=[5], every="day", start="9:00", until="17:00", first="2026-12-07",
                                   last="2026-12-20")
     assert "a booking may start at most 14 days ahead (7 occurrences, Mon 2026-12-14 09:00 to Sun 2026-12-20 09:00)" \
-        in str(refused.value)
-    assert "book up to --to 2026-12-13 now and add the rest later with 'board series extend'" in str(refused.value)
+        in worded(refused.value)
+    assert "book up to --to 2026-12-13 now and add the rest later with 'board series extend'" in worded(refused.value)
 
 
 def test_only_admins_override_the_policy_and_each_override_is_audited(series, conn):
@@ -129,14 +135,15 @@ def test_only_admins_override_the_policy_and_each_override_is_audited(series, co
                last="2026-12-07")  # Sat, Sun (weekends: allowed) and Mon (refused: the night window)
     with pytest.raises(NotPermitted) as refused:
         series().book(**ask, override_policy=True)
-    assert str(refused.value) == "only admins (group board-admin) can pass --override-policy"
+    assert worded(refused.value) == "only admins (group board-admin) can pass --override-policy"
     made = series(name="root", uid=0, admin=True).book(**ask, override_policy=True)
     assert len(made.booked) == 3 and [berlin(m.start) for m in made.overridden] == ["Mon 2026-12-07 10:00"]
     assert [(berlin(m.end), m.reason) for m in made.overridden] == [
-        ("Mon 2026-12-07 12:00", "card 0: class finetune is allowed on pool prod only 19:00-09:00 and at weekends")]
+        ("Mon 2026-12-07 12:00",
+         "card 0: class finetune is allowed on pool prod only 19:00-09:00 (Europe/Berlin) and at weekends")]
     audit = {e.booking_id: e.details for e in events.recent(conn, 100) if e.action == "create"}
     assert [audit[b.id].get("override_policy") for b in made.booked] == [
-        None, None, "card 0: class finetune is allowed on pool prod only 19:00-09:00 and at weekends"]
+        None, None, "card 0: class finetune is allowed on pool prod only 19:00-09:00 (Europe/Berlin) and at weekends"]
     (event,) = [e for e in events.recent(conn, 100) if e.action == "series" and e.ok]
     assert event.details["override_policy"] is True and len(event.details["overridden"]) == 1
 
@@ -147,7 +154,7 @@ def test_an_override_never_books_over_someone(series, make_service, conn):
         series(name="root", uid=0, admin=True).book(cards=[0], klass="finetune", every="day", start="10:00",
                                                     until="12:00", first="2026-12-07", last="2026-12-08",
                                                     override_policy=True)
-    assert "card 0 is booked by bob" in str(refused.value)
+    assert "card 0 is booked by bob" in worded(refused.value)
     assert events.recent(conn, 1)[0].details["refused_by"] == "conflict"
 
 
@@ -187,7 +194,7 @@ def test_extend_is_all_or_nothing_and_keeps_the_rule_on_refusal(series, make_ser
                                                         end=made.booked[-1].start + 3 * 24 * HOUR + 2 * HOUR)
     with pytest.raises(Conflict) as refused:
         series().extend(made.series.id, "2026-12-18")
-    assert f"(booking {holder.id})" in str(refused.value) and "Mon 2026-12-14 09:00" in str(refused.value)
+    assert f"(booking {holder.id})" in worded(refused.value) and "Mon 2026-12-14 09:00" in worded(refused.value)
     assert series().get(made.series.id)[0].rule["to"] == "2026-12-11" and len(series().get(made.series.id)[1]) == 5
     grown = series().extend(made.series.id, "2026-12-18", skip_conflicts=True)
     assert len(grown.booked) == 4 and [berlin(m.start) for m in grown.skipped] == ["Mon 2026-12-14 09:00"]
@@ -215,7 +222,7 @@ def test_bad_input_is_one_line_and_writes_nothing(series, conn, ask, message):
     args = dict(cards=[4], every="weekday", start="9:00", until="19:00", first="2026-12-07", last="2026-12-18") | ask
     with pytest.raises(BadInput) as refused:
         series().book(**args)
-    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert message in worded(refused.value) and "\n" not in worded(refused.value)
     assert written(conn) == before
 
 
@@ -234,8 +241,9 @@ def test_an_admins_extension_counts_the_holders_bookings_against_the_holders_lim
     make_service(config=one).create(cards=[0], start=nine, end=nine + HOUR)
     with pytest.raises(NotPermitted) as refused:
         series(name="root", uid=0, admin=True, config=one).extend(made.series.id, "2026-12-09")
-    assert str(refused.value) == ("the policy refuses the occurrence, so nothing was booked: you would hold 2 cards at"
-                                  " once; the limit is 1 (Wed 2026-12-09 09:00); admins may pass --override-policy")
+    assert worded(refused.value, timezone.utc) == (
+        "the policy refuses the occurrence, so nothing was booked: you would hold 2 cards at once; the limit is 1"
+        " (Wed 2026-12-09 09:00); admins may pass --override-policy")
 
 
 def test_each_series_change_is_audited_with_what_it_did(series, conn):
@@ -284,7 +292,7 @@ def test_a_series_with_only_its_running_occurrence_left_says_how_to_end_it(serie
     clock[0] = made.booked[0].end  # over: nothing runs
     with pytest.raises(BadInput) as refused:
         series(now=lambda: clock[0]).cancel(made.series.id)
-    assert str(refused.value) == f"series {made.series.id} has no occurrences ahead to cancel"
+    assert worded(refused.value) == f"series {made.series.id} has no occurrences ahead to cancel"
 
 
 @pytest.mark.parametrize("ask, message", [
@@ -294,21 +302,25 @@ def test_a_series_with_only_its_running_occurrence_left_says_how_to_end_it(serie
 def test_unreadable_dates_name_the_option(series, ask, message):
     with pytest.raises(BadInput) as refused:
         series().book(**{**dict(cards=[7], every="day", start="9:00", until="10:00", last="2026-12-08"), **ask})
-    assert str(refused.value) == message
+    assert worded(refused.value) == message
 
 
 def test_an_unreadable_new_last_day_names_the_option(series):
     made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08")
     with pytest.raises(BadInput) as refused:
         series().extend(made.series.id, "next week")
-    assert str(refused.value) == "can't read --to 'next week' as a date; give a day such as 2026-12-07"
+    assert worded(refused.value) == "can't read --to 'next week' as a date; give a day such as 2026-12-07"
 
 
 def test_conflicts_are_listed_with_when_and_who_and_what_to_do(series, make_service, monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")  # the holder's end is the reader's local time
+    monkeypatch.setenv("TZ", "UTC")  # the reader's zone
     time.tzset()
     try:
         one = Config(policy=Policy(timezone="UTC"))
+
+        def said(error) -> str:
+            return worded(error, timezone.utc)
+
         bob = make_service(name="bob", uid=1002, config=one)
         day = int(datetime(2026, 12, 7, 9, 0, tzinfo=timezone.utc).timestamp())
         taken = bob.create(cards=[7], start=day, end=day + HOUR)
@@ -316,20 +328,20 @@ def test_conflicts_are_listed_with_when_and_who_and_what_to_do(series, make_serv
         holder = f"card 7 is booked by bob until 2026-12-07 10:00 (in 8 days) (booking {taken.id})"
         with pytest.raises(Conflict) as refused:
             series(config=one).book(**ask, last="2026-12-09")
-        assert str(refused.value) == (f"1 of 3 occurrences conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder};"
+        assert said(refused.value) == (f"1 of 3 occurrences conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder};"
                                       " pass --skip-conflicts to book the other 2")
         with pytest.raises(Conflict) as refused:
             series(config=one).book(**ask, last="2026-12-07")
-        assert str(refused.value) == f"the occurrence conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder}"
+        assert said(refused.value) == f"the occurrence conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder}"
         for offset in range(1, 12):  # twelve days taken: ten are named, the rest counted
             bob.create(cards=[7], start=day + offset * 86400, end=day + offset * 86400 + HOUR)
         with pytest.raises(Conflict) as refused:
             series(config=one).book(**ask, last="2026-12-18")
-        assert str(refused.value).startswith("12 of 12 occurrences conflict, so nothing was booked: Mon 2026-12-07 09:00: ")
-        assert str(refused.value).count(": card 7 is booked by bob") == 10 and str(refused.value).endswith("; and 2 more")
+        assert said(refused.value).startswith("12 of 12 occurrences conflict, so nothing was booked: Mon 2026-12-07 09:00: ")
+        assert said(refused.value).count(": card 7 is booked by bob") == 10 and said(refused.value).endswith("; and 2 more")
         with pytest.raises(Conflict) as refused:
             series(config=one).book(**ask, last="2026-12-18", skip_conflicts=True)
-        assert str(refused.value).startswith("all 12 occurrences conflict, so nothing was booked: Mon 2026-12-07 09:00: card 7")
+        assert said(refused.value).startswith("all 12 occurrences conflict, so nothing was booked: Mon 2026-12-07 09:00: card 7")
     finally:
         monkeypatch.undo()
         time.tzset()
@@ -353,7 +365,7 @@ def test_today_is_the_policy_zones_day(series, monkeypatch):
         with pytest.raises(BadInput) as refused:
             series(config=tokyo).book(cards=[7], every="day", start="9:00", until="10:00", first="2026-11-29",
                                       last="2026-11-30")
-        assert str(refused.value) == "--from 2026-11-29 is in the past; a series starts today (2026-11-30) at the earliest"
+        assert worded(refused.value) == "--from 2026-11-29 is in the past; a series starts today (2026-11-30) at the earliest"
     finally:
         monkeypatch.undo()
         time.tzset()
@@ -362,7 +374,7 @@ def test_today_is_the_policy_zones_day(series, monkeypatch):
 def test_an_unknown_or_hand_broken_series_is_one_line_bad_input(series, conn):
     with pytest.raises(BadInput) as refused:
         series().get(999)
-    assert str(refused.value) == "no series 999; 'board list' shows each booking's series"
+    assert worded(refused.value) == "no series 999; 'board list' shows each booking's series"
     made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-08")
     with write(conn):
         conn.execute("UPDATE series SET rule = json_set(rule, '$.days', json('[9]')) WHERE id = ?", (made.series.id,))
@@ -376,7 +388,7 @@ def test_an_extension_spans_at_most_a_year_at_a_time(series):
     made = series().book(cards=[7], every="week", start="9:00", until="10:00", first="2026-12-07", last="2026-12-07")
     with pytest.raises(BadInput) as refused:
         series().extend(made.series.id, "2027-12-10")
-    assert str(refused.value) == "2026-12-08 to 2027-12-10 is 367 days; extend a series by at most 366 days at a time"
+    assert worded(refused.value) == "2026-12-08 to 2027-12-10 is 367 days; extend a series by at most 366 days at a time"
     assert series().extend(made.series.id, "2027-12-09").series.rule["to"] == "2027-12-09"  # exactly 366 days
 
 
@@ -390,7 +402,7 @@ def test_conflicts_are_counted_and_listed_up_to_ten(series, make_service, days):
     with pytest.raises(Conflict) as refused:
         series().book(cards=[5], every="day", start="9:00", until="10:00", first="2026-12-07",
                       last=f"2026-12-{6 + days:02d}")
-    message = str(refused.value)
+    message = worded(refused.value)
     if days == 2:
         assert message.startswith("1 of 2 occurrences conflicts, so nothing was booked: Mon 2026-12-07 09:00: card 5 is"
                                   " booked by bob until ")

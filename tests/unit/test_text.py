@@ -92,3 +92,53 @@ def test_relative_says_how_far_away(seconds, shown):
 )
 def test_format_duration_in_the_forms_the_time_parser_reads(seconds, shown):
     assert format_duration(seconds) == shown
+
+
+class TestStamps:
+    """The service writes times as stamps; the reader's client words them in the reader's zone (B1)."""
+
+    NOW = int(datetime(2026, 11, 29, 15, 30, tzinfo=timezone.utc).timestamp())  # a Sunday
+
+    @pytest.mark.parametrize("zone, said", [
+        ("UTC", "until 17:30 (in 2 h); from 15:30; on Sun 2026-11-29 15:30"),
+        ("Asia/Shanghai", "until Mon 01:30 (in 2 h); from 23:30; on Sun 2026-11-29 23:30"),
+        ("America/New_York", "until 12:30 (in 2 h); from 10:30; on Sun 2026-11-29 10:30"),
+    ])
+    def test_a_message_reads_in_the_zone_it_is_worded_in(self, zone, said):
+        from zoneinfo import ZoneInfo
+
+        from app.core.text import localize, stamp_day, stamp_time, stamp_when
+
+        message = (f"until {stamp_when(self.NOW + 7200, self.NOW)}; from {stamp_time(self.NOW, self.NOW)};"
+                   f" on {stamp_day(self.NOW)}")
+        assert localize(message, ZoneInfo(zone)) == said
+
+    def test_the_process_zone_is_the_default(self, monkeypatch):
+        import time
+
+        from app.core.text import localize, stamp_time
+
+        monkeypatch.setenv("TZ", "Asia/Shanghai")
+        time.tzset()
+        try:
+            assert localize(f"at {stamp_time(self.NOW, self.NOW)}") == "at 23:30"
+        finally:
+            monkeypatch.undo()
+            time.tzset()
+
+    @pytest.mark.parametrize("text", ["no stamp here", "<@when:12>", "<@time:x:1>", "<@day:1:2:3>", "a <@ b",
+                                      "<@time:999999999999999:1>"])
+    def test_anything_else_is_left_as_it_is(self, text):
+        from app.core.text import localize
+
+        assert localize(text, timezone.utc) == text
+
+    def test_a_stamp_in_a_json_line_keeps_it_json(self):
+        import json
+
+        from app.core.text import stamp_when
+        from app.wire import receive
+
+        line = json.dumps({"error": {"message": f'"quoted" until {stamp_when(self.NOW, self.NOW)}'}}).encode()
+        assert receive(line)["error"]["message"].startswith('"quoted" until ')
+        assert "<@" not in receive(line)["error"]["message"]

@@ -1,4 +1,5 @@
 import os
+import re
 import time
 from datetime import datetime, timedelta, timezone
 from datetime import time as time_of_day
@@ -336,25 +337,135 @@ def test_zoneinfo_now_across_dst_end(tz_name):
     assert later.hour == 14
 
 
-def test_dst_gap_and_fold_system_zone(set_tz):
+def test_seconds_survive_the_system_zone(set_tz):
     set_tz("Europe/Berlin")
     now = datetime(2026, 3, 28, 12, 0).astimezone()
-    gap = parse_when("2026-03-29 02:30", now)  # doesn't exist: moves forward
-    assert (gap.hour, gap.minute, gap.utcoffset()) == (3, 30, timedelta(hours=2))
-    fold = parse_when("2026-10-25 02:30", now)  # happens twice: first one
-    assert fold.timestamp() == datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc).timestamp()
-    # seconds survive the system zone, in and out of the gap
-    assert parse_when("2026-03-29 02:30:15", now).time() == time_of_day(3, 30, 15)
+    assert parse_when("2026-03-29 03:30:15", now).time() == time_of_day(3, 30, 15)
     assert parse_when("2026-12-01T14:00:30", now) == datetime(2026, 12, 1, 14, 0, 30, tzinfo=ZoneInfo("Europe/Berlin"))
 
 
-def test_dst_gap_and_fold_zoneinfo():
-    z = ZoneInfo("Europe/Berlin")
-    now = datetime(2026, 3, 28, 12, 0, tzinfo=z)
-    gap = parse_when("2026-03-29 02:30", now)
-    assert (gap.hour, gap.minute, gap.utcoffset()) == (3, 30, timedelta(hours=2))
-    fold = parse_when("2026-10-25 02:30", now)
-    assert fold.timestamp() == datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc).timestamp()
+# Europe/Berlin, 2027: on Sun 28 Mar the clocks go from 02:00 CET to 03:00 CEST (02:00-02:59 never show);
+# on Sun 31 Oct from 03:00 CEST back to 02:00 CET (02:00-02:59 show twice).
+BERLIN = ZoneInfo("Europe/Berlin")
+SPRING_EVE = (2027, 3, 27, 12, 0)  # Saturday noon before each change
+AUTUMN_EVE = (2027, 10, 30, 12, 0)
+GAP = ("02:{} does not exist on Sun 28 Mar 2027: the clocks go forward from 02:00 (CET) to 03:00 (CEST); give a time"
+       " before 02:00 or from 03:00 on")
+TWICE = ("02:{0} happens twice on Sun 31 Oct 2027 (the clocks go back); took the first (CEST, UTC+02:00);"
+         " write 2027-10-31T02:{0}+01:00 for the second")
+
+
+def utc(*args) -> float:
+    return datetime(*args, tzinfo=timezone.utc).timestamp()
+
+
+def berlin_now(mode: str, *args) -> datetime:
+    """Now in Berlin as the CLI has it ("system": TZ set, a fixed offset from astimezone()) or as a real zone."""
+    return datetime(*args).astimezone() if mode == "system" else datetime(*args, tzinfo=BERLIN)
+
+
+@pytest.fixture(params=["system", "zone"])
+def berlin_mode(request, set_tz):
+    set_tz("Europe/Berlin" if request.param == "system" else "UTC")
+    return request.param
+
+
+@pytest.mark.parametrize("eve, text, instant, note", [
+    # spring: the last minute before the gap and the first after it are times; the gap is refused (None)
+    (SPRING_EVE, "2027-03-28 01:59", utc(2027, 3, 28, 0, 59), None),
+    (SPRING_EVE, "2027-03-28 02:00", None, GAP.format("00")),
+    (SPRING_EVE, "2027-03-28T02:30", None, GAP.format("30")),
+    (SPRING_EVE, "2027-03-28 02:59", None, GAP.format("59")),
+    (SPRING_EVE, "2027-03-28 03:00", utc(2027, 3, 28, 1, 0), None),
+    (SPRING_EVE, "tomorrow 2:30", None, GAP.format("30")),
+    (SPRING_EVE, "sun 2:30", None, GAP.format("30")),
+    (SPRING_EVE, "2027-03-28T02:30+01:00", utc(2027, 3, 28, 1, 30), None),  # an offset names an instant: 03:30 CEST
+    # autumn: the hour shown twice is its first occurrence, and a note says how to write the second
+    (AUTUMN_EVE, "2027-10-31 01:59", utc(2027, 10, 30, 23, 59), None),
+    (AUTUMN_EVE, "2027-10-31 02:00", utc(2027, 10, 31, 0, 0), TWICE.format("00")),
+    (AUTUMN_EVE, "2027-10-31T02:30", utc(2027, 10, 31, 0, 30), TWICE.format("30")),
+    (AUTUMN_EVE, "tomorrow 2:59", utc(2027, 10, 31, 0, 59), TWICE.format("59")),
+    (AUTUMN_EVE, "2027-10-31 03:00", utc(2027, 10, 31, 2, 0), None),
+    (AUTUMN_EVE, "2027-10-31T02:30+02:00", utc(2027, 10, 31, 0, 30), None),
+    (AUTUMN_EVE, "2027-10-31T02:30+01:00", utc(2027, 10, 31, 1, 30), None),  # the second, as the note says
+])
+def test_a_start_in_a_gap_is_refused_and_one_shown_twice_is_noted(berlin_mode, eve, text, instant, note):
+    now, notes = berlin_now(berlin_mode, *eve), []
+    if instant is None:
+        with pytest.raises(TimeInputError) as refused:
+            parse_when(text, now, notes=notes)
+        assert str(refused.value) == note
+        return
+    assert parse_when(text, now, notes=notes).timestamp() == instant
+    assert notes == ([note] if note else [])
+
+
+@pytest.mark.parametrize("now, text, start, note", [
+    # a bare time rolls past a day whose copy of it never shows, and is refused on the day it is asked for
+    ((2027, 3, 28, 10, 0), "2:30", utc(2027, 3, 29, 0, 30), None),
+    ((2027, 3, 28, 1, 0), "2:30", None, GAP.format("30")),
+    ((2027, 3, 28, 1, 0), "now", utc(2027, 3, 28, 0, 0), None),
+    ((2027, 10, 31, 10, 0), "2:30", utc(2027, 11, 1, 1, 30), None),
+    ((2027, 10, 31, 1, 0), "2:30", utc(2027, 10, 31, 0, 30), TWICE.format("30")),
+])
+def test_the_day_a_bare_time_is_on_decides(berlin_mode, now, text, start, note):
+    notes = []
+    if start is None:
+        with pytest.raises(TimeInputError, match=f"^{re.escape(note)}$"):
+            parse_when(text, berlin_now(berlin_mode, *now), notes=notes)
+        return
+    assert parse_when(text, berlin_now(berlin_mode, *now), notes=notes).timestamp() == start
+    assert notes == ([note] if note else [])
+
+
+@pytest.mark.parametrize("text, span, note", [
+    ("tomorrow 2-4", None, GAP.format("00")),  # starts in the gap
+    ("tomorrow 1-2:30", None, GAP.format("30")),  # ends in it
+    ("tomorrow 1-3", (utc(2027, 3, 28, 0, 0), utc(2027, 3, 28, 1, 0)), None),  # crosses it: one real hour
+    ("2027-03-28 1-3", (utc(2027, 3, 28, 0, 0), utc(2027, 3, 28, 1, 0)), None),
+])
+def test_a_range_across_the_gap(berlin_mode, text, span, note):
+    now = berlin_now(berlin_mode, *SPRING_EVE)
+    for parse in (parse_range, lambda t, n, notes: parse_when_or_range(t, n, notes=notes)):
+        notes = []
+        if span is None:
+            with pytest.raises(TimeInputError, match=f"^{re.escape(note)}$"):
+                parse(text, now, notes=notes)
+            continue
+        start, end = parse(text, now, notes=notes)
+        assert (start.timestamp(), end.timestamp()) == span and notes == []
+
+
+def test_a_range_into_the_hour_shown_twice_is_noted_once(berlin_mode):
+    now, notes = berlin_now(berlin_mode, *AUTUMN_EVE), []
+    start, end = parse_when_or_range("tomorrow 1-2:30", now, notes=notes)
+    assert (start.timestamp(), end.timestamp()) == (utc(2027, 10, 30, 23, 0), utc(2027, 10, 31, 0, 30))
+    assert notes == [TWICE.format("30")]
+
+
+def test_an_offset_range_lookalike_leaves_no_note_behind(berlin_mode):
+    # '02:30-01:00' on a date is no range (dated ranges never wrap): it is 02:30 at UTC-01:00, which is no wall time here
+    now, notes = berlin_now(berlin_mode, *AUTUMN_EVE), []
+    start, end = parse_when_or_range("2027-10-31T02:30-01:00", now, notes=notes)
+    assert (start.timestamp(), end, notes) == (utc(2027, 10, 31, 3, 30), None, [])
+
+
+@pytest.mark.parametrize("start, text, end, note", [
+    ((2027, 3, 28, 1, 0), "2:30", None, GAP.format("30")),  # the first 02:30 after the start never shows
+    ((2027, 3, 28, 1, 0), "3:00", utc(2027, 3, 28, 1, 0), None),  # one real hour
+    ((2027, 3, 28, 5, 0), "2:30", utc(2027, 3, 29, 0, 30), None),  # the next day's 02:30
+    ((2027, 3, 27, 22, 0), "2027-03-28 02:30", None, GAP.format("30")),
+    ((2027, 10, 31, 0, 0), "2:30", utc(2027, 10, 31, 0, 30), TWICE.format("30")),
+])
+def test_an_end_in_the_gap_is_refused_and_one_shown_twice_is_noted(berlin_mode, start, text, end, note):
+    now = berlin_now(berlin_mode, *SPRING_EVE)
+    begin, notes = berlin_now(berlin_mode, *start), []
+    if end is None:
+        with pytest.raises(TimeInputError, match=f"^{re.escape(note)}$"):
+            parse_end(text, begin, now, notes=notes)
+        return
+    assert parse_end(text, begin, now, notes=notes).timestamp() == end
+    assert notes == ([note] if note else [])
 
 
 def test_fixed_offset_not_matching_system_is_used_as_is():
