@@ -266,6 +266,11 @@ def test_the_connection_cap_per_uid_refuses_the_next_with_one_line(make_agent):
     slow = SlowClient(str(agent.socket), timeout=10)
     with pytest.raises(BoardError, match="too many connections"):
         slow.call("whoami")
+    # A llama-server's supervisor registering past the cap says why (and stops its server), whichever came first.
+    from app.llama.supervisor import _SocketReporter
+
+    with pytest.raises(RuntimeError, match="refused server 1: too many connections"):
+        _SocketReporter({"socket": str(agent.socket), "server": 1, "log": ""}, None)
     # One closed, one more admitted; the others were never dropped.
     held.pop().close()
     held.append(_admitted(agent))
