@@ -50,7 +50,7 @@ def _peer_groups(sock: socket.socket) -> tuple[int, ...]:
     except OSError as error:
         if error.errno != errno.ERANGE:
             raise
-        raw = _getsockopt_large(sock, SO_PEERGROUPS, 4 * os.sysconf("SC_NGROUPS_MAX"))
+        raw = _getsockopt_large(sock, SO_PEERGROUPS, struct.calcsize("I") * os.sysconf("SC_NGROUPS_MAX"))
     return struct.unpack(f"{len(raw) // 4}I", raw)
 
 

@@ -7,6 +7,8 @@ tests/users runs the same door with real members."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import grp
 import os
 import pwd
@@ -17,7 +19,7 @@ import tempfile
 
 import pytest
 
-from app.service.peer import Peer, gid_of, identity_of, is_member, peer_of
+from app.service.peer import SO_PEERGROUPS, Peer, _getsockopt_large, gid_of, identity_of, is_member, peer_of
 
 ADM = grp.getgrnam("adm").gr_gid
 TAPE = grp.getgrnam("tape").gr_gid
@@ -100,6 +102,14 @@ def test_a_peer_in_more_groups_than_python_s_getsockopt_buffer_holds_is_seen_who
     many = list(range(60_000, 60_300))  # 300 groups: 1,200 bytes, past Python's 1,024-byte getsockopt buffer
     found, _ = peer_at_the_door(NOBODY.pw_uid, NOBODY.pw_gid, many)
     assert found.groups == {NOBODY.pw_gid, *many}
+
+
+def test_the_large_getsockopt_says_what_the_kernel_refused():
+    ctypes.set_errno(0)  # ctypes' own copy of errno: what is read must come from this call
+    with open("/dev/null") as not_a_socket:
+        with pytest.raises(OSError) as refused:
+            _getsockopt_large(not_a_socket, SO_PEERGROUPS, 4096)
+    assert (refused.value.errno, refused.value.strerror) == (errno.ENOTSOCK, os.strerror(errno.ENOTSOCK))
 
 
 def test_an_account_without_a_name_is_called_by_its_uid():
