@@ -175,7 +175,7 @@ class ServiceServer:
         uid's cap and the global cap, gets a thread."""
         try:
             peer = peer_of(conn)
-        except OSError:  # the kernel could not say who it is: nobody
+        except OSError:  # the kernel could not say who it is (SO_PEERGROUPS needs Linux 4.13+): nobody
             conn.close()
             return
         refusal = self._admit(conn, peer)
