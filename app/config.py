@@ -68,6 +68,7 @@ class ServiceSettings:
 
     socket: str | None = None
     group: str = "board"  # the members; the socket is 0660 to this group
+    max_connections: int = 512  # at once, everyone's; lowered at start where the open-file limit is too low for it
     max_connections_per_uid: int = 64
     idle_timeout_s: float = 300.0  # a connection that sends no request for this long is closed
 

@@ -3,8 +3,9 @@
     umask 077; setpriv --reuid board --regid board --init-groups --inh-caps +kill --ambient-caps +kill board agent
 
 in a session of its own (as under systemd: never the process group of the tests or of a job),
-with the config named by BOARD_CONFIG and the simulated fleet (BOARD_SIMULATE=1). Plain Python,
-no pytest: bench/ uses it too.
+with the config named by BOARD_CONFIG and the simulated fleet (BOARD_SIMULATE=1), and where a test
+gives the unit's LimitNOFILE=, under `prlimit --nofile=SOFT:HARD`. Plain Python, no pytest: bench/
+uses it too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
+PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
 SERVICE_USER = "board"
 PRIVILEGES = ["--reuid", SERVICE_USER, "--regid", SERVICE_USER, "--init-groups",
               "--inh-caps", "+kill", "--ambient-caps", "+kill"]
@@ -25,9 +27,12 @@ ENVIRON = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC
            "PYTHONDONTWRITEBYTECODE": "1", "BOARD_SIMULATE": "1"}
 
 
-def start(program: list[str], config: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
-    """Spawn the agent (`program` is how to run board: the installed entry point or `python -m app`)."""
-    command = ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", SETPRIV, *PRIVILEGES, "--", *program, "agent"]
+def start(program: list[str], config: Path, log: Path, env: dict | None = None,
+          nofile: str | None = None) -> subprocess.Popen:
+    """Spawn the agent (`program` is how to run board: the installed entry point or `python -m app`); `nofile`
+    ("1024:1024") sets its open-file limits first, as systemd does for LimitNOFILE=."""
+    limits = [PRLIMIT, f"--nofile={nofile}", "--"] if nofile else []
+    command = ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", *limits, SETPRIV, *PRIVILEGES, "--", *program, "agent"]
     with open(log, "ab") as out:
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env={**ENVIRON, "BOARD_CONFIG": str(config), **(env or {})}, cwd=REPO,

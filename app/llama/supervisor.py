@@ -160,10 +160,16 @@ class _SocketReporter:
         except OSError as error:
             raise RuntimeError(f"can't reach the board service at {opts['socket']}: {error.strerror or error}") from None
         self.reader = self.sock.makefile("rb")
-        self.sock.sendall((json.dumps({"v": 1, "id": 1, "op": "register", "args": {
-            "kind": "server", "server": self.server_id, "pid": child.pid if child else None,
-            "log": self.log_path}}) + "\n").encode())
-        reply = self.reader.readline(1 << 20)
+        try:
+            self.sock.sendall((json.dumps({"v": 1, "id": 1, "op": "register", "args": {
+                "kind": "server", "server": self.server_id, "pid": child.pid if child else None,
+                "log": self.log_path}}) + "\n").encode())
+        except OSError:
+            pass  # refused at the door (too many connections): the service closed first; its one line is still here
+        try:
+            reply = self.reader.readline(1 << 20)
+        except ConnectionResetError:
+            reply = b""
         try:
             answer = json.loads(reply) if reply else {}
         except ValueError:

@@ -12,6 +12,11 @@ A scrape is cheap whoever asks and however often:
   totals, so Prometheus sees no counter reset.
 Nothing here writes to the database.
 
+Anyone who can reach the port may connect, so the server is bounded: at most MAX_SCRAPES connections
+are served at once, each on a thread of a fixed pool and with REQUEST_TIMEOUT_S for its whole request
+(and as long again for the answer); more are closed at once, unread. However many connect, /metrics
+holds no more files than that, and the socket's caps leave room for them (app.service.server.FD_RESERVE).
+
 Counters for sources that do not exist yet (Xid, OOM, alerts, notify failures) are not exported as
 zeros: each comes with its section as a line in COUNTED (an audit action) or its own family in
 `BoardCollector.collect`.
@@ -19,14 +24,15 @@ zeros: each comes with its section as a line in COUNTED (an audit action) or its
 
 from __future__ import annotations
 
+import io
 import socket
 import sqlite3
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-from socketserver import ThreadingMixIn
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -35,10 +41,12 @@ from prometheus_client.registry import Collector
 from app.core.cardstate import BOOKED, FREE, IN_USE, LOST, SQUATTED, fleet_status
 from app.errors import BoardError
 from app.model import Booking
+from app.service.deadline import DeadlineStream
 
 VIEW_TTL_S = 5.0  # the queue and the counters move without a bookings change (a crash, time): read again this often
 AHEAD_S = 3600  # the view holds the bookings of the next hour, so the holder at each scrape's own time is right
-REQUEST_TIMEOUT_S = 10.0  # a scraper that connects and says nothing holds its thread no longer than this
+REQUEST_TIMEOUT_S = 10.0  # a scraper sends its whole request within this, or it is closed
+MAX_SCRAPES = 16  # connections served at once, each a thread and a file; more are closed at once
 MIB = 1024 * 1024
 STATES = {FREE: "free", BOOKED: "booked", IN_USE: "in_use", SQUATTED: "squatted", LOST: "lost"}
 CARD_LABELS = ("uuid", "index", "name", "pool", "holder", "class", "booking_id")
@@ -222,19 +230,50 @@ def _scaled(value: float | None, factor: float) -> float | None:
 
 
 class _Handler(WSGIRequestHandler):
-    timeout = REQUEST_TIMEOUT_S
+    timeout = REQUEST_TIMEOUT_S  # sending the answer (sendall's timeout is for all of it)
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the request line and headers are read with one deadline for all of them
+        self.rfile = io.BufferedReader(DeadlineStream(self.connection, time.monotonic() + REQUEST_TIMEOUT_S))
 
     def log_message(self, format, *args) -> None:
         pass  # a line per scrape would fill the service's log
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+class _Server(WSGIServer):
     request_queue_size = 128  # socketserver's 5 drops the SYNs of a crowd of scrapers: a 1 s retransmit each
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.pool = ThreadPoolExecutor(MAX_SCRAPES, thread_name_prefix="board-metrics")  # threads start as needed
+        self.slots = threading.BoundedSemaphore(MAX_SCRAPES)
+        super().__init__(*args, **kwargs)  # binds: a port in use closes the server (and the pool) at once
+
+    def process_request(self, request, client_address) -> None:
+        """On the accepting thread: to a worker when one is free, else closed at once, unread."""
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        self.pool.submit(self._serve, request, client_address)
+
+    def _serve(self, request, client_address) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except OSError:
+            pass  # the scraper went away, or ran out of time
+        except Exception:  # noqa: BLE001 - one bad request must not take a worker with it
+            self.handle_error(request, client_address)
+        finally:
+            self.slots.release()  # before the close: a scraper that saw its answer end finds its slot free
+            self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.pool.shutdown(wait=False)
 
 
 class MetricsServer:
-    """/metrics on [metrics] listen, served from threads of its own; `close` stops it."""
+    """/metrics on [metrics] listen: an accepting thread and a pool of MAX_SCRAPES workers; `close` stops it."""
 
     def __init__(self, service, log: Callable[[str], None]):
         self.collector = BoardCollector(service)

@@ -1,7 +1,14 @@
-"""Who is at the other end of a Unix socket, as the kernel says: SO_PEERCRED, and the groups of that process."""
+"""Who is at the other end of a Unix socket, as the kernel recorded it when that process connected.
+
+SO_PEERCRED (pid, uid, gid) and SO_PEERGROUPS (the supplementary groups) are the connecting process's
+credentials at connect(), kept by the kernel with the socket. Nothing is looked up by pid afterwards:
+by the time the service reads a connection, its pid may belong to another process (the client exited
+and someone else's process took the number), and /proc/<pid> would describe that one.
+"""
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -11,10 +18,13 @@ from dataclasses import dataclass
 
 from app.core.identity import Identity
 
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13+; Python's socket module does not name it
+GETSOCKOPT_MAX = 1024  # the largest buffer Python's getsockopt takes: 256 groups
+
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    pid: int
+    pid: int  # the connecting process's pid at connect(): for registration, which checks it again
     uid: int
     gid: int
     groups: frozenset[int]
@@ -30,22 +40,30 @@ class Peer:
 def peer_of(sock: socket.socket) -> Peer:
     # struct ucred: pid_t (signed), uid_t and gid_t (unsigned)
     pid, uid, gid = struct.unpack("iII", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
-    return Peer(pid, uid, gid, frozenset(_groups(pid, uid, gid)))
+    return Peer(pid, uid, gid, frozenset({gid, *_peer_groups(sock)}))
 
 
-def _groups(pid: int, uid: int, gid: int) -> set[int]:
-    """The peer process's groups from /proc; if it is already gone, the account's groups from the group database."""
+def _peer_groups(sock: socket.socket) -> tuple[int, ...]:
+    """The peer's supplementary groups (gid_t, unsigned) at connect()."""
     try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"Groups:"):
-                    return {gid, *(int(g) for g in line.split()[1:])}
-    except OSError:
-        pass
-    try:
-        return {gid, *os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)}
-    except KeyError:
-        return {gid}
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, GETSOCKOPT_MAX)
+    except OSError as error:
+        if error.errno != errno.ERANGE:
+            raise
+        raw = _getsockopt_large(sock, SO_PEERGROUPS, struct.calcsize("I") * os.sysconf("SC_NGROUPS_MAX"))
+    return struct.unpack(f"{len(raw) // 4}I", raw)
+
+
+def _getsockopt_large(sock: socket.socket, option: int, size: int) -> bytes:
+    """getsockopt through libc, for an answer larger than Python's buffer (a peer in more than 256 groups)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buffer, length = ctypes.create_string_buffer(size), ctypes.c_uint32(size)
+    if libc.getsockopt(sock.fileno(), socket.SOL_SOCKET, option, buffer, ctypes.byref(length)) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return buffer.raw[:length.value]
 
 
 def gid_of(group: str) -> int | None:

@@ -70,8 +70,10 @@ def proc_started(pid: int) -> int | None:
 
 
 def exited(pidfd: int) -> bool:
-    """A pidfd polls readable once its process has exited."""
-    return bool(select.select([pidfd], [], [], 0)[0])
+    """A pidfd polls readable once its process has exited. (poll, not select: descriptors pass 1024.)"""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class Registry:

@@ -1,19 +1,29 @@
 """`board agent`'s socket: accept members, learn who they are from the kernel, answer, push changes, enforce.
 
-One thread per connection, so a client that says nothing or reads nothing holds only its own
-thread (idle and send timeouts close it). Every operation runs on one database thread, in
-arrival order: the service is the only writer, so BEGIN IMMEDIATE never waits on anyone.
+The accepting thread decides at the door: who is at the other end (the kernel's record of the
+connecting process, app.service.peer), whether they are a member, and whether their uid's cap and
+the global cap have room. Only then does a connection get its thread; a refused one gets one line
+and is closed at once, unread. So a flood costs at most the caps' threads and files, and the caps
+leave room below the open-file limit for the database, pidfds and /metrics.
+
+A client that says nothing or reads nothing holds only its own thread, for a bounded time: each
+request line has one deadline for the whole line (app.service.deadline), each answer a send
+timeout. Every operation runs on one database thread, in arrival order: the service is the only
+writer, so BEGIN IMMEDIATE never waits on anyone.
 """
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
+import resource
 import signal
 import socket
 import stat
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Callable
@@ -22,12 +32,17 @@ from app import wire
 from app.errors import BadInput, BoardError, NotPermitted
 from app.service import Service
 from app.core.identity import Identity
+from app.service.deadline import Lines
 from app.service.peer import Peer, identity_of, is_member, peer_of
 from app.service.processes import RegistrationError
 
-SEND_TIMEOUT_S = 10.0
-REFUSE_WAIT_S = 2.0
-MAX_CONNECTIONS = 1024
+SEND_TIMEOUT_S = 10.0  # an answer (or a stream's batch of events) goes out whole within this, or the line is closed
+LINE_TIMEOUT_S = 10.0  # a request line arrives whole within this of its first byte, or the line is closed
+# Open files the connections leave to the rest: the database's and history's files, the pidfds of registered
+# processes, the GPUs' device files, /metrics (at most app.service.metrics.MAX_SCRAPES) and the listeners.
+FD_RESERVE = 128
+ACCEPT_BACKOFF_S = (0.05, 1.0)  # accept() failing (out of files): wait this long, doubling up to the second
+ACCEPT_LOG_EVERY_S = 60.0  # and say so in the log at most this often
 
 
 def log(message: str) -> None:
@@ -48,6 +63,8 @@ class ServiceServer:
         self._per_uid: dict[int, int] = {}
         self._connections: set[socket.socket] = set()
         self._listener: socket.socket | None = None
+        self.max_connections = connection_cap(self.settings.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self._accept_failures, self._accept_logged_at = 0, float("-inf")
 
     # -- the socket ----------------------------------------------------------------------------
 
@@ -104,16 +121,21 @@ class ServiceServer:
         faults, faults_thread = start_watcher(self.service, log=self.log)  # Xid events and throttling spells
         self._listener.settimeout(0.5)
         try:
+            backoff = 0.0
             while not self.stopping.is_set():
                 try:
                     conn, _ = self._listener.accept()
                 except socket.timeout:
                     continue
-                except OSError:
+                except OSError as error:  # EMFILE, ENFILE, ENOBUFS: the connection waits in the backlog meanwhile
                     if self.stopping.is_set():
                         break
-                    raise
-                threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
+                    self._accept_failed(error)
+                    backoff = min(max(backoff * 2, ACCEPT_BACKOFF_S[0]), ACCEPT_BACKOFF_S[1])
+                    self.stopping.wait(backoff)
+                    continue
+                backoff = 0.0
+                self._door(conn)
         finally:
             watchers.set()
             if history is not None:
@@ -136,55 +158,69 @@ class ServiceServer:
     def stop(self) -> None:
         self.stopping.set()
 
+    def _accept_failed(self, error: OSError) -> None:
+        """A logged, passing condition: the first failure, then at most a line a minute with the count."""
+        self._accept_failures += 1
+        now = time.monotonic()
+        if now - self._accept_logged_at >= ACCEPT_LOG_EVERY_S:
+            name = errno.errorcode.get(error.errno or 0, "error")
+            self.log(f"board agent: can't accept connections ({error.strerror or error}, {name}; {self._accept_failures}"
+                     f" time(s) since the last such line); waiting, and serving the connections it has")
+            self._accept_failures, self._accept_logged_at = 0, now
+
     # -- one connection ------------------------------------------------------------------------
 
-    def _admit(self, conn: socket.socket) -> Peer | None:
-        peer = peer_of(conn)
-        config = self.service.config
-        if not is_member(peer, self.settings.group, config.admin_group):
-            self._refuse(conn, NotPermitted(f"no access to the board: ask an admin to add you to group"
-                                            f" {self.settings.group}"))
-            return None
+    def _door(self, conn: socket.socket) -> None:
+        """Admit or refuse a new connection, on the accepting thread: only one admitted, and counted against its
+        uid's cap and the global cap, gets a thread."""
+        try:
+            peer = peer_of(conn)
+        except OSError:  # the kernel could not say who it is (SO_PEERGROUPS needs Linux 4.13+): nobody
+            conn.close()
+            return
+        refusal = self._admit(conn, peer)
+        if refusal is None:
+            try:
+                threading.Thread(target=self._serve_connection, args=(conn, peer), name="board-connection",
+                                 daemon=True).start()
+                return
+            except RuntimeError:  # no thread to be had (the system's limits): as good as full
+                self._release(conn, peer)
+                refusal = BoardError("the board service has too many connections; try again shortly")
+        _refuse(conn, refusal)
+
+    def _admit(self, conn: socket.socket, peer: Peer) -> BoardError | None:
+        """None, with the connection counted, when `peer` may come in; else why not."""
+        if not is_member(peer, self.settings.group, self.service.config.admin_group):
+            return NotPermitted(f"no access to the board: ask an admin to add you to group {self.settings.group}")
+        per_uid = self.settings.max_connections_per_uid
         with self._lock:
-            crowded = len(self._connections) >= MAX_CONNECTIONS
-            if crowded or self._per_uid.get(peer.uid, 0) >= self.settings.max_connections_per_uid:
-                refused = True
-            else:
-                refused = False
+            crowded = len(self._connections) >= self.max_connections
+            if not crowded and self._per_uid.get(peer.uid, 0) < per_uid:
                 self._per_uid[peer.uid] = self._per_uid.get(peer.uid, 0) + 1
                 self._connections.add(conn)
-        if refused:
-            self._refuse(conn, BoardError(f"too many connections from {peer.name} (at most"
-                                          f" {self.settings.max_connections_per_uid}); close some boards"))
-            return None
-        return peer
+                return None
+        if crowded:
+            return BoardError(f"the board service has too many connections (at most {self.max_connections});"
+                              " try again shortly")
+        return BoardError(f"too many connections from {peer.name} (at most {per_uid}); close some boards")
 
-    def _refuse(self, conn: socket.socket, error: BoardError) -> None:
-        """Answer the first request (if it comes soon) with the refusal, then close: closing before the
-        client has finished sending would turn the refusal into a broken pipe on its side."""
-        request_id = None
-        try:
-            conn.settimeout(REFUSE_WAIT_S)
-            request_id = wire.decode(conn.makefile("rb").readline(wire.MAX_MESSAGE + 1)).get("id")
-        except (OSError, ValueError):
-            pass
-        conn.settimeout(SEND_TIMEOUT_S)
-        self._reply(conn, request_id, error=error)
+    def _release(self, conn: socket.socket, peer: Peer) -> None:
+        with self._lock:
+            self._per_uid[peer.uid] -= 1
+            if not self._per_uid[peer.uid]:
+                del self._per_uid[peer.uid]
+            self._connections.discard(conn)
 
-    def _serve_connection(self, conn: socket.socket) -> None:
-        peer, me = None, None
+    def _serve_connection(self, conn: socket.socket, peer: Peer) -> None:
+        me = None
         try:
             conn.settimeout(SEND_TIMEOUT_S)
-            peer = self._admit(conn)
-            if peer is None:
-                return
-            reader = conn.makefile("rb")
+            reader = Lines(conn, line_s=LINE_TIMEOUT_S, limit=wire.MAX_MESSAGE + 1)
             while not self.stopping.is_set():
-                conn.settimeout(self.settings.idle_timeout_s)
-                line = reader.readline(wire.MAX_MESSAGE + 1)
+                line = reader.readline(self.settings.idle_timeout_s)
                 if not line:
                     return
-                conn.settimeout(SEND_TIMEOUT_S)
                 if len(line) > wire.MAX_MESSAGE:
                     self._reply(conn, None, error=BadInput(f"a message is at most {wire.MAX_MESSAGE} bytes"))
                     return  # the rest of the line cannot be skipped reliably
@@ -210,13 +246,10 @@ class ServiceServer:
                 if me is None:  # once per connection: the passwd and group lookups are not free
                     me = identity_of(peer, self.service.config.admin_group)
                 self._reply(conn, request_id, *self._call(me, op, message.get("args")))
-        except (OSError, socket.timeout):
+        except OSError:  # the client went away, or ran out of time (TimeoutError)
             return
         finally:
-            if peer is not None:
-                with self._lock:
-                    self._per_uid[peer.uid] -= 1
-                    self._connections.discard(conn)
+            self._release(conn, peer)
             conn.close()
 
     def _call(self, me: Identity, op: Any, args: Any) -> tuple[Any, BoardError | None]:
@@ -230,11 +263,7 @@ class ServiceServer:
             return None, BoardError(f"the service failed on {str(op)[:40]}: {type(error).__name__}; see its log")
 
     def _reply(self, conn: socket.socket, request_id: Any, result: Any = None, error: BoardError | None = None) -> None:
-        if error is None:
-            message = {"id": request_id, "ok": True, "result": result}
-        else:
-            message = {"id": request_id, "ok": False, "error": {"code": error.exit_code, "message": str(error)}}
-        conn.sendall(wire.encode(message))
+        conn.sendall(_answer(request_id, result, error))
 
     def _subscribe(self, conn: socket.socket, peer: Peer, request_id: Any, args: dict) -> None:
         kinds = args.get("kinds") if isinstance(args, dict) else None
@@ -260,7 +289,7 @@ class ServiceServer:
 
     # -- registered processes ------------------------------------------------------------------
 
-    def _register(self, conn: socket.socket, reader, peer: Peer, request_id: Any, args: dict) -> None:
+    def _register(self, conn: socket.socket, reader: Lines, peer: Peer, request_id: Any, args: dict) -> None:
         from app.service.enforce import run_booking
         from app.service.ops import audit
         from app.store import events, jobs
@@ -301,8 +330,7 @@ class ServiceServer:
 
         self._reply(conn, request_id, {"booking": booking_to_wire(booking), "registration": entry.id})
         try:
-            conn.settimeout(None)
-            while reader.readline(wire.MAX_MESSAGE + 1):
+            while reader.readline(None):
                 pass  # nothing more is expected; the line stays open while the job lives
         except OSError:
             pass
@@ -346,6 +374,41 @@ class ServiceServer:
         return enforce_once(self)
 
 
+def _answer(request_id: Any, result: Any = None, error: BoardError | None = None) -> bytes:
+    if error is None:
+        return wire.encode({"id": request_id, "ok": True, "result": result})
+    return wire.encode({"id": request_id, "ok": False, "error": {"code": error.exit_code, "message": str(error)}})
+
+
+def _refuse(conn: socket.socket, error: BoardError) -> None:
+    """Say why in one line and close, at once and without reading: a refused client costs no thread and no
+    wait. Its request, if it sent one, is never read; the client still finds this line (app/client/socket.py)."""
+    try:
+        conn.send(_answer(None, error=error), socket.MSG_DONTWAIT)
+    except OSError:
+        pass
+    conn.close()
+
+
+def connection_cap(wanted: int, open_files: int) -> int:
+    """[service] max_connections, lowered where the open-file limit could not hold it and FD_RESERVE."""
+    if open_files == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, open_files - FD_RESERVE))
+
+
+def raise_file_limit() -> int:
+    """The soft open-file limit raised to the hard one (systemd's default soft limit is 1024); returns the limit.
+    A second line of defence: the caps alone keep a flood from using up the files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # a hard limit of infinity is more than the kernel's nr_open allows
+            return soft
+    return hard
+
+
 def _peer_closed(conn: socket.socket) -> bool:
     try:
         conn.setblocking(False)
@@ -362,6 +425,7 @@ def _peer_closed(conn: socket.socket) -> bool:
 
 
 def run_agent(service: Service, path: str) -> int:
+    open_files = raise_file_limit()
     server = ServiceServer(service, path)
     server.bind()
     metrics = None
@@ -372,7 +436,11 @@ def run_agent(service: Service, path: str) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: server.stop())
     log(f"board agent: serving {path} (group {server.settings.group}) on {service.config.db_path}"
-        f" as uid {os.getuid()}")
+        f" as uid {os.getuid()}; at most {server.max_connections} connections, {server.settings.max_connections_per_uid}"
+        f" per user; {open_files} open files")
+    if server.max_connections < server.settings.max_connections:
+        log(f"board agent: [service] max_connections is {server.settings.max_connections}, but {open_files} open files"
+            f" hold {server.max_connections} beside the rest; raise LimitNOFILE= in the unit")
     server.serve_forever()
     if metrics is not None:
         metrics.close()

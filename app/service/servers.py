@@ -296,9 +296,8 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
             supervised.exit = message
 
     try:
-        conn.settimeout(None)
         while True:
-            line = reader.readline(wire.MAX_MESSAGE + 1)
+            line = reader.readline(None)  # a supervisor may be quiet for hours; a line it begins has a deadline
             if not line or len(line) > wire.MAX_MESSAGE:
                 break
             try:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import socket
 import struct
+import subprocess
 import sys
 import termios
 import threading
@@ -20,7 +22,9 @@ import pytest
 from app import wire
 from app.client.socket import SocketClient
 from app.errors import BoardError
-from tests.service.support import BOARD, Raw, board_cli, check_reachable, ensure_outsider, run_as
+from app.service.server import LINE_TIMEOUT_S
+from tests.agent_process import PRLIMIT, SETPRIV
+from tests.service.support import BOARD, SERVICE_USER, Raw, board_cli, check_reachable, ensure_outsider, run_as
 
 pytestmark = pytest.mark.users
 
@@ -262,11 +266,103 @@ def test_the_connection_cap_per_uid_refuses_the_next_with_one_line(make_agent):
     slow = SlowClient(str(agent.socket), timeout=10)
     with pytest.raises(BoardError, match="too many connections"):
         slow.call("whoami")
+    # A llama-server's supervisor registering past the cap says why (and stops its server), whichever came first.
+    from app.llama.supervisor import _SocketReporter
+
+    with pytest.raises(RuntimeError, match="refused server 1: too many connections"):
+        _SocketReporter({"socket": str(agent.socket), "server": 1, "log": ""}, None)
     # One closed, one more admitted; the others were never dropped.
     held.pop().close()
     held.append(_admitted(agent))
     for raw in held:
         still_serves(raw)
+
+
+def trickle(raw: Raw, most: int, every_s: float = 0.5) -> int:
+    """A byte (never a whole line) every `every_s` until the service answers or closes: the bytes sent by then,
+    or `most` + 1 when it never did."""
+    poller = select.poll()
+    poller.register(raw.sock, select.POLLIN)
+    for sent in range(most + 1):
+        if poller.poll(int(every_s * 1000)):
+            return sent
+        try:
+            raw.send(b" ")
+        except OSError:
+            return sent
+    return most + 1
+
+
+def test_over_the_cap_the_refusal_comes_at_once_and_nothing_is_read(make_agent):
+    agent = make_agent(service={"max_connections_per_uid": 2})
+    held = [_admitted(agent) for _ in range(2)]
+    third = Raw(agent.socket)
+    # A door that waited for the first request, a recv at a time, would wait on this one for ever.
+    assert trickle(third, most=20) <= 20, "no refusal while the client trickled"
+    assert "too many connections" in error_of(third.reply(), 1)
+    assert third.closed()
+    for raw in held:
+        still_serves(raw)
+
+
+def test_the_global_cap_counts_everyone_s_connections(make_agent):
+    agent = make_agent(service={"max_connections": 3})
+    held = [_admitted(agent) for _ in range(3)]
+    message = error_of(Raw(agent.socket).reply(), 1)
+    assert "too many connections (at most 3)" in message, message
+    held.pop().close()
+    held.append(_admitted(agent))
+    for raw in held:
+        still_serves(raw)
+
+
+def test_a_request_line_has_one_deadline_however_slowly_its_bytes_come(agent):
+    slow = Raw(agent.socket)
+    most = int(2 * LINE_TIMEOUT_S / 0.5)  # a byte every 0.5 s for twice the deadline; each recv waits 0.5 s only
+    assert trickle(slow, most) <= most, "a line trickled a byte at a time was never cut off"
+    assert slow.closed()
+    answers_quickly(agent)
+
+
+def soft_file_limit(pid: int, soft: int | None = None) -> int:
+    """The process's soft open-file limit; with `soft`, set first (as its own user board: root here may lack
+    CAP_SYS_RESOURCE, which changing another user's limits takes)."""
+    if soft is not None:
+        subprocess.run([SETPRIV, "--reuid", SERVICE_USER, "--regid", SERVICE_USER, "--clear-groups", PRLIMIT,
+                        "--pid", str(pid), f"--nofile={soft}:"], check=True, capture_output=True)
+    with open(f"/proc/{pid}/limits") as limits:
+        return int(next(line for line in limits if line.startswith("Max open files")).split()[3])
+
+
+def test_out_of_files_at_accept_is_logged_once_and_passes(agent):
+    """accept() failing with EMFILE (here: its limit lowered under it to its highest open file) waits and goes on."""
+    pid, failing = agent.proc.pid, "can't accept connections (Too many open files, EMFILE"
+    answers_quickly(agent)  # past its start (the socket answers before the agent has loaded all it serves with)
+    held = _admitted(agent)  # a file to give back later
+    before = soft_file_limit(pid)
+    assert soft_file_limit(pid, max(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) + 1) < before
+    waiting: list[Raw] = []
+    try:
+        def starved() -> bool:  # one more connection, until the service has no file left to accept it with
+            assert agent.proc.poll() is None, agent.log_text()
+            waiting.append(Raw(agent.socket))
+            waiting[-1].send(json.dumps({"v": 1, "id": 1, "op": "whoami"}).encode() + b"\n")
+            return failing in agent.log_text()
+
+        deadline = time.monotonic() + 30
+        while not starved():
+            assert time.monotonic() < deadline, agent.log_text()
+            time.sleep(0.1)
+        last = waiting.pop()  # connected, and waiting in the backlog for a file
+        for raw in (held, *waiting):  # give files back
+            raw.close()
+        assert last.reply()["result"]["user"] == "root"
+    finally:
+        if agent.proc.poll() is None:
+            soft_file_limit(pid, before)
+    answers_quickly(agent)
+    log = agent.log_text()
+    assert log.count("can't accept connections") == 1 and "Traceback" not in log, log
 
 
 class SlowClient(SocketClient):

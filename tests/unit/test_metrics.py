@@ -5,8 +5,11 @@ The real agent, promtool and a real Prometheus server are in tests/service/test_
 
 from __future__ import annotations
 
+import select
+import socket
 import sqlite3
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -21,7 +24,8 @@ from app.gpu import open_source
 from app.gpu.model import CardReading
 from app.service import Service
 from app.service.fleet import Fleet
-from app.service.metrics import MetricsServer
+from app.service import metrics as metrics_module
+from app.service.metrics import MAX_SCRAPES, MetricsServer
 from tests.conftest import Clock, FROZEN_NOW
 
 H = 3600
@@ -268,6 +272,61 @@ class TestScraping:
         taken = replace(service.config, metrics=MetricsSettings(f"127.0.0.1:{metrics.port}"))
         with pytest.raises(BoardError, match=rf"can't serve /metrics on 127.0.0.1:{metrics.port} \(Address already in use\)"):
             MetricsServer(Service(taken, service.fleet), print)
+
+
+def half_open(server: MetricsServer) -> socket.socket:
+    """A scraper that sends its request line and never the end of its headers."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+    return sock
+
+
+def ended(sock: socket.socket, within_ms: int) -> bool:
+    """The server closed it (EOF or a reset) without an answer, by `within_ms` from now."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(within_ms):
+        return False
+    try:
+        return sock.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+def close_ended(socks: list[socket.socket], want: int, timeout_s: float) -> list[socket.socket]:
+    """Close those the server closed without an answer until `want` have been (or timeout_s); the rest."""
+    left, deadline = list(socks), time.monotonic() + timeout_s
+    while len(socks) - len(left) < want and time.monotonic() < deadline:
+        for sock in [sock for sock in left if ended(sock, 0)]:
+            sock.close()
+            left.remove(sock)
+        time.sleep(0.05)
+    return left
+
+
+class TestBounded:
+    """Anyone who reaches the port may connect: /metrics holds at most MAX_SCRAPES of them, each for one deadline."""
+
+    def test_a_crowd_of_half_open_requests_gets_no_more_than_max_scrapes_threads(self, metrics, monkeypatch):
+        monkeypatch.setattr(metrics_module, "REQUEST_TIMEOUT_S", 3.0)
+        before = threading.active_count()
+        crowd = [half_open(metrics) for _ in range(3 * MAX_SCRAPES)]
+        held = close_ended(crowd, 2 * MAX_SCRAPES, timeout_s=10)  # those past the cap: closed at once, unread
+        assert len(held) <= MAX_SCRAPES, f"{len(held)} connections held"
+        assert threading.active_count() - before <= MAX_SCRAPES
+        assert close_ended(held, len(held), timeout_s=15) == []  # the others at their deadline, with no answer
+        assert len(scrape(metrics)["board_gpu_state"]) == 40  # and then it serves again
+
+    def test_a_request_trickled_a_byte_at_a_time_is_closed_at_its_deadline(self, metrics, monkeypatch):
+        monkeypatch.setattr(metrics_module, "REQUEST_TIMEOUT_S", 1.0)
+        slow = half_open(metrics)
+        for _ in range(20):  # a header byte every 0.2 s: 4 s, four times the deadline, never a whole request
+            if ended(slow, 200):
+                break
+            slow.send(b"X")
+        else:
+            raise AssertionError("a request trickled a byte at a time was never closed")
+        slow.close()
 
 
 class TestConfig:

@@ -1,23 +1,25 @@
-"""Who is at the other end of the socket (app.service.peer): the kernel's SO_PEERCRED on a real socket, the
-peer's groups from /proc, and the admin and member checks the service's door makes from them.
+"""Who is at the other end of the socket (app.service.peer): the kernel's SO_PEERCRED and SO_PEERGROUPS on a
+real socket, as they were when the peer connected, and the admin and member checks the service's door makes
+from them. (tests/users/test_identity_at_connect.py puts another user's process on a client's pid.)
 
 The groups used are Debian's standard ones (adm, tape, nogroup), so no account is created here;
 tests/users runs the same door with real members."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import grp
 import os
 import pwd
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 
 import pytest
 
-from app.service.peer import Peer, _groups, gid_of, identity_of, is_member, peer_of
+from app.service.peer import SO_PEERGROUPS, Peer, _getsockopt_large, gid_of, identity_of, is_member, peer_of
 
 ADM = grp.getgrnam("adm").gr_gid
 TAPE = grp.getgrnam("tape").gr_gid
@@ -88,21 +90,26 @@ def test_a_uid_past_two_to_the_31_is_read_as_it_is():
 
 
 @root_only
-def test_a_client_gone_before_it_is_read_gets_its_account_s_groups():
+def test_a_client_gone_before_it_is_read_keeps_the_groups_it_connected_with():
     found, pid = peer_at_the_door(NOBODY.pw_uid, NOBODY.pw_gid, [TAPE], stays=False)
     assert (found.pid, found.uid) == (pid, NOBODY.pw_uid)
-    assert found.groups == set(os.getgrouplist("nobody", NOBODY.pw_gid))  # /proc has nothing left to say
+    # The process's own groups at connect(), not the account's (nobody is in no group) nor whatever holds the pid now.
+    assert found.groups == {NOBODY.pw_gid, TAPE}
 
 
-def test_groups_come_from_proc_while_the_process_runs():
-    assert _groups(os.getpid(), os.getuid(), 12345) == {12345, *os.getgroups()}
+@root_only
+def test_a_peer_in_more_groups_than_python_s_getsockopt_buffer_holds_is_seen_whole():
+    many = list(range(60_000, 60_300))  # 300 groups: 1,200 bytes, past Python's 1,024-byte getsockopt buffer
+    found, _ = peer_at_the_door(NOBODY.pw_uid, NOBODY.pw_gid, many)
+    assert found.groups == {NOBODY.pw_gid, *many}
 
 
-def test_a_peer_that_is_gone_gets_its_account_s_groups():
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    assert _groups(gone.pid, NOBODY.pw_uid, NOBODY.pw_gid) == set(os.getgrouplist("nobody", NOBODY.pw_gid))
-    assert _groups(gone.pid, STRANGER_UID, 777) == {777}  # no account either: its primary group alone
+def test_the_large_getsockopt_says_what_the_kernel_refused():
+    ctypes.set_errno(0)  # ctypes' own copy of errno: what is read must come from this call
+    with open("/dev/null") as not_a_socket:
+        with pytest.raises(OSError) as refused:
+            _getsockopt_large(not_a_socket, SO_PEERGROUPS, 4096)
+    assert (refused.value.errno, refused.value.strerror) == (errno.ENOTSOCK, os.strerror(errno.ENOTSOCK))
 
 
 def test_an_account_without_a_name_is_called_by_its_uid():

@@ -143,9 +143,10 @@ class Board:
 
     # -- the agent, as the unit runs it ---------------------------------------------------------------
 
-    def start_agent(self, env: dict | None = None) -> subprocess.Popen:
+    def start_agent(self, env: dict | None = None, nofile: str | None = None) -> subprocess.Popen:
+        """`nofile` ("1024:1024"): the open-file limits the unit's LimitNOFILE= would give it."""
         self.agent = agent_process.start(self.program or [sys.executable, "-m", "app"], self.config,
-                                         self.agent_log, env)
+                                         self.agent_log, env, nofile)
         agent_process.wait_serving(self.agent, self.socket, self.agent_log)
         return self.agent
 
@@ -239,15 +240,16 @@ def scratch(unix_users):
 
 @pytest.fixture
 def make_board(scratch):
-    """A factory: make_board(extra_toml="") lays out the prefix, starts the agent as the unit does, and returns the Board."""
+    """A factory: make_board(extra_toml="", nofile=None) lays out the prefix, starts the agent as the unit does, and
+    returns the Board."""
     made: list[Board] = []
 
-    def make(extra: str = "", **agent_env) -> Board:
+    def make(extra: str = "", nofile: str | None = None, **agent_env) -> Board:
         prefix = scratch / "prefix"
         make_layout(prefix, config_text(prefix, extra=extra))
         shared = Board(root=scratch, prefix=prefix)
         made.append(shared)
-        shared.start_agent(agent_env)
+        shared.start_agent(agent_env, nofile)
         return shared
 
     yield make

@@ -79,7 +79,8 @@ def owner_group_mode(path) -> tuple[str, str, int]:
 
 UNIT_LINES = ("User=board", "Group=board", "AmbientCapabilities=CAP_KILL", "CapabilityBoundingSet=CAP_KILL",
               "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "RuntimeDirectory=board",
-              "RuntimeDirectoryMode=0755", "StateDirectory=board", "StateDirectoryMode=0700", "UMask=0077")
+              "RuntimeDirectoryMode=0755", "StateDirectory=board", "StateDirectoryMode=0700", "UMask=0077",
+              "LimitNOFILE=65536")
 
 
 def test_the_layout_is_what_the_section_says(installed):

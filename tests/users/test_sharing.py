@@ -324,13 +324,16 @@ print(sent, sock.makefile("rb").readline().decode().strip())
 """
 
 
-def test_a_slow_outsider_still_gets_the_refusal_for_its_request(board):
+def test_a_slow_outsider_is_refused_at_once_unread_and_still_finds_the_refusal(board):
+    """The door reads nothing from a refused client (issue 17: a refusal costs no thread and no wait), so
+    the request meets a closed socket; the one line of refusal is still there to read."""
     os.chmod(board.socket, 0o666)
     result = board.run("mallory", str(board.socket), program=[sys.executable, "-c", SLOW_OUTSIDER])
     sent, reply = result.stdout.split(" ", 1)
     reply = json.loads(reply)
     assert reply["error"]["code"] == 4 and MEMBERS_GROUP in reply["error"]["message"]
-    assert sent == "sent" and reply["id"] == 7, result.stdout
+    # Its request met a closed socket (or, on a machine too busy to refuse within 0.5 s, went unread).
+    assert sent in ("BrokenPipeError", "sent") and reply["id"] is None, result.stdout
 
 
 def test_a_killed_service_says_so_in_one_line_and_keeps_what_it_acknowledged(board):
