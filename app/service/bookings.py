@@ -456,7 +456,7 @@ class BookingService:
                     result = rows.insert(
                         self.conn, user=owner[0], uid=owner[1], uuids=uuids, start=now, end=booking.end,
                         klass=booking.klass, note=booking.note, request=booking.request, now=now,
-                        created_by=self.me.uid, requested_at=booking.requested_at,
+                        created_by=self.me.uid, requested_at=now,  # it carries on from now: no wait to count
                     )
                     details.update(split_at=now, from_booking=booking_id, to_booking=result)
                     what += f" (from now on booking {result})"
