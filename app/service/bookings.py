@@ -308,11 +308,12 @@ class BookingService:
                 plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later)
                 notes = plan.notes
             rows.sync_cards(self.conn, self.cards.values(), now)
+            wanted = min(max(start, now), plan.start)
             booking_id = rows.insert(
                 self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
-                klass=klass, note=note, request=request, now=now, created_by=self.me.uid,
-                requested_at=min(max(start, now), plan.start),
-                queued=("cards" if cards is None else "time") if or_later else None,
+                klass=klass, note=note, request=request, now=now, created_by=self.me.uid, requested_at=wanted,
+                # It waits only if it starts later than asked: a booking never moves earlier than that.
+                queued=("cards" if cards is None else "time") if or_later and plan.start > wanted else None,
             )
             details.update(cards=list(plan.cards), start=plan.start, end=plan.end)
             return booking_id
