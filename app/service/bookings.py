@@ -19,6 +19,7 @@ from app.core import policy
 from app.errors import BadInput, BoardError, Conflict, NotPermitted, error_for
 from app.core.identity import Identity, lookup_user
 from app.core.text import format_cards, format_duration, format_time, format_when
+from app.core.text import cards_text
 from app.model import Booking
 from app.core.cardstate import UNKNOWN_USER
 from app.core.slots import GROUP_SIZES, best_group, is_free
@@ -446,7 +447,7 @@ class BookingService:
                     raise _retry(taken, cards=chosen, count=None, klass=booking.klass, start=begin,
                                  duration=booking.end - begin, excluding=booking_id) from None
             what = " and ".join(
-                ([f"moved to cards {format_cards(chosen)}"] if chosen != booking.cards else [])
+                ([f"moved to {cards_text(chosen)}"] if chosen != booking.cards else [])
                 + ([f"given to {owner[0]}"] if owner != (booking.user, booking.uid) else [])) + f" by admin {self.me.name}"
             result = booking_id
             if chosen != booking.cards:
