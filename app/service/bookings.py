@@ -650,6 +650,9 @@ class BookingService:
         cool = [i for i in free if not (now_slot and self._hot(i))]
         chosen = best_group(cool, count, self.topology) or best_group(free, count, self.topology)
         why = {i: self._whose(procs) for i, procs in foreign.items() if is_free(busy, (i,), (start, end))}
+        # A LOST card the rules would otherwise take is passed over too, and said so.
+        why.update({i: "LOST: fell off the bus" for i, c in self.cards.items() if c.lost and is_free(busy, (i,), (start, end))
+                    and policy.card_refusal(self.config, i, klass, start, end) is None})
         passed = [f"card {i} ({why[i]})" for i in sorted(why)]
         if chosen is None:
             if searching:
