@@ -189,6 +189,7 @@ class TestCounters:
         from app.alerts.rules import Card, Inputs
 
         assert scrape(metrics)["board_alerts"] == []
+        service.config = replace(service.config, alerts=replace(service.config.alerts, fire_after_s=0))  # at once
         engine, hot, cool = Engine(), Card(7, "GPU-7", "FREE", temp_c=95), Card(7, "GPU-7", "FREE", temp_c=50)
         for cards in ((hot, Card(3, "GPU-3", "LOST")), (cool,), (hot,)):  # hot fires twice, lost once
             engine.run(service, Inputs(FROZEN_NOW, cards=cards))
