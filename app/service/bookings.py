@@ -89,9 +89,11 @@ class BookingService:
         topology: Topology,
         clock: Callable[[], float] = time.time,
         jobs: Callable[[int], list[int]] = lambda booking_id: [],
+        users: Callable[[str], tuple[str, int] | None] = lookup_user,
     ):
         self.conn, self.me, self.config, self.topology, self.clock = conn, me, config, topology, clock
         self.jobs = jobs  # booking id -> pids of the `board run` jobs registered for it (the service knows)
+        self.users = users  # a user name -> (name, uid): the accounts here (and the demo's people, in the demo)
         self.cards = {c.index: c for c in cards}
         self.by_uuid = {c.uuid: c.index for c in cards}
         self.told: list[tuple[int, str]] = []  # (uid, message): notices for the service to publish after a change
@@ -419,7 +421,7 @@ class BookingService:
             details.update(old_cards=list(booking.cards), old_user=booking.user)
             owner = (booking.user, booking.uid)
             if user is not None:
-                found = lookup_user(user)
+                found = self.users(user)
                 if found is None:
                     raise BadInput(f"no user {user!r} on this server")
                 owner = found
