@@ -48,6 +48,16 @@ def check_history_target(source: Path, target: Path, *, force: bool) -> None:
     for suffix in ("-wal", "-shm", "-journal"):
         if Path(f"{target}{suffix}").exists():
             raise BadInput(f"{target}{suffix} exists (a database was in use there); remove it or pick another name")
+    if target.parent.is_dir():  # (one that is not there is the board's copy's to refuse, first)
+        os.close(_unnamed_file(target.parent))  # it takes an unnamed file (a local disk, writable): else say so now
+
+
+def _unnamed_file(directory: Path, *, dir_fd: int | None = None) -> int:
+    try:
+        return os.open("." if dir_fd is not None else directory, os.O_TMPFILE | os.O_WRONLY, 0o600, dir_fd=dir_fd)
+    except OSError as error:
+        raise BadInput(f"can't write the history's copy in {directory} ({error.strerror});"
+                       " pick a directory on a local disk you can write") from None
 
 
 def backup_history(source: Path, target: Path, *, force: bool = False) -> HistoryBackup | None:
@@ -60,12 +70,16 @@ def backup_history(source: Path, target: Path, *, force: bool = False) -> Histor
     data, integrity = _snapshot(source)
     if integrity != "ok":
         raise BoardError(f"the history {source} fails integrity_check ({integrity}); nothing was written for it")
-    try:  # the directory held open, so every step below acts in this one, whatever its path names meanwhile
+    # The directory held open, so every step below acts in this one, whatever its path names meanwhile.
+    try:
         directory = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
-        fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o600, dir_fd=directory)
     except OSError as error:
-        raise BadInput(f"can't write the history's copy in {target.parent} ({error.strerror});"
-                       " pick a directory on a local disk you can write") from None
+        raise BadInput(f"can't write the history's copy in {target.parent} ({error.strerror})") from None
+    try:
+        fd = _unnamed_file(target.parent, dir_fd=directory)
+    except BadInput:
+        os.close(directory)
+        raise
     try:
         view = memoryview(data)
         while view:
