@@ -191,14 +191,21 @@ def cmd_agent(ctx: Context) -> int:
 
 
 def cmd_backup(ctx: Context) -> int:
+    from app.history.backup import backup_history, check_history_target, history_target
     from app.store.backup import backup
 
     def progress(done: int, total: int) -> None:
         print(f"backup: {done}/{total} pages ({done * 100 // total}%)", flush=True)
 
-    source = ctx.config.db_path
-    result = backup(source, Path(ctx.args.path), force=ctx.args.force, progress=progress)
+    source, target = ctx.config.db_path, Path(ctx.args.path)
+    # The history is its own file: its copy goes beside the board's, and a name in its way is refused first.
+    history, history_copy = ctx.config.history_path, history_target(target)
+    if history.is_file():
+        check_history_target(history, history_copy, force=ctx.args.force)
+    result = backup(source, target, force=ctx.args.force, progress=progress)
     print(result.summary(source))
+    copied = backup_history(history, history_copy, force=ctx.args.force)
+    print(copied.summary(history) if copied else f"no history at {history} (the service has not sampled): nothing more to copy")
     return EXIT_OK
 
 
@@ -432,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("whoami", cmd_whoami, "who board thinks you are, and your role", json_flag=True)
 
-    p = command("backup", cmd_backup, "copy the live database to PATH, consistent while others write (SQLite online backup)")
+    p = command("backup", cmd_backup, "copy the live database to PATH (and its history beside it: b.db, b.history.db),"
+                " consistent while others write (SQLite online backup)")
     p.add_argument("path", help="the new file; an existing one is replaced only with --force")
     p.add_argument("--force", action="store_true", help="replace PATH if it exists")
 

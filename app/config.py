@@ -176,9 +176,12 @@ class NotifySettings:
 @dataclass(frozen=True, slots=True)
 class AlertSettings:
     """The alert rules' thresholds and windows (app.alerts.rules); `quiet` ("22:00-08:00", local time) holds the
-    team-chat pushes back, and `repeat_min` keeps a rule that fires again so soon from pushing again."""
+    team-chat pushes back, `repeat_min` keeps a rule that fires again so soon from pushing again, and a finding
+    fires only once it has held `fire_after_s` (a card squatted for the moment between a release and a rebook
+    does not)."""
 
     enabled: bool = True
+    fire_after_s: float = 60.0
     window_min: float = 60.0  # utilisation, queue growth and waits are measured over this window
     util_low_pct: float = 30.0
     util_high_pct: float = 85.0

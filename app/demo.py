@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 from app.config import ClassWindow, Config, Pool
 from app.gpu.model import CardReading
-from app.gpu.simulated import demo_uid
+from app.gpu.simulated import DEMO_UIDS, demo_uid
 from app.store import bookings as rows
 from app.store import events
 from app.store.db import write
@@ -43,6 +43,17 @@ SEED = (
     ("frank", LAB, 20, 10, "finetune", "70B full fine-tune, run 2"),
     ("alice", (4, 5), 30, 8, "batch", "eval harness"),
 )
+
+
+def demo_person(conn: sqlite3.Connection, cards: Sequence[CardReading], name: str) -> tuple[str, int] | None:
+    """(name, uid) of one of the demo's made-up people, who have no account on this machine: whoever holds a
+    booking in the demo database (with the uid it carries), the demo team, or a user of the simulated cards."""
+    row = conn.execute("SELECT uid FROM bookings WHERE user = ? ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+    if row is not None:
+        return name, row[0]
+    if name in DEMO_UIDS or any(p.user == name for c in cards for p in c.processes):
+        return name, demo_uid(name)
+    return None
 
 
 def demo_db_path(environ=os.environ) -> Path:

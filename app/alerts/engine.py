@@ -11,8 +11,11 @@
     what fired then and still fires is pushed, and so is the resolve of what was pushed before and resolved
     during quiet; what fired and resolved within quiet is only recorded (`board alerts --all` shows it).
 Per-user notices are not held by quiet hours: they reach only the holder's own board.
+A finding fires only once it has held `[alerts] fire_after_s` (60 s): a card squatted for the moment between
+its holder's release and rebook fires nothing.
+What was pushed or held back is in the alert's row (`pushed_at`, `held`), written in the transaction that puts
+the push in the outbox: a restart loses no held push and repeats none.
 Alerts are not written to the audit log: their rows are their own record, and the audit log is who did what.
-What was pushed, held or suppressed is kept in memory: after a restart the firing rows carry on unpushed.
 """
 
 from __future__ import annotations
@@ -99,11 +102,11 @@ def _history(service, now: float, booked: set[str]) -> tuple[float | None, dict[
 
 
 class Engine:
+    """The alerts' state lives in their rows (`pushed_at`, `held`), so a restarted service carries on where it
+    was; only how long each new finding has held so far is kept here (a restart starts that count again)."""
+
     def __init__(self) -> None:
-        self.last_push: dict[tuple[str, str], float] = {}
-        self.unpushed: set[int] = set()  # fired without a push (a repeat, or quiet hours): no resolve either
-        self.held_fired: set[int] = set()  # fired during quiet hours
-        self.held_resolved: list[tuple[int, str, str, str]] = []  # pushed, then resolved during quiet hours
+        self.seen_since: dict[tuple[str, str], float] = {}  # each finding's first pass, unbroken since
 
     def run(self, service, inputs: Inputs | None = None, *, told: frozenset[str] = frozenset()) -> dict[str, list[int]]:
         """One pass; returns the alert ids fired, resolved and pushed. `told`: subjects whose user has heard
@@ -115,18 +118,21 @@ class Engine:
         now = service.clock()
         inputs = inputs if inputs is not None else gather(service, now)
         findings = {(f.rule, f.subject): f for f in evaluate(inputs, settings)}
+        self.seen_since = {key: self.seen_since.get(key, now) for key in findings}
         quiet = quiet_at(now, settings.quiet_minutes(), zone(service.config.policy.timezone))
         conn = service.conn
         done: dict[str, list[int]] = {"fired": [], "resolved": [], "pushed": []}
         notices: list[tuple[int, str]] = []
         with write(conn):
-            firing = {(rule, subject): (id, message, uid) for id, rule, subject, message, uid in conn.execute(
-                "SELECT id, rule, subject, message, uid FROM alerts WHERE state = 'firing'")}
+            firing = {(rule, subject): (id, message, pushed_at) for id, rule, subject, message, pushed_at
+                      in conn.execute("SELECT id, rule, subject, message, pushed_at FROM alerts WHERE state = 'firing'")}
             for key, f in findings.items():
                 if key in firing:
                     conn.execute("UPDATE alerts SET last_seen = ?, message = ? WHERE id = ?",
                                  (int(now), f.message, firing[key][0]))
                     continue
+                if now - self.seen_since[key] < settings.fire_after_s:
+                    continue  # not for long enough yet: a moment's squatter between a release and a rebook
                 id = conn.execute("INSERT INTO alerts (rule, subject, state, fired_at, last_seen, message, uid)"
                                   " VALUES (?, ?, 'firing', ?, ?, ?, ?)",
                                   (f.rule, f.subject, int(now), int(now), f.message, f.uid)).lastrowid
@@ -135,51 +141,52 @@ class Engine:
                     if f.subject not in told:
                         notices.append((f.uid, f.message))
                 elif quiet:
-                    self.unpushed.add(id)
-                    self.held_fired.add(id)
-                elif now - self.last_push.get(key, float("-inf")) < settings.repeat_min * 60:
-                    self.unpushed.add(id)
-                else:
+                    conn.execute("UPDATE alerts SET held = 'fire' WHERE id = ?", (id,))
+                elif now - _last_push(conn, key) >= settings.repeat_min * 60:
                     self._push(service, "firing", id, f.rule, f.subject, f.message, done)
-            for key, (id, message, uid) in firing.items():
+                # else a repeat: recorded, not pushed, and neither will its resolve be
+            for key, (id, message, pushed_at) in firing.items():
                 if key in findings:
                     continue
                 conn.execute("UPDATE alerts SET state = 'resolved', resolved_at = ? WHERE id = ?", (int(now), id))
                 done["resolved"].append(id)
-                if uid is not None or id in self.unpushed:
-                    self.unpushed.discard(id)
-                    self.held_fired.discard(id)
+                if pushed_at is None:  # never told (per-user, a repeat, or fired and resolved within quiet hours)
+                    conn.execute("UPDATE alerts SET held = NULL WHERE id = ?", (id,))
                 elif quiet:
-                    self.held_resolved.append((id, *key, message))
+                    conn.execute("UPDATE alerts SET held = 'resolve' WHERE id = ?", (id,))
                 else:
                     self._push(service, "resolved", id, *key, message, done)
-            if not quiet and (self.held_fired or self.held_resolved):
+            if not quiet:
                 self._flush(service, done)
         for uid, message in notices:
             service.hub.publish("notice", {"message": message}, uid=uid)
         return done
 
     def _push(self, service, state: str, id: int, rule: str, subject: str, message: str, done) -> None:
+        """Into the outbox, in the pass's transaction, with what the alert's row says of it: told once, whatever
+        stops the service when."""
         from app.service.notify import push
 
         title = message if state == "firing" else f"resolved: {message}"
         push(service, f"alert.{state}", title, fields=(("rule", rule), ("subject", subject)), key=f"alert:{id}:{state}")
         if state == "firing":
-            self.last_push[(rule, subject)] = service.clock()
+            service.conn.execute("UPDATE alerts SET pushed_at = ?, held = NULL WHERE id = ?", (int(service.clock()), id))
+        else:
+            service.conn.execute("UPDATE alerts SET held = NULL WHERE id = ?", (id,))
         done["pushed"].append(id)
 
     def _flush(self, service, done) -> None:
-        """Quiet hours are over: push what fired then and still fires, and the resolves they held back."""
-        held = sorted(self.held_fired)
-        marks = ",".join("?" * len(held))
-        for id, rule, subject, message in service.conn.execute(
-                f"SELECT id, rule, subject, message FROM alerts WHERE state = 'firing' AND id IN ({marks})", held):
-            self.unpushed.discard(id)
-            self._push(service, "firing", id, rule, subject, message, done)
-        for id, rule, subject, message in self.held_resolved:
-            self._push(service, "resolved", id, rule, subject, message, done)
-        self.held_fired.clear()
-        self.held_resolved.clear()
+        """Outside quiet hours: push what fired in them and still fires, then the resolves they held back."""
+        held = service.conn.execute("SELECT id, rule, subject, message, held FROM alerts WHERE held IS NOT NULL"
+                                    " ORDER BY held, id").fetchall()  # 'fire' before 'resolve'
+        for id, rule, subject, message, what in held:
+            self._push(service, "firing" if what == "fire" else "resolved", id, rule, subject, message, done)
+
+
+def _last_push(conn, key: tuple[str, str]) -> float:
+    """When this rule last pushed a fire about this subject (-inf: never)."""
+    found = conn.execute("SELECT max(pushed_at) FROM alerts WHERE rule = ? AND subject = ?", key).fetchone()[0]
+    return float("-inf") if found is None else found
 
 
 def alerts_run(server) -> dict[str, list[int]]:

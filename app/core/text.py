@@ -146,6 +146,11 @@ def format_cards(cards: Sequence[int]) -> str:
     return ",".join(str(c) for c in cards)
 
 
+def cards_text(cards: Sequence[int]) -> str:
+    """'card 4' or 'cards 0,1'."""
+    return f"{'card' if len(cards) == 1 else 'cards'} {format_cards(cards)}"
+
+
 def format_elapsed(seconds: float | None, missing: str = "n/a") -> str:
     """'4:05' under an hour, '3h07m' under a day, then '2d4h'."""
     if seconds is None:

@@ -62,7 +62,7 @@ def cmd_fit(ctx) -> int:
     model = read_model(args.model)
     result = fit(model, settings_from(args), card_mib=settings.card_mib or DEFAULT_CARD_MIB,
                  overhead_mib=settings.overhead_mib, max_fill=settings.max_fill,
-                 counts=(args.cards,) if args.cards else CARD_COUNTS)
+                 cards=args.cards)
     # The service is asked only where it runs anyway (the shared install) or --for needs it: a plain fit on
     # a development machine opens no database and reads no GPU.
     asks = bool(ctx.config.service.socket or args.duration)

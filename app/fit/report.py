@@ -15,12 +15,18 @@ DEFAULT_CARD_MIB = 32607  # an RTX 5090 as NVML reports it
 class Fit:
     model: Model
     settings: Settings
-    options: tuple[Placement, ...]
+    options: tuple[Placement, ...]  # every card count, so the smallest fit is always searched in full
     measured: dict | None = None  # a server of this model and settings, and what llama.cpp logged for it
+    cards: int | None = None  # `--cards N`: the table shows only this count
 
     @property
     def smallest_fit(self) -> int | None:
         return next((o.cards for o in self.options if o.fits), None)
+
+    @property
+    def shown(self) -> tuple[Placement, ...]:
+        """The table's rows: every count, or only `--cards N`'s."""
+        return tuple(o for o in self.options if self.cards in (None, o.cards))
 
     def option(self, cards: int) -> Placement | None:
         return next((o for o in self.options if o.cards == cards), None)
@@ -35,15 +41,15 @@ class Fit:
             "cache_type_v": self.settings.cache_type_v,
             "weights_mib": round(self.model.weights_bytes / MIB, 1), "kv_mib": round(kv, 1),
             "compute_mib": round(compute, 1), "host_mib": round(one.host_mib, 1),
-            "options": [o.as_dict() for o in self.options], "smallest_fit": self.smallest_fit,
+            "options": [o.as_dict() for o in self.shown], "smallest_fit": self.smallest_fit,
             **({"measured": self.measured} if self.measured else {}),
         }
 
 
 def fit(model: Model, settings: Settings, *, card_mib: float = DEFAULT_CARD_MIB, overhead_mib: float = 500.0,
-        max_fill: float = 0.90, counts: tuple[int, ...] = CARD_COUNTS) -> Fit:
+        max_fill: float = 0.90, cards: int | None = None) -> Fit:
     return Fit(model, settings, tuple(place(model, settings, n, card_mib=card_mib, overhead_mib=overhead_mib,
-                                            max_fill=max_fill) for n in counts))
+                                            max_fill=max_fill) for n in CARD_COUNTS), cards=cards)
 
 
 def advice(result: Fit) -> str:
@@ -80,7 +86,7 @@ def render(result: Fit) -> str:
         f"cards  MiB on the fullest card: weights + KV + compute + overhead = total      "
         f"fits (limit {_mib(result.options[0].limit_mib)})",
     ]
-    for option in result.options:
+    for option in result.shown:
         fullest = max(option.per_card, key=lambda c: c.total_mib)
         sum_line = (f"{_mib(fullest.weights_mib):>7} + {_mib(fullest.kv_mib):>6} + {_mib(fullest.compute_mib):>6} + "
                     f"{_mib(fullest.overhead_mib):>4} = {_mib(fullest.total_mib):>7}")
@@ -93,8 +99,8 @@ def render(result: Fit) -> str:
         used = (f"the {measured['cards']}-card row uses its figures" if measured["per_card"]
                 else f"{_mib(measured['total_mib'])} MiB in all")
         lines += ["", f"measured on this server on {when} (server {measured['server']}): {used}"]
-    lines += ["", f"smallest fit: {result.smallest_fit or 'none'} card{'s' if (result.smallest_fit or 0) != 1 else ''}",
-              advice(result)]
+    n = result.smallest_fit
+    lines += ["", f"smallest fit: {n} card{'s' if n != 1 else ''}" if n else "smallest fit: none", advice(result)]
     return "\n".join(lines)
 
 

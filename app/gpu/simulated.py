@@ -25,7 +25,7 @@ the default 8 cards; without ``[[processes]]`` it has no processes; without ``[f
     pid = 41001                        # required
     used_mib = 22000                   # VRAM; omitted: NVML could not say (None)
     user = "alice"                     # omitted: a PID psutil cannot see, "container/unknown"
-    uid = 1001                         # optional; derived from the user name when omitted
+    uid = 1001                         # optional; omitted, the process is matched to bookings by its user name
     command = "python train.py"        # optional, default ""
 
     [faults]
@@ -351,9 +351,10 @@ def parse_scenario(data: dict[str, Any]) -> Scenario:
             raise _Bad(f"{where}pid must be positive")
         if table.get("used_mib", 0) < 0:
             raise _Bad(f"{where}used_mib must not be negative")
-        user = table.get("user")
-        uid = table.get("uid", None if user is None else demo_uid(user))
-        processes.append((index, GpuProcess(table["pid"], table.get("used_mib"), user, uid, table.get("command", ""))))
+        # Without a uid the process is matched by its user's name, as the card's state is: a made-up uid would make
+        # the person running the demo a stranger to their own process.
+        processes.append((index, GpuProcess(table["pid"], table.get("used_mib"), table.get("user"), table.get("uid"),
+                                            table.get("command", ""))))
 
     faults = data.get("faults", {})
     _check(faults, "faults.", _SCHEMA_FAULTS)

@@ -6,8 +6,11 @@
 - squatted hours: `squats` rows (someone else's processes on a card they had not booked), per squatter;
 - utilisation: the mean of the rollups' means, weighted by their seconds (a group's while it held the card);
 - wait: start - requested_at over bookings that started in the window (mean and p90, nearest rank).
-A rollup belongs to the booking holding its card at its start (or the one it names: the service sums a year's
-rollups per booking in SQL, app.report.gather); a card in two pools is one group, "a+b".
+A rollup's seconds are shared among the bookings that held its card during its span (5 minutes; a raw sample's
+`span` is its own), by how long each held it, and the rest belongs to no booking: a booking that starts or ends
+inside a bucket (one an admin split at now, say) is charged for its part, so its used and idle hours never exceed
+its booked ones. Rows the service summed per booking in SQL name it (app.report.gather). A card in two pools is
+one group, "a+b".
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ BY = ("user", "class", "pool", "card")
 WEEK = 7 * 86400
 MONTH = 30 * 86400
 UTIL_LOW, UTIL_HIGH, WAIT_MIN, VRAM_PCT, FAULTS_MONTH, HOT_C = 30, 85, 30, 90, 3, 92
+BUCKET_S = 300  # a rollup's span (app.history.store's buckets)
 MAX_SINCE = 400 * 86400
 NONE = "(none)"
 _SINCE = re.compile(r"(\d{1,6})([hdw])")
@@ -130,6 +134,18 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
             i -= 1
         return None
 
+    def shares(uuid: str, ts: int, span: int) -> list[tuple[object, float]]:
+        """(booking or None, share) over [ts, ts + span): each booking's part of it, and no one's for the rest."""
+        spans, found, rest = held.get(uuid) or (), [], 1.0
+        i = bisect.bisect_left(starts.get(uuid, ()), ts + span) - 1
+        while i >= 0 and spans[i][1] > ts:  # on one card the ends are in the starts' order
+            s, e, b = spans[i]
+            part = (min(e, ts + span) - max(s, ts)) / span
+            found.append((b, part))
+            rest -= part
+            i -= 1
+        return found + [(None, rest)] if rest > 1e-9 else found
+
     # Rollups: used, idle, utilisation; fleet figures for the verdicts.
     fleet_s = fleet_util = 0.0
     dt: dict[tuple[int, str], float] = {}
@@ -142,8 +158,6 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
             dt[(ts, uuid)] = seconds / r["n"]
         if state == LOST:
             continue
-        # Rows summed per booking (app.report.gather) name it; a plain rollup is looked up by its time.
-        b = by_id.get(r["booking_id"]) if "booking_id" in r else holder(uuid, ts)
         util = r.get("util_mean")
         if util is not None:
             fleet_s += seconds
@@ -153,22 +167,27 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
             vram_s[uuid] = vram_s.get(uuid, 0) + seconds
         if r.get("temp_max") is not None and r["temp_max"] >= HOT_C:
             hot_s[uuid] = hot_s.get(uuid, 0) + seconds
-        if b is not None:
-            pair = idle_by_user.setdefault(b.user, [0.0, 0.0])
-            pair[1] += seconds
-            if state == BOOKED:
-                pair[0] += seconds
-        if b is None and by in ("user", "class"):
-            continue  # an unbooked card's hours belong to no one (squats are counted below)
-        g = group(key_of(b, uuid))
         busy = r["busy"] if "busy" in r else util is not None and util >= busy_util  # summed rows say
-        if state == IN_USE and busy:
-            g.used += seconds
-        elif state == BOOKED:
-            g.idle += seconds
-        if util is not None:
-            g.util_s += seconds
-            g.util_sum += util * seconds
+        # Rows summed per booking (app.report.gather) name it; a plain rollup is shared by its span.
+        for b, share in ([(by_id.get(r["booking_id"]), 1.0)] if "booking_id" in r
+                         else shares(uuid, ts, r.get("span", BUCKET_S))):
+            part = seconds * share
+            if b is not None:
+                pair = idle_by_user.setdefault(b.user, [0.0, 0.0])
+                pair[1] += part
+                if state == BOOKED:
+                    pair[0] += part
+            elif by in ("user", "class"):
+                continue  # an unbooked card's hours belong to no one (squats are counted below)
+            g = group(key_of(b, uuid))
+            if b is not None:  # used and idle are a booking's; a card's utilisation is all its time
+                if state == IN_USE and busy:
+                    g.used += part
+                elif state == BOOKED:
+                    g.idle += part
+            if util is not None:
+                g.util_s += part
+                g.util_sum += util * part
 
     for s in squats:
         seconds = s["seconds"] if "seconds" in s else s["n"] * dt.get((s["ts"], s["uuid"]), 10.0)

@@ -63,7 +63,7 @@ def report_reply(service, since_s: int, by: str) -> dict:
         squats = [{"ts": ts, "uuid": uuid, "user": user, "n": n, "seconds": seconds} for ts, uuid, user, n, seconds in
                   store.db.execute(SQUATS, [_bucket_id(start, 0) << SLOT_BITS, _bucket_id(rolled, 0) << SLOT_BITS])]
         for s in store.samples(rolled, now):
-            rollups.append({"ts": s["ts"], "uuid": s["uuid"], "n": 1, "seconds": s["dt"], "state": s["state"],
+            rollups.append({"ts": s["ts"], "uuid": s["uuid"], "n": 1, "seconds": s["dt"], "span": s["dt"], "state": s["state"],
                             "util_mean": s["util"], "vram_max": s["vram"], "temp_max": s["temp"]})
             squats.extend({"ts": s["ts"], "uuid": s["uuid"], "user": u["user"], "n": 1} for u in s["users"] if u["squat"])
     for card in service.fleet.latest().cards:
@@ -82,8 +82,9 @@ def report_reply(service, since_s: int, by: str) -> dict:
 
 
 def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:
-    """The rollups over [start, end) as compute takes them, summed: per booking and card while it held the card,
-    and per card over all its time; the unbooked rows are the second less the first."""
+    """The rollups over [start, end) as compute takes them, summed: per booking and card while it held the card
+    (a bucket it held in part counts for that part, as compute shares a rollup), and per card over all its time;
+    the unbooked rows are the second less the first."""
     if end <= start:
         return []
     db, cards = store.db, store.cards()
@@ -91,6 +92,17 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
         return -(-(ts - EPOCH) // BUCKET_S)
 
     lo, hi = bucket(start), bucket(end)  # buckets starting in [start, end)
+
+    def pieces(b) -> list[tuple[int, int, float]]:
+        """(first, last, share): the buckets wholly inside the booking, then each it holds in part."""
+        whole = (max(lo, bucket(b.start)), min(hi, (b.end - EPOCH) // BUCKET_S))
+        found = [(*whole, 1.0)] if whole[1] > whole[0] else []
+        for k in sorted({(b.start - EPOCH) // BUCKET_S, (b.end - 1 - EPOCH) // BUCKET_S}):
+            begin = k * BUCKET_S + EPOCH
+            part = min(b.end, begin + BUCKET_S) - max(b.start, begin)
+            if lo <= k < hi and 0 < part < BUCKET_S:
+                found.append((k, k + 1, part / BUCKET_S))
+        return found
 
     def groups(first: int, last: int, held: Sequence[int] = ()) -> list[dict]:
         where = f"AND (r.id & {CARD_MASK}) IN ({', '.join(str(int(c)) for c in held)})" if held else ""
@@ -103,10 +115,9 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
     for b in bookings:
         # one read of the booking's span for all its cards: the rollups of every card sit in it side by side
         held = [card for uuid in b.card_uuids if (card := cards.get(uuid)) is not None]
-        first, last = max(lo, bucket(b.start)), min(hi, bucket(b.end))
-        if held and last > first:
+        for first, last, share in pieces(b) if held else ():
             for row in groups(first, last, held):
-                row["booking_id"] = b.id
+                row.update(booking_id=b.id, seconds=row["seconds"] * share, n=row["n"] * share)
                 found.append(row)
                 key = _key(row)
                 sums = booked.setdefault(key, [0, 0, 0.0])
@@ -116,7 +127,7 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
     for row in groups(lo, hi):
         sums = booked.get(_key(row), [0, 0, 0.0])
         seconds = row["seconds"] - sums[0]
-        if seconds <= 0:
+        if seconds <= 1e-6:  # all of it was booked (shares are fractions: allow their rounding)
             continue
         util = None if row["util_mean"] is None else (row["util_mean"] * row["seconds"] - sums[2]) / seconds
         found.append({**row, "seconds": seconds, "n": row["n"] - sums[1], "util_mean": util, "booking_id": None})

@@ -108,11 +108,23 @@ class Service:
 
         snapshot = self.fleet.latest()
         rules = BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock,
-                               jobs=self.processes.jobs_of)
+                               jobs=self.processes.jobs_of, users=self.lookup_user)
         rules.told = getattr(self._local, "told", None)
         if rules.told is None:
             rules.told = self._local.told = []
         return rules
+
+    def lookup_user(self, name: str) -> tuple[str, int] | None:
+        """(name, uid) of a local account; in the demo also of its made-up people (alice, bob, ...), so that an
+        admin can give them a booking there."""
+        from app.core.identity import lookup_user
+
+        found = lookup_user(name)
+        if found is None and self.demo:
+            from app.demo import demo_person
+
+            found = demo_person(self.conn, self.fleet.latest().cards, name)
+        return found
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -18,7 +18,7 @@ from app.config import CLASSES, Config
 from app.core import policy
 from app.errors import BadInput, BoardError, Conflict, NotPermitted, error_for
 from app.core.identity import Identity, lookup_user
-from app.core.text import format_cards, format_duration, stamp_time, stamp_when
+from app.core.text import cards_text, format_cards, format_duration, stamp_time, stamp_when
 from app.model import Booking
 from app.core.cardstate import UNKNOWN_USER
 from app.core.slots import GROUP_SIZES, best_group, is_free
@@ -88,9 +88,11 @@ class BookingService:
         topology: Topology,
         clock: Callable[[], float] = time.time,
         jobs: Callable[[int], list[int]] = lambda booking_id: [],
+        users: Callable[[str], tuple[str, int] | None] = lookup_user,
     ):
         self.conn, self.me, self.config, self.topology, self.clock = conn, me, config, topology, clock
         self.jobs = jobs  # booking id -> pids of the `board run` jobs registered for it (the service knows)
+        self.users = users  # a user name -> (name, uid): the accounts here (and the demo's people, in the demo)
         self.cards = {c.index: c for c in cards}
         self.by_uuid = {c.uuid: c.index for c in cards}
         self.told: list[tuple[int, str]] = []  # (uid, message): notices for the service to publish after a change
@@ -308,11 +310,12 @@ class BookingService:
                 plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later)
                 notes = plan.notes
             rows.sync_cards(self.conn, self.cards.values(), now)
+            wanted = min(max(start, now), plan.start)
             booking_id = rows.insert(
                 self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
-                klass=klass, note=note, request=request, now=now, created_by=self.me.uid,
-                requested_at=min(max(start, now), plan.start),
-                queued=("cards" if cards is None else "time") if or_later else None,
+                klass=klass, note=note, request=request, now=now, created_by=self.me.uid, requested_at=wanted,
+                # It waits only if it starts later than asked: a booking never moves earlier than that.
+                queued=("cards" if cards is None else "time") if or_later and plan.start > wanted else None,
             )
             details.update(cards=list(plan.cards), start=plan.start, end=plan.end)
             return booking_id
@@ -417,7 +420,7 @@ class BookingService:
             details.update(old_cards=list(booking.cards), old_user=booking.user)
             owner = (booking.user, booking.uid)
             if user is not None:
-                found = lookup_user(user)
+                found = self.users(user)
                 if found is None:
                     raise BadInput(f"no user {user!r} on this server")
                 owner = found
@@ -445,7 +448,7 @@ class BookingService:
                     raise _retry(taken, cards=chosen, count=None, klass=booking.klass, start=begin,
                                  duration=booking.end - begin, excluding=booking_id) from None
             what = " and ".join(
-                ([f"moved to cards {format_cards(chosen)}"] if chosen != booking.cards else [])
+                ([f"moved to {cards_text(chosen)}"] if chosen != booking.cards else [])
                 + ([f"given to {owner[0]}"] if owner != (booking.user, booking.uid) else [])) + f" by admin {self.me.name}"
             result = booking_id
             if chosen != booking.cards:
@@ -456,7 +459,7 @@ class BookingService:
                     result = rows.insert(
                         self.conn, user=owner[0], uid=owner[1], uuids=uuids, start=now, end=booking.end,
                         klass=booking.klass, note=booking.note, request=booking.request, now=now,
-                        created_by=self.me.uid, requested_at=booking.requested_at,
+                        created_by=self.me.uid, requested_at=now,  # it carries on from now: no wait to count
                     )
                     details.update(split_at=now, from_booking=booking_id, to_booking=result)
                     what += f" (from now on booking {result})"
@@ -648,6 +651,9 @@ class BookingService:
         cool = [i for i in free if not (now_slot and self._hot(i))]
         chosen = best_group(cool, count, self.topology) or best_group(free, count, self.topology)
         why = {i: self._whose(procs) for i, procs in foreign.items() if is_free(busy, (i,), (start, end))}
+        # A LOST card the rules would otherwise take is passed over too, and said so.
+        why.update({i: "LOST: fell off the bus" for i, c in self.cards.items() if c.lost and is_free(busy, (i,), (start, end))
+                    and policy.card_refusal(self.config, i, klass, start, end) is None})
         passed = [f"card {i} ({why[i]})" for i in sorted(why)]
         if chosen is None:
             if searching:

@@ -236,7 +236,21 @@ CREATE UNIQUE INDEX alerts_firing ON alerts(rule, subject) WHERE state = 'firing
 CREATE INDEX alerts_by_time ON alerts(fired_at);
 """
 
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
+# v8: what the team's chat was told of each alert, kept with the alert so that a restart neither loses a push
+# that quiet hours hold back nor repeats one (app.alerts.engine). `pushed_at`: when its fire was pushed (NULL:
+# it was not, so neither is its resolve); `held`: a push that quiet hours hold back, 'fire' (pushed when they
+# end, if it still fires) or 'resolve' (the resolve of a pushed fire). A v7 alert counts as pushed when the
+# outbox still has its push (sent rows are kept two days).
+_V8 = """
+ALTER TABLE alerts ADD COLUMN pushed_at INTEGER;
+ALTER TABLE alerts ADD COLUMN held TEXT CHECK (held IN ('fire', 'resolve'));
+UPDATE alerts SET pushed_at = fired_at
+    WHERE EXISTS (SELECT 1 FROM outbox WHERE outbox.key = 'alert:' || alerts.id || ':firing');
+CREATE INDEX alerts_held ON alerts(held) WHERE held IS NOT NULL;
+CREATE INDEX alerts_by_subject ON alerts(rule, subject);
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8]
 LATEST = len(MIGRATIONS)
 
 

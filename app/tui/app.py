@@ -30,7 +30,7 @@ from textual.signal import Signal
 from app.config import Config
 from app.core.cardstate import CardStatus, fleet_status
 from app.core.identity import Identity
-from app.core.text import format_cards, inert
+from app.core.text import cards_text, inert
 from app.fit.request import limits
 from app.gpu.model import FleetSnapshot, sample
 from app.model import Booking
@@ -50,6 +50,7 @@ from app.tui.pollers import HISTORY_SECONDS, Poller, bookings_loop, events_loop
 from app.tui.render import short_time
 from app.tui.screens.booking_form import BookingDraft, BookingModal
 from app.tui.screens.main import BoardScreen
+from app.tui.widgets.header import BoardHeader
 from app.tui.widgets.timeline import DEFAULT_ZOOM, ZOOMS, align
 
 ENDING_SOON_SECONDS = 600
@@ -92,7 +93,9 @@ class BoardApp(App[int]):
         self.view: BookingView | None = None
         self.statuses: tuple[CardStatus, ...] = ()
         self.history: dict[str, deque[tuple[float, ...]]] = {}  # [t, VRAM GiB, util, temp, power W]
-        self.alert = ""
+        self.alert = ""  # the board's own trouble: telemetry stalled or failed, the service down
+        self._alert_from = ""  # which: "telemetry" or "service", cleared when that recovers
+        self.alerts_line = ""  # the service's firing alerts (app.alerts), in one line
         self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
         self.last_telemetry = time.monotonic()
         self._last_tick = 0.0
@@ -159,9 +162,9 @@ class BoardApp(App[int]):
         for card in message.snapshot.cards:
             self._remember(card.uuid, message.snapshot.taken_at, sample(message.snapshot.taken_at, card)[1:])
         self.fleet = message.snapshot
-        if self.alert.startswith("telemetry"):
-            self._set_alert("")
+        self._clear_alert("telemetry")
         self._recompute()
+        self._sync_headers()
         self.board.show_fleet()
         self.fleet_signal.publish(message.snapshot)
         self._tick()  # the clock moves in the same repaint as the figures
@@ -178,8 +181,7 @@ class BoardApp(App[int]):
     @on(BookingsLoaded)
     def _bookings_loaded(self, message: BookingsLoaded) -> None:
         self.view = message.view
-        if self.alert.startswith("bookings"):
-            self._set_alert("")
+        self._clear_alert("service")
         self._recompute()
         self.board.show_bookings()
         self._warn_ending()
@@ -187,7 +189,8 @@ class BoardApp(App[int]):
 
     @on(AlertsLoaded)
     def _alerts_loaded(self, message: AlertsLoaded) -> None:
-        self.board.show_alerts(message.line)
+        self.alerts_line = message.line
+        self._sync_headers()
 
     @on(ServersChanged)
     def _servers_changed(self, message: ServersChanged) -> None:
@@ -199,16 +202,29 @@ class BoardApp(App[int]):
 
     @on(TelemetryFailed)
     def _telemetry_failed(self, message: TelemetryFailed) -> None:
-        self._set_alert(f"telemetry failed: {inert(message.error, 80)}")
+        self._set_alert(f"telemetry failed: {inert(message.error, 80)}", "telemetry")
 
     @on(DatabaseFailed)
     def _database_failed(self, message: DatabaseFailed) -> None:
-        self._set_alert(f"bookings: {inert(message.error, 100)}")
+        # The CLI's own words ("board: the board service is not running ..."): it is the service, not the bookings.
+        self._set_alert(f"board: {inert(message.error, 100)}", "service")
 
-    def _set_alert(self, text: str) -> None:
+    def _set_alert(self, text: str, source: str) -> None:
+        self._alert_from = source if text else ""
         if text != self.alert:
             self.alert = text
+            self._sync_headers()
             self.board.show_alert()
+
+    def _clear_alert(self, source: str) -> None:
+        if self._alert_from == source:
+            self._set_alert("", "")
+
+    def _sync_headers(self) -> None:
+        """Every screen's header shows the same fleet, trouble and alerts."""
+        for screen in self.screen_stack:
+            for header in screen.query(BoardHeader):
+                header.sync()
 
     def _recompute(self) -> None:
         if self.fleet is None:
@@ -226,13 +242,14 @@ class BoardApp(App[int]):
         self._last_tick = time.monotonic()
         now = self.clock()
         for screen in self.screen_stack:
-            for header in screen.query("BoardHeader"):
+            for header in screen.query(BoardHeader):
                 header.now = now
         self.board.tick(now)
         stalled = time.monotonic() - self.last_telemetry
-        if stalled > max(STALL_ALERT_SECONDS, 3 * self.refresh_seconds):
+        # With the service down no telemetry comes either: its line says why, and stays.
+        if stalled > max(STALL_ALERT_SECONDS, 3 * self.refresh_seconds) and self._alert_from != "service":
             what = "telemetry stalled" if self.fleet is not None else "telemetry: no answer from the GPU driver"
-            self._set_alert(f"{what} for {stalled:.0f} s; keys still work")
+            self._set_alert(f"{what} for {stalled:.0f} s; keys still work", "telemetry")
         self._warn_ending()
 
     def _warn_ending(self) -> None:
@@ -247,8 +264,7 @@ class BoardApp(App[int]):
             if 0 < left <= ENDING_SOON_SECONDS and (booking.id, booking.end) not in self.warned:
                 self.warned.add((booking.id, booking.end))
                 self.notify(
-                    f"Your booking #{booking.id} on {'card' if len(booking.cards) == 1 else 'cards'} "
-                    f"{format_cards(booking.cards)} ends at {short_time(booking.end, now)}"
+                    f"Your booking #{booking.id} on {cards_text(booking.cards)} ends at {short_time(booking.end, now)}"
                     f" (in {max(1, round(left / 60))} min). Extend it from My bookings (m).",
                     title="Booking ending", severity="warning", timeout=30, markup=False,
                 )
@@ -289,7 +305,7 @@ class BoardApp(App[int]):
         if booked is not None:
             booking, now = booked.booking, self.clock()
             self.notify(
-                f"Booked #{booking.id}: {'card' if len(booking.cards) == 1 else 'cards'} {format_cards(booking.cards)}"
+                f"Booked #{booking.id}: {cards_text(booking.cards)}"
                 f", {short_time(booking.start, now)} → {short_time(booking.end, now)}",
                 title="Booked", markup=False,
             )

@@ -48,6 +48,9 @@ def local(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch).astimezone()
 
 
+TIME_WIDTH = 11  # a column of short_time's: its longest form, "12-01 14:00"
+
+
 def short_time(epoch: float, now: float) -> str:
     """'14:00' today, 'Tue 14:00' within a week either way, else '12-01 14:00'."""
     moment, today = local(epoch), local(now).date()

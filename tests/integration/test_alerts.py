@@ -35,9 +35,11 @@ def receiver():
 
 
 def make_service(tmp_path, clock, receiver=None, scenario=None, **alerts) -> Service:
+    """The service on tmp_path's board.db (a second one on the same file is the same service restarted). A finding
+    fires on the pass that sees it unless `fire_after_s` says otherwise (TestDebounce)."""
     targets = (NotifyTarget("hook", "webhook", receiver.url("ok")),) if receiver else ()
     config = Config(db_path=tmp_path / "board.db", notify=NotifySettings(targets=targets), policy=Policy(timezone="UTC"),
-                    alerts=AlertSettings(**alerts))
+                    alerts=AlertSettings(**{"fire_after_s": 0, **alerts}))
     source = SimulatedSource(parse_scenario(scenario), clock=clock) if scenario is not None else \
         SimulatedSource(clock=clock)
     return Service(config, Fleet(source, config.refresh_seconds), clock=clock)
@@ -102,6 +104,123 @@ class TestStateMachine:
         assert pushed(service, receiver)[1:] == [
             ("alert.firing", "GPU 1 VRAM at 95 % (at or over 90 %)"),
             ("alert.resolved", "resolved: GPU 3 is LOST: the driver no longer sees it")]
+
+
+class TestDebounce:
+    SQUATTED = Inputs(T0, cards=(Card(5, "GPU-5", "SQUATTED", squatters=("bob",)),))
+    IN_USE = Inputs(T0, cards=(Card(5, "GPU-5", "IN USE", holder="bob"),))
+
+    def test_a_finding_fires_only_once_it_has_held_fire_after_s(self, tmp_path, receiver):
+        """bob releases card 5 and books it again at once: his processes squat it between the two, for a pass."""
+        clock = Clock(T0 + 12 * 3600)
+        service, engine = make_service(tmp_path, clock, receiver, fire_after_s=60), Engine()
+        assert engine.run(service, self.SQUATTED)["fired"] == []
+        clock.now += 5
+        assert engine.run(service, self.IN_USE) == {"fired": [], "resolved": [], "pushed": []}
+        assert listing(service, ALICE, all=True) == [] and pushed(service, receiver) == []
+        clock.now += 5  # squatted again, and this time it stays: the count starts again
+        for step in (0, 30, 29):
+            clock.now += step
+            assert engine.run(service, self.SQUATTED)["fired"] == []
+        clock.now += 1  # 60 s since it was first seen this time
+        fired = engine.run(service, self.SQUATTED)
+        assert fired["fired"] == fired["pushed"] and len(fired["fired"]) == 1
+        assert pushed(service, receiver) == [("alert.firing", "GPU 5 squatted by bob (not booked)")]
+
+    def test_the_default_is_a_minute_and_the_config_sets_it(self, tmp_path):
+        from app.config import load_config
+
+        assert AlertSettings().fire_after_s == 60
+        path = tmp_path / "board.toml"
+        path.write_text("[alerts]\nfire_after_s = 0\n")
+        assert load_config(environ={"BOARD_CONFIG": str(path)}).alerts.fire_after_s == 0
+
+
+class TestRestart:
+    """The service stops and starts between passes (a new Service and Engine on the same file): nothing that quiet
+    hours held back is lost, and nothing is pushed twice."""
+
+    def restarted(self, tmp_path, clock, receiver, **alerts):
+        return make_service(tmp_path, clock, receiver, **alerts), Engine()
+
+    def test_a_fire_held_by_quiet_hours_is_pushed_when_they_end(self, tmp_path, receiver):
+        clock = Clock()
+        service, engine = make_service(tmp_path, clock, receiver, quiet="22:00-08:00"), Engine()
+        at(clock, "23:00")
+        assert engine.run(service, Inputs(clock.now, cards=HOT.cards))["pushed"] == []
+        service.close()
+        service, engine = self.restarted(tmp_path, clock, receiver, quiet="22:00-08:00")
+        at(clock, "08:00", day=1)
+        engine.run(service, Inputs(clock.now, cards=HOT.cards))
+        assert pushed(service, receiver) == [("alert.firing", "GPU 7 at 93 °C (at or over 92 °C)")]
+        clock.now += 60
+        assert engine.run(service, Inputs(clock.now, cards=HOT.cards))["pushed"] == []  # once
+
+    def test_a_resolve_held_by_quiet_hours_is_pushed_when_they_end(self, tmp_path, receiver):
+        clock = Clock()
+        service, engine = make_service(tmp_path, clock, receiver, quiet="22:00-08:00"), Engine()
+        at(clock, "21:00")
+        engine.run(service, Inputs(clock.now, cards=HOT.cards))
+        at(clock, "23:00")
+        engine.run(service, Inputs(clock.now, cards=COOL.cards))  # resolved in quiet hours: held
+        service.close()
+        service, engine = self.restarted(tmp_path, clock, receiver, quiet="22:00-08:00")
+        at(clock, "08:00", day=1)
+        engine.run(service, Inputs(clock.now, cards=COOL.cards))
+        assert pushed(service, receiver) == [("alert.firing", "GPU 7 at 93 °C (at or over 92 °C)"),
+                                             ("alert.resolved", "resolved: GPU 7 at 93 °C (at or over 92 °C)")]
+
+    def test_a_repeat_stays_unpushed_and_the_repeat_window_holds_across_a_restart(self, tmp_path, receiver):
+        clock = Clock(T0 + 12 * 3600)
+        service, engine = make_service(tmp_path, clock, receiver, repeat_min=60), Engine()
+        engine.run(service, HOT)  # pushed
+        clock.now += 60
+        engine.run(service, COOL)  # its resolve pushed
+        service.close()
+        service, engine = self.restarted(tmp_path, clock, receiver, repeat_min=60)
+        clock.now += 600  # fires again within repeat_min of the last push: recorded, not pushed
+        assert engine.run(service, HOT)["pushed"] == []
+        service.close()
+        service, engine = self.restarted(tmp_path, clock, receiver, repeat_min=60)
+        clock.now += 60
+        assert engine.run(service, COOL)["pushed"] == []  # nor its resolve, after another restart
+        assert [kind for kind, _ in pushed(service, receiver)] == ["alert.firing", "alert.resolved"]
+
+    def test_a_firing_alert_is_not_pushed_again_after_a_restart(self, tmp_path, receiver):
+        clock = Clock(T0 + 12 * 3600)
+        service, engine = make_service(tmp_path, clock, receiver), Engine()
+        engine.run(service, HOT)
+        service.close()
+        service, engine = self.restarted(tmp_path, clock, receiver)
+        clock.now += 60
+        assert engine.run(service, HOT) == {"fired": [], "resolved": [], "pushed": []}
+        clock.now += 60
+        assert engine.run(service, COOL)["pushed"] != []  # it was pushed: so is its resolve
+        assert [kind for kind, _ in pushed(service, receiver)] == ["alert.firing", "alert.resolved"]
+
+
+    def test_a_v7_database_knows_which_alerts_were_pushed_from_the_outbox(self, tmp_path, receiver):
+        import sqlite3
+
+        from app.store import schema
+
+        raw = sqlite3.connect(tmp_path / "board.db", isolation_level=None)
+        for script in schema.MIGRATIONS[:7]:  # the database as board v7 left it: one alert pushed, one not
+            for statement in schema._statements(script):
+                raw.execute(statement)
+        raw.execute("PRAGMA user_version = 7")
+        for id, subject in ((1, "GPU-7"), (2, "GPU-6")):
+            raw.execute("INSERT INTO alerts (id, rule, subject, state, fired_at, last_seen, message)"
+                        " VALUES (?, 'hot', ?, 'firing', ?, ?, ?)", (id, subject, T0, T0, f"{subject} hot"))
+        raw.execute("INSERT INTO outbox (target, kind, key, message, created_at, max_attempts, next_at, state)"
+                    " VALUES ('hook', 'alert.firing', 'alert:1:firing', '{}', ?, 8, ?, 'sent')", (T0, T0))
+        raw.close()
+        clock = Clock(T0 + 60)
+        service, engine = make_service(tmp_path, clock, receiver), Engine()
+        assert service.conn.execute("SELECT id, pushed_at, held FROM alerts ORDER BY id").fetchall() == [
+            (1, T0, None), (2, None, None)]
+        engine.run(service, Inputs(clock.now))  # both cooled: only the pushed one's resolve goes out
+        assert pushed(service, receiver) == [("alert.resolved", "resolved: GPU-7 hot")]
 
 
 class TestPrivacy:

@@ -199,6 +199,38 @@ class TestDemo:
         status = ok_json(run_board("status", "--demo", "--scenario", str(scenario), "--json", env=self.demo_env(tmp_path)))
         assert [(c["name"], c["state"]) for c in status["cards"]] == [("NVIDIA A100", "BOOKED"), ("NVIDIA A100", "LOST")]
 
+    @pytest.mark.parametrize("who", ["frank", "dave"])  # frank holds bookings in the demo; dave is of its team
+    def test_an_admin_gives_a_booking_to_one_of_the_demos_people(self, tmp_path, who):
+        from app.core.identity import lookup_user
+
+        if lookup_user(who) is not None or os.getuid() != 0:
+            pytest.skip(f"needs root (an admin) and no account named {who} on this machine")
+        env = self.demo_env(tmp_path)
+        erins = next(b for b in ok_json(run_board("--demo", "list", "--json", env=env))["bookings"] if b["user"] == "erin")
+        result = run_board("--demo", "admin", "reassign", str(erins["id"]), "--user", who, "--json", env=env)
+        assert result.returncode == 0, result.stderr  # not "no user 'frank' on this server"
+        after = ok_json(run_board("--demo", "list", "--json", env=env))["bookings"]
+        assert next(b for b in after if b["id"] == erins["id"])["user"] == who
+        result = run_board("--demo", "admin", "reassign", str(erins["id"]), "--user", "nobody-here", env=env)
+        assert result.returncode == 2 and "no user 'nobody-here'" in result.stderr  # a made-up name is not one
+
+    def test_a_scenario_process_without_a_uid_is_its_users_own(self, tmp_path):
+        """The one running the demo writes a scenario with their own job on card 0 (no uid): booking a card
+        now does not pass it over as someone else's, as a made-up uid for their name made it."""
+        import pwd
+
+        me = pwd.getpwuid(os.getuid()).pw_name
+        scenario = tmp_path / "mine.toml"
+        scenario.write_text(f'[cards]\ncount = 2\n[[processes]]\ncard = 0\npid = 4242\nused_mib = 2048\nuser = "{me}"\n'
+                            '[[processes]]\ncard = 1\npid = 4343\nused_mib = 1024\nuser = "bob"\n')
+        env = {"BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": str(scenario), "TZ": "UTC"}
+        result = run_board("book", "1", "--for", "1h", env=env)
+        assert result.returncode == 0, result.stderr
+        assert " cards 0 " in result.stdout
+        assert result.stderr == "board: note: passed over card 1 (bob's processes, 1.0 GiB)\n"
+        status = ok_json(run_board("status", "--json", env=env))
+        assert [c["state"] for c in status["cards"]] == ["IN USE", "SQUATTED"]
+
     def test_a_bad_scenario_is_bad_input(self, tmp_path):
         scenario = tmp_path / "bad.toml"
         scenario.write_text("[cards]\ncount = 'eight'\n")

@@ -82,11 +82,15 @@ def test_the_options_change_the_estimate(models):
     assert bigger["compute_mib"] > base["compute_mib"]  # without flash attention the KQ matrix is materialised
 
 
-def test_cards_gives_one_option(models):
+def test_cards_gives_one_option_but_the_smallest_fit_of_all(models):
     document = fit_json(str(models["tiny"]), "--cards", "2")
     assert [o["cards"] for o in document["options"]] == [2]
     assert len(document["options"][0]["per_card"]) == 2
-    assert document["smallest_fit"] == 2
+    assert document["smallest_fit"] == 1  # --cards picks the table's row, not the search
+    result = run_board("fit", str(models["tiny"]), "--cards", "2")
+    assert result.returncode == 0, result.stderr
+    assert "smallest fit: 1 card" in result.stdout.splitlines()
+    assert "book 1" in result.stdout.splitlines()[-1]
 
 
 # app/config.py's _fit compares before it checks the type: "'<' not supported between instances of 'int' and 'str'"

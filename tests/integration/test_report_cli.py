@@ -105,3 +105,37 @@ def test_the_op_on_the_sampled_simulated_fleet(tmp_path):
             alice.call("report", since_s=H, by="team")
     finally:
         alice.close()
+
+
+def test_a_booking_an_admin_moved_away_is_idle_no_longer_than_booked(tmp_path):
+    """alice's idle booking on card 1 is moved to card 3 by an admin at 6 min into a 5-minute bucket's second
+    half: each piece is charged only for its part of that bucket (it was 4 min booked and 5 min idle on card 3,
+    125 %), and the piece that carries on from now waited nothing (it said 6 min: the original's request time)."""
+    clock = [float(FROZEN_NOW // BUCKET_S * BUCKET_S)]
+    start = int(clock[0])
+    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0,
+                     history=HistorySettings(sample_s=10, raw_hours=1, rollup_days=2))
+    source = SimulatedSource(replace(DEFAULT_FLEET, processes=()), clock=lambda: clock[0])
+    alice = LocalClient.on(config, source, Identity("alice", demo_uid("alice"), False), clock=lambda: clock[0])
+    carol = LocalClient.on(config, source, Identity("carol", demo_uid("carol"), True), clock=lambda: clock[0])
+    try:
+        booking = alice.call("book", cards=[1], start=start, end=start + 2 * H)
+        sampler = Sampler(alice.service)
+        while clock[0] < start + 2 * BUCKET_S:
+            if clock[0] == start + 360:
+                moved = carol.call("reassign", id=booking["id"], cards=[3])
+                assert (moved["start"], moved["requested_at"]) == (start + 360, start + 360)
+            sampler.sample_once()
+            clock[0] += 10
+        alice.service.history.roll_up(clock[0])
+        doc = alice.call("report", since_s=H, by="card")
+        cards = {r["key"]: r for r in doc["rows"]}
+        # 6 min booked; idle 5: its minute of the shared bucket is in a bucket mostly FREE
+        assert (cards["1"]["booked_h"], cards["1"]["idle_h"]) == (0.1, 0.08)
+        assert (cards["3"]["booked_h"], cards["3"]["idle_h"]) == (0.07, 0.07)  # 4 min, idle all of them
+        assert all(r["idle_h"] <= r["booked_h"] for r in doc["rows"])
+        assert (cards["1"]["wait_mean_min"], cards["3"]["wait_mean_min"]) == (0.0, 0.0)
+        assert cards["3"]["idle_pct"] == 100.0
+    finally:
+        alice.close()
+        carol.close()

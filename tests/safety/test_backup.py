@@ -76,7 +76,7 @@ def test_backup_is_consistent_while_writers_write(tmp_path, writers):
     assert 2 <= len(progress) <= 12, result.stdout  # large: progress, but never a flood
     done = [int(re.match(r"backup: (\d+)/(\d+)", line).group(1)) for line in progress]
     assert done == sorted(done), "the backup restarted"
-    summary = result.stdout.splitlines()[-1]
+    summary = result.stdout.splitlines()[-2]  # the last says what became of the history
     assert "integrity ok" in summary and "audit chain intact" in summary, summary
     assert after[0] > before[0], "the writers were not writing during the backup"
 
@@ -149,16 +149,84 @@ def test_backup_refuses_bad_targets_in_one_line(tmp_path, case):
         assert not live.exists()
 
 
+def history_with(path, *stamps: int) -> None:
+    """A history file (as the service's sampler writes it) with one sample of card GPU-0 at each stamp."""
+    from app.history.store import HistoryStore, Sample
+
+    store = HistoryStore(path)
+    store.card_id("GPU-0", 0, "RTX 5090", 32607)
+    store.add([Sample(ts=ts, uuid="GPU-0", state="FREE", dt=10, util=ts % 100) for ts in stamps])
+    store.close()
+
+
+def sampled(path) -> list[int]:
+    conn = sqlite3.connect(path)
+    try:
+        return [ts for (ts,) in conn.execute("SELECT ts FROM sample_view ORDER BY ts")]
+    finally:
+        conn.close()
+
+
+def test_backup_copies_the_history_beside_the_database(tmp_path):
+    live = tmp_path / "board.db"
+    env = {"BOARD_DB": str(live), "BOARD_SIMULATE": "1"}
+    assert run_board("book", "1", "--for", "1h", env=env).returncode == 0
+    history_with(tmp_path / "board.history.db", 1_795_966_200, 1_795_966_210)
+    copy = tmp_path / "backups" / "board-2026-11-29.db"
+    copy.parent.mkdir()
+    result = run_board("backup", str(copy), env=env)
+    assert result.returncode == 0, result.stderr
+    beside = tmp_path / "backups" / "board-2026-11-29.history.db"
+    assert result.stdout.splitlines()[-1].startswith(f"backed up the history {tmp_path / 'board.history.db'} to {beside}:")
+    assert result.stdout.rstrip().endswith("integrity ok")
+    assert sorted(p.name for p in copy.parent.iterdir()) == [copy.name, beside.name]  # no -wal, no leftovers
+    assert oct(os.stat(beside).st_mode & 0o777) == "0o600"
+    assert sampled(beside) == [1_795_966_200, 1_795_966_210]
+    assert sorted(p.name for p in copy.parent.iterdir()) == [copy.name, beside.name]  # reading it left nothing
+
+
+def test_backup_without_a_history_says_so(tmp_path):
+    env = {"BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1"}
+    assert run_board("book", "1", "--for", "1h", env=env).returncode == 0
+    result = run_board("backup", str(tmp_path / "b.db"), env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == (f"no history at {tmp_path / 'board.history.db'} (the service has not"
+                                              " sampled): nothing more to copy")
+    assert not (tmp_path / "b.history.db").exists()
+
+
+def test_a_history_name_in_the_way_is_refused_first_and_force_replaces_it_without_following_it(tmp_path):
+    live = tmp_path / "board.db"
+    env = {"BOARD_DB": str(live), "BOARD_SIMULATE": "1"}
+    assert run_board("book", "1", "--for", "1h", env=env).returncode == 0
+    history_with(tmp_path / "board.history.db", 1_795_966_200)
+    victim = tmp_path / "victim"
+    victim.write_text("not yours")
+    copy, beside = tmp_path / "b.db", tmp_path / "b.history.db"
+    beside.symlink_to(victim)  # planted where the history's copy goes
+    refused = run_board("backup", str(copy), env=env)
+    assert refused.returncode == 2 and refused.stdout == "" and "--force" in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1
+    assert not copy.exists()  # all or nothing: the board's copy was not made either
+    forced = run_board("backup", str(copy), "--force", env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert not beside.is_symlink() and sampled(beside) == [1_795_966_200]
+    assert victim.read_text() == "not yours"
+
+
 def test_restore_as_documented(tmp_path):
-    """the README: stop the agent, move the live files aside, install the copy 0600, doctor."""
+    """the README: stop the agent, move the live files aside, install the copies 0600, doctor."""
     live = tmp_path / "lib" / "board.db"
     live.parent.mkdir(mode=0o700)
     env = {"BOARD_DB": str(live), "BOARD_SIMULATE": "1"}
     booked = json.loads(run_board("book", "2", "--for", "2h", "--note", "keep me", "--json", env=env).stdout)
+    history = live.parent / "board.history.db"
+    history_with(history, 1_795_966_200)
     copy = tmp_path / "board-backup.db"
     assert run_board("backup", str(copy), env=env).returncode == 0
     assert run_board("book", "2", "--for", "2h", "--asap", "--note", "lost in the disaster", env=env).returncode == 0
     live.write_bytes(b"\0" * 4096)  # the disaster
+    history.write_bytes(b"\0" * 4096)
 
     owner = f"{os.getuid()}"  # the directory's owner: board on the shared install
     script = f"""
@@ -166,9 +234,12 @@ def test_restore_as_documented(tmp_path):
     cd {live.parent}
     mkdir -p broken && mv board.db board.db-wal board.db-shm broken/ 2>/dev/null || true
     install -m 0600 -o {owner} -g {os.getgid()} {copy} board.db
+    mv board.history.db board.history.db-wal board.history.db-shm broken/ 2>/dev/null || true
+    install -m 0600 -o {owner} -g {os.getgid()} {tmp_path / "board-backup.history.db"} board.history.db
     """
     subprocess.run(["sh", "-c", script], check=True)
     assert oct(os.stat(live).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(history).st_mode & 0o777) == "0o600" and sampled(history) == [1_795_966_200]
     listed = json.loads(run_board("list", "--json", env=env).stdout)["bookings"]
     assert [(b["id"], b["note"]) for b in listed] == [(booked["id"], "keep me")]
     doctor = run_board("doctor", env=env)

@@ -33,6 +33,18 @@ def test_asap_takes_the_earliest_slot_and_joins_the_queue(client):
     assert "starts later than asked" in queued["notes"][0]
 
 
+@pytest.mark.parametrize("cards", [None, [2, 3]], ids=["count", "cards"])
+def test_or_later_at_a_free_time_is_not_queued(client, cli, cards):
+    """It starts when asked: nothing earlier can free up for it, so it is not waiting (not `queued` in the list,
+    not in board_bookings_queued)."""
+    start = tomorrow()
+    which = {"cards": cards} if cards else {"count": 2}
+    taken = client.call("book", start=start, end=start + HOUR, or_later=True, **which)
+    assert (taken["start"], taken["queued"], taken["requested_at"]) == (start, None, start)
+    rc, out, err = cli("list")
+    assert rc == 0 and f"#{taken['id']}" in out and "queued" not in out, out
+
+
 def test_a_cancel_moves_the_queue_up_and_tells_the_holder(client):
     start = tomorrow()
     blocker = client.call("book", count=8, start=start, end=start + 2 * HOUR)

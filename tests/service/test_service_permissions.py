@@ -581,8 +581,8 @@ def test_a_reassigns_notice_reaches_only_the_holders_before_and_after(world):
         world["carol"].call("reassign", id=bobs["id"], cards=[7])
         # bob's first notice is about his own booking: alice's move, published before it, never reached him.
         assert streams["alice"].next_event("notice")["message"] == (
-            f"booking {alices['id']} was moved to cards 6 by admin carol")
-        assert streams["bob"].next_event("notice")["message"] == f"booking {bobs['id']} was moved to cards 7 by admin carol"
+            f"booking {alices['id']} was moved to card 6 by admin carol")
+        assert streams["bob"].next_event("notice")["message"] == f"booking {bobs['id']} was moved to card 7 by admin carol"
         world["carol"].call("reassign", id=alices["id"], user="bob")  # both holders hear of this one
         for stream in streams.values():
             assert stream.next_event("notice")["message"] == f"booking {alices['id']} was given to bob by admin carol"

@@ -522,7 +522,7 @@ class TestLive:
             await ready(pilot)
             await app.board.remove_children()
             app._tick()
-            app._set_alert("telemetry failed: late")
+            app._set_alert("telemetry failed: late", "telemetry")
             app.board.show_fleet()
             app.board.show_bookings()
             assert app.board.torn_down

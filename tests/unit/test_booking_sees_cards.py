@@ -1,6 +1,8 @@
 """Booking sees the cards (issue 10, section 4): a slot that starts now passes over cards with another
 user's processes and HOT cards, and says so; named cards are booked with a note."""
 
+from dataclasses import replace
+
 import pytest
 
 from app.config import Config, Pool
@@ -156,6 +158,16 @@ class TestPickingByCount:
         booking, notes = service(readings).book(count=2, start=NOW, end=NOW + H)
         assert booking.cards == (1, 2)
         assert notes == ("passed over card 0 (93 °C), card 3 (bob's processes, 9.0 GiB)",)
+
+    def test_a_lost_card_is_passed_over_and_named_now_and_later(self, service):
+        readings = cards({3: [bobs()]})
+        readings[0] = replace(readings[0], lost=True)
+        booking, notes = service(readings).book(count=2, start=NOW, end=NOW + H)
+        assert booking.cards == (1, 2)
+        assert notes == ("passed over card 0 (LOST: fell off the bus), card 3 (bob's processes, 9.0 GiB)",)
+        later = NOW + 2 * H  # what runs now no longer counts; a card that fell off the bus still does
+        assert service(readings).plan(count=2, start=later, end=later + H).notes == (
+            "passed over card 0 (LOST: fell off the bus)",)
 
     def test_a_future_slot_ignores_what_runs_now(self, service):
         readings = cards({0: [bobs()]}, temperatures={1: 93})

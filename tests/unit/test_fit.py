@@ -17,7 +17,7 @@ from app.fit import graph
 from app.fit.estimate import MIB, Settings, cpu_totals, graph_shape, kv_bytes_per_layer, layer_cards, place
 from app.fit.gguf_model import read_model
 from app.fit.graph import Allocator, Graph, reserve
-from app.fit.report import advice, alternatives, fit, overflow, request_record
+from app.fit.report import advice, alternatives, fit, overflow, render, request_record
 from tests.fit import shapes
 
 SMALL = ("tiny", "deep", "q4", "tied", "per-layer", "swa", "gqa8")
@@ -453,10 +453,21 @@ class TestReport:
         assert "TP2" in advice(fit(model, settings, card_mib=totals[2], overhead_mib=0, max_fill=1.0))
         assert "TP4" in advice(fit(model, settings, card_mib=totals[4], overhead_mib=0, max_fill=1.0))
 
-    def test_one_count_only(self, model_file):
-        result = fit(read_model(model_file("tiny")), Settings(), counts=(2,))
+    def test_one_count_only_shows_one_row_but_searches_every_count(self, model_file):
+        result = fit(read_model(model_file("tiny")), Settings(), cards=2)
         assert [o["cards"] for o in result.as_json()["options"]] == [2]
-        assert result.option(1) is None
+        assert result.smallest_fit == result.as_json()["smallest_fit"] == 1  # not "2": one card fits
+        assert "smallest fit: 1 card\n" in render(result) + "\n"
+
+    def test_one_count_that_does_not_fit_still_names_the_smallest_that_does(self, model_file):
+        # mid at ctx 512: about 118 MiB on one card, 101 MiB on the fuller of two
+        result = fit(read_model(model_file("mid")), Settings(ctx=512), card_mib=110, overhead_mib=0, max_fill=1.0,
+                     cards=1)
+        assert [(o["cards"], o["fits"]) for o in result.as_json()["options"]] == [(1, False)]
+        text = render(result)
+        assert [line.split()[0] for line in text.splitlines() if line[:5].strip().isdigit()] == ["1"]
+        assert "smallest fit: 2 cards" in text and "none" not in text
+        assert "Fits on 2 cards (TP2): book 2." in text and "even on 8" not in text
 
     def test_overflow_names_the_fullest_card_and_by_how_much(self, model_file):
         model = read_model(model_file("mid"))

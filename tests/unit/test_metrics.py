@@ -148,6 +148,12 @@ class TestCounters:
         assert got["board_backfill_moves"][0].value == 1 and got["board_bookings_queued"][0].value == 0
         assert value(card(got["board_gpu_state"], 3), state="booked", holder="bob") == 1.0
 
+    def test_or_later_at_a_free_time_is_not_counted_as_queued(self, service, metrics):
+        taken = service.call(BOB, "book", {"start": FROZEN_NOW + H, "end": FROZEN_NOW + 2 * H, "cards": [3],
+                                           "or_later": True})
+        assert (taken["start"], taken["queued"]) == (FROZEN_NOW + H, None)
+        assert scrape(metrics)["board_bookings_queued"][0].value == 0
+
     def test_counting_goes_on_from_where_it_was_and_a_restart_gives_the_same_totals(self, service, metrics):
         for hour in range(3):
             service.call(ALICE, "book", {"start": FROZEN_NOW + hour * H, "end": FROZEN_NOW + (hour + 1) * H, "cards": [1]})
@@ -187,6 +193,7 @@ class TestCounters:
         from app.alerts.rules import Card, Inputs
 
         assert scrape(metrics)["board_alerts"] == []
+        service.config = replace(service.config, alerts=replace(service.config.alerts, fire_after_s=0))  # at once
         engine, hot, cool = Engine(), Card(7, "GPU-7", "FREE", temp_c=95), Card(7, "GPU-7", "FREE", temp_c=50)
         for cards in ((hot, Card(3, "GPU-3", "LOST")), (cool,), (hot,)):  # hot fires twice, lost once
             engine.run(service, Inputs(FROZEN_NOW, cards=cards))

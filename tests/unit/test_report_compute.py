@@ -257,3 +257,28 @@ def test_a_booking_on_two_cards_is_summed_per_card(scene, by):
     one_by_one = compute(both, store.rollups(start, NOW), [], [], **kw)
     assert compute(both, summed, [], [], **kw) == one_by_one
     assert one_by_one["total"]["booked_h"] == 12.0
+
+
+@pytest.mark.parametrize("by", ["user", "card"])
+def test_a_booking_that_holds_buckets_in_part_is_charged_for_its_part(scene, by):
+    """Bookings that start and end inside 5-minute buckets (an admin's split at now, say): each bucket's seconds
+    are shared by how long each booking held it, alike one by one and summed in SQL, so neither the used nor the
+    idle hours exceed the booked ones."""
+    from app.report.gather import summed_rollups
+
+    store, _ = scene
+    # alice's card a is BOOKED and idle from 7 h to 6 h ago; the first piece ends 2 min into a bucket, the
+    # second starts there (on the same card) and ends 7 min later, 4 min into the next bucket.
+    split = NOW - 7 * H + 420
+    pieces = [booking(1, "alice", A, NOW - 7 * H, split, 0), booking(2, "bob", A, split, split + 420, 0)]
+    start = NOW - 86400
+    kw = {"now": NOW, "since_s": 86400, "by": by, "busy_util": 10, "cards": {A: "0", B: "1"},
+          "pools": {}, "memory_total": {A: 32768, B: 32768}}
+    one_by_one = compute(pieces, store.rollups(start, NOW), [], [], **kw)
+    assert compute(pieces, summed_rollups(store, start, NOW, pieces, 10), [], [], **kw) == one_by_one
+    rows = {r["key"]: r for r in one_by_one["rows"]}
+    if by == "user":
+        assert (rows["alice"]["booked_h"], rows["alice"]["idle_h"]) == (0.12, 0.12)
+        assert (rows["bob"]["booked_h"], rows["bob"]["idle_h"]) == (0.12, 0.12)
+    else:  # the card's hours outside the two pieces are no one's idle time
+        assert (rows["0"]["booked_h"], rows["0"]["idle_h"]) == (0.23, 0.23)

@@ -334,9 +334,11 @@ def test_a_split_by_reassign_leaves_the_notice_on_both_pieces(make_service, conn
     booking = make_service().create(cards=[3], start=NOW - 30, end=NOW + H)
     admin = make_service("root", 0, admin=True)
     piece = admin.reassign(booking.id, cards=[4])
-    what = f"moved to cards 4 by admin root (from now on booking {piece.id})"
+    what = f"moved to card 4 by admin root (from now on booking {piece.id})"  # one card: not "cards 4"
     assert (rows.get(conn, booking.id).notice, piece.notice) == (what, what)
     assert admin.told == [(1001, f"booking {booking.id} was {what}")]
+    two = make_service().create(cards=[0, 1], start=NOW + H, end=NOW + 2 * H)
+    assert admin.reassign(two.id, cards=[5, 6]).notice == "moved to cards 5,6 by admin root"
 
 
 class TestWindowOpens:

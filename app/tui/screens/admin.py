@@ -16,9 +16,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from app.errors import BoardError, NotPermitted
-from app.core.text import format_cards, inert
+from app.core.text import cards_text, format_cards, inert
 from app.model import Booking
-from app.tui.render import cursor_key, short_time, untrusted
+from app.tui.render import TIME_WIDTH, cursor_key, short_time, untrusted
 from app.tui.screens.confirm import ConfirmModal, ReassignModal, describe
 from app.tui.widgets.header import BoardHeader
 
@@ -54,8 +54,8 @@ class AdminScreen(Screen):
         if not app.identity.is_admin:  # never reached through the UI: the key is not bound
             raise NotPermitted("the admin screen is for admins only")
         table = self.query_one("#all-bookings", DataTable)
-        for key, label, width in (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 8), ("start", "START", 10),
-                                  ("end", "END", 10), ("class", "CLASS", 10), ("status", "STATUS", 9),
+        for key, label, width in (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 8), ("start", "START", TIME_WIDTH),
+                                  ("end", "END", TIME_WIDTH), ("class", "CLASS", 10), ("status", "STATUS", 9),
                                   ("note", "NOTE", None)):
             table.add_column(label, key=key, width=width)
         audit = self.query_one("#audit", DataTable)
@@ -142,5 +142,5 @@ class AdminScreen(Screen):
         except BoardError as error:
             self.notify(str(error), severity="error", markup=False)
             return
-        self.notify(f"booking #{done.id} is now {inert(done.user, 16)}'s on cards {format_cards(done.cards)}", markup=False)
+        self.notify(f"booking #{done.id} is now {inert(done.user, 16)}'s on {cards_text(done.cards)}", markup=False)
         self.reload()

@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Footer, Sparkline, Static
 from app.core.text import format_cards, format_elapsed
 from app.errors import BoardError
 from app.core.cardstate import CardStatus
-from app.tui.render import NA, gib, short_time, untrusted
+from app.tui.render import NA, TIME_WIDTH, gib, short_time, untrusted
 from app.tui.screens.servers import ServersLoaded, ServersView, memory_text
 from app.tui.widgets.header import BoardHeader
 
@@ -95,8 +95,8 @@ class CardDetailScreen(Screen):
                                   ("elapsed", "ELAPSED", 8), ("command", "COMMAND", None)):
             processes.add_column(label, key=key, width=width)
         bookings = self.query_one("#bookings", DataTable)
-        for key, label, width in (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 8), ("start", "START", 10),
-                                  ("end", "END", 10), ("class", "CLASS", 10), ("note", "NOTE", None)):
+        for key, label, width in (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 8), ("start", "START", TIME_WIDTH),
+                                  ("end", "END", TIME_WIDTH), ("class", "CLASS", 10), ("note", "NOTE", None)):
             bookings.add_column(label, key=key, width=width)
         self.update_all()
         watch = getattr(app, "server_watch", None)
@@ -146,12 +146,15 @@ class CardDetailScreen(Screen):
         self.query_one("#title", Static).update(title)
 
         facts = Text()
-        facts.append(f"VRAM {gib(r.memory_used_mib)}/{gib(r.memory_total_mib)} GiB · ")
+        # A figure the card did not give is "n/a" alone (a LOST card's), not "n/a/31.8"
+        used = NA if r.memory_used_mib is None else f"{gib(r.memory_used_mib)}/{gib(r.memory_total_mib)} GiB"
+        facts.append(f"VRAM {used} · ")
         facts.append(f"util {NA if r.utilization_pct is None else f'{r.utilization_pct}%'} · ")
         facts.append(f"temp {NA if r.temperature_c is None else f'{r.temperature_c}°C'} · ")
-        power = NA if r.power_w is None else f"{r.power_w:.0f}"
-        limit = NA if r.power_limit_w is None else f"{r.power_limit_w:.0f}"
-        facts.append(f"power {power}/{limit} W\n")
+        if r.power_w is None:
+            facts.append(f"power {NA}\n")
+        else:
+            facts.append(f"power {r.power_w:.0f}" + ("" if r.power_limit_w is None else f"/{r.power_limit_w:.0f}") + " W\n")
         facts.append(f"{r.uuid} · PCI {r.pci_bus_id or NA}", "dim")
         self.query_one("#facts", Static).update(facts)
 

@@ -14,7 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from app.errors import BadInput, BoardError
-from app.core.text import format_cards, inert
+from app.core.text import cards_text, format_cards, inert
 from app.core.timeparse import TimeInputError, parse_duration, parse_end
 from app.model import Booking
 from app.tui.render import NOTICE_MARK, duration, short_time
@@ -28,7 +28,7 @@ MODAL_CSS = """
 {name} .title {{ text-style: bold; color: $warning; }}
 {name} .body {{ margin: 1 0; }}
 {name} Horizontal {{ height: 1; }}
-{name} Label.field {{ width: 10; color: $text-muted; }}
+{name} Label.field {{ width: 12; color: $text-muted; }}
 {name} Input {{ width: 1fr; }}
 {name} .message {{ height: auto; min-height: 1; }}
 {name} .message.-error {{ color: $error; text-style: bold; }}
@@ -48,8 +48,8 @@ def settle_inputs(screen) -> None:
 def describe(booking: Booking, now: float) -> Text:
     """'#12 alice · cards 0,1 · 14:00 → 20:00 · finetune · note' with the user's text inert."""
     text = Text(f"#{booking.id} ")
-    text.append(inert(booking.user, 16), "bold")
-    text.append(f" · {'card' if len(booking.cards) == 1 else 'cards'} {format_cards(booking.cards)}"
+    text.append(inert(booking.user, 16) + " ", "bold")  # the space in its run: see card_table's holder
+    text.append(f"· {cards_text(booking.cards)}"
                 f" · {short_time(booking.start, now)} → {short_time(booking.end, now)} · {booking.klass}")
     if booking.note:
         text.append(" · ")

@@ -10,7 +10,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from app.core.policy import policy_zone
-from app.core.text import format_cards, inert
+from app.core.text import cards_text, format_cards, inert
 from app.tui.render import duration, short_time
 from app.tui.screens.confirm import describe
 from app.tui.widgets.card_table import WIDE_MIN_WIDTH, CardTable
@@ -109,7 +109,7 @@ class BoardScreen(Screen):
         if timeline.anchor is not None and selection:
             cards, start, end = selection
             return Text(
-                f"selected {'card' if len(cards) == 1 else 'cards'} {format_cards(cards)} · {short_time(start, now)}"
+                f"selected {cards_text(cards)} · {short_time(start, now)}"
                 f" → {short_time(end, now)} ({duration(end - start)}) · b books it")
         booking = timeline.booking_at(*timeline.cursor)
         if booking is not None:
@@ -136,12 +136,6 @@ class BoardScreen(Screen):
         snapshot = app.fleet
         if snapshot is None or self.torn_down:
             return
-        header = self.query_one(BoardHeader)
-        names = sorted({c.name for c in snapshot.cards if c.name})
-        from app.tui.widgets.card_table import short_name
-
-        header.fleet = f"{len(snapshot.cards)} × {', '.join(short_name(n) for n in names) or 'GPU'}"
-        header.simulated = snapshot.simulated
         wide = app.size.width >= WIDE_MIN_WIDTH
         self.timeline.set_cards(snapshot.cards, app.config.labels, wide=wide)
         self.card_table.show(app.statuses, app.clock())
@@ -167,14 +161,8 @@ class BoardScreen(Screen):
             self.query_one(UpcomingTable).show(self.app.view.upcoming, now)
 
     def show_alert(self) -> None:
-        if self.torn_down:
-            return
-        self.query_one(BoardHeader).alert = self.app.alert
-        self.describe_cursor()
-
-    def show_alerts(self, line: str) -> None:
         if not self.torn_down:
-            self.query_one(BoardHeader).alerts = line
+            self.describe_cursor()
 
     def on_resize(self) -> None:
         self.set_class(self.app.size.height >= self.TALL_MIN_HEIGHT, "-tall")

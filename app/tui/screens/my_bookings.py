@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Footer, Static
 from app.core.text import format_cards
 from app.errors import BoardError
 from app.model import Booking
-from app.tui.render import NOTICE_MARK, cursor_key, duration, short_time, untrusted
+from app.tui.render import NOTICE_MARK, TIME_WIDTH, cursor_key, duration, short_time, untrusted
 from app.tui.screens.confirm import ConfirmModal, ExtendModal, describe
 from app.tui.widgets.header import BoardHeader
 
@@ -41,8 +41,8 @@ class MyBookingsScreen(Screen):
     def on_mount(self) -> None:
         app = self.app
         table = self.query_one(DataTable)
-        for key, label, width in (("id", "#", 5), ("cards", "CARDS", 9), ("start", "START", 10), ("end", "END", 10),
-                                  ("length", "FOR", 7), ("class", "CLASS", 10), ("state", "STATE", 8),
+        for key, label, width in (("id", "#", 5), ("cards", "CARDS", 9), ("start", "START", TIME_WIDTH),
+                                  ("end", "END", TIME_WIDTH), ("length", "FOR", 7), ("class", "CLASS", 10), ("state", "STATE", 8),
                                   ("note", "NOTE", None)):
             table.add_column(label, key=key, width=width)
         self.refresh_rows()

@@ -68,7 +68,8 @@ def short_name(name: str | None) -> str:
 
 
 def compact_time(epoch: float, now: float) -> str:
-    if 0 <= epoch - now < 20 * 3600 or local(epoch).date() == local(now).date():
+    """'19:00' today, else 'Wed 10h': a time without its day would read as today's."""
+    if local(epoch).date() == local(now).date():
         return local(epoch).strftime("%H:%M")
     return local(epoch).strftime("%a %Hh")
 
@@ -280,7 +281,7 @@ class CardTable(DataTable):
         fraction = used / total if used is not None and total else None
         level = "cards--danger" if FULL in s.warnings else f"cards--{level_style(fraction, 0.7, 0.9)}"
         if wide:
-            figures = f" {gib(used)}/{gib(total)}"
+            figures = " " + (NA if used is None else f"{gib(used)}/{gib(total)}")
         else:
             figures = " " + (NA if fraction is None else f"{used / 1024:.0f}/{total / 1024:.0f}")
         vram = [(bar(fraction, 7 if self._requested else 8 if wide else 5), level), (figures, "")]
@@ -304,15 +305,17 @@ class CardTable(DataTable):
         cells["power"] = (((power, f"cards--{level_style(power_fraction, 0.8, 0.95)}"),), "right")
 
         when = short_time if wide else compact_time
+        # A space between two runs goes with the first: an SVG screenshot's renderer may drop a run's leading spaces.
         if s.booking:
             mine = "cards--mine" if s.booking.user == self.me else ""
-            until = f" → {when(s.booking.end, now)}" if wide else f"→{when(s.booking.end, now)}"
-            cells["holder"] = (((inert(s.booking.user, 8), mine), (until, "")), "left")
+            user = inert(s.booking.user, 8) + (" " if wide else "")
+            until = f"→ {when(s.booking.end, now)}" if wide else f"→{when(s.booking.end, now)}"
+            cells["holder"] = (((user, mine), (until, "")), "left")
         else:
             cells["holder"] = ((("-", "cards--muted"),), "left")
         if s.next_booking:
             mine = "cards--mine" if s.next_booking.user == self.me else ""
-            cells["next"] = (((inert(s.next_booking.user, 7), mine), (f" {when(s.next_booking.start, now)}", "")),
+            cells["next"] = (((inert(s.next_booking.user, 7) + " ", mine), (when(s.next_booking.start, now), "")),
                              "left")
         else:
             cells["next"] = ((("-", "cards--muted"),), "left")

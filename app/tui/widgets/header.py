@@ -1,4 +1,5 @@
-"""The board's one-line header: host, cards, clock, who you are, and the ADMIN and SIMULATED badges."""
+"""The board's one-line header on every screen: host, cards, clock, who you are, the ADMIN and SIMULATED badges,
+the board's own trouble (telemetry stalled, the service down) and the service's firing alerts."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class BoardHeader(Widget):
         color: $foreground;
     }
     BoardHeader > .header--host { text-style: bold; }
+    BoardHeader > .header--fleet { color: $text-muted; }
     BoardHeader > .header--badge-admin { background: $error; color: $text; text-style: bold; }
     BoardHeader > .header--badge-simulated { background: $warning; color: $text; text-style: bold; }
     BoardHeader > .header--clock { color: $text-muted; }
@@ -25,8 +27,8 @@ class BoardHeader(Widget):
     BoardHeader > .header--alerts { color: $warning; text-style: bold; }
     """
     COMPONENT_CLASSES = {
-        "header--host", "header--badge-admin", "header--badge-simulated", "header--clock", "header--user",
-        "header--alerts",
+        "header--host", "header--fleet", "header--badge-admin", "header--badge-simulated", "header--clock",
+        "header--user", "header--alerts",
     }
 
     host: reactive[str] = reactive("")
@@ -43,14 +45,30 @@ class BoardHeader(Widget):
         app = self.app
         self.host, self.user, self.admin = app.host, app.identity.name, app.identity.is_admin
         self.now = app.clock()
-        self.simulated = bool(getattr(app.source, "simulated", False))
+        self.sync()
+
+    def sync(self) -> None:
+        """The fleet, the board's trouble and the service's alerts as the app has them now (it calls this on
+        every header when they change; a reactive repaints only what did)."""
+        from app.tui.widgets.card_table import short_name
+
+        app = self.app
+        snapshot = app.fleet
+        if snapshot is not None:
+            names = sorted({c.name for c in snapshot.cards if c.name})
+            self.fleet = f"{len(snapshot.cards)} × {', '.join(short_name(n) for n in names) or 'GPU'}"
+        self.simulated = snapshot.simulated if snapshot is not None else bool(getattr(app.source, "simulated", False))
+        self.alert, self.alerts = app.alert, app.alerts_line
 
     def render(self) -> Text:
         style = self.get_component_rich_style
         left = Text(" ")
         left.append_text(untrusted(self.host, 24, style("header--host")))
         if self.fleet:
-            left.append(f"  {self.fleet}")
+            # Its own style, so the gap is a run of its own: an SVG screenshot's renderer may drop the spaces
+            # that start a run (rsvg-convert drew "gpu-box8 × RTX 5090").
+            left.append("  ")
+            left.append(self.fleet, style("header--fleet"))
         if self.simulated:
             left.append("  ")
             left.append(" SIMULATED ", style("header--badge-simulated"))

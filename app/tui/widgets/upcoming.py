@@ -9,7 +9,7 @@ from textual.widgets import DataTable
 
 from app.core.text import format_cards
 from app.model import Booking
-from app.tui.render import duration, short_time, untrusted
+from app.tui.render import TIME_WIDTH, duration, short_time, untrusted
 
 
 NOTE_WIDTH = 100  # the note's limit: a fixed width, as an auto one is measured by whatever the console is at the time
@@ -22,8 +22,8 @@ class UpcomingTable(DataTable):
     UpcomingTable > .upcoming--later { color: $text-muted; }
     """
     COMPONENT_CLASSES = DataTable.COMPONENT_CLASSES | {"upcoming--active", "upcoming--later"}
-    COLUMNS = (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 9), ("start", "START", 10),
-               ("end", "END", 10), ("length", "FOR", 6), ("when", "WHEN", 12), ("class", "CLASS", 10),
+    COLUMNS = (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 9), ("start", "START", TIME_WIDTH),
+               ("end", "END", TIME_WIDTH), ("length", "FOR", 6), ("when", "WHEN", 12), ("class", "CLASS", 10),
                ("note", "NOTE", NOTE_WIDTH))
 
     def __init__(self, me: str, *, id: str | None = None) -> None:
