@@ -72,8 +72,12 @@ class SocketClient:
             sock.sendall(wire.encode({"v": wire.VERSION, "id": self._next_id, "op": op, "args": args}))
         except (BrokenPipeError, ConnectionResetError):
             # A refusal at the door (too many connections, not a member) comes before any request is read,
-            # and the service may have closed by now: its one line is still waiting here.
-            line = reader.readline(wire.MAX_MESSAGE + 1)
+            # and the service may have closed by now: its one line is still waiting here. Closed with our last
+            # request unread, the line may instead read as reset: either way this request never went out.
+            try:
+                line = reader.readline(wire.MAX_MESSAGE + 1)
+            except OSError:
+                line = b""
             if line:
                 return wire.receive(line)
             raise NotSent() from None
