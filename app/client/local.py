@@ -34,8 +34,16 @@ class LocalClient:
         return cls(Service(config, Fleet(source, config.refresh_seconds), clock=clock, demo=demo), me)
 
     def call(self, op: str, **args: Any) -> Any:
-        # The same JSON round trip as the socket, so both transports hand back the same shapes.
-        return json.loads(json.dumps(self.service.call(self.me, op, json.loads(json.dumps(args)))))
+        # The same JSON round trips as the socket: the arguments decoded as the service decodes a request
+        # (a lone surrogate is refused alike), and the answer in the same shapes.
+        from app import wire
+        from app.errors import BadInput
+
+        try:
+            args = wire.decode(wire.encode(args))
+        except ValueError as error:
+            raise BadInput(f"{str(op)[:40]}: {error}") from None
+        return json.loads(json.dumps(self.service.call(self.me, op, args)))
 
     def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
         from app.service.watch import start_watchers

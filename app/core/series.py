@@ -113,11 +113,12 @@ def parse_clock(text: str, what: str) -> int:
 
 
 def parse_date(text: str, what: str) -> date:
-    """'2026-12-07' -> the date; BadInput for anything else."""
+    """'2026-12-07' -> the date; BadInput for anything else, and for years outside 1970-8999 (as the service's
+    times: a series' days, a day on and a zone away, must stay dates)."""
     found = _DATE.fullmatch(str(text).strip())
     try:
-        if found is None:
-            raise ValueError("not YYYY-MM-DD")
+        if found is None or not 1970 <= int(found[1]) < 9000:
+            raise ValueError("not YYYY-MM-DD from 1970 to 8999")
         return date(int(found[1]), int(found[2]), int(found[3]))
     except ValueError:
         raise BadInput(f"can't read {what} {inert(str(text).strip(), 40)!r} as a date; give a day such as"
