@@ -22,12 +22,10 @@ CARD_USE = ("weights_mib", "kv_mib", "compute_mib", "overhead_mib", "total_mib")
 # Each field's check: None when the value is good, else what it should be. (No typing: `board list` loads this.)
 
 
-def _whole(low: int, high: int):
-    def check(value):
-        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-            return None
-        return f"a whole number from {low} to {high}"
-    return check
+def _whole(value, low: int, high: int) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return None
+    return f"a whole number from {low} to {high}"
 
 
 def _flag(value) -> str | None:
@@ -66,13 +64,13 @@ def _estimate(value) -> str | None:
 
 FIELDS = {
     "model": _path,
-    "ctx": _whole(1, MAX_CTX),
-    "parallel": _whole(1, MAX_PARALLEL),
+    "ctx": lambda value: _whole(value, 1, MAX_CTX),
+    "parallel": lambda value: _whole(value, 1, MAX_PARALLEL),
     "cache_type_k": _cache_type,
     "cache_type_v": _cache_type,
     "flash_attn": _flag,
     "unified": _flag,
-    "cards_planned": _whole(1, MAX_CARDS),
+    "cards_planned": lambda value: _whole(value, 1, MAX_CARDS),
     "per_card_mib": _per_card,
     "estimate": _estimate,
 }
