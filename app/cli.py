@@ -170,7 +170,10 @@ def cmd_doctor(ctx: Context) -> int:
 
 def cmd_agent(ctx: Context) -> int:
     socket_path = ctx.config.service.socket
-    if not socket_path or ctx.args.once:
+    if socket_path and ctx.args.once:  # root's cron on the shared config would enforce the service's file
+        raise BadInput("board agent --once enforces a database file you own; this config names the board service"
+                       " ([service] socket), which enforces its own database: systemctl status board-agent")
+    if not socket_path:
         from app.agent import cmd_agent as enforce_file  # a database one user owns: enforcement only
 
         return enforce_file(ctx)

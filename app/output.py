@@ -46,23 +46,27 @@ def booking_json(booking: dict | None) -> dict | None:
 
 
 def request_text(request: dict | None) -> str:
-    """'mid.gguf ctx 32,768 ×4, ~2.1 GiB/card' for a booking sized from a model; '' otherwise."""
+    """'mid.gguf ctx 32,768 ×4, ~2.1 GiB/card' for a booking sized from a model; '' otherwise. A row stored
+    before the service checked requests may hold anything: only its well-formed fields are shown."""
+    from app.core.request import readable
     from app.core.text import inert
 
-    if not isinstance(request, dict) or not request.get("model"):
+    request = readable(request)
+    if "model" not in request:
         return ""
-    per_card = request.get("per_card_mib") or []
-    estimate = f", ~{max(per_card) / 1024:.1f} GiB/card" if per_card and all(isinstance(x, int) for x in per_card) else ""
-    name = inert(str(request["model"]).rsplit("/", 1)[-1], 40)
-    return f"{name} ctx {request.get('ctx', '?'):,} ×{request.get('parallel', '?')}{estimate}"
+    per_card = request.get("per_card_mib")
+    estimate = f", ~{max(per_card) / 1024:.1f} GiB/card" if per_card else ""
+    ctx, parallel = (f"{request[key]:,}" if key in request else "?" for key in ("ctx", "parallel"))
+    return f"{inert(request['model'].rsplit('/', 1)[-1], 40)} ctx {ctx} ×{parallel}{estimate}"
 
 
 def requested_mib(booking: dict | None, card: int) -> int | None:
     """What the booking's request estimated for `card`, or None."""
-    request = (booking or {}).get("request") or {}
-    per_card = request.get("per_card_mib") or []
+    from app.core.request import readable
+
+    per_card = readable((booking or {}).get("request")).get("per_card_mib") or []
     cards = list((booking or {}).get("cards") or [])
-    if card in cards and len(per_card) == len(cards) and isinstance(per_card[cards.index(card)], int):
+    if card in cards and len(per_card) == len(cards):
         return per_card[cards.index(card)]
     return None
 

@@ -36,11 +36,33 @@ def receive(line: bytes) -> dict:
 
 
 def decode(line: bytes | str) -> dict:
-    """One message; ValueError for anything that is not one JSON object."""
+    """One message; ValueError for anything that is not one JSON object of valid Unicode text."""
     try:
         message = json.loads(line)
     except RecursionError:  # [[[[... nested deeper than the parser goes: still just bad input
         raise ValueError("a message nests too deeply") from None
     if not isinstance(message, dict):
         raise ValueError("a message is one JSON object")
+    # Only a \u escape can make a lone surrogate (the bytes are UTF-8), so most lines skip the walk.
+    if (b"\\u" if isinstance(line, bytes) else "\\u") in line and not _unicode(message):
+        raise ValueError("a message's text has a lone surrogate (\\ud800-\\udfff), which is not Unicode text")
     return message
+
+
+def _unicode(value: object) -> bool:
+    """No string in it (keys included) holds a lone surrogate, which SQLite, UTF-8 and terminals cannot take."""
+    todo = [value]
+    while todo:  # a loop, not recursion: the message may nest as deep as the parser went
+        item = todo.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode()
+                except UnicodeEncodeError:
+                    return False
+        elif isinstance(item, list):
+            todo.extend(item)
+        elif isinstance(item, dict):
+            todo.extend(item)
+            todo.extend(item.values())
+    return True

@@ -36,15 +36,20 @@ class LocalClient:
         return cls(Service(config, Fleet(source, config.refresh_seconds), clock=clock, demo=demo), me)
 
     def call(self, op: str, **args: Any) -> Any:
-        from app.errors import BoardError
+        # The same JSON round trips as the socket: the arguments decoded as the service decodes a request
+        # (a lone surrogate is refused alike), and the answer in the same shapes and words.
+        from app.errors import BadInput, BoardError
 
         try:
-            result = self.service.call(self.me, op, json.loads(json.dumps(args)))
+            args = wire.decode(wire.encode(args))
+        except ValueError as error:
+            raise BadInput(f"{str(op)[:40]}: {error}") from None
+        try:
+            result = self.service.call(self.me, op, args)
         except BoardError as error:
             if (worded := wire.worded(str(error))) != str(error):
                 error.args = (worded,)
             raise
-        # The same JSON round trip as the socket, so both transports hand back the same shapes and words.
         return json.loads(wire.worded(json.dumps(result)))
 
     def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:

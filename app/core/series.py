@@ -113,15 +113,23 @@ def parse_clock(text: str, what: str) -> int:
 
 
 def parse_date(text: str, what: str) -> date:
-    """'2026-12-07' -> the date; BadInput for anything else."""
+    """'2026-12-07' -> the date; BadInput for anything else, a day before 1970 or after 8999 included."""
     found = _DATE.fullmatch(str(text).strip())
     try:
         if found is None:
             raise ValueError("not YYYY-MM-DD")
-        return date(int(found[1]), int(found[2]), int(found[3]))
+        return _in_reach(date(int(found[1]), int(found[2]), int(found[3])))
     except ValueError:
         raise BadInput(f"can't read {what} {inert(str(text).strip(), 40)!r} as a date; give a day such as"
                        " 2026-12-07") from None
+
+
+def _in_reach(day: date) -> date:
+    """The service's times run from 1970 to 9000 (app.service.ops.TIME): a series' days, a day on and a time
+    zone away, stay dates Python can hold (its last year is 9999)."""
+    if not 1970 <= day.year < 9000:
+        raise ValueError
+    return day
 
 
 def occurrences(rule: Rule, tz: tzinfo | None) -> list[tuple[int, int]]:

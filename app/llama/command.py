@@ -15,11 +15,11 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from app.core.request import CACHE_TYPES
 from app.errors import BadInput
 from app.gpu.model import Topology
 
 SPLIT_MODES = ("layer", "row")
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # as app.fit.estimate sizes them
 DEFAULT_CTX = 4096
 DEFAULT_PARALLEL = 1
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from app.core.request import readable
 from app.errors import BoardError
 from app.llama import command as cmd
 from app.llama import logs, rows
@@ -55,7 +56,7 @@ def start(client, booking_id: int, *, socket_path: str | None = None, environ: M
     the grant (ready_timeout_s). With `fit_limits` (app.fit.request.limits), a server whose estimate does
     not fit the booked cards is refused (NotPermitted) unless `force`; the estimate goes into the audit row."""
     booking = client.call("get", id=booking_id)
-    request = booking.get("request") or {}
+    request = readable(booking.get("request"))  # the well-formed fields of what is stored
     model = options.get("model") or request.get("model")
     if model:  # checked here, by the member's own process: the service never opens a path a client sent
         options["model"] = cmd.check_model(model)

@@ -31,6 +31,7 @@ from typing import Protocol
 from app.config import Config
 from app.errors import BadInput, BoardError, Conflict, NotPermitted
 from app.core.identity import Identity
+from app.core.request import readable
 from app.gpu.model import Topology
 from app.llama import command as cmd
 from app.llama import logs, ports, rows
@@ -131,7 +132,7 @@ class ServerService:
         booking = booking_rows.get(self.conn, booking_id)
         if booking is None:
             raise BadInput(f"no booking {booking_id}; 'board list --mine' shows your bookings")
-        request = booking.request or {}
+        request = readable(booking.request)  # a row stored before requests were checked may hold anything
         details = {"model": model, "port": port}
         self._audited_check("server-start", booking_id, details, lambda: self._may_start(booking, int(self.clock())))
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from app.core.identity import Identity
 from app.errors import BadInput
 from app.faults import store
-from app.service.ops import INT, STR, op
+from app.service.ops import STR, TIME, op
 
 LIMIT = 10_000
 
 
-@op("faults", {"since": INT}, {"kind": STR})
+@op("faults", {"since": TIME}, {"kind": STR})
 def faults(service, me: Identity, since: int, kind: str | None = None) -> dict:
     """The faults since `since` (epoch seconds), newest first, with the card's index where the fleet knows it,
     and the counts by kind over the same window."""

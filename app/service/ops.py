@@ -18,6 +18,20 @@ FOREVER = 2**62
 
 
 @dataclass(frozen=True)
+class Whole:
+    """An integer argument in [low, high]: times and spans stay where dates, the rules and SQLite can take them."""
+    low: int
+    high: int
+    what: str
+    __name__ = "int"
+
+
+# Python's dates end with the year 9999: a time up to 9000, plus a span (extend) or the rules' reach, stays a date.
+TIME = Whole(0, 221845392000, "a time from 1970 to 9000 (epoch seconds)")  # 9000-01-01 UTC
+SPAN = Whole(-28401840000, 28401840000, "a span of at most 900 years (seconds)")
+
+
+@dataclass(frozen=True)
 class Op:
     name: str
     handler: Callable[..., Any]
@@ -40,10 +54,13 @@ class Op:
             if name not in known:
                 raise BadInput(f"{self.name}: unknown argument {str(name)[:40]!r}")
             kind = known[name]
-            if value is not None and (not isinstance(value, kind) or (kind is INT and isinstance(value, bool))):
+            whole = kind is INT or isinstance(kind, Whole)
+            if value is not None and (not isinstance(value, int if whole else kind) or (whole and isinstance(value, bool))):
                 raise BadInput(f"{self.name}: argument {name!r} must be {kind.__name__}")
             if kind is INT and value is not None and not -(2**63) < value < 2**63:
                 raise BadInput(f"{self.name}: argument {name!r} is out of range")
+            if isinstance(kind, Whole) and value is not None and not kind.low <= value <= kind.high:
+                raise BadInput(f"{self.name}: argument {name!r} must be {kind.what}")
         return {k: v for k, v in args.items() if v is not None}
 
 
@@ -102,7 +119,7 @@ def fleet(service, me: Identity) -> dict:
     return snapshot_to_wire(service.fleet.latest())
 
 
-@op("history", {"seconds": INT}, {"step": INT, "uuid": STR})
+@op("history", {"seconds": SPAN}, {"step": SPAN, "uuid": STR})
 def history(service, me: Identity, seconds: int, step: int | None = None, uuid: str | None = None) -> dict:
     """Per card uuid (or the one asked for), [taken_at, VRAM GiB, util %, temp °C, power W] every `step` seconds
     over the last `seconds`, oldest first: the service's recorded history (app.history.reply)."""
@@ -111,7 +128,7 @@ def history(service, me: Identity, seconds: int, step: int | None = None, uuid: 
     return history_reply(service, seconds, step, uuid)
 
 
-@op("report", {"since_s": INT}, {"by": STR})
+@op("report", {"since_s": SPAN}, {"by": STR})
 def report(service, me: Identity, since_s: int, by: str = "user") -> dict:
     """Booked GPU-hours against used ones per user, class, pool or card, and the seeds' verdicts (app.report)."""
     from app.report.gather import report_reply
@@ -157,7 +174,7 @@ def _fleet_with_servers(service):
 
 # -- bookings -----------------------------------------------------------------------------------
 
-_SLOT = {"start": INT, "end": INT}
+_SLOT = {"start": TIME, "end": TIME}
 _WHICH = {"cards": LIST, "count": INT, "class": STR}
 
 
@@ -202,6 +219,10 @@ def book(service, me: Identity, start: int, end: int, cards=None, count=None, no
         raise BadInput("say which cards: a count (board book 2) or --cards 0,1")
     if cards is not None and count is not None:
         raise BadInput("give a count or --cards, not both")
+    if request is not None:  # every member's `board list` shows it: known keys, each in its type and range
+        from app.core.request import check
+
+        request = check(request)
     if checked:  # the form's path: a request that fails the check writes nothing at all, not even an audit row
         rules.plan(cards=_cards(cards), count=count, start=start, end=end, klass=klass, or_later=or_later)
     booking, notes = rules.book(cards=_cards(cards), count=count, start=start, end=end, klass=klass, note=note,
@@ -215,7 +236,7 @@ def get(service, me: Identity, id: int) -> dict:
     return wire(service.bookings(me).get(id))
 
 
-@op("list", {}, {"start": INT, "end": INT, "user": STR, "mine": BOOL, "include_cancelled": BOOL})
+@op("list", {}, {"start": TIME, "end": TIME, "user": STR, "mine": BOOL, "include_cancelled": BOOL})
 def listing(service, me: Identity, start=None, end=None, user=None, mine=False, include_cancelled=False) -> list:
     from app.store import bookings as rows
 
@@ -228,7 +249,7 @@ def listing(service, me: Identity, start=None, end=None, user=None, mine=False, 
     return [wire(b) for b in found]
 
 
-@op("window", {"start": INT, "end": INT})
+@op("window", {"start": TIME, "end": TIME})
 def window(service, me: Identity, start: int, end: int) -> dict:
     """What the board draws: bookings from now on, and those in the timeline's window."""
     from app.store import bookings as rows
@@ -252,7 +273,7 @@ def release(service, me: Identity, id: int) -> dict:
     return wire(service.bookings(me).release(id))
 
 
-@op("extend", {"id": INT}, {"end": INT, "add_seconds": INT}, writes=True)
+@op("extend", {"id": INT}, {"end": TIME, "add_seconds": SPAN}, writes=True)
 def extend(service, me: Identity, id: int, end=None, add_seconds=None) -> dict:
     rules = service.bookings(me)
     if (end is None) == (add_seconds is None):
@@ -271,7 +292,7 @@ def reassign(service, me: Identity, id: int, cards=None, user=None, force=False)
     return wire(moved)
 
 
-@op("move", {"id": INT, "start": INT, "end": INT}, {"override_policy": BOOL}, frees=True)
+@op("move", {"id": INT, "start": TIME, "end": TIME}, {"override_policy": BOOL}, frees=True)
 def move(service, me: Identity, id: int, start: int, end: int, override_policy=False) -> dict:
     """An admin gives a booking new times on the same cards; its holder is told."""
     moved = service.bookings(me).move(id, start, end, override_policy=override_policy)
@@ -279,7 +300,7 @@ def move(service, me: Identity, id: int, start: int, end: int, override_policy=F
     return wire(moved)
 
 
-@op("all_bookings", {"since": INT})
+@op("all_bookings", {"since": TIME})
 def all_bookings(service, me: Identity, since: int) -> list:
     from app.store import bookings as rows
 

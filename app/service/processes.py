@@ -5,7 +5,8 @@ service takes its pid and uid from SO_PEERCRED, opens a pidfd for it at once and
 /proc, that the process behind the pidfd still has that uid: a pid reused between connect and
 pidfd_open would fail that check. From then on the pidfd is the only handle it signals through;
 members of the process's group are signalled through pidfds of their own, and only when they
-belong to the booking's holder. It never signals pid <= 1 or its own process group.
+belong to the booking's holder alone (every uid of theirs is the holder's: nothing running setuid).
+It never signals pid <= 1 or its own process group.
 """
 
 from __future__ import annotations
@@ -40,15 +41,19 @@ class RegistrationError(Exception):
     pass
 
 
-def proc_uid(pid: int) -> int | None:
+def owned_by(pid: int, uid: int) -> bool:
+    """The process is wholly `uid`'s: its real, effective, saved and filesystem uids are all `uid`. A program
+    a member started that runs setuid (another user's binary with the setuid bit, such as passwd) keeps
+    the member's real uid, but is not the member's alone, so it is never theirs to have signalled."""
     try:
         with open(f"/proc/{pid}/status", "rb") as status:
             for line in status:
                 if line.startswith(b"Uid:"):
-                    return int(line.split()[1])  # the real uid
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+                    uids = [int(field) for field in line.split()[1:]]
+                    return len(uids) == 4 and all(found == uid for found in uids)
+    except (OSError, ValueError):
+        return False
+    return False
 
 
 def proc_pgid(pid: int) -> int | None:
@@ -94,7 +99,7 @@ class Registry:
             raise RegistrationError("the registering process has already ended") from None
         # The pidfd now pins the process: check that it is the caller's, so a reused pid cannot slip in.
         started = proc_started(pid)
-        if proc_uid(pid) != uid or exited(pidfd) or started is None or started_ticks not in (None, started):
+        if not owned_by(pid, uid) or exited(pidfd) or started is None or started_ticks not in (None, started):
             os.close(pidfd)
             raise RegistrationError("the registering process is not yours")
         pgid = pgid or proc_pgid(pid) or pid
@@ -140,8 +145,8 @@ class Registry:
         # Found first: once the job has died, its children belong to init and no longer look like its own.
         members = sorted(_job_members(entry.pid, entry.pgid if leads else None) - {entry.pid})
         sent = []
-        # Still the holder's: a job that exec'd something setuid since is no longer theirs to stop.
-        if entry.pid > 1 and not exited(entry.pidfd) and proc_uid(entry.pid) == entry.uid:
+        # Still the holder's alone: a job that exec'd something setuid since is no longer theirs to stop.
+        if entry.pid > 1 and not exited(entry.pidfd) and owned_by(entry.pid, entry.uid):
             try:
                 signal.pidfd_send_signal(entry.pidfd, sig)
                 sent.append(entry.pid)
@@ -155,7 +160,7 @@ class Registry:
             except OSError:
                 continue
             try:  # checked through the pidfd's process: a pid reused meanwhile is not the job's
-                if proc_uid(pid) == entry.uid and proc_pgid(pid) != own_group and not exited(fd):
+                if owned_by(pid, entry.uid) and proc_pgid(pid) != own_group and not exited(fd):
                     signal.pidfd_send_signal(fd, sig)
                     sent.append(pid)
             except ProcessLookupError:

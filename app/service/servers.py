@@ -216,7 +216,7 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
     from app.llama import rows
     from app.llama.identity import capture
     from app.service.peer import identity_of
-    from app.service.processes import RegistrationError, exited, proc_pgid, proc_uid
+    from app.service.processes import RegistrationError, exited, owned_by, proc_pgid
 
     service = server.service
     me = identity_of(peer, service.config.admin_group)
@@ -259,7 +259,7 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
             raise
         child = None
         if child_pid is not None and child_pid > 1 and proc_pgid(child_pid) == entry.pgid \
-                and proc_uid(child_pid) == peer.uid:
+                and owned_by(child_pid, peer.uid):
             child = capture(child_pid)
         rules.supervised(server_id, supervisor=capture(peer.pid), pgid=entry.pgid, child=child,
                          log_path=(log_path or "")[:500])

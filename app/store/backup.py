@@ -6,15 +6,21 @@ database exactly as it was at that instant, never a mix. Without the held snapsh
 restarts a stepwise backup whenever another process commits, which under steady writes may
 never finish.
 
-The copy is written to a hidden temporary file beside PATH, switched to a rollback journal (one
-self-contained file), checked (integrity_check and the audit chain), synced, and only then
-moved into place. An existing PATH is never replaced without force=True.
+The copy is made in memory (the bookings' file is small: the history keeps its own), switched to a
+rollback journal (one self-contained file) and checked (integrity_check and the audit chain). Then
+it is written through the descriptor of a new file beside PATH, nameless where the filesystem allows
+(O_TMPFILE), synced, and given PATH through that descriptor (/proc/self/fd). Nothing is ever opened
+again by name, so a directory whose owner swaps a temporary name for a symlink (a member's, backed up
+by root) gets nothing written through it. An existing PATH is never replaced without force=True.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -50,7 +56,7 @@ def backup(source: Path, target: Path, *, force: bool = False, progress: Progres
            pages_per_step: int = PAGES_PER_STEP) -> BackupResult:
     """Copy the database at `source` to `target`; raises BadInput for a target it may not or cannot write."""
     source, target = Path(source), Path(target)
-    _refuse_live_files(source, target)
+    refuse_live_files(source, target)
     if target.is_dir():
         raise BadInput(f"{target} is a directory; give the backup a file name, e.g. {target / 'board.db'}")
     if target.exists() and not force:
@@ -62,29 +68,18 @@ def backup(source: Path, target: Path, *, force: bool = False, progress: Progres
             raise BadInput(f"{target}{suffix} exists (a database was in use there); remove it or pick another name")
 
     src = connect(source, create=False)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
-        try:
-            os.close(os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except OSError as error:
-            raise BadInput(f"can't write {target.parent} ({error.strerror}); pick a directory you can write") from None
-        try:
-            result = _copy(src, temporary, progress, pages_per_step)
-            _fsync(temporary)
-            _place(temporary, target, force)
-            _fsync(target.parent)
-        finally:
-            for leftover in (temporary, Path(f"{temporary}-journal")):
-                leftover.unlink(missing_ok=True)
+        result, image = _copy(src, progress, pages_per_step)
     finally:
         src.close()
+    write_new_file(image, target, force=force)
     if result.integrity != "ok":
         raise BoardError(f"copied to {target}, but the copy fails integrity_check ({result.integrity});"
                          " the live database may be damaged: run board doctor")
     return replace(result, path=target)
 
 
-def _refuse_live_files(source: Path, target: Path) -> None:
+def refuse_live_files(source: Path, target: Path) -> None:
     """The target must not be the database or one of SQLite's files beside it, however it is spelled.
 
     Writing the copy over `board.db-wal` (or a link to it) would replace the live write-ahead log:
@@ -106,8 +101,28 @@ def _refuse_live_files(source: Path, target: Path) -> None:
                 raise BadInput(f"{target} is {what}; back it up somewhere else")
 
 
-def _copy(src: sqlite3.Connection, temporary: Path, progress: Progress | None, pages_per_step: int) -> BackupResult:
-    dst = sqlite3.connect(temporary, isolation_level=None)
+def _copy(src: sqlite3.Connection, progress: Progress | None, pages_per_step: int) -> tuple[BackupResult, bytes]:
+    """The database as one read snapshot, copied into memory and checked: (what it holds, the file's bytes)."""
+    with snapshot(src, progress, pages_per_step) as dst:
+        integrity = "; ".join(row[0] for row in dst.execute("PRAGMA integrity_check").fetchall())
+        broken = events.first_broken(dst) if integrity == "ok" else None
+        result = BackupResult(
+            path=Path(),
+            pages=dst.execute("PRAGMA page_count").fetchone()[0],
+            page_size=dst.execute("PRAGMA page_size").fetchone()[0],
+            bookings=dst.execute("SELECT count(*) FROM bookings").fetchone()[0] if integrity == "ok" else 0,
+            events=dst.execute("SELECT count(*) FROM events").fetchone()[0] if integrity == "ok" else 0,
+            integrity=integrity,
+            first_broken_event=broken,
+        )
+        return result, file_image(dst)
+
+
+@contextmanager
+def snapshot(src: sqlite3.Connection, progress: Progress | None = None,
+             pages_per_step: int = PAGES_PER_STEP) -> Iterator[sqlite3.Connection]:
+    """An in-memory copy of the database `src` holds, taken from one read snapshot (writers carry on beside it)."""
+    dst = sqlite3.connect(":memory:", isolation_level=None)
     try:
         shown = -1
 
@@ -126,34 +141,91 @@ def _copy(src: sqlite3.Connection, temporary: Path, progress: Progress | None, p
             src.backup(dst, pages=pages_per_step, progress=report)
         finally:
             src.execute("COMMIT")
-        dst.execute("PRAGMA journal_mode = DELETE")  # a backup is one self-contained file
-        integrity = "; ".join(row[0] for row in dst.execute("PRAGMA integrity_check").fetchall())
-        broken = events.first_broken(dst) if integrity == "ok" else None
-        return BackupResult(
-            path=temporary,
-            pages=dst.execute("PRAGMA page_count").fetchone()[0],
-            page_size=dst.execute("PRAGMA page_size").fetchone()[0],
-            bookings=dst.execute("SELECT count(*) FROM bookings").fetchone()[0] if integrity == "ok" else 0,
-            events=dst.execute("SELECT count(*) FROM events").fetchone()[0] if integrity == "ok" else 0,
-            integrity=integrity,
-            first_broken_event=broken,
-        )
+        yield dst
     finally:
         dst.close()
 
 
-def _place(temporary: Path, target: Path, force: bool) -> None:
-    if force:
-        os.replace(temporary, target)
-        return
+def file_image(db: sqlite3.Connection) -> bytes:
+    """The bytes of a database file holding what `db` holds, as one self-contained (rollback-journal) file."""
+    image = bytearray(db.serialize())
+    # The header's write and read versions (file format, offsets 18 and 19): 1 is a rollback journal, 2 WAL,
+    # as copied from the live file. A backup is one self-contained file, as PRAGMA journal_mode=DELETE leaves it.
+    image[18:20] = b"\x01\x01"
+    return bytes(image)
+
+
+def write_new_file(data: bytes, target: Path, *, force: bool) -> None:
+    """`data` as the file `target`, written through one descriptor and named through it (never reopened by
+    name); an existing `target` is replaced only with `force`."""
+    fd, name = _new_file(target)
     try:
-        os.link(temporary, target)  # fails if the target appeared meanwhile: never clobber
-    except FileExistsError:
-        raise BadInput(f"{target} already exists; pick another name, or pass --force to replace it") from None
-    except OSError:  # a filesystem without hard links
-        if target.exists():
-            raise BadInput(f"{target} already exists; pick another name, or pass --force to replace it") from None
-        os.rename(temporary, target)
+        _write(fd, data)
+        os.fsync(fd)
+        _place(fd, name, target, force)
+        _fsync(target.parent)
+    finally:
+        os.close(fd)
+        if name is not None:
+            name.unlink(missing_ok=True)  # only a name: what it holds now is never opened
+
+
+def _new_file(target: Path) -> tuple[int, Path | None]:
+    """A new file beside `target`, held by its descriptor: nameless (O_TMPFILE) where the filesystem can,
+    else under a fresh hidden name that O_EXCL makes (no symlink followed). Returns (fd, the name or None)."""
+    directory = target.parent
+    try:
+        try:
+            return os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600), None
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+        name = directory / f".{target.name}.{os.urandom(6).hex()}.partial"
+        return os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), name
+    except OSError as error:
+        raise BadInput(f"can't write {directory} ({error.strerror}); pick a directory you can write") from None
+
+
+def _write(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _place(fd: int, name: Path | None, target: Path, force: bool) -> None:
+    """Give the file `fd` holds the name `target`, through the descriptor: a temporary name, which the
+    directory's owner may have swapped meanwhile, is only ever renamed, and what arrived is checked."""
+    exists = BadInput(f"{target} already exists; pick another name, or pass --force to replace it")
+    if not force:
+        try:
+            _link(fd, target)  # fails if the target appeared meanwhile: never clobber
+        except FileExistsError:
+            raise exists from None
+        except OSError:  # a filesystem without hard links: a named temporary is renamed instead
+            if name is None:
+                raise
+            if target.exists():
+                raise exists from None
+            os.rename(name, target)
+    else:
+        if name is None:  # an atomic replace needs a name to rename from
+            name = target.with_name(f".{target.name}.{os.urandom(6).hex()}.partial")
+            _link(fd, name)
+        os.replace(name, target)
+    placed, written = os.lstat(target), os.fstat(fd)
+    if (placed.st_dev, placed.st_ino) != (written.st_dev, written.st_ino):
+        raise BoardError(f"{target} was replaced while the backup was placed there (its directory is someone"
+                         " else's to change); back up into a directory only you can write")
+
+
+def _link(fd: int, path: Path) -> None:
+    """linkat(/proc/self/fd, "N", AT_FDCWD, path, AT_SYMLINK_FOLLOW): a name for the very file the descriptor
+    holds. (Without a directory descriptor os.link calls link(2), which does not follow /proc's link.)"""
+    proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(str(fd), path, src_dir_fd=proc, follow_symlinks=True)
+    finally:
+        os.close(proc)
 
 
 def _fsync(path: Path) -> None:

@@ -372,3 +372,20 @@ class TestClockChanges:
         assert json.loads(first.stdout)["start"] == f"{day}T02:30:00+02:00"
         second = ok_json(berlin("book", "--cards", "0", "--start", f"{day}T02:30+01:00", "--for", "30m", "--json"))
         assert second["start"] == f"{day}T02:30:00+01:00"  # an hour after the first: no clash, no note
+
+
+def test_agent_once_is_refused_where_the_config_names_the_service(tmp_path):
+    """On the shared config (root's cron, say) `--once` would enforce the service's own database in this
+    process; enforcement belongs to the running service. A config of one's own still works."""
+    db = tmp_path / "lib" / "board.db"
+    db.parent.mkdir()
+    shared = tmp_path / "shared.toml"
+    shared.write_text(f'[storage]\ndb = "{db}"\n\n[service]\nsocket = "{tmp_path / "board.sock"}"\n')
+    refused = run_board("agent", "--once", env={"BOARD_CONFIG": str(shared), "BOARD_SIMULATE": "1"})
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert len(refused.stderr.splitlines()) == 1 and "systemctl status board-agent" in refused.stderr
+    assert list(db.parent.iterdir()) == []  # the database was not opened, let alone created
+    own = tmp_path / "own.toml"
+    own.write_text(f'[storage]\ndb = "{db}"\n')
+    done = run_board("agent", "--once", "--json", env={"BOARD_CONFIG": str(own), "BOARD_SIMULATE": "1"})
+    assert done.returncode == 0 and json.loads(done.stdout) == {"crashed": [], "stopped": [], "warned": []}, done.stderr

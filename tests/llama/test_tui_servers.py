@@ -104,6 +104,31 @@ class TestServersScreen:
         assert found["reason"] == f"booking {booking} ended"
         assert fake_board.gone(found)
 
+    async def test_the_start_dialog_fills_in_only_what_a_stored_request_holds_well_formed(self, fake_board):
+        """A booking stored before the service checked requests (written here straight into SQLite) may carry
+        anything: the dialog takes its well-formed fields and leaves the rest to the defaults."""
+        import sqlite3
+
+        from app.store import bookings
+
+        fake_board.book("6", "--start", "+3h")  # later on: the service has made the file and its card rows
+        uuid = fake_board.json("status")["cards"][4]["uuid"]
+        me, now = current_identity(Config().admin_group), int(time.time())
+        escapes = "\x1b]0;owned\x07\x1b[2J"
+        with sqlite3.connect(fake_board.db) as raw:
+            odd = bookings.insert(raw, user=me.name, uid=me.uid, uuids=[uuid], start=now - 60, end=now + 3600,
+                                  klass="experiment", note="", request={"model": f"/m/{escapes}.gguf", "ctx": "lots",
+                                                                        "parallel": escapes}, now=now, created_by=me.uid)
+        app = make_app(fake_board, str(make_fake_server(fake_board.tmp_path, status=200)))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.view is not None and any(b.id == odd for b in app.view.upcoming))
+            await pilot.press("s")
+            await until(pilot, lambda: type(app.screen).__name__ == "ServersScreen")
+            await pilot.press("n")
+            await until(pilot, lambda: type(app.screen).__name__ == "StartServerModal")
+            values = [app.screen.query_one(f"#{name}").value for name in ("model", "ctx", "parallel")]
+            assert values == ["", "4096", "1"]
+
     async def test_start_needs_an_active_booking(self, fake_board, tiny_model):
         app = make_app(fake_board, str(make_fake_server(fake_board.tmp_path, status=200)))
         async with app.run_test(size=(100, 30)) as pilot:

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from app.errors import BoardError
 from app.store import events
 from app.store.backup import backup
 from app.store.db import connect, write
@@ -247,3 +248,80 @@ def test_restore_as_documented(tmp_path):
     assert f"ok    {live} belongs to" in doctor.stdout, doctor.stdout  # the restored copy: its owner's, 0600
     assert [line for line in doctor.stdout.splitlines() if line.startswith("FIX") and str(live.parent) in line] == []
     assert connect(live).execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # back in WAL on first open
+
+
+class DirectoryOwner:
+    """Stands in for app.store.backup's `os`, and acts as the owner of the backup's directory would (a member,
+    while root backs up into it): the moment a file is made there, and again just before a rename, every
+    temporary (*.partial) file in it is moved away and its name becomes a symlink to `victim`."""
+
+    def __init__(self, directory, victim, tmpfile: bool):
+        self.directory, self.victim, self.tmpfile, self.swapped = directory, victim, tmpfile, 0
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def swap(self) -> None:
+        for entry in self.directory.iterdir():
+            if entry.name.endswith(".partial") and not entry.is_symlink():
+                entry.rename(self.directory / f"moved-{self.swapped}")
+                entry.symlink_to(self.victim)
+                self.swapped += 1
+
+    def open(self, path, flags, *args, **kwargs):
+        if flags & os.O_TMPFILE == os.O_TMPFILE and not self.tmpfile:
+            raise OSError(95, "Operation not supported")  # a filesystem without O_TMPFILE: the named way
+        fd = os.open(path, flags, *args, **kwargs)
+        self.swap()
+        return fd
+
+    def link(self, *args, **kwargs):
+        os.link(*args, **kwargs)
+        self.swap()
+
+    def replace(self, source, target):
+        self.swap()
+        os.replace(source, target)
+
+    rename = replace
+
+
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize("tmpfile", [True, False], ids=["O_TMPFILE", "named"])
+def test_a_temporary_swapped_for_a_symlink_gets_nothing_written_through_it(tmp_path, monkeypatch, tmpfile, force):
+    """The copy is written and placed through its descriptor, never by the temporary's name: whatever the
+    directory's owner puts at that name is never opened. A swap it cannot undo (an atomic replace needs a
+    name) is reported, and nothing is written through the symlink either."""
+    from app.store import backup as module
+
+    live = tmp_path / "board.db"
+    env = {"BOARD_DB": str(live), "BOARD_SIMULATE": "1"}
+    assert run_board("book", "1", "--for", "1h", "--note", "keep me", env=env).returncode == 0
+    victim = tmp_path / "victim"  # root's file elsewhere, say /etc/shadow
+    victim.write_bytes(b"")
+    directory = tmp_path / "members"
+    directory.mkdir()
+    target = directory / "board.db"
+    if force:
+        target.write_bytes(b"an older backup")
+    owner = DirectoryOwner(directory, victim, tmpfile)
+    monkeypatch.setattr(module, "os", owner)
+    swap_undone = force  # --force renames a temporary name onto the target; the owner got there first
+    if swap_undone:
+        with pytest.raises(BoardError, match="was replaced while the backup was placed there"):
+            backup(live, target, force=True)
+        assert target.is_symlink()  # the owner's doing, reported: nothing was written through it
+    else:
+        backup(live, target)
+        assert victim.read_bytes() == b"", "the backup was written through the owner's symlink"
+        assert not target.is_symlink()
+        conn = sqlite3.connect(target)
+        try:
+            assert conn.execute("SELECT note FROM bookings").fetchall() == [("keep me",)]
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        finally:
+            conn.close()
+    assert victim.read_bytes() == b"", "the backup was written through the owner's symlink"
+    assert owner.swapped == (0 if tmpfile and not force else 1)  # the owner had a name to swap, and swapped it
+    assert not [p for p in directory.iterdir() if p.name.endswith(".partial")]

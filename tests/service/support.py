@@ -124,6 +124,7 @@ class Agent:
     display: dict = field(default_factory=dict)  # extra [display] keys
     proc: subprocess.Popen | None = None
     starts: int = 0
+    program: list[str] | None = None  # how to run board: this venv's console script unless given
 
     @property
     def config(self) -> Path:
@@ -165,7 +166,7 @@ class Agent:
         """`board agent` as the unit runs it (tests/agent_process.py), without waiting."""
         assert self.proc is None or self.proc.poll() is not None, "the agent is already running"
         self.starts += 1
-        self.proc = agent_process.start([str(BOARD)], self.config, self.log, getattr(self, "env", None))
+        self.proc = agent_process.start(self.program or [str(BOARD)], self.config, self.log, getattr(self, "env", None))
 
     def answers(self) -> bool:
         return agent_process.answers(self.socket)

@@ -715,7 +715,7 @@ class TestCardTable:
             assert "req" not in " ".join(str(c) for c in table.get_row_at(4))  # no request, no room taken
             for card, mib in ((4, 20000), (6, 4096)):
                 await app.backend.call("book", cards=[card], start=FROZEN_NOW, end=FROZEN_NOW + 2 * HOUR,
-                                       request={"model": "qwen2.5-14b", "per_card_mib": [mib]})
+                                       request={"model": "qwen2.5-14b", "ctx": 4096, "parallel": 1, "per_card_mib": [mib]})
             await wait_for(pilot, lambda: "req" in str(table.get_row_at(6)[2]))
             over, within = ([str(c) for c in table.get_row_at(i)] for i in (4, 6))
             assert over[2].endswith("/31.8 req 19.5") and over[1] == "IN USE OVER"

@@ -48,3 +48,43 @@ def test_quick_commands_do_not_load_textual_or_heavy_libraries(tmp_path):
 def test_the_tui_does_import_textual():
     # Guards the test above: the probe really sees Textual when it is imported.
     assert "textual" in loaded_after("import textual.app")
+
+
+def third_party_imports() -> dict[str, str]:
+    """Every top-level module app/ imports that is neither the standard library nor app: {module: a file importing it}."""
+    import ast
+
+    found = {}
+    for path in sorted((REPO / "app").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "app":
+                    found.setdefault(top, str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_package_app_imports_is_a_declared_dependency():
+    """An import only the test extras satisfy fails on a real install (pip install ., as install_shared.sh does):
+    each module app/ imports, also inside functions, must come from a [project] dependency."""
+    import re
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    declared = {normal(re.match(r"[A-Za-z0-9_.-]+", d).group()) for d in
+                tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    provided_by = packages_distributions()
+    imported = third_party_imports()
+    assert {"textual", "gguf", "prometheus_client"} <= set(imported)  # the walk sees lazy imports too
+    undeclared = {module: where for module, where in imported.items()
+                  if not {normal(d) for d in provided_by.get(module, [])} & declared}
+    assert undeclared == {}, f"imported by app/ but not in [project] dependencies: {undeclared}"

@@ -237,3 +237,17 @@ def test_a_stored_rule_whose_until_is_its_start_runs_a_whole_day():
 def test_a_series_may_span_exactly_the_most_days():
     rule = make_rule("week", "9", "19", MONDAY, MONDAY + timedelta(days=MAX_SPAN_DAYS))
     assert (rule.last - rule.first).days == MAX_SPAN_DAYS
+
+
+@pytest.mark.parametrize("text, readable", [
+    ("1969-12-31", False), ("1970-01-01", True), ("8999-12-31", True), ("9000-01-01", False), ("9999-12-31", False),
+])
+def test_a_date_is_read_from_1970_to_8999_where_the_services_times_reach(text, readable):
+    """A series' days, a day on and a time zone away, must stay dates (Python's end with 9999): the service's
+    times run from 1970 to 9000 (app.service.ops.TIME)."""
+    if readable:
+        assert parse_date(text, "--to").isoformat() == text
+    else:
+        with pytest.raises(BadInput) as refused:
+            parse_date(text, "--to")
+        assert str(refused.value) == f"can't read --to '{text}' as a date; give a day such as 2026-12-07"

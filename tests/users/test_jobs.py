@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,6 +181,72 @@ def test_at_the_end_only_the_holders_processes_in_the_jobs_group_are_signalled(b
     signalled = {pid for e in events(board, "job-stop", booking["id"]) for pid in e["details"]["pids"]}
     assert job.pid in signalled and bobs.pid in signalled
     assert not signalled & {roots.pid, alices.pid, outside.pid, board.agent.pid}
+
+
+# A job that starts two children and holds on through SIGTERM: `sleep`, and a copy of sleep that runs setuid.
+SPAWNER = """
+import json, os, signal, subprocess, sys, time
+out, setuid_sleep = sys.argv[1], sys.argv[2]
+signal.signal(signal.SIGTERM, lambda *_: open(os.path.join(out, "term"), "a").write("TERM\\n"))
+plain = subprocess.Popen(["sleep", "300"])
+setuid = subprocess.Popen([setuid_sleep, "300"])  # Popen returns once the exec has happened
+with open(os.path.join(out, "env.tmp"), "w") as f:
+    json.dump({"pid": os.getpid(), "plain": plain.pid, "setuid": setuid.pid}, f)
+os.rename(os.path.join(out, "env.tmp"), os.path.join(out, "env.json"))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def uids(pid: int) -> list[int]:
+    """Real, effective, saved and filesystem uid (/proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as status:
+        return next([int(u) for u in line.split()[1:]] for line in status if line.startswith("Uid:"))
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_child_of_the_job_running_setuid_is_not_the_holders_and_is_never_signalled(board):
+    """What is signalled is the holder's alone: every uid of the process (real, effective, saved) is theirs.
+    Bob's job starts `sleep` and a setuid copy of it owned by alice (as passwd is root's); the first goes
+    with the job, the second keeps bob's real uid but is not bob's, and is left alone."""
+    booking = board.book("bob", "1", "--for", "1h")
+    setuid_sleep = board.home("alice") / "sleep-as-alice"
+    shutil.copy("/bin/sleep", setuid_sleep)
+    alice = pwd.getpwnam("alice")
+    os.chown(setuid_sleep, alice.pw_uid, alice.pw_gid)
+    os.chmod(setuid_sleep, 0o4755)
+    out = board.home("bob") / f"spawner-{booking['id']}"
+    out.mkdir()
+    bob = pwd.getpwnam("bob")
+    os.chown(out, bob.pw_uid, bob.pw_gid)
+    job = board.spawn("bob", "run", "--booking", str(booking["id"]), "--", sys.executable, "-c", SPAWNER, str(out),
+                      str(setuid_sleep), stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0)
+    children = {}
+    try:
+        children = read_json(out / "env.json")
+        assert uids(children["plain"]) == [bob.pw_uid] * 4
+        assert uids(children["setuid"]) == [bob.pw_uid] + [alice.pw_uid] * 3, "the setuid bit did not take"
+        board.json("bob", "release", str(booking["id"]))
+        job.wait(timeout=15)  # it holds on through SIGTERM: SIGKILL after the grace, the second pass of the two
+        assert job.returncode == -signal.SIGKILL
+        assert not running(children["plain"])
+        assert running(children["setuid"]), "a process running setuid was signalled as the holder's"
+        assert board.agent_alive()
+    finally:
+        finish(job)
+        if children.get("setuid"):
+            os.kill(children["setuid"], signal.SIGKILL)
+    stops = events(board, "job-stop", booking["id"])
+    assert [e["details"]["signal"] for e in stops] == ["SIGTERM", "SIGKILL"]
+    assert job.pid in stops[0]["details"]["pids"] and children["plain"] in stops[0]["details"]["pids"]
+    assert not {pid for e in stops for pid in e["details"]["pids"]} & {children["setuid"]}
 
 
 def test_bob_cannot_register_for_alices_booking(board):

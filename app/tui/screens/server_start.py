@@ -16,6 +16,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
+from app.core.request import readable
 from app.core.text import format_cards, inert
 from app.errors import BadInput, BoardError
 from app.model import Booking
@@ -84,7 +85,7 @@ class StartServerModal(FormModal[StartRequest | None]):
 
     def compose(self) -> ComposeResult:
         first = next(iter(self.bookings.values()))
-        request = first.request or {}
+        request = readable(first.request)  # a row stored before requests were checked may hold anything
         with Vertical():
             yield Static(Text("Start llama-server"), classes="title")
             with Horizontal():
@@ -96,7 +97,7 @@ class StartServerModal(FormModal[StartRequest | None]):
                 yield Select([], prompt="looking in the model directories…", id="models", compact=True)
             with Horizontal():
                 yield Label("Model", classes="field")
-                yield Input(str(request.get("model") or ""), placeholder="/models/name.gguf", id="model", compact=True)
+                yield Input(inert(request.get("model", "")), placeholder="/models/name.gguf", id="model", compact=True)
             with Horizontal():
                 yield Label("Context", classes="field")
                 yield Input(str(request.get("ctx") or DEFAULT_CTX), id="ctx", compact=True)
