@@ -46,6 +46,15 @@ def test_a_row_edited_by_hand_is_reported_once_and_skipped(conn, column, value, 
     assert malformed_rows()[before:] == [line]
 
 
+def queued_booking(service):
+    """A booking on card 3 that joined the queue: it asked for NOW + 1 h and got NOW + 1.5 h, after another's.
+    (One that gets the time it asked for is not queued: it can never move up.)"""
+    service.create(cards=[3], start=NOW + 3600, end=NOW + 5400)
+    booking = service.create(cards=[3], start=NOW + 3600, end=NOW + 7200, or_later=True)
+    assert booking.start == NOW + 5400
+    return booking
+
+
 @pytest.mark.parametrize(
     "column, value, problem",
     [
@@ -56,7 +65,7 @@ def test_a_row_edited_by_hand_is_reported_once_and_skipped(conn, column, value, 
 )
 def test_a_queued_booking_edited_by_hand_is_reported_and_left_out_of_the_queue(make_service, conn, column, value,
                                                                                  problem):
-    booking = make_service().create(cards=[3], start=NOW + 3600, end=NOW + 7200, or_later=True)
+    booking = queued_booking(make_service())
     conn.execute("PRAGMA ignore_check_constraints = ON")  # as a hand edit in the sqlite3 shell may
     with write(conn):
         conn.execute(f"UPDATE bookings SET {column} = ? WHERE id = ?", (value, booking.id))
@@ -68,7 +77,7 @@ def test_a_queued_booking_edited_by_hand_is_reported_and_left_out_of_the_queue(m
 
 
 def test_a_booking_without_requested_at_was_wanted_from_its_start(make_service, conn):
-    booking = make_service().create(cards=[3], start=NOW + 3600, end=NOW + 7200, or_later=True)
+    booking = queued_booking(make_service())
     with write(conn):
         conn.execute("UPDATE bookings SET requested_at = NULL WHERE id = ?", (booking.id,))
-    assert [(b.id, b.requested_at) for b in rows.queued(conn, NOW)] == [(booking.id, NOW + 3600)]
+    assert [(b.id, b.requested_at) for b in rows.queued(conn, NOW)] == [(booking.id, NOW + 5400)]
