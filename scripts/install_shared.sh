@@ -1,10 +1,10 @@
 #!/bin/sh
-# Install board on a shared server: the steps of the README section "Install on a shared server"
-# (README.md), one for one. Run it as root from a checkout of this repository.
+# Install board on a shared server: the steps of "Install on a shared server" in docs/service.md,
+# one for one. Run it as root from a checkout of this repository.
 #
 #   sudo scripts/install_shared.sh
 #
-# Settings (environment variables; the defaults are the README's):
+# Settings (environment variables; the defaults are those of docs/service.md):
 #   PREFIX             prepended to every path it writes, e.g. a temporary directory in tests (default: none)
 #   PYTHON             the interpreter for the venv (default: python3)
 #   BOARD_SOURCE       what to pip install (default: this checkout)
@@ -67,7 +67,7 @@ say "installed $("$BIN/board" --version) in $VENV, linked as $BIN/board"
 install -d -m 0755 "$PREFIX/etc/board"
 if [ ! -e "$CONFIG" ]; then
     cat >"$CONFIG" <<EOF
-# board's settings; see the README, "Configuration".
+# board's settings; see docs/configuration.md in board's source.
 [storage]
 db = "$DATA/board.db"
 

@@ -1,7 +1,7 @@
 """The audit log: append-only by trigger, hash-chained, and `board doctor` names the first row a hand edit touched.
 
 Every edit here is what whoever may open the file (root, the service user board, or the one owner
-of a database of their own) could do with any SQLite client: the threat model (the README) says
+of a database of their own) could do with any SQLite client: the threat model (docs/threat-model.md) says
 such edits are not prevented, only made visible.
 """
 

@@ -1,6 +1,6 @@
 """`board backup PATH`: consistent while writers write, never clobbers, shows progress, restores.
 
-The restore test follows the README ("Restoring a backup") command by command.
+The restore test follows "Restoring a backup" (docs/service.md) command by command.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def test_a_history_name_in_the_way_is_refused_first_and_force_replaces_it_withou
 
 
 def test_restore_as_documented(tmp_path):
-    """the README: stop the agent, move the live files aside, install the copies 0600, doctor."""
+    """docs/service.md: stop the agent, move the live files aside, install the copies 0600, doctor."""
     live = tmp_path / "lib" / "board.db"
     live.parent.mkdir(mode=0o700)
     env = {"BOARD_DB": str(live), "BOARD_SIMULATE": "1"}

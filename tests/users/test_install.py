@@ -1,4 +1,4 @@
-"""scripts/install_shared.sh follows the README's "Install on a shared server" as root, and the result works.
+"""scripts/install_shared.sh follows "Install on a shared server" (docs/service.md) as root, and the result works.
 
 It installs into a temporary PREFIX (a venv in PREFIX/opt/board, board linked in PREFIX/usr/local/bin,
 the config in PREFIX/etc/board, the service's directory PREFIX/var/lib/board, the socket's
@@ -27,7 +27,7 @@ from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO, SERVICE_USER,
 
 pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
-SECTION = REPO / "README.md"
+SECTION = REPO / "docs" / "service.md"
 IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
                                 ".hypothesis", "*.db", "*.db-wal", "*.db-shm", "tests", "screenshots")
 
@@ -160,7 +160,7 @@ def test_members_use_the_installed_board_through_its_service(running):
 
 
 def test_the_section_and_the_script_agree():
-    """Each command of the README section appears in the script, so they cannot drift apart silently."""
+    """Each command of the documented section appears in the script, so they cannot drift apart silently."""
     section = SECTION.read_text()
     script = (REPO / "scripts" / "install_shared.sh").read_text()
     block = section.split("<!-- install:begin -->", 1)[1].split("<!-- install:end -->", 1)[0]
@@ -170,7 +170,7 @@ def test_the_section_and_the_script_agree():
                    "/etc/board/board.toml", 'socket = "/run/board/board.sock"', 'group = "board"',
                    'admin_group = "board-admin"', "systemctl enable --now board-agent", "board doctor",
                    "systemctl status board-agent", "usermod -aG board"):
-        assert needle in block, f"the README section lost {needle!r}"
+        assert needle in block, f"the documented section lost {needle!r}"
     assert "board init" not in block and "2770" not in block, "the section still makes a shared 2770 directory"
     for step in ("groupadd --system", "useradd --system --gid", "--no-create-home", "--shell /usr/sbin/nologin",
                  "-m venv", "pip install", "ln -sfn", "-m 0700 \"$DATA\"", "socket = ", "group = ", "admin_group",
