@@ -7,8 +7,9 @@ Where each command lives (its handler and its part of the parser):
   bookings.py   book (and book --every), list, ical, cancel, release, extend, wait, series
   admin.py      admin reassign, admin move
   run.py        run
+  fit.py        fit (and the request options of book --model)
   agent.py      agent, doctor, backup
-The other groups (serve, fit, notify, faults, alerts, report) still live beside their packages, in
+The other groups (serve, notify, faults, alerts, report) still live beside their packages, in
 app/<package>/cli.py, until they move in here.
 Printing: app.output (bookings, status, series, tables); the rest in the group's module.
 
@@ -41,7 +42,7 @@ def cmd_board(ctx) -> int:
 def build_parser():
     import argparse
 
-    from app.cli import admin, agent, bookings, run, status
+    from app.cli import admin, agent, bookings, fit, run, status
     from app.cli.arguments import Parser
 
     common = Parser(add_help=False)
@@ -90,9 +91,7 @@ def build_parser():
 
     add_serve_parsers(sub, command, common, id_type=booking_id)
 
-    from app.fit.cli import add_parser as add_fit_parser
-
-    add_fit_parser(command)
+    fit.add_parser(command)
 
     from app.notify.cli import add_parser as add_notify_parser
 

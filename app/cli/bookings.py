@@ -37,7 +37,7 @@ def cmd_book(ctx) -> int:
     cards = parse_cards(args.cards) if args.cards is not None else None
     count, request = args.count, None
     if getattr(args, "model", None):  # only the full parser knows --model: it reads the GGUF, so no quick path
-        from app.fit.cli import settings_from
+        from app.cli.fit import settings_from
         from app.fit.request import for_booking, limits
 
         count, request = for_booking(args.model, settings_from(args), limits(ctx.config), count=count, cards=cards)
@@ -253,7 +253,7 @@ included: book what it allows and add the rest later with 'board series extend' 
 
 def add_book(command) -> None:
     from app.cli.arguments import card_count
-    from app.fit.cli import add_request_options
+    from app.cli.fit import add_request_options
 
     p = command("book", cmd_book, "book cards for a time slot", json_flag=True)
     p.add_argument("count", nargs="?", type=card_count, help="how many cards (1, 2, 4 or 8); picks the best-connected free set")
