@@ -7,9 +7,10 @@ Where each command lives (its handler and its part of the parser):
   bookings.py   book (and book --every), list, ical, cancel, release, extend, wait, series
   admin.py      admin reassign, admin move
   run.py        run
+  serve.py      serve start|stop|list|logs (llama-servers)
   fit.py        fit (and the request options of book --model)
   agent.py      agent, doctor, backup
-The other groups (serve, notify, faults, alerts, report) still live beside their packages, in
+The other groups (notify, faults, alerts, report) still live beside their packages, in
 app/<package>/cli.py, until they move in here.
 Printing: app.output (bookings, status, series, tables); the rest in the group's module.
 
@@ -42,7 +43,7 @@ def cmd_board(ctx) -> int:
 def build_parser():
     import argparse
 
-    from app.cli import admin, agent, bookings, fit, run, status
+    from app.cli import admin, agent, bookings, fit, run, serve, status
     from app.cli.arguments import Parser
 
     common = Parser(add_help=False)
@@ -86,11 +87,7 @@ def build_parser():
     agent.add_backup(command)
     agent.add_doctor(command)
 
-    from app.llama.cli import add_parsers as add_serve_parsers  # light: argparse only
-    from app.cli.arguments import booking_id
-
-    add_serve_parsers(sub, command, common, id_type=booking_id)
-
+    serve.add_parser(command, common)
     fit.add_parser(command)
 
     from app.notify.cli import add_parser as add_notify_parser
