@@ -9,9 +9,11 @@ Where each command lives (its handler and its part of the parser):
   run.py        run
   serve.py      serve start|stop|list|logs (llama-servers)
   fit.py        fit (and the request options of book --model)
+  notify.py     notify test
+  faults.py     faults
+  alerts.py     alerts
+  report.py     report
   agent.py      agent, doctor, backup
-The other groups (notify, faults, alerts, report) still live beside their packages, in
-app/<package>/cli.py, until they move in here.
 Printing: app.output (bookings, status, series, tables); the rest in the group's module.
 
 Only `board` with no subcommand imports Textual. app.quick parses the hot commands itself and runs
@@ -43,7 +45,7 @@ def cmd_board(ctx) -> int:
 def build_parser():
     import argparse
 
-    from app.cli import admin, agent, bookings, fit, run, serve, status
+    from app.cli import admin, agent, alerts, bookings, faults, fit, notify, report, run, serve, status
     from app.cli.arguments import Parser
 
     common = Parser(add_help=False)
@@ -86,27 +88,12 @@ def build_parser():
     status.add_whoami(command)
     agent.add_backup(command)
     agent.add_doctor(command)
-
     serve.add_parser(command, common)
     fit.add_parser(command)
-
-    from app.notify.cli import add_parser as add_notify_parser
-
-    add_notify_parser(command, common)
-
-    from app.faults.cli import add_parser as add_faults_parser
-    from app.cli.arguments import seconds
-
-    add_faults_parser(command, seconds)
-
-    from app.alerts.cli import add_parser as add_alerts_parser
-
-    add_alerts_parser(command)
-
-    from app.report.cli import add_parser as add_report_parser
-
-    add_report_parser(command)
-
+    notify.add_parser(command, common)
+    faults.add_parser(command)
+    alerts.add_parser(command)
+    report.add_parser(command)
     agent.add_agent(command)
     return parser
 
