@@ -7,6 +7,7 @@ goes through core.text.inert before it reaches a terminal; JSON escapes everythi
 from __future__ import annotations
 
 import json
+import sys
 import time
 from datetime import datetime
 from collections.abc import Sequence
@@ -98,6 +99,12 @@ def print_booking(booking: dict, verb: str, as_json: bool, now: float | None = N
         print(f"{verb} {booking_line(booking, time.time() if now is None else now)}")
 
 
+def say_notes(notes: list[str]) -> None:
+    """What reading the times noticed (a wall time the clocks show twice: which was taken), on stderr."""
+    for note in notes:
+        print(f"board: note: {note}", file=sys.stderr)
+
+
 def table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
@@ -185,8 +192,6 @@ def print_series(result: dict, verb: str | None, as_json: bool, now: float | Non
     """A series reply: the rule, then its bookings (those made or cancelled; only the first and last of a long
     list unless `every_booking`). The occurrences skipped or booked despite the policy, and a running one a
     cancel left alone, go to stderr as notes, one line each. `verb` None: the series as it stands (show)."""
-    import sys
-
     from app.core.text import format_time, inert
 
     if as_json:

@@ -5,7 +5,7 @@ way: argparse, dataclasses and the rules would cost more than the request. So a 
 QUICK whose every argument this small parser knows goes straight to the socket. Anything
 else (help, other commands, a flag it does not know, two flags argparse would refuse together,
 file mode) goes to the full CLI in app.cli, which owns the grammar and the messages; a test
-checks that both parse each quick command the same.
+checks that both parse each quick command the same and run the same handler.
 """
 
 from __future__ import annotations
@@ -80,6 +80,15 @@ def parse(argv: list[str]) -> SimpleNamespace | None:
     return SimpleNamespace(**values)
 
 
+def handler(command: str):
+    """The quick command's handler: the very function the full parser runs for it."""
+    if command in ("status", "whoami"):
+        from app.cli import status as home
+    else:
+        from app.cli import bookings as home
+    return getattr(home, f"cmd_{command}")
+
+
 def shared_socket(environ) -> str | None:
     """The shared service's socket when the config names one and no personal database was asked for."""
     if environ.get("BOARD_DB"):
@@ -100,13 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         from app.cli import main as full
 
         return full(argv)
-    from app import commands
+    from app.cli.context import Context, check_arguments, run_command
     from app.client.socket import SocketClient
 
-    if (refusal := commands.check_arguments(argv)) is not None:
+    if (refusal := check_arguments(argv)) is not None:
         return refusal
-    handler = getattr(commands, f"cmd_{argv[0]}")
-    return commands.run_command(handler, commands.Context(args, client=SocketClient(path)))
+    return run_command(handler(argv[0]), Context(args, client=SocketClient(path)))
 
 
 if __name__ == "__main__":

@@ -79,8 +79,9 @@ def run_cases(cases: dict, runs: int, env: dict, cwd: str | None = None, user: s
 # socket client (json, socket, threading), then what app.quick adds on top of it.
 BREAKDOWN = {
     "imports: json, socket, threading": "import json, socket, threading",
-    "  + datetime, functools (app.output, app.commands)": "import json, socket, threading, datetime, functools",
-    "  = app.quick's modules, no request": "import app.quick, app.commands, app.client.socket, app.output, app.config_file",
+    "  + datetime, functools (app.output, app.cli.context)": "import json, socket, threading, datetime, functools",
+    "  = app.quick's modules, no request": "import app.quick, app.cli.context, app.cli.bookings, app.cli.status,"
+                                           " app.client.socket, app.output, app.config_file",
     "  (tomllib, which the plain config's line scan avoids)": "import json, socket, threading, datetime, tomllib",
 }
 

@@ -367,14 +367,14 @@ class BoardApp(App[int]):
         yield from super().get_system_commands(screen)
 
 
-def run_board(session) -> int:
+def run_board(ctx) -> int:
     """`board` with no subcommand (app.cli.cmd_board)."""
     from app.core.identity import Identity
 
-    client = session.client
+    client = ctx.client
     me = client.call("whoami")  # the service says who we are, and opens (and seeds) a local database first
     identity = Identity(me["user"], me["uid"], me["admin"])
-    app = BoardApp(client, identity=identity, config=session.config)
+    app = BoardApp(client, identity=identity, config=ctx.config)
     # A closed terminal, SIGHUP or SIGTERM ends the board (app.tui.hangup says why Textual alone doesn't).
     with ending_on_hangup(lambda code: app.call_from_thread(app.exit, code, code)):
         result = app.run()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
 
-# Leaf modules (model, errors, config, gpu) at the bottom; the TUI and the front doors on top.
+# Leaf modules (model, errors, config, gpu) at the bottom; the TUI and the front doors on top. Printing (output)
+# is the command line's: the packages below it return data.
 ALLOWED = {
     "model": set(),
     "errors": set(),
@@ -17,15 +18,15 @@ ALLOWED = {
     "gpu": set(),
     "core": {"model", "errors", "config", "gpu"},
     "store": {"model", "errors", "gpu"},
-    "fit": {"errors", "output", "core", "config"},
-    "llama": {"model", "errors", "config", "gpu", "core", "store", "output", "fit", "faults"},
-    "faults": {"model", "errors", "gpu", "core", "store", "output"},
+    "fit": {"errors", "core", "config"},
+    "llama": {"model", "errors", "config", "gpu", "core", "store", "fit", "faults"},
+    "faults": {"model", "errors", "gpu", "core", "store"},
     "history": {"model", "errors", "config", "gpu", "core", "store"},
-    "notify": {"errors", "config", "core", "store", "output"},
+    "notify": {"errors", "config", "core", "store"},
     "service": {"model", "errors", "config", "gpu", "core", "store", "llama", "demo", "wire", "history", "notify", "faults",
                 "alerts", "report"},
-    "alerts": {"errors", "config", "core", "store", "history", "service", "notify", "output", "faults"},
-    "report": {"errors", "core", "store", "history", "output", "faults"},
+    "alerts": {"errors", "config", "core", "store", "history", "service", "notify", "faults"},
+    "report": {"errors", "core", "store", "history", "faults"},
     "client": {"model", "errors", "core", "service", "wire"},
     "output": {"core"},
     "tui": {"model", "errors", "config", "gpu", "core", "llama", "client", "fit"},

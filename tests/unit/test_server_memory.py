@@ -17,7 +17,7 @@ from app.config import Config, LlamaSettings
 from app.core.identity import Identity
 from app.errors import BadInput
 from app.llama import rows
-from app.llama.cli import memory_cell
+from app.cli.serve import memory_cell
 from app.llama.rows import Server, check_estimate, check_measured
 from app.llama.service import ServerService
 from app.service.bookings import BookingService

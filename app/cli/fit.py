@@ -1,6 +1,6 @@
 """`board fit MODEL.gguf`: how much memory llama-server will take per card, and how many cards it needs.
 
-app.cli's build_parser calls add_parser(); numpy and gguf load only when the command runs.
+Also the request options `book --model` shares. numpy and gguf load only when the command runs.
 """
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 
 from app.fit.estimate import CACHE_TYPES, CARD_COUNTS
+from app.errors import BoardError
+from app.output import EXIT_OK, iso, print_json
 
 ON_OFF = {"on": True, "off": False}
 
@@ -55,7 +57,6 @@ def settings_from(args: argparse.Namespace):
 def cmd_fit(ctx) -> int:
     from app.fit.gguf_model import read_model
     from app.fit.report import DEFAULT_CARD_MIB, fit, render, with_measured
-    from app.output import EXIT_OK, print_json
 
     args = ctx.args
     settings = ctx.config.fit
@@ -81,7 +82,6 @@ def cmd_fit(ctx) -> int:
 
 def _measured(ctx, model, settings) -> dict | None:
     """The latest server of this model and settings that logged its memory, if the service can be asked."""
-    from app.errors import BoardError
     from app.fit.report import same_request
 
     try:
@@ -96,7 +96,6 @@ def _slots(ctx, result) -> list[dict]:
     """The earliest slots where the smallest group that fits is free: the service knows the calendar, the
     pools and what runs on the cards now."""
     from app.core.parse import parse_span
-    from app.output import iso
 
     if result.smallest_fit is None:
         return []

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from app.errors import BadInput
+from app.output import EXIT_OK, print_json
 DESCRIPTION = ("Booked GPU-hours against used ones, per user, class, pool or card, sorted by booked hours, with a"
                " totals row and a verdict on each seed threshold (utilisation, wait, VRAM, faults, heat). Used: the"
                " holder's processes and mean utilisation at [report] busy_util % or more (default 10).")
 
 
 def _since(text: str) -> int:
-    from app.errors import BadInput
     from app.report.compute import parse_since
 
     try:
@@ -33,7 +34,6 @@ def add_parser(command) -> None:
 def cmd_report(ctx) -> int:
     import sys
 
-    from app.output import EXIT_OK, print_json
     from app.report.render import table, to_csv
 
     doc = ctx.client.call("report", since_s=ctx.args.since, by=ctx.args.by)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from app.cli.arguments import seconds
+from app.output import EXIT_OK, iso, print_json
+
 DESCRIPTION = ("The faults the service recorded on the cards: Xid events from the driver (with their meaning), servers"
                " and board run jobs that ran out of GPU memory, and thermal throttling with how long it lasted.")
 
 
-def add_parser(command, since_type) -> None:
+def add_parser(command) -> None:
     p = command("faults", cmd_faults, "Xid events, out-of-memory exits and thermal throttling on the cards",
                 json_flag=True)
     p.description = DESCRIPTION
-    p.add_argument("--since", type=since_type, default=30 * 86400.0, metavar="DUR",
+    p.add_argument("--since", type=seconds, default=30 * 86400.0, metavar="DUR",
                    help="how far back, e.g. 7d, 12h (default 30d)")
     p.add_argument("--kind", choices=("xid", "oom", "throttle"), help="only this kind")
 
@@ -19,7 +22,6 @@ def cmd_faults(ctx) -> int:
     import time
 
     from app.core.text import format_time, inert
-    from app.output import EXIT_OK, iso, print_json
 
     now = time.time()
     found = ctx.client.call("faults", since=int(now - ctx.args.since), kind=ctx.args.kind)

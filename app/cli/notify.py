@@ -8,6 +8,9 @@ configured, 4 not an admin.
 
 from __future__ import annotations
 
+from app.errors import BadInput
+from app.output import EXIT_OK, EXIT_UNEXPECTED, print_json
+
 POLL_S = 0.2
 DESCRIPTION = ("Admins: send one test message to each chat target now (or to --target NAME) and show its HTTP status."
                " Exit 0 when every target answered 2xx, 1 when one did not, 2 when there is no such target, 4 when"
@@ -25,8 +28,6 @@ def add_parser(command, common) -> None:
 
 
 def cmd_notify(ctx) -> int:
-    from app.errors import BadInput
-
     raise BadInput("say which notify action: board notify test [--target NAME]")
 
 
@@ -34,7 +35,6 @@ def cmd_test(ctx) -> int:
     import time
 
     from app.core.text import inert
-    from app.output import EXIT_OK, EXIT_UNEXPECTED, print_json
 
     client = ctx.client
     queued = client.call("notify_test", target=ctx.args.target)

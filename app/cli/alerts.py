@@ -6,6 +6,8 @@ Exit codes: 0 shown (firing or not), 2 bad input, 1 the service failed.
 
 from __future__ import annotations
 
+from app.output import EXIT_OK, iso, print_json, table
+
 
 def add_parser(command) -> None:
     p = command("alerts", cmd_alerts, "the alerts firing now (--all: resolved ones too): thresholds from [alerts]",
@@ -16,7 +18,6 @@ def add_parser(command) -> None:
 
 def cmd_alerts(ctx) -> int:
     from app.core.text import format_time, inert
-    from app.output import EXIT_OK, iso, print_json, table
 
     found = ctx.client.call("alerts", all=ctx.args.all, limit=ctx.args.limit)
     if ctx.args.json:

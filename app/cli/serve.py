@@ -1,7 +1,6 @@
-"""`board serve start|stop|list|logs`: the quick CLI for llama-servers on booked cards.
+"""`board serve start|stop|list|logs`: llama-servers on booked cards.
 
-app.cli's build_parser calls add_parsers(); the handlers import the rest of app.llama only when run,
-so parsing stays fast and nothing here imports Textual.
+The handlers import app.llama only when run, so parsing stays fast and nothing here imports Textual.
 """
 
 from __future__ import annotations
@@ -10,6 +9,10 @@ import argparse
 import sys
 import time
 from typing import Any
+
+from app.cli.arguments import booking_id
+from app.errors import BadInput
+from app.output import iso, print_json, table
 
 RECENT_S = 24 * 3600  # `serve list` shows servers that ended within this long, besides the live ones
 
@@ -45,8 +48,6 @@ def _start_options(a: argparse.ArgumentParser) -> None:
 
 class _OptionsParser(argparse.ArgumentParser):
     def error(self, message: str):
-        from app.errors import BadInput
-
         raise BadInput(f"serve start: {message}; llama-server's own arguments go after --")
 
 
@@ -86,7 +87,7 @@ def _flags() -> frozenset[str]:
 _START_FLAGS = _flags()
 
 
-def add_parsers(sub, command, common, id_type=int) -> None:
+def add_parser(command, common) -> None:
     """Add `serve` and its actions. `command` is build_parser's helper; `common` its shared options."""
     p = command("serve", cmd_serve, "llama-servers on your booked cards: start, stop, list, logs")
     actions = p.add_subparsers(title="serve commands", metavar="ACTION")
@@ -100,7 +101,7 @@ def add_parsers(sub, command, common, id_type=int) -> None:
 
     a = action("start", cmd_start, "start llama-server on a booking's cards (you hold it, it is active now)",
                json_flag=True)
-    a.add_argument("booking", type=id_type, help="booking id")
+    a.add_argument("booking", type=booking_id, help="booking id")
     _start_options(a)
     a.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra llama-server arguments")
 
@@ -119,13 +120,11 @@ def add_parsers(sub, command, common, id_type=int) -> None:
 
 
 # -- plumbing ----------------------------------------------------------------------------------
-# Everything that touches the database goes through `session.client` (the service in process, or its
+# Everything that touches the database goes through `ctx.client` (the service in process, or its
 # socket); launching and waiting are app.llama.launch, shared with the TUI.
 
 
 def server_json(server) -> dict[str, Any]:
-    from app.output import iso
-
     return {
         "id": server.id,
         "booking_id": server.booking_id,
@@ -186,28 +185,25 @@ def _print_tail(lines, limit: int = 20) -> None:
 # -- handlers ----------------------------------------------------------------------------------
 
 
-def cmd_serve(session) -> int:
-    from app.errors import BadInput
-
+def cmd_serve(ctx) -> int:
     raise BadInput("say what to do: board serve start|stop|list|logs (see 'board serve --help')")
 
 
-def cmd_start(session) -> int:
-    from app.output import print_json
+def cmd_start(ctx) -> int:
     from app.core.text import inert
     from app.llama import launch
     from app.llama.launch import ServerEnded
     from app.fit.request import limits
 
-    args = session.args
+    args = ctx.args
     extra = _split_extra(args)
-    client = session.client
+    client = ctx.client
     server, grant = launch.start(
-        client, args.booking, socket_path=getattr(client, "path", None), environ=session.environ,
+        client, args.booking, socket_path=getattr(client, "path", None), environ=ctx.environ,
         model=args.model, ctx=args.ctx, parallel=args.parallel, port=args.port, split_mode=args.split_mode,
         tensor_split=args.tensor_split, metrics=args.metrics or None, alias=args.alias, host=args.host,
         extra=extra or None, cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, flash_attn=args.flash_attn,
-        fit_limits=limits(session.config), force=args.force,
+        fit_limits=limits(ctx.config), force=args.force,
     )
     cards = ",".join(map(str, server.cards))
     where = f"server {server.id} ({inert(server.alias or '', 40)}) on cards {cards}, {server.url}"
@@ -248,16 +244,15 @@ def cmd_start(session) -> int:
     return 0
 
 
-def cmd_stop(session) -> int:
-    from app.output import print_json
+def cmd_stop(ctx) -> int:
     from app.llama import launch
 
-    client = session.client
-    before = launch.get(client, session.args.id)
+    client = ctx.client
+    before = launch.get(client, ctx.args.id)
     started = time.monotonic()
-    server = launch.stop(client, session.args.id)
+    server = launch.stop(client, ctx.args.id)
     took = time.monotonic() - started
-    if session.args.json:
+    if ctx.args.json:
         print_json(server_json(server))
         return 0
     if not before.live:
@@ -272,14 +267,13 @@ def cmd_stop(session) -> int:
     return 0
 
 
-def cmd_list(session) -> int:
-    from app.output import print_json, table
+def cmd_list(ctx) -> int:
     from app.core.text import format_elapsed, inert
     from app.llama.rows import server_from_wire
 
-    args = session.args
-    found = [server_from_wire(s) for s in session.client.call(
-        "serve_list", all=True, user=session.me.name if args.mine else None)]
+    args = ctx.args
+    found = [server_from_wire(s) for s in ctx.client.call(
+        "serve_list", all=True, user=ctx.me.name if args.mine else None)]
     now = time.time()
     if not args.all:
         found = [s for s in found if s.live or (s.ended_at or s.created_at) >= now - RECENT_S]
@@ -304,16 +298,15 @@ def cmd_list(session) -> int:
     return 0
 
 
-def cmd_logs(session) -> int:
+def cmd_logs(ctx) -> int:
     """The owner reads the log file its own supervisor wrote; anyone else gets the lines the service holds."""
-    from app.errors import BadInput
     from app.core.text import inert
     from app.llama.logs import follow, tail
 
-    args = session.args
+    args = ctx.args
     if args.lines < 0:
         raise BadInput("--lines must be 0 or more")
-    client = session.client
+    client = ctx.client
     found = client.call("serve_logs", id=args.id, lines=args.lines)
     path = found.get("log")
     if path is not None:

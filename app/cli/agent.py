@@ -1,0 +1,178 @@
+"""`board agent`, `board doctor`, `board backup`: running and looking after the board itself.
+
+`board agent` is the board service where the config names its socket (app.service.server). On a
+database file one user owns it only keeps the rules when nobody is looking (a systemd service, or
+`--once` from cron), one enforcement pass at a time:
+- reconcile: servers whose processes are gone are marked crashed (their ports free up);
+- booking end: servers whose booking has ended or was cancelled are stopped (SIGTERM, SIGKILL after 10 s);
+- warn: servers whose booking ends within 10 minutes are logged, once per server per run of the loop.
+
+Each pass is short; the loop sleeps `--interval` seconds between passes, survives errors in a pass
+(logged, then retried next time) and exits cleanly on SIGTERM. Run it as root so that it can stop
+anyone's server; as an ordinary user it marks others' servers `stopping` and their supervisors
+stop them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from app.errors import BadInput, BoardError
+from app.output import EXIT_OK, EXIT_UNEXPECTED, print_json
+
+DEFAULT_INTERVAL_S = 30.0
+
+
+def cmd_agent(ctx) -> int:
+    socket_path = ctx.config.service.socket
+    if socket_path and ctx.args.once:  # root's cron on the shared config would enforce the service's file
+        raise BadInput("board agent --once enforces a database file you own; this config names the board service"
+                       " ([service] socket), which enforces its own database: systemctl status board-agent")
+    if not socket_path:
+        return enforce_file(ctx)  # a database one user owns: enforcement only
+    if os.geteuid() == 0:
+        raise BoardError("the board service does not run as root; run it as the system user board:"
+                         " systemctl start board-agent, or setpriv --reuid board --regid board --init-groups"
+                         " --inh-caps +kill --ambient-caps +kill board agent")
+    from app.service import open_service
+    from app.service.files import secure_state
+    from app.service.server import log, run_agent
+
+    os.umask(0o077)  # the database, its -wal and -shm are the service's alone
+    for change in secure_state(ctx.config.db_path):
+        log(f"board agent: {change}")
+    service = open_service(ctx.config, demo=ctx.demo, environ=ctx.environ, transport="socket")
+    service.conn  # noqa: B018 - opens and migrates the database now, with a clear error if it can't
+    return run_agent(service, socket_path)
+
+
+# -- the agent on a database file one user owns ---------------------------------------------------
+
+
+def _log(message: str) -> None:
+    from app.core.text import inert
+
+    stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    print(f"{stamp} {inert(message, 500)}", flush=True)
+
+
+def enforce_once(service, warned: set[int] | None = None, log: Callable[[str], None] = _log) -> dict[str, list]:
+    """One pass over the servers; returns what it did (for tests and --json)."""
+    done: dict[str, list] = {"crashed": [], "stopped": [], "warned": []}
+    for server in service.reconcile():
+        done["crashed" if server.state == "crashed" else "stopped"].append(server.id)
+        log(f"server {server.id} ({server.user}, port {server.port}): processes gone; marked {server.state}")
+    for server in service.enforce_booking_end():
+        done["stopped"].append(server.id)
+        log(f"server {server.id} ({server.user}, port {server.port}): booking {server.booking_id} ended;"
+            f" {server.state}" + (f" ({server.exit_text})" if server.exit_text else ""))
+    for server, left in service.ending_soon():
+        if warned is not None and server.id in warned:
+            continue
+        if warned is not None:
+            warned.add(server.id)
+        done["warned"].append(server.id)
+        log(f"warning: server {server.id} ({server.user}, port {server.port}) stops in {max(1, (left + 59) // 60)} min,"
+            f" when booking {server.booking_id} ends")
+    return done
+
+
+def enforce_file(ctx) -> int:
+    from app.llama.service import ServerService
+
+    args = ctx.args
+    if args.interval <= 0:
+        raise BadInput("--interval must be more than 0 seconds")
+    service = ServerService(ctx.conn, ctx.me, ctx.config)
+    if args.once:
+        as_json = getattr(args, "json", False)
+        done = enforce_once(service, log=(lambda m: print(m, file=sys.stderr)) if as_json else _log)
+        if as_json:
+            print_json(done)
+        return 0
+
+    stopping = threading.Event()
+
+    def on_term(signum, frame) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    _log(f"board agent: every {args.interval:g} s on {ctx.config.db_path} as {ctx.me.name}")
+    warned: set[int] = set()
+    while not stopping.is_set():
+        started = time.monotonic()
+        try:
+            enforce_once(service, warned)
+        except BoardError as error:
+            _log(f"pass failed: {error}")
+        except Exception as error:  # noqa: BLE001 - a service must outlive one bad pass
+            _log(f"pass failed: {type(error).__name__}: {error}")
+        stopping.wait(max(0.0, args.interval - (time.monotonic() - started)))
+    _log("board agent: stopped")
+    sys.stdout.flush()
+    return 0
+
+
+# -- doctor and backup ------------------------------------------------------------------------------
+
+
+def cmd_doctor(ctx) -> int:
+    from app.client.health import service_checks
+    from app.store.setup import doctor
+
+    config = ctx.config
+    checks = service_checks(config)
+    if not config.service.socket or os.geteuid() == 0:  # members cannot see the service's files, root can
+        checks = doctor(config.db_path, config.admin_group, extra=checks)
+    problems = 0
+    for ok, line in checks:
+        problems += not ok
+        print(("ok    " if ok else "FIX   ") + line)
+    return EXIT_OK if problems == 0 else EXIT_UNEXPECTED
+
+
+def cmd_backup(ctx) -> int:
+    from app.history.backup import backup_history, check_history_target, history_target
+    from app.store.backup import backup
+
+    def progress(done: int, total: int) -> None:
+        print(f"backup: {done}/{total} pages ({done * 100 // total}%)", flush=True)
+
+    source, target = ctx.config.db_path, Path(ctx.args.path)
+    # The history is its own file: its copy goes beside the board's, and a name in its way is refused first.
+    history, history_copy = ctx.config.history_path, history_target(target)
+    if history.is_file():
+        check_history_target(history, history_copy, force=ctx.args.force)
+    result = backup(source, target, force=ctx.args.force, progress=progress)
+    print(result.summary(source))
+    copied = backup_history(history, history_copy, force=ctx.args.force)
+    print(copied.summary(history) if copied else f"no history at {history} (the service has not sampled): nothing more to copy")
+    return EXIT_OK
+
+
+# -- the parser: app.cli.build_parser calls these in the order `board --help` lists them --------------
+
+
+def add_backup(command) -> None:
+    p = command("backup", cmd_backup, "copy the live database to PATH (and its history beside it: b.db, b.history.db),"
+                " consistent while others write (SQLite online backup)")
+    p.add_argument("path", help="the new file; an existing one is replaced only with --force")
+    p.add_argument("--force", action="store_true", help="replace PATH if it exists")
+
+
+def add_doctor(command) -> None:
+    command("doctor", cmd_doctor, "check the database (one owner, 0700/0600, no links, audit chain) and the service")
+
+
+def add_agent(command) -> None:
+    p = command("agent", cmd_agent, "enforce the rules: stop servers whose booking ended (a service; --once for cron)",
+                json_flag=True)
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between passes (default 30)")
