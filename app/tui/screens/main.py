@@ -9,13 +9,13 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from app.core.policy import policy_zone
+from app.core.policy import policy_zone, pool_rules
 from app.core.text import cards_text, format_cards, inert
 from app.tui.render import duration, short_time
 from app.tui.screens.confirm import describe
 from app.tui.widgets.card_table import WIDE_MIN_WIDTH, CardTable
 from app.tui.widgets.header import BoardHeader
-from app.tui.widgets.timeline import Timeline, pool_rules
+from app.tui.widgets.timeline import Timeline
 from app.tui.widgets.upcoming import UpcomingTable
 
 

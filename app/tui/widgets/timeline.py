@@ -12,7 +12,7 @@ so a repaint is a list lookup. Cursor moves rebuild only the lines they touch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, tzinfo
+from datetime import timedelta, tzinfo
 from typing import Sequence
 
 from rich.cells import cell_len, set_cell_size
@@ -26,7 +26,8 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
-from app.config import CLASSES, ClassWindow, Pool
+from app.config import CLASSES, Pool
+from app.core.policy import open_classes
 from app.core.text import inert
 from app.gpu.model import CardReading
 from app.model import Booking
@@ -63,48 +64,6 @@ class Row:
 # How a pools row names the classes allowed in a stretch of time, longest first, as room allows.
 SHORT_CLASS = {"online": "on", "batch": "ba", "finetune": "ft", "experiment": "ex"}
 POOL_SHADES = ("pool-a", "pool-b")  # alternate, so neighbouring pools part
-
-
-def _hhmm(minute: int) -> str:
-    return f"{minute // 60:02d}:{minute % 60:02d}"
-
-
-def pool_rules(pool: Pool) -> str:
-    """What a pool takes, in words: 'online, batch, finetune 19:00-09:00 and weekends' or 'any class, ≤12 h'."""
-    parts = []
-    for klass in pool.classes:
-        window = pool.windows.get(klass)
-        if window is None:
-            parts.append(klass)
-        else:
-            weekends = " and weekends" if window.weekends else ""
-            parts.append(f"{klass} {_hhmm(window.start_minute)}-{_hhmm(window.end_minute)}{weekends}")
-    text = "any class" if set(pool.classes) == set(CLASSES) and not pool.windows else ", ".join(parts)
-    if pool.max_hours is not None:
-        text += f", ≤{pool.max_hours:g} h"
-    return text
-
-
-def _open_through(window: ClassWindow, moment: datetime, minutes: int) -> bool:
-    """Whether the window is open for the whole of [moment, moment + minutes): open at the start of each
-    day's piece, with no edge of the window inside it (so a column an edge cuts reads as closed)."""
-    weekday, minute = moment.weekday(), moment.hour * 60 + moment.minute
-    while minutes > 0:
-        piece = min(minutes, 24 * 60 - minute)
-        if not window.open_at(weekday, minute):
-            return False
-        edges = () if window.weekends and weekday >= 5 else (window.start_minute, window.end_minute)
-        if any(minute < edge < minute + piece for edge in edges):
-            return False
-        minutes, minute, weekday = minutes - piece, 0, (weekday + 1) % 7
-    return True
-
-
-def allowed_classes(pool: Pool, start: int, seconds: int, zone: tzinfo | None) -> tuple[str, ...]:
-    """The classes `pool` takes for the whole of [start, start + seconds), windows read in `zone` (None: local)."""
-    moment = datetime.fromtimestamp(start, zone)
-    minutes = max(1, seconds // 60)
-    return tuple(k for k in pool.classes if (w := pool.windows.get(k)) is None or _open_through(w, moment, minutes))
 
 
 def align(epoch: float, step: int) -> int:
@@ -302,8 +261,8 @@ class Timeline(Widget, can_focus=True):
                     if cells[c] is None:
                         cells[c] = booking
         self._grid = grid
-        self._allowed = [[allowed_classes(self.pools[p], start + c * step, step, self.zone) for c in range(columns)]
-                         for p in self.pool_rows]
+        self._allowed = [[open_classes(self.pools[p], start + c * step, start + (c + 1) * step, self.zone)
+                          for c in range(columns)] for p in self.pool_rows]
         self._invalidate()
 
     def _invalidate(self) -> None:
