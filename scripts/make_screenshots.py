@@ -36,7 +36,7 @@ def frozen() -> float:
 
 def settled(app) -> bool:
     """The bookings shown are those of the timeline's current window (a zoom or scroll reloads them)."""
-    timeline = app.board.timeline
+    timeline = app.board.timeline.model
     return app.view is not None and (app.view.window_start, app.view.window_end) == (timeline.view_start,
                                                                                       timeline.view_end)
 

@@ -51,7 +51,7 @@ from app.tui.render import short_time
 from app.tui.screens.booking_form import BookingDraft, BookingModal
 from app.tui.screens.main import BoardScreen
 from app.tui.widgets.header import BoardHeader
-from app.tui.widgets.timeline import DEFAULT_ZOOM, ZOOMS, align
+from app.tui.timeline_model import default_window
 
 ENDING_SOON_SECONDS = 600
 STALL_ALERT_SECONDS = 5.0
@@ -99,9 +99,7 @@ class BoardApp(App[int]):
         self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
         self.last_telemetry = time.monotonic()
         self._last_tick = 0.0
-        zoom = ZOOMS[DEFAULT_ZOOM]
-        start = align(clock(), zoom.step) - zoom.before
-        self._window = (start, start + zoom.step * zoom.columns)
+        self._window = default_window(clock())
         self.fleet_signal: Signal[FleetSnapshot] = Signal(self, "fleet")
         self.bookings_signal: Signal[BookingView] = Signal(self, "bookings")
         self.servers_signal: Signal[int] = Signal(self, "servers")
@@ -289,8 +287,8 @@ class BoardApp(App[int]):
         if not isinstance(self.screen, BoardScreen):
             return BookingDraft()
         timeline, now = self.board.timeline, self.clock()
-        if timeline.has_focus or timeline.anchor is not None:
-            selected = timeline.selected_range()
+        if timeline.has_focus or timeline.model.anchor is not None:
+            selected = timeline.model.selected_range()
             if selected:
                 cards, start, end = selected
                 if end <= now:

@@ -406,10 +406,10 @@ class TestTimeline:
             timeline = app.board.timeline
             await pilot.press("tab")
             assert timeline.has_focus
-            assert timeline.cursor == (0, 4)  # now: 15:30 in a view from 13:30
+            assert timeline.model.cursor == (0, 4)  # now: 15:30 in a view from 13:30
             await pilot.press("down", "down", "down", "down", "right", "right")  # card 4, 16:30
             await pilot.press("shift+down", "shift+right", "shift+right", "shift+right")  # cards 4-5, to 18:30
-            assert timeline.selected_range() == ([4, 5], BASE + HOUR + 1800, BASE + 3 * HOUR + 1800)
+            assert timeline.model.selected_range() == ([4, 5], BASE + HOUR + 1800, BASE + 3 * HOUR + 1800)
             await pilot.press("b")
             await wait_for(pilot, lambda: isinstance(app.screen, BookingModal))
             form = app.screen
@@ -421,39 +421,39 @@ class TestTimeline:
             made = [b for b in bookings(seeded_db) if b.cards == (4, 5) and b.user == "alice"]
             assert [(b.start, b.end) for b in made] == [(BASE + HOUR + 1800, BASE + 3 * HOUR + 1800)]
             # ...and it appears on the timeline as one block over both cards.
-            await wait_for(pilot, lambda: timeline.booking_at(4, 6) is not None)
-            assert timeline.booking_at(4, 6) is timeline.booking_at(5, 6)
+            await wait_for(pilot, lambda: timeline.model.booking_at(4, 6) is not None)
+            assert timeline.model.booking_at(4, 6) is timeline.model.booking_at(5, 6)
 
     async def test_mouse_drag_selects(self, make_app):
         app = make_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await ready(pilot)
             timeline = app.board.timeline
-            x0 = timeline.label_width + 6 * timeline.cell_width  # 16:30 in a view from 13:30
+            x0 = timeline.model.label_width + 6 * timeline.cell_width  # 16:30 in a view from 13:30
             x1 = x0 + 2 * timeline.cell_width  # 17:30
             await pilot.mouse_down(timeline, offset=(x0, 2 + 4))  # card 4
-            assert timeline.has_focus and timeline.cursor == (4, 6)
+            assert timeline.has_focus and timeline.model.cursor == (4, 6)
             # A drag: Pilot's hover moves without a button held, so send the motion a terminal sends.
             drag = type("Drag", (), {"button": 1, "x": x1, "y": 2 + 5})()
             timeline.on_mouse_move(drag)  # card 5
             await pilot.mouse_up(timeline, offset=(x1, 2 + 5))
-            assert timeline.selected_range() == ([4, 5], BASE + HOUR + 1800, BASE + 3 * HOUR)
+            assert timeline.model.selected_range() == ([4, 5], BASE + HOUR + 1800, BASE + 3 * HOUR)
 
     async def test_zoom_day_steps_and_now(self, make_app):
         app = make_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await ready(pilot)
             timeline = app.board.timeline
-            assert (timeline.view_start, timeline.view_end) == (FROZEN_NOW - 2 * HOUR, FROZEN_NOW + 22 * HOUR)
+            assert (timeline.model.view_start, timeline.model.view_end) == (FROZEN_NOW - 2 * HOUR, FROZEN_NOW + 22 * HOUR)
             await pilot.press("z")
-            assert timeline.zoom.name == "week"
+            assert timeline.model.zoom.name == "week"
             await pilot.press("z")
-            assert timeline.zoom.name == "hours"
+            assert timeline.model.zoom.name == "hours"
             await pilot.press("z", "right_square_bracket")
-            assert timeline.view_start == FROZEN_NOW - 2 * HOUR + 86400
-            await wait_for(pilot, lambda: app.view.window_start == timeline.view_start)
+            assert timeline.model.view_start == FROZEN_NOW - 2 * HOUR + 86400
+            await wait_for(pilot, lambda: app.view.window_start == timeline.model.view_start)
             await pilot.press("left_square_bracket", "left_square_bracket", "t")
-            assert timeline.view_start == FROZEN_NOW - 2 * HOUR
+            assert timeline.model.view_start == FROZEN_NOW - 2 * HOUR
 
     async def test_many_cards_scroll_with_the_cursor(self, make_app, tmp_path):
         from app.gpu.simulated import parse_scenario
@@ -466,8 +466,8 @@ class TestTimeline:
             await ready(pilot)
             timeline = app.board.timeline
             await pilot.press("tab", *["down"] * 40)
-            assert timeline.cursor[0] == 40
-            assert timeline.row_offset <= 40 < timeline.row_offset + timeline.visible_rows
+            assert timeline.model.cursor[0] == 40
+            assert timeline.model.row_offset <= 40 < timeline.model.row_offset + timeline.visible_rows
 
 
 class TestLive:
@@ -494,8 +494,8 @@ class TestLive:
             booking = next(b for b in app.view.window if b.note == "from the shell")
             timeline = app.board.timeline
             await pilot.pause()
-            column = timeline._column_of(booking.start)
-            assert timeline.booking_at(5, column) == booking
+            column = timeline.model.column_of(booking.start)
+            assert timeline.model.booking_at(5, column) == booking
 
     async def test_stalled_telemetry_does_not_block_keys(self, make_app):
         stalled = simulated(replace(DEFAULT_FLEET, stall_seconds=8.0))
@@ -567,7 +567,7 @@ class TestMyBookings:
             assert str(table.get_cell("1", "note")).startswith("⚑") is False
             await pilot.press("escape")
             booking = next(b for b in app.view.upcoming if b.id == 6)
-            assert app.board.timeline._block_label(booking, 0, 0).startswith("⚑ alice")
+            assert app.board.timeline.model.block_label(booking, 0, 0).startswith("⚑ alice")
             assert "⚑ moved from Mon 09:00-11:00" in str(describe(booking, FROZEN_NOW))
 
     async def test_cancel_from_my_bookings(self, make_app, seeded_db):
