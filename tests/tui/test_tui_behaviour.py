@@ -727,29 +727,6 @@ class TestCardTable:
             compact = [str(c) for c in app.board.card_table.get_row_at(4)]
             assert compact[1] == "IN USE OVER" and "req" not in compact[2]
 
-    @pytest.mark.parametrize("request_, holder_mib, over", [
-        ({"per_card_mib": [20000, 20000]}, 21000, False),  # 5 % over: within the margin
-        ({"per_card_mib": [20000, 20000]}, 21001, True),
-        ({"per_card_mib": [30000, 20000]}, 21001, False),  # the estimate is per card, in the booking's card order
-        ({"per_card_mib": [20000]}, 99999, False),  # one figure for two cards: not a request the board can read
-        ({"per_card_mib": "20000"}, 99999, False),
-        ({"per_card_mib": [True, True]}, 99999, False),
-        ({"per_card_mib": [0, 0]}, 99999, False),
-        ({"model": "qwen"}, 99999, False),
-        (None, 99999, False),
-    ])
-    def test_over_the_request(self, request_, holder_mib, over):
-        from app.gpu.model import CardReading, GpuProcess
-        from app.model import Booking
-        from app.tui.widgets.card_table import over_request
-
-        booking = Booking(id=1, user="alice", uid=1001, cards=(4, 5), card_uuids=("GPU-4", "GPU-5"), start=0, end=1,
-                          klass="experiment", note="", status="booked", request=request_)
-        processes = (GpuProcess(1, holder_mib - 1000, "alice", 1001, ""), GpuProcess(2, 1000, None, None, ""),
-                     GpuProcess(3, 5000, "bob", 1002, ""), GpuProcess(4, None, "alice", 1001, ""))
-        reading = CardReading(index=4, uuid="GPU-4", memory_total_mib=32607, processes=processes)
-        assert over_request(reading, booking) is over
-
 
 class TestUntrustedText:
     async def test_hostile_text_renders_inert(self, make_app, tmp_path):

@@ -13,7 +13,8 @@ from app.core.policy import policy_zone, pool_rules
 from app.core.text import cards_text, format_cards, inert
 from app.tui.render import duration, short_time
 from app.tui.screens.confirm import describe
-from app.tui.widgets.card_table import WIDE_MIN_WIDTH, CardTable
+from app.tui.card_table_model import WIDE_MIN_WIDTH
+from app.tui.widgets.card_table import CardTable
 from app.tui.widgets.header import BoardHeader
 from app.tui.widgets.timeline import Timeline
 from app.tui.widgets.upcoming import UpcomingTable

@@ -50,7 +50,7 @@ class BoardHeader(Widget):
     def sync(self) -> None:
         """The fleet, the board's trouble and the service's alerts as the app has them now (it calls this on
         every header when they change; a reactive repaints only what did)."""
-        from app.tui.widgets.card_table import short_name
+        from app.tui.card_table_model import short_name
 
         app = self.app
         snapshot = app.fleet
