@@ -83,9 +83,6 @@ class BoardApp(App[int]):
         super().__init__()
         self.cursor_blink = cursor_blink  # off for snapshot tests
         self.client, self.identity, self.config, self.clock = client, identity, config, clock
-        service = getattr(client, "service", None)  # in process only: the Servers screen still reads the file
-        self.db_path = service.config.db_path if service is not None else None
-        self.source = service.fleet.source if service is not None else None
         self.host = socket.gethostname() if host is None else host
         self.refresh_seconds = max(0.2, float(config.refresh_seconds))
         self.history_step = history_step or max(self.refresh_seconds, 1.0)

@@ -110,7 +110,6 @@ class ServerFeed:
 
     def _loop(self) -> None:
         from app.llama.health import TokenRate, metrics
-        from app.llama.processes import show_on_simulated
         from app.llama.rows import server_from_wire
 
         rates: dict[int, TokenRate] = {}
@@ -121,7 +120,6 @@ class ServerFeed:
                     now = time.time()
                     found = [server_from_wire(s) for s in self.client.call("serve_list", all=True, limit=200)]
                     found = [s for s in found if s.live or (s.ended_at or s.created_at) >= now - RECENT_SECONDS]
-                    show_on_simulated(self.app.source, found)  # demo servers run on the CPU: show them on their cards
                     lines = []
                     for server in found:
                         rate = None
