@@ -10,8 +10,9 @@ loop follows the service's subscription and the bookings loader reloads on each 
 in app.tui.pollers, posting frozen snapshots); the screens' calls run on one more thread
 (app.tui.backend). The UI thread never waits on the service.
 
-The Servers screen (app.tui.screens.servers) hears of changes through `.fleet_signal`,
-`.bookings_signal` and `.servers_signal` (Textual Signals); `servers=False` leaves it out.
+Screens that show the fleet, the bookings or the servers hear of each new snapshot through
+`.fleet_signal`, `.bookings_signal` and `.servers_signal` (Textual Signals); `servers=False` leaves
+the Servers screen and its loader out.
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ from app.tui.messages import (
     DatabaseFailed,
     Notice,
     ServersChanged,
+    ServersLoaded,
+    ServersView,
     TelemetryFailed,
     TelemetryRead,
 )
-from app.tui.pollers import HISTORY_SECONDS, Poller, bookings_loop, events_loop
+from app.tui.pollers import HISTORY_SECONDS, Poller, bookings_loop, events_loop, servers_loop
 from app.tui.render import short_time
 from app.tui.screens.booking_form import BookingDraft, BookingModal
 from app.tui.screens.main import BoardScreen
@@ -88,6 +91,7 @@ class BoardApp(App[int]):
         self.history_step = history_step or max(self.refresh_seconds, 1.0)
         self.fleet: FleetSnapshot | None = None
         self.view: BookingView | None = None
+        self.servers_view: ServersView | None = None
         self.statuses: tuple[CardStatus, ...] = ()
         self.history: dict[str, deque[tuple[float, ...]]] = {}  # [t, VRAM GiB, util, temp, power W]
         self.alert = ""  # the board's own trouble: telemetry stalled or failed, the service down
@@ -99,13 +103,13 @@ class BoardApp(App[int]):
         self._window = default_window(clock())
         self.fleet_signal: Signal[FleetSnapshot] = Signal(self, "fleet")
         self.bookings_signal: Signal[BookingView] = Signal(self, "bookings")
-        self.servers_signal: Signal[int] = Signal(self, "servers")
+        self.servers_signal: Signal[ServersView] = Signal(self, "servers")
         self._bookings = Poller("board-bookings", lambda p: bookings_loop(
             self, client, clock, lambda: self._window, p))
         self._events = Poller("board-events", lambda p: events_loop(self, client, self._bookings, p, self.history_step))
+        self._servers = Poller("board-servers", lambda p: servers_loop(self, client, p))
         self.backend = Backend(client, clock, self._bookings.wake, fit_limits=limits(config))
-        self.servers = servers  # the Servers screen and the thread that watches server lifecycles
-        self.server_watch = None
+        self.servers = servers  # the Servers screen and its loader
         # Keys that exist only for some: non-admins never get the admin key, nor its palette entry.
         if identity.is_admin:
             self.bind("a", "admin", description="Admin")
@@ -121,17 +125,14 @@ class BoardApp(App[int]):
     def on_mount(self) -> None:
         self._events.start()
         self._bookings.start()
+        if self.servers:
+            self._servers.start()
         self.set_interval(1.0, self._tick_if_idle)
-        if self.servers:  # reconcile, booking-end stops, demo servers on their cards, tokens/s
-            from app.tui.screens.servers import start_server_watch
-
-            self.server_watch = start_server_watch(self)
 
     def on_unmount(self) -> None:
         self._events.stop()
         self._bookings.stop()
-        if self.server_watch is not None:
-            self.server_watch.stop()
+        self._servers.stop()
         self.backend.close()
         self.client.close()
 
@@ -145,6 +146,10 @@ class BoardApp(App[int]):
         """The timeline shows another span: have the poller load its bookings now."""
         self._window = (start, end)
         self._bookings.wake()
+
+    def reload_servers(self) -> None:
+        """Have the servers loader load now (a start or a stop from this board); from any thread."""
+        self._servers.wake()
 
     # -- data from the pollers -----------------------------------------------------------------
 
@@ -181,6 +186,8 @@ class BoardApp(App[int]):
         self.board.show_bookings()
         self._warn_ending()
         self.bookings_signal.publish(message.view)
+        # In file mode the user's own supervisors write the servers, which the service reports as bookings.
+        self._servers.wake()
 
     @on(AlertsLoaded)
     def _alerts_loaded(self, message: AlertsLoaded) -> None:
@@ -189,7 +196,12 @@ class BoardApp(App[int]):
 
     @on(ServersChanged)
     def _servers_changed(self, message: ServersChanged) -> None:
-        self.servers_signal.publish(message.version)
+        self._servers.wake()
+
+    @on(ServersLoaded)
+    def _servers_loaded(self, message: ServersLoaded) -> None:
+        self.servers_view = message.view
+        self.servers_signal.publish(message.view)
 
     @on(Notice)
     def _notice(self, message: Notice) -> None:
