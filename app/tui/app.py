@@ -11,8 +11,7 @@ in app.tui.pollers, posting frozen snapshots); the screens' calls run on one mor
 (app.tui.backend). The UI thread never waits on the service.
 
 Screens that show the fleet, the bookings or the servers hear of each new snapshot through
-`.fleet_signal`, `.bookings_signal` and `.servers_signal` (Textual Signals); `servers=False` leaves
-the Servers screen and its loader out.
+`.fleet_signal`, `.bookings_signal` and `.servers_signal` (Textual Signals).
 """
 
 from __future__ import annotations
@@ -80,11 +79,8 @@ class BoardApp(App[int]):
         clock: Callable[[], float] = time.time,
         host: str | None = None,
         history_step: float | None = None,
-        servers: bool = True,
-        cursor_blink: bool = True,
     ) -> None:
         super().__init__()
-        self.cursor_blink = cursor_blink  # off for snapshot tests
         self.client, self.identity, self.config, self.clock = client, identity, config, clock
         self.host = socket.gethostname() if host is None else host
         self.refresh_seconds = max(0.2, float(config.refresh_seconds))
@@ -109,12 +105,10 @@ class BoardApp(App[int]):
         self._events = Poller("board-events", lambda p: events_loop(self, client, self._bookings, p, self.history_step))
         self._servers = Poller("board-servers", lambda p: servers_loop(self, client, p))
         self.backend = Backend(client, clock, self._bookings.wake, fit_limits=limits(config))
-        self.servers = servers  # the Servers screen and its loader
         # Keys that exist only for some: non-admins never get the admin key, nor its palette entry.
         if identity.is_admin:
             self.bind("a", "admin", description="Admin")
-        if self.servers:
-            self.bind("s", "servers", description="Servers")
+        self.bind("s", "servers", description="Servers")  # after the admin key, where the footer has it
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -125,8 +119,7 @@ class BoardApp(App[int]):
     def on_mount(self) -> None:
         self._events.start()
         self._bookings.start()
-        if self.servers:
-            self._servers.start()
+        self._servers.start()
         self.set_interval(1.0, self._tick_if_idle)
 
     def on_unmount(self) -> None:
@@ -344,8 +337,6 @@ class BoardApp(App[int]):
             self.push_screen(AdminScreen())
 
     def action_servers(self) -> None:
-        if not self.servers:
-            return
         from app.tui.screens.servers import ServersScreen
 
         if not isinstance(self.screen, ServersScreen):
@@ -354,7 +345,7 @@ class BoardApp(App[int]):
     def action_help(self) -> None:
         from app.tui.screens.help import HelpModal
 
-        self.push_screen(HelpModal(admin=self.identity.is_admin, servers=self.servers))
+        self.push_screen(HelpModal(admin=self.identity.is_admin))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield SystemCommand("Book cards", "Open the booking form", self.action_book)
@@ -366,8 +357,7 @@ class BoardApp(App[int]):
             if status is not None:
                 yield SystemCommand(f"Card {status.reading.index} detail", "Processes, history and bookings",
                                     lambda: self.action_card_detail(status.reading.uuid))
-        if self.servers:
-            yield SystemCommand("Servers", "llama-server on your booked cards", self.action_servers)
+        yield SystemCommand("Servers", "llama-server on your booked cards", self.action_servers)
         if self.identity.is_admin:
             yield SystemCommand("Admin", "All bookings, reassign, cancel, audit log", self.action_admin)
         yield SystemCommand("Help", "Every key", self.action_help)

@@ -117,7 +117,6 @@ def make_app(seeded_db):
             clock=clock,
             host="gpu-box",
             history_step=5.0,
-            cursor_blink=False,
         )
 
     return make
@@ -147,14 +146,24 @@ async def settle(pilot, timeout: float = 5.0) -> None:
         before = after
 
 
+def steady_cursors(app) -> None:
+    """Stop the inputs' cursors blinking, shown: a blink is a race in a picture (pytest-textual-snapshot's advice)."""
+    from textual.widgets import Input
+
+    for field in app.screen.query(Input):
+        field.cursor_blink = False
+
+
 @pytest.fixture
 def snap_compare(snap_compare):
-    """pytest-textual-snapshot's snap_compare, taking its picture only once the screen has settled (settle)."""
+    """pytest-textual-snapshot's snap_compare, taking its picture only once the cursors are steady and the screen
+    has settled (settle)."""
 
     def compare(app, *, run_before=None, **kwargs) -> bool:
         async def then_settle(pilot) -> None:
             if run_before is not None:
                 await run_before(pilot)
+            steady_cursors(pilot.app)
             await settle(pilot)
 
         return snap_compare(app, run_before=then_settle, **kwargs)

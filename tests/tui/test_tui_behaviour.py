@@ -479,8 +479,7 @@ class TestLive:
         config = Config(db_path=tmp_path / "live.db")
         db = config.db_path
         client = LocalClient.on(config, simulated(clock=time.time), ALICE)
-        app = BoardApp(client, identity=ALICE, config=config, clock=time.time, host="gpu-box", servers=False,
-                       cursor_blink=False)
+        app = BoardApp(client, identity=ALICE, config=config, clock=time.time, host="gpu-box")
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
             result = await asyncio.to_thread(
