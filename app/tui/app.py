@@ -96,15 +96,15 @@ class BoardApp(App[int]):
         self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
         self.last_telemetry = time.monotonic()
         self._last_tick = 0.0
-        self._window = default_window(clock())
+        self.window = default_window(clock())  # the span the timeline shows: the loader loads its bookings
         self.fleet_signal: Signal[FleetSnapshot] = Signal(self, "fleet")
         self.bookings_signal: Signal[BookingView] = Signal(self, "bookings")
         self.servers_signal: Signal[ServersView] = Signal(self, "servers")
         self._bookings = Poller("board-bookings", lambda p: bookings_loop(
-            self, client, clock, lambda: self._window, p))
+            self, client, clock, lambda: self.window, p))
         self._events = Poller("board-events", lambda p: events_loop(self, client, self._bookings, p, self.history_step))
         self._servers = Poller("board-servers", lambda p: servers_loop(self, client, p))
-        self.backend = Backend(client, clock, self._bookings.wake, fit_limits=limits(config))
+        self.backend = Backend(client, clock, self.reload_bookings, fit_limits=limits(config))
         # Keys that exist only for some: non-admins never get the admin key, nor its palette entry.
         if identity.is_admin:
             self.bind("a", "admin", description="Admin")
@@ -117,10 +117,15 @@ class BoardApp(App[int]):
         return self._board
 
     def on_mount(self) -> None:
+        self.start_pollers()
+        self.set_interval(1.0, self._tick_if_idle)
+
+    def start_pollers(self) -> None:
+        """The threads that bring the service's state (app.tui.pollers); tests that check what the board shows
+        leave them off and post their messages themselves."""
         self._events.start()
         self._bookings.start()
         self._servers.start()
-        self.set_interval(1.0, self._tick_if_idle)
 
     def on_unmount(self) -> None:
         self._events.stop()
@@ -137,7 +142,11 @@ class BoardApp(App[int]):
 
     def set_window(self, start: int, end: int) -> None:
         """The timeline shows another span: have the poller load its bookings now."""
-        self._window = (start, end)
+        self.window = (start, end)
+        self.reload_bookings()
+
+    def reload_bookings(self) -> None:
+        """Have the bookings loader load now (the window moved, or this board wrote); from any thread."""
         self._bookings.wake()
 
     def reload_servers(self) -> None:

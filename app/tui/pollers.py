@@ -89,15 +89,8 @@ def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step:
                 if "error" in event:
                     app.post_message(TelemetryFailed(event["error"]))
                     continue
-                snapshot = snapshot_from_wire(event["snapshot"])
-                history = None
-                if first:
-                    first = False
-                    try:
-                        history = client.call("history", seconds=HISTORY_SECONDS, step=max(1, round(history_step)))
-                    except Exception:  # noqa: BLE001 - sparklines start empty instead
-                        pass
-                app.post_message(TelemetryRead(snapshot, history))
+                app.post_message(fleet_read(client, event["snapshot"], history_step if first else None))
+                first = False
             elif kind == "bookings":
                 if "error" in event:
                     app.post_message(DatabaseFailed(event["error"]))
@@ -117,21 +110,38 @@ def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step:
         events.close()
 
 
+def fleet_read(client, snapshot: dict, history_step: float | None = None) -> TelemetryRead:
+    """A fleet snapshot from the service, as the board takes it; with `history_step` (the first read), the last
+    ten minutes the service recorded at that step, so the sparklines start full."""
+    history = None
+    if history_step is not None:
+        try:
+            history = client.call("history", seconds=HISTORY_SECONDS, step=max(1, round(history_step)))
+        except Exception:  # noqa: BLE001 - sparklines start empty instead
+            pass
+    return TelemetryRead(snapshot_from_wire(snapshot), history)
+
+
 def bookings_loop(app, client, clock: Callable[[], float], window: Callable[[], tuple[int, int]], worker: "Poller") -> None:
     while not worker.is_cancelled:
-        start, end = window()
-        try:
-            found = client.call("window", start=start, end=end)
-        except Exception as error:  # noqa: BLE001 - e.g. the service is down: shown, retried on the next wake
-            app.post_message(DatabaseFailed(str(error)))
-        else:
-            if worker.is_cancelled:
-                return
-            app.post_message(BookingsLoaded(BookingView(
-                found["version"], tuple(booking_from_wire(b) for b in found["upcoming"]),
-                tuple(booking_from_wire(b) for b in found["in_window"]), start, end, clock())))
-            _load_alerts(app, client)
+        load_bookings(app, client, clock, *window(), cancelled=lambda: worker.is_cancelled)
         worker.wait(DB_RELOAD_SECONDS)
+
+
+def load_bookings(app, client, clock: Callable[[], float], start: int, end: int,
+                  cancelled: Callable[[], bool] = lambda: False) -> None:
+    """One round of the bookings loader: post the live bookings and those in [start, end), then the alerts."""
+    try:
+        found = client.call("window", start=start, end=end)
+    except Exception as error:  # noqa: BLE001 - e.g. the service is down: shown, retried on the next wake
+        app.post_message(DatabaseFailed(str(error)))
+        return
+    if cancelled():
+        return
+    app.post_message(BookingsLoaded(BookingView(
+        found["version"], tuple(booking_from_wire(b) for b in found["upcoming"]),
+        tuple(booking_from_wire(b) for b in found["in_window"]), start, end, clock())))
+    _load_alerts(app, client)
 
 
 def servers_loop(app, client, worker: "Poller") -> None:
