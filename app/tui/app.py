@@ -1,14 +1,15 @@
 """The board TUI: `board` with no subcommand.
 
-`BoardApp(...)` takes its parts injected (clock, GPU source, database path, identity,
-config, host name), so tests and screenshots run on a frozen clock and a simulated fleet.
-`run_board` is what app.cli calls.
+`BoardApp(...)` takes its parts injected (the client, identity, config, clock, host name), so
+tests and screenshots run on a frozen clock and a simulated fleet. `run_board` is what app.cli
+calls.
 
 The board talks to the service only through its client (app.client): in process on a file the
 user owns, or over the shared service's socket; it cannot tell which. Threads: the events
-loop follows the service's subscription and the bookings loader reloads on each change (both
-in app.tui.pollers, posting frozen snapshots); the screens' calls run on one more thread
-(app.tui.backend). The UI thread never waits on the service.
+loop follows the service's subscription, and the bookings and servers loaders reload on each
+change (all in app.tui.pollers, started by `start_pollers`, posting frozen snapshots); the
+screens' calls run on one more thread (app.tui.backend). The UI thread never waits on the
+service.
 
 Screens that show the fleet, the bookings or the servers hear of each new snapshot through
 `.fleet_signal`, `.bookings_signal` and `.servers_signal` (Textual Signals).
