@@ -18,19 +18,12 @@ CLASSES = ("online", "batch", "finetune", "experiment")  # highest priority firs
 
 @dataclass(frozen=True, slots=True)
 class ClassWindow:
-    """A class is allowed in a pool only between `start` and `end` local time (wrapping midnight), and at weekends if set."""
+    """A class is allowed in a pool only between `start` and `end` local time (wrapping midnight), and at weekends if set.
+    app.core.policy alone decides what it allows."""
 
     start_minute: int
     end_minute: int
     weekends: bool = True
-
-    def open_at(self, weekday: int, minute: int) -> bool:
-        """Whether the class may run at this local wall time (weekday 0 is Monday, minute of the day);
-        app.core.policy checks whole bookings."""
-        if self.weekends and weekday >= 5:
-            return True
-        start, end = self.start_minute, self.end_minute
-        return start <= minute < end if start <= end else (minute >= start or minute < end)
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,8 +81,8 @@ async def timeline_bench(rounds: int) -> dict[str, float]:
     async with app.run_test(size=(200, 70)) as pilot:  # every one of the 64 rows on screen
         timeline = app.query_one(Timeline)
         timeline.set_cards(cards)
-        bookings = fake_bookings(cards, timeline.view_start, timeline.view_end, 5000)
-        in_window = [b for b in bookings if b.end > timeline.view_start and b.start < timeline.view_end]
+        bookings = fake_bookings(cards, timeline.model.view_start, timeline.model.view_end, 5000)
+        in_window = [b for b in bookings if b.end > timeline.model.view_start and b.start < timeline.model.view_end]
         assert len(in_window) >= 5000, len(in_window)
         await pilot.pause()
         compute, painted = [], []

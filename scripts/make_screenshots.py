@@ -25,6 +25,7 @@ from app.gpu.simulated import SimulatedSource  # noqa: E402
 from app.store.db import connect  # noqa: E402
 from app.client.local import LocalClient  # noqa: E402
 from app.tui.app import BoardApp  # noqa: E402
+from textual.widgets import Input  # noqa: E402
 
 NOW = 1795966200
 OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "screenshots"  # tests write to a scratch folder
@@ -36,7 +37,7 @@ def frozen() -> float:
 
 def settled(app) -> bool:
     """The bookings shown are those of the timeline's current window (a zoom or scroll reloads them)."""
-    timeline = app.board.timeline
+    timeline = app.board.timeline.model
     return app.view is not None and (app.view.window_start, app.view.window_end) == (timeline.view_start,
                                                                                       timeline.view_end)
 
@@ -50,7 +51,7 @@ async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=N
         conn.close()
         alice, config = Identity("alice", 2000, False), demo_config(Config(db_path=db))
         app = BoardApp(LocalClient.on(config, source, alice, clock=frozen), identity=alice, config=config,
-                       clock=frozen, host="gpu-box", history_step=5.0, cursor_blink=False)
+                       clock=frozen, host="gpu-box", history_step=5.0)
         async with app.run_test(size=size) as pilot:
             deadline = time.monotonic() + 10
             while (app.fleet is None or app.view is None) and time.monotonic() < deadline:
@@ -59,6 +60,8 @@ async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=N
             await pilot.press(*keys)
             while not (settled(app) and (until is None or until(app))) and time.monotonic() < deadline:
                 await pilot.pause(0.05)
+            for field in app.screen.query(Input):  # a blink is a race in a picture: the cursor shows, steady
+                field.cursor_blink = False
             await pilot.pause(0.3)
             path = OUT / f"{name}.svg"
             title = "board" if name == "board" else f"board · {name.replace('-', ' ')}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, tzinfo
 from typing import Sequence
 
-from app.config import Config, Pool
+from app.config import CLASSES, Config, Pool
 from app.core.text import zone_name
 from app.errors import NotPermitted
 
@@ -77,6 +77,28 @@ def window_opens(config: Config, klass: str, start: int, end: int, tz: tzinfo | 
                 found.add(int(day.timestamp()))
         day += timedelta(days=1)  # wall-clock arithmetic: midnight stays midnight across DST
     return sorted(t for t in found if start <= t < end)
+
+
+def open_classes(pool: Pool, start: int, end: int, tz: tzinfo | None) -> tuple[str, ...]:
+    """The classes `pool` takes for the whole of [start, end), its windows read in `tz` (None: local time): what
+    the timeline's rules rows show, by the same rule that refuses a booking (card_refusal)."""
+    return tuple(k for k in pool.classes if (w := pool.windows.get(k)) is None or _inside_window(w, start, end, tz))
+
+
+def pool_rules(pool: Pool) -> str:
+    """What a pool takes, in words: 'online, batch, finetune 19:00-09:00 and weekends' or 'any class, ≤12 h'."""
+    parts = []
+    for klass in pool.classes:
+        window = pool.windows.get(klass)
+        if window is None:
+            parts.append(klass)
+        else:
+            weekends = " and weekends" if window.weekends else ""
+            parts.append(f"{klass} {_hhmm(window.start_minute)}-{_hhmm(window.end_minute)}{weekends}")
+    text = "any class" if set(pool.classes) == set(CLASSES) and not pool.windows else ", ".join(parts)
+    if pool.max_hours is not None:
+        text += f", ≤{pool.max_hours:g} h"
+    return text
 
 
 def _peak_cards(held: Sequence[tuple[int, int, int]], start: int, end: int) -> int:

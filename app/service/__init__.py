@@ -114,6 +114,16 @@ class Service:
             rules.told = self._local.told = []
         return rules
 
+    def fleet_snapshot(self):
+        """The newest FleetSnapshot for every board and `board status`; on a simulated fleet with the demo's
+        llama-servers (they run on the CPU) shown on their booked cards, as NVML would show them."""
+        if self.fleet.simulated:
+            from app.llama.processes import feed_simulated
+
+            if feed_simulated(self.fleet.source, self.conn):
+                self.fleet.invalidate()
+        return self.fleet.latest()
+
     def lookup_user(self, name: str) -> tuple[str, int] | None:
         """(name, uid) of a local account; in the demo also of its made-up people (alice, bob, ...), so that an
         admin can give them a booking there."""

@@ -116,7 +116,7 @@ def stats(service, me: Identity) -> dict:
 def fleet(service, me: Identity) -> dict:
     from app.gpu.model import snapshot_to_wire
 
-    return snapshot_to_wire(service.fleet.latest())
+    return snapshot_to_wire(service.fleet_snapshot())
 
 
 @op("history", {"seconds": SPAN}, {"step": SPAN, "uuid": STR})
@@ -142,7 +142,7 @@ def status(service, me: Identity) -> dict:
     from app.core.cardstate import UNKNOWN_USER, fleet_status
     from app.store import bookings as rows
 
-    snapshot = _fleet_with_servers(service)
+    snapshot = service.fleet_snapshot()
     now = service.clock()
     live = rows.live_between(service.conn, int(now), FOREVER)
     statuses = fleet_status(snapshot, live, now, hot_celsius=service.config.hot_celsius, labels=service.config.labels)
@@ -161,15 +161,6 @@ def status(service, me: Identity) -> dict:
                           for p in r.processes],
         })
     return {"simulated": snapshot.simulated, "taken_at": snapshot.taken_at, "cards": cards}
-
-
-def _fleet_with_servers(service):
-    if service.fleet.simulated:  # demo llama-servers run on the CPU: show them on their booked cards
-        from app.llama.processes import feed_simulated
-
-        if feed_simulated(service.fleet.source, service.conn):
-            service.fleet.invalidate()
-    return service.fleet.latest()
 
 
 # -- bookings -----------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ def _fleet_loop(service, stop: threading.Event) -> None:
     while not stop.is_set():
         if service.hub.count:
             try:
-                snapshot = service.fleet.latest()
+                snapshot = service.fleet_snapshot()
             except Exception as error:  # noqa: BLE001 - a driver hiccup must not end the service
                 service.hub.publish("fleet", {"error": f"{type(error).__name__}: {error}"})
             else:

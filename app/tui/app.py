@@ -1,17 +1,18 @@
 """The board TUI: `board` with no subcommand.
 
-`BoardApp(...)` takes its parts injected (clock, GPU source, database path, identity,
-config, host name), so tests and screenshots run on a frozen clock and a simulated fleet.
-`run_board` is what app.cli calls.
+`BoardApp(...)` takes its parts injected (the client, identity, config, clock, host name), so
+tests and screenshots run on a frozen clock and a simulated fleet. `run_board` is what app.cli
+calls.
 
 The board talks to the service only through its client (app.client): in process on a file the
 user owns, or over the shared service's socket; it cannot tell which. Threads: the events
-loop follows the service's subscription and the bookings loader reloads on each change (both
-in app.tui.pollers, posting frozen snapshots); the screens' calls run on one more thread
-(app.tui.backend). The UI thread never waits on the service.
+loop follows the service's subscription, and the bookings and servers loaders reload on each
+change (all in app.tui.pollers, started by `start_pollers`, posting frozen snapshots); the
+screens' calls run on one more thread (app.tui.backend). The UI thread never waits on the
+service.
 
-The Servers screen (app.tui.screens.servers) hears of changes through `.fleet_signal`,
-`.bookings_signal` and `.servers_signal` (Textual Signals); `servers=False` leaves it out.
+Screens that show the fleet, the bookings or the servers hear of each new snapshot through
+`.fleet_signal`, `.bookings_signal` and `.servers_signal` (Textual Signals).
 """
 
 from __future__ import annotations
@@ -43,15 +44,17 @@ from app.tui.messages import (
     DatabaseFailed,
     Notice,
     ServersChanged,
+    ServersLoaded,
+    ServersView,
     TelemetryFailed,
     TelemetryRead,
 )
-from app.tui.pollers import HISTORY_SECONDS, Poller, bookings_loop, events_loop
+from app.tui.pollers import HISTORY_SECONDS, Poller, bookings_loop, events_loop, servers_loop
 from app.tui.render import short_time
 from app.tui.screens.booking_form import BookingDraft, BookingModal
 from app.tui.screens.main import BoardScreen
 from app.tui.widgets.header import BoardHeader
-from app.tui.widgets.timeline import DEFAULT_ZOOM, ZOOMS, align
+from app.tui.timeline_model import default_window
 
 ENDING_SOON_SECONDS = 600
 STALL_ALERT_SECONDS = 5.0
@@ -77,20 +80,15 @@ class BoardApp(App[int]):
         clock: Callable[[], float] = time.time,
         host: str | None = None,
         history_step: float | None = None,
-        servers: bool = True,
-        cursor_blink: bool = True,
     ) -> None:
         super().__init__()
-        self.cursor_blink = cursor_blink  # off for snapshot tests
         self.client, self.identity, self.config, self.clock = client, identity, config, clock
-        service = getattr(client, "service", None)  # in process only: the Servers screen still reads the file
-        self.db_path = service.config.db_path if service is not None else None
-        self.source = service.fleet.source if service is not None else None
         self.host = socket.gethostname() if host is None else host
         self.refresh_seconds = max(0.2, float(config.refresh_seconds))
         self.history_step = history_step or max(self.refresh_seconds, 1.0)
         self.fleet: FleetSnapshot | None = None
         self.view: BookingView | None = None
+        self.servers_view: ServersView | None = None
         self.statuses: tuple[CardStatus, ...] = ()
         self.history: dict[str, deque[tuple[float, ...]]] = {}  # [t, VRAM GiB, util, temp, power W]
         self.alert = ""  # the board's own trouble: telemetry stalled or failed, the service down
@@ -99,23 +97,19 @@ class BoardApp(App[int]):
         self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
         self.last_telemetry = time.monotonic()
         self._last_tick = 0.0
-        zoom = ZOOMS[DEFAULT_ZOOM]
-        start = align(clock(), zoom.step) - zoom.before
-        self._window = (start, start + zoom.step * zoom.columns)
+        self.window = default_window(clock())  # the span the timeline shows: the loader loads its bookings
         self.fleet_signal: Signal[FleetSnapshot] = Signal(self, "fleet")
         self.bookings_signal: Signal[BookingView] = Signal(self, "bookings")
-        self.servers_signal: Signal[int] = Signal(self, "servers")
+        self.servers_signal: Signal[ServersView] = Signal(self, "servers")
         self._bookings = Poller("board-bookings", lambda p: bookings_loop(
-            self, client, clock, lambda: self._window, p))
+            self, client, clock, lambda: self.window, p))
         self._events = Poller("board-events", lambda p: events_loop(self, client, self._bookings, p, self.history_step))
-        self.backend = Backend(client, clock, self._bookings.wake, fit_limits=limits(config))
-        self.servers = servers  # the Servers screen and the thread that watches server lifecycles
-        self.server_watch = None
+        self._servers = Poller("board-servers", lambda p: servers_loop(self, client, p))
+        self.backend = Backend(client, clock, self.reload_bookings, fit_limits=limits(config))
         # Keys that exist only for some: non-admins never get the admin key, nor its palette entry.
         if identity.is_admin:
             self.bind("a", "admin", description="Admin")
-        if self.servers:
-            self.bind("s", "servers", description="Servers")
+        self.bind("s", "servers", description="Servers")  # after the admin key, where the footer has it
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -124,19 +118,20 @@ class BoardApp(App[int]):
         return self._board
 
     def on_mount(self) -> None:
+        self.start_pollers()
+        self.set_interval(1.0, self._tick_if_idle)
+
+    def start_pollers(self) -> None:
+        """The threads that bring the service's state (app.tui.pollers); tests that check what the board shows
+        leave them off and post their messages themselves."""
         self._events.start()
         self._bookings.start()
-        self.set_interval(1.0, self._tick_if_idle)
-        if self.servers:  # reconcile, booking-end stops, demo servers on their cards, tokens/s
-            from app.tui.screens.servers import start_server_watch
-
-            self.server_watch = start_server_watch(self)
+        self._servers.start()
 
     def on_unmount(self) -> None:
         self._events.stop()
         self._bookings.stop()
-        if self.server_watch is not None:
-            self.server_watch.stop()
+        self._servers.stop()
         self.backend.close()
         self.client.close()
 
@@ -148,8 +143,16 @@ class BoardApp(App[int]):
 
     def set_window(self, start: int, end: int) -> None:
         """The timeline shows another span: have the poller load its bookings now."""
-        self._window = (start, end)
+        self.window = (start, end)
+        self.reload_bookings()
+
+    def reload_bookings(self) -> None:
+        """Have the bookings loader load now (the window moved, or this board wrote); from any thread."""
         self._bookings.wake()
+
+    def reload_servers(self) -> None:
+        """Have the servers loader load now (a start or a stop from this board); from any thread."""
+        self._servers.wake()
 
     # -- data from the pollers -----------------------------------------------------------------
 
@@ -186,6 +189,8 @@ class BoardApp(App[int]):
         self.board.show_bookings()
         self._warn_ending()
         self.bookings_signal.publish(message.view)
+        # In file mode the user's own supervisors write the servers, which the service reports as bookings.
+        self._servers.wake()
 
     @on(AlertsLoaded)
     def _alerts_loaded(self, message: AlertsLoaded) -> None:
@@ -194,7 +199,12 @@ class BoardApp(App[int]):
 
     @on(ServersChanged)
     def _servers_changed(self, message: ServersChanged) -> None:
-        self.servers_signal.publish(message.version)
+        self._servers.wake()
+
+    @on(ServersLoaded)
+    def _servers_loaded(self, message: ServersLoaded) -> None:
+        self.servers_view = message.view
+        self.servers_signal.publish(message.view)
 
     @on(Notice)
     def _notice(self, message: Notice) -> None:
@@ -289,8 +299,8 @@ class BoardApp(App[int]):
         if not isinstance(self.screen, BoardScreen):
             return BookingDraft()
         timeline, now = self.board.timeline, self.clock()
-        if timeline.has_focus or timeline.anchor is not None:
-            selected = timeline.selected_range()
+        if timeline.has_focus or timeline.model.anchor is not None:
+            selected = timeline.model.selected_range()
             if selected:
                 cards, start, end = selected
                 if end <= now:
@@ -337,8 +347,6 @@ class BoardApp(App[int]):
             self.push_screen(AdminScreen())
 
     def action_servers(self) -> None:
-        if not self.servers:
-            return
         from app.tui.screens.servers import ServersScreen
 
         if not isinstance(self.screen, ServersScreen):
@@ -347,7 +355,7 @@ class BoardApp(App[int]):
     def action_help(self) -> None:
         from app.tui.screens.help import HelpModal
 
-        self.push_screen(HelpModal(admin=self.identity.is_admin, servers=self.servers))
+        self.push_screen(HelpModal(admin=self.identity.is_admin))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield SystemCommand("Book cards", "Open the booking form", self.action_book)
@@ -359,8 +367,7 @@ class BoardApp(App[int]):
             if status is not None:
                 yield SystemCommand(f"Card {status.reading.index} detail", "Processes, history and bookings",
                                     lambda: self.action_card_detail(status.reading.uuid))
-        if self.servers:
-            yield SystemCommand("Servers", "llama-server on your booked cards", self.action_servers)
+        yield SystemCommand("Servers", "llama-server on your booked cards", self.action_servers)
         if self.identity.is_admin:
             yield SystemCommand("Admin", "All bookings, reassign, cancel, audit log", self.action_admin)
         yield SystemCommand("Help", "Every key", self.action_help)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from app.gpu.model import FleetSnapshot
+from app.llama.rows import Server
 from app.model import Booking
 
 
@@ -60,7 +61,7 @@ class DatabaseFailed(Message):
 
 
 class ServersChanged(Message):
-    """The service's servers changed; screens that show them reload."""
+    """The service's servers changed: the servers loader loads them again."""
 
     def __init__(self, version: int) -> None:
         super().__init__()
@@ -84,3 +85,30 @@ class AlertsLoaded(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, AlertsLoaded)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLine:
+    server: Server
+    tokens_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ServersView:
+    """The servers as one serve_list saw them (the live ones and those that ended in the last day), with the
+    tokens/s of ready ones; `error` when the last load failed (the lines are then the last ones loaded)."""
+
+    lines: tuple[ServerLine, ...]
+    loaded_at: float
+    error: str | None = None
+
+
+class ServersLoaded(Message):
+    """A new ServersView; a newer one replaces an unhandled older one."""
+
+    def __init__(self, view: ServersView) -> None:
+        super().__init__()
+        self.view = view
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ServersLoaded)

@@ -1,4 +1,4 @@
-"""The board's two loops, each on its own daemon thread, never overlapping itself.
+"""The board's three loops, each on its own daemon thread, never overlapping itself.
 
 Events: one subscription to the service (bookings, fleet, servers, notice). A fleet event is
 posted as a frozen `TelemetryRead`; a bookings event wakes the loader. The service reads the
@@ -9,6 +9,11 @@ Bookings: load the live bookings and the timeline's window through the client wh
 service says they changed, when the timeline asks for another window, or every 30 s; post a
 frozen `BookingsLoaded`.
 
+Servers: load the servers (`serve_list`) and the tokens/s of ready ones that serve /metrics when
+the service says servers or bookings changed (in file mode the user's own supervisors write the
+file, which arrives as a bookings change), every 2 s while one meters, else every 30 s; post a
+frozen `ServersLoaded`. No enforcement here: booking ends are the service's.
+
 They are plain daemon threads rather than Textual thread workers on purpose: Textual runs
 thread workers on asyncio's default executor, which is joined at exit, so a call hung for
 minutes would make `q` hang too. A daemon thread is simply abandoned.
@@ -17,15 +22,30 @@ minutes would make `q` hang too. A daemon thread is simply abandoned.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 from app.gpu.model import snapshot_from_wire
 from app.model import booking_from_wire
-from app.tui.messages import BookingsLoaded, BookingView, DatabaseFailed, Notice, ServersChanged, TelemetryFailed, TelemetryRead
+from app.tui.messages import (
+    BookingsLoaded,
+    BookingView,
+    DatabaseFailed,
+    Notice,
+    ServerLine,
+    ServersChanged,
+    ServersLoaded,
+    ServersView,
+    TelemetryFailed,
+    TelemetryRead,
+)
 
 DB_RELOAD_SECONDS = 30.0
 HISTORY_SECONDS = 600
 KINDS = ("bookings", "fleet", "servers", "notice")
+SERVERS_RELOAD_SECONDS = 30.0
+METRICS_SECONDS = 2.0  # tokens/s is a rate between two /metrics reads
+RECENT_SECONDS = 24 * 3600  # servers that ended this long ago still show
 
 
 class Poller:
@@ -69,15 +89,8 @@ def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step:
                 if "error" in event:
                     app.post_message(TelemetryFailed(event["error"]))
                     continue
-                snapshot = snapshot_from_wire(event["snapshot"])
-                history = None
-                if first:
-                    first = False
-                    try:
-                        history = client.call("history", seconds=HISTORY_SECONDS, step=max(1, round(history_step)))
-                    except Exception:  # noqa: BLE001 - sparklines start empty instead
-                        pass
-                app.post_message(TelemetryRead(snapshot, history))
+                app.post_message(fleet_read(client, event["snapshot"], history_step if first else None))
+                first = False
             elif kind == "bookings":
                 if "error" in event:
                     app.post_message(DatabaseFailed(event["error"]))
@@ -97,21 +110,80 @@ def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step:
         events.close()
 
 
+def fleet_read(client, snapshot: dict, history_step: float | None = None) -> TelemetryRead:
+    """A fleet snapshot from the service, as the board takes it; with `history_step` (the first read), the last
+    ten minutes the service recorded at that step, so the sparklines start full."""
+    history = None
+    if history_step is not None:
+        try:
+            history = client.call("history", seconds=HISTORY_SECONDS, step=max(1, round(history_step)))
+        except Exception:  # noqa: BLE001 - sparklines start empty instead
+            pass
+    return TelemetryRead(snapshot_from_wire(snapshot), history)
+
+
 def bookings_loop(app, client, clock: Callable[[], float], window: Callable[[], tuple[int, int]], worker: "Poller") -> None:
     while not worker.is_cancelled:
-        start, end = window()
-        try:
-            found = client.call("window", start=start, end=end)
-        except Exception as error:  # noqa: BLE001 - e.g. the service is down: shown, retried on the next wake
-            app.post_message(DatabaseFailed(str(error)))
-        else:
-            if worker.is_cancelled:
-                return
-            app.post_message(BookingsLoaded(BookingView(
-                found["version"], tuple(booking_from_wire(b) for b in found["upcoming"]),
-                tuple(booking_from_wire(b) for b in found["in_window"]), start, end, clock())))
-            _load_alerts(app, client)
+        load_bookings(app, client, clock, *window(), cancelled=lambda: worker.is_cancelled)
         worker.wait(DB_RELOAD_SECONDS)
+
+
+def load_bookings(app, client, clock: Callable[[], float], start: int, end: int,
+                  cancelled: Callable[[], bool] = lambda: False) -> None:
+    """One round of the bookings loader: post the live bookings and those in [start, end), then the alerts."""
+    try:
+        found = client.call("window", start=start, end=end)
+    except Exception as error:  # noqa: BLE001 - e.g. the service is down: shown, retried on the next wake
+        app.post_message(DatabaseFailed(str(error)))
+        return
+    if cancelled():
+        return
+    app.post_message(BookingsLoaded(BookingView(
+        found["version"], tuple(booking_from_wire(b) for b in found["upcoming"]),
+        tuple(booking_from_wire(b) for b in found["in_window"]), start, end, clock())))
+    _load_alerts(app, client)
+
+
+def servers_loop(app, client, worker: "Poller") -> None:
+    from app.llama.health import TokenRate, metrics
+    from app.llama.rows import READY, server_from_wire
+
+    rates: dict[int, TokenRate] = {}
+    lines: tuple[ServerLine, ...] = ()
+    mine = own_client(client)
+    try:
+        while not worker.is_cancelled:
+            try:
+                now = time.time()
+                found = [server_from_wire(s) for s in mine.call("serve_list", all=True, limit=200)]
+                found = [s for s in found if s.live or (s.ended_at or s.created_at) >= now - RECENT_SECONDS]
+                loaded = []
+                for server in found:
+                    rate = None
+                    if server.state == READY and server.metrics:
+                        tracker = rates.setdefault(server.id, TokenRate())
+                        rate = tracker.update(metrics(server.host, server.port, timeout=0.5), time.monotonic())
+                    loaded.append(ServerLine(server, rate))
+                lines = tuple(loaded)
+                view = ServersView(lines, now)
+            except Exception as error:  # noqa: BLE001 - e.g. the service is down: shown, retried on the next wake
+                view = ServersView(lines, time.time(), f"{error}")
+            app.post_message(ServersLoaded(view))
+            metering = any(line.server.state == READY and line.server.metrics for line in view.lines)
+            worker.wait(METRICS_SECONDS if metering else SERVERS_RELOAD_SECONDS)
+    finally:
+        if mine is not client:
+            mine.close()
+
+
+def own_client(client):
+    """A client for one more thread: a socket of its own to the same service (one connection is one
+    conversation), or the in-process client itself (its service gives each thread a connection)."""
+    if client.transport == "socket":
+        from app.client.socket import SocketClient
+
+        return SocketClient(client.path)
+    return client
 
 
 def alerts_line(alerts: list[dict]) -> str:

@@ -424,6 +424,29 @@ class TestSupervision:
         assert "fake llama-server on" in out and "board: llama-server" in out and "ended" in out
 
 
+class TestDemo:
+    def test_the_services_fleet_shows_a_demo_server_on_its_simulated_card(self, fake_board, tiny_model):
+        """The service owns the simulated fleet: every board's fleet events (and `status`) show a demo server's
+        process on its booked card, the way NVML would; no board reaches into the service to put it there."""
+        from app.client.local import LocalClient
+        from app.config import Config
+        from app.core.identity import current_identity
+        from app.gpu import open_source
+
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
+        server = fake_board.start(fake_board.book("3"), tiny_model)
+        config = Config(db_path=fake_board.db)
+        client = LocalClient.on(config, open_source(True), current_identity(config.admin_group))
+        events = client.subscribe(("fleet",))
+        try:
+            fleet = next(event for event in events if event.get("event") == "fleet")["snapshot"]
+            assert server["pid"] in [p["pid"] for p in fleet["cards"][3]["processes"]]
+            assert [c["index"] for c in fleet["cards"] if any(p["pid"] == server["pid"] for p in c["processes"])] == [3]
+        finally:
+            events.close()
+            client.close()
+
+
 class TestAgent:
     def test_agent_warns_about_a_server_whose_booking_ends_within_10_minutes(self, fake_board, tiny_model):
         fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))

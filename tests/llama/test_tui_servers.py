@@ -30,8 +30,7 @@ def make_app(board, server_bin: str, model_dirs: tuple[str, ...] = ()):
 
     identity = current_identity(config.admin_group)
     client = LocalClient.on(config, open_source(True), identity)
-    return BoardApp(client, identity=identity, config=config, clock=time.time, host="gpu-box", servers=True,
-                    cursor_blink=False)
+    return BoardApp(client, identity=identity, config=config, clock=time.time, host="gpu-box")
 
 
 async def until(pilot, condition, timeout: float = 45.0) -> None:

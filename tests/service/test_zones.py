@@ -201,7 +201,7 @@ async def test_the_boards_toast_reads_in_the_members_zone(make_agent):
     client = agent.client()
     me = client.call("whoami")
     app = BoardApp(agent.client(), identity=Identity(me["user"], me["uid"], me["admin"]),
-                   config=load_config(environ={"BOARD_CONFIG": str(agent.config)}), host="gpu-box", cursor_blink=False)
+                   config=load_config(environ={"BOARD_CONFIG": str(agent.config)}), host="gpu-box")
     start = shanghai(2, 9)
     async with app.run_test(size=(120, 40)) as pilot:
         await _until(pilot, lambda: app.fleet is not None)  # its subscription is live

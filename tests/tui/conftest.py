@@ -2,11 +2,16 @@
 
 Everything a snapshot shows is fixed here: the time, the time zone, the host name, the
 fleet and its bookings. Nothing reads the machine's hostname, clock or version.
+
+The factory's board has its update threads off (`FedBoard`, as memray tests its TUI): `ready`
+posts what they would post, read through the same client calls, so a test waits for nothing but
+the app. `make_app(live=True)` keeps the real pollers, for the few end-to-end tests.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +23,8 @@ from app.core.identity import Identity
 from app.gpu.simulated import DEFAULT_FLEET, Scenario, SimulatedSource, demo_uid
 from app.demo import seed_if_empty
 from app.store.db import connect
+from app.tui.app import BoardApp
+from app.tui.pollers import fleet_read, load_bookings
 from tests.conftest import FROZEN_NOW
 
 HOUR = 3600
@@ -102,22 +109,43 @@ def seeded_db(tmp_path) -> Path:
     return path
 
 
+class FedBoard(BoardApp):
+    """The board with its update threads off: `feed` posts what they would, through the same client calls."""
+
+    CSS_PATH = Path(sys.modules[BoardApp.__module__].__file__).with_name(BoardApp.CSS_PATH)  # Textual reads it beside the class
+
+    def start_pollers(self) -> None:
+        pass  # nothing polls: the test feeds
+
+    def reload_bookings(self) -> None:
+        # The loader's one round (app.tui.pollers), at once, on the caller's thread: the UI's when the timeline
+        # moves, the backend's after a write.
+        load_bookings(self, self.client, self.clock, *self.window)
+
+    def feed(self) -> None:
+        """What the pollers post first: the fleet with its recorded history, then the bookings and the alerts."""
+        self.post_message(fleet_read(self.client, self.client.call("fleet"), self.history_step))
+        self.reload_bookings()
+
+
 @pytest.fixture
 def make_app(seeded_db):
-    """make_app(identity=ALICE, source=None, clock=frozen, config=None) -> BoardApp on the seeded database."""
+    """make_app(identity=ALICE, source=None, clock=frozen, config=None, db_path=None, live=False) -> a board on the
+    seeded database: a FedBoard, or with live=True a BoardApp whose pollers run."""
     from app.client.local import LocalClient
-    from app.tui.app import BoardApp
 
-    def make(identity: Identity = ALICE, source=None, clock=frozen, config: Config | None = None, db_path=None):
+    def make(identity: Identity = ALICE, source=None, clock=frozen, config: Config | None = None, db_path=None,
+             live: bool = False):
         config = replace(config or Config(), db_path=db_path or seeded_db)
-        return BoardApp(
+        if not live:  # telemetry comes when the test posts it: an hour's refresh keeps the board from calling it stalled
+            config = replace(config, refresh_seconds=3600.0)
+        return (BoardApp if live else FedBoard)(
             LocalClient.on(config, source or simulated(clock=clock), identity, clock=clock),
             identity=identity,
             config=config,
             clock=clock,
             host="gpu-box",
             history_step=5.0,
-            cursor_blink=False,
         )
 
     return make
@@ -147,14 +175,24 @@ async def settle(pilot, timeout: float = 5.0) -> None:
         before = after
 
 
+def steady_cursors(app) -> None:
+    """Stop the inputs' cursors blinking, shown: a blink is a race in a picture (pytest-textual-snapshot's advice)."""
+    from textual.widgets import Input
+
+    for field in app.screen.query(Input):
+        field.cursor_blink = False
+
+
 @pytest.fixture
 def snap_compare(snap_compare):
-    """pytest-textual-snapshot's snap_compare, taking its picture only once the screen has settled (settle)."""
+    """pytest-textual-snapshot's snap_compare, taking its picture only once the cursors are steady and the screen
+    has settled (settle)."""
 
     def compare(app, *, run_before=None, **kwargs) -> bool:
         async def then_settle(pilot) -> None:
             if run_before is not None:
                 await run_before(pilot)
+            steady_cursors(pilot.app)
             await settle(pilot)
 
         return snap_compare(app, run_before=then_settle, **kwargs)
@@ -163,7 +201,9 @@ def snap_compare(snap_compare):
 
 
 async def ready(pilot) -> None:
-    """The first telemetry and the first bookings have arrived and been drawn."""
+    """The first telemetry and the first bookings have arrived (posted here to a FedBoard) and been drawn."""
     app = pilot.app
+    if hasattr(app, "feed"):  # a FedBoard (not isinstance: pytest also imports this file as plain `conftest`)
+        app.feed()
     await wait_for(pilot, lambda: app.fleet is not None and app.view is not None)
     await pilot.pause()

@@ -75,7 +75,7 @@ class TestHeader:
             app.last_telemetry = time.monotonic() - 60  # nothing comes from a service that is down
             app._tick()
             assert app.alert == line
-            app._bookings.wake()  # the service answers again
+            app.reload_bookings()  # the service answers again
             await wait_for(pilot, lambda: app.alert == "")
             assert app.screen.query_one(BoardHeader).alert == ""
 

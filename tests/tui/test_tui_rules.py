@@ -15,13 +15,13 @@ from rich.cells import cell_len
 
 from app.config import CLASSES, ClassWindow, Config, Pool
 from app.core.cardstate import BOOKED, FREE, IN_USE, SQUATTED, fleet_status
-from app.core.policy import card_refusal
+from app.core.policy import card_refusal, open_classes, pool_rules
 from app.demo import DEMO_POOLS, PROD, demo_config, seed_if_empty
 from app.output import status_text
 from app.store import bookings as rows
 from app.store.db import connect
 from app.tui.render import abbreviate
-from app.tui.widgets.timeline import allowed_classes, pool_rules
+from app.tui.timeline_model import TimelineModel
 from app.tui.widgets.upcoming import UpcomingTable
 from tests.conftest import FROZEN_NOW, run_board
 from tests.tui.conftest import BASE, HOUR, ready, simulated, wait_for
@@ -52,7 +52,7 @@ class TestPoolsOnTheTimeline:
             await ready(pilot)
             timeline = app.board.timeline
             assert timeline.axis_rows == 4  # the time axis, then prod and lab
-            lw = timeline.label_width
+            lw = timeline.model.label_width
             prod, lab = timeline.render_line(2).text, timeline.render_line(3).text
             # Sunday 15:30, a view from 13:30: finetune is open all weekend and closes Monday 09:00 (column 39).
             assert prod[:lw] == "prod ".ljust(lw) and lab[:lw] == "lab".ljust(lw)
@@ -68,9 +68,9 @@ class TestPoolsOnTheTimeline:
             await ready(pilot)
             await pilot.press("z")
             timeline = app.board.timeline
-            assert timeline.zoom.name == "week"
-            prod = timeline.render_line(2).text[timeline.label_width:]
-            marks = [timeline.column_time(x // timeline.cell_width) for x, ch in enumerate(prod) if ch == "▏"]
+            assert timeline.model.zoom.name == "week"
+            prod = timeline.render_line(2).text[timeline.model.label_width:]
+            marks = [timeline.model.column_time(x // timeline.cell_width) for x, ch in enumerate(prod) if ch == "▏"]
             # Weekdays close at 09:00 and reopen with the first whole 3 h column after 19:00 (21:00);
             # the weekend stays open from Friday night to Monday morning.
             hours = [(datetime.fromtimestamp(t, timezone.utc).strftime("%a %H")) for t in marks]
@@ -84,7 +84,7 @@ class TestPoolsOnTheTimeline:
             await ready(pilot)
             timeline = app.board.timeline
             assert timeline.axis_rows == 3
-            future = timeline.label_width + 30  # a free cell on cards 3 and 4 (Monday 04:30)
+            future = timeline.model.label_width + 30  # a free cell on cards 3 and 4 (Monday 04:30)
             rule_row, card3, card4 = (timeline.render_line(2 + n) for n in (0, 1 + 3, 1 + 4))
             assert background(card3, 0) == background(rule_row, 0) == background(card3, future)
             assert background(card4, 0) != background(card3, 0)
@@ -112,12 +112,12 @@ class TestPoolsOnTheTimeline:
         async with app.run_test(size=(80, 24)) as pilot:
             await ready(pilot)
             timeline = app.board.timeline
-            x = timeline.label_width + 6 * timeline.cell_width  # 16:30
+            x = timeline.model.label_width + 6 * timeline.cell_width  # 16:30
             await pilot.mouse_down(timeline, offset=(x, timeline.axis_rows + 4))
             await pilot.mouse_up(timeline, offset=(x, timeline.axis_rows + 4))
-            assert timeline.cursor == (4, 6)
+            assert timeline.model.cursor == (4, 6)
             await pilot.mouse_down(timeline, offset=(x, 2))  # a rules row is no card
-            assert timeline.cursor == (4, 6)
+            assert timeline.model.cursor == (4, 6)
 
     async def test_without_pools_the_timeline_has_no_rules_rows(self, make_app):
         app = make_app()
@@ -139,12 +139,25 @@ class TestWindowsAgreeWithThePolicy:
         tz = ZoneInfo(zone) if zone else None
         pool = Pool("p", (0,), windows={"finetune": ClassWindow(start, end, weekends)})
         config = Config(pools=(pool,))
-        whole = start % 30 == 0 and end % 30 == 0  # else an edge cuts a column, which then reads closed
         for column in range(7 * 48):  # every half-hour column of a week, in UTC (the tests' zone)
             t = BASE + column * 1800
-            shown = "finetune" in allowed_classes(pool, t, 1800, tz)
+            shown = "finetune" in open_classes(pool, t, t + 1800, tz)
             accepted = card_refusal(config, 0, "finetune", t, t + 1800, tz) is None
-            assert shown == accepted if whole else (accepted or not shown), datetime.fromtimestamp(t, timezone.utc)
+            # Exactly, also where a window's edge cuts the column: both read as closed.
+            assert shown == accepted, datetime.fromtimestamp(t, timezone.utc)
+
+    def test_the_timeline_shows_the_policys_answer_across_a_clock_change(self):
+        """Berlin's clocks go back at 03:00 on 25 Oct 2026: the 3 h column from 02:00 CEST lasts until 04:00 CET,
+        inside a 23:33-04:36 window, so the policy accepts it. Counting wall minutes (02:00 + 3 h = 05:00) would
+        read it closed: the timeline asks the policy rather than reckon windows itself."""
+        berlin = ZoneInfo("Europe/Berlin")
+        pool = Pool("p", (0,), windows={"finetune": ClassWindow(23 * 60 + 33, 4 * 60 + 36, weekends=False)})
+        t = int(datetime(2026, 10, 25, 2, 0, tzinfo=berlin).timestamp())
+        assert card_refusal(Config(pools=(pool,)), 0, "finetune", t, t + 3 * HOUR, berlin) is None
+        timeline = TimelineModel("alice", t, pools=(pool,), zone=berlin)
+        timeline.set_cards(simulated().read().cards[:1])
+        timeline.set_zoom(2)  # the week: 3 h columns
+        assert "finetune" in timeline.allowed[0][timeline.column_of(t)]
 
     @settings(max_examples=60, deadline=None)
     @given(start=st.integers(0, 24 * 60), end=st.integers(0, 24 * 60), weekends=st.booleans(),
@@ -154,7 +167,7 @@ class TestWindowsAgreeWithThePolicy:
         pool = Pool("p", (0,), windows={"finetune": ClassWindow(start, end, weekends)})
         for column in range(7 * 8):  # 3 h columns; St John's is 3:30 off, so its columns cross midnight
             t = BASE - BASE % (3 * HOUR) + column * 3 * HOUR
-            if "finetune" in allowed_classes(pool, t, 3 * HOUR, tz):
+            if "finetune" in open_classes(pool, t, t + 3 * HOUR, tz):
                 assert card_refusal(Config(pools=(pool,)), 0, "finetune", t, t + 3 * HOUR, tz) is None
 
     @pytest.mark.parametrize("zone", [None, "Europe/Berlin"])
@@ -163,14 +176,15 @@ class TestWindowsAgreeWithThePolicy:
         tz = ZoneInfo(zone) if zone else None
         pool = DEMO_POOLS[0]
         opened = [datetime.fromtimestamp(BASE + c * 1800, tz).strftime("%a %H:%M") for c in range(1, 7 * 48)
-                  if ("finetune" in allowed_classes(pool, BASE + c * 1800, 1800, tz))
-                  != ("finetune" in allowed_classes(pool, BASE + (c - 1) * 1800, 1800, tz))]
+                  if ("finetune" in open_classes(pool, BASE + c * 1800, BASE + (c + 1) * 1800, tz))
+                  != ("finetune" in open_classes(pool, BASE + (c - 1) * 1800, BASE + c * 1800, tz))]
         assert opened == ["Mon 09:00", "Mon 19:00", "Tue 09:00", "Tue 19:00", "Wed 09:00", "Wed 19:00", "Thu 09:00",
                           "Thu 19:00", "Fri 09:00", "Fri 19:00"]
 
     def test_a_class_the_pool_does_not_take_is_never_shown(self):
         pool = DEMO_POOLS[0]
-        assert all("experiment" not in allowed_classes(pool, BASE + h * HOUR, HOUR, None) for h in range(24 * 7))
+        assert all("experiment" not in open_classes(pool, BASE + h * HOUR, BASE + (h + 1) * HOUR, None)
+                   for h in range(24 * 7))
 
     @pytest.mark.parametrize("pool, words", [
         (DEMO_POOLS[0], "online, batch, finetune 19:00-09:00 and weekends"),
@@ -218,9 +232,9 @@ class TestLabels:
             assert "holder" in keys and cards.virtual_size.width <= cards.size.width  # no column off screen
             assert str(cards.get_row_at(0)[keys.index("holder")]) == "alice→19:00"
             timeline = app.board.timeline
-            labels = [timeline.render_line(timeline.axis_rows + n).text[:timeline.label_width] for n in range(8)]
+            labels = [timeline.render_line(timeline.axis_rows + n).text[:timeline.model.label_width] for n in range(8)]
             # The index whole, then the label's start and its end (the serial), in the gutter.
-            assert labels == [f"{n} rac…1{n}".ljust(timeline.label_width) for n in range(8)]
+            assert labels == [f"{n} rac…1{n}".ljust(timeline.model.label_width) for n in range(8)]
 
     async def test_at_a_wide_size_labels_get_more_room(self, make_app):
         app = make_app(config=replace(DEMO, labels=LABELS))

@@ -36,7 +36,7 @@ class TestTimeline:
             await ready(pilot)
             await pilot.press("tab", "z")
             app = pilot.app
-            await wait_for(pilot, lambda: app.view.window_start == app.board.timeline.view_start)
+            await wait_for(pilot, lambda: app.view.window_start == app.board.timeline.model.view_start)
 
         assert snap_compare(make_app(), terminal_size=size, run_before=week)
 
@@ -139,7 +139,7 @@ class TestPools:
             await ready(pilot)
             await pilot.press("z")
             app = pilot.app
-            await wait_for(pilot, lambda: app.view.window_start == app.board.timeline.view_start)
+            await wait_for(pilot, lambda: app.view.window_start == app.board.timeline.model.view_start)
 
         assert snap_compare(make_app(config=DEMO, source=source, db_path=db), terminal_size=size, run_before=week)
 

@@ -203,9 +203,6 @@ class BookingModal(ModalScreen[Booked | None]):
             yield Static(Text("enter book · ctrl+n next free slot · esc cancel · tab next field"), id="hint")
 
     def on_mount(self) -> None:
-        from app.tui.screens.confirm import settle_inputs
-
-        settle_inputs(self)
         self.set_class(self.app.size.height < 30, "-short")
         self.query_one("#cards" if not self.draft.cards else "#start", Input).focus()
         self._validate_now()

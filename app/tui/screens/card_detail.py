@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.text import Text
-from textual import on, work
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -18,7 +18,8 @@ from app.core.text import format_cards, format_elapsed
 from app.errors import BoardError
 from app.core.cardstate import CardStatus
 from app.tui.render import NA, TIME_WIDTH, gib, short_time, untrusted
-from app.tui.screens.servers import ServersLoaded, ServersView, memory_text
+from app.tui.messages import ServersView
+from app.tui.screens.servers import memory_text
 from app.tui.widgets.header import BoardHeader
 
 
@@ -99,10 +100,10 @@ class CardDetailScreen(Screen):
                                   ("end", "END", TIME_WIDTH), ("class", "CLASS", 10), ("note", "NOTE", None)):
             bookings.add_column(label, key=key, width=width)
         self.update_all()
-        watch = getattr(app, "server_watch", None)
-        self.update_servers(watch.latest if watch is not None else None)
+        self.update_servers(app.servers_view)
         app.fleet_signal.subscribe(self, lambda _: self.update_all())
         app.bookings_signal.subscribe(self, lambda _: self.update_bookings())
+        app.servers_signal.subscribe(self, self.update_servers)
         self.load_history()
         self.set_interval(HISTORY_RELOAD_S, self.load_history)
         processes.focus()
@@ -203,11 +204,6 @@ class CardDetailScreen(Screen):
         of = "" if limit is None else f"/{limit:.0f}"
         self.query_one("#power-label", Static).update(
             Text(f"power max {NA if peak(4) is None else f'{peak(4):.0f}{of}W'}"))
-
-    @on(ServersLoaded)
-    def _servers_loaded(self, message: ServersLoaded) -> None:
-        if self.is_mounted:  # else on_mount shows the feed's latest
-            self.update_servers(message.view)
 
     def update_servers(self, view: ServersView | None) -> None:
         """The live servers on this card, each with its memory line; the section hides when there are none."""

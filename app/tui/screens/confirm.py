@@ -38,13 +38,6 @@ MODAL_CSS = """
 """
 
 
-def settle_inputs(screen) -> None:
-    """Inputs stop blinking where the app says so (snapshot tests): a blink is a race in a screenshot."""
-    if not getattr(screen.app, "cursor_blink", True):
-        for widget in screen.query(Input):
-            widget.cursor_blink = False
-
-
 def describe(booking: Booking, now: float) -> Text:
     """'#12 alice · cards 0,1 · 14:00 → 20:00 · finetune · note' with the user's text inert."""
     text = Text(f"#{booking.id} ")
@@ -136,7 +129,6 @@ class ExtendModal(FormModal[int | None]):
                 yield Button("Cancel (esc)", id="no", compact=True)
 
     def on_mount(self) -> None:
-        settle_inputs(self)
         self.query_one(Input).focus()
         self._update(self.query_one(Input).value)
 
@@ -207,7 +199,6 @@ class ReassignModal(FormModal[tuple[tuple[int, ...] | None, str | None] | None])
                 yield Button("Cancel (esc)", id="no", compact=True)
 
     def on_mount(self) -> None:
-        settle_inputs(self)
         self.query_one("#cards", Input).focus()
 
     def _result(self) -> tuple[tuple[int, ...] | None, str | None]:

@@ -23,9 +23,9 @@ class HelpModal(ModalScreen[None]):
     """
     BINDINGS = [Binding("escape,q,question_mark", "close", "Close")]
 
-    def __init__(self, admin: bool, servers: bool) -> None:
+    def __init__(self, admin: bool) -> None:
         super().__init__()
-        self.admin, self.servers = admin, servers
+        self.admin = admin
 
     def compose(self) -> ComposeResult:
         table = Table.grid(padding=(0, 1))
@@ -34,8 +34,6 @@ class HelpModal(ModalScreen[None]):
         table.add_column()
         for where, keys, what in KEYS:
             if (keys == "a" and not self.admin) or (where == "admin" and not self.admin):
-                continue
-            if keys == "s" and not self.servers:
                 continue
             table.add_row(Text(keys), Text(where, "dim"), Text(what))
         with VerticalScroll():

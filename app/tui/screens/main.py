@@ -9,13 +9,14 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from app.core.policy import policy_zone
+from app.core.policy import policy_zone, pool_rules
 from app.core.text import cards_text, format_cards, inert
 from app.tui.render import duration, short_time
 from app.tui.screens.confirm import describe
-from app.tui.widgets.card_table import WIDE_MIN_WIDTH, CardTable
+from app.tui.card_table_model import WIDE_MIN_WIDTH
+from app.tui.widgets.card_table import CardTable
 from app.tui.widgets.header import BoardHeader
-from app.tui.widgets.timeline import Timeline, pool_rules
+from app.tui.widgets.timeline import Timeline
 from app.tui.widgets.upcoming import UpcomingTable
 
 
@@ -76,8 +77,9 @@ class BoardScreen(Screen):
             self.app.action_card_detail(status.reading.uuid)
 
     def key_enter(self) -> None:
-        if self.timeline.has_focus and self.timeline.rows:
-            self.app.action_card_detail(self.timeline.rows[self.timeline.cursor[0]].uuid)
+        model = self.timeline.model
+        if self.timeline.has_focus and model.rows:
+            self.app.action_card_detail(model.rows[model.cursor[0]].uuid)
 
     # -- what the cursor is on -----------------------------------------------------------------
 
@@ -102,21 +104,21 @@ class BoardScreen(Screen):
         detail.update(text if text is not None else "")
 
     def _cursor_text(self) -> Text | None:
-        timeline, now = self.timeline, self.app.clock()
+        model, now = self.timeline.model, self.app.clock()
         if self.app.alert:
             return Text(self.app.alert)
-        selection = timeline.selected_range()
-        if timeline.anchor is not None and selection:
+        selection = model.selected_range()
+        if model.anchor is not None and selection:
             cards, start, end = selection
             return Text(
                 f"selected {cards_text(cards)} · {short_time(start, now)}"
                 f" → {short_time(end, now)} ({duration(end - start)}) · b books it")
-        booking = timeline.booking_at(*timeline.cursor)
+        booking = model.booking_at(*model.cursor)
         if booking is not None:
             return describe(booking, now)
         if selection:
             cards, start, _ = selection
-            pool = timeline.pool_of(timeline.cursor[0])
+            pool = model.pool_of(model.cursor[0])
             if pool is not None:  # the rules before the booking, not in its refusal
                 return Text(f"card {format_cards(cards)} free at {short_time(start, now)} · "
                             f"{inert(pool.name, 20)}: {pool_rules(pool)} · b books")

@@ -63,13 +63,9 @@ class ServerLog(Log):
     def _service(self, server: Server, client, stop: threading.Event) -> None:
         from app.errors import BoardError
 
-        # A client of its own for a socket (one connection is one conversation); in process, the same one.
-        if client.transport == "socket":
-            from app.client.socket import SocketClient
+        from app.tui.pollers import own_client
 
-            mine = SocketClient(client.path)
-        else:
-            mine = client
+        mine = own_client(client)
         seen: list[str] = []
         try:
             while not stop.is_set():

@@ -21,7 +21,7 @@ from app.core.text import format_cards, inert
 from app.errors import BadInput, BoardError
 from app.model import Booking
 from app.tui.render import duration
-from app.tui.screens.confirm import MODAL_CSS, FormModal, settle_inputs
+from app.tui.screens.confirm import MODAL_CSS, FormModal
 
 MAX_MODELS = 500
 DEFAULT_CTX, DEFAULT_PARALLEL = 4096, 1
@@ -116,7 +116,6 @@ class StartServerModal(FormModal[StartRequest | None]):
         return f"#{booking.id} · cards {format_cards(booking.cards)} · {duration(booking.end - now)} left"
 
     def on_mount(self) -> None:
-        settle_inputs(self)
         self.query_one("#model", Input).focus()
         self._show_vram()
         self._scan_models()

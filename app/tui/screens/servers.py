@@ -1,11 +1,8 @@
 """Servers: llama-server on booked cards. The screen only shows; the rules are the service's.
 
-- `ServerFeed` (one per app; `start_server_watch` starts it with the board) learns that servers
-  changed the way the board learns of bookings: from the app's one subscription (`servers_signal`:
-  the service calls `hub.changed("servers")` after every server row change; in file mode the user's
-  own supervisors write the file, which arrives as `bookings_signal`). Then it calls `serve_list`, reads
-  /metrics of ready servers for tokens/s (every 2 s while one runs), and posts a frozen
-  `ServersView` (`ServersLoaded`) to the Servers screens. No enforcement here: booking ends are the
+- The servers arrive as the board's other state does: a loader thread (app.tui.pollers.servers_loop)
+  posts a frozen `ServersView` when the service says servers or bookings changed, and every 2 s while one
+  meters tokens/s; the app publishes it on `servers_signal`. No enforcement here: booking ends are the
   service's (`board agent`), or in file mode the supervisor's own backstop.
 - Start and stop send `serve_start` / `serve_stop` (app.llama.launch, shared with the CLI) from a
   short-lived daemon thread, so a start that waits for /health never holds up the UI or `q`.
@@ -19,7 +16,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -27,7 +23,6 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
@@ -36,129 +31,13 @@ from app.errors import BoardError
 from app.llama import rows
 from app.llama.rows import Server
 from app.model import Booking
+from app.tui.messages import ServerLine, ServersView
+from app.tui.pollers import own_client
 from app.tui.render import cursor_key, duration, untrusted
 from app.tui.screens.confirm import ConfirmModal
 from app.tui.screens.server_log import ServerLog
 from app.tui.screens.server_start import StartServerModal, find_models, parse_start  # noqa: F401 - re-exported
 from app.tui.widgets.header import BoardHeader
-
-METRICS_SECONDS = 2.0
-RECENT_SECONDS = 24 * 3600
-
-
-# -- data ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ServerLine:
-    server: Server
-    tokens_per_s: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class ServersView:
-    lines: tuple[ServerLine, ...]
-    loaded_at: float
-    error: str | None = None
-
-
-class ServersLoaded(Message):
-    """A new ServersView; a newer one replaces an unhandled older one."""
-
-    def __init__(self, view: ServersView) -> None:
-        super().__init__()
-        self.view = view
-
-    def can_replace(self, message: Message) -> bool:
-        return isinstance(message, ServersLoaded)
-
-
-def open_client(app):
-    """A client for one thread of this screen's: a socket of its own to the same service (one connection is
-    one conversation), or the app's in-process client itself (its service gives each thread a connection)."""
-    if app.client.transport == "socket":
-        from app.client.socket import SocketClient
-
-        return SocketClient(app.client.path)
-    return app.client
-
-
-class ServerFeed:
-    """The app's server feed (see the module docstring). `latest` is replaced whole, never mutated."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-        self.latest: ServersView | None = None
-        self._stopped = threading.Event()
-        self._woken = threading.Event()
-        self.client = open_client(app)
-        self._thread = threading.Thread(target=self._loop, name="board-servers", daemon=True)
-
-    def start(self) -> None:
-        # The app's one subscription says when servers changed; in file mode the user's own supervisors
-        # write the file, which the service reports as a bookings change: either one wakes the feed.
-        self.app.servers_signal.subscribe(self.app, lambda _version: self.wake())
-        self.app.bookings_signal.subscribe(self.app, lambda _view: self.wake())
-        self._thread.start()
-
-    def wake(self) -> None:
-        self._woken.set()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._woken.set()
-
-    def _loop(self) -> None:
-        from app.llama.health import TokenRate, metrics
-        from app.llama.processes import show_on_simulated
-        from app.llama.rows import server_from_wire
-
-        rates: dict[int, TokenRate] = {}
-        try:
-            while not self._stopped.is_set():
-                self._woken.clear()
-                try:
-                    now = time.time()
-                    found = [server_from_wire(s) for s in self.client.call("serve_list", all=True, limit=200)]
-                    found = [s for s in found if s.live or (s.ended_at or s.created_at) >= now - RECENT_SECONDS]
-                    show_on_simulated(self.app.source, found)  # demo servers run on the CPU: show them on their cards
-                    lines = []
-                    for server in found:
-                        rate = None
-                        if server.state == rows.READY and server.metrics:
-                            tracker = rates.setdefault(server.id, TokenRate())
-                            rate = tracker.update(metrics(server.host, server.port, timeout=0.5), time.monotonic())
-                        lines.append(ServerLine(server, rate))
-                    view = ServersView(tuple(lines), now)
-                except Exception as error:  # noqa: BLE001 - e.g. the service is down: shown, retried on the next event
-                    view = ServersView(self.latest.lines if self.latest else (), time.time(), f"{error}")
-                self._publish(view)
-                metering = any(line.server.state == rows.READY and line.server.metrics for line in view.lines)
-                self._woken.wait(METRICS_SECONDS if metering else 30.0)
-        finally:
-            if self.client is not self.app.client:
-                self.client.close()
-
-    def _publish(self, view: ServersView) -> None:
-        self.latest = view
-        try:
-            self.app.call_from_thread(self._deliver, view)
-        except RuntimeError:  # the app has gone
-            pass
-
-    def _deliver(self, view: ServersView) -> None:
-        from app.tui.screens.card_detail import CardDetailScreen  # it imports this module
-
-        for screen in self.app.screen_stack:
-            if isinstance(screen, (ServersScreen, CardDetailScreen)):
-                screen.post_message(ServersLoaded(view))
-
-
-def start_server_watch(app) -> ServerFeed:
-    feed = ServerFeed(app)
-    feed.start()
-    return feed
-
 
 def _notify(app, message: str, severity: str = "information") -> None:
     try:
@@ -241,23 +120,16 @@ class ServersScreen(Screen):
         yield ServerLog(id="log")
         yield Footer()
 
-    @property
-    def feed(self) -> ServerFeed | None:
-        return self.app.server_watch  # the app runs it whenever this screen can open
-
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         for key, label, width in COLUMNS:
             table.add_column(label, key=key, width=width)
-        if self.feed is not None and self.feed.latest is not None:
-            self.show(self.feed.latest)
+        if self.app.servers_view is not None:
+            self.show(self.app.servers_view)
         else:
             self._show_detail()
+        self.app.servers_signal.subscribe(self, self.show)
         table.focus()
-
-    @on(ServersLoaded)
-    def _loaded(self, message: ServersLoaded) -> None:
-        self.show(message.view)
 
     def lines(self) -> tuple[ServerLine, ...]:
         return self.view.lines if self.view else ()
@@ -281,7 +153,7 @@ class ServersScreen(Screen):
                     for (column, _, _), cell in zip(COLUMNS, _server_cells(line, now)):
                         table.update_cell(str(line.server.id), column, cell)
         self._show_detail()
-        self.query_one(ServerLog).follow(self.selected(), self.feed.client if self.feed else None)
+        self.query_one(ServerLog).follow(self.selected(), self.app.client)
 
     def selected(self) -> Server | None:
         by_id = {str(line.server.id): line.server for line in self.lines()}
@@ -313,7 +185,7 @@ class ServersScreen(Screen):
     @on(DataTable.RowHighlighted, "#servers")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_detail()
-        self.query_one(ServerLog).follow(self.selected(), self.feed.client if self.feed else None)
+        self.query_one(ServerLog).follow(self.selected(), self.app.client)
 
     def action_focus_log(self) -> None:
         self.query_one(ServerLog).focus()
@@ -374,19 +246,18 @@ class ServersScreen(Screen):
     def _in_background(self, name: str, job: Callable) -> None:
         """`job(client)` on its own thread and client (starting and stopping take seconds); a refusal
         becomes a notification, one line from the service."""
-        app, feed = self.app, self.feed
+        app = self.app
 
         def run() -> None:
             client = None
             try:
-                client = open_client(app)
+                client = own_client(app.client)
                 job(client)
             except BoardError as error:
                 _notify(app, str(error), "error")
             finally:
                 if client is not None and client is not app.client:
                     client.close()
-                if feed is not None:
-                    feed.wake()
+                app.reload_servers()
 
         threading.Thread(target=run, name=name, daemon=True).start()

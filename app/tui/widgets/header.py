@@ -50,14 +50,14 @@ class BoardHeader(Widget):
     def sync(self) -> None:
         """The fleet, the board's trouble and the service's alerts as the app has them now (it calls this on
         every header when they change; a reactive repaints only what did)."""
-        from app.tui.widgets.card_table import short_name
+        from app.tui.card_table_model import short_name
 
         app = self.app
         snapshot = app.fleet
-        if snapshot is not None:
+        if snapshot is not None:  # what the service read, as it says: the fleet and whether it is simulated
             names = sorted({c.name for c in snapshot.cards if c.name})
             self.fleet = f"{len(snapshot.cards)} × {', '.join(short_name(n) for n in names) or 'GPU'}"
-        self.simulated = snapshot.simulated if snapshot is not None else bool(getattr(app.source, "simulated", False))
+            self.simulated = snapshot.simulated
         self.alert, self.alerts = app.alert, app.alerts_line
 
     def render(self) -> Text:

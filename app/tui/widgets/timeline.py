@@ -4,114 +4,36 @@ The pools' rules are drawn too, so nobody learns them by being refused: each poo
 alike, and under the time axis one row per pool says which classes it takes in each stretch of time,
 with a mark where a class window opens or closes.
 
-Built for thousands of bookings. `set_bookings` paints an owner grid (row x column -> booking)
-once per data change; each visible line is then a precomputed `Strip` of run-length segments,
-so a repaint is a list lookup. Cursor moves rebuild only the lines they touch.
+What is where is the model's (app.tui.timeline_model: the grid, the zoom, the cursor, the selection);
+this widget draws it and turns keys and clicks into calls on it. Built for thousands of bookings: each
+visible line is a precomputed `Strip` of run-length segments, so a repaint is a list lookup. Cursor
+moves rebuild only the lines they touch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta, tzinfo
+from datetime import tzinfo
 from typing import Sequence
 
-from rich.cells import cell_len, set_cell_size
+from rich.cells import set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding
 from textual.geometry import Size
 from textual.message import Message
-from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
-from app.config import CLASSES, ClassWindow, Pool
+from app.config import CLASSES, Pool
 from app.core.text import inert
 from app.gpu.model import CardReading
 from app.model import Booking
-from app.tui.render import NOTICE_MARK, abbreviate, local
+from app.tui.render import abbreviate, local
+from app.tui.timeline_model import DAY, ZOOMS, Moved, Row, TimelineModel, rule_words
 
 AXIS_ROWS = 2
-DAY = 86400
-
-
-@dataclass(frozen=True, slots=True)
-class Zoom:
-    name: str
-    step: int  # seconds per column
-    columns: int
-    before: int  # how much of the past the default view shows
-
-
-ZOOMS = (
-    Zoom("hours", 600, 36, 3600),  # 6 h at 10 minutes
-    Zoom("day", 1800, 48, 2 * 3600),  # 2 h ago to 22 h ahead at 30 minutes
-    Zoom("week", 3 * 3600, 56, DAY),  # a week at 3 hours
-)
-DEFAULT_ZOOM = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    index: int
-    uuid: str
-    label: str
-    lost: bool = False
-
-
-# How a pools row names the classes allowed in a stretch of time, longest first, as room allows.
-SHORT_CLASS = {"online": "on", "batch": "ba", "finetune": "ft", "experiment": "ex"}
 POOL_SHADES = ("pool-a", "pool-b")  # alternate, so neighbouring pools part
-
-
-def _hhmm(minute: int) -> str:
-    return f"{minute // 60:02d}:{minute % 60:02d}"
-
-
-def pool_rules(pool: Pool) -> str:
-    """What a pool takes, in words: 'online, batch, finetune 19:00-09:00 and weekends' or 'any class, ≤12 h'."""
-    parts = []
-    for klass in pool.classes:
-        window = pool.windows.get(klass)
-        if window is None:
-            parts.append(klass)
-        else:
-            weekends = " and weekends" if window.weekends else ""
-            parts.append(f"{klass} {_hhmm(window.start_minute)}-{_hhmm(window.end_minute)}{weekends}")
-    text = "any class" if set(pool.classes) == set(CLASSES) and not pool.windows else ", ".join(parts)
-    if pool.max_hours is not None:
-        text += f", ≤{pool.max_hours:g} h"
-    return text
-
-
-def _open_through(window: ClassWindow, moment: datetime, minutes: int) -> bool:
-    """Whether the window is open for the whole of [moment, moment + minutes): open at the start of each
-    day's piece, with no edge of the window inside it (so a column an edge cuts reads as closed)."""
-    weekday, minute = moment.weekday(), moment.hour * 60 + moment.minute
-    while minutes > 0:
-        piece = min(minutes, 24 * 60 - minute)
-        if not window.open_at(weekday, minute):
-            return False
-        edges = () if window.weekends and weekday >= 5 else (window.start_minute, window.end_minute)
-        if any(minute < edge < minute + piece for edge in edges):
-            return False
-        minutes, minute, weekday = minutes - piece, 0, (weekday + 1) % 7
-    return True
-
-
-def allowed_classes(pool: Pool, start: int, seconds: int, zone: tzinfo | None) -> tuple[str, ...]:
-    """The classes `pool` takes for the whole of [start, start + seconds), windows read in `zone` (None: local)."""
-    moment = datetime.fromtimestamp(start, zone)
-    minutes = max(1, seconds // 60)
-    return tuple(k for k in pool.classes if (w := pool.windows.get(k)) is None or _open_through(w, moment, minutes))
-
-
-def align(epoch: float, step: int) -> int:
-    """Round down to a step boundary in local time, so 30-minute columns start at :00 and :30."""
-    offset = local(epoch).utcoffset() or timedelta(0)
-    shift = int(offset.total_seconds())
-    return int((epoch + shift) // step * step - shift)
 
 
 class Timeline(Widget, can_focus=True):
@@ -161,8 +83,6 @@ class Timeline(Widget, can_focus=True):
         Binding("escape", "clear_selection", "Clear selection", show=False),
     ]
 
-    zoom_index: reactive[int] = reactive(DEFAULT_ZOOM, init=False)
-
     class ViewChanged(Message):
         """The window of time shown changed; the bookings poller loads that window."""
 
@@ -178,133 +98,47 @@ class Timeline(Widget, can_focus=True):
     def __init__(self, me: str, now: float, *, pools: Sequence[Pool] = (), zone: tzinfo | None = None,
                  id: str | None = None) -> None:
         super().__init__(id=id)
-        self.me = me
-        self.now = now
-        self.pools = tuple(pools)
-        self.zone = zone  # where the pools' windows are read (app.core.policy.policy_zone)
-        self.rows: list[Row] = []
-        self._row_pool: list[int | None] = []  # each card row's pool, an index into pools
-        self.pool_rows: list[int] = []  # the pools with cards in the fleet, one rules row each
-        self._allowed: list[list[tuple[str, ...]]] = []  # per pools row, per column: the classes it takes
-        self.bookings: tuple[Booking, ...] = ()
-        self.view_start = align(now, ZOOMS[DEFAULT_ZOOM].step) - ZOOMS[DEFAULT_ZOOM].before
-        self.cursor = (0, self._column_of(now))
-        self.anchor: tuple[int, int] | None = None
-        self.marking = False
-        self.row_offset = 0
-        self.label_width = 3
-        self._grid: list[list[Booking | None]] = []
+        self.model = TimelineModel(me, now, pools=pools, zone=zone)
         self._lines: dict[int, Strip] = {}  # card row -> strip, built lazily
         self._axis: list[Strip] | None = None
-        self._first_row: dict[tuple[int, int], bool] = {}
         self._styles: dict[str, Style] = {}
         self._width = 0
 
-    # -- geometry ------------------------------------------------------------------------------
-
-    @property
-    def zoom(self) -> Zoom:
-        return ZOOMS[self.zoom_index]
-
-    @property
-    def view_end(self) -> int:
-        return self.view_start + self.zoom.step * self.zoom.columns
-
-    def _column_of(self, epoch: float) -> int:
-        return int((epoch - self.view_start) // self.zoom.step)
-
-    def column_time(self, column: int) -> int:
-        return self.view_start + column * self.zoom.step
+    # -- geometry in cells -----------------------------------------------------------------------
 
     @property
     def cell_width(self) -> int:
-        return max(1, (self.size.width - self.label_width) // self.zoom.columns)
+        return max(1, (self.size.width - self.model.label_width) // self.model.zoom.columns)
 
     @property
     def axis_rows(self) -> int:
         """The time axis and the pools' rules rows above the cards."""
-        return AXIS_ROWS + len(self.pool_rows)
+        return AXIS_ROWS + len(self.model.pool_rows)
 
     @property
     def visible_rows(self) -> int:
         return max(0, self.size.height - self.axis_rows)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return self.axis_rows + max(1, len(self.rows))
-
-    def pool_of(self, row: int) -> Pool | None:
-        """The pool a card row belongs to, if any."""
-        if 0 <= row < len(self._row_pool) and self._row_pool[row] is not None:
-            return self.pools[self._row_pool[row]]
-        return None
+        return self.axis_rows + max(1, len(self.model.rows))
 
     # -- data ----------------------------------------------------------------------------------
 
     def set_cards(self, cards: Sequence[CardReading], labels: dict[int, str] | None = None, wide: bool = False) -> None:
-        """Rows for the cards, labelled 'index label' with the label shortened to fit (app.tui.render.abbreviate)."""
-        labels = labels or {}
-        named = [(card, inert(labels.get(card.index, card.label) or "")) for card in cards]
-        widest = max((cell_len(f"{c.index} {name}".rstrip()) for c, name in named), default=1)
-        pool_names = max((cell_len(inert(self.pools[p].name)) for p in self._pools_of(cards)), default=0)
-        width = max(3, min(12 if wide else 9, max(widest, min(pool_names, 8)) + 1))
-        rows = []
-        for card, name in named:
-            index = str(card.index)
-            text = f"{index} {abbreviate(name, width - len(index) - 2)}" if name and width - len(index) > 3 else index
-            rows.append(Row(card.index, card.uuid, text, card.lost))
-        if rows != self.rows or width != self.label_width:
-            self.rows = rows
-            self.label_width = width
-            # A card in two pools is shaded as the first one's (the policy applies both).
-            pool_of = {card: n for n, pool in reversed(list(enumerate(self.pools))) for card in pool.cards}
-            self._row_pool = [pool_of.get(r.index) for r in rows]
-            self.pool_rows = sorted(p for p in set(self._row_pool) if p is not None)
-            self.cursor = (min(self.cursor[0], max(0, len(rows) - 1)), self.cursor[1])
-            self._rebuild_grid()
+        if self.model.set_cards(cards, labels, wide):
+            self._invalidate()
             self.refresh(layout=True)
 
-    def _pools_of(self, cards: Sequence[CardReading]) -> set[int]:
-        indexes = {c.index for c in cards}
-        return {n for n, pool in enumerate(self.pools) if indexes & set(pool.cards)}
-
     def set_bookings(self, bookings: Sequence[Booking]) -> None:
-        self.bookings = tuple(bookings)
-        self._rebuild_grid()
+        self.model.set_bookings(bookings)
+        self._invalidate()
         self._cursor_moved()
 
     def set_now(self, now: float) -> None:
-        old = self._column_of(self.now)
-        self.now = now
-        if self._column_of(now) != old:
+        if self.model.set_now(now):
             self._invalidate()
 
     # -- painting ------------------------------------------------------------------------------
-
-    def _rebuild_grid(self) -> None:
-        """Which booking owns each (card row, column). A booking claims its cells unless an earlier one did."""
-        columns, step, start = self.zoom.columns, self.zoom.step, self.view_start
-        end = start + columns * step
-        row_of = {r.uuid: i for i, r in enumerate(self.rows)}
-        grid: list[list[Booking | None]] = [[None] * columns for _ in self.rows]
-        for booking in self.bookings:
-            if booking.end <= start or booking.start >= end or booking.status != "booked":
-                continue
-            c0 = max(0, (booking.start - start) // step)
-            c1 = min(columns, -(-(booking.end - start) // step))
-            for uuid in booking.card_uuids:
-                row = row_of.get(uuid)
-                if row is None:
-                    continue
-                cells = grid[row]
-                if cells[c0] is None:
-                    cells[c0] = booking
-                for c in range(c0 + 1, c1):
-                    if cells[c] is None:
-                        cells[c] = booking
-        self._grid = grid
-        self._allowed = [[allowed_classes(self.pools[p], start + c * step, step, self.zone) for c in range(columns)]
-                         for p in self.pool_rows]
-        self._invalidate()
 
     def _invalidate(self) -> None:
         self._lines.clear()
@@ -340,12 +174,6 @@ class Timeline(Widget, can_focus=True):
         self._lines.clear()
         self._axis = None
 
-    def _selection(self) -> tuple[int, int, int, int] | None:
-        if self.anchor is None:
-            return None
-        (r0, c0), (r1, c1) = self.anchor, self.cursor
-        return min(r0, r1), max(r0, r1), min(c0, c1), max(c0, c1)
-
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         if width != self._width:
@@ -354,38 +182,28 @@ class Timeline(Widget, can_focus=True):
             self._axis = None
         if y < self.axis_rows:
             if self._axis is None:
-                self._axis = self._build_axis() + [self._build_rules(n) for n in range(len(self.pool_rows))]
+                self._axis = self._build_axis() + [self._build_rules(n) for n in range(len(self.model.pool_rows))]
             return self._axis[y]
-        row = y - self.axis_rows + self.row_offset
-        if row >= len(self.rows):
+        row = y - self.axis_rows + self.model.row_offset
+        if row >= len(self.model.rows):
             return Strip.blank(width, self.rich_style)
         line = self._lines.get(row)
         if line is None:
             line = self._lines[row] = self._build_row(row)
         return line
 
-    def _block_label(self, booking: Booking, row: int, column: int) -> str:
-        """The user on the top row of a block; lower rows of the same booking stay blank, so it reads as one."""
-        if row > 0 and self._grid[row - 1][column] is booking:
-            return ""
-        label = inert(booking.user, 16)
-        if booking.notice:  # someone else changed it: the detail line below says what
-            label = f"{NOTICE_MARK} {label}"
-        if len(booking.cards) > 1:
-            label += f" ×{len(booking.cards)}"
-        return label
-
     def _build_row(self, row: int) -> Strip:
-        width, cw, lw = self.size.width, self.cell_width, self.label_width
-        card = self.rows[row]
-        cells = self._grid[row]
-        now_col = self._column_of(self.now)
-        selection = self._selection()
+        model = self.model
+        width, cw, lw = self.size.width, self.cell_width, model.label_width
+        card = model.rows[row]
+        cells = model.grid[row]
+        now_col = model.column_of(model.now)
+        selection = model.selection()
         in_selection = selection is not None and selection[0] <= row <= selection[1]
-        cursor_col = self.cursor[1] if self.cursor[0] == row and self.has_focus else -1
+        cursor_col = model.cursor[1] if model.cursor[0] == row and self.has_focus else -1
         base = self.rich_style
-        pool = self._row_pool[row] if row < len(self._row_pool) else None
-        shade = self._style(POOL_SHADES[self.pool_rows.index(pool) % 2]) if pool is not None else Style()
+        pool = model.row_pool[row] if row < len(model.row_pool) else None
+        shade = self._style(POOL_SHADES[model.pool_rows.index(pool) % 2]) if pool is not None else Style()
         label_style = base + self._style("label-lost" if card.lost else "label") + shade
         segments = [Segment(set_cell_size(card.label, lw - 1), label_style), Segment(" ", base)]
         free, past, now_style = self._style("free") + shade, self._style("past"), self._overlay("now")
@@ -413,11 +231,11 @@ class Timeline(Widget, can_focus=True):
                 text = ("·" + " " * (cw - 1)) * (end - column)
             else:
                 style = base + self._style(owner.klass if owner.klass in CLASSES else "experiment")
-                if owner.user == self.me:
+                if owner.user == model.me:
                     style += mine
                 if column == 0 or cells[column - 1] is not owner:  # a block starts: its label spans its runs
                     block_start = column
-                    label = self._block_label(owner, row, column)
+                    label = model.block_label(owner, row, column)
                     block_text = ("▏" + label) if label else ""
                 offset = (column - block_start) * cw
                 text = block_text[offset:offset + span].ljust(span)
@@ -458,8 +276,9 @@ class Timeline(Widget, can_focus=True):
         return []
 
     def _build_axis(self) -> list[Strip]:
-        width, cw, lw = self.size.width, self.cell_width, self.label_width
-        step, columns = self.zoom.step, self.zoom.columns
+        model = self.model
+        width, cw, lw = self.size.width, self.cell_width, model.label_width
+        step, columns = model.zoom.step, model.zoom.columns
         base = self.rich_style
         axis, day_style, now_style = base + self._style("axis"), base + self._style("day"), base + self._style("now")
         top = [" "] * width
@@ -469,7 +288,7 @@ class Timeline(Widget, can_focus=True):
         starts: list[tuple[int, object]] = []
         previous = None
         for c in range(columns):
-            day = local(self.column_time(c)).date()
+            day = local(model.column_time(c)).date()
             if day != previous:
                 starts.append((c, day))
                 previous = day
@@ -493,15 +312,15 @@ class Timeline(Widget, can_focus=True):
                 break
         grid_end = min(width, lw + columns * cw)
         for c in range(columns):
-            t = self.column_time(c)
+            t = model.column_time(c)
             moment = local(t)
             if (moment.hour * 3600 + moment.minute * 60) % seconds == 0:
                 x = lw + c * cw
                 text = moment.strftime(fmt)
                 if x + len(text) <= grid_end:
                     bottom[x:x + len(text)] = text
-        now_col = self._column_of(self.now)
-        zoom = f"  zoom {self.zoom.name}"
+        now_col = model.column_of(model.now)
+        zoom = f"  zoom {model.zoom.name}"
         right = lw + columns * cw
         if width - right >= len(zoom):
             for i, ch in enumerate(zoom):
@@ -532,15 +351,16 @@ class Timeline(Widget, can_focus=True):
     def _build_rules(self, n: int) -> Strip:
         """A pool's rules row: the pool's name, then the classes it takes in each stretch of time. A "▏"
         marks where a window opens or closes; the names shorten (finetune, ft, f) to fit their stretch."""
-        width, cw, lw = self.size.width, self.cell_width, self.label_width
-        pool = self.pools[self.pool_rows[n]]
-        allowed = self._allowed[n] if n < len(self._allowed) else []
+        model = self.model
+        width, cw, lw = self.size.width, self.cell_width, model.label_width
+        pool = model.pools[model.pool_rows[n]]
+        allowed = model.allowed[n] if n < len(model.allowed) else []
         columns = len(allowed)
         base = self.rich_style
         rule, past = base + self._style("rule"), base + self._style("past")
         shade = self._style(POOL_SHADES[n % 2])
         chars: list[str] = [" "] * (columns * cw)
-        now_col = self._column_of(self.now)
+        now_col = model.column_of(model.now)
         first = min(max(now_col, 0), columns)  # the past is blank and dimmed, as on the card rows
         styles: list[Style] = [past] * (first * cw) + [rule] * ((columns - first) * cw)
         if 0 <= now_col < columns:
@@ -575,146 +395,84 @@ class Timeline(Widget, can_focus=True):
         return Strip(segments, width).crop(0, width)
 
     def _rule_words(self, pool: Pool, allowed: tuple[str, ...], room: int) -> list[tuple[str, Style]]:
-        """The allowed classes in their colours, in the longest form that fits `room` cells."""
+        """The model's words for these classes (app.tui.timeline_model.rule_words) in their colours."""
         base = self.rich_style
         rule = base + self._style("rule")
-        cap = [(f" ≤{pool.max_hours:g}h", rule)] if pool.max_hours is not None else []
-        if not allowed:
-            forms = [[("closed", rule)]]
-        elif set(allowed) == set(CLASSES):
-            forms = [[("any class", rule), *cap], [("any", rule), *cap], [("any", rule)]]
-        else:
-            forms = []
-            for short, gap in ((False, " "), (True, " "), (True, "")):
-                words: list[tuple[str, Style]] = []
-                for k in allowed:
-                    if words and gap:
-                        words.append((gap, rule))
-                    words.append(((SHORT_CLASS[k] if gap else k[0]) if short else k, base + self._style(f"rule-{k}")))
-                forms += [[*words, *cap], words]
-        for words in forms:
-            if sum(len(text) for text, _ in words) <= room:
-                return words
-        return []
+        return [(text, rule if style == "rule" else base + self._style(style))
+                for text, style in rule_words(pool, allowed, room)]
 
     # -- cursor and selection ------------------------------------------------------------------
 
-    def booking_at(self, row: int, column: int) -> Booking | None:
-        if 0 <= row < len(self._grid) and 0 <= column < len(self._grid[row]):
-            return self._grid[row][column]
-        return None
-
     def _cursor_moved(self) -> None:
-        row, column = self.cursor
-        card = self.rows[row] if 0 <= row < len(self.rows) else None
-        start = self.column_time(column)
-        self.post_message(self.CursorMoved(self.booking_at(row, column), card, start, start + self.zoom.step))
+        self.post_message(self.CursorMoved(*self.model.cursor_cell()))
 
-    def _set_cursor(self, row: int, column: int, extend: bool) -> None:
-        if not self.rows:
+    def _view_changed(self) -> None:
+        self.post_message(self.ViewChanged(self.model.view_start, self.model.view_end))
+
+    def _moved(self, moved: Moved | None) -> None:
+        """Repaint what a cursor move changed, and say so."""
+        if moved is None:
             return
-        row = min(max(row, 0), len(self.rows) - 1)
-        old_rows = self._selected_rows()
-        if column < 0 or column >= self.zoom.columns:
-            shift = column if column < 0 else column - self.zoom.columns + 1
-            self._scroll_time(shift * self.zoom.step)
-            column -= shift
-            if self.anchor is not None:
-                self.anchor = (self.anchor[0], self.anchor[1] - shift)
-        if extend and self.anchor is None:
-            self.anchor = self.cursor
-        elif not extend and not self.marking:
-            self.anchor = None
-        self.cursor = (row, column)
-        if row < self.row_offset:
-            self.row_offset = row
+        if moved.view:
+            self._invalidate()
+            self._view_changed()
+        if moved.scrolled:
             self._lines.clear()
-        elif self.visible_rows and row >= self.row_offset + self.visible_rows:
-            self.row_offset = row - self.visible_rows + 1
-            self._lines.clear()
-        self._refresh_rows(*(old_rows | self._selected_rows()))
+        self._refresh_rows(*moved.rows)
         self._cursor_moved()
 
-    def _selected_rows(self) -> set[int]:
-        selection = self._selection()
-        rows = {self.cursor[0]}
-        if selection:
-            rows |= set(range(selection[0], selection[1] + 1))
-        return rows
-
-    def _scroll_time(self, seconds: int) -> None:
-        self.view_start += seconds
-        self._rebuild_grid()
-        self.post_message(self.ViewChanged(self.view_start, self.view_end))
-
     def action_move(self, rows: int, columns: int) -> None:
-        self._set_cursor(self.cursor[0] + rows, self.cursor[1] + columns, extend=False)
+        cursor = self.model.cursor
+        self._moved(self.model.move_cursor(cursor[0] + rows, cursor[1] + columns, extend=False,
+                                           visible_rows=self.visible_rows))
 
     def action_extend(self, rows: int, columns: int) -> None:
-        self._set_cursor(self.cursor[0] + rows, self.cursor[1] + columns, extend=True)
+        cursor = self.model.cursor
+        self._moved(self.model.move_cursor(cursor[0] + rows, cursor[1] + columns, extend=True,
+                                           visible_rows=self.visible_rows))
 
     def action_mark(self) -> None:
         """Space starts a selection at the cursor that the arrow keys then grow; space again ends it."""
-        self.marking = not self.marking
-        if self.marking:
-            self.anchor = self.cursor
-        self._refresh_rows(*self._selected_rows())
+        self._refresh_rows(*self.model.mark())
 
     def action_clear_selection(self) -> None:
-        rows = self._selected_rows()
-        self.anchor, self.marking = None, False
-        self._refresh_rows(*rows)
+        self._refresh_rows(*self.model.clear_selection())
 
     def shift_days(self, days: int) -> None:
-        self._scroll_time(days * DAY)
+        self.model.scroll_time(days * DAY)
+        self._invalidate()
+        self._view_changed()
         self._cursor_moved()
 
     def jump_to_now(self) -> None:
-        self.view_start = align(self.now, self.zoom.step) - self.zoom.before
-        self.anchor, self.marking = None, False
-        self.cursor = (self.cursor[0], self._column_of(self.now))
-        self._rebuild_grid()
-        self.post_message(self.ViewChanged(self.view_start, self.view_end))
+        self.model.jump_to_now()
+        self._invalidate()
+        self._view_changed()
         self._cursor_moved()
 
     def cycle_zoom(self) -> None:
-        self.set_zoom((self.zoom_index + 1) % len(ZOOMS))
+        self.set_zoom((self.model.zoom_index + 1) % len(ZOOMS))
 
     def set_zoom(self, index: int) -> None:
-        focus = self.column_time(self.cursor[1])
-        self.zoom_index = index
-        self.view_start = align(self.now, self.zoom.step) - self.zoom.before
-        if not self.view_start <= focus < self.view_end:
-            self.view_start = align(focus, self.zoom.step) - self.zoom.columns // 4 * self.zoom.step
-        self.anchor, self.marking = None, False
-        self.cursor = (self.cursor[0], self._column_of(focus))
-        self._rebuild_grid()
-        self.post_message(self.ViewChanged(self.view_start, self.view_end))
+        self.model.set_zoom(index)
+        self._invalidate()
+        self._view_changed()
         self._cursor_moved()
 
-    def selected_range(self) -> tuple[list[int], int, int] | None:
-        """(card indexes, start, end) of the selection, or of the cursor cell when nothing is selected."""
-        if not self.rows:
-            return None
-        selection = self._selection() or (self.cursor[0], self.cursor[0], self.cursor[1], self.cursor[1])
-        r0, r1, c0, c1 = selection
-        cards = [self.rows[r].index for r in range(r0, r1 + 1)]
-        return cards, self.column_time(c0), self.column_time(c1 + 1)
-
     def on_focus(self) -> None:
-        self._refresh_rows(self.cursor[0])
+        self._refresh_rows(self.model.cursor[0])
 
     def on_blur(self) -> None:
-        self._refresh_rows(self.cursor[0])
+        self._refresh_rows(self.model.cursor[0])
 
     # -- mouse ---------------------------------------------------------------------------------
 
     def _cell_at(self, x: int, y: int) -> tuple[int, int] | None:
-        if y < self.axis_rows or x < self.label_width:
+        if y < self.axis_rows or x < self.model.label_width:
             return None
-        row = y - self.axis_rows + self.row_offset
-        column = (x - self.label_width) // self.cell_width
-        if row >= len(self.rows) or column >= self.zoom.columns:
+        row = y - self.axis_rows + self.model.row_offset
+        column = (x - self.model.label_width) // self.cell_width
+        if row >= len(self.model.rows) or column >= self.model.zoom.columns:
             return None
         return row, column
 
@@ -723,24 +481,20 @@ class Timeline(Widget, can_focus=True):
         if cell is None:
             return
         self.focus()
-        self.marking = False
-        self.anchor = None
-        self._set_cursor(*cell, extend=False)
-        self.anchor = cell
+        self._moved(self.model.press(*cell, visible_rows=self.visible_rows))
         self.capture_mouse()
         event.stop()
 
     def on_mouse_move(self, event: events.MouseMove) -> None:
         if self.app.mouse_captured is self and event.button:
-            cell = self._cell_at(max(event.x, self.label_width), max(event.y, self.axis_rows))
-            if cell is not None and cell != self.cursor:
-                self._set_cursor(*cell, extend=True)
+            cell = self._cell_at(max(event.x, self.model.label_width), max(event.y, self.axis_rows))
+            if cell is not None and cell != self.model.cursor:
+                self._moved(self.model.move_cursor(*cell, extend=True, visible_rows=self.visible_rows))
 
     def on_mouse_up(self, event: events.MouseUp) -> None:
         if self.app.mouse_captured is self:
             self.capture_mouse(False)
-            if self.anchor == self.cursor:
-                self.anchor = None
+            self.model.release()
 
     def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
         self._scroll_rows(1)
@@ -751,9 +505,6 @@ class Timeline(Widget, can_focus=True):
         event.stop()
 
     def _scroll_rows(self, delta: int) -> None:
-        most = max(0, len(self.rows) - self.visible_rows)
-        offset = min(max(self.row_offset + delta, 0), most)
-        if offset != self.row_offset:
-            self.row_offset = offset
+        if self.model.scroll_rows(delta, self.visible_rows):
             self._lines.clear()
             self.refresh()

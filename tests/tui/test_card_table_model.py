@@ -1,0 +1,113 @@
+"""The card table's model without Textual (app.tui.card_table_model): which columns fit, what each cell says and
+in which style, and when a holder is over the booking's request. The widget is tested in test_tui_behaviour and
+the snapshots."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from app.core.cardstate import fleet_status
+from app.gpu.model import CardReading, GpuProcess
+from app.model import Booking
+from app.tui.card_table_model import cell_parts, over_request, table_columns, wants_requests
+from tests.tui.conftest import FROZEN_NOW, HOUR, simulated
+
+FLEET = simulated().read()
+
+
+def plain(parts: dict[str, tuple]) -> dict[str, str]:
+    return {column: "".join(text for text, _ in pieces) for column, (pieces, _) in parts.items()}
+
+
+def statuses(*bookings: Booking, labels=None):
+    return fleet_status(FLEET, bookings, FROZEN_NOW, labels=labels or {})
+
+
+def booked(card: int, user: str = "alice", request=None, start=FROZEN_NOW - HOUR, end=FROZEN_NOW + 3 * HOUR) -> Booking:
+    return Booking(1, user, 1001, (card,), (FLEET.cards[card].uuid,), int(start), int(end), "batch", "", "booked",
+                   request=request)
+
+
+def test_the_model_imports_without_textual():
+    from tests.unit.test_import_hygiene import loaded_after
+
+    loaded = loaded_after("import app.tui.card_table_model")
+    assert "app.tui.card_table_model" in loaded and "textual" not in loaded
+
+
+class TestColumns:
+    def test_compact_columns_are_fixed(self):
+        assert [key for key, _, _ in table_columns(statuses(), wide=False, width=200)] == [
+            "idx", "state", "vram", "util", "temp", "power", "holder", "next"]
+
+    def test_wide_columns_fill_the_width_with_the_users_and_make_room_for_labels_and_requests(self):
+        wide = table_columns(statuses(), wide=True, width=140)
+        assert [key for key, _, _ in wide][-1] == "users"
+        assert sum(w + 2 for _, _, w in wide) + 1 == 140  # the users column takes the rest, less a scrollbar
+        labelled = dict((k, w) for k, _, w in table_columns(statuses(labels={3: "rack"}), wide=True, width=140))
+        assert labelled["idx"] == 8
+        requests = dict((k, w) for k, _, w in table_columns(statuses(), wide=True, width=140, with_requests=True))
+        assert requests["vram"] == 26 and requests["users"] == dict((k, w) for k, _, w in wide)["users"] - 6
+
+    def test_a_mixed_fleet_names_each_cards_model(self):
+        cards = (replace(FLEET.cards[0], name="NVIDIA H100"), *FLEET.cards[1:])
+        mixed = fleet_status(replace(FLEET, cards=cards), (), FROZEN_NOW)
+        assert "gpu" in [key for key, _, _ in table_columns(mixed, wide=True, width=140)]
+        assert "gpu" not in [key for key, _, _ in table_columns(statuses(), wide=True, width=140)]
+
+    def test_requests_are_shown_only_wide_and_only_when_a_booking_has_one(self):
+        with_request = statuses(booked(4, request={"per_card_mib": [20000]}))
+        assert wants_requests(with_request, wide=True)
+        assert not wants_requests(with_request, wide=False)
+        assert not wants_requests(statuses(booked(4)), wide=True)
+
+
+class TestCells:
+    def test_a_booked_card_names_its_holder_and_marks_my_own(self):
+        status = statuses(booked(4, user="alice"))[4]
+        mine = cell_parts(status, FROZEN_NOW, me="alice", wide=False)
+        assert plain(mine)["holder"] == "alice→18:30" and mine["holder"][0][0] == ("alice", "cards--mine")
+        theirs = cell_parts(status, FROZEN_NOW, me="bob", wide=True)
+        assert plain(theirs)["holder"] == "alice → 18:30" and theirs["holder"][0][0] == ("alice ", "")
+
+    def test_a_free_card_has_no_holder_and_figures_read_as_the_driver_gave_them(self):
+        status = statuses()[4]
+        cells = plain(cell_parts(status, FROZEN_NOW, me="alice", wide=False))
+        assert (cells["state"], cells["holder"], cells["next"]) == ("FREE", "-", "-")
+        reading = status.reading
+        assert cells["util"] == f"{reading.utilization_pct}%" and cells["temp"] == f"{reading.temperature_c}°"
+        unknown = replace(status, reading=replace(reading, utilization_pct=None, power_w=None))
+        parts = cell_parts(unknown, FROZEN_NOW, me="alice", wide=True)
+        assert parts["util"] == ((("n/a", "cards--na"),), "right") and plain(parts)["power"] == "n/a"
+
+    def test_the_request_is_beside_the_vram_when_there_is_room(self):
+        status = statuses(booked(4, request={"per_card_mib": [20000]}))[4]
+        assert plain(cell_parts(status, FROZEN_NOW, me="alice", wide=True, with_requests=True))["vram"].endswith(
+            " req 19.5")
+        assert "req" not in plain(cell_parts(status, FROZEN_NOW, me="alice", wide=True))["vram"]
+
+    def test_other_peoples_text_is_inert(self):
+        status = statuses(booked(4, user="[b]\x1bx"))[4]
+        assert plain(cell_parts(status, FROZEN_NOW, me="alice", wide=True))["holder"] == "[b]\\x1bx → 18:30"
+
+
+@pytest.mark.parametrize("request_, holder_mib, over", [
+    ({"per_card_mib": [20000, 20000]}, 21000, False),  # 5 % over: within the margin
+    ({"per_card_mib": [20000, 20000]}, 21001, True),
+    ({"per_card_mib": [30000, 20000]}, 21001, False),  # the estimate is per card, in the booking's card order
+    ({"per_card_mib": [20000]}, 99999, False),  # one figure for two cards: not a request the board can read
+    ({"per_card_mib": "20000"}, 99999, False),
+    ({"per_card_mib": [True, True]}, 99999, False),
+    ({"per_card_mib": [0, 0]}, 99999, False),
+    ({"model": "qwen"}, 99999, False),
+    (None, 99999, False),
+])
+def test_over_the_request(request_, holder_mib, over):
+    booking = Booking(id=1, user="alice", uid=1001, cards=(4, 5), card_uuids=("GPU-4", "GPU-5"), start=0, end=1,
+                      klass="experiment", note="", status="booked", request=request_)
+    processes = (GpuProcess(1, holder_mib - 1000, "alice", 1001, ""), GpuProcess(2, 1000, None, None, ""),
+                 GpuProcess(3, 5000, "bob", 1002, ""), GpuProcess(4, None, "alice", 1001, ""))
+    reading = CardReading(index=4, uuid="GPU-4", memory_total_mib=32607, processes=processes)
+    assert over_request(reading, booking) is over
