@@ -16,6 +16,7 @@ from typing import Any, Callable
 from app.config import Config
 from app.core.identity import Identity
 from app.errors import BadInput, BoardError
+from app.service.audit import AGENT
 from app.service.fleet import Fleet
 from app.service.hub import Hub
 from app.service.processes import Registry
@@ -89,8 +90,6 @@ class Service:
         from app.store import bookings as rows
 
         if rows.queued(self.conn, int(self.clock())):
-            from app.service.enforce import AGENT
-
             rules = self.bookings(AGENT)
             if rules.backfill():
                 self.hub.changed("bookings")

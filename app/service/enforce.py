@@ -9,22 +9,19 @@ llama-servers have their own pass, app.service.servers.enforce_servers, run from
 
 from __future__ import annotations
 
-import os
 import signal
 
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
 from app.model import Booking
+from app.service.audit import AGENT, audit
 
 WARN_BEFORE_END_S = 600
-# Who the audit log names for what the service does on its own: an admin, so that it may stop anyone's work.
-AGENT = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
 
 
 def run_booking(service, me: Identity, booking_id: int | None, waiting: bool = False) -> Booking:
     """The booking a `board run` job of `me` may run under now: the one named, or the only active one.
     `waiting` (`board run --wait`): only whose it is counts yet; the job registers once it has started."""
-    from app.service.ops import audit
     from app.store import bookings as rows
 
     now = service.clock()
@@ -62,7 +59,6 @@ def is_over(booking: Booking | None, entry, now: float) -> bool:
 def enforce_once(server) -> dict[str, list[int]]:
     """One pass for `server` (a ServiceServer: its service, registry and log); returns what it did, by entry id."""
     from app.faults.oom import record_job_oom
-    from app.service.ops import audit
     from app.service.servers import enforce_servers
     from app.store import bookings as rows
     from app.store import jobs

@@ -21,6 +21,7 @@ from app.errors import BadInput, NotPermitted
 from app.notify import outbox
 from app.notify.deliver import Deliverer, describe
 from app.notify.formats import Message
+from app.service.audit import AGENT
 from app.service.ops import LIST, STR, op
 
 TEST_ATTEMPTS = 1  # a test reports its one try; it is not retried behind the admin's back
@@ -51,7 +52,6 @@ def queue_summary(service) -> list[int]:
     key = f"summary:{slot}"
     if service.conn.execute("SELECT 1 FROM outbox WHERE key = ? LIMIT 1", (key,)).fetchone():
         return []  # the cheap path, every pass: the status below reads the fleet and the bookings
-    from app.service.enforce import AGENT
     from app.service.ops import status
 
     message = summary(status(service, AGENT), service.clock(), tz)

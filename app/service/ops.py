@@ -391,15 +391,6 @@ def run(service, me: Identity, booking=None, waiting=False) -> dict:
     return wire(run_booking(service, me, booking, waiting))
 
 
-def audit(service, me: Identity, action: str, booking_id: int | None, *, ok: bool, details: dict) -> None:
-    from app.store import events
-    from app.store.db import write
-
-    with write(service.conn):
-        events.record(service.conn, ts=int(service.clock()), uid=me.uid, actor=me.name, action=action,
-                      booking_id=booking_id, ok=ok, details=details)
-
-
 from app.service import servers as _servers  # noqa: E402,F401 - registers the `serve_*` operations
 from app.service import notify as _notify  # noqa: E402,F401 - registers the `notify_*` operations
 from app.service import faults as _faults  # noqa: E402,F401 - registers the `faults` operation

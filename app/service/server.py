@@ -30,8 +30,9 @@ from typing import Any, Callable
 
 from app import wire
 from app.errors import BadInput, BoardError, NotPermitted
-from app.service import Service
 from app.core.identity import Identity
+from app.service import Service
+from app.service.audit import audit
 from app.service.deadline import Lines
 from app.service.peer import Peer, identity_of, is_member, peer_of
 from app.service.processes import RegistrationError
@@ -291,7 +292,6 @@ class ServiceServer:
 
     def _register(self, conn: socket.socket, reader: Lines, peer: Peer, request_id: Any, args: dict) -> None:
         from app.service.enforce import run_booking
-        from app.service.ops import audit
         from app.store import events, jobs
         from app.store.db import write
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
+from app.service.audit import AGENT, audit
 from app.service.ops import BOOL, DICT, INT, LIST, STR, op
 
 LOG_KEEP = 500  # lines of each server's log the service keeps in memory
@@ -252,8 +253,6 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
                 server.registry.entries.pop(entry.id, None)
                 raise
         except NotPermitted as refusal:
-            from app.service.ops import audit
-
             audit(service, me, "server-register", row.booking_id, ok=False,
                   details={"server": server_id, "pid": peer.pid, "refused": str(refusal)})
             raise
@@ -369,9 +368,7 @@ def enforce_servers(server) -> dict[str, list[int]]:
                 finish(service, supervised)
                 done["servers_finished"].append(supervised.server_id)
             watch.forget(supervised.server_id)
-    from app.service.enforce import AGENT as agent
-
-    rules = _light_rules(service, agent)
+    rules = _light_rules(service, AGENT)
     if rules.reconcile():
         _changed(service)
     for row in rows.ended_bookings(service.conn, int(service.clock())):
@@ -394,9 +391,7 @@ def enforce_servers(server) -> dict[str, list[int]]:
             supervised.killed = True
             sent = server.registry.signal(supervised.entry, signal.SIGKILL)
             if sent:
-                from app.service.ops import audit
-
-                audit(service, agent, "server-stop", supervised.entry.booking_id, ok=True,
+                audit(service, AGENT, "server-stop", supervised.entry.booking_id, ok=True,
                       details={"server": supervised.server_id, "signal": "SIGKILL", "pids": sent})
                 done["servers_killed"].append(supervised.server_id)
     return done
