@@ -19,6 +19,7 @@ from app.errors import BadInput, BoardError
 from app.service.audit import AGENT
 from app.service.fleet import Fleet
 from app.service.hub import Hub
+from app.service.ops import OPS
 from app.service.processes import Registry
 
 
@@ -61,8 +62,6 @@ class Service:
 
     def call(self, me: Identity, op: str, args: Any) -> Any:
         """Run one operation for `me`; raises the BoardError a CLI would exit with."""
-        from app.service.ops import OPS
-
         entry = OPS.get(op) if isinstance(op, str) else None
         if entry is None:
             raise BadInput(f"unknown operation {str(op)[:40]!r}; this service speaks {', '.join(sorted(OPS))}")

@@ -1,5 +1,5 @@
-"""The llama-server operations (serve_start, serve_get, serve_list, serve_logs, serve_stop) and, behind
-the socket, the supervision of registered servers.
+"""The llama-server rules bound to the service, and, behind the socket, the supervision of registered servers.
+The operations (serve_start, serve_get, serve_list, serve_logs, serve_stop) are app.service.ops.servers.
 
 The shape, one set of rules for both transports:
 
@@ -34,7 +34,6 @@ from typing import Any
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
 from app.service.audit import AGENT, audit
-from app.service.ops import BOOL, DICT, INT, LIST, STR, op
 
 LOG_KEEP = 500  # lines of each server's log the service keeps in memory
 LINE_MAX = 1000
@@ -54,89 +53,16 @@ def server_rules(service, me: Identity):
                          processes=processes)
 
 
-def _light_rules(service, me: Identity):
+def light_rules(service, me: Identity):
     from app.llama.service import ServerService
 
     processes = supervision(service) if service.transport == "socket" else None
     return ServerService(service.conn, me, service.config, clock=service.clock, processes=processes)
 
 
-def _wire(server, me: Identity) -> dict:
-    """A server for `me`: where its log file lies is its holder's to know (as in serve_logs)."""
-    from app.llama.rows import server_to_wire
-
-    wired = server_to_wire(server)
-    if server.uid != me.uid:
-        wired["log_path"] = ""
-    return wired
-
-
-def _changed(service) -> None:
+def changed(service) -> None:
+    """Every change of a server row says so: boards then ask `serve_list`."""
     service.hub.changed("servers")
-
-
-# -- operations ---------------------------------------------------------------------------------
-
-_START = {"model": STR, "ctx": INT, "parallel": INT, "port": INT, "split_mode": STR, "tensor_split": STR,
-          "metrics": BOOL, "alias": STR, "host": STR, "extra": LIST, "cache_type_k": STR, "cache_type_v": STR,
-          "flash_attn": STR, "fit": DICT}
-
-
-@op("serve_start", {"booking": INT}, _START, writes=True)
-def serve_start(service, me: Identity, booking: int, extra=None, **options) -> dict:
-    """Check and lease; returns the row and what the caller needs to launch it as itself (app.llama.launch)."""
-    if extra is not None and not all(isinstance(a, str) for a in extra):
-        raise BadInput("serve_start: extra is a list of strings")
-    try:
-        server = server_rules(service, me).prepare(booking, extra=extra or (), **options)
-    finally:
-        _changed(service)
-    return {"server": _wire(server, me), "launch": {
-        "ready_timeout_s": service.config.llama.ready_timeout_s,
-        "db": str(service.config.db_path) if service.transport == "local" else None}}
-
-
-@op("serve_get", {"id": INT})
-def serve_get(service, me: Identity, id: int) -> dict:
-    """One server, reconciled first (a supervisor that died shows as crashed)."""
-    rules = _light_rules(service, me)
-    before = rules.get(id)
-    after = rules._reconcile_one(before)
-    if after.state != before.state:
-        _changed(service)
-    return _wire(after, me)
-
-
-@op("serve_list", {}, {"all": BOOL, "user": STR, "limit": INT})
-def serve_list(service, me: Identity, all=False, user=None, limit=None) -> list:
-    rules = _light_rules(service, me)
-    if rules.reconcile():
-        _changed(service)
-    from app.llama import rows
-
-    found = rows.listing(service.conn, live_only=not all, user=user, limit=limit)
-    return [_wire(s, me) for s in found]
-
-
-@op("serve_logs", {"id": INT}, {"lines": INT})
-def serve_logs(service, me: Identity, id: int, lines: int = 50) -> dict:
-    """The server's last lines; `log` is its file's path only for its owner, whose own process wrote it."""
-    if not 0 <= lines <= 100_000:
-        raise BadInput("lines: a count from 0 to 100000")
-    rules = _light_rules(service, me)
-    server = rules.get(id)
-    return {"lines": rules.log_lines(server, lines), "state": server.state, "live": server.live,
-            "log": server.log_path if server.uid == me.uid and server.log_path else None}
-
-
-@op("serve_stop", {"id": INT}, {"reason": STR}, writes=True)
-def serve_stop(service, me: Identity, id: int, reason=None) -> dict:
-    """Stop a server (its holder or an admin; refusals audited). Behind the socket it returns `stopping`."""
-    rules = _light_rules(service, me)
-    try:
-        return _wire(rules.stop(id, reason=reason[:200] if reason else None), me)
-    finally:
-        _changed(service)
 
 
 # -- supervision behind the socket --------------------------------------------------------------
@@ -229,7 +155,7 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
     watch = supervision(service)
 
     def admit() -> Supervised:
-        rules = _light_rules(service, me)
+        rules = light_rules(service, me)
         row = rules.get(server_id)
         now = service.clock()
         try:
@@ -262,7 +188,7 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
             child = capture(child_pid)
         rules.supervised(server_id, supervisor=capture(peer.pid), pgid=entry.pgid, child=child,
                          log_path=(log_path or "")[:500])
-        _changed(service)
+        changed(service)
         return supervised
 
     try:
@@ -277,7 +203,7 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
     server._reply(conn, request_id, {"registration": supervised.entry.id, "server": server_id})
 
     def report(message: dict) -> None:
-        rules = _light_rules(service, me)
+        rules = light_rules(service, me)
         event = message.get("event")
         if event == "ready":
             from app.llama.service import measured_figures
@@ -287,10 +213,10 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
             if memory is not None and figures is None:  # the member's own process sent it: ignored, not fatal
                 server.log(f"server {server_id}: ignored a memory report that is not llama.cpp's figures")
             if rules.ready(server_id, measured=figures):
-                _changed(service)
+                changed(service)
         elif event == "failed":
             rules.failed(server_id, str(message.get("reason") or "failed")[:200], _lines(message.get("tail")))
-            _changed(service)
+            changed(service)
         elif event == "exit":
             supervised.exit = message
 
@@ -342,7 +268,7 @@ def finish(service, supervised: Supervised) -> None:
     if row is None:
         return
     holder = Identity(row.user, row.uid, False)
-    rules = _light_rules(service, holder)
+    rules = light_rules(service, holder)
     if row.live:
         code, sig = report.get("code"), report.get("signal")
         rules.ended(supervised.server_id, exit_code=code if _is_int(code) else None,
@@ -350,7 +276,7 @@ def finish(service, supervised: Supervised) -> None:
                     tail=_lines(report.get("tail")) or list(supervised.lines)[-20:],
                     asked=bool(report.get("asked")) or supervised.term_sent_at is not None,
                     unexpected=None if report else "the supervisor is gone; exit status unknown")
-        _changed(service)
+        changed(service)
 
 
 def enforce_servers(server) -> dict[str, list[int]]:
@@ -368,14 +294,14 @@ def enforce_servers(server) -> dict[str, list[int]]:
                 finish(service, supervised)
                 done["servers_finished"].append(supervised.server_id)
             watch.forget(supervised.server_id)
-    rules = _light_rules(service, AGENT)
+    rules = light_rules(service, AGENT)
     if rules.reconcile():
-        _changed(service)
+        changed(service)
     for row in rows.ended_bookings(service.conn, int(service.clock())):
         stopped = rules.stop(row.id, reason=f"booking {row.booking_id} ended", enforce=True)
         server.log(f"server {row.id} ({row.user}, port {row.port}): booking {row.booking_id} ended; {stopped.state}")
         done["servers_stopped"].append(row.id)
-        _changed(service)
+        changed(service)
     now = time.monotonic()
     for supervised in list(watch.servers.values()):
         if supervised.entry.done:

@@ -3,13 +3,18 @@ alert (a booking ending soon) only to its user. The rules and the engine are app
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from app.core.identity import Identity
 from app.errors import BadInput
-from app.service.ops import BOOL, INT, op
+from app.service.ops.registry import BOOL, INT, op
+
+if TYPE_CHECKING:
+    from app.service import Service
 
 
 @op("alerts", {}, {"all": BOOL, "limit": INT})
-def alerts(service, me: Identity, all: bool = False, limit: int = 200) -> list:
+def alerts(service: Service, me: Identity, all: bool = False, limit: int = 200) -> list:
     from app.alerts.engine import listing
 
     if not 0 < limit <= 10_000:
