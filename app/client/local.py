@@ -31,7 +31,7 @@ class LocalClient:
     def on(cls, config, source, me, *, clock=time.time, demo: bool = False) -> "LocalClient":
         """The service in process on `config.db_path` with this fleet and clock, for `me` (tests, screenshots)."""
         from app.service import Service
-        from app.service.fleet import Fleet
+        from app.gpu.fleet import Fleet
 
         return cls(Service(config, Fleet(source, config.refresh_seconds), clock=clock, demo=demo), me)
 

@@ -16,8 +16,8 @@ from typing import Any, Callable
 from app.config import Config
 from app.core.identity import Identity
 from app.errors import BadInput, BoardError
+from app.gpu.fleet import Fleet
 from app.service.audit import AGENT
-from app.service.fleet import Fleet
 from app.service.hub import Hub
 from app.service.ops import OPS
 from app.service.processes import Registry

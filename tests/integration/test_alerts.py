@@ -16,7 +16,7 @@ from app.gpu.simulated import SimulatedSource, parse_scenario
 from app.history.sampler import history_store
 from app.history.store import Sample
 from app.service import Service
-from app.service.fleet import Fleet
+from app.gpu.fleet import Fleet
 from app.service.notify import deliverer
 from tests.conftest import FROZEN_NOW, run_board
 from tests.integration.test_notify import Clock, Receiver

@@ -18,7 +18,7 @@ from app.gpu import open_source
 from app.notify import outbox
 from app.notify.formats import Message, body
 from app.service import Service
-from app.service.fleet import Fleet
+from app.gpu.fleet import Fleet
 from app.service.notify import deliverer, push
 from tests.conftest import Clock, FROZEN_NOW, run_board
 

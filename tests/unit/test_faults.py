@@ -21,7 +21,7 @@ from app.faults.xid import meaning
 from app.gpu.model import THROTTLE_HW_SLOWDOWN, THROTTLE_IDLE, THROTTLE_SW_POWER_CAP, CardReading, FleetSnapshot, Topology
 from app.gpu.simulated import SimulatedSource, load_scenario, parse_scenario
 from app.service import Service
-from app.service.fleet import Fleet
+from app.gpu.fleet import Fleet
 from app.store.db import connect, write
 from tests.conftest import Clock, FROZEN_NOW
 

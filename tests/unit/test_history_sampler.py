@@ -132,7 +132,7 @@ def test_history_refuses_what_it_cannot_answer(client, args, message):
 def test_real_gpus_get_only_what_the_store_holds(tmp_path, monkeypatch, clock):
     from app.gpu.nvml import NvmlSource
     from app.service import Service
-    from app.service.fleet import Fleet
+    from app.gpu.fleet import Fleet
     from tests.fakes.fake_pynvml import FakeGpu, FakePynvml
 
     fake = FakePynvml([FakeGpu(uuid="GPU-real-0", memory_used=4096 * 1024 * 1024, power_mw=123_400,
@@ -154,7 +154,7 @@ def test_real_gpus_get_only_what_the_store_holds(tmp_path, monkeypatch, clock):
 def test_the_quick_path_and_a_disabled_history_start_no_sampler(tmp_path):
     from app.history.sampler import start_sampler
     from app.service import Service
-    from app.service.fleet import Fleet
+    from app.gpu.fleet import Fleet
 
     config = replace(Config(), db_path=tmp_path / "board.db", history=HistorySettings(enabled=False))
     service = Service(config, Fleet(SimulatedSource(), 1))

@@ -26,7 +26,7 @@ ALLOWED = {
                 "alerts", "report"},
     "alerts": {"errors", "config", "core", "store", "history", "service", "notify", "output", "faults"},
     "report": {"errors", "core", "store", "history", "output", "faults"},
-    "client": {"model", "errors", "core", "service", "wire"},
+    "client": {"core", "errors", "gpu", "model", "service", "wire"},
     "output": {"core"},
     "tui": {"model", "errors", "config", "gpu", "core", "llama", "client", "fit"},
 }

@@ -23,7 +23,7 @@ from app.errors import BoardError, Conflict, NotPermitted
 from app.gpu import open_source
 from app.gpu.model import CardReading
 from app.service import Service
-from app.service.fleet import Fleet
+from app.gpu.fleet import Fleet
 from app.service import metrics as metrics_module
 from app.service.metrics import MAX_SCRAPES, MetricsServer
 from tests.conftest import Clock, FROZEN_NOW
