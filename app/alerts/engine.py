@@ -79,11 +79,9 @@ def _history(service, now: float, booked: set[str]) -> tuple[float | None, dict[
     (one booking, unbroken) in the samples. Nothing when the history is off."""
     if not service.config.history.enabled:
         return None, {}
-    from app.history.sampler import history_store
-
     settings = service.config.alerts
     span = max(settings.window_min * 60, settings.idle_booked_min * 60 + 2 * service.config.history.sample_s + 60)
-    samples = history_store(service).samples(now - span, now + 1)
+    samples = service.history.samples(now - span, now + 1)
     window = [s["util"] for s in samples if s["ts"] >= now - settings.window_min * 60 and s["state"] != "LOST"
               and s["util"] is not None]
     util = sum(window) / len(window) if window else None

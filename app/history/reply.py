@@ -21,8 +21,6 @@ def wire_point(point: Point) -> list:
 
 
 def history_reply(service, seconds: int, step: int | None = None, uuid: str | None = None) -> dict[str, list]:
-    from app.history.sampler import history_store
-
     step = step or max(1, int(service.fleet.refresh_seconds), 5)
     if not 0 < seconds <= MAX_SECONDS or step <= 0:
         raise BadInput(f"history: seconds is 1 to {MAX_SECONDS}, step more than 0")
@@ -32,7 +30,7 @@ def history_reply(service, seconds: int, step: int | None = None, uuid: str | No
     now = service.fleet.latest().taken_at
     cards = [c.uuid for c in service.fleet.latest().cards if uuid is None or c.uuid == uuid]
     found: dict[str, list] = {}
-    store = history_store(service)
+    store = service.history
     if store.path.exists():
         for card in cards:
             points = store.series(card, now - seconds, now + 1, step)

@@ -15,17 +15,10 @@ from typing import Callable
 
 from app.core.cardstate import UNKNOWN_USER, fleet_status
 from app.gpu.model import FleetSnapshot
-from app.history.store import HistoryStore, Sample
+from app.history.store import Sample
 
 MAINTAIN_EVERY_S = 60.0
 FOREVER = 2**62
-
-
-def history_store(service) -> HistoryStore:
-    """The service's history store, made on first use."""
-    if service.history is None:
-        service.history = HistoryStore(service.config.history_path)
-    return service.history
 
 
 def sample_fleet(service, snapshot: FleetSnapshot) -> list[Sample]:
@@ -59,7 +52,7 @@ class Sampler:
     def __init__(self, service, *, log: Callable[[str], None] = print) -> None:
         self.service, self.log = service, log
         self.settings = service.config.history
-        self.store = history_store(service)
+        self.store = service.history
         self._maintained_at = float("-inf")
 
     def sample_once(self) -> list[Sample]:

@@ -48,9 +48,7 @@ def report_reply(service, since_s: int, by: str) -> dict:
     memory_total: dict[str, int] = {}
     cards: dict[str, str] = {}
     if service.config.history_path.exists():
-        from app.history.sampler import history_store
-
-        store = history_store(service)
+        store = service.history
         for uuid, idx, total in store.db.execute("SELECT uuid, idx, memory_total FROM cards"):
             if idx is not None:
                 cards[uuid] = str(idx)

@@ -17,10 +17,14 @@ from app.config import Config
 from app.core.identity import Identity
 from app.errors import BadInput, BoardError
 from app.gpu.fleet import Fleet
+from app.history.store import HistoryStore
+from app.notify.deliver import Deliverer
 from app.service.audit import AGENT
 from app.service.hub import Hub
+from app.service.notify import deliverer
 from app.service.ops import OPS
 from app.service.processes import Registry
+from app.service.servers import Supervision
 
 
 class Service:
@@ -38,12 +42,12 @@ class Service:
         self._local = threading.local()
         self._seeded = False
         # Jobs and servers registered over the socket, by pidfd (app.service.processes), and the servers'
-        # reports on top of that (app.service.servers.Supervision, made on first use).
+        # reports on top of that (app.service.servers.Supervision).
         self.processes = Registry()
-        self.server_supervision = None
-        self.history = None  # app.history.store.HistoryStore, made on first use (app.history.sampler.history_store)
+        self.supervision = Supervision(self.processes)
+        self.history = HistoryStore(config.history_path)  # the cards' history; its file opens on first use
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
-        self.notifier = None  # the delivery thread's app.notify.deliver.Deliverer, where the socket server runs one
+        self.notifier: Deliverer | None = None  # the delivery thread's, where the socket server runs one
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -123,6 +127,15 @@ class Service:
 
             found = demo_person(self.conn, self.fleet.latest().cards, name)
         return found
+
+    def start_notifier(self, run_db: Callable[[Callable[[], Any]], Any], log: Callable[[str], None],
+                       stopping: threading.Event) -> threading.Thread:
+        """The delivery thread (behind the socket): pushes go out over HTTP on it, and its outbox work runs through
+        `run_db` (on the database thread). Until it runs, notify_test delivers in the caller's thread."""
+        self.notifier = deliverer(self, run_db, log)
+        thread = threading.Thread(target=self.notifier.run, args=(stopping,), name="board-notify", daemon=True)
+        thread.start()
+        return thread
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

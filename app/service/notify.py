@@ -12,7 +12,6 @@ The push is in the outbox when the transaction commits, and the delivery thread 
 
 from __future__ import annotations
 
-import threading
 from typing import Iterable
 
 from app.notify import outbox
@@ -54,12 +53,3 @@ def deliverer(service, run_db, log) -> Deliverer:
     """A Deliverer for this service: outbox work runs through `run_db`, on that thread's connection."""
     return Deliverer(service.config, service.clock, run_db, lambda: service.conn, log=log,
                      before=lambda: queue_summary(service))
-
-
-def start_notifier(server) -> threading.Thread:
-    """The delivery thread of a ServiceServer: database work on its database thread, HTTP on this one."""
-    service = server.service
-    service.notifier = deliverer(service, lambda fn: server.database.submit(fn).result(), server.log)
-    thread = threading.Thread(target=service.notifier.run, args=(server.stopping,), name="board-notify", daemon=True)
-    thread.start()
-    return thread

@@ -114,9 +114,8 @@ class ServiceServer:
         from app.history.sampler import start_sampler
 
         history = start_sampler(self.service, log=self.log)
-        from app.service.notify import start_notifier
-
-        start_notifier(self)  # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
+        # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
+        self.service.start_notifier(lambda fn: self.database.submit(fn).result(), self.log, self.stopping)
         from app.faults.watcher import start_watcher
 
         faults, faults_thread = start_watcher(self.service, log=self.log)  # Xid events and throttling spells

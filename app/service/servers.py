@@ -47,7 +47,7 @@ def server_rules(service, me: Identity):
     """ServerService for `me` on the service's connection: file mode in process, the pidfds behind the socket."""
     from app.llama.service import ServerService
 
-    processes = supervision(service) if service.transport == "socket" else None
+    processes = service.supervision if service.transport == "socket" else None
     topology = service.fleet.latest().topology if service.fleet is not None else None
     return ServerService(service.conn, me, service.config, topology=topology, clock=service.clock,
                          processes=processes)
@@ -56,7 +56,7 @@ def server_rules(service, me: Identity):
 def light_rules(service, me: Identity):
     from app.llama.service import ServerService
 
-    processes = supervision(service) if service.transport == "socket" else None
+    processes = service.supervision if service.transport == "socket" else None
     return ServerService(service.conn, me, service.config, clock=service.clock, processes=processes)
 
 
@@ -124,13 +124,6 @@ class Supervision:
             self.servers.pop(server_id, None)
 
 
-def supervision(service) -> Supervision:
-    """The service's one Supervision, over its process Registry (made on first use)."""
-    if service.server_supervision is None:
-        service.server_supervision = Supervision(service.processes)
-    return service.server_supervision
-
-
 def serve_registration(server, conn, reader, peer, request_id, args: dict) -> None:
     """A supervisor registers (ServiceServer._register, kind "server") and reports over this connection.
 
@@ -152,7 +145,7 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
             log_path is not None and not isinstance(log_path, str)):
         server._reply(conn, request_id, error=BadInput("register: give kind \"server\", the server id, its pid"))
         return
-    watch = supervision(service)
+    watch = service.supervision
 
     def admit() -> Supervised:
         rules = light_rules(service, me)
@@ -286,7 +279,7 @@ def enforce_servers(server) -> dict[str, list[int]]:
     from app.llama import rows
 
     service = server.service
-    watch = supervision(service)
+    watch = service.supervision
     done: dict[str, list[int]] = {"servers_finished": [], "servers_stopped": [], "servers_killed": []}
     for supervised in list(watch.servers.values()):
         if supervised.entry.done:

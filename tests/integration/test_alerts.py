@@ -13,7 +13,6 @@ from app.alerts.rules import Card, Ending, Inputs, evaluate
 from app.config import AlertSettings, Config, NotifySettings, NotifyTarget, Policy
 from app.core.identity import Identity
 from app.gpu.simulated import SimulatedSource, parse_scenario
-from app.history.sampler import history_store
 from app.history.store import Sample
 from app.service import Service
 from app.gpu.fleet import Fleet
@@ -257,7 +256,7 @@ class TestFromTheFleet:
         start = int(clock.now)
         samples = [Sample(ts, uuid, "IN USE" if ts == start + (busy_at or -1) else "BOOKED", 10, booking=booking["id"])
                    for ts in range(start, start + 1900, 60)]
-        history_store(service).add(samples)
+        service.history.add(samples)
         clock.now = start + 1860  # 31 minutes of samples; the rule fires past 30
         found = {f.rule for f in evaluate(gather(service, clock.now), service.config.alerts)}
         assert ("idle-booked" in found) is fired
