@@ -14,6 +14,7 @@ import signal
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
 from app.model import Booking
+from app.service.alerts import enforcer_alerts
 from app.service.audit import AGENT, audit
 
 WARN_BEFORE_END_S = 600
@@ -109,9 +110,7 @@ def enforce_once(server) -> dict[str, list[int]]:
                       details={"pid": entry.pid, "signal": "SIGKILL", "pids": sent})
                 server.log(f"job {entry.pid} (uid {entry.uid}): still running after {settings.grace_s:g} s; SIGKILL")
                 done["killed"].append(entry.id)
-    from app.alerts.engine import alerts_run
-
-    done["alerts"] = alerts_run(server).get("fired", [])  # last: a failing alert pass leaves the jobs enforced
+    done["alerts"] = enforcer_alerts(server).get("fired", [])  # last: a failing alert pass leaves the jobs enforced
     return done
 
 
@@ -120,7 +119,7 @@ def _tell_started(server, now: float) -> None:
     from app.core.text import format_cards, stamp_time
     from app.store import bookings as rows
 
-    since = getattr(server, "started_told_until", None)
+    since = server.started_told_until
     server.started_told_until = now
     if since is None:  # a fresh service: bookings that started before it did are old news
         return

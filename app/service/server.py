@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from app import wire
+from app.alerts.engine import Engine
 from app.errors import BadInput, BoardError, NotPermitted
 from app.core.identity import Identity
 from app.service import Service
@@ -66,6 +67,8 @@ class ServiceServer:
         self._listener: socket.socket | None = None
         self.max_connections = connection_cap(self.settings.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._accept_failures, self._accept_logged_at = 0, float("-inf")
+        self.alerts = Engine()  # the alerts' engine, run by each enforcement pass (app.service.alerts)
+        self.started_told_until: float | None = None  # bookings that started by then have been announced (enforce)
 
     # -- the socket ----------------------------------------------------------------------------
 

@@ -341,15 +341,15 @@ def test_the_waiting_watcher_wakes_on_an_injected_xid(monkeypatch):
 def test_a_job_that_exits_on_a_full_card_counts_and_one_on_a_roomy_card_does_not(tmp_path, clock):
     import os
     import subprocess
-    from types import SimpleNamespace
 
     from app.service.enforce import enforce_once
     from app.store import jobs
+    from tests.unit.test_enforce import server_of
 
     text = "[cards]\ncount = 2\n[[processes]]\ncard = 0\npid = 41001\nused_mib = 31000\nuser = \"alice\"\n"
     service = make_service(tmp_path, SimulatedSource(scenario(tmp_path, text), clock=clock), clock)
     me = Identity("alice", os.getuid(), False)
-    server = SimpleNamespace(service=service, registry=service.processes, log=[].append)
+    server = server_of(service)
     pids = []
     try:
         for card in (0, 1):

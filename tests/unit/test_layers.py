@@ -24,7 +24,7 @@ ALLOWED = {
     "notify": {"errors", "config", "core", "store", "output"},
     "service": {"model", "errors", "config", "gpu", "core", "store", "llama", "demo", "wire", "history", "notify", "faults",
                 "alerts", "report"},
-    "alerts": {"errors", "config", "core", "store", "history", "service", "notify", "output", "faults"},
+    "alerts": {"config", "core", "errors", "faults", "gpu", "history", "notify", "output", "service", "store"},
     "report": {"errors", "core", "store", "history", "output", "faults"},
     "client": {"core", "errors", "gpu", "model", "service", "wire"},
     "output": {"core"},

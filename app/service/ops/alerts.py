@@ -19,4 +19,4 @@ def alerts(service: Service, me: Identity, all: bool = False, limit: int = 200) 
 
     if not 0 < limit <= 10_000:
         raise BadInput("alerts: limit is from 1 to 10000")
-    return listing(service, me, all=all, limit=limit)
+    return listing(service.conn, me, all=all, limit=limit)
