@@ -116,12 +116,14 @@ class ServiceServer:
         enforcer.start()
         from app.history.sampler import start_sampler
 
-        history = start_sampler(self.service, log=self.log)
+        service = self.service
+        history = start_sampler(service.fleet, service.history, service.config, service.clock, log=self.log)
         # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
         self.service.start_notifier(lambda fn: self.database.submit(fn).result(), self.log, self.stopping)
         from app.faults.watcher import start_watcher
 
-        faults, faults_thread = start_watcher(self.service, log=self.log)  # Xid events and throttling spells
+        # Xid events and throttling spells
+        faults, faults_thread = start_watcher(service.fleet, service.config.db_path, service.clock, log=self.log)
         self._listener.settimeout(0.5)
         try:
             backoff = 0.0

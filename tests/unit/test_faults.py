@@ -209,7 +209,7 @@ throttle = [{card = 0, at = 10, seconds = 120}]
 def test_simulated_faults_reach_the_table_through_the_service(tmp_path, clock):
     source = SimulatedSource(scenario(tmp_path, SCENARIO), clock=clock, sleep=lambda s: None)
     service = make_service(tmp_path, source, clock)
-    watcher = FaultWatcher(service, log=lambda line: None, observe_s=0)
+    watcher = FaultWatcher(service.fleet, service.config.db_path, service.clock, log=lambda line: None, observe_s=0)
     client = LocalClient(service, ALICE)
     try:
         booked = client.call("book", start=FROZEN_NOW, end=FROZEN_NOW + 3600, cards=[2])  # alice holds card 2
@@ -246,7 +246,7 @@ def test_throttling_still_on_when_the_service_stops_is_recorded(tmp_path, clock)
     text = "[cards]\ncount = 2\n[faults]\nthrottle = [{card = 1, seconds = 600}]\n"
     source = SimulatedSource(scenario(tmp_path, text), clock=clock, sleep=lambda s: None)
     service = make_service(tmp_path, source, clock)
-    watcher = FaultWatcher(service, log=lambda line: None, observe_s=0)
+    watcher = FaultWatcher(service.fleet, service.config.db_path, service.clock, log=lambda line: None, observe_s=0)
     watcher.step(0)
     clock.now += 90
     watcher.step(0)
@@ -286,7 +286,7 @@ def test_nvml_xid_events_reach_the_table(tmp_path, monkeypatch, clock):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     source = NvmlSource(clock=clock)
     service = make_service(tmp_path, source, clock)
-    watcher = FaultWatcher(service, log=lambda line: None, observe_s=0)
+    watcher = FaultWatcher(service.fleet, service.config.db_path, service.clock, log=lambda line: None, observe_s=0)
     try:
         assert watcher.step(0) == []  # registers; nothing yet
         fake.inject_xid(1, 79)

@@ -25,7 +25,7 @@ ALLOWED = {
     "service": {"model", "errors", "config", "gpu", "core", "store", "llama", "demo", "wire", "history", "notify", "faults",
                 "alerts", "report"},
     "alerts": {"config", "core", "errors", "faults", "gpu", "history", "notify", "output", "service", "store"},
-    "report": {"errors", "core", "store", "history", "output", "faults"},
+    "report": {"config", "core", "errors", "faults", "gpu", "history", "output", "store"},
     "client": {"core", "errors", "gpu", "model", "service", "wire"},
     "output": {"core"},
     "tui": {"model", "errors", "config", "gpu", "core", "llama", "client", "fit"},

@@ -51,7 +51,7 @@ def history(service: Service, me: Identity, seconds: int, step: int | None = Non
     over the last `seconds`, oldest first: the service's recorded history (app.history.reply)."""
     from app.history.reply import history_reply
 
-    return history_reply(service, seconds, step, uuid)
+    return history_reply(service.history, service.fleet, seconds, step, uuid)
 
 
 @op("report", {"since_s": SPAN}, {"by": STR})
@@ -59,7 +59,8 @@ def report(service: Service, me: Identity, since_s: int, by: str = "user") -> di
     """Booked GPU-hours against used ones per user, class, pool or card, and the seeds' verdicts (app.report)."""
     from app.report.gather import report_reply
 
-    return report_reply(service, since_s, by)
+    return report_reply(service.conn, service.history, service.config, service.fleet.latest().cards, service.clock(),
+                        since_s, by)
 
 
 @op("status")
