@@ -6,15 +6,19 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from app import wire
+
+if TYPE_CHECKING:
+    from app.core.identity import Identity
+    from app.service import Service
 
 
 class LocalClient:
     transport = "local"
 
-    def __init__(self, service, me) -> None:
+    def __init__(self, service: Service, me: Identity) -> None:
         """`me` is the caller's Identity: the user who owns the file (tests and screenshots pass another)."""
         self.service, self.me = service, me
         self._watchers: threading.Event | None = None

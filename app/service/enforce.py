@@ -10,6 +10,7 @@ llama-servers have their own pass, app.service.servers.enforce_servers, run from
 from __future__ import annotations
 
 import signal
+from typing import TYPE_CHECKING
 
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
@@ -17,10 +18,14 @@ from app.model import Booking
 from app.service.alerts import enforcer_alerts
 from app.service.audit import AGENT, audit
 
+if TYPE_CHECKING:
+    from app.service import Service
+    from app.service.server import ServiceServer
+
 WARN_BEFORE_END_S = 600
 
 
-def run_booking(service, me: Identity, booking_id: int | None, waiting: bool = False) -> Booking:
+def run_booking(service: Service, me: Identity, booking_id: int | None, waiting: bool = False) -> Booking:
     """The booking a `board run` job of `me` may run under now: the one named, or the only active one.
     `waiting` (`board run --wait`): only whose it is counts yet; the job registers once it has started."""
     from app.store import bookings as rows
@@ -57,7 +62,7 @@ def is_over(booking: Booking | None, entry, now: float) -> bool:
             or tuple(sorted(booking.card_uuids)) != tuple(sorted(entry.cards)))
 
 
-def enforce_once(server) -> dict[str, list[int]]:
+def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
     """One pass for `server` (a ServiceServer: its service, registry and log); returns what it did, by entry id."""
     from app.faults.oom import record_job_oom
     from app.service.servers import enforce_servers
@@ -114,7 +119,7 @@ def enforce_once(server) -> dict[str, list[int]]:
     return done
 
 
-def _tell_started(server, now: float) -> None:
+def _tell_started(server: ServiceServer, now: float) -> None:
     """Each holder whose booking started since the last pass hears of it (their open boards toast it)."""
     from app.core.text import format_cards, stamp_time
     from app.store import bookings as rows

@@ -12,15 +12,18 @@ The push is in the outbox when the transaction commits, and the delivery thread 
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from app.notify import outbox
 from app.notify.deliver import Deliverer
 from app.notify.formats import Message
 from app.service.status import status_document
 
+if TYPE_CHECKING:
+    from app.service import Service
 
-def push(service, kind: str, title: str, *, lines: Iterable[str] = (), fields: Iterable[tuple[str, str]] = (),
+
+def push(service: Service, kind: str, title: str, *, lines: Iterable[str] = (), fields: Iterable[tuple[str, str]] = (),
          key: str | None = None) -> list[int]:
     """Queue a message for every target; returns the outbox ids (none when no target is configured)."""
     now = int(service.clock())
@@ -31,7 +34,7 @@ def push(service, kind: str, title: str, *, lines: Iterable[str] = (), fields: I
     return ids
 
 
-def queue_summary(service) -> list[int]:
+def queue_summary(service: Service) -> list[int]:
     """Queue the board summary if a `[notify] summary_at` time has come and its summary is not queued yet."""
     from app.notify.summary import due_slot, summary, zone
 
@@ -49,7 +52,7 @@ def queue_summary(service) -> list[int]:
     return outbox.enqueue(service.conn, settings, message, now=int(service.clock()), key=key)
 
 
-def deliverer(service, run_db, log) -> Deliverer:
+def deliverer(service: Service, run_db: Callable[[Callable[[], Any]], Any], log: Callable[[str], None]) -> Deliverer:
     """A Deliverer for this service: outbox work runs through `run_db`, on that thread's connection."""
     return Deliverer(service.config, service.clock, run_db, lambda: service.conn, log=log,
                      before=lambda: queue_summary(service))

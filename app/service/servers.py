@@ -29,11 +29,22 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
 from app.service.audit import AGENT, audit
+
+if TYPE_CHECKING:
+    import socket
+
+    from app.llama.rows import Server
+    from app.llama.service import ServerService
+    from app.service import Service
+    from app.service.deadline import Lines
+    from app.service.peer import Peer
+    from app.service.processes import Registration, Registry
+    from app.service.server import ServiceServer
 
 LOG_KEEP = 500  # lines of each server's log the service keeps in memory
 LINE_MAX = 1000
@@ -43,7 +54,7 @@ KILL_AFTER_S = 10.0
 # -- the rules, bound to the service ------------------------------------------------------------
 
 
-def server_rules(service, me: Identity):
+def server_rules(service: Service, me: Identity) -> ServerService:
     """ServerService for `me` on the service's connection: file mode in process, the pidfds behind the socket."""
     from app.llama.service import ServerService
 
@@ -53,14 +64,14 @@ def server_rules(service, me: Identity):
                          processes=processes)
 
 
-def light_rules(service, me: Identity):
+def light_rules(service: Service, me: Identity) -> ServerService:
     from app.llama.service import ServerService
 
     processes = service.supervision if service.transport == "socket" else None
     return ServerService(service.conn, me, service.config, clock=service.clock, processes=processes)
 
 
-def changed(service) -> None:
+def changed(service: Service) -> None:
     """Every change of a server row says so: boards then ask `serve_list`."""
     service.hub.changed("servers")
 
@@ -71,7 +82,7 @@ def changed(service) -> None:
 @dataclass
 class Supervised:
     server_id: int
-    entry: Any  # app.service.processes.Registration
+    entry: Registration
     lines: deque = field(default_factory=lambda: deque(maxlen=LOG_KEEP))
     exit: dict | None = None  # the supervisor's last `exit` report
     term_sent_at: float | None = None
@@ -82,12 +93,12 @@ class Supervised:
 class Supervision:
     """Registered servers: server id -> the supervisor's pidfd registration. ServerService's `processes`."""
 
-    def __init__(self, registry) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self._lock = threading.Lock()
         self.servers: dict[int, Supervised] = {}
 
-    def add(self, server_id: int, entry) -> Supervised:
+    def add(self, server_id: int, entry: Registration) -> Supervised:
         with self._lock:
             current = self.servers.get(server_id)
             if current is not None and not current.entry.done:
@@ -99,7 +110,7 @@ class Supervision:
         with self._lock:
             return self.servers.get(server_id)
 
-    def alive(self, server) -> bool | None:
+    def alive(self, server: Server) -> bool | None:
         """Registered and not yet finished: finish() records the end as soon as the supervisor's connection
         closes and its pidfd says it exited (or at the next enforcement pass), with what it reported."""
         found = self.get(server.id)
@@ -107,7 +118,7 @@ class Supervision:
             return None
         return not found.finished
 
-    def terminate(self, server) -> list[int]:
+    def terminate(self, server: Server) -> list[int]:
         found = self.get(server.id)
         if found is None or found.entry.done:
             return []
@@ -115,7 +126,7 @@ class Supervision:
             found.term_sent_at = time.monotonic()
         return self.registry.signal(found.entry, signal.SIGTERM)
 
-    def lines(self, server) -> list[str]:
+    def lines(self, server: Server) -> list[str]:
         found = self.get(server.id)
         return list(found.lines) if found else []
 
@@ -124,7 +135,8 @@ class Supervision:
             self.servers.pop(server_id, None)
 
 
-def serve_registration(server, conn, reader, peer, request_id, args: dict) -> None:
+def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines, peer: Peer, request_id: Any,
+                       args: dict) -> None:
     """A supervisor registers (ServiceServer._register, kind "server") and reports over this connection.
 
     Refused unless the peer (SO_PEERCRED) is the row's holder, the row is `starting`, the booking is
@@ -248,7 +260,7 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
         time.sleep(0.02)
 
 
-def finish(service, supervised: Supervised) -> None:
+def finish(service: Service, supervised: Supervised) -> None:
     """The supervisor has exited: the row records the end it reported (or 'exit status unknown')."""
     from app.core.identity import Identity
     from app.llama import rows
@@ -272,7 +284,7 @@ def finish(service, supervised: Supervised) -> None:
         changed(service)
 
 
-def enforce_servers(server) -> dict[str, list[int]]:
+def enforce_servers(server: ServiceServer) -> dict[str, list[int]]:
     """One pass (ServiceServer.enforce_once): ended supervisors finish their rows, servers whose booking
     ended are stopped (audited, as the agent), SIGKILL follows SIGTERM after KILL_AFTER_S, and rows
     that never registered within the launch grace become crashed."""

@@ -14,10 +14,11 @@ from app.service.ops.registry import BOOL, DICT, INT, LIST, STR, op
 from app.service.servers import changed, light_rules, server_rules
 
 if TYPE_CHECKING:
+    from app.llama.rows import Server
     from app.service import Service
 
 
-def _wire(server, me: Identity) -> dict:
+def _wire(server: Server, me: Identity) -> dict:
     """A server for `me`: where its log file lies is its holder's to know (as in serve_logs)."""
     from app.llama.rows import server_to_wire
 
