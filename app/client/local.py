@@ -1,5 +1,5 @@
 """The service in this process, for a database file the caller owns. Replies go through JSON, as on the wire,
-and their time stamps are worded here, as the socket client words them (app.wire.worded)."""
+and their time stamps are worded here, as the socket client words them (app.client.stamps)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from app import wire
+from app.client.stamps import worded
 
 if TYPE_CHECKING:
     from app.core.identity import Identity
@@ -51,10 +52,10 @@ class LocalClient:
         try:
             result = self.service.call(self.me, op, args)
         except BoardError as error:
-            if (worded := wire.worded(str(error))) != str(error):
-                error.args = (worded,)
+            if (said := worded(str(error))) != str(error):
+                error.args = (said,)
             raise
-        return json.loads(wire.worded(json.dumps(result)))
+        return json.loads(worded(json.dumps(result)))
 
     def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
         from app.service.watch import start_watchers
@@ -68,7 +69,7 @@ class LocalClient:
                 for event in subscriber.take(timeout=1.0):
                     # A notice is the one event worded for people; the hub shares it, so it is copied.
                     text = event.get("message")
-                    yield {**event, "message": wire.worded(text)} if isinstance(text, str) else event
+                    yield {**event, "message": worded(text)} if isinstance(text, str) else event
         finally:
             self.service.hub.unsubscribe(subscriber)
 
