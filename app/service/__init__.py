@@ -8,23 +8,29 @@ it writes. Results are plain JSON values, the same over both transports.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
 from typing import Any, Callable
 
 from app.config import Config
-from app.core.identity import Identity
+from app.core.identity import Identity, lookup_user
+from app.demo import demo_person, seed_if_empty
 from app.errors import BadInput, BoardError
+from app.gpu import NoDriverError, open_source
 from app.gpu.fleet import Fleet
 from app.history.store import HistoryStore
 from app.notify.deliver import Deliverer
 from app.service.audit import AGENT
+from app.service.bookings import BookingService
 from app.service.hub import Hub
 from app.service.notify import deliverer
 from app.service.ops import OPS
 from app.service.processes import Registry
 from app.service.servers import Supervision
+from app.store import bookings as rows
+from app.store.db import connect, storage_error
 
 
 class Service:
@@ -54,12 +60,8 @@ class Service:
         """This thread's connection; opened (and migrated, and seeded for a demo) on first use."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            from app.store.db import connect
-
             conn = self._local.conn = connect(self.config.db_path)
             if self.demo and not self._seeded:
-                from app.demo import seed_if_empty
-
                 seed_if_empty(conn, self.fleet.latest().cards)
                 self._seeded = True
         return conn
@@ -79,8 +81,6 @@ class Service:
                 except (sqlite3.Error, BoardError):
                     pass  # the change stands; the enforcer's next pass tries the backfill again
         except sqlite3.Error as error:
-            from app.store.db import storage_error
-
             raise storage_error(self.config.db_path, error) from None
         finally:
             if entry.writes:
@@ -90,8 +90,6 @@ class Service:
 
     def backfill(self) -> None:
         """Move queued bookings up where time has freed (BookingService.backfill); their holders are told."""
-        from app.store import bookings as rows
-
         if rows.queued(self.conn, int(self.clock())):
             rules = self.bookings(AGENT)
             if rules.backfill():
@@ -104,10 +102,8 @@ class Service:
             self.hub.publish("notice", {"message": message}, uid=uid)
         told.clear()
 
-    def bookings(self, me: Identity):
+    def bookings(self, me: Identity) -> BookingService:
         """The booking rules for `me`, on this thread's connection and the newest view of the cards."""
-        from app.service.bookings import BookingService
-
         snapshot = self.fleet.latest()
         rules = BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock,
                                jobs=self.processes.jobs_of, users=self.lookup_user)
@@ -119,12 +115,8 @@ class Service:
     def lookup_user(self, name: str) -> tuple[str, int] | None:
         """(name, uid) of a local account; in the demo also of its made-up people (alice, bob, ...), so that an
         admin can give them a booking there."""
-        from app.core.identity import lookup_user
-
         found = lookup_user(name)
         if found is None and self.demo:
-            from app.demo import demo_person
-
             found = demo_person(self.conn, self.fleet.latest().cards, name)
         return found
 
@@ -146,10 +138,6 @@ class Service:
 
 def open_service(config: Config, *, demo: bool | str | None = None, environ=None, transport: str = "local") -> Service:
     """The service on the configured database and the GPU source that `demo` picks (see app.gpu.open_source)."""
-    import os
-
-    from app.gpu import NoDriverError, open_source
-
     try:
         source = open_source(demo, environ=environ if environ is not None else os.environ)
     except NoDriverError as error:

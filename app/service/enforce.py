@@ -13,10 +13,16 @@ import signal
 from typing import TYPE_CHECKING
 
 from app.core.identity import Identity
+from app.core.text import format_cards, relative, stamp_time
 from app.errors import BadInput, NotPermitted
+from app.faults.oom import record_job_oom
 from app.model import Booking
 from app.service.alerts import enforcer_alerts
 from app.service.audit import AGENT, audit
+from app.service.servers import enforce_servers
+from app.store import bookings as rows
+from app.store import jobs
+from app.store.db import write
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -28,8 +34,6 @@ WARN_BEFORE_END_S = 600
 def run_booking(service: Service, me: Identity, booking_id: int | None, waiting: bool = False) -> Booking:
     """The booking a `board run` job of `me` may run under now: the one named, or the only active one.
     `waiting` (`board run --wait`): only whose it is counts yet; the job registers once it has started."""
-    from app.store import bookings as rows
-
     now = service.clock()
     try:
         if booking_id is not None:
@@ -39,8 +43,6 @@ def run_booking(service: Service, me: Identity, booking_id: int | None, waiting:
             if waiting:
                 return booking
             if not booking.active(now):
-                from app.core.text import relative, stamp_time
-
                 when = (f"ended {stamp_time(booking.end, now)}, {relative(booking.end, now)}" if booking.end <= now
                         else f"starts {stamp_time(booking.start, now)}, {relative(booking.start, now)}")
                 raise NotPermitted(f"booking {booking.id} is not active now ({when})")
@@ -64,12 +66,6 @@ def is_over(booking: Booking | None, entry, now: float) -> bool:
 
 def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
     """One pass for `server` (a ServiceServer: its service, registry and log); returns what it did, by entry id."""
-    from app.faults.oom import record_job_oom
-    from app.service.servers import enforce_servers
-    from app.store import bookings as rows
-    from app.store import jobs
-    from app.store.db import write
-
     service, registry = server.service, server.registry
     done: dict[str, list[int]] = {"ended": [], "terminated": [], "killed": [], "warned": []}
     for entry in registry.sweep():
@@ -121,9 +117,6 @@ def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
 
 def _tell_started(server: ServiceServer, now: float) -> None:
     """Each holder whose booking started since the last pass hears of it (their open boards toast it)."""
-    from app.core.text import format_cards, stamp_time
-    from app.store import bookings as rows
-
     since = server.started_told_until
     server.started_told_until = now
     if since is None:  # a fresh service: bookings that started before it did are old news

@@ -32,6 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
+from urllib.parse import quote
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
@@ -42,6 +43,8 @@ from app.core.cardstate import BOOKED, FREE, IN_USE, LOST, SQUATTED, fleet_statu
 from app.errors import BoardError
 from app.model import Booking
 from app.service.deadline import DeadlineStream
+from app.store import bookings as rows
+from app.store.db import BoardConnection, storage_error
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -176,8 +179,6 @@ class BoardCollector(Collector):
             return self._view
 
     def _read(self, before: View, version: int | None) -> View:
-        from app.store import bookings as rows
-
         conn = self._connection()
         now = int(self.service.clock())
         counts = {name: dict(totals) for name, totals in before.counts.items()}
@@ -205,10 +206,6 @@ class BoardCollector(Collector):
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            from urllib.parse import quote
-
-            from app.store.db import BoardConnection, storage_error
-
             path = self.service.config.db_path
             try:
                 # Read-only: a scrape can never write, whatever a bug here does. Used under self._lock only.

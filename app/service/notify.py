@@ -1,9 +1,8 @@
 """The service's side of pushes (app.notify): the call other parts use, the summary schedule and the delivery
 thread. The `notify_test` / `notify_status` operations are app.service.ops.notify.
 
-For alerts (issue 12 section 4), on the database thread, inside the alert's own transaction if it has one:
+On the database thread, inside the caller's transaction if it has one (the alerts' pass, app.service.alerts):
 
-    from app.service.notify import push
     push(service, "alert.firing", "GPU 3 at 92 °C", lines=("held by alice",), fields=(("card", "3"),),
          key=f"alert:{alert_id}:firing")
 
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from app.notify import outbox
 from app.notify.deliver import Deliverer
 from app.notify.formats import Message
+from app.notify.summary import due_slot, summary, zone
 from app.service.status import status_document
 
 if TYPE_CHECKING:
@@ -36,8 +36,6 @@ def push(service: Service, kind: str, title: str, *, lines: Iterable[str] = (), 
 
 def queue_summary(service: Service) -> list[int]:
     """Queue the board summary if a `[notify] summary_at` time has come and its summary is not queued yet."""
-    from app.notify.summary import due_slot, summary, zone
-
     settings = service.config.notify
     if not settings.targets:
         return []

@@ -31,9 +31,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from app import wire
 from app.core.identity import Identity
-from app.errors import BadInput, NotPermitted
+from app.errors import BadInput, BoardError, NotPermitted
 from app.service.audit import AGENT, audit
+from app.service.peer import identity_of
+from app.service.processes import RegistrationError, exited, owned_by, proc_pgid
+from app.store import bookings as booking_rows
 
 if TYPE_CHECKING:
     import socket
@@ -56,7 +60,7 @@ KILL_AFTER_S = 10.0
 
 def server_rules(service: Service, me: Identity) -> ServerService:
     """ServerService for `me` on the service's connection: file mode in process, the pidfds behind the socket."""
-    from app.llama.service import ServerService
+    from app.llama.service import ServerService  # start-up: llama's modules load only for servers
 
     processes = service.supervision if service.transport == "socket" else None
     topology = service.fleet.latest().topology if service.fleet is not None else None
@@ -65,7 +69,7 @@ def server_rules(service: Service, me: Identity) -> ServerService:
 
 
 def light_rules(service: Service, me: Identity) -> ServerService:
-    from app.llama.service import ServerService
+    from app.llama.service import ServerService  # start-up: llama's modules load only for servers
 
     processes = service.supervision if service.transport == "socket" else None
     return ServerService(service.conn, me, service.config, clock=service.clock, processes=processes)
@@ -143,12 +147,8 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
     active and no live supervisor holds the row already. A pid the supervisor claims for llama-server
     is recorded only when the kernel shows it in the supervisor's group, under the same uid.
     """
-    from app import wire
-    from app.errors import BoardError
-    from app.llama import rows
-    from app.llama.identity import capture
-    from app.service.peer import identity_of
-    from app.service.processes import RegistrationError, exited, owned_by, proc_pgid
+    from app.llama import rows  # start-up: llama's modules load only for servers
+    from app.llama.identity import capture  # start-up: llama's modules load only for servers
 
     service = server.service
     me = identity_of(peer, service.config.admin_group)
@@ -168,8 +168,6 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
                 raise NotPermitted(f"server {server_id} belongs to {row.user}")
             if row.state != rows.STARTING:
                 raise NotPermitted(f"server {server_id} is {row.state}, not starting")
-            from app.store import bookings as booking_rows
-
             booking = booking_rows.get(service.conn, row.booking_id)
             if booking is None or booking.uid != peer.uid or not booking.active(now):
                 raise NotPermitted(f"booking {row.booking_id} is not yours and active now")
@@ -211,7 +209,7 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
         rules = light_rules(service, me)
         event = message.get("event")
         if event == "ready":
-            from app.llama.service import measured_figures
+            from app.llama.service import measured_figures  # start-up: llama's modules load only for servers
 
             memory = message.get("memory")
             figures = measured_figures(memory)
@@ -262,8 +260,7 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
 
 def finish(service: Service, supervised: Supervised) -> None:
     """The supervisor has exited: the row records the end it reported (or 'exit status unknown')."""
-    from app.core.identity import Identity
-    from app.llama import rows
+    from app.llama import rows  # start-up: llama's modules load only for servers
 
     if supervised.finished:
         return
@@ -288,7 +285,7 @@ def enforce_servers(server: ServiceServer) -> dict[str, list[int]]:
     """One pass (ServiceServer.enforce_once): ended supervisors finish their rows, servers whose booking
     ended are stopped (audited, as the agent), SIGKILL follows SIGTERM after KILL_AFTER_S, and rows
     that never registered within the launch grace become crashed."""
-    from app.llama import rows
+    from app.llama import rows  # start-up: llama's modules load only for servers
 
     service = server.service
     watch = service.supervision
@@ -312,8 +309,6 @@ def enforce_servers(server: ServiceServer) -> dict[str, list[int]]:
         if supervised.entry.done:
             continue
         if supervised.term_sent_at is None:
-            from app.store import bookings as booking_rows
-
             booking = booking_rows.get(service.conn, supervised.entry.booking_id)
             if booking is None or not booking.active(service.clock()):  # its row was final, its process not
                 supervised.term_sent_at = now

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core.cardstate import UNKNOWN_USER, fleet_status
 from app.model import booking_to_wire
+from app.store import bookings as rows
 
 if TYPE_CHECKING:
     from app.gpu.model import FleetSnapshot
@@ -19,9 +21,6 @@ FOREVER = 2**62
 
 def status_document(service: Service) -> dict:
     """Every card with its state, current and next booking: the `board status --json` document, in epochs."""
-    from app.core.cardstate import UNKNOWN_USER, fleet_status
-    from app.store import bookings as rows
-
     snapshot = fleet_with_servers(service)
     now = service.clock()
     live = rows.live_between(service.conn, int(now), FOREVER)
@@ -45,7 +44,7 @@ def status_document(service: Service) -> dict:
 
 def fleet_with_servers(service: Service) -> FleetSnapshot:
     if service.fleet.simulated:  # demo llama-servers run on the CPU: show them on their booked cards
-        from app.llama.processes import feed_simulated
+        from app.llama.processes import feed_simulated  # start-up: only the demo's simulated fleet loads llama's modules here
 
         if feed_simulated(service.fleet.source, service.conn):
             service.fleet.invalidate()

@@ -6,11 +6,11 @@ The database watcher catches commits made by other processes on a file-mode data
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
-import threading
-
 from app.gpu.model import snapshot_to_wire
+from app.store.db import connect, data_version
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -41,8 +41,6 @@ def _fleet_loop(service: Service, stop: threading.Event) -> None:
 
 
 def _db_loop(service: Service, stop: threading.Event) -> None:
-    from app.store.db import connect, data_version
-
     conn = None
     seen = None
     while not stop.is_set():

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 @op("alerts", {}, {"all": BOOL, "limit": INT})
 def alerts(service: Service, me: Identity, all: bool = False, limit: int = 200) -> list:
-    from app.alerts.engine import listing
+    from app.alerts.engine import listing  # start-up: only this operation loads the alerts engine
 
     if not 0 < limit <= 10_000:
         raise BadInput("alerts: limit is from 1 to 10000")

@@ -60,7 +60,7 @@ def book(service: Service, me: Identity, start: int, end: int, cards=None, count
     if cards is not None and count is not None:
         raise BadInput("give a count or --cards, not both")
     if request is not None:  # every member's `board list` shows it: known keys, each in its type and range
-        from app.core.request import check
+        from app.core.request import check  # start-up: only a booking with a request loads its checks
 
         request = check(request)
     if checked:  # the form's path: a request that fails the check writes nothing at all, not even an audit row
@@ -115,7 +115,7 @@ def move(service: Service, me: Identity, id: int, start: int, end: int, override
 def run(service: Service, me: Identity, booking=None, waiting=False) -> dict:
     """The booking a `board run` job may run under now: the caller's own, active one. Refusals are audited.
     `waiting` (`board run --wait`, before it waits): the caller's own booking, whether or not it has started."""
-    from app.service.enforce import run_booking
+    from app.service.enforce import run_booking  # start-up: only `board run` loads the enforcer
 
     if waiting and booking is None:
         raise BadInput("run: waiting needs the booking to wait for")

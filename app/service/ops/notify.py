@@ -12,6 +12,8 @@ from app.notify.deliver import describe
 from app.notify.formats import Message
 from app.service.notify import deliverer
 from app.service.ops.registry import LIST, STR, op
+from app.store import events
+from app.store.db import write
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -28,9 +30,6 @@ def _admin(service: Service, me: Identity, what: str) -> None:
 def notify_test(service: Service, me: Identity, target: str | None = None) -> dict:
     """Queue one test message to each target (or the named one), ahead of everything else; returns the ids to
     follow with notify_status. Without a delivery thread (the service in this process) it is sent here."""
-    from app.store import events
-    from app.store.db import write
-
     _admin(service, me, "board notify test")
     settings = service.config.notify
     names = [t.name for t in settings.targets]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import resource
 from typing import TYPE_CHECKING
 
 from app.core.identity import Identity, lookup_user
 from app.errors import BadInput
+from app.gpu.model import snapshot_to_wire
 from app.model import booking_to_wire
 from app.service.ops.registry import BOOL, INT, SPAN, STR, TIME, op
 from app.service.status import FOREVER, status_document
+from app.store import bookings as rows
+from app.store import events
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -27,8 +31,6 @@ def whoami(service: Service, me: Identity) -> dict:
 @op("stats")
 def stats(service: Service, me: Identity) -> dict:
     """How the service is doing: GPU reads so far, subscribers, registered processes, its memory (for benchmarks)."""
-    import resource
-
     return {
         "fleet_reads": service.fleet.reads,
         "subscribers": service.hub.count,
@@ -40,8 +42,6 @@ def stats(service: Service, me: Identity) -> dict:
 
 @op("fleet")
 def fleet(service: Service, me: Identity) -> dict:
-    from app.gpu.model import snapshot_to_wire
-
     return snapshot_to_wire(service.fleet.latest())
 
 
@@ -49,7 +49,7 @@ def fleet(service: Service, me: Identity) -> dict:
 def history(service: Service, me: Identity, seconds: int, step: int | None = None, uuid: str | None = None) -> dict:
     """Per card uuid (or the one asked for), [taken_at, VRAM GiB, util %, temp °C, power W] every `step` seconds
     over the last `seconds`, oldest first: the service's recorded history (app.history.reply)."""
-    from app.history.reply import history_reply
+    from app.history.reply import history_reply  # start-up: only this operation loads the history reader
 
     return history_reply(service.history, service.fleet, seconds, step, uuid)
 
@@ -57,7 +57,7 @@ def history(service: Service, me: Identity, seconds: int, step: int | None = Non
 @op("report", {"since_s": SPAN}, {"by": STR})
 def report(service: Service, me: Identity, since_s: int, by: str = "user") -> dict:
     """Booked GPU-hours against used ones per user, class, pool or card, and the seeds' verdicts (app.report)."""
-    from app.report.gather import report_reply
+    from app.report.gather import report_reply  # start-up: only this operation loads the report
 
     return report_reply(service.conn, service.history, service.config, service.fleet.latest().cards, service.clock(),
                         since_s, by)
@@ -76,8 +76,6 @@ def get(service: Service, me: Identity, id: int) -> dict:
 
 @op("list", {}, {"start": TIME, "end": TIME, "user": STR, "mine": BOOL, "include_cancelled": BOOL})
 def listing(service: Service, me: Identity, start=None, end=None, user=None, mine=False, include_cancelled=False) -> list:
-    from app.store import bookings as rows
-
     if mine:
         user = me.name
     if user is not None and lookup_user(user) is None and not rows.listing(
@@ -90,8 +88,6 @@ def listing(service: Service, me: Identity, start=None, end=None, user=None, min
 @op("window", {"start": TIME, "end": TIME})
 def window(service: Service, me: Identity, start: int, end: int) -> dict:
     """What the board draws: bookings from now on, and those in the timeline's window."""
-    from app.store import bookings as rows
-
     now = service.clock()
     return {
         "version": service.hub.versions["bookings"],
@@ -103,8 +99,6 @@ def window(service: Service, me: Identity, start: int, end: int) -> dict:
 
 @op("all_bookings", {"since": TIME})
 def all_bookings(service: Service, me: Identity, since: int) -> list:
-    from app.store import bookings as rows
-
     return [booking_to_wire(b) for b in rows.listing(service.conn, start=since, end=None, user=None, include_cancelled=True)]
 
 
@@ -113,8 +107,6 @@ def all_bookings(service: Service, me: Identity, since: int) -> list:
 
 @op("log", {}, {"limit": INT, "booking": INT})
 def log(service: Service, me: Identity, limit=50, booking=None) -> list:
-    from app.store import events
-
     if not 0 < limit <= 1_000_000:
         raise BadInput(f"{limit} is not a count from 1 to 1000000")
     return [{"id": e.id, "ts": e.ts, "uid": e.uid, "actor": e.actor, "action": e.action, "booking_id": e.booking_id,

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def _series(service: Service, me: Identity):
-    from app.service.series import SeriesService
+    from app.service.series import SeriesService  # start-up: booking commands do not load the series rules
 
     return SeriesService(service.bookings(me))
 

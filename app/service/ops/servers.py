@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 def _wire(server: Server, me: Identity) -> dict:
     """A server for `me`: where its log file lies is its holder's to know (as in serve_logs)."""
-    from app.llama.rows import server_to_wire
+    from app.llama.rows import server_to_wire  # start-up: llama's modules load only for servers
 
     wired = server_to_wire(server)
     if server.uid != me.uid:
@@ -63,7 +63,7 @@ def serve_list(service: Service, me: Identity, all=False, user=None, limit=None)
     rules = light_rules(service, me)
     if rules.reconcile():
         changed(service)
-    from app.llama import rows
+    from app.llama import rows  # start-up: llama's modules load only for servers
 
     found = rows.listing(service.conn, live_only=not all, user=user, limit=limit)
     return [_wire(s, me) for s in found]
