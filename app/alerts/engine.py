@@ -30,8 +30,11 @@ from app.alerts.rules import Card, Crash, Ending, Inputs, evaluate
 from app.config import Config
 from app.core.cardstate import BOOKED, fleet_status
 from app.core.identity import Identity
+from app.faults import store as fault_rows
 from app.gpu.model import FleetSnapshot
 from app.history.store import HistoryStore
+from app.notify.summary import zone
+from app.store import bookings as rows
 
 MONTH_S = 30 * 86400
 FOREVER = 2**62
@@ -74,8 +77,6 @@ class Pass:
 def gather(conn: sqlite3.Connection, snapshot: FleetSnapshot, history: HistoryStore, config: Config,
            now: float) -> Inputs:
     """What the rules read: the fleet now, the history over the window, the bookings, faults and servers."""
-    from app.store import bookings as rows
-
     settings = config.alerts
     live = rows.live_between(conn, int(now), FOREVER)
     statuses = fleet_status(snapshot, live, now, hot_celsius=config.hot_celsius, labels=config.labels)
@@ -95,8 +96,6 @@ def gather(conn: sqlite3.Connection, snapshot: FleetSnapshot, history: HistorySt
     waits = tuple(w for (w,) in conn.execute(
         "SELECT starts_at - requested_at FROM bookings WHERE status = 'booked' AND starts_at > ? AND starts_at <= ?"
         " AND requested_at > 0", (then, int(now))))
-    from app.faults import store as fault_rows
-
     faults = fault_rows.count(conn, now - MONTH_S, kinds=("oom", "xid"))
     crashes = tuple(Crash(i, user, ended, model.rsplit("/", 1)[-1]) for i, user, ended, model in conn.execute(
         "SELECT id, user, ended_at, model FROM servers WHERE state = 'crashed' AND ended_at >= ?",
@@ -144,8 +143,6 @@ class Engine:
         """One pass at `now`, inside the caller's write transaction; the pushes it returns belong in the same one,
         so that an alert's row and its push commit together. `told`: subjects whose user has heard already (a
         `board run` job's own ten-minute notice), so their per-user alert is recorded, not repeated."""
-        from app.notify.summary import zone
-
         settings = config.alerts
         findings = {(f.rule, f.subject): f for f in evaluate(inputs, settings)}
         self.seen_since = {key: self.seen_since.get(key, now) for key in findings}

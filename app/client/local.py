@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from app import wire
 from app.client.stamps import worded
-
-if TYPE_CHECKING:
-    from app.core.identity import Identity
-    from app.service import Service
+from app.core.identity import Identity, current_identity
+from app.errors import BadInput, BoardError
+from app.gpu.fleet import Fleet
+from app.service import Service, open_service
+from app.service.watch import start_watchers
 
 
 class LocalClient:
@@ -27,24 +28,16 @@ class LocalClient:
 
     @classmethod
     def open(cls, config, *, demo=None, environ=None) -> "LocalClient":
-        from app.core.identity import current_identity
-        from app.service import open_service
-
         return cls(open_service(config, demo=demo, environ=environ), current_identity(config.admin_group))
 
     @classmethod
     def on(cls, config, source, me, *, clock=time.time, demo: bool = False) -> "LocalClient":
         """The service in process on `config.db_path` with this fleet and clock, for `me` (tests, screenshots)."""
-        from app.service import Service
-        from app.gpu.fleet import Fleet
-
         return cls(Service(config, Fleet(source, config.refresh_seconds), clock=clock, demo=demo), me)
 
     def call(self, op: str, **args: Any) -> Any:
         # The same JSON round trips as the socket: the arguments decoded as the service decodes a request
         # (a lone surrogate is refused alike), and the answer in the same shapes and words.
-        from app.errors import BadInput, BoardError
-
         try:
             args = wire.decode(wire.encode(args))
         except ValueError as error:
@@ -58,8 +51,6 @@ class LocalClient:
         return json.loads(worded(json.dumps(result)))
 
     def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
-        from app.service.watch import start_watchers
-
         subscriber = self.service.hub.subscribe(kinds, self.me.uid)
         self._subscribers.append(subscriber)
         if self._watchers is None:

@@ -21,7 +21,7 @@ READS = frozenset({"whoami", "fleet", "status", "plan", "next_free", "get", "lis
 
 def _group_of(path: str) -> str:
     """The socket's group: the members' group, which is what a refused user needs to be in."""
-    import grp
+    import grp  # start-up: only a refused client asks for the socket's group
     import os
 
     try:

@@ -18,7 +18,8 @@ from app.faults.throttle import Spell, ThrottleTracker
 from app.faults.xid import meaning
 from app.gpu.fleet import Fleet
 from app.gpu.model import GpuEvent
-from app.store.db import connect
+from app.store import bookings as booking_rows
+from app.store.db import connect, write
 
 WAIT_S = 0.5
 OBSERVE_S = 5.0
@@ -26,11 +27,9 @@ OBSERVE_S = 5.0
 
 def holder_at(conn, card_uuid: str | None, ts: float) -> tuple[int | None, str | None]:
     """(booking id, user) of the live booking on that card at `ts`, or (None, None)."""
-    from app.store import bookings as rows
-
     if card_uuid is None:
         return None, None
-    for booking in rows.live_between(conn, int(ts), int(ts) + 1):
+    for booking in booking_rows.live_between(conn, int(ts), int(ts) + 1):
         if card_uuid in booking.card_uuids:
             return booking.id, booking.user
     return None, None
@@ -38,8 +37,6 @@ def holder_at(conn, card_uuid: str | None, ts: float) -> tuple[int | None, str |
 
 def record_all(conn, events: Iterable[GpuEvent] = (), spells: Iterable[Spell] = ()) -> list[int]:
     """Write the events and spells as faults, with the booking that held the card then; their ids."""
-    from app.store.db import write
-
     rows = []
     for event in events:
         if event.kind == "xid":

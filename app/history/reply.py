@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from app.errors import BadInput
 from app.gpu.fleet import Fleet
+from app.gpu.model import sample
+from app.gpu.simulated import replay
 from app.history.store import HistoryStore, Point
 
 MAX_SECONDS = 400 * 86400
@@ -43,9 +45,6 @@ def history_reply(store: HistoryStore, fleet: Fleet, seconds: int, step: int | N
 
 
 def _replay(fleet: Fleet, now: float, seconds: int, step: int, cards: list[str]) -> dict[str, list]:
-    from app.gpu.model import sample
-    from app.gpu.simulated import replay
-
     found: dict[str, list] = {}
     for snapshot in replay(fleet.source, now, seconds, step):
         for card in snapshot.cards:

@@ -18,7 +18,7 @@ GRACE_S = 3600  # a summary slot missed by less than this (the service was down)
 def zone(name: str | None) -> tzinfo | None:
     if not name:
         return None  # the service's own local time
-    from zoneinfo import ZoneInfo
+    from zoneinfo import ZoneInfo  # start-up: only a named zone loads zoneinfo
 
     return ZoneInfo(name)
 

@@ -7,9 +7,12 @@ import sqlite3
 from collections.abc import Sequence
 
 from app.config import Config
+from app.errors import BadInput
+from app.faults import store as fault_rows
 from app.gpu.model import CardReading
-from app.history.store import HistoryStore, BUCKET_S, CARD_BITS, CARD_MASK, EPOCH, SLOT_BITS, STATES, _bucket_id
+from app.history.store import BUCKET_S, CARD_BITS, CARD_MASK, EPOCH, SLOT_BITS, STATES, HistoryStore, _bucket_id
 from app.report.compute import HOT_C, MAX_SINCE, VRAM_PCT, compute
+from app.store import bookings as rows
 
 FOREVER = 2**62
 # Per card, state and what the verdicts test (busy, VRAM at 90 %, 92 °C): seconds, samples, the weighted mean
@@ -37,17 +40,12 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
                  now: float, since_s: int, by: str) -> dict:
     """The report over the `since_s` seconds up to `now`, by user, class, pool or card; `cards_now` are the fleet's
     cards as read now (their index and VRAM, where the history has none)."""
-    from app.errors import BadInput
-    from app.store import bookings as rows
-
     if not 3600 <= since_s <= MAX_SINCE:
         raise BadInput(f"report: since_s is 3600 to {MAX_SINCE}")
     now = int(now)
     start = now - since_s
     # Two weeks back at least: the high-utilisation verdict compares this week's waits with the last one's.
     bookings = rows.live_between(conn, min(start, now - 14 * 86400), FOREVER)
-    from app.faults import store as fault_rows
-
     faults = [{"ts": f.ts, "kind": f.kind} for f in fault_rows.recent(conn, start) if f.ts < now]
     rollups: list[dict] = []
     squats: list[dict] = []
@@ -110,10 +108,10 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
 
     def groups(first: int, last: int, held: Sequence[int] = ()) -> list[dict]:
         where = f"AND (r.id & {CARD_MASK}) IN ({', '.join(str(int(c)) for c in held)})" if held else ""
-        rows = db.execute(GROUPS.format(card=where), [busy_util, first << CARD_BITS, last << CARD_BITS]).fetchall()
+        grouped = db.execute(GROUPS.format(card=where), [busy_util, first << CARD_BITS, last << CARD_BITS]).fetchall()
         return [{"uuid": u, "state": STATES[st], "seconds": sec, "n": n, "util_mean": util, "vram_max": vram,
                  "temp_max": temp, "ts": (f * BUCKET_S) + EPOCH, "busy": busy, "flags": (busy, full, hot)}
-                for u, st, sec, n, util, vram, temp, f, busy, full, hot in rows]
+                for u, st, sec, n, util, vram, temp, f, busy, full, hot in grouped]
 
     found, booked = [], {}
     for b in bookings:

@@ -284,9 +284,9 @@ class ServiceServer:
             if "fleet" in kinds and (snapshot := self.service.fleet.cached()) is not None:
                 conn.sendall(wire.encode({"event": "fleet", "snapshot": snapshot_to_wire(snapshot)}))
             while not self.stopping.is_set():
-                events = subscriber.take(timeout=1.0)
-                if events:
-                    conn.sendall(b"".join(wire.encode(e) for e in events))  # a reader that stalls times out here
+                batch = subscriber.take(timeout=1.0)
+                if batch:
+                    conn.sendall(b"".join(wire.encode(e) for e in batch))  # a reader that stalls times out here
                 elif _peer_closed(conn):
                     return
         finally:
