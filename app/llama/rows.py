@@ -10,7 +10,6 @@ import sqlite3
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from app.llama.memory import Measured
 from app.store.db import MalformedRow, need, report_malformed
 
 STARTING, READY, STOPPING, STOPPED, CRASHED, FAILED = "starting", "ready", "stopping", "stopped", "crashed", "failed"
@@ -73,6 +72,8 @@ class Server:
         """The measured figures as app.llama.memory.Measured, or None when none were recorded."""
         if not self.measured:
             return None
+        from app.llama.memory import Measured  # start-up: the log's memory parser loads only to read figures
+
         try:
             return Measured.from_json(self.measured)
         except (ArithmeticError, RecursionError):
@@ -210,6 +211,8 @@ def check_measured(value: object) -> dict:
     devices, caches = value.get("devices"), value.get("kv_caches")
     if isinstance(devices, dict) and len(devices) > MAX_DEVICES or isinstance(caches, list) and len(caches) > MAX_DEVICES:
         raise ValueError(f"more than {MAX_DEVICES} devices or caches")
+    from app.llama.memory import Measured  # start-up: the log's memory parser loads only to read figures
+
     try:
         measured = Measured.from_json(value)
     except (ArithmeticError, RecursionError):  # an integer too large for a float

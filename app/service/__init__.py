@@ -8,19 +8,18 @@ it writes. Results are plain JSON values, the same over both transports.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from app.config import Config
 from app.core.identity import Identity, lookup_user
-from app.demo import demo_person, seed_if_empty
 from app.errors import BadInput, BoardError
 from app.gpu import NoDriverError, open_source
 from app.gpu.fleet import Fleet
-from app.history.store import HistoryStore
 from app.notify.deliver import Deliverer
 from app.service.audit import AGENT
 from app.service.bookings import BookingService
@@ -31,6 +30,9 @@ from app.service.processes import Registry
 from app.service.servers import Supervision
 from app.store import bookings as rows
 from app.store.db import connect, storage_error
+
+if TYPE_CHECKING:
+    from app.history.store import HistoryStore
 
 
 class Service:
@@ -51,9 +53,16 @@ class Service:
         # reports on top of that (app.service.servers.Supervision).
         self.processes = Registry()
         self.supervision = Supervision(self.processes)
-        self.history = HistoryStore(config.history_path)  # the cards' history; its file opens on first use
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
         self.notifier: Deliverer | None = None  # the delivery thread's, where the socket server runs one
+
+    @functools.cached_property
+    def history(self) -> HistoryStore:
+        """The cards' history (board.history.db): the sampler writes it, the history and report operations and the
+        alerts read it. Made on first use; its file opens when first read or written."""
+        from app.history.store import HistoryStore  # start-up: booking commands in process do not load the history
+
+        return HistoryStore(self.config.history_path)
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -62,6 +71,8 @@ class Service:
         if conn is None:
             conn = self._local.conn = connect(self.config.db_path)
             if self.demo and not self._seeded:
+                from app.demo import seed_if_empty  # start-up: only a demo loads the demo's seed
+
                 seed_if_empty(conn, self.fleet.latest().cards)
                 self._seeded = True
         return conn
@@ -117,6 +128,8 @@ class Service:
         admin can give them a booking there."""
         found = lookup_user(name)
         if found is None and self.demo:
+            from app.demo import demo_person  # start-up: only a demo loads the demo's people
+
             found = demo_person(self.conn, self.fleet.latest().cards, name)
         return found
 

@@ -35,7 +35,6 @@ from app import wire
 from app.core.identity import Identity
 from app.errors import BadInput, BoardError, NotPermitted
 from app.service.audit import AGENT, audit
-from app.service.peer import identity_of
 from app.service.processes import RegistrationError, exited, owned_by, proc_pgid
 from app.store import bookings as booking_rows
 
@@ -149,6 +148,7 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
     """
     from app.llama import rows  # start-up: llama's modules load only for servers
     from app.llama.identity import capture  # start-up: llama's modules load only for servers
+    from app.service.peer import identity_of  # start-up: in process, nobody asks the kernel who is calling
 
     service = server.service
     me = identity_of(peer, service.config.admin_group)
