@@ -149,7 +149,7 @@ class NotifyTarget:
 
 
 def _web_address(url: object) -> bool:
-    from urllib.parse import urlsplit
+    from urllib.parse import urlsplit  # start-up: only a config with [[notify.targets]] parses urls
 
     try:
         parts = urlsplit(url) if isinstance(url, str) else None
@@ -252,7 +252,7 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
     policy = _build(Policy, raw.get("policy", {}), "[policy]")
     if policy.timezone:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # start-up: only a config that names a zone loads zoneinfo
 
         try:
             ZoneInfo(policy.timezone)

@@ -3,7 +3,8 @@
 Request `{"v": 1, "id": 7, "op": "book", "args": {...}}`; reply `{"id": 7, "ok": true, "result": ...}`
 or `{"id": 7, "ok": false, "error": {"code": 3, "message": "..."}}`, where the code is the CLI's
 exit code. Streams (`subscribe`, `register`) reply once, then send `{"event": ...}` lines.
-Both sides import this module, so it stays on the client's quick path: json only.
+Both sides import this module, so it stays on the client's quick path: json only. The clients word the stamps
+in what the service says (app.client.stamps).
 """
 
 from __future__ import annotations
@@ -18,21 +19,6 @@ MAX_MESSAGE = 1 << 20
 def encode(message: dict) -> bytes:
     # ensure_ascii: other users' text stays inert bytes on the wire and on any terminal.
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
-
-
-def worded(text: str) -> str:
-    """`text` (a reply, a message) with the service's time stamps worded in this process's zone, the reader's
-    (app.core.text.localize). Only a text with a stamp pays for the import."""
-    if "<@" not in text:
-        return text
-    from app.core.text import localize
-
-    return localize(text)
-
-
-def receive(line: bytes) -> dict:
-    """A message from the service, for a person here: `decode`, its stamps `worded`."""
-    return decode(worded(line.decode()) if b"<@" in line else line)
 
 
 def decode(line: bytes | str) -> dict:

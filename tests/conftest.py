@@ -58,7 +58,7 @@ def make_service(conn, fleet):
 
 def worded(said) -> str:
     """A service's message (an error, a note, a notice) as a member's client shows it: its time stamps worded in
-    this process's zone, as both clients do at their door (app.wire.worded)."""
+    this process's zone, as both clients do at their door (app.client.stamps.worded)."""
     from app.core.text import localize
 
     return localize(str(said))

@@ -1,9 +1,11 @@
 """Alerts in the service: gather what the rules need, diff their findings against the firing rows, fire and resolve.
 
-`Engine.run` is one pass, on the database thread (the enforcer's pass calls it). In one transaction:
+`Engine.run` is one pass, on the database thread (the enforcer's pass calls it, through app.service.alerts). In one
+transaction, which the caller holds:
 - a finding with no firing row fires (a new row); one with a firing row refreshes its `last_seen` and message;
 - a firing row with no finding is resolved;
-- the team chat gets each fire and resolve through app.service.notify.push, except
+- the team chat gets each fire and resolve (the pass returns them as `Push`es, which the service's side,
+  app.service.alerts, puts in the outbox in the pass's own transaction), except
   - a per-user alert (a booking ending soon): its holder alone hears of it, as a hub "notice" (their boards);
   - a repeat: the same rule and subject was pushed less than `[alerts] repeat_min` ago; it is recorded, not
     pushed, and neither is its resolve;
@@ -20,10 +22,19 @@ Alerts are not written to the audit log: their rows are their own record, and th
 
 from __future__ import annotations
 
+import sqlite3
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from app.alerts.rules import Card, Crash, Ending, Inputs, evaluate
+from app.config import Config
 from app.core.cardstate import BOOKED, fleet_status
+from app.core.identity import Identity
+from app.faults import store as fault_rows
+from app.gpu.model import FleetSnapshot
+from app.history.store import HistoryStore
+from app.notify.summary import zone
+from app.store import bookings as rows
 
 MONTH_S = 30 * 86400
 FOREVER = 2**62
@@ -39,15 +50,37 @@ def quiet_at(now: float, quiet: tuple[int, int] | None, tz) -> bool:
     return start <= minute < end if start <= end else (minute >= start or minute < end)
 
 
-def gather(service, now: float) -> Inputs:
-    """What the rules read: the fleet now, the history over the window, the bookings, faults and servers."""
-    from app.store import bookings as rows
+@dataclass(frozen=True)
+class Push:
+    """A message for the team's chat that a pass wants sent (app.service.notify.push makes it an outbox row)."""
 
-    settings, conn = service.config.alerts, service.conn
-    snapshot = service.fleet.latest()
+    kind: str  # "alert.firing" or "alert.resolved"
+    title: str
+    fields: tuple[tuple[str, str], ...]
+    key: str  # the outbox's once-only key: one push per alert and state
+
+
+@dataclass
+class Pass:
+    """What one pass did (alert ids), and what it wants done: pushes in its transaction, notices after it."""
+
+    fired: list[int] = field(default_factory=list)
+    resolved: list[int] = field(default_factory=list)
+    pushed: list[int] = field(default_factory=list)
+    pushes: list[Push] = field(default_factory=list)
+    notices: list[tuple[int, str]] = field(default_factory=list)  # (uid, message): to the holder's boards alone
+
+    def ids(self) -> dict[str, list[int]]:
+        return {"fired": self.fired, "resolved": self.resolved, "pushed": self.pushed}
+
+
+def gather(conn: sqlite3.Connection, snapshot: FleetSnapshot, history: HistoryStore, config: Config,
+           now: float) -> Inputs:
+    """What the rules read: the fleet now, the history over the window, the bookings, faults and servers."""
+    settings = config.alerts
     live = rows.live_between(conn, int(now), FOREVER)
-    statuses = fleet_status(snapshot, live, now, hot_celsius=service.config.hot_celsius, labels=service.config.labels)
-    util_mean, idle_since = _history(service, now, {s.reading.uuid for s in statuses if s.state == BOOKED})
+    statuses = fleet_status(snapshot, live, now, hot_celsius=config.hot_celsius, labels=config.labels)
+    util_mean, idle_since = _history(history, config, now, {s.reading.uuid for s in statuses if s.state == BOOKED})
     cards = []
     for s in statuses:
         r, holder = s.reading, s.booking.user if s.booking else None
@@ -63,8 +96,6 @@ def gather(service, now: float) -> Inputs:
     waits = tuple(w for (w,) in conn.execute(
         "SELECT starts_at - requested_at FROM bookings WHERE status = 'booked' AND starts_at > ? AND starts_at <= ?"
         " AND requested_at > 0", (then, int(now))))
-    from app.faults import store as fault_rows
-
     faults = fault_rows.count(conn, now - MONTH_S, kinds=("oom", "xid"))
     crashes = tuple(Crash(i, user, ended, model.rsplit("/", 1)[-1]) for i, user, ended, model in conn.execute(
         "SELECT id, user, ended_at, model FROM servers WHERE state = 'crashed' AND ended_at >= ?",
@@ -74,16 +105,15 @@ def gather(service, now: float) -> Inputs:
     return Inputs(now, tuple(cards), util_mean, queued_now, queued_before, waits, faults, crashes, ending)
 
 
-def _history(service, now: float, booked: set[str]) -> tuple[float | None, dict[str, float]]:
+def _history(history: HistoryStore, config: Config, now: float,
+             booked: set[str]) -> tuple[float | None, dict[str, float]]:
     """The fleet's mean utilisation over the window, and for each card BOOKED now, since when it has been BOOKED
     (one booking, unbroken) in the samples. Nothing when the history is off."""
-    if not service.config.history.enabled:
+    if not config.history.enabled:
         return None, {}
-    from app.history.sampler import history_store
-
-    settings = service.config.alerts
-    span = max(settings.window_min * 60, settings.idle_booked_min * 60 + 2 * service.config.history.sample_s + 60)
-    samples = history_store(service).samples(now - span, now + 1)
+    settings = config.alerts
+    span = max(settings.window_min * 60, settings.idle_booked_min * 60 + 2 * config.history.sample_s + 60)
+    samples = history.samples(now - span, now + 1)
     window = [s["util"] for s in samples if s["ts"] >= now - settings.window_min * 60 and s["state"] != "LOST"
               and s["util"] is not None]
     util = sum(window) / len(window) if window else None
@@ -108,79 +138,72 @@ class Engine:
     def __init__(self) -> None:
         self.seen_since: dict[tuple[str, str], float] = {}  # each finding's first pass, unbroken since
 
-    def run(self, service, inputs: Inputs | None = None, *, told: frozenset[str] = frozenset()) -> dict[str, list[int]]:
-        """One pass; returns the alert ids fired, resolved and pushed. `told`: subjects whose user has heard
-        already (a `board run` job's own ten-minute notice), so their per-user alert is recorded, not repeated."""
-        from app.notify.summary import zone
-        from app.store.db import write
-
-        settings = service.config.alerts
-        now = service.clock()
-        inputs = inputs if inputs is not None else gather(service, now)
+    def run(self, conn: sqlite3.Connection, config: Config, now: float, inputs: Inputs, *,
+            told: frozenset[str] = frozenset()) -> Pass:
+        """One pass at `now`, inside the caller's write transaction; the pushes it returns belong in the same one,
+        so that an alert's row and its push commit together. `told`: subjects whose user has heard already (a
+        `board run` job's own ten-minute notice), so their per-user alert is recorded, not repeated."""
+        settings = config.alerts
         findings = {(f.rule, f.subject): f for f in evaluate(inputs, settings)}
         self.seen_since = {key: self.seen_since.get(key, now) for key in findings}
-        quiet = quiet_at(now, settings.quiet_minutes(), zone(service.config.policy.timezone))
-        conn = service.conn
-        done: dict[str, list[int]] = {"fired": [], "resolved": [], "pushed": []}
-        notices: list[tuple[int, str]] = []
-        with write(conn):
-            firing = {(rule, subject): (id, message, pushed_at) for id, rule, subject, message, pushed_at
-                      in conn.execute("SELECT id, rule, subject, message, pushed_at FROM alerts WHERE state = 'firing'")}
-            for key, f in findings.items():
-                if key in firing:
-                    conn.execute("UPDATE alerts SET last_seen = ?, message = ? WHERE id = ?",
-                                 (int(now), f.message, firing[key][0]))
-                    continue
-                if now - self.seen_since[key] < settings.fire_after_s:
-                    continue  # not for long enough yet: a moment's squatter between a release and a rebook
-                id = conn.execute("INSERT INTO alerts (rule, subject, state, fired_at, last_seen, message, uid)"
-                                  " VALUES (?, ?, 'firing', ?, ?, ?, ?)",
-                                  (f.rule, f.subject, int(now), int(now), f.message, f.uid)).lastrowid
-                done["fired"].append(id)
-                if f.uid is not None:
-                    if f.subject not in told:
-                        notices.append((f.uid, f.message))
-                elif quiet:
-                    conn.execute("UPDATE alerts SET held = 'fire' WHERE id = ?", (id,))
-                elif now - _last_push(conn, key) >= settings.repeat_min * 60:
-                    self._push(service, "firing", id, f.rule, f.subject, f.message, done)
-                # else a repeat: recorded, not pushed, and neither will its resolve be
-            for key, (id, message, pushed_at) in firing.items():
-                if key in findings:
-                    continue
-                conn.execute("UPDATE alerts SET state = 'resolved', resolved_at = ? WHERE id = ?", (int(now), id))
-                done["resolved"].append(id)
-                if pushed_at is None:  # never told (per-user, a repeat, or fired and resolved within quiet hours)
-                    conn.execute("UPDATE alerts SET held = NULL WHERE id = ?", (id,))
-                elif quiet:
-                    conn.execute("UPDATE alerts SET held = 'resolve' WHERE id = ?", (id,))
-                else:
-                    self._push(service, "resolved", id, *key, message, done)
-            if not quiet:
-                self._flush(service, done)
-        for uid, message in notices:
-            service.hub.publish("notice", {"message": message}, uid=uid)
+        quiet = quiet_at(now, settings.quiet_minutes(), zone(config.policy.timezone))
+        done = Pass()
+        firing = {(rule, subject): (id, message, pushed_at) for id, rule, subject, message, pushed_at
+                  in conn.execute("SELECT id, rule, subject, message, pushed_at FROM alerts WHERE state = 'firing'")}
+        for key, f in findings.items():
+            if key in firing:
+                conn.execute("UPDATE alerts SET last_seen = ?, message = ? WHERE id = ?",
+                             (int(now), f.message, firing[key][0]))
+                continue
+            if now - self.seen_since[key] < settings.fire_after_s:
+                continue  # not for long enough yet: a moment's squatter between a release and a rebook
+            id = conn.execute("INSERT INTO alerts (rule, subject, state, fired_at, last_seen, message, uid)"
+                              " VALUES (?, ?, 'firing', ?, ?, ?, ?)",
+                              (f.rule, f.subject, int(now), int(now), f.message, f.uid)).lastrowid
+            done.fired.append(id)
+            if f.uid is not None:
+                if f.subject not in told:
+                    done.notices.append((f.uid, f.message))
+            elif quiet:
+                conn.execute("UPDATE alerts SET held = 'fire' WHERE id = ?", (id,))
+            elif now - _last_push(conn, key) >= settings.repeat_min * 60:
+                _push(conn, now, "firing", id, f.rule, f.subject, f.message, done)
+            # else a repeat: recorded, not pushed, and neither will its resolve be
+        for key, (id, message, pushed_at) in firing.items():
+            if key in findings:
+                continue
+            conn.execute("UPDATE alerts SET state = 'resolved', resolved_at = ? WHERE id = ?", (int(now), id))
+            done.resolved.append(id)
+            if pushed_at is None:  # never told (per-user, a repeat, or fired and resolved within quiet hours)
+                conn.execute("UPDATE alerts SET held = NULL WHERE id = ?", (id,))
+            elif quiet:
+                conn.execute("UPDATE alerts SET held = 'resolve' WHERE id = ?", (id,))
+            else:
+                _push(conn, now, "resolved", id, *key, message, done)
+        if not quiet:
+            _flush(conn, now, done)
         return done
 
-    def _push(self, service, state: str, id: int, rule: str, subject: str, message: str, done) -> None:
-        """Into the outbox, in the pass's transaction, with what the alert's row says of it: told once, whatever
-        stops the service when."""
-        from app.service.notify import push
 
-        title = message if state == "firing" else f"resolved: {message}"
-        push(service, f"alert.{state}", title, fields=(("rule", rule), ("subject", subject)), key=f"alert:{id}:{state}")
-        if state == "firing":
-            service.conn.execute("UPDATE alerts SET pushed_at = ?, held = NULL WHERE id = ?", (int(service.clock()), id))
-        else:
-            service.conn.execute("UPDATE alerts SET held = NULL WHERE id = ?", (id,))
-        done["pushed"].append(id)
+def _push(conn: sqlite3.Connection, now: float, state: str, id: int, rule: str, subject: str, message: str,
+          done: Pass) -> None:
+    """A push for the outbox, with what the alert's row says of it, in the pass's transaction: told once, whatever
+    stops the service when."""
+    title = message if state == "firing" else f"resolved: {message}"
+    done.pushes.append(Push(f"alert.{state}", title, (("rule", rule), ("subject", subject)), f"alert:{id}:{state}"))
+    if state == "firing":
+        conn.execute("UPDATE alerts SET pushed_at = ?, held = NULL WHERE id = ?", (int(now), id))
+    else:
+        conn.execute("UPDATE alerts SET held = NULL WHERE id = ?", (id,))
+    done.pushed.append(id)
 
-    def _flush(self, service, done) -> None:
-        """Outside quiet hours: push what fired in them and still fires, then the resolves they held back."""
-        held = service.conn.execute("SELECT id, rule, subject, message, held FROM alerts WHERE held IS NOT NULL"
-                                    " ORDER BY held, id").fetchall()  # 'fire' before 'resolve'
-        for id, rule, subject, message, what in held:
-            self._push(service, "firing" if what == "fire" else "resolved", id, rule, subject, message, done)
+
+def _flush(conn: sqlite3.Connection, now: float, done: Pass) -> None:
+    """Outside quiet hours: push what fired in them and still fires, then the resolves they held back."""
+    held = conn.execute("SELECT id, rule, subject, message, held FROM alerts WHERE held IS NOT NULL"
+                        " ORDER BY held, id").fetchall()  # 'fire' before 'resolve'
+    for id, rule, subject, message, what in held:
+        _push(conn, now, "firing" if what == "fire" else "resolved", id, rule, subject, message, done)
 
 
 def _last_push(conn, key: tuple[str, str]) -> float:
@@ -189,23 +212,12 @@ def _last_push(conn, key: tuple[str, str]) -> float:
     return float("-inf") if found is None else found
 
 
-def alerts_run(server) -> dict[str, list[int]]:
-    """The enforcer pass's hook: one pass of the server's engine, if alerts are on."""
-    if not server.service.config.alerts.enabled:
-        return {}
-    engine = getattr(server, "alerts", None)
-    if engine is None:
-        engine = server.alerts = Engine()
-    told = frozenset(f"booking:{e.booking_id}" for e in server.registry.live() if e.kind != "server" and e.warned)
-    return engine.run(server.service, told=told)
-
-
-def listing(service, me, *, all: bool = False, limit: int = 200) -> list[dict]:
+def listing(conn: sqlite3.Connection, me: Identity, *, all: bool = False, limit: int = 200) -> list[dict]:
     """The alerts `me` may see, newest first: firing ones (and, with `all`, resolved ones too). A per-user alert
     is shown to its user alone."""
     where = "" if all else "WHERE state = 'firing'"
     found = []
-    for row in service.conn.execute(
+    for row in conn.execute(
             f"SELECT id, rule, subject, state, fired_at, resolved_at, last_seen, message, uid FROM alerts {where}"
             " ORDER BY fired_at DESC, id DESC"):
         if row[8] is not None and row[8] != me.uid:

@@ -16,9 +16,9 @@ def open_client(config, *, demo: bool | str | None = None, explicit_db: bool = F
     """The socket client where the config names a socket (and no personal database was asked for), else in-process."""
     socket_path = config.service.socket
     if socket_path and not explicit_db and demo is None:
-        from app.client.socket import SocketClient
+        from app.client.socket import SocketClient  # start-up: each transport loads only its own modules
 
         return SocketClient(socket_path)
-    from app.client.local import LocalClient
+    from app.client.local import LocalClient  # start-up: the socket path never loads the service
 
     return LocalClient.open(config, demo=demo, environ=environ)

@@ -7,6 +7,9 @@ import os
 import stat
 from typing import Iterator
 
+from app.client.socket import SocketClient
+from app.errors import BoardError
+
 
 def service_checks(config) -> Iterator[tuple[bool, str]]:
     """(ok, line) pairs, as app.store.setup.doctor yields them; nothing when no socket is configured."""
@@ -31,9 +34,6 @@ def service_checks(config) -> Iterator[tuple[bool, str]]:
     wanted = config.service.group
     yield group == wanted, f"socket group {group}" + ("" if group == wanted else
                                                        f" (want {wanted}: restart the service, which recreates it)")
-    from app.client.socket import SocketClient
-    from app.errors import BoardError
-
     client = SocketClient(path, timeout=5.0)
     try:
         me = client.call("whoami")

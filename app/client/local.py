@@ -1,5 +1,5 @@
 """The service in this process, for a database file the caller owns. Replies go through JSON, as on the wire,
-and their time stamps are worded here, as the socket client words them (app.wire.worded)."""
+and their time stamps are worded here, as the socket client words them (app.client.stamps)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ import time
 from typing import Any, Iterator
 
 from app import wire
+from app.client.stamps import worded
+from app.core.identity import Identity, current_identity
+from app.errors import BadInput, BoardError
+from app.gpu.fleet import Fleet
+from app.service import Service, open_service
+from app.service.watch import start_watchers
 
 
 class LocalClient:
     transport = "local"
 
-    def __init__(self, service, me) -> None:
+    def __init__(self, service: Service, me: Identity) -> None:
         """`me` is the caller's Identity: the user who owns the file (tests and screenshots pass another)."""
         self.service, self.me = service, me
         self._watchers: threading.Event | None = None
@@ -22,24 +28,16 @@ class LocalClient:
 
     @classmethod
     def open(cls, config, *, demo=None, environ=None) -> "LocalClient":
-        from app.core.identity import current_identity
-        from app.service import open_service
-
         return cls(open_service(config, demo=demo, environ=environ), current_identity(config.admin_group))
 
     @classmethod
     def on(cls, config, source, me, *, clock=time.time, demo: bool = False) -> "LocalClient":
         """The service in process on `config.db_path` with this fleet and clock, for `me` (tests, screenshots)."""
-        from app.service import Service
-        from app.service.fleet import Fleet
-
         return cls(Service(config, Fleet(source, config.refresh_seconds), clock=clock, demo=demo), me)
 
     def call(self, op: str, **args: Any) -> Any:
         # The same JSON round trips as the socket: the arguments decoded as the service decodes a request
         # (a lone surrogate is refused alike), and the answer in the same shapes and words.
-        from app.errors import BadInput, BoardError
-
         try:
             args = wire.decode(wire.encode(args))
         except ValueError as error:
@@ -47,14 +45,12 @@ class LocalClient:
         try:
             result = self.service.call(self.me, op, args)
         except BoardError as error:
-            if (worded := wire.worded(str(error))) != str(error):
-                error.args = (worded,)
+            if (said := worded(str(error))) != str(error):
+                error.args = (said,)
             raise
-        return json.loads(wire.worded(json.dumps(result)))
+        return json.loads(worded(json.dumps(result)))
 
     def subscribe(self, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
-        from app.service.watch import start_watchers
-
         subscriber = self.service.hub.subscribe(kinds, self.me.uid)
         self._subscribers.append(subscriber)
         if self._watchers is None:
@@ -64,7 +60,7 @@ class LocalClient:
                 for event in subscriber.take(timeout=1.0):
                     # A notice is the one event worded for people; the hub shares it, so it is copied.
                     text = event.get("message")
-                    yield {**event, "message": wire.worded(text)} if isinstance(text, str) else event
+                    yield {**event, "message": worded(text)} if isinstance(text, str) else event
         finally:
             self.service.hub.unsubscribe(subscriber)
 

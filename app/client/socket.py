@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 from app import wire
+from app.client.stamps import receive
 from app.errors import BoardError, ServiceDown, error_for
 
 DOWN = "the board service is not running (systemctl status board-agent)"
@@ -20,7 +21,7 @@ READS = frozenset({"whoami", "fleet", "status", "plan", "next_free", "get", "lis
 
 def _group_of(path: str) -> str:
     """The socket's group: the members' group, which is what a refused user needs to be in."""
-    import grp
+    import grp  # start-up: only a refused client asks for the socket's group
     import os
 
     try:
@@ -79,12 +80,12 @@ class SocketClient:
             except OSError:
                 line = b""
             if line:
-                return wire.receive(line)
+                return receive(line)
             raise NotSent() from None
         line = reader.readline(wire.MAX_MESSAGE + 1)
         if not line:
             raise ConnectionResetError("the service closed the connection")
-        return wire.receive(line)
+        return receive(line)
 
     def call(self, op: str, **args: object) -> object:
         with self._lock:
@@ -147,7 +148,7 @@ class SocketClient:
             self._streams.append(sock)
             try:
                 while line := reader.readline(wire.MAX_MESSAGE + 1):
-                    yield wire.receive(line)
+                    yield receive(line)
             except (OSError, ValueError):
                 pass
             finally:

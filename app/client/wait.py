@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Callable, TextIO
 
+from app.core.text import format_cards, format_when, inert
 from app.errors import Conflict
 
 POLL_S = 5.0
@@ -18,8 +19,6 @@ POLL_S = 5.0
 def wait_for_start(client, booking_id: int, *, timeout: float | None = None, clock: Callable[[], float] = time.time,
                    sleep: Callable[[float], None] = time.sleep, progress: TextIO | None = None) -> dict:
     """The booking once it has started; Conflict (exit 3) when it is cancelled, over, or `timeout` runs out."""
-    from app.core.text import format_cards, format_when, inert
-
     progress = progress or sys.stderr
     deadline = None if timeout is None else clock() + timeout
     shown = None

@@ -82,6 +82,7 @@ def parse_span(start: str, length: str | None, until: str | None, now: datetime,
     `how_long` is the line to show when neither a duration, an end nor a range says how long;
     `night_start` is what `tonight` means (default 19:00), asked only when someone says it. A wall time
     the clocks skip is BadInput; `notes` gets a line for one they show twice (which was taken)."""
+    # start-up: only commands that take times load the time grammar (`board cancel 3` takes none)
     from app.core.timeparse import NIGHT_START, TimeInputError, parse_duration, parse_end, parse_when_or_range
 
     night = NIGHT_START if night_start is None else night_start

@@ -5,6 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from app.core.cardstate import FULL_FRACTION
+from app.faults import store
+from app.store import bookings as rows
+
 # ggml-cuda: "cudaMalloc failed: out of memory"; llama.cpp: "failed to allocate CUDA0 buffer of size ...",
 # "ggml_gallocr_reserve_n: failed to allocate CUDA0 buffer", "CUDA error: out of memory".
 _OOM = re.compile(r"cudaMalloc failed: out of memory|failed to allocate|CUDA error: out of memory", re.IGNORECASE)
@@ -22,8 +26,6 @@ def record_server_oom(conn, *, ts: float, booking_id: int | None, user: str | No
                       card_uuids: Iterable[str], tail: Iterable[str]) -> int | None:
     """A server that ended with an out-of-memory line in its log is an OOM fault; its id, or None. Call inside the
     write transaction that records the server's end."""
-    from app.faults import store
-
     line = oom_line(tail)
     if line is None:
         return None
@@ -35,8 +37,6 @@ def record_server_oom(conn, *, ts: float, booking_id: int | None, user: str | No
 
 def full_cards(snapshot, card_uuids: Iterable[str]) -> list[str]:
     """Those of the cards that the snapshot shows FULL (VRAM at 90 % or more, app.core.cardstate's rule)."""
-    from app.core.cardstate import FULL_FRACTION
-
     wanted = set(card_uuids)
     return [c.uuid for c in snapshot.cards if c.uuid in wanted and c.memory_used_mib is not None
             and c.memory_total_mib and c.memory_used_mib >= FULL_FRACTION * c.memory_total_mib]
@@ -46,9 +46,6 @@ def record_job_oom(conn, *, ts: float, snapshot, card_uuids: Iterable[str], book
                    pid: int) -> int | None:
     """A `board run` job that exited while its card was FULL (in the last reading before it went) counts as an
     OOM: its exit status is not ours to see, so a full card is the evidence. Call inside a write transaction."""
-    from app.faults import store
-    from app.store import bookings as rows
-
     if snapshot is None:
         return None
     full = full_cards(snapshot, card_uuids)

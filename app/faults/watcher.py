@@ -7,14 +7,19 @@ the newest fleet snapshot for thermal throttling. Each turn's faults are one sho
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from app.faults import store
 from app.faults.oom import oom_line
 from app.faults.throttle import Spell, ThrottleTracker
 from app.faults.xid import meaning
+from app.gpu.fleet import Fleet
 from app.gpu.model import GpuEvent
+from app.store import bookings as booking_rows
+from app.store.db import connect, write
 
 WAIT_S = 0.5
 OBSERVE_S = 5.0
@@ -22,11 +27,9 @@ OBSERVE_S = 5.0
 
 def holder_at(conn, card_uuid: str | None, ts: float) -> tuple[int | None, str | None]:
     """(booking id, user) of the live booking on that card at `ts`, or (None, None)."""
-    from app.store import bookings as rows
-
     if card_uuid is None:
         return None, None
-    for booking in rows.live_between(conn, int(ts), int(ts) + 1):
+    for booking in booking_rows.live_between(conn, int(ts), int(ts) + 1):
         if card_uuid in booking.card_uuids:
             return booking.id, booking.user
     return None, None
@@ -34,8 +37,6 @@ def holder_at(conn, card_uuid: str | None, ts: float) -> tuple[int | None, str |
 
 def record_all(conn, events: Iterable[GpuEvent] = (), spells: Iterable[Spell] = ()) -> list[int]:
     """Write the events and spells as faults, with the booking that held the card then; their ids."""
-    from app.store.db import write
-
     rows = []
     for event in events:
         if event.kind == "xid":
@@ -59,29 +60,38 @@ def record_all(conn, events: Iterable[GpuEvent] = (), spells: Iterable[Spell] = 
 class FaultWatcher:
     """`run(stop)` is the loop; `step` is one turn and `close` records the spells still on, for tests with a clock."""
 
-    def __init__(self, service, *, log: Callable[[str], None] = print, wait_s: float = WAIT_S,
-                 observe_s: float = OBSERVE_S) -> None:
-        self.service, self.log, self.wait_s, self.observe_s = service, log, wait_s, observe_s
+    def __init__(self, fleet: Fleet, db_path: Path, clock: Callable[[], float], *, log: Callable[[str], None] = print,
+                 wait_s: float = WAIT_S, observe_s: float = OBSERVE_S) -> None:
+        self.fleet, self.db_path, self.clock = fleet, db_path, clock
+        self.log, self.wait_s, self.observe_s = log, wait_s, observe_s
         self.tracker = ThrottleTracker()
         self._observed_at = float("-inf")
         self._seen: float | None = None  # the snapshot last looked at: one reading is one observation
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The watcher's own connection to board.db: opened by the thread that watches."""
+        if self._conn is None:
+            self._conn = connect(self.db_path)
+        return self._conn
 
     def step(self, wait_s: float | None = None) -> list[int]:
-        source = self.service.fleet.source
+        source = self.fleet.source
         wait = getattr(source, "events", None)  # a source without events (an old fake) has only throttling
         events = wait(self.wait_s if wait_s is None else wait_s) if wait is not None else []
         spells: list[Spell] = []
-        now = self.service.clock()
+        now = self.clock()
         if now - self._observed_at >= self.observe_s:
             self._observed_at = now
-            snapshot = self.service.fleet.latest()
+            snapshot = self.fleet.latest()
             if snapshot.taken_at != self._seen:
                 self._seen = snapshot.taken_at
                 spells = self.tracker.observe(snapshot)
-        return record_all(self.service.conn, events, spells)
+        return record_all(self.conn, events, spells)
 
     def close(self) -> list[int]:
-        return record_all(self.service.conn, spells=self.tracker.close(self.service.clock()))
+        return record_all(self.conn, spells=self.tracker.close(self.clock()))
 
     def run(self, stop: threading.Event) -> None:
         failing = None  # the last failure logged: a locked or full database says so once, not every turn
@@ -102,13 +112,15 @@ class FaultWatcher:
             except Exception as error:  # noqa: BLE001 - stopping must not fail
                 self.log(f"faults: at shutdown: {type(error).__name__}: {error}")
         finally:
-            self.service.close()  # this thread's board.db connection
+            if self._conn is not None:
+                self._conn.close()
 
 
-def start_watcher(service, *, log: Callable[[str], None] = print) -> tuple[threading.Event, threading.Thread]:
+def start_watcher(fleet: Fleet, db_path: Path, clock: Callable[[], float], *,
+                  log: Callable[[str], None] = print) -> tuple[threading.Event, threading.Thread]:
     """Start the watcher thread; set the event and join the thread to stop it (it records open spells first)."""
     stop = threading.Event()
-    thread = threading.Thread(target=FaultWatcher(service, log=log).run, args=(stop,), name="board-faults",
-                              daemon=True)
+    thread = threading.Thread(target=FaultWatcher(fleet, db_path, clock, log=log).run, args=(stop,),
+                              name="board-faults", daemon=True)
     thread.start()
     return stop, thread

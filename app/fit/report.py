@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
-from app.fit.estimate import CARD_COUNTS, MIB, Placement, Settings, place
+from app.fit.estimate import CARD_COUNTS, MIB, CardUse, Placement, Settings, place
 from app.fit.gguf_model import Model
 
 DEFAULT_CARD_MIB = 32607  # an RTX 5090 as NVML reports it
@@ -93,8 +94,6 @@ def render(result: Fit) -> str:
         every = " ".join(_mib(c.total_mib) for c in option.per_card) if option.cards > 1 else ""
         lines.append(f"{option.cards:>5}  {sum_line}   {'yes' if option.fits else 'NO':<4}{'  cards: ' + every if every else ''}")
     if (measured := result.measured) is not None:
-        import time
-
         when = time.strftime("%d %b", time.localtime(measured["ready_at"])) if measured.get("ready_at") else "?"
         used = (f"the {measured['cards']}-card row uses its figures" if measured["per_card"]
                 else f"{_mib(measured['total_mib'])} MiB in all")
@@ -116,8 +115,6 @@ def overflow(placement: Placement) -> str:
 def alternatives(model: Model, settings: Settings, cards: int, **limits) -> list[str]:
     """What would fit instead, each as the option to change: a smaller context, fewer slots, a q8_0
     cache, or more cards."""
-    from dataclasses import replace
-
     def fits(s: Settings, n: int = cards) -> bool:
         try:
             return place(model, s, n, **limits).fits
@@ -166,10 +163,6 @@ def same_request(server: dict, model: Model, settings: Settings) -> bool:
 def with_measured(result: Fit, server: dict, *, overhead_mib: float) -> Fit:
     """The estimate, with the option of the server's card count replaced by what llama.cpp measured on those
     cards (CUDA0.. in the server's card order, plus the overhead llama.cpp does not count)."""
-    from dataclasses import replace
-
-    from app.fit.estimate import CardUse
-
     devices = (server.get("measured") or {}).get("devices") or {}
     n = len(server.get("cards") or ())
     names = [f"CUDA{i}" for i in range(n)]

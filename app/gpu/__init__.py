@@ -76,10 +76,10 @@ def open_source(
     if demo is None:
         demo = _demo_from_env(environ.get("BOARD_SIMULATE", ""))
     if demo is False:
-        from app.gpu.nvml import NvmlSource
+        from app.gpu.nvml import NvmlSource  # start-up: a backend loads only when chosen (NVML brings psutil)
 
         return NvmlSource(clock=clock)
-    from app.gpu.simulated import SimulatedSource, load_scenario
+    from app.gpu.simulated import SimulatedSource, load_scenario  # start-up: a backend loads only when chosen
 
     if demo is True:
         return SimulatedSource(clock=clock)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 # Link levels between two cards, as NVML's nvmlDeviceGetTopologyCommonAncestor reports them.
 # Lower is closer. Two cards under one PCIe switch are SINGLE or MULTIPLE; across CPU sockets SYSTEM.
@@ -87,8 +87,6 @@ class FleetSnapshot:
 
 
 def snapshot_to_wire(snapshot: FleetSnapshot) -> dict:
-    from dataclasses import asdict
-
     return {
         "taken_at": snapshot.taken_at, "simulated": snapshot.simulated, "driver_version": snapshot.driver_version,
         "cards": [asdict(card) for card in snapshot.cards],

@@ -10,6 +10,7 @@ the other cards keep reporting.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import pwd
 import time
@@ -48,7 +49,7 @@ class NvmlSource:
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         # Imported here, not at module top, so that tests can put a fake in sys.modules first.
         try:
-            import pynvml
+            import pynvml  # start-up: the driver's library loads when the source opens (tests put a fake first)
         except ImportError as exc:
             raise NoDriverError() from exc
         self._nv = pynvml
@@ -283,8 +284,6 @@ def _describe(process: psutil.Process) -> tuple[str | None, int | None, str]:
 
 def _address(handle: Any) -> int:
     """What a device handle points at: two ctypes pointers to one device compare unequal, their addresses do not."""
-    import ctypes
-
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value or 0
     except (ctypes.ArgumentError, TypeError):

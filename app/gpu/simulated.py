@@ -425,8 +425,6 @@ def _parse_cards(table: dict[str, Any]) -> tuple[SimCard, ...]:
 
 def replay(source, now: float, seconds: float, step: float) -> list:
     """The last `seconds` of a simulated fleet, which is a pure function of the clock; [] for real GPUs."""
-    from dataclasses import replace
-
     scenario = getattr(source, "scenario", None)
     if not source.simulated or scenario is None:
         return []

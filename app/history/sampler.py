@@ -10,32 +10,27 @@ neither waits for nor blocks the booking writes.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from typing import Callable
 
+from app.config import Config
 from app.core.cardstate import UNKNOWN_USER, fleet_status
+from app.gpu.fleet import Fleet
 from app.gpu.model import FleetSnapshot
 from app.history.store import HistoryStore, Sample
+from app.store import bookings as rows
+from app.store.db import connect
 
 MAINTAIN_EVERY_S = 60.0
 FOREVER = 2**62
 
 
-def history_store(service) -> HistoryStore:
-    """The service's history store, made on first use."""
-    if service.history is None:
-        service.history = HistoryStore(service.config.history_path)
-    return service.history
-
-
-def sample_fleet(service, snapshot: FleetSnapshot) -> list[Sample]:
-    """One round: every card of the snapshot, with its state from the live bookings."""
-    from app.store import bookings as rows
-
-    now = service.clock()
-    live = rows.live_between(service.conn, int(now), FOREVER)
-    statuses = fleet_status(snapshot, live, now, hot_celsius=service.config.hot_celsius, labels=service.config.labels)
-    dt = max(1, round(service.config.history.sample_s))
+def sample_fleet(conn: sqlite3.Connection, config: Config, snapshot: FleetSnapshot, now: float) -> list[Sample]:
+    """One round: every card of the snapshot, with its state from the bookings live at `now`."""
+    live = rows.live_between(conn, int(now), FOREVER)
+    statuses = fleet_status(snapshot, live, now, hot_celsius=config.hot_celsius, labels=config.labels)
+    dt = max(1, round(config.history.sample_s))
     found = []
     for status in statuses:
         r = status.reading
@@ -56,15 +51,23 @@ def sample_fleet(service, snapshot: FleetSnapshot) -> list[Sample]:
 class Sampler:
     """`run(stop)` is the loop; `sample_once` and `maintain` are one step each, for tests with their own clock."""
 
-    def __init__(self, service, *, log: Callable[[str], None] = print) -> None:
-        self.service, self.log = service, log
-        self.settings = service.config.history
-        self.store = history_store(service)
+    def __init__(self, fleet: Fleet, store: HistoryStore, config: Config, clock: Callable[[], float], *,
+                 log: Callable[[str], None] = print) -> None:
+        self.fleet, self.store, self.config, self.clock, self.log = fleet, store, config, clock, log
+        self.settings = config.history
         self._maintained_at = float("-inf")
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The sampler's own connection to board.db, for the bookings: opened by the thread that samples."""
+        if self._conn is None:
+            self._conn = connect(self.config.db_path)
+        return self._conn
 
     def sample_once(self) -> list[Sample]:
-        snapshot = self.service.fleet.latest()
-        samples = sample_fleet(self.service, snapshot)
+        snapshot = self.fleet.latest()
+        samples = sample_fleet(self.conn, self.config, snapshot, self.clock())
         for card in snapshot.cards:
             self.store.card_id(card.uuid, card.index, card.name, card.memory_total_mib)
         self.store.add(samples)
@@ -72,7 +75,7 @@ class Sampler:
 
     def maintain(self, now: float | None = None) -> tuple[int, int, int]:
         """Roll up the finished buckets and prune: (buckets rolled, samples deleted, rollups deleted)."""
-        now = self.service.clock() if now is None else now
+        now = self.clock() if now is None else now
         rolled = self.store.roll_up(now)
         samples, rollups = self.store.prune(now, raw_hours=self.settings.raw_hours,
                                             rollup_days=self.settings.rollup_days)
@@ -81,7 +84,7 @@ class Sampler:
     def step(self) -> None:
         """One turn of the loop: a sample, and the upkeep when a minute has passed."""
         self.sample_once()
-        now = self.service.clock()
+        now = self.clock()
         if now - self._maintained_at >= MAINTAIN_EVERY_S:
             self._maintained_at = now
             self.maintain(now)
@@ -104,15 +107,17 @@ class Sampler:
                 stop.wait(self.settings.sample_s)
         finally:
             self.store.close()
-            self.service.close()  # this thread's board.db connection
+            if self._conn is not None:
+                self._conn.close()
 
 
-def start_sampler(service, *, log: Callable[[str], None] = print) -> threading.Event | None:
+def start_sampler(fleet: Fleet, store: HistoryStore, config: Config, clock: Callable[[], float], *,
+                  log: Callable[[str], None] = print) -> threading.Event | None:
     """Start the sampler thread if [history] is enabled; set the returned event to stop it."""
-    if not service.config.history.enabled:
+    if not config.history.enabled:
         return None
     stop = threading.Event()
-    sampler = Sampler(service, log=log)
+    sampler = Sampler(fleet, store, config, clock, log=log)
     threading.Thread(target=sampler.run, args=(stop,), name="board-history", daemon=True).start()
     return stop
 

@@ -21,6 +21,7 @@ Each connection belongs to one thread (sqlite-utils refuses others); `HistorySto
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Iterable, Sequence
 
 from app.core.cardstate import BOOKED, FREE, IN_USE, LOST, SQUATTED
 from app.gpu.model import THROTTLE_THERMAL
+from app.store.db import StoreError, _refuse_planted_links
 
 BUCKET_S = 300
 EPOCH = 1_704_067_200  # 2024-01-01 UTC: keys count from here, so they stay short
@@ -114,11 +116,7 @@ class HistoryStore:
         """This thread's sqlite_utils.Database; the tables exist once it is open."""
         db = getattr(self._local, "db", None)
         if db is None:
-            import sqlite3
-
-            import sqlite_utils
-
-            from app.store.db import StoreError, _refuse_planted_links
+            import sqlite_utils  # start-up: sqlite-utils loads only when the history is opened
 
             # As for board.db: never write through a link someone planted where the file or its journal goes.
             if self.path.is_symlink():

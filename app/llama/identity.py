@@ -27,7 +27,7 @@ class ProcessIdentity:
 
 def capture(pid: int) -> ProcessIdentity | None:
     """The identity of a live process, or None when it is gone (or a zombie)."""
-    import psutil
+    import psutil  # start-up: psutil loads only where processes are looked at
 
     try:
         process = psutil.Process(pid)
@@ -44,7 +44,7 @@ def capture(pid: int) -> ProcessIdentity | None:
 def check(expected: ProcessIdentity) -> Verdict:
     """match: the same process still runs; gone: nothing (or a zombie) at that PID;
     other: a different process reuses the PID; hidden: it exists but cannot be inspected (hidepid)."""
-    import psutil
+    import psutil  # start-up: psutil loads only where processes are looked at
 
     if expected.started is None:
         return "gone" if not _exists(expected.pid) else "hidden"

@@ -25,7 +25,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from app.core.request import readable
-from app.errors import BoardError
+from app.errors import BadInput, BoardError
+from app.fit.gguf_model import read_model
+from app.fit.request import for_server, settings_of
 from app.llama import command as cmd
 from app.llama import logs, rows
 from app.llama.rows import Server, server_from_wire
@@ -78,10 +80,6 @@ def start(client, booking_id: int, *, socket_path: str | None = None, environ: M
 
 def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool) -> dict:
     """The settings the estimate was made for (so the server runs exactly those) and the estimate itself."""
-    from app.errors import BadInput
-    from app.fit.gguf_model import read_model
-    from app.fit.request import for_server, settings_of
-
     flash = {"on": True, "off": False}.get(options.get("flash_attn"))
     settings = settings_of(request, ctx=options.get("ctx"), parallel=options.get("parallel"),
                            cache_type_k=options.get("cache_type_k"), cache_type_v=options.get("cache_type_v"),

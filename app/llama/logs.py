@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.errors import NotPermitted
+
 if TYPE_CHECKING:
     from app.config import Config
 
@@ -28,8 +30,6 @@ def open_log(directory: Path, server_id: int) -> tuple[str, int]:
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            from app.errors import NotPermitted
-
             raise NotPermitted(f"can't create the server log directory {directory}: {error.strerror}") from None
         if shared:
             try:

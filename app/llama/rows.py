@@ -4,8 +4,10 @@ its JSON columns. Rules live in app.llama.service."""
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import sqlite3
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from app.store.db import MalformedRow, need, report_malformed
@@ -60,8 +62,6 @@ class Server:
     def url(self) -> str:
         host = self.host
         if host in ("0.0.0.0", ""):
-            import socket
-
             host = socket.gethostname()
         elif ":" in host:
             host = f"[{host}]"
@@ -72,7 +72,7 @@ class Server:
         """The measured figures as app.llama.memory.Measured, or None when none were recorded."""
         if not self.measured:
             return None
-        from app.llama.memory import Measured
+        from app.llama.memory import Measured  # start-up: the log's memory parser loads only to read figures
 
         try:
             return Measured.from_json(self.measured)
@@ -91,8 +91,6 @@ class Server:
     def exit_text(self) -> str | None:
         """'exit code 1', 'killed by signal 9 (SIGKILL)', or None while it runs or when unknown."""
         if self.exit_signal is not None:
-            import signal
-
             try:
                 name = signal.Signals(self.exit_signal).name
             except ValueError:
@@ -208,13 +206,13 @@ def check_estimate(value: object) -> dict:
 def check_measured(value: object) -> dict:
     """What llama.cpp logged, as Measured.to_json writes it (normalised by a round trip through Measured), at most
     MAX_DEVICES buffers and kv caches; ValueError saying what is wrong."""
-    from app.llama.memory import Measured
-
     if not isinstance(value, dict):
         raise ValueError("the measured memory is not an object")
     devices, caches = value.get("devices"), value.get("kv_caches")
     if isinstance(devices, dict) and len(devices) > MAX_DEVICES or isinstance(caches, list) and len(caches) > MAX_DEVICES:
         raise ValueError(f"more than {MAX_DEVICES} devices or caches")
+    from app.llama.memory import Measured  # start-up: the log's memory parser loads only to read figures
+
     try:
         measured = Measured.from_json(value)
     except (ArithmeticError, RecursionError):  # an integer too large for a float
@@ -370,8 +368,6 @@ def update(conn: sqlite3.Connection, server_id: int, **fields: Any) -> None:
 
 def server_to_wire(server: Server) -> dict[str, Any]:
     """The row as the operations return it (JSON values); `server_from_wire` reads it back."""
-    from dataclasses import asdict
-
     data = asdict(server)
     for name in ("cards", "card_uuids", "cmdline", "supervisor_cmdline", "log_tail"):
         data[name] = list(data[name])

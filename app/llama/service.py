@@ -32,6 +32,7 @@ from app.config import Config
 from app.errors import BadInput, BoardError, Conflict, NotPermitted
 from app.core.identity import Identity
 from app.core.request import readable
+from app.core.text import relative, stamp_time
 from app.gpu.model import Topology
 from app.llama import command as cmd
 from app.llama import logs, ports, rows
@@ -183,8 +184,6 @@ class ServerService:
         if booking.status != "booked":
             raise NotPermitted(f"booking {booking.id} is cancelled")
         if not booking.active(now):
-            from app.core.text import relative, stamp_time
-
             when = (f"ended {stamp_time(booking.end, now)}, {relative(booking.end, now)}" if booking.end <= now
                     else f"starts {stamp_time(booking.start, now)}, {relative(booking.start, now)}")
             raise NotPermitted(f"booking {booking.id} is not active now ({when}); servers run only inside a booking")
@@ -463,8 +462,6 @@ class ServerService:
                           booking_id=booking_id, ok=False, details={**details, "refused": str(refusal)})
         raise refusal
 
-
-from app.llama.launch import ServerEnded  # noqa: E402,F401 - re-exported
 
 
 def _positive(flag: str, value) -> int:

@@ -88,6 +88,7 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 def _death_signal_setter():
     """A preexec_fn that ties the child's life to ours (Linux); resolved before fork."""
     try:
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         import ctypes
 
         prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, stop)
 
+    # start-up: imported where first needed, after the launch where it can (the module's note)
     import subprocess
 
     launched_at = time.monotonic()
@@ -149,6 +151,7 @@ class _SocketReporter:
     """The shared install: register with the service, then send each report as a JSON line."""
 
     def __init__(self, opts, child) -> None:
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         import json
         import socket
 
@@ -245,6 +248,7 @@ class _DatabaseReporter:
     """File mode: the user's own database, through the same ServerService methods the service uses."""
 
     def __init__(self, opts, child) -> None:
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         import pwd
         from pathlib import Path
 
@@ -267,6 +271,7 @@ class _DatabaseReporter:
 
     def _write(self, change, attempts: int = 5):
         """Run one report; retry a locked database, never die of it."""
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         import sqlite3
 
         from app.errors import BoardError
@@ -281,6 +286,7 @@ class _DatabaseReporter:
                 time.sleep(0.2 * (attempt + 1))
 
     def started(self, child_identity) -> None:
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         from app.llama.identity import capture
 
         me = capture(os.getpid())
@@ -298,6 +304,7 @@ class _DatabaseReporter:
 
     def check(self, now: float) -> str | None:
         """'ready' when the row already says so, 'stop' when it asks to stop or the booking is over."""
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         import sqlite3
 
         from app.llama import rows
@@ -340,11 +347,13 @@ class _Supervision:
         self.killed = False
 
     def _tail(self) -> list[str]:
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         from app.llama import logs
 
         return logs.tail(self.log_path)
 
     def run(self) -> int:
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         from app.llama import identity
 
         if self.child is None:
@@ -392,6 +401,7 @@ class _Supervision:
             except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
                 pass
             return
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         import select
 
         select.select([pidfd], [], [], timeout)
@@ -405,6 +415,7 @@ class _Supervision:
                 pass
 
     def _check_ready(self, now: float) -> None:
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         from app.llama import health
 
         if health.health(self.host, self.port, timeout=0.5) == 200:
@@ -419,6 +430,7 @@ class _Supervision:
     def _memory(self) -> dict | None:
         """What llama.cpp logged of its buffers at load (Measured.to_json), or None when the log has none
         (a build that does not log them, or `-lv` lowered in the extra arguments)."""
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         from app.llama.memory import read_memory
 
         measured = None
@@ -441,6 +453,7 @@ class _Supervision:
         return data.decode("utf-8", "replace").splitlines()
 
     def _finish(self, returncode: int | None) -> None:
+        # start-up: imported where first needed, after the launch where it can (the module's note)
         from app.llama import identity
 
         if returncode is None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from app.config import NotifySettings
 from app.notify.formats import Message
+from app.store.db import write
 
 KEEP_S = 2 * 86400  # sent and failed rows, for `board notify status` and the summary's once-per-slot key
 BACKOFF_S = 30  # after the first failure; doubles each time
@@ -39,8 +40,6 @@ def enqueue(conn: sqlite3.Connection, settings: NotifySettings, message: Message
     Joins the caller's transaction if one is open (an alert and its push commit together), else
     writes in its own. With a `key`, a second enqueue of the same key to the same target is a no-op.
     """
-    from app.store.db import write
-
     chosen = [t for t in settings.targets if targets is None or t.name in targets]
     attempts = max_attempts or settings.max_attempts
     if not conn.in_transaction:
@@ -87,8 +86,6 @@ def rows(conn: sqlite3.Connection, ids: list[int]) -> list[Row]:
 def record(conn: sqlite3.Connection, row: Row, *, now: int, status: int | None, error: str | None,
            retry: bool) -> None:
     """One attempt's outcome: sent (no error), retried later with backoff, or given up."""
-    from app.store.db import write
-
     attempts = row.attempts + 1
     if error is None:
         state, next_at = "sent", row.next_at
@@ -108,8 +105,6 @@ def backoff(attempts: int) -> int:
 
 
 def prune(conn: sqlite3.Connection, now: int) -> int:
-    from app.store.db import write
-
     with write(conn):
         return conn.execute("DELETE FROM outbox WHERE state != 'pending' AND done_at < ?", (now - KEEP_S,)).rowcount
 

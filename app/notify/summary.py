@@ -1,6 +1,6 @@
 """The board summary pushed at `[notify] summary_at`: every card's VRAM, utilisation and holder, and what frees next.
 
-Built from the `status` operation's document (app.service.ops.status), so it says what `board status` says.
+Built from the `status` operation's document (app.service.status), so it says what `board status` says.
 Times are wall-clock in the policy zone ([policy] timezone, else the service's), labelled with it in the
 title: a push goes to the whole team, in whatever zones they are.
 """
@@ -18,7 +18,7 @@ GRACE_S = 3600  # a summary slot missed by less than this (the service was down)
 def zone(name: str | None) -> tzinfo | None:
     if not name:
         return None  # the service's own local time
-    from zoneinfo import ZoneInfo
+    from zoneinfo import ZoneInfo  # start-up: only a named zone loads zoneinfo
 
     return ZoneInfo(name)
 

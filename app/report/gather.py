@@ -3,10 +3,16 @@ and hand them to app.report.compute. Read-only: a history file that is not there
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 
-from app.history.store import BUCKET_S, CARD_BITS, CARD_MASK, EPOCH, SLOT_BITS, STATES, _bucket_id
+from app.config import Config
+from app.errors import BadInput
+from app.faults import store as fault_rows
+from app.gpu.model import CardReading
+from app.history.store import BUCKET_S, CARD_BITS, CARD_MASK, EPOCH, SLOT_BITS, STATES, HistoryStore, _bucket_id
 from app.report.compute import HOT_C, MAX_SINCE, VRAM_PCT, compute
+from app.store import bookings as rows
 
 FOREVER = 2**62
 # Per card, state and what the verdicts test (busy, VRAM at 90 %, 92 °C): seconds, samples, the weighted mean
@@ -30,27 +36,23 @@ SQUATS = f"""
     WHERE s.id >= ? AND s.id < ?"""
 
 
-def report_reply(service, since_s: int, by: str) -> dict:
-    from app.errors import BadInput
-    from app.store import bookings as rows
-
+def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config, cards_now: Sequence[CardReading],
+                 now: float, since_s: int, by: str) -> dict:
+    """The report over the `since_s` seconds up to `now`, by user, class, pool or card; `cards_now` are the fleet's
+    cards as read now (their index and VRAM, where the history has none)."""
     if not 3600 <= since_s <= MAX_SINCE:
         raise BadInput(f"report: since_s is 3600 to {MAX_SINCE}")
-    now = int(service.clock())
+    now = int(now)
     start = now - since_s
     # Two weeks back at least: the high-utilisation verdict compares this week's waits with the last one's.
-    bookings = rows.live_between(service.conn, min(start, now - 14 * 86400), FOREVER)
-    from app.faults import store as fault_rows
-
-    faults = [{"ts": f.ts, "kind": f.kind} for f in fault_rows.recent(service.conn, start) if f.ts < now]
+    bookings = rows.live_between(conn, min(start, now - 14 * 86400), FOREVER)
+    faults = [{"ts": f.ts, "kind": f.kind} for f in fault_rows.recent(conn, start) if f.ts < now]
     rollups: list[dict] = []
     squats: list[dict] = []
     memory_total: dict[str, int] = {}
     cards: dict[str, str] = {}
-    if service.config.history_path.exists():
-        from app.history.sampler import history_store
-
-        store = history_store(service)
+    if history.path.exists():
+        store = history
         for uuid, idx, total in store.db.execute("SELECT uuid, idx, memory_total FROM cards"):
             if idx is not None:
                 cards[uuid] = str(idx)
@@ -59,14 +61,14 @@ def report_reply(service, since_s: int, by: str) -> dict:
         # Rollups up to where they end, summed per booking in SQL (a year is 841 k of them), then the raw
         # samples (the last minutes, not rolled up yet), each as a one-sample rollup: finer data where it exists.
         rolled = max(start, min(now, store.rolled_to() or start))
-        rollups = summed_rollups(store, start, rolled, bookings, service.config.report.busy_util)
+        rollups = summed_rollups(store, start, rolled, bookings, config.report.busy_util)
         squats = [{"ts": ts, "uuid": uuid, "user": user, "n": n, "seconds": seconds} for ts, uuid, user, n, seconds in
                   store.db.execute(SQUATS, [_bucket_id(start, 0) << SLOT_BITS, _bucket_id(rolled, 0) << SLOT_BITS])]
         for s in store.samples(rolled, now):
             rollups.append({"ts": s["ts"], "uuid": s["uuid"], "n": 1, "seconds": s["dt"], "span": s["dt"], "state": s["state"],
                             "util_mean": s["util"], "vram_max": s["vram"], "temp_max": s["temp"]})
             squats.extend({"ts": s["ts"], "uuid": s["uuid"], "user": u["user"], "n": 1} for u in s["users"] if u["squat"])
-    for card in service.fleet.latest().cards:
+    for card in cards_now:
         cards[card.uuid] = str(card.index)
         memory_total.setdefault(card.uuid, card.memory_total_mib)
     for b in bookings:
@@ -74,11 +76,11 @@ def report_reply(service, since_s: int, by: str) -> dict:
             cards.setdefault(uuid, str(index))
     pools: dict[str, str] = {}
     for uuid, name in cards.items():
-        names = [p.name for p in service.config.pools if name.isdigit() and int(name) in p.cards]
+        names = [p.name for p in config.pools if name.isdigit() and int(name) in p.cards]
         if names:
             pools[uuid] = "+".join(names)
     return compute(bookings, rollups, squats, faults, now=now, since_s=since_s, by=by,
-                   busy_util=service.config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total)
+                   busy_util=config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total)
 
 
 def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:
@@ -106,10 +108,10 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
 
     def groups(first: int, last: int, held: Sequence[int] = ()) -> list[dict]:
         where = f"AND (r.id & {CARD_MASK}) IN ({', '.join(str(int(c)) for c in held)})" if held else ""
-        rows = db.execute(GROUPS.format(card=where), [busy_util, first << CARD_BITS, last << CARD_BITS]).fetchall()
+        grouped = db.execute(GROUPS.format(card=where), [busy_util, first << CARD_BITS, last << CARD_BITS]).fetchall()
         return [{"uuid": u, "state": STATES[st], "seconds": sec, "n": n, "util_mean": util, "vram_max": vram,
                  "temp_max": temp, "ts": (f * BUCKET_S) + EPOCH, "busy": busy, "flags": (busy, full, hot)}
-                for u, st, sec, n, util, vram, temp, f, busy, full, hot in rows]
+                for u, st, sec, n, util, vram, temp, f, busy, full, hot in grouped]
 
     found, booked = [], {}
     for b in bookings:

@@ -8,17 +8,31 @@ it writes. Results are plain JSON values, the same over both transports.
 
 from __future__ import annotations
 
+import functools
+import os
 import sqlite3
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from app.config import Config
-from app.core.identity import Identity
+from app.core.identity import Identity, lookup_user
 from app.errors import BadInput, BoardError
-from app.service.fleet import Fleet
+from app.gpu import NoDriverError, open_source
+from app.gpu.fleet import Fleet
+from app.notify.deliver import Deliverer
+from app.service.audit import AGENT
+from app.service.bookings import BookingService
 from app.service.hub import Hub
+from app.service.notify import deliverer
+from app.service.ops import OPS
 from app.service.processes import Registry
+from app.service.servers import Supervision
+from app.store import bookings as rows
+from app.store.db import connect, storage_error
+
+if TYPE_CHECKING:
+    from app.history.store import HistoryStore
 
 
 class Service:
@@ -36,23 +50,28 @@ class Service:
         self._local = threading.local()
         self._seeded = False
         # Jobs and servers registered over the socket, by pidfd (app.service.processes), and the servers'
-        # reports on top of that (app.service.servers.Supervision, made on first use).
+        # reports on top of that (app.service.servers.Supervision).
         self.processes = Registry()
-        self.server_supervision = None
-        self.history = None  # app.history.store.HistoryStore, made on first use (app.history.sampler.history_store)
+        self.supervision = Supervision(self.processes)
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
-        self.notifier = None  # the delivery thread's app.notify.deliver.Deliverer, where the socket server runs one
+        self.notifier: Deliverer | None = None  # the delivery thread's, where the socket server runs one
+
+    @functools.cached_property
+    def history(self) -> HistoryStore:
+        """The cards' history (board.history.db): the sampler writes it, the history and report operations and the
+        alerts read it. Made on first use; its file opens when first read or written."""
+        from app.history.store import HistoryStore  # start-up: booking commands in process do not load the history
+
+        return HistoryStore(self.config.history_path)
 
     @property
     def conn(self) -> sqlite3.Connection:
         """This thread's connection; opened (and migrated, and seeded for a demo) on first use."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            from app.store.db import connect
-
             conn = self._local.conn = connect(self.config.db_path)
             if self.demo and not self._seeded:
-                from app.demo import seed_if_empty
+                from app.demo import seed_if_empty  # start-up: only a demo loads the demo's seed
 
                 seed_if_empty(conn, self.fleet.latest().cards)
                 self._seeded = True
@@ -60,8 +79,6 @@ class Service:
 
     def call(self, me: Identity, op: str, args: Any) -> Any:
         """Run one operation for `me`; raises the BoardError a CLI would exit with."""
-        from app.service.ops import OPS
-
         entry = OPS.get(op) if isinstance(op, str) else None
         if entry is None:
             raise BadInput(f"unknown operation {str(op)[:40]!r}; this service speaks {', '.join(sorted(OPS))}")
@@ -75,8 +92,6 @@ class Service:
                 except (sqlite3.Error, BoardError):
                     pass  # the change stands; the enforcer's next pass tries the backfill again
         except sqlite3.Error as error:
-            from app.store.db import storage_error
-
             raise storage_error(self.config.db_path, error) from None
         finally:
             if entry.writes:
@@ -86,11 +101,7 @@ class Service:
 
     def backfill(self) -> None:
         """Move queued bookings up where time has freed (BookingService.backfill); their holders are told."""
-        from app.store import bookings as rows
-
         if rows.queued(self.conn, int(self.clock())):
-            from app.service.enforce import AGENT
-
             rules = self.bookings(AGENT)
             if rules.backfill():
                 self.hub.changed("bookings")
@@ -102,10 +113,8 @@ class Service:
             self.hub.publish("notice", {"message": message}, uid=uid)
         told.clear()
 
-    def bookings(self, me: Identity):
+    def bookings(self, me: Identity) -> BookingService:
         """The booking rules for `me`, on this thread's connection and the newest view of the cards."""
-        from app.service.bookings import BookingService
-
         snapshot = self.fleet.latest()
         rules = BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock,
                                jobs=self.processes.jobs_of, users=self.lookup_user)
@@ -118,7 +127,7 @@ class Service:
         """The newest FleetSnapshot for every board and `board status`; on a simulated fleet with the demo's
         llama-servers (they run on the CPU) shown on their booked cards, as NVML would show them."""
         if self.fleet.simulated:
-            from app.llama.processes import feed_simulated
+            from app.llama.processes import feed_simulated  # start-up: only the demo's fleet loads llama's modules
 
             if feed_simulated(self.fleet.source, self.conn):
                 self.fleet.invalidate()
@@ -127,14 +136,21 @@ class Service:
     def lookup_user(self, name: str) -> tuple[str, int] | None:
         """(name, uid) of a local account; in the demo also of its made-up people (alice, bob, ...), so that an
         admin can give them a booking there."""
-        from app.core.identity import lookup_user
-
         found = lookup_user(name)
         if found is None and self.demo:
-            from app.demo import demo_person
+            from app.demo import demo_person  # start-up: only a demo loads the demo's people
 
             found = demo_person(self.conn, self.fleet.latest().cards, name)
         return found
+
+    def start_notifier(self, run_db: Callable[[Callable[[], Any]], Any], log: Callable[[str], None],
+                       stopping: threading.Event) -> threading.Thread:
+        """The delivery thread (behind the socket): pushes go out over HTTP on it, and its outbox work runs through
+        `run_db` (on the database thread). Until it runs, notify_test delivers in the caller's thread."""
+        self.notifier = deliverer(self, run_db, log)
+        thread = threading.Thread(target=self.notifier.run, args=(stopping,), name="board-notify", daemon=True)
+        thread.start()
+        return thread
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -145,10 +161,6 @@ class Service:
 
 def open_service(config: Config, *, demo: bool | str | None = None, environ=None, transport: str = "local") -> Service:
     """The service on the configured database and the GPU source that `demo` picks (see app.gpu.open_source)."""
-    import os
-
-    from app.gpu import NoDriverError, open_source
-
     try:
         source = open_source(demo, environ=environ if environ is not None else os.environ)
     except NoDriverError as error:

@@ -9,24 +9,31 @@ llama-servers have their own pass, app.service.servers.enforce_servers, run from
 
 from __future__ import annotations
 
-import os
 import signal
+from typing import TYPE_CHECKING
 
 from app.core.identity import Identity
+from app.core.text import format_cards, relative, stamp_time
 from app.errors import BadInput, NotPermitted
+from app.faults.oom import record_job_oom
 from app.model import Booking
+from app.service.alerts import enforcer_alerts
+from app.service.audit import AGENT, audit
+from app.service.servers import enforce_servers
+from app.store import bookings as rows
+from app.store import jobs
+from app.store.db import write
+
+if TYPE_CHECKING:
+    from app.service import Service
+    from app.service.server import ServiceServer
 
 WARN_BEFORE_END_S = 600
-# Who the audit log names for what the service does on its own: an admin, so that it may stop anyone's work.
-AGENT = Identity(name="board-agent", uid=os.getuid(), is_admin=True)
 
 
-def run_booking(service, me: Identity, booking_id: int | None, waiting: bool = False) -> Booking:
+def run_booking(service: Service, me: Identity, booking_id: int | None, waiting: bool = False) -> Booking:
     """The booking a `board run` job of `me` may run under now: the one named, or the only active one.
     `waiting` (`board run --wait`): only whose it is counts yet; the job registers once it has started."""
-    from app.service.ops import audit
-    from app.store import bookings as rows
-
     now = service.clock()
     try:
         if booking_id is not None:
@@ -36,8 +43,6 @@ def run_booking(service, me: Identity, booking_id: int | None, waiting: bool = F
             if waiting:
                 return booking
             if not booking.active(now):
-                from app.core.text import relative, stamp_time
-
                 when = (f"ended {stamp_time(booking.end, now)}, {relative(booking.end, now)}" if booking.end <= now
                         else f"starts {stamp_time(booking.start, now)}, {relative(booking.start, now)}")
                 raise NotPermitted(f"booking {booking.id} is not active now ({when})")
@@ -59,15 +64,8 @@ def is_over(booking: Booking | None, entry, now: float) -> bool:
             or tuple(sorted(booking.card_uuids)) != tuple(sorted(entry.cards)))
 
 
-def enforce_once(server) -> dict[str, list[int]]:
+def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
     """One pass for `server` (a ServiceServer: its service, registry and log); returns what it did, by entry id."""
-    from app.faults.oom import record_job_oom
-    from app.service.ops import audit
-    from app.service.servers import enforce_servers
-    from app.store import bookings as rows
-    from app.store import jobs
-    from app.store.db import write
-
     service, registry = server.service, server.registry
     done: dict[str, list[int]] = {"ended": [], "terminated": [], "killed": [], "warned": []}
     for entry in registry.sweep():
@@ -113,18 +111,13 @@ def enforce_once(server) -> dict[str, list[int]]:
                       details={"pid": entry.pid, "signal": "SIGKILL", "pids": sent})
                 server.log(f"job {entry.pid} (uid {entry.uid}): still running after {settings.grace_s:g} s; SIGKILL")
                 done["killed"].append(entry.id)
-    from app.alerts.engine import alerts_run
-
-    done["alerts"] = alerts_run(server).get("fired", [])  # last: a failing alert pass leaves the jobs enforced
+    done["alerts"] = enforcer_alerts(server).get("fired", [])  # last: a failing alert pass leaves the jobs enforced
     return done
 
 
-def _tell_started(server, now: float) -> None:
+def _tell_started(server: ServiceServer, now: float) -> None:
     """Each holder whose booking started since the last pass hears of it (their open boards toast it)."""
-    from app.core.text import format_cards, stamp_time
-    from app.store import bookings as rows
-
-    since = getattr(server, "started_told_until", None)
+    since = server.started_told_until
     server.started_told_until = now
     if since is None:  # a fresh service: bookings that started before it did are old news
         return

@@ -31,7 +31,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
+from urllib.parse import quote
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
@@ -42,6 +43,11 @@ from app.core.cardstate import BOOKED, FREE, IN_USE, LOST, SQUATTED, fleet_statu
 from app.errors import BoardError
 from app.model import Booking
 from app.service.deadline import DeadlineStream
+from app.store import bookings as rows
+from app.store.db import BoardConnection, storage_error
+
+if TYPE_CHECKING:
+    from app.service import Service
 
 VIEW_TTL_S = 5.0  # the queue and the counters move without a bookings change (a crash, time): read again this often
 AHEAD_S = 3600  # the view holds the bookings of the next hour, so the holder at each scrape's own time is right
@@ -79,7 +85,7 @@ class View:
 
 
 class BoardCollector(Collector):
-    def __init__(self, service, *, ttl_s: float = VIEW_TTL_S, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, service: Service, *, ttl_s: float = VIEW_TTL_S, clock: Callable[[], float] = time.monotonic):
         self.service, self.ttl_s, self.clock = service, ttl_s, clock
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
@@ -173,8 +179,6 @@ class BoardCollector(Collector):
             return self._view
 
     def _read(self, before: View, version: int | None) -> View:
-        from app.store import bookings as rows
-
         conn = self._connection()
         now = int(self.service.clock())
         counts = {name: dict(totals) for name, totals in before.counts.items()}
@@ -202,10 +206,6 @@ class BoardCollector(Collector):
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            from urllib.parse import quote
-
-            from app.store.db import BoardConnection, storage_error
-
             path = self.service.config.db_path
             try:
                 # Read-only: a scrape can never write, whatever a bug here does. Used under self._lock only.
@@ -275,7 +275,7 @@ class _Server(WSGIServer):
 class MetricsServer:
     """/metrics on [metrics] listen: an accepting thread and a pool of MAX_SCRAPES workers; `close` stops it."""
 
-    def __init__(self, service, log: Callable[[str], None]):
+    def __init__(self, service: Service, log: Callable[[str], None]):
         self.collector = BoardCollector(service)
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)

@@ -56,7 +56,7 @@ def _peer_groups(sock: socket.socket) -> tuple[int, ...]:
 
 def _getsockopt_large(sock: socket.socket, option: int, size: int) -> bytes:
     """getsockopt through libc, for an answer larger than Python's buffer (a peer in more than 256 groups)."""
-    import ctypes
+    import ctypes  # start-up: only a peer in more than 256 groups needs libc
 
     libc = ctypes.CDLL(None, use_errno=True)
     buffer, length = ctypes.create_string_buffer(size), ctypes.c_uint32(size)

@@ -29,12 +29,24 @@ from datetime import datetime
 from typing import Any, Callable
 
 from app import wire
-from app.errors import BadInput, BoardError, NotPermitted
-from app.service import Service
+from app.alerts.engine import Engine
 from app.core.identity import Identity
+from app.core.text import inert
+from app.errors import BadInput, BoardError, NotPermitted
+from app.faults.watcher import start_watcher
+from app.gpu.model import snapshot_to_wire
+from app.history.sampler import start_sampler
+from app.model import booking_to_wire
+from app.service import Service
+from app.service.audit import audit
 from app.service.deadline import Lines
+from app.service.enforce import enforce_once, run_booking
 from app.service.peer import Peer, identity_of, is_member, peer_of
 from app.service.processes import RegistrationError
+from app.service.servers import serve_registration
+from app.service.watch import start_watchers
+from app.store import events, jobs
+from app.store.db import write
 
 SEND_TIMEOUT_S = 10.0  # an answer (or a stream's batch of events) goes out whole within this, or the line is closed
 LINE_TIMEOUT_S = 10.0  # a request line arrives whole within this of its first byte, or the line is closed
@@ -46,8 +58,6 @@ ACCEPT_LOG_EVERY_S = 60.0  # and say so in the log at most this often
 
 
 def log(message: str) -> None:
-    from app.core.text import inert
-
     stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
     print(f"{stamp} {inert(message, 500)}", flush=True)
 
@@ -65,6 +75,8 @@ class ServiceServer:
         self._listener: socket.socket | None = None
         self.max_connections = connection_cap(self.settings.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._accept_failures, self._accept_logged_at = 0, float("-inf")
+        self.alerts = Engine()  # the alerts' engine, run by each enforcement pass (app.service.alerts)
+        self.started_told_until: float | None = None  # bookings that started by then have been announced (enforce)
 
     # -- the socket ----------------------------------------------------------------------------
 
@@ -102,23 +114,18 @@ class ServiceServer:
         self._listener = listener
 
     def serve_forever(self) -> None:
-        from app.service.watch import start_watchers
-
+        service = self.service
         if self._listener is None:
             self.bind()
         self.database.submit(self.adopt_jobs).result()
-        watchers = start_watchers(self.service)
+        watchers = start_watchers(service)
         enforcer = threading.Thread(target=self._enforce_loop, name="board-enforce", daemon=True)
         enforcer.start()
-        from app.history.sampler import start_sampler
-
-        history = start_sampler(self.service, log=self.log)
-        from app.service.notify import start_notifier
-
-        start_notifier(self)  # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
-        from app.faults.watcher import start_watcher
-
-        faults, faults_thread = start_watcher(self.service, log=self.log)  # Xid events and throttling spells
+        history = start_sampler(service.fleet, service.history, service.config, service.clock, log=self.log)
+        # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
+        service.start_notifier(lambda fn: self.database.submit(fn).result(), self.log, self.stopping)
+        # Xid events and throttling spells
+        faults, faults_thread = start_watcher(service.fleet, service.config.db_path, service.clock, log=self.log)
         self._listener.settimeout(0.5)
         try:
             backoff = 0.0
@@ -275,13 +282,11 @@ class ServiceServer:
         try:
             self._reply(conn, request_id, {"versions": dict(self.service.hub.versions)})
             if "fleet" in kinds and (snapshot := self.service.fleet.cached()) is not None:
-                from app.gpu.model import snapshot_to_wire
-
                 conn.sendall(wire.encode({"event": "fleet", "snapshot": snapshot_to_wire(snapshot)}))
             while not self.stopping.is_set():
-                events = subscriber.take(timeout=1.0)
-                if events:
-                    conn.sendall(b"".join(wire.encode(e) for e in events))  # a reader that stalls times out here
+                batch = subscriber.take(timeout=1.0)
+                if batch:
+                    conn.sendall(b"".join(wire.encode(e) for e in batch))  # a reader that stalls times out here
                 elif _peer_closed(conn):
                     return
         finally:
@@ -290,16 +295,9 @@ class ServiceServer:
     # -- registered processes ------------------------------------------------------------------
 
     def _register(self, conn: socket.socket, reader: Lines, peer: Peer, request_id: Any, args: dict) -> None:
-        from app.service.enforce import run_booking
-        from app.service.ops import audit
-        from app.store import events, jobs
-        from app.store.db import write
-
         me = identity_of(peer, self.service.config.admin_group)
         kind = args.get("kind") if isinstance(args, dict) else None
         if kind == "server":  # a llama-server supervisor: app.service.servers says how
-            from app.service.servers import serve_registration
-
             return serve_registration(self, conn, reader, peer, request_id, args)
         booking_id = args.get("booking") if isinstance(args, dict) else None
         if kind != "job" or (booking_id is not None and (not isinstance(booking_id, int) or isinstance(booking_id, bool))):
@@ -326,8 +324,6 @@ class ServiceServer:
         except BoardError as error:
             self._reply(conn, request_id, error=error)
             return
-        from app.model import booking_to_wire
-
         self._reply(conn, request_id, {"booking": booking_to_wire(booking), "registration": entry.id})
         try:
             while reader.readline(None):
@@ -339,9 +335,6 @@ class ServiceServer:
     def adopt_jobs(self) -> list[int]:
         """After a restart: take back the `board run` jobs this service knew, where the very process (same
         pid, start time and uid) still runs; forget the rest. Returns the pids adopted."""
-        from app.store import jobs
-        from app.store.db import write
-
         adopted = []
         with write(self.service.conn):
             for job in jobs.remembered(self.service.conn):
@@ -369,8 +362,6 @@ class ServiceServer:
                 self.log(f"enforcement pass failed: {type(error).__name__}: {error}")
 
     def enforce_once(self) -> dict[str, list[int]]:
-        from app.service.enforce import enforce_once
-
         return enforce_once(self)
 
 
@@ -430,7 +421,7 @@ def run_agent(service: Service, path: str) -> int:
     server.bind()
     metrics = None
     if service.config.metrics.listen:  # Prometheus's /metrics; prometheus-client is loaded only then
-        from app.service.metrics import MetricsServer
+        from app.service.metrics import MetricsServer  # start-up: prometheus-client loads only with [metrics] listen
 
         metrics = MetricsServer(service, log)
     for signum in (signal.SIGTERM, signal.SIGINT):

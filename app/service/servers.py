@@ -1,5 +1,5 @@
-"""The llama-server operations (serve_start, serve_get, serve_list, serve_logs, serve_stop) and, behind
-the socket, the supervision of registered servers.
+"""The llama-server rules bound to the service, and, behind the socket, the supervision of registered servers.
+The operations (serve_start, serve_get, serve_list, serve_logs, serve_stop) are app.service.ops.servers.
 
 The shape, one set of rules for both transports:
 
@@ -29,11 +29,25 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from app import wire
 from app.core.identity import Identity
-from app.errors import BadInput, NotPermitted
-from app.service.ops import BOOL, DICT, INT, LIST, STR, op
+from app.errors import BadInput, BoardError, NotPermitted
+from app.service.audit import AGENT, audit
+from app.service.processes import RegistrationError, exited, owned_by, proc_pgid
+from app.store import bookings as booking_rows
+
+if TYPE_CHECKING:
+    import socket
+
+    from app.llama.rows import Server
+    from app.llama.service import ServerService
+    from app.service import Service
+    from app.service.deadline import Lines
+    from app.service.peer import Peer
+    from app.service.processes import Registration, Registry
+    from app.service.server import ServiceServer
 
 LOG_KEEP = 500  # lines of each server's log the service keeps in memory
 LINE_MAX = 1000
@@ -43,99 +57,26 @@ KILL_AFTER_S = 10.0
 # -- the rules, bound to the service ------------------------------------------------------------
 
 
-def server_rules(service, me: Identity):
+def server_rules(service: Service, me: Identity) -> ServerService:
     """ServerService for `me` on the service's connection: file mode in process, the pidfds behind the socket."""
-    from app.llama.service import ServerService
+    from app.llama.service import ServerService  # start-up: llama's modules load only for servers
 
-    processes = supervision(service) if service.transport == "socket" else None
+    processes = service.supervision if service.transport == "socket" else None
     topology = service.fleet.latest().topology if service.fleet is not None else None
     return ServerService(service.conn, me, service.config, topology=topology, clock=service.clock,
                          processes=processes)
 
 
-def _light_rules(service, me: Identity):
-    from app.llama.service import ServerService
+def light_rules(service: Service, me: Identity) -> ServerService:
+    from app.llama.service import ServerService  # start-up: llama's modules load only for servers
 
-    processes = supervision(service) if service.transport == "socket" else None
+    processes = service.supervision if service.transport == "socket" else None
     return ServerService(service.conn, me, service.config, clock=service.clock, processes=processes)
 
 
-def _wire(server, me: Identity) -> dict:
-    """A server for `me`: where its log file lies is its holder's to know (as in serve_logs)."""
-    from app.llama.rows import server_to_wire
-
-    wired = server_to_wire(server)
-    if server.uid != me.uid:
-        wired["log_path"] = ""
-    return wired
-
-
-def _changed(service) -> None:
+def changed(service: Service) -> None:
+    """Every change of a server row says so: boards then ask `serve_list`."""
     service.hub.changed("servers")
-
-
-# -- operations ---------------------------------------------------------------------------------
-
-_START = {"model": STR, "ctx": INT, "parallel": INT, "port": INT, "split_mode": STR, "tensor_split": STR,
-          "metrics": BOOL, "alias": STR, "host": STR, "extra": LIST, "cache_type_k": STR, "cache_type_v": STR,
-          "flash_attn": STR, "fit": DICT}
-
-
-@op("serve_start", {"booking": INT}, _START, writes=True)
-def serve_start(service, me: Identity, booking: int, extra=None, **options) -> dict:
-    """Check and lease; returns the row and what the caller needs to launch it as itself (app.llama.launch)."""
-    if extra is not None and not all(isinstance(a, str) for a in extra):
-        raise BadInput("serve_start: extra is a list of strings")
-    try:
-        server = server_rules(service, me).prepare(booking, extra=extra or (), **options)
-    finally:
-        _changed(service)
-    return {"server": _wire(server, me), "launch": {
-        "ready_timeout_s": service.config.llama.ready_timeout_s,
-        "db": str(service.config.db_path) if service.transport == "local" else None}}
-
-
-@op("serve_get", {"id": INT})
-def serve_get(service, me: Identity, id: int) -> dict:
-    """One server, reconciled first (a supervisor that died shows as crashed)."""
-    rules = _light_rules(service, me)
-    before = rules.get(id)
-    after = rules._reconcile_one(before)
-    if after.state != before.state:
-        _changed(service)
-    return _wire(after, me)
-
-
-@op("serve_list", {}, {"all": BOOL, "user": STR, "limit": INT})
-def serve_list(service, me: Identity, all=False, user=None, limit=None) -> list:
-    rules = _light_rules(service, me)
-    if rules.reconcile():
-        _changed(service)
-    from app.llama import rows
-
-    found = rows.listing(service.conn, live_only=not all, user=user, limit=limit)
-    return [_wire(s, me) for s in found]
-
-
-@op("serve_logs", {"id": INT}, {"lines": INT})
-def serve_logs(service, me: Identity, id: int, lines: int = 50) -> dict:
-    """The server's last lines; `log` is its file's path only for its owner, whose own process wrote it."""
-    if not 0 <= lines <= 100_000:
-        raise BadInput("lines: a count from 0 to 100000")
-    rules = _light_rules(service, me)
-    server = rules.get(id)
-    return {"lines": rules.log_lines(server, lines), "state": server.state, "live": server.live,
-            "log": server.log_path if server.uid == me.uid and server.log_path else None}
-
-
-@op("serve_stop", {"id": INT}, {"reason": STR}, writes=True)
-def serve_stop(service, me: Identity, id: int, reason=None) -> dict:
-    """Stop a server (its holder or an admin; refusals audited). Behind the socket it returns `stopping`."""
-    rules = _light_rules(service, me)
-    try:
-        return _wire(rules.stop(id, reason=reason[:200] if reason else None), me)
-    finally:
-        _changed(service)
 
 
 # -- supervision behind the socket --------------------------------------------------------------
@@ -144,7 +85,7 @@ def serve_stop(service, me: Identity, id: int, reason=None) -> dict:
 @dataclass
 class Supervised:
     server_id: int
-    entry: Any  # app.service.processes.Registration
+    entry: Registration
     lines: deque = field(default_factory=lambda: deque(maxlen=LOG_KEEP))
     exit: dict | None = None  # the supervisor's last `exit` report
     term_sent_at: float | None = None
@@ -155,12 +96,12 @@ class Supervised:
 class Supervision:
     """Registered servers: server id -> the supervisor's pidfd registration. ServerService's `processes`."""
 
-    def __init__(self, registry) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self._lock = threading.Lock()
         self.servers: dict[int, Supervised] = {}
 
-    def add(self, server_id: int, entry) -> Supervised:
+    def add(self, server_id: int, entry: Registration) -> Supervised:
         with self._lock:
             current = self.servers.get(server_id)
             if current is not None and not current.entry.done:
@@ -172,7 +113,7 @@ class Supervision:
         with self._lock:
             return self.servers.get(server_id)
 
-    def alive(self, server) -> bool | None:
+    def alive(self, server: Server) -> bool | None:
         """Registered and not yet finished: finish() records the end as soon as the supervisor's connection
         closes and its pidfd says it exited (or at the next enforcement pass), with what it reported."""
         found = self.get(server.id)
@@ -180,7 +121,7 @@ class Supervision:
             return None
         return not found.finished
 
-    def terminate(self, server) -> list[int]:
+    def terminate(self, server: Server) -> list[int]:
         found = self.get(server.id)
         if found is None or found.entry.done:
             return []
@@ -188,7 +129,7 @@ class Supervision:
             found.term_sent_at = time.monotonic()
         return self.registry.signal(found.entry, signal.SIGTERM)
 
-    def lines(self, server) -> list[str]:
+    def lines(self, server: Server) -> list[str]:
         found = self.get(server.id)
         return list(found.lines) if found else []
 
@@ -197,26 +138,17 @@ class Supervision:
             self.servers.pop(server_id, None)
 
 
-def supervision(service) -> Supervision:
-    """The service's one Supervision, over its process Registry (made on first use)."""
-    if service.server_supervision is None:
-        service.server_supervision = Supervision(service.processes)
-    return service.server_supervision
-
-
-def serve_registration(server, conn, reader, peer, request_id, args: dict) -> None:
+def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines, peer: Peer, request_id: Any,
+                       args: dict) -> None:
     """A supervisor registers (ServiceServer._register, kind "server") and reports over this connection.
 
     Refused unless the peer (SO_PEERCRED) is the row's holder, the row is `starting`, the booking is
     active and no live supervisor holds the row already. A pid the supervisor claims for llama-server
     is recorded only when the kernel shows it in the supervisor's group, under the same uid.
     """
-    from app import wire
-    from app.errors import BoardError
-    from app.llama import rows
-    from app.llama.identity import capture
-    from app.service.peer import identity_of
-    from app.service.processes import RegistrationError, exited, owned_by, proc_pgid
+    from app.llama import rows  # start-up: llama's modules load only for servers
+    from app.llama.identity import capture  # start-up: llama's modules load only for servers
+    from app.service.peer import identity_of  # start-up: in process, nobody asks the kernel who is calling
 
     service = server.service
     me = identity_of(peer, service.config.admin_group)
@@ -225,10 +157,10 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
             log_path is not None and not isinstance(log_path, str)):
         server._reply(conn, request_id, error=BadInput("register: give kind \"server\", the server id, its pid"))
         return
-    watch = supervision(service)
+    watch = service.supervision
 
     def admit() -> Supervised:
-        rules = _light_rules(service, me)
+        rules = light_rules(service, me)
         row = rules.get(server_id)
         now = service.clock()
         try:
@@ -236,8 +168,6 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
                 raise NotPermitted(f"server {server_id} belongs to {row.user}")
             if row.state != rows.STARTING:
                 raise NotPermitted(f"server {server_id} is {row.state}, not starting")
-            from app.store import bookings as booking_rows
-
             booking = booking_rows.get(service.conn, row.booking_id)
             if booking is None or booking.uid != peer.uid or not booking.active(now):
                 raise NotPermitted(f"booking {row.booking_id} is not yours and active now")
@@ -252,8 +182,6 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
                 server.registry.entries.pop(entry.id, None)
                 raise
         except NotPermitted as refusal:
-            from app.service.ops import audit
-
             audit(service, me, "server-register", row.booking_id, ok=False,
                   details={"server": server_id, "pid": peer.pid, "refused": str(refusal)})
             raise
@@ -263,7 +191,7 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
             child = capture(child_pid)
         rules.supervised(server_id, supervisor=capture(peer.pid), pgid=entry.pgid, child=child,
                          log_path=(log_path or "")[:500])
-        _changed(service)
+        changed(service)
         return supervised
 
     try:
@@ -278,20 +206,20 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
     server._reply(conn, request_id, {"registration": supervised.entry.id, "server": server_id})
 
     def report(message: dict) -> None:
-        rules = _light_rules(service, me)
+        rules = light_rules(service, me)
         event = message.get("event")
         if event == "ready":
-            from app.llama.service import measured_figures
+            from app.llama.service import measured_figures  # start-up: llama's modules load only for servers
 
             memory = message.get("memory")
             figures = measured_figures(memory)
             if memory is not None and figures is None:  # the member's own process sent it: ignored, not fatal
                 server.log(f"server {server_id}: ignored a memory report that is not llama.cpp's figures")
             if rules.ready(server_id, measured=figures):
-                _changed(service)
+                changed(service)
         elif event == "failed":
             rules.failed(server_id, str(message.get("reason") or "failed")[:200], _lines(message.get("tail")))
-            _changed(service)
+            changed(service)
         elif event == "exit":
             supervised.exit = message
 
@@ -330,10 +258,9 @@ def serve_registration(server, conn, reader, peer, request_id, args: dict) -> No
         time.sleep(0.02)
 
 
-def finish(service, supervised: Supervised) -> None:
+def finish(service: Service, supervised: Supervised) -> None:
     """The supervisor has exited: the row records the end it reported (or 'exit status unknown')."""
-    from app.core.identity import Identity
-    from app.llama import rows
+    from app.llama import rows  # start-up: llama's modules load only for servers
 
     if supervised.finished:
         return
@@ -343,7 +270,7 @@ def finish(service, supervised: Supervised) -> None:
     if row is None:
         return
     holder = Identity(row.user, row.uid, False)
-    rules = _light_rules(service, holder)
+    rules = light_rules(service, holder)
     if row.live:
         code, sig = report.get("code"), report.get("signal")
         rules.ended(supervised.server_id, exit_code=code if _is_int(code) else None,
@@ -351,17 +278,17 @@ def finish(service, supervised: Supervised) -> None:
                     tail=_lines(report.get("tail")) or list(supervised.lines)[-20:],
                     asked=bool(report.get("asked")) or supervised.term_sent_at is not None,
                     unexpected=None if report else "the supervisor is gone; exit status unknown")
-        _changed(service)
+        changed(service)
 
 
-def enforce_servers(server) -> dict[str, list[int]]:
+def enforce_servers(server: ServiceServer) -> dict[str, list[int]]:
     """One pass (ServiceServer.enforce_once): ended supervisors finish their rows, servers whose booking
     ended are stopped (audited, as the agent), SIGKILL follows SIGTERM after KILL_AFTER_S, and rows
     that never registered within the launch grace become crashed."""
-    from app.llama import rows
+    from app.llama import rows  # start-up: llama's modules load only for servers
 
     service = server.service
-    watch = supervision(service)
+    watch = service.supervision
     done: dict[str, list[int]] = {"servers_finished": [], "servers_stopped": [], "servers_killed": []}
     for supervised in list(watch.servers.values()):
         if supervised.entry.done:
@@ -369,23 +296,19 @@ def enforce_servers(server) -> dict[str, list[int]]:
                 finish(service, supervised)
                 done["servers_finished"].append(supervised.server_id)
             watch.forget(supervised.server_id)
-    from app.service.enforce import AGENT as agent
-
-    rules = _light_rules(service, agent)
+    rules = light_rules(service, AGENT)
     if rules.reconcile():
-        _changed(service)
+        changed(service)
     for row in rows.ended_bookings(service.conn, int(service.clock())):
         stopped = rules.stop(row.id, reason=f"booking {row.booking_id} ended", enforce=True)
         server.log(f"server {row.id} ({row.user}, port {row.port}): booking {row.booking_id} ended; {stopped.state}")
         done["servers_stopped"].append(row.id)
-        _changed(service)
+        changed(service)
     now = time.monotonic()
     for supervised in list(watch.servers.values()):
         if supervised.entry.done:
             continue
         if supervised.term_sent_at is None:
-            from app.store import bookings as booking_rows
-
             booking = booking_rows.get(service.conn, supervised.entry.booking_id)
             if booking is None or not booking.active(service.clock()):  # its row was final, its process not
                 supervised.term_sent_at = now
@@ -394,9 +317,7 @@ def enforce_servers(server) -> dict[str, list[int]]:
             supervised.killed = True
             sent = server.registry.signal(supervised.entry, signal.SIGKILL)
             if sent:
-                from app.service.ops import audit
-
-                audit(service, agent, "server-stop", supervised.entry.booking_id, ok=True,
+                audit(service, AGENT, "server-stop", supervised.entry.booking_id, ok=True,
                       details={"server": supervised.server_id, "signal": "SIGKILL", "pids": sent})
                 done["servers_killed"].append(supervised.server_id)
     return done

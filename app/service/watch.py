@@ -7,13 +7,18 @@ The database watcher catches commits made by other processes on a file-mode data
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from app.gpu.model import snapshot_to_wire
+from app.store.db import connect, data_version
+
+if TYPE_CHECKING:
+    from app.service import Service
 
 DB_POLL_SECONDS = 1.0
 
 
-def start_watchers(service) -> threading.Event:
+def start_watchers(service: Service) -> threading.Event:
     stop = threading.Event()
     loops = [("board-fleet", _fleet_loop)]
     if service.transport == "local":  # behind the socket the service is the only writer, and says so itself
@@ -23,7 +28,7 @@ def start_watchers(service) -> threading.Event:
     return stop
 
 
-def _fleet_loop(service, stop: threading.Event) -> None:
+def _fleet_loop(service: Service, stop: threading.Event) -> None:
     while not stop.is_set():
         if service.hub.count:
             try:
@@ -35,9 +40,7 @@ def _fleet_loop(service, stop: threading.Event) -> None:
         stop.wait(service.fleet.refresh_seconds)
 
 
-def _db_loop(service, stop: threading.Event) -> None:
-    from app.store.db import connect, data_version
-
+def _db_loop(service: Service, stop: threading.Event) -> None:
     conn = None
     seen = None
     while not stop.is_set():

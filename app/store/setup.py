@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
+import sqlite3
 import stat
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -120,8 +122,6 @@ def _file_checks(db_path: Path) -> Iterator[tuple[bool, str]]:
 
 def _content_checks(db_path: Path) -> Iterator[tuple[bool, str]]:
     """Open the database and check it; a damaged file is one FIX line, never a traceback."""
-    import sqlite3
-
     try:
         conn = connect(db_path, create=False)
     except BoardError as error:
@@ -169,8 +169,6 @@ def _audit_checks(conn, db_path: Path) -> Iterator[tuple[bool, str]]:
     A booking is created by a `create` event, or by an admin's `reassign` that split an active booking
     at now (filed under the original, with the new one's id as details.to_booking).
     """
-    import sqlite3
-
     try:
         present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
         if missing := [name for name in GUARD_TRIGGERS if name not in present]:
@@ -199,8 +197,6 @@ def _audit_checks(conn, db_path: Path) -> Iterator[tuple[bool, str]]:
 
 def _foreign(path: Path, uid: int, owner: str) -> str:
     """The FIX line for a file beside the database that is not its directory's owner's."""
-    import pwd
-
     try:
         whose = f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
@@ -211,8 +207,6 @@ def _foreign(path: Path, uid: int, owner: str) -> str:
 
 def _user_name(uid: int) -> str:
     """The user's name, or the number where no user has it (chown takes either)."""
-    import pwd
-
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:

@@ -12,11 +12,11 @@ from app.alerts.engine import Engine, gather, listing
 from app.alerts.rules import Card, Ending, Inputs, evaluate
 from app.config import AlertSettings, Config, NotifySettings, NotifyTarget, Policy
 from app.core.identity import Identity
+from app.gpu.fleet import Fleet
 from app.gpu.simulated import SimulatedSource, parse_scenario
-from app.history.sampler import history_store
 from app.history.store import Sample
 from app.service import Service
-from app.service.fleet import Fleet
+from app.service.alerts import alerts_pass
 from app.service.notify import deliverer
 from tests.conftest import FROZEN_NOW, run_board
 from tests.integration.test_notify import Clock, Receiver
@@ -45,6 +45,11 @@ def make_service(tmp_path, clock, receiver=None, scenario=None, **alerts) -> Ser
     return Service(config, Fleet(source, config.refresh_seconds), clock=clock)
 
 
+def gather_now(service, now: float) -> Inputs:
+    """What the rules would read at `now` from this service's database, fleet and history."""
+    return gather(service.conn, service.fleet.latest(), service.history, service.config, now)
+
+
 def pushed(service, receiver) -> list[tuple[str, str]]:
     """Deliver the outbox now; every (kind, title) the receiver has had so far."""
     deliverer(service, lambda fn: fn(), print).pass_once()
@@ -57,29 +62,29 @@ def at(clock, hhmm: str, day: int = 0) -> None:
 
 
 def states(service) -> list[tuple[str, str, str]]:
-    return [(r["rule"], r["subject"], r["state"]) for r in reversed(listing(service, ALICE, all=True))]
+    return [(r["rule"], r["subject"], r["state"]) for r in reversed(listing(service.conn, ALICE, all=True))]
 
 
 class TestStateMachine:
     def test_fire_repeat_suppressed_resolve_fire_again(self, tmp_path, receiver):
         clock = Clock(T0 + 12 * 3600)
         service, engine = make_service(tmp_path, clock, receiver, repeat_min=60), Engine()
-        fired = engine.run(service, HOT)["fired"]
+        fired = alerts_pass(service, engine, HOT)["fired"]
         assert len(fired) == 1 and states(service) == [("hot", "GPU-7", "firing")]
         assert pushed(service, receiver) == [("alert.firing", "GPU 7 at 93 °C (at or over 92 °C)")]
         clock.now += 30
-        assert engine.run(service, HOT) == {"fired": [], "resolved": [], "pushed": []}  # still firing: no repeat
+        assert alerts_pass(service, engine, HOT) == {"fired": [], "resolved": [], "pushed": []}  # still firing: no repeat
         assert service.conn.execute("SELECT last_seen FROM alerts").fetchone()[0] == clock.now
         clock.now += 30
-        assert engine.run(service, COOL)["resolved"] == fired
+        assert alerts_pass(service, engine, COOL)["resolved"] == fired
         assert pushed(service, receiver)[1:] == [("alert.resolved", "resolved: GPU 7 at 93 °C (at or over 92 °C)")]
         clock.now += 600  # fires again within repeat_min: recorded, not pushed, nor is its resolve
-        assert engine.run(service, HOT)["pushed"] == []
+        assert alerts_pass(service, engine, HOT)["pushed"] == []
         clock.now += 60
-        assert engine.run(service, COOL)["pushed"] == []
+        assert alerts_pass(service, engine, COOL)["pushed"] == []
         assert len(pushed(service, receiver)) == 2
         clock.now += 3600  # past repeat_min since the last push: pushed again
-        again = engine.run(service, HOT)
+        again = alerts_pass(service, engine, HOT)
         assert again["pushed"] == again["fired"] and len(pushed(service, receiver)) == 3
         assert states(service) == [("hot", "GPU-7", "resolved")] * 2 + [("hot", "GPU-7", "firing")]
 
@@ -89,18 +94,18 @@ class TestStateMachine:
         vram = Card(1, "GPU-1", "FREE", vram_used_mib=950, vram_total_mib=1000)
         lost = Card(3, "GPU-3", "LOST")
         at(clock, "21:00")
-        engine.run(service, Inputs(clock.now, cards=(lost,)))  # pushed before quiet, resolved during it
+        alerts_pass(service, engine, Inputs(clock.now, cards=(lost,)))  # pushed before quiet, resolved during it
         assert [k for k, _ in pushed(service, receiver)] == ["alert.firing"]
         at(clock, "23:00")
-        quiet = engine.run(service, Inputs(clock.now, cards=(vram, Card(7, "GPU-7", "FREE", temp_c=95))))
+        quiet = alerts_pass(service, engine, Inputs(clock.now, cards=(vram, Card(7, "GPU-7", "FREE", temp_c=95))))
         assert len(quiet["fired"]) == 2 and len(quiet["resolved"]) == 1 and quiet["pushed"] == []
         at(clock, "02:00", day=1)
-        engine.run(service, Inputs(clock.now, cards=(vram,)))  # the hot card cooled within quiet hours
+        alerts_pass(service, engine, Inputs(clock.now, cards=(vram,)))  # the hot card cooled within quiet hours
         assert len(pushed(service, receiver)) == 1  # nothing pushed in quiet hours
         assert sorted(states(service)) == [("hot", "GPU-7", "resolved"), ("lost", "GPU-3", "resolved"),
                                            ("vram", "GPU-1", "firing")]  # but recorded
         at(clock, "08:00", day=1)
-        engine.run(service, Inputs(clock.now, cards=(vram,)))
+        alerts_pass(service, engine, Inputs(clock.now, cards=(vram,)))
         assert pushed(service, receiver)[1:] == [
             ("alert.firing", "GPU 1 VRAM at 95 % (at or over 90 %)"),
             ("alert.resolved", "resolved: GPU 3 is LOST: the driver no longer sees it")]
@@ -114,16 +119,16 @@ class TestDebounce:
         """bob releases card 5 and books it again at once: his processes squat it between the two, for a pass."""
         clock = Clock(T0 + 12 * 3600)
         service, engine = make_service(tmp_path, clock, receiver, fire_after_s=60), Engine()
-        assert engine.run(service, self.SQUATTED)["fired"] == []
+        assert alerts_pass(service, engine, self.SQUATTED)["fired"] == []
         clock.now += 5
-        assert engine.run(service, self.IN_USE) == {"fired": [], "resolved": [], "pushed": []}
-        assert listing(service, ALICE, all=True) == [] and pushed(service, receiver) == []
+        assert alerts_pass(service, engine, self.IN_USE) == {"fired": [], "resolved": [], "pushed": []}
+        assert listing(service.conn, ALICE, all=True) == [] and pushed(service, receiver) == []
         clock.now += 5  # squatted again, and this time it stays: the count starts again
         for step in (0, 30, 29):
             clock.now += step
-            assert engine.run(service, self.SQUATTED)["fired"] == []
+            assert alerts_pass(service, engine, self.SQUATTED)["fired"] == []
         clock.now += 1  # 60 s since it was first seen this time
-        fired = engine.run(service, self.SQUATTED)
+        fired = alerts_pass(service, engine, self.SQUATTED)
         assert fired["fired"] == fired["pushed"] and len(fired["fired"]) == 1
         assert pushed(service, receiver) == [("alert.firing", "GPU 5 squatted by bob (not booked)")]
 
@@ -147,55 +152,55 @@ class TestRestart:
         clock = Clock()
         service, engine = make_service(tmp_path, clock, receiver, quiet="22:00-08:00"), Engine()
         at(clock, "23:00")
-        assert engine.run(service, Inputs(clock.now, cards=HOT.cards))["pushed"] == []
+        assert alerts_pass(service, engine, Inputs(clock.now, cards=HOT.cards))["pushed"] == []
         service.close()
         service, engine = self.restarted(tmp_path, clock, receiver, quiet="22:00-08:00")
         at(clock, "08:00", day=1)
-        engine.run(service, Inputs(clock.now, cards=HOT.cards))
+        alerts_pass(service, engine, Inputs(clock.now, cards=HOT.cards))
         assert pushed(service, receiver) == [("alert.firing", "GPU 7 at 93 °C (at or over 92 °C)")]
         clock.now += 60
-        assert engine.run(service, Inputs(clock.now, cards=HOT.cards))["pushed"] == []  # once
+        assert alerts_pass(service, engine, Inputs(clock.now, cards=HOT.cards))["pushed"] == []  # once
 
     def test_a_resolve_held_by_quiet_hours_is_pushed_when_they_end(self, tmp_path, receiver):
         clock = Clock()
         service, engine = make_service(tmp_path, clock, receiver, quiet="22:00-08:00"), Engine()
         at(clock, "21:00")
-        engine.run(service, Inputs(clock.now, cards=HOT.cards))
+        alerts_pass(service, engine, Inputs(clock.now, cards=HOT.cards))
         at(clock, "23:00")
-        engine.run(service, Inputs(clock.now, cards=COOL.cards))  # resolved in quiet hours: held
+        alerts_pass(service, engine, Inputs(clock.now, cards=COOL.cards))  # resolved in quiet hours: held
         service.close()
         service, engine = self.restarted(tmp_path, clock, receiver, quiet="22:00-08:00")
         at(clock, "08:00", day=1)
-        engine.run(service, Inputs(clock.now, cards=COOL.cards))
+        alerts_pass(service, engine, Inputs(clock.now, cards=COOL.cards))
         assert pushed(service, receiver) == [("alert.firing", "GPU 7 at 93 °C (at or over 92 °C)"),
                                              ("alert.resolved", "resolved: GPU 7 at 93 °C (at or over 92 °C)")]
 
     def test_a_repeat_stays_unpushed_and_the_repeat_window_holds_across_a_restart(self, tmp_path, receiver):
         clock = Clock(T0 + 12 * 3600)
         service, engine = make_service(tmp_path, clock, receiver, repeat_min=60), Engine()
-        engine.run(service, HOT)  # pushed
+        alerts_pass(service, engine, HOT)  # pushed
         clock.now += 60
-        engine.run(service, COOL)  # its resolve pushed
+        alerts_pass(service, engine, COOL)  # its resolve pushed
         service.close()
         service, engine = self.restarted(tmp_path, clock, receiver, repeat_min=60)
         clock.now += 600  # fires again within repeat_min of the last push: recorded, not pushed
-        assert engine.run(service, HOT)["pushed"] == []
+        assert alerts_pass(service, engine, HOT)["pushed"] == []
         service.close()
         service, engine = self.restarted(tmp_path, clock, receiver, repeat_min=60)
         clock.now += 60
-        assert engine.run(service, COOL)["pushed"] == []  # nor its resolve, after another restart
+        assert alerts_pass(service, engine, COOL)["pushed"] == []  # nor its resolve, after another restart
         assert [kind for kind, _ in pushed(service, receiver)] == ["alert.firing", "alert.resolved"]
 
     def test_a_firing_alert_is_not_pushed_again_after_a_restart(self, tmp_path, receiver):
         clock = Clock(T0 + 12 * 3600)
         service, engine = make_service(tmp_path, clock, receiver), Engine()
-        engine.run(service, HOT)
+        alerts_pass(service, engine, HOT)
         service.close()
         service, engine = self.restarted(tmp_path, clock, receiver)
         clock.now += 60
-        assert engine.run(service, HOT) == {"fired": [], "resolved": [], "pushed": []}
+        assert alerts_pass(service, engine, HOT) == {"fired": [], "resolved": [], "pushed": []}
         clock.now += 60
-        assert engine.run(service, COOL)["pushed"] != []  # it was pushed: so is its resolve
+        assert alerts_pass(service, engine, COOL)["pushed"] != []  # it was pushed: so is its resolve
         assert [kind for kind, _ in pushed(service, receiver)] == ["alert.firing", "alert.resolved"]
 
 
@@ -219,7 +224,7 @@ class TestRestart:
         service, engine = make_service(tmp_path, clock, receiver), Engine()
         assert service.conn.execute("SELECT id, pushed_at, held FROM alerts ORDER BY id").fetchall() == [
             (1, T0, None), (2, None, None)]
-        engine.run(service, Inputs(clock.now))  # both cooled: only the pushed one's resolve goes out
+        alerts_pass(service, engine, Inputs(clock.now))  # both cooled: only the pushed one's resolve goes out
         assert pushed(service, receiver) == [("alert.resolved", "resolved: GPU-7 hot")]
 
 
@@ -228,9 +233,9 @@ class TestPrivacy:
         clock = Clock(T0 + 12 * 3600)
         service, engine = make_service(tmp_path, clock, receiver), Engine()
         mine, theirs = service.hub.subscribe(["notice"], ALICE.uid), service.hub.subscribe(["notice"], BOB.uid)
-        engine.run(service, Inputs(clock.now, ending=(Ending(12, ALICE.uid, clock.now + 300),)))
-        assert [a["message"] for a in listing(service, ALICE)] == ["your booking 12 ends in 5 min"]
-        assert listing(service, BOB) == [] and listing(service, BOB, all=True) == []
+        alerts_pass(service, engine, Inputs(clock.now, ending=(Ending(12, ALICE.uid, clock.now + 300),)))
+        assert [a["message"] for a in listing(service.conn, ALICE)] == ["your booking 12 ends in 5 min"]
+        assert listing(service.conn, BOB) == [] and listing(service.conn, BOB, all=True) == []
         assert [e["message"] for e in mine.take(timeout=0)] == ["your booking 12 ends in 5 min"]
         assert theirs.take(timeout=0) == []
         assert pushed(service, receiver) == []  # not the team's chat
@@ -245,7 +250,7 @@ class TestFromTheFleet:
         for ts in range(4):  # four OOM or Xid faults this month, and one throttle (not counted)
             service.conn.execute("INSERT INTO faults (ts, kind, code) VALUES (?, ?, 79)", (FROZEN_NOW - ts, "xid"))
         service.conn.execute("INSERT INTO faults (ts, kind) VALUES (?, 'throttle')", (FROZEN_NOW,))
-        found = {(f.rule, f.subject[-1]) for f in evaluate(gather(service, clock.now), service.config.alerts)}
+        found = {(f.rule, f.subject[-1]) for f in evaluate(gather_now(service, clock.now), service.config.alerts)}
         assert found == {("lost", "3"), ("hot", "2"), ("vram", "1"), ("squatter", "1"), ("faults", "t")}
 
     @pytest.mark.parametrize("busy_at, fired", [(None, True), (1500, False)])
@@ -257,9 +262,9 @@ class TestFromTheFleet:
         start = int(clock.now)
         samples = [Sample(ts, uuid, "IN USE" if ts == start + (busy_at or -1) else "BOOKED", 10, booking=booking["id"])
                    for ts in range(start, start + 1900, 60)]
-        history_store(service).add(samples)
+        service.history.add(samples)
         clock.now = start + 1860  # 31 minutes of samples; the rule fires past 30
-        found = {f.rule for f in evaluate(gather(service, clock.now), service.config.alerts)}
+        found = {f.rule for f in evaluate(gather_now(service, clock.now), service.config.alerts)}
         assert ("idle-booked" in found) is fired
 
 
@@ -278,7 +283,7 @@ class TestFromTheDatabase:
         self.booking(service, now - 600, requested=now - 600)  # no wait
         self.booking(service, now - 60, requested=now - 60 - 2 * waited_s)  # the mean is waited_s
         self.booking(service, now - 4000, requested=now - 90000)  # started before the window: not counted
-        inputs = gather(service, now)
+        inputs = gather_now(service, now)
         assert sorted(inputs.waits_s) == [0, 2 * waited_s]
         assert ("wait" in {f.rule for f in evaluate(inputs, service.config.alerts)}) is fired
 
@@ -289,7 +294,7 @@ class TestFromTheDatabase:
         self.booking(service, now + 3600, queued="time", created=now - 7200)  # queued then and now
         self.booking(service, now + 3600, queued="cards", created=now - 60)  # queued since
         self.booking(service, now - 60, queued="time", created=now - 7200)  # was queued then; has started
-        inputs = gather(service, now)
+        inputs = gather_now(service, now)
         assert (inputs.queued_before, inputs.queued_now) == (2, 2)
 
     def test_servers_that_crashed_lately(self, tmp_path):
@@ -302,7 +307,7 @@ class TestFromTheDatabase:
                 "INSERT INTO servers (booking_id, user, uid, cards, card_uuids, model, host, port, cmdline, state,"
                 " created_at, ended_at) VALUES (?, 'carol', 1003, '0', 'GPU-0', '/models/qwen.gguf', '127.0.0.1',"
                 " 8100, 'llama-server', ?, ?, ?)", (booking, state, now - 7200, ended))
-        found = [f.message for f in evaluate(gather(service, now), service.config.alerts) if f.rule == "crashed"]
+        found = [f.message for f in evaluate(gather_now(service, now), service.config.alerts) if f.rule == "crashed"]
         assert found == ["server 1 (qwen.gguf) of carol crashed"]
 
 
@@ -310,11 +315,11 @@ class TestCli:
     def alerts_db(self, tmp_path):
         clock = Clock(T0 + 12 * 3600)
         service, engine = make_service(tmp_path, clock), Engine()
-        engine.run(service, Inputs(clock.now, cards=(Card(7, "GPU-7", "FREE", temp_c=93),
+        alerts_pass(service, engine, Inputs(clock.now, cards=(Card(7, "GPU-7", "FREE", temp_c=93),
                                                      Card(5, "GPU-5", "SQUATTED", squatters=("\x1b[31meve",))),
                                    ending=(Ending(12, os.getuid() + 1, clock.now + 300),)))
         clock.now += 60
-        engine.run(service, Inputs(clock.now, cards=(Card(7, "GPU-7", "FREE", temp_c=93),)))
+        alerts_pass(service, engine, Inputs(clock.now, cards=(Card(7, "GPU-7", "FREE", temp_c=93),)))
         return {"BOARD_DB": str(tmp_path / "board.db"), "TZ": "UTC", "BOARD_SIMULATE": "1"}
 
     def test_json_and_table(self, tmp_path):
@@ -343,7 +348,7 @@ def test_the_enforcer_pass_evaluates_and_pushes(tmp_path, receiver):
     service = make_service(tmp_path, clock, receiver, scenario={"cards": {"count": 2}, "faults": {"lost": [1]}})
     server = ServiceServer(service, str(tmp_path / "sock"), log=lambda line: None)
     assert server.enforce_once()["alerts"] != []
-    assert [(a["rule"], a["state"]) for a in listing(service, BOB)] == [("lost", "firing")]
+    assert [(a["rule"], a["state"]) for a in listing(service.conn, BOB)] == [("lost", "firing")]
     assert pushed(service, receiver) == [("alert.firing", "GPU 1 is LOST: the driver no longer sees it")]
     server.database.shutdown()
 
@@ -353,5 +358,5 @@ def test_alerts_off_means_no_pass(tmp_path):
 
     service = make_service(tmp_path, Clock(), scenario={"cards": {"count": 2}, "faults": {"lost": [1]}}, enabled=False)
     server = ServiceServer(service, str(tmp_path / "sock"), log=lambda line: None)
-    assert server.enforce_once()["alerts"] == [] and listing(service, BOB, all=True) == []
+    assert server.enforce_once()["alerts"] == [] and listing(service.conn, BOB, all=True) == []
     server.database.shutdown()

@@ -18,7 +18,7 @@ from app.gpu import open_source
 from app.notify import outbox
 from app.notify.formats import Message, body
 from app.service import Service
-from app.service.fleet import Fleet
+from app.gpu.fleet import Fleet
 from app.service.notify import deliverer, push
 from tests.conftest import Clock, FROZEN_NOW, run_board
 
@@ -277,12 +277,11 @@ class TestNeverBlocks:
     def test_operations_answer_while_a_receiver_hangs(self, tmp_path, receiver):
         """The delivery thread holds a request open at the receiver; meanwhile `status` and a push are answered
         on the database thread, and the push goes out once the receiver lets go."""
-        from app.service.notify import start_notifier
         from app.service.server import ServiceServer
 
         service = make_service(tmp_path, [NotifyTarget("ops", "slack", receiver.url("slow"))], Clock(), timeout_s=WAIT_S)
         server = ServiceServer(service, str(tmp_path / "unused.sock"), log=lambda line: None)
-        thread = start_notifier(server)
+        thread = service.start_notifier(lambda fn: server.database.submit(fn).result(), server.log, server.stopping)
         try:
             server.database.submit(lambda: push(service, "alert.firing", "first")).result(WAIT_S)
             assert receiver.arrived.wait(WAIT_S)

@@ -17,10 +17,10 @@ from app.core.cardstate import BOOKED, IN_USE
 from app.core.identity import Identity
 from app.errors import BadInput
 from app.gpu.simulated import DEFAULT_FLEET, SimulatedSource, demo_uid
-from app.history.sampler import Sampler
 from app.history.store import BUCKET_S, HistoryStore, Sample
 from app.store import bookings as rows
 from tests.conftest import FROZEN_NOW, run_board
+from tests.unit.test_history_sampler import sampler_of
 
 H = 3600
 UUID = "GPU-5090sim-0000-0000-0000-{:012d}".format
@@ -86,7 +86,7 @@ def test_the_op_on_the_sampled_simulated_fleet(tmp_path):
     alice = LocalClient.on(config, source, Identity("alice", demo_uid("alice"), False), clock=lambda: clock[0])
     try:
         alice.call("book", cards=[1], start=start, end=start + 2 * H)
-        sampler = Sampler(alice.service)
+        sampler = sampler_of(alice.service)
         while clock[0] < start + H:
             sampler.sample_once()
             clock[0] += 10
@@ -120,7 +120,7 @@ def test_a_booking_an_admin_moved_away_is_idle_no_longer_than_booked(tmp_path):
     carol = LocalClient.on(config, source, Identity("carol", demo_uid("carol"), True), clock=lambda: clock[0])
     try:
         booking = alice.call("book", cards=[1], start=start, end=start + 2 * H)
-        sampler = Sampler(alice.service)
+        sampler = sampler_of(alice.service)
         while clock[0] < start + 2 * BUCKET_S:
             if clock[0] == start + 360:
                 moved = carol.call("reassign", id=booking["id"], cards=[3])

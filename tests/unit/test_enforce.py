@@ -12,13 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from app.alerts.engine import Engine
 from app.config import Config, EnforceSettings
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
 from app.gpu import open_source
+from app.gpu.fleet import Fleet
 from app.service import Service
 from app.service.enforce import WARN_BEFORE_END_S, enforce_once, is_over, run_booking
-from app.service.fleet import Fleet
 from app.store import events, jobs
 from app.store.db import write
 from tests.conftest import Clock, FROZEN_NOW
@@ -75,8 +76,10 @@ def register(service: Service, booking, process: subprocess.Popen):
 
 
 def server_of(service: Service, log: list | None = None) -> SimpleNamespace:
-    """What enforce_once needs of a ServiceServer: the service, its registry and a log."""
-    return SimpleNamespace(service=service, registry=service.processes, log=(log if log is not None else []).append)
+    """What enforce_once needs of a ServiceServer: the service, its registry, a log, the alerts' engine and how far
+    started bookings have been announced."""
+    return SimpleNamespace(service=service, registry=service.processes, log=(log if log is not None else []).append,
+                           alerts=Engine(), started_told_until=None)
 
 
 def stops(service: Service, action: str = "job-stop") -> list[tuple]:

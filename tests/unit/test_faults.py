@@ -21,7 +21,7 @@ from app.faults.xid import meaning
 from app.gpu.model import THROTTLE_HW_SLOWDOWN, THROTTLE_IDLE, THROTTLE_SW_POWER_CAP, CardReading, FleetSnapshot, Topology
 from app.gpu.simulated import SimulatedSource, load_scenario, parse_scenario
 from app.service import Service
-from app.service.fleet import Fleet
+from app.gpu.fleet import Fleet
 from app.store.db import connect, write
 from tests.conftest import Clock, FROZEN_NOW
 
@@ -209,7 +209,7 @@ throttle = [{card = 0, at = 10, seconds = 120}]
 def test_simulated_faults_reach_the_table_through_the_service(tmp_path, clock):
     source = SimulatedSource(scenario(tmp_path, SCENARIO), clock=clock, sleep=lambda s: None)
     service = make_service(tmp_path, source, clock)
-    watcher = FaultWatcher(service, log=lambda line: None, observe_s=0)
+    watcher = FaultWatcher(service.fleet, service.config.db_path, service.clock, log=lambda line: None, observe_s=0)
     client = LocalClient(service, ALICE)
     try:
         booked = client.call("book", start=FROZEN_NOW, end=FROZEN_NOW + 3600, cards=[2])  # alice holds card 2
@@ -246,7 +246,7 @@ def test_throttling_still_on_when_the_service_stops_is_recorded(tmp_path, clock)
     text = "[cards]\ncount = 2\n[faults]\nthrottle = [{card = 1, seconds = 600}]\n"
     source = SimulatedSource(scenario(tmp_path, text), clock=clock, sleep=lambda s: None)
     service = make_service(tmp_path, source, clock)
-    watcher = FaultWatcher(service, log=lambda line: None, observe_s=0)
+    watcher = FaultWatcher(service.fleet, service.config.db_path, service.clock, log=lambda line: None, observe_s=0)
     watcher.step(0)
     clock.now += 90
     watcher.step(0)
@@ -286,7 +286,7 @@ def test_nvml_xid_events_reach_the_table(tmp_path, monkeypatch, clock):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     source = NvmlSource(clock=clock)
     service = make_service(tmp_path, source, clock)
-    watcher = FaultWatcher(service, log=lambda line: None, observe_s=0)
+    watcher = FaultWatcher(service.fleet, service.config.db_path, service.clock, log=lambda line: None, observe_s=0)
     try:
         assert watcher.step(0) == []  # registers; nothing yet
         fake.inject_xid(1, 79)
@@ -341,15 +341,15 @@ def test_the_waiting_watcher_wakes_on_an_injected_xid(monkeypatch):
 def test_a_job_that_exits_on_a_full_card_counts_and_one_on_a_roomy_card_does_not(tmp_path, clock):
     import os
     import subprocess
-    from types import SimpleNamespace
 
     from app.service.enforce import enforce_once
     from app.store import jobs
+    from tests.unit.test_enforce import server_of
 
     text = "[cards]\ncount = 2\n[[processes]]\ncard = 0\npid = 41001\nused_mib = 31000\nuser = \"alice\"\n"
     service = make_service(tmp_path, SimulatedSource(scenario(tmp_path, text), clock=clock), clock)
     me = Identity("alice", os.getuid(), False)
-    server = SimpleNamespace(service=service, registry=service.processes, log=[].append)
+    server = server_of(service)
     pids = []
     try:
         for card in (0, 1):

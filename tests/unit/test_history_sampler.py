@@ -35,6 +35,11 @@ SCENARIO = replace(DEFAULT_FLEET, lost=frozenset({3}), processes=(
     (5, process(300, 3000, "alice")), (5, process(301, 9000, "mallory"))))
 
 
+def sampler_of(service) -> Sampler:
+    """The sampler the service's agent starts, on this service's fleet, history, config and clock."""
+    return Sampler(service.fleet, service.history, service.config, service.clock)
+
+
 @pytest.fixture
 def clock():
     return [float(START)]
@@ -53,7 +58,7 @@ def client(tmp_path, clock):
 
 
 def test_one_round_records_every_card_its_state_users_and_figures(client, tmp_path):
-    sampler = Sampler(client.service)
+    sampler = sampler_of(client.service)
     sampler.sample_once()
     store = client.service.history
     assert store.path == tmp_path / "board.history.db"
@@ -77,7 +82,7 @@ def test_one_round_records_every_card_its_state_users_and_figures(client, tmp_pa
 
 
 def test_two_hours_of_sampling_roll_up_and_prune_as_the_clock_moves(client, clock):
-    sampler = Sampler(client.service)
+    sampler = sampler_of(client.service)
     while clock[0] < START + 2 * 3600:
         sampler.step()  # a sample each time; roll-up and pruning once a minute
         clock[0] += 10
@@ -96,7 +101,7 @@ def test_two_hours_of_sampling_roll_up_and_prune_as_the_clock_moves(client, cloc
 
 
 def test_the_history_op_reads_what_was_recorded(client, clock):
-    sampler = Sampler(client.service)
+    sampler = sampler_of(client.service)
     source = client.service.fleet.source
     # A process only the store can know of: a replay of the simulated fleet would not show it.
     source.set_extra_processes({4: (process(400, 12288, "carol"),)})
@@ -132,7 +137,7 @@ def test_history_refuses_what_it_cannot_answer(client, args, message):
 def test_real_gpus_get_only_what_the_store_holds(tmp_path, monkeypatch, clock):
     from app.gpu.nvml import NvmlSource
     from app.service import Service
-    from app.service.fleet import Fleet
+    from app.gpu.fleet import Fleet
     from tests.fakes.fake_pynvml import FakeGpu, FakePynvml
 
     fake = FakePynvml([FakeGpu(uuid="GPU-real-0", memory_used=4096 * 1024 * 1024, power_mw=123_400,
@@ -143,7 +148,7 @@ def test_real_gpus_get_only_what_the_store_holds(tmp_path, monkeypatch, clock):
     client = LocalClient(service, ALICE)
     try:
         assert client.call("history", seconds=600) == {}  # nothing recorded, nothing made up
-        Sampler(service).sample_once()
+        sampler_of(service).sample_once()
         [row] = service.history.samples(0, clock[0] + 1)
         assert (row["vram"], row["power"], row["sm"], row["throttle"]) == (4096, 123, 1950, THROTTLE_SW_THERMAL)
         assert client.call("history", seconds=600, step=10) == {"GPU-real-0": [[START, 4.0, 0.0, 40.0, 123.0]]}
@@ -154,18 +159,18 @@ def test_real_gpus_get_only_what_the_store_holds(tmp_path, monkeypatch, clock):
 def test_the_quick_path_and_a_disabled_history_start_no_sampler(tmp_path):
     from app.history.sampler import start_sampler
     from app.service import Service
-    from app.service.fleet import Fleet
+    from app.gpu.fleet import Fleet
 
     config = replace(Config(), db_path=tmp_path / "board.db", history=HistorySettings(enabled=False))
     service = Service(config, Fleet(SimulatedSource(), 1))
-    assert start_sampler(service) is None
+    assert start_sampler(service.fleet, service.history, service.config, service.clock) is None
     assert not (tmp_path / "board.history.db").exists()
 
 
 def test_the_loop_logs_a_lasting_failure_once_and_its_end(client, tmp_path):
     import threading
 
-    sampler = Sampler(client.service)
+    sampler = sampler_of(client.service)
     lines, calls = [], []
     sampler.log = lines.append
     stop = threading.Event()

@@ -23,7 +23,7 @@ from app.errors import BoardError, Conflict, NotPermitted
 from app.gpu import open_source
 from app.gpu.model import CardReading
 from app.service import Service
-from app.service.fleet import Fleet
+from app.gpu.fleet import Fleet
 from app.service import metrics as metrics_module
 from app.service.metrics import MAX_SCRAPES, MetricsServer
 from tests.conftest import Clock, FROZEN_NOW
@@ -191,12 +191,13 @@ class TestCounters:
     def test_alerts_fired_are_counted_by_rule(self, service, metrics):
         from app.alerts.engine import Engine
         from app.alerts.rules import Card, Inputs
+        from app.service.alerts import alerts_pass
 
         assert scrape(metrics)["board_alerts"] == []
         service.config = replace(service.config, alerts=replace(service.config.alerts, fire_after_s=0))  # at once
         engine, hot, cool = Engine(), Card(7, "GPU-7", "FREE", temp_c=95), Card(7, "GPU-7", "FREE", temp_c=50)
         for cards in ((hot, Card(3, "GPU-3", "LOST")), (cool,), (hot,)):  # hot fires twice, lost once
-            engine.run(service, Inputs(FROZEN_NOW, cards=cards))
+            alerts_pass(service, engine, Inputs(FROZEN_NOW, cards=cards))
         metrics.collector.clock = lambda: 60.0
         assert {s.labels["rule"]: s.value for s in scrape(metrics)["board_alerts"]} == {"hot": 2, "lost": 1}
 

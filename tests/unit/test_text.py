@@ -137,7 +137,7 @@ class TestStamps:
         import json
 
         from app.core.text import stamp_when
-        from app.wire import receive
+        from app.client.stamps import receive
 
         line = json.dumps({"error": {"message": f'"quoted" until {stamp_when(self.NOW, self.NOW)}'}}).encode()
         assert receive(line)["error"]["message"].startswith('"quoted" until ')

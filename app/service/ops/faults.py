@@ -5,16 +5,21 @@ Read-only, for any member: the faults concern the shared cards, not anyone's pri
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from app.core.identity import Identity
 from app.errors import BadInput
 from app.faults import store
-from app.service.ops import STR, TIME, op
+from app.service.ops.registry import STR, TIME, op
+
+if TYPE_CHECKING:
+    from app.service import Service
 
 LIMIT = 10_000
 
 
 @op("faults", {"since": TIME}, {"kind": STR})
-def faults(service, me: Identity, since: int, kind: str | None = None) -> dict:
+def faults(service: Service, me: Identity, since: int, kind: str | None = None) -> dict:
     """The faults since `since` (epoch seconds), newest first, with the card's index where the fleet knows it,
     and the counts by kind over the same window."""
     if kind is not None and kind not in store.KINDS:

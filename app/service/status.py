@@ -1,0 +1,41 @@
+"""The `board status --json` document: every card with its state, current and next booking, in epochs.
+
+The `status` operation answers with it, and the team's daily summary (app.service.notify) is made from it,
+so both say what `board status` says.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.core.cardstate import UNKNOWN_USER, fleet_status
+from app.model import booking_to_wire
+from app.store import bookings as rows
+
+if TYPE_CHECKING:
+    from app.service import Service
+
+FOREVER = 2**62
+
+
+def status_document(service: Service) -> dict:
+    """Every card with its state, current and next booking: the `board status --json` document, in epochs."""
+    snapshot = service.fleet_snapshot()
+    now = service.clock()
+    live = rows.live_between(service.conn, int(now), FOREVER)
+    statuses = fleet_status(snapshot, live, now, hot_celsius=service.config.hot_celsius, labels=service.config.labels)
+    cards = []
+    for s in statuses:
+        r = s.reading
+        cards.append({
+            "index": r.index, "uuid": r.uuid, "name": r.name, "label": s.label,
+            "memory_total_mib": r.memory_total_mib, "memory_used_mib": r.memory_used_mib,
+            "utilization_pct": r.utilization_pct, "temperature_c": r.temperature_c, "power_w": r.power_w,
+            "power_limit_w": r.power_limit_w, "pci_bus_id": r.pci_bus_id, "state": s.state,
+            "warnings": list(s.warnings), "users": list(s.users),
+            "booking": booking_to_wire(s.booking) if s.booking else None,
+            "next_booking": booking_to_wire(s.next_booking) if s.next_booking else None,
+            "processes": [{"pid": p.pid, "user": p.user or UNKNOWN_USER, "used_mib": p.used_mib, "command": p.command}
+                          for p in r.processes],
+        })
+    return {"simulated": snapshot.simulated, "taken_at": snapshot.taken_at, "cards": cards}
