@@ -27,7 +27,6 @@ from tests.conftest import REPO
 from tests.llama.conftest import LLAMA_SERVER, NO_LLAMA_REASON, Board, _subreaper  # noqa: F401 - a fixture
 from tests.llama.tiny_gguf import write_tiny_gguf
 
-pytestmark = pytest.mark.packaging
 
 NAMED_LLAMA_SERVER = os.environ.get("BOARD_LLAMA_SERVER")  # read before the autouse fixture clears BOARD_*
 ENVIRON = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -133,7 +132,6 @@ def llama_server_bin() -> str:
     pytest.skip(NO_LLAMA_REASON)
 
 
-@pytest.mark.llama
 @pytest.mark.usefixtures("_subreaper")  # the detached supervisors are reaped here (tests/llama/conftest.py)
 def test_serve_start_serves_the_booked_request(installed, tmp_path, tiny_model, llama_server_bin):
     board = InstalledBoard(tmp_path, installed, llama_server_bin)
@@ -148,7 +146,7 @@ def test_serve_start_serves_the_booked_request(installed, tmp_path, tiny_model, 
         board.cleanup()
 
 
-@pytest.mark.users
+@pytest.mark.real_users
 def test_the_agent_serves_metrics(installed):
     from tests.service.support import SERVICE_USER, Agent, check_reachable, ensure_system_user, needs_root
     from tests.service.test_metrics_prometheus import free_port, get, wait_for

@@ -25,14 +25,6 @@ import pytest
 from tests.service.support import BOARD, REPO, SERVICE_USER, Agent, check_reachable, ensure_system_user, needs_root
 
 
-def pytest_collection_modifyitems(config, items):
-    """Every test that runs the real agent needs root to create user board: marked `users`."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents and "make_agent" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.users)
-
-
 @pytest.fixture
 def make_agent():
     """make_agent(service={...}, display={...}, start=True): a fresh agent in its own scratch directory under /tmp."""
@@ -87,7 +79,7 @@ class Target:
     config: Path | None = None
 
 
-@pytest.fixture(params=["local", pytest.param("socket", marks=pytest.mark.users)])
+@pytest.fixture(params=["local", pytest.param("socket", marks=pytest.mark.real_users)])
 def target(request, tmp_path) -> Target:
     base = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",

@@ -37,9 +37,11 @@ from app.errors import BadInput, NotPermitted, error_for
 from tests import agent_process
 from tests.agent_process import SETPRIV
 from tests.service.support import REPO, SERVICE_USER, Agent, check_reachable, ensure_outsider, needs_root
-from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, read_rows, unix_users  # noqa: F401 - the users, as tests/users has them
+from tests.shared_install import read_rows
+from tests.unix_users import ADMIN_GROUP, MEMBERS_GROUP
+from tests.users.conftest import unix_users  # noqa: F401 - the users, as tests/users has them
 
-pytestmark = pytest.mark.users  # real Unix users (root); skipped with the reason otherwise
+pytestmark = pytest.mark.real_users  # real Unix users (root); skipped with the reason otherwise
 
 HOUR = 3600
 MODEL = "/models/never-opened.gguf"  # the service takes it as text; nothing here launches a server

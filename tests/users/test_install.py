@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO, SERVICE_USER, Board
+from tests.shared_install import SharedInstall
+from tests.unix_users import ADMIN_GROUP, MEMBERS_GROUP, REPO, SERVICE_USER
 
-pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
 SECTION = REPO / "README.md"
 IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
@@ -58,8 +58,8 @@ def installed(tmp_path_factory, unix_users):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def as_installed(prefix: Path, scratch: Path) -> Board:
-    return Board(root=scratch, prefix=prefix, program=[str(prefix / "usr/local/bin/board")])
+def as_installed(prefix: Path, scratch: Path) -> SharedInstall:
+    return SharedInstall(root=scratch, prefix=prefix, program=[str(prefix / "usr/local/bin/board")])
 
 
 @pytest.fixture
