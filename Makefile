@@ -45,8 +45,9 @@ WORKERS ?= 4
 test: $(VENV)/.test
 	$(BIN)/ruff check .
 	server="$$(scripts/build_llama_server.sh)" && prometheus="$$(scripts/fetch_prometheus.sh)" && \
-	export BOARD_LLAMA_SERVER="$$server" BOARD_PROMETHEUS_DIR="$$prometheus" && \
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup -m "not serial" && $(BIN)/python -m pytest -m serial
+	export BOARD_LLAMA_SERVER="$$server" BOARD_PROMETHEUS_DIR="$$prometheus" || exit; \
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup -m "not serial"; parallel=$$?; \
+	$(BIN)/python -m pytest -m serial && exit $$parallel
 
 $(VENV)/.mutation: pyproject.toml | $(VENV)/.test
 	$(BIN)/python -m pip install --quiet $(EDITABLE) '.[test,mutation]'

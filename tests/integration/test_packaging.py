@@ -18,7 +18,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ import pytest
 from tests.conftest import REPO
 from tests.llama.conftest import LLAMA_SERVER, NO_LLAMA_REASON, Board, _subreaper  # noqa: F401 - a fixture
 from tests.llama.tiny_gguf import write_tiny_gguf
+from tests.shared_install import scratch_dir
 
 
 NAMED_LLAMA_SERVER = os.environ.get("BOARD_LLAMA_SERVER")  # read before the autouse fixture clears BOARD_*
@@ -41,8 +41,7 @@ def _step(*command: str, cwd: Path | None = None) -> None:
 @pytest.fixture(scope="module")
 def installed() -> Path:
     """The installed `board` (its venv's console script); the venv lives under /tmp, where user board can reach it."""
-    root = Path(tempfile.mkdtemp(prefix="board-packaging-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    root = scratch_dir("board-packaging-")
     try:
         source = root / "src"  # pip builds in the tree: a copy, never the checkout
         source.mkdir()
@@ -154,8 +153,7 @@ def test_the_agent_serves_metrics(installed):
     needs_root()
     ensure_system_user()
     check_reachable(SERVICE_USER)  # opens the way (o+x) to the interpreter the installed venv links to
-    root = Path(tempfile.mkdtemp(prefix="board-packaging-agent-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    root = scratch_dir("board-packaging-agent-")
     agent = Agent(root, program=[str(installed)])
     try:
         agent.write_config()

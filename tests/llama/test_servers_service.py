@@ -12,7 +12,6 @@ import json
 import os
 import pwd
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from tests.llama.conftest import gone
 from tests.ports import port_range
 from tests.service.support import SERVICE_USER, Agent, check_reachable, needs_root, run_as
 from tests.unix_users import ensure_unix_users
+from tests.shared_install import scratch_dir
 
 # A supervisor that registers a server the service leased and reports it ready with memory figures that are
 # junk (as a member's own process could send), then its exit; prints the row as it was once ready.
@@ -121,8 +121,7 @@ def shared(llama_server, tiny_model):
     ensure_unix_users()  # alice, bob, carol and the service user, whichever suite runs first
     for name in (SERVICE_USER, "alice"):
         check_reachable(name)
-    root = Path(tempfile.mkdtemp(prefix="board-llama-service-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    root = scratch_dir("board-llama-service-")
     board = SharedBoard(root, llama_server, tiny_model)
     board.agent.start()
     yield board

@@ -13,16 +13,15 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.service.support import BOARD, REPO, SERVICE_USER, Agent, check_reachable, ensure_system_user, needs_root
+from tests.shared_install import scratch_dir
 
 
 @pytest.fixture
@@ -35,8 +34,7 @@ def make_agent():
 
     def make(service: dict | None = None, display: dict | None = None, start: bool = True) -> Agent:
         # Not tmp_path: it lives under /root here, which user board cannot traverse.
-        root = Path(tempfile.mkdtemp(prefix="board-service-", dir="/tmp"))
-        os.chmod(root, 0o755)
+        root = scratch_dir("board-service-")
         agent = Agent(root, dict(service or {}), dict(display or {}))
         agent.write_config()
         agents.append(agent)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shared_install import SharedInstall
+from tests.shared_install import scratch_dir, SharedInstall
 from tests.unix_users import ADMIN_GROUP, MEMBERS_GROUP, REPO, SERVICE_USER
 
 
@@ -35,10 +35,8 @@ IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory, unix_users):
     """Run the script once for the module: (prefix, its output)."""
-    import tempfile
 
-    root = Path(tempfile.mkdtemp(prefix="board-install-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    root = scratch_dir("board-install-")
     source = root / "src"
     shutil.copytree(REPO, source, ignore=IGNORE)  # pip builds in the tree: not in the shared checkout
     prefix = root / "prefix"
