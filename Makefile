@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test llama-server screenshots bench mutation clean
+.PHONY: run check test llama-server screenshots bench mutation clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +31,23 @@ run: $(VENV)/.runtime
 llama-server:
 	@scripts/build_llama_server.sh
 
-# Lint first (seconds); a failed llama-server build or Prometheus download stops here rather than letting tests skip.
+# The developer's loop (under 3 minutes): lint, the rules, the in-process service and the compact TUI snapshots.
+QUICK_TIERS := not real_users and not llama_server and not prometheus and not slow
+check: $(VENV)/.test
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -n auto -m "$(QUICK_TIERS)" tests/unit tests/service/test_behaviour.py \
+		tests/tui/test_tui_snapshots.py -k "not 120x40"
+
+# The whole suite: what is safe in parallel first (pytest-xdist), then the `serial` tests one at a time. More workers
+# than cores: most tests wait on processes and sockets. Lint first (seconds); a failed llama-server build or
+# Prometheus download stops here rather than letting tests skip.
+WORKERS ?= 4
 test: $(VENV)/.test
 	$(BIN)/ruff check .
 	server="$$(scripts/build_llama_server.sh)" && prometheus="$$(scripts/fetch_prometheus.sh)" && \
-	BOARD_LLAMA_SERVER="$$server" BOARD_PROMETHEUS_DIR="$$prometheus" $(BIN)/python -m pytest
+	export BOARD_LLAMA_SERVER="$$server" BOARD_PROMETHEUS_DIR="$$prometheus" || exit; \
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup -m "not serial"; parallel=$$?; \
+	$(BIN)/python -m pytest -m serial && exit $$parallel
 
 $(VENV)/.mutation: pyproject.toml | $(VENV)/.test
 	$(BIN)/python -m pip install --quiet $(EDITABLE) '.[test,mutation]'

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_install import BIN, MEMBERS_GROUP, REPO, SharedInstall, as_user  # noqa: E402
+from shared_install import BIN, MEMBERS_GROUP, REPO, as_user, shared_install  # noqa: E402
 
 STDLIB_FLOOR = "import argparse, dataclasses, datetime, grp, hashlib, json, pathlib, pwd, sqlite3, typing, unicodedata"
 
@@ -67,7 +67,7 @@ def run_cases(cases: dict, runs: int, env: dict, cwd: str | None = None, user: s
     cpu: dict[str, list[float]] = {name: [] for name in cases}
     for n in range(runs):
         for name, argv in cases.items():  # interleaved, so machine noise hits every case alike
-            elapsed, used, out = timed(as_user(user, argv(n)), env, cwd)
+            elapsed, used, out = timed(as_user(user, argv(n)) if user else argv(n), env, cwd)
             wall[name].append(elapsed)
             cpu[name].append(used)
             if after is not None:
@@ -93,10 +93,10 @@ def compile_bytecode() -> None:
 
 def socket_mode(runs: int, group: str, user: str, breakdown: bool) -> None:
     compile_bytecode()
-    with SharedInstall(group=group) as install:
+    with shared_install(group=group) as install:
         env = install.environ(user)
         board = str(BIN / "board")
-        install.run(user, "status")  # the first request opens (and migrates) the database: not timed
+        install.run(user, "status", check=True)  # the first request opens (and migrates) the database: not timed
         cases = {
             "baseline: python3 -c 'import sqlite3'": lambda n: [sys.executable, "-c", "import sqlite3"],
             "board status --json": lambda n: [board, "status", "--json"],

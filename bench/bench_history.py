@@ -167,11 +167,10 @@ def synthetic_year(path: Path, *, days: int = 365, cards: int = 8, now: int = NO
 def service_side_by_side(seconds: float, sample_s: float) -> dict:
     """Two agents on the simulated 8 cards at once, history off and on: CPU seconds and RSS of each."""
     sys.path.insert(0, str(REPO / "bench"))
-    from shared_install import SharedInstall, cpu_seconds, rss_kib
+    from shared_install import cpu_seconds, rss_kib, shared_install
 
-    off = SharedInstall(extra_toml="[history]\nenabled = false\n")
-    on = SharedInstall(extra_toml=f"[history]\nenabled = true\nsample_s = {sample_s}\n")
-    with off, on:
+    with (shared_install(extra_toml="[history]\nenabled = false\n") as off,
+          shared_install(extra_toml=f"[history]\nenabled = true\nsample_s = {sample_s}\n") as on):
         pids = {"off": off.agent_pid, "on": on.agent_pid}
         time.sleep(2)  # both past their start
         cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_install import MEMBERS_GROUP, REPO, SharedInstall, as_user, require_root  # noqa: E402
+from shared_install import MEMBERS_GROUP, REPO, as_user, require_root, shared_install  # noqa: E402
 
 HOUR = 3600
 
@@ -230,13 +230,13 @@ def run(args: argparse.Namespace) -> dict:
 
     require_root("bench_load.py")
     users = [u for u in args.users.split(",") if u]
-    with SharedInstall(group=args.group) as install:
+    with shared_install(group=args.group) as install:
         for user in users:
             try:
                 pwd.getpwnam(user)
             except KeyError:
                 raise SystemExit(f"no user {user!r}: create the users (useradd) or pick others with --users") from None
-        install.run(users[0], "status")  # opens (and migrates) the service's database
+        install.run(users[0], "status", check=True)  # opens (and migrates) the service's database
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(install.root), "TZ": "UTC"}
         # The raw loop's file: a group directory beside the service's, on the same disk, the board's pragmas.
         scratch = install.root / "raw"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_install import SharedInstall  # noqa: E402
+from shared_install import shared_install  # noqa: E402
 
 HOUR = 3600
 
@@ -62,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
 
     port = free_port()
-    with SharedInstall(extra_toml=f'[metrics]\nlisten = "127.0.0.1:{port}"\n') as install:
+    with shared_install(extra_toml=f'[metrics]\nlisten = "127.0.0.1:{port}"\n') as install:
         client = install.client()
         now = int(time.time())
         for n in range(args.bookings):  # a card each, one after the other: the first 8 hold the cards now

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_install import BOARD, MEMBERS_GROUP, REPO, SharedInstall, as_user, cpu_seconds, rss_kib  # noqa: E402
+from shared_install import BOARD, MEMBERS_GROUP, REPO, SharedInstall, as_user, cpu_seconds, rss_kib, shared_install  # noqa: E402
 
 USERS = ("alice", "bob")
 
@@ -380,7 +380,7 @@ def bench_rss(install: SharedInstall, clients: int, bookings: int) -> None:
         samples = []
         try:
             for n in range(bookings):  # every one of them reloads its window after each
-                install.run(USERS[n % 2], "book", "1", "--for", "10m", "--start", f"+{n + 1}h")
+                install.run(USERS[n % 2], "book", "1", "--for", "10m", "--start", f"+{n + 1}h", check=True)
                 samples.append(rss_kib(pid))
             time.sleep(1)
             stats = admin.call("stats")
@@ -415,8 +415,8 @@ def main() -> None:
     if args.subscribers:
         return subscribers_worker(args.subscribers)
     only = set(args.only.split(","))
-    with SharedInstall(group=args.group) as install:
-        install.run("alice", "status")  # opens the database
+    with shared_install(group=args.group) as install:
+        install.run("alice", "status", check=True)  # opens the database
         print(f"agent pid {install.agent_pid} as user board on {install.socket}; simulated fleet")
         workers = Workers(install)
         try:

@@ -216,10 +216,10 @@ def main() -> None:
     print(f"idle, side by side for {args.seconds:.0f} s after {args.warmup:.0f} s of start-up, 120x40 ptys"
           + ("" if socket else " (the board on the socket needs root: left out)") + ":")
     if socket:
-        from shared_install import SharedInstall
+        from shared_install import shared_install
 
-        with SharedInstall() as install:
-            install.run("alice", "status")  # opens the database
+        with shared_install() as install:
+            install.run("alice", "status", check=True)  # opens the database
             idle = idle_bench(args.seconds, args.warmup, install)
     else:
         idle = idle_bench(args.seconds, args.warmup)

@@ -19,6 +19,54 @@ REPO = Path(__file__).resolve().parent.parent
 FROZEN_NOW = 1795966200
 
 
+# The slow tiers (pyproject.toml's markers), given here by what a test needs rather than in each file. A fixture
+# marks every test that uses it (directly or through another fixture); a path marks everything under it. Tests that
+# reach a tier another way (a fixture's param, a helper called in the test) carry the marker themselves.
+TIER_FIXTURES = {
+    "unix_users": "real_users",  # tests/unix_users.py: alice, bob, carol, mallory and the service user board
+    "make_agent": "real_users",  # the agent as the unit runs it, as user board
+    "llama_server": "llama_server",  # the real binary (scripts/build_llama_server.sh)
+    "llama_server_bin": "llama_server",
+    "prometheus_bin": "prometheus",  # a real Prometheus and promtool (scripts/fetch_prometheus.sh)
+}
+TIER_PATHS = {
+    "tests/users": "real_users",
+    "tests/integration/test_history_budget.py": "slow",  # a synthetic year of history, about 2 minutes
+    "tests/integration/test_packaging.py": "slow",  # builds the wheel and installs it in a fresh venv
+}
+# Not safe beside other tests: each must answer within a deadline its issue sets, which a busy machine can miss.
+# `make test` runs them after the parallel pass, one at a time. A path, or a node id and what it holds.
+SERIAL = {
+    "tests/users/test_floods.py",  # alice's whoami within 5 s while 3,000 connections flood the agent
+    "tests/users/test_jobs.py::test_a_job_outliving_its_booking_gets_sigterm_and_knows_its_end",  # SIGTERM within 4 s
+    "tests/users/test_sharing.py::test_alice_and_bob_both_book_and_each_sees_the_other_at_once",  # seen within 5 s
+    "tests/llama/test_servers.py::TestWaiting::test_the_waiting_cli_notices_a_supervisor_that_died_and_does_not_wait_"
+    "for_the_timeout",  # the waiting CLI gives up within 5 s
+    "tests/tui/test_hangup.py",  # the board gone within 2 s of its terminal closing
+    "tests/tui/test_tui_behaviour.py::TestLive",  # the live board's updates and keys within 2 s
+}
+# Modules whose module-scoped fixture costs a minute or more (an install in a fresh venv): on one worker, made once.
+ONE_WORKER_PATHS = {
+    "tests/users/test_install.py",
+    "tests/integration/test_packaging.py",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before the folders' hooks, which skip by these markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(item.fspath).resolve().relative_to(REPO).as_posix()
+        fixtures = set(getattr(item, "fixturenames", ()))
+        marks = {tier for fixture, tier in TIER_FIXTURES.items() if fixture in fixtures}
+        marks |= {tier for where, tier in TIER_PATHS.items() if path == where or path.startswith(where + "/")}
+        if any(path == where or item.nodeid == where or item.nodeid.startswith(where + "::") for where in SERIAL):
+            marks.add("serial")
+        for mark in sorted(marks):
+            item.add_marker(mark)
+        if path in ONE_WORKER_PATHS:
+            item.add_marker(pytest.mark.xdist_group(path))  # with pytest-xdist's --dist loadgroup
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch, tmp_path):
     """No test sees the machine's board config, database or simulation switch unless it sets them."""

@@ -8,6 +8,7 @@ servers through the service) call ensure_unix_users() themselves rather than dep
 
 from __future__ import annotations
 
+import fcntl
 import grp
 import os
 import pwd
@@ -33,8 +34,15 @@ USERS = {
     "mallory": (1066, []),
 }
 
+# useradd, groupadd, usermod and gpasswd refuse (rather than wait) while another holds /etc/passwd's or /etc/group's
+# lock, and parallel test workers make the same users at once: one such command at a time, across processes.
+USERS_LOCK = Path("/tmp/board-tests-unix-users.lock")
+
+
 def _sh(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True)
+    with open(USERS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.run(cmd, capture_output=True, text=True)
 
 
 def ensure_group(name: str, system: bool = False) -> None:
@@ -68,9 +76,9 @@ def _set_groups(name: str, groups: list[str]) -> None:
     """`name` in exactly those of the members' and admins' groups that `groups` lists."""
     for group in (MEMBERS_GROUP, ADMIN_GROUP):
         members = grp.getgrnam(group).gr_mem
-        if group in groups and name not in members:
-            _sh("usermod", "-aG", group, name)
-        elif group not in groups and name in members:
+        if group in groups:
+            add_to_group(name, group)
+        elif name in members:
             _sh("gpasswd", "-d", name, group)
 
 
@@ -84,8 +92,13 @@ def ensure_service_user(group: str = MEMBERS_GROUP) -> None:
                      "--shell", "/usr/sbin/nologin", SERVICE_USER)
         if result.returncode not in (0, 9):
             raise RuntimeError(f"useradd {SERVICE_USER}: {result.stderr.strip()}")
-    if SERVICE_USER not in grp.getgrnam(group).gr_mem and group != SERVICE_USER:
-        _sh("usermod", "-aG", group, SERVICE_USER)
+    add_to_group(SERVICE_USER, group)
+
+
+def add_to_group(name: str, group: str) -> None:
+    """`name` in `group` (a supplementary group, unless it is already the user's own)."""
+    if name not in grp.getgrnam(group).gr_mem and pwd.getpwnam(name).pw_gid != grp.getgrnam(group).gr_gid:
+        _sh("usermod", "-aG", group, name)
 
 
 def open_path_for_others(path: Path) -> list[Path]:
@@ -111,12 +124,26 @@ def ensure_unix_users() -> dict[str, pwd.struct_passwd]:
         ensure_user(name, uid)
         _set_groups(name, groups)
     ensure_service_user()
-    # The interpreter may live under /root (pyenv): other users need to reach it, and the checkout.
+    open_checkout_for_others()  # the interpreter may live under /root (pyenv)
+    for name in ("mallory", SERVICE_USER):
+        if problem := cannot_run_checkout(name):
+            pytest.skip(problem)
+    return {name: pwd.getpwnam(name) for name in [*USERS, SERVICE_USER]}
+
+
+def open_checkout_for_others() -> None:
+    """Every directory above this interpreter and this checkout searchable by others (o+x, no listing)."""
     for target in (Path(os.path.realpath(sys.executable)), Path(sys.executable), REPO / "app"):
         open_path_for_others(target)
-    for name in ("mallory", SERVICE_USER):
-        probe = _sh(SETPRIV, f"--reuid={pwd.getpwnam(name).pw_uid}", f"--regid={pwd.getpwnam(name).pw_gid}",
-                    "--init-groups", "--", sys.executable, "-c", "import app.cli")
-        if probe.returncode != 0:
-            pytest.skip(f"{name} cannot run {sys.executable} on this checkout: {probe.stderr.strip()[-200:]}")
-    return {name: pwd.getpwnam(name) for name in [*USERS, SERVICE_USER]}
+
+
+def cannot_run_checkout(user: str) -> str | None:
+    """Why `user` cannot run this interpreter on this checkout, or None when it can."""
+    probe = subprocess.run(as_user(user, [sys.executable, "-c", "import app.cli"]), capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"{user} cannot run {sys.executable} on {REPO}: {probe.stderr.strip()[-300:]}"
+
+
+def as_user(user: str, argv: list[str]) -> list[str]:
+    """argv run as `user`, with that user's groups as a login would give them."""
+    entry = pwd.getpwnam(user)
+    return [SETPRIV, f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--", *argv]

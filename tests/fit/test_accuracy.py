@@ -14,7 +14,6 @@ from app.fit.estimate import Settings, cpu_totals
 from app.fit.gguf_model import read_model
 from tests.fit.runner import measure
 
-pytestmark = pytest.mark.llama
 
 CASES = [
     ("tiny", Settings(ctx=4096, parallel=2)),

@@ -18,7 +18,6 @@ from app.llama.memory import read_memory
 from tests.fit.runner import ServerRefused, measure, run_server, server_argv
 from tests.fit.shapes import SHAPES, Shape, tensor_bytes
 
-pytestmark = pytest.mark.llama
 
 MiB = 2**20
 # The log prints MiB with two decimals.

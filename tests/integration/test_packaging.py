@@ -18,7 +18,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,8 @@ import pytest
 from tests.conftest import REPO
 from tests.llama.conftest import LLAMA_SERVER, NO_LLAMA_REASON, Board, _subreaper  # noqa: F401 - a fixture
 from tests.llama.tiny_gguf import write_tiny_gguf
+from tests.shared_install import scratch_dir
 
-pytestmark = pytest.mark.packaging
 
 NAMED_LLAMA_SERVER = os.environ.get("BOARD_LLAMA_SERVER")  # read before the autouse fixture clears BOARD_*
 ENVIRON = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -42,8 +41,7 @@ def _step(*command: str, cwd: Path | None = None) -> None:
 @pytest.fixture(scope="module")
 def installed() -> Path:
     """The installed `board` (its venv's console script); the venv lives under /tmp, where user board can reach it."""
-    root = Path(tempfile.mkdtemp(prefix="board-packaging-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    root = scratch_dir("board-packaging-")
     try:
         source = root / "src"  # pip builds in the tree: a copy, never the checkout
         source.mkdir()
@@ -133,7 +131,6 @@ def llama_server_bin() -> str:
     pytest.skip(NO_LLAMA_REASON)
 
 
-@pytest.mark.llama
 @pytest.mark.usefixtures("_subreaper")  # the detached supervisors are reaped here (tests/llama/conftest.py)
 def test_serve_start_serves_the_booked_request(installed, tmp_path, tiny_model, llama_server_bin):
     board = InstalledBoard(tmp_path, installed, llama_server_bin)
@@ -148,7 +145,7 @@ def test_serve_start_serves_the_booked_request(installed, tmp_path, tiny_model, 
         board.cleanup()
 
 
-@pytest.mark.users
+@pytest.mark.real_users
 def test_the_agent_serves_metrics(installed):
     from tests.service.support import SERVICE_USER, Agent, check_reachable, ensure_system_user, needs_root
     from tests.service.test_metrics_prometheus import free_port, get, wait_for
@@ -156,8 +153,7 @@ def test_the_agent_serves_metrics(installed):
     needs_root()
     ensure_system_user()
     check_reachable(SERVICE_USER)  # opens the way (o+x) to the interpreter the installed venv links to
-    root = Path(tempfile.mkdtemp(prefix="board-packaging-agent-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    root = scratch_dir("board-packaging-agent-")
     agent = Agent(root, program=[str(installed)])
     try:
         agent.write_config()

@@ -2,7 +2,7 @@
 
 The tests run the real CLI in subprocesses, as users would. pytest makes itself a child subreaper, so
 the detached supervisors (whose parent, the CLI, exits at once) are re-parented to it instead of to
-PID 1; `Board.gone(server)` reaps them and then checks with os.killpg(pgid, 0) that the whole process
+PID 1; `gone(server)` reaps them and then checks with os.killpg(pgid, 0) that the whole process
 group is gone. Without that, a PID 1 that does not reap would leave zombies in the group forever.
 """
 
@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import run_board
 from tests.llama.tiny_gguf import write_tiny_gguf
+from tests.ports import port_range
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -46,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"BOARD_LLAMA_SERVER={os.environ['BOARD_LLAMA_SERVER']!r} is not an executable file")
     skip = pytest.mark.skip(reason=NO_LLAMA_REASON)
     for item in items:
-        if item.get_closest_marker("llama") is not None:
+        if item.get_closest_marker("llama_server") is not None:
             item.add_marker(skip)
 
 
@@ -73,15 +74,33 @@ def llama_server() -> str:
     return LLAMA_SERVER
 
 
+def gone(server: dict, timeout: float = 20) -> bool:
+    """True once no process of the server's group is left: reap what was re-parented to us (this process is a
+    subreaper), then os.killpg(pgid, 0) must say there is no such group."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid in (server["supervisor_pid"], server["pid"]):
+            if pid:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:  # not ours (a service's supervisor), or reaped already
+                    pass
+        try:
+            os.killpg(server["pgid"], 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
 class Board:
     """The real `board` CLI on one fresh database and the simulated fleet, with helpers for servers."""
 
     def __init__(self, tmp_path: Path, server_bin: str | None, ready_timeout_s: float = 60.0):
         self.tmp_path = tmp_path
         self.db = tmp_path / "board.db"
-        # A port range of our own: other test runs may share this host.
-        base = 20000 + (os.getpid() % 400) * 40
-        self.port_min, self.port_max = base, base + 39
+        self.port_min, self.port_max = port_range("llama", 40)  # of our own: other workers and runs share this host
         self.config = tmp_path / "board.toml"
         self.config.write_text(textwrap.dedent(f"""\
             [llama]
@@ -130,25 +149,7 @@ class Board:
     def raw(self) -> sqlite3.Connection:
         return sqlite3.connect(self.db)
 
-    def gone(self, server: dict, timeout: float = 15) -> bool:
-        """True once no process of the server's group is left: reap what was re-parented to us, then
-        os.killpg(pgid, 0) must say there is no such group."""
-        pgid = server["pgid"]
-        deadline = time.monotonic() + timeout
-        while True:
-            for pid in (server["supervisor_pid"], server["pid"]):
-                if pid:
-                    try:
-                        os.waitpid(pid, os.WNOHANG)
-                    except ChildProcessError:
-                        pass
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
+    gone = staticmethod(gone)  # board.gone(server), as the tests read it
 
     def cleanup(self) -> None:
         """Kill whatever a failed test left running, by the recorded process groups (and only those)."""

@@ -19,8 +19,6 @@ from tests.llama.conftest import make_fake_server
 
 pytestmark = pytest.mark.usefixtures("_subreaper")
 
-llama = pytest.mark.llama
-
 SERVER_KEYS = {"id", "booking_id", "user", "cards", "model", "port", "pid", "state", "started", "log"}
 
 
@@ -57,7 +55,6 @@ def group_alive(pgid: int) -> list[int]:
     return alive
 
 
-@llama
 class TestStartAnswerStop:
     def test_start_serves_chat_on_the_booked_cards_and_stop_leaves_nothing(self, board, tiny_model):
         booking = board.book("7,3,4")  # two switches: 3 under one, 4 and 7 under the other
@@ -156,7 +153,6 @@ def mid_model(tmp_path_factory):
 
 
 class TestMemory:
-    @llama
     def test_the_servers_own_figures_are_recorded_beside_the_estimate(self, board, mid_model):
         from app.config import Config
         from app.fit.estimate import Settings, cpu_totals
@@ -211,7 +207,6 @@ class TestMemory:
         assert fake_board.gone(fake_board.server(server["id"]))
 
 
-@llama
 class TestCrash:
     def test_kill_9_of_llama_server_is_recorded_as_crashed_with_exit_info(self, board, tiny_model):
         server = board.start(board.book("0"), tiny_model)
@@ -240,7 +235,6 @@ class TestCrash:
         assert "exit status unknown" in found["reason"]
 
 
-@llama
 class TestIdentity:
     def test_a_reused_pid_is_never_signalled(self, board, tiny_model):
         booking = board.book("5")
@@ -358,7 +352,6 @@ class TestRefusals:
         assert fake_board.gone(fake_board.server(server["id"]))
 
 
-@llama
 class TestBookingEnd:
     def test_agent_once_stops_a_server_whose_booking_ended(self, board, tiny_model):
         booking = board.book("6")

@@ -12,15 +12,17 @@ import json
 import os
 import pwd
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from app.llama.health import health
+from tests.llama.conftest import gone
+from tests.ports import port_range
 from tests.service.support import SERVICE_USER, Agent, check_reachable, needs_root, run_as
 from tests.unix_users import ensure_unix_users
+from tests.shared_install import scratch_dir
 
 # A supervisor that registers a server the service leased and reports it ready with memory figures that are
 # junk (as a member's own process could send), then its exit; prints the row as it was once ready.
@@ -46,7 +48,7 @@ sock.close()
 print(json.dumps(row))
 """
 
-pytestmark = [pytest.mark.llama, pytest.mark.users, pytest.mark.usefixtures("_subreaper")]
+pytestmark = [pytest.mark.real_users, pytest.mark.usefixtures("_subreaper")]
 
 MEMBERS, ADMINS = "boardusers", "boardadmins"
 BOARD = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "board"
@@ -68,15 +70,14 @@ class SharedBoard:
         shutil.copy2(tiny_model, self.model)
         for path, mode in ((bin_dir, 0o755), (self.server_bin, 0o755), (models, 0o755), (self.model, 0o644)):
             os.chmod(path, mode)
-        base = 24000 + (os.getpid() % 300) * 20
-        self.port_min = base
+        self.port_min, port_max = port_range("llama_service", 20)
         self.agent.config.write_text(
             f'[storage]\ndb = "{self.agent.db}"\n\n'
             f'[service]\nsocket = "{self.agent.socket}"\ngroup = "{MEMBERS}"\n\n'
             f'[access]\nadmin_group = "{ADMINS}"\n\n'
             f'[enforce]\ninterval_s = 0.5\ngrace_s = 2\n\n'
             f'[llama]\nserver_bin = "{self.server_bin}"\nmodel_dirs = ["{models}"]\n'
-            f'port_min = {base}\nport_max = {base + 19}\nready_timeout_s = 60\n')
+            f'port_min = {self.port_min}\nport_max = {port_max}\nready_timeout_s = 60\n')
         self.homes: dict[str, Path] = {}
         for name in ("alice", "bob", "carol"):
             home = root / f"home-{name}"
@@ -114,33 +115,13 @@ class SharedBoard:
         return [e for e in self.json("carol", "log", "--limit", "200")["events"] if e["action"] == action]
 
 
-def gone(server: dict, timeout: float = 20) -> bool:
-    """No process of the server's group is left (reaping the supervisor, re-parented to this subreaper)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for pid in (server["supervisor_pid"],):
-            if pid:
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-        try:
-            os.killpg(server["pgid"], 0)
-        except ProcessLookupError:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def shared(llama_server, tiny_model):
     needs_root()
     ensure_unix_users()  # alice, bob, carol and the service user, whichever suite runs first
     for name in (SERVICE_USER, "alice"):
         check_reachable(name)
-    root = Path(tempfile.mkdtemp(prefix="board-llama-service-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    root = scratch_dir("board-llama-service-")
     board = SharedBoard(root, llama_server, tiny_model)
     board.agent.start()
     yield board

@@ -138,7 +138,6 @@ class TestServersScreen:
             assert type(app.screen).__name__ == "ServersScreen"  # no dialog without a booking
 
 
-@pytest.mark.llama
 class TestStartDialog:
     async def test_start_from_the_dialog_then_tokens_per_second(self, board, tiny_model, llama_server):
         booking = board.book("5")

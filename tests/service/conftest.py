@@ -13,24 +13,15 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.service.support import BOARD, REPO, SERVICE_USER, Agent, check_reachable, ensure_system_user, needs_root
-
-
-def pytest_collection_modifyitems(config, items):
-    """Every test that runs the real agent needs root to create user board: marked `users`."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents and "make_agent" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.users)
+from tests.shared_install import scratch_dir
 
 
 @pytest.fixture
@@ -43,8 +34,7 @@ def make_agent():
 
     def make(service: dict | None = None, display: dict | None = None, start: bool = True) -> Agent:
         # Not tmp_path: it lives under /root here, which user board cannot traverse.
-        root = Path(tempfile.mkdtemp(prefix="board-service-", dir="/tmp"))
-        os.chmod(root, 0o755)
+        root = scratch_dir("board-service-")
         agent = Agent(root, dict(service or {}), dict(display or {}))
         agent.write_config()
         agents.append(agent)
@@ -87,7 +77,7 @@ class Target:
     config: Path | None = None
 
 
-@pytest.fixture(params=["local", pytest.param("socket", marks=pytest.mark.users)])
+@pytest.fixture(params=["local", pytest.param("socket", marks=pytest.mark.real_users)])
 def target(request, tmp_path) -> Target:
     base = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",

@@ -9,7 +9,6 @@ import pwd
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import agent_process
+from tests import agent_process, unix_users
 
 REPO = Path(__file__).resolve().parents[2]
 BOARD = Path(sys.prefix) / "bin" / "board"  # the venv's console script, as the unit's ExecStart names it
@@ -43,36 +42,16 @@ def needs_root():
         pytest.skip(reason)
 
 
-def _sh(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-def ensure_system_user(name: str = SERVICE_USER) -> pwd.struct_passwd:
+def ensure_system_user() -> pwd.struct_passwd:
     """The system group and user `board`, as scripts/install_shared.sh creates them (idempotent)."""
-    try:
-        grp.getgrnam(name)
-    except KeyError:
-        result = _sh("groupadd", "--system", name)
-        if result.returncode not in (0, 9):  # 9: created meanwhile by another session
-            raise RuntimeError(f"groupadd {name}: {result.stderr.strip()}")
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        result = _sh("useradd", "--system", "--gid", name, "--no-create-home", "--shell", "/usr/sbin/nologin", name)
-        if result.returncode not in (0, 9):
-            raise RuntimeError(f"useradd {name}: {result.stderr.strip()}")
-    return pwd.getpwnam(name)
+    unix_users.ensure_service_user(group=SERVICE_USER)
+    return pwd.getpwnam(SERVICE_USER)
 
 
 def ensure_outsider(name: str = "mallory") -> pwd.struct_passwd:
     """A plain user in no board group at all (tests/users uses the same name for its outsider)."""
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        result = _sh("useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group", name)
-        if result.returncode not in (0, 9):
-            raise RuntimeError(f"useradd {name}: {result.stderr.strip()}")
-        entry = pwd.getpwnam(name)
+    unix_users.ensure_user(name, unix_users.USERS[name][0])
+    entry = pwd.getpwnam(name)
     board_gid = grp.getgrnam(SERVICE_USER).gr_gid
     if name in grp.getgrnam(SERVICE_USER).gr_mem or entry.pw_gid == board_gid:
         raise RuntimeError(f"{name} is in group {SERVICE_USER}; the outsider tests need a non-member")
@@ -80,36 +59,20 @@ def ensure_outsider(name: str = "mallory") -> pwd.struct_passwd:
 
 
 def run_as(user: str, *cmd: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    entry = pwd.getpwnam(user)
-    return subprocess.run(
-        ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--", *cmd],
-        capture_output=True, text=True, env=env, cwd="/", timeout=timeout,
-    )
-
-
-def _open_path_for_others(path: Path) -> None:
-    """o+x on every directory above `path` (as tests/users does), so user board can reach this interpreter."""
-    for directory in reversed(path.parents):
-        mode = stat.S_IMODE(directory.stat().st_mode)
-        if not mode & stat.S_IXOTH:
-            os.chmod(directory, mode | stat.S_IXOTH)
+    return subprocess.run(unix_users.as_user(user, list(cmd)), capture_output=True, text=True, env=env, cwd="/",
+                          timeout=timeout)
 
 
 _reachable: dict[str, str | None] = {}
 
 
 def check_reachable(user: str) -> None:
-    """`user` can run this venv's python on this checkout; open the way (o+x) if not, else skip."""
+    """`user` can run this venv's python on this checkout (opening the way, o+x, first); else skip."""
     if user not in _reachable:
-        probe = [sys.executable, "-c", "import app.service.server"]
-        result = run_as(user, *probe)
-        if result.returncode != 0:
-            for target in (Path(os.path.realpath(sys.executable)), Path(sys.executable), REPO / "app"):
-                _open_path_for_others(target)
-            result = run_as(user, *probe)
-        _reachable[user] = None if result.returncode == 0 else result.stderr.strip()[-300:]
+        unix_users.open_checkout_for_others()
+        _reachable[user] = unix_users.cannot_run_checkout(user)
     if _reachable[user] is not None:
-        pytest.skip(f"user {user} cannot run {sys.executable} on this checkout: {_reachable[user]}")
+        pytest.skip(_reachable[user])
 
 
 # -- the agent ---------------------------------------------------------------------------------

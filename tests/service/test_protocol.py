@@ -26,7 +26,7 @@ from app.service.server import LINE_TIMEOUT_S
 from tests.agent_process import PRLIMIT, SETPRIV
 from tests.service.support import BOARD, SERVICE_USER, Raw, board_cli, check_reachable, ensure_outsider, run_as
 
-pytestmark = pytest.mark.users
+pytestmark = pytest.mark.real_users
 
 HOUR = 3600
 

@@ -24,7 +24,6 @@ import queue
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,9 +36,11 @@ from app.errors import BadInput, NotPermitted, error_for
 from tests import agent_process
 from tests.agent_process import SETPRIV
 from tests.service.support import REPO, SERVICE_USER, Agent, check_reachable, ensure_outsider, needs_root
-from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, read_rows, unix_users  # noqa: F401 - the users, as tests/users has them
+from tests.shared_install import scratch_dir, read_rows
+from tests.unix_users import ADMIN_GROUP, MEMBERS_GROUP
+from tests.users.conftest import unix_users  # noqa: F401 - the users, as tests/users has them
 
-pytestmark = pytest.mark.users  # real Unix users (root); skipped with the reason otherwise
+pytestmark = pytest.mark.real_users  # real Unix users (root); skipped with the reason otherwise
 
 HOUR = 3600
 MODEL = "/models/never-opened.gguf"  # the service takes it as text; nothing here launches a server
@@ -243,8 +244,7 @@ def socket_world(root: Path, ports: int) -> World:
 def world(request):
     needs_root()
     request.getfixturevalue("unix_users")
-    root = Path(tempfile.mkdtemp(prefix="board-permissions-", dir="/tmp"))  # user board must reach it
-    os.chmod(root, 0o755)
+    root = scratch_dir("board-permissions-")  # user board must reach it
     ports = 37000 + (os.getpid() % 300) * 20 + (20 * 300 if request.param == "socket" else 0)
     made = (socket_world if request.param == "socket" else local_world)(root, ports)
     yield made

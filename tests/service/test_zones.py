@@ -50,7 +50,7 @@ def in_shanghai(monkeypatch):
     time.tzset()
 
 
-@pytest.fixture(params=["local", pytest.param("socket", marks=pytest.mark.users)])
+@pytest.fixture(params=["local", pytest.param("socket", marks=pytest.mark.real_users)])
 def zoned(request, tmp_path):
     """(client, cli) for one transport, with POOLS; the agent (socket) keeps the unit's TZ=UTC."""
     import subprocess
@@ -190,7 +190,6 @@ def test_stamps_stay_out_of_the_wire_reply_for_a_member(zoned):
 
 
 
-@pytest.mark.users
 async def test_the_boards_toast_reads_in_the_members_zone(make_agent):
     """The board (TUI) on the agent's socket toasts a live notice in the member's zone."""
     from app.config import load_config

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO, SERVICE_USER, Board
+from tests.shared_install import scratch_dir, SharedInstall
+from tests.unix_users import ADMIN_GROUP, MEMBERS_GROUP, REPO, SERVICE_USER
 
-pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
 SECTION = REPO / "docs" / "service.md"
 IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
@@ -35,10 +35,8 @@ IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory, unix_users):
     """Run the script once for the module: (prefix, its output)."""
-    import tempfile
 
-    root = Path(tempfile.mkdtemp(prefix="board-install-", dir="/tmp"))
-    os.chmod(root, 0o755)
+    root = scratch_dir("board-install-")
     source = root / "src"
     shutil.copytree(REPO, source, ignore=IGNORE)  # pip builds in the tree: not in the shared checkout
     prefix = root / "prefix"
@@ -58,8 +56,8 @@ def installed(tmp_path_factory, unix_users):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def as_installed(prefix: Path, scratch: Path) -> Board:
-    return Board(root=scratch, prefix=prefix, program=[str(prefix / "usr/local/bin/board")])
+def as_installed(prefix: Path, scratch: Path) -> SharedInstall:
+    return SharedInstall(root=scratch, prefix=prefix, program=[str(prefix / "usr/local/bin/board")])
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ import pytest
 
 from tests.users.conftest import wait_for
 
-pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
 # A job: writes what it was given, notes SIGTERM in a file, and exits on it unless told to hold on.
 JOB = """

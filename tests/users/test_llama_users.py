@@ -18,10 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import port_range
 from tests.users.conftest import wait_for
-
-
-pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
 
 FAKE_SERVER = """\
@@ -54,8 +52,8 @@ def serving(make_board, scratch):
     """The shared board, with a stand-in llama-server and a GGUF-looking model everyone (and the service) can read."""
     ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     server_bin, model = write_stand_ins(scratch)
-    base = 30000 + (os.getpid() % 300) * 20
-    board = make_board(extra=f'\n[llama]\nserver_bin = "{server_bin}"\nport_min = {base}\nport_max = {base + 19}\n'
+    port_min, port_max = port_range("llama_users", 20)
+    board = make_board(extra=f'\n[llama]\nserver_bin = "{server_bin}"\nport_min = {port_min}\nport_max = {port_max}\n'
                              f'ready_timeout_s = 30\n')
     board.model = model
     return board

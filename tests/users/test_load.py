@@ -17,11 +17,9 @@ import pwd
 import subprocess
 import sys
 
-import pytest
 
-from tests.users.conftest import MEMBERS_GROUP, REPO
+from tests.unix_users import MEMBERS_GROUP, REPO
 
-pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
 PROCS, ATTEMPTS, HOURS = 32, 8, 6
 

@@ -53,18 +53,18 @@ import pwd
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from tests.agent_process import SETPRIV
-from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, REPO, Board, config_text, make_layout
+from tests.ports import port_range
+from tests.shared_install import SharedInstall, make_layout, scratch_dir
+from tests.unix_users import ADMIN_GROUP, MEMBERS_GROUP, REPO
+from tests.users.conftest import config_text
 from tests.users.test_llama_users import reap, write_stand_ins
 
-pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -77,16 +77,13 @@ def uid(user: str) -> int:
 def shared(unix_users):
     """One shared install for the module: its agent as the unit runs it, a stand-in llama-server and a model."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
-    root = Path(tempfile.mkdtemp(prefix="board-permissions-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    (root / "state").mkdir()
-    os.chmod(root / "state", 0o1777)
+    root = scratch_dir("board-permissions-")
     server_bin, model = write_stand_ins(root)
-    base = 36000 + (os.getpid() % 300) * 20  # not test_llama_users' range: both may run at once
+    port_min, port_max = port_range("permissions", 20)
     prefix = root / "prefix"
-    make_layout(prefix, config_text(prefix, extra=f'\n[llama]\nserver_bin = "{server_bin}"\nport_min = {base}\n'
-                                                  f'port_max = {base + 19}\nready_timeout_s = 30\n'))
-    board = Board(root=root, prefix=prefix)
+    make_layout(prefix, config_text(prefix, extra=f'\n[llama]\nserver_bin = "{server_bin}"\nport_min = {port_min}\n'
+                                                  f'port_max = {port_max}\nready_timeout_s = 30\n'))
+    board = SharedInstall(root=root, prefix=prefix)
     board.model = model
     board.start_agent()
     yield board
@@ -131,7 +128,7 @@ def refused(result: subprocess.CompletedProcess, *words: str) -> str:
     return lines[0].removeprefix("board: ")
 
 
-def written(board: Board) -> tuple:
+def written(board: SharedInstall) -> tuple:
     """What a refused request must leave as it was: bookings, their cards, the servers and their states.
     (Not the jobs table: the service forgets an ended job whenever its sweep comes round.)"""
     return (board.rows("SELECT * FROM bookings ORDER BY id"),
@@ -139,17 +136,17 @@ def written(board: Board) -> tuple:
             board.rows("SELECT id, booking_id, user, uid, state FROM servers ORDER BY id"))
 
 
-def last_event(board: Board) -> int:
+def last_event(board: SharedInstall) -> int:
     return board.rows("SELECT coalesce(max(id), 0) FROM events")[0][0]
 
 
-def events_since(board: Board, mark: int) -> list[tuple]:
+def events_since(board: SharedInstall, mark: int) -> list[tuple]:
     """(uid, actor, action, booking_id, ok, details) of each event after `mark`, oldest first."""
     return [(*row[:4], bool(row[4]), json.loads(row[5])) for row in board.rows(
         "SELECT uid, actor, action, booking_id, ok, details FROM events WHERE id > ? ORDER BY id", mark)]
 
 
-def audited_refusals(board: Board, mark: int) -> list[tuple]:
+def audited_refusals(board: SharedInstall, mark: int) -> list[tuple]:
     """(actor, uid, action, booking_id) of each refusal after `mark`; every one carries its message."""
     found = events_since(board, mark)
     assert all(not ok and details["refused"] for *_, ok, details in found), found
@@ -292,7 +289,7 @@ def test_only_the_holder_starts_a_server_and_only_she_or_an_admin_stops_it(share
 # -- who gets in, and who is an admin: the peer process's groups -----------------------------------------
 
 
-def as_process(board: Board, user: str, groups: list[str], *args: str) -> subprocess.CompletedProcess:
+def as_process(board: SharedInstall, user: str, groups: list[str], *args: str) -> subprocess.CompletedProcess:
     """`board ARGS` as `user` in a process whose supplementary groups are exactly `groups`, not the account's."""
     entry = pwd.getpwnam(user)
     chosen = [f"--groups={','.join(groups)}"] if groups else ["--clear-groups"]

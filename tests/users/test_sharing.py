@@ -19,9 +19,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.users.conftest import ADMIN_GROUP, MEMBERS_GROUP, SERVICE_USER, config_text
-
-pytestmark = pytest.mark.users  # real Unix users; skipped with the reason when not root
+from tests.unix_users import ADMIN_GROUP, MEMBERS_GROUP, SERVICE_USER
+from tests.users.conftest import config_text
 
 
 # Subscribes to bookings over the socket, says ready, and prints the list after the first change.
