@@ -773,3 +773,23 @@ class TestHelp:
                     key = names.get(key, key)
                     key = "shift+arrows" if key.startswith("shift+") else key
                     assert key in listed, f"{cls.__name__}: {key} is missing from app.tui.keys"
+
+
+class TestServerLog:
+    async def test_new_lines_are_measured_in_place_not_by_a_worker_that_outlives_the_board(self):
+        """Log measures new lines in a thread worker that calls back into the app; a board that quit as a line
+        arrived failed its exit with WorkerFailed (NoActiveAppError). The servers' log measures in place."""
+        from textual.app import App
+
+        from app.tui.screens.server_log import ServerLog
+
+        class Host(App):
+            def compose(self):
+                yield ServerLog()
+
+        app = Host()
+        async with app.run_test(size=(80, 10)):
+            log = app.query_one(ServerLog)
+            log.write_lines(["x" * 300, "short"])
+            assert list(app.workers) == []
+            assert (log.virtual_size.width, log.line_count) == (300, 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 
+from rich.cells import cell_len
 from textual.widgets import Log
 
 from app.core.text import inert
@@ -27,6 +28,13 @@ class ServerLog(Log):
     def on_unmount(self) -> None:
         if self._stop is not None:
             self._stop.set()
+
+    def _update_size(self, updates: int, lines: list[str]) -> None:
+        """The width of new lines, measured here rather than in Log's thread worker: that worker calls back into
+        the app, and when the board quits while a line arrives it finds no app and fails the exit (WorkerFailed).
+        A followed log brings a few lines at a time, so measuring them in place costs nothing."""
+        if lines:
+            self._update_maximum_width(updates, max(cell_len(self._process_line(line)) for line in lines))
 
     def follow(self, server: Server | None, client) -> None:
         """Show `server`'s log from now on (nothing for None); a no-op while it already does."""
