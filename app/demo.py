@@ -27,7 +27,7 @@ HOUR = 3600
 PROD, LAB = (0, 1, 2, 3), (4, 5, 6, 7)
 DAY_START, NIGHT_START = 9, 19  # prod's online day, local hours
 
-# The README's example pools: prod takes finetune only at night and at weekends, lab caps a booking at 12 h.
+# The example pools of docs/configuration.md: prod takes finetune only at night and at weekends, lab caps a booking at 12 h.
 DEMO_POOLS = (
     Pool("prod", PROD, classes=("online", "batch", "finetune"),
          windows={"finetune": ClassWindow(NIGHT_START * 60, DAY_START * 60, weekends=True)}),

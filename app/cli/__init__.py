@@ -33,6 +33,7 @@ times: now, 14:00, tomorrow 9:00, mon 9:00, tonight, this weekend, 2026-12-01T14
   (for extend: after the current end)
 cards: 0,1 or 4-7 or 0-1,4;  durations: 90m, 3h, 1h30m, 2d
 exit codes: 0 ok, 1 unexpected, 2 bad input or not found, 3 conflict, 4 not permitted
+docs: README.md and docs/ in the board source (every command and exit code: docs/commands.md)
 """
 
 

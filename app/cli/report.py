@@ -27,7 +27,7 @@ def add_parser(command) -> None:
                    help="how far back: 12h, 30d, 4w (default 30d, at most 400d)")
     p.add_argument("--by", choices=("user", "class", "pool", "card"), default="user", help="group by (default user)")
     form = p.add_mutually_exclusive_group()
-    form.add_argument("--json", action="store_true", help="print JSON (README: Accounting)")
+    form.add_argument("--json", action="store_true", help="print JSON (its shape: docs/json.md)")
     form.add_argument("--csv", action="store_true", help="print CSV with a header")
 
 

@@ -23,7 +23,7 @@ from app.model import Booking
 
 PRODID = "-//board//board ical//EN"
 LINE_OCTETS = 75  # RFC 5545 3.1: content lines longer than this are folded, CRLF and one space
-REFRESH = "PT15M"  # a hint to subscribed calendars; the README's cron line rewrites the file as often
+REFRESH = "PT15M"  # a hint to subscribed calendars; the cron line in docs/commands.md rewrites the file as often
 
 
 def calendar(bookings: Iterable[Booking], *, domain: str, name: str = "board") -> bytes:

@@ -81,7 +81,7 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
             now: int, since_s: int, by: str = "user", busy_util: float = 10.0,
             pools: dict[str, str] | None = None, cards: dict[str, str] | None = None,
             memory_total: dict[str, int] | None = None) -> dict:
-    """The report's document (the `--json` shape, README "Accounting"). `pools`: card uuid -> pool name(s);
+    """The report's document (the `--json` shape, docs/json.md, "The accounting report"). `pools`: card uuid -> pool name(s);
     `cards`: uuid -> its name in the table (e.g. "3"); `memory_total`: uuid -> MiB, for the VRAM verdict."""
     if by not in BY:
         raise BadInput(f"--by {by[:20]!r}: one of {', '.join(BY)}")

@@ -194,7 +194,7 @@ def storage_error(path: Path, error: BaseException) -> BoardError:
                           f" nothing was saved: free space on that filesystem ({_free(path)}) and try again")
     if name.startswith("SQLITE_CORRUPT") or "malformed" in message:
         return StoreError(f"the board database {path} is damaged ({message}): restore it from a backup"
-                          " (see the README, 'Restoring a backup')")
+                          " (see docs/service.md, 'Restoring a backup')")
     if name.startswith("SQLITE_NOTADB") or "file is not a database" in message:
         return BadInput(f"{path} is not a usable board database ({message}); set BOARD_DB to the board's"
                         " database, or restore it from a backup")

@@ -55,7 +55,7 @@ def first_broken(conn: sqlite3.Connection) -> int | None:
     match the row before it, though its own hash is consistent, follows removed rows (its id skips
     ahead: the first missing id) or follows a row that was edited and given a recomputed hash (that
     row). Removing rows from the end, or recomputing every later hash too, is not visible here;
-    see the threat model in the README.
+    see docs/threat-model.md.
     """
     prev_hash, prev_id = GENESIS, None
     rows = conn.execute(

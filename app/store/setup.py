@@ -131,7 +131,7 @@ def _content_checks(db_path: Path) -> Iterator[tuple[bool, str]]:
         try:
             rows = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
         except sqlite3.DatabaseError as error:
-            yield False, f"{db_path} is damaged ({error}): restore it from a backup (see the README, 'Restoring a backup')"
+            yield False, f"{db_path} is damaged ({error}): restore it from a backup (see docs/service.md, 'Restoring a backup')"
             return
         check = "; ".join(" ".join(str(row).split()) for row in rows)  # one line, whatever SQLite says
         if check != "ok":
@@ -173,7 +173,7 @@ def _audit_checks(conn, db_path: Path) -> Iterator[tuple[bool, str]]:
         present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
         if missing := [name for name in GUARD_TRIGGERS if name not in present]:
             yield False, (f"trigger(s) {', '.join(missing)} missing: the schema of {db_path} was edited by hand;"
-                          " restore it from a backup (board backup, see the README)")
+                          " restore it from a backup (board backup, see docs/service.md)")
         broken = events.first_broken(conn)
         if broken is None:
             count = conn.execute("SELECT count(*) FROM events").fetchone()[0]

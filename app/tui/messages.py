@@ -17,7 +17,7 @@ class TelemetryRead(Message):
     def __init__(self, snapshot: FleetSnapshot, history: dict[str, list] | None = None) -> None:
         super().__init__()
         self.snapshot = snapshot
-        # Earlier samples to fill the sparklines with, per card uuid (the first read; app.service.ops.history).
+        # Earlier samples to fill the sparklines with, per card uuid (the first read; ops.reads.history).
         self.history = history or {}
 
     def can_replace(self, message: Message) -> bool:

@@ -1,4 +1,4 @@
-"""The README's pictures are the board as it is: `make screenshots` reproduces the committed SVGs exactly."""
+"""The pictures in the README and docs/ are the board as it is: `make screenshots` reproduces the committed SVGs exactly."""
 
 import subprocess
 import sys

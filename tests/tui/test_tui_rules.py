@@ -29,7 +29,7 @@ from tests.tui.conftest import BASE, HOUR, ready, simulated, wait_for
 DEMO = demo_config(Config())
 LABELS = {i: f"rack-A slot {i} SN-7731{i}" for i in range(8)}
 DAY_S = 86400
-FINETUNE_AT_NIGHT = ClassWindow(19 * 60, 9 * 60, weekends=True)  # prod's in the demo and the README
+FINETUNE_AT_NIGHT = ClassWindow(19 * 60, 9 * 60, weekends=True)  # prod's in the demo and docs/configuration.md
 
 
 def background(strip, x: int):
@@ -172,7 +172,7 @@ class TestWindowsAgreeWithThePolicy:
 
     @pytest.mark.parametrize("zone", [None, "Europe/Berlin"])
     def test_the_demo_window_in_a_week_of_day_columns(self, zone):
-        """Prod's finetune window, column by column: the README's example, read where the policy reads it."""
+        """Prod's finetune window, column by column: the example in docs/configuration.md, read where the policy reads it."""
         tz = ZoneInfo(zone) if zone else None
         pool = DEMO_POOLS[0]
         opened = [datetime.fromtimestamp(BASE + c * 1800, tz).strftime("%a %H:%M") for c in range(1, 7 * 48)
