@@ -63,8 +63,9 @@ CARD_LABELS = ("uuid", "index", "name", "pool", "holder", "class", "booking_id")
 COUNTED = (
     ("board_bookings_created", "Bookings created (each occurrence of a series counts), by class.",
      "action = 'create' AND ok = 1", "class", "class"),
+    # A series' extension asks for bookings as the series did: its refusals count alike.
     ("board_bookings_refused", "Booking requests refused, by reason: conflict (the time is taken) or policy (a rule).",
-     "action IN ('create', 'series') AND ok = 0", "reason", "refused_by"),
+     "action IN ('create', 'series', 'series_extend') AND ok = 0", "reason", "refused_by"),
     ("board_backfill_moves", "Queued bookings moved earlier by the backfill.", "action = 'backfill' AND ok = 1", None, None),
     ("board_server_crashes", "llama-servers that exited without being stopped.", "action = 'server-crash'", None, None),
 )

@@ -253,6 +253,19 @@ class TestFromTheFleet:
         found = {(f.rule, f.subject[-1]) for f in evaluate(gather_now(service, clock.now), service.config.alerts)}
         assert found == {("lost", "3"), ("hot", "2"), ("vram", "1"), ("squatter", "1"), ("faults", "t")}
 
+    @pytest.mark.parametrize("xids, throttles, fired", [(3, 1, False), (3, 0, False), (4, 0, True)])
+    def test_more_than_three_xids_a_month_fire_and_a_throttle_is_not_a_fault(self, tmp_path, xids, throttles, fired):
+        """faults_month = 3: three Xids and a throttle stay at three faults (throttling slows a card, it is no
+        fault); a fourth Xid is one more than three."""
+        clock = Clock()
+        service = make_service(tmp_path, clock, scenario={"cards": {"count": 2}})
+        for ts in range(xids):
+            service.conn.execute("INSERT INTO faults (ts, kind, code) VALUES (?, 'xid', 79)", (FROZEN_NOW - ts,))
+        for ts in range(throttles):
+            service.conn.execute("INSERT INTO faults (ts, kind) VALUES (?, 'throttle')", (FROZEN_NOW - ts,))
+        found = [f for f in evaluate(gather_now(service, clock.now), service.config.alerts) if f.rule == "faults"]
+        assert [f.message for f in found] == (["4 OOM or Xid faults in 30 days (more than 3)"] if fired else [])
+
     @pytest.mark.parametrize("busy_at, fired", [(None, True), (1500, False)])
     def test_booked_and_idle_for_30_minutes_from_the_history(self, tmp_path, busy_at, fired):
         clock = Clock()

@@ -105,6 +105,14 @@ class TestFitConfig:
         env = config(tmp_path, "[fit]\ncard_mib = 1000\noverhead_mib = 0\nmax_fill = 0.5\n")
         assert fit_json(str(models["tiny"]), env=env)["smallest_fit"] == 1
 
+    def test_the_default_max_fill_is_90_percent_of_the_card(self, models, tmp_path):
+        """No max_fill in [fit]: a card of just over total / 0.9 holds the model on one card, just under does not."""
+        unbounded = config(tmp_path, "[fit]\ncard_mib = 100000\noverhead_mib = 0\n")
+        total = fit_json(str(models["tiny"]), "--cards", "1", env=unbounded)["options"][0]["per_card"][0]["total_mib"]
+        for card_mib, fits in ((total / 0.9 * 1.01, True), (total / 0.9 * 0.99, False)):
+            env = config(tmp_path, f"[fit]\ncard_mib = {card_mib:.3f}\noverhead_mib = 0\n")
+            assert fit_json(str(models["tiny"]), "--cards", "1", env=env)["options"][0]["fits"] is fits, card_mib
+
     @pytest.mark.parametrize("table", [
         "max_fill = 1.5", "max_fill = 0", "overhead_mib = -1", "card_mib = 0", "colour = 'blue'",
         "max_fill = 'lots'", "card_mib = 'big'", "overhead_mib = true",

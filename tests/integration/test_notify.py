@@ -29,7 +29,8 @@ WAIT_S = 30  # only how long a test waits for something that should happen at on
 
 class Receiver:
     """An HTTP server that records each POST and answers as its path says: /ok, /fail (500), /gone (404),
-    /wecom-ok, /wecom-bad (200 with a WeCom errcode), /slow (waits for `gate`, then 200), /garbage (no HTTP)."""
+    /wecom-ok, /wecom-bad (200 with a WeCom errcode), /slow (waits for `gate`, then 200), /garbage (no HTTP),
+    /busy (429 Too Many Requests, then 200), /late (408 Request Timeout, then 200)."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict, bytes]] = []
@@ -49,7 +50,11 @@ class Receiver:
                     self.wfile.write(b"garbage\r\n\r\n")
                     self.close_connection = True
                     return
+                again = any(path.split("/")[1] == route for path, _, _ in receiver.requests[:-1])
+                if route in ("busy", "late") and not again:  # the first answer only
+                    route = {"busy": "429", "late": "408"}[route]
                 status, reply = {"fail": (500, b"oops"), "gone": (404, b"no such hook"),
+                                 "429": (429, b"rate limited"), "408": (408, b"too slow"),
                                  "wecom-bad": (200, b'{"errcode": 93000, "errmsg": "invalid webhook url SEKRIT"}'),
                                  "wecom-ok": (200, b'{"errcode": 0, "errmsg": "ok"}')}.get(route, (200, b"ok"))
                 try:
@@ -147,6 +152,28 @@ class TestDelivery:
                             " HTTP 500 Internal Server Error (given up)")
         assert "will retry" in logs[0]
         assert send.counts == {"sent": 0, "failed_tries": 4, "given_up": 1}
+        no_secret(*logs)
+
+    @pytest.mark.parametrize("route, status, reason", [("busy", 429, "Too Many Requests"),
+                                                       ("late", 408, "Request Timeout")])
+    def test_a_rate_limited_or_timed_out_chat_is_retried_and_the_retry_delivers(self, tmp_path, receiver, route,
+                                                                                status, reason):
+        """429 and 408 are the 4xx answers that trying again can cure: backed off, not given up (a 404 is)."""
+        clock, logs = Clock(), []
+        service = make_service(tmp_path, [NotifyTarget("chat", "slack", receiver.url(route))], clock)
+        push(service, "alert.firing", "hot")
+        send = deliverer(service, lambda fn: fn(), logs.append)
+        send.pass_once()
+        (row,) = rows_of(service)
+        assert (row.state, row.attempts, row.last_status, row.last_error, row.next_at) == (
+            "pending", 1, status, f"HTTP {status} {reason}", FROZEN_NOW + 30)
+        assert logs[-1].endswith(f"HTTP {status} {reason} (will retry)")
+        clock.now += 30
+        send.pass_once()
+        (row,) = rows_of(service)
+        assert (row.state, row.attempts, row.last_status) == ("sent", 2, 200)
+        assert [b["text"] for b in receiver.bodies(route)] == ["*hot*"] * 2
+        assert send.counts == {"sent": 1, "failed_tries": 1, "given_up": 0}
         no_secret(*logs)
 
     def test_a_test_message_skips_the_line_behind_a_backing_off_push(self, tmp_path, receiver):

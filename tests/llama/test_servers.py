@@ -308,6 +308,25 @@ class TestRefusals:
         result = fake_board.run("serve", "start", str(theirs), "--model", str(tiny_model))
         assert result.returncode == 4 and "belongs to alice" in result.stderr
 
+    def test_force_starts_settings_that_do_not_fit_and_the_audit_says_so(self, fake_board, tiny_model):
+        """`serve start --force`, the documented override: refused without it (exit 4, audited), started with it,
+        and the start's audit event and the server row both carry the estimate marked forced."""
+        fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
+        booking = fake_board.book("4")
+        too_big = ("serve", "start", str(booking), "--model", str(tiny_model), "--ctx", "999999999", "--parallel", "64")
+        refused = fake_board.run(*too_big)
+        assert refused.returncode == 4 and "does not fit" in refused.stderr
+        assert fake_board.servers() == []
+        started = json.loads(fake_board.ok(*too_big, "--force", "--json").stdout)
+        estimate = started["estimate"]
+        assert (estimate["fits"], estimate["forced"]) == (False, True)
+        assert estimate["per_card_mib"][0] > estimate["limit_mib"]
+        (event,) = [e for e in events(fake_board, "server-start") if e["ok"]]
+        assert (event["booking_id"], event["details"]["server"], event["details"]["fit"]) == (
+            booking, started["id"], estimate)
+        fake_board.ok("serve", "stop", str(started["id"]))
+        assert fake_board.gone(fake_board.server(started["id"]))
+
     def test_bad_input_exits_2(self, fake_board, tiny_model, tmp_path):
         fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
         booking = fake_board.book("0")

@@ -108,6 +108,34 @@ def test_the_queue_moves_in_class_order_then_by_when_asked(client):
     assert client.call("get", id=experiment["id"])["start"] == start + HOUR
 
 
+def test_class_order_comes_before_request_order_when_they_disagree(client):
+    """Experiment asked first, for an earlier start; online asked later, for a later one. The freed time fits one
+    of them: it goes to online. Taken by when asked (or by id), experiment would move up instead."""
+    start = tomorrow()
+    blocker = client.call("book", count=8, start=start, end=start + 2 * HOUR)
+    experiment = client.call("book", count=8, start=start, end=start + 2 * HOUR, or_later=True)
+    online = client.call("book", count=8, start=start + HOUR // 2, end=start + 2 * HOUR, or_later=True,
+                         **{"class": "online"})
+    assert (experiment["requested_at"], online["requested_at"]) == (start, start + HOUR // 2)
+    assert (experiment["start"], online["start"]) == (start + 2 * HOUR, start + 4 * HOUR)
+    client.call("cancel", id=blocker["id"])
+    assert client.call("get", id=online["id"])["start"] == start + HOUR // 2
+    assert client.call("get", id=experiment["id"])["start"] == start + 2 * HOUR  # no room before online: it stays
+
+
+def test_in_one_class_the_earlier_asked_start_comes_first_whatever_the_order_made(client):
+    """Two experiments: the one made second asked for the earlier start, and the freed time fits only one of them.
+    It goes to the earlier asked start; taken in the order made (by id), the other would move up instead."""
+    start = tomorrow()
+    blocker = client.call("book", count=8, start=start, end=start + 2 * HOUR)
+    later = client.call("book", count=8, start=start + HOUR // 2, end=start + 2 * HOUR, or_later=True)
+    earlier = client.call("book", count=8, start=start, end=start + 2 * HOUR, or_later=True)
+    assert (later["start"], earlier["start"]) == (start + 2 * HOUR, start + 7 * HOUR // 2)
+    client.call("cancel", id=blocker["id"])
+    assert client.call("get", id=earlier["id"])["start"] == start
+    assert client.call("get", id=later["id"])["start"] == start + 2 * HOUR
+
+
 def test_a_queued_booking_on_named_cards_keeps_them(client):
     start = tomorrow()
     blocker = client.call("book", cards=[2, 3], start=start, end=start + 2 * HOUR)

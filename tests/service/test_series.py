@@ -109,6 +109,29 @@ def test_the_policy_applies_to_each_occurrence(client, zone):
     assert everything(client) == before
 
 
+def test_skip_conflicts_does_not_skip_a_policy_refusal(client, zone):
+    """A conflict on day 3 and occurrences past max_ahead_days (30): --skip-conflicts passes over the conflict only,
+    and the policy still refuses the whole series, booking or extending (exit 4, nothing written)."""
+    third = today(zone) + timedelta(days=3)
+    holder = client.call("book", cards=[1], start=wall(third, 600, zone), end=wall(third, 720, zone))
+    before, audit = everything(client), events_of(client)
+    with pytest.raises(NotPermitted) as refused:
+        client.call("series_book", cards=[1, 2], every="day", start="9:00", until="19:00", to=day(zone, 33),
+                    skip_conflicts=True, **{"from": day(zone, 1)})
+    message = str(refused.value)
+    assert refused.value.exit_code == 4 and message.startswith("the policy refuses ") and "30 days ahead" in message
+    assert "; also 1 conflict: " in message and f"(booking {holder['id']})" in message
+    made = client.call("series_book", cards=[1, 2], every="day", start="9:00", until="19:00", to=day(zone, 2),
+                       **{"from": day(zone, 1)})
+    with pytest.raises(NotPermitted) as refused:  # its new days hold the same conflict and the same refusals
+        client.call("series_extend", id=made["series"]["id"], to=day(zone, 33), skip_conflicts=True)
+    assert "30 days ahead" in str(refused.value) and f"(booking {holder['id']})" in str(refused.value)
+    added = [e for e in events_of(client) if e["id"] not in {e["id"] for e in audit}]
+    assert [(e["action"], e["ok"]) for e in added if e["action"] != "create"] == [
+        ("series_extend", False), ("series", True), ("series", False)]
+    assert sorted(b["id"] for b in everything(client)) == sorted(b["id"] for b in before + made["bookings"])
+
+
 def test_cancel_one_occurrence_or_the_series_ahead(client, zone):
     made = client.call("series_book", cards=[3], every="day", start="9:00", until="10:00", to=day(zone, 4),
                        **{"from": day(zone, 1)})

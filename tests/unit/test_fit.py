@@ -339,6 +339,18 @@ class TestPlace:
         assert first.overhead_mib == second.overhead_mib == 500.0
         assert first.total_mib == first.weights_mib + first.kv_mib + first.compute_mib + 500.0
 
+    def test_on_more_cards_than_layers_the_output_layer_is_not_on_the_last_card(self, model_file):
+        model = read_model(model_file("tiny"))  # 2 layers and the output over 8 cards: cards 0, 2 and 5
+        settings = Settings()
+        per_card = place(model, settings, 8, **LIMITS).per_card
+        layer_0, layer_1 = model.layer_bytes
+        assert [c.weights_mib * MIB for c in per_card] == [layer_0, 0, layer_1, 0, 0, model.output_bytes, 0, 0]
+        kv_0, kv_1 = kv_bytes_per_layer(model, settings)
+        assert [c.kv_mib * MIB for c in per_card] == [kv_0, 0, kv_1, 0, 0, 0, 0, 0]
+        # The logits are computed on card 5; a card with no layer holds only the residual stream it passes on.
+        idle = {per_card[i].compute_mib for i in (1, 3, 4, 6, 7)}
+        assert len(idle) == 1 and per_card[5].compute_mib > max(idle)
+
     def test_one_card_holds_everything_but_the_input_layer(self, model_file):
         model = read_model(model_file("tied"))
         (card,) = place(model, Settings(), 1, **LIMITS).per_card

@@ -148,6 +148,24 @@ class TestCounters:
         assert got["board_backfill_moves"][0].value == 1 and got["board_bookings_queued"][0].value == 0
         assert value(card(got["board_gpu_state"], 3), state="booked", holder="bob") == 1.0
 
+    def test_a_refused_series_and_a_refused_extension_count_as_refused_requests(self, service, metrics):
+        """An extension asks for bookings as a series does: refused, it counts by its reason, as `series` does."""
+        week = {"cards": [5], "every": "day", "start": "9:00", "until": "10:00", "from": "2026-12-01"}
+        with pytest.raises(NotPermitted):  # past max_ahead_days
+            service.call(ALICE, "series_book", {**week, "to": "2027-01-15"})
+        assert {s.labels["reason"]: s.value for s in scrape(metrics)["board_bookings_refused"]} == {"policy": 1}
+        made = service.call(ALICE, "series_book", {**week, "to": "2026-12-03"})
+        taken = service.call(BOB, "book", {"start": made["bookings"][0]["start"] + 3 * 24 * H,
+                                           "end": made["bookings"][0]["start"] + 3 * 24 * H + H, "cards": [5]})
+        with pytest.raises(Conflict, match=f"booking {taken['id']}"):
+            service.call(ALICE, "series_extend", {"id": made["series"]["id"], "to": "2026-12-05"})
+        with pytest.raises(NotPermitted):
+            service.call(ALICE, "series_extend", {"id": made["series"]["id"], "to": "2027-01-15"})
+        metrics.collector.clock = lambda: 60.0  # a refusal changes no booking: the view is read again once it is old
+        got = scrape(metrics)
+        assert {s.labels["reason"]: s.value for s in got["board_bookings_refused"]} == {"conflict": 1, "policy": 2}
+        assert value(got["board_bookings_created"], **{"class": "experiment"}) == 4  # three days and bob's hour
+
     def test_or_later_at_a_free_time_is_not_counted_as_queued(self, service, metrics):
         taken = service.call(BOB, "book", {"start": FROZEN_NOW + H, "end": FROZEN_NOW + 2 * H, "cards": [3],
                                            "or_later": True})

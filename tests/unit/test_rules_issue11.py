@@ -13,6 +13,7 @@ from app.config import ClassWindow, Config, Policy, Pool
 from app.core import policy
 from app.core.identity import Identity
 from app.errors import BadInput, Conflict, NotPermitted
+from app.gpu.model import GpuProcess
 from app.service.bookings import BookingService
 from app.store import bookings as rows
 from app.store import events
@@ -197,6 +198,37 @@ class TestBackfill:
         make_service("bob", 1002, config=limit).cancel(blocker.id)
         self.backfill(make_service, limit)
         assert rows.get(conn, queued.id).start == NOW + 60
+
+    @pytest.mark.parametrize("now_refused", ["lowered card limit", "changed window"])
+    def test_a_queued_booking_whose_own_slot_the_rules_now_refuse_is_never_moved_later(self, make_service, conn,
+                                                                                         now_refused):
+        """Its slot at 17:30 broke no rule when it was queued; now the earliest slot the rules accept is later
+        (18:30 once alice's other two cards are free; 19:00 when the experiment window opens). It stays put."""
+        bob = make_service("bob", 1002)
+        bob.create(cards=[0], start=NOW, end=NOW + 2 * H)
+        queued = make_service().create(cards=[0], start=NOW + 60, end=NOW + 60 + H, or_later=True)
+        make_service().create(cards=[4, 5], start=NOW + 2 * H, end=NOW + 3 * H)
+        assert (queued.start, queued.queued) == (NOW + 2 * H, "time")
+        night = Pool("all", tuple(range(8)), windows={"experiment": NIGHT})  # 19:00-07:00, a Sunday too
+        now = Config(policy=Policy(max_cards_per_user=2)) if now_refused == "lowered card limit" else Config(pools=(night,))
+        assert self.backfill(make_service, now) == []
+        after = rows.get(conn, queued.id)
+        assert (after.start, after.end, after.cards, after.notice) == (NOW + 2 * H, NOW + 3 * H, (0,), None)
+
+    def test_a_queued_count_whose_cards_someone_now_squats_is_never_moved_later(self, make_service, conn, fleet):
+        """Wanted now, so other users' processes keep it off their cards at every start; carol's now run on all of
+        cards 0-3, and 4-7 are bob's until 19:30. The earliest slot the rules accept is later than its own: it stays."""
+        bob = make_service("bob", 1002)
+        bob.create(cards=[0, 1, 2, 3], start=NOW, end=NOW + 2 * H)
+        bob.create(cards=[4, 5, 6, 7], start=NOW, end=NOW + 4 * H)
+        queued = make_service().create(count=2, start=NOW, end=NOW + H, or_later=True)
+        assert (queued.start, queued.queued) == (NOW + 2 * H, "cards") and set(queued.cards) <= {0, 1, 2, 3}
+        carol = GpuProcess(43000, 8000, "carol", 1003, "python sweep.py")
+        squatted = [replace(c, processes=(*c.processes, carol)) if c.index < 4 else c for c in fleet.cards]
+        admin = BookingService(conn, Identity("root", 0, True), Config(), squatted, fleet.topology, lambda: NOW)
+        assert admin.backfill() == []
+        after = rows.get(conn, queued.id)
+        assert (after.start, after.cards, after.notice) == (NOW + 2 * H, queued.cards, None)
 
     def test_moved_to_now_a_count_keeps_clear_of_other_users_processes_but_not_the_holders(self, make_service, conn):
         blocker = make_service("bob", 1002).create(cards=list(range(8)), start=NOW, end=NOW + 2 * H)
