@@ -274,7 +274,7 @@ class ServiceServer:
 
     def _subscribe(self, conn: socket.socket, peer: Peer, request_id: Any, args: dict) -> None:
         kinds = args.get("kinds") if isinstance(args, dict) else None
-        known = {"bookings", "servers", "fleet", "notice"}
+        known = {"bookings", "servers", "fleet", "notice", "gateway"}
         if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) and k in known for k in kinds):
             self._reply(conn, request_id, error=BadInput(f"subscribe: kinds is a list of {', '.join(sorted(known))}"))
             return
