@@ -315,7 +315,7 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
 
 def _gateway(table: dict) -> GatewaySettings:
     settings = _build(GatewaySettings, table, "[gateway]")
-    _host_port(settings.listen, "[gateway] listen", "0.0.0.0:8080")
+    host_port(settings.listen, "[gateway] listen", "0.0.0.0:8080")
     if not isinstance(settings.user, str) or not settings.user:
         raise ValueError("[gateway] user is the gateway's account name, such as \"board-gateway\"")
     if not isinstance(settings.log_bodies, bool):
@@ -328,7 +328,7 @@ def _gateway(table: dict) -> GatewaySettings:
     return replace(settings, max_concurrent_per_key=int(settings.max_concurrent_per_key))
 
 
-def _host_port(listen: object, where: str, example: str) -> None:
+def host_port(listen: object, where: str, example: str) -> None:
     host, _, port = listen.rpartition(":") if isinstance(listen, str) else ("", "", "")
     host = host.removeprefix("[").removesuffix("]")
     if not (host and host.isascii() and host.isprintable() and " " not in host
@@ -445,7 +445,7 @@ def _fit(table: dict) -> FitSettings:
 def _metrics(table: dict) -> MetricsSettings:
     settings = _build(MetricsSettings, table, "[metrics]")
     if settings.listen is not None:
-        _host_port(settings.listen, "[metrics] listen", "127.0.0.1:9400")
+        host_port(settings.listen, "[metrics] listen", "127.0.0.1:9400")
     return settings
 
 

@@ -281,6 +281,8 @@ class ServiceServer:
         subscriber = self.service.hub.subscribe(kinds, peer.uid)
         try:
             self._reply(conn, request_id, {"versions": dict(self.service.hub.versions)})
+            if "gateway" in kinds:  # read gateway_state now: a change before this subscription is not missed
+                conn.sendall(wire.encode({"event": "gateway", "version": self.service.hub.versions["gateway"]}))
             if "fleet" in kinds and (snapshot := self.service.fleet.cached()) is not None:
                 conn.sendall(wire.encode({"event": "fleet", "snapshot": snapshot_to_wire(snapshot)}))
             while not self.stopping.is_set():
