@@ -116,3 +116,14 @@ def test_usage_sums_by_user_key_and_model(service):
     assert [(r["model"], r["requests"], r["prompt_tokens"]) for r in by_model] == [("m1", 3, 20), ("m2", 1, 10)]
     with pytest.raises(BadInput):
         service.call(GATEWAY, "gateway_usage", {"records": [{**record, "status": "200"}]})
+
+
+def test_the_report_gains_tokens_per_user(service):
+    record = {"ts": FROZEN_NOW - 60, "status": 200, "prompt_tokens": 7, "completion_tokens": 3, "duration_ms": 1,
+              "user": "alice", "model": "m"}
+    service.call(GATEWAY, "gateway_usage", {"records": [record, record, {**record, "ts": FROZEN_NOW - 90000}]})
+    doc = service.call(ALICE, "report", {"since_s": 86400})
+    assert doc["tokens"] == [{"user": "alice", "requests": 2, "prompt_tokens": 14, "completion_tokens": 6}]
+    from app.report.render import table
+
+    assert "alice: 2 requests, 14 prompt and 6 completion tokens" in table(doc)
