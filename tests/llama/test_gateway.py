@@ -295,3 +295,42 @@ def test_two_servers_with_one_alias_share_the_load(team):
     assert set(servers) == {team.server["id"], second["id"]}, servers
     team.board.ok("bob", "serve", "stop", str(second["id"]))
     assert wait_for(lambda: team.models()["servers"] == 1)
+
+
+@pytest.fixture
+def bare(llama_server, tiny_model):
+    """The agent and the gateway, no server: for what a restart of the service does to the gateway."""
+    needs_root()
+    ensure_unix_users()
+    ensure_gateway_user(MEMBERS_GROUP)
+    root = scratch_dir("board-gateway-restart-")
+    board = SharedBoard(root, llama_server, tiny_model)
+    team = Team(board, root)
+    team.port = port_range("gateway", 10)[0] + 1
+    team.url = f"http://127.0.0.1:{team.port}"
+    config = board.agent.config
+    config.write_text(config.read_text() + f'\n[gateway]\nlisten = "127.0.0.1:{team.port}"\n')
+    board.agent.start()
+    team.start_gateway()
+    yield team
+    try:
+        assert agent_process.stop(team.gateway) == 0, team.log.read_text()
+    finally:
+        board.agent.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_gateway_follows_the_service_across_a_kill_and_a_restart(bare):
+    before = bare.key("alice")
+    models = f"{bare.url}/v1/models"
+    assert wait_for(lambda: http(models, key=before["key"])[0] == 200, timeout=5)
+    bare.board.agent.kill9()
+    # The gateway keeps serving on what it knew; what it counts meanwhile waits for the service.
+    assert http(models, key=before["key"])[0] == 200
+    chat = {"model": "nobody", "messages": [{"role": "user", "content": "x"}]}
+    assert http(f"{bare.url}/v1/chat/completions", chat, key=before["key"])[0] == 404
+    bare.board.agent.start()
+    after = bare.key("bob")  # made after the restart: the gateway re-read the state when it reconnected
+    assert wait_for(lambda: http(models, key=after["key"])[0] == 200, timeout=5), bare.log.read_text()
+    assert wait_for(lambda: [r for r in bare.usage_rows() if r[0] == before["id"]]), bare.log.read_text()
+    assert bare.gateway.poll() is None
