@@ -147,4 +147,4 @@ def cmd_usage(ctx) -> int:
 def cmd_gateway(ctx) -> int:
     from app.gateway.server import run_gateway  # start-up: only the gateway loads aiohttp
 
-    return run_gateway(ctx.config, listen=ctx.args.listen, client=ctx.client)
+    return run_gateway(ctx.config, listen=ctx.args.listen)

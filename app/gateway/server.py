@@ -347,7 +347,7 @@ async def serve(gateway: Gateway, listen: str, ready: asyncio.Event | None = Non
     await runner.cleanup()
 
 
-def run_gateway(config: Config, listen: str | None = None, client=None) -> int:
+def run_gateway(config: Config, listen: str | None = None) -> int:
     """`board gateway`: serve until SIGTERM. It needs the service's socket ([service] socket): it has no database."""
     from app.client.socket import SocketClient
 
