@@ -196,6 +196,18 @@ class AlertSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """[gateway]: `board gateway`, the team's OpenAI-compatible front door (docs/gateway.md)."""
+    listen: str = "127.0.0.1:8080"
+    user: str = "board-gateway"  # the only account (besides root) the service gives the servers' keys to
+    drain_s: float = 30.0  # a server whose booking ends within this gets no new requests
+    queue_timeout_s: float = 30.0  # a request waits this long for a free slot, then 429
+    max_body_mb: float = 16.0
+    max_concurrent_per_key: int = 8
+    log_bodies: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -221,6 +233,7 @@ class Config:
     notify: NotifySettings = field(default_factory=NotifySettings)
     alerts: AlertSettings = field(default_factory=AlertSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -246,7 +259,7 @@ def _hhmm(text: str) -> int:
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
     known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
-             "history", "metrics", "notify", "alerts", "report"}
+             "history", "metrics", "notify", "alerts", "report", "gateway"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -296,7 +309,31 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         notify=_notify(raw.get("notify", {})),
         alerts=_alerts(raw.get("alerts", {})),
         report=_report(raw.get("report", {})),
+        gateway=_gateway(raw.get("gateway", {})),
     )
+
+
+def _gateway(table: dict) -> GatewaySettings:
+    settings = _build(GatewaySettings, table, "[gateway]")
+    host_port(settings.listen, "[gateway] listen", "0.0.0.0:8080")
+    if not isinstance(settings.user, str) or not settings.user:
+        raise ValueError("[gateway] user is the gateway's account name, such as \"board-gateway\"")
+    if not isinstance(settings.log_bodies, bool):
+        raise ValueError("[gateway] log_bodies must be true or false")
+    for key in ("drain_s", "queue_timeout_s", "max_body_mb", "max_concurrent_per_key"):
+        value = getattr(settings, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (
+                key in ("max_body_mb", "max_concurrent_per_key") and value <= 0):
+            raise ValueError(f"[gateway] {key} must be a number more than 0, not {repr(value)[:20]}")
+    return replace(settings, max_concurrent_per_key=int(settings.max_concurrent_per_key))
+
+
+def host_port(listen: object, where: str, example: str) -> None:
+    host, _, port = listen.rpartition(":") if isinstance(listen, str) else ("", "", "")
+    host = host.removeprefix("[").removesuffix("]")
+    if not (host and host.isascii() and host.isprintable() and " " not in host
+            and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"{where} is {str(listen)[:40]!r}; give host:port, such as \"{example}\"")
 
 
 def _report(table: dict) -> ReportSettings:
@@ -407,14 +444,8 @@ def _fit(table: dict) -> FitSettings:
 
 def _metrics(table: dict) -> MetricsSettings:
     settings = _build(MetricsSettings, table, "[metrics]")
-    listen = settings.listen
-    if listen is None:
-        return settings
-    host, _, port = listen.rpartition(":") if isinstance(listen, str) else ("", "", "")
-    host = host.removeprefix("[").removesuffix("]")
-    if not (host and host.isascii() and host.isprintable() and " " not in host
-            and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"[metrics] listen is {str(listen)[:40]!r}; give host:port, such as \"127.0.0.1:9400\"")
+    if settings.listen is not None:
+        host_port(settings.listen, "[metrics] listen", "127.0.0.1:9400")
     return settings
 
 

@@ -56,6 +56,17 @@ for u in $MEMBERS; do
 done
 say "groups $GROUP (users) and $ADMIN_GROUP (admins) and the system user $SERVICE_USER exist"
 
+# 1b. The gateway's system user (board gateway, docs/gateway.md): no login, no capabilities, in the members' group
+# only to reach the socket; the service gives it the servers' keys (gateway_state) and nobody else.
+GATEWAY_USER=board-gateway
+getent group "$GATEWAY_USER" >/dev/null || groupadd --system "$GATEWAY_USER"
+if ! getent passwd "$GATEWAY_USER" >/dev/null; then
+    useradd --system --gid "$GATEWAY_USER" --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin --comment "board gateway" "$GATEWAY_USER"
+fi
+usermod -aG "$GROUP" "$GATEWAY_USER"
+say "the system user $GATEWAY_USER exists (for board-gateway.service)"
+
 # 2. The program: a venv under /opt/board, with board linked onto PATH.
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$BOARD_SOURCE"
@@ -102,6 +113,12 @@ sed -e "s|/usr/local/bin/board|$BIN/board|g" \
     -e "s|/run/board|$RUN|g" \
     "$SHIPPED" >"$UNIT"
 chmod 0644 "$UNIT"
+# 5b. The gateway's unit beside the agent's; not enabled here: enable it when the team should reach the servers.
+sed -e "s|/usr/local/bin/board|$BIN/board|g" \
+    -e "s|/etc/board/board.toml|$CONFIG|g" \
+    -e "s|/var/lib/board|$DATA|g" \
+    "$(dirname "$SHIPPED")/board-gateway.service" >"$(dirname "$UNIT")/board-gateway.service"
+chmod 0644 "$(dirname "$UNIT")/board-gateway.service"
 if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
     systemctl enable --now board-agent.service

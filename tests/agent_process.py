@@ -39,6 +39,18 @@ def start(program: list[str], config: Path, log: Path, env: dict | None = None,
                                 start_new_session=True)
 
 
+def start_daemon(user: str, program: list[str], command: list[str], config: Path, log: Path,
+                 env: dict | None = None) -> subprocess.Popen:
+    """A board daemon other than the agent (`board gateway`) as its unit runs it: as `user`, no capabilities,
+    umask 077, in a session of its own:  setpriv --reuid USER --regid USER --init-groups board COMMAND..."""
+    privileges = ["--reuid", user, "--regid", user, "--init-groups"]
+    argv = ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", SETPRIV, *privileges, "--", *program, *command]
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env={**ENVIRON, "BOARD_CONFIG": str(config), **(env or {})}, cwd=REPO,
+                                start_new_session=True)
+
+
 def answers(path: Path) -> bool:
     """Something accepts connections on the socket."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -16,6 +16,7 @@ BANDS = {  # name: (first port, ports in the band)
     "llama_service": (26000, 2000),  # tests/llama/test_servers_service.py: servers through the agent
     "llama_users": (28000, 2000),  # tests/users/test_llama_users.py
     "permissions": (30000, 2000),  # tests/users/test_permissions.py
+    "gateway": (32000, 700),  # tests/gateway: the gateway's listen port and its servers
 }
 
 

@@ -95,6 +95,22 @@ def ensure_service_user(group: str = MEMBERS_GROUP) -> None:
     add_to_group(SERVICE_USER, group)
 
 
+GATEWAY_USER = "board-gateway"  # board gateway's unit's User= (scripts/install_shared.sh)
+
+
+def ensure_gateway_user(group: str = MEMBERS_GROUP) -> None:
+    """The system user board-gateway, in `group` (the members') so that it may reach the socket."""
+    ensure_group(GATEWAY_USER, system=True)
+    try:
+        pwd.getpwnam(GATEWAY_USER)
+    except KeyError:
+        result = _sh("useradd", "--system", "--gid", GATEWAY_USER, "--no-create-home", "--home-dir", "/nonexistent",
+                     "--shell", "/usr/sbin/nologin", GATEWAY_USER)
+        if result.returncode not in (0, 9):
+            raise RuntimeError(f"useradd {GATEWAY_USER}: {result.stderr.strip()}")
+    add_to_group(GATEWAY_USER, group)
+
+
 def add_to_group(name: str, group: str) -> None:
     """`name` in `group` (a supplementary group, unless it is already the user's own)."""
     if name not in grp.getgrnam(group).gr_mem and pwd.getpwnam(name).pw_gid != grp.getgrnam(group).gr_gid:

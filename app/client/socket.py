@@ -16,7 +16,8 @@ from app.errors import BoardError, ServiceDown, error_for
 
 DOWN = "the board service is not running (systemctl status board-agent)"
 # Reads are safe to send again after the service restarted; a write may have landed before it died.
-READS = frozenset({"whoami", "fleet", "status", "plan", "next_free", "get", "list", "window", "all_bookings", "log"})
+READS = frozenset({"whoami", "fleet", "status", "plan", "next_free", "get", "list", "window", "all_bookings", "log",
+                   "gateway_state", "key_list", "usage"})
 
 
 def _group_of(path: str) -> str:

@@ -13,6 +13,7 @@ from app.gpu.model import CardReading
 from app.history.store import BUCKET_S, CARD_BITS, CARD_MASK, EPOCH, SLOT_BITS, STATES, HistoryStore, _bucket_id
 from app.report.compute import HOT_C, MAX_SINCE, VRAM_PCT, compute
 from app.store import bookings as rows
+from app.store import keys as key_rows
 
 FOREVER = 2**62
 # Per card, state and what the verdicts test (busy, VRAM at 90 %, 92 °C): seconds, samples, the weighted mean
@@ -79,8 +80,13 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
         names = [p.name for p in config.pools if name.isdigit() and int(name) in p.cards]
         if names:
             pools[uuid] = "+".join(names)
-    return compute(bookings, rollups, squats, faults, now=now, since_s=since_s, by=by,
-                   busy_util=config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total)
+    doc = compute(bookings, rollups, squats, faults, now=now, since_s=since_s, by=by,
+                  busy_util=config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total)
+    # The gateway's requests and tokens per user in the same window (board usage has them by key and model).
+    doc["tokens"] = [{"user": user, "requests": n, "prompt_tokens": p, "completion_tokens": c}
+                     for user, (n, p, c) in sorted(key_rows.tokens_by_user(conn, start, now).items(),
+                                                   key=lambda item: (-(item[1][1] + item[1][2]), item[0]))]
+    return doc
 
 
 def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:

@@ -41,6 +41,11 @@ def table(doc: dict) -> str:
     out.append("  ".join("-" * w for w in widths))
     out.append(line(total))
     out.append("")
+    if doc.get("tokens"):
+        out.append("Tokens through the gateway (board usage has them by key and model):")
+        out.extend(f"  {inert(str(t['user']), 32)}: {t['requests']} requests, {t['prompt_tokens']} prompt and"
+                   f" {t['completion_tokens']} completion tokens" for t in doc["tokens"])
+        out.append("")
     for v in doc["verdicts"]:
         out.append(f"{'!!' if v['fires'] else 'ok'}  {inert(v['message'], 400)}")
     return "\n".join(out)

@@ -39,11 +39,15 @@ class Subscriber:
             self._ready.notify_all()
 
 
+# The `gateway` kind (app.service.ops.gateway) changes with these, and with the keys.
+GATEWAY_FOLLOWS = ("bookings", "servers")
+
+
 class Hub:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._subscribers: list[Subscriber] = []
-        self.versions: dict[str, int] = {"bookings": 0, "servers": 0}
+        self.versions: dict[str, int] = {"bookings": 0, "servers": 0, "gateway": 0}
 
     def subscribe(self, kinds, uid: int | None = None) -> Subscriber:
         subscriber = Subscriber(frozenset(kinds), uid)
@@ -66,6 +70,8 @@ class Hub:
         with self._lock:
             self.versions[kind] = version = self.versions.get(kind, 0) + 1
         self.publish(kind, {"version": version})
+        if kind in GATEWAY_FOLLOWS:  # what the gateway routes by changed too: it re-reads gateway_state
+            self.changed("gateway")
         return version
 
     def publish(self, kind: str, event: dict[str, Any], uid: int | None = None) -> None:

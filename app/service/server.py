@@ -274,13 +274,15 @@ class ServiceServer:
 
     def _subscribe(self, conn: socket.socket, peer: Peer, request_id: Any, args: dict) -> None:
         kinds = args.get("kinds") if isinstance(args, dict) else None
-        known = {"bookings", "servers", "fleet", "notice"}
+        known = {"bookings", "servers", "fleet", "notice", "gateway"}
         if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) and k in known for k in kinds):
             self._reply(conn, request_id, error=BadInput(f"subscribe: kinds is a list of {', '.join(sorted(known))}"))
             return
         subscriber = self.service.hub.subscribe(kinds, peer.uid)
         try:
             self._reply(conn, request_id, {"versions": dict(self.service.hub.versions)})
+            if "gateway" in kinds:  # read gateway_state now: a change before this subscription is not missed
+                conn.sendall(wire.encode({"event": "gateway", "version": self.service.hub.versions["gateway"]}))
             if "fleet" in kinds and (snapshot := self.service.fleet.cached()) is not None:
                 conn.sendall(wire.encode({"event": "fleet", "snapshot": snapshot_to_wire(snapshot)}))
             while not self.stopping.is_set():

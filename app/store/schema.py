@@ -250,7 +250,46 @@ CREATE INDEX alerts_held ON alerts(held) WHERE held IS NOT NULL;
 CREATE INDEX alerts_by_subject ON alerts(rule, subject);
 """
 
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8]
+# Issue 20 (shared with the runner's branch, byte-identical): each llama-server's own random API key, which its
+# supervisor makes and reports; the gateway sends it upstream. Never in serve list/status output.
+_V_SERVER_KEYS = "ALTER TABLE servers ADD COLUMN api_key TEXT;\n"
+
+# Issue 20: the gateway's keys (only a hash and a short fingerprint are kept: the key is printed once) and its
+# accounting, one row per request (app.store.keys). `models` is a JSON list of aliases, NULL for every model.
+_V_GATEWAY_KEYS = """
+CREATE TABLE api_keys (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL DEFAULT '',
+    user TEXT NOT NULL,
+    uid INTEGER NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    fingerprint TEXT NOT NULL,
+    models TEXT,
+    class TEXT NOT NULL CHECK (class IN ('online', 'batch', 'finetune', 'experiment')),
+    created_at INTEGER NOT NULL,
+    created_by INTEGER NOT NULL,
+    expires_at INTEGER,
+    revoked_at INTEGER
+);
+CREATE INDEX api_keys_by_user ON api_keys(uid);
+CREATE TABLE gateway_usage (
+    id INTEGER PRIMARY KEY,
+    ts INTEGER NOT NULL,
+    key_id INTEGER,
+    fingerprint TEXT NOT NULL DEFAULT '',
+    user TEXT NOT NULL DEFAULT '',
+    model TEXT NOT NULL DEFAULT '',
+    server_id INTEGER,
+    status INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    ttft_ms INTEGER,
+    duration_ms INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX gateway_usage_by_time ON gateway_usage(ts);
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SERVER_KEYS, _V_GATEWAY_KEYS]
 LATEST = len(MIGRATIONS)
 
 

@@ -30,7 +30,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"llama", "alerts", "report"},  # these read the layer below: servers' OOMs and fits, history, faults, outbox
     {"service"},  # every rule behind one door
     {"client"},  # the one door's two transports
-    {"tui"},  # the board; the command line starts it for a bare `board`
+    {"tui", "gateway"},  # the board; the gateway (the team's OpenAI front door); the command line starts either
     {"output"},  # printing, over core's text: the command line's alone (the layers below return data)
     {"cli"},  # the command line: the package app/cli/, one module per command group
     {"quick"},  # the console script: the hot commands' fast path, else the command line

@@ -1,0 +1,367 @@
+"""The gateway's HTTP side (aiohttp, both ways) and its link to the service.
+
+One event loop serves every client; requests are relayed chunk by chunk (a stream is never buffered) and a client
+that leaves cancels its handler (handler_cancellation), which closes the upstream connection, and llama-server
+frees the slot. A thread follows the service over its socket: it reads gateway_state at start and on each
+`gateway` event (keys, servers, bookings changed), so a revoked key stops at once. Accounting records go to the
+service in batches (gateway_usage) once a second; the Prometheus counters are the gateway's own /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from app.config import Config
+from app.core.keys import key_hash
+from app.errors import BadInput, BoardError
+from app.gateway.routing import Refused, Router, Upstream
+
+FLUSH_S = 1.0
+MAX_PENDING = 100_000  # accounting records kept while the service is away
+METER_LIMIT = 8 << 20  # a non-streamed answer is parsed for its usage up to this size
+PASS_HEADERS = ("Content-Type", "Accept")
+
+
+def log(message: str) -> None:
+    print(f"board gateway: {message}", file=sys.stderr, flush=True)
+
+
+def error_body(status: int, message: str, kind: str, code: str, retry_after: int | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return web.json_response({"error": {"message": message, "type": kind, "code": code}}, status=status, headers=headers)
+
+
+@dataclass
+class Meter:
+    """The tokens in an answer: llama-server's `usage` (or `timings`), streamed (SSE lines) or not."""
+    streamed: bool
+    prompt: int = 0
+    completion: int = 0
+    _buffer: bytearray = field(default_factory=bytearray)
+
+    def feed(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        if not self.streamed:
+            if len(self._buffer) > METER_LIMIT:
+                self._buffer.clear()
+                self.streamed = None  # too large to parse: counted as unknown
+            return
+        *lines, rest = self._buffer.split(b"\n")
+        self._buffer = bytearray(rest)
+        for line in lines:
+            if line.startswith(b"data: {") and (b'"usage"' in line or b'"timings"' in line):
+                self._take(line[6:])
+
+    def finish(self) -> None:
+        if self.streamed is False and self._buffer:
+            self._take(bytes(self._buffer))
+        elif self.streamed and self._buffer.startswith(b"data: {"):
+            self._take(bytes(self._buffer[6:]))
+
+    def _take(self, text: bytes) -> None:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return
+        if not isinstance(doc, dict):
+            return
+        usage, timings = doc.get("usage"), doc.get("timings")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self.prompt, self.completion = int(usage.get("prompt_tokens") or 0), usage["completion_tokens"]
+        elif isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
+            self.prompt = int(timings.get("prompt_n") or 0) + int(timings.get("cache_n") or 0)
+            self.completion = timings["predicted_n"]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter("board_gateway_requests", "Requests answered, by user, model and HTTP status",
+                                ["user", "model", "code"], registry=self.registry)
+        self.prompt = Counter("board_gateway_prompt_tokens", "Prompt tokens, by user and model", ["user", "model"],
+                              registry=self.registry)
+        self.completion = Counter("board_gateway_completion_tokens", "Completion tokens, by user and model",
+                                  ["user", "model"], registry=self.registry)
+        buckets = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+        self.latency = Histogram("board_gateway_request_duration_seconds", "From the request to the answer's end",
+                                 ["model"], buckets=buckets, registry=self.registry)
+        self.ttft = Histogram("board_gateway_time_to_first_token_seconds", "From the request to the first byte back",
+                              ["model"], buckets=buckets, registry=self.registry)
+
+    def text(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+class Gateway:
+    def __init__(self, config: Config, client) -> None:
+        settings = config.gateway
+        self.config, self.settings, self.client = config, settings, client
+        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_key, time.time)
+        self.metrics = Metrics()
+        self.pending: list[dict] = []
+        self.session: aiohttp.ClientSession | None = None
+        self.stopping = threading.Event()
+
+    # -- the application -------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=int(self.settings.max_body_mb * (1 << 20)))
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_route("*", "/v1/{tail:.*}", self.relay)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, app: web.Application) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._follow, args=(loop,), name="gateway-follow", daemon=True).start()
+        self._flusher = asyncio.create_task(self._flush_loop())
+
+    async def _stop(self, app: web.Application) -> None:
+        self.stopping.set()
+        self._flusher.cancel()
+        await self._flush()
+        self.client.close()
+        await self.session.close()
+
+    # -- the service -----------------------------------------------------------------------------
+
+    def _follow(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read gateway_state now and at each change; across a restart of the service the last state stands."""
+        def refresh() -> None:
+            try:
+                state = self.client.call("gateway_state")
+            except BoardError as error:
+                log(f"cannot read the service's state: {error}")
+                return
+            loop.call_soon_threadsafe(self.router.update, state)
+
+        refresh()
+        for event in self.client.subscribe(("gateway",)):
+            if self.stopping.is_set():
+                return
+            kind = event.get("event")
+            if kind in ("gateway", "reconnected"):
+                refresh()
+            elif kind == "down":
+                log(f"lost the service ({event.get('message')}); routing on the last state until it is back")
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        while self.pending:
+            batch, self.pending = self.pending[:1000], self.pending[1000:]
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, functools.partial(self.client.call, "gateway_usage", records=batch))
+            except BoardError as error:
+                self.pending[:0] = batch[:MAX_PENDING - len(self.pending)]
+                log(f"accounting kept for later ({len(self.pending)} records): {error}")
+                return
+
+    # -- endpoints -------------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        models = self.router.models()
+        return web.json_response({"status": "ok" if self.router.known else "starting", "service": self.router.known,
+                                  "models": sorted(models), "servers": len(self.router.servers)},
+                                 status=200 if self.router.known else 503)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        if request.remote not in ("127.0.0.1", "::1"):  # who used what is the team's, not the internet's
+            return error_body(403, "/metrics answers only on this host (scrape it through 127.0.0.1)",
+                              "invalid_request_error", "forbidden")
+        return web.Response(body=self.metrics.text(), content_type="text/plain", charset="utf-8")
+
+    def _hash(self, request: web.Request) -> str | None:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        return key_hash(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        try:
+            key = self.router.authorise(self._hash(request), None)
+        except Refused as refused:
+            return error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)
+        data = []
+        for alias, servers in sorted(self.router.models().items()):
+            if key.get("models") is not None and alias not in key["models"]:
+                continue
+            ends = [s.booking_end for s in servers if s.booking_end is not None]
+            data.append({"id": alias, "object": "model", "created": 0,
+                         "owned_by": ",".join(sorted({s.user for s in servers})),
+                         "board": {"servers": [s.id for s in servers], "cards": sorted(c for s in servers for c in s.cards),
+                                   "booking_end": max(ends) if ends else None,
+                                   "slots": sum(s.parallel for s in servers)}})
+        return web.json_response({"object": "list", "data": data})
+
+    async def relay(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        key, model, server, status, meter, ttft = None, None, None, 500, None, None
+        try:
+            key = self.router.authorise(self._hash(request), None)
+            body = await self._body(request)
+            model = _model_of(body)
+            if self.settings.log_bodies:
+                log(f"request body ({key['fingerprint']}): {body[:4096].decode('utf-8', 'replace')!r}")
+            if model is None:
+                raise Refused(400, "say which model: the request's \"model\" field (GET /v1/models lists them)",
+                              "invalid_request_error", "model_required")
+            self.router.authorise(self._hash(request), model)
+            server = await self.router.admit(model, key)
+            try:
+                response, status, meter, ttft = await self._forward(request, server, body, started)
+                return response
+            finally:
+                self.router.release(server, key)
+        except Refused as refused:
+            status = refused.status
+            return error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)
+        except asyncio.CancelledError:
+            status = 499  # the client left: its upstream request was closed with it
+            raise
+        finally:
+            self._account(request, key, model, server, status, meter, ttft, started)
+
+    async def _body(self, request: web.Request) -> bytes:
+        limit = int(self.settings.max_body_mb * (1 << 20))
+        if request.content_length is not None and request.content_length > limit:
+            raise Refused(413, f"the request is over {self.settings.max_body_mb:g} MB ([gateway] max_body_mb)",
+                          "invalid_request_error", "request_too_large")
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise Refused(413, f"the request is over {self.settings.max_body_mb:g} MB ([gateway] max_body_mb)",
+                          "invalid_request_error", "request_too_large") from None
+
+    async def _forward(self, request: web.Request, server: Upstream, body: bytes, started: float):
+        headers = {name: request.headers[name] for name in PASS_HEADERS if name in request.headers}
+        if server.api_key:
+            headers["Authorization"] = f"Bearer {server.api_key}"
+        try:
+            upstream = await self.session.request(request.method, server.url + request.rel_url.path_qs, data=body or None,
+                                                  headers=headers)
+        except (aiohttp.ClientError, OSError) as error:
+            raise Refused(502, f"server {server.id} ({server.alias}) did not answer: {type(error).__name__}",
+                          "server_error", "upstream_unavailable", retry_after=1) from None
+        async with upstream:
+            kind = upstream.headers.get("Content-Type", "application/json")
+            streamed = "event-stream" in kind
+            response = web.StreamResponse(status=upstream.status, headers={"Content-Type": kind})
+            if streamed:
+                response.headers["Cache-Control"] = "no-cache"
+                response.headers["X-Accel-Buffering"] = "no"  # a proxy in front must not hold the chunks either
+            elif upstream.content_length is not None:
+                response.content_length = upstream.content_length
+            await response.prepare(request)
+            meter, ttft = Meter(streamed), None
+            try:
+                async for chunk in upstream.content.iter_any():
+                    if ttft is None:
+                        ttft = time.monotonic() - started
+                    meter.feed(chunk)
+                    await response.write(chunk)
+            except aiohttp.ClientError:
+                log(f"server {server.id} ({server.alias}) broke off its answer")
+                return response, 502, meter, ttft
+            meter.finish()
+            await response.write_eof()
+            return response, upstream.status, meter, ttft
+
+    def _account(self, request, key, model, server, status, meter, ttft, started) -> None:
+        duration = time.monotonic() - started
+        user = key["user"] if key else ""
+        known = model if model in self.router.models() or any(p.get("alias") == model for p in self.router.planned) \
+            else ("" if model is None else "other")
+        self.metrics.requests.labels(user, known, str(status)).inc()
+        prompt, completion = (meter.prompt, meter.completion) if meter else (0, 0)
+        if key is not None:
+            self.metrics.prompt.labels(user, known).inc(prompt)
+            self.metrics.completion.labels(user, known).inc(completion)
+            self.metrics.latency.labels(known).observe(duration)
+            if ttft is not None:
+                self.metrics.ttft.labels(known).observe(ttft)
+            if len(self.pending) < MAX_PENDING:
+                self.pending.append({
+                    "ts": int(time.time()), "key_id": key["id"], "fingerprint": key["fingerprint"], "user": user,
+                    "model": known, "server_id": server.id if server else None, "status": status,
+                    "prompt_tokens": prompt, "completion_tokens": completion,
+                    "ttft_ms": round(ttft * 1000) if ttft is not None else None, "duration_ms": round(duration * 1000)})
+        log(f"{request.method} {request.path} {status} model={known or '-'} user={user or '-'}"
+            f" key={key['fingerprint'] if key else '-'} server={server.id if server else '-'}"
+            f" tokens={prompt}+{completion} {duration * 1000:.0f}ms")
+
+
+def _model_of(body: bytes) -> str | None:
+    if not body:
+        return None
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        raise Refused(400, "the body is not JSON", "invalid_request_error", "invalid_json") from None
+    model = doc.get("model") if isinstance(doc, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+async def serve(gateway: Gateway, listen: str, ready: asyncio.Event | None = None) -> None:
+    runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    host, port = _listen(listen)
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    log(f"listening on {listen}, for the service at {gateway.client.path}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log("stopping")
+    await runner.cleanup()
+
+
+def run_gateway(config: Config, listen: str | None = None) -> int:
+    """`board gateway`: serve until SIGTERM. It needs the service's socket ([service] socket): it has no database."""
+    from app.client.socket import SocketClient
+
+    if not config.service.socket:
+        raise BadInput("[service] socket is not set: the gateway reaches the service only through its socket")
+    if listen is not None:
+        from app.config import host_port
+
+        try:
+            host_port(listen, "--listen", "0.0.0.0:8080")
+        except ValueError as error:
+            raise BadInput(str(error)) from None
+    if config.gateway.log_bodies:
+        log("[gateway] log_bodies is true: prompts and completions are logged")
+    os.umask(0o077)
+    asyncio.run(serve(Gateway(config, SocketClient(config.service.socket)), listen or config.gateway.listen))
+    return 0

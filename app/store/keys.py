@@ -1,0 +1,102 @@
+"""The gateway's keys and accounting rows: the SQL, and nothing else. Rules live in app.service.ops.gateway.
+
+api_keys holds a key's hash and fingerprint (app.core.keys), never the key; gateway_usage one row per request
+that the gateway answered, as it reported them (op gateway_usage).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+_KEY_COLUMNS = "id, name, user, uid, hash, fingerprint, models, class, created_at, expires_at, revoked_at"
+
+
+def _key(row) -> dict[str, Any]:
+    id_, name, user, uid, hashed, fp, models, klass, created, expires, revoked = row
+    try:
+        models = json.loads(models) if models else None
+    except ValueError:
+        models = []  # a hand-edited row opens nothing rather than everything
+    return {"id": id_, "name": name, "user": user, "uid": uid, "hash": hashed, "fingerprint": fp, "models": models,
+            "class": klass, "created": created, "expires": expires, "revoked": revoked}
+
+
+def insert(conn: sqlite3.Connection, *, name: str, user: str, uid: int, hashed: str, fingerprint: str,
+           models: list[str] | None, klass: str, now: int, created_by: int, expires_at: int | None) -> int:
+    cursor = conn.execute(
+        "INSERT INTO api_keys (name, user, uid, hash, fingerprint, models, class, created_at, created_by, expires_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (name, user, uid, hashed, fingerprint, json.dumps(models) if models is not None else None, klass, now,
+         created_by, expires_at))
+    return cursor.lastrowid
+
+
+def get(conn: sqlite3.Connection, key_id: int) -> dict[str, Any] | None:
+    row = conn.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+    return _key(row) if row else None
+
+
+def listing(conn: sqlite3.Connection, uid: int | None = None, live_at: int | None = None) -> list[dict[str, Any]]:
+    """Keys, newest first: of `uid` only when given; only the usable ones (not revoked, not expired) at `live_at`."""
+    where, args = [], []
+    if uid is not None:
+        where.append("uid = ?")
+        args.append(uid)
+    if live_at is not None:
+        where.append("revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)")
+        args.append(live_at)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return [_key(r) for r in conn.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys{clause} ORDER BY id DESC", args)]
+
+
+def revoke(conn: sqlite3.Connection, key_id: int, now: int) -> bool:
+    return conn.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                        (now, key_id)).rowcount == 1
+
+
+def usual_class(conn: sqlite3.Connection, uid: int) -> str | None:
+    """The class of most of the user's bookings (the last 200), or None when they have none."""
+    row = conn.execute(
+        "SELECT class, COUNT(*) AS n FROM (SELECT class FROM bookings WHERE uid = ? AND status = 'booked'"
+        " ORDER BY id DESC LIMIT 200) GROUP BY class ORDER BY n DESC, class LIMIT 1", (uid,)).fetchone()
+    return row[0] if row else None
+
+
+USAGE_FIELDS = ("ts", "key_id", "fingerprint", "user", "model", "server_id", "status", "prompt_tokens",
+                "completion_tokens", "ttft_ms", "duration_ms")
+
+
+def record_usage(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> None:
+    conn.executemany(f"INSERT INTO gateway_usage ({', '.join(USAGE_FIELDS)}) VALUES"
+                     f" ({', '.join('?' * len(USAGE_FIELDS))})", [tuple(r.get(f) for f in USAGE_FIELDS) for r in records])
+
+
+_BY = {"user": "user", "key": "fingerprint", "model": "model"}
+
+
+def usage(conn: sqlite3.Connection, since: int, by: str = "user", uid_user: str | None = None) -> list[dict[str, Any]]:
+    """Sums since `since`, grouped `by` user, key or model (all three columns shown; the others are summed over
+    and show as "" when they differ); only `uid_user`'s rows when given."""
+    group = _BY[by]
+    where, args = "ts >= ?", [since]
+    if uid_user is not None:
+        where += " AND user = ?"
+        args.append(uid_user)
+    rows = conn.execute(
+        f"SELECT {group}, CASE WHEN COUNT(DISTINCT user) = 1 THEN MIN(user) ELSE '' END,"
+        " CASE WHEN COUNT(DISTINCT fingerprint) = 1 THEN MIN(fingerprint) ELSE '' END,"
+        " CASE WHEN COUNT(DISTINCT model) = 1 THEN MIN(model) ELSE '' END,"
+        " COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(status >= 400)"
+        f" FROM gateway_usage WHERE {where} GROUP BY {group} ORDER BY SUM(prompt_tokens + completion_tokens) DESC,"
+        f" {group}", args)
+    return [{"user": user, "key": key, "model": model, "requests": n, "prompt_tokens": p or 0,
+             "completion_tokens": c or 0, "errors": e or 0} for _, user, key, model, n, p, c, e in rows]
+
+
+def tokens_by_user(conn: sqlite3.Connection, since: int, until: int) -> dict[str, tuple[int, int, int]]:
+    """user -> (requests, prompt tokens, completion tokens) in [since, until): `board report`'s figures."""
+    return {user: (n, p or 0, c or 0) for user, n, p, c in conn.execute(
+        "SELECT user, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens) FROM gateway_usage"
+        " WHERE ts >= ? AND ts < ? GROUP BY user", (since, until))}

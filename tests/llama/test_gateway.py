@@ -1,0 +1,336 @@
+"""board gateway end to end: the real agent (user board), a real CPU llama-server started by a member through the
+service, and the gateway run as its unit runs it (setpriv --reuid board-gateway, no capabilities), driven by the
+official `openai` client (sync and async, plain and streamed) and by curl for raw SSE.
+
+Needs root (real users) and the llama-server binary; skipped with the reason otherwise. One shared install for the
+module: starting llama-servers is the slow part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests import agent_process
+from tests.llama.test_servers_service import SharedBoard
+from tests.ports import port_range
+from tests.service.support import check_reachable, needs_root
+from tests.shared_install import read_rows, scratch_dir
+from tests.unix_users import GATEWAY_USER, MEMBERS_GROUP, ensure_gateway_user, ensure_unix_users
+
+openai = pytest.importorskip("openai")
+
+pytestmark = [pytest.mark.real_users, pytest.mark.usefixtures("_subreaper")]
+BOARD = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "board"
+ALIAS = "team-llm"
+
+
+def wait_for(predicate, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def http(url: str, body: dict | bytes | None = None, key: str | None = None, timeout: float = 30):
+    """(status, headers, parsed JSON or text) of one request."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, head, raw = response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        status, head, raw = error.code, dict(error.headers), error.read()
+    try:
+        return status, head, json.loads(raw)
+    except ValueError:
+        return status, head, raw.decode()
+
+
+class Team:
+    """The shared install, alice's server `team-llm` and the gateway in front of it."""
+
+    def __init__(self, board: SharedBoard, root: Path) -> None:
+        self.board, self.root = board, root
+        self.gateway: subprocess.Popen | None = None
+        self.port = port_range("gateway", 10)[0]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "gateway.log"
+
+    def start_gateway(self) -> None:
+        self.gateway = agent_process.start_daemon(GATEWAY_USER, [str(BOARD)], ["gateway"], self.board.agent.config,
+                                                  self.log)
+        if not wait_for(lambda: self.gateway.poll() is not None or self.health() == 200):
+            raise AssertionError(f"the gateway did not come up:\n{self.log.read_text()}")
+        assert self.gateway.poll() is None, self.log.read_text()
+
+    def health(self) -> int | None:
+        try:
+            return http(f"{self.url}/health", timeout=2)[0]
+        except OSError:
+            return None
+
+    def models(self) -> dict:
+        return http(f"{self.url}/health")[2]
+
+    def key(self, user: str, *args: str) -> dict:
+        return self.board.json(user, "key", "new", *args)
+
+    def serve(self, user: str, card: int, alias: str = ALIAS) -> dict:
+        booking = self.board.json(user, "book", "--cards", str(card), "--for", "2h")["id"]
+        server = self.board.json(user, "serve", "start", str(booking), "--model", str(self.board.model), "--ctx", "512",
+                                 "--parallel", "2", "--alias", alias)
+        assert server["state"] == "ready", server
+        return server
+
+    def client(self, key: str, **options):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=60, **options)
+
+    def usage_rows(self) -> list[tuple]:
+        return read_rows(self.board.agent.db, "SELECT key_id, server_id, status, prompt_tokens, completion_tokens"
+                                              " FROM gateway_usage ORDER BY id")
+
+
+@pytest.fixture(scope="module")
+def team(llama_server, tiny_model):
+    needs_root()
+    ensure_unix_users()
+    ensure_gateway_user(MEMBERS_GROUP)
+    for name in ("board", "alice", GATEWAY_USER):
+        check_reachable(name)
+    root = scratch_dir("board-gateway-")
+    board = SharedBoard(root, llama_server, tiny_model)
+    team = Team(board, root)
+    config = board.agent.config
+    config.write_text(config.read_text() + f'\n[gateway]\nlisten = "127.0.0.1:{team.port}"\nmax_body_mb = 1\n'
+                                           f'queue_timeout_s = 20\n')
+    board.agent.start()
+    team.server = team.serve("alice", 2)
+    team.start_gateway()
+    assert wait_for(lambda: ALIAS in team.models()["models"]), team.log.read_text()
+    yield team
+    try:
+        if team.gateway is not None:
+            assert agent_process.stop(team.gateway) == 0, team.log.read_text()
+        for server in board.json("carol", "serve", "list")["servers"]:
+            board.run("carol", "serve", "stop", str(server["id"]))
+    finally:
+        board.agent.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_gateway_runs_as_its_own_user_without_capabilities(team):
+    status = Path(f"/proc/{team.gateway.pid}/status").read_text()
+    uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+    assert uid == __import__("pwd").getpwnam(GATEWAY_USER).pw_uid
+    assert next(line for line in status.splitlines() if line.startswith("CapEff:")).split()[1] == "0" * 16
+    # It gets the servers' keys and the keys' hashes; a member does not.
+    refused = team.board.run("alice", "key", "list")  # (a member's own keys are fine)
+    assert refused.returncode == 0
+    script = "from app.client.socket import SocketClient as S; import sys; S(sys.argv[1]).call('gateway_state')"
+    from tests.service.support import run_as
+    result = run_as("bob", str(BOARD.parent / "python"), "-c", script, str(team.board.agent.socket),
+                    env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode != 0 and "NotPermitted" in result.stderr and "gateway_state" in result.stderr
+
+
+def test_the_openai_client_sync_async_plain_and_streamed(team):
+    key = team.key("alice", "--name", "laptop", "--class", "online")["key"]
+    client = team.client(key)
+    [model] = [m for m in client.models.list().data if m.id == ALIAS]
+    assert model.owned_by == "alice" and model.model_extra["board"]["servers"] == [team.server["id"]]
+
+    plain = client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+    assert plain.usage.completion_tokens > 0 and plain.choices[0].message is not None
+
+    chunks = list(client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=8, stream=True))
+    assert len(chunks) > 2 and chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason is not None
+
+    completion = client.completions.create(model=ALIAS, prompt="once upon", max_tokens=6)
+    assert completion.usage.completion_tokens > 0
+
+    async def both_ways():
+        client = openai.AsyncOpenAI(base_url=f"{team.url}/v1", api_key=key, max_retries=0, timeout=60)
+        async with client:
+            answer = await client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "a"}],
+                                                          max_tokens=4)
+            stream = await client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "b"}],
+                                                          max_tokens=4, stream=True)
+            pieces = [chunk async for chunk in stream]
+        return answer, pieces
+
+    answer, pieces = asyncio.run(both_ways())
+    assert answer.usage.completion_tokens > 0 and len(pieces) > 2
+
+
+def test_curl_sees_server_sent_events_chunk_by_chunk(team):
+    key = team.key("alice")["key"]
+    body = json.dumps({"model": ALIAS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                       "stream": True})
+    out = subprocess.run(["curl", "-sS", "-N", "-i", f"{team.url}/v1/chat/completions", "-H",
+                          f"Authorization: Bearer {key}", "-H", "Content-Type: application/json", "-d", body],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    head, _, events = out.stdout.partition("\n\n")  # (text mode: the header lines end in \n)
+    assert "text/event-stream" in head and "Content-Length" not in head
+    data = [line for line in events.splitlines() if line.startswith("data: ")]
+    assert len(data) > 2 and data[-1] == "data: [DONE]", out.stdout
+
+
+def test_every_error_in_openais_format(team):
+    alice = team.key("alice")["key"]
+    scoped = team.key("bob", "--models", "other-model")["key"]
+    chat = {"model": ALIAS, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+
+    status, _, body = http(f"{team.url}/v1/chat/completions", chat)
+    assert status == 401 and body["error"]["code"] == "invalid_api_key" and "board key new" in body["error"]["message"]
+    status, _, body = http(f"{team.url}/v1/chat/completions", chat, key="bk-not-a-key")
+    assert status == 401
+    status, _, body = http(f"{team.url}/v1/chat/completions", chat, key=scoped)
+    assert status == 403 and "other-model" in body["error"]["message"] and body["error"]["type"]
+    status, _, body = http(f"{team.url}/v1/chat/completions", {**chat, "model": "nobody-serves-this"}, key=alice)
+    assert status == 404 and ALIAS in body["error"]["message"] and body["error"]["code"] == "model_not_found"
+    status, _, body = http(f"{team.url}/v1/chat/completions", b"{" + b" " * (2 << 20) + b"}", key=alice)
+    assert status == 413 and "max_body_mb" in body["error"]["message"]
+    with pytest.raises(openai.AuthenticationError):
+        team.client("bk-wrong").chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.NotFoundError):
+        team.client(alice).chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+def test_a_key_revoked_mid_use_stops_within_5_s(team):
+    made = team.key("alice", "--name", "to-revoke")
+    chat = {"model": ALIAS, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert http(f"{team.url}/v1/chat/completions", chat, key=made["key"])[0] == 200
+    team.board.ok("alice", "key", "revoke", str(made["id"]))
+    revoked_at = time.monotonic()
+    assert wait_for(lambda: http(f"{team.url}/v1/chat/completions", chat, key=made["key"])[0] == 401, timeout=5)
+    assert time.monotonic() - revoked_at <= 5
+
+
+def slots_busy(server: dict) -> list[bool]:
+    status, _, body = http(f"http://127.0.0.1:{server['port']}/slots")
+    assert status == 200, body
+    return [bool(s.get("is_processing")) for s in body]
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_slot(team):
+    key = team.key("alice")["key"]
+    body = json.dumps({"model": ALIAS, "messages": [{"role": "user", "content": "tell a long story"}],
+                       "max_tokens": 100000, "stream": True, "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", team.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+                 + b"\r\n\r\n" + body)
+    received = b""
+    while received.count(b"data: ") < 3:
+        received += sock.recv(65536)
+    assert any(slots_busy(team.server)), "the stream's slot should be busy"
+    sock.close()
+    left = time.monotonic()
+    assert wait_for(lambda: not any(slots_busy(team.server)), timeout=5)
+    assert time.monotonic() - left <= 1.5, "the upstream slot stayed busy after the client left"
+
+
+def test_accounting_matches_what_llama_server_reported(team):
+    made = team.key("carol", "--name", "accounting")
+    client = team.client(made["key"])
+    reported = []
+    for n in (3, 5):
+        answer = client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "count"}],
+                                                max_tokens=n)
+        reported.append((answer.usage.prompt_tokens, answer.usage.completion_tokens))
+    stream = client.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "more"}], max_tokens=4,
+                                            stream=True, stream_options={"include_usage": True})
+    last = [chunk for chunk in stream if chunk.usage is not None][-1]
+    reported.append((last.usage.prompt_tokens, last.usage.completion_tokens))
+
+    def mine():
+        return [r for r in team.usage_rows() if r[0] == made["id"]]
+
+    assert wait_for(lambda: len(mine()) == 3), team.log.read_text()
+    assert [(r[3], r[4]) for r in mine()] == reported
+    assert {r[2] for r in mine()} == {200}
+    doc = team.board.json("carol", "usage", "--by", "key")
+    [row] = [r for r in doc["rows"] if r["key"] == made["fingerprint"]]
+    assert (row["requests"], row["prompt_tokens"], row["completion_tokens"], row["errors"]) == (
+        3, sum(p for p, _ in reported), sum(c for _, c in reported), 0)
+    metrics = urllib.request.urlopen(f"{team.url}/metrics", timeout=5).read().decode()
+    assert f'board_gateway_requests_total{{code="200",model="{ALIAS}",user="carol"}} 3.0' in metrics
+    assert "board_gateway_request_duration_seconds_bucket" in metrics
+
+
+def test_two_servers_with_one_alias_share_the_load(team):
+    second = team.serve("bob", 3)
+    assert wait_for(lambda: team.models()["servers"] == 2), team.log.read_text()
+    key = team.key("alice")["key"]
+
+    async def crowd():
+        client = openai.AsyncOpenAI(base_url=f"{team.url}/v1", api_key=key, max_retries=0, timeout=120)
+        async with client:
+            return await asyncio.gather(*(client.chat.completions.create(
+                model=ALIAS, messages=[{"role": "user", "content": f"n{i}"}], max_tokens=16) for i in range(4)))
+
+    before = len(team.usage_rows())
+    answers = asyncio.run(crowd())
+    assert all(a.usage.completion_tokens > 0 for a in answers)
+    assert wait_for(lambda: len(team.usage_rows()) >= before + 4)
+    servers = [r[1] for r in team.usage_rows()[before:]]
+    assert set(servers) == {team.server["id"], second["id"]}, servers
+    team.board.ok("bob", "serve", "stop", str(second["id"]))
+    assert wait_for(lambda: team.models()["servers"] == 1)
+
+
+@pytest.fixture
+def bare(llama_server, tiny_model):
+    """The agent and the gateway, no server: for what a restart of the service does to the gateway."""
+    needs_root()
+    ensure_unix_users()
+    ensure_gateway_user(MEMBERS_GROUP)
+    root = scratch_dir("board-gateway-restart-")
+    board = SharedBoard(root, llama_server, tiny_model)
+    team = Team(board, root)
+    team.port = port_range("gateway", 10)[0] + 1
+    team.url = f"http://127.0.0.1:{team.port}"
+    config = board.agent.config
+    config.write_text(config.read_text() + f'\n[gateway]\nlisten = "127.0.0.1:{team.port}"\n')
+    board.agent.start()
+    team.start_gateway()
+    yield team
+    try:
+        assert agent_process.stop(team.gateway) == 0, team.log.read_text()
+    finally:
+        board.agent.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_gateway_follows_the_service_across_a_kill_and_a_restart(bare):
+    before = bare.key("alice")
+    models = f"{bare.url}/v1/models"
+    assert wait_for(lambda: http(models, key=before["key"])[0] == 200, timeout=5)
+    bare.board.agent.kill9()
+    # The gateway keeps serving on what it knew; what it counts meanwhile waits for the service.
+    assert http(models, key=before["key"])[0] == 200
+    chat = {"model": "nobody", "messages": [{"role": "user", "content": "x"}]}
+    assert http(f"{bare.url}/v1/chat/completions", chat, key=before["key"])[0] == 404
+    bare.board.agent.start()
+    after = bare.key("bob")  # made after the restart: the gateway re-read the state when it reconnected
+    assert wait_for(lambda: http(models, key=after["key"])[0] == 200, timeout=5), bare.log.read_text()
+    assert wait_for(lambda: [r for r in bare.usage_rows() if r[0] == before["id"]]), bare.log.read_text()
+    assert bare.gateway.poll() is None
