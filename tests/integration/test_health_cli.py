@@ -1,0 +1,120 @@
+"""The box's own health in a real subprocess on the simulated fleet: board cards, board topo, board doctor's
+hardware checks, board power, and status --json's PCIe traffic (issue 23)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from tests.conftest import run_board
+
+# An unhealthy box: an old driver, card 5 in a x4 Gen 3 slot behind the chipset with a drifted limit and its own
+# serial and slot; labels from the scenario for two cards.
+SICK = """\
+[system]
+driver = "565.57.01"
+cuda = "12.7"
+[cards]
+count = 8
+compute_capability = "12.0"
+labels = ["top left", "top right\\u001b[31m"]
+[[cards.override]]
+card = 5
+pcie_width = 4
+pcie_gen = 3
+behind_chipset = true
+power_limit_w = 500
+serial = "SN-FIVE"
+slot = "SLOT7"
+"""
+
+
+@pytest.fixture
+def board(tmp_path):
+    def run(*args, scenario: str | None = None, extra_env: dict | None = None):
+        simulate = "1"
+        if scenario is not None:
+            (tmp_path / "fleet.toml").write_text(scenario)
+            simulate = str(tmp_path / "fleet.toml")
+        env = {"BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": simulate, "TZ": "UTC", **(extra_env or {})}
+        return run_board(*args, env=env)
+
+    return run
+
+
+def test_cards_json_has_each_cards_place_link_and_power(board):
+    result = board("cards", "--json", scenario=SICK)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert (found["driver_version"], found["cuda_version"]) == ("565.57.01", "12.7")
+    five = found["cards"][5]
+    assert {"index", "uuid", "serial", "pci_bus_id", "slot", "numa_node", "pcie", "power"} <= set(five)
+    assert (five["index"], five["cuda_index"], five["serial"], five["slot"], five["numa_node"]) == (
+        5, 5, "SN-FIVE", "SLOT7", 1)
+    assert five["pci_bus_id"] == "00000000:06:00.0"
+    assert five["pcie"] == {"gen": 3, "width": 4, "max_gen": 5, "max_width": 16, "behind_chipset": True}
+    assert five["power"] == {"limit_w": 500.0, "default_w": 575.0, "max_w": 600.0}
+    assert found["cards"][0]["label"] == "top left"
+
+
+def test_cards_labels_is_the_table_to_stick_on_the_box(board):
+    result = board("cards", "--labels", scenario=SICK)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["CARD", "CUDA", "SERIAL", "PCI", "BUS", "ID", "SLOT", "LABEL"]
+    assert lines[1].split() == ["0", "0", "1652025000000", "00000000:01:00.0", "1", "top", "left"]
+    assert lines[6].split() == ["5", "5", "SN-FIVE", "00000000:06:00.0", "SLOT7", "-"]
+    assert "\x1b" not in result.stdout  # a label is text from the config: shown inert
+    assert "stick it on the chassis" in lines[-1]
+
+
+def test_cards_csv_is_one_row_per_card(board):
+    result = board("cards", "--csv", scenario=SICK)
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert len(rows) == 8
+    assert (rows[5]["serial"], rows[5]["slot"], rows[5]["pcie_width"], rows[5]["behind_chipset"],
+            rows[5]["power_limit_w"]) == ("SN-FIVE", "SLOT7", "4", "True", "500.0")
+
+
+def test_cards_labels_and_csv_together_are_refused(board):
+    result = board("cards", "--labels", "--csv")
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+
+
+def test_topo_is_the_matrix_nvidia_smi_prints(board):
+    result = board("topo", "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["cards"] == list(range(8)) and found["numa"] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert found["matrix"][0] == ["X", "PXB", "PXB", "PXB", "SYS", "SYS", "SYS", "SYS"]
+    assert found["matrix"][6][4] == "PXB" and found["matrix"][6][6] == "X"
+    assert found["order"] == list(range(8))
+    text = board("topo")
+    assert text.returncode == 0
+    assert text.stdout.splitlines()[1].split() == ["GPU0", "X", "PXB", "PXB", "PXB", "SYS", "SYS", "SYS", "SYS", "0"]
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in text.stdout
+
+
+def test_status_json_has_each_cards_pcie_traffic(board):
+    result = board("status", "--json")
+    assert result.returncode == 0, result.stderr
+    cards = json.loads(result.stdout)["cards"]
+    assert set(cards[0]["pcie"]) == {"tx_mib_s", "rx_mib_s"}
+    assert cards[3]["pcie"] == {"tx_mib_s": 0.0, "rx_mib_s": 0.0}  # nothing runs on card 3
+    # alice's job spans cards 0 and 1: far more traffic per point of load than bob's lone server on card 2.
+    assert cards[0]["pcie"]["tx_mib_s"] / cards[0]["utilization_pct"] > 10 * (
+        cards[2]["pcie"]["tx_mib_s"] / cards[2]["utilization_pct"])
+
+
+def test_a_group_that_crosses_a_switch_says_so_in_the_plan(board):
+    crossing = board("book", "--cards", "3,4", "--for", "1h")
+    assert crossing.returncode == 0, crossing.stderr
+    assert ("board: note: cards 3-4 cross a PCIe switch and span NUMA nodes 0,1: traffic between them goes through"
+            " the CPU; prefer --split-mode layer\n") in crossing.stderr
+    close = board("book", "--cards", "6,7", "--for", "1h")
+    assert close.returncode == 0, close.stderr
+    assert "cross" not in close.stderr
