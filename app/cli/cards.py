@@ -115,3 +115,50 @@ def cmd_topo(ctx) -> int:
     print(f"close cards first: {','.join(map(str, order))}"
           f" (CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={visible} for all of them in llama.cpp)")
     return EXIT_OK
+
+
+def hardware_checks(ctx):
+    """board doctor's part on the box: driver and CUDA for the cards' architecture, the llama-server build, and each
+    card's PCIe link. (ok, line) pairs; ok is None for a warning."""
+    from app.core.hardware import by_capability, driver_checks, link_checks
+    from app.errors import BoardError
+    from app.gpu import NoDriverError
+
+    try:
+        snapshot = _snapshot_for_doctor(ctx)
+    except (BoardError, NoDriverError, ValueError) as error:  # no driver, no service: the rest of doctor still runs
+        yield None, f"cards not read ({error}): the driver and link checks are skipped"
+        return
+    yield from driver_checks(snapshot)
+    yield from _build_checks(ctx, list(by_capability(snapshot.cards)))
+    yield from link_checks(snapshot.cards)
+
+
+def _snapshot_for_doctor(ctx):
+    """Through the service where there is one; else straight from the cards, so that doctor creates no database."""
+    if ctx.config.service.socket:
+        from app.gpu.model import snapshot_from_wire
+
+        return snapshot_from_wire(ctx.client.call("fleet"))
+    from app.gpu import open_source
+
+    source = open_source(ctx.demo)
+    try:
+        return source.read()
+    finally:
+        source.close()
+
+
+def _build_checks(ctx, capabilities: list[str]):
+    from app.errors import BoardError
+    from app.llama.binary import find_server_bin
+    from app.llama.cuda_arch import build_checks, build_of
+
+    if not capabilities:
+        return
+    try:
+        server_bin = find_server_bin(ctx.config.llama, ctx.environ)
+    except BoardError as error:
+        yield None, f"llama-server's build not checked: {error}"
+        return
+    yield from build_checks(build_of(server_bin), capabilities, f"llama-server ({server_bin})")

@@ -118,3 +118,45 @@ def test_a_group_that_crosses_a_switch_says_so_in_the_plan(board):
     close = board("book", "--cards", "6,7", "--for", "1h")
     assert close.returncode == 0, close.stderr
     assert "cross" not in close.stderr
+
+
+def fake_server(tmp_path, *archs: int):
+    """An executable whose embedded fat binary holds SASS for `archs`, as a CUDA build of llama-server does."""
+    import struct
+
+    body = b""
+    for arch in archs:
+        payload = b"\x7fELF" + bytes(12)
+        body += struct.pack("<HHIQIIHHI", 2, 0x101, 64, len(payload), 0, 0, 8, 1, arch) + bytes(32) + payload
+    path = tmp_path / "bin" / "llama-server"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(b"#!/bin/sh\n" + struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_doctor_names_the_minimums_and_the_fixes_on_a_sick_box(board, tmp_path):
+    result = board("doctor", scenario=SICK, extra_env={"BOARD_LLAMA_SERVER": fake_server(tmp_path, 89)})
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert ("FIX   driver 565.57.01 is too old for compute capability 12.0 (cards 0-7): it needs 570 or newer;"
+            " install the 570 driver (or newer) and reboot") in lines
+    assert any(line.startswith("FIX   CUDA 12.7") and "needs 12.8" in line for line in lines)
+    assert any(line.startswith("FIX   llama-server (") and "no kernel image is available" in line
+               and "-DCMAKE_CUDA_ARCHITECTURES=120" in line for line in lines)
+    assert ("WARN  card 5 (slot SLOT7): PCIe x4 of its x16; multi-card work will crawl: move it to a full-width slot"
+            " wired to the CPU") in lines
+    assert any(line.startswith("WARN  card 5 (slot SLOT7): behind the chipset") for line in lines)
+    assert not any("card 4" in line for line in lines)
+
+
+def test_doctor_on_a_healthy_box_passes_its_hardware_checks(board, tmp_path):
+    result = board("doctor", extra_env={"BOARD_LLAMA_SERVER": fake_server(tmp_path, 89, 120)})
+    hardware = [line for line in result.stdout.splitlines() if "CUDA" in line or "PCIe" in line or "llama" in line]
+    assert hardware == [
+        "ok    driver 575.57.08 and CUDA 12.9 support compute capability 12.0 (cards 0-7) (needs driver 570+, CUDA 12.8+)",
+        f"ok    llama-server ({tmp_path}/bin/llama-server) carries native code for compute capability 12.0"
+        " (sm_89,sm_120)",
+        "ok    PCIe links: every card at its full width, none behind the chipset (cards 0-7)",
+    ]
+    assert not (tmp_path / "board.db").exists()  # doctor reads the cards, and creates no database for it
