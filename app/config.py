@@ -196,6 +196,20 @@ class AlertSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class PowerSettings:
+    """[power]: the limit every card should run at (the seeds cap 575 W cards at 500 W and lose about 5 % of decode
+    speed), per-card overrides in [power.cards] ("3" = 450), and the pause between cards in `board power apply`
+    (the seeds' staged power-on: one card at a time)."""
+
+    limit_w: float | None = None
+    cards: dict[int, float] = field(default_factory=dict)
+    pause_s: float = 2.0
+
+    def policy_w(self, index: int) -> float | None:
+        return self.cards.get(index, self.limit_w)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -221,6 +235,7 @@ class Config:
     notify: NotifySettings = field(default_factory=NotifySettings)
     alerts: AlertSettings = field(default_factory=AlertSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
+    power: PowerSettings = field(default_factory=PowerSettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -246,7 +261,7 @@ def _hhmm(text: str) -> int:
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
     known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
-             "history", "metrics", "notify", "alerts", "report"}
+             "history", "metrics", "notify", "alerts", "report", "power"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -296,7 +311,30 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         notify=_notify(raw.get("notify", {})),
         alerts=_alerts(raw.get("alerts", {})),
         report=_report(raw.get("report", {})),
+        power=_power(raw.get("power", {})),
     )
+
+
+def _power(table: dict) -> PowerSettings:
+    settings = _build(PowerSettings, table, "[power]")
+
+    def watts(value, what: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 5000:
+            raise ValueError(f"[power] {what} is a number of watts, more than 0, not {repr(value)[:20]}")
+        return float(value)
+
+    cards = {}
+    if not isinstance(settings.cards, dict):
+        raise ValueError("[power] cards is a table of card = watts, such as [power.cards] 3 = 450")
+    for key, value in settings.cards.items():
+        if not str(key).isdigit():
+            raise ValueError(f"[power.cards] {str(key)[:20]!r} is not a card number")
+        cards[int(key)] = watts(value, f"cards.{key}")
+    pause = settings.pause_s
+    if isinstance(pause, bool) or not isinstance(pause, int | float) or not 0 <= pause <= 60:
+        raise ValueError(f"[power] pause_s is 0 to 60 seconds, not {repr(pause)[:20]}")
+    limit = None if settings.limit_w is None else watts(settings.limit_w, "limit_w")
+    return PowerSettings(limit_w=limit, cards=cards, pause_s=float(pause))
 
 
 def _report(table: dict) -> ReportSettings:

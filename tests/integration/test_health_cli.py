@@ -160,3 +160,104 @@ def test_doctor_on_a_healthy_box_passes_its_hardware_checks(board, tmp_path):
         "ok    PCIe links: every card at its full width, none behind the chipset (cards 0-7)",
     ]
     assert not (tmp_path / "board.db").exists()  # doctor reads the cards, and creates no database for it
+
+
+# -- the power policy --------------------------------------------------------------------------------------------
+
+POWER = "[power]\nlimit_w = 500\npause_s = 0\n[power.cards]\n7 = 450\n"
+
+
+def test_power_shows_each_cards_limit_against_the_policy(board, tmp_path):
+    (tmp_path / "board.toml").write_text(POWER)
+    result = board("power", "--json", extra_env={"BOARD_CONFIG": str(tmp_path / "board.toml")})
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert (found["policy_w"], found["pause_s"]) == (500.0, 0.0)
+    assert found["cards"][0] == {"index": 0, "uuid": "GPU-5090sim-0000-0000-0000-000000000000", "limit_w": 575.0,
+                                 "default_w": 575.0, "max_w": 600.0, "policy_w": 500.0, "persistence": True,
+                                 "drift": True, "lost": False}
+    assert found["cards"][7]["policy_w"] == 450.0
+    text = board("power", extra_env={"BOARD_CONFIG": str(tmp_path / "board.toml")})
+    assert text.stdout.splitlines()[1].split() == ["0", "575", "575", "600", "500", "on", "DRIFT"]
+
+
+def test_power_apply_dry_run_prints_the_steps_and_changes_nothing(board, tmp_path):
+    (tmp_path / "board.toml").write_text(POWER)
+    env = {"BOARD_CONFIG": str(tmp_path / "board.toml")}
+    result = board("power", "apply", "--dry-run", extra_env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "would set card 0: power limit 575 W -> 500 W (nvidia-smi -i 0 -pl 500)"
+    assert lines[7] == "would set card 7: power limit 575 W -> 450 W (nvidia-smi -i 7 -pl 450)"
+    assert lines[-1] == "dry run: nothing changed (8 cards, 0 s apart)"
+    assert json.loads(board("log", "--json", extra_env=env).stdout)["events"] == []
+
+
+def test_power_apply_sets_each_card_in_turn_and_audits_each_step(board, tmp_path):
+    (tmp_path / "board.toml").write_text(POWER.replace("pause_s = 0", "pause_s = 0.01"))
+    env = {"BOARD_CONFIG": str(tmp_path / "board.toml")}
+    result = board("power", "apply", extra_env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["set card 0: power limit 575 W -> 500 W (nvidia-smi -i 0 -pl 500)", "pause 0.01 s",
+                         "set card 1: power limit 575 W -> 500 W (nvidia-smi -i 1 -pl 500)"]
+    assert len(lines) == 8 + 7  # a pause between cards, none after the last
+    events = json.loads(board("log", "--json", extra_env=env).stdout)["events"]
+    assert [(e["action"], e["ok"], e["details"]["card"], e["details"]["to_w"]) for e in reversed(events)] == [
+        ("power-limit", True, i, 450 if i == 7 else 500) for i in range(8)]
+
+
+def test_power_apply_without_a_policy_is_bad_input(board):
+    result = board("power", "apply")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "board: no [power] limit_w in the config: nothing to apply (e.g. [power] limit_w = 500)\n"
+
+
+def test_power_steps_change_the_simulated_fleet_are_for_admins_and_audited(tmp_path):
+    """The operations in one service (the simulated fleet keeps its state between calls, as the agent's does)."""
+    from app.config import Config, PowerSettings
+    from app.core.identity import Identity
+    from app.errors import BadInput, NotPermitted
+    from app.gpu.fleet import Fleet
+    from app.gpu.simulated import SimulatedSource
+    from app.service import Service
+    from app.service.ops import OPS
+    from app.store import events
+
+    config = Config(db_path=tmp_path / "board.db", power=PowerSettings(limit_w=500.0))
+    service = Service(config, Fleet(SimulatedSource(), config.refresh_seconds))
+    root, member = Identity("root", 0, True), Identity("alice", 1001, False)
+    with pytest.raises(NotPermitted, match="for admins"):
+        OPS["power_step"].handler(service, member, card=2, limit_w=500)
+    OPS["power_step"].handler(service, root, card=2, persistence=False)
+    OPS["power_step"].handler(service, root, card=2, limit_w=500)
+    with pytest.raises(BadInput, match="card 2: the driver refused"):
+        OPS["power_step"].handler(service, root, card=2, limit_w=700)  # over the card's maximum
+    two = OPS["power"].handler(service, member)["cards"][2]
+    assert (two["limit_w"], two["persistence"], two["drift"]) == (500.0, False, False)
+    assert OPS["power"].handler(service, member)["cards"][3]["drift"] is True
+    audited = [(e.actor, e.action, e.ok) for e in reversed(events.recent(service.conn, limit=10))]
+    assert audited == [("root", "power-persistence", True), ("root", "power-limit", True),
+                       ("root", "power-limit", False)]  # the member's refusal is not a change: not audited
+
+
+def test_without_cap_sys_admin_nvml_says_no_and_the_step_names_the_capability(tmp_path, monkeypatch):
+    import sys
+
+    from app.config import Config
+    from app.core.identity import Identity
+    from app.errors import NotPermitted
+    from app.gpu.fleet import Fleet
+    from app.gpu.nvml import NvmlSource
+    from app.service import Service
+    from app.service.ops import OPS
+    from tests.fakes.fake_pynvml import FakeGpu, FakePynvml
+
+    fake = FakePynvml([FakeGpu()])
+    fake.root = False  # NVML answers NoPermission, as it does to a process without CAP_SYS_ADMIN
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    config = Config(db_path=tmp_path / "board.db")
+    service = Service(config, Fleet(NvmlSource(sysfs=tmp_path), config.refresh_seconds))
+    with pytest.raises(NotPermitted, match="needs CAP_SYS_ADMIN"):
+        OPS["power_step"].handler(service, Identity("root", 0, True), card=0, limit_w=500)
+    assert fake.gpus[0].power_limit_mw == 575_000
