@@ -3,8 +3,9 @@ upstream path goes through the chipset.
 
 NVML knows none of these well: its slot-less bus id says nothing of the chassis, and its "max link width" is what
 the card and the slot allow together, so a x16 card in a x8 slot reads 8 of 8. sysfs gives the card's own
-capability (max_link_width, max_link_speed: the LnkCap register). Every reader returns None where sysfs cannot
-say (not Linux, a container without /sys, a device that vanished).
+capability (max_link_width, max_link_speed: the LnkCap register). Also which container a process runs in, from
+/proc/PID/cgroup. Every reader returns None where the kernel cannot say (not Linux, a container without /sys, a
+device or process that vanished).
 """
 
 from __future__ import annotations
