@@ -208,6 +208,20 @@ class GatewaySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class PowerSettings:
+    """[power]: the limit every card should run at (the seeds cap 575 W cards at 500 W and lose about 5 % of decode
+    speed), per-card overrides in [power.cards] ("3" = 450), and the pause between cards in `board power apply`
+    (the seeds' staged power-on: one card at a time)."""
+
+    limit_w: float | None = None
+    cards: dict[int, float] = field(default_factory=dict)
+    pause_s: float = 2.0
+
+    def policy_w(self, index: int) -> float | None:
+        return self.cards.get(index, self.limit_w)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
@@ -234,6 +248,7 @@ class Config:
     alerts: AlertSettings = field(default_factory=AlertSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    power: PowerSettings = field(default_factory=PowerSettings)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -259,7 +274,7 @@ def _hhmm(text: str) -> int:
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
     known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
-             "history", "metrics", "notify", "alerts", "report", "gateway"}
+             "history", "metrics", "notify", "alerts", "report", "gateway", "power"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -310,6 +325,7 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         alerts=_alerts(raw.get("alerts", {})),
         report=_report(raw.get("report", {})),
         gateway=_gateway(raw.get("gateway", {})),
+        power=_power(raw.get("power", {})),
     )
 
 
@@ -334,6 +350,28 @@ def host_port(listen: object, where: str, example: str) -> None:
     if not (host and host.isascii() and host.isprintable() and " " not in host
             and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
         raise ValueError(f"{where} is {str(listen)[:40]!r}; give host:port, such as \"{example}\"")
+
+
+def _power(table: dict) -> PowerSettings:
+    settings = _build(PowerSettings, table, "[power]")
+
+    def watts(value, what: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 5000:
+            raise ValueError(f"[power] {what} is a number of watts, more than 0, not {repr(value)[:20]}")
+        return float(value)
+
+    cards = {}
+    if not isinstance(settings.cards, dict):
+        raise ValueError("[power] cards is a table of card = watts, such as [power.cards] 3 = 450")
+    for key, value in settings.cards.items():
+        if not str(key).isdigit():
+            raise ValueError(f"[power.cards] {str(key)[:20]!r} is not a card number")
+        cards[int(key)] = watts(value, f"cards.{key}")
+    pause = settings.pause_s
+    if isinstance(pause, bool) or not isinstance(pause, int | float) or not 0 <= pause <= 60:
+        raise ValueError(f"[power] pause_s is 0 to 60 seconds, not {repr(pause)[:20]}")
+    limit = None if settings.limit_w is None else watts(settings.limit_w, "limit_w")
+    return PowerSettings(limit_w=limit, cards=cards, pause_s=float(pause))
 
 
 def _report(table: dict) -> ReportSettings:

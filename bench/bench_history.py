@@ -104,7 +104,7 @@ def synthetic_year(path: Path, *, days: int = 365, cards: int = 8, now: int = NO
                 spread = 20 if util else 0
                 row = {"id": _bucket_id(bucket, card), "n": per_bucket, "dt": SAMPLE_S,
                        "state": STATES.index(state), "n_throttled": per_bucket * (reading.temperature_c >= 92),
-                       "throttle": reading.throttle_reasons}
+                       "throttle": reading.throttle_reasons, "pcie_mean": round(reading.pcie_tx_mib_s) if util else 0}
                 for metric, value, jitter in (("vram", reading.memory_used_mib, 150), ("util", util, spread),
                                               ("temp", reading.temperature_c, 2), ("power", round(reading.power_w), 40),
                                               ("sm", reading.sm_clock_mhz, 60)):
@@ -131,6 +131,7 @@ def synthetic_year(path: Path, *, days: int = 365, cards: int = 8, now: int = NO
                                 temp=reading.temperature_c, power=round(reading.power_w),
                                 power_limit=round(reading.power_limit_w), sm=reading.sm_clock_mhz,
                                 throttle=reading.throttle_reasons, booking=booking,
+                                pcie=round(reading.pcie_tx_mib_s) if state in (IN_USE, SQUATTED) else 0,
                                 holder=user if booking else None, users=users))
         if len(batch) >= 360 * cards:  # an hour a transaction
             store.add(batch)

@@ -21,6 +21,18 @@ export BOARD_DB=$T/own.db
 board status --json >"$OUT/status_idle.json"; echo "rc=$?"
 board status
 
+step "the box, read-only (issue 23): never changes the machine's settings; power apply only as --dry-run"
+nvidia-smi --query-gpu=index,serial,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,power.limit,power.default_limit,power.max_limit,persistence_mode,compute_cap --format=csv
+nvidia-smi topo -m
+board cards --json >"$OUT/cards.json"; echo "rc=$?"
+board cards
+board cards --labels
+board topo
+board power --json >"$OUT/power.json"; echo "rc=$?"
+printf '[power]\nlimit_w = 400\npause_s = 0\n' >"$T/power.toml"
+BOARD_CONFIG=$T/power.toml board power apply --dry-run
+board doctor | grep -E "CUDA|PCIe|llama|card " | tee "$OUT/doctor_box.txt"
+
 step "a CUDA process holding 8 GiB: who is on the card"
 "$PY" -c "import torch, time; x = torch.empty(8 << 30, dtype=torch.uint8, device='cuda'); print('holding', flush=True); time.sleep(120)" >"$T/cuda.log" 2>&1 &
 CUDA=$!

@@ -28,7 +28,7 @@ from datetime import datetime
 
 from app.alerts.rules import Card, Crash, Ending, Inputs, evaluate
 from app.config import Config
-from app.core.cardstate import BOOKED, fleet_status
+from app.core.cardstate import BOOKED, UNKNOWN_USER, fleet_status
 from app.core.identity import Identity
 from app.faults import store as fault_rows
 from app.gpu.model import FleetSnapshot
@@ -85,8 +85,11 @@ def gather(conn: sqlite3.Connection, snapshot: FleetSnapshot, history: HistorySt
     for s in statuses:
         r, holder = s.reading, s.booking.user if s.booking else None
         squatters = tuple(u for u in s.users if u != holder)
+        containers = tuple(sorted({p.container for p in r.processes
+                                   if p.container and (p.user or UNKNOWN_USER) != holder}))
         cards.append(Card(r.index, r.uuid, s.state, r.memory_used_mib, r.memory_total_mib, r.temperature_c, holder,
-                          squatters, idle_since.get(r.uuid)))
+                          squatters, idle_since.get(r.uuid), containers, r.power_limit_w,
+                          config.power.policy_w(r.index)))
     then = int(now - settings.window_min * 60)
     # The queue then: bookings made by then, queued, not started by then (a queued booking that moved up since
     # counts as it is now, queued or not: the rows keep no history).

@@ -2,7 +2,8 @@
 
 The seeds' thresholds (utilisation under 30 % or over 85 % with a growing queue, waits over 30 minutes, VRAM
 at or over 90 %, more than 3 OOM or Xid faults a month, 92 °C), and the board's own: a card booked and idle
-too long, a squatter, a LOST card, a crashed server, a booking about to end (for its holder alone: `uid`).
+too long, a squatter (naming its container), a LOST card, a crashed server, a booking about to end (for its holder alone:
+`uid`), a card whose power limit drifted from the `[power]` policy.
 Thresholds come from `[alerts]` (app.config.AlertSettings). A finding's (rule, subject) is its identity:
 the engine (app.alerts.engine) keeps one firing row per identity.
 """
@@ -26,6 +27,9 @@ class Card:
     holder: str | None = None
     squatters: tuple[str, ...] = ()
     idle_booked_since: float | None = None  # start of its unbroken BOOKED run (one booking), from the history
+    containers: tuple[str, ...] = ()  # the squatters' containers (short ids from their cgroups)
+    power_limit_w: float | None = None
+    power_policy_w: float | None = None  # [power] limit_w (or the card's override); None: no policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +69,7 @@ class Finding:
 
 
 RULES = ("util-low", "util-high", "wait", "vram", "faults", "hot", "idle-booked", "squatter", "lost", "crashed",
-         "ending")
+         "ending", "power-drift")
 
 
 def evaluate(inputs: Inputs, settings: AlertSettings) -> set[Finding]:
@@ -102,7 +106,12 @@ def evaluate(inputs: Inputs, settings: AlertSettings) -> set[Finding]:
         if card.state == SQUATTED:
             who = ", ".join(card.squatters) or "someone"
             whose = f"booked by {card.holder}" if card.holder else "not booked"
-            found.add(Finding("squatter", subject, f"{gpu} squatted by {who} ({whose})"))
+            inside = f" in container {', '.join(card.containers)}" if card.containers else ""
+            found.add(Finding("squatter", subject, f"{gpu} squatted by {who}{inside} ({whose})"))
+        limit, policy = card.power_limit_w, card.power_policy_w
+        if limit is not None and policy is not None and abs(limit - policy) >= 1:
+            found.add(Finding("power-drift", subject, f"{gpu} power limit {limit:.0f} W, not the policy's {policy:.0f} W"
+                                                      " (board power apply sets it)"))
         if card.idle_booked_since is not None and inputs.now - card.idle_booked_since > s.idle_booked_min * 60:
             idle = (inputs.now - card.idle_booked_since) / 60
             found.add(Finding("idle-booked", subject, f"{gpu} booked by {card.holder} and idle for {idle:.0f} min"

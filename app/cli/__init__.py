@@ -4,6 +4,8 @@ Where each command lives (its handler and its part of the parser):
   context.py    the command context (`ctx`), and running a handler: errors become one line and an exit code
   arguments.py  the parser class and the argument types several groups share
   status.py     status, whoami, log
+  cards.py      cards, topo (the chassis table and the topology), and doctor's checks of the box
+  power.py      power, power apply
   bookings.py   book (and book --every), list, ical, cancel, release, extend, wait, series
   admin.py      admin reassign, admin move
   run.py        run
@@ -47,7 +49,8 @@ def cmd_board(ctx) -> int:
 def build_parser():
     import argparse
 
-    from app.cli import admin, agent, alerts, bookings, faults, fit, gateway, notify, report, run, serve, status
+    from app.cli import (admin, agent, alerts, bookings, cards, faults, fit, gateway, notify, power, report, run,
+                         serve, status)
     from app.cli.arguments import Parser
 
     common = Parser(add_help=False)
@@ -88,6 +91,8 @@ def build_parser():
     bookings.add_wait(command)
     status.add_log(command)
     status.add_whoami(command)
+    cards.add_parser(command)
+    power.add_parser(command, common)
     agent.add_backup(command)
     agent.add_doctor(command)
     serve.add_parser(command, common)

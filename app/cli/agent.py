@@ -15,6 +15,7 @@ stop them.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -128,13 +129,15 @@ def cmd_doctor(ctx) -> int:
     from app.store.setup import doctor
 
     config = ctx.config
+    from app.cli.cards import hardware_checks
+
     checks = service_checks(config)
     if not config.service.socket or os.geteuid() == 0:  # members cannot see the service's files, root can
         checks = doctor(config.db_path, config.admin_group, extra=checks)
     problems = 0
-    for ok, line in checks:
-        problems += not ok
-        print(("ok    " if ok else "FIX   ") + line)
+    for ok, line in itertools.chain(checks, hardware_checks(ctx)):
+        problems += ok is False
+        print({True: "ok    ", False: "FIX   ", None: "WARN  "}[ok] + line)  # a warning does not fail doctor
     return EXIT_OK if problems == 0 else EXIT_UNEXPECTED
 
 
@@ -168,7 +171,8 @@ def add_backup(command) -> None:
 
 
 def add_doctor(command) -> None:
-    command("doctor", cmd_doctor, "check the database (one owner, 0700/0600, no links, audit chain) and the service")
+    command("doctor", cmd_doctor, "check the database (one owner, 0700/0600, no links, audit chain), the service, and the"
+            " box: driver and CUDA for the cards, the llama-server build, PCIe links")
 
 
 def add_agent(command) -> None:

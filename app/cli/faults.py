@@ -6,7 +6,8 @@ from app.cli.arguments import seconds
 from app.output import EXIT_OK, iso, print_json
 
 DESCRIPTION = ("The faults the service recorded on the cards: Xid events from the driver (with their meaning), servers"
-               " and board run jobs that ran out of GPU memory, and thermal throttling with how long it lasted.")
+               " and board run jobs that ran out of GPU memory, thermal throttling with how long it lasted, and"
+               " llama-servers built without the cards' architecture (build: no kernel image is available).")
 
 
 def add_parser(command) -> None:
@@ -15,7 +16,7 @@ def add_parser(command) -> None:
     p.description = DESCRIPTION
     p.add_argument("--since", type=seconds, default=30 * 86400.0, metavar="DUR",
                    help="how far back, e.g. 7d, 12h (default 30d)")
-    p.add_argument("--kind", choices=("xid", "oom", "throttle"), help="only this kind")
+    p.add_argument("--kind", choices=("xid", "oom", "throttle", "build"), help="only this kind")
 
 
 def cmd_faults(ctx) -> int:

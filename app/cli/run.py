@@ -1,4 +1,5 @@
-"""`board run [--booking ID] [--wait] -- CMD`: exec a command that sees only the booked cards."""
+"""`board run [--booking ID] [--wait] -- CMD`: exec a command that sees only the booked cards;
+`board run --booking ID --docker IMAGE [DOCKER ARGS] -- CMD`: the same in a container given exactly those cards."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ def cmd_run(ctx) -> int:
     booking, and the registration's socket stays open in the job: the service stops it when the booking ends."""
     args = ctx.args
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
+    if not command and args.docker is None:  # a container may run its image's own command
         raise BadInput("give a command to run: board run -- python train.py")
+    if args.docker is not None and (not args.docker or args.docker[0].startswith("-")):
+        raise BadInput("--docker needs the image first: board run --booking ID --docker IMAGE [DOCKER ARGS] -- CMD")
     client = ctx.client
     if args.wait:
         if args.booking is None:
@@ -33,6 +36,8 @@ def cmd_run(ctx) -> int:
     else:
         booking = client.call("run", booking=args.booking)
     uuids = ",".join(booking["card_uuids"])
+    if args.docker is not None:
+        return run_container(ctx, booking, args.docker, command)
     env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=uuids, NVIDIA_VISIBLE_DEVICES=uuids,
                BOARD_BOOKING_ID=str(booking["id"]), BOARD_BOOKING_END=iso(booking["end"]))
     sys.stdout.flush()
@@ -45,9 +50,54 @@ def cmd_run(ctx) -> int:
     return EXIT_UNEXPECTED  # not reached
 
 
+def docker_command(booking: dict, docker: list[str], command: list[str], name: str) -> list[str]:
+    """`docker run` on exactly the booking's cards: --gpus and NVIDIA_VISIBLE_DEVICES name their UUIDs (a container
+    that sees all the cards voids every quota), and the label names the booking. `docker` is IMAGE, then the
+    user's own docker run options."""
+    image, options = docker[0], docker[1:]
+    uuids = ",".join(booking["card_uuids"])
+    return ["docker", "run", "--rm", "--name", name,
+            "--gpus", f'"device={uuids}"',  # the quotes are docker's: the comma would split the option otherwise
+            "-e", f"NVIDIA_VISIBLE_DEVICES={uuids}", "-e", "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+            "-e", f"BOARD_BOOKING_ID={booking['id']}", "-e", f"BOARD_BOOKING_END={iso(booking['end'])}",
+            "--label", f"board.booking={booking['id']}", *options, image, *command]
+
+
+def run_container(ctx, booking: dict, docker: list[str], command: list[str]) -> int:
+    """Run the container in the foreground and stay its parent: this process is the registered job. When the service
+    ends the booking it sends this process (and its group: the docker client) SIGTERM; then `docker stop` gives the
+    container half the grace to exit, before the service's SIGKILL after the grace. The docker client alone would
+    die of SIGKILL and leave the container running."""
+    import signal
+    import subprocess
+
+    name = f"board-{booking['id']}-{os.getpid()}"
+    grace = max(1, int(ctx.config.enforce.grace_s // 2))
+
+    def stop(signum, frame) -> None:
+        print(f"board: stopping container {name} (docker stop --time {grace})", file=sys.stderr, flush=True)
+        subprocess.run(["docker", "stop", "--time", str(grace), name], stdout=subprocess.DEVNULL, check=False)
+
+    signal.signal(signal.SIGTERM, stop)
+    sys.stdout.flush()
+    try:
+        child = subprocess.Popen(docker_command(booking, docker, command, name))
+    except FileNotFoundError:
+        raise BadInput("docker not found on PATH: install Docker and the NVIDIA Container Toolkit") from None
+    while True:
+        try:
+            code = child.wait()
+        except KeyboardInterrupt:  # ^C reached the docker client too, which passes it to the container
+            continue
+        return 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
+
+
 def add_parser(command) -> None:
     p = command("run", cmd_run, "run a command on your booked cards only")
     p.add_argument("--booking", type=booking_id, help="which of your active bookings (default: the only one)")
     p.add_argument("--wait", action="store_true",
                    help="wait for the booking (--booking) to start, then run: a night job starts itself")
+    p.add_argument("--docker", nargs=argparse.REMAINDER, metavar="IMAGE [DOCKER ARGS]",
+                   help="run CMD in a container of IMAGE given only the booked cards (docker run --gpus, label"
+                        " board.booking=ID); last before --")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")

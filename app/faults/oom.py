@@ -35,6 +35,25 @@ def record_server_oom(conn, *, ts: float, booking_id: int | None, user: str | No
                         detail=f"server {server_id}: {line}", booking_id=booking_id, user=user)
 
 
+# ggml-cuda, when the build has no code for the card: "CUDA error: no kernel image is available for execution on the
+# device".
+_NO_KERNEL = re.compile(r"no kernel image is available", re.IGNORECASE)
+REBUILD_HINT = ("rebuild llama.cpp for these cards: cmake -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=<compute capability"
+                " without the dot, 120 for an RTX 5090>; board doctor checks the build")
+
+
+def record_server_build(conn, *, ts: float, booking_id: int | None, user: str | None, server_id: int,
+                        card_uuids: Iterable[str], tail: Iterable[str]) -> int | None:
+    """A server whose log says "no kernel image is available" was built without its cards' architecture: a `build`
+    fault with the rebuild hint; its id, or None. Call inside the write transaction that records the server's end."""
+    line = next((line.strip() for line in tail if _NO_KERNEL.search(line)), None)
+    if line is None:
+        return None
+    cards = list(card_uuids)
+    return store.record(conn, ts=ts, kind="build", card_uuid=cards[0] if len(cards) == 1 else None,
+                        detail=f"server {server_id}: {line}; {REBUILD_HINT}", booking_id=booking_id, user=user)
+
+
 def full_cards(snapshot, card_uuids: Iterable[str]) -> list[str]:
     """Those of the cards that the snapshot shows FULL (VRAM at 90 % or more, app.core.cardstate's rule)."""
     wanted = set(card_uuids)

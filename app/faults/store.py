@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-KINDS = ("xid", "oom", "throttle")
+KINDS = ("xid", "oom", "throttle", "build")  # build: a llama-server built without the cards' architecture
 
 
 @dataclass(frozen=True, slots=True)

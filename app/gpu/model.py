@@ -23,6 +23,19 @@ THROTTLE_HW_POWER_BRAKE = 0x80
 # "Thermal throttling" in the seeds' sense: the card slowed itself for heat (or the board's HW slowdown).
 THROTTLE_THERMAL = THROTTLE_HW_SLOWDOWN | THROTTLE_SW_THERMAL | THROTTLE_HW_THERMAL
 
+# nvidia-smi topo -m's names for the LINK_* levels.
+LINK_NAMES = {LINK_INTERNAL: "X", LINK_SINGLE: "PIX", LINK_MULTIPLE: "PXB", LINK_HOSTBRIDGE: "PHB", LINK_NODE: "NODE",
+              LINK_SYSTEM: "SYS"}
+# One direction of a PCIe link, MiB/s, per lane, by generation (after the line code: 8b/10b to Gen 2, 128b/130b on).
+PCIE_LANE_MIB_S = {1: 238.4, 2: 476.8, 3: 939.0, 4: 1878.0, 5: 3756.0, 6: 7512.0}
+
+
+def link_capacity_mib_s(gen: int | None, width: int | None) -> float | None:
+    """One direction's capacity of a link of `gen` and `width` lanes, or None if either is unknown."""
+    if gen is None or width is None or gen not in PCIE_LANE_MIB_S:
+        return None
+    return PCIE_LANE_MIB_S[gen] * width
+
 
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
@@ -32,6 +45,7 @@ class GpuProcess:
     uid: int | None
     command: str  # raw command line from another user: display it inert
     started_at: float | None = None  # epoch seconds; None where the PID is hidden (a container)
+    container: str | None = None  # the container it runs in (short id from its cgroup, or a scenario's name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +65,21 @@ class CardReading:
     label: str | None = None  # slot or serial from a scenario; the NVML backend leaves it for the config
     sm_clock_mhz: int | None = None
     throttle_reasons: int | None = None  # NVML's clocks event (throttle) reason bits, THROTTLE_* below
+    # Where the card sits and what it may draw (the chassis table, board doctor, board power).
+    serial: str | None = None
+    slot: str | None = None  # the physical slot's name, from /sys/bus/pci/slots
+    numa_node: int | None = None
+    pcie_gen: int | None = None  # the link now; a card at idle drops its generation to save power
+    pcie_width: int | None = None
+    pcie_max_gen: int | None = None  # what the card itself can do (not what the slot allows)
+    pcie_max_width: int | None = None
+    behind_chipset: bool | None = None  # its upstream path goes through the chipset (PCH), not a CPU root port
+    pcie_tx_mib_s: float | None = None  # PCIe traffic now (nvmlDeviceGetPcieThroughput)
+    pcie_rx_mib_s: float | None = None
+    power_default_w: float | None = None
+    power_max_w: float | None = None
+    persistence: bool | None = None
+    compute_capability: str | None = None  # "12.0" for Blackwell consumer cards (sm_120)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +113,13 @@ class FleetSnapshot:
     cards: tuple[CardReading, ...]
     topology: Topology
     driver_version: str | None = None
+    cuda_version: str | None = None  # the newest CUDA the driver supports ("12.8")
 
 
 def snapshot_to_wire(snapshot: FleetSnapshot) -> dict:
     return {
         "taken_at": snapshot.taken_at, "simulated": snapshot.simulated, "driver_version": snapshot.driver_version,
-        "cards": [asdict(card) for card in snapshot.cards],
+        "cuda_version": snapshot.cuda_version, "cards": [asdict(card) for card in snapshot.cards],
         "links": [[a, b, level] for (a, b), level in snapshot.topology.links.items()],
     }
 
@@ -100,7 +130,8 @@ def snapshot_from_wire(data: dict) -> FleetSnapshot:
         for card in data["cards"]
     )
     links = {(a, b): level for a, b, level in data["links"]}
-    return FleetSnapshot(data["taken_at"], data["simulated"], cards, Topology(links), data.get("driver_version"))
+    return FleetSnapshot(data["taken_at"], data["simulated"], cards, Topology(links), data.get("driver_version"),
+                         data.get("cuda_version"))
 
 
 def sample(taken_at: float, card: CardReading) -> list:

@@ -1,8 +1,9 @@
 """The real backend: NVML through nvidia-ml-py (`import pynvml`), process owners through psutil.
 
 NVML is initialised once and the handles are kept. Fields that do not change while the
-driver is loaded (name, UUID, VRAM total, PCI bus id, power limit, driver version, topology)
-are read once; each `read()` asks only for the live ones. Every field is read on its own, so
+driver is loaded (name, UUID, VRAM total, PCI bus id, serial, slot, NUMA node, link maxima,
+power range, compute capability, driver and CUDA versions, topology) are read once; each
+`read()` asks only for the live ones. Every field is read on its own, so
 a card that does not support one (NotSupported, FunctionNotFound, ...) shows it as None and
 the rest still works. A card that falls off the bus (GpuIsLost, Xid 79) is marked lost and
 the other cards keep reporting.
@@ -16,12 +17,14 @@ import pwd
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
 
 from app.gpu import NoDriverError
 from app.gpu.model import CardReading, FleetSnapshot, GpuEvent, GpuProcess, Topology
+from app.gpu.sysfs import SYSFS, container_of, placement
 
 _MIB = 1024 * 1024
 _UNKNOWN_OWNER: tuple[str | None, int | None, str] = (None, None, "")
@@ -37,8 +40,8 @@ class _Card:
     name: str | None
     memory_total_mib: int | None
     pci_bus_id: str | None
-    power_limit_w: float | None
     lost: bool
+    static: dict[str, Any]  # the other fields read once: serial, slot, NUMA node, link maxima, power range, ...
 
 
 class NvmlSource:
@@ -46,7 +49,7 @@ class NvmlSource:
 
     simulated = False
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time, sysfs: Path = SYSFS) -> None:
         # Imported here, not at module top, so that tests can put a fake in sys.modules first.
         try:
             import pynvml  # start-up: the driver's library loads when the source opens (tests put a fake first)
@@ -54,6 +57,7 @@ class NvmlSource:
             raise NoDriverError() from exc
         self._nv = pynvml
         self._clock = clock
+        self._sysfs = sysfs
         try:
             pynvml.nvmlInit()
         except Exception as exc:  # LibraryNotFound, DriverNotLoaded, NoPermission, a broken install
@@ -65,10 +69,12 @@ class NvmlSource:
             raise NoDriverError() from exc
         self._closed = False
         self._driver_version = _text(self._field(pynvml.nvmlSystemGetDriverVersion))
+        cuda = self._field(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+        self._cuda_version = None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}"  # 12080 -> "12.8"
         self._cards = [self._open_card(i) for i in range(count)]
         self._topology = self._read_topology()
         # Owners of GPU processes by (pid, create_time): a reused PID gets a fresh look-up.
-        self._owners: dict[tuple[int, float], tuple[str | None, int | None, str]] = {}
+        self._owners: dict[tuple[int, float], tuple[str | None, int | None, str, str | None]] = {}
         self._owners_seen: set[tuple[int, float]] = set()
         self._events: Any = None  # the Xid event set, made by the first events(); False: no card supports it
 
@@ -86,6 +92,7 @@ class NvmlSource:
             cards=cards,
             topology=self._topology,
             driver_version=self._driver_version,
+            cuda_version=self._cuda_version,
         )
 
     def events(self, timeout_s: float) -> list[GpuEvent]:
@@ -141,6 +148,21 @@ class NvmlSource:
                 return card.uuid
         return _text(self._field(self._nv.nvmlDeviceGetUUID, device)) or "GPU-unknown"
 
+    # -- changes (board power apply): each raises what NVML raised, NoPermission without CAP_SYS_ADMIN --------------
+
+    def set_persistence(self, index: int, on: bool) -> None:
+        nv = self._nv
+        nv.nvmlDeviceSetPersistenceMode(self._handle(index), nv.NVML_FEATURE_ENABLED if on else nv.NVML_FEATURE_DISABLED)
+
+    def set_power_limit(self, index: int, watts: float) -> None:
+        self._nv.nvmlDeviceSetPowerManagementLimit(self._handle(index), round(watts * 1000))
+
+    def _handle(self, index: int) -> Any:
+        card = self._cards[index]
+        if card.handle is None or card.lost:
+            raise ValueError(f"card {index} cannot be reached (lost, or NVML gave no handle)")
+        return card.handle
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -152,7 +174,7 @@ class NvmlSource:
 
     def _open_card(self, index: int) -> _Card:
         nv = self._nv
-        card = _Card(index, None, f"GPU-unknown-{index}", None, None, None, None, lost=False)
+        card = _Card(index, None, f"GPU-unknown-{index}", None, None, None, lost=False, static={})
         try:
             card.handle = nv.nvmlDeviceGetHandleByIndex(index)
             card.uuid = _text(self._field(nv.nvmlDeviceGetUUID, card.handle)) or card.uuid
@@ -161,17 +183,33 @@ class NvmlSource:
             card.memory_total_mib = None if memory is None else memory.total // _MIB
             pci = self._field(nv.nvmlDeviceGetPciInfo, card.handle)
             card.pci_bus_id = None if pci is None else _text(pci.busId)
-            # Enforced is the limit in force (it honours nvidia-smi -pl); older drivers lack it.
-            limit_mw = self._field(nv.nvmlDeviceGetEnforcedPowerLimit, card.handle)
-            if limit_mw is None:
-                limit_mw = self._field(nv.nvmlDeviceGetPowerManagementLimit, card.handle)
-            card.power_limit_w = None if limit_mw is None else limit_mw / 1000
+            card.static = self._static(card.handle, card.pci_bus_id)
         except nv.NVMLError_GpuIsLost:
             card.lost = True
         except Exception:  # noqa: BLE001 - any NVML failure on one card leaves only that card unread
             # No handle at all (say, no permission on this one card): its fields stay None.
             card.handle = None
         return card
+
+    def _static(self, handle: Any, bus_id: str | None) -> dict[str, Any]:
+        nv = self._nv
+        where = placement(bus_id, self._sysfs)
+        default_mw = self._field(nv.nvmlDeviceGetPowerManagementDefaultLimit, handle)
+        constraints = self._field(nv.nvmlDeviceGetPowerManagementLimitConstraints, handle)
+        capability = self._field(nv.nvmlDeviceGetCudaComputeCapability, handle)
+        # The card's own maxima: sysfs's LnkCap first, since NVML's "max" is capped by the slot (x16 card, x8 slot: 8).
+        max_gen = where.max_gen or self._field(nv.nvmlDeviceGetGpuMaxPcieLinkGeneration, handle)
+        return dict(
+            serial=_text(self._field(nv.nvmlDeviceGetSerial, handle)),
+            slot=where.slot,
+            numa_node=where.numa_node,
+            behind_chipset=where.behind_chipset,
+            pcie_max_gen=max_gen or self._field(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle),
+            pcie_max_width=where.max_width or self._field(nv.nvmlDeviceGetMaxPcieLinkWidth, handle),
+            power_default_w=None if default_mw is None else default_mw / 1000,
+            power_max_w=None if constraints is None else constraints[1] / 1000,
+            compute_capability=None if capability is None else f"{capability[0]}.{capability[1]}",
+        )
 
     def _read_topology(self) -> Topology:
         links: dict[tuple[int, int], int] = {}
@@ -193,8 +231,8 @@ class NvmlSource:
             uuid=card.uuid,
             name=card.name,
             memory_total_mib=card.memory_total_mib,
-            power_limit_w=card.power_limit_w,
             pci_bus_id=card.pci_bus_id,
+            **card.static,
         )
         if card.handle is not None and not card.lost:
             try:
@@ -213,6 +251,14 @@ class NvmlSource:
         reasons = self._field(nv.nvmlDeviceGetCurrentClocksEventReasons, handle)
         if reasons is None:
             reasons = self._field(nv.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
+        # Read every time: board power apply (or nvidia-smi -pl) changes it. Enforced is the limit in force; older
+        # drivers lack it.
+        limit_mw = self._field(nv.nvmlDeviceGetEnforcedPowerLimit, handle)
+        if limit_mw is None:
+            limit_mw = self._field(nv.nvmlDeviceGetPowerManagementLimit, handle)
+        tx_kib = self._field(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_TX_BYTES)
+        rx_kib = self._field(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_RX_BYTES)
+        persistence = self._field(nv.nvmlDeviceGetPersistenceMode, handle)
         return dict(
             memory_used_mib=None if memory is None else memory.used // _MIB,
             utilization_pct=None if utilization is None else utilization.gpu,
@@ -221,6 +267,12 @@ class NvmlSource:
             sm_clock_mhz=self._field(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM),
             throttle_reasons=None if reasons is None else int(reasons),
             processes=self._processes(handle),
+            power_limit_w=None if limit_mw is None else limit_mw / 1000,
+            pcie_gen=self._field(nv.nvmlDeviceGetCurrPcieLinkGeneration, handle),
+            pcie_width=self._field(nv.nvmlDeviceGetCurrPcieLinkWidth, handle),
+            pcie_tx_mib_s=None if tx_kib is None else round(tx_kib / 1024, 1),  # NVML says KB/s (KiB: 1024 bytes)
+            pcie_rx_mib_s=None if rx_kib is None else round(rx_kib / 1024, 1),
+            persistence=None if persistence is None else persistence == nv.NVML_FEATURE_ENABLED,
         )
 
     def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
@@ -234,19 +286,21 @@ class NvmlSource:
                 used[info.pid] = mib if before is None else before if mib is None else max(before, mib)
         return tuple(GpuProcess(pid, mib, *self._owner(pid)) for pid, mib in sorted(used.items()))
 
-    def _owner(self, pid: int) -> tuple[str | None, int | None, str, float | None]:
-        """(user, uid, command, started_at) of a PID, or unknowns when psutil cannot see it (a container)."""
+    def _owner(self, pid: int) -> tuple[str | None, int | None, str, float | None, str | None]:
+        """(user, uid, command, started_at, container) of a PID, or unknowns when psutil cannot see it (the PID is in
+        another namespace: board itself runs in a container)."""
         if pid <= 0:
-            return (*_UNKNOWN_OWNER, None)
+            return (*_UNKNOWN_OWNER, None, None)
         try:
             process = psutil.Process(pid)
             key = (pid, process.create_time())
         except psutil.Error:
-            return (*_UNKNOWN_OWNER, None)
+            return (*_UNKNOWN_OWNER, None, None)
         self._owners_seen.add(key)
         if key not in self._owners:
-            self._owners[key] = _describe(process)
-        return (*self._owners[key], key[1])
+            self._owners[key] = (*_describe(process), container_of(pid))
+        user, uid, command, container = self._owners[key]
+        return user, uid, command, key[1], container
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -19,6 +19,20 @@ the default 8 cards; without ``[[processes]]`` it has no processes; without ``[f
     power_limit_w = 450                # default 575
     switches = 2                       # PCIe switches, cards split in order; default 2 (1 for one card)
     labels = ["slot 1", "slot 2"]      # optional, by card index; may be shorter than count
+    compute_capability = "12.0"        # default "12.0" (Blackwell consumer cards, sm_120)
+
+    [[cards.override]]                 # one card differs from the rest
+    card = 5                           # required
+    pcie_width = 4                     # the link's width now (default 16: the card's own is always x16)
+    pcie_gen = 3                       # the link's generation now (default 5, the card's own)
+    behind_chipset = true              # default false: every card on a CPU root port
+    power_limit_w = 500                # this card's limit now ([cards] power_limit_w stays its default)
+    serial = "1652025000999"           # default 16520250000NN, NN the index
+    slot = "SLOT7"                     # default "1".."8", the index plus one
+
+    [system]
+    driver = "565.57.01"               # default "575.57.08"
+    cuda = "12.7"                      # the CUDA version the driver supports; default "12.9"
 
     [[processes]]                      # one table per process per card
     card = 0                           # required
@@ -43,6 +57,11 @@ the default 8 cards; without ``[[processes]]`` it has no processes; without ``[f
     oom = [{card = 2, at = 60}]                   # a server on the card exits with llama.cpp's out-of-memory line
     throttle = [{card = 5, at = 10, seconds = 120}]  # HW slowdown for that long
 
+Each card's NUMA node is its switch's number, and its maximum power limit its default plus 25 W (an RTX
+5090: 575 W, 600 W). A card's PCIe traffic follows its load: a process that spans several cards (tensor or
+layer split) sends more. The defaults are a healthy box: driver and CUDA new enough, x16 Gen 5 everywhere, on the
+CPU's root ports, persistence mode on.
+
 Unknown keys, wrong types and card indexes out of range raise ValueError with a one-line
 message that names the file. See app/gpu/scenarios/example.toml.
 """
@@ -51,6 +70,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -68,12 +88,20 @@ from app.gpu.model import (
     GpuEvent,
     GpuProcess,
     Topology,
+    link_capacity_mib_s,
 )
 
 DEFAULT_NAME = "NVIDIA GeForce RTX 5090"
 DEFAULT_MEMORY_TOTAL_MIB = 32607
 DEFAULT_POWER_LIMIT_W = 575.0
 DRIVER_VERSION = "575.57.08"
+CUDA_VERSION = "12.9"
+DEFAULT_COMPUTE_CAPABILITY = "12.0"
+POWER_HEADROOM_W = 25.0  # the maximum limit over the default (RTX 5090: 575 -> 600 W)
+# PCIe traffic per utilisation point, MiB/s each way: a card's own job loads its weights and little else; a job
+# split over several cards passes activations (and all-reduces) across the links all the time.
+TRAFFIC_ALONE_MIB_S = 20.0
+TRAFFIC_SPLIT_MIB_S = 300.0
 
 # Scenario field names -> the CardReading attribute an NVML error blanks.
 FIELDS = {
@@ -99,8 +127,15 @@ class SimCard:
     name: str = DEFAULT_NAME
     memory_total_mib: int = DEFAULT_MEMORY_TOTAL_MIB
     power_limit_w: float = DEFAULT_POWER_LIMIT_W
-    switch: int = 0  # cards under one PCIe switch are close (LINK_MULTIPLE)
+    switch: int = 0  # cards under one PCIe switch are close (LINK_MULTIPLE); also its NUMA node
     label: str | None = None
+    power_default_w: float = DEFAULT_POWER_LIMIT_W
+    serial: str | None = None
+    slot: str | None = None
+    pcie_gen: int = 5
+    pcie_width: int = 16
+    behind_chipset: bool = False
+    compute_capability: str = DEFAULT_COMPUTE_CAPABILITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +149,8 @@ class Scenario:
     xids: tuple[tuple[int, int, float], ...] = ()  # (card index, Xid code, seconds after start)
     ooms: tuple[tuple[int, float], ...] = ()  # (card index, seconds after start)
     throttles: tuple[tuple[int, float, float], ...] = ()  # (card index, from, seconds), after start
+    driver_version: str = DRIVER_VERSION
+    cuda_version: str = CUDA_VERSION
 
 
 # The demo team's UIDs, so that simulated processes agree with a seeded demo database.
@@ -135,7 +172,8 @@ def _process(pid: int, used_mib: int | None, user: str | None, command: str = ""
 
 
 def _cards(count: int, switches: int, card: SimCard = SimCard()) -> tuple[SimCard, ...]:
-    return tuple(replace(card, switch=i * switches // count) for i in range(count))
+    return tuple(replace(card, switch=i * switches // count, serial=f"1652025{i:06d}", slot=str(i + 1))
+                 for i in range(count))
 
 
 _TRAIN = "python train.py --config llama3-8b-lora.yaml"
@@ -175,6 +213,9 @@ class SimulatedSource:
                 process = replace(process, started_at=born - _age(process.pid))
             self._processes[index] = self._processes.get(index, ()) + (process,)
         self._extra: dict[int, tuple[GpuProcess, ...]] = {}
+        # What board power apply changes: the limits and persistence mode, per card.
+        self._limits = {i: card.power_limit_w for i, card in enumerate(scenario.cards)}
+        self._persistence = dict.fromkeys(range(len(scenario.cards)), True)
         cards = scenario.cards
         self._topology = Topology(
             {
@@ -192,6 +233,15 @@ class SimulatedSource:
         # One assignment, so a read on another thread sees the old set or the new one, never half.
         self._extra = {index: tuple(processes) for index, processes in mapping.items()}
 
+    def set_power_limit(self, index: int, watts: float) -> None:
+        card = self.scenario.cards[index]
+        if not 0 < watts <= card.power_default_w + POWER_HEADROOM_W:
+            raise ValueError(f"card {index}: {watts:g} W is outside 1-{card.power_default_w + POWER_HEADROOM_W:g} W")
+        self._limits = {**self._limits, index: float(watts)}
+
+    def set_persistence(self, index: int, on: bool) -> None:
+        self._persistence = {**self._persistence, index: on}
+
     def read(self) -> FleetSnapshot:
         if self.scenario.stall_seconds:
             self._sleep(self.scenario.stall_seconds)
@@ -202,7 +252,8 @@ class SimulatedSource:
             for i, spec in enumerate(self.scenario.cards)
         )
         return FleetSnapshot(
-            taken_at=now, simulated=True, cards=cards, topology=self._topology, driver_version=DRIVER_VERSION
+            taken_at=now, simulated=True, cards=cards, topology=self._topology,
+            driver_version=self.scenario.driver_version, cuda_version=self.scenario.cuda_version,
         )
 
     def events(self, timeout_s: float) -> list[GpuEvent]:
@@ -220,19 +271,36 @@ class SimulatedSource:
     def close(self) -> None:
         pass
 
+    def _all_processes(self) -> dict[int, tuple[GpuProcess, ...]]:
+        extra = self._extra
+        return {i: self._processes.get(i, ()) + extra.get(i, ()) for i in range(len(self.scenario.cards))}
+
     @staticmethod
     def _uuid(index: int) -> str:
         return f"GPU-5090sim-0000-0000-0000-{index:012d}"
 
     def _card(self, index: int, spec: SimCard, now: float, processes: tuple[GpuProcess, ...]) -> CardReading:
+        limit = self._limits[index]
         static = CardReading(
             index=index,
             uuid=self._uuid(index),
             name=spec.name,
             memory_total_mib=spec.memory_total_mib,
-            power_limit_w=spec.power_limit_w,
+            power_limit_w=limit,
             pci_bus_id=f"00000000:{index + 1:02X}:00.0",
             label=spec.label,
+            serial=spec.serial,
+            slot=spec.slot,
+            numa_node=spec.switch,
+            pcie_gen=spec.pcie_gen,
+            pcie_width=spec.pcie_width,
+            pcie_max_gen=5,
+            pcie_max_width=16,
+            behind_chipset=spec.behind_chipset,
+            power_default_w=spec.power_default_w,
+            power_max_w=spec.power_default_w + POWER_HEADROOM_W,
+            persistence=self._persistence[index],
+            compute_capability=spec.compute_capability,
         )
         if index in self.scenario.lost:
             return replace(static, lost=True)
@@ -242,7 +310,7 @@ class SimulatedSource:
             temperature = round(92 + math.sin(now / 23 + phase))  # 91..93: the HOT warning
         else:
             temperature = round(37 + 0.35 * utilization + 2 * math.sin(now / 41 + phase))  # 35..74
-        power = 22 + (spec.power_limit_w - 22) * 0.8 * utilization / 100 + 3 * math.sin(now / 7 + phase)
+        power = 22 + (limit - 22) * 0.8 * utilization / 100 + 3 * math.sin(now / 7 + phase)
         driver_baseline = 400 + 100 * math.sin(now / 29 + phase)  # 300..500 MiB, CUDA context and such
         used = round(driver_baseline) + sum(p.used_mib or 0 for p in processes)
         # Idle cards clock down; a hot card at 92 degrees C or more slows itself (software thermal slowdown).
@@ -254,8 +322,15 @@ class SimulatedSource:
         if any(i == index and 0 <= now - self._born - at < seconds for i, at, seconds in self.scenario.throttles):
             throttle |= THROTTLE_HW_SLOWDOWN
             sm_clock = min(sm_clock, SM_BOOST_MHZ // 2)
+        split = any(p.pid == q.pid for i, others in self._all_processes().items() if i != index
+                    for p in processes for q in others)
+        tx = utilization * (TRAFFIC_SPLIT_MIB_S if split else TRAFFIC_ALONE_MIB_S)
+        capacity = link_capacity_mib_s(spec.pcie_gen, spec.pcie_width) or tx
+        tx = min(tx, 0.9 * capacity)  # a narrow link carries less, not more than it can
         reading = replace(
             static,
+            pcie_tx_mib_s=round(tx, 1),
+            pcie_rx_mib_s=round(0.9 * tx, 1),
             memory_used_mib=min(used, spec.memory_total_mib),
             utilization_pct=utilization,
             temperature_c=temperature,
@@ -287,7 +362,11 @@ _STRS = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x
 _TABLE = ("a table", lambda v: isinstance(v, dict))
 _TABLES = ("an array of tables", lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v))
 
-_SCHEMA_TOP = {"cards": _TABLE, "processes": _TABLES, "faults": _TABLE}
+_SCHEMA_TOP = {"cards": _TABLE, "processes": _TABLES, "faults": _TABLE, "system": _TABLE}
+_BOOL = ("true or false", lambda v: isinstance(v, bool))
+_SCHEMA_SYSTEM = {"driver": _STR, "cuda": _STR}
+_SCHEMA_OVERRIDE = {"card": _INT, "pcie_width": _INT, "pcie_gen": _INT, "behind_chipset": _BOOL,
+                    "power_limit_w": _NUMBER, "serial": _STR, "slot": _STR}
 _SCHEMA_CARDS = {
     "count": _INT,
     "name": _STR,
@@ -295,14 +374,21 @@ _SCHEMA_CARDS = {
     "power_limit_w": _NUMBER,
     "switches": _INT,
     "labels": _STRS,
+    "compute_capability": _STR,
+    "override": _TABLES,
 }
-_SCHEMA_PROCESS = {"card": _INT, "pid": _INT, "used_mib": _INT, "user": _STR, "uid": _INT, "command": _STR}
+_SCHEMA_PROCESS = {"card": _INT, "pid": _INT, "used_mib": _INT, "user": _STR, "uid": _INT, "command": _STR,
+                   "container": _STR}
 _SCHEMA_FAULTS = {"lost": _INTS, "hot": _INTS, "stall_seconds": _NUMBER, "field_error": _TABLES, "xid": _TABLES,
                   "oom": _TABLES, "throttle": _TABLES}
 _SCHEMA_XID = {"card": _INT, "code": _INT, "at": _NUMBER}
 _SCHEMA_OOM = {"card": _INT, "at": _NUMBER}
 _SCHEMA_THROTTLE = {"card": _INT, "at": _NUMBER, "seconds": _NUMBER}
 _SCHEMA_FIELD_ERROR = {"card": _INT, "field": _STR}
+
+
+_VERSION = re.compile(r"^\d+(\.\d+)*$")
+_CAPABILITY = re.compile(r"^\d+\.\d$")
 
 
 def _check(table: dict[str, Any], where: str, schema: dict[str, Any], required: tuple[str, ...] = ()) -> None:
@@ -354,7 +440,7 @@ def parse_scenario(data: dict[str, Any]) -> Scenario:
         # Without a uid the process is matched by its user's name, as the card's state is: a made-up uid would make
         # the person running the demo a stranger to their own process.
         processes.append((index, GpuProcess(table["pid"], table.get("used_mib"), table.get("user"), table.get("uid"),
-                                            table.get("command", ""))))
+                                            table.get("command", ""), container=table.get("container"))))
 
     faults = data.get("faults", {})
     _check(faults, "faults.", _SCHEMA_FAULTS)
@@ -387,7 +473,14 @@ def parse_scenario(data: dict[str, Any]) -> Scenario:
     throttles = tuple((i, float(t.get("at", 0)), float(t["seconds"]))
                       for i, t in timed("throttle", _SCHEMA_THROTTLE, ("card", "seconds")))
 
+    system = data.get("system", {})
+    _check(system, "system.", _SCHEMA_SYSTEM)
+    for key in ("driver", "cuda"):
+        if key in system and not _VERSION.match(system[key]):
+            raise _Bad(f"system.{key} must be a version such as 570.86.15 or 12.8, not {system[key]!r}")
     return Scenario(
+        driver_version=system.get("driver", DRIVER_VERSION),
+        cuda_version=system.get("cuda", CUDA_VERSION),
         cards=cards,
         processes=tuple(processes),
         lost=lost,
@@ -414,13 +507,35 @@ def _parse_cards(table: dict[str, Any]) -> tuple[SimCard, ...]:
     for key in ("memory_total_mib", "power_limit_w"):
         if table.get(key, 1) <= 0:
             raise _Bad(f"cards.{key} must be positive")
+    capability = table.get("compute_capability", DEFAULT_COMPUTE_CAPABILITY)
+    if not _CAPABILITY.match(capability):
+        raise _Bad(f"cards.compute_capability must be MAJOR.MINOR such as 12.0, not {capability!r}")
+    power = float(table.get("power_limit_w", DEFAULT_POWER_LIMIT_W))
     card = SimCard(
         name=table.get("name", DEFAULT_NAME),
         memory_total_mib=table.get("memory_total_mib", DEFAULT_MEMORY_TOTAL_MIB),
-        power_limit_w=float(table.get("power_limit_w", DEFAULT_POWER_LIMIT_W)),
+        power_limit_w=power,
+        power_default_w=power,
+        compute_capability=capability,
     )
-    cards = _cards(count, switches, card)
-    return tuple(replace(c, label=labels[i]) if i < len(labels) else c for i, c in enumerate(cards))
+    cards = list(_cards(count, switches, card))
+    cards = [replace(c, label=labels[i]) if i < len(labels) else c for i, c in enumerate(cards)]
+    for n, override in enumerate(table.get("override", [])):
+        where = f"cards.override[{n}]."
+        _check(override, where, _SCHEMA_OVERRIDE, required=("card",))
+        index = override["card"]
+        if not 0 <= index < count:
+            raise _Bad(f"{where}card {index} is out of range (cards are 0-{count - 1})")
+        if override.get("pcie_width", 16) not in (1, 2, 4, 8, 16):
+            raise _Bad(f"{where}pcie_width must be 1, 2, 4, 8 or 16, not {override['pcie_width']}")
+        if not 1 <= override.get("pcie_gen", 5) <= 5:
+            raise _Bad(f"{where}pcie_gen must be 1-5, not {override['pcie_gen']}")
+        limit = override.get("power_limit_w", cards[index].power_limit_w)
+        if not 0 < limit <= cards[index].power_default_w + POWER_HEADROOM_W:
+            raise _Bad(f"{where}power_limit_w must be 1-{cards[index].power_default_w + POWER_HEADROOM_W:g}, not {limit}")
+        changes = {k: v for k, v in override.items() if k != "card"}
+        cards[index] = replace(cards[index], **{**changes, "power_limit_w": float(limit)})
+    return tuple(cards)
 
 
 def replay(source, now: float, seconds: float, step: float) -> list:

@@ -42,10 +42,16 @@ def sample_fleet(conn: sqlite3.Connection, config: Config, snapshot: FleetSnapsh
         found.append(Sample(
             ts=int(snapshot.taken_at), uuid=r.uuid, state=status.state, dt=dt, vram=r.memory_used_mib,
             util=r.utilization_pct, temp=r.temperature_c, power=_whole(r.power_w), power_limit=_whole(r.power_limit_w),
-            sm=r.sm_clock_mhz, throttle=r.throttle_reasons,
+            sm=r.sm_clock_mhz, throttle=r.throttle_reasons, pcie=_pcie(r),
             booking=status.booking.id if status.booking else None,
             holder=status.booking.user if status.booking else None, users=tuple(users.items())))
     return found
+
+
+def _pcie(reading) -> int | None:
+    """The busier direction of the card's PCIe link, MiB/s: what its share of the link is measured by."""
+    found = [v for v in (reading.pcie_tx_mib_s, reading.pcie_rx_mib_s) if v is not None]
+    return _whole(max(found)) if found else None
 
 
 class Sampler:

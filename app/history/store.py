@@ -11,6 +11,7 @@ The budget is 50 MB for 8 cards and a year (841 k rollups), so the rows are lean
   `(ts - EPOCH) // 300 << 8 | card`, a user row under either `key << 6 | slot`; time ranges are rowid ranges;
 - a rollup stores each metric's min and, as small offsets from it, its mean (rounded to the unit: MiB, %, °C,
   W, MHz) and max; offsets of 0 or 1 take no bytes at all;
+- PCIe traffic (the busier direction, MiB/s) is kept raw, and in a rollup as its mean alone;
 - a rollup's state is the one in most of its samples; who held the card is in the bookings (board.db), and who
   squatted it in `squats`, counted per sample;
 - `sample_view` and `rollup_view` give ts, card, the state's name, and min/mean/max.
@@ -56,6 +57,7 @@ class Sample:
     power_limit: int | None = None  # raw samples only; the rollups leave it out (it changes by hand, if ever)
     sm: int | None = None
     throttle: int | None = None  # THROTTLE_* bits
+    pcie: int | None = None  # PCIe traffic, MiB/s, the busier of TX and RX
     booking: int | None = None  # the booking holding the card (raw samples; for rollups, see the bookings)
     holder: str | None = None  # that booking's user: anyone else's process is squatting
     users: tuple[tuple[str, int | None], ...] = ()  # (user, VRAM MiB) per user with processes on the card
@@ -146,26 +148,33 @@ class HistoryStore:
             db["meta"].create({"key": str, "value": int}, pk="key", if_not_exists=True)
             db["samples"].create({
                 "id": int, "dt": int, "state": int, "booking": int, "vram": int, "util": int, "temp": int,
-                "power": int, "power_limit": int, "sm": int, "throttle": int,
+                "power": int, "power_limit": int, "sm": int, "throttle": int, "pcie": int,
             }, pk="id", if_not_exists=True)
+            # A file from before PCIe traffic was kept (issue 23) gains the columns, last, as a new file has them.
+            if "pcie" not in db["samples"].columns_dict:
+                db["samples"].add_column("pcie", int)
             db["sample_users"].create({"id": int, "user": str, "vram": int, "squat": int}, pk="id", if_not_exists=True)
             columns: dict[str, type] = {"id": int, "n": int, "dt": int, "state": int, "n_throttled": int,
                                         "throttle": int}
             for metric in METRICS:
                 columns |= {f"{metric}_min": int, f"{metric}_mean_d": int, f"{metric}_max_d": int}
             db["rollups"].create(columns, pk="id", if_not_exists=True)
+            # PCIe traffic: the mean alone (what a TP group's share of its links needs), to stay in the budget.
+            if "pcie_mean" not in db["rollups"].columns_dict:
+                db["rollups"].add_column("pcie_mean", int)
             db["squats"].create({"id": int, "user": str, "n": int}, pk="id", if_not_exists=True)
             names = " ".join(f"WHEN {code} THEN '{state}'" for code, state in enumerate(STATES))
             db.create_view("sample_view", f"""
                 SELECT id, (id >> {CARD_BITS}) + {EPOCH} AS ts, id & {CARD_MASK} AS card, dt,
-                       CASE state {names} END AS state, booking, vram, util, temp, power, power_limit, sm, throttle
-                FROM samples""", ignore=True)
+                       CASE state {names} END AS state, booking, vram, util, temp, power, power_limit, sm, throttle,
+                       pcie
+                FROM samples""", replace=True)
             spans = ", ".join(f"{m}_min, {m}_min + {m}_mean_d AS {m}_mean, {m}_min + {m}_max_d AS {m}_max"
                               for m in METRICS)
             db.create_view("rollup_view", f"""
                 SELECT (id >> {CARD_BITS}) * {BUCKET_S} + {EPOCH} AS ts, id & {CARD_MASK} AS card, n, n * dt AS seconds,
-                       CASE state {names} END AS state, n_throttled, throttle, {spans}
-                FROM rollups""", ignore=True)
+                       CASE state {names} END AS state, n_throttled, throttle, {spans}, pcie_mean
+                FROM rollups""", replace=True)
 
     def card_id(self, uuid: str, index: int | None = None, name: str | None = None,
                 memory_total: int | None = None) -> int:
@@ -203,7 +212,7 @@ class HistoryStore:
             key = _rowid(s.ts, card)
             rows.append({"id": key, "dt": s.dt, "state": STATES.index(s.state), "booking": s.booking,
                          "vram": s.vram, "util": s.util, "temp": s.temp, "power": s.power,
-                         "power_limit": s.power_limit, "sm": s.sm, "throttle": s.throttle})
+                         "power_limit": s.power_limit, "sm": s.sm, "throttle": s.throttle, "pcie": s.pcie})
             for slot, (user, vram) in enumerate(s.users[:1 << SLOT_BITS]):
                 squat = s.state == SQUATTED and user != s.holder
                 users.append({"id": key << SLOT_BITS | slot, "user": user, "vram": vram, "squat": int(squat)})
@@ -376,13 +385,16 @@ def _roll(raw: Iterable[tuple], squatters: Iterable[tuple]) -> tuple[list[dict],
     rollups = []
     lost = STATES.index(LOST)
     for key, rows in groups.items():
-        # Columns: id, dt, state, booking, vram, util, temp, power, power_limit, sm, throttle
+        # Columns: id, dt, state, booking, vram, util, temp, power, power_limit, sm, throttle, pcie
         states = [r[2] for r in rows]
         # dt, not the seconds: 10 takes a byte, 300 two (a year of rollups is 841 k rows).
         row = {"id": key, "n": len(rows), "dt": _round(sum(r[1] for r in rows) / len(rows)),
                "state": max(sorted(set(states)), key=states.count),
                "n_throttled": sum(1 for r in rows if r[10] and r[10] & THROTTLE_THERMAL),
                "throttle": _or(r[10] for r in rows)}
+        pcie = [r[11] for r in rows if r[11] is not None and r[2] != lost]
+        if pcie:
+            row["pcie_mean"] = _round(sum(pcie) / len(pcie))
         for metric, column in zip(METRICS, (4, 5, 6, 7, 9)):
             values = [r[column] for r in rows if r[column] is not None and r[2] != lost]
             if values:

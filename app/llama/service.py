@@ -38,7 +38,7 @@ from app.llama import command as cmd
 from app.llama import logs, ports, rows
 from app.llama.binary import find_server_bin
 from app.llama.identity import ProcessIdentity, check, group_members, signal_group
-from app.faults.oom import record_server_oom
+from app.faults.oom import record_server_build, record_server_oom
 from app.llama.rows import Server
 from app.model import Booking
 from app.store import bookings as booking_rows
@@ -261,8 +261,9 @@ class ServerService:
                 events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action="server-fail",
                               booking_id=server.booking_id, ok=True,
                               details={"server": server_id, "by": "supervisor", "reason": reason})
-                record_server_oom(self.conn, ts=now, booking_id=server.booking_id, user=server.user,
-                                  server_id=server_id, card_uuids=server.card_uuids, tail=tail)
+                for record in (record_server_oom, record_server_build):
+                    record(self.conn, ts=now, booking_id=server.booking_id, user=server.user,
+                           server_id=server_id, card_uuids=server.card_uuids, tail=tail)
         return moved
 
     def ended(self, server_id: int, *, exit_code: int | None = None, exit_signal: int | None = None,
@@ -286,8 +287,9 @@ class ServerService:
                     events.record(self.conn, ts=ended_at, uid=self.me.uid, actor=self.me.name,
                                   action="server-crash", booking_id=current.booking_id, ok=True,
                                   details={"server": server_id, "exit": text or "unknown", "found_by": self.me.name})
-                    record_server_oom(self.conn, ts=ended_at, booking_id=current.booking_id, user=current.user,
-                                      server_id=server_id, card_uuids=current.card_uuids, tail=tail)
+                    for record in (record_server_oom, record_server_build):
+                        record(self.conn, ts=ended_at, booking_id=current.booking_id, user=current.user,
+                               server_id=server_id, card_uuids=current.card_uuids, tail=tail)
             elif current.exit_code is None and current.exit_signal is None and (exit_code, exit_signal) != (None, None):
                 rows.update(self.conn, server_id, exit_code=exit_code, exit_signal=exit_signal,
                             ended_at=current.ended_at or ended_at)

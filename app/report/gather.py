@@ -86,7 +86,58 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
     doc["tokens"] = [{"user": user, "requests": n, "prompt_tokens": p, "completion_tokens": c}
                      for user, (n, p, c) in sorted(key_rows.tokens_by_user(conn, start, now).items(),
                                                    key=lambda item: (-(item[1][1] + item[1][2]), item[0]))]
+    doc["tp"] = tp_links(history, bookings, cards_now, start, now, config.report.busy_util) \
+        if history.path.exists() else []
     return doc
+
+
+TP_SHARE_PCT = 25.0  # the seeds: when communication takes more than 25 % of a TP group's time, it is too wide
+TP_ADVICE = ("over the seeds' 25 %: the group is too wide for PCIe; use a smaller TP (TP2 or TP4) or split by layers"
+             " (--split-mode layer)")
+
+
+def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], start: int, now: int,
+             busy_util: float) -> list[dict]:
+    """Per multi-card booking in the window: its cards' PCIe traffic as a share of their links' capacity, over the
+    time it was busy (IN USE at `busy_util` % or more). Link utilisation, not measured communication time: a group
+    that moves its weights in counts too, so it is a hint that points at the groups worth a look."""
+    from app.core.hardware import card_list
+    from app.gpu.model import link_capacity_mib_s
+
+    ids, in_use = store.cards(), STATES.index("IN USE")
+    capacity: dict[str, float] = {}
+    for card in cards_now:
+        # An idle card drops its link's generation: what it runs at under load is its maximum.
+        gen = card.pcie_gen if card.utilization_pct else (card.pcie_max_gen or card.pcie_gen)
+        if (found := link_capacity_mib_s(gen, card.pcie_width)) is not None:
+            capacity[card.uuid] = found
+    rolled = max(start, min(now, store.rolled_to() or start))
+    found = []
+    for b in bookings:
+        lo, hi = max(start, b.start), min(now, b.end)
+        held = [ids[u] for u in b.card_uuids if u in ids]
+        if len(b.card_uuids) < 2 or hi <= lo or not held or not all(u in capacity for u in b.card_uuids):
+            continue
+        cards = ", ".join(str(int(c)) for c in held)
+        seconds, traffic = store.db.execute(
+            f"SELECT sum(n * dt), sum(pcie_mean * n * dt) FROM rollups WHERE id >= ? AND id < ?"
+            f" AND (id & {CARD_MASK}) IN ({cards}) AND state = ? AND util_min + util_mean_d >= ?"
+            f" AND pcie_mean IS NOT NULL",
+            [_bucket_id(lo, 0), _bucket_id(min(hi, rolled), 0), in_use, busy_util]).fetchone() if rolled > lo \
+            else (None, None)
+        raw_seconds, raw_traffic = store.db.execute(
+            f"SELECT sum(dt), sum(pcie * dt) FROM samples WHERE id >= ? AND id < ? AND (id & {CARD_MASK}) IN ({cards})"
+            f" AND state = ? AND util >= ? AND pcie IS NOT NULL",
+            [(max(lo, rolled) - EPOCH) << CARD_BITS, (hi - EPOCH) << CARD_BITS, in_use, busy_util]).fetchone()
+        seconds, traffic = (seconds or 0) + (raw_seconds or 0), (traffic or 0) + (raw_traffic or 0)
+        if not seconds:
+            continue
+        link = sum(capacity[u] for u in b.card_uuids) / len(b.card_uuids)
+        share = 100 * traffic / seconds / link
+        found.append({"booking": b.id, "user": b.user, "cards": card_list(b.cards),
+                      "busy_h": round(seconds / len(b.card_uuids) / 3600, 2), "link_util_pct": round(share, 1),
+                      "over": share > TP_SHARE_PCT, "advice": TP_ADVICE if share > TP_SHARE_PCT else None})
+    return found
 
 
 def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:

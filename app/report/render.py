@@ -48,6 +48,13 @@ def table(doc: dict) -> str:
         out.append("")
     for v in doc["verdicts"]:
         out.append(f"{'!!' if v['fires'] else 'ok'}  {inert(v['message'], 400)}")
+    if doc.get("tp"):
+        out += ["", "Multi-card bookings: PCIe link utilisation over their busy time (traffic against the links'"
+                    " capacity, not measured communication time)"]
+        for g in doc["tp"]:
+            line = (f"#{g['booking']} {inert(g['user'], 16)} cards {g['cards']}: {g['link_util_pct']:g} % of the links"
+                    f" over {g['busy_h']:g} busy h")
+            out.append(f"{'!!' if g['over'] else 'ok'}  {line}" + (f"; {g['advice']}" if g["over"] else ""))
     return "\n".join(out)
 
 

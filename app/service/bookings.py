@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from app.config import CLASSES, Config
 from app.core import policy
 from app.errors import BadInput, BoardError, Conflict, NotPermitted, error_for
+from app.core.hardware import group_crossing
 from app.core.identity import Identity, lookup_user
 from app.core.text import cards_text, format_cards, format_duration, stamp_time, stamp_when
 from app.model import Booking
@@ -178,6 +179,8 @@ class BookingService:
             held = rows.live_between(self.conn, start, end, user=user or self.me.name)
         spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
         policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=spans)
+        if len(chosen) > 1 and (crossing := group_crossing(self.topology, list(self.cards.values()), chosen)):
+            notes.append(crossing)  # the group works, but its cards talk through the CPU
         return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end, tuple(notes))
 
     def _earliest(

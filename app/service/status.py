@@ -32,10 +32,11 @@ def status_document(service: Service) -> dict:
             "memory_total_mib": r.memory_total_mib, "memory_used_mib": r.memory_used_mib,
             "utilization_pct": r.utilization_pct, "temperature_c": r.temperature_c, "power_w": r.power_w,
             "power_limit_w": r.power_limit_w, "pci_bus_id": r.pci_bus_id, "state": s.state,
+            "pcie": {"tx_mib_s": r.pcie_tx_mib_s, "rx_mib_s": r.pcie_rx_mib_s},
             "warnings": list(s.warnings), "users": list(s.users),
             "booking": booking_to_wire(s.booking) if s.booking else None,
             "next_booking": booking_to_wire(s.next_booking) if s.next_booking else None,
-            "processes": [{"pid": p.pid, "user": p.user or UNKNOWN_USER, "used_mib": p.used_mib, "command": p.command}
-                          for p in r.processes],
+            "processes": [{"pid": p.pid, "user": p.user or UNKNOWN_USER, "used_mib": p.used_mib, "command": p.command,
+                           "container": p.container} for p in r.processes],
         })
     return {"simulated": snapshot.simulated, "taken_at": snapshot.taken_at, "cards": cards}

@@ -289,7 +289,29 @@ CREATE TABLE gateway_usage (
 CREATE INDEX gateway_usage_by_time ON gateway_usage(ts);
 """
 
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SERVER_KEYS, _V_GATEWAY_KEYS]
+
+# A fault kind more (issue 23): `build`, a llama-server whose log says "no kernel image is available" (built without
+# its cards' architecture). SQLite cannot change a CHECK in place: the table is copied into a new one.
+_V_FAULT_BUILD = """
+CREATE TABLE faults_new (
+    id INTEGER PRIMARY KEY,
+    ts INTEGER NOT NULL,
+    card_uuid TEXT,
+    kind TEXT NOT NULL CHECK (kind IN ('xid', 'oom', 'throttle', 'build')),
+    code INTEGER,
+    detail TEXT NOT NULL DEFAULT '',
+    duration_s REAL,
+    booking_id INTEGER,
+    user TEXT
+);
+INSERT INTO faults_new (id, ts, card_uuid, kind, code, detail, duration_s, booking_id, user)
+    SELECT id, ts, card_uuid, kind, code, detail, duration_s, booking_id, user FROM faults;
+DROP TABLE faults;
+ALTER TABLE faults_new RENAME TO faults;
+CREATE INDEX faults_by_ts ON faults(ts);
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SERVER_KEYS, _V_GATEWAY_KEYS, _V_FAULT_BUILD]
 LATEST = len(MIGRATIONS)
 
 

@@ -35,6 +35,10 @@ NVML_TOPOLOGY_HOSTBRIDGE = 30
 NVML_TOPOLOGY_NODE = 40
 NVML_TOPOLOGY_CPU = NVML_TOPOLOGY_NODE
 NVML_TOPOLOGY_SYSTEM = 50
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
 
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -133,6 +137,19 @@ class FakeGpu:
     temperature: int = 40
     power_mw: int = 30_000
     power_limit_mw: int = 575_000
+    power_default_mw: int = 575_000
+    power_min_mw: int = 400_000
+    power_max_mw: int = 600_000
+    persistence: int = 0  # NVML_FEATURE_*
+    serial: str = "1652025000001"
+    compute_capability: tuple[int, int] = (12, 0)
+    pcie_gen: int = 5
+    pcie_width: int = 16
+    pcie_max_gen: int = 5  # what card and slot allow together (NVML's "max"): a x8 slot caps the width here too
+    pcie_max_width: int = 16
+    pcie_gpu_max_gen: int = 5  # the card's own
+    pcie_tx_kib_s: int = 0
+    pcie_rx_kib_s: int = 0
     sm_clock_mhz: int = 2407
     clocks_event_reasons: int = 0  # nvmlClocksEventReason* bits
     switch: int = 0
@@ -150,13 +167,15 @@ class _Handle:
 class FakePynvml(types.ModuleType):
     """A fresh fake module per test; `calls` counts every NVML function called."""
 
-    def __init__(self, gpus: list[FakeGpu], driver_version: str = "575.57.08") -> None:
+    def __init__(self, gpus: list[FakeGpu], driver_version: str = "575.57.08", cuda_version: int = 12090) -> None:
         super().__init__("pynvml")
         self.__dict__.update(CONSTANTS)
         self.__dict__.update(ERROR_CLASSES)
         self.NVMLError = NVMLError
         self.gpus = gpus
         self.driver_version = driver_version
+        self.cuda_version = cuda_version
+        self.root = True  # False: the setters raise NoPermission, as NVML does without CAP_SYS_ADMIN
         self.init_error: type | None = None
         self.initialised = False
         self.calls: Counter[str] = Counter()
@@ -195,6 +214,10 @@ class FakePynvml(types.ModuleType):
     def nvmlSystemGetDriverVersion(self):
         self._enter("nvmlSystemGetDriverVersion")
         return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self):
+        self._enter("nvmlSystemGetCudaDriverVersion_v2")
+        return self.cuda_version
 
     def nvmlDeviceGetCount(self):
         self._enter("nvmlDeviceGetCount")
@@ -242,6 +265,57 @@ class FakePynvml(types.ModuleType):
 
     def nvmlDeviceGetPowerManagementLimit(self, handle):
         return self._enter("nvmlDeviceGetPowerManagementLimit", handle).power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle):
+        return self._enter("nvmlDeviceGetPowerManagementDefaultLimit", handle).power_default_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle):
+        gpu = self._enter("nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        return [gpu.power_min_mw, gpu.power_max_mw]
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle, limit):
+        gpu = self._enter("nvmlDeviceSetPowerManagementLimit", handle)
+        if not self.root:
+            raise self.NVMLError_NoPermission()
+        if not gpu.power_min_mw <= limit <= gpu.power_max_mw:
+            raise self.NVMLError_InvalidArgument()
+        gpu.power_limit_mw = limit
+
+    def nvmlDeviceGetPersistenceMode(self, handle):
+        return self._enter("nvmlDeviceGetPersistenceMode", handle).persistence
+
+    def nvmlDeviceSetPersistenceMode(self, handle, mode):
+        gpu = self._enter("nvmlDeviceSetPersistenceMode", handle)
+        if not self.root:
+            raise self.NVMLError_NoPermission()
+        gpu.persistence = mode
+
+    def nvmlDeviceGetSerial(self, handle):
+        return self._enter("nvmlDeviceGetSerial", handle).serial
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle):
+        return self._enter("nvmlDeviceGetCudaComputeCapability", handle).compute_capability
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
+        return self._enter("nvmlDeviceGetCurrPcieLinkGeneration", handle).pcie_gen
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle):
+        return self._enter("nvmlDeviceGetCurrPcieLinkWidth", handle).pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle):
+        return self._enter("nvmlDeviceGetMaxPcieLinkGeneration", handle).pcie_max_gen
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle):
+        return self._enter("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle).pcie_gpu_max_gen
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle):
+        return self._enter("nvmlDeviceGetMaxPcieLinkWidth", handle).pcie_max_width
+
+    def nvmlDeviceGetPcieThroughput(self, device, counter):
+        gpu = self._enter("nvmlDeviceGetPcieThroughput", device)
+        if counter not in (NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES):
+            raise self.NVMLError_InvalidArgument()
+        return gpu.pcie_tx_kib_s if counter == NVML_PCIE_UTIL_TX_BYTES else gpu.pcie_rx_kib_s
 
     def nvmlDeviceGetClockInfo(self, handle, type):
         gpu = self._enter("nvmlDeviceGetClockInfo", handle)

@@ -266,6 +266,25 @@ class TestFromTheFleet:
         found = [f for f in evaluate(gather_now(service, clock.now), service.config.alerts) if f.rule == "faults"]
         assert [f.message for f in found] == (["4 OOM or Xid faults in 30 days (more than 3)"] if fired else [])
 
+    def test_a_squatting_container_is_named_and_a_drifted_power_limit_fires(self, tmp_path):
+        """Issue 23: the container comes from the process (its cgroup on NVML, the scenario here); the policy from
+        [power], against the simulated card's limit."""
+        from dataclasses import replace
+
+        from app.config import PowerSettings
+
+        clock = Clock()
+        scenario = {"cards": {"count": 2, "override": [{"card": 1, "power_limit_w": 575}]},
+                    "processes": [{"card": 0, "pid": 51999, "used_mib": 4096, "user": "root",
+                                   "container": "3f4e8a9b2c1d"}]}
+        service = make_service(tmp_path, clock, scenario=scenario)
+        service.config = replace(service.config, power=PowerSettings(limit_w=500.0, cards={0: 575.0}))
+        found = {(f.rule, f.subject[-1], f.message) for f in evaluate(gather_now(service, clock.now),
+                                                                      service.config.alerts)}
+        assert found == {("squatter", "0", "GPU 0 squatted by root in container 3f4e8a9b2c1d (not booked)"),
+                         ("power-drift", "1", "GPU 1 power limit 575 W, not the policy's 500 W"
+                                              " (board power apply sets it)")}
+
     @pytest.mark.parametrize("busy_at, fired", [(None, True), (1500, False)])
     def test_booked_and_idle_for_30_minutes_from_the_history(self, tmp_path, busy_at, fired):
         clock = Clock()

@@ -38,9 +38,10 @@ BOOKING_KEYS = {"id", "user", "cards", "card_uuids", "start", "end", "class", "n
 
 class TestJsonShapes:
     def test_book_prints_the_booking_with_iso_times(self, board):
-        booking = ok_json(board("book", "--cards", "3,4", "--for", "90m", "--class", "batch", "--note", "eval", "--json"))
+        # 4 and 7: idle, and under one switch (a group across switches gets a note on stderr)
+        booking = ok_json(board("book", "--cards", "4,7", "--for", "90m", "--class", "batch", "--note", "eval", "--json"))
         assert set(booking) == BOOKING_KEYS
-        assert booking["cards"] == [3, 4] and len(booking["card_uuids"]) == 2
+        assert booking["cards"] == [4, 7] and len(booking["card_uuids"]) == 2
         start, end = datetime.fromisoformat(booking["start"]), datetime.fromisoformat(booking["end"])
         assert start.utcoffset() is not None and (end - start).total_seconds() == 90 * 60
         assert (booking["class"], booking["note"], booking["status"]) == ("batch", "eval", "booked")
@@ -145,7 +146,7 @@ class TestErrors:
 
 class TestRun:
     def test_run_sees_only_the_booked_cards(self, board):
-        booking = ok_json(board("book", "--cards", "4,3", "--for", "1h", "--json"))  # idle cards: no notes
+        booking = ok_json(board("book", "--cards", "7,4", "--for", "1h", "--json"))  # idle, one switch: no notes
         code = ("import os; e = os.environ;"
                 " print(e['CUDA_DEVICE_ORDER'], e['CUDA_VISIBLE_DEVICES'], e['NVIDIA_VISIBLE_DEVICES'])")
         result = board("run", "--", sys.executable, "-c", code)
@@ -169,8 +170,8 @@ def test_help_lists_every_command(board):
     # Only the command list has lines indented by exactly four spaces: a name, then its help.
     names = re.findall(r"^ {4}(\S+)", listing, flags=re.MULTILINE)
     assert names == ["status", "book", "list", "ical", "cancel", "release", "extend", "admin", "series", "run", "wait",
-                     "log", "whoami", "backup", "doctor", "serve", "fit", "notify", "faults", "alerts", "report",
-                     "agent"]  # no `init`: the retired shared 2770 directory
+                     "log", "whoami", "cards", "topo", "power", "backup", "doctor", "serve", "fit", "notify", "faults",
+                     "alerts", "report", "agent"]  # no `init`: the retired shared 2770 directory
 
 
 class TestDemo:

@@ -35,7 +35,7 @@ def test_faults_lists_the_last_30_days_newest_first(board):
     result = board("faults")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].endswith(": 1 xid, 1 oom, 1 throttle")
+    assert lines[0].endswith(": 1 xid, 1 oom, 1 throttle, 0 build")
     assert len(lines) == 4  # the Xid 48 is 40 days old
     assert "oom" in lines[1] and "bob\\x1b[31m #4" in lines[1] and "cudaMalloc failed: out of memory" in lines[1]
     assert "card 3" in lines[2] and "Xid 79: GPU has fallen off the bus" in lines[2]

@@ -48,7 +48,8 @@ def test_the_cli_json_table_and_csv(files):
     result = run_board("report", "--since", "1d", "--json", env=files)
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc) == {"by", "since", "until", "days", "busy_util_pct", "rows", "total", "verdicts"}
+    assert set(doc) == {"by", "since", "until", "days", "busy_util_pct", "rows", "total", "verdicts", "tokens", "tp"}
+    assert doc["tp"] == []  # one card: no TP group to measure
     (alice,) = doc["rows"]
     assert (alice["key"], alice["booked_h"], alice["used_h"], alice["idle_h"], alice["idle_pct"]) == \
         ("alice", 4.0, 2.0, 2.0, 50.0)
@@ -105,6 +106,65 @@ def test_the_op_on_the_sampled_simulated_fleet(tmp_path):
             alice.call("report", since_s=H, by="team")
     finally:
         alice.close()
+
+
+def test_multi_card_bookings_get_their_pcie_link_utilisation_and_the_wide_one_is_flagged(tmp_path):
+    """Issue 23: alice's job spans cards 0 and 1 (much traffic), bob's server runs on card 2 of his cards 2-3 (little).
+    The share is the busy time's mean traffic (the busier direction) over a Gen 5 x16 link; over 25 % is flagged."""
+    from app.gpu.model import link_capacity_mib_s
+
+    clock = [float(FROZEN_NOW // BUCKET_S * BUCKET_S)]
+    start = int(clock[0])
+    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0,
+                     history=HistorySettings(sample_s=10, raw_hours=1, rollup_days=2))
+    source = SimulatedSource(clock=lambda: clock[0])
+    me = LocalClient.on(config, source, Identity("alice", demo_uid("alice"), False), clock=lambda: clock[0])
+    try:
+        alice = me.call("book", cards=[0, 1], start=start, end=start + 2 * H)
+        sampler = sampler_of(me.service)
+        expected: dict[int, list[float]] = {0: [], 1: []}
+        while clock[0] < start + H:
+            sampler.sample_once()
+            for card in source.read().cards[:2]:
+                if card.utilization_pct >= config.report.busy_util:
+                    expected[card.index].append(round(max(card.pcie_tx_mib_s, card.pcie_rx_mib_s)))
+            clock[0] += 10
+        want = 100 * sum(expected[0] + expected[1]) / len(expected[0] + expected[1]) / link_capacity_mib_s(5, 16)
+        for roll_to in (None, clock[0]):
+            if roll_to is not None:
+                me.service.history.roll_up(roll_to)
+            [group] = me.call("report", since_s=H)["tp"]
+            assert (group["booking"], group["cards"]) == (alice["id"], "0-1")
+            assert group["link_util_pct"] == pytest.approx(want, abs=0.2)
+            assert group["over"] is (want > 25) and want > 25
+            assert "smaller TP" in group["advice"] and "--split-mode layer" in group["advice"]
+        from app.report.render import table
+
+        text = table(me.call("report", since_s=H))
+        assert "PCIe link utilisation over their busy time" in text and "not measured communication time" in text
+        assert f"!!  #{alice['id']} alice cards 0-1: {group['link_util_pct']:g} % of the links over" in text
+    finally:
+        me.close()
+
+
+def test_a_group_of_light_traffic_is_not_flagged(tmp_path):
+    clock = [float(FROZEN_NOW // BUCKET_S * BUCKET_S)]
+    start = int(clock[0])
+    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0,
+                     history=HistorySettings(sample_s=10, raw_hours=1, rollup_days=2))
+    source = SimulatedSource(clock=lambda: clock[0])
+    bob = LocalClient.on(config, source, Identity("bob", demo_uid("bob"), False), clock=lambda: clock[0])
+    try:
+        booked = bob.call("book", cards=[2, 3], start=start, end=start + 2 * H)
+        sampler = sampler_of(bob.service)
+        while clock[0] < start + H / 2:
+            sampler.sample_once()
+            clock[0] += 10
+        [group] = bob.call("report", since_s=H)["tp"]
+        assert group["booking"] == booked["id"] and not group["over"] and group["advice"] is None
+        assert 0 < group["link_util_pct"] < 5  # a lone server's weights and tokens: little traffic
+    finally:
+        bob.close()
 
 
 def test_a_booking_an_admin_moved_away_is_idle_no_longer_than_booked(tmp_path):

@@ -117,3 +117,22 @@ def test_a_bad_alerts_section_is_refused(tmp_path, text, says):
     path.write_text(f"[alerts]\n{text}\n")
     with pytest.raises(ConfigError, match=says):
         load_config(environ={"BOARD_CONFIG": str(path)})
+
+
+def test_a_squatters_container_is_named():
+    found = evaluate(Inputs(NOW, cards=(card(state="SQUATTED", holder="bob", squatters=("root",),
+                                             containers=("3f4e8a9b2c1d",)),)), S)
+    assert [f.message for f in found] == ["GPU 3 squatted by root in container 3f4e8a9b2c1d (booked by bob)"]
+
+
+@pytest.mark.parametrize("limit, policy, fired", [
+    (575.0, 500.0, True), (500.0, 500.0, False), (500.4, 500.0, False), (501.0, 500.0, True), (499.0, 500.0, True),
+    (575.0, None, False), (None, 500.0, False)])
+def test_a_power_limit_that_drifts_from_the_policy(limit, policy, fired):
+    found = evaluate(Inputs(NOW, cards=(card(power_limit_w=limit, power_policy_w=policy),)), S)
+    assert bool(found) is fired
+    if fired:
+        [finding] = found
+        assert (finding.rule, finding.subject) == ("power-drift", "GPU-3")
+        assert finding.message == (f"GPU 3 power limit {limit:.0f} W, not the policy's 500 W (board power apply sets"
+                                   " it)")

@@ -233,7 +233,7 @@ def test_simulated_faults_reach_the_table_through_the_service(tmp_path, clock):
         watcher.step(0)  # each injection once
         assert store.count(service.conn, 0) == 4
         found = client.call("faults", since=0)
-        assert found["counts"] == {"xid": 2, "oom": 1, "throttle": 1}
+        assert found["counts"] == {"xid": 2, "oom": 1, "throttle": 1, "build": 0}
         assert [f["card"] for f in found["faults"]] == [2, 3, 0, 1]  # newest first; a spell by its start
         assert client.call("faults", since=0, kind="oom")["counts"] == {"oom": 1}
         with pytest.raises(BadInput, match="fault kind"):
@@ -406,3 +406,54 @@ def test_two_ctypes_handles_to_one_device_match_by_address():
     other = ctypes.cast(ctypes.c_void_p(0x7F00_5678), pynvml.c_nvmlDevice_t)
     assert registered is not from_event
     assert _address(registered) == _address(from_event) != _address(other)
+
+
+LLAMA_NO_KERNEL = [
+    "ggml_cuda_init: found 1 CUDA devices:",
+    "  Device 0: NVIDIA GeForce RTX 5090, compute capability 12.0, VMM: yes",
+    "ggml_cuda_compute_forward: ADD failed",
+    "CUDA error: no kernel image is available for execution on the device",
+]
+
+
+def test_a_server_built_without_its_cards_architecture_is_a_build_fault_with_the_rebuild_hint(tmp_path, clock):
+    from app.llama.service import ServerService
+
+    conn = connect(tmp_path / "board.db")
+    rules = ServerService(conn, Identity("bob", 1002, False), Config(), clock=clock)
+    crashed, failed, oom = add_server(conn, [2]), add_server(conn, [3]), add_server(conn, [4])
+    rules.ended(crashed, exit_code=1, tail=LLAMA_NO_KERNEL)
+    rules.failed(failed, "not ready in time", LLAMA_NO_KERNEL)
+    rules.ended(oom, exit_code=1, tail=LLAMA_OOM)  # out of memory is not a build fault
+    builds = store.recent(conn, 0, ["build"])
+    assert sorted(f.detail.split(":")[0] for f in builds) == [f"server {crashed}", f"server {failed}"]
+    for fault in builds:
+        assert "CUDA error: no kernel image is available for execution on the device" in fault.detail
+        assert "-DCMAKE_CUDA_ARCHITECTURES=" in fault.detail and fault.user == "bob"
+    assert store.count(conn, 0, ["oom"]) == 1
+    conn.close()
+
+
+def test_the_build_kind_migration_keeps_the_faults_recorded_before_it(tmp_path):
+    import sqlite3
+
+    from app.store import schema
+
+    path = tmp_path / "board.db"
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("BEGIN")
+    for script in schema.MIGRATIONS[: schema.MIGRATIONS.index(schema._V_FAULT_BUILD)]:
+        for statement in schema._statements(script):
+            raw.execute(statement)
+    raw.execute("INSERT INTO faults (ts, card_uuid, kind, code, detail) VALUES (5, 'GPU-a', 'xid', 79, 'Xid 79')")
+    raw.execute(f"PRAGMA user_version = {schema.MIGRATIONS.index(schema._V_FAULT_BUILD)}")
+    raw.execute("COMMIT")
+    with pytest.raises(sqlite3.IntegrityError):  # before it, the old CHECK refuses the new kind
+        raw.execute("INSERT INTO faults (ts, kind) VALUES (6, 'build')")
+    raw.close()
+    conn = connect(path)
+    with write(conn):
+        store.record(conn, ts=6, kind="build", detail="server 1: no kernel image is available")
+    assert [(f.kind, f.code, f.card_uuid) for f in store.recent(conn, 0)] == [("build", None, None), ("xid", 79, "GPU-a")]
+    assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'faults_by_ts'").fetchone() is not None
+    conn.close()

@@ -128,10 +128,12 @@ def test_init_and_slow_fields_happen_once_across_many_reads(fake):
         source.read()
     assert fake.calls["nvmlInit"] == 1
     assert fake.calls["nvmlDeviceGetHandleByIndex"] == 4
-    for slow in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo", "nvmlDeviceGetEnforcedPowerLimit"):
+    for slow in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo", "nvmlDeviceGetSerial",
+                 "nvmlDeviceGetPowerManagementDefaultLimit", "nvmlDeviceGetCudaComputeCapability"):
         assert fake.calls[slow] == 4, slow
     assert fake.calls["nvmlDeviceGetTopologyCommonAncestor"] == 6  # every pair, once
     assert fake.calls["nvmlDeviceGetTemperature"] == 4 * 5  # live fields every read
+    assert fake.calls["nvmlDeviceGetEnforcedPowerLimit"] == 4 * 5  # board power apply changes it: read every time
     source.close()
     source.close()
     assert fake.calls["nvmlShutdown"] == 1

@@ -277,6 +277,17 @@ def test_scenario_stall_sleeps_on_every_read(tmp_path):
         ("[[faults.field_error]]\ncard = 9\nfield = 'power'", "faults.field_error[0].card 9 is out of range"),
         ("[[faults.field_error]]\ncard = 0", "faults.field_error[0].field is missing"),
         ("[cards\ncount = 1", "line 1"),  # not TOML at all
+        ("[system]\ndriver = 570", "system.driver must be a string"),
+        ("[system]\ncuda = 'new'", "system.cuda must be a version"),
+        ("[system]\nkernel = '6.8'", "unknown key 'system.kernel'"),
+        ("[cards]\ncompute_capability = '12'", "cards.compute_capability must be MAJOR.MINOR"),
+        ("[[cards.override]]\npcie_width = 4", "cards.override[0].card is missing"),
+        ("[[cards.override]]\ncard = 8\npcie_width = 4", "cards.override[0].card 8 is out of range"),
+        ("[[cards.override]]\ncard = 0\npcie_width = 3", "pcie_width must be 1, 2, 4, 8 or 16"),
+        ("[[cards.override]]\ncard = 0\npcie_gen = 7", "pcie_gen must be 1-5"),
+        ("[[cards.override]]\ncard = 0\nbehind_chipset = 1", "behind_chipset must be true or false"),
+        ("[[cards.override]]\ncard = 0\npower_limit_w = 700", "power_limit_w must be 1-600"),
+        ("[[cards.override]]\ncard = 0\nfan = 1", "unknown key 'cards.override[0].fan'"),
     ],
 )
 def test_bad_scenario_is_a_one_line_value_error_naming_the_file(tmp_path, text, fragment):
@@ -350,3 +361,66 @@ def test_visible_processes_have_a_start_time_before_the_source_started():
     visible = [p for p in processes if p.user is not None]
     assert visible and all(1_000_000.0 - 6 * 3600 <= p.started_at < 1_000_000.0 for p in visible)
     assert all(p.started_at is None for p in processes if p.user is None)  # a hidden PID: unknown
+
+
+# -- the box's health: versions, links, power (issue 23) --------------------------------------
+
+
+def test_default_fleet_is_a_healthy_box():
+    snapshot = read_at(1000.0)
+    assert (snapshot.driver_version, snapshot.cuda_version) == ("575.57.08", "12.9")
+    for card in snapshot.cards:
+        assert (card.pcie_gen, card.pcie_width, card.pcie_max_gen, card.pcie_max_width) == (5, 16, 5, 16)
+        assert card.behind_chipset is False and card.persistence is True
+        assert card.compute_capability == "12.0"
+        assert (card.power_limit_w, card.power_default_w, card.power_max_w) == (575.0, 575.0, 600.0)
+        assert card.serial == f"1652025{card.index:06d}" and card.slot == str(card.index + 1)
+        assert card.numa_node == card.index // 4  # one NUMA node per switch
+    assert len({c.serial for c in snapshot.cards}) == 8
+
+
+def test_a_job_split_over_cards_sends_more_pcie_traffic_than_one_alone():
+    """alice's 41001 spans cards 0 and 1; bob's server on card 2 is alone: per point of load, the split sends 15x."""
+    for t in (1000.0, 1234.0, 5000.0):
+        cards = read_at(t).cards
+        for index, per_point in ((0, 300.0), (1, 300.0), (2, 20.0)):
+            card = cards[index]
+            assert card.pcie_tx_mib_s == pytest.approx(card.utilization_pct * per_point)
+            assert card.pcie_rx_mib_s == pytest.approx(0.9 * card.pcie_tx_mib_s)
+        assert cards[3].pcie_tx_mib_s == 0.0  # nothing runs there
+
+
+def test_scenario_system_capability_and_one_card_that_differs(tmp_path):
+    path = write(tmp_path, """
+[system]
+driver = "565.57.01"
+cuda = "12.7"
+[cards]
+count = 8
+compute_capability = "12.0"
+[[cards.override]]
+card = 5
+pcie_width = 4
+pcie_gen = 3
+behind_chipset = true
+power_limit_w = 500
+serial = "SN-X"
+slot = "SLOT7"
+""")
+    snapshot = SimulatedSource(load_scenario(path), clock=lambda: 1000.0).read()
+    assert (snapshot.driver_version, snapshot.cuda_version) == ("565.57.01", "12.7")
+    five, four = snapshot.cards[5], snapshot.cards[4]
+    assert (five.pcie_gen, five.pcie_width, five.pcie_max_gen, five.pcie_max_width) == (3, 4, 5, 16)
+    assert (five.behind_chipset, five.power_limit_w, five.power_default_w, five.serial, five.slot) == (
+        True, 500.0, 575.0, "SN-X", "SLOT7")
+    assert (four.pcie_width, four.behind_chipset, four.power_limit_w, four.slot) == (16, False, 575.0, "5")
+
+
+def test_power_limits_and_persistence_change_on_the_simulated_fleet():
+    source = SimulatedSource(clock=lambda: 1000.0)
+    source.set_persistence(3, False)
+    source.set_power_limit(3, 500)
+    card = source.read().cards[3]
+    assert (card.persistence, card.power_limit_w, card.power_default_w) == (False, 500.0, 575.0)
+    with pytest.raises(ValueError, match="outside"):
+        source.set_power_limit(3, 601)

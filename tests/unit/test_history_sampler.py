@@ -77,6 +77,9 @@ def test_one_round_records_every_card_its_state_users_and_figures(client, tmp_pa
             reading[i].memory_used_mib, reading[i].utilization_pct, reading[i].temperature_c,
             reading[i].sm_clock_mhz, reading[i].throttle_reasons)
         assert (row["power"], row["power_limit"]) == (round(reading[i].power_w), 575)
+        # PCIe traffic: the busier direction (issue 23)
+        assert row["pcie"] == round(max(reading[i].pcie_tx_mib_s, reading[i].pcie_rx_mib_s))
+    assert rows[UUID(0)]["pcie"] > 0 and rows[UUID(4)]["pcie"] == 0
     assert rows[UUID(7)]["throttle"] & THROTTLE_SW_THERMAL  # the hot card slows itself
     assert rows[UUID(3)]["vram"] is None  # a lost card has no figures
 

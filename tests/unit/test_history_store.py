@@ -163,3 +163,33 @@ def test_a_step_the_watermark_cuts_is_one_point_of_both_sides(store):
     [point] = store.series(A, T0, T0 + 2 * BUCKET_S, 2 * BUCKET_S)
     assert (point.util.min, point.util.max, point.n) == (10, 40, 40)
     assert point.util.mean == pytest.approx((30 * 10 + 10 * 40) / 40)
+
+
+class TestPcie:
+    """Issue 23: PCIe traffic is kept as the other metrics are, and a file from before gains it."""
+
+    def test_pcie_traffic_rolls_up_and_reads_back(self, store):
+        store.add([sample(T0 + 10 * i, util=90, pcie=v) for i, v in enumerate([12000, 15000, 21000])])
+        assert store.roll_up(T0 + BUCKET_S) == 1
+        [rollup] = store.rollups(T0, T0 + BUCKET_S)
+        assert rollup["pcie_mean"] == 16000  # the mean alone: what a TP group's share needs, in the budget
+        assert store.samples(T0, T0 + 30)[0]["pcie"] == 12000
+
+    def test_a_file_from_before_gains_the_columns_and_keeps_its_rows(self, tmp_path):
+        path = tmp_path / "old.history.db"
+        old = HistoryStore(path)
+        old.add([sample(T0, util=50, vram=1000)])
+        old.close()
+        raw = sqlite3.connect(path)  # as the file was before: no pcie columns, views without them
+        for view in ("sample_view", "rollup_view"):
+            raw.execute(f"DROP VIEW {view}")
+        raw.execute("ALTER TABLE samples DROP COLUMN pcie")
+        raw.execute("ALTER TABLE rollups DROP COLUMN pcie_mean")
+        raw.commit()
+        raw.close()
+        reopened = HistoryStore(path)
+        reopened.add([sample(T0 + 10, util=50, vram=1000, pcie=900)])
+        assert reopened.roll_up(T0 + BUCKET_S) == 1
+        [rollup] = reopened.rollups(T0, T0 + BUCKET_S)
+        assert (rollup["vram_mean"], rollup["pcie_mean"], rollup["n"]) == (1000, 900, 2)
+        reopened.close()

@@ -7,9 +7,9 @@ each of them registers one area's operations with `@op`, and importing this pack
 
 from __future__ import annotations
 
-from app.service.ops import alerts, bookings, faults, gateway, notify, reads, series, servers
+from app.service.ops import alerts, bookings, faults, gateway, notify, power, reads, series, servers
 from app.service.ops.registry import OPS, Op
 
-REGISTERS = (reads, bookings, series, servers, notify, faults, alerts, gateway)  # the modules that fill OPS
+REGISTERS = (reads, bookings, series, servers, notify, faults, alerts, gateway, power)  # the modules that fill OPS
 
 __all__ = ["OPS", "Op", "REGISTERS"]

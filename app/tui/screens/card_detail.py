@@ -36,6 +36,42 @@ SPANS = {"1h": Span("1h", "1 h", 3600, 10), "24h": Span("24h", "24 h", 86400, 30
 HISTORY_RELOAD_S = 30.0
 
 
+def link_text(r) -> Text:
+    """The card's PCIe link now against what it can do, its traffic, and where it sits: a narrow link or a place
+    behind the chipset stands out, as the state does in the title (board doctor warns of both)."""
+    line = Text("PCIe ")
+    if r.pcie_gen is None or r.pcie_width is None:
+        line.append(NA)
+    else:
+        narrow = r.pcie_max_width is not None and r.pcie_width < r.pcie_max_width
+        line.append(f"Gen{r.pcie_gen} x{r.pcie_width}", "bold reverse" if narrow else "")
+        if r.pcie_max_gen is not None and r.pcie_max_width is not None:
+            line.append(f" of Gen{r.pcie_max_gen} x{r.pcie_max_width}")
+    if r.behind_chipset:
+        line.append(" BEHIND CHIPSET", "bold reverse")
+    if r.pcie_tx_mib_s is not None and r.pcie_rx_mib_s is not None:
+        line.append(f" · TX {r.pcie_tx_mib_s / 1024:.1f} RX {r.pcie_rx_mib_s / 1024:.1f} GiB/s")
+    for name, value in (("slot", r.slot), ("NUMA", r.numa_node)):  # the serial is board cards' (80 columns)
+        if value is not None:
+            line.append(f" · {name} ").append_text(untrusted(str(value), 24))
+    return line
+
+
+def topology_text(snapshot, index: int) -> Text | None:
+    """The other cards by how close they are, as nvidia-smi topo -m names the levels: "PXB 1-3 · SYS 4-7"."""
+    from app.core.hardware import card_list
+    from app.gpu.model import LINK_NAMES
+
+    levels: dict[int, list[int]] = {}
+    for card in snapshot.cards:
+        if card.index != index:
+            levels.setdefault(snapshot.topology.level(index, card.index), []).append(card.index)
+    if not levels:
+        return None
+    parts = [f"{LINK_NAMES.get(level, 'SYS')} {card_list(cards)}" for level, cards in sorted(levels.items())]
+    return Text("topology: " + " · ".join(parts), "dim")
+
+
 class CardDetailScreen(Screen):
     DEFAULT_CSS = """
     CardDetailScreen #title { height: 1; padding: 0 1; text-style: bold; background: $primary-muted; }
@@ -156,6 +192,11 @@ class CardDetailScreen(Screen):
             facts.append(f"power {NA}\n")
         else:
             facts.append(f"power {r.power_w:.0f}" + ("" if r.power_limit_w is None else f"/{r.power_limit_w:.0f}") + " W\n")
+        facts.append_text(link_text(r))
+        facts.append("\n")
+        if app.fleet is not None and (near := topology_text(app.fleet, r.index)):
+            facts.append_text(near)
+            facts.append("\n")
         facts.append(f"{r.uuid} · PCI {r.pci_bus_id or NA}", "dim")
         self.query_one("#facts", Static).update(facts)
 

@@ -1,0 +1,176 @@
+"""The box's health rules (app.core.hardware) and what a llama.cpp build carries (app.llama.cuda_arch)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from app.core.hardware import (
+    MINIMUMS,
+    card_list,
+    close_order,
+    cuda_indexes,
+    driver_checks,
+    group_crossing,
+    link_checks,
+    topo_matrix,
+)
+from app.gpu.model import LINK_MULTIPLE, LINK_SINGLE, CardReading, FleetSnapshot, Topology, link_capacity_mib_s
+from app.gpu.simulated import SimulatedSource
+from app.llama.cuda_arch import PTX, SASS, Build, build_checks, build_of, coverage, scan
+
+
+def fleet(driver: str | None, cuda: str | None, capabilities: list[str]) -> FleetSnapshot:
+    cards = tuple(CardReading(i, f"GPU-{i}", compute_capability=c) for i, c in enumerate(capabilities))
+    return FleetSnapshot(0.0, False, cards, Topology(), driver_version=driver, cuda_version=cuda)
+
+
+# -- driver and CUDA against the architecture --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("driver", "cuda", "fails"), [
+    ("570.86.15", "12.8", []),  # exactly the minimums
+    ("575.57.08", "12.9", []),
+    ("565.57.01", "12.8", ["driver 565.57.01 is too old"]),  # just below the driver minimum
+    ("570.86.15", "12.7", ["CUDA 12.7 (what the driver supports) is too old"]),  # just below CUDA's
+    ("565.57.01", "12.7", ["driver 565.57.01 is too old", "CUDA 12.7"]),
+])
+def test_blackwell_needs_driver_570_and_cuda_12_8(driver, cuda, fails):
+    checks = driver_checks(fleet(driver, cuda, ["12.0"] * 8))
+    failed = [line for ok, line in checks if ok is False]
+    assert len(failed) == len(fails)
+    for line, fragment in zip(failed, fails):
+        assert fragment in line and "compute capability 12.0 (cards 0-7)" in line
+    if fails:
+        assert all("570" in line for line in failed)  # each names the minimum ...
+        assert any("-DCMAKE_CUDA_ARCHITECTURES=120" in line or "install the 570 driver" in line for line in failed)
+    else:
+        assert checks == [(True, f"driver {driver} and CUDA {cuda} support compute capability 12.0 (cards 0-7)"
+                                 " (needs driver 570+, CUDA 12.8+)")]
+
+
+def test_an_old_driver_is_fine_for_an_older_architecture_and_each_architecture_is_judged_alone():
+    checks = driver_checks(fleet("535.183.01", "12.2", ["8.9", "8.9", "12.0"]))
+    assert [(ok, line.split(":")[0]) for ok, line in checks] == [
+        (False, "driver 535.183.01 is too old for compute capability 12.0 (cards 2)"),
+        (False, "CUDA 12.2 (what the driver supports) is too old for compute capability 12.0 (cards 2)"),
+        (True, "driver 535.183.01 and CUDA 12.2 support compute capability 8.9 (cards 0-1) (needs driver 520+, CUDA"
+               " 11.8+)"),
+    ]
+
+
+def test_an_unknown_architecture_or_version_is_a_warning_not_a_failure():
+    assert driver_checks(fleet("575.57.08", "12.9", ["13.7"]))[0][0] is None
+    assert [ok for ok, _ in driver_checks(fleet(None, None, ["12.0"]))] == [None]
+    assert set(MINIMUMS) >= {"12.0", "9.0", "8.9", "8.6", "8.0"}
+
+
+# -- links -------------------------------------------------------------------------------------------------------
+
+
+def card(index: int, **fields) -> CardReading:
+    healthy = dict(pcie_gen=5, pcie_width=16, pcie_max_gen=5, pcie_max_width=16, behind_chipset=False,
+                   utilization_pct=50)
+    return CardReading(index, f"GPU-{index}", **{**healthy, **fields})
+
+
+def test_a_narrow_link_a_slow_link_under_load_and_the_chipset_are_warnings():
+    checks = link_checks([card(0), card(1, pcie_width=8, slot="3"), card(2, pcie_gen=3), card(3, behind_chipset=True),
+                          card(4, pcie_gen=1, utilization_pct=0)])  # idle at Gen 1: power saving, no fault
+    assert all(ok is None for ok, _ in checks)
+    lines = [line for _, line in checks]
+    assert lines == [
+        "card 1 (slot 3): PCIe x8 of its x16; multi-card work will crawl: move it to a full-width slot wired to the CPU",
+        "card 2: PCIe Gen 3 of its Gen 5 under load: check the slot's and riser's generation (BIOS, the riser's rating)",
+        "card 3: behind the chipset (PCH), sharing its one uplink to the CPU: move it to a slot wired to the CPU",
+    ]
+
+
+def test_healthy_links_are_one_ok_line():
+    assert link_checks([card(0), card(1), card(2, lost=True)]) == [
+        (True, "PCIe links: every card at its full width, none behind the chipset (cards 0-1)")]
+
+
+def test_link_capacity_by_generation_and_width():
+    assert link_capacity_mib_s(5, 16) == pytest.approx(60096, rel=1e-3)  # 32 GT/s x 16 lanes, 128b/130b
+    assert link_capacity_mib_s(4, 16) == pytest.approx(link_capacity_mib_s(5, 8))
+    assert link_capacity_mib_s(None, 16) is None
+
+
+# -- the chassis table and topology ------------------------------------------------------------------------------
+
+
+def test_cuda_numbers_follow_the_pci_bus_not_nvmls_index():
+    cards = [CardReading(0, "a", pci_bus_id="00000000:81:00.0"), CardReading(1, "b", pci_bus_id="00000000:01:00.0"),
+             CardReading(2, "c", pci_bus_id="00000000:C1:00.0"), CardReading(3, "d")]
+    assert cuda_indexes(cards) == {1: 0, 0: 1, 2: 2}
+
+
+def test_topo_matrix_and_the_close_order_of_the_default_fleet():
+    snapshot = SimulatedSource(clock=lambda: 1000.0).read()
+    found = topo_matrix(snapshot)
+    assert found["matrix"][1] == ["PXB", "X", "PXB", "PXB", "SYS", "SYS", "SYS", "SYS"]
+    assert found["numa"] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert close_order(snapshot) == list(range(8))
+
+
+def test_close_order_groups_cards_of_one_switch_even_when_their_numbers_interleave():
+    cards = tuple(CardReading(i, f"GPU-{i}", numa_node=i % 2, pci_bus_id=f"00000000:{i + 1:02X}:00.0")
+                  for i in range(4))
+    links = {(0, 2): LINK_SINGLE, (1, 3): LINK_MULTIPLE}
+    assert close_order(FleetSnapshot(0.0, False, cards, Topology(links))) == [0, 2, 1, 3]
+
+
+def test_a_group_across_switches_or_numa_nodes_gets_a_note_and_a_close_one_none():
+    snapshot = SimulatedSource(clock=lambda: 1000.0).read()
+    assert group_crossing(snapshot.topology, snapshot.cards, [0, 1, 2, 3]) is None
+    assert group_crossing(snapshot.topology, snapshot.cards, [3, 4]) == (
+        "cards 3-4 cross a PCIe switch and span NUMA nodes 0,1: traffic between them goes through the CPU;"
+        " prefer --split-mode layer")
+    assert card_list([0, 1, 2, 5, 7, 6]) == "0-2,5-7"
+
+
+# -- llama.cpp builds --------------------------------------------------------------------------------------------
+
+
+def fatbin(*entries: tuple[int, int]) -> bytes:
+    """A fat binary container holding (kind, arch) entries with a few payload bytes each."""
+    body = b""
+    for kind, arch in entries:
+        payload = b"\x7fELF" + bytes(12)
+        body += struct.pack("<HHIQIIHHI", kind, 0x101, 64, len(payload), 0, 0, 8, 1, arch) + bytes(64 - 32) + payload
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def test_the_embedded_architectures_are_read_from_the_fat_binaries():
+    data = b"junk" * 100 + fatbin((SASS, 89), (SASS, 120), (PTX, 120)) + b"more" + fatbin((SASS, 86))
+    assert scan(data) == Build(frozenset({86, 89, 120}), frozenset({120}))
+    assert scan(b"no cuda here") == Build()
+    assert scan(b"\x50\xed\x55\xba" + b"\xff" * 8) == Build()  # a magic number by chance, then nonsense
+
+
+@pytest.mark.parametrize(("build", "capability", "expected"), [
+    (Build(frozenset({120})), "12.0", "sass"),
+    (Build(frozenset({86})), "8.9", "sass"),  # sm_86 code runs on 8.9: same major, lower minor
+    (Build(frozenset({89})), "8.6", "none"),  # but not the other way round
+    (Build(frozenset({89}), frozenset({89})), "12.0", "ptx"),  # newer card, older PTX: JIT
+    (Build(frozenset({90}), frozenset()), "12.0", "none"),
+])
+def test_coverage(build, capability, expected):
+    assert coverage(build, capability) == expected
+
+
+def test_build_checks_name_the_fix(tmp_path):
+    server = tmp_path / "llama-server"
+    server.write_bytes(b"\x7fELF" + fatbin((SASS, 89), (PTX, 89)))
+    (tmp_path / "libggml-cuda.so").write_bytes(fatbin((SASS, 86)))
+    build = build_of(server)
+    assert build == Build(frozenset({86, 89}), frozenset({89}))
+    [(ok, line)] = build_checks(build, ["12.0"], "llama-server")
+    assert ok is None and "PTX JIT" in line and "-DCMAKE_CUDA_ARCHITECTURES=120" in line
+    [(ok, line)] = build_checks(Build(frozenset({90})), ["12.0"], "llama-server")
+    assert ok is False and "no kernel image is available" in line and "-DCMAKE_CUDA_ARCHITECTURES=120" in line
+    [(ok, line)] = build_checks(Build(), ["12.0"], "llama-server")
+    assert ok is False and "CPU build" in line
+    assert build_checks(Build(frozenset({120})), ["12.0"], "llama-server")[0][0] is True
