@@ -1,4 +1,4 @@
-"""`board serve start|stop|list|logs`: llama-servers on booked cards.
+"""`board serve start|stop|list|logs|key`: llama-servers on booked cards.
 
 The handlers import app.llama only when run, so parsing stays fast and nothing here imports Textual.
 """
@@ -118,6 +118,10 @@ def add_parser(command, common) -> None:
     a.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the server ends")
     a.add_argument("-n", "--lines", type=int, default=50, help="how many lines from the end (default 50)")
 
+    a = action("key", cmd_key, "a server's own API key (its holder and admins): send it as 'Authorization: Bearer KEY'",
+               json_flag=True)
+    a.add_argument("id", type=server_id, help="server id")
+
 
 # -- plumbing ----------------------------------------------------------------------------------
 # Everything that touches the database goes through `ctx.client` (the service in process, or its
@@ -186,7 +190,7 @@ def _print_tail(lines, limit: int = 20) -> None:
 
 
 def cmd_serve(ctx) -> int:
-    raise BadInput("say what to do: board serve start|stop|list|logs (see 'board serve --help')")
+    raise BadInput("say what to do: board serve start|stop|list|logs|key (see 'board serve --help')")
 
 
 def cmd_start(ctx) -> int:
@@ -295,6 +299,15 @@ def cmd_list(ctx) -> int:
                       str(s.port), str(s.pid or "-"), uptime, memory_cell(s), inert(s.alias or s.model, 24),
                       inert(note, 60)])
     print(table(lines))
+    return 0
+
+
+def cmd_key(ctx) -> int:
+    found = ctx.client.call("serve_key", id=ctx.args.id)
+    if ctx.args.json:
+        print_json(found)
+    else:
+        print(found["key"])
     return 0
 
 

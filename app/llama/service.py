@@ -228,9 +228,12 @@ class ServerService:
     # -- what the supervisor reports (file mode: it calls these itself; socket: the service, for it) ---
 
     def supervised(self, server_id: int, *, supervisor: ProcessIdentity | None = None, pgid: int | None = None,
-                   child: ProcessIdentity | None = None, log_path: str | None = None) -> None:
-        """Record who runs the server: its supervisor (and its group), llama-server itself, its log."""
+                   child: ProcessIdentity | None = None, log_path: str | None = None,
+                   api_key: str | None = None) -> None:
+        """Record who runs the server: its supervisor (and its group), llama-server itself, its log, its API key."""
         with write(self.conn):
+            if api_key is not None:
+                rows.set_api_key(self.conn, server_id, api_key)
             if supervisor is not None:
                 rows.set_supervisor(self.conn, server_id, supervisor.pid, supervisor.started, supervisor.cmdline,
                                     pgid=pgid if pgid is not None else supervisor.pid)
@@ -292,6 +295,16 @@ class ServerService:
                 rows.update(self.conn, server_id, exit_code=exit_code, exit_signal=exit_signal,
                             ended_at=current.ended_at or ended_at)
         return rows.get(self.conn, server_id)
+
+    def api_key(self, server_id: int) -> str:
+        """The server's own API key: its holder's and admins' to read (refusals audited)."""
+        server = self.get(server_id)
+        if server.uid != self.me.uid and not self.me.is_admin:
+            self._refused("server-key", server.booking_id, {"server": server_id}, NotPermitted(
+                f"server {server_id} belongs to {server.user}; only they or an admin can read its key"))
+        if not server.api_key:
+            raise BadInput(f"server {server_id} has no API key ({server.state}; a key is made when it starts)")
+        return server.api_key
 
     # -- stop ----------------------------------------------------------------------------------
 

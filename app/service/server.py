@@ -43,7 +43,7 @@ from app.service.deadline import Lines
 from app.service.enforce import enforce_once, run_booking
 from app.service.peer import Peer, identity_of, is_member, peer_of
 from app.service.processes import RegistrationError
-from app.service.servers import serve_registration
+from app.service.servers import adopt_servers, serve_registration
 from app.service.watch import start_watchers
 from app.store import events, jobs
 from app.store.db import write
@@ -118,6 +118,7 @@ class ServiceServer:
         if self._listener is None:
             self.bind()
         self.database.submit(self.adopt_jobs).result()
+        self.database.submit(adopt_servers, self).result()
         watchers = start_watchers(service)
         enforcer = threading.Thread(target=self._enforce_loop, name="board-enforce", daemon=True)
         enforcer.start()

@@ -250,7 +250,10 @@ CREATE INDEX alerts_held ON alerts(held) WHERE held IS NOT NULL;
 CREATE INDEX alerts_by_subject ON alerts(rule, subject);
 """
 
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8]
+# Each llama-server's own API key (--api-key-file), sent by its supervisor when it registers; the gateway reads it.
+_V_SERVER_KEYS = "ALTER TABLE servers ADD COLUMN api_key TEXT;\n"
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SERVER_KEYS]
 LATEST = len(MIGRATIONS)
 
 

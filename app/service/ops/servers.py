@@ -1,4 +1,4 @@
-"""The llama-server operations: serve_start, serve_get, serve_list, serve_logs, serve_stop.
+"""The llama-server operations: serve_start, serve_get, serve_list, serve_logs, serve_stop, serve_key.
 
 The rules are app.llama.service (ServerService), bound to the service by app.service.servers, which
 also supervises the registered servers behind the socket.
@@ -88,3 +88,9 @@ def serve_stop(service: Service, me: Identity, id: int, reason=None) -> dict:
         return _wire(rules.stop(id, reason=reason[:200] if reason else None), me)
     finally:
         changed(service)
+
+
+@op("serve_key", {"id": INT})
+def serve_key(service: Service, me: Identity, id: int) -> dict:
+    """The server's own API key, for its holder and admins (the only operation that returns it)."""
+    return {"id": id, "key": light_rules(service, me).api_key(id)}
