@@ -243,3 +243,84 @@ class TestMemory:
         assert "ignored a memory report that is not llama.cpp's figures" in shared.agent.log_text()
         after = shared.wait_state(row["id"], ("stopped",))
         assert after["state"] == "stopped", after  # the service went on serving the connection to its end
+
+
+def _request(server: dict, path: str, body: dict | None = None, key: str | None = None):
+    """An HTTP response from the server itself (the caller reads it), with `key` as its bearer token."""
+    import http.client
+
+    conn = http.client.HTTPConnection(server["host"], server["port"], timeout=60)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    conn.request("POST" if body is not None else "GET", path, json.dumps(body) if body is not None else None, headers)
+    return conn.getresponse()
+
+
+class TestKeysAndRestarts:
+    def test_each_server_has_a_key_only_its_holder_and_admins_read(self, shared):
+        booking = shared.json("alice", "book", "--cards", "1", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "256")
+        key = shared.json("alice", "serve", "key", str(server["id"]))["key"]
+        assert shared.json("carol", "serve", "key", str(server["id"]))["key"] == key  # an admin
+        refused = shared.run("bob", "serve", "key", str(server["id"]))
+        assert refused.returncode == 4 and "alice" in refused.stderr and key not in refused.stdout + refused.stderr
+        assert [e["ok"] for e in shared.events("server-key")] == [False]
+        for user in ("alice", "bob", "carol"):  # in no listing
+            assert key not in shared.ok(user, "serve", "list", "--all", "--json").stdout
+        # Nobody without the key uses the port (bob has a shell on the host); /health stays open for monitors.
+        assert _request(server, "/v1/models", key=None).status == 401
+        assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key="guess").status == 401
+        assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+        assert health(server["host"], server["port"]) == 200
+        shared.json("alice", "serve", "stop", str(server["id"]))
+        assert gone(server)
+
+    def test_the_service_killed_mid_stream_stops_no_server(self, shared):
+        booking = shared.json("alice", "book", "--cards", "0", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "512")
+        key = shared.json("alice", "serve", "key", str(server["id"]))["key"]
+        stream = _request(server, "/v1/completions", {"prompt": "once upon a time", "max_tokens": 300, "stream": True,
+                                                      "ignore_eos": True}, key=key)
+        assert stream.status == 200
+        first = stream.readline()
+        assert first.startswith(b"data: ")
+
+        shared.agent.kill9()  # an upgrade gone wrong: no goodbye to anyone
+        assert health(server["host"], server["port"]) == 200
+        shared.agent.start()
+        # Its supervisor registers again on its own; the service checked pid, start time and uid.
+        deadline = time.monotonic() + 30
+        while f"server {server['id']} (alice, port {server['port']}): its supervisor registered again" \
+                not in shared.agent.log_text():
+            assert time.monotonic() < deadline, shared.agent.log_text()
+            time.sleep(0.1)
+        chunks = [first]
+        while line := stream.readline():
+            if line.strip():
+                chunks.append(line)
+        assert chunks[-1].strip() == b"data: [DONE]", chunks[-3:]
+        last = json.loads(chunks[-2][len(b"data: "):])
+        assert last["usage"]["completion_tokens"] == 300, last  # the whole answer, streamed across the restart
+        after = shared.server(server["id"], "alice")
+        assert after["state"] == "ready" and after["pid"] == server["pid"], after
+        assert os.getpgid(server["pid"]) == server["pgid"]  # the very same process
+        # Supervised again: a stop reaches it through the service, and its end is recorded as it happened.
+        stopped = shared.json("alice", "serve", "stop", str(server["id"]))
+        assert stopped["state"] == "stopped" and stopped["exit_code"] == 0, stopped
+        assert gone(server)
+
+    def test_a_supervisor_that_is_not_the_recorded_one_cannot_resume(self, shared):
+        booking = shared.json("alice", "book", "--cards", "2", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "256")
+        resume = ("import json, socket, sys\n"
+                  "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+                  "s.sendall((json.dumps({'v': 1, 'id': 1, 'op': 'register', 'args': {'kind': 'server',"
+                  " 'server': int(sys.argv[2]), 'resume': True}}) + '\\n').encode())\n"
+                  "print(s.makefile().readline())\n")
+        for user in ("alice", "bob"):  # alice's other process, or another member
+            result = run_as(user, str(BOARD.parent / "python"), "-c", resume, str(shared.agent.socket),
+                            str(server["id"]))
+            answer = json.loads(result.stdout)
+            assert answer["ok"] is False and "not the supervisor it recorded" in answer["error"]["message"], answer
+        assert shared.server(server["id"])["state"] == "ready"
+        shared.json("alice", "serve", "stop", str(server["id"]))
+        assert gone(server)
