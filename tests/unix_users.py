@@ -95,6 +95,23 @@ def ensure_service_user(group: str = MEMBERS_GROUP) -> None:
     add_to_group(SERVICE_USER, group)
 
 
+RUNNER_USER = "board-llama"  # `board runner`'s system user (scripts/install_shared.sh)
+
+
+def ensure_runner_user(group: str = MEMBERS_GROUP) -> pwd.struct_passwd:
+    """The system user board-llama (no login, no home), in `group` (the socket's) so that it may reach the service."""
+    ensure_group(RUNNER_USER, system=True)
+    try:
+        pwd.getpwnam(RUNNER_USER)
+    except KeyError:
+        result = _sh("useradd", "--system", "--gid", RUNNER_USER, "--no-create-home", "--home-dir", "/nonexistent",
+                     "--shell", "/usr/sbin/nologin", RUNNER_USER)
+        if result.returncode not in (0, 9):
+            raise RuntimeError(f"useradd {RUNNER_USER}: {result.stderr.strip()}")
+    add_to_group(RUNNER_USER, group)
+    return pwd.getpwnam(RUNNER_USER)
+
+
 def add_to_group(name: str, group: str) -> None:
     """`name` in `group` (a supplementary group, unless it is already the user's own)."""
     if name not in grp.getgrnam(group).gr_mem and pwd.getpwnam(name).pw_gid != grp.getgrnam(group).gr_gid:

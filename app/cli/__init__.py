@@ -14,6 +14,7 @@ Where each command lives (its handler and its part of the parser):
   alerts.py     alerts
   report.py     report
   agent.py      agent, doctor, backup
+  runner.py     runner (planned servers, as the system user board-llama)
 Printing: app.output (bookings, status, series, tables); the rest in the group's module.
 
 Only `board` with no subcommand imports Textual. app.quick parses the hot commands itself and runs
@@ -46,7 +47,7 @@ def cmd_board(ctx) -> int:
 def build_parser():
     import argparse
 
-    from app.cli import admin, agent, alerts, bookings, faults, fit, notify, report, run, serve, status
+    from app.cli import admin, agent, alerts, bookings, faults, fit, notify, report, run, runner, serve, status
     from app.cli.arguments import Parser
 
     common = Parser(add_help=False)
@@ -96,6 +97,7 @@ def build_parser():
     alerts.add_parser(command)
     report.add_parser(command)
     agent.add_agent(command)
+    runner.add_runner(command)
     return parser
 
 

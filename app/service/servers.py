@@ -36,7 +36,9 @@ from app.core.identity import Identity
 from app.errors import BadInput, BoardError, NotPermitted
 from app.service.audit import AGENT, audit
 from app.service.processes import RegistrationError, exited, owned_by, proc_pgid
+from app.service.plans import runner_uid
 from app.store import bookings as booking_rows
+from app.store.plans import plan_of_server
 
 if TYPE_CHECKING:
     import socket
@@ -302,8 +304,10 @@ def _watch(server: ServiceServer, server_id: int, entry: Registration) -> Superv
 
 
 def may_supervise(service: Service, row: Server, uid: int) -> bool:
-    """The holder's own processes supervise their servers."""
-    return uid == row.uid
+    """The holder's own processes supervise their servers; the runner (app.service.plans) those a plan started."""
+    if uid == row.uid:
+        return True
+    return uid == runner_uid(service) and plan_of_server(service.conn, row.id) is not None
 
 
 def adopt_servers(server: ServiceServer) -> list[int]:

@@ -324,3 +324,98 @@ class TestKeysAndRestarts:
         assert shared.server(server["id"])["state"] == "ready"
         shared.json("alice", "serve", "stop", str(server["id"]))
         assert gone(server)
+
+
+@pytest.fixture
+def runner(shared):
+    """`board runner` as board-runner.service starts it: setpriv --reuid board-llama, no capabilities."""
+    import subprocess
+
+    from tests.agent_process import ENVIRON, SETPRIV
+    from tests.unix_users import RUNNER_USER, ensure_runner_user
+
+    entry = ensure_runner_user(MEMBERS)
+    check_reachable(RUNNER_USER)
+    state = shared.root / "runner-state"  # the unit's StateDirectory=
+    state.mkdir()
+    os.chown(state, entry.pw_uid, entry.pw_gid)
+    os.chmod(state, 0o700)
+    log = shared.root / "runner.log"
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", SETPRIV, "--reuid", RUNNER_USER, "--regid", RUNNER_USER,
+             "--init-groups", "--", str(BOARD), "runner"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**ENVIRON, "BOARD_CONFIG": str(shared.agent.config), "XDG_STATE_HOME": str(state)})
+    process.log = log
+    deadline = time.monotonic() + 30
+    while "board runner: registered with the service" not in log.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    yield process
+    process.terminate()
+    process.wait(15)
+
+
+class TestPlannedServers:
+    def test_a_planned_server_starts_at_its_booking_start_and_stops_at_its_end_with_nobody_logged_in(
+            self, shared, runner):
+        import sqlite3
+        from datetime import datetime, timedelta, timezone
+
+        from app.store.plans import planned_servers
+
+        start = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=10)
+        booking = shared.json("alice", "book", "--cards", "7", "--start", start.isoformat(), "--for", "1m")
+        plan = shared.json("alice", "serve", "plan", str(booking["id"]), "--model", str(shared.model), "--ctx", "256",
+                           "--alias", "team")
+        assert plan["alias"] == "team" and plan["next_booking"] == booking["id"]
+        assert plan["next_start"] == int(start.timestamp())
+        listed = shared.ok("bob", "serve", "plan", "--list").stdout  # the team sees what will be served, and when
+        assert "team" in listed and f"booking {booking['id']}" in listed
+        with sqlite3.connect(shared.agent.db) as conn:  # what the gateway shows as planned (CONTRACT20)
+            assert planned_servers(conn, int(time.time())) == [
+                {"alias": "team", "booking": booking["id"], "start": int(start.timestamp()),
+                 "end": int(start.timestamp()) + 60, "user": "alice"}]
+        # alice's commands have all exited: from here on no process of hers takes part.
+        deadline = time.monotonic() + 40
+        while not (found := [s for s in shared.json("alice", "serve", "list", "--all")["servers"]
+                             if s["booking_id"] == booking["id"]]) or found[0]["state"] != "ready":
+            assert time.monotonic() < deadline, (found, runner.log.read_text()[-2000:], shared.agent.log_text())
+            time.sleep(0.2)
+        [server] = found
+        assert server["user"] == "alice" and server["alias"] == "team"
+        assert datetime.fromisoformat(server["started"]) >= start  # not before its booking
+        llama = pwd.getpwnam("board-llama").pw_uid
+        for pid in (server["pid"], server["supervisor_pid"]):  # run by the runner's user, not alice's
+            assert os.stat(f"/proc/{pid}").st_uid == llama
+        key = shared.json("alice", "serve", "key", str(server["id"]))["key"]  # the holder's, as any server's
+        assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+        with sqlite3.connect(shared.agent.db) as conn:  # up: no longer planned
+            assert planned_servers(conn, int(time.time())) == []
+
+        after = shared.wait_state(server["id"], ("stopped", "crashed"), timeout=90)
+        assert after["state"] == "stopped" and after["reason"] == f"booking {booking['id']} ended", after
+        assert datetime.fromisoformat(after["ended"]) >= start + timedelta(minutes=1)
+        assert gone(server)
+        assert f"started server {server['id']}" in runner.log.read_text()
+
+    def test_only_the_runners_user_registers_as_the_runner(self, shared):
+        refused = shared.run("alice", "runner")
+        assert refused.returncode == 4 and "board-llama" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+
+    def test_a_plan_needs_the_holder_and_a_model_the_runner_can_read(self, shared):
+        booking = shared.json("alice", "book", "--cards", "6", "--for", "1h")["id"]
+        refused = shared.run("bob", "serve", "plan", str(booking), "--model", str(shared.model))
+        assert refused.returncode == 4 and "alice" in refused.stderr, refused.stderr
+        mine = shared.homes["alice"] / "private.gguf"
+        shutil.copy2(shared.model, mine)
+        os.chown(mine, pwd.getpwnam("alice").pw_uid, -1)
+        outside = shared.run("alice", "serve", "plan", str(booking), "--model", str(mine))
+        assert outside.returncode == 2 and "model_dirs" in outside.stderr, outside.stderr
+        plan = shared.json("alice", "serve", "plan", str(booking), "--model", str(shared.model))
+        cancelled = shared.run("bob", "serve", "plan", "--cancel", str(plan["id"]))
+        assert cancelled.returncode == 4
+        assert shared.json("alice", "serve", "plan", "--cancel", str(plan["id"]))["cancelled"] is not None
+        assert shared.json("alice", "serve", "plan", "--list")["plans"] == []
