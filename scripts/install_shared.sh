@@ -24,6 +24,8 @@ GROUP=${BOARD_GROUP:-board}
 ADMIN_GROUP=${BOARD_ADMIN_GROUP:-board-admin}
 MEMBERS=${BOARD_MEMBERS:-}
 SERVICE_USER=board  # the unit's User= and Group=
+RUNNER_USER=board-llama  # board-runner.service's User= and Group=
+RUNNER_UNIT=$PREFIX/etc/systemd/system/board-runner.service
 
 VENV=$PREFIX/opt/board
 BIN=$PREFIX/usr/local/bin
@@ -55,6 +57,18 @@ for u in $MEMBERS; do
     usermod -aG "$GROUP" "$u"
 done
 say "groups $GROUP (users) and $ADMIN_GROUP (admins) and the system user $SERVICE_USER exist"
+
+# 1b. The runner's system user (board runner starts the planned servers): no login, no capabilities; in the
+# members' group only to reach the socket, where the service takes the runner's registration from this uid alone.
+if ! getent group "$RUNNER_USER" >/dev/null; then
+    groupadd --system "$RUNNER_USER"
+fi
+if ! getent passwd "$RUNNER_USER" >/dev/null; then
+    useradd --system --gid "$RUNNER_USER" --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin --comment "board runner (planned servers)" "$RUNNER_USER"
+fi
+usermod -aG "$GROUP" "$RUNNER_USER"
+say "the system user $RUNNER_USER (board runner) exists"
 
 # 2. The program: a venv under /opt/board, with board linked onto PATH.
 "$PYTHON" -m venv "$VENV"
@@ -102,6 +116,18 @@ sed -e "s|/usr/local/bin/board|$BIN/board|g" \
     -e "s|/run/board|$RUN|g" \
     "$SHIPPED" >"$UNIT"
 chmod 0644 "$UNIT"
+# 5b. The runner: its unit, with this install's paths.
+SHIPPED_RUNNER=$(dirname "$SHIPPED")/board-runner.service
+sed -e "s|/usr/local/bin/board|$BIN/board|g" \
+    -e "s|/etc/board/board.toml|$CONFIG|g" \
+    "$SHIPPED_RUNNER" >"$RUNNER_UNIT"
+chmod 0644 "$RUNNER_UNIT"
+if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
+    systemctl daemon-reload
+    systemctl enable --now board-runner.service
+    say "board-runner.service enabled and started"
+fi
+
 if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
     systemctl enable --now board-agent.service
