@@ -299,11 +299,14 @@ def cmd_list(ctx) -> int:
     now = time.time()
     if not args.all:
         found = [s for s in found if s.live or (s.ended_at or s.created_at) >= now - RECENT_S]
+    planned = [p for p in ctx.client.call("serve_plans") if p["next_start"] is not None
+               and (not args.mine or p["user"] == ctx.me.name)]
     if args.json:
-        print_json({"servers": [server_json(s) for s in found]})
+        print_json({"servers": [server_json(s) for s in found], "planned": planned})
         return 0
     if not found:
         print("no servers" + ("" if args.all else " now or in the last day; --all shows older ones"))
+        _print_planned(planned)
         return 0
     lines = [["ID", "STATE", "USER", "BOOKING", "CARDS", "PORT", "PID", "UPTIME", "MEM", "MODEL", "NOTE"]]
     for s in found:
@@ -317,7 +320,17 @@ def cmd_list(ctx) -> int:
                       str(s.port), str(s.pid or "-"), uptime, memory_cell(s), inert(s.alias or s.model, 24),
                       inert(note, 60)])
     print(table(lines))
+    _print_planned(planned)
     return 0
+
+
+def _print_planned(planned: list[dict]) -> None:
+    """The planned servers' next starts, under the table ('board serve plan --list' has them all)."""
+    from app.core.text import inert
+
+    for p in planned:
+        print(f"planned {p['id']}: {inert(p['alias'], 40)} ({inert(p['user'], 12)}) starts {iso(p['next_start'])}"
+              f" (booking {p['next_booking']})")
 
 
 def cmd_plan(ctx) -> int:
@@ -343,7 +356,10 @@ def cmd_plan(ctx) -> int:
         return 0
     if args.cancel is not None:
         plan = client.call("serve_plan_cancel", id=args.cancel)
-        print_json(plan) if args.json else print(f"cancelled planned server {plan['id']} ({inert(plan['alias'], 40)})")
+        if args.json:
+            print_json(plan)
+        else:
+            print(f"cancelled planned server {plan['id']} ({inert(plan['alias'], 40)})")
         return 0
     if (args.booking is None) == (args.series is None):
         raise BadInput("serve plan: give a booking or --series ID (or --list, --cancel PLAN)")

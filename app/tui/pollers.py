@@ -177,7 +177,8 @@ def servers_loop(app, client, worker: "Poller") -> None:
                                               time.monotonic())
                     loaded.append(ServerLine(server, rate))
                 lines = tuple(loaded)
-                view = ServersView(lines, now)
+                planned = tuple(p for p in mine.call("serve_plans") if p["next_start"] is not None)
+                view = ServersView(lines, now, planned=planned)
             except Exception as error:  # noqa: BLE001 - e.g. the service is down: shown, retried on the next wake
                 view = ServersView(lines, time.time(), f"{error}")
             app.post_message(ServersLoaded(view))
