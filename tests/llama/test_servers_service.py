@@ -394,6 +394,16 @@ class TestPlannedServers:
         with sqlite3.connect(shared.agent.db) as conn:  # up: no longer planned
             assert planned_servers(conn, int(time.time())) == []
 
+        # The service restarts: the server keeps serving, its supervisor (board-llama's) and the runner register again.
+        shared.agent.kill9()
+        shared.agent.start()
+        deadline = time.monotonic() + 30
+        while f"server {server['id']} (alice, port {server['port']}): its supervisor registered again" \
+                not in shared.agent.log_text() or runner.log.read_text().count("registered with the service") < 2:
+            assert time.monotonic() < deadline, (shared.agent.log_text(), runner.log.read_text())
+            time.sleep(0.1)
+        assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+
         after = shared.wait_state(server["id"], ("stopped", "crashed"), timeout=90)
         assert after["state"] == "stopped" and after["reason"] == f"booking {booking['id']} ended", after
         assert datetime.fromisoformat(after["ended"]) >= start + timedelta(minutes=1)
