@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -87,9 +88,9 @@ class SharedBoard:
             os.chmod(home, 0o700)  # the service (user board) cannot read a member's logs
             self.homes[name] = home
 
-    def run(self, user: str, *args: str, timeout: float = 120):
+    def run(self, user: str, *args: str, timeout: float = 120, env: dict | None = None):
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "HOME": str(self.homes[user]),
-               "BOARD_CONFIG": str(self.agent.config), "PYTHONDONTWRITEBYTECODE": "1"}
+               "BOARD_CONFIG": str(self.agent.config), "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
         return run_as(user, str(BOARD), *args, env=env, timeout=timeout)
 
     def ok(self, user: str, *args: str):
@@ -307,6 +308,22 @@ class TestKeysAndRestarts:
         stopped = shared.json("alice", "serve", "stop", str(server["id"]))
         assert stopped["state"] == "stopped" and stopped["exit_code"] == 0, stopped
         assert gone(server)
+
+    def test_while_the_service_is_away_the_supervisor_stops_its_server_at_the_bookings_end(self, shared):
+        booking = shared.json("alice", "book", "--cards", "3", "--start", "now", "--for", "1m")
+        started = shared.run("alice", "serve", "start", str(booking["id"]), "--model", str(shared.model), "--ctx",
+                             "256", "--json", env={"BOARD_LLAMA_BACKSTOP_S": "0"})
+        assert started.returncode == 0, started.stderr
+        server = json.loads(started.stdout)
+        assert shared.agent.stop() == 0  # down for good (systemctl stop): nobody but the supervisor is left
+        assert health(server["host"], server["port"]) == 200  # the service's stop stopped no server
+        assert gone(server, timeout=120), "the server outlived its booking with the service away"
+        end = datetime.fromisoformat(booking["end"]).timestamp()
+        assert time.time() >= end
+        with open(server["log"]) as log:  # alice's own log says why
+            assert "the booking is over and the board service is away; stopping the server" in log.read()
+        shared.agent.start()  # back: it takes back nothing, and records the server as ended
+        assert shared.wait_state(server["id"], ("stopped", "crashed"))["state"] in ("stopped", "crashed")
 
     def test_a_supervisor_that_is_not_the_recorded_one_cannot_resume(self, shared):
         booking = shared.json("alice", "book", "--cards", "2", "--for", "1h")["id"]
