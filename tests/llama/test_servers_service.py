@@ -269,6 +269,7 @@ class TestKeysAndRestarts:
             assert key not in shared.ok(user, "serve", "list", "--all", "--json").stdout
         # Nobody without the key uses the port (bob has a shell on the host); /health stays open for monitors.
         assert _request(server, "/v1/models", key=None).status == 401
+        assert _request(server, "/slots", key=None).status == 401  # not even which slots are busy
         assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key="guess").status == 401
         assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
         assert health(server["host"], server["port"]) == 200
