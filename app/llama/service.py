@@ -153,7 +153,7 @@ class ServerService:
         if split_mode not in cmd.SPLIT_MODES:
             raise BadInput(f"unknown split mode {split_mode!r}; use {' or '.join(cmd.SPLIT_MODES)}")
         extra = cmd.check_extra(extra)
-        estimate = _estimate(fit, len(booking.cards))
+        estimate = checked_estimate(fit, len(booking.cards))
         host = host or settings.host
         if host not in settings.allowed_hosts:
             refusal = NotPermitted(f"host {host} is not allowed; the config allows {', '.join(settings.allowed_hosts)}")
@@ -497,7 +497,7 @@ def measured_figures(value: object) -> dict | None:
         return None
 
 
-def _estimate(fit: object, cards: int) -> dict | None:
+def checked_estimate(fit: object, cards: int) -> dict | None:
     """The client's estimate (app.fit.request.for_server) as stored, one figure per booked card; BadInput otherwise."""
     if fit is None:
         return None

@@ -55,7 +55,7 @@ def runner_uid(service: Service) -> int | None:
 def create(service: Service, me: Identity, *, booking: int | None, series: int | None, spec: dict) -> dict:
     """A plan for the caller's booking (not ended) or series; the spec checked as `serve start` checks it."""
     from app.llama import command as cmd  # start-up: llama's modules load only for servers
-    from app.llama.service import _estimate  # start-up: llama's modules load only for servers
+    from app.llama.service import checked_estimate  # start-up: llama's modules load only for servers
 
     if (booking is None) == (series is None):
         raise BadInput("serve plan: give a booking or --series")
@@ -89,7 +89,7 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
     if host not in service.config.llama.allowed_hosts:
         raise NotPermitted(f"host {host} is not allowed; the config allows {', '.join(service.config.llama.allowed_hosts)}")
     if spec.get("fit") is not None and cards:
-        _estimate(spec["fit"], cards)
+        checked_estimate(spec["fit"], cards)
     alias = spec.get("alias") or Path(model).stem
     kept = {k: v for k, v in spec.items() if k in SPEC_KEYS and v is not None}
     kept.update(model=model, alias=alias, extra=extra)
