@@ -92,12 +92,12 @@ def plan(client, *, booking: int | None = None, series: int | None = None, fit_l
     if model:
         options["model"] = cmd.check_model(model)
         if fit_limits is not None and occurrence is not None:
-            options.update(_fit(options, request, fit_limits, len(occurrence["cards"]), force))
+            options.update(_fit(options, request, fit_limits, len(occurrence["cards"]), force, "serve plan"))
     return client.call("serve_plan", booking=booking, series=series,
                        **{k: v for k, v in options.items() if v is not None})
 
 
-def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool) -> dict:
+def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool, command: str = "serve start") -> dict:
     """The settings the estimate was made for (so the server runs exactly those) and the estimate itself."""
     flash = {"on": True, "off": False}.get(options.get("flash_attn"))
     settings = settings_of(request, ctx=options.get("ctx"), parallel=options.get("parallel"),
@@ -107,7 +107,7 @@ def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool)
         model = read_model(options["model"])
     except BadInput:
         return {}  # board can't size it (an architecture it does not know): llama-server itself will tell
-    estimate = for_server(model, settings, dict(limits), cards, force=force)
+    estimate = for_server(model, settings, dict(limits), cards, force=force, command=command)
     return {"ctx": settings.ctx, "parallel": settings.parallel, "cache_type_k": settings.cache_type_k,
             "cache_type_v": settings.cache_type_v, "flash_attn": "on" if settings.flash_attn else "off", "fit": estimate}
 
