@@ -53,6 +53,7 @@ class LlamaSettings:
     model_dirs: tuple[str, ...] = ()
     ready_timeout_s: float = 300.0
     log_dir: str | None = None  # default: beside the database, in servers/
+    runner_user: str = "board-llama"  # the system user of `board runner`, which starts planned servers
 
 
 @dataclass(frozen=True, slots=True)

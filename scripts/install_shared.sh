@@ -24,6 +24,8 @@ GROUP=${BOARD_GROUP:-board}
 ADMIN_GROUP=${BOARD_ADMIN_GROUP:-board-admin}
 MEMBERS=${BOARD_MEMBERS:-}
 SERVICE_USER=board  # the unit's User= and Group=
+RUNNER_USER=board-llama  # board-runner.service's User= and Group=
+RUNNER_UNIT=$PREFIX/etc/systemd/system/board-runner.service
 
 VENV=$PREFIX/opt/board
 BIN=$PREFIX/usr/local/bin
@@ -66,6 +68,18 @@ if ! getent passwd "$GATEWAY_USER" >/dev/null; then
 fi
 usermod -aG "$GROUP" "$GATEWAY_USER"
 say "the system user $GATEWAY_USER exists (for board-gateway.service)"
+
+# 1c. The runner's system user (board runner starts the planned servers): no login, no capabilities; in the
+# members' group only to reach the socket, where the service takes the runner's registration from this uid alone.
+if ! getent group "$RUNNER_USER" >/dev/null; then
+    groupadd --system "$RUNNER_USER"
+fi
+if ! getent passwd "$RUNNER_USER" >/dev/null; then
+    useradd --system --gid "$RUNNER_USER" --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin --comment "board runner (planned servers)" "$RUNNER_USER"
+fi
+usermod -aG "$GROUP" "$RUNNER_USER"
+say "the system user $RUNNER_USER (board runner) exists"
 
 # 2. The program: a venv under /opt/board, with board linked onto PATH.
 "$PYTHON" -m venv "$VENV"
@@ -119,6 +133,19 @@ sed -e "s|/usr/local/bin/board|$BIN/board|g" \
     -e "s|/var/lib/board|$DATA|g" \
     "$(dirname "$SHIPPED")/board-gateway.service" >"$(dirname "$UNIT")/board-gateway.service"
 chmod 0644 "$(dirname "$UNIT")/board-gateway.service"
+
+# 5c. The runner: its unit, with this install's paths.
+SHIPPED_RUNNER=$(dirname "$SHIPPED")/board-runner.service
+sed -e "s|/usr/local/bin/board|$BIN/board|g" \
+    -e "s|/etc/board/board.toml|$CONFIG|g" \
+    "$SHIPPED_RUNNER" >"$RUNNER_UNIT"
+chmod 0644 "$RUNNER_UNIT"
+if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
+    systemctl daemon-reload
+    systemctl enable --now board-runner.service
+    say "board-runner.service enabled and started"
+fi
+
 if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
     systemctl enable --now board-agent.service

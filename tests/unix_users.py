@@ -96,19 +96,22 @@ def ensure_service_user(group: str = MEMBERS_GROUP) -> None:
 
 
 GATEWAY_USER = "board-gateway"  # board gateway's unit's User= (scripts/install_shared.sh)
+RUNNER_USER = "board-llama"  # `board runner`'s system user (scripts/install_shared.sh)
 
 
-def ensure_gateway_user(group: str = MEMBERS_GROUP) -> None:
-    """The system user board-gateway, in `group` (the members') so that it may reach the socket."""
-    ensure_group(GATEWAY_USER, system=True)
+def ensure_system_user(name: str, group: str = MEMBERS_GROUP) -> pwd.struct_passwd:
+    """A system user (no login, no home) as the install script makes board-gateway and board-llama, in `group`
+    (the members') so that it may reach the socket."""
+    ensure_group(name, system=True)
     try:
-        pwd.getpwnam(GATEWAY_USER)
+        pwd.getpwnam(name)
     except KeyError:
-        result = _sh("useradd", "--system", "--gid", GATEWAY_USER, "--no-create-home", "--home-dir", "/nonexistent",
-                     "--shell", "/usr/sbin/nologin", GATEWAY_USER)
+        result = _sh("useradd", "--system", "--gid", name, "--no-create-home", "--home-dir", "/nonexistent",
+                     "--shell", "/usr/sbin/nologin", name)
         if result.returncode not in (0, 9):
-            raise RuntimeError(f"useradd {GATEWAY_USER}: {result.stderr.strip()}")
-    add_to_group(GATEWAY_USER, group)
+            raise RuntimeError(f"useradd {name}: {result.stderr.strip()}")
+    add_to_group(name, group)
+    return pwd.getpwnam(name)
 
 
 def add_to_group(name: str, group: str) -> None:

@@ -17,6 +17,7 @@ Where each command lives (its handler and its part of the parser):
   report.py     report
   agent.py      agent, doctor, backup
   gateway.py    key new|list|revoke, usage, gateway (the OpenAI-compatible front door)
+  runner.py     runner (planned servers, as the system user board-llama)
 Printing: app.output (bookings, status, series, tables); the rest in the group's module.
 
 Only `board` with no subcommand imports Textual. app.quick parses the hot commands itself and runs
@@ -50,7 +51,7 @@ def build_parser():
     import argparse
 
     from app.cli import (admin, agent, alerts, bookings, cards, faults, fit, gateway, notify, power, report, run,
-                         serve, status)
+                         runner, serve, status)
     from app.cli.arguments import Parser
 
     common = Parser(add_help=False)
@@ -103,6 +104,7 @@ def build_parser():
     report.add_parser(command)
     gateway.add_parser(command, common)
     agent.add_agent(command)
+    runner.add_runner(command)
     return parser
 
 

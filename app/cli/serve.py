@@ -1,4 +1,4 @@
-"""`board serve start|stop|list|logs`: llama-servers on booked cards.
+"""`board serve start|stop|list|logs|key`: llama-servers on booked cards.
 
 The handlers import app.llama only when run, so parsing stays fast and nothing here imports Textual.
 """
@@ -118,6 +118,28 @@ def add_parser(command, common) -> None:
     a.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the server ends")
     a.add_argument("-n", "--lines", type=int, default=50, help="how many lines from the end (default 50)")
 
+    a = action("plan", cmd_plan, "a server that follows the calendar: started by the runner at each start of a"
+               " booking (or of every occurrence of a series), with nobody logged in, and stopped at its end",
+               json_flag=True)
+    a.add_argument("booking", type=booking_id, nargs="?", help="booking id (or --series)")
+    a.add_argument("--series", type=booking_id, metavar="ID", help="every occurrence of this series")
+    a.add_argument("--list", action="store_true", help="the planned servers and their next start")
+    a.add_argument("--cancel", type=server_id, metavar="PLAN", help="cancel a plan (no further starts)")
+    a.add_argument("--model", "-m", help="the .gguf model file, under [llama] model_dirs (default: the booking's request)")
+    a.add_argument("--ctx", type=int, help="total context, shared by all slots (llama-server -c)")
+    a.add_argument("--parallel", type=int, help="slots, i.e. concurrent requests (llama-server -np)")
+    a.add_argument("--alias", help="the model name clients ask for (default: the file name)")
+    a.add_argument("--split-mode", choices=("layer", "row"), help="how to split across cards (default layer)")
+    a.add_argument("--metrics", action="store_true", help="enable llama-server's /metrics")
+    a.add_argument("--cache-type-k", help="K cache type: f16 (default), q8_0, q4_0, ...")
+    a.add_argument("--cache-type-v", help="V cache type (a quantised one needs flash attention)")
+    a.add_argument("--flash-attn", choices=("on", "off"), help="flash attention (default on)")
+    a.add_argument("--force", action="store_true", help="plan it even if board's estimate says it does not fit")
+
+    a = action("key", cmd_key, "a server's own API key (its holder and admins): send it as 'Authorization: Bearer KEY'",
+               json_flag=True)
+    a.add_argument("id", type=server_id, help="server id")
+
 
 # -- plumbing ----------------------------------------------------------------------------------
 # Everything that touches the database goes through `ctx.client` (the service in process, or its
@@ -186,7 +208,7 @@ def _print_tail(lines, limit: int = 20) -> None:
 
 
 def cmd_serve(ctx) -> int:
-    raise BadInput("say what to do: board serve start|stop|list|logs (see 'board serve --help')")
+    raise BadInput("say what to do: board serve start|stop|list|logs|key (see 'board serve --help')")
 
 
 def cmd_start(ctx) -> int:
@@ -277,11 +299,14 @@ def cmd_list(ctx) -> int:
     now = time.time()
     if not args.all:
         found = [s for s in found if s.live or (s.ended_at or s.created_at) >= now - RECENT_S]
+    planned = [p for p in ctx.client.call("serve_plans") if p["next_start"] is not None
+               and (not args.mine or p["user"] == ctx.me.name)]
     if args.json:
-        print_json({"servers": [server_json(s) for s in found]})
+        print_json({"servers": [server_json(s) for s in found], "planned": planned})
         return 0
     if not found:
         print("no servers" + ("" if args.all else " now or in the last day; --all shows older ones"))
+        _print_planned(planned)
         return 0
     lines = [["ID", "STATE", "USER", "BOOKING", "CARDS", "PORT", "PID", "UPTIME", "MEM", "MODEL", "NOTE"]]
     for s in found:
@@ -295,6 +320,67 @@ def cmd_list(ctx) -> int:
                       str(s.port), str(s.pid or "-"), uptime, memory_cell(s), inert(s.alias or s.model, 24),
                       inert(note, 60)])
     print(table(lines))
+    _print_planned(planned)
+    return 0
+
+
+def _print_planned(planned: list[dict]) -> None:
+    """The planned servers' next starts, under the table ('board serve plan --list' has them all)."""
+    from app.core.text import inert
+
+    for p in planned:
+        print(f"planned {p['id']}: {inert(p['alias'], 40)} ({inert(p['user'], 12)}) starts {iso(p['next_start'])}"
+              f" (booking {p['next_booking']})")
+
+
+def cmd_plan(ctx) -> int:
+    from app.core.text import inert
+    from app.fit.request import limits
+    from app.llama import launch
+
+    args, client = ctx.args, ctx.client
+    if args.list:
+        plans = client.call("serve_plans")
+        if args.json:
+            print_json({"plans": plans})
+        elif not plans:
+            print("no planned servers; 'board serve plan BOOKING --model M' plans one")
+        else:
+            lines = [["PLAN", "USER", "FOR", "ALIAS", "MODEL", "NEXT START"]]
+            for p in plans:
+                what = f"booking {p['booking']}" if p["booking"] is not None else f"series {p['series']}"
+                lines.append([str(p["id"]), inert(p["user"], 12), what, inert(p["alias"], 24),
+                              inert((p["model"] or "").rsplit("/", 1)[-1], 32),
+                              f"{iso(p['next_start'])} (booking {p['next_booking']})" if p["next_start"] else "-"])
+            print(table(lines))
+        return 0
+    if args.cancel is not None:
+        plan = client.call("serve_plan_cancel", id=args.cancel)
+        if args.json:
+            print_json(plan)
+        else:
+            print(f"cancelled planned server {plan['id']} ({inert(plan['alias'], 40)})")
+        return 0
+    if (args.booking is None) == (args.series is None):
+        raise BadInput("serve plan: give a booking or --series ID (or --list, --cancel PLAN)")
+    plan = launch.plan(client, booking=args.booking, series=args.series, fit_limits=limits(ctx.config),
+                       force=args.force, model=args.model, ctx=args.ctx, parallel=args.parallel, alias=args.alias,
+                       split_mode=args.split_mode, metrics=args.metrics or None, cache_type_k=args.cache_type_k,
+                       cache_type_v=args.cache_type_v, flash_attn=args.flash_attn)
+    if args.json:
+        print_json(plan)
+    else:
+        when = f"next start {iso(plan['next_start'])}" if plan["next_start"] else "no occurrence ahead"
+        print(f"planned server {plan['id']}: {inert(plan['alias'], 40)}, {when}; the runner starts it")
+    return 0
+
+
+def cmd_key(ctx) -> int:
+    found = ctx.client.call("serve_key", id=ctx.args.id)
+    if ctx.args.json:
+        print_json(found)
+    else:
+        print(found["key"])
     return 0
 
 

@@ -43,12 +43,13 @@ def for_booking(path: str, settings: Settings, bounds: dict, *, count: int | Non
     return n, request_record(placement, model, settings)
 
 
-def for_server(model: Model, settings: Settings, bounds: dict, cards: int, *, force: bool) -> dict:
-    """The estimate for a server on `cards` cards; NotPermitted when it does not fit, unless forced.
-    What it returns goes into the audit row of the start."""
+def for_server(model: Model, settings: Settings, bounds: dict, cards: int, *, force: bool,
+               command: str = "serve start") -> dict:
+    """The estimate for a server on `cards` cards; NotPermitted (naming `command`) when it does not fit, unless
+    forced. What it returns goes into the audit row of the start."""
     placement = place(model, settings, cards, **bounds)
     if not placement.fits and not force:
-        raise _refusal(model, settings, placement, bounds, "serve start")
+        raise _refusal(model, settings, placement, bounds, command)
     record = request_record(placement, model, settings)
     return {"per_card_mib": record["per_card_mib"], "limit_mib": round(placement.limit_mib),
             "fits": placement.fits, "forced": force and not placement.fits}

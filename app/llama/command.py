@@ -32,6 +32,7 @@ _MANAGED = {
     "-a": "--alias", "--alias": "--alias", "--path": "(not allowed)", "--api-prefix": "(not allowed)",
     "-fa": "--flash-attn", "--flash-attn": "--flash-attn", "-ctk": "--cache-type-k", "--cache-type-k": "--cache-type-k",
     "-ctv": "--cache-type-v", "--cache-type-v": "--cache-type-v",
+    "--api-key": "(not allowed)", "--api-key-file": "(not allowed)",  # each server has its own key (supervisor)
 }
 
 # Flags that load a model other than the booked file, or fetch one from elsewhere (a URL, Hugging Face,

@@ -17,13 +17,14 @@ def probe_host(host: str) -> str:
     return host
 
 
-def _get(host: str, port: int, path: str, timeout: float) -> tuple[int, bytes] | None:
-    """(status, body) of GET path, or None when nothing (or no HTTP) answers."""
+def _get(host: str, port: int, path: str, timeout: float, key: str | None = None) -> tuple[int, bytes] | None:
+    """(status, body) of GET path (with the server's API key when given), or None when nothing (or no HTTP) answers."""
     target = probe_host(host)
     try:
         with socket.create_connection((target, port), timeout=timeout) as conn:
             name = f"[{target}]" if ":" in target else target
-            conn.sendall(f"GET {path} HTTP/1.0\r\nHost: {name}:{port}\r\nConnection: close\r\n\r\n".encode())
+            auth = f"Authorization: Bearer {key}\r\n" if key else ""
+            conn.sendall(f"GET {path} HTTP/1.0\r\nHost: {name}:{port}\r\n{auth}Connection: close\r\n\r\n".encode())
             chunks = []
             while True:
                 chunk = conn.recv(65536)
@@ -46,10 +47,10 @@ def health(host: str, port: int, timeout: float = 1.0) -> int | None:
     return None if result is None else result[0]
 
 
-def metrics(host: str, port: int, timeout: float = 1.0) -> dict[str, float] | None:
+def metrics(host: str, port: int, timeout: float = 1.0, key: str | None = None) -> dict[str, float] | None:
     """Prometheus samples from /metrics ({'llamacpp:tokens_predicted_total': 123.0, ...}); None when the
-    server does not answer or was started without --metrics."""
-    result = _get(host, port, "/metrics", timeout)
+    server does not answer, was started without --metrics, or wants its API key (`key`) and did not get it."""
+    result = _get(host, port, "/metrics", timeout, key)
     if result is None or result[0] != 200:
         return None
     samples: dict[str, float] = {}

@@ -78,7 +78,26 @@ def start(client, booking_id: int, *, socket_path: str | None = None, environ: M
     return server, granted["launch"]
 
 
-def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool) -> dict:
+def plan(client, *, booking: int | None = None, series: int | None = None, fit_limits: Mapping | None = None,
+         force: bool = False, **options) -> dict:
+    """serve_plan, with the model checked and the estimate made by the member's own process, as `start` does
+    (for a series, against its first occurrence's cards and request): the plan as the service returns it."""
+    if booking is not None:
+        occurrence = client.call("get", id=booking)
+    else:
+        occurrences = client.call("series_get", id=series)["bookings"] if series is not None else []
+        occurrence = occurrences[0] if occurrences else None
+    request = readable(occurrence.get("request")) if occurrence else {}
+    model = options.get("model") or request.get("model")
+    if model:
+        options["model"] = cmd.check_model(model)
+        if fit_limits is not None and occurrence is not None:
+            options.update(_fit(options, request, fit_limits, len(occurrence["cards"]), force, "serve plan"))
+    return client.call("serve_plan", booking=booking, series=series,
+                       **{k: v for k, v in options.items() if v is not None})
+
+
+def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool, command: str = "serve start") -> dict:
     """The settings the estimate was made for (so the server runs exactly those) and the estimate itself."""
     flash = {"on": True, "off": False}.get(options.get("flash_attn"))
     settings = settings_of(request, ctx=options.get("ctx"), parallel=options.get("parallel"),
@@ -88,7 +107,7 @@ def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool)
         model = read_model(options["model"])
     except BadInput:
         return {}  # board can't size it (an architecture it does not know): llama-server itself will tell
-    estimate = for_server(model, settings, dict(limits), cards, force=force)
+    estimate = for_server(model, settings, dict(limits), cards, force=force, command=command)
     return {"ctx": settings.ctx, "parallel": settings.parallel, "cache_type_k": settings.cache_type_k,
             "cache_type_v": settings.cache_type_v, "flash_attn": "on" if settings.flash_attn else "off", "fit": estimate}
 

@@ -53,6 +53,8 @@ class Server:
     # (check_measured: app.llama.memory.Measured.to_json); None when unknown.
     estimate: dict | None = None
     measured: dict | None = None
+    # the server's own key (--api-key-file): for its holder, admins and the gateway; never in a listing
+    api_key: str | None = None
 
     @property
     def live(self) -> bool:
@@ -104,7 +106,7 @@ class Server:
 _COLUMNS = (
     "id, booking_id, user, uid, cards, card_uuids, model, alias, host, port, ctx, parallel, split_mode, metrics,"
     " cmdline, log_path, state, pid, pid_started, pgid, supervisor_pid, supervisor_started, supervisor_cmdline,"
-    " created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail, estimate, measured"
+    " created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail, estimate, measured, api_key"
 )
 
 
@@ -125,7 +127,7 @@ _OPTIONAL = type(None)
 def _decode(row) -> Server:
     (id_, booking_id, user, uid, cards, uuids, model, alias, host, port, ctx, parallel, split_mode, metrics,
      cmdline, log_path, state, pid, pid_started, pgid, sup_pid, sup_started, sup_cmdline,
-     created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail, estimate, measured) = row
+     created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail, estimate, measured, api_key) = row
     for value, kind, column in (
         (booking_id, _INT, "booking_id"), (user, _TEXT, "user"), (uid, _INT, "uid"), (model, _TEXT, "model"),
         (alias, (_TEXT, _OPTIONAL), "alias"), (host, _TEXT, "host"), (port, _INT, "port"),
@@ -136,7 +138,7 @@ def _decode(row) -> Server:
         (sup_started, (*_TIME, _OPTIONAL), "supervisor_started"), (created_at, _INT, "created_at"),
         (ready_at, (_INT, _OPTIONAL), "ready_at"), (ended_at, (_INT, _OPTIONAL), "ended_at"),
         (exit_code, (_INT, _OPTIONAL), "exit_code"), (exit_signal, (_INT, _OPTIONAL), "exit_signal"),
-        (reason, (_TEXT, _OPTIONAL), "reason"),
+        (reason, (_TEXT, _OPTIONAL), "reason"), (api_key, (_TEXT, _OPTIONAL), "api_key"),
     ):
         need(value, kind, column)
     if state not in LIVE_STATES + FINAL_STATES:
@@ -151,7 +153,7 @@ def _decode(row) -> Server:
         created_at=created_at, ready_at=ready_at, ended_at=ended_at, exit_code=exit_code, exit_signal=exit_signal,
         reason=reason, log_tail=_json_list(log_tail, str, "log_tail") if log_tail else (),
         estimate=_json_object(estimate, check_estimate, "estimate"),
-        measured=_json_object(measured, check_measured, "measured"),
+        measured=_json_object(measured, check_measured, "measured"), api_key=api_key,
     )
 
 
@@ -317,6 +319,21 @@ def set_log_path(conn: sqlite3.Connection, server_id: int, path: str) -> None:
     conn.execute("UPDATE servers SET log_path = ? WHERE id = ?", (path, server_id))
 
 
+API_KEY_MAX = 200
+
+
+def check_api_key(value: object) -> str | None:
+    """A key a supervisor sent: printable ASCII without spaces, at most API_KEY_MAX characters; None otherwise."""
+    if isinstance(value, str) and 16 <= len(value) <= API_KEY_MAX and value.isascii() and value.isprintable() \
+            and " " not in value:
+        return value
+    return None
+
+
+def set_api_key(conn: sqlite3.Connection, server_id: int, key: str) -> None:
+    conn.execute("UPDATE servers SET api_key = ? WHERE id = ?", (key, server_id))
+
+
 def set_supervisor(conn: sqlite3.Connection, server_id: int, pid: int, started: float | None,
                    cmdline: Iterable[str], pgid: int) -> None:
     conn.execute(
@@ -367,8 +384,10 @@ def update(conn: sqlite3.Connection, server_id: int, **fields: Any) -> None:
 
 
 def server_to_wire(server: Server) -> dict[str, Any]:
-    """The row as the operations return it (JSON values); `server_from_wire` reads it back."""
+    """The row as the operations return it (JSON values); `server_from_wire` reads it back. Never the API key:
+    `serve_key` gives it to those who may have it."""
     data = asdict(server)
+    del data["api_key"]
     for name in ("cards", "card_uuids", "cmdline", "supervisor_cmdline", "log_tail"):
         data[name] = list(data[name])
     return data

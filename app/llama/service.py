@@ -153,7 +153,7 @@ class ServerService:
         if split_mode not in cmd.SPLIT_MODES:
             raise BadInput(f"unknown split mode {split_mode!r}; use {' or '.join(cmd.SPLIT_MODES)}")
         extra = cmd.check_extra(extra)
-        estimate = _estimate(fit, len(booking.cards))
+        estimate = checked_estimate(fit, len(booking.cards))
         host = host or settings.host
         if host not in settings.allowed_hosts:
             refusal = NotPermitted(f"host {host} is not allowed; the config allows {', '.join(settings.allowed_hosts)}")
@@ -228,9 +228,12 @@ class ServerService:
     # -- what the supervisor reports (file mode: it calls these itself; socket: the service, for it) ---
 
     def supervised(self, server_id: int, *, supervisor: ProcessIdentity | None = None, pgid: int | None = None,
-                   child: ProcessIdentity | None = None, log_path: str | None = None) -> None:
-        """Record who runs the server: its supervisor (and its group), llama-server itself, its log."""
+                   child: ProcessIdentity | None = None, log_path: str | None = None,
+                   api_key: str | None = None) -> None:
+        """Record who runs the server: its supervisor (and its group), llama-server itself, its log, its API key."""
         with write(self.conn):
+            if api_key is not None:
+                rows.set_api_key(self.conn, server_id, api_key)
             if supervisor is not None:
                 rows.set_supervisor(self.conn, server_id, supervisor.pid, supervisor.started, supervisor.cmdline,
                                     pgid=pgid if pgid is not None else supervisor.pid)
@@ -294,6 +297,16 @@ class ServerService:
                 rows.update(self.conn, server_id, exit_code=exit_code, exit_signal=exit_signal,
                             ended_at=current.ended_at or ended_at)
         return rows.get(self.conn, server_id)
+
+    def api_key(self, server_id: int) -> str:
+        """The server's own API key: its holder's and admins' to read (refusals audited)."""
+        server = self.get(server_id)
+        if server.uid != self.me.uid and not self.me.is_admin:
+            self._refused("server-key", server.booking_id, {"server": server_id}, NotPermitted(
+                f"server {server_id} belongs to {server.user}; only they or an admin can read its key"))
+        if not server.api_key:
+            raise BadInput(f"server {server_id} has no API key ({server.state}; a key is made when it starts)")
+        return server.api_key
 
     # -- stop ----------------------------------------------------------------------------------
 
@@ -486,7 +499,7 @@ def measured_figures(value: object) -> dict | None:
         return None
 
 
-def _estimate(fit: object, cards: int) -> dict | None:
+def checked_estimate(fit: object, cards: int) -> dict | None:
     """The client's estimate (app.fit.request.for_server) as stored, one figure per booked card; BadInput otherwise."""
     if fit is None:
         return None

@@ -16,6 +16,10 @@ member who asked, and this script starts llama-server as its own child:
   signal and the last 20 lines of the log.
 * **No orphans if the supervisor itself dies.** llama-server runs with PR_SET_PDEATHSIG = SIGKILL, so a
   `kill -9` of the supervisor takes the server with it.
+* **Its own key.** Before the launch it makes a random API key, writes it to `<log dir>/<id>.key`
+  (0600: only this uid reads it) and starts llama-server with `--api-key-file`, so nobody without the
+  key can use the port; the key goes to the service (or the user's database) with the registration,
+  and the file is removed when the server ends.
 * **Readiness.** It polls GET /health (503 while loading) and reports `ready` at the first 200, or
   `failed` (and stops the server) when none comes within llama.ready_timeout_s.
 * **Memory.** With `ready` goes what llama.cpp logged of its buffers at load (`-lv 4`: weights, KV cache
@@ -29,8 +33,11 @@ Where the reports go: one `_Reporter` interface, two ends.
   service takes its pid and uid from SO_PEERCRED and opens a pidfd: from then on the service
   signals only through that. Reports are JSON lines on that connection (`ready`, `failed`, `exit`,
   and `log` with the new lines of its own log, which the service never opens). A refused
-  registration stops the server; so does losing the connection (the service restarted): a server
-  the service cannot reach must not run on.
+  registration stops the server. Losing the connection (the service restarted, or was killed) does
+  not: the server keeps serving, and the supervisor registers again (`resume`) once a second until
+  the service answers; the service checks the pid, start time and uid against what it recorded, and
+  a refusal then stops the server. While the service is away, the booking's end (as the last
+  registration told it) plus `--backstop` seconds stops the server, as in file mode.
 * `--db PATH` (file mode: the user's own database). It calls the same ServerService methods on its
   own connection, reads its row once a second (a `stopping` row means stop) and, as a backstop for
   a host without `board agent`, stops the server `--backstop` seconds after the booking ends.
@@ -56,6 +63,7 @@ LOG_LINE_MAX = 1000  # characters of one log line sent to the service
 LOG_BATCH_MAX = 200  # lines in one `log` message
 MEMORY_LOG_MAX = 16 << 20  # bytes of the log read for the memory figures (llama.cpp logs them at load, early on)
 MEMORY_TRIES, MEMORY_RETRY_S = 10, 0.05  # llama.cpp's log thread may not have written the last buffer line yet
+RECONNECT_S = 1.0  # how often a supervisor that lost the service tries to register again
 
 
 class _StopRequest:
@@ -115,19 +123,52 @@ def main(argv: list[str] | None = None) -> int:
 
     launched_at = time.monotonic()
     log_start = _size(opts["log"])  # the log may hold an earlier server's lines (it is appended to)
+    key_path = os.path.splitext(opts["log"])[0] + ".key"
     try:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=True,
+        api_key = _write_key(key_path)
+    except OSError as error:
+        print(f"board supervisor: can't write the server's key {key_path}: {error.strerror or error}",
+              file=sys.stderr, flush=True)
+        return 1
+    try:
+        child = subprocess.Popen([*command, "--api-key-file", key_path], stdin=subprocess.DEVNULL, close_fds=True,
                                  preexec_fn=_death_signal_setter())
         launch_error = None
     except OSError as error:
         child, launch_error = None, f"can't run {command[0]}: {error.strerror or error}"
+    try:
+        return _supervise(opts, command, child, launch_error, launched_at, stop, log_start, api_key)
+    finally:
+        try:
+            os.unlink(key_path)
+        except OSError:
+            pass
 
+
+def _write_key(path: str) -> str:
+    """A new random key in a new file only this uid can read (never one that was there: it may be anyone's link)."""
+    import secrets  # start-up: small; before the launch, which needs the key
+
+    key = secrets.token_urlsafe(32)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, key.encode())
+    finally:
+        os.close(fd)
+    return key
+
+
+def _supervise(opts, command, child, launch_error, launched_at, stop, log_start, api_key) -> int:
     # Everything below may be slow to import; the server is already loading.
     try:
         if "socket" in opts:
-            reporter = _SocketReporter(opts, child)
+            reporter = _SocketReporter(opts, child, api_key)
         else:
-            reporter = _DatabaseReporter(opts, child)
+            reporter = _DatabaseReporter(opts, child, api_key)
     except Exception as error:  # noqa: BLE001 - nobody to report to: the server must not run unsupervised
         print(f"board supervisor: {error}; stopping the server", file=sys.stderr, flush=True)
         if child is not None:
@@ -148,73 +189,118 @@ def _size(path: str) -> int:
 
 
 class _SocketReporter:
-    """The shared install: register with the service, then send each report as a JSON line."""
+    """The shared install: register with the service, then send each report as a JSON line; register again
+    (`resume`) after the service went away."""
 
-    def __init__(self, opts, child) -> None:
+    def __init__(self, opts, child, api_key: str) -> None:
         # start-up: imported where first needed, after the launch where it can (the module's note)
         import json
         import socket
 
-        self.json, self.server_id, self.log_path = json, int(opts["server"]), opts["log"]
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(30)
+        self.json, self.socket = json, socket
+        self.path, self.server_id, self.log_path = opts["socket"], int(opts["server"]), opts["log"]
+        self.backstop = float(opts["backstop"])
+        self.child_pid, self.api_key = (child.pid if child else None), api_key
+        self.position = 0
+        self.pending = b""
+        self.booking_end: float | None = None
+        self.ready_report: dict | None = None  # sent again after a resume: it may have been lost with the service
+        self.refused: str | None = None
+        self.next_try = 0.0
+        error = self._connect(resume=False)
+        if error is not None:
+            raise RuntimeError(error)
+        self.send_log()
+
+    def _connect(self, *, resume: bool) -> str | None:
+        """Connect and register; None when the service took us, else why not (self.refused when it said no)."""
+        json, socket = self.json, self.socket
+        self.lost = True
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(30)
         try:
-            self.sock.connect(opts["socket"])
+            sock.connect(self.path)
         except OSError as error:
-            raise RuntimeError(f"can't reach the board service at {opts['socket']}: {error.strerror or error}") from None
-        self.reader = self.sock.makefile("rb")
+            sock.close()
+            return f"can't reach the board service at {self.path}: {error.strerror or error}"
+        reader = sock.makefile("rb")
+        args = {"kind": "server", "server": self.server_id, "pid": self.child_pid, "log": self.log_path,
+                "api_key": self.api_key}
+        if resume:
+            args["resume"] = True
         try:
-            self.sock.sendall((json.dumps({"v": 1, "id": 1, "op": "register", "args": {
-                "kind": "server", "server": self.server_id, "pid": child.pid if child else None,
-                "log": self.log_path}}) + "\n").encode())
+            sock.sendall((json.dumps({"v": 1, "id": 1, "op": "register", "args": args}) + "\n").encode())
         except OSError:
             pass  # refused at the door (too many connections): the service closed first; its one line is still here
         try:
-            reply = self.reader.readline(1 << 20)
-        except ConnectionResetError:
+            reply = reader.readline(1 << 20)
+        except OSError:
             reply = b""
         try:
             answer = json.loads(reply) if reply else {}
         except ValueError:
             answer = {}
         if not answer.get("ok"):
-            message = (answer.get("error") or {}).get("message") or "the service closed the connection"
-            raise RuntimeError(f"the board service refused server {self.server_id}: {message}")
+            sock.close()
+            if not answer.get("error"):  # closed without a word: a service going down or not up yet
+                return "the service closed the connection"
+            message = answer["error"].get("message") or "refused"
+            self.refused = f"the board service refused server {self.server_id}: {message}"
+            return self.refused
+        end = (answer.get("result") or {}).get("booking_end")
+        if isinstance(end, (int, float)) and not isinstance(end, bool):
+            self.booking_end = float(end)
+        self.sock, self.reader, self.lost = sock, reader, False
         self.sock.setblocking(False)
-        self.position = 0
-        self.pending = b""
-        self.lost = False
-        self.send_log()
+        return None
 
     def _send(self, message: dict) -> None:
+        if self.lost:
+            return
         data = (self.json.dumps(message, separators=(",", ":")) + "\n").encode()
         self.sock.settimeout(10)
         try:
             self.sock.sendall(data)
         except OSError:
-            self.lost = True
-        finally:
+            self._lose()
+        else:
             self.sock.setblocking(False)
+
+    def _lose(self) -> None:
+        if not self.lost:
+            self.lost = True
+            print("board: lost the board service; the server keeps running, registering again", file=sys.stderr,
+                  flush=True)
+            try:
+                self.sock.close()
+            except OSError:
+                pass
 
     def started(self, child_identity) -> None:
         pass  # the service learnt the pid at registration
 
     def ready(self, memory: dict | None) -> None:
-        self._send({"event": "ready", "memory": memory} if memory else {"event": "ready"})
+        self.ready_report = {"event": "ready", "memory": memory} if memory else {"event": "ready"}
+        self._send(self.ready_report)
 
     def failed(self, reason: str, tail: list[str]) -> None:
         self._send({"event": "failed", "reason": reason, "tail": tail})
 
     def ended(self, *, code, sig, text, tail, asked) -> None:
+        if self.lost and self.refused is None:
+            self._connect(resume=True)  # once: the service may be back to hear how it ended
         self.send_log()
         self._send({"event": "exit", "code": code, "signal": sig, "text": text, "tail": tail, "asked": asked})
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        if not self.lost:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
 
     def check(self, now: float) -> str | None:
-        """'lost' once the service has closed the connection (it restarted, or refused us)."""
+        """'stop' when the service refused us again, or it is away and the booking is over (plus the backstop)."""
+        if self.lost:
+            return self._reconnect(now)
         self.send_log()
         try:
             data = self.sock.recv(4096)
@@ -223,11 +309,35 @@ class _SocketReporter:
         except OSError:
             data = b""
         if data == b"" or self.lost:
-            return "lost"
+            self._lose()
+            return self._reconnect(now)
+        return None
+
+    def _reconnect(self, now: float) -> str | None:
+        if self.refused is not None:
+            print(f"board: {self.refused}; stopping the server", file=sys.stderr, flush=True)
+            return "stop"
+        if self.booking_end is not None and self.backstop >= 0 and time.time() >= self.booking_end + self.backstop:
+            print("board: the booking is over and the board service is away; stopping the server", file=sys.stderr,
+                  flush=True)
+            return "stop"
+        if now < self.next_try:
+            return None
+        self.next_try = now + RECONNECT_S
+        if self._connect(resume=True) is None:
+            print("board: registered again with the board service", file=sys.stderr, flush=True)
+            if self.ready_report is not None:
+                self._send(self.ready_report)
+            self.send_log()
+        elif self.refused is not None:
+            print(f"board: {self.refused}; stopping the server", file=sys.stderr, flush=True)
+            return "stop"
         return None
 
     def send_log(self) -> None:
         """The new complete lines of our own log (written by us and llama-server), for `board serve logs`."""
+        if self.lost:
+            return  # read on once the service is back
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(self.position)
@@ -247,7 +357,7 @@ class _SocketReporter:
 class _DatabaseReporter:
     """File mode: the user's own database, through the same ServerService methods the service uses."""
 
-    def __init__(self, opts, child) -> None:
+    def __init__(self, opts, child, api_key: str) -> None:
         # start-up: imported where first needed, after the launch where it can (the module's note)
         import pwd
         from pathlib import Path
@@ -258,6 +368,7 @@ class _DatabaseReporter:
         from app.store.db import connect
 
         self.server_id, self.backstop, self.log_path = int(opts["server"]), float(opts["backstop"]), opts["log"]
+        self.api_key = api_key
         uid = os.getuid()
         try:
             user = pwd.getpwuid(uid).pw_name
@@ -290,7 +401,8 @@ class _DatabaseReporter:
         from app.llama.identity import capture
 
         me = capture(os.getpid())
-        self._write(lambda s: s.supervised(self.server_id, supervisor=me, pgid=os.getpgrp(), child=child_identity))
+        self._write(lambda s: s.supervised(self.server_id, supervisor=me, pgid=os.getpgrp(), child=child_identity,
+                                           api_key=self.api_key))
 
     def ready(self, memory: dict | None) -> None:
         self._write(lambda s: s.ready(self.server_id, measured=memory))
@@ -380,10 +492,6 @@ class _Supervision:
                 if verdict == "ready":
                     self.ready = True  # the waiting CLI saw the 200 first
                 elif verdict == "stop":
-                    self._terminate(now)
-                elif verdict == "lost" and self.kill_at is None:
-                    print("board: lost the board service; stopping the server", file=sys.stderr, flush=True)
-                    self.stop.requested = True
                     self._terminate(now)
             timeout = 0.1 if not self.ready else CHECK_S
             if self.kill_at is not None and not self.killed:

@@ -53,6 +53,7 @@ class Service:
         # reports on top of that (app.service.servers.Supervision).
         self.processes = Registry()
         self.supervision = Supervision(self.processes)
+        self.runner = None  # the registered `board runner` (app.service.plans.Runner), which starts planned servers
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
         self.notifier: Deliverer | None = None  # the delivery thread's, where the socket server runs one
 

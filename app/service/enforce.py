@@ -19,6 +19,7 @@ from app.faults.oom import record_job_oom
 from app.model import Booking
 from app.service.alerts import enforcer_alerts
 from app.service.audit import AGENT, audit
+from app.service.plans import start_due
 from app.service.servers import enforce_servers
 from app.store import bookings as rows
 from app.store import jobs
@@ -80,6 +81,7 @@ def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
     service.backfill()  # a squatter gone, a booking ended early by enforcement: queued bookings move up
     _tell_started(server, now)
     done.update(enforce_servers(server))
+    done["planned_started"] = start_due(server)
     for entry in registry.live():
         if entry.kind == "server":
             continue

@@ -43,7 +43,8 @@ from app.service.deadline import Lines
 from app.service.enforce import enforce_once, run_booking
 from app.service.peer import Peer, identity_of, is_member, peer_of
 from app.service.processes import RegistrationError
-from app.service.servers import serve_registration
+from app.service.plans import runner_registration
+from app.service.servers import adopt_servers, serve_registration
 from app.service.watch import start_watchers
 from app.store import events, jobs
 from app.store.db import write
@@ -118,6 +119,7 @@ class ServiceServer:
         if self._listener is None:
             self.bind()
         self.database.submit(self.adopt_jobs).result()
+        self.database.submit(adopt_servers, self).result()
         watchers = start_watchers(service)
         enforcer = threading.Thread(target=self._enforce_loop, name="board-enforce", daemon=True)
         enforcer.start()
@@ -301,6 +303,8 @@ class ServiceServer:
         kind = args.get("kind") if isinstance(args, dict) else None
         if kind == "server":  # a llama-server supervisor: app.service.servers says how
             return serve_registration(self, conn, reader, peer, request_id, args)
+        if kind == "runner":  # `board runner`, which starts planned servers: app.service.plans
+            return runner_registration(self, conn, reader, peer, request_id, args)
         booking_id = args.get("booking") if isinstance(args, dict) else None
         if kind != "job" or (booking_id is not None and (not isinstance(booking_id, int) or isinstance(booking_id, bool))):
             self._reply(conn, request_id, error=BadInput("register: give kind \"job\" and an optional booking number,"

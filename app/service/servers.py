@@ -36,7 +36,9 @@ from app.core.identity import Identity
 from app.errors import BadInput, BoardError, NotPermitted
 from app.service.audit import AGENT, audit
 from app.service.processes import RegistrationError, exited, owned_by, proc_pgid
+from app.service.plans import runner_uid
 from app.store import bookings as booking_rows
+from app.store.plans import plan_of_server
 
 if TYPE_CHECKING:
     import socket
@@ -145,6 +147,10 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
     Refused unless the peer (SO_PEERCRED) is the row's holder, the row is `starting`, the booking is
     active and no live supervisor holds the row already. A pid the supervisor claims for llama-server
     is recorded only when the kernel shows it in the supervisor's group, under the same uid.
+
+    `resume`: a supervisor registering again after the service restarted. Taken only when the peer is the
+    very process the row recorded as its supervisor (pid, start time and command line, under the same
+    uid) and the row is still live; it takes over the registration adopt_servers made at start-up.
     """
     from app.llama import rows  # start-up: llama's modules load only for servers
     from app.llama.identity import capture  # start-up: llama's modules load only for servers
@@ -153,49 +159,38 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
     service = server.service
     me = identity_of(peer, service.config.admin_group)
     server_id, child_pid, log_path = args.get("server"), args.get("pid"), args.get("log")
+    api_key, resume = args.get("api_key"), args.get("resume", False)
     if not _is_int(server_id) or (child_pid is not None and not _is_int(child_pid)) or (
-            log_path is not None and not isinstance(log_path, str)):
+            log_path is not None and not isinstance(log_path, str)) or not isinstance(resume, bool) or (
+            api_key is not None and rows.check_api_key(api_key) is None):
         server._reply(conn, request_id, error=BadInput("register: give kind \"server\", the server id, its pid"))
         return
-    watch = service.supervision
 
-    def admit() -> Supervised:
+    def admit() -> tuple[Supervised, float]:
         rules = light_rules(service, me)
         row = rules.get(server_id)
-        now = service.clock()
+        booking = booking_rows.get(service.conn, row.booking_id)
         try:
-            if row.uid != peer.uid:
-                raise NotPermitted(f"server {server_id} belongs to {row.user}")
-            if row.state != rows.STARTING:
-                raise NotPermitted(f"server {server_id} is {row.state}, not starting")
-            booking = booking_rows.get(service.conn, row.booking_id)
-            if booking is None or booking.uid != peer.uid or not booking.active(now):
-                raise NotPermitted(f"booking {row.booking_id} is not yours and active now")
-            try:
-                entry = server.registry.add("server", row.booking_id, peer.uid, peer.pid)
-            except RegistrationError as error:
-                raise NotPermitted(str(error)) from None
-            try:
-                supervised = watch.add(server_id, entry)
-            except NotPermitted:
-                os.close(entry.pidfd)
-                server.registry.entries.pop(entry.id, None)
-                raise
+            supervised = (_resumed if resume else _admitted)(server, row, booking, peer)
         except NotPermitted as refusal:
             audit(service, me, "server-register", row.booking_id, ok=False,
                   details={"server": server_id, "pid": peer.pid, "refused": str(refusal)})
             raise
+        if resume:
+            server.log(f"server {server_id} ({row.user}, port {row.port}): its supervisor registered again")
+            return supervised, booking.end
+        entry = supervised.entry
         child = None
         if child_pid is not None and child_pid > 1 and proc_pgid(child_pid) == entry.pgid \
                 and owned_by(child_pid, peer.uid):
             child = capture(child_pid)
         rules.supervised(server_id, supervisor=capture(peer.pid), pgid=entry.pgid, child=child,
-                         log_path=(log_path or "")[:500])
+                         log_path=(log_path or "")[:500], api_key=api_key)
         changed(service)
-        return supervised
+        return supervised, booking.end
 
     try:
-        supervised = server.database.submit(admit).result()
+        supervised, booking_end = server.database.submit(admit).result()
     except BoardError as error:
         server._reply(conn, request_id, error=error)
         return
@@ -203,7 +198,8 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
         server.log(f"register server {server_id}: unexpected {type(error).__name__}: {error}")
         server._reply(conn, request_id, error=BoardError(f"the service failed to register server {server_id}"))
         return
-    server._reply(conn, request_id, {"registration": supervised.entry.id, "server": server_id})
+    server._reply(conn, request_id, {"registration": supervised.entry.id, "server": server_id,
+                                     "booking_end": booking_end})
 
     def report(message: dict) -> None:
         rules = light_rules(service, me)
@@ -256,6 +252,100 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
     deadline = time.monotonic() + 3.0
     while not server.database.submit(ended).result() and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def _admitted(server: ServiceServer, row: Server, booking, peer: Peer) -> Supervised:
+    """A new supervisor for a `starting` row of the peer's, on its active booking."""
+    from app.llama import rows  # start-up: llama's modules load only for servers
+
+    if not may_supervise(server.service, row, peer.uid):
+        raise NotPermitted(f"server {row.id} belongs to {row.user}")
+    if row.state != rows.STARTING:
+        raise NotPermitted(f"server {row.id} is {row.state}, not starting")
+    if booking is None or booking.uid != row.uid or not booking.active(server.service.clock()):
+        raise NotPermitted(f"booking {row.booking_id} is not yours and active now")
+    try:
+        entry = server.registry.add("server", row.booking_id, peer.uid, peer.pid)
+    except RegistrationError as error:
+        raise NotPermitted(str(error)) from None
+    return _watch(server, row.id, entry)
+
+
+def _resumed(server: ServiceServer, row: Server, booking, peer: Peer) -> Supervised:
+    """The supervisor the row recorded, registering again: the same process (pid, start time, command line),
+    the same uid, its row still live. A gap that spanned the booking's end is the enforcement's to act on."""
+    from app.llama.identity import ProcessIdentity, check  # start-up: llama's modules load only for servers
+
+    recorded = ProcessIdentity(row.supervisor_pid or 0, row.supervisor_started, row.supervisor_cmdline)
+    if not row.live or booking is None:
+        raise NotPermitted(f"server {row.id} is {row.state}")
+    if row.supervisor_pid != peer.pid or not may_supervise(server.service, row, peer.uid) \
+            or not owned_by(peer.pid, peer.uid) or check(recorded) != "match":
+        raise NotPermitted(f"server {row.id}: you are not the supervisor it recorded")
+    watch = server.service.supervision
+    current = watch.get(row.id)
+    if current is not None and not current.entry.done and current.entry.pid == peer.pid:
+        current.entry.connected = True  # the registration adopt_servers made at start-up
+        return current
+    try:
+        entry = server.registry.add("server", row.booking_id, peer.uid, peer.pid, pgid=row.pgid)
+    except RegistrationError as error:
+        raise NotPermitted(str(error)) from None
+    return _watch(server, row.id, entry)
+
+
+def _watch(server: ServiceServer, server_id: int, entry: Registration) -> Supervised:
+    try:
+        return server.service.supervision.add(server_id, entry)
+    except NotPermitted:
+        os.close(entry.pidfd)
+        server.registry.entries.pop(entry.id, None)
+        raise
+
+
+def may_supervise(service: Service, row: Server, uid: int) -> bool:
+    """The holder's own processes supervise their servers; the runner (app.service.plans) those a plan started."""
+    if uid == row.uid:
+        return True
+    return uid == runner_uid(service) and plan_of_server(service.conn, row.id) is not None
+
+
+def adopt_servers(server: ServiceServer) -> list[int]:
+    """After a restart: take back the live servers whose recorded supervisor (pid, start time, command line)
+    still runs, under a uid that may supervise it; their supervisors register again (`resume`) on their own.
+    The rest are left to reconcile, which records them as gone. Returns the server ids adopted."""
+    from app.llama import rows  # start-up: llama's modules load only for servers
+    from app.llama.identity import ProcessIdentity, check  # start-up: llama's modules load only for servers
+
+    service = server.service
+    adopted = []
+    for row in rows.live(service.conn):
+        if row.supervisor_pid is None or row.supervisor_pid <= 1:
+            continue
+        recorded = ProcessIdentity(row.supervisor_pid, row.supervisor_started, row.supervisor_cmdline)
+        try:
+            uid = os.stat(f"/proc/{row.supervisor_pid}").st_uid
+        except OSError:
+            continue
+        if not may_supervise(service, row, uid):
+            continue
+        try:
+            entry = server.registry.add("server", row.booking_id, uid, row.supervisor_pid, pgid=row.pgid)
+        except RegistrationError:
+            continue
+        if check(recorded) != "match":  # checked again now that the pidfd pins the process
+            os.close(entry.pidfd)
+            server.registry.entries.pop(entry.id, None)
+            continue
+        server.registry.disconnected(entry)
+        try:
+            _watch(server, row.id, entry)
+        except NotPermitted:
+            continue
+        adopted.append(row.id)
+    if adopted:
+        server.log(f"board agent: took back {len(adopted)} running server(s): {', '.join(map(str, adopted))}")
+    return adopted
 
 
 def finish(service: Service, supervised: Supervised) -> None:

@@ -1,14 +1,137 @@
-"""Planned servers (a server spec attached to a booking or a series), for the gateway's view.
+"""Planned servers: the SQL for `server_plans` and `server_plan_runs`, and nothing else. Rules live in
+app.service.plans; `board runner` starts them (app.service.runner).
 
-The runner's half of issue 20 implements this module; until then there are none.
+A plan attaches a server spec (the `serve_start` options, JSON) to one booking or to every occurrence of a
+series. At each occurrence's start the service has the runner start it once; the run row remembers which
+server that occurrence got (or why it got none), so a crash is not restarted in a loop and a supervisor
+the runner started is known to belong to the plan.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from app.store.db import MalformedRow, need, need_json_object, report_malformed
+
+LIVE_SERVER_STATES = ("starting", "ready", "stopping")  # app.llama.rows.LIVE_STATES (the store may not import it)
 
 
-def planned_servers(conn: sqlite3.Connection, now: int) -> list[dict]:
-    """The planned servers not yet up whose booking has not ended, as
-    [{"alias", "booking", "start", "end", "user"}] (times in epoch seconds), soonest first."""
-    return []
+@dataclass(frozen=True, slots=True)
+class Plan:
+    id: int
+    booking_id: int | None
+    series_id: int | None
+    user: str
+    uid: int
+    alias: str
+    spec: dict[str, Any]
+    created_at: int
+    cancelled_at: int | None = None
+
+
+_COLUMNS = "p.id, p.booking_id, p.series_id, p.user, p.uid, p.alias, p.spec, p.created_at, p.cancelled_at"
+
+
+def _plan(conn: sqlite3.Connection, row) -> Plan | None:
+    id_, booking_id, series_id, user, uid, alias, spec, created_at, cancelled_at = row
+    try:
+        for value, kind, column in ((user, str, "user"), (uid, int, "uid"), (alias, str, "alias"),
+                                    (created_at, int, "created_at")):
+            need(value, kind, column)
+        decoded = need_json_object(spec, "spec")
+    except MalformedRow as error:
+        report_malformed(conn, "server plan", id_, error)
+        return None
+    return Plan(id_, booking_id, series_id, user, uid, alias, decoded, created_at, cancelled_at)
+
+
+def _plans(conn: sqlite3.Connection, sql: str, args=()) -> list[Plan]:
+    return [p for p in (_plan(conn, row) for row in conn.execute(sql, args)) if p is not None]
+
+
+def insert(conn: sqlite3.Connection, *, booking_id: int | None, series_id: int | None, user: str, uid: int,
+           alias: str, spec: dict[str, Any], now: int) -> int:
+    cursor = conn.execute(
+        "INSERT INTO server_plans (booking_id, series_id, user, uid, alias, spec, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)", (booking_id, series_id, user, uid, alias, json.dumps(spec, sort_keys=True), now))
+    return cursor.lastrowid
+
+
+def get(conn: sqlite3.Connection, plan_id: int) -> Plan | None:
+    found = _plans(conn, f"SELECT {_COLUMNS} FROM server_plans AS p WHERE p.id = ?", (plan_id,))
+    return found[0] if found else None
+
+
+def listing(conn: sqlite3.Connection, *, user: str | None = None, cancelled: bool = False) -> list[Plan]:
+    sql = f"SELECT {_COLUMNS} FROM server_plans AS p WHERE 1"
+    args: list[Any] = []
+    if not cancelled:
+        sql += " AND p.cancelled_at IS NULL"
+    if user is not None:
+        sql += " AND p.user = ?"
+        args.append(user)
+    return _plans(conn, sql + " ORDER BY p.id", args)
+
+
+def cancel(conn: sqlite3.Connection, plan_id: int, now: int) -> bool:
+    return conn.execute("UPDATE server_plans SET cancelled_at = ? WHERE id = ? AND cancelled_at IS NULL",
+                        (now, plan_id)).rowcount == 1
+
+
+# The occurrences a plan covers: its booking, or every booking of its series; live ones only.
+_OCCURRENCES = f"""
+SELECT {_COLUMNS}, b.id, b.starts_at, b.ends_at
+FROM server_plans AS p
+JOIN bookings AS b ON (b.id = p.booking_id OR b.series_id = p.series_id)
+WHERE p.cancelled_at IS NULL AND b.status = 'booked'
+"""
+
+
+def due(conn: sqlite3.Connection, now: int) -> list[tuple[Plan, int]]:
+    """(plan, booking id) for each occurrence that is active now and has not been started yet, oldest first."""
+    found = []
+    for row in conn.execute(
+            _OCCURRENCES + " AND b.starts_at <= ? AND b.ends_at > ? AND NOT EXISTS (SELECT 1 FROM server_plan_runs AS r"
+            " WHERE r.plan_id = p.id AND r.booking_id = b.id) ORDER BY b.starts_at, p.id", (now, now)):
+        plan = _plan(conn, row[:9])
+        if plan is not None:
+            found.append((plan, row[9]))
+    return found
+
+
+def record_run(conn: sqlite3.Connection, plan_id: int, booking_id: int, now: int, *, server_id: int | None = None,
+               error: str | None = None) -> None:
+    conn.execute("INSERT OR REPLACE INTO server_plan_runs (plan_id, booking_id, server_id, started_at, error)"
+                 " VALUES (?, ?, ?, ?, ?)", (plan_id, booking_id, server_id, now, error))
+
+
+def plan_of_server(conn: sqlite3.Connection, server_id: int) -> int | None:
+    """The plan whose occurrence started this server, or None for a server a member started."""
+    row = conn.execute("SELECT plan_id FROM server_plan_runs WHERE server_id = ?", (server_id,)).fetchone()
+    return row[0] if row else None
+
+
+def upcoming(conn: sqlite3.Connection, now: int, *, plan_id: int | None = None) -> list[dict[str, Any]]:
+    """The occurrences that have not ended and whose server is not up yet (not started, or still starting):
+    {"plan", "alias", "booking", "start", "end", "user"}, earliest first."""
+    sql = _OCCURRENCES + (" AND b.ends_at > ? AND NOT EXISTS (SELECT 1 FROM server_plan_runs AS r"
+                          " LEFT JOIN servers AS s ON s.id = r.server_id WHERE r.plan_id = p.id AND r.booking_id = b.id"
+                          " AND (s.state IS NULL OR s.state != 'starting'))")
+    args: list[Any] = [now]
+    if plan_id is not None:
+        sql += " AND p.id = ?"
+        args.append(plan_id)
+    found = []
+    for row in conn.execute(sql + " ORDER BY b.starts_at, p.id", args):
+        found.append({"plan": row[0], "alias": row[5], "booking": row[9], "start": row[10], "end": row[11],
+                      "user": row[3]})
+    return found
+
+
+def planned_servers(conn: sqlite3.Connection, now: int) -> list[dict[str, Any]]:
+    """What the gateway shows as planned (CONTRACT20): [{"alias", "booking", "start", "end", "user"}] for each
+    occurrence of a live plan that has not ended and whose server is not up yet, earliest first."""
+    return [{key: item[key] for key in ("alias", "booking", "start", "end", "user")} for item in upcoming(conn, now)]

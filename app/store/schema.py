@@ -311,7 +311,37 @@ ALTER TABLE faults_new RENAME TO faults;
 CREATE INDEX faults_by_ts ON faults(ts);
 """
 
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SERVER_KEYS, _V_GATEWAY_KEYS, _V_FAULT_BUILD]
+# Planned servers (`board serve plan`): a server spec attached to one booking or to every occurrence of a series,
+# started by `board runner` at each start (app.store.plans); `server_plan_runs` remembers the server each
+# occurrence got, so that an occurrence is started once and a runner's supervisor is known as the plan's.
+_V_SERVER_PLANS = """
+CREATE TABLE server_plans (
+    id INTEGER PRIMARY KEY,
+    booking_id INTEGER REFERENCES bookings(id),
+    series_id INTEGER REFERENCES series(id),
+    user TEXT NOT NULL,
+    uid INTEGER NOT NULL,
+    alias TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    cancelled_at INTEGER,
+    CHECK ((booking_id IS NULL) != (series_id IS NULL))
+);
+CREATE INDEX server_plans_by_booking ON server_plans(booking_id) WHERE booking_id IS NOT NULL;
+CREATE INDEX server_plans_by_series ON server_plans(series_id) WHERE series_id IS NOT NULL;
+CREATE TABLE server_plan_runs (
+    plan_id INTEGER NOT NULL REFERENCES server_plans(id),
+    booking_id INTEGER NOT NULL REFERENCES bookings(id),
+    server_id INTEGER REFERENCES servers(id),
+    started_at INTEGER NOT NULL,
+    error TEXT,
+    PRIMARY KEY (plan_id, booking_id)
+);
+CREATE INDEX server_plan_runs_by_server ON server_plan_runs(server_id) WHERE server_id IS NOT NULL;
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SERVER_KEYS, _V_GATEWAY_KEYS, _V_FAULT_BUILD,
+                         _V_SERVER_PLANS]
 LATEST = len(MIGRATIONS)
 
 

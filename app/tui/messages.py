@@ -101,6 +101,7 @@ class ServersView:
     lines: tuple[ServerLine, ...]
     loaded_at: float
     error: str | None = None
+    planned: tuple[dict, ...] = ()  # serve_plans' plans with an occurrence ahead (app.service.plans.plan_wire)
 
 
 class ServersLoaded(Message):

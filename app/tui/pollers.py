@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Callable
 
+from app.errors import BoardError
 from app.gpu.model import snapshot_from_wire
 from app.model import booking_from_wire
 from app.tui.messages import (
@@ -149,8 +150,18 @@ def servers_loop(app, client, worker: "Poller") -> None:
     from app.llama.rows import READY, server_from_wire
 
     rates: dict[int, TokenRate] = {}
+    keys: dict[int, str | None] = {}  # a server's /metrics wants its key: ours to read for our own servers only
     lines: tuple[ServerLine, ...] = ()
     mine = own_client(client)
+
+    def key_of(server) -> str | None:
+        if server.id not in keys:
+            try:
+                keys[server.id] = mine.call("serve_key", id=server.id)["key"]
+            except BoardError:
+                keys[server.id] = None
+        return keys[server.id]
+
     try:
         while not worker.is_cancelled:
             try:
@@ -162,10 +173,12 @@ def servers_loop(app, client, worker: "Poller") -> None:
                     rate = None
                     if server.state == READY and server.metrics:
                         tracker = rates.setdefault(server.id, TokenRate())
-                        rate = tracker.update(metrics(server.host, server.port, timeout=0.5), time.monotonic())
+                        rate = tracker.update(metrics(server.host, server.port, timeout=0.5, key=key_of(server)),
+                                              time.monotonic())
                     loaded.append(ServerLine(server, rate))
                 lines = tuple(loaded)
-                view = ServersView(lines, now)
+                planned = tuple(p for p in mine.call("serve_plans") if p["next_start"] is not None)
+                view = ServersView(lines, now, planned=planned)
             except Exception as error:  # noqa: BLE001 - e.g. the service is down: shown, retried on the next wake
                 view = ServersView(lines, time.time(), f"{error}")
             app.post_message(ServersLoaded(view))

@@ -25,7 +25,7 @@ from tests.llama.test_servers_service import SharedBoard
 from tests.ports import port_range
 from tests.service.support import check_reachable, needs_root
 from tests.shared_install import read_rows, scratch_dir
-from tests.unix_users import GATEWAY_USER, MEMBERS_GROUP, ensure_gateway_user, ensure_unix_users
+from tests.unix_users import GATEWAY_USER, MEMBERS_GROUP, ensure_system_user, ensure_unix_users
 
 openai = pytest.importorskip("openai")
 
@@ -96,7 +96,8 @@ class Team:
         server = self.board.json(user, "serve", "start", str(booking), "--model", str(self.board.model), "--ctx", "512",
                                  "--parallel", "2", "--alias", alias)
         assert server["state"] == "ready", server
-        return server
+        # Each server has its own key (docs/llama.md): the holder reads it to reach the server's port directly.
+        return {**server, "api_key": self.board.json(user, "serve", "key", str(server["id"]))["key"]}
 
     def client(self, key: str, **options):
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=60, **options)
@@ -110,7 +111,7 @@ class Team:
 def team(llama_server, tiny_model):
     needs_root()
     ensure_unix_users()
-    ensure_gateway_user(MEMBERS_GROUP)
+    ensure_system_user(GATEWAY_USER, MEMBERS_GROUP)
     for name in ("board", "alice", GATEWAY_USER):
         check_reachable(name)
     root = scratch_dir("board-gateway-")
@@ -225,7 +226,7 @@ def test_a_key_revoked_mid_use_stops_within_5_s(team):
 
 
 def slots_busy(server: dict) -> list[bool]:
-    status, _, body = http(f"http://127.0.0.1:{server['port']}/slots")
+    status, _, body = http(f"http://127.0.0.1:{server['port']}/slots", key=server["api_key"])
     assert status == 200, body
     return [bool(s.get("is_processing")) for s in body]
 
@@ -302,7 +303,7 @@ def bare(llama_server, tiny_model):
     """The agent and the gateway, no server: for what a restart of the service does to the gateway."""
     needs_root()
     ensure_unix_users()
-    ensure_gateway_user(MEMBERS_GROUP)
+    ensure_system_user(GATEWAY_USER, MEMBERS_GROUP)
     root = scratch_dir("board-gateway-restart-")
     board = SharedBoard(root, llama_server, tiny_model)
     team = Team(board, root)

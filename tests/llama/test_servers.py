@@ -22,18 +22,19 @@ pytestmark = pytest.mark.usefixtures("_subreaper")
 SERVER_KEYS = {"id", "booking_id", "user", "cards", "model", "port", "pid", "state", "started", "log"}
 
 
-def get(url: str, timeout: float = 5):
+def get(url: str, timeout: float = 5, key: str | None = None):
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
 
 
-def chat(url: str, text: str = "hello") -> dict:
+def chat(url: str, key: str, text: str = "hello") -> dict:
     body = json.dumps({"messages": [{"role": "user", "content": text}], "max_tokens": 4}).encode()
     request = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.status == 200
         return json.loads(response.read())
@@ -72,11 +73,19 @@ class TestStartAnswerStop:
         assert server["cards"] == [3, 4, 7]  # topology order: the closest cards sit next to each other
         url = server["url"]
         assert get(f"{url}/health")[0] == 200
-        answer = chat(url)
+        # Its own key: nothing but /health answers without it; the holder reads it with `serve key`.
+        assert "api_key" not in server
+        key = board.ok("serve", "key", str(server["id"])).stdout.strip()
+        assert len(key) >= 32 and key not in board.ok("serve", "list", "--json").stdout + json.dumps(server)
+        assert get(f"{url}/metrics")[0] == 401 and get(f"{url}/v1/models", key="wrong")[0] == 401
+        answer = chat(url, key)
         assert answer["choices"][0]["message"]["role"] == "assistant"
         assert answer["usage"]["completion_tokens"] >= 1
-        status, metrics = get(f"{url}/metrics")
+        status, metrics = get(f"{url}/metrics", key=key)
         assert status == 200 and b"llamacpp:tokens_predicted_total" in metrics
+        # from a file only the supervisor's uid may read, gone when the server ends
+        key_file = psutil.Process(server["pid"]).cmdline()[-1]
+        assert os.stat(key_file).st_mode & 0o777 == 0o600 and open(key_file).read() == key
 
         # The recipe: pinned to the booked cards' UUIDs, loopback only, the leased port.
         process = psutil.Process(server["pid"])
@@ -108,6 +117,7 @@ class TestStartAnswerStop:
         assert board.gone(after), "a process of the server's group is still there"
         assert group_alive(server["pgid"]) == [] and group_members(server["pgid"]) == []
         assert health(server["host"], server["port"], timeout=0.5) is None  # nothing listens any more
+        assert not os.path.exists(key_file)
         assert [e["ok"] for e in events(board, "server-start")] == [True]
         assert [e["details"]["server"] for e in events(board, "server-stop")] == [1]
         log = board.ok("serve", "logs", "1").stdout

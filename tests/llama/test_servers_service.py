@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -87,9 +88,9 @@ class SharedBoard:
             os.chmod(home, 0o700)  # the service (user board) cannot read a member's logs
             self.homes[name] = home
 
-    def run(self, user: str, *args: str, timeout: float = 120):
+    def run(self, user: str, *args: str, timeout: float = 120, env: dict | None = None):
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "HOME": str(self.homes[user]),
-               "BOARD_CONFIG": str(self.agent.config), "PYTHONDONTWRITEBYTECODE": "1"}
+               "BOARD_CONFIG": str(self.agent.config), "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
         return run_as(user, str(BOARD), *args, env=env, timeout=timeout)
 
     def ok(self, user: str, *args: str):
@@ -243,3 +244,206 @@ class TestMemory:
         assert "ignored a memory report that is not llama.cpp's figures" in shared.agent.log_text()
         after = shared.wait_state(row["id"], ("stopped",))
         assert after["state"] == "stopped", after  # the service went on serving the connection to its end
+
+
+def _request(server: dict, path: str, body: dict | None = None, key: str | None = None):
+    """An HTTP response from the server itself (the caller reads it), with `key` as its bearer token."""
+    import http.client
+
+    conn = http.client.HTTPConnection(server["host"], server["port"], timeout=60)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    conn.request("POST" if body is not None else "GET", path, json.dumps(body) if body is not None else None, headers)
+    return conn.getresponse()
+
+
+class TestKeysAndRestarts:
+    def test_each_server_has_a_key_only_its_holder_and_admins_read(self, shared):
+        booking = shared.json("alice", "book", "--cards", "1", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "256")
+        key = shared.json("alice", "serve", "key", str(server["id"]))["key"]
+        assert shared.json("carol", "serve", "key", str(server["id"]))["key"] == key  # an admin
+        refused = shared.run("bob", "serve", "key", str(server["id"]))
+        assert refused.returncode == 4 and "alice" in refused.stderr and key not in refused.stdout + refused.stderr
+        assert [e["ok"] for e in shared.events("server-key")] == [False]
+        for user in ("alice", "bob", "carol"):  # in no listing
+            assert key not in shared.ok(user, "serve", "list", "--all", "--json").stdout
+        # Nobody without the key uses the port (bob has a shell on the host); /health stays open for monitors.
+        assert _request(server, "/v1/models", key=None).status == 401
+        assert _request(server, "/slots", key=None).status == 401  # not even which slots are busy
+        assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key="guess").status == 401
+        assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+        assert health(server["host"], server["port"]) == 200
+        shared.json("alice", "serve", "stop", str(server["id"]))
+        assert gone(server)
+
+    def test_the_service_killed_mid_stream_stops_no_server(self, shared):
+        booking = shared.json("alice", "book", "--cards", "0", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "512")
+        key = shared.json("alice", "serve", "key", str(server["id"]))["key"]
+        stream = _request(server, "/v1/completions", {"prompt": "once upon a time", "max_tokens": 300, "stream": True,
+                                                      "ignore_eos": True}, key=key)
+        assert stream.status == 200
+        first = stream.readline()
+        assert first.startswith(b"data: ")
+
+        shared.agent.kill9()  # an upgrade gone wrong: no goodbye to anyone
+        assert health(server["host"], server["port"]) == 200
+        shared.agent.start()
+        # Its supervisor registers again on its own; the service checked pid, start time and uid.
+        deadline = time.monotonic() + 30
+        while f"server {server['id']} (alice, port {server['port']}): its supervisor registered again" \
+                not in shared.agent.log_text():
+            assert time.monotonic() < deadline, shared.agent.log_text()
+            time.sleep(0.1)
+        chunks = [first]
+        while line := stream.readline():
+            if line.strip():
+                chunks.append(line)
+        assert chunks[-1].strip() == b"data: [DONE]", chunks[-3:]
+        last = json.loads(chunks[-2][len(b"data: "):])
+        assert last["usage"]["completion_tokens"] == 300, last  # the whole answer, streamed across the restart
+        after = shared.server(server["id"], "alice")
+        assert after["state"] == "ready" and after["pid"] == server["pid"], after
+        assert os.getpgid(server["pid"]) == server["pgid"]  # the very same process
+        # Supervised again: a stop reaches it through the service, and its end is recorded as it happened.
+        stopped = shared.json("alice", "serve", "stop", str(server["id"]))
+        assert stopped["state"] == "stopped" and stopped["exit_code"] == 0, stopped
+        assert gone(server)
+
+    def test_while_the_service_is_away_the_supervisor_stops_its_server_at_the_bookings_end(self, shared):
+        booking = shared.json("alice", "book", "--cards", "3", "--start", "now", "--for", "1m")
+        started = shared.run("alice", "serve", "start", str(booking["id"]), "--model", str(shared.model), "--ctx",
+                             "256", "--json", env={"BOARD_LLAMA_BACKSTOP_S": "0"})
+        assert started.returncode == 0, started.stderr
+        server = json.loads(started.stdout)
+        assert shared.agent.stop() == 0  # down for good (systemctl stop): nobody but the supervisor is left
+        assert health(server["host"], server["port"]) == 200  # the service's stop stopped no server
+        assert gone(server, timeout=120), "the server outlived its booking with the service away"
+        end = datetime.fromisoformat(booking["end"]).timestamp()
+        assert time.time() >= end
+        with open(server["log"]) as log:  # alice's own log says why
+            assert "the booking is over and the board service is away; stopping the server" in log.read()
+        shared.agent.start()  # back: it takes back nothing, and records the server as ended
+        assert shared.wait_state(server["id"], ("stopped", "crashed"))["state"] in ("stopped", "crashed")
+
+    def test_a_supervisor_that_is_not_the_recorded_one_cannot_resume(self, shared):
+        booking = shared.json("alice", "book", "--cards", "2", "--for", "1h")["id"]
+        server = shared.json("alice", "serve", "start", str(booking), "--model", str(shared.model), "--ctx", "256")
+        resume = ("import json, socket, sys\n"
+                  "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+                  "s.sendall((json.dumps({'v': 1, 'id': 1, 'op': 'register', 'args': {'kind': 'server',"
+                  " 'server': int(sys.argv[2]), 'resume': True}}) + '\\n').encode())\n"
+                  "print(s.makefile().readline())\n")
+        for user in ("alice", "bob"):  # alice's other process, or another member
+            result = run_as(user, str(BOARD.parent / "python"), "-c", resume, str(shared.agent.socket),
+                            str(server["id"]))
+            answer = json.loads(result.stdout)
+            assert answer["ok"] is False and "not the supervisor it recorded" in answer["error"]["message"], answer
+        assert shared.server(server["id"])["state"] == "ready"
+        shared.json("alice", "serve", "stop", str(server["id"]))
+        assert gone(server)
+
+
+@pytest.fixture
+def runner(shared):
+    """`board runner` as board-runner.service starts it: setpriv --reuid board-llama, no capabilities."""
+    import subprocess
+
+    from tests.agent_process import ENVIRON, SETPRIV
+    from tests.unix_users import RUNNER_USER, ensure_system_user
+
+    entry = ensure_system_user(RUNNER_USER, MEMBERS)
+    check_reachable(RUNNER_USER)
+    state = shared.root / "runner-state"  # the unit's StateDirectory=
+    state.mkdir()
+    os.chown(state, entry.pw_uid, entry.pw_gid)
+    os.chmod(state, 0o700)
+    log = shared.root / "runner.log"
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", SETPRIV, "--reuid", RUNNER_USER, "--regid", RUNNER_USER,
+             "--init-groups", "--", str(BOARD), "runner"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**ENVIRON, "BOARD_CONFIG": str(shared.agent.config), "XDG_STATE_HOME": str(state)})
+    process.log = log
+    deadline = time.monotonic() + 30
+    while "board runner: registered with the service" not in log.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    yield process
+    process.terminate()
+    process.wait(15)
+
+
+class TestPlannedServers:
+    def test_a_planned_server_starts_at_its_booking_start_and_stops_at_its_end_with_nobody_logged_in(
+            self, shared, runner):
+        import sqlite3
+        from datetime import datetime, timedelta, timezone
+
+        from app.store.plans import planned_servers
+
+        start = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=10)
+        booking = shared.json("alice", "book", "--cards", "7", "--start", start.isoformat(), "--for", "1m")
+        plan = shared.json("alice", "serve", "plan", str(booking["id"]), "--model", str(shared.model), "--ctx", "256",
+                           "--alias", "team")
+        assert plan["alias"] == "team" and plan["next_booking"] == booking["id"]
+        assert plan["next_start"] == int(start.timestamp())
+        listed = shared.ok("bob", "serve", "plan", "--list").stdout  # the team sees what will be served, and when
+        assert "team" in listed and f"booking {booking['id']}" in listed
+        with sqlite3.connect(shared.agent.db) as conn:  # what the gateway shows as planned (CONTRACT20)
+            assert planned_servers(conn, int(time.time())) == [
+                {"alias": "team", "booking": booking["id"], "start": int(start.timestamp()),
+                 "end": int(start.timestamp()) + 60, "user": "alice"}]
+        # alice's commands have all exited: from here on no process of hers takes part.
+        deadline = time.monotonic() + 40
+        while not (found := [s for s in shared.json("alice", "serve", "list", "--all")["servers"]
+                             if s["booking_id"] == booking["id"]]) or found[0]["state"] != "ready":
+            assert time.monotonic() < deadline, (found, runner.log.read_text()[-2000:], shared.agent.log_text())
+            time.sleep(0.2)
+        [server] = found
+        assert server["user"] == "alice" and server["alias"] == "team"
+        assert datetime.fromisoformat(server["started"]) >= start  # not before its booking
+        llama = pwd.getpwnam("board-llama").pw_uid
+        for pid in (server["pid"], server["supervisor_pid"]):  # run by the runner's user, not alice's
+            assert os.stat(f"/proc/{pid}").st_uid == llama
+        key = shared.json("alice", "serve", "key", str(server["id"]))["key"]  # the holder's, as any server's
+        assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+        with sqlite3.connect(shared.agent.db) as conn:  # up: no longer planned
+            assert planned_servers(conn, int(time.time())) == []
+
+        # The service restarts: the server keeps serving, its supervisor (board-llama's) and the runner register again.
+        shared.agent.kill9()
+        shared.agent.start()
+        deadline = time.monotonic() + 30
+        while f"server {server['id']} (alice, port {server['port']}): its supervisor registered again" \
+                not in shared.agent.log_text() or runner.log.read_text().count("registered with the service") < 2:
+            assert time.monotonic() < deadline, (shared.agent.log_text(), runner.log.read_text())
+            time.sleep(0.1)
+        assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+
+        after = shared.wait_state(server["id"], ("stopped", "crashed"), timeout=90)
+        assert after["state"] == "stopped" and after["reason"] == f"booking {booking['id']} ended", after
+        assert datetime.fromisoformat(after["ended"]) >= start + timedelta(minutes=1)
+        assert gone(server)
+        assert f"started server {server['id']}" in runner.log.read_text()
+
+    def test_only_the_runners_user_registers_as_the_runner(self, shared):
+        refused = shared.run("alice", "runner")
+        assert refused.returncode == 4 and "board-llama" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+
+    def test_a_plan_needs_the_holder_and_a_model_the_runner_can_read(self, shared):
+        booking = shared.json("alice", "book", "--cards", "6", "--for", "1h")["id"]
+        refused = shared.run("bob", "serve", "plan", str(booking), "--model", str(shared.model))
+        assert refused.returncode == 4 and "alice" in refused.stderr, refused.stderr
+        mine = shared.homes["alice"] / "private.gguf"
+        shutil.copy2(shared.model, mine)
+        os.chown(mine, pwd.getpwnam("alice").pw_uid, -1)
+        outside = shared.run("alice", "serve", "plan", str(booking), "--model", str(mine))
+        assert outside.returncode == 2 and "model_dirs" in outside.stderr, outside.stderr
+        plan = shared.json("alice", "serve", "plan", str(booking), "--model", str(shared.model))
+        cancelled = shared.run("bob", "serve", "plan", "--cancel", str(plan["id"]))
+        assert cancelled.returncode == 4
+        assert shared.json("alice", "serve", "plan", "--cancel", str(plan["id"]))["cancelled"] is not None
+        assert shared.json("alice", "serve", "plan", "--list")["plans"] == []

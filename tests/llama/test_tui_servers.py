@@ -178,6 +178,7 @@ class TestStartDialog:
             await pilot.press("escape")
             await until(pilot, lambda: type(app.screen).__name__ == "ServersScreen")
             body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}).encode()
+            key = board.ok("serve", "key", "1").stdout.strip()  # the server's own; the board reads /metrics with it
 
             def generating() -> bool:
                 cell = cells(app, 1)[7]
@@ -187,7 +188,8 @@ class TestStartDialog:
             while not generating():  # tokens/s is a rate between two /metrics reads: keep it busy
                 assert time.monotonic() < deadline, "no tokens/s from /metrics"
                 request = urllib.request.Request(f"{server['url']}/v1/chat/completions", data=body,
-                                                 headers={"Content-Type": "application/json"})
+                                                 headers={"Content-Type": "application/json",
+                                                          "Authorization": f"Bearer {key}"})
                 urllib.request.urlopen(request, timeout=30).read()
                 await pilot.pause(0.3)
         board.ok("serve", "stop", "1")

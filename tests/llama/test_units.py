@@ -106,6 +106,7 @@ _BOARD_SETS = {
     "-ts": "--tensor-split", "--tensor-split": "--tensor-split", "-a": "--alias", "--alias": "--alias",
     "--path": None, "--api-prefix": None, "-fa": "--flash-attn", "--flash-attn": "--flash-attn",
     "-ctk": "--cache-type-k", "--cache-type-k": "--cache-type-k", "-ctv": "--cache-type-v", "--cache-type-v": "--cache-type-v",
+    "--api-key": None, "--api-key-file": None,  # each server has its own key, which the supervisor makes
 }
 
 
@@ -152,7 +153,7 @@ def test_the_lists_above_are_every_flag_the_filter_knows():
     ["--temp", "0.1", "-t", "8", "--jinja"],
     ["--temp=0.1", "--top-k=40"],  # joined spellings of other options
     # near misses of refused flags are llama-server's own options, not board's or another model's
-    ["-mg", "0"], ["--mlock"], ["-cb"], ["-cd", "512"], ["-n", "16"], ["-t", "4"], ["--api-key", "k"],
+    ["-mg", "0"], ["--mlock"], ["-cb"], ["-cd", "512"], ["-n", "16"], ["-t", "4"], ["--api-keys", "k"],
     ["--models-max", "2"], ["--mmproj-offload"], ["-h"], ["--help"],
     # a refused flag's text inside a value is not that flag
     ["--slot-save-path", "/tmp/--port"], ["--chat-template-file=/t/-m.jinja"],

@@ -121,6 +121,26 @@ def test_the_unit_is_shipped_in_the_package_and_installed_with_this_prefix(insta
         assert verify.returncode == 0, verify.stderr
 
 
+def test_the_runners_user_and_unit_are_installed(installed):
+    """board runner's system user (no login, in the members' group only to reach the socket) and its unit."""
+    prefix, output = installed
+    runner = pwd.getpwnam("board-llama")
+    assert runner.pw_shell in ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false")
+    assert "board-llama" in grp.getgrnam(MEMBERS_GROUP).gr_mem and ADMIN_GROUP not in [
+        g.gr_name for g in grp.getgrall() if "board-llama" in g.gr_mem]
+    unit = (prefix / "etc/systemd/system/board-runner.service").read_text()
+    assert re.search(rf"^ExecStart={re.escape(str(prefix))}/usr/local/bin/board runner$", unit, re.MULTILINE), unit
+    assert f"Environment=BOARD_CONFIG={prefix}/etc/board/board.toml" in unit
+    lines = unit.splitlines()
+    for line in ("User=board-llama", "Group=board-llama", "CapabilityBoundingSet=", "AmbientCapabilities=",
+                 "NoNewPrivileges=yes", "KillMode=process", "StateDirectory=board-llama"):
+        assert line in lines, f"the runner's unit lost {line!r}"
+    if shutil.which("systemd-analyze"):
+        verify = subprocess.run(["systemd-analyze", "verify", str(prefix / "etc/systemd/system/board-runner.service")],
+                                capture_output=True, text=True)
+        assert verify.returncode == 0, verify.stderr
+
+
 def test_the_agent_command_the_unit_runs_exists_and_refuses_root(installed, scratch):
     prefix, _ = installed
     board = as_installed(prefix, scratch)
@@ -167,6 +187,7 @@ def test_the_section_and_the_script_agree():
                    "--no-create-home", "--shell /usr/sbin/nologin", "install -d -o board -g board -m 0700 /var/lib/board",
                    "/etc/board/board.toml", 'socket = "/run/board/board.sock"', 'group = "board"',
                    'admin_group = "board-admin"', "systemctl enable --now board-agent", "board doctor",
+                   "useradd --system --gid board-llama", "board-runner.service",
                    "systemctl status board-agent", "usermod -aG board"):
         assert needle in block, f"the documented section lost {needle!r}"
     assert "board init" not in block and "2770" not in block, "the section still makes a shared 2770 directory"

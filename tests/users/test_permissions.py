@@ -33,6 +33,15 @@ runs as client calls from processes of those users (and [local] in process, iden
 11. service/processes.py Registry.add: the registering pid (SO_PEERCRED) runs under the peer's uid;
     "the registering process is not yours"; audited run, ok=0 (tests/users/test_jobs.py, a forged registration)
 12. service/hub.py Hub.publish(uid=): a reassign's `notice` reaches only the holders before and after [socket]
+13. llama/service.py ServerService.api_key (serve_key) [cli]: the server's holder or an admin;
+    "server N belongs to X; only they or an admin can read its key"; audited server-key, ok=0
+14. service/plans.py create, cancel (serve_plan, serve_plan_cancel) [cli local]: the booking's or series' holder;
+    cancel also an admin; audited server-plan, ok=0
+15. service/plans.py runner_registration (`register` kind runner) [cli]: only the uid of [llama] runner_user
+16. service/servers.py may_supervise, _resumed [socket]: a supervisor of the runner's uid only for a server a plan
+    started; a `resume` only from the very process recorded (pid, start time, command line) under a uid that may
+    supervise it; audited server-register, ok=0
+(13-16: tests/llama/test_servers_service.py and tests/unit/test_plans.py.)
 
 Not identity checks, left to their own tests: a lost card (bookings.py _check_cards), the policy
 limits (core/policy.py), a host the config does not allow (llama/service.py), a booking that is

@@ -1,4 +1,4 @@
-"""The llama-server operations: serve_start, serve_get, serve_list, serve_logs, serve_stop.
+"""The llama-server operations: serve_start, serve_get, serve_list, serve_logs, serve_stop, serve_key.
 
 The rules are app.llama.service (ServerService), bound to the service by app.service.servers, which
 also supervises the registered servers behind the socket.
@@ -86,5 +86,49 @@ def serve_stop(service: Service, me: Identity, id: int, reason=None) -> dict:
     rules = light_rules(service, me)
     try:
         return _wire(rules.stop(id, reason=reason[:200] if reason else None), me)
+    finally:
+        changed(service)
+
+
+@op("serve_key", {"id": INT})
+def serve_key(service: Service, me: Identity, id: int) -> dict:
+    """The server's own API key, for its holder and admins (the only operation that returns it)."""
+    return {"id": id, "key": light_rules(service, me).api_key(id)}
+
+
+# -- planned servers (app.service.plans) ----------------------------------------------------------
+
+_PLAN = {k: v for k, v in _START.items() if k != "port"}  # a planned server leases a port when it starts
+
+
+@op("serve_plan", {}, {"booking": INT, "series": INT, **_PLAN}, writes=True)
+def serve_plan(service: Service, me: Identity, booking=None, series=None, extra=None, **options) -> dict:
+    """Attach a server spec to the caller's booking, or to every occurrence of their series."""
+    from app.service import plans  # start-up: plans load only for servers
+
+    if extra is not None and not all(isinstance(a, str) for a in extra):
+        raise BadInput("serve_plan: extra is a list of strings")
+    try:
+        return plans.create(service, me, booking=booking, series=series, spec={**options, "extra": extra})
+    finally:
+        changed(service)
+
+
+@op("serve_plans", {}, {"all": BOOL})
+def serve_plans(service: Service, me: Identity, all=False) -> list:
+    """Live plans (everyone's: the team sees what will be served), with each one's next start; `all`: cancelled too."""
+    from app.service import plans  # start-up: plans load only for servers
+    from app.store import plans as plan_rows  # start-up: plans load only for servers
+
+    return [plans.plan_wire(service, p) for p in plan_rows.listing(service.conn, cancelled=all)]
+
+
+@op("serve_plan_cancel", {"id": INT}, writes=True)
+def serve_plan_cancel(service: Service, me: Identity, id: int) -> dict:
+    """Cancel a plan (its holder or an admin): no further starts; a server it already started runs to its end."""
+    from app.service import plans  # start-up: plans load only for servers
+
+    try:
+        return plans.cancel(service, me, id)
     finally:
         changed(service)

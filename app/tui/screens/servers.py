@@ -74,6 +74,20 @@ def _mib(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
+def planned_text(planned) -> Text:
+    """'planned: team (alice) from Mon 09:00, booking 42 · ...': the planned servers' next starts."""
+    text = Text("planned: ")
+    for n, plan in enumerate(planned):
+        if n:
+            text.append(" · ")
+        text.append_text(untrusted(plan["alias"], 24))
+        text.append(" (")
+        text.append_text(untrusted(plan["user"], 12))
+        when = time.strftime("%a %H:%M", time.localtime(plan["next_start"]))
+        text.append(f") from {when}, booking {plan['next_booking']}")
+    return text
+
+
 # -- the screen ---------------------------------------------------------------------------------
 
 
@@ -98,6 +112,7 @@ class ServersScreen(Screen):
     ServersScreen #title { height: 1; padding: 0 1; text-style: bold; background: $primary-muted; }
     ServersScreen #servers { height: 1fr; min-height: 5; }
     ServersScreen #detail { height: auto; max-height: 4; padding: 0 1; color: $text-muted; }
+    ServersScreen #planned { height: auto; max-height: 4; padding: 0 1; color: $text-muted; display: none; }
     ServersScreen #detail.-error { color: $error; }
     ServersScreen #log { height: 2fr; border-top: solid $primary; }
     """
@@ -116,6 +131,7 @@ class ServersScreen(Screen):
         yield BoardHeader()
         yield Static(Text("Servers · n start · x stop · l log · escape back"), id="title")
         yield DataTable(cursor_type="row", id="servers")
+        yield Static("", id="planned")
         yield Static("", id="detail")
         yield ServerLog(id="log")
         yield Footer()
@@ -152,6 +168,9 @@ class ServersScreen(Screen):
                 for line in view.lines:
                     for (column, _, _), cell in zip(COLUMNS, _server_cells(line, now)):
                         table.update_cell(str(line.server.id), column, cell)
+        planned = self.query_one("#planned", Static)
+        planned.display = bool(view.planned)
+        planned.update(planned_text(view.planned))
         self._show_detail()
         self.query_one(ServerLog).follow(self.selected(), self.app.client)
 
