@@ -215,6 +215,27 @@ def test_every_error_in_openais_format(team):
         team.client(alice).chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
 
 
+def test_a_planned_model_is_503_with_its_start_until_the_plan_is_cancelled(team):
+    """A model planned for later (serve plan) is not a typo: 503, Retry-After until its start, the booking named;
+    cancelled, it is unknown again (404). The plan reaches the gateway by the service's push."""
+    from datetime import datetime, timedelta, timezone
+
+    start = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=2)
+    booking = team.board.json("alice", "book", "--cards", "6", "--start", start.isoformat(), "--for", "1h")["id"]
+    plan = team.board.json("alice", "serve", "plan", str(booking), "--model", str(team.board.model), "--ctx", "256",
+                           "--alias", "later-llm")
+    key = team.key("bob")["key"]
+    chat = {"model": "later-llm", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert wait_for(lambda: http(f"{team.url}/v1/chat/completions", chat, key=key)[0] == 503, timeout=5)
+    status, head, body = http(f"{team.url}/v1/chat/completions", chat, key=key)
+    assert body["error"]["code"] == "model_not_ready" and f"(booking {booking})" in body["error"]["message"]
+    assert "served from" in body["error"]["message"]
+    assert head["Retry-After"] == "3600", head  # two hours away: capped at an hour, then asked again
+    team.board.ok("alice", "serve", "plan", "--cancel", str(plan["id"]))
+    assert wait_for(lambda: http(f"{team.url}/v1/chat/completions", chat, key=key)[0] == 404, timeout=5)
+    team.board.ok("alice", "cancel", str(booking))
+
+
 def test_a_key_revoked_mid_use_stops_within_5_s(team):
     made = team.key("alice", "--name", "to-revoke")
     chat = {"model": ALIAS, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
