@@ -20,11 +20,9 @@ from app.core.identity import Identity, lookup_user
 from app.errors import BadInput, BoardError
 from app.gpu import NoDriverError, open_source
 from app.gpu.fleet import Fleet
-from app.notify.deliver import Deliverer
 from app.service.audit import AGENT
 from app.service.bookings import BookingService
 from app.service.hub import Hub
-from app.service.notify import deliverer
 from app.service.ops import OPS
 from app.service.processes import Registry
 from app.service.servers import Supervision
@@ -33,6 +31,7 @@ from app.store.db import connect, storage_error
 
 if TYPE_CHECKING:
     from app.history.store import HistoryStore
+    from app.notify.deliver import Deliverer
 
 
 class Service:
@@ -147,6 +146,8 @@ class Service:
                        stopping: threading.Event) -> threading.Thread:
         """The delivery thread (behind the socket): pushes go out over HTTP on it, and its outbox work runs through
         `run_db` (on the database thread). Until it runs, notify_test delivers in the caller's thread."""
+        from app.service.notify import deliverer  # start-up: a command in process sends no pushes
+
         self.notifier = deliverer(self, run_db, log)
         thread = threading.Thread(target=self.notifier.run, args=(stopping,), name="board-notify", daemon=True)
         thread.start()
