@@ -29,6 +29,8 @@ from app.service.servers import Supervision
 from app.store import bookings as rows
 from app.store.db import connect, storage_error
 
+CALENDAR_PAST_S = 86400  # the calendar keeps bookings that ended up to a day before the service opened its file
+
 if TYPE_CHECKING:
     from app.history.store import HistoryStore
     from app.notify.deliver import Deliverer
@@ -69,6 +71,8 @@ class Service:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = connect(self.config.db_path)
+            # The live bookings in memory (app.store.bookings.Calendar): a slot search asks at many starts.
+            rows.keep_calendar(conn, int(self.clock()) - CALENDAR_PAST_S)
             if self.demo and not self._seeded:
                 from app.demo import seed_if_empty  # start-up: only a demo loads the demo's seed
 

@@ -203,6 +203,11 @@ class BookingService:
             for candidate in sorted({start, *ends, *opens}):
                 if candidate > horizon or (until is not None and candidate + duration > until):
                     break
+                # Cheap first: a start where the cards (or enough cards) are taken cannot work, whatever the rules.
+                wanted = (candidate, candidate + duration)
+                if (not is_free(busy, cards, wanted) if cards is not None
+                        else sum(is_free(busy, (i,), wanted) for i in self.cards) < count):
+                    continue
                 try:
                     return self._plan_at(cards, count, klass, candidate, duration, now, excluding, busy, held, now_slot)
                 except (Conflict, NotPermitted):
@@ -566,6 +571,7 @@ class BookingService:
                     result = change(now)
                 except (Conflict, NotPermitted) as refused:
                     self.conn.execute("ROLLBACK TO attempt")
+                    rows.rolled_back(self.conn)
                     refusal, details = refused, {**details, "refused": str(refused), "refused_by": refused_by(refused)}
                 events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,
                               booking_id=filed_under(result), ok=refusal is None, details=details)
