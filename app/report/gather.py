@@ -20,27 +20,27 @@ FOREVER = 2**62
 # card, state and what the verdicts test (busy, VRAM at 90 %, 92 °C): seconds, samples, the utilisation's sum and
 # seconds, the most VRAM and heat. Each group is on one side of every threshold, so its sums answer exactly what
 # the rollups one by one would. Read by bucket, a booking's span would read every card's rows (they interleave).
+# The group is one integer (what GROUP BY sorts fastest): booking << 17 | hot, full, busy (2 bits each: 0, 1, or
+# 2 for unknown) | state (3 bits) | card (8 bits); `key` takes it apart.
 HELD = f"""
-    (SELECT CASE WHEN h.hi > (r.id >> {CARD_BITS}) THEN h.booking END FROM temp.report_held h
-     WHERE h.card = (r.id & {CARD_MASK}) AND h.lo <= (r.id >> {CARD_BITS}) ORDER BY h.lo DESC LIMIT 1)"""
+    coalesce((SELECT CASE WHEN h.hi > (r.id >> {CARD_BITS}) THEN h.booking END FROM temp.report_held h
+              WHERE h.card = (r.id & {CARD_MASK}) AND h.lo <= (r.id >> {CARD_BITS}) ORDER BY h.lo DESC LIMIT 1), 0)"""
 SUMS = f"""
-    c.uuid, r.state, sum({{share}} r.n * r.dt), sum({{share}} r.n),
+    sum({{share}} r.n * r.dt), sum({{share}} r.n),
     sum((r.util_min + r.util_mean_d) * {{share}} r.n * r.dt), sum(CASE WHEN r.util_min IS NOT NULL
         THEN {{share}} r.n * r.dt END),
-    max(r.vram_min + r.vram_max_d), max(r.temp_min + r.temp_max_d), min(r.id >> {CARD_BITS}),
-    (r.util_min + r.util_mean_d) >= ? AS busy,
-    (r.vram_min + r.vram_max_d) * 100 >= {VRAM_PCT} * coalesce(c.memory_total, 1 << 40) AS full,
-    (r.temp_min + r.temp_max_d) >= {HOT_C} AS hot"""
+    max(r.vram_min + r.vram_max_d), max(r.temp_min + r.temp_max_d), min(r.id >> {CARD_BITS})"""
+FLAGS = f"""
+    (r.id & {CARD_MASK}) | (r.state << {CARD_BITS}) | (coalesce((r.util_min + r.util_mean_d) >= ?, 2) << 11)
+    | (coalesce((r.vram_min + r.vram_max_d) * 100 >= {VRAM_PCT} * ({{memory}}), 2) << 13)
+    | (coalesce((r.temp_min + r.temp_max_d) >= {HOT_C}, 2) << 15)"""
 WHOLE = f"""
-    SELECT {HELD} AS booking, {SUMS.format(share="")}
-    FROM rollups r JOIN cards c ON c.id = (r.id & {CARD_MASK})
-    WHERE r.id >= ? AND r.id < ?
-    GROUP BY booking, c.uuid, r.state, busy, full, hot"""
+    SELECT ({HELD} << 17) | {FLAGS} AS k, {SUMS.format(share="")}
+    FROM rollups r WHERE r.id >= ? AND r.id < ? GROUP BY k"""
 # The buckets a booking held in part: each rollup read once, its sums scaled by the share.
 PARTS = f"""
-    SELECT p.booking, {SUMS.format(share="p.share *")}
-    FROM temp.report_parts p JOIN rollups r ON r.id = p.id JOIN cards c ON c.id = (r.id & {CARD_MASK})
-    GROUP BY p.booking, c.uuid, r.state, busy, full, hot"""
+    SELECT (p.booking << 17) | {FLAGS} AS k, {SUMS.format(share="p.share *")}
+    FROM temp.report_parts p JOIN rollups r ON r.id = p.id GROUP BY k"""
 SQUATS = f"""
     SELECT ((s.id >> {SLOT_BITS + CARD_BITS}) * {BUCKET_S} + {EPOCH}), c.uuid, s.user, s.n, s.n * coalesce(r.dt, 10)
     FROM squats s JOIN cards c ON c.id = ((s.id >> {SLOT_BITS}) & {CARD_MASK})
@@ -123,6 +123,11 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
             if last > first:
                 held.append((card, first, last, b.id))
             parts.extend(((k << CARD_BITS) | card, b.id, share) for k, share in shared)
+    # Each card's VRAM in the SQL itself: a join per rollup would cost more than the sums.
+    memory = " ".join(f"WHEN {int(card)} THEN {int(total)}" for card, total in
+                      db.execute("SELECT id, memory_total FROM cards WHERE memory_total IS NOT NULL"))
+    memory = f"CASE r.id & {CARD_MASK} {memory} ELSE {1 << 40} END" if memory else str(1 << 40)
+    uuids = {card: uuid for uuid, card in cards.items()}
     db.execute("CREATE TEMP TABLE IF NOT EXISTS report_held (card INTEGER, lo INTEGER, hi INTEGER, booking INTEGER,"
                " PRIMARY KEY (card, lo)) WITHOUT ROWID")
     db.execute("CREATE TEMP TABLE IF NOT EXISTS report_parts (id INTEGER, booking INTEGER, share REAL)")
@@ -130,34 +135,41 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
         # bookings on one card do not overlap, so neither do their whole buckets
         db.conn.executemany("INSERT OR IGNORE INTO temp.report_held VALUES (?, ?, ?, ?)", held)
         db.conn.executemany("INSERT INTO temp.report_parts VALUES (?, ?, ?)", parts)
-        whole = db.execute(WHOLE, [busy_util, lo << CARD_BITS, hi << CARD_BITS]).fetchall()
-        shared = db.execute(PARTS, [busy_util]).fetchall()
+        whole = db.execute(WHOLE.format(memory=memory), [busy_util, lo << CARD_BITS, hi << CARD_BITS]).fetchall()
+        shared = db.execute(PARTS.format(memory=memory), [busy_util]).fetchall()
     finally:
         db.execute("DELETE FROM temp.report_held")
         db.execute("DELETE FROM temp.report_parts")
 
-    def row(booking, uuid, state, seconds, n, util_sum, util_s, vram, temp, first, busy, full, hot) -> dict:
-        return {"uuid": uuid, "state": STATES[state], "seconds": seconds, "n": n,
-                "util_mean": None if not util_s else util_sum / util_s, "vram_max": vram, "temp_max": temp,
-                "ts": first * BUCKET_S + EPOCH, "busy": busy, "flags": (busy, full, hot), "booking_id": booking}
+    def flag(bits: int) -> int | None:
+        return None if bits == 2 else bits
 
-    found = [row(*r) for r in whole if r[0] is not None] + [row(*r) for r in shared]
+    def row(k, seconds, n, util_sum, util_s, vram, temp, first) -> dict:
+        busy, full, hot = flag(k >> 11 & 3), flag(k >> 13 & 3), flag(k >> 15 & 3)
+        return {"uuid": uuids[k & CARD_MASK], "state": STATES[k >> CARD_BITS & 7], "seconds": seconds, "n": n,
+                "util_mean": None if not util_s else util_sum / util_s, "vram_max": vram, "temp_max": temp,
+                "ts": first * BUCKET_S + EPOCH, "busy": busy, "flags": (busy, full, hot), "booking_id": k >> 17 or None}
+
+    # (a card missing from the history's cards table is no one's: as the join it replaces)
+    whole = [r for r in whole if r[0] & CARD_MASK in uuids]
+    shared = [r for r in shared if r[0] & CARD_MASK in uuids]
+    found = [row(*r) for r in whole if r[0] >> 17] + [row(*r) for r in shared]
     # What no booking held: a card's unheld whole buckets, less the parts of its buckets that bookings held.
     booked: dict[tuple, list] = {}
     for r in shared:
         sums = booked.setdefault(_key(row(*r)), [0.0, 0.0, 0.0])
-        sums[0] += r[3]
-        sums[1] += r[4]
-        sums[2] += r[5] or 0.0
+        sums[0] += r[1]
+        sums[1] += r[2]
+        sums[2] += r[3] or 0.0
     for r in whole:
-        if r[0] is not None:
+        if r[0] >> 17:
             continue
         free = row(*r)
         sums = booked.get(_key(free), [0, 0, 0.0])
         seconds = free["seconds"] - sums[0]
         if seconds <= 1e-6:  # all of it was booked (shares are fractions: allow their rounding)
             continue
-        util = None if free["util_mean"] is None else ((r[5] or 0.0) - sums[2]) / seconds
+        util = None if free["util_mean"] is None else ((r[3] or 0.0) - sums[2]) / seconds
         found.append({**free, "seconds": seconds, "n": free["n"] - sums[1], "util_mean": util})
     return found
 
