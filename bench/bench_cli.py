@@ -137,11 +137,12 @@ def file_mode(runs: int, against: Path | None = None) -> None:
             theirs = str(against / ".venv" / "bin" / "board")
             cases.update({
                 "against: board status --json (file)": lambda n: [theirs, "status", "--json"],
-                "against: board book 1 --for 10m (file)": lambda n: [theirs, "book", "1", "--start", f"+{n + 1}h",
-                                                                     "--for", "10m", "--cards", "1"],
+                "against: board book --cards 1 --for 10m (file)": lambda n: [theirs, "book", "--cards", "1", "--start",
+                                                                             f"+{n + 1}h", "--for", "10m"],
             })
-            cases["board book 1 --for 10m (file)"] = lambda n: [board, "book", "1", "--start", f"+{n + 1}h", "--for",
-                                                                "10m", "--cards", "0"]
+            del cases["board book 1 --for 10m (file)"]  # each checkout books a card of its own, at the same times
+            cases["board book --cards 0 --for 10m (file)"] = lambda n: [board, "book", "--cards", "0", "--start",
+                                                                        f"+{n + 1}h", "--for", "10m"]
         wall, cpu = run_cases(cases, runs, env)
     print(f"{runs} runs each, interleaved, file mode (BOARD_DB, in process):")
     report(wall, cpu, 3.0)

@@ -50,6 +50,7 @@ class Service:
         self.hub = Hub()
         self._local = threading.local()
         self._seeded = False
+        self._servers_shown = False  # fleet_snapshot has shown llama-servers on the simulated cards
         # Jobs and servers registered over the socket, by pidfd (app.service.processes), and the servers'
         # reports on top of that (app.service.servers.Supervision).
         self.processes = Registry()
@@ -129,11 +130,14 @@ class Service:
     def fleet_snapshot(self):
         """The newest FleetSnapshot for every board and `board status`; on a simulated fleet with the demo's
         llama-servers (they run on the CPU) shown on their booked cards, as NVML would show them."""
-        if self.fleet.simulated:
+        # A command in process shows no servers: llama's modules load once one runs (or once one has been shown,
+        # so that its end clears it).
+        if self.fleet.simulated and (self._servers_shown or rows.any_live_server(self.conn)):
             from app.llama.processes import feed_simulated  # start-up: only the demo's fleet loads llama's modules
 
             if feed_simulated(self.fleet.source, self.conn):
                 self.fleet.invalidate()
+            self._servers_shown = True
         return self.fleet.latest()
 
     def lookup_user(self, name: str) -> tuple[str, int] | None:

@@ -239,6 +239,12 @@ def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int)
         calendar.stale = True  # a booking names its cards by index: read them all again
 
 
+def any_live_server(conn: sqlite3.Connection) -> bool:
+    """Whether any server is starting, ready or stopping (as live_server_ids counts them)."""
+    return conn.execute("SELECT 1 FROM servers WHERE state IN ('starting', 'ready', 'stopping') LIMIT 1").fetchone() \
+        is not None
+
+
 def live_server_ids(conn: sqlite3.Connection, booking_id: int) -> list[int]:
     """The booking's servers that are starting, ready or stopping (app.llama.rows.LIVE_STATES), by id."""
     return [r[0] for r in conn.execute(
