@@ -83,6 +83,7 @@ class CardTable(DataTable):
         self._cells: dict[tuple[str, str], Cell] = {}
         self._built: dict[tuple[str, str], tuple[tuple, Cell]] = {}  # (uuid, column) -> (parts, Cell)
         self._changed_rows: set = set()
+        self._known_stores = all(hasattr(self, name) for name in _DATA_TABLE_STORES)
         self.statuses: tuple[CardStatus, ...] = ()
         self._requested = False  # the wide VRAM column has room for requests
 
@@ -93,7 +94,7 @@ class CardTable(DataTable):
         then, and it repaints all of them. A poll changes a few cells, so this puts the value in, and the repaint
         (_repaint_changed_rows) forgets only what showed those cells and redraws only their rows: the other rows'
         lines and the changed rows' other cells stay cached (bench/bench_tui.py)."""
-        if update_width or not hasattr(self, "_data"):  # a Textual without DataTable's cell store: its own way
+        if update_width or not self._known_stores:  # another Textual's DataTable: its own way
             self._quiet = True
             try:
                 super().update_cell(row_key, column_key, value, update_width=update_width)
@@ -112,16 +113,18 @@ class CardTable(DataTable):
         self._changed_rows.clear()
         if not rows:
             return
-        # Forget only what showed a changed cell: the cell's renders, its row's, and the lines of its row.
-        caches = [(getattr(self, "_cell_render_cache", None), lambda key: (key[0], key[1]) in changed),
-                  (getattr(self, "_row_render_cache", None), lambda key: key[0] in rows),
-                  (getattr(self, "_line_cache", None), lambda key: self._row_at(key[0]) in rows)]
+        # Forget only what showed a changed cell: its row's renderables, the cell's renders, its row's, and the
+        # lines of its row.
+        indexes = {self.get_row_index(row) for row in rows}
+        caches = [] if not self._known_stores else [(self._row_renderable_cache, lambda key: key[1] in indexes),
+                  (self._cell_render_cache, lambda key: (key[0], key[1]) in changed),
+                  (self._row_render_cache, lambda key: key[0] in rows),
+                  (self._line_cache, lambda key: self._row_at(key[0]) in rows)]
         for cache, stale in caches:
-            if cache is not None:
-                for key in [key for key in cache.keys() if stale(key)]:
-                    cache.discard(key)
-        for row_key in rows:
-            self.refresh_row(self.get_row_index(row_key))
+            for key in [key for key in cache.keys() if stale(key)]:
+                cache.discard(key)
+        for index in indexes:
+            self.refresh_row(index)
 
     def _row_at(self, y: int):
         try:
@@ -220,6 +223,9 @@ class CardTable(DataTable):
         return cells
 
 
+# DataTable's cell store and the caches of what it drew (Textual 1 to 8): the ones a changed cell makes stale.
+# tests/tui/test_tui_behaviour.py (TestCardTable) checks that a changed cell is drawn anew and nothing else.
+_DATA_TABLE_STORES = ("_data", "_row_renderable_cache", "_cell_render_cache", "_row_render_cache", "_line_cache")
 STEPS = {"power": 5.0, "util": 5}  # watts; percentage points
 
 
