@@ -490,17 +490,24 @@ class BookingService:
         with write(self.conn):
             now = int(self.clock())
             # A move frees the slot it left, which may let one earlier in the order move again: until none does.
+            freed: list[tuple[tuple, int]] | None = None
             for _ in range(MAX_BACKFILL_ROUNDS):
-                found = self._backfill_round(now)
+                found = self._backfill_round(now, freed)
                 moved += found
                 if not found:
                     break
+                freed = [(_queue_order(before), before.start) for before, _ in found]
         return moved
 
-    def _backfill_round(self, now: int) -> list[tuple[Booking, Booking]]:
-        rank = {klass: i for i, klass in enumerate(CLASSES)}
+    def _backfill_round(self, now: int, freed: list[tuple[tuple, int]] | None) -> list[tuple[Booking, Booking]]:
+        """One pass over the queue in its order. After the first, `freed` is each move of the last pass: (its place
+        in the order, the start it left). Only a booking before that move in the order (those after it were asked
+        with the time already free) and ending after the start it left (it cannot reach the time otherwise) may
+        move again, so the pass that finds nothing more costs little."""
         moved: list[tuple[Booking, Booking]] = []
-        waiting = sorted(rows.queued(self.conn, now), key=lambda b: (rank.get(b.klass, len(rank)), b.requested_at, b.id))
+        waiting = sorted(rows.queued(self.conn, now), key=_queue_order)
+        if freed is not None:
+            waiting = [b for b in waiting if any(order > _queue_order(b) and start < b.end for order, start in freed)]
         for booking in waiting:
             wanted = max(now, booking.requested_at)
             if booking.start <= wanted:
@@ -736,6 +743,14 @@ class BookingService:
         clash = rows.first_conflict(self.conn, uuids, start, end, excluding)
         if clash is not None:
             raise SlotTaken(clash, cards, self.clock())
+
+
+_RANK = {klass: i for i, klass in enumerate(CLASSES)}
+
+
+def _queue_order(booking: Booking) -> tuple:
+    """The queue's order: class (online first), then when it was wanted from, then id."""
+    return _RANK.get(booking.klass, len(_RANK)), booking.requested_at, booking.id
 
 
 class SlotTaken(Conflict):
