@@ -2,10 +2,12 @@
 
 Through the shared service, `board status` or `board book 2 --for 3h` is one JSON line each
 way: argparse, dataclasses and the rules would cost more than the request. So a command from
-QUICK whose every argument this small parser knows goes straight to the socket. Anything
-else (help, other commands, a flag it does not know, two flags argparse would refuse together,
-file mode) goes to the full CLI in app.cli, which owns the grammar and the messages; a test
-checks that both parse each quick command the same and run the same handler.
+QUICK whose every argument this small parser knows goes straight to the socket; in file mode
+(BOARD_DB, no shared install) the same parse runs the handler on the service in this process,
+which loads only what that command runs. Anything else (help, other commands, a flag it does not
+know, two flags argparse would refuse together) goes to the full CLI in app.cli, which owns the
+grammar and the messages; a test checks that both parse each quick command the same and run the
+same handler.
 """
 
 from __future__ import annotations
@@ -104,16 +106,19 @@ def shared_socket(environ) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse(argv)
-    path = shared_socket(os.environ) if args is not None else None
-    if path is None:
+    if args is None:
         from app.cli import main as full
 
         return full(argv)
     from app.cli.context import Context, check_arguments, run_command
-    from app.client.socket import SocketClient
 
     if (refusal := check_arguments(argv)) is not None:
         return refusal
+    path = shared_socket(os.environ)
+    if path is None:  # file mode: the context opens the service in this process, loading what the command runs
+        return run_command(handler(argv[0]), Context(args))
+    from app.client.socket import SocketClient
+
     return run_command(handler(argv[0]), Context(args, client=SocketClient(path)))
 
 

@@ -66,6 +66,7 @@ def scenario(db: Path, queued: int, hold: int) -> tuple[BookingService, Clock, i
     cards, topology = quiet_fleet()
     clock, config = Clock(T0), Config()
     conn = connect(db)
+    rows.keep_calendar(conn, T0 - 86400)  # as the service keeps its connection's (app.service.Service.conn)
 
     def rules(n: int) -> BookingService:
         return BookingService(conn, Identity(f"user{n}", 2000 + n, False), config, cards, topology, clock)

@@ -5,6 +5,7 @@ Medians; the ratio is against that baseline. Target (issue 8, section 6): 2x or 
 
     sudo .venv/bin/python bench/bench_cli.py [--runs 30] [--group boardusers] [--breakdown]
     .venv/bin/python bench/bench_cli.py --file [--runs 30]     # the old file mode (BOARD_DB), no root
+    .venv/bin/python bench/bench_cli.py --file --against /tmp/old   # and another checkout's, in the same rounds
 
 Socket mode needs root: it starts a throwaway agent as the user board, exactly as the unit does
 (bench/shared_install.py), and runs every case as alice through setpriv (the baseline too, so
@@ -120,7 +121,7 @@ def socket_mode(runs: int, group: str, user: str, breakdown: bool) -> None:
     report(wall, cpu, 2.0)
 
 
-def file_mode(runs: int) -> None:
+def file_mode(runs: int, against: Path | None = None) -> None:
     compile_bytecode()
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "BOARD_DB": f"{tmp}/board.db", "BOARD_SIMULATE": "1"}
@@ -132,6 +133,16 @@ def file_mode(runs: int) -> None:
             "board status --json (file)": lambda n: [board, "status", "--json"],
             "board book 1 --for 10m (file)": lambda n: [board, "book", "1", "--start", f"+{n + 1}h", "--for", "10m"],
         }
+        if against is not None:  # the other checkout's board (its own venv) on the same file, other slots
+            theirs = str(against / ".venv" / "bin" / "board")
+            cases.update({
+                "against: board status --json (file)": lambda n: [theirs, "status", "--json"],
+                "against: board book --cards 1 --for 10m (file)": lambda n: [theirs, "book", "--cards", "1", "--start",
+                                                                             f"+{n + 1}h", "--for", "10m"],
+            })
+            del cases["board book 1 --for 10m (file)"]  # each checkout books a card of its own, at the same times
+            cases["board book --cards 0 --for 10m (file)"] = lambda n: [board, "book", "--cards", "0", "--start",
+                                                                        f"+{n + 1}h", "--for", "10m"]
         wall, cpu = run_cases(cases, runs, env)
     print(f"{runs} runs each, interleaved, file mode (BOARD_DB, in process):")
     report(wall, cpu, 3.0)
@@ -143,6 +154,7 @@ def main() -> None:
     parser.add_argument("--group", default=MEMBERS_GROUP, help=f"the members' group (default {MEMBERS_GROUP})")
     parser.add_argument("--user", default="alice", help="the member who runs the commands (default alice)")
     parser.add_argument("--file", action="store_true", help="file mode instead (BOARD_DB; no agent, no root)")
+    parser.add_argument("--against", type=Path, help="file mode: another checkout's board beside this one's")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time the quick path's imports step by step (where the time goes)")
     args = parser.parse_args()
@@ -150,7 +162,7 @@ def main() -> None:
         print("not root, so no agent of our own: file mode (sudo for the socket, the shared install's path)")
         args.file = True
     if args.file:
-        file_mode(args.runs)
+        file_mode(args.runs, args.against)
     else:
         socket_mode(args.runs, args.group, args.user, args.breakdown)
 

@@ -4,7 +4,10 @@ one small query), interleaved, each run a fresh process.
 The year is bench_history.synthetic_year's (8 simulated cards, 365 days of rollups, 48 h of raw samples) in
 board.history.db, and board.db holds its schedule's bookings (each asked for 0-90 minutes before its start).
 
-    .venv/bin/python bench/bench_report.py [--days 365] [--runs 5] [--json]
+    .venv/bin/python bench/bench_report.py [--days 365] [--runs 5] [--json] [--against OTHER_CHECKOUT]
+
+--against runs the other checkout's `board report` (its own .venv) on the same files in the same rounds, for a
+before-and-after in one run.
 """
 
 from __future__ import annotations
@@ -56,13 +59,20 @@ def make_year(root: Path, days: int, now: int) -> dict:
     return {"history_mb": figures["mb"], "rollups": figures["rows"]["rollups"], "bookings": count}
 
 
-def timed(args: list[str], env: dict) -> tuple[float, str]:
+def timed(args: list[str], env: dict, repo: Path = REPO) -> tuple[float, str]:
+    python = sys.executable if repo == REPO else str(repo / ".venv" / "bin" / "python")
     begun = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "app", *args], env=env, cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run([python, "-m", "app", *args], env=env, cwd=repo, capture_output=True, text=True)
     took = time.perf_counter() - begun
     if done.returncode:
         raise SystemExit(f"board {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[:300]}")
     return took, done.stdout
+
+
+def same(out: str) -> list:
+    """What two runs a few seconds apart must agree on: the rollups' figures (booked hours run to now)."""
+    return [[row[k] for k in ("key", "used_h", "idle_h", "squatted_h", "util_mean_pct")]
+            for row in json.loads(out)["rows"]]
 
 
 def main() -> int:
@@ -70,6 +80,7 @@ def main() -> int:
     parser.add_argument("--days", type=int, default=365)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--against", type=Path, help="another checkout whose report runs beside this one's")
     args = parser.parse_args()
     now = int(time.time()) // BUCKET_S * BUCKET_S
     with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
@@ -77,17 +88,26 @@ def main() -> int:
         made = make_year(root, args.days, now)
         env = {k: v for k, v in os.environ.items() if not k.startswith("BOARD_")}
         env |= {"BOARD_DB": str(root / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC"}
-        report, listing = [], []
+        report, listing, other = [], [], []
         for _ in range(args.runs):  # interleaved, so a busy machine slows both alike
             took, out = timed(["report", "--since", f"{args.days}d", "--json"], env)
             report.append(took)
             listing.append(timed(["list", "--json"], env)[0])
+            if args.against:
+                took, theirs = timed(["report", "--since", f"{args.days}d", "--json"], env, args.against)
+                other.append(took)
+                if same(theirs) != same(out):
+                    raise SystemExit(f"the reports differ: {args.against}'s and this checkout's")
         doc = json.loads(out)
         table_s = timed(["report", "--since", f"{args.days}d"], env)[0]
     figures = {**made, "runs": args.runs,
                "report_365d_json_s": {"median": round(statistics.median(report), 2), "max": round(max(report), 2)},
                "report_table_s": round(table_s, 2),
                "list_json_s": {"median": round(statistics.median(listing), 2), "max": round(max(listing), 2)},
+               "report_over_list": round(statistics.median(report) / statistics.median(listing), 2),
+               **({"against_report_s": {"median": round(statistics.median(other), 2), "max": round(max(other), 2)},
+                   "against_over_list": round(statistics.median(other) / statistics.median(listing), 2)}
+                  if other else {}),
                "rows": len(doc["rows"]), "total_booked_h": doc["total"]["booked_h"],
                "firing": [v["threshold"] for v in doc["verdicts"] if v["fires"]]}
     print(json.dumps(figures, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in figures.items()))

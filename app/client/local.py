@@ -14,7 +14,6 @@ from app.core.identity import Identity, current_identity
 from app.errors import BadInput, BoardError
 from app.gpu.fleet import Fleet
 from app.service import Service, open_service
-from app.service.watch import start_watchers
 
 
 class LocalClient:
@@ -54,6 +53,8 @@ class LocalClient:
         subscriber = self.service.hub.subscribe(kinds, self.me.uid)
         self._subscribers.append(subscriber)
         if self._watchers is None:
+            from app.service.watch import start_watchers  # start-up: a command that does not watch starts none
+
             self._watchers = start_watchers(self.service)
         try:
             while not subscriber.closed:

@@ -16,20 +16,32 @@ from app.store import bookings as rows
 from app.store import keys as key_rows
 
 FOREVER = 2**62
-# Per card, state and what the verdicts test (busy, VRAM at 90 %, 92 °C): seconds, samples, the weighted mean
-# utilisation and the most VRAM and heat. Each group is on one side of every threshold, so its sums answer
-# exactly what the rollups one by one would.
-GROUPS = f"""
-    SELECT c.uuid, r.state, sum(r.n * r.dt) AS seconds, sum(r.n) AS n,
-           sum((r.util_min + r.util_mean_d) * r.n * r.dt) * 1.0 / nullif(sum(CASE WHEN r.util_min IS NOT NULL
-               THEN r.n * r.dt END), 0) AS util_mean,
-           max(r.vram_min + r.vram_max_d) AS vram_max, max(r.temp_min + r.temp_max_d) AS temp_max,
-           min(r.id >> {CARD_BITS}) AS first, (r.util_min + r.util_mean_d) >= ? AS busy,
-           (r.vram_min + r.vram_max_d) * 100 >= {VRAM_PCT} * coalesce(c.memory_total, 1 << 40) AS full,
-           (r.temp_min + r.temp_max_d) >= {HOT_C} AS hot
-    FROM rollups r JOIN cards c ON c.id = (r.id & {CARD_MASK})
-    WHERE r.id >= ? AND r.id < ? {{card}}
-    GROUP BY c.uuid, r.state, busy, full, hot"""
+# One pass over the window's rollups, each given to the booking that held its card for the whole bucket (the
+# latest span in `report_held` starting at or before it on that card, if it has not ended), summed per booking,
+# card, state and what the verdicts test (busy, VRAM at 90 %, 92 °C): seconds, samples, the utilisation's sum and
+# seconds, the most VRAM and heat. Each group is on one side of every threshold, so its sums answer exactly what
+# the rollups one by one would. Read by bucket, a booking's span would read every card's rows (they interleave).
+# The group is one integer (what GROUP BY sorts fastest): booking << 17 | hot, full, busy (2 bits each: 0, 1, or
+# 2 for unknown) | state (3 bits) | card (8 bits); `key` takes it apart.
+HELD = f"""
+    coalesce((SELECT CASE WHEN h.hi > (r.id >> {CARD_BITS}) THEN h.booking END FROM temp.report_held h
+              WHERE h.card = (r.id & {CARD_MASK}) AND h.lo <= (r.id >> {CARD_BITS}) ORDER BY h.lo DESC LIMIT 1), 0)"""
+SUMS = f"""
+    sum({{share}} r.n * r.dt), sum({{share}} r.n),
+    sum((r.util_min + r.util_mean_d) * {{share}} r.n * r.dt), sum(CASE WHEN r.util_min IS NOT NULL
+        THEN {{share}} r.n * r.dt END),
+    max(r.vram_min + r.vram_max_d), max(r.temp_min + r.temp_max_d), min(r.id >> {CARD_BITS})"""
+FLAGS = f"""
+    (r.id & {CARD_MASK}) | (r.state << {CARD_BITS}) | (coalesce((r.util_min + r.util_mean_d) >= ?, 2) << 11)
+    | (coalesce((r.vram_min + r.vram_max_d) * 100 >= {VRAM_PCT} * ({{memory}}), 2) << 13)
+    | (coalesce((r.temp_min + r.temp_max_d) >= {HOT_C}, 2) << 15)"""
+WHOLE = f"""
+    SELECT ({HELD} << 17) | {FLAGS} AS k, {SUMS.format(share="")}
+    FROM rollups r WHERE r.id >= ? AND r.id < ? GROUP BY k"""
+# The buckets a booking held in part: each rollup read once, its sums scaled by the share.
+PARTS = f"""
+    SELECT (p.booking << 17) | {FLAGS} AS k, {SUMS.format(share="p.share *")}
+    FROM temp.report_parts p JOIN rollups r ON r.id = p.id GROUP BY k"""
 SQUATS = f"""
     SELECT ((s.id >> {SLOT_BITS + CARD_BITS}) * {BUCKET_S} + {EPOCH}), c.uuid, s.user, s.n, s.n * coalesce(r.dt, 10)
     FROM squats s JOIN cards c ON c.id = ((s.id >> {SLOT_BITS}) & {CARD_MASK})
@@ -142,54 +154,80 @@ def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], st
 
 def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:
     """The rollups over [start, end) as compute takes them, summed: per booking and card while it held the card
-    (a bucket it held in part counts for that part, as compute shares a rollup), and per card over all its time;
-    the unbooked rows are the second less the first."""
+    (a bucket it held in part counts for that part, as compute shares a rollup), and the rest per card; one pass
+    over the window's rollups (WHOLE) and one read of each bucket held in part (PARTS)."""
     if end <= start:
         return []
     db, cards = store.db, store.cards()
+
     def bucket(ts: int) -> int:  # the first bucket starting at or after ts
         return -(-(ts - EPOCH) // BUCKET_S)
 
     lo, hi = bucket(start), bucket(end)  # buckets starting in [start, end)
-
-    def pieces(b) -> list[tuple[int, int, float]]:
-        """(first, last, share): the buckets wholly inside the booking, then each it holds in part."""
-        whole = (max(lo, bucket(b.start)), min(hi, (b.end - EPOCH) // BUCKET_S))
-        found = [(*whole, 1.0)] if whole[1] > whole[0] else []
+    held, parts = [], []
+    for b in bookings:
+        first, last = max(lo, bucket(b.start)), min(hi, (b.end - EPOCH) // BUCKET_S)  # the buckets wholly inside
+        shared = []
         for k in sorted({(b.start - EPOCH) // BUCKET_S, (b.end - 1 - EPOCH) // BUCKET_S}):
             begin = k * BUCKET_S + EPOCH
             part = min(b.end, begin + BUCKET_S) - max(b.start, begin)
             if lo <= k < hi and 0 < part < BUCKET_S:
-                found.append((k, k + 1, part / BUCKET_S))
-        return found
+                shared.append((k, part / BUCKET_S))
+        for uuid in b.card_uuids:
+            card = cards.get(uuid)
+            if card is None:
+                continue
+            if last > first:
+                held.append((card, first, last, b.id))
+            parts.extend(((k << CARD_BITS) | card, b.id, share) for k, share in shared)
+    # Each card's VRAM in the SQL itself: a join per rollup would cost more than the sums.
+    memory = " ".join(f"WHEN {int(card)} THEN {int(total)}" for card, total in
+                      db.execute("SELECT id, memory_total FROM cards WHERE memory_total IS NOT NULL"))
+    memory = f"CASE r.id & {CARD_MASK} {memory} ELSE {1 << 40} END" if memory else str(1 << 40)
+    uuids = {card: uuid for uuid, card in cards.items()}
+    db.execute("CREATE TEMP TABLE IF NOT EXISTS report_held (card INTEGER, lo INTEGER, hi INTEGER, booking INTEGER,"
+               " PRIMARY KEY (card, lo)) WITHOUT ROWID")
+    db.execute("CREATE TEMP TABLE IF NOT EXISTS report_parts (id INTEGER, booking INTEGER, share REAL)")
+    try:
+        # bookings on one card do not overlap, so neither do their whole buckets
+        db.conn.executemany("INSERT OR IGNORE INTO temp.report_held VALUES (?, ?, ?, ?)", held)
+        db.conn.executemany("INSERT INTO temp.report_parts VALUES (?, ?, ?)", parts)
+        whole = db.execute(WHOLE.format(memory=memory), [busy_util, lo << CARD_BITS, hi << CARD_BITS]).fetchall()
+        shared = db.execute(PARTS.format(memory=memory), [busy_util]).fetchall()
+    finally:
+        db.execute("DELETE FROM temp.report_held")
+        db.execute("DELETE FROM temp.report_parts")
 
-    def groups(first: int, last: int, held: Sequence[int] = ()) -> list[dict]:
-        where = f"AND (r.id & {CARD_MASK}) IN ({', '.join(str(int(c)) for c in held)})" if held else ""
-        grouped = db.execute(GROUPS.format(card=where), [busy_util, first << CARD_BITS, last << CARD_BITS]).fetchall()
-        return [{"uuid": u, "state": STATES[st], "seconds": sec, "n": n, "util_mean": util, "vram_max": vram,
-                 "temp_max": temp, "ts": (f * BUCKET_S) + EPOCH, "busy": busy, "flags": (busy, full, hot)}
-                for u, st, sec, n, util, vram, temp, f, busy, full, hot in grouped]
+    def flag(bits: int) -> int | None:
+        return None if bits == 2 else bits
 
-    found, booked = [], {}
-    for b in bookings:
-        # one read of the booking's span for all its cards: the rollups of every card sit in it side by side
-        held = [card for uuid in b.card_uuids if (card := cards.get(uuid)) is not None]
-        for first, last, share in pieces(b) if held else ():
-            for row in groups(first, last, held):
-                row.update(booking_id=b.id, seconds=row["seconds"] * share, n=row["n"] * share)
-                found.append(row)
-                key = _key(row)
-                sums = booked.setdefault(key, [0, 0, 0.0])
-                sums[0] += row["seconds"]
-                sums[1] += row["n"]
-                sums[2] += (row["util_mean"] or 0) * row["seconds"]
-    for row in groups(lo, hi):
-        sums = booked.get(_key(row), [0, 0, 0.0])
-        seconds = row["seconds"] - sums[0]
+    def row(k, seconds, n, util_sum, util_s, vram, temp, first) -> dict:
+        busy, full, hot = flag(k >> 11 & 3), flag(k >> 13 & 3), flag(k >> 15 & 3)
+        return {"uuid": uuids[k & CARD_MASK], "state": STATES[k >> CARD_BITS & 7], "seconds": seconds, "n": n,
+                "util_mean": None if not util_s else util_sum / util_s, "vram_max": vram, "temp_max": temp,
+                "ts": first * BUCKET_S + EPOCH, "busy": busy, "flags": (busy, full, hot), "booking_id": k >> 17 or None}
+
+    # (a card missing from the history's cards table is no one's: as the join it replaces)
+    whole = [r for r in whole if r[0] & CARD_MASK in uuids]
+    shared = [r for r in shared if r[0] & CARD_MASK in uuids]
+    found = [row(*r) for r in whole if r[0] >> 17] + [row(*r) for r in shared]
+    # What no booking held: a card's unheld whole buckets, less the parts of its buckets that bookings held.
+    booked: dict[tuple, list] = {}
+    for r in shared:
+        sums = booked.setdefault(_key(row(*r)), [0.0, 0.0, 0.0])
+        sums[0] += r[1]
+        sums[1] += r[2]
+        sums[2] += r[3] or 0.0
+    for r in whole:
+        if r[0] >> 17:
+            continue
+        free = row(*r)
+        sums = booked.get(_key(free), [0, 0, 0.0])
+        seconds = free["seconds"] - sums[0]
         if seconds <= 1e-6:  # all of it was booked (shares are fractions: allow their rounding)
             continue
-        util = None if row["util_mean"] is None else (row["util_mean"] * row["seconds"] - sums[2]) / seconds
-        found.append({**row, "seconds": seconds, "n": row["n"] - sums[1], "util_mean": util, "booking_id": None})
+        util = None if free["util_mean"] is None else ((r[3] or 0.0) - sums[2]) / seconds
+        found.append({**free, "seconds": seconds, "n": free["n"] - sums[1], "util_mean": util})
     return found
 
 

@@ -20,19 +20,20 @@ from app.core.identity import Identity, lookup_user
 from app.errors import BadInput, BoardError
 from app.gpu import NoDriverError, open_source
 from app.gpu.fleet import Fleet
-from app.notify.deliver import Deliverer
 from app.service.audit import AGENT
 from app.service.bookings import BookingService
 from app.service.hub import Hub
-from app.service.notify import deliverer
 from app.service.ops import OPS
 from app.service.processes import Registry
 from app.service.servers import Supervision
 from app.store import bookings as rows
 from app.store.db import connect, storage_error
 
+CALENDAR_PAST_S = 86400  # the calendar keeps bookings that ended up to a day before the service opened its file
+
 if TYPE_CHECKING:
     from app.history.store import HistoryStore
+    from app.notify.deliver import Deliverer
 
 
 class Service:
@@ -49,6 +50,7 @@ class Service:
         self.hub = Hub()
         self._local = threading.local()
         self._seeded = False
+        self._servers_shown = False  # fleet_snapshot has shown llama-servers on the simulated cards
         # Jobs and servers registered over the socket, by pidfd (app.service.processes), and the servers'
         # reports on top of that (app.service.servers.Supervision).
         self.processes = Registry()
@@ -71,6 +73,8 @@ class Service:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = connect(self.config.db_path)
+            # The live bookings in memory (app.store.bookings.Calendar): a slot search asks at many starts.
+            rows.keep_calendar(conn, int(self.clock()) - CALENDAR_PAST_S)
             if self.demo and not self._seeded:
                 from app.demo import seed_if_empty  # start-up: only a demo loads the demo's seed
 
@@ -127,11 +131,14 @@ class Service:
     def fleet_snapshot(self):
         """The newest FleetSnapshot for every board and `board status`; on a simulated fleet with the demo's
         llama-servers (they run on the CPU) shown on their booked cards, as NVML would show them."""
-        if self.fleet.simulated:
+        # A command in process shows no servers: llama's modules load once one runs (or once one has been shown,
+        # so that its end clears it).
+        if self.fleet.simulated and (self._servers_shown or rows.any_live_server(self.conn)):
             from app.llama.processes import feed_simulated  # start-up: only the demo's fleet loads llama's modules
 
             if feed_simulated(self.fleet.source, self.conn):
                 self.fleet.invalidate()
+            self._servers_shown = True
         return self.fleet.latest()
 
     def lookup_user(self, name: str) -> tuple[str, int] | None:
@@ -148,6 +155,8 @@ class Service:
                        stopping: threading.Event) -> threading.Thread:
         """The delivery thread (behind the socket): pushes go out over HTTP on it, and its outbox work runs through
         `run_db` (on the database thread). Until it runs, notify_test delivers in the caller's thread."""
+        from app.service.notify import deliverer  # start-up: a command in process sends no pushes
+
         self.notifier = deliverer(self, run_db, log)
         thread = threading.Thread(target=self.notifier.run, args=(stopping,), name="board-notify", daemon=True)
         thread.start()

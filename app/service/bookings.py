@@ -206,6 +206,11 @@ class BookingService:
             for candidate in sorted({start, *ends, *opens}):
                 if candidate > horizon or (until is not None and candidate + duration > until):
                     break
+                # Cheap first: a start where the cards (or enough cards) are taken cannot work, whatever the rules.
+                wanted = (candidate, candidate + duration)
+                if (not is_free(busy, cards, wanted) if cards is not None
+                        else sum(is_free(busy, (i,), wanted) for i in self.cards) < count):
+                    continue
                 try:
                     return self._plan_at(cards, count, klass, candidate, duration, now, excluding, busy, held, now_slot)
                 except (Conflict, NotPermitted):
@@ -488,17 +493,24 @@ class BookingService:
         with write(self.conn):
             now = int(self.clock())
             # A move frees the slot it left, which may let one earlier in the order move again: until none does.
+            freed: list[tuple[tuple, int]] | None = None
             for _ in range(MAX_BACKFILL_ROUNDS):
-                found = self._backfill_round(now)
+                found = self._backfill_round(now, freed)
                 moved += found
                 if not found:
                     break
+                freed = [(_queue_order(before), before.start) for before, _ in found]
         return moved
 
-    def _backfill_round(self, now: int) -> list[tuple[Booking, Booking]]:
-        rank = {klass: i for i, klass in enumerate(CLASSES)}
+    def _backfill_round(self, now: int, freed: list[tuple[tuple, int]] | None) -> list[tuple[Booking, Booking]]:
+        """One pass over the queue in its order. After the first, `freed` is each move of the last pass: (its place
+        in the order, the start it left). Only a booking before that move in the order (those after it were asked
+        with the time already free) and ending after the start it left (it cannot reach the time otherwise) may
+        move again, so the pass that finds nothing more costs little."""
         moved: list[tuple[Booking, Booking]] = []
-        waiting = sorted(rows.queued(self.conn, now), key=lambda b: (rank.get(b.klass, len(rank)), b.requested_at, b.id))
+        waiting = sorted(rows.queued(self.conn, now), key=_queue_order)
+        if freed is not None:
+            waiting = [b for b in waiting if any(order > _queue_order(b) and start < b.end for order, start in freed)]
         for booking in waiting:
             wanted = max(now, booking.requested_at)
             if booking.start <= wanted:
@@ -569,6 +581,7 @@ class BookingService:
                     result = change(now)
                 except (Conflict, NotPermitted) as refused:
                     self.conn.execute("ROLLBACK TO attempt")
+                    rows.rolled_back(self.conn)
                     refusal, details = refused, {**details, "refused": str(refused), "refused_by": refused_by(refused)}
                 events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,
                               booking_id=filed_under(result), ok=refusal is None, details=details)
@@ -733,6 +746,14 @@ class BookingService:
         clash = rows.first_conflict(self.conn, uuids, start, end, excluding)
         if clash is not None:
             raise SlotTaken(clash, cards, self.clock())
+
+
+_RANK = {klass: i for i, klass in enumerate(CLASSES)}
+
+
+def _queue_order(booking: Booking) -> tuple:
+    """The queue's order: class (online first), then when it was wanted from, then id."""
+    return _RANK.get(booking.klass, len(_RANK)), booking.requested_at, booking.id
 
 
 class SlotTaken(Conflict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from bisect import bisect_left, insort
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, Iterable
@@ -88,6 +89,8 @@ def get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
 
 def live_between(conn: sqlite3.Connection, start: int, end: int, *, user: str | None = None) -> list[Booking]:
     """Live (not cancelled) bookings that overlap [start, end), oldest start first."""
+    if (calendar := _calendar(conn, start)) is not None:
+        return calendar.between(start, end, user)
     sql = _SELECT + " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ?"
     args: list[Any] = [start, end]
     if user is not None:
@@ -123,6 +126,8 @@ def busy_by_card(
     Rows carry the card's integer rowid rather than its UUID: a full calendar is thousands of rows,
     and integers cost nothing to decode.
     """
+    if (calendar := _calendar(conn, after)) is not None:
+        return calendar.busy(after, 2**62 if before is None else before, excluding)
     uuids = dict(conn.execute("SELECT rowid, uuid FROM cards"))
     rows = conn.execute(
         "SELECT c.rowid, b.starts_at, b.ends_at FROM bookings AS b"
@@ -143,6 +148,8 @@ def first_conflict(
     booking that would overlap it.
     """
     uuids = list(uuids)
+    if (calendar := _calendar(conn, start)) is not None:
+        return calendar.first_conflict(uuids, start, end, excluding)
     marks = ",".join("?" * len(uuids))
     ids = [row[0] for row in conn.execute(
         f"SELECT DISTINCT b.id FROM bookings AS b JOIN booking_cards AS bc ON bc.booking_id = b.id"
@@ -171,15 +178,18 @@ def insert(
     conn.executemany(
         "INSERT INTO booking_cards (card_uuid, booking_id) VALUES (?, ?)", [(u, booking_id) for u in uuids]
     )
+    _touched(conn, booking_id)
     return booking_id
 
 
 def set_times(conn: sqlite3.Connection, booking_id: int, start: int, end: int) -> None:
     conn.execute("UPDATE bookings SET starts_at = ?, ends_at = ? WHERE id = ?", (start, end, booking_id))
+    _touched(conn, booking_id)
 
 
 def set_notice(conn: sqlite3.Connection, booking_id: int, notice: str) -> None:
     conn.execute("UPDATE bookings SET notice = ? WHERE id = ?", (notice, booking_id))
+    _touched(conn, booking_id)
 
 
 def queued(conn: sqlite3.Connection, now: int) -> list[Booking]:
@@ -191,14 +201,17 @@ def queued(conn: sqlite3.Connection, now: int) -> list[Booking]:
 
 def set_queued(conn: sqlite3.Connection, booking_id: int, queued: str | None) -> None:
     conn.execute("UPDATE bookings SET queued = ? WHERE id = ?", (queued, booking_id))
+    _touched(conn, booking_id)
 
 
 def set_cancelled(conn: sqlite3.Connection, booking_id: int) -> None:
     conn.execute("UPDATE bookings SET status = 'cancelled' WHERE id = ?", (booking_id,))
+    _touched(conn, booking_id)
 
 
 def set_owner(conn: sqlite3.Connection, booking_id: int, user: str, uid: int) -> None:
     conn.execute("UPDATE bookings SET user = ?, uid = ? WHERE id = ?", (user, uid, booking_id))
+    _touched(conn, booking_id)
 
 
 def set_cards(conn: sqlite3.Connection, booking_id: int, uuids: Iterable[str]) -> None:
@@ -206,6 +219,7 @@ def set_cards(conn: sqlite3.Connection, booking_id: int, uuids: Iterable[str]) -
     conn.executemany(
         "INSERT INTO booking_cards (card_uuid, booking_id) VALUES (?, ?)", [(u, booking_id) for u in uuids]
     )
+    _touched(conn, booking_id)
 
 
 def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int) -> None:
@@ -221,6 +235,14 @@ def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int)
         " seen_at = excluded.seen_at",
         changed,
     )
+    if changed and (calendar := getattr(conn, "calendar", None)) is not None:
+        calendar.stale = True  # a booking names its cards by index: read them all again
+
+
+def any_live_server(conn: sqlite3.Connection) -> bool:
+    """Whether any server is starting, ready or stopping (as live_server_ids counts them)."""
+    return conn.execute("SELECT 1 FROM servers WHERE state IN ('starting', 'ready', 'stopping') LIMIT 1").fetchone() \
+        is not None
 
 
 def live_server_ids(conn: sqlite3.Connection, booking_id: int) -> list[int]:
@@ -229,3 +251,163 @@ def live_server_ids(conn: sqlite3.Connection, booking_id: int) -> list[int]:
         "SELECT id FROM servers WHERE booking_id = ? AND state IN ('starting', 'ready', 'stopping') ORDER BY id",
         (booking_id,),
     )]
+
+
+# -- the calendar in memory -------------------------------------------------------------------------------
+
+
+class Calendar:
+    """The live bookings of one connection's database, in memory: each card's spans sorted (bisect), each user's
+    bookings by start. The service keeps one on each of its connections (`keep_calendar`), so that a search for a
+    slot, which asks at many starts, reads no SQL.
+
+    It stays true to the file: every change this module makes marks its booking, read again before the next
+    answer (and once more when the transaction ends, so a rollback is seen); a commit by any other connection
+    (another process on a file-mode database) changes PRAGMA data_version, and then everything is read again.
+    Bookings that ended before `since` are not kept: an older question goes to SQL. The store stays the judge at
+    commit (BEGIN IMMEDIATE, and the overlap triggers)."""
+
+    def __init__(self, conn: sqlite3.Connection, since: int) -> None:
+        self.conn, self.since = conn, since
+        self.stale = True
+        self.version: int | None = None
+        self.pending: set[int] = set()  # changed, not read again yet
+        self.in_transaction: set[int] = set()  # changed in the open transaction: read again when it ends
+        self.bookings: dict[int, Booking] = {}
+        self.cards: dict[str, tuple[list[tuple[int, int]], list[int]]] = {}  # uuid -> spans (start, end), sorted, and their ids
+        self.users: dict[str, list[tuple[int, int]]] = {}  # user -> (start, id), sorted
+        self.longest = 0  # the longest booking's seconds: how far back a start may be and still overlap
+        self.loaded_in_transaction = False  # then read all again when it ends: it may be rolled back
+
+    # -- keeping it true ---------------------------------------------------------------------------------
+
+    def _fresh(self) -> None:
+        conn = self.conn
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if self.stale or version != self.version or (self.loaded_in_transaction and not conn.in_transaction):
+            self._load()
+            self.version = version
+        elif self.pending or (self.in_transaction and not conn.in_transaction):
+            ids = self.pending | (self.in_transaction if not conn.in_transaction else set())
+            for booking_id in ids:
+                self._drop(booking_id)
+                found = get(conn, booking_id)
+                if found is not None:
+                    self._add(found)
+            if conn.in_transaction:
+                self.in_transaction |= self.pending
+            else:
+                self.in_transaction.clear()
+            self.pending.clear()
+
+    def rolled_back(self) -> None:
+        """A ROLLBACK TO a savepoint: what the transaction changed is read again."""
+        self.pending |= self.in_transaction
+        self.stale |= self.loaded_in_transaction
+
+    def _load(self) -> None:
+        self.bookings, self.cards, self.users, self.longest = {}, {}, {}, 0
+        self.pending.clear()
+        self.in_transaction.clear()
+        self.stale = False
+        self.loaded_in_transaction = self.conn.in_transaction
+        for booking in _decoded(self.conn, self.conn.execute(
+                _SELECT + " WHERE b.status = 'booked' AND b.ends_at > ? GROUP BY b.id", (self.since,))):
+            self._add(booking)
+
+    def _add(self, booking: Booking) -> None:
+        if booking.status != "booked" or booking.end <= self.since:
+            return
+        self.bookings[booking.id] = booking
+        for uuid in booking.card_uuids:
+            spans, ids = self.cards.setdefault(uuid, ([], []))
+            i = bisect_left(spans, (booking.start, booking.end))
+            spans.insert(i, (booking.start, booking.end))
+            ids.insert(i, booking.id)
+        insort(self.users.setdefault(booking.user, []), (booking.start, booking.id))
+        self.longest = max(self.longest, booking.end - booking.start)
+
+    def _drop(self, booking_id: int) -> None:
+        booking = self.bookings.pop(booking_id, None)
+        if booking is None:
+            return
+        for uuid in booking.card_uuids:
+            spans, ids = self.cards[uuid]
+            i = ids.index(booking.id)
+            del spans[i], ids[i]
+        self.users[booking.user].remove((booking.start, booking.id))
+
+    # -- the answers (as the SQL's) ------------------------------------------------------------------------
+
+    def _range(self, uuid: str, start: int, end: int) -> tuple[list, list, int, int]:
+        """The card's spans and ids, and the range [i, j) of them that overlap [start, end). On one card they do
+        not overlap, so only the one just before the first start at or after `start` can reach into it."""
+        spans, ids = self.cards.get(uuid) or ([], [])
+        i, j = bisect_left(spans, (start,)), bisect_left(spans, (end,))
+        while i > 0 and spans[i - 1][1] > start:
+            i -= 1
+        return spans, ids, i, j
+
+    def _spans(self, uuid: str, start: int, end: int):
+        spans, ids, i, j = self._range(uuid, start, end)
+        for k in range(i, j):
+            if spans[k][1] > start:
+                yield spans[k][0], spans[k][1], ids[k]
+
+    def busy(self, after: int, before: int, excluding: int | None) -> dict[str, list[tuple[int, int]]]:
+        self._fresh()
+        found = {}
+        for uuid in self.cards:
+            spans, ids, i, j = self._range(uuid, after, before)
+            if i < j and excluding in ids[i:j]:
+                found[uuid] = [spans[k] for k in range(i, j) if ids[k] != excluding]
+            elif i < j:
+                found[uuid] = spans[i:j]
+            if uuid in found and not found[uuid]:
+                del found[uuid]
+        return found
+
+    def between(self, start: int, end: int, user: str | None) -> list[Booking]:
+        self._fresh()
+        if user is None:
+            ids = {booking_id for uuid in self.cards for _, _, booking_id in self._spans(uuid, start, end)}
+            found = [self.bookings[i] for i in ids]
+        else:
+            mine = self.users.get(user) or ()
+            found = []
+            for i in range(bisect_left(mine, (start - self.longest,)), bisect_left(mine, (end,))):
+                booking = self.bookings[mine[i][1]]
+                if booking.end > start:
+                    found.append(booking)
+        found.sort(key=lambda b: (b.start, b.id))
+        return found
+
+    def first_conflict(self, uuids: list[str], start: int, end: int, excluding: int | None) -> Booking | None:
+        self._fresh()
+        found = [(e, booking_id) for uuid in uuids for _, e, booking_id in self._spans(uuid, start, end)
+                 if booking_id != excluding]
+        return self.bookings[min(found)[1]] if found else None
+
+
+def keep_calendar(conn: sqlite3.Connection, since: int) -> Calendar:
+    """Keep the live bookings that end after `since` in memory on this connection (app.store.db's), for its reads."""
+    conn.calendar = calendar = Calendar(conn, since)  # type: ignore[attr-defined]
+    return calendar
+
+
+def rolled_back(conn: sqlite3.Connection) -> None:
+    """Say that a ROLLBACK TO a savepoint undid this transaction's changes so far (the calendar reads them again)."""
+    calendar = getattr(conn, "calendar", None)
+    if calendar is not None:
+        calendar.rolled_back()
+
+
+def _calendar(conn: sqlite3.Connection, after: int) -> Calendar | None:
+    calendar = getattr(conn, "calendar", None)
+    return calendar if calendar is not None and after >= calendar.since else None
+
+
+def _touched(conn: sqlite3.Connection, booking_id: int) -> None:
+    calendar = getattr(conn, "calendar", None)
+    if calendar is not None:
+        calendar.pending.add(booking_id)

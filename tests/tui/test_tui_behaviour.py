@@ -729,6 +729,49 @@ class TestCardTable:
             assert compact[1] == "IN USE OVER" and "req" not in compact[2]
 
 
+    async def test_a_poll_redraws_only_the_cells_that_moved_as_far_as_anyone_reads(self, make_app, monkeypatch):
+        """A poll where one card's utilisation jumps and another's power moves 2 W: drawing the table again draws
+        only the one cell (DataTable counted any change as the whole table's, and drew every cell again), and power
+        moves the table only by 5 W or more."""
+        from app.tui.widgets.card_table import Cell
+
+        app = make_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            await pilot.pause()
+            table = app.board.card_table
+            statuses = table.statuses
+            lines = range(table.header_height + len(statuses))
+            for y in lines:  # drawn once, as an idle board's table is between polls
+                table.render_line(y)
+            jumps = next(i for i, s in enumerate(statuses) if s.reading.utilization_pct is not None)
+            creeps = next(i for i, s in enumerate(statuses) if i != jumps and s.reading.power_w is not None)
+            util = (statuses[jumps].reading.utilization_pct + 40) % 100
+            before = [str(c) for c in table.get_row_at(creeps)]
+            drawn: list[str] = []  # the cells drawn (a cell's render is cached until it changes)
+            draw = Cell.__rich_console__
+
+            def counted(cell, console, options):
+                drawn.append(str(cell))
+                return draw(cell, console, options)
+
+            monkeypatch.setattr(Cell, "__rich_console__", counted)
+
+            def moved(i, s):
+                r = s.reading
+                if i == jumps:
+                    return replace(s, reading=replace(r, utilization_pct=util))
+                if i == creeps:
+                    return replace(s, reading=replace(r, power_w=r.power_w + 2))
+                return s
+
+            table.show([moved(i, s) for i, s in enumerate(statuses)], app.clock())
+            for y in lines:
+                table.render_line(y)
+            assert drawn == [f"{util}%"]
+            assert [str(c) for c in table.get_row_at(creeps)] == before
+
+
 class TestUntrustedText:
     async def test_hostile_text_renders_inert(self, make_app, tmp_path):
         from tests.tui.conftest import hostile_scenario

@@ -682,3 +682,42 @@ class TestOwnership:
         with pytest.raises(BadInput) as refused:
             service.cancel(booking.id)
         assert str(refused.value) == f"booking {booking.id} is cancelled"
+
+
+def test_a_refusal_and_its_earliest_start_come_from_the_calendar_in_memory(tmp_path, fleet):
+    """The service keeps the live bookings in memory (app.store.bookings.Calendar): a refused booking, and the
+    search for the earliest start that works which its message words, read no calendar from SQL."""
+    from app.core.identity import Identity
+    from app.gpu.fleet import Fleet
+    from app.service import Service
+
+    service = Service(Config(db_path=tmp_path / "board.db"), Fleet(_Source(fleet), 2.0), clock=lambda: NOW)
+    alice, bob = Identity("alice", 1001, False), Identity("bob", 1002, False)
+    for hour in range(0, 40, 2):
+        service.call(alice, "book", {"count": 8, "start": NOW + hour * H, "end": NOW + (hour + 1) * H})
+    statements: list[str] = []
+    service.conn.set_trace_callback(statements.append)
+    with pytest.raises(Conflict) as refused:
+        service.call(bob, "book", {"cards": [3], "start": NOW, "end": NOW + 2 * H})
+    service.conn.set_trace_callback(None)
+    assert "next free start for cards 3" in str(refused.value)
+    # Only the last booking made is read again (its change reaches the calendar at the next read, and once more
+    # after the transaction, in case it rolled back); no search reads the calendar from SQL.
+    reads = [s for s in statements if "FROM bookings" in s]
+    assert reads and all(s.rstrip().endswith("WHERE b.id = 20 GROUP BY b.id") for s in reads)
+    service.close()
+
+
+class _Source:
+    """The fleet as read once: a GpuSource that always says the same."""
+
+    simulated = False
+
+    def __init__(self, snapshot):
+        self.snapshot = snapshot
+
+    def read(self):
+        return self.snapshot
+
+    def close(self) -> None:
+        pass

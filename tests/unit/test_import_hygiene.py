@@ -88,3 +88,24 @@ def test_every_package_app_imports_is_a_declared_dependency():
     undeclared = {module: where for module, where in imported.items()
                   if not {normal(d) for d in provided_by.get(module, [])} & declared}
     assert undeclared == {}, f"imported by app/ but not in [project] dependencies: {undeclared}"
+
+
+def test_file_mode_quick_commands_load_only_what_they_run(tmp_path):
+    """File mode (BOARD_DB, no shared install) runs the quick commands on the service in this process: the store
+    and the booking rules, not the full parser, pushes, the history, alerts, sizing, the watchers, or llama's
+    modules while no server runs (the simulated fleet shows the demo's servers on their cards)."""
+    code = (
+        "import os, contextlib, io\n"
+        f"os.environ.update(BOARD_DB={str(tmp_path / 'b.db')!r}, BOARD_SIMULATE='1')\n"
+        "from app.quick import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['book', '--cards', '0', '--for', '1h']) == 0\n"
+        "    assert main(['book', '1', '--for', '1h', '--json']) == 0\n"
+        "    assert main(['status', '--json']) == 0\n"
+        "    assert main(['list']) == 0\n"
+    )
+    loaded = loaded_after(code)
+    assert "app.service.bookings" in loaded  # the probe did run the commands in process
+    assert not loaded & {"argparse", "app.cli.fit", "app.cli.serve", "app.fit.estimate", "app.notify.deliver",
+                         "app.service.notify", "http.client", "app.history.store", "app.alerts.engine",
+                         "app.service.watch", "app.service.server", "app.llama.rows"}

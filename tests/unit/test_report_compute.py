@@ -282,3 +282,26 @@ def test_a_booking_that_holds_buckets_in_part_is_charged_for_its_part(scene, by)
         assert (rows["bob"]["booked_h"], rows["bob"]["idle_h"]) == (0.12, 0.12)
     else:  # the card's hours outside the two pieces are no one's idle time
         assert (rows["0"]["booked_h"], rows["0"]["idle_h"]) == (0.23, 0.23)
+
+
+def test_the_rollups_are_read_in_one_pass_however_many_bookings(scene):
+    """A year's report reads each rollup once: one pass over the window, not a read of each booking's span (the
+    rollups of every card interleave there, so that read 8 cards' rows for each). Each bucket held in part is
+    read once more, through the same one statement."""
+    from app.report.gather import summed_rollups
+
+    store, bookings = scene
+    # alice's 4 h cut into 48 five-minute bookings, a piece of them starting 2 minutes into a bucket
+    pieces = [booking(10 + i, "alice", A, NOW - 10 * H + i * 300 + 120, NOW - 10 * H + (i + 1) * 300 + 120, 0)
+              for i in range(47)] + bookings[1:]
+    statements: list[str] = []
+    store.db.conn.set_trace_callback(statements.append)
+    try:
+        summed = summed_rollups(store, NOW - 86400, NOW, pieces, 10)
+    finally:
+        store.db.conn.set_trace_callback(None)
+    reads = [s for s in statements if "FROM rollups" in s or "JOIN rollups" in s]
+    assert len(reads) == 2
+    kw = {"now": NOW, "since_s": 86400, "by": "user", "busy_util": 10, "cards": {A: "0", B: "1"},
+          "pools": {}, "memory_total": {A: 32768, B: 32768}}
+    assert compute(pieces, summed, [], [], **kw) == compute(pieces, store.rollups(NOW - 86400, NOW), [], [], **kw)

@@ -126,6 +126,30 @@ class TestBackfill:
     def backfill(self, make_service, config=None):
         return make_service("root", 0, admin=True, config=config).backfill()
 
+    def test_the_round_that_confirms_nothing_more_moves_searches_only_who_could_use_the_freed_time(
+            self, make_service, monkeypatch):
+        """Five bookings queued one behind the other on the whole fleet all move up in the first round; a later
+        round looks only at bookings before a mover in the order that end after the start it left (the others
+        were searched with that time free already), so here it searches none: five searches, not ten."""
+        from app.service.bookings import BookingService
+
+        blocker = make_service("bob", 1002).create(cards=range(8), start=NOW, end=NOW + 10 * H)
+        queued = [make_service(f"user{n}", 2000 + n).create(cards=range(8), start=NOW + 60, end=NOW + 60 + H,
+                                                            or_later=True) for n in range(5)]
+        assert [b.start for b in queued] == [NOW + 10 * H + n * H for n in range(5)]
+        make_service("bob", 1002).cancel(blocker.id)
+        searches = []
+        earliest = BookingService._earliest
+
+        def counted(self, **search):
+            searches.append(search["excluding"])
+            return earliest(self, **search)
+
+        monkeypatch.setattr(BookingService, "_earliest", counted)
+        moved = self.backfill(make_service)
+        assert [after.start for _, after in moved] == [NOW + 60 + n * H for n in range(5)]
+        assert searches == [b.id for b in queued]
+
     def test_a_move_up_is_noted_audited_as_board_and_told_to_the_holder(self, make_service, conn):
         every = Config(pools=(Pool("all", tuple(range(8))),))  # a pool of every card: the move checks its classes
         blocker = make_service("bob", 1002, config=every).create(cards=[0], start=NOW, end=NOW + 2 * H)

@@ -234,3 +234,76 @@ def test_an_edited_row_given_a_recomputed_hash_is_named(db_path, chain):
 def test_an_edited_link_names_its_own_row(db_path, chain):
     hand_edit(db_path, "DROP TRIGGER events_no_update", f"UPDATE events SET prev_hash = '{'1' * 64}' WHERE id = 4")
     assert events.first_broken(chain) == 4
+
+
+# --- the calendar in memory ----------------------------------------------------------------------
+
+
+def test_the_calendar_answers_as_the_sql_through_changes_rollbacks_and_other_writers(db_path, cards):
+    """The service keeps the live bookings in memory on its connection (keep_calendar); each answer is the SQL's on
+    that same connection, after its own changes, a savepoint rolled back, a transaction rolled back, a commit by
+    another connection (another process on a file-mode database) and cards renumbered after a reboot."""
+    kept = connect(db_path)
+    calendar = bookings.keep_calendar(kept, FROZEN_NOW - 86400)
+    other = cards  # another connection to the same file
+
+    def same() -> None:
+        asked = 0
+        for start, end in ((FROZEN_NOW, FROZEN_NOW + 20 * HOUR), (FROZEN_NOW + 2 * HOUR, FROZEN_NOW + 3 * HOUR),
+                           (FROZEN_NOW + 4 * HOUR, FROZEN_NOW + 5 * HOUR)):
+            for question in (lambda c: bookings.live_between(c, start, end),
+                             lambda c: bookings.live_between(c, start, end, user="bob"),
+                             lambda c: bookings.busy_by_card(c, start, end),
+                             lambda c: bookings.busy_by_card(c, start),
+                             lambda c: bookings.busy_by_card(c, start, end, excluding=1),
+                             lambda c: bookings.first_conflict(c, ["GPU-aaaa", "GPU-bbbb"], start, end),
+                             lambda c: bookings.first_conflict(c, ["GPU-bbbb"], start, end, excluding=2)):
+                from_memory = question(kept)
+                kept.calendar = None  # the same question to SQL, on the same connection (inside its transaction)
+                try:
+                    assert from_memory == question(kept)
+                finally:
+                    kept.calendar = calendar
+                asked += 1
+        assert asked == 21
+
+    same()
+    a = book(kept, start=FROZEN_NOW + HOUR, end=FROZEN_NOW + 3 * HOUR)
+    same()
+    b = book(other, uuids=("GPU-aaaa", "GPU-bbbb"), user="bob", uid=1002, start=FROZEN_NOW + 4 * HOUR,
+             end=FROZEN_NOW + 6 * HOUR)
+    same()
+    assert [x.id for x in bookings.live_between(kept, FROZEN_NOW, FROZEN_NOW + 20 * HOUR)] == [a, b]
+    with write(kept):
+        bookings.set_times(kept, a, FROZEN_NOW + 2 * HOUR, FROZEN_NOW + 4 * HOUR)
+        same()
+        kept.execute("SAVEPOINT attempt")
+        bookings.set_cancelled(kept, a)
+        same()
+        kept.execute("ROLLBACK TO attempt")
+        bookings.rolled_back(kept)
+        same()
+        bookings.set_owner(kept, a, "bob", 1002)
+        bookings.set_cards(kept, a, ["GPU-bbbb"])
+        same()
+    same()
+    with pytest.raises(RuntimeError), write(kept):
+        bookings.set_cancelled(kept, b)
+        same()
+        raise RuntimeError("rolled back")
+    same()
+    assert {x.id for x in bookings.live_between(kept, FROZEN_NOW, FROZEN_NOW + 20 * HOUR)} == {a, b}
+    with write(other):  # a reboot renumbers the cards: a booking names them by index
+        bookings.sync_cards(other, [CardReading(index=1, uuid="GPU-aaaa", name="H100"),
+                                    CardReading(index=0, uuid="GPU-bbbb", name="H100")], FROZEN_NOW)
+        bookings.set_queued(other, b, "time")
+    same()
+    with write(kept):
+        bookings.sync_cards(kept, CARDS, FROZEN_NOW)
+        same()
+    same()
+    assert bookings.live_between(kept, FROZEN_NOW, FROZEN_NOW + 20 * HOUR)[1].cards == (0, 1)
+    # Older than the calendar keeps: SQL answers.
+    old = book(kept, start=FROZEN_NOW - 3 * 86400, end=FROZEN_NOW - 2 * 86400)
+    assert [x.id for x in bookings.live_between(kept, FROZEN_NOW - 4 * 86400, FROZEN_NOW)] == [old]
+    kept.close()

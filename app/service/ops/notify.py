@@ -7,10 +7,6 @@ from typing import TYPE_CHECKING
 from app.core.identity import Identity
 from app.core.text import inert
 from app.errors import BadInput, NotPermitted
-from app.notify import outbox
-from app.notify.deliver import describe
-from app.notify.formats import Message
-from app.service.notify import deliverer
 from app.service.ops.registry import LIST, STR, op
 from app.store import events
 from app.store.db import write
@@ -31,6 +27,10 @@ def notify_test(service: Service, me: Identity, target: str | None = None) -> di
     """Queue one test message to each target (or the named one), ahead of everything else; returns the ids to
     follow with notify_status. Without a delivery thread (the service in this process) it is sent here."""
     _admin(service, me, "board notify test")
+    from app.notify import outbox  # start-up: a command in process loads pushes only for these operations
+    from app.notify.formats import Message  # start-up: as above
+    from app.service.notify import deliverer  # start-up: as above
+
     settings = service.config.notify
     names = [t.name for t in settings.targets]
     if not names:
@@ -58,6 +58,9 @@ def notify_test(service: Service, me: Identity, target: str | None = None) -> di
 def notify_status(service: Service, me: Identity, ids: list) -> list:
     """Where these outbox rows stand: state, attempts, the last HTTP status and error (never a url)."""
     _admin(service, me, "board notify status")
+    from app.notify import outbox  # start-up: a command in process loads pushes only for these operations
+    from app.notify.deliver import describe  # start-up: as above
+
     if not all(isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids) or len(ids) > 100:
         raise BadInput("notify_status: ids is a list of up to 100 outbox ids")
     targets = {t.name: t for t in service.config.notify.targets}

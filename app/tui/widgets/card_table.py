@@ -13,6 +13,7 @@ from rich.measure import Measurement
 from rich.segment import Segment
 from rich.style import Style
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey, RowKey
 
 from app.core.cardstate import CardStatus
 from app.tui.card_table_model import WIDE_MIN_WIDTH, cell_parts, table_columns, wants_requests
@@ -82,27 +83,54 @@ class CardTable(DataTable):
         self._cells: dict[tuple[str, str], Cell] = {}
         self._built: dict[tuple[str, str], tuple[tuple, Cell]] = {}  # (uuid, column) -> (parts, Cell)
         self._changed_rows: set = set()
+        self._known_stores = all(hasattr(self, name) for name in _DATA_TABLE_STORES)
         self.statuses: tuple[CardStatus, ...] = ()
         self._requested = False  # the wide VRAM column has room for requests
 
     # -- repainting only what changed ------------------------------------------------------------
 
     def update_cell(self, row_key, column_key, value, *, update_width: bool = False) -> None:
-        """DataTable.update_cell repaints the whole table; a poll changes a few rows, so repaint just those.
-
-        Cuts the board's idle CPU by a third and what it writes to the terminal by ~3x (bench/bench_tui.py).
-        """
-        self._quiet = True
-        try:
-            super().update_cell(row_key, column_key, value, update_width=update_width)
-        finally:
-            self._quiet = False
-        self._changed_rows.add(row_key)
+        """DataTable.update_cell counts an update of the whole table: every cached cell, row and line is stale
+        then, and it repaints all of them. A poll changes a few cells, so this puts the value in, and the repaint
+        (_repaint_changed_rows) forgets only what showed those cells and redraws only their rows: the other rows'
+        lines and the changed rows' other cells stay cached (bench/bench_tui.py)."""
+        if update_width or not self._known_stores:  # another Textual's DataTable: its own way
+            self._quiet = True
+            try:
+                super().update_cell(row_key, column_key, value, update_width=update_width)
+            finally:
+                self._quiet = False
+        else:
+            row_key = RowKey(row_key) if isinstance(row_key, str) else row_key
+            column_key = ColumnKey(column_key) if isinstance(column_key, str) else column_key
+            self._data[row_key][column_key] = value
+        self._changed_rows.add((row_key, column_key))
 
     def _repaint_changed_rows(self) -> None:
-        for row_key in self._changed_rows:
-            self.refresh_row(self.get_row_index(row_key))
+        changed = {(RowKey(r) if isinstance(r, str) else r, ColumnKey(c) if isinstance(c, str) else c)
+                   for r, c in self._changed_rows}
+        rows = {row for row, _ in changed}
         self._changed_rows.clear()
+        if not rows:
+            return
+        # Forget only what showed a changed cell: its row's renderables, the cell's renders, its row's, and the
+        # lines of its row.
+        indexes = {self.get_row_index(row) for row in rows}
+        caches = [] if not self._known_stores else [(self._row_renderable_cache, lambda key: key[1] in indexes),
+                  (self._cell_render_cache, lambda key: (key[0], key[1]) in changed),
+                  (self._row_render_cache, lambda key: key[0] in rows),
+                  (self._line_cache, lambda key: self._row_at(key[0]) in rows)]
+        for cache, stale in caches:
+            for key in [key for key in cache.keys() if stale(key)]:
+                cache.discard(key)
+        for index in indexes:
+            self.refresh_row(index)
+
+    def _row_at(self, y: int):
+        try:
+            return self._get_offsets(y)[0]
+        except LookupError:
+            return None  # the header
 
     def refresh(self, *regions, **kwargs):
         if getattr(self, "_quiet", False) and not regions and not kwargs:
@@ -174,14 +202,34 @@ class CardTable(DataTable):
             self.call_after_refresh(lambda: self.show(self.statuses, self.app.clock()))
 
     def _cells_for(self, s: CardStatus, now: float, wide: bool) -> dict[str, Cell]:
-        """Every cell of a row; the model (cell_parts) does the formatting, this only builds what changed."""
+        """Every cell of a row; the model (cell_parts) does the formatting, this only builds what changed.
+
+        Power and utilisation move every second by what nobody reads: their cells change only once they have
+        moved by STEPS from what they show, or their colour changes."""
         cells = {}
-        uuid = s.reading.uuid
+        r = s.reading
+        values = {"power": (r.power_w, r.power_limit_w), "util": (r.utilization_pct, None)}
         for column, spec in cell_parts(s, now, me=self.me, wide=wide, with_requests=self._requested).items():
-            cached = self._built.get((uuid, column))
+            cached = self._built.get((r.uuid, column))
             if cached is None or cached[0] != spec:
+                if column in STEPS and cached is not None and _near(cached[2], values[column], STEPS[column]) \
+                        and cached[0][0][0][1] == spec[0][0][1]:
+                    cells[column] = cached[1]
+                    continue
                 parts, justify = spec
                 cell = Cell([(plain, self._style(style) if style else None) for plain, style in parts], justify)
-                cached = self._built[(uuid, column)] = (spec, cell)
+                cached = self._built[(r.uuid, column)] = (spec, cell, values.get(column))
             cells[column] = cached[1]
         return cells
+
+
+# DataTable's cell store and the caches of what it drew (Textual 1 to 8): the ones a changed cell makes stale.
+# tests/tui/test_tui_behaviour.py (TestCardTable) checks that a changed cell is drawn anew and nothing else.
+_DATA_TABLE_STORES = ("_data", "_row_renderable_cache", "_cell_render_cache", "_row_render_cache", "_line_cache")
+STEPS = {"power": 5.0, "util": 5}  # watts; percentage points
+
+
+def _near(shown: tuple, now: tuple, step: float) -> bool:
+    """Whether (value, limit) `now` is within `step` of the one a cell shows, at the same limit."""
+    return (shown[0] is not None and now[0] is not None and shown[1] == now[1]
+            and abs(now[0] - shown[0]) < step)
