@@ -498,19 +498,18 @@ class TestLive:
             assert timeline.model.booking_at(5, column) == booking
 
     async def test_stalled_telemetry_does_not_block_keys(self, make_app):
-        stalled = simulated(replace(DEFAULT_FLEET, stall_seconds=8.0))
+        stalled = simulated(replace(DEFAULT_FLEET, stall_seconds=30.0))
         app = make_app(source=stalled, live=True)  # the service's fleet reader really stalls
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: app.view is not None)
             await pilot.pause(0.2)
             assert app.fleet is None  # the first read is still asleep in the driver
-            started = time.monotonic()
             await pilot.press("question_mark")
-            await wait_for(pilot, lambda: isinstance(app.screen, HelpModal), timeout=2.0)
+            await wait_for(pilot, lambda: isinstance(app.screen, HelpModal), timeout=10.0)
             await pilot.press("escape", "m")
-            await wait_for(pilot, lambda: isinstance(app.screen, MyBookingsScreen), timeout=2.0)
-            assert time.monotonic() - started < 2.0  # keys took well under the 8 s the driver is stuck for
-            assert app.fleet is None  # still stalled: the keys did not wait for it
+            await wait_for(pilot, lambda: isinstance(app.screen, MyBookingsScreen), timeout=10.0)
+            # No clock needed: the read is still stuck (30 s), so the keys were answered without waiting for it.
+            assert app.fleet is None
             app.last_telemetry -= 10  # as if ten seconds had passed: the board says so
             app._tick()
             assert "no answer from the GPU driver for 1" in app.alert
