@@ -65,6 +65,7 @@ def test_the_cli_says_so_in_one_line(mounted, kind, command, capsys, monkeypatch
     db.parent.mkdir()
     monkeypatch.setenv("BOARD_DB", str(db))
     monkeypatch.setenv("BOARD_SIMULATE", "1")
+    monkeypatch.delenv("BOARD_LLAMA_SERVER", raising=False)  # doctor's build check is another subject (a CPU build)
     code = main(command)
     out, err = capsys.readouterr()
     assert code != 0

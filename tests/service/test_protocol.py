@@ -270,7 +270,7 @@ def test_the_connection_cap_per_uid_refuses_the_next_with_one_line(make_agent):
     from app.llama.supervisor import _SocketReporter
 
     with pytest.raises(RuntimeError, match="refused server 1: too many connections"):
-        _SocketReporter({"socket": str(agent.socket), "server": 1, "log": ""}, None)
+        _SocketReporter({"socket": str(agent.socket), "server": 1, "log": "", "backstop": 0}, None, api_key="")
     # One closed, one more admitted; the others were never dropped.
     held.pop().close()
     held.append(_admitted(agent))
