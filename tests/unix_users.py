@@ -83,16 +83,8 @@ def _set_groups(name: str, groups: list[str]) -> None:
 
 
 def ensure_service_user(group: str = MEMBERS_GROUP) -> None:
-    """The system user board (no login, no home), in `group` (the members') so that it may give them its socket."""
-    ensure_group(SERVICE_USER, system=True)
-    try:
-        pwd.getpwnam(SERVICE_USER)
-    except KeyError:
-        result = _sh("useradd", "--system", "--gid", SERVICE_USER, "--no-create-home", "--home-dir", "/nonexistent",
-                     "--shell", "/usr/sbin/nologin", SERVICE_USER)
-        if result.returncode not in (0, 9):
-            raise RuntimeError(f"useradd {SERVICE_USER}: {result.stderr.strip()}")
-    add_to_group(SERVICE_USER, group)
+    """The system user board, in `group` (the members') so that it may give them its socket."""
+    ensure_system_user(SERVICE_USER, group)
 
 
 GATEWAY_USER = "board-gateway"  # board gateway's unit's User= (scripts/install_shared.sh)
@@ -100,8 +92,8 @@ RUNNER_USER = "board-llama"  # `board runner`'s system user (scripts/install_sha
 
 
 def ensure_system_user(name: str, group: str = MEMBERS_GROUP) -> pwd.struct_passwd:
-    """A system user (no login, no home) as the install script makes board-gateway and board-llama, in `group`
-    (the members') so that it may reach the socket."""
+    """A system user (no login, no home) as the install script makes board, board-gateway and board-llama, in
+    `group` (the members') so that it may reach the socket."""
     ensure_group(name, system=True)
     try:
         pwd.getpwnam(name)
