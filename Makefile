@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run check test llama-server screenshots bench mutation clean
+.PHONY: run check test llama-server screenshots bench mutation mutation-all clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,12 +53,17 @@ $(VENV)/.mutation: pyproject.toml | $(VENV)/.test
 	$(BIN)/python -m pip install --quiet $(EDITABLE) '.[test,mutation]'
 	touch $@
 
-# Mutation testing of the rules (pyproject's [tool.mutmut]): about an hour on 2 cores. From scratch each
-# time: mutmut keeps its map of which tests reach which function by test name, so a test rewritten under
-# its old name would leave stale survivors. Prints the score per module and any survivor not in tests/MUTANTS.md.
-mutation: $(VENV)/.mutation
+# Mutation testing of the rules (pyproject's [tool.mutmut]). `make mutation` mutates only the modules whose text
+# differs from tests/mutation-record.json, `make mutation MODULES='app/fit/*'` the ones named, `make mutation-all`
+# all of them (about N min on 2 cores). mutants/ is
+# emptied each time: mutmut maps tests to functions by test name, so a test rewritten under its old name would
+# leave stale results. Prints the score per module and any survivor not in tests/MUTANTS.md; records the
+# modules in tests/mutation-record.json (commit it) when every survivor is caught or explained.
+MUTMUT_CHILDREN ?= $$(nproc)
+mutation mutation-all: $(VENV)/.mutation
 	rm -rf mutants
-	$(BIN)/mutmut run --max-children $$(nproc)
+	names="$$($(BIN)/python scripts/mutation_report.py --select $(if $(filter mutation-all,$@),--all) $(MODULES))" && \
+	set -f; if [ -n "$$names" ]; then $(BIN)/mutmut run --max-children $(MUTMUT_CHILDREN) $$names; fi
 	$(BIN)/python scripts/mutation_report.py
 
 screenshots: $(VENV)/.test
