@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from app.notify.formats import LINE_LIMIT, SLACK_LIMIT, TRUNCATED, Message, body, plain, slack_text, truncate_utf8
-from app.notify.summary import summary
+from app.notify.summary import due_slot, summary
 from tests.conftest import FROZEN_NOW
 from tests.unit.test_notify_formats import card
 
@@ -84,3 +85,10 @@ def test_the_summary_lists_every_card_free_now():
 def test_the_wire_body_round_trips_a_summary():
     message = summary({"cards": [card(0, "FREE")]}, FROZEN_NOW, ZoneInfo("UTC"))
     assert json.loads(body("webhook", message))["fields"] == {"Free now": "0"}
+
+
+def test_the_due_slot_is_found_on_the_policy_zones_date(new_york):
+    """01:00 on 1 December in Shanghai is still 30 November in New York: the 00:30 slot is Shanghai's today."""
+    shanghai = ZoneInfo("Asia/Shanghai")
+    now = int(datetime(2026, 12, 1, 1, 0, tzinfo=shanghai).timestamp())
+    assert due_slot(now, ("00:30",), shanghai) == now - 30 * 60
