@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from app.faults import store
 from app.faults.oom import full_cards, record_job_oom, record_server_oom
 from app.faults.throttle import ThrottleTracker
@@ -161,3 +163,16 @@ def test_the_watcher_thread_is_named_a_daemon_and_stops(tmp_path):
     assert (thread.name, thread.daemon, thread.is_alive()) == ("board-faults", True, True)
     stop.set()
     thread.join()
+
+
+def test_the_store_keeps_500_characters_defaults_to_no_detail_and_filters_by_card(tmp_path):
+    conn = connect(tmp_path / "board.db")
+    with write(conn):
+        long = store.record(conn, ts=1, kind="oom", card_uuid="GPU-a", detail="x" * 600)
+        bare = store.record(conn, ts=2, kind="xid", card_uuid="GPU-b", code=79)
+        with pytest.raises(ValueError, match="must be one of xid, oom, throttle, not 'fire'"):
+            store.record(conn, ts=3, kind="fire")
+    assert [f.id for f in store.recent(conn, 0, card_uuid="GPU-b")] == [bare]
+    found = {f.id: f.detail for f in store.recent(conn, 0)}
+    assert found == {long: "x" * 500, bare: ""}
+    conn.close()
