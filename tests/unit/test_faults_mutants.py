@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 
 import pytest
@@ -157,14 +158,6 @@ def test_the_loop_logs_a_failure_once_and_records_open_spells_at_the_end(tmp_pat
     conn.close()
 
 
-def test_the_watcher_thread_is_named_a_daemon_and_stops(tmp_path):
-    fleet = Fleet(Source(), snap(100, reading("GPU-a", 0)))
-    stop, thread = start_watcher(fleet, tmp_path / "board.db", lambda: 100.0, log=lambda line: None)
-    assert (thread.name, thread.daemon, thread.is_alive()) == ("board-faults", True, True)
-    stop.set()
-    thread.join()
-
-
 def test_the_store_keeps_500_characters_defaults_to_no_detail_and_filters_by_card(tmp_path):
     conn = connect(tmp_path / "board.db")
     with write(conn):
@@ -176,3 +169,50 @@ def test_the_store_keeps_500_characters_defaults_to_no_detail_and_filters_by_car
     found = {f.id: f.detail for f in store.recent(conn, 0)}
     assert found == {long: "x" * 500, bare: ""}
     conn.close()
+
+
+class FailsFirst(Source):
+    """Fails its first turn, then answers; tells the test when it has answered once."""
+
+    def __init__(self):
+        super().__init__()
+        self.answered = threading.Event()
+
+    def events(self, wait_s):
+        super().events(wait_s)
+        if len(self.waits) == 1:
+            raise OSError("the driver went away")
+        self.answered.set()
+        return []
+
+
+def test_the_watcher_thread_steps_logs_and_records_what_is_on_when_stopped(tmp_path):
+    lines = []
+    fleet = Fleet(FailsFirst(), snap(100, reading("GPU-a", THROTTLE_HW_SLOWDOWN)))
+    stop, thread = start_watcher(fleet, tmp_path / "board.db", lambda: 100.0, log=lines.append)
+    assert (thread.name, thread.daemon) == ("board-faults", True)
+    fleet.source.answered.wait()
+    stop.set()
+    thread.join()
+    assert lines == ["faults: OSError: the driver went away"]
+    conn = connect(tmp_path / "board.db")
+    [spell] = store.recent(conn, 0)
+    assert (spell.kind, spell.card_uuid, spell.duration_s) == ("throttle", "GPU-a", 0)
+    conn.close()
+
+
+def test_a_failure_at_shutdown_is_logged_and_the_connection_closed(tmp_path):
+    lines, calls = [], []
+
+    def clock():
+        calls.append(1)
+        if len(calls) > 1:  # the turn reads it once; close() is the second
+            raise RuntimeError("no clock")
+        return 100.0
+
+    watcher = FaultWatcher(Fleet(Source(), snap(100, reading("GPU-a", 0))), tmp_path / "board.db", clock,
+                           log=lines.append, wait_s=0, observe_s=0)
+    watcher.run(Turns(1))
+    assert lines == ["faults: at shutdown: RuntimeError: no clock"]
+    with pytest.raises(sqlite3.ProgrammingError):
+        watcher.conn.execute("SELECT 1")
