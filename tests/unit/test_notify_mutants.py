@@ -92,3 +92,12 @@ def test_the_due_slot_is_found_on_the_policy_zones_date(new_york):
     shanghai = ZoneInfo("Asia/Shanghai")
     now = int(datetime(2026, 12, 1, 1, 0, tzinfo=shanghai).timestamp())
     assert due_slot(now, ("00:30",), shanghai) == now - 30 * 60
+
+
+def test_a_stored_message_without_lines_or_fields_still_reads():
+    assert Message.from_json('{"kind": "test", "time": 1, "title": "t"}') == Message("test", 1, "t")
+
+
+def test_the_due_slot_in_the_services_own_zone():
+    now = int(datetime(2026, 12, 1, 9, 5).timestamp())  # naive: this process's zone
+    assert due_slot(now, ("09:00",), None) == now - 5 * 60
