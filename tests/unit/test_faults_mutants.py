@@ -191,7 +191,7 @@ def test_the_watcher_thread_steps_logs_and_records_what_is_on_when_stopped(tmp_p
     fleet = Fleet(FailsFirst(), snap(100, reading("GPU-a", THROTTLE_HW_SLOWDOWN)))
     stop, thread = start_watcher(fleet, tmp_path / "board.db", lambda: 100.0, log=lines.append)
     assert (thread.name, thread.daemon) == ("board-faults", True)
-    fleet.source.answered.wait()
+    assert fleet.source.answered.wait(60), "the watcher thread never took a turn"  # a bound, not a timing: it fails, not hangs
     stop.set()
     thread.join()
     assert lines == ["faults: OSError: the driver went away"]
