@@ -43,3 +43,8 @@ def test_high_utilisation_says_how_the_queue_grew():
     inputs = Inputs(now=NOW, util_mean=91.6, queued_before=2, queued_now=5)
     assert said(inputs) == {("util-high", "fleet"): (
         "fleet utilisation 92 % over 60 min (over 85 %) and the queue grew from 2 to 5", None)}
+
+
+def test_a_booking_ending_within_the_minute_ends_in_1_min():
+    inputs = Inputs(now=NOW, ending=(Ending(12, 1001, NOW + 30),))
+    assert said(inputs) == {("ending", "booking:12"): ("your booking 12 ends in 1 min", 1001)}
