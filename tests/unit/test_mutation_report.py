@@ -1,0 +1,87 @@
+"""scripts/mutation_report.py: `make mutation` runs only what changed since its last clean run, and fails on a
+survivor that tests/MUTANTS.md does not explain."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("mutation_report", REPO / "scripts" / "mutation_report.py")
+mutation_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mutation_report)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.mutmut]\nsource_paths = ["app"]\nonly_mutate = ["app/core/*", "app/rule.py"]\n')
+    (tmp_path / "app" / "core").mkdir(parents=True)
+    (tmp_path / "app" / "core" / "a.py").write_text("def a():\n    return 1\n")
+    (tmp_path / "app" / "core" / "__init__.py").write_text('"""No functions: no mutants."""\n')
+    (tmp_path / "app" / "rule.py").write_text("class R:\n    def r(self):\n        return 2\n")
+    (tmp_path / "app" / "other.py").write_text("def o():\n    return 3\n")
+    (tmp_path / "tests").mkdir()
+    return tmp_path
+
+
+def run(repo: Path, *argv: str) -> int:
+    return mutation_report.main(["--repo", str(repo), "--mutants", str(repo / "mutants"),
+                                 "--explained", str(repo / "tests" / "MUTANTS.md"),
+                                 "--record", str(repo / "tests" / "mutation-record.json"), *argv])
+
+
+def mutmut_left(repo: Path, module: str, codes: dict) -> None:
+    """What `mutmut run` leaves: mutants/<module>.meta with each mutant's exit code."""
+    meta = repo / "mutants" / (module + ".meta")
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    meta.write_text(json.dumps({"exit_code_by_key": codes}))
+
+
+def test_only_modules_changed_since_the_last_clean_run_are_mutated(repo, capsys):
+    assert run(repo, "--select") == 0
+    assert capsys.readouterr().out.split() == ["app.core.a.x_*", "app.core.a.xǁ*", "app.rule.x_*", "app.rule.xǁ*"]
+    mutmut_left(repo, "app/core/a.py", {"app.core.a.x_a__mutmut_1": 1})
+    mutmut_left(repo, "app/rule.py", {"app.rule.xǁRǁr__mutmut_1": 1, "app.rule.xǁRǁr__mutmut_2": 3})
+    assert run(repo) == 0
+    record = json.loads((repo / "tests" / "mutation-record.json").read_text())
+    assert set(record) == {"app/core/a.py", "app/rule.py"}
+    assert record["app/rule.py"]["mutants"] == 2 and record["app/rule.py"]["score"] == 100.0
+
+    capsys.readouterr()
+    assert run(repo, "--select") == 0
+    assert capsys.readouterr().out.split() == [], "nothing changed, nothing to mutate"
+    (repo / "app" / "rule.py").write_text("class R:\n    def r(self):\n        return 4\n")
+    assert run(repo, "--select") == 0
+    assert capsys.readouterr().out.split() == ["app.rule.x_*", "app.rule.xǁ*"]
+    assert run(repo, "--select", "--all") == 0
+    assert len(capsys.readouterr().out.split()) == 4
+    assert run(repo, "--select", "app/core/*") == 0
+    assert capsys.readouterr().out.split() == ["app.core.a.x_*", "app.core.a.xǁ*"], "named: changed or not"
+
+
+def test_an_unexplained_survivor_fails_the_run_and_is_not_recorded(repo, capsys):
+    assert run(repo, "--select", "app/rule.py") == 0
+    mutmut_left(repo, "app/rule.py", {"app.rule.xǁRǁr__mutmut_1": 1, "app.rule.xǁRǁr__mutmut_2": 0})
+    assert run(repo) == 1
+    assert "mutmut show app.rule.xǁRǁr__mutmut_2" in capsys.readouterr().out
+    assert not (repo / "tests" / "mutation-record.json").exists()
+
+    (repo / "tests" / "MUTANTS.md").write_text("- `app.rule.xǁRǁr__mutmut_2`: why nothing observable changes.\n")
+    assert run(repo) == 0
+    record = json.loads((repo / "tests" / "mutation-record.json").read_text())
+    assert record["app/rule.py"] | {"run": None} == {"sha256": mutation_report.digest(repo / "app" / "rule.py"),
+                                                    "mutants": 2, "caught": 1, "equivalent": 1, "score": 100.0,
+                                                    "run": None}
+
+
+def test_a_mutant_left_unrun_is_not_a_catch(repo, capsys):
+    assert run(repo, "--select", "app/rule.py") == 0
+    mutmut_left(repo, "app/rule.py", {"app.rule.xǁRǁr__mutmut_1": None})
+    mutmut_left(repo, "app/core/a.py", {"app.core.a.x_a__mutmut_1": None})  # generated, not selected: not counted
+    assert run(repo) == 1
+    out = capsys.readouterr().out
+    assert "not checked" in out and "app.core.a" not in out
