@@ -163,7 +163,7 @@ def test_the_store_keeps_500_characters_defaults_to_no_detail_and_filters_by_car
     with write(conn):
         long = store.record(conn, ts=1, kind="oom", card_uuid="GPU-a", detail="x" * 600)
         bare = store.record(conn, ts=2, kind="xid", card_uuid="GPU-b", code=79)
-        with pytest.raises(ValueError, match="must be one of xid, oom, throttle, not 'fire'"):
+        with pytest.raises(ValueError, match="must be one of xid, oom, throttle, build, not 'fire'"):
             store.record(conn, ts=3, kind="fire")
     assert [f.id for f in store.recent(conn, 0, card_uuid="GPU-b")] == [bare]
     found = {f.id: f.detail for f in store.recent(conn, 0)}
