@@ -126,6 +126,7 @@ class CardTable(ScrollView, can_focus=True):
         self._cells: list[list[Cell]] = []  # per row, per column
         self._built: dict[tuple[str, str], tuple] = {}  # (uuid, column) -> (parts, Cell, shown values)
         self._lines: dict[int, Strip] = {}  # row (-1: the header) -> its line, built lazily
+        self._row_styles: dict[tuple, tuple] = {}  # (row, hover, cursor) -> _styles_for's
         self._hover: int | None = None  # the row under the mouse
         self.statuses: tuple[CardStatus, ...] = ()
         self._requested = False  # the wide VRAM column has room for requests
@@ -162,7 +163,7 @@ class CardTable(ScrollView, can_focus=True):
         uuids = [s.reading.uuid for s in statuses]
         if layout != self._layout:
             self._columns = table_columns(statuses, wide, width, requested)
-            self._layout, self._rows = layout, []
+            self._layout, self._rows, self._row_styles = layout, [], {}
         keys = self.column_keys
         rows = [[cells[c] for c in keys] for cells in (self._cells_for(s, now, wide) for s in statuses)]
         if uuids != self._rows:  # new cards, or another order: every line anew
@@ -210,7 +211,7 @@ class CardTable(ScrollView, can_focus=True):
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self.__dict__.pop("_style_cache", None)
-        self._built, self._lines = {}, {}
+        self._built, self._lines, self._row_styles = {}, {}, {}
         self._layout = None
         if self.statuses:  # a theme or focus change: rebuild with its colours now, not at the next poll
             self.call_after_refresh(lambda: self.show(self.statuses, self.app.clock()))
@@ -243,27 +244,37 @@ class CardTable(ScrollView, can_focus=True):
     def _build_line(self, row: int) -> Strip:
         """One row as DataTable drew it: each cell padded and styled (the row's style, the cursor's over it),
         the rest of the width in the row's style, cut to the widget."""
-        base = self.rich_style
         header = row == -1
-        component = Style()
-        if not header and row == self._hover:
-            component += self._style("cards--hover")
-        if not header and row == self.cursor_row:
-            component += self._style("cards--cursor")
-        post = Style.from_color(component.color)  # the cursor's colour over a cell's; a cell's background stays
-        row_style = self._style("cards--header") if header else base
+        state = (row, not header and row == self._hover, not header and row == self.cursor_row)
+        styles = self._row_styles.get(state)
+        if styles is None:  # the same for every build of the row until the theme, focus, cursor or hover change
+            styles = self._row_styles[state] = self._styles_for(*state)
+        base, pres, post, extend = styles
         pad = Segment(" " * PADDING)
         segments: list[Segment] = []
         cells = [Cell(((title, None),)) for _, title, _ in self._columns] if header else self._cells[row]
-        for column, ((_, _, width), cell) in enumerate(zip(self._columns, cells)):
-            pre = row_style + Style.from_meta({"row": row, "column": column}) + component
+        for pre, (_, _, width), cell in zip(pres, self._columns, cells):
             segments += Segment.apply_style([pad, *cell.fit(width), pad], pre, post)
-        table_width = self.virtual_size.width
-        extend = row_style + component + Style.from_meta({"row": row, "column": 0, "out_of_bounds": True})
-        segments.append(Segment(" " * max(0, self.size.width - table_width), extend))
+        segments.append(Segment(" " * max(0, self.size.width - self.virtual_size.width), extend))
         x = int(self.scroll_x)
         strip = Strip(segments).crop(x, x + self.size.width) if x else Strip(segments)
         return strip.adjust_cell_length(self.size.width, base).simplify()
+
+    def _styles_for(self, row: int, hover: bool, cursor: bool) -> tuple:
+        """The widget's style, each cell's style before its own and after (the cursor's colour over a cell's; a
+        cell's background stays, as in DataTable), and the style of the rest of the line. The row and column go
+        in as meta, as DataTable's."""
+        base = self.rich_style
+        component = Style()
+        if hover:
+            component += self._style("cards--hover")
+        if cursor:
+            component += self._style("cards--cursor")
+        row_style = self._style("cards--header") if row == -1 else base
+        pres = [row_style + Style.from_meta({"row": row, "column": column}) + component
+                for column in range(len(self._columns))]
+        extend = row_style + component + Style.from_meta({"row": row, "column": 0, "out_of_bounds": True})
+        return base, pres, Style.from_color(component.color), extend
 
     # -- the cursor ----------------------------------------------------------------------------
 
@@ -332,10 +343,10 @@ class CardTable(ScrollView, can_focus=True):
         self.cursor_row = row
 
     def on_focus(self) -> None:
-        self._lines = {}
+        self._lines, self._row_styles = {}, {}
 
     def on_blur(self) -> None:
-        self._lines = {}
+        self._lines, self._row_styles = {}, {}
 
 
 STEPS = {"power": 5.0, "util": 5}  # watts; percentage points
