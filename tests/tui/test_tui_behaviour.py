@@ -790,8 +790,8 @@ class TestCardTable:
 
 
     async def test_keys_and_clicks_move_the_cursor_and_choose_a_card(self, make_app):
-        """As DataTable's: arrows, end, home and the pages move the row cursor (held within the cards); a click
-        highlights a row and a click on the highlighted row, like enter, opens that card."""
+        """As DataTable's: arrows, ctrl+end, ctrl+home and the pages move the row cursor (held within the cards);
+        a click highlights a row and a click on the highlighted row, like enter, opens that card."""
         app = make_app()
         async with app.run_test(size=(120, 40)) as pilot:
             await ready(pilot)
@@ -800,11 +800,13 @@ class TestCardTable:
             assert table.has_focus and table.cursor_row == 0
             await pilot.press("up", "down", "down", "down")
             assert table.status_at_cursor().reading.uuid == uuid[3]
-            await pilot.press("end", "down")
+            await pilot.press("home", "end", "left")  # sideways: nothing
+            assert table.cursor_row == 3
+            await pilot.press("ctrl+end", "down")
             assert table.cursor_row == len(uuid) - 1
             await pilot.press("pageup")
             assert table.cursor_row == 0
-            await pilot.press("pagedown", "home")
+            await pilot.press("pagedown", "ctrl+home")
             assert table.cursor_row == 0
             await pilot.click(table, offset=(3, table.header_height + 5))
             assert table.cursor_row == 5 and not isinstance(app.screen, CardDetailScreen)

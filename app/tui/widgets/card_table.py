@@ -95,9 +95,9 @@ class CardTable(ScrollView, can_focus=True):
         Binding("down", "cursor(1)", "Cursor down", show=False),
         Binding("pageup", "page(-1)", "Page up", show=False),
         Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home,ctrl+home", "first", "Top", show=False),
-        Binding("end,ctrl+end", "last", "Bottom", show=False),
-        Binding("left,right", "nothing", show=False),  # a row cursor: nothing to the side, as DataTable's
+        Binding("ctrl+home", "first", "Top", show=False),
+        Binding("ctrl+end", "last", "Bottom", show=False),
+        Binding("left,right,home,end", "nothing", show=False),  # DataTable's scroll sideways: nothing hidden here
     ]
 
     header_height = 1
