@@ -728,11 +728,13 @@ class TestCardTable:
             assert compact[1] == "IN USE OVER" and "req" not in compact[2]
 
 
-    async def test_a_poll_redraws_only_the_cells_that_moved_as_far_as_anyone_reads(self, make_app, monkeypatch):
-        """A poll where one card's utilisation jumps and another's power moves 2 W: drawing the table again draws
-        only the one cell (DataTable counted any change as the whole table's, and drew every cell again), and power
-        moves the table only by 5 W or more."""
-        from app.tui.widgets.card_table import Cell
+    async def test_a_poll_redraws_only_the_line_that_moved_as_far_as_anyone_reads(self, make_app, monkeypatch):
+        """A poll where one card's utilisation jumps and another's power moves 2 W: the table builds one cell and
+        one line anew, and repaints only that line (DataTable drew the changed rows' every cell again, through
+        Rich's rendering, about 4 ms a row); power moves the table only by 5 W or more."""
+        from textual.geometry import Region
+
+        from app.tui.widgets.card_table import CardTable, Cell
 
         app = make_app()
         async with app.run_test(size=(120, 40)) as pilot:
@@ -747,14 +749,26 @@ class TestCardTable:
             creeps = next(i for i, s in enumerate(statuses) if i != jumps and s.reading.power_w is not None)
             util = (statuses[jumps].reading.utilization_pct + 40) % 100
             before = [str(c) for c in table.get_row_at(creeps)]
-            drawn: list[str] = []  # the cells drawn (a cell's render is cached until it changes)
-            draw = Cell.__rich_console__
+            cells: list[str] = []  # the cells built (each is kept until what it shows changes)
+            built: list[int] = []  # the rows whose line was built again
+            refreshed: list[tuple] = []
+            make_cell, build_line, refresh = Cell.__init__, CardTable._build_line, CardTable.refresh
 
-            def counted(cell, console, options):
-                drawn.append(str(cell))
-                return draw(cell, console, options)
+            def counted_cell(cell, parts, justify="left"):
+                cells.append("".join(text for text, _ in parts))
+                make_cell(cell, parts, justify)
 
-            monkeypatch.setattr(Cell, "__rich_console__", counted)
+            def counted_line(widget, row):
+                built.append(row)
+                return build_line(widget, row)
+
+            def counted_refresh(widget, *regions, **kwargs):
+                refreshed.append(regions)
+                return refresh(widget, *regions, **kwargs)
+
+            monkeypatch.setattr(Cell, "__init__", counted_cell)
+            monkeypatch.setattr(CardTable, "_build_line", counted_line)
+            monkeypatch.setattr(CardTable, "refresh", counted_refresh)
 
             def moved(i, s):
                 r = s.reading
@@ -767,8 +781,37 @@ class TestCardTable:
             table.show([moved(i, s) for i, s in enumerate(statuses)], app.clock())
             for y in lines:
                 table.render_line(y)
-            assert drawn == [f"{util}%"]
+            assert cells == [f"{util}%"] and built == [jumps]
+            y = table.header_height + jumps - int(table.scroll_y)
+            assert refreshed == [(Region(0, y, table.size.width, 1),)]
             assert [str(c) for c in table.get_row_at(creeps)] == before
+            assert str(table.get_row_at(jumps)[table.column_keys.index("util")]) == f"{util}%"
+
+
+    async def test_keys_and_clicks_move_the_cursor_and_choose_a_card(self, make_app):
+        """As DataTable's: arrows, ctrl+end, ctrl+home and the pages move the row cursor (held within the cards);
+        a click highlights a row and a click on the highlighted row, like enter, opens that card."""
+        app = make_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            table = app.board.card_table
+            uuid = [s.reading.uuid for s in table.statuses]
+            assert table.has_focus and table.cursor_row == 0
+            await pilot.press("up", "down", "down", "down")
+            assert table.status_at_cursor().reading.uuid == uuid[3]
+            await pilot.press("home", "end", "left")  # sideways: nothing
+            assert table.cursor_row == 3
+            await pilot.press("ctrl+end", "down")
+            assert table.cursor_row == len(uuid) - 1
+            await pilot.press("pageup")
+            assert table.cursor_row == 0
+            await pilot.press("pagedown", "ctrl+home")
+            assert table.cursor_row == 0
+            await pilot.click(table, offset=(3, table.header_height + 5))
+            assert table.cursor_row == 5 and not isinstance(app.screen, CardDetailScreen)
+            await pilot.click(table, offset=(3, table.header_height + 5))
+            await wait_for(pilot, lambda: isinstance(app.screen, CardDetailScreen))
+            assert app.screen.uuid == uuid[5]
 
 
 class TestUntrustedText:

@@ -228,7 +228,7 @@ class TestLabels:
         async with app.run_test(size=(80, 24)) as pilot:
             await ready(pilot)
             cards = app.board.card_table
-            keys = [c.key.value for c in cards.ordered_columns]
+            keys = cards.column_keys
             assert "holder" in keys and cards.virtual_size.width <= cards.size.width  # no column off screen
             assert str(cards.get_row_at(0)[keys.index("holder")]) == "alice→19:00"
             timeline = app.board.timeline

@@ -7,7 +7,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import Footer, Static
 
 from app.core.policy import policy_zone, pool_rules
 from app.core.text import cards_text, format_cards, inert
@@ -70,11 +70,9 @@ class BoardScreen(Screen):
     def action_day(self, days: int) -> None:
         self.timeline.shift_days(days)
 
-    @on(DataTable.RowSelected, "#cards")
-    def _card_chosen(self, event: DataTable.RowSelected) -> None:
-        status = self.card_table.status_at_cursor()
-        if status is not None:
-            self.app.action_card_detail(status.reading.uuid)
+    @on(CardTable.RowSelected, "#cards")
+    def _card_chosen(self, event: CardTable.RowSelected) -> None:
+        self.app.action_card_detail(event.uuid)
 
     def key_enter(self) -> None:
         model = self.timeline.model

@@ -1,7 +1,9 @@
-"""The live card table: one row per card, keyed by its UUID, diffed cell by cell on every poll.
+"""The live card table: one line per card, each a cached Strip, rebuilt only when its card's cells change.
 
-What each cell says, and which columns fit, is the model's (app.tui.card_table_model); this widget draws
-it and touches only the cells that changed.
+What each cell says, and which columns fit, is the model's (app.tui.card_table_model). This widget draws it
+line by line (the Line API, as the timeline): a poll diffs the cells, rebuilds the lines of the cards whose
+cells changed and refreshes only those lines. It looks and behaves as the DataTable it replaces did (a row
+cursor, enter or a click on the highlighted row selects, the header fixed above the rows).
 """
 
 from __future__ import annotations
@@ -9,18 +11,24 @@ from __future__ import annotations
 from typing import Sequence
 
 from rich.cells import cell_len
-from rich.measure import Measurement
 from rich.segment import Segment
 from rich.style import Style
-from textual.widgets import DataTable
-from textual.widgets.data_table import ColumnKey, RowKey
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from app.core.cardstate import CardStatus
 from app.tui.card_table_model import WIDE_MIN_WIDTH, cell_parts, table_columns, wants_requests
 
+PADDING = 1  # blank cells either side of each column, as DataTable's cell_padding
+
+
 class Cell:
-    """A one-line cell as ready-made segments: DataTable re-renders every cell of a changed row each
-    poll, and this skips Text's wrapping and justification machinery (a third of the board's idle CPU)."""
+    """A one-line cell as ready-made segments, built once per change of what it shows."""
 
     __slots__ = ("segments", "length", "justify", "plain")
 
@@ -33,30 +41,36 @@ class Cell:
     def __str__(self) -> str:
         return self.plain
 
-    def __rich_measure__(self, console, options) -> Measurement:
-        return Measurement(self.length, self.length)
-
-    def __rich_console__(self, console, options):
-        width = options.max_width
+    def fit(self, width: int) -> list[Segment]:
+        """Exactly `width` cells: padded to its justification, or cut with an ellipsis."""
         if self.length <= width:
+            if self.length == width:
+                return list(self.segments)
             pad = Segment(" " * (width - self.length))
-            if self.justify == "right":
-                yield pad
-                yield from self.segments
-            else:
-                yield from self.segments
-                yield pad
-            return
+            return [pad, *self.segments] if self.justify == "right" else [*self.segments, pad]
         cropped = Segment.adjust_line_length(self.segments, max(0, width - 1))
-        yield from cropped
-        yield Segment("…", cropped[-1].style if cropped else None)
+        return [*cropped, Segment("…", cropped[-1].style if cropped else None)]
 
 
-class CardTable(DataTable):
+class CardTable(ScrollView, can_focus=True):
     """Columns differ between the compact (80 columns) and wide layouts; `show` picks by width."""
 
     DEFAULT_CSS = """
-    CardTable { height: auto; max-height: 60%; }
+    CardTable {
+        height: auto; max-height: 60%; background: $surface; color: $foreground;
+        scrollbar-size-vertical: 1; overflow-x: hidden;
+    }
+    CardTable:focus { background-tint: $foreground 5%; }
+    CardTable > .cards--header { color: $text-muted; text-style: bold; background: $surface; }
+    CardTable:focus > .cards--header { background-tint: $foreground 5%; }
+    CardTable > .cards--cursor {
+        background: $block-cursor-blurred-background; color: $block-cursor-blurred-foreground;
+        text-style: $block-cursor-blurred-text-style;
+    }
+    CardTable:focus > .cards--cursor {
+        background: $block-cursor-background; color: $block-cursor-foreground; text-style: $block-cursor-text-style;
+    }
+    CardTable > .cards--hover { background: $block-hover-background; }
     CardTable > .cards--free { color: $success; text-style: bold; }
     CardTable > .cards--booked { color: $warning; text-style: bold; }
     CardTable > .cards--in-use { color: $primary; text-style: bold; }
@@ -70,77 +84,75 @@ class CardTable(DataTable):
     CardTable > .cards--muted { color: $text-muted; }
     CardTable > .cards--mine { color: $accent; text-style: bold; }
     """
-    COMPONENT_CLASSES = DataTable.COMPONENT_CLASSES | {
+    COMPONENT_CLASSES = {
+        "cards--header", "cards--cursor", "cards--hover",
         "cards--free", "cards--booked", "cards--in-use", "cards--squatted", "cards--lost", "cards--warning",
         "cards--ok", "cards--warn", "cards--danger", "cards--na", "cards--muted", "cards--mine",
     }
+    BINDINGS = [
+        Binding("enter", "select_cursor", "Select", show=False),
+        Binding("up", "cursor(-1)", "Cursor up", show=False),
+        Binding("down", "cursor(1)", "Cursor down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("ctrl+home", "first", "Top", show=False),
+        Binding("ctrl+end", "last", "Bottom", show=False),
+        Binding("left,right,home,end", "nothing", show=False),  # DataTable's scroll sideways: nothing hidden here
+    ]
+
+    header_height = 1
+    cursor_row: reactive[int] = reactive(0, always_update=False, repaint=False)
+
+    class RowHighlighted(Message):
+        """The cursor moved onto the card `uuid` (row `cursor_row`)."""
+
+        def __init__(self, table: CardTable, cursor_row: int, uuid: str) -> None:
+            super().__init__()
+            self.table, self.cursor_row, self.uuid = table, cursor_row, uuid
+
+        @property
+        def control(self) -> CardTable:
+            return self.table
+
+    class RowSelected(RowHighlighted):
+        """Enter, or a click on the highlighted row: the card `uuid` is chosen."""
 
     def __init__(self, me: str, *, id: str | None = None) -> None:
-        super().__init__(id=id, cursor_type="row", zebra_stripes=False, show_cursor=True)
+        super().__init__(id=id)
         self.me = me
         self._layout: tuple | None = None
+        self._columns: list[tuple[str, str, int]] = []  # (key, title, width) in display order
         self._rows: list[str] = []  # UUIDs in display order
-        self._cells: dict[tuple[str, str], Cell] = {}
-        self._built: dict[tuple[str, str], tuple[tuple, Cell]] = {}  # (uuid, column) -> (parts, Cell)
-        self._changed_rows: set = set()
-        self._known_stores = all(hasattr(self, name) for name in _DATA_TABLE_STORES)
+        self._cells: list[list[Cell]] = []  # per row, per column
+        self._built: dict[tuple[str, str], tuple] = {}  # (uuid, column) -> (parts, Cell, shown values)
+        self._lines: dict[int, Strip] = {}  # row (-1: the header) -> its line, built lazily
+        self._row_styles: dict[tuple, tuple] = {}  # (row, hover, cursor) -> _styles_for's
+        self._hover: int | None = None  # the row under the mouse
         self.statuses: tuple[CardStatus, ...] = ()
         self._requested = False  # the wide VRAM column has room for requests
 
-    # -- repainting only what changed ------------------------------------------------------------
+    # -- what tests and screens read ----------------------------------------------------------------
 
-    def update_cell(self, row_key, column_key, value, *, update_width: bool = False) -> None:
-        """DataTable.update_cell counts an update of the whole table: every cached cell, row and line is stale
-        then, and it repaints all of them. A poll changes a few cells, so this puts the value in, and the repaint
-        (_repaint_changed_rows) forgets only what showed those cells and redraws only their rows: the other rows'
-        lines and the changed rows' other cells stay cached (bench/bench_tui.py)."""
-        if update_width or not self._known_stores:  # another Textual's DataTable: its own way
-            self._quiet = True
-            try:
-                super().update_cell(row_key, column_key, value, update_width=update_width)
-            finally:
-                self._quiet = False
-        else:
-            row_key = RowKey(row_key) if isinstance(row_key, str) else row_key
-            column_key = ColumnKey(column_key) if isinstance(column_key, str) else column_key
-            self._data[row_key][column_key] = value
-        self._changed_rows.add((row_key, column_key))
+    @property
+    def row_count(self) -> int:
+        return len(self._rows)
 
-    def _repaint_changed_rows(self) -> None:
-        changed = {(RowKey(r) if isinstance(r, str) else r, ColumnKey(c) if isinstance(c, str) else c)
-                   for r, c in self._changed_rows}
-        rows = {row for row, _ in changed}
-        self._changed_rows.clear()
-        if not rows:
-            return
-        # Forget only what showed a changed cell: its row's renderables, the cell's renders, its row's, and the
-        # lines of its row.
-        indexes = {self.get_row_index(row) for row in rows}
-        caches = [] if not self._known_stores else [(self._row_renderable_cache, lambda key: key[1] in indexes),
-                  (self._cell_render_cache, lambda key: (key[0], key[1]) in changed),
-                  (self._row_render_cache, lambda key: key[0] in rows),
-                  (self._line_cache, lambda key: self._row_at(key[0]) in rows)]
-        for cache, stale in caches:
-            for key in [key for key in cache.keys() if stale(key)]:
-                cache.discard(key)
-        for index in indexes:
-            self.refresh_row(index)
+    @property
+    def column_keys(self) -> list[str]:
+        return [key for key, _, _ in self._columns]
 
-    def _row_at(self, y: int):
-        try:
-            return self._get_offsets(y)[0]
-        except LookupError:
-            return None  # the header
+    def get_row_at(self, row: int) -> list[Cell]:
+        return list(self._cells[row])
 
-    def refresh(self, *regions, **kwargs):
-        if getattr(self, "_quiet", False) and not regions and not kwargs:
-            return self
-        return super().refresh(*regions, **kwargs)
+    def status_at_cursor(self) -> CardStatus | None:
+        if 0 <= self.cursor_row < len(self.statuses):
+            return self.statuses[self.cursor_row]
+        return None
 
     # -- data ----------------------------------------------------------------------------------
 
     def show(self, statuses: Sequence[CardStatus], now: float) -> None:
-        """Diff the table against new statuses: only changed cells are touched; rows keep their keys."""
+        """Diff the table against new statuses: only the lines of cards whose cells changed are rebuilt."""
         self.statuses = tuple(statuses)
         width = self.size.width or self.app.size.width
         wide = self.app.size.width >= WIDE_MIN_WIDTH
@@ -149,57 +161,21 @@ class CardTable(DataTable):
         self._requested = requested
         layout = (wide, mixed, width if wide else 0, any(s.label for s in statuses), requested)
         uuids = [s.reading.uuid for s in statuses]
-        with self.app.batch_update():
-            if layout != self._layout:
-                self.clear(columns=True)
-                for key, label, w in table_columns(statuses, wide, width, requested):
-                    self.add_column(label, key=key, width=w)
-                self._layout, self._rows, self._cells = layout, [], {}
-            columns = [c.key.value for c in self.ordered_columns]
-            if uuids != self._rows:
-                cursor = self.cursor_row
-                self.clear()
-                self._cells = {}
-                for status in statuses:
-                    cells = self._cells_for(status, now, wide)
-                    self.add_row(*(cells[c] for c in columns), key=status.reading.uuid)
-                    for c in columns:
-                        self._cells[(status.reading.uuid, c)] = cells[c]
-                self._rows = uuids
-                if statuses:
-                    self.move_cursor(row=min(cursor, len(statuses) - 1))
-                return
-            for status in statuses:
-                uuid = status.reading.uuid
-                cells = self._cells_for(status, now, wide)
-                for c in columns:
-                    if self._cells.get((uuid, c)) is not cells[c]:
-                        self._cells[(uuid, c)] = cells[c]
-                        self.update_cell(uuid, c, cells[c])
-            self._repaint_changed_rows()
-
-    def status_at_cursor(self) -> CardStatus | None:
-        if 0 <= self.cursor_row < len(self.statuses):
-            return self.statuses[self.cursor_row]
-        return None
-
-    # -- cells ---------------------------------------------------------------------------------
-
-    def _style(self, name: str):
-        """Component styles, resolved once per theme rather than for every cell of every poll."""
-        cache = self.__dict__.setdefault("_style_cache", {})
-        style = cache.get(name)
-        if style is None:
-            style = cache[name] = self.get_component_rich_style(name)
-        return style
-
-    def notify_style_update(self) -> None:
-        super().notify_style_update()
-        self.__dict__.pop("_style_cache", None)
-        self._cells, self._built = {}, {}
-        self._layout = None
-        if self.statuses:  # a theme or focus change: rebuild with its colours now, not at the next poll
-            self.call_after_refresh(lambda: self.show(self.statuses, self.app.clock()))
+        if layout != self._layout:
+            self._columns = table_columns(statuses, wide, width, requested)
+            self._layout, self._rows, self._row_styles = layout, [], {}
+        keys = self.column_keys
+        rows = [[cells[c] for c in keys] for cells in (self._cells_for(s, now, wide) for s in statuses)]
+        if uuids != self._rows:  # new cards, or another order: every line anew
+            self._rows, self._cells, self._lines = uuids, rows, {}
+            self.virtual_size = Size(sum(w + 2 * PADDING for _, _, w in self._columns), 1 + len(rows))
+            self.cursor_row = min(self.cursor_row, max(0, len(rows) - 1))
+            self.refresh()
+            return
+        for index, (old, new) in enumerate(zip(self._cells, rows)):
+            if any(a is not b for a, b in zip(old, new)):
+                self._cells[index] = new
+                self._refresh_row(index)
 
     def _cells_for(self, s: CardStatus, now: float, wide: bool) -> dict[str, Cell]:
         """Every cell of a row; the model (cell_parts) does the formatting, this only builds what changed.
@@ -222,10 +198,157 @@ class CardTable(DataTable):
             cells[column] = cached[1]
         return cells
 
+    # -- lines ---------------------------------------------------------------------------------
 
-# DataTable's cell store and the caches of what it drew (Textual 1 to 8): the ones a changed cell makes stale.
-# tests/tui/test_tui_behaviour.py (TestCardTable) checks that a changed cell is drawn anew and nothing else.
-_DATA_TABLE_STORES = ("_data", "_row_renderable_cache", "_cell_render_cache", "_row_render_cache", "_line_cache")
+    def _style(self, name: str) -> Style:
+        """Component styles, resolved once per theme and focus rather than for every cell of every poll."""
+        cache = self.__dict__.setdefault("_style_cache", {})
+        style = cache.get(name)
+        if style is None:
+            style = cache[name] = self.get_component_styles(name).rich_style
+        return style
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self.__dict__.pop("_style_cache", None)
+        self._built, self._lines, self._row_styles = {}, {}, {}
+        self._layout = None
+        if self.statuses:  # a theme or focus change: rebuild with its colours now, not at the next poll
+            self.call_after_refresh(lambda: self.show(self.statuses, self.app.clock()))
+
+    def _refresh_row(self, row: int | None) -> None:
+        """Forget the row's line and repaint only that line, if it is on screen."""
+        if row is None:
+            return
+        self._lines.pop(row, None)
+        y = 1 + row - int(self.scroll_y)
+        if 1 <= y < self.size.height:
+            self.refresh(Region(0, y, self.size.width, 1))
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._lines = {}
+
+    def watch_scroll_x(self, old: float, new: float) -> None:
+        self._lines = {}
+        super().watch_scroll_x(old, new)
+
+    def render_line(self, y: int) -> Strip:
+        row = -1 if y < self.header_height else y - self.header_height + int(self.scroll_y)
+        if row >= len(self._rows):
+            return Strip.blank(self.size.width, self.rich_style)
+        line = self._lines.get(row)
+        if line is None:
+            line = self._lines[row] = self._build_line(row)
+        return line
+
+    def _build_line(self, row: int) -> Strip:
+        """One row as DataTable drew it: each cell padded and styled (the row's style, the cursor's over it),
+        the rest of the width in the row's style, cut to the widget."""
+        header = row == -1
+        state = (row, not header and row == self._hover, not header and row == self.cursor_row)
+        styles = self._row_styles.get(state)
+        if styles is None:  # the same for every build of the row until the theme, focus, cursor or hover change
+            styles = self._row_styles[state] = self._styles_for(*state)
+        base, pres, post, extend = styles
+        pad = Segment(" " * PADDING)
+        segments: list[Segment] = []
+        cells = [Cell(((title, None),)) for _, title, _ in self._columns] if header else self._cells[row]
+        for pre, (_, _, width), cell in zip(pres, self._columns, cells):
+            segments += Segment.apply_style([pad, *cell.fit(width), pad], pre, post)
+        segments.append(Segment(" " * max(0, self.size.width - self.virtual_size.width), extend))
+        x = int(self.scroll_x)
+        strip = Strip(segments).crop(x, x + self.size.width) if x else Strip(segments)
+        return strip.adjust_cell_length(self.size.width, base).simplify()
+
+    def _styles_for(self, row: int, hover: bool, cursor: bool) -> tuple:
+        """The widget's style, each cell's style before its own and after (the cursor's colour over a cell's; a
+        cell's background stays, as in DataTable), and the style of the rest of the line. The row and column go
+        in as meta, as DataTable's."""
+        base = self.rich_style
+        component = Style()
+        if hover:
+            component += self._style("cards--hover")
+        if cursor:
+            component += self._style("cards--cursor")
+        row_style = self._style("cards--header") if row == -1 else base
+        pres = [row_style + Style.from_meta({"row": row, "column": column}) + component
+                for column in range(len(self._columns))]
+        extend = row_style + component + Style.from_meta({"row": row, "column": 0, "out_of_bounds": True})
+        return base, pres, Style.from_color(component.color), extend
+
+    # -- the cursor ----------------------------------------------------------------------------
+
+    def validate_cursor_row(self, row: int) -> int:
+        return max(0, min(row, len(self._rows) - 1))
+
+    def watch_cursor_row(self, old: int, new: int) -> None:
+        self._refresh_row(old)
+        self._refresh_row(new)
+        if self._rows:
+            self.scroll_to_region(Region(0, 1 + new, 1, 1), spacing=(1, 0, 0, 0), force=True)
+            self.post_message(self.RowHighlighted(self, new, self._rows[new]))
+
+    def move_cursor(self, *, row: int) -> None:
+        self.cursor_row = row
+
+    def _keyboard(self) -> None:
+        """Keys hide the mouse's hover, as DataTable's do."""
+        hover, self._hover = self._hover, None
+        self._refresh_row(hover)
+
+    def action_cursor(self, rows: int) -> None:
+        self._keyboard()
+        self.cursor_row += rows
+
+    def action_page(self, pages: int) -> None:
+        self._keyboard()
+        self.cursor_row += pages * max(1, self.scrollable_content_region.height - self.header_height)
+
+    def action_first(self) -> None:
+        self._keyboard()
+        self.cursor_row = 0
+
+    def action_last(self) -> None:
+        self._keyboard()
+        self.cursor_row = len(self._rows) - 1
+
+    def action_nothing(self) -> None:
+        pass
+
+    def action_select_cursor(self) -> None:
+        self._keyboard()
+        if self._rows:
+            self.post_message(self.RowSelected(self, self.cursor_row, self._rows[self.cursor_row]))
+
+    def _row_under(self, event: events.MouseEvent) -> int | None:
+        row = event.y - self.header_height + int(self.scroll_y)
+        return row if event.y >= self.header_height and 0 <= row < len(self._rows) else None
+
+    def on_mouse_move(self, event: events.MouseMove) -> None:
+        hover, self._hover = self._hover, self._row_under(event)
+        if hover != self._hover:
+            self._refresh_row(hover)
+            self._refresh_row(self._hover)
+
+    def on_leave(self, event: events.Leave) -> None:
+        self._keyboard()
+
+    def on_click(self, event: events.Click) -> None:
+        row = self._row_under(event)
+        if row is None:
+            return
+        event.stop()
+        if row == self.cursor_row:
+            self.action_select_cursor()
+        self.cursor_row = row
+
+    def on_focus(self) -> None:
+        self._lines, self._row_styles = {}, {}
+
+    def on_blur(self) -> None:
+        self._lines, self._row_styles = {}, {}
+
+
 STEPS = {"power": 5.0, "util": 5}  # watts; percentage points
 
 

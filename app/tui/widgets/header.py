@@ -40,6 +40,10 @@ class BoardHeader(Widget):
     alert: reactive[str] = reactive("")  # e.g. "telemetry stalled 6 s"
     alerts: reactive[str] = reactive("")  # the service's alert rules: "2 alerts: GPU 7 at 93 °C …" (app.alerts)
 
+    def validate_now(self, now: float) -> float:
+        """The clock shows whole seconds: the timer's tick and telemetry's in the same second repaint once."""
+        return float(int(now))
+
     def on_mount(self) -> None:
         """Who and where come from the app, so every screen's header says the same."""
         app = self.app
