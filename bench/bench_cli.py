@@ -4,7 +4,7 @@ the same interpreter, run side by side (interleaved, so machine noise hits every
 Medians; the ratio is against that baseline. Target (issue 8, section 6): 2x or less.
 
     sudo .venv/bin/python bench/bench_cli.py [--runs 30] [--group boardusers] [--breakdown]
-    .venv/bin/python bench/bench_cli.py --file [--runs 30]     # the old file mode (BOARD_DB), no root
+    .venv/bin/python bench/bench_cli.py --file [--runs 30] [--breakdown]     # the old file mode (BOARD_DB), no root
     .venv/bin/python bench/bench_cli.py --file --against /tmp/old   # and another checkout's, in the same rounds
 
 Socket mode needs root: it starts a throwaway agent as the user board, exactly as the unit does
@@ -87,6 +87,22 @@ BREAKDOWN = {
 }
 
 
+# File mode's imports, step by step (--file --breakdown): the standard library it cannot do without, then each
+# heavy module it still loads, then board's own modules on the quick path (the request itself costs ~5-10 ms).
+FILE_BREAKDOWN = {
+    "imports: sqlite3, json, datetime, threading": "import sqlite3, json, datetime, threading, functools, pwd, grp",
+    "  + dataclasses (inspect, ast, dis)": "import sqlite3, json, datetime, threading, functools, pwd, grp, dataclasses",
+    "  + pathlib (urllib.parse, ipaddress)": "import sqlite3, json, datetime, threading, functools, pwd, grp, pathlib",
+    "  + typing": "import sqlite3, json, datetime, threading, functools, pwd, grp, typing",
+    "  = all three": "import sqlite3, json, datetime, threading, functools, pwd, grp, dataclasses, pathlib, typing",
+    "  = app.config (17 dataclasses)": "import app.config",
+    "  = app.gpu.simulated, app.model": "import app.gpu.simulated, app.model",
+    "  = the file mode's modules, no request": "import app.quick, app.cli.context, app.cli.status, app.cli.bookings,"
+                                               " app.client.local, app.gpu.simulated, app.service.ops.reads,"
+                                               " app.service.ops.bookings, hashlib",
+}
+
+
 def compile_bytecode() -> None:
     # As an installed package has: bytecode, so that no case pays for compiling.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "app")], check=True, stdout=subprocess.DEVNULL)
@@ -121,7 +137,7 @@ def socket_mode(runs: int, group: str, user: str, breakdown: bool) -> None:
     report(wall, cpu, 2.0)
 
 
-def file_mode(runs: int, against: Path | None = None) -> None:
+def file_mode(runs: int, against: Path | None = None, breakdown: bool = False) -> None:
     compile_bytecode()
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "BOARD_DB": f"{tmp}/board.db", "BOARD_SIMULATE": "1"}
@@ -143,7 +159,10 @@ def file_mode(runs: int, against: Path | None = None) -> None:
             del cases["board book 1 --for 10m (file)"]  # each checkout books a card of its own, at the same times
             cases["board book --cards 0 --for 10m (file)"] = lambda n: [board, "book", "--cards", "0", "--start",
                                                                         f"+{n + 1}h", "--for", "10m"]
-        wall, cpu = run_cases(cases, runs, env)
+        if breakdown:
+            cases.update({name: (lambda code: lambda n: [sys.executable, "-c", code])(code)
+                          for name, code in FILE_BREAKDOWN.items()})
+        wall, cpu = run_cases(cases, runs, env, str(REPO))
     print(f"{runs} runs each, interleaved, file mode (BOARD_DB, in process):")
     report(wall, cpu, 3.0)
 
@@ -156,13 +175,13 @@ def main() -> None:
     parser.add_argument("--file", action="store_true", help="file mode instead (BOARD_DB; no agent, no root)")
     parser.add_argument("--against", type=Path, help="file mode: another checkout's board beside this one's")
     parser.add_argument("--breakdown", action="store_true",
-                        help="also time the quick path's imports step by step (where the time goes)")
+                        help="also time the quick path's imports step by step (where the time goes; both modes)")
     args = parser.parse_args()
     if not args.file and os.geteuid() != 0:
         print("not root, so no agent of our own: file mode (sudo for the socket, the shared install's path)")
         args.file = True
     if args.file:
-        file_mode(args.runs, args.against)
+        file_mode(args.runs, args.against, args.breakdown)
     else:
         socket_mode(args.runs, args.group, args.user, args.breakdown)
 

@@ -23,9 +23,8 @@ from app.gpu.fleet import Fleet
 from app.service.audit import AGENT
 from app.service.bookings import BookingService
 from app.service.hub import Hub
-from app.service.ops import OPS
+from app.service.ops.registry import HOMES, lookup
 from app.service.processes import Registry
-from app.service.servers import Supervision
 from app.store import bookings as rows
 from app.store.db import connect, storage_error
 
@@ -33,6 +32,7 @@ CALENDAR_PAST_S = 86400  # the calendar keeps bookings that ended up to a day be
 
 if TYPE_CHECKING:
     from app.history.store import HistoryStore
+    from app.service.servers import Supervision
     from app.notify.deliver import Deliverer
 
 
@@ -52,12 +52,20 @@ class Service:
         self._seeded = False
         self._servers_shown = False  # fleet_snapshot has shown llama-servers on the simulated cards
         # Jobs and servers registered over the socket, by pidfd (app.service.processes), and the servers'
-        # reports on top of that (app.service.servers.Supervision).
+        # reports on top of that (`supervision`).
         self.processes = Registry()
-        self.supervision = Supervision(self.processes)
+        if transport == "socket":
+            _ = self.supervision  # made before the socket's threads run, not by the first of them
         self.runner = None  # the registered `board runner` (app.service.plans.Runner), which starts planned servers
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
         self.notifier: Deliverer | None = None  # the delivery thread's, where the socket server runs one
+
+    @functools.cached_property
+    def supervision(self) -> Supervision:
+        """The servers' supervisors (app.service.servers.Supervision), made on first use."""
+        from app.service.servers import Supervision  # start-up: a booking command in process loads no servers
+
+        return Supervision(self.processes)
 
     @functools.cached_property
     def history(self) -> HistoryStore:
@@ -84,9 +92,9 @@ class Service:
 
     def call(self, me: Identity, op: str, args: Any) -> Any:
         """Run one operation for `me`; raises the BoardError a CLI would exit with."""
-        entry = OPS.get(op) if isinstance(op, str) else None
+        entry = lookup(op)
         if entry is None:
-            raise BadInput(f"unknown operation {str(op)[:40]!r}; this service speaks {', '.join(sorted(OPS))}")
+            raise BadInput(f"unknown operation {str(op)[:40]!r}; this service speaks {', '.join(sorted(HOMES))}")
         kwargs = entry.check(args)
         self._local.told = []
         try:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
-import random
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -19,7 +17,6 @@ from app.store.filesystem import network_filesystem
 
 BUSY_TIMEOUT_MS = 10_000
 
-log = logging.getLogger("app.store")
 _malformed: dict[tuple[str, str, object], str] = {}  # (database, kind, row id) -> the line logged, once
 
 
@@ -157,6 +154,8 @@ def _begin_immediate(conn: sqlite3.Connection) -> None:
                 if time.monotonic() >= deadline:
                     raise StoreError(f"the board database stayed locked for {BUSY_TIMEOUT_MS / 1000:g} s"
                                      " (someone holds its write lock); try again") from None
+            import random  # start-up: only a busy database waits
+
             time.sleep(random.uniform(nap / 2, nap))
             nap = min(nap * 1.5, 0.005)
     finally:
@@ -314,7 +313,9 @@ def report_malformed(conn: sqlite3.Connection, kind: str, row_id: object, proble
     shown = _inert(str(problem))[:160]
     where = row_id if isinstance(row_id, int) else ascii(row_id)[:40]
     _malformed[key] = line = f"{kind} {where} is malformed: {shown}; skipped (a hand edit? see board doctor)"
-    log.warning("%s", line)
+    import logging  # start-up: only a malformed row is logged
+
+    logging.getLogger("app.store").warning("%s", line)
 
 
 def _inert(text: str) -> str:

@@ -93,7 +93,8 @@ def test_every_package_app_imports_is_a_declared_dependency():
 def test_file_mode_quick_commands_load_only_what_they_run(tmp_path):
     """File mode (BOARD_DB, no shared install) runs the quick commands on the service in this process: the store
     and the booking rules, not the full parser, pushes, the history, alerts, sizing, the watchers, or llama's
-    modules while no server runs (the simulated fleet shows the demo's servers on their cards)."""
+    modules while no server runs (the simulated fleet shows the demo's servers on their cards); only the
+    operations' modules it calls (not servers, keys, faults), and no logging unless a row is malformed."""
     code = (
         "import os, contextlib, io\n"
         f"os.environ.update(BOARD_DB={str(tmp_path / 'b.db')!r}, BOARD_SIMULATE='1')\n"
@@ -108,4 +109,19 @@ def test_file_mode_quick_commands_load_only_what_they_run(tmp_path):
     assert "app.service.bookings" in loaded  # the probe did run the commands in process
     assert not loaded & {"argparse", "app.cli.fit", "app.cli.serve", "app.fit.estimate", "app.notify.deliver",
                          "app.service.notify", "http.client", "app.history.store", "app.alerts.engine",
-                         "app.service.watch", "app.service.server", "app.llama.rows"}
+                         "app.service.watch", "app.service.server", "app.llama.rows",
+                         "app.service.ops.servers", "app.service.servers", "app.service.ops.gateway", "app.core.keys",
+                         "app.service.ops.faults", "app.faults.store", "app.service.ops.series", "app.store.plans",
+                         "logging", "random", "traceback"}
+
+
+def test_the_service_finds_each_operation_in_the_module_that_registers_it():
+    """The service imports only the module of the operation it runs (registry.HOMES): the table says where each
+    one is, so an operation added to a module must be added there too, or the service would not know it."""
+    from app.service.ops import OPS
+    from app.service.ops.registry import HOMES, lookup
+
+    assert {name: entry.handler.__module__ for name, entry in OPS.items()} == \
+        {name: f"app.service.ops.{module}" for name, module in HOMES.items()}
+    assert lookup("book") is OPS["book"]
+    assert lookup("no_such_operation") is None and lookup(["book"]) is None

@@ -2,8 +2,8 @@
 its arguments.
 
 The modules of this package register into OPS with `@op(...)`; this module imports none of them
-(app.service.ops lists them). A handler gets the Service, the caller's Identity and the checked
-arguments, and returns JSON.
+(app.service.ops lists them), except the one `lookup` needs for the operation asked for. A handler gets
+the Service, the caller's Identity and the checked arguments, and returns JSON.
 """
 
 from __future__ import annotations
@@ -64,6 +64,33 @@ class Op:
 
 
 OPS: dict[str, Op] = {}
+
+# Which module of this package registers each operation, so that the service imports only the module of the one it
+# runs (start-up: `board status` in file mode loads no servers, keys or faults). A test checks this against OPS.
+HOMES: dict[str, str] = {name: module for module, names in {
+    "reads": "whoami stats fleet history report status get list window all_bookings log",
+    "bookings": "plan next_free slots book cancel release extend reassign move run",
+    "series": "series_book series_get series_extend series_cancel",
+    "servers": "serve_start serve_get serve_list serve_logs serve_stop serve_key serve_plan serve_plans"
+               " serve_plan_cancel",
+    "notify": "notify_test notify_status",
+    "faults": "faults",
+    "alerts": "alerts",
+    "gateway": "key_new key_list key_revoke gateway_state gateway_usage usage",
+    "power": "power power_step",
+}.items() for name in names.split()}
+
+
+def lookup(name: object) -> Op | None:
+    """The operation called `name`, its module imported on first use; None for a name no module registers."""
+    home = HOMES.get(name) if isinstance(name, str) else None
+    if home is None:
+        return None
+    if name not in OPS:
+        from importlib import import_module
+
+        import_module(f"app.service.ops.{home}")
+    return OPS[name]
 
 
 def op(name: str, required: dict[str, type] | None = None, optional: dict[str, type] | None = None, writes=False,
