@@ -14,7 +14,9 @@ The budget is 50 MB for 8 cards and a year (841 k rollups), so the rows are lean
 - PCIe traffic (the busier direction, MiB/s) is kept raw, and in a rollup as its mean alone;
 - a rollup's state is the one in most of its samples; who held the card is in the bookings (board.db), and who
   squatted it in `squats`, counted per sample;
-- `sample_view` and `rollup_view` give ts, card, the state's name, and min/mean/max.
+- `sample_view` and `rollup_view` give ts, card, the state's name, and min/mean/max;
+- `day_sums` sums each finished day's rollups per card, stretch and what the report tests (its state, and busy,
+  VRAM at 90 %, 92 °C), so a year's report reads ~10^4 rows, not 841 k (see `summarise`).
 A card's id is its row in `cards` (by UUID), so a swapped card starts its own history.
 
 Each connection belongs to one thread (sqlite-utils refuses others); `HistoryStore.db` opens one per thread.
@@ -40,6 +42,9 @@ STATES = (FREE, BOOKED, IN_USE, SQUATTED, LOST)
 METRICS = ("vram", "util", "temp", "power", "sm")  # MiB, %, °C, W, MHz
 PRUNE_CHUNK_S = 3600  # one transaction deletes at most an hour of raw samples
 ROLLUP_BATCH = 12  # one transaction rolls up at most an hour of buckets
+DAY_BUCKETS = 86400 // BUCKET_S
+HOT_C, VRAM_PCT = 92, 90  # the report's heat and VRAM verdicts (app.report.compute keeps them too)
+SUMMARISE_DAYS = 7  # days one `summarise` call sums at most (a year's old file is backfilled a week a minute)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +168,11 @@ class HistoryStore:
             if "pcie_mean" not in db["rollups"].columns_dict:
                 db["rollups"].add_column("pcie_mean", int)
             db["squats"].create({"id": int, "user": str, "n": int}, pk="id", if_not_exists=True)
+            # Added to older files empty: their days are summed later (`summarise`); until then a report reads
+            # their rollups, so nothing is lost or counted twice.
+            db["day_sums"].create({"id": int, "span": int, "n": int, "seconds": int, "util_sum": int, "util_s": int,
+                                   "vram_max": int, "temp_max": int}, pk="id", if_not_exists=True)
+            db["summed_days"].create({"day": int, "busy_util": float}, pk="day", if_not_exists=True)
             names = " ".join(f"WHEN {code} THEN '{state}'" for code, state in enumerate(STATES))
             db.create_view("sample_view", f"""
                 SELECT id, (id >> {CARD_BITS}) + {EPOCH} AS ts, id & {CARD_MASK} AS card, dt,
@@ -274,7 +284,39 @@ class HistoryStore:
         with db.atomic():
             rollups = db.execute("DELETE FROM rollups WHERE id < ?", [oldest]).rowcount
             db.execute("DELETE FROM squats WHERE id < ?", [oldest << SLOT_BITS])
+            # A day pruned in part is summed again from what is left (a report reads its rollups until then).
+            day = (oldest >> CARD_BITS) // DAY_BUCKETS
+            db.execute("DELETE FROM day_sums WHERE id < ?", [(day + 1) * DAY_BUCKETS << SUM_BITS])
+            db.execute("DELETE FROM summed_days WHERE day <= ?", [day])
         return samples, rollups
+
+    def summarise(self, busy_util: float, *, days: int | None = SUMMARISE_DAYS) -> int:
+        """Sum the finished days' rollups into `day_sums` for a report at `busy_util` %, newest first, at most
+        `days` of them (None: all); a day summed for another busy_util is summed again. Returns the days summed.
+
+        Per card, a day's rollups are cut into stretches where the state's kind changes (free or squatted, booked
+        or in use, lost), the first and last bucket of each kind alone (a booking that starts or ends inside a
+        bucket has it there), and each stretch summed per state, busy, full and hot: one booking held the whole
+        stretch or none did, which the report checks against the bookings (app.report.gather)."""
+        db = self.db
+        first = db.execute("SELECT min(id) FROM rollups").fetchone()[0]
+        rolled_to = self._meta("rolled_to")
+        if first is None or rolled_to is None:
+            return 0
+        done = {day for day, in db.execute("SELECT day FROM summed_days WHERE busy_util = ?", [busy_util])}
+        last = (rolled_to - EPOCH) // BUCKET_S // DAY_BUCKETS  # the day rolled_to is in is not finished
+        todo = [d for d in range(last - 1, (first >> CARD_BITS) // DAY_BUCKETS - 1, -1) if d not in done]
+        memory = {card: total for card, total in db.execute("SELECT id, memory_total FROM cards")}
+        for day in todo[:days]:
+            lo, hi = day * DAY_BUCKETS << CARD_BITS, (day + 1) * DAY_BUCKETS << CARD_BITS
+            rows = db.execute("SELECT id, n, dt, state, util_min, util_mean_d, vram_min, vram_max_d, temp_min,"
+                              " temp_max_d FROM rollups WHERE id >= ? AND id < ?", [lo, hi]).fetchall()
+            with db.atomic():
+                db.execute("DELETE FROM day_sums WHERE id >= ? AND id < ?",
+                           [lo >> CARD_BITS << SUM_BITS, hi >> CARD_BITS << SUM_BITS])
+                db["day_sums"].insert_all(_day_sums(rows, busy_util, memory), batch_size=1000)
+                db["summed_days"].upsert({"day": day, "busy_util": busy_util}, pk="day")
+        return min(len(todo), len(todo) if days is None else days)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -414,6 +456,63 @@ def _roll(raw: Iterable[tuple], squatters: Iterable[tuple]) -> tuple[list[dict],
         if slot < 1 << SLOT_BITS:
             squat_rows.append({"id": bucket << SLOT_BITS | slot, "user": user, "n": n})
     return rollups, squat_rows
+
+
+SUM_BITS = 17  # a day_sums id: first bucket << 17 | hot << 15 | full << 13 | busy << 11 | state << 8 | card
+KINDS = {STATES.index(s): kind for kind, states in enumerate(((FREE, SQUATTED), (BOOKED, IN_USE), (LOST,)))
+         for s in states}
+
+
+def sum_key(card: int, state: int, util: int | None, vram: int | None, temp: int | None, memory: int | None,
+            busy_util: float) -> int:
+    """A rollup's low bits in day_sums (and the report's groups): card, state, and busy, full and hot, each 1, 0,
+    or 2 when unknown, as SQL's comparisons with NULL."""
+    def flag(value) -> int:
+        return 2 if value is None else int(value)
+
+    busy = flag(None if util is None else util >= busy_util)
+    full = flag(None if vram is None else vram * 100 >= VRAM_PCT * (1 << 40 if memory is None else memory))
+    hot = flag(None if temp is None else temp >= HOT_C)
+    return card | state << CARD_BITS | busy << 11 | full << 13 | hot << 15
+
+
+def _day_sums(rows: list[tuple], busy_util: float, memory: dict[int, int | None]) -> list[dict]:
+    """A day's rollup rows (id, n, dt, state, util_min, util_mean_d, vram_min, vram_max_d, temp_min, temp_max_d)
+    as day_sums rows: per card, per stretch, per sum_key."""
+    by_card: dict[int, list[tuple]] = {}
+    for row in sorted(rows):
+        by_card.setdefault(row[0] & CARD_MASK, []).append(row)
+    found: dict[int, list] = {}
+    for card, rows in by_card.items():
+        kinds, runs, begin = [KINDS[r[3]] for r in rows], [], 0
+        for i in range(1, len(rows) + 1):
+            if i == len(rows) or kinds[i] != kinds[begin]:
+                runs.append((begin, i - 1))
+                begin = i
+        for a, b in runs:  # a run of one kind: its first and last bucket alone, the rest together
+            for begin, end in ((a, a), (a + 1, b - 1), (b, b)) if b - a >= 2 else ((a, a), (b, b)) if b > a else ((a, a),):
+                first, last = rows[begin][0] >> CARD_BITS, rows[end][0] >> CARD_BITS
+                for r in rows[begin:end + 1]:
+                    util = None if r[4] is None or r[5] is None else r[4] + r[5]
+                    vram = None if r[6] is None or r[7] is None else r[6] + r[7]
+                    temp = None if r[8] is None or r[9] is None else r[8] + r[9]
+                    key = first << SUM_BITS | sum_key(card, r[3], util, vram, temp, memory.get(card), busy_util)
+                    sums = found.get(key)
+                    if sums is None:
+                        sums = found[key] = [last - first + 1, 0, 0, None, None, None, None]
+                    seconds = r[1] * r[2]
+                    sums[1] += r[1]
+                    sums[2] += seconds
+                    if util is not None:
+                        sums[3] = (sums[3] or 0) + util * seconds
+                    if r[4] is not None:
+                        sums[4] = (sums[4] or 0) + seconds
+                    if vram is not None:
+                        sums[5] = vram if sums[5] is None else max(sums[5], vram)
+                    if temp is not None:
+                        sums[6] = temp if sums[6] is None else max(sums[6], temp)
+    return [{"id": key, "span": s[0], "n": s[1], "seconds": s[2], "util_sum": s[3], "util_s": s[4], "vram_max": s[5],
+             "temp_max": s[6]} for key, s in found.items()]
 
 
 def _round(value: float) -> int:

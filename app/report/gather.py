@@ -3,6 +3,7 @@ and hand them to app.report.compute. Read-only: a history file that is not there
 
 from __future__ import annotations
 
+import bisect
 import sqlite3
 from collections.abc import Sequence
 
@@ -10,7 +11,8 @@ from app.config import Config
 from app.errors import BadInput
 from app.faults import store as fault_rows
 from app.gpu.model import CardReading
-from app.history.store import BUCKET_S, CARD_BITS, CARD_MASK, EPOCH, SLOT_BITS, STATES, HistoryStore, _bucket_id
+from app.history.store import (BUCKET_S, CARD_BITS, CARD_MASK, DAY_BUCKETS, EPOCH, SLOT_BITS, STATES, SUM_BITS,
+                               HistoryStore, _bucket_id)
 from app.report.compute import HOT_C, MAX_SINCE, VRAM_PCT, compute
 from app.store import bookings as rows
 from app.store import keys as key_rows
@@ -35,9 +37,12 @@ FLAGS = f"""
     (r.id & {CARD_MASK}) | (r.state << {CARD_BITS}) | (coalesce((r.util_min + r.util_mean_d) >= ?, 2) << 11)
     | (coalesce((r.vram_min + r.vram_max_d) * 100 >= {VRAM_PCT} * ({{memory}}), 2) << 13)
     | (coalesce((r.temp_min + r.temp_max_d) >= {HOT_C}, 2) << 15)"""
+# The rollups that day_sums does not answer for (days not summed, stretches a booking held in part): id ranges,
+# of one card or (card -1) all.
 WHOLE = f"""
     SELECT ({HELD} << 17) | {FLAGS} AS k, {SUMS.format(share="")}
-    FROM rollups r WHERE r.id >= ? AND r.id < ? GROUP BY k"""
+    FROM temp.report_ranges g JOIN rollups r ON r.id >= g.lo AND r.id < g.hi
+    WHERE g.card < 0 OR (r.id & {CARD_MASK}) = g.card GROUP BY k"""
 # The buckets a booking held in part: each rollup read once, its sums scaled by the share.
 PARTS = f"""
     SELECT (p.booking << 17) | {FLAGS} AS k, {SUMS.format(share="p.share *")}
@@ -154,8 +159,9 @@ def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], st
 
 def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:
     """The rollups over [start, end) as compute takes them, summed: per booking and card while it held the card
-    (a bucket it held in part counts for that part, as compute shares a rollup), and the rest per card; one pass
-    over the window's rollups (WHOLE) and one read of each bucket held in part (PARTS)."""
+    (a bucket it held in part counts for that part, as compute shares a rollup), and the rest per card. The summed
+    days' stretches (day_sums) that one booking or none held whole count as they are; the rest of the window's
+    rollups are read in one pass (WHOLE), and each bucket held in part once more (PARTS)."""
     if end <= start:
         return []
     db, cards = store.db, store.cards()
@@ -188,15 +194,19 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
     db.execute("CREATE TEMP TABLE IF NOT EXISTS report_held (card INTEGER, lo INTEGER, hi INTEGER, booking INTEGER,"
                " PRIMARY KEY (card, lo)) WITHOUT ROWID")
     db.execute("CREATE TEMP TABLE IF NOT EXISTS report_parts (id INTEGER, booking INTEGER, share REAL)")
+    db.execute("CREATE TEMP TABLE IF NOT EXISTS report_ranges (lo INTEGER, hi INTEGER, card INTEGER)")
+    summed, ranges = _day_sums(db, lo, hi, held, busy_util)
     try:
         # bookings on one card do not overlap, so neither do their whole buckets
         db.conn.executemany("INSERT OR IGNORE INTO temp.report_held VALUES (?, ?, ?, ?)", held)
         db.conn.executemany("INSERT INTO temp.report_parts VALUES (?, ?, ?)", parts)
-        whole = db.execute(WHOLE.format(memory=memory), [busy_util, lo << CARD_BITS, hi << CARD_BITS]).fetchall()
+        db.conn.executemany("INSERT INTO temp.report_ranges VALUES (?, ?, ?)", ranges)
+        whole = _merged(summed, db.execute(WHOLE.format(memory=memory), [busy_util]).fetchall())
         shared = db.execute(PARTS.format(memory=memory), [busy_util]).fetchall()
     finally:
         db.execute("DELETE FROM temp.report_held")
         db.execute("DELETE FROM temp.report_parts")
+        db.execute("DELETE FROM temp.report_ranges")
 
     def flag(bits: int) -> int | None:
         return None if bits == 2 else bits
@@ -229,6 +239,77 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
         util = None if free["util_mean"] is None else ((r[3] or 0.0) - sums[2]) / seconds
         found.append({**free, "seconds": seconds, "n": free["n"] - sums[1], "util_mean": util})
     return found
+
+
+def _day_sums(db, lo: int, hi: int, held: list[tuple], busy_util: float) -> tuple[list[tuple], list[tuple]]:
+    """The buckets [lo, hi) from day_sums where it answers: its rows (as WHOLE's, a stretch given to the booking
+    that held its card for all of it, or to none), and the id ranges left for WHOLE to read (lo, hi, card)."""
+    whole_days = range(-(-lo // DAY_BUCKETS), hi // DAY_BUCKETS)
+    days = sorted(d for d, in db.execute("SELECT day FROM summed_days WHERE busy_util = ? AND day >= ? AND day < ?",
+                                         [busy_util, whole_days.start, whole_days.stop]))
+    spans: dict[int, dict[int, tuple[int, int]]] = {}
+    for card, first, last, booking in held:  # as temp.report_held keeps them (the first at a start)
+        spans.setdefault(card, {}).setdefault(first, (last, booking))
+    starts = {card: sorted(found) for card, found in spans.items()}
+
+    def holder(card: int, first: int, last: int) -> int | None:
+        """The booking that held the card for all the buckets [first, last] (0: none did), or None if that
+        changed in between."""
+        los = starts.get(card, ())
+        i = bisect.bisect_right(los, first) - 1
+        if i + 1 < len(los) and los[i + 1] <= last:
+            return None
+        if i < 0:
+            return 0
+        end, booking = spans[card][los[i]]
+        return booking if end > last else 0 if end <= first else None
+
+    rows, ranges, rest, at = [], [], set(), lo
+    for begin, end in _runs(days):
+        if begin * DAY_BUCKETS > at:
+            ranges.append((at << CARD_BITS, begin * DAY_BUCKETS << CARD_BITS, -1))
+        at = end * DAY_BUCKETS
+        for key, span, n, seconds, util_sum, util_s, vram, temp in db.execute(
+                "SELECT id, span, n, seconds, util_sum, util_s, vram_max, temp_max FROM day_sums WHERE id >= ?"
+                " AND id < ?", [begin * DAY_BUCKETS << SUM_BITS, end * DAY_BUCKETS << SUM_BITS]):
+            first, card = key >> SUM_BITS, key & CARD_MASK
+            booking = holder(card, first, first + span - 1)
+            if booking is None:
+                rest.add((first << CARD_BITS, first + span << CARD_BITS, card))
+            else:
+                rows.append((booking << 17 | key & (1 << SUM_BITS) - 1, seconds, n, util_sum, util_s, vram, temp,
+                             first))
+    if hi > at:
+        ranges.append((at << CARD_BITS, hi << CARD_BITS, -1))
+    return rows, ranges + sorted(rest)
+
+
+def _runs(days: list[int]) -> list[tuple[int, int]]:
+    """Consecutive days as [begin, end) runs."""
+    found: list[tuple[int, int]] = []
+    for day in days:
+        if found and found[-1][1] == day:
+            found[-1] = (found[-1][0], day + 1)
+        else:
+            found.append((day, day + 1))
+    return found
+
+
+def _merged(*groups: list[tuple]) -> list[tuple]:
+    """WHOLE's rows from several sources as one: per group key, the sums added, the most the most, the first
+    the first; sorted by key as GROUP BY gives them."""
+    found: dict[int, list] = {}
+    for group in groups:
+        for k, *values in group:
+            mine = found.get(k)
+            if mine is None:
+                found[k] = values
+                continue
+            for i, value in enumerate(values):
+                if value is not None:
+                    mine[i] = value if mine[i] is None else (mine[i] + value if i < 4 else max(mine[i], value)
+                                                             if i < 6 else min(mine[i], value))
+    return [(k, *found[k]) for k in sorted(found)]
 
 
 def _key(row: dict) -> tuple:
