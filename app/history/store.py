@@ -294,10 +294,12 @@ class HistoryStore:
         """Sum the finished days' rollups into `day_sums` for a report at `busy_util` %, newest first, at most
         `days` of them (None: all); a day summed for another busy_util is summed again. Returns the days summed.
 
-        Per card, a day's rollups are cut into stretches where the state's kind changes (free or squatted, booked
-        or in use, lost), the first and last bucket of each kind alone (a booking that starts or ends inside a
-        bucket has it there), and each stretch summed per state, busy, full and hot: one booking held the whole
-        stretch or none did, which the report checks against the bookings (app.report.gather)."""
+        Per card, a day's rollups are cut into stretches where the holder changes (the booking in the raw samples,
+        while they are kept: a day is summed once it is finished, within `raw_hours` 48), or else the state's kind
+        (free or squatted, booked or in use, lost), the first and last bucket of each run alone (a booking that
+        starts or ends inside a bucket has it there), and each stretch summed per state, busy, full and hot. So
+        one booking held the whole stretch or none did, as the report checks against the bookings
+        (app.report.gather) before it takes the sums; where it did not, the report reads the stretch's rollups."""
         db = self.db
         first = db.execute("SELECT min(id) FROM rollups").fetchone()[0]
         rolled_to = self._meta("rolled_to")
@@ -311,10 +313,16 @@ class HistoryStore:
             lo, hi = day * DAY_BUCKETS << CARD_BITS, (day + 1) * DAY_BUCKETS << CARD_BITS
             rows = db.execute("SELECT id, n, dt, state, util_min, util_mean_d, vram_min, vram_max_d, temp_min,"
                               " temp_max_d FROM rollups WHERE id >= ? AND id < ?", [lo, hi]).fetchall()
+            # Who held each card in each bucket, where the raw samples are still there: one booking (0: none) in
+            # all of its samples, or -1.
+            holders = {bucket: first if first == last else -1 for bucket, first, last in db.execute(
+                f"SELECT (id >> {CARD_BITS}) / {BUCKET_S} << {CARD_BITS} | (id & {CARD_MASK}) AS b,"
+                " min(coalesce(booking, 0)), max(coalesce(booking, 0)) FROM samples WHERE id >= ? AND id < ?"
+                " GROUP BY b", [_rowid(_bucket_ts(lo), 0), _rowid(_bucket_ts(hi), 0)])}
             with db.atomic():
                 db.execute("DELETE FROM day_sums WHERE id >= ? AND id < ?",
                            [lo >> CARD_BITS << SUM_BITS, hi >> CARD_BITS << SUM_BITS])
-                db["day_sums"].insert_all(_day_sums(rows, busy_util, memory), batch_size=1000)
+                db["day_sums"].insert_all(_day_sums(rows, holders, busy_util, memory), batch_size=1000)
                 db["summed_days"].upsert({"day": day, "busy_util": busy_util}, pk="day")
         return min(len(todo), len(todo) if days is None else days)
 
@@ -476,15 +484,17 @@ def sum_key(card: int, state: int, util: int | None, vram: int | None, temp: int
     return card | state << CARD_BITS | busy << 11 | full << 13 | hot << 15
 
 
-def _day_sums(rows: list[tuple], busy_util: float, memory: dict[int, int | None]) -> list[dict]:
+def _day_sums(rows: list[tuple], holders: dict[int, int], busy_util: float, memory: dict[int, int | None]) -> list[dict]:
     """A day's rollup rows (id, n, dt, state, util_min, util_mean_d, vram_min, vram_max_d, temp_min, temp_max_d)
-    as day_sums rows: per card, per stretch, per sum_key."""
+    as day_sums rows: per card, per stretch, per sum_key. `holders`: rollup id -> its samples' booking (see
+    `summarise`)."""
     by_card: dict[int, list[tuple]] = {}
     for row in sorted(rows):
         by_card.setdefault(row[0] & CARD_MASK, []).append(row)
     found: dict[int, list] = {}
     for card, rows in by_card.items():
-        kinds, runs, begin = [KINDS[r[3]] for r in rows], [], 0
+        kinds = [(0, holders[r[0]]) if r[0] in holders else (1, KINDS[r[3]]) for r in rows]
+        runs, begin = [], 0
         for i in range(1, len(rows) + 1):
             if i == len(rows) or kinds[i] != kinds[begin]:
                 runs.append((begin, i - 1))

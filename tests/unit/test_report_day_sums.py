@@ -9,7 +9,7 @@ import random
 import pytest
 
 from app.core.cardstate import BOOKED, FREE, IN_USE, LOST, SQUATTED
-from app.history.store import BUCKET_S, DAY_BUCKETS, EPOCH, STATES, HistoryStore, _bucket_id
+from app.history.store import BUCKET_S, DAY_BUCKETS, EPOCH, STATES, SUM_BITS, HistoryStore, Sample, _bucket_id
 from app.model import Booking
 from app.report.compute import compute
 from app.report.gather import summed_rollups
@@ -72,8 +72,8 @@ def year(tmp_path):
     store.close()
 
 
-def _doc(bookings, rollups, by, busy_util, since_s):
-    return compute(bookings, rollups, [], [], now=NOW, since_s=since_s, by=by, busy_util=busy_util,
+def _doc(bookings, rollups, by, busy_util, since_s, now=NOW):
+    return compute(bookings, rollups, [], [], now=now, since_s=since_s, by=by, busy_util=busy_util,
                    cards={u: str(i) for i, u in enumerate(UUIDS)}, pools={UUIDS[0]: "big", UUIDS[1]: "big+small"},
                    memory_total={u: MEMORY for u in UUIDS[:2]})  # as the history has them
 
@@ -169,5 +169,33 @@ def test_a_file_from_before_the_day_sums_gains_them_and_loses_nothing(tmp_path):
         assert store.summarise(10) == DAYS - 7
         assert _doc(bookings, summed_rollups(store, start, NOW, bookings, 10), "card", 10, DAYS * 86400) == expected
         assert store.db.execute("SELECT * FROM rollups ORDER BY id").fetchall() == rollups
+    finally:
+        store.close()
+
+
+def test_back_to_back_bookings_are_cut_where_the_samples_change_holder(tmp_path):
+    """The sampler sums a day while its raw samples are kept: its stretches end where the samples' booking
+    changes, so two bookings back to back in one state are two stretches, each taken whole by the report."""
+    store = HistoryStore(tmp_path / "board.history.db")
+    try:
+        store.card_id(UUIDS[0], 0, "RTX 5090", MEMORY)
+        day = EPOCH + 700 * 86400
+        first, second = day + 6 * 3600, day + 9 * 3600  # 3 h each, back to back, both in use
+        store.add([Sample(ts=t, uuid=UUIDS[0], state=IN_USE if first <= t < second + 3 * 3600 else FREE, dt=300,
+                          util=50 if first <= t < second + 3 * 3600 else 0,
+                          booking=1 if first <= t < second else 2 if second <= t < second + 3 * 3600 else None)
+                   for t in range(day, day + 86400, BUCKET_S)])
+        store.roll_up(day + 86400 + BUCKET_S)
+        assert store.summarise(10) == 1
+        starts = {key >> SUM_BITS for key, in store.db.execute("SELECT id FROM day_sums")}
+        assert (second - EPOCH) // BUCKET_S in starts
+        bookings = [Booking(id=i, user=user, uid=1000 + i, cards=(0,), card_uuids=(UUIDS[0],), start=begin,
+                            end=begin + 3 * 3600, klass="batch", note="", status="booked", requested_at=begin)
+                    for i, user, begin in ((1, "alice", first), (2, "bob", second))]
+        summed = summed_rollups(store, day, day + 86400, bookings, 10)
+        assert {r["booking_id"]: r["seconds"] for r in summed if r["booking_id"]} == {1: 3 * 3600, 2: 3 * 3600}
+        one_by_one = store.rollups(day, day + 86400)
+        assert _doc(bookings, summed, "user", 10, 86400, day + 86400) \
+            == _doc(bookings, one_by_one, "user", 10, 86400, day + 86400)
     finally:
         store.close()
