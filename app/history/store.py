@@ -296,7 +296,7 @@ class HistoryStore:
 
         Per card, a day's rollups are cut into stretches where the holder changes (the booking in the raw samples,
         while they are kept: a day is summed once it is finished, within `raw_hours` 48), or else the state's kind
-        (free or squatted, booked or in use, lost), the first and last bucket of each run alone (a booking that
+        (free or squatted, booked or in use, lost), the buckets either side of each change alone (a booking that
         starts or ends inside a bucket has it there), and each stretch summed per state, busy, full and hot. So
         one booking held the whole stretch or none did, as the report checks against the bookings
         (app.report.gather) before it takes the sums; where it did not, the report reads the stretch's rollups."""
@@ -309,7 +309,7 @@ class HistoryStore:
         last = (rolled_to - EPOCH) // BUCKET_S // DAY_BUCKETS  # the day rolled_to is in is not finished
         todo = [d for d in range(last - 1, (first >> CARD_BITS) // DAY_BUCKETS - 1, -1) if d not in done]
         memory = {card: total for card, total in db.execute("SELECT id, memory_total FROM cards")}
-        for day in todo[:days]:
+        for day in sorted(todo[:days]):  # the newest days first, each call's in order (the table fills its pages)
             lo, hi = day * DAY_BUCKETS << CARD_BITS, (day + 1) * DAY_BUCKETS << CARD_BITS
             rows = db.execute("SELECT id, n, dt, state, util_min, util_mean_d, vram_min, vram_max_d, temp_min,"
                               " temp_max_d FROM rollups WHERE id >= ? AND id < ?", [lo, hi]).fetchall()
@@ -499,8 +499,18 @@ def _day_sums(rows: list[tuple], holders: dict[int, int], busy_util: float, memo
             if i == len(rows) or kinds[i] != kinds[begin]:
                 runs.append((begin, i - 1))
                 begin = i
-        for a, b in runs:  # a run of one kind: its first and last bucket alone, the rest together
-            for begin, end in ((a, a), (a + 1, b - 1), (b, b)) if b - a >= 2 else ((a, a), (b, b)) if b > a else ((a, a),):
+        for a, b in runs:
+            # A run's first and last bucket alone where its holder or kind changes there (inside the day).
+            stretches = []
+            if a > 0:
+                stretches.append((a, a))
+                a += 1
+            if b + 1 < len(rows) and b >= a:
+                stretches.append((b, b))
+                b -= 1
+            if a <= b:
+                stretches.append((a, b))
+            for begin, end in stretches:
                 first, last = rows[begin][0] >> CARD_BITS, rows[end][0] >> CARD_BITS
                 for r in rows[begin:end + 1]:
                     util = None if r[4] is None or r[5] is None else r[4] + r[5]
@@ -521,8 +531,9 @@ def _day_sums(rows: list[tuple], holders: dict[int, int], busy_util: float, memo
                         sums[5] = vram if sums[5] is None else max(sums[5], vram)
                     if temp is not None:
                         sums[6] = temp if sums[6] is None else max(sums[6], temp)
+    # In key order, so the table's pages fill (a file's budget: a year of 8 cards is ~11 k rows, 0.5 MB).
     return [{"id": key, "span": s[0], "n": s[1], "seconds": s[2], "util_sum": s[3], "util_s": s[4], "vram_max": s[5],
-             "temp_max": s[6]} for key, s in found.items()]
+             "temp_max": s[6]} for key, s in sorted(found.items())]
 
 
 def _round(value: float) -> int:
