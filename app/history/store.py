@@ -284,10 +284,10 @@ class HistoryStore:
         with db.atomic():
             rollups = db.execute("DELETE FROM rollups WHERE id < ?", [oldest]).rowcount
             db.execute("DELETE FROM squats WHERE id < ?", [oldest << SLOT_BITS])
-            # A day pruned in part is summed again from what is left (a report reads its rollups until then).
-            day = (oldest >> CARD_BITS) // DAY_BUCKETS
-            db.execute("DELETE FROM day_sums WHERE id < ?", [(day + 1) * DAY_BUCKETS << SUM_BITS])
-            db.execute("DELETE FROM summed_days WHERE day <= ?", [day])
+            if rollups:  # a day pruned in part is summed again from what is left (read from its rollups till then)
+                day = (oldest >> CARD_BITS) // DAY_BUCKETS
+                db.execute("DELETE FROM day_sums WHERE id < ?", [(day + 1) * DAY_BUCKETS << SUM_BITS])
+                db.execute("DELETE FROM summed_days WHERE day <= ?", [day])
         return samples, rollups
 
     def summarise(self, busy_util: float, *, days: int | None = SUMMARISE_DAYS) -> int:
