@@ -44,6 +44,7 @@ PRUNE_CHUNK_S = 3600  # one transaction deletes at most an hour of raw samples
 ROLLUP_BATCH = 12  # one transaction rolls up at most an hour of buckets
 DAY_BUCKETS = 86400 // BUCKET_S
 HOT_C, VRAM_PCT = 92, 90  # the report's heat and VRAM verdicts (app.report.compute keeps them too)
+SCHEMA = 1  # meta `schema`: raise it when _create adds to a file; a file at it is read as it is
 SUMMARISE_DAYS = 7  # days one `summarise` call sums at most (a year's old file is backfilled a week a minute)
 
 
@@ -118,31 +119,52 @@ class HistoryStore:
 
     # -- connections and tables ------------------------------------------------------------------
 
-    @property
-    def db(self):
-        """This thread's sqlite_utils.Database; the tables exist once it is open."""
-        db = getattr(self._local, "db", None)
-        if db is None:
-            import sqlite_utils  # start-up: sqlite-utils loads only when the history is opened
-
+    def _open(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
             # As for board.db: never write through a link someone planted where the file or its journal goes.
             if self.path.is_symlink():
                 raise StoreError(f"{self.path} is a symbolic link, not the history's own file; remove it")
             _refuse_planted_links(self.path)
-            conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            conn = self._local.conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            db = self._local.db = sqlite_utils.Database(conn)
+        return conn
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """This thread's plain connection, for reading: the tables made through `db` unless the file has them all
+        (meta `schema`), so a report in file mode does not load sqlite-utils (and numpy with it)."""
+        conn = self._open()
+        if not self._ready:
+            try:
+                current = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (SCHEMA,)
+            except sqlite3.OperationalError:  # no meta: a new file
+                current = False
+            if current:
+                self._ready = True
+            else:
+                self.db  # noqa: B018 - makes the tables
+        return conn
+
+    @property
+    def db(self):
+        """This thread's sqlite_utils.Database (on `conn`), for writing; the tables exist once it is open."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            import sqlite_utils  # start-up: sqlite-utils loads only when the history is written
+
+            db = self._local.db = sqlite_utils.Database(self._open())
             if not self._ready:
                 self._create(db)
                 self._ready = True
         return db
 
     def close(self) -> None:
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.conn.close()
-            self._local.db = None
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+        self._local.conn = self._local.db = None
 
     @staticmethod
     def _create(db) -> None:
@@ -185,6 +207,7 @@ class HistoryStore:
                 SELECT (id >> {CARD_BITS}) * {BUCKET_S} + {EPOCH} AS ts, id & {CARD_MASK} AS card, n, n * dt AS seconds,
                        CASE state {names} END AS state, n_throttled, throttle, {spans}, pcie_mean
                 FROM rollups""", replace=True)
+            db["meta"].upsert({"key": "schema", "value": SCHEMA}, pk="key")
 
     def card_id(self, uuid: str, index: int | None = None, name: str | None = None,
                 memory_total: int | None = None) -> int:
@@ -204,10 +227,10 @@ class HistoryStore:
 
     def cards(self) -> dict[str, int]:
         """Every card this file has seen: UUID -> id."""
-        return {uuid: id for id, uuid in self.db.execute("SELECT id, uuid FROM cards")}
+        return {uuid: id for id, uuid in self.conn.execute("SELECT id, uuid FROM cards")}
 
     def _meta(self, key: str) -> int | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
         return None if row is None else row[0]
 
     # -- writing ---------------------------------------------------------------------------------
@@ -375,10 +398,10 @@ class HistoryStore:
         if uuid is not None:
             where, args = where + " AND card = ?", [*args, cards.get(uuid, -1)]
         found = [{**row, "uuid": uuids[row["card"]], "users": []}
-                 for row in self.db.query(f"SELECT * FROM sample_view WHERE {where} ORDER BY id", args)]
+                 for row in _query(self.conn, f"SELECT * FROM sample_view WHERE {where} ORDER BY id", args)]
         by_key = {row["id"]: row for row in found}
         if found:
-            for row in self.db.query("SELECT * FROM sample_users WHERE id >= ? AND id < ?",
+            for row in _query(self.conn, "SELECT * FROM sample_users WHERE id >= ? AND id < ?",
                                      [found[0]["id"] << SLOT_BITS, (found[-1]["id"] + 1) << SLOT_BITS]):
                 owner = by_key.get(row["id"] >> SLOT_BITS)
                 if owner is not None:
@@ -410,6 +433,13 @@ class HistoryStore:
     def rolled_to(self) -> int | None:
         """Where the rollups end: buckets before this epoch second are rolled up."""
         return self._meta("rolled_to")
+
+
+def _query(conn: sqlite3.Connection, sql: str, args: Sequence) -> Iterable[dict]:
+    """Rows as dicts (sqlite-utils' `query`, on a plain connection)."""
+    cursor = conn.execute(sql, args)
+    names = [d[0] for d in cursor.description]
+    return (dict(zip(names, row)) for row in cursor)
 
 
 def _merge(a: Point, b: Point) -> Point:

@@ -71,7 +71,7 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
     cards: dict[str, str] = {}
     if history.path.exists():
         store = history
-        for uuid, idx, total in store.db.execute("SELECT uuid, idx, memory_total FROM cards"):
+        for uuid, idx, total in store.conn.execute("SELECT uuid, idx, memory_total FROM cards"):
             if idx is not None:
                 cards[uuid] = str(idx)
             if total:
@@ -81,7 +81,7 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
         rolled = max(start, min(now, store.rolled_to() or start))
         rollups = summed_rollups(store, start, rolled, bookings, config.report.busy_util)
         squats = [{"ts": ts, "uuid": uuid, "user": user, "n": n, "seconds": seconds} for ts, uuid, user, n, seconds in
-                  store.db.execute(SQUATS, [_bucket_id(start, 0) << SLOT_BITS, _bucket_id(rolled, 0) << SLOT_BITS])]
+                  store.conn.execute(SQUATS, [_bucket_id(start, 0) << SLOT_BITS, _bucket_id(rolled, 0) << SLOT_BITS])]
         for s in store.samples(rolled, now):
             rollups.append({"ts": s["ts"], "uuid": s["uuid"], "n": 1, "seconds": s["dt"], "span": s["dt"], "state": s["state"],
                             "util_mean": s["util"], "vram_max": s["vram"], "temp_max": s["temp"]})
@@ -136,13 +136,13 @@ def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], st
         if len(b.card_uuids) < 2 or hi <= lo or not held or not all(u in capacity for u in b.card_uuids):
             continue
         cards = ", ".join(str(int(c)) for c in held)
-        seconds, traffic = store.db.execute(
+        seconds, traffic = store.conn.execute(
             f"SELECT sum(n * dt), sum(pcie_mean * n * dt) FROM rollups WHERE id >= ? AND id < ?"
             f" AND (id & {CARD_MASK}) IN ({cards}) AND state = ? AND util_min + util_mean_d >= ?"
             f" AND pcie_mean IS NOT NULL",
             [_bucket_id(lo, 0), _bucket_id(min(hi, rolled), 0), in_use, busy_util]).fetchone() if rolled > lo \
             else (None, None)
-        raw_seconds, raw_traffic = store.db.execute(
+        raw_seconds, raw_traffic = store.conn.execute(
             f"SELECT sum(dt), sum(pcie * dt) FROM samples WHERE id >= ? AND id < ? AND (id & {CARD_MASK}) IN ({cards})"
             f" AND state = ? AND util >= ? AND pcie IS NOT NULL",
             [(max(lo, rolled) - EPOCH) << CARD_BITS, (hi - EPOCH) << CARD_BITS, in_use, busy_util]).fetchone()
@@ -164,7 +164,7 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
     rollups are read in one pass (WHOLE), and each bucket held in part once more (PARTS)."""
     if end <= start:
         return []
-    db, cards = store.db, store.cards()
+    db, cards = store.conn, store.cards()
 
     def bucket(ts: int) -> int:  # the first bucket starting at or after ts
         return -(-(ts - EPOCH) // BUCKET_S)
@@ -198,9 +198,9 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
     summed, ranges = _day_sums(db, lo, hi, held, busy_util)
     try:
         # bookings on one card do not overlap, so neither do their whole buckets
-        db.conn.executemany("INSERT OR IGNORE INTO temp.report_held VALUES (?, ?, ?, ?)", held)
-        db.conn.executemany("INSERT INTO temp.report_parts VALUES (?, ?, ?)", parts)
-        db.conn.executemany("INSERT INTO temp.report_ranges VALUES (?, ?, ?)", ranges)
+        db.executemany("INSERT OR IGNORE INTO temp.report_held VALUES (?, ?, ?, ?)", held)
+        db.executemany("INSERT INTO temp.report_parts VALUES (?, ?, ?)", parts)
+        db.executemany("INSERT INTO temp.report_ranges VALUES (?, ?, ?)", ranges)
         whole = _merged(summed, db.execute(WHOLE.format(memory=memory), [busy_util]).fetchall())
         shared = db.execute(PARTS.format(memory=memory), [busy_util]).fetchall()
     finally:
