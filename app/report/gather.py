@@ -201,7 +201,9 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
         db.executemany("INSERT OR IGNORE INTO temp.report_held VALUES (?, ?, ?, ?)", held)
         db.executemany("INSERT INTO temp.report_parts VALUES (?, ?, ?)", parts)
         db.executemany("INSERT INTO temp.report_ranges VALUES (?, ?, ?)", ranges)
-        whole = _merged(summed, db.execute(WHOLE.format(memory=memory), [busy_util]).fetchall())
+        for row in db.execute(WHOLE.format(memory=memory), [busy_util]):
+            _add(summed, *row)
+        whole = [(k, *summed[k]) for k in sorted(summed)]  # in key order, as GROUP BY gives them
         shared = db.execute(PARTS.format(memory=memory), [busy_util]).fetchall()
     finally:
         db.execute("DELETE FROM temp.report_held")
@@ -241,9 +243,10 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
     return found
 
 
-def _day_sums(db, lo: int, hi: int, held: list[tuple], busy_util: float) -> tuple[list[tuple], list[tuple]]:
-    """The buckets [lo, hi) from day_sums where it answers: its rows (as WHOLE's, a stretch given to the booking
-    that held its card for all of it, or to none), and the id ranges left for WHOLE to read (lo, hi, card)."""
+def _day_sums(db, lo: int, hi: int, held: list[tuple], busy_util: float) -> tuple[dict[int, list], list[tuple]]:
+    """The buckets [lo, hi) from day_sums where it answers: WHOLE's sums per key (each stretch given to the
+    booking that held its card for all of it, or to none), and the id ranges left for WHOLE to read (lo, hi,
+    card)."""
     whole_days = range(-(-lo // DAY_BUCKETS), hi // DAY_BUCKETS)
     days = sorted(d for d, in db.execute("SELECT day FROM summed_days WHERE busy_util = ? AND day >= ? AND day < ?",
                                          [busy_util, whole_days.start, whole_days.stop]))
@@ -264,7 +267,8 @@ def _day_sums(db, lo: int, hi: int, held: list[tuple], busy_util: float) -> tupl
         end, booking = spans[card][los[i]]
         return booking if end > last else 0 if end <= first else None
 
-    rows, ranges, rest, at = [], [], set(), lo
+    found: dict[int, list] = {}
+    ranges, rest, at, low = [], set(), lo, (1 << SUM_BITS) - 1
     for begin, end in _runs(days):
         if begin * DAY_BUCKETS > at:
             ranges.append((at << CARD_BITS, begin * DAY_BUCKETS << CARD_BITS, -1))
@@ -277,11 +281,31 @@ def _day_sums(db, lo: int, hi: int, held: list[tuple], busy_util: float) -> tupl
             if booking is None:
                 rest.add((first << CARD_BITS, first + span << CARD_BITS, card))
             else:
-                rows.append((booking << 17 | key & (1 << SUM_BITS) - 1, seconds, n, util_sum, util_s, vram, temp,
-                             first))
+                _add(found, booking << 17 | key & low, seconds, n, util_sum, util_s, vram, temp, first)
     if hi > at:
         ranges.append((at << CARD_BITS, hi << CARD_BITS, -1))
-    return rows, ranges + sorted(rest)
+    return found, ranges + sorted(rest)
+
+
+def _add(found: dict[int, list], k: int, seconds, n, util_sum, util_s, vram, temp, first) -> None:
+    """One of WHOLE's rows added into `found` (as GROUP BY would: sums added, NULL where all were, the most the
+    most, the first the first)."""
+    mine = found.get(k)
+    if mine is None:
+        found[k] = [seconds, n, util_sum, util_s, vram, temp, first]
+        return
+    mine[0] += seconds
+    mine[1] += n
+    if util_sum is not None:
+        mine[2] = util_sum if mine[2] is None else mine[2] + util_sum
+    if util_s is not None:
+        mine[3] = util_s if mine[3] is None else mine[3] + util_s
+    if vram is not None and (mine[4] is None or vram > mine[4]):
+        mine[4] = vram
+    if temp is not None and (mine[5] is None or temp > mine[5]):
+        mine[5] = temp
+    if first < mine[6]:
+        mine[6] = first
 
 
 def _runs(days: list[int]) -> list[tuple[int, int]]:
@@ -293,23 +317,6 @@ def _runs(days: list[int]) -> list[tuple[int, int]]:
         else:
             found.append((day, day + 1))
     return found
-
-
-def _merged(*groups: list[tuple]) -> list[tuple]:
-    """WHOLE's rows from several sources as one: per group key, the sums added, the most the most, the first
-    the first; sorted by key as GROUP BY gives them."""
-    found: dict[int, list] = {}
-    for group in groups:
-        for k, *values in group:
-            mine = found.get(k)
-            if mine is None:
-                found[k] = values
-                continue
-            for i, value in enumerate(values):
-                if value is not None:
-                    mine[i] = value if mine[i] is None else (mine[i] + value if i < 4 else max(mine[i], value)
-                                                             if i < 6 else min(mine[i], value))
-    return [(k, *found[k]) for k in sorted(found)]
 
 
 def _key(row: dict) -> tuple:
