@@ -195,8 +195,11 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
                " PRIMARY KEY (card, lo)) WITHOUT ROWID")
     db.execute("CREATE TEMP TABLE IF NOT EXISTS report_parts (id INTEGER, booking INTEGER, share REAL)")
     db.execute("CREATE TEMP TABLE IF NOT EXISTS report_ranges (lo INTEGER, hi INTEGER, card INTEGER)")
-    summed, ranges = _day_sums(db, lo, hi, held, busy_util)
+    begun = not db.in_transaction  # one snapshot: the sampler's summing or pruning commits whole days meanwhile
+    if begun:
+        db.execute("BEGIN")
     try:
+        summed, ranges = _day_sums(db, lo, hi, held, busy_util)
         # bookings on one card do not overlap, so neither do their whole buckets
         db.executemany("INSERT OR IGNORE INTO temp.report_held VALUES (?, ?, ?, ?)", held)
         db.executemany("INSERT INTO temp.report_parts VALUES (?, ?, ?)", parts)
@@ -209,6 +212,8 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
         db.execute("DELETE FROM temp.report_held")
         db.execute("DELETE FROM temp.report_parts")
         db.execute("DELETE FROM temp.report_ranges")
+        if begun:
+            db.execute("COMMIT")
 
     def flag(bits: int) -> int | None:
         return None if bits == 2 else bits
