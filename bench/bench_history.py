@@ -4,7 +4,8 @@
    (every 10 s, with the users' processes), as the service would hold them after a year. The rollups
    come from the simulated fleet at each bucket and a seeded schedule of bookings (booked 2-72 h,
    idle or in use, free 0-24 h, now and then a squatter); the raw samples go through HistoryStore.add
-   and the real roll_up. Reports the file size (target: 50 MB or less) and each table's share.
+   and the real roll_up; then the finished days are summed for the report (day_sums), as the sampler does. Reports
+   the file size (target: 50 MB or less) and each table's share.
 
        .venv/bin/python bench/bench_history.py year [--days 365] [--cards 8] [--keep PATH] [--json]
 
