@@ -4,7 +4,8 @@
    (every 10 s, with the users' processes), as the service would hold them after a year. The rollups
    come from the simulated fleet at each bucket and a seeded schedule of bookings (booked 2-72 h,
    idle or in use, free 0-24 h, now and then a squatter); the raw samples go through HistoryStore.add
-   and the real roll_up. Reports the file size (target: 50 MB or less) and each table's share.
+   and the real roll_up; then the finished days are summed for the report (day_sums), as the sampler does. Reports
+   the file size (target: 50 MB or less) and each table's share.
 
        .venv/bin/python bench/bench_history.py year [--days 365] [--cards 8] [--keep PATH] [--json]
 
@@ -29,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from app.config import ReportSettings  # noqa: E402
 from app.core.cardstate import BOOKED, FREE, IN_USE, SQUATTED, UNKNOWN_USER  # noqa: E402
 from app.gpu.simulated import SimulatedSource  # noqa: E402
 from app.history.store import BUCKET_S, SLOT_BITS, STATES, HistoryStore, Sample, _bucket_id  # noqa: E402
@@ -139,6 +141,7 @@ def synthetic_year(path: Path, *, days: int = 365, cards: int = 8, now: int = NO
     store.add(batch)
     store.roll_up(now)
     store.prune(now, raw_hours=RAW_HOURS, rollup_days=days + 1)
+    store.summarise(ReportSettings().busy_util, days=None)  # as the sampler has, day by day
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     written = time.perf_counter()
     counts = {t: db[t].count for t in ("samples", "sample_users", "rollups", "squats", "cards")}

@@ -1,4 +1,5 @@
-"""The service's sampler: every `[history] sample_s` it records each card, and once a minute it rolls up and prunes.
+"""The service's sampler: every `[history] sample_s` it records each card, and once a minute it rolls up, prunes and
+sums the finished days for the report.
 
 It is its own daemon thread with its own connections (to board.history.db for writing, to board.db for
 reading the bookings), not jobs on the service's database thread: the booking operations run on that one
@@ -80,11 +81,13 @@ class Sampler:
         return samples
 
     def maintain(self, now: float | None = None) -> tuple[int, int, int]:
-        """Roll up the finished buckets and prune: (buckets rolled, samples deleted, rollups deleted)."""
+        """Roll up the finished buckets, prune, and sum the finished days for the report (an older file's a week
+        at a time): (buckets rolled, samples deleted, rollups deleted)."""
         now = self.clock() if now is None else now
         rolled = self.store.roll_up(now)
         samples, rollups = self.store.prune(now, raw_hours=self.settings.raw_hours,
                                             rollup_days=self.settings.rollup_days)
+        self.store.summarise(self.config.report.busy_util)
         return rolled, samples, rollups
 
     def step(self) -> None:

@@ -14,7 +14,9 @@ The budget is 50 MB for 8 cards and a year (841 k rollups), so the rows are lean
 - PCIe traffic (the busier direction, MiB/s) is kept raw, and in a rollup as its mean alone;
 - a rollup's state is the one in most of its samples; who held the card is in the bookings (board.db), and who
   squatted it in `squats`, counted per sample;
-- `sample_view` and `rollup_view` give ts, card, the state's name, and min/mean/max.
+- `sample_view` and `rollup_view` give ts, card, the state's name, and min/mean/max;
+- `day_sums` sums each finished day's rollups per card, stretch and what the report tests (its state, and busy,
+  VRAM at 90 %, 92 °C), so a year's report reads ~10^4 rows, not 841 k (see `summarise`).
 A card's id is its row in `cards` (by UUID), so a swapped card starts its own history.
 
 Each connection belongs to one thread (sqlite-utils refuses others); `HistoryStore.db` opens one per thread.
@@ -40,6 +42,10 @@ STATES = (FREE, BOOKED, IN_USE, SQUATTED, LOST)
 METRICS = ("vram", "util", "temp", "power", "sm")  # MiB, %, °C, W, MHz
 PRUNE_CHUNK_S = 3600  # one transaction deletes at most an hour of raw samples
 ROLLUP_BATCH = 12  # one transaction rolls up at most an hour of buckets
+DAY_BUCKETS = 86400 // BUCKET_S
+HOT_C, VRAM_PCT = 92, 90  # the report's heat and VRAM verdicts (app.report.compute keeps them too)
+SCHEMA = 1  # meta `schema`: raise it when _create adds to a file; a file at it is read as it is
+SUMMARISE_DAYS = 7  # days one `summarise` call sums at most (a year's old file is backfilled a week a minute)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,31 +119,52 @@ class HistoryStore:
 
     # -- connections and tables ------------------------------------------------------------------
 
-    @property
-    def db(self):
-        """This thread's sqlite_utils.Database; the tables exist once it is open."""
-        db = getattr(self._local, "db", None)
-        if db is None:
-            import sqlite_utils  # start-up: sqlite-utils loads only when the history is opened
-
+    def _open(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
             # As for board.db: never write through a link someone planted where the file or its journal goes.
             if self.path.is_symlink():
                 raise StoreError(f"{self.path} is a symbolic link, not the history's own file; remove it")
             _refuse_planted_links(self.path)
-            conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            conn = self._local.conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            db = self._local.db = sqlite_utils.Database(conn)
+        return conn
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """This thread's plain connection, for reading: the tables made through `db` unless the file has them all
+        (meta `schema`), so a report in file mode does not load sqlite-utils (and numpy with it)."""
+        conn = self._open()
+        if not self._ready:
+            try:
+                current = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (SCHEMA,)
+            except sqlite3.OperationalError:  # no meta: a new file
+                current = False
+            if current:
+                self._ready = True
+            else:
+                self.db  # noqa: B018 - makes the tables
+        return conn
+
+    @property
+    def db(self):
+        """This thread's sqlite_utils.Database (on `conn`), for writing; the tables exist once it is open."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            import sqlite_utils  # start-up: sqlite-utils loads only when the history is written
+
+            db = self._local.db = sqlite_utils.Database(self._open())
             if not self._ready:
                 self._create(db)
                 self._ready = True
         return db
 
     def close(self) -> None:
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.conn.close()
-            self._local.db = None
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+        self._local.conn = self._local.db = None
 
     @staticmethod
     def _create(db) -> None:
@@ -163,6 +190,11 @@ class HistoryStore:
             if "pcie_mean" not in db["rollups"].columns_dict:
                 db["rollups"].add_column("pcie_mean", int)
             db["squats"].create({"id": int, "user": str, "n": int}, pk="id", if_not_exists=True)
+            # Added to older files empty: their days are summed later (`summarise`); until then a report reads
+            # their rollups, so nothing is lost or counted twice.
+            db["day_sums"].create({"id": int, "span": int, "n": int, "seconds": int, "util_sum": int, "util_s": int,
+                                   "vram_max": int, "temp_max": int}, pk="id", if_not_exists=True)
+            db["summed_days"].create({"day": int, "busy_util": float}, pk="day", if_not_exists=True)
             names = " ".join(f"WHEN {code} THEN '{state}'" for code, state in enumerate(STATES))
             db.create_view("sample_view", f"""
                 SELECT id, (id >> {CARD_BITS}) + {EPOCH} AS ts, id & {CARD_MASK} AS card, dt,
@@ -175,6 +207,7 @@ class HistoryStore:
                 SELECT (id >> {CARD_BITS}) * {BUCKET_S} + {EPOCH} AS ts, id & {CARD_MASK} AS card, n, n * dt AS seconds,
                        CASE state {names} END AS state, n_throttled, throttle, {spans}, pcie_mean
                 FROM rollups""", replace=True)
+            db["meta"].upsert({"key": "schema", "value": SCHEMA}, pk="key")
 
     def card_id(self, uuid: str, index: int | None = None, name: str | None = None,
                 memory_total: int | None = None) -> int:
@@ -194,10 +227,10 @@ class HistoryStore:
 
     def cards(self) -> dict[str, int]:
         """Every card this file has seen: UUID -> id."""
-        return {uuid: id for id, uuid in self.db.execute("SELECT id, uuid FROM cards")}
+        return {uuid: id for id, uuid in self.conn.execute("SELECT id, uuid FROM cards")}
 
     def _meta(self, key: str) -> int | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
         return None if row is None else row[0]
 
     # -- writing ---------------------------------------------------------------------------------
@@ -274,7 +307,47 @@ class HistoryStore:
         with db.atomic():
             rollups = db.execute("DELETE FROM rollups WHERE id < ?", [oldest]).rowcount
             db.execute("DELETE FROM squats WHERE id < ?", [oldest << SLOT_BITS])
+            if rollups:  # a day pruned in part is summed again from what is left (read from its rollups till then)
+                day = (oldest >> CARD_BITS) // DAY_BUCKETS
+                db.execute("DELETE FROM day_sums WHERE id < ?", [(day + 1) * DAY_BUCKETS << SUM_BITS])
+                db.execute("DELETE FROM summed_days WHERE day <= ?", [day])
         return samples, rollups
+
+    def summarise(self, busy_util: float, *, days: int | None = SUMMARISE_DAYS) -> int:
+        """Sum the finished days' rollups into `day_sums` for a report at `busy_util` %, newest first, at most
+        `days` of them (None: all); a day summed for another busy_util is summed again. Returns the days summed.
+
+        Per card, a day's rollups are cut into stretches where the holder changes (the booking in the raw samples,
+        while they are kept: a day is summed once it is finished, within `raw_hours` 48), or else the state's kind
+        (free or squatted, booked or in use, lost), the buckets either side of each change alone (a booking that
+        starts or ends inside a bucket has it there), and each stretch summed per state, busy, full and hot. So
+        one booking held the whole stretch or none did, as the report checks against the bookings
+        (app.report.gather) before it takes the sums; where it did not, the report reads the stretch's rollups."""
+        db = self.db
+        first = db.execute("SELECT min(id) FROM rollups").fetchone()[0]
+        rolled_to = self._meta("rolled_to")
+        if first is None or rolled_to is None:
+            return 0
+        done = {day for day, in db.execute("SELECT day FROM summed_days WHERE busy_util = ?", [busy_util])}
+        last = (rolled_to - EPOCH) // BUCKET_S // DAY_BUCKETS  # the day rolled_to is in is not finished
+        todo = [d for d in range(last - 1, (first >> CARD_BITS) // DAY_BUCKETS - 1, -1) if d not in done]
+        memory = {card: total for card, total in db.execute("SELECT id, memory_total FROM cards")}
+        for day in sorted(todo[:days]):  # the newest days first, each call's in order (the table fills its pages)
+            lo, hi = day * DAY_BUCKETS << CARD_BITS, (day + 1) * DAY_BUCKETS << CARD_BITS
+            rows = db.execute("SELECT id, n, dt, state, util_min, util_mean_d, vram_min, vram_max_d, temp_min,"
+                              " temp_max_d FROM rollups WHERE id >= ? AND id < ?", [lo, hi]).fetchall()
+            # Who held each card in each bucket, where the raw samples are still there: one booking (0: none) in
+            # all of its samples, or -1.
+            holders = {bucket: first if first == last else -1 for bucket, first, last in db.execute(
+                f"SELECT (id >> {CARD_BITS}) / {BUCKET_S} << {CARD_BITS} | (id & {CARD_MASK}) AS b,"
+                " min(coalesce(booking, 0)), max(coalesce(booking, 0)) FROM samples WHERE id >= ? AND id < ?"
+                " GROUP BY b", [_rowid(_bucket_ts(lo), 0), _rowid(_bucket_ts(hi), 0)])}
+            with db.atomic():
+                db.execute("DELETE FROM day_sums WHERE id >= ? AND id < ?",
+                           [lo >> CARD_BITS << SUM_BITS, hi >> CARD_BITS << SUM_BITS])
+                db["day_sums"].insert_all(_day_sums(rows, holders, busy_util, memory), batch_size=1000)
+                db["summed_days"].upsert({"day": day, "busy_util": busy_util}, pk="day")
+        return min(len(todo), len(todo) if days is None else days)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -325,10 +398,10 @@ class HistoryStore:
         if uuid is not None:
             where, args = where + " AND card = ?", [*args, cards.get(uuid, -1)]
         found = [{**row, "uuid": uuids[row["card"]], "users": []}
-                 for row in self.db.query(f"SELECT * FROM sample_view WHERE {where} ORDER BY id", args)]
+                 for row in _query(self.conn, f"SELECT * FROM sample_view WHERE {where} ORDER BY id", args)]
         by_key = {row["id"]: row for row in found}
         if found:
-            for row in self.db.query("SELECT * FROM sample_users WHERE id >= ? AND id < ?",
+            for row in _query(self.conn, "SELECT * FROM sample_users WHERE id >= ? AND id < ?",
                                      [found[0]["id"] << SLOT_BITS, (found[-1]["id"] + 1) << SLOT_BITS]):
                 owner = by_key.get(row["id"] >> SLOT_BITS)
                 if owner is not None:
@@ -360,6 +433,13 @@ class HistoryStore:
     def rolled_to(self) -> int | None:
         """Where the rollups end: buckets before this epoch second are rolled up."""
         return self._meta("rolled_to")
+
+
+def _query(conn: sqlite3.Connection, sql: str, args: Sequence) -> Iterable[dict]:
+    """Rows as dicts (sqlite-utils' `query`, on a plain connection)."""
+    cursor = conn.execute(sql, args)
+    names = [d[0] for d in cursor.description]
+    return (dict(zip(names, row)) for row in cursor)
 
 
 def _merge(a: Point, b: Point) -> Point:
@@ -414,6 +494,76 @@ def _roll(raw: Iterable[tuple], squatters: Iterable[tuple]) -> tuple[list[dict],
         if slot < 1 << SLOT_BITS:
             squat_rows.append({"id": bucket << SLOT_BITS | slot, "user": user, "n": n})
     return rollups, squat_rows
+
+
+SUM_BITS = 17  # a day_sums id: first bucket << 17 | hot << 15 | full << 13 | busy << 11 | state << 8 | card
+KINDS = {STATES.index(s): kind for kind, states in enumerate(((FREE, SQUATTED), (BOOKED, IN_USE), (LOST,)))
+         for s in states}
+
+
+def sum_key(card: int, state: int, util: int | None, vram: int | None, temp: int | None, memory: int | None,
+            busy_util: float) -> int:
+    """A rollup's low bits in day_sums (and the report's groups): card, state, and busy, full and hot, each 1, 0,
+    or 2 when unknown, as SQL's comparisons with NULL."""
+    def flag(value) -> int:
+        return 2 if value is None else int(value)
+
+    busy = flag(None if util is None else util >= busy_util)
+    full = flag(None if vram is None else vram * 100 >= VRAM_PCT * (1 << 40 if memory is None else memory))
+    hot = flag(None if temp is None else temp >= HOT_C)
+    return card | state << CARD_BITS | busy << 11 | full << 13 | hot << 15
+
+
+def _day_sums(rows: list[tuple], holders: dict[int, int], busy_util: float, memory: dict[int, int | None]) -> list[dict]:
+    """A day's rollup rows (id, n, dt, state, util_min, util_mean_d, vram_min, vram_max_d, temp_min, temp_max_d)
+    as day_sums rows: per card, per stretch, per sum_key. `holders`: rollup id -> its samples' booking (see
+    `summarise`)."""
+    by_card: dict[int, list[tuple]] = {}
+    for row in sorted(rows):
+        by_card.setdefault(row[0] & CARD_MASK, []).append(row)
+    found: dict[int, list] = {}
+    for card, rows in by_card.items():
+        kinds = [(0, holders[r[0]]) if r[0] in holders else (1, KINDS[r[3]]) for r in rows]
+        runs, begin = [], 0
+        for i in range(1, len(rows) + 1):
+            if i == len(rows) or kinds[i] != kinds[begin]:
+                runs.append((begin, i - 1))
+                begin = i
+        for a, b in runs:
+            # A run's first and last bucket alone where its holder or kind changes there (inside the day).
+            stretches = []
+            if a > 0:
+                stretches.append((a, a))
+                a += 1
+            if b + 1 < len(rows) and b >= a:
+                stretches.append((b, b))
+                b -= 1
+            if a <= b:
+                stretches.append((a, b))
+            for begin, end in stretches:
+                first, last = rows[begin][0] >> CARD_BITS, rows[end][0] >> CARD_BITS
+                for r in rows[begin:end + 1]:
+                    util = None if r[4] is None or r[5] is None else r[4] + r[5]
+                    vram = None if r[6] is None or r[7] is None else r[6] + r[7]
+                    temp = None if r[8] is None or r[9] is None else r[8] + r[9]
+                    key = first << SUM_BITS | sum_key(card, r[3], util, vram, temp, memory.get(card), busy_util)
+                    sums = found.get(key)
+                    if sums is None:
+                        sums = found[key] = [last - first + 1, 0, 0, None, None, None, None]
+                    seconds = r[1] * r[2]
+                    sums[1] += r[1]
+                    sums[2] += seconds
+                    if util is not None:
+                        sums[3] = (sums[3] or 0) + util * seconds
+                    if r[4] is not None:
+                        sums[4] = (sums[4] or 0) + seconds
+                    if vram is not None:
+                        sums[5] = vram if sums[5] is None else max(sums[5], vram)
+                    if temp is not None:
+                        sums[6] = temp if sums[6] is None else max(sums[6], temp)
+    # In key order, so the table's pages fill (a file's budget: a year of 8 cards is ~11 k rows, 0.5 MB).
+    return [{"id": key, "span": s[0], "n": s[1], "seconds": s[2], "util_sum": s[3], "util_s": s[4], "vram_max": s[5],
+             "temp_max": s[6]} for key, s in sorted(found.items())]
 
 
 def _round(value: float) -> int:

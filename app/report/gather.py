@@ -3,6 +3,7 @@ and hand them to app.report.compute. Read-only: a history file that is not there
 
 from __future__ import annotations
 
+import bisect
 import sqlite3
 from collections.abc import Sequence
 
@@ -10,7 +11,8 @@ from app.config import Config
 from app.errors import BadInput
 from app.faults import store as fault_rows
 from app.gpu.model import CardReading
-from app.history.store import BUCKET_S, CARD_BITS, CARD_MASK, EPOCH, SLOT_BITS, STATES, HistoryStore, _bucket_id
+from app.history.store import (BUCKET_S, CARD_BITS, CARD_MASK, DAY_BUCKETS, EPOCH, SLOT_BITS, STATES, SUM_BITS,
+                               HistoryStore, _bucket_id)
 from app.report.compute import HOT_C, MAX_SINCE, VRAM_PCT, compute
 from app.store import bookings as rows
 from app.store import keys as key_rows
@@ -35,9 +37,12 @@ FLAGS = f"""
     (r.id & {CARD_MASK}) | (r.state << {CARD_BITS}) | (coalesce((r.util_min + r.util_mean_d) >= ?, 2) << 11)
     | (coalesce((r.vram_min + r.vram_max_d) * 100 >= {VRAM_PCT} * ({{memory}}), 2) << 13)
     | (coalesce((r.temp_min + r.temp_max_d) >= {HOT_C}, 2) << 15)"""
+# The rollups that day_sums does not answer for (days not summed, stretches a booking held in part): id ranges,
+# of one card or (card -1) all.
 WHOLE = f"""
     SELECT ({HELD} << 17) | {FLAGS} AS k, {SUMS.format(share="")}
-    FROM rollups r WHERE r.id >= ? AND r.id < ? GROUP BY k"""
+    FROM temp.report_ranges g JOIN rollups r ON r.id >= g.lo AND r.id < g.hi
+    WHERE g.card < 0 OR (r.id & {CARD_MASK}) = g.card GROUP BY k"""
 # The buckets a booking held in part: each rollup read once, its sums scaled by the share.
 PARTS = f"""
     SELECT (p.booking << 17) | {FLAGS} AS k, {SUMS.format(share="p.share *")}
@@ -66,7 +71,7 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
     cards: dict[str, str] = {}
     if history.path.exists():
         store = history
-        for uuid, idx, total in store.db.execute("SELECT uuid, idx, memory_total FROM cards"):
+        for uuid, idx, total in store.conn.execute("SELECT uuid, idx, memory_total FROM cards"):
             if idx is not None:
                 cards[uuid] = str(idx)
             if total:
@@ -76,7 +81,7 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
         rolled = max(start, min(now, store.rolled_to() or start))
         rollups = summed_rollups(store, start, rolled, bookings, config.report.busy_util)
         squats = [{"ts": ts, "uuid": uuid, "user": user, "n": n, "seconds": seconds} for ts, uuid, user, n, seconds in
-                  store.db.execute(SQUATS, [_bucket_id(start, 0) << SLOT_BITS, _bucket_id(rolled, 0) << SLOT_BITS])]
+                  store.conn.execute(SQUATS, [_bucket_id(start, 0) << SLOT_BITS, _bucket_id(rolled, 0) << SLOT_BITS])]
         for s in store.samples(rolled, now):
             rollups.append({"ts": s["ts"], "uuid": s["uuid"], "n": 1, "seconds": s["dt"], "span": s["dt"], "state": s["state"],
                             "util_mean": s["util"], "vram_max": s["vram"], "temp_max": s["temp"]})
@@ -131,13 +136,13 @@ def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], st
         if len(b.card_uuids) < 2 or hi <= lo or not held or not all(u in capacity for u in b.card_uuids):
             continue
         cards = ", ".join(str(int(c)) for c in held)
-        seconds, traffic = store.db.execute(
+        seconds, traffic = store.conn.execute(
             f"SELECT sum(n * dt), sum(pcie_mean * n * dt) FROM rollups WHERE id >= ? AND id < ?"
             f" AND (id & {CARD_MASK}) IN ({cards}) AND state = ? AND util_min + util_mean_d >= ?"
             f" AND pcie_mean IS NOT NULL",
             [_bucket_id(lo, 0), _bucket_id(min(hi, rolled), 0), in_use, busy_util]).fetchone() if rolled > lo \
             else (None, None)
-        raw_seconds, raw_traffic = store.db.execute(
+        raw_seconds, raw_traffic = store.conn.execute(
             f"SELECT sum(dt), sum(pcie * dt) FROM samples WHERE id >= ? AND id < ? AND (id & {CARD_MASK}) IN ({cards})"
             f" AND state = ? AND util >= ? AND pcie IS NOT NULL",
             [(max(lo, rolled) - EPOCH) << CARD_BITS, (hi - EPOCH) << CARD_BITS, in_use, busy_util]).fetchone()
@@ -154,11 +159,12 @@ def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], st
 
 def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:
     """The rollups over [start, end) as compute takes them, summed: per booking and card while it held the card
-    (a bucket it held in part counts for that part, as compute shares a rollup), and the rest per card; one pass
-    over the window's rollups (WHOLE) and one read of each bucket held in part (PARTS)."""
+    (a bucket it held in part counts for that part, as compute shares a rollup), and the rest per card. The summed
+    days' stretches (day_sums) that one booking or none held whole count as they are; the rest of the window's
+    rollups are read in one pass (WHOLE), and each bucket held in part once more (PARTS)."""
     if end <= start:
         return []
-    db, cards = store.db, store.cards()
+    db, cards = store.conn, store.cards()
 
     def bucket(ts: int) -> int:  # the first bucket starting at or after ts
         return -(-(ts - EPOCH) // BUCKET_S)
@@ -188,15 +194,26 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
     db.execute("CREATE TEMP TABLE IF NOT EXISTS report_held (card INTEGER, lo INTEGER, hi INTEGER, booking INTEGER,"
                " PRIMARY KEY (card, lo)) WITHOUT ROWID")
     db.execute("CREATE TEMP TABLE IF NOT EXISTS report_parts (id INTEGER, booking INTEGER, share REAL)")
+    db.execute("CREATE TEMP TABLE IF NOT EXISTS report_ranges (lo INTEGER, hi INTEGER, card INTEGER)")
+    begun = not db.in_transaction  # one snapshot: the sampler's summing or pruning commits whole days meanwhile
+    if begun:
+        db.execute("BEGIN")
     try:
+        summed, ranges = _day_sums(db, lo, hi, held, busy_util)
         # bookings on one card do not overlap, so neither do their whole buckets
-        db.conn.executemany("INSERT OR IGNORE INTO temp.report_held VALUES (?, ?, ?, ?)", held)
-        db.conn.executemany("INSERT INTO temp.report_parts VALUES (?, ?, ?)", parts)
-        whole = db.execute(WHOLE.format(memory=memory), [busy_util, lo << CARD_BITS, hi << CARD_BITS]).fetchall()
+        db.executemany("INSERT OR IGNORE INTO temp.report_held VALUES (?, ?, ?, ?)", held)
+        db.executemany("INSERT INTO temp.report_parts VALUES (?, ?, ?)", parts)
+        db.executemany("INSERT INTO temp.report_ranges VALUES (?, ?, ?)", ranges)
+        for row in db.execute(WHOLE.format(memory=memory), [busy_util]):
+            _add(summed, *row)
+        whole = [(k, *summed[k]) for k in sorted(summed)]  # in key order, as GROUP BY gives them
         shared = db.execute(PARTS.format(memory=memory), [busy_util]).fetchall()
     finally:
         db.execute("DELETE FROM temp.report_held")
         db.execute("DELETE FROM temp.report_parts")
+        db.execute("DELETE FROM temp.report_ranges")
+        if begun:
+            db.execute("COMMIT")
 
     def flag(bits: int) -> int | None:
         return None if bits == 2 else bits
@@ -228,6 +245,82 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
             continue
         util = None if free["util_mean"] is None else ((r[3] or 0.0) - sums[2]) / seconds
         found.append({**free, "seconds": seconds, "n": free["n"] - sums[1], "util_mean": util})
+    return found
+
+
+def _day_sums(db, lo: int, hi: int, held: list[tuple], busy_util: float) -> tuple[dict[int, list], list[tuple]]:
+    """The buckets [lo, hi) from day_sums where it answers: WHOLE's sums per key (each stretch given to the
+    booking that held its card for all of it, or to none), and the id ranges left for WHOLE to read (lo, hi,
+    card)."""
+    whole_days = range(-(-lo // DAY_BUCKETS), hi // DAY_BUCKETS)
+    days = sorted(d for d, in db.execute("SELECT day FROM summed_days WHERE busy_util = ? AND day >= ? AND day < ?",
+                                         [busy_util, whole_days.start, whole_days.stop]))
+    spans: dict[int, dict[int, tuple[int, int]]] = {}
+    for card, first, last, booking in held:  # as temp.report_held keeps them (the first at a start)
+        spans.setdefault(card, {}).setdefault(first, (last, booking))
+    starts = {card: sorted(found) for card, found in spans.items()}
+
+    def holder(card: int, first: int, last: int) -> int | None:
+        """The booking that held the card for all the buckets [first, last] (0: none did), or None if that
+        changed in between."""
+        los = starts.get(card, ())
+        i = bisect.bisect_right(los, first) - 1
+        if i + 1 < len(los) and los[i + 1] <= last:
+            return None
+        if i < 0:
+            return 0
+        end, booking = spans[card][los[i]]
+        return booking if end > last else 0 if end <= first else None
+
+    found: dict[int, list] = {}
+    ranges, rest, at, low = [], set(), lo, (1 << SUM_BITS) - 1
+    for begin, end in _runs(days):
+        if begin * DAY_BUCKETS > at:
+            ranges.append((at << CARD_BITS, begin * DAY_BUCKETS << CARD_BITS, -1))
+        at = end * DAY_BUCKETS
+        for key, span, n, seconds, util_sum, util_s, vram, temp in db.execute(
+                "SELECT id, span, n, seconds, util_sum, util_s, vram_max, temp_max FROM day_sums WHERE id >= ?"
+                " AND id < ?", [begin * DAY_BUCKETS << SUM_BITS, end * DAY_BUCKETS << SUM_BITS]):
+            first, card = key >> SUM_BITS, key & CARD_MASK
+            booking = holder(card, first, first + span - 1)
+            if booking is None:
+                rest.add((first << CARD_BITS, first + span << CARD_BITS, card))
+            else:
+                _add(found, booking << 17 | key & low, seconds, n, util_sum, util_s, vram, temp, first)
+    if hi > at:
+        ranges.append((at << CARD_BITS, hi << CARD_BITS, -1))
+    return found, ranges + sorted(rest)
+
+
+def _add(found: dict[int, list], k: int, seconds, n, util_sum, util_s, vram, temp, first) -> None:
+    """One of WHOLE's rows added into `found` (as GROUP BY would: sums added, NULL where all were, the most the
+    most, the first the first)."""
+    mine = found.get(k)
+    if mine is None:
+        found[k] = [seconds, n, util_sum, util_s, vram, temp, first]
+        return
+    mine[0] += seconds
+    mine[1] += n
+    if util_sum is not None:
+        mine[2] = util_sum if mine[2] is None else mine[2] + util_sum
+    if util_s is not None:
+        mine[3] = util_s if mine[3] is None else mine[3] + util_s
+    if vram is not None and (mine[4] is None or vram > mine[4]):
+        mine[4] = vram
+    if temp is not None and (mine[5] is None or temp > mine[5]):
+        mine[5] = temp
+    if first < mine[6]:
+        mine[6] = first
+
+
+def _runs(days: list[int]) -> list[tuple[int, int]]:
+    """Consecutive days as [begin, end) runs."""
+    found: list[tuple[int, int]] = []
+    for day in days:
+        if found and found[-1][1] == day:
+            found[-1] = (found[-1][0], day + 1)
+        else:
+            found.append((day, day + 1))
     return found
 
 

@@ -103,6 +103,20 @@ def test_two_hours_of_sampling_roll_up_and_prune_as_the_clock_moves(client, cloc
     assert last["util_mean"] == int(sum(raw) / len(raw) + 0.5)
 
 
+def test_the_sampler_sums_each_finished_day_for_the_report(client, clock):
+    """Once a day is rolled up to its end, the upkeep sums it (day_sums, what `board report` reads for it)."""
+    sampler = sampler_of(client.service)
+    midnight = START - (START - EPOCH) % 86400 + 86400
+    while clock[0] < midnight + 600:
+        sampler.step()  # a sample a bucket, and the upkeep each time
+        clock[0] += BUCKET_S
+    db = client.service.history.db
+    assert [day for day, in db.execute("SELECT day FROM summed_days")] == [(midnight - EPOCH) // 86400 - 1]
+    before = ((midnight - EPOCH) // BUCKET_S) << 8
+    assert db.execute("SELECT sum(n), sum(seconds) FROM day_sums").fetchone() \
+        == db.execute("SELECT sum(n), sum(n * dt) FROM rollups WHERE id < ?", [before]).fetchone()
+
+
 def test_the_history_op_reads_what_was_recorded(client, clock):
     sampler = sampler_of(client.service)
     source = client.service.fleet.source
