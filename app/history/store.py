@@ -168,6 +168,18 @@ class HistoryStore:
 
     @staticmethod
     def _create(db) -> None:
+        # The write lock first: a deferred transaction that read the schema before another thread's connection
+        # created the tables cannot upgrade (SQLITE_BUSY_SNAPSHOT, at once, without the busy wait).
+        db.conn.execute("BEGIN IMMEDIATE")
+        try:
+            HistoryStore._create_tables(db)
+        except BaseException:
+            db.conn.execute("ROLLBACK")
+            raise
+        db.conn.execute("COMMIT")
+
+    @staticmethod
+    def _create_tables(db) -> None:
         with db.atomic():
             db["cards"].create({"id": int, "uuid": str, "idx": int, "name": str, "memory_total": int},
                                pk="id", if_not_exists=True)
