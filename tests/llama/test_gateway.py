@@ -91,10 +91,10 @@ class Team:
     def key(self, user: str, *args: str) -> dict:
         return self.board.json(user, "key", "new", *args)
 
-    def serve(self, user: str, card: int, alias: str = ALIAS) -> dict:
+    def serve(self, user: str, card: int, alias: str = ALIAS, ctx: int = 512, parallel: int = 2) -> dict:
         booking = self.board.json(user, "book", "--cards", str(card), "--for", "2h")["id"]
-        server = self.board.json(user, "serve", "start", str(booking), "--model", str(self.board.model), "--ctx", "512",
-                                 "--parallel", "2", "--alias", alias)
+        server = self.board.json(user, "serve", "start", str(booking), "--model", str(self.board.model), "--ctx",
+                                 str(ctx), "--parallel", str(parallel), "--alias", alias)
         assert server["state"] == "ready", server
         # Each server has its own key (docs/llama.md): the holder reads it to reach the server's port directly.
         return {**server, "api_key": self.board.json(user, "serve", "key", str(server["id"]))["key"]}
@@ -253,8 +253,11 @@ def slots_busy(server: dict) -> list[bool]:
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_slot(team):
+    # A context of 32k tokens: the tiny model writes a few thousand a second, so the stream is still running when the
+    # client leaves (with the shared server's 256 tokens a slot it ended by itself before /slots was asked).
+    server = team.serve("alice", 4, alias="long-llm", ctx=32768, parallel=1)
     key = team.key("alice")["key"]
-    body = json.dumps({"model": ALIAS, "messages": [{"role": "user", "content": "tell a long story"}],
+    body = json.dumps({"model": "long-llm", "messages": [{"role": "user", "content": "tell a long story"}],
                        "max_tokens": 100000, "stream": True, "ignore_eos": True}).encode()
     sock = socket.create_connection(("127.0.0.1", team.port))
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -263,11 +266,12 @@ def test_a_client_that_leaves_mid_stream_frees_the_slot(team):
     received = b""
     while received.count(b"data: ") < 3:
         received += sock.recv(65536)
-    assert any(slots_busy(team.server)), "the stream's slot should be busy"
+    assert any(slots_busy(server)), "the stream's slot should be busy"
     sock.close()
     left = time.monotonic()
-    assert wait_for(lambda: not any(slots_busy(team.server)), timeout=5)
+    assert wait_for(lambda: not any(slots_busy(server)), timeout=5)
     assert time.monotonic() - left <= 1.5, "the upstream slot stayed busy after the client left"
+    team.board.ok("alice", "serve", "stop", str(server["id"]))
 
 
 def test_accounting_matches_what_llama_server_reported(team):
