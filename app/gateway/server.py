@@ -44,14 +44,24 @@ def error_body(status: int, message: str, kind: str, code: str, retry_after: int
 
 @dataclass
 class Meter:
-    """The tokens in an answer: llama-server's `usage` (or `timings`), streamed (SSE lines) or not."""
+    """The tokens in an answer: llama-server's `usage` (or `timings`), streamed (SSE lines) or not; with the
+    upstream's status, the time to its first byte and whether it was relayed whole. Made by the handler, so what was
+    metered is accounted even when the client leaves (the handler is cancelled) after the last byte."""
     streamed: bool
     prompt: int = 0
     completion: int = 0
+    status: int | None = None
+    ttft: float | None = None
+    done: bool = False  # the whole answer was relayed: [DONE] streamed, or Content-Length bytes
+    expected: int | None = None
+    size: int = 0
     _buffer: bytearray = field(default_factory=bytearray)
 
     def feed(self, chunk: bytes) -> None:
         self._buffer += chunk
+        self.size += len(chunk)
+        if self.expected is not None and self.size >= self.expected:
+            self.done = True
         if not self.streamed:
             if len(self._buffer) > METER_LIMIT:
                 self._buffer.clear()
@@ -60,7 +70,9 @@ class Meter:
         *lines, rest = self._buffer.split(b"\n")
         self._buffer = bytearray(rest)
         for line in lines:
-            if line.startswith(b"data: {") and (b'"usage"' in line or b'"timings"' in line):
+            if line.rstrip() == b"data: [DONE]":
+                self.done = True
+            elif line.startswith(b"data: {") and (b'"usage"' in line or b'"timings"' in line):
                 self._take(line[6:])
 
     def finish(self) -> None:
@@ -220,7 +232,7 @@ class Gateway:
 
     async def relay(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
-        key, model, server, status, meter, ttft = None, None, None, 500, None, None
+        key, model, server, status, meter = None, None, None, 500, None
         try:
             key = self.router.authorise(self._hash(request), None)
             body = await self._body(request)
@@ -233,7 +245,8 @@ class Gateway:
             self.router.authorise(self._hash(request), model)
             server = await self.router.admit(model, key)
             try:
-                response, status, meter, ttft = await self._forward(request, server, body, started)
+                meter = Meter(streamed=False)
+                response, status = await self._forward(request, server, body, started, meter)
                 return response
             finally:
                 self.router.release(server, key)
@@ -241,10 +254,15 @@ class Gateway:
             status = refused.status
             return error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)
         except asyncio.CancelledError:
-            status = 499  # the client left: its upstream request was closed with it
+            # The client left: its upstream request was closed with it, unless it had the whole answer already.
+            if meter is not None and meter.done:
+                meter.finish()
+                status = meter.status
+            else:
+                status = 499
             raise
         finally:
-            self._account(request, key, model, server, status, meter, ttft, started)
+            self._account(request, key, model, server, status, meter, started)
 
     async def _body(self, request: web.Request) -> bytes:
         limit = int(self.settings.max_body_mb * (1 << 20))
@@ -257,7 +275,7 @@ class Gateway:
             raise Refused(413, f"the request is over {self.settings.max_body_mb:g} MB ([gateway] max_body_mb)",
                           "invalid_request_error", "request_too_large") from None
 
-    async def _forward(self, request: web.Request, server: Upstream, body: bytes, started: float):
+    async def _forward(self, request: web.Request, server: Upstream, body: bytes, started: float, meter: Meter):
         headers = {name: request.headers[name] for name in PASS_HEADERS if name in request.headers}
         if server.api_key:
             headers["Authorization"] = f"Bearer {server.api_key}"
@@ -277,27 +295,30 @@ class Gateway:
             elif upstream.content_length is not None:
                 response.content_length = upstream.content_length
             await response.prepare(request)
-            meter, ttft = Meter(streamed), None
+            meter.streamed, meter.status = streamed, upstream.status
+            meter.expected = None if streamed else upstream.content_length
             try:
                 async for chunk in upstream.content.iter_any():
-                    if ttft is None:
-                        ttft = time.monotonic() - started
+                    if meter.ttft is None:
+                        meter.ttft = time.monotonic() - started
                     meter.feed(chunk)
                     await response.write(chunk)
             except aiohttp.ClientError:
                 log(f"server {server.id} ({server.alias}) broke off its answer")
-                return response, 502, meter, ttft
+                return response, 502
             meter.finish()
+            meter.done = True
             await response.write_eof()
-            return response, upstream.status, meter, ttft
+            return response, upstream.status
 
-    def _account(self, request, key, model, server, status, meter, ttft, started) -> None:
+    def _account(self, request, key, model, server, status, meter, started) -> None:
         duration = time.monotonic() - started
         user = key["user"] if key else ""
         known = model if model in self.router.models() or any(p.get("alias") == model for p in self.router.planned) \
             else ("" if model is None else "other")
         self.metrics.requests.labels(user, known, str(status)).inc()
         prompt, completion = (meter.prompt, meter.completion) if meter else (0, 0)
+        ttft = meter.ttft if meter else None
         if key is not None:
             self.metrics.prompt.labels(user, known).inc(prompt)
             self.metrics.completion.labels(user, known).inc(completion)
