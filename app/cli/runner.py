@@ -11,7 +11,6 @@ It never opens the database: the row and the grant come from the service. When t
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ import time
 from datetime import datetime
 
 from app.errors import BadInput, BoardError, NotPermitted
+from app.wire import decode, encode
 
 RECONNECT_S = 1.0
 
@@ -71,14 +71,14 @@ def _register(path: str):
     sock.settimeout(30)
     try:
         sock.connect(path)
-        sock.sendall((json.dumps({"v": 1, "id": 1, "op": "register", "args": {"kind": "runner"}}) + "\n").encode())
+        sock.sendall(encode({"v": 1, "id": 1, "op": "register", "args": {"kind": "runner"}}))
         reader = sock.makefile("rb")
         reply = reader.readline(1 << 20)
     except OSError:
         sock.close()
         raise
     try:
-        answer = json.loads(reply) if reply else {}
+        answer = decode(reply) if reply else {}
     except ValueError:
         answer = {}
     if not answer.get("ok"):
@@ -95,7 +95,7 @@ def _handle(line: bytes, path: str, environ) -> None:
     from app.llama.rows import server_from_wire
 
     try:
-        message = json.loads(line)
+        message = decode(line)
         if message.get("event") != "start":
             return
         server = server_from_wire(message["server"])
