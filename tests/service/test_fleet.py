@@ -163,3 +163,85 @@ def test_a_config_names_its_host(tmp_path):
     path.write_text('[fleet]\nhost = "gpu 2:1"\n')
     with pytest.raises(Exception, match=r"\[fleet\] host must be a short host name"):
         load_config(environ={"BOARD_CONFIG": str(path)})
+
+
+# -- two real agents on one database file ---------------------------------------------------------------------
+
+RACERS = 16
+
+
+def _fleet_agent(make_agent, name: str, shared_db=None):
+    return make_agent(sections={"fleet": {"host": name, "heartbeat_timeout_s": 3}, "history": {"enabled": False}},
+                      shared_db=shared_db)
+
+
+def _wait_for(condition, what: str, timeout: float = 60.0):
+    """Until condition() answers something true (returned); a failure naming `what` after a generous deadline."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := condition():
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout:g} s")
+
+
+def test_two_agents_race_sixteen_bookers_from_both_hosts_and_a_killed_host_shows_down(make_agent, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.service.support import REPO, board_cli
+
+    gpu1 = _fleet_agent(make_agent, "gpu1")
+    gpu2 = _fleet_agent(make_agent, "gpu2", shared_db=gpu1.db)
+    env1, env2 = ({"BOARD_CONFIG": str(agent.config)} for agent in (gpu1, gpu2))
+
+    def hosts_seen_from(env):
+        rc, out, err = board_cli("status", "--json", env=env)
+        assert rc == 0, err
+        return {h["host"] for h in json.loads(out)["hosts"]} == {"gpu1", "gpu2"} and json.loads(out)
+
+    status = _wait_for(lambda: hosts_seen_from(env1), "gpu2's first heartbeat reaching gpu1")
+    _wait_for(lambda: hosts_seen_from(env2), "gpu1's first heartbeat reaching gpu2")
+    assert [c["host"] for c in status["cards"]] == ["gpu1"] * 8 + ["gpu2"] * 8
+
+    # 16 bookers, 8 on each host, for gpu2's card 0 at one time: gpu1's name it gpu2:0, gpu2's say 0
+    go = tmp_path / "go"
+    script = (
+        "import os, sys, time\n"
+        "from app.cli import main\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+        "sys.exit(main(['book', '--cards', sys.argv[1], '--start', '+1h', '--for', '2h', '--note', sys.argv[2]]))\n"
+    )
+    racers = [
+        subprocess.Popen([sys.executable, "-c", script, "gpu2:0" if n % 2 else "0", f"racer {n}"], cwd=REPO,
+                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", **(env1 if n % 2 else env2)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for n in range(RACERS)
+    ]
+    go.touch()
+    results = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in racers]
+    assert sorted(code for code, _, _ in results) == [0] + [3] * (RACERS - 1), results
+    for code, _, err in results:
+        if code == 3:
+            assert err.count("\n") == 1 and err.startswith("board: ") and "booked by" in err, err
+    rc, out, err = board_cli("list", "--json", env=env1)
+    assert rc == 0, err
+    (booking,) = json.loads(out)["bookings"]
+    assert booking["host"] == "gpu2" and booking["cards"] == [0]
+    assert booking["card_uuids"] == [c["uuid"] for c in status["cards"] if c["host"] == "gpu2" and c["index"] == 0]
+
+    # gpu2's service dies: after the timeout gpu1 shows its cards HOST DOWN, since its last heartbeat
+    gpu2.kill9()
+
+    def down_on_gpu1():
+        rc, out, err = board_cli("status", "--json", env=env1)
+        assert rc == 0, err
+        return [c for c in json.loads(out)["cards"] if c.get("host_down")]
+
+    down = _wait_for(down_on_gpu1, "gpu2's cards showing HOST DOWN on gpu1")
+    assert [c["host"] for c in down] == ["gpu2"] * 8 and all(c["down_since"] for c in down)
+    rc, out, err = board_cli("status", env=env1)
+    assert rc == 0 and out.count("HOST DOWN (since ") == 8, out + err
+    assert next(c for c in down if c["index"] == 0)["next_booking"]["id"] == booking["id"]  # its booking stays
