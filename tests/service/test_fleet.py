@@ -245,3 +245,20 @@ def test_two_agents_race_sixteen_bookers_from_both_hosts_and_a_killed_host_shows
     rc, out, err = board_cli("status", env=env1)
     assert rc == 0 and out.count("HOST DOWN (since ") == 8, out + err
     assert next(c for c in down if c["index"] == 0)["next_booking"]["id"] == booking["id"]  # its booking stays
+
+
+def test_cli_cards_on_two_hosts_or_an_unknown_host_are_one_line_exit_2_writing_nothing(tmp_path):
+    from tests.service.support import board_cli
+
+    config = tmp_path / "board.toml"
+    config.write_text('[fleet]\nhost = "gpu1"\n')
+    env = {"BOARD_CONFIG": str(config), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1",
+           "HOME": str(tmp_path)}
+    for cards, said in (("gpu2:0,gpu1:1", "names cards on more than one host"),
+                        ("gpu9:0", "there is no host 'gpu9' on this board; the hosts are gpu1")):
+        rc, out, err = board_cli("book", "--cards", cards, "--for", "1h", env=env)
+        assert (rc, out, err.count("\n")) == (2, "", 1) and said in err, err
+    rc, out, err = board_cli("book", "--cards", "gpu1:3", "--for", "1h", "--json", env=env)  # this host, by name
+    assert rc == 0 and json.loads(out)["host"] == "gpu1", err
+    with connect(tmp_path / "board.db") as conn:
+        assert conn.execute("SELECT count(*) FROM bookings").fetchone()[0] == 1
