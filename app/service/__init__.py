@@ -27,7 +27,6 @@ from app.service.ops.registry import HOMES, lookup
 from app.service.processes import Registry
 from app.store import bookings as rows
 from app.store.db import connect, storage_error
-from app.store.hosts import claim_cards
 
 CALENDAR_PAST_S = 86400  # the calendar keeps bookings that ended up to a day before the service opened its file
 
@@ -91,8 +90,9 @@ class Service:
 
                 seed_if_empty(conn, self.fleet.latest().cards)
                 self._seeded = True
-            conn.fleet_host = self.host  # the host whose service vouches for the actor, in each audit event
-            claim_cards(conn, self.host)
+            # The host whose service vouches for the actor, in each audit event; and whose cards those recorded
+            # before the fleet are (the agent claims them: app.service.hosts.beat).
+            conn.fleet_host = self.host
         return conn
 
     def call(self, me: Identity, op: str, args: Any) -> Any:

@@ -41,6 +41,7 @@ def beat(service: Service) -> None:
     snapshot = service.fleet_snapshot()
     now = service.clock()
     conn = service.conn
+    host_rows.claim_cards(conn, service.host)
     with write(conn):
         rows.sync_cards(conn, snapshot.cards, int(now), service.host)
         host_rows.beat(conn, service.host, now, service.started_at, json.dumps(snapshot_to_wire(snapshot)))

@@ -27,17 +27,18 @@ LEFT JOIN cards AS c ON c.uuid = bc.card_uuid
 _STATUSES = ("booked", "cancelled")
 
 
-def _booking(row) -> Booking:
-    """Decode one row of _SELECT; raises MalformedRow saying what a hand edit broke."""
+def _booking(row, here: str = "") -> Booking:
+    """Decode one row of _SELECT; raises MalformedRow saying what a hand edit broke. `here`: the host of cards
+    recorded before the fleet (host ''), which are the reading service's own until its agent claims them."""
     try:
-        return _decode(row)
+        return _decode(row, here)
     except MalformedRow:
         raise
     except (ValueError, TypeError, AttributeError) as error:
         raise MalformedRow(str(error)) from None
 
 
-def _decode(row) -> Booking:
+def _decode(row, here: str = "") -> Booking:
     (id_, user, uid, start, end, klass, note, status, request, created_at, requested_at, queued, series_id, notice, cards,
      host) = row
     for value, kind, column in ((user, str, "user"), (uid, int, "uid"), (start, int, "starts_at"),
@@ -67,16 +68,16 @@ def _decode(row) -> Booking:
         id=id_, user=user, uid=uid, start=start, end=end, klass=klass, note=note, status=status,
         request=request or None, created_at=created_at, requested_at=requested_at if requested_at is not None else start,
         queued=queued, series_id=series_id, notice=notice if isinstance(notice, str) else None,
-        cards=tuple(p[0] for p in pairs), card_uuids=tuple(p[1] for p in pairs), host=host or "",
+        cards=tuple(p[0] for p in pairs), card_uuids=tuple(p[1] for p in pairs), host=host or here,
     )
 
 
 def _decoded(conn: sqlite3.Connection, rows: Iterable) -> list[Booking]:
     """The rows that decode; each one that does not is reported once (report_malformed) and skipped."""
-    found = []
+    found, here = [], getattr(conn, "fleet_host", "")
     for row in rows:
         try:
-            found.append(_booking(row))
+            found.append(_booking(row, here))
         except MalformedRow as error:
             report_malformed(conn, "booking", row[0], error)
     return found

@@ -145,12 +145,14 @@ def test_each_audit_event_names_the_host_that_vouched_for_the_actor_and_the_chai
         assert first_broken(conn) is None
 
 
-def test_cards_from_before_the_fleet_are_claimed_by_the_first_service(tmp_path, clock, hosts):
+def test_cards_from_before_the_fleet_are_claimed_by_the_first_agent(tmp_path, clock, hosts):
     conn = connect(tmp_path / "board.db")
     with conn:
         conn.execute("INSERT INTO cards (uuid, idx, name, seen_at) VALUES ('GPU-old', 0, 'old', 1)")
     conn.close()
     gpu1 = hosts("gpu1")
+    assert gpu1.service.conn.execute("SELECT host FROM cards WHERE uuid = 'GPU-old'").fetchone()[0] == ""
+    beat(gpu1.service)  # the agent's first heartbeat
     assert gpu1.service.conn.execute("SELECT host FROM cards WHERE uuid = 'GPU-old'").fetchone()[0] == "gpu1"
 
 
