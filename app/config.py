@@ -120,6 +120,15 @@ class HistorySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetSettings:
+    """[fleet]: several hosts' services on one database (docs/configuration.md). `host`: this host's name in the
+    fleet (default: the short hostname); a host whose heartbeat is older than `heartbeat_timeout_s` is HOST DOWN."""
+
+    host: str = ""
+    heartbeat_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
 class ReportSettings:
     """`board report`: a card in IN USE counts as used only at a mean utilisation of `busy_util` % or more."""
 
@@ -250,6 +259,12 @@ class Config:
     report: ReportSettings = field(default_factory=ReportSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     power: PowerSettings = field(default_factory=PowerSettings)
+    fleet: FleetSettings = field(default_factory=FleetSettings)
+
+    @property
+    def fleet_host(self) -> str:
+        """This host's name in the fleet: [fleet] host, else the short hostname."""
+        return self.fleet.host or os.uname().nodename.split(".")[0] or "localhost"
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -275,7 +290,7 @@ def _hhmm(text: str) -> int:
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
     known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
-             "history", "metrics", "notify", "alerts", "report", "gateway", "power"}
+             "history", "metrics", "notify", "alerts", "report", "gateway", "power", "fleet"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -327,7 +342,23 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         report=_report(raw.get("report", {})),
         gateway=_gateway(raw.get("gateway", {})),
         power=_power(raw.get("power", {})),
+        fleet=_fleet(raw.get("fleet", {})),
     )
+
+
+_HOST_NAME = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
+
+
+def _fleet(table: dict) -> FleetSettings:
+    settings = _build(FleetSettings, table, "[fleet]")
+    host = settings.host
+    # A host name is typed in card specs (gpu2:0-3): letters, digits, '-' and '_', never a ':' or a space.
+    if not isinstance(host, str) or len(host) > 63 or any(c not in _HOST_NAME for c in host):
+        raise ValueError(f"[fleet] host must be a short host name (letters, digits, '-', '_'), not {repr(host)[:40]}")
+    value = settings.heartbeat_timeout_s
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 30:
+        raise ValueError(f"[fleet] heartbeat_timeout_s must be more than 0 and at most 30, not {repr(value)[:20]}")
+    return settings
 
 
 def _gateway(table: dict) -> GatewaySettings:

@@ -24,6 +24,7 @@ class Booking:
     queued: str | None = None  # may move earlier when time frees up: 'time' (same cards) or 'cards' (any group)
     series_id: int | None = None
     notice: str | None = None  # the latest change someone else made (an admin, the backfill), for the holder
+    host: str = ""  # the host its cards are on ([fleet] host); '' before the fleet claimed them
 
     def active(self, now: float) -> bool:
         return self.status == "booked" and self.start <= now < self.end
@@ -49,7 +50,7 @@ def booking_to_wire(booking: Booking) -> dict[str, Any]:
         "card_uuids": list(booking.card_uuids), "start": booking.start, "end": booking.end,
         "class": booking.klass, "note": booking.note, "status": booking.status, "request": booking.request,
         "created_at": booking.created_at, "requested_at": booking.requested_at, "queued": booking.queued,
-        "series_id": booking.series_id, "notice": booking.notice,
+        "series_id": booking.series_id, "notice": booking.notice, "host": booking.host,
     }
 
 
@@ -59,5 +60,5 @@ def booking_from_wire(data: dict[str, Any]) -> Booking:
         card_uuids=tuple(data["card_uuids"]), start=data["start"], end=data["end"], klass=data["class"],
         note=data["note"], status=data["status"], request=data.get("request"), created_at=data.get("created_at", 0),
         requested_at=data.get("requested_at", 0), queued=data.get("queued"), series_id=data.get("series_id"),
-        notice=data.get("notice"),
+        notice=data.get("notice"), host=data.get("host", ""),
     )

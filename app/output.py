@@ -33,6 +33,7 @@ def booking_json(booking: dict | None) -> dict | None:
         "user": booking["user"],
         "cards": list(booking["cards"]),
         "card_uuids": list(booking["card_uuids"]),
+        "host": booking.get("host", ""),
         "start": iso(booking["start"]),
         "end": iso(booking["end"]),
         "class": booking["class"],
@@ -72,8 +73,9 @@ def requested_mib(booking: dict | None, card: int) -> int | None:
     return None
 
 
-def booking_line(booking: dict, now: float | None = None) -> str:
-    """One booking on one line; given `now`, each time also says how far away it is: '19:00 (in 45 min)'."""
+def booking_line(booking: dict, now: float | None = None, here: str | None = None) -> str:
+    """One booking on one line; given `now`, each time also says how far away it is: '19:00 (in 45 min)'. Given
+    `here` (this host), a booking on another host's cards names them as `--cards` does: 'cards gpu2:0-3'."""
     from app.core.text import format_cards, format_time, inert, relative
 
     def when(epoch: int) -> str:
@@ -85,18 +87,27 @@ def booking_line(booking: dict, now: float | None = None) -> str:
     queued = "  queued" if booking.get("queued") and booking["start"] > (time.time() if now is None else now) else ""
     notice = f"  ({inert(booking['notice'], 80)})" if booking.get("notice") else ""
     series = f" (series {booking['series_id']})" if booking.get("series_id") else ""
+    cards = _host_prefix(booking, here) + format_cards(booking["cards"])
     return (
-        f"#{booking['id']:<5} {inert(booking['user'], 16):<16} cards {format_cards(booking['cards']):<15}"
+        f"#{booking['id']:<5} {inert(booking['user'], 16):<16} cards {cards:<15}"
         f" {when(booking['start'])} → {when(booking['end'])}  {booking['class']}{series}{state}{queued}{notice}{asked}{note}"
     )
 
 
-def print_booking(booking: dict, verb: str, as_json: bool, now: float | None = None) -> None:
+def _host_prefix(booking: dict, here: str | None) -> str:
+    """'gpu2:' for a booking on another host's cards, as `--cards gpu2:0-3` names them; '' for this host's."""
+    from app.core.text import inert
+
+    host = booking.get("host") or ""
+    return f"{inert(host, 63)}:" if here is not None and host not in ("", here) else ""
+
+
+def print_booking(booking: dict, verb: str, as_json: bool, now: float | None = None, here: str | None = None) -> None:
     """A confirmation: the line with how far away its times are (now defaults to the clock); --json is unchanged."""
     if as_json:
         print_json(booking_json(booking))
     else:
-        print(f"{verb} {booking_line(booking, time.time() if now is None else now)}")
+        print(f"{verb} {booking_line(booking, time.time() if now is None else now, here)}")
 
 
 def say_notes(notes: list[str]) -> None:
@@ -117,10 +128,27 @@ def status_json(found: dict) -> dict:
         shown = {k: v for k, v in c.items() if k != "users"}
         shown["booking"] = booking_json(c["booking"])
         shown["next_booking"] = booking_json(c["next_booking"])
+        if "down_since" in c:
+            shown["down_since"] = iso(c["down_since"])
         return shown
 
-    return {"simulated": found["simulated"], "taken_at": iso(found["taken_at"]),
+    hosts = [{**h, "seen_at": iso(h["seen_at"])} for h in found.get("hosts", ())]
+    return {"simulated": found["simulated"], "taken_at": iso(found["taken_at"]), "hosts": hosts,
             "cards": [card(c) for c in found["cards"]]}
+
+
+def host_state(card: dict, now: float) -> str | None:
+    """'HOST DOWN (since 14:02)' for a card of a host whose heartbeat is late, else None."""
+    if not card.get("host_down"):
+        return None
+    from app.core.text import format_time
+
+    return f"HOST DOWN (since {format_time(int(card['down_since']), now)})"
+
+
+def many_hosts(found: dict) -> bool:
+    """Whether `board status` and `list` name hosts: only where the board knows more than one."""
+    return len(found.get("hosts", ())) > 1
 
 
 OVER_ASKED = 1.05  # a holder using more than this times the estimate they booked with is flagged
@@ -142,7 +170,8 @@ def status_text(found: dict, now: float) -> str:
         asked_text = "-" if asked is None else f"{asked / 1024:.1f}" + (" OVER" if over else "")
         nxt = f"{inert(upcoming['user'], 12)} {format_time(upcoming['start'], now)}" if upcoming else "-"
         lines.append([
-            str(c["index"]), " ".join([c["state"], *c["warnings"]]), vram, asked_text, num(c["utilization_pct"], "{}%"),
+            str(c["index"]), host_state(c, now) or " ".join([c["state"], *c["warnings"]]), vram, asked_text,
+            num(c["utilization_pct"], "{}%"),
             num(c["temperature_c"], "{}°C"), f"{num(c['power_w'], '{:.0f}')}/{num(c['power_limit_w'], '{:.0f}')}",
             inert(booking["user"], 12) if booking else "-",
             format_time(booking["end"], now) if booking else "-",
@@ -151,6 +180,9 @@ def status_text(found: dict, now: float) -> str:
     if any(c.get("label") for c in found["cards"]):  # in full: the board abbreviates labels to fit
         for line, c in zip(lines, [None, *found["cards"]]):
             line.insert(1, "LABEL" if c is None else inert(c.get("label") or "-", 60))
+    if many_hosts(found):  # cards are named by host, as `--cards gpu2:3` names them
+        for line, c in zip(lines, [None, *found["cards"]]):
+            line.insert(0, "HOST" if c is None else inert(c["host"], 20))
     names = {c["name"] for c in found["cards"] if c["name"]}
     badge = " · SIMULATED" if found["simulated"] else ""
     return f"{len(found['cards'])} × {', '.join(sorted(names)) or 'GPU'}{badge}\n{table(lines)}"

@@ -13,12 +13,12 @@ def cmd_admin(ctx) -> int:
 
 
 def cmd_reassign(ctx) -> int:
-    from app.core.parse import parse_cards
+    from app.cli.bookings import card_spec
 
     args = ctx.args
-    cards = parse_cards(args.cards) if args.cards is not None else None
-    print_booking(ctx.client.call("reassign", id=args.id, cards=cards, user=args.user, force=args.force),
-                  "reassigned", args.json)
+    spec = card_spec(args.cards)  # another host's cards ('gpu2:0-3') must be the booking's host's
+    print_booking(ctx.client.call("reassign", id=args.id, **spec, user=args.user, force=args.force),
+                  "reassigned", args.json, here=ctx.config.fleet_host)
     return EXIT_OK
 
 

@@ -19,6 +19,16 @@ def parse_cards(text: str) -> list[int]:
     return parse(text)
 
 
+def card_spec(text: str | None) -> dict:
+    """--cards as the operations take it: {"cards": [...]}, with "host" for another host's ('gpu2:0-3')."""
+    if text is None:
+        return {}
+    from app.core.parse import parse_card_spec  # one grammar for the CLI and the TUI
+
+    host, cards = parse_card_spec(text)
+    return {"cards": cards, **({"host": host} if host is not None else {})}
+
+
 def cmd_book(ctx) -> int:
     if series_asked(ctx.args):
         return cmd_book_series(ctx)
@@ -34,7 +44,8 @@ def cmd_book(ctx) -> int:
                             how_long="say how long: --for 3h, --until 18:00, or a range such as --start 'tomorrow 9-19'",
                             notes=notes)
     say_notes(notes)
-    cards = parse_cards(args.cards) if args.cards is not None else None
+    spec = card_spec(args.cards)
+    cards = spec.get("cards")
     count, request = args.count, None
     if getattr(args, "model", None):  # only the full parser knows --model: it reads the GGUF, so no quick path
         from app.cli.fit import settings_from
@@ -45,9 +56,9 @@ def cmd_book(ctx) -> int:
     or_later = bool(getattr(args, "asap", False) or getattr(args, "or_later", False))
     booking = ctx.client.call(
         "book", cards=cards, count=count, start=start, end=end, note=args.note, request=request,
-        **{"class": args.klass}, **({"or_later": True} if or_later else {}),
+        **{"class": args.klass}, **({"or_later": True} if or_later else {}), **({"host": spec["host"]} if "host" in spec else {}),
     )
-    print_booking(booking, "booked", args.json)
+    print_booking(booking, "booked", args.json, here=ctx.config.fleet_host)
     from app.core.text import inert  # notes name other users and their processes
 
     for note in booking.get("notes") or ():
@@ -73,7 +84,8 @@ def cmd_list(ctx) -> int:
     elif not found:
         print("no bookings" + ("" if args.all else " from now on; --all shows past and cancelled ones"))
     else:
-        print("\n".join(booking_line(b) for b in found))
+        here = ctx.config.fleet_host
+        print("\n".join(booking_line(b, here=here) for b in found))
     return EXIT_OK
 
 
@@ -188,7 +200,7 @@ def cmd_book_series(ctx) -> int:
         raise BadInput("give --to DATE, the last day of the series, such as --to 2027-03-31")
     now = ctx.now()
     result = ctx.client.call(
-        "series_book", cards=parse_cards(args.cards), every=args.every, start=start, until=until,
+        "series_book", **card_spec(args.cards), every=args.every, start=start, until=until,
         to=series_date(args.to_date, "--to", now), note=args.note, skip_conflicts=args.skip_conflicts,
         override_policy=args.override_policy,
         **{"class": args.klass, "from": series_date(args.from_date, "--from", now) if args.from_date else None},

@@ -142,7 +142,7 @@ def _snapshot_for_doctor(ctx):
         return snapshot_from_wire(ctx.client.call("fleet"))
     from app.gpu import open_source
 
-    source = open_source(ctx.demo)
+    source = open_source(ctx.demo, host=ctx.config.fleet.host)
     try:
         return source.read()
     finally:

@@ -19,6 +19,7 @@ MAX_ID = 2**63  # SQLite's INTEGER is signed 64-bit; ids run from 1 to MAX_ID - 
 
 _CARD_PART = re.compile(r"([0-9]+)(?:[ \t]*-[ \t]*([0-9]+))?")
 _DIGITS = re.compile(r"[0-9]+")
+_HOST_PART = re.compile(r"[ \t]*([A-Za-z0-9_-]{1,63})[ \t]*:(.*)", re.DOTALL)
 _LISTINGS = {"booking": "'board list' shows the bookings", "server": "'board serve list' shows the servers"}
 
 
@@ -26,24 +27,43 @@ def _shown(text: str) -> str:
     return inert(text, 40)
 
 
-def parse_cards(text: str) -> list[int]:
+def parse_cards(text: str, said: str | None = None) -> list[int]:
     """'0,1', '4-7', '0, 2-3' -> the card indexes, sorted, each once.
 
     Parts are separated by commas, with spaces allowed around them; a part is an index or an
-    inclusive range low-high. Empty parts, backward ranges and indexes above MAX_CARD are BadInput.
+    inclusive range low-high. Empty parts, backward ranges and indexes above MAX_CARD are BadInput, quoting
+    `said` (what was typed, with its host) or else `text`.
     """
+    said = text if said is None else said
     cards: set[int] = set()
     for part in text.split(","):
         found = _CARD_PART.fullmatch(part.strip(" \t"))
         if found is None:
-            raise _unreadable(text)
+            raise _unreadable(said)
         low, high = found[1], found[2] if found[2] is not None else found[1]
         if max(len(low), len(high)) > len(str(MAX_CARD)) or int(high) > MAX_CARD:
-            raise _unreadable(text, f"cards run from 0 to {MAX_CARD}")
+            raise _unreadable(said, f"cards run from 0 to {MAX_CARD}")
         if int(high) < int(low):
-            raise _unreadable(text, f"the range {int(low)}-{int(high)} runs backwards")
+            raise _unreadable(said, f"the range {int(low)}-{int(high)} runs backwards")
         cards.update(range(int(low), int(high) + 1))
     return sorted(cards)
+
+
+def parse_card_spec(text: str) -> tuple[str | None, list[int]]:
+    """'0-3' -> (None, [0, 1, 2, 3]): this host's cards; 'gpu2:0-3' or 'gpu2:3' -> ('gpu2', ...): another host's.
+
+    A host prefix names the host of the list that follows it ('gpu2:0,1' is two cards on gpu2); a booking's cards
+    are on one host, so a list naming two hosts (or a plain number before a host's) is BadInput."""
+    host, cards = None, []
+    for number, part in enumerate(text.split(",")):
+        named = _HOST_PART.fullmatch(part)
+        if named is not None:
+            if number > 0 and named[1] != host:
+                raise BadInput(f"'{_shown(text.strip())}' names cards on more than one host; a booking's cards are"
+                               " on one host (such as gpu2:0-3)")
+            host, part = named[1], named[2]
+        cards.append(part)
+    return host, parse_cards(",".join(cards), text)
 
 
 def _unreadable(text: str, why: str | None = None) -> BadInput:

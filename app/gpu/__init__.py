@@ -66,12 +66,13 @@ def open_source(
     *,
     environ: Mapping[str, str] = os.environ,
     clock: Callable[[], float] = time.time,
+    host: str = "",
 ) -> GpuSource:
     """Pick the telemetry backend.
 
     demo=True: the default simulated fleet; a path: a scenario TOML (ValueError if it is bad);
     False: NVML, whatever the environment says; None: BOARD_SIMULATE decides, else NVML
-    (NoDriverError when there is no driver).
+    (NoDriverError when there is no driver). `host`: [fleet] host, which gives simulated cards UUIDs of their own.
     """
     if demo is None:
         demo = _demo_from_env(environ.get("BOARD_SIMULATE", ""))
@@ -82,8 +83,8 @@ def open_source(
     from app.gpu.simulated import SimulatedSource, load_scenario  # start-up: a backend loads only when chosen
 
     if demo is True:
-        return SimulatedSource(clock=clock)
-    return SimulatedSource(load_scenario(demo), clock=clock)
+        return SimulatedSource(clock=clock, host=host)
+    return SimulatedSource(load_scenario(demo), clock=clock, host=host)
 
 
 def _demo_from_env(value: str) -> bool | str:

@@ -162,6 +162,17 @@ def demo_uid(user: str) -> int:
     return DEMO_UIDS.get(user, 2000 + zlib.crc32(user.encode()) % 8000)
 
 
+def _uuid_prefix(host: str) -> str:
+    """The UUIDs' stem: today's without a [fleet] host (demo databases and snapshots stay valid), else one of the
+    host's own, as real cards' UUIDs are unique across hosts."""
+    if not host:
+        return "GPU-5090sim-0000-0000-0000"
+    import hashlib  # start-up: only a simulated fleet with a named host loads hashlib
+
+    digest = hashlib.sha256(host.encode()).hexdigest()
+    return f"GPU-5090sim-{digest[:4]}-{digest[4:8]}-{digest[8:12]}"
+
+
 def _age(pid: int) -> float:
     """How long a scenario's process had been running when the source started: 10 min to 6 h, by PID."""
     return 600 + pid * 7919 % 21000
@@ -199,8 +210,10 @@ class SimulatedSource:
         *,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        host: str = "",
     ) -> None:
         self.scenario = scenario
+        self._uuid_prefix = _uuid_prefix(host)
         self._clock = clock
         self._sleep = sleep
         self._processes: dict[int, tuple[GpuProcess, ...]] = {}
@@ -275,9 +288,8 @@ class SimulatedSource:
         extra = self._extra
         return {i: self._processes.get(i, ()) + extra.get(i, ()) for i in range(len(self.scenario.cards))}
 
-    @staticmethod
-    def _uuid(index: int) -> str:
-        return f"GPU-5090sim-0000-0000-0000-{index:012d}"
+    def _uuid(self, index: int) -> str:
+        return f"{self._uuid_prefix}-{index:012d}"
 
     def _card(self, index: int, spec: SimCard, now: float, processes: tuple[GpuProcess, ...]) -> CardReading:
         limit = self._limits[index]

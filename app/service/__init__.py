@@ -47,6 +47,8 @@ class Service:
         transport: str = "local",
     ):
         self.config, self.fleet, self.clock, self.demo, self.transport = config, fleet, clock, demo, transport
+        self.host = config.fleet_host  # this host's name in the fleet: its cards and its heartbeat carry it
+        self.started_at = clock()
         self.hub = Hub()
         self._local = threading.local()
         self._seeded = False
@@ -88,6 +90,9 @@ class Service:
 
                 seed_if_empty(conn, self.fleet.latest().cards)
                 self._seeded = True
+            # The host whose service vouches for the actor, in each audit event; and whose cards those recorded
+            # before the fleet are (the agent claims them: app.service.hosts.beat).
+            conn.fleet_host = self.host
         return conn
 
     def call(self, me: Identity, op: str, args: Any) -> Any:
@@ -126,11 +131,19 @@ class Service:
             self.hub.publish("notice", {"message": message}, uid=uid)
         told.clear()
 
-    def bookings(self, me: Identity) -> BookingService:
-        """The booking rules for `me`, on this thread's connection and the newest view of the cards."""
-        snapshot = self.fleet.latest()
+    def bookings(self, me: Identity, host: str | None = None, booking: int | None = None) -> BookingService:
+        """The booking rules for `me`, on this thread's connection and the newest view of the cards of `host` (this
+        host's, or another's as its service last published them), or of the host where `booking` is."""
+        if booking is not None and (found := rows.get(self.conn, booking)) is not None and found.host:
+            host = found.host
+        if host is None or host == self.host:
+            host, snapshot = self.host, self.fleet.latest()
+        else:
+            from app.service.hosts import remote_host  # start-up: only a booking on another host reads the fleet
+
+            snapshot = remote_host(self, host).snapshot
         rules = BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock,
-                               jobs=self.processes.jobs_of, users=self.lookup_user)
+                               jobs=self.processes.jobs_of, users=self.lookup_user, host=host)
         rules.told = getattr(self._local, "told", None)
         if rules.told is None:
             rules.told = self._local.told = []
@@ -180,7 +193,7 @@ class Service:
 def open_service(config: Config, *, demo: bool | str | None = None, environ=None, transport: str = "local") -> Service:
     """The service on the configured database and the GPU source that `demo` picks (see app.gpu.open_source)."""
     try:
-        source = open_source(demo, environ=environ if environ is not None else os.environ)
+        source = open_source(demo, environ=environ if environ is not None else os.environ, host=config.fleet.host)
     except NoDriverError as error:
         raise BoardError(str(error)) from None
     except ValueError as error:  # a bad scenario file

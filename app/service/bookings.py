@@ -90,8 +90,10 @@ class BookingService:
         clock: Callable[[], float] = time.time,
         jobs: Callable[[int], list[int]] = lambda booking_id: [],
         users: Callable[[str], tuple[str, int] | None] = lookup_user,
+        host: str = "",
     ):
         self.conn, self.me, self.config, self.topology, self.clock = conn, me, config, topology, clock
+        self.host = host  # the host these cards are on ([fleet] host): a booking's cards are all on one host
         self.jobs = jobs  # booking id -> pids of the `board run` jobs registered for it (the service knows)
         self.users = users  # a user name -> (name, uid): the accounts here (and the demo's people, in the demo)
         self.cards = {c.index: c for c in cards}
@@ -317,7 +319,7 @@ class BookingService:
             if plan is None:
                 plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later)
                 notes = plan.notes
-            rows.sync_cards(self.conn, self.cards.values(), now)
+            rows.sync_cards(self.conn, self.cards.values(), now, self.host)
             wanted = min(max(start, now), plan.start)
             booking_id = rows.insert(
                 self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
@@ -460,7 +462,7 @@ class BookingService:
                 + ([f"given to {owner[0]}"] if owner != (booking.user, booking.uid) else [])) + f" by admin {self.me.name}"
             result = booking_id
             if chosen != booking.cards:
-                rows.sync_cards(self.conn, self.cards.values(), now)
+                rows.sync_cards(self.conn, self.cards.values(), now, self.host)
                 uuids = [self.cards[i].uuid for i in chosen]
                 if booking.start < now:
                     rows.set_times(self.conn, booking_id, booking.start, now)  # first: the pieces meet at now
@@ -513,10 +515,10 @@ class BookingService:
             waiting = [b for b in waiting if any(order > _queue_order(b) and start < b.end for order, start in freed)]
         for booking in waiting:
             wanted = max(now, booking.requested_at)
-            if booking.start <= wanted:
-                continue
+            if booking.start <= wanted or booking.host not in ("", self.host):
+                continue  # not earlier, or on another host's cards: that host's service moves it
             holder = BookingService(self.conn, Identity(booking.user, booking.uid, False), self.config,
-                                    list(self.cards.values()), self.topology, self.clock, self.jobs)
+                                    list(self.cards.values()), self.topology, self.clock, self.jobs, host=self.host)
             cards = tuple(booking.cards) if booking.queued == "time" else None
             if cards is not None and any(i not in self.cards for i in cards):
                 continue  # its cards are not in this view of the fleet: leave it be
@@ -525,7 +527,7 @@ class BookingService:
             if plan is None or plan.start >= booking.start:
                 continue
             if plan.cards != booking.cards:  # off the old cards first: they may be taken at the new time
-                rows.sync_cards(self.conn, self.cards.values(), now)
+                rows.sync_cards(self.conn, self.cards.values(), now, self.host)
                 rows.set_cards(self.conn, booking.id, ())
             rows.set_times(self.conn, booking.id, plan.start, plan.end)
             if plan.cards != booking.cards:

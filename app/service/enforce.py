@@ -19,6 +19,7 @@ from app.faults.oom import record_job_oom
 from app.model import Booking
 from app.service.alerts import enforcer_alerts
 from app.service.audit import AGENT, audit
+from app.service.hosts import refuse_remote
 from app.service.plans import start_due
 from app.service.servers import enforce_servers
 from app.store import bookings as rows
@@ -41,6 +42,7 @@ def run_booking(service: Service, me: Identity, booking_id: int | None, waiting:
             booking = service.bookings(me).get(booking_id)
             if booking.uid != me.uid:
                 raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; run on your own booking")
+            refuse_remote(service, booking)
             if waiting:
                 return booking
             if not booking.active(now):
@@ -48,7 +50,10 @@ def run_booking(service: Service, me: Identity, booking_id: int | None, waiting:
                         else f"starts {stamp_time(booking.start, now)}, {relative(booking.start, now)}")
                 raise NotPermitted(f"booking {booking.id} is not active now ({when})")
             return booking
-        mine = [b for b in rows.live_between(service.conn, int(now), int(now) + 1) if b.uid == me.uid]
+        everywhere = [b for b in rows.live_between(service.conn, int(now), int(now) + 1) if b.uid == me.uid]
+        mine = [b for b in everywhere if b.host in ("", service.host)]
+        if everywhere and not mine:  # held on another host only: run it there
+            refuse_remote(service, everywhere[0])
         if not mine:
             raise NotPermitted("you have no active booking; book cards first: board book 1 --for 2h")
         if len(mine) > 1:

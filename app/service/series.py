@@ -217,7 +217,7 @@ class SeriesService:
     def _insert(self, series_id: int, owner: tuple[str, int], cards: tuple[int, ...], klass: str, note: str,
                 free: list[tuple[int, int]], overridden: list[Miss], now: int) -> list[int]:
         """One booking per free occurrence, each with its own create event (naming the rule it overrode, if any)."""
-        rows.sync_cards(self.conn, self.rules.cards.values(), now)
+        rows.sync_cards(self.conn, self.rules.cards.values(), now, self.rules.host)
         uuids = [self.rules.cards[i].uuid for i in cards]
         broken = {m.start: m.reason for m in overridden}
         booked = []

@@ -40,6 +40,7 @@ from app.model import booking_to_wire
 from app.service import Service
 from app.service.audit import audit
 from app.service.deadline import Lines
+from app.service.hosts import start_heartbeat
 from app.service.enforce import enforce_once, run_booking
 from app.service.peer import Peer, identity_of, is_member, peer_of
 from app.service.processes import RegistrationError
@@ -121,6 +122,8 @@ class ServiceServer:
         self.database.submit(self.adopt_jobs).result()
         self.database.submit(adopt_servers, self).result()
         watchers = start_watchers(service)
+        # this host's heartbeat and snapshot for the fleet, on the database thread
+        start_heartbeat(service, lambda fn: self.database.submit(fn).result(), self.stopping, self.log)
         enforcer = threading.Thread(target=self._enforce_loop, name="board-enforce", daemon=True)
         enforcer.start()
         history = start_sampler(service.fleet, service.history, service.config, service.clock, log=self.log)

@@ -17,7 +17,8 @@ from app.store.db import MalformedRow, need, need_json_object, report_malformed
 # LEFT JOINs, so that a booking whose card rows a hand edit broke is reported rather than silently dropped.
 _SELECT = """
 SELECT b.id, b.user, b.uid, b.starts_at, b.ends_at, b.class, b.note, b.status, b.request, b.created_at,
-       b.requested_at, b.queued, b.series_id, b.notice, group_concat(coalesce(c.idx, '?') || ' ' || bc.card_uuid, char(10))
+       b.requested_at, b.queued, b.series_id, b.notice, group_concat(coalesce(c.idx, '?') || ' ' || bc.card_uuid, char(10)),
+       max(c.host)
 FROM bookings AS b
 LEFT JOIN booking_cards AS bc ON bc.booking_id = b.id
 LEFT JOIN cards AS c ON c.uuid = bc.card_uuid
@@ -26,18 +27,20 @@ LEFT JOIN cards AS c ON c.uuid = bc.card_uuid
 _STATUSES = ("booked", "cancelled")
 
 
-def _booking(row) -> Booking:
-    """Decode one row of _SELECT; raises MalformedRow saying what a hand edit broke."""
+def _booking(row, here: str = "") -> Booking:
+    """Decode one row of _SELECT; raises MalformedRow saying what a hand edit broke. `here`: the host of cards
+    recorded before the fleet (host ''), which are the reading service's own until its agent claims them."""
     try:
-        return _decode(row)
+        return _decode(row, here)
     except MalformedRow:
         raise
     except (ValueError, TypeError, AttributeError) as error:
         raise MalformedRow(str(error)) from None
 
 
-def _decode(row) -> Booking:
-    (id_, user, uid, start, end, klass, note, status, request, created_at, requested_at, queued, series_id, notice, cards) = row
+def _decode(row, here: str = "") -> Booking:
+    (id_, user, uid, start, end, klass, note, status, request, created_at, requested_at, queued, series_id, notice, cards,
+     host) = row
     for value, kind, column in ((user, str, "user"), (uid, int, "uid"), (start, int, "starts_at"),
                                 (end, int, "ends_at"), (klass, str, "class"), (note, str, "note"),
                                 (status, str, "status"), (created_at, int, "created_at")):
@@ -65,16 +68,16 @@ def _decode(row) -> Booking:
         id=id_, user=user, uid=uid, start=start, end=end, klass=klass, note=note, status=status,
         request=request or None, created_at=created_at, requested_at=requested_at if requested_at is not None else start,
         queued=queued, series_id=series_id, notice=notice if isinstance(notice, str) else None,
-        cards=tuple(p[0] for p in pairs), card_uuids=tuple(p[1] for p in pairs),
+        cards=tuple(p[0] for p in pairs), card_uuids=tuple(p[1] for p in pairs), host=host or here,
     )
 
 
 def _decoded(conn: sqlite3.Connection, rows: Iterable) -> list[Booking]:
     """The rows that decode; each one that does not is reported once (report_malformed) and skipped."""
-    found = []
+    found, here = [], getattr(conn, "fleet_host", "")
     for row in rows:
         try:
-            found.append(_booking(row))
+            found.append(_booking(row, here))
         except MalformedRow as error:
             report_malformed(conn, "booking", row[0], error)
     return found
@@ -222,17 +225,18 @@ def set_cards(conn: sqlite3.Connection, booking_id: int, uuids: Iterable[str]) -
     _touched(conn, booking_id)
 
 
-def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int) -> None:
-    """Record the cards NVML reports, keyed by UUID; the index can change after a reboot.
+def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int, host: str = "") -> None:
+    """Record the cards NVML reports on `host`, keyed by UUID; the index can change after a reboot.
 
     Reads first and writes only what changed, so the usual booking adds no page to the WAL.
     """
-    known = {uuid: (idx, name) for uuid, idx, name in conn.execute("SELECT uuid, idx, name FROM cards")}
-    changed = [(c.uuid, c.index, c.name, now) for c in cards if known.get(c.uuid, (None, None)) != (c.index, c.name)]
+    known = {uuid: (idx, name, h) for uuid, idx, name, h in conn.execute("SELECT uuid, idx, name, host FROM cards")}
+    changed = [(c.uuid, c.index, c.name, now, host) for c in cards
+               if known.get(c.uuid, (None, None, None)) != (c.index, c.name, host)]
     conn.executemany(
-        "INSERT INTO cards (uuid, idx, name, seen_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (uuid) DO UPDATE SET idx = excluded.idx, name = coalesce(excluded.name, name),"
-        " seen_at = excluded.seen_at",
+        "INSERT INTO cards (uuid, idx, name, seen_at, host) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT (uuid) DO UPDATE SET idx = excluded.idx, name = coalesce(excluded.name, cards.name),"
+        " seen_at = excluded.seen_at, host = excluded.host",
         changed,
     )
     if changed and (calendar := getattr(conn, "calendar", None)) is not None:

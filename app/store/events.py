@@ -29,6 +29,8 @@ def record(
     """Append one event. Call inside a write transaction, so the chain's tail cannot move underneath."""
     row = conn.execute("SELECT hash FROM events ORDER BY id DESC LIMIT 1").fetchone()
     prev_hash = row[0] if row else GENESIS
+    if (host := getattr(conn, "fleet_host", None)) is not None:  # the host whose service vouched for the actor
+        details = {**(details or {}), "host": host}
     body = json.dumps(details or {}, sort_keys=True, ensure_ascii=False)
     digest = _digest(prev_hash, ts, uid, actor, action, booking_id, ok, body)
     conn.execute(

@@ -340,8 +340,21 @@ CREATE TABLE server_plan_runs (
 CREATE INDEX server_plan_runs_by_server ON server_plan_runs(server_id) WHERE server_id IS NOT NULL;
 """
 
+# Many hosts, one board: each card belongs to a host ('' = recorded before the fleet: the service claims those
+# for its own host), and each host's service writes its heartbeat and latest snapshot (JSON,
+# app.gpu.model.snapshot_to_wire) to `hosts` about once a second.
+_V_FLEET_HOSTS = """
+ALTER TABLE cards ADD COLUMN host TEXT NOT NULL DEFAULT '';
+CREATE TABLE hosts (
+    host TEXT PRIMARY KEY,
+    seen_at REAL NOT NULL,
+    started_at REAL NOT NULL,
+    snapshot TEXT NOT NULL
+);
+"""
+
 MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SERVER_KEYS, _V_GATEWAY_KEYS, _V_FAULT_BUILD,
-                         _V_SERVER_PLANS]
+                         _V_SERVER_PLANS, _V_FLEET_HOSTS]
 LATEST = len(MIGRATIONS)
 
 

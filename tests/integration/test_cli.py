@@ -32,7 +32,7 @@ def ok_json(result):
     return json.loads(result.stdout)
 
 
-BOOKING_KEYS = {"id", "user", "cards", "card_uuids", "start", "end", "class", "note", "status",
+BOOKING_KEYS = {"id", "user", "cards", "card_uuids", "host", "start", "end", "class", "note", "status",
                 "requested_at", "queued", "series_id", "notice"}
 
 
@@ -59,7 +59,7 @@ class TestJsonShapes:
         assert status["simulated"] is True
         assert [c["index"] for c in status["cards"]] == list(range(8))
         card = status["cards"][3]
-        for key in ("index", "uuid", "name", "memory_total_mib", "memory_used_mib", "utilization_pct",
+        for key in ("host", "index", "uuid", "name", "memory_total_mib", "memory_used_mib", "utilization_pct",
                     "temperature_c", "power_w", "state", "booking", "next_booking", "processes"):
             assert key in card
         assert card["state"] == "BOOKED" and set(card["booking"]) == BOOKING_KEYS

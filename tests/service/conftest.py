@@ -26,16 +26,18 @@ from tests.shared_install import scratch_dir
 
 @pytest.fixture
 def make_agent():
-    """make_agent(service={...}, display={...}, start=True): a fresh agent in its own scratch directory under /tmp."""
+    """make_agent(service={...}, display={...}, start=True, sections={...}, shared_db=None): a fresh agent in its own
+    scratch directory under /tmp (on another agent's database with `shared_db`: one host of a fleet)."""
     needs_root()
     ensure_system_user()
     check_reachable(SERVICE_USER)
     agents: list[Agent] = []
 
-    def make(service: dict | None = None, display: dict | None = None, start: bool = True) -> Agent:
+    def make(service: dict | None = None, display: dict | None = None, start: bool = True,
+             sections: dict | None = None, shared_db: Path | None = None) -> Agent:
         # Not tmp_path: it lives under /root here, which user board cannot traverse.
         root = scratch_dir("board-service-")
-        agent = Agent(root, dict(service or {}), dict(display or {}))
+        agent = Agent(root, dict(service or {}), dict(display or {}), sections=dict(sections or {}), shared_db=shared_db)
         agent.write_config()
         agents.append(agent)
         if start:

@@ -85,6 +85,8 @@ class Agent:
     root: Path
     settings: dict = field(default_factory=dict)  # extra [service] keys
     display: dict = field(default_factory=dict)  # extra [display] keys
+    sections: dict = field(default_factory=dict)  # further sections: {"fleet": {"host": "gpu2"}, "history": {...}}
+    shared_db: Path | None = None  # another agent's database (hosts of one fleet), instead of its own
     proc: subprocess.Popen | None = None
     starts: int = 0
     program: list[str] | None = None  # how to run board: this venv's console script unless given
@@ -95,7 +97,7 @@ class Agent:
 
     @property
     def db(self) -> Path:
-        return self.root / "lib" / "board.db"
+        return self.shared_db or self.root / "lib" / "board.db"
 
     @property
     def socket(self) -> Path:
@@ -117,6 +119,8 @@ class Agent:
         lines += [f"{key} = {_toml(value)}" for key, value in service.items()]
         if self.display:
             lines += ["", "[display]", *(f"{key} = {_toml(value)}" for key, value in self.display.items())]
+        for section, table in self.sections.items():
+            lines += ["", f"[{section}]", *(f"{key} = {_toml(value)}" for key, value in table.items())]
         self.config.write_text("\n".join(lines) + "\n")
         os.chmod(self.config, 0o644)
 

@@ -25,9 +25,9 @@ UID = os.getuid()
 ME = pwd.getpwuid(UID).pw_name
 ADMIN = UID == 0 or any(g.gr_name == "board-admin" and (g.gr_gid in os.getgroups() or ME in g.gr_mem)
                         for g in grp.getgrall())
-BOOKING_KEYS = {"id", "user", "uid", "cards", "card_uuids", "start", "end", "class", "note", "status", "request",
+BOOKING_KEYS = {"id", "user", "uid", "cards", "card_uuids", "host", "start", "end", "class", "note", "status", "request",
                 "created_at", "requested_at", "queued", "series_id", "notice"}
-CLI_BOOKING_KEYS = {"id", "user", "cards", "card_uuids", "start", "end", "class", "note", "status",
+CLI_BOOKING_KEYS = {"id", "user", "cards", "card_uuids", "host", "start", "end", "class", "note", "status",
                     "requested_at", "queued", "series_id", "notice"}
 
 
@@ -243,11 +243,11 @@ def test_status_shape(client):
     start = int(time.time())
     booked = client.call("book", cards=[3], start=start, end=start + HOUR)
     status = client.call("status")
-    assert set(status) == {"simulated", "taken_at", "cards"}
+    assert set(status) == {"simulated", "taken_at", "host", "hosts", "cards"}
     assert status["simulated"] is True and isinstance(status["taken_at"], (int, float))
     assert [c["index"] for c in status["cards"]] == list(range(8))
     for card in status["cards"]:
-        assert {"index", "uuid", "name", "label", "memory_total_mib", "memory_used_mib", "utilization_pct",
+        assert {"host", "index", "uuid", "name", "label", "memory_total_mib", "memory_used_mib", "utilization_pct",
                 "temperature_c", "power_w", "power_limit_w", "pci_bus_id", "state", "warnings", "users", "booking",
                 "next_booking", "processes"} <= set(card)
     card = status["cards"][3]

@@ -264,7 +264,7 @@ class TestTheBookOp:
             def __init__(self, rules):
                 self.rules = rules
 
-            def bookings(self, me):
+            def bookings(self, me, host=None):
                 return self.rules
 
         rules = service(cards({0: [bobs()]}))

@@ -83,7 +83,9 @@ def server_of(service: Service, log: list | None = None) -> SimpleNamespace:
 
 
 def stops(service: Service, action: str = "job-stop") -> list[tuple]:
-    return [(e.actor, e.uid, e.booking_id, e.ok, e.details) for e in audited(service, action)]
+    found = audited(service, action)
+    assert all(e.details["host"] == service.host for e in found)  # the host whose service stopped it
+    return [(e.actor, e.uid, e.booking_id, e.ok, {k: v for k, v in e.details.items() if k != "host"}) for e in found]
 
 
 def audited(service: Service, action: str) -> list:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.parse import parse_cards, parse_id, parse_span
+from app.core.parse import parse_card_spec, parse_cards, parse_id, parse_span
 from app.core.text import format_cards
 from app.errors import BadInput
 
@@ -80,6 +80,31 @@ def test_cards_out_of_order_or_range_say_why(text, why):
 def test_cards_written_by_format_cards_read_back(cards):
     assert parse_cards(format_cards(cards)) == sorted(set(cards))
 
+
+
+@pytest.mark.parametrize("text, spec", [
+    ("0-3", (None, [0, 1, 2, 3])),
+    ("gpu2:0-3", ("gpu2", [0, 1, 2, 3])),
+    ("gpu2:3", ("gpu2", [3])),
+    ("gpu2:0,1", ("gpu2", [0, 1])),  # the host names the list that follows it
+    (" gpu-2_b : 4 , gpu-2_b:6", ("gpu-2_b", [4, 6])),
+])
+def test_card_specs_name_a_host_or_this_one(text, spec):
+    assert parse_card_spec(text) == spec
+
+
+@pytest.mark.parametrize("text, message", [
+    ("gpu2:0,gpu1:1", "'gpu2:0,gpu1:1' names cards on more than one host; a booking's cards are on one host"
+                      " (such as gpu2:0-3)"),
+    ("0,gpu2:1", "'0,gpu2:1' names cards on more than one host; a booking's cards are on one host (such as gpu2:0-3)"),
+    ("gpu2:", "can't read cards 'gpu2:'; give indexes such as 0,1 or 4-7"),
+    ("gpu2:3-1", "can't read cards 'gpu2:3-1' (the range 3-1 runs backwards); give indexes such as 0,1 or 4-7"),
+    ("gp u2:1", "can't read cards 'gp u2:1'; give indexes such as 0,1 or 4-7"),
+])
+def test_card_specs_on_two_hosts_or_unreadable_are_one_line_bad_input(text, message):
+    with pytest.raises(BadInput) as refused:
+        parse_card_spec(text)
+    assert str(refused.value) == message
 
 @pytest.mark.parametrize("text, value", [
     ("1", 1),

@@ -15,12 +15,12 @@ if TYPE_CHECKING:
 
 
 _SLOT = {"start": TIME, "end": TIME}
-_WHICH = {"cards": LIST, "count": INT, "class": STR}
+_WHICH = {"cards": LIST, "count": INT, "class": STR, "host": STR}  # host: where the cards are (default this host's)
 
 
 @op("plan", _SLOT, {**_WHICH, "or_later": BOOL})
 def plan(service: Service, me: Identity, start: int, end: int, cards=None, count=None, or_later=False, **rest) -> dict:
-    found = service.bookings(me).plan(cards=card_list(cards), count=count, start=start, end=end,
+    found = service.bookings(me, rest.get("host")).plan(cards=card_list(cards), count=count, start=start, end=end,
                                       klass=rest.get("class", "experiment"), or_later=or_later)
     return {"cards": list(found.cards), "uuids": list(found.uuids), "start": found.start, "end": found.end,
             "notes": list(found.notes)}
@@ -28,7 +28,7 @@ def plan(service: Service, me: Identity, start: int, end: int, cards=None, count
 
 @op("next_free", _SLOT, _WHICH)
 def next_free(service: Service, me: Identity, start: int, end: int, cards=None, count=None, **rest) -> dict:
-    rules, klass = service.bookings(me), rest.get("class", "experiment")
+    rules, klass = service.bookings(me, rest.get("host")), rest.get("class", "experiment")
     if cards is not None:
         chosen = sorted(set(card_list(cards)))
         found = rules.next_free(chosen, start, end - start, klass=klass)
@@ -53,7 +53,7 @@ def slots(service: Service, me: Identity, start: int, end: int, count=1, limit=3
 @op("book", _SLOT, {**_WHICH, "note": STR, "request": DICT, "checked": BOOL, "or_later": BOOL}, writes=True)
 def book(service: Service, me: Identity, start: int, end: int, cards=None, count=None, note="", request=None,
          checked=False, or_later=False, **rest) -> dict:
-    rules = service.bookings(me)
+    rules = service.bookings(me, rest.get("host"))
     klass = rest.get("class", "experiment")
     if cards is None and count is None:
         raise BadInput("say which cards: a count (board book 2) or --cards 0,1")
@@ -73,17 +73,17 @@ def book(service: Service, me: Identity, start: int, end: int, cards=None, count
 
 @op("cancel", {"id": INT}, frees=True)
 def cancel(service: Service, me: Identity, id: int) -> dict:
-    return booking_to_wire(service.bookings(me).cancel(id))
+    return booking_to_wire(service.bookings(me, booking=id).cancel(id))
 
 
 @op("release", {"id": INT}, frees=True)
 def release(service: Service, me: Identity, id: int) -> dict:
-    return booking_to_wire(service.bookings(me).release(id))
+    return booking_to_wire(service.bookings(me, booking=id).release(id))
 
 
 @op("extend", {"id": INT}, {"end": TIME, "add_seconds": SPAN}, writes=True)
 def extend(service: Service, me: Identity, id: int, end=None, add_seconds=None) -> dict:
-    rules = service.bookings(me)
+    rules = service.bookings(me, booking=id)
     if (end is None) == (add_seconds is None):
         raise BadInput("give the new end or how much to add, not both")
     if end is None:
@@ -91,11 +91,14 @@ def extend(service: Service, me: Identity, id: int, end=None, add_seconds=None) 
     return booking_to_wire(rules.extend(id, end))
 
 
-@op("reassign", {"id": INT}, {"cards": LIST, "user": STR, "force": BOOL}, frees=True)
-def reassign(service: Service, me: Identity, id: int, cards=None, user=None, force=False) -> dict:
+@op("reassign", {"id": INT}, {"cards": LIST, "user": STR, "force": BOOL, "host": STR}, frees=True)
+def reassign(service: Service, me: Identity, id: int, cards=None, user=None, force=False, host=None) -> dict:
     if (cards is None) == (user is None):
         raise BadInput("give the new cards or the new user")
-    moved = service.bookings(me).reassign(id, cards=card_list(cards), user=user, force=force)
+    rules = service.bookings(me, booking=id)
+    if cards is not None and (host or service.host) != (rules.host or service.host):
+        raise BadInput(f"booking {id} is on {rules.host}'s cards; a booking's cards are on one host")
+    moved = rules.reassign(id, cards=card_list(cards), user=user, force=force)
     service.wake_enforcer.set()  # work left on the old cards, or of the old holder, stops now rather than later
     return booking_to_wire(moved)
 
@@ -103,7 +106,7 @@ def reassign(service: Service, me: Identity, id: int, cards=None, user=None, for
 @op("move", {"id": INT, "start": TIME, "end": TIME}, {"override_policy": BOOL}, frees=True)
 def move(service: Service, me: Identity, id: int, start: int, end: int, override_policy=False) -> dict:
     """An admin gives a booking new times on the same cards; its holder is told."""
-    moved = service.bookings(me).move(id, start, end, override_policy=override_policy)
+    moved = service.bookings(me, booking=id).move(id, start, end, override_policy=override_policy)
     service.wake_enforcer.set()  # work past the new end stops now rather than at the next pass
     return booking_to_wire(moved)
 

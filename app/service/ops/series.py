@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 # -- series (standing slots) -------------------------------------------------------------------
 
 
-def _series(service: Service, me: Identity):
+def _series(service: Service, me: Identity, host: str | None = None):
     from app.service.series import SeriesService  # start-up: booking commands do not load the series rules
 
-    return SeriesService(service.bookings(me))
+    return SeriesService(service.bookings(me, host))
 
 
 def _series_wire(series) -> dict:
@@ -37,11 +37,11 @@ def _tell_holder(service: Service, me: Identity, series, what: str) -> None:
 
 
 @op("series_book", {"cards": LIST, "every": STR, "start": STR, "until": STR, "to": STR},
-    {"from": STR, "class": STR, "note": STR, "skip_conflicts": BOOL, "override_policy": BOOL}, writes=True)
+    {"from": STR, "class": STR, "note": STR, "skip_conflicts": BOOL, "override_policy": BOOL, "host": STR}, writes=True)
 def series_book(service: Service, me: Identity, cards: list, every: str, start: str, until: str, to: str, note="",
                 skip_conflicts=False, override_policy=False, **rest) -> dict:
     """Book a standing slot: every occurrence of the rule, all or nothing (app.service.series)."""
-    outcome = _series(service, me).book(
+    outcome = _series(service, me, rest.get("host")).book(
         cards=card_list(cards), every=every, start=start, until=until, first=rest.get("from"), last=to,
         klass=rest.get("class", "experiment"), note=note, skip_conflicts=skip_conflicts,
         override_policy=override_policy)

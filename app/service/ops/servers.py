@@ -12,6 +12,7 @@ from app.core.identity import Identity
 from app.errors import BadInput
 from app.service.ops.registry import BOOL, DICT, INT, LIST, STR, op
 from app.service.servers import changed, light_rules, server_rules
+from app.store import bookings as rows
 
 if TYPE_CHECKING:
     from app.llama.rows import Server
@@ -38,6 +39,10 @@ def serve_start(service: Service, me: Identity, booking: int, extra=None, **opti
     """Check and lease; returns the row and what the caller needs to launch it as itself (app.llama.launch)."""
     if extra is not None and not all(isinstance(a, str) for a in extra):
         raise BadInput("serve_start: extra is a list of strings")
+    if (held := rows.get(service.conn, booking)) is not None:
+        from app.service.hosts import refuse_remote  # start-up: only serve_start asks where the cards are
+
+        refuse_remote(service, held)
     try:
         server = server_rules(service, me).prepare(booking, extra=extra or (), **options)
     finally:

@@ -1,0 +1,266 @@
+"""Many hosts, one board, on SQLite: two services with their own [fleet] host, simulated fleets and history files on
+one shared database file stand in for two hosts (in this process with a clock the test moves, and as two real
+agents). The lead runs the same tests on PostgreSQL once the store speaks it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from app.client.local import LocalClient
+from app.config import Config, FleetSettings, HistorySettings, load_config
+from app.core.identity import Identity
+from app.errors import BadInput, Conflict
+from app.gpu import open_source
+from app.output import status_text
+from app.service.hosts import beat
+from app.store.db import connect
+from tests.conftest import FROZEN_NOW, Clock
+
+HOUR = 3600
+ALICE = Identity("alice", 50001, False)
+BOB = Identity("bob", 50002, False)
+TIMEOUT_S = 5.0
+
+
+@pytest.fixture
+def clock():
+    return Clock(FROZEN_NOW)
+
+
+@pytest.fixture
+def hosts(tmp_path, clock):
+    """make(name, me) -> a LocalClient for `me` on host `name`'s service; every host on one database file."""
+    made: list[LocalClient] = []
+
+    def make(name: str, me: Identity = ALICE) -> LocalClient:
+        config = replace(Config(), db_path=tmp_path / "board.db",
+                         history=HistorySettings(db=str(tmp_path / f"{name}.history.db")),
+                         fleet=FleetSettings(host=name, heartbeat_timeout_s=TIMEOUT_S))
+        client = LocalClient.on(config, open_source(True, clock=clock, host=name), me, clock=clock)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.service.close()
+
+
+def test_each_host_has_cards_of_its_own_and_an_unnamed_host_keeps_todays(tmp_path, clock, hosts):
+    gpu1, gpu2 = hosts("gpu1"), hosts("gpu2")
+    uuids = {name: [c.uuid for c in client.service.fleet.latest().cards] for name, client in (("1", gpu1), ("2", gpu2))}
+    assert not set(uuids["1"]) & set(uuids["2"]) and len(set(uuids["1"])) == 8
+    assert open_source(True, clock=clock).read().cards[3].uuid == "GPU-5090sim-0000-0000-0000-000000000003"
+
+
+def test_a_member_on_gpu1_books_gpu2s_card_and_a_member_on_gpu2_is_refused_it(hosts, clock):
+    gpu1, gpu2 = hosts("gpu1", ALICE), hosts("gpu2", BOB)
+    beat(gpu2.service)
+    start = int(clock()) + HOUR
+    booked = gpu1.call("book", cards=[3], host="gpu2", start=start, end=start + HOUR)
+    gpu2_card3 = gpu2.service.fleet.latest().cards[3].uuid
+    assert (booked["host"], booked["cards"], booked["card_uuids"]) == ("gpu2", [3], [gpu2_card3])
+    with pytest.raises(Conflict) as refused:
+        gpu2.call("book", cards=[3], start=start, end=start + HOUR)
+    assert "booked by alice" in str(refused.value) and "\n" not in str(refused.value)
+    # gpu1's card 3 is another card: bob takes it on gpu1 at the same time
+    assert gpu1.service.host == "gpu1"
+    bob_on_gpu1 = hosts("gpu1", BOB)
+    assert bob_on_gpu1.call("book", cards=[3], start=start, end=start + HOUR)["host"] == "gpu1"
+    # and gpu2 naming its own host is the same as a plain number
+    with pytest.raises(Conflict):
+        gpu2.call("book", cards=[3], host="gpu2", start=start, end=start + HOUR)
+    listed = {b["id"]: b["host"] for b in gpu2.call("list", start=None, end=None, user=None)}
+    assert sorted(listed.values()) == ["gpu1", "gpu2"]
+
+
+def test_an_unknown_host_is_one_line_naming_the_known_ones(hosts, clock):
+    gpu1 = hosts("gpu1")
+    beat(hosts("gpu2").service)
+    start = int(clock()) + HOUR
+    with pytest.raises(BadInput) as refused:
+        gpu1.call("book", cards=[0], host="gpu9", start=start, end=start + HOUR)
+    assert str(refused.value) == "there is no host 'gpu9' on this board; the hosts are gpu1, gpu2"
+    with connect(gpu1.service.config.db_path) as conn:
+        assert conn.execute("SELECT count(*) FROM bookings").fetchone()[0] == 0
+
+
+def test_status_on_gpu1_shows_gpu2s_cards_with_their_host_and_host_down_after_the_timeout(hosts, clock):
+    gpu1, gpu2 = hosts("gpu1", ALICE), hosts("gpu2", BOB)
+    one_host = status_text(gpu1.call("status"), clock())
+    assert "HOST" not in one_host  # one host known: today's table
+    beat(gpu2.service)
+    seen_at = clock()
+    start = int(clock())
+    gpu2.call("book", cards=[4], start=start, end=start + HOUR, note="on gpu2")
+    status = gpu1.call("status")
+    assert [(c["host"], c["index"]) for c in status["cards"]] == [("gpu1", i) for i in range(8)] + [
+        ("gpu2", i) for i in range(8)]
+    card = status["cards"][8 + 4]
+    assert card["booking"]["user"] == "bob" and card["state"] == "BOOKED" and "host_down" not in card
+    assert status["cards"][4]["booking"] is None  # gpu1's card 4 is another card: free
+    text = status_text(status, clock())
+    assert text.splitlines()[1].split()[:2] == ["HOST", "#"] and "HOST DOWN" not in text
+    # gpu2 falls silent: at the timeout it is still up, past it down since its last beat
+    clock.now += TIMEOUT_S
+    assert not any(c.get("host_down") for c in gpu1.call("status")["cards"])
+    clock.now += 1
+    status = gpu1.call("status")
+    down = [c for c in status["cards"] if c.get("host_down")]
+    assert [c["host"] for c in down] == ["gpu2"] * 8 and {c["down_since"] for c in down} == {seen_at}
+    assert down[4]["booking"]["user"] == "bob"  # its bookings stay
+    text = status_text(status, clock())
+    assert text.count("HOST DOWN (since ") == 8
+    # it comes back: its cards come back
+    beat(gpu2.service)
+    assert not any(c.get("host_down") for c in gpu1.call("status")["cards"])
+
+
+def test_run_and_serve_start_refuse_another_hosts_cards_in_one_line(hosts, clock):
+    gpu1 = hosts("gpu1", ALICE)
+    beat(hosts("gpu2", BOB).service)
+    start = int(clock())
+    booked = gpu1.call("book", cards=[1], host="gpu2", start=start, end=start + HOUR)
+    for op, args in (("run", {"booking": booked["id"]}), ("run", {}), ("serve_start", {"booking": booked["id"]})):
+        with pytest.raises(BadInput) as refused:
+            gpu1.call(op, **args)
+        assert str(refused.value) == "those cards are on gpu2: run this on gpu2", op
+
+
+def test_each_audit_event_names_the_host_that_vouched_for_the_actor_and_the_chain_holds(hosts, clock):
+    from app.store.events import first_broken
+
+    gpu1, gpu2 = hosts("gpu1", ALICE), hosts("gpu2", BOB)
+    beat(gpu2.service)
+    start = int(clock()) + HOUR
+    gpu1.call("book", cards=[0], host="gpu2", start=start, end=start + HOUR)
+    with pytest.raises(Conflict):
+        gpu2.call("book", cards=[0], start=start, end=start + HOUR)
+    with connect(gpu1.service.config.db_path) as conn:
+        found = [(actor, ok, json.loads(details)["host"])
+                 for actor, ok, details in conn.execute("SELECT actor, ok, details FROM events ORDER BY id")]
+        assert found == [("alice", 1, "gpu1"), ("bob", 0, "gpu2")]
+        assert first_broken(conn) is None
+
+
+def test_cards_from_before_the_fleet_are_claimed_by_the_first_agent(tmp_path, clock, hosts):
+    conn = connect(tmp_path / "board.db")
+    with conn:
+        conn.execute("INSERT INTO cards (uuid, idx, name, seen_at) VALUES ('GPU-old', 0, 'old', 1)")
+    conn.close()
+    gpu1 = hosts("gpu1")
+    assert gpu1.service.conn.execute("SELECT host FROM cards WHERE uuid = 'GPU-old'").fetchone()[0] == ""
+    beat(gpu1.service)  # the agent's first heartbeat
+    assert gpu1.service.conn.execute("SELECT host FROM cards WHERE uuid = 'GPU-old'").fetchone()[0] == "gpu1"
+
+
+def test_a_config_names_its_host(tmp_path):
+    path = tmp_path / "board.toml"
+    path.write_text('[fleet]\nhost = "gpu2"\nheartbeat_timeout_s = 10\n')
+    config = load_config(environ={"BOARD_CONFIG": str(path)})
+    assert (config.fleet_host, config.fleet.heartbeat_timeout_s) == ("gpu2", 10)
+    assert Config().fleet_host and "." not in Config().fleet_host  # the short hostname by default
+    path.write_text('[fleet]\nhost = "gpu 2:1"\n')
+    with pytest.raises(Exception, match=r"\[fleet\] host must be a short host name"):
+        load_config(environ={"BOARD_CONFIG": str(path)})
+
+
+# -- two real agents on one database file ---------------------------------------------------------------------
+
+RACERS = 16
+
+
+def _fleet_agent(make_agent, name: str, shared_db=None):
+    return make_agent(sections={"fleet": {"host": name, "heartbeat_timeout_s": 3}, "history": {"enabled": False}},
+                      shared_db=shared_db)
+
+
+def _wait_for(condition, what: str, timeout: float = 60.0):
+    """Until condition() answers something true (returned); a failure naming `what` after a generous deadline."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := condition():
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout:g} s")
+
+
+def test_two_agents_race_sixteen_bookers_from_both_hosts_and_a_killed_host_shows_down(make_agent, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.service.support import REPO, board_cli
+
+    gpu1 = _fleet_agent(make_agent, "gpu1")
+    gpu2 = _fleet_agent(make_agent, "gpu2", shared_db=gpu1.db)
+    env1, env2 = ({"BOARD_CONFIG": str(agent.config)} for agent in (gpu1, gpu2))
+
+    def hosts_seen_from(env):
+        rc, out, err = board_cli("status", "--json", env=env)
+        assert rc == 0, err
+        return {h["host"] for h in json.loads(out)["hosts"]} == {"gpu1", "gpu2"} and json.loads(out)
+
+    status = _wait_for(lambda: hosts_seen_from(env1), "gpu2's first heartbeat reaching gpu1")
+    _wait_for(lambda: hosts_seen_from(env2), "gpu1's first heartbeat reaching gpu2")
+    assert [c["host"] for c in status["cards"]] == ["gpu1"] * 8 + ["gpu2"] * 8
+
+    # 16 bookers, 8 on each host, for gpu2's card 0 at one time: gpu1's name it gpu2:0, gpu2's say 0
+    go = tmp_path / "go"
+    script = (
+        "import os, sys, time\n"
+        "from app.cli import main\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+        "sys.exit(main(['book', '--cards', sys.argv[1], '--start', '+1h', '--for', '2h', '--note', sys.argv[2]]))\n"
+    )
+    racers = [
+        subprocess.Popen([sys.executable, "-c", script, "gpu2:0" if n % 2 else "0", f"racer {n}"], cwd=REPO,
+                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", **(env1 if n % 2 else env2)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for n in range(RACERS)
+    ]
+    go.touch()
+    results = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in racers]
+    assert sorted(code for code, _, _ in results) == [0] + [3] * (RACERS - 1), results
+    for code, _, err in results:
+        if code == 3:
+            assert err.count("\n") == 1 and err.startswith("board: ") and "booked by" in err, err
+    rc, out, err = board_cli("list", "--json", env=env1)
+    assert rc == 0, err
+    (booking,) = json.loads(out)["bookings"]
+    assert booking["host"] == "gpu2" and booking["cards"] == [0]
+    assert booking["card_uuids"] == [c["uuid"] for c in status["cards"] if c["host"] == "gpu2" and c["index"] == 0]
+
+    # gpu2's service dies: after the timeout gpu1 shows its cards HOST DOWN, since its last heartbeat
+    gpu2.kill9()
+
+    def down_on_gpu1():
+        rc, out, err = board_cli("status", "--json", env=env1)
+        assert rc == 0, err
+        return [c for c in json.loads(out)["cards"] if c.get("host_down")]
+
+    down = _wait_for(down_on_gpu1, "gpu2's cards showing HOST DOWN on gpu1")
+    assert [c["host"] for c in down] == ["gpu2"] * 8 and all(c["down_since"] for c in down)
+    rc, out, err = board_cli("status", env=env1)
+    assert rc == 0 and out.count("HOST DOWN (since ") == 8, out + err
+    assert next(c for c in down if c["index"] == 0)["next_booking"]["id"] == booking["id"]  # its booking stays
+
+
+def test_cli_cards_on_two_hosts_or_an_unknown_host_are_one_line_exit_2_writing_nothing(tmp_path):
+    from tests.service.support import board_cli
+
+    config = tmp_path / "board.toml"
+    config.write_text('[fleet]\nhost = "gpu1"\n')
+    env = {"BOARD_CONFIG": str(config), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1",
+           "HOME": str(tmp_path)}
+    for cards, said in (("gpu2:0,gpu1:1", "names cards on more than one host"),
+                        ("gpu9:0", "there is no host 'gpu9' on this board; the hosts are gpu1")):
+        rc, out, err = board_cli("book", "--cards", cards, "--for", "1h", env=env)
+        assert (rc, out, err.count("\n")) == (2, "", 1) and said in err, err
+    rc, out, err = board_cli("book", "--cards", "gpu1:3", "--for", "1h", "--json", env=env)  # this host, by name
+    assert rc == 0 and json.loads(out)["host"] == "gpu1", err
+    with connect(tmp_path / "board.db") as conn:
+        assert conn.execute("SELECT count(*) FROM bookings").fetchone()[0] == 1
