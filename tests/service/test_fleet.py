@@ -14,6 +14,7 @@ from app.config import Config, FleetSettings, HistorySettings, load_config
 from app.core.identity import Identity
 from app.errors import BadInput, Conflict
 from app.gpu import open_source
+from app.core.text import format_time
 from app.output import status_text
 from app.service.hosts import beat
 from app.store.db import connect
@@ -113,9 +114,31 @@ def test_status_on_gpu1_shows_gpu2s_cards_with_their_host_and_host_down_after_th
     assert down[4]["booking"]["user"] == "bob"  # its bookings stay
     text = status_text(status, clock())
     assert text.count("HOST DOWN (since ") == 8
+    # what gpu2 last read is stale: its cards' VRAM, utilisation, temperature, power and users are blank
+    lines = text.splitlines()
+    held = next(line for line in lines if line.startswith("gpu2") and "bob" in line)
+    assert held.split()[:6] == ["gpu2", "4", "HOST", "DOWN", "(since", f"{format_time(int(seen_at), clock())})"]
+    assert held.split()[6:] == ["-", "bob", format_time(start + HOUR, clock()), "-"], held  # ASKED, HOLDER, UNTIL, NEXT
+    assert all("°C" in line for line in lines[2:10]) and not any("°C" in line for line in lines[10:])
     # it comes back: its cards come back
     beat(gpu2.service)
     assert not any(c.get("host_down") for c in gpu1.call("status")["cards"])
+
+
+def test_the_boards_fleet_event_carries_the_other_hosts_cards_and_since_when_one_is_down(hosts, clock):
+    from app.service.watch import fleet_event
+
+    gpu1 = hosts("gpu1")
+    assert (fleet_event(gpu1.service)["host"], fleet_event(gpu1.service)["hosts"]) == ("gpu1", [])
+    gpu2 = hosts("gpu2")
+    beat(gpu2.service)
+    seen_at = clock()
+    (other,) = fleet_event(gpu1.service)["hosts"]
+    assert (other["host"], other["down_since"]) == ("gpu2", None)
+    assert [c["uuid"] for c in other["snapshot"]["cards"]] == [c.uuid for c in gpu2.service.fleet.latest().cards]
+    clock.now += TIMEOUT_S + 1
+    (other,) = fleet_event(gpu1.service)["hosts"]
+    assert other["down_since"] == seen_at
 
 
 def test_run_and_serve_start_refuse_another_hosts_cards_in_one_line(hosts, clock):
