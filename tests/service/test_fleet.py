@@ -36,8 +36,8 @@ def hosts(tmp_path, clock):
     """make(name, me) -> a LocalClient for `me` on host `name`'s service; every host on one database file."""
     made: list[LocalClient] = []
 
-    def make(name: str, me: Identity = ALICE) -> LocalClient:
-        config = replace(Config(), db_path=tmp_path / "board.db",
+    def make(name: str, me: Identity = ALICE, **settings) -> LocalClient:
+        config = replace(Config(), **settings, db_path=tmp_path / "board.db",
                          history=HistorySettings(db=str(tmp_path / f"{name}.history.db")),
                          fleet=FleetSettings(host=name, heartbeat_timeout_s=TIMEOUT_S))
         client = LocalClient.on(config, open_source(True, clock=clock, host=name), me, clock=clock)
@@ -150,6 +150,55 @@ def test_run_and_serve_start_refuse_another_hosts_cards_in_one_line(hosts, clock
         with pytest.raises(BadInput) as refused:
             gpu1.call(op, **args)
         assert str(refused.value) == "those cards are on gpu2: run this on gpu2", op
+
+
+def test_a_series_on_gpu2_booked_from_gpu1_is_read_extended_and_cancelled_on_gpu2s_cards(hosts, clock):
+    gpu1, gpu2 = hosts("gpu1", ALICE), hosts("gpu2", BOB)
+    beat(gpu2.service)
+    on_gpu2 = [c.uuid for c in gpu2.service.fleet.latest().cards[1:3]]
+    made = gpu1.call("series_book", cards=[1, 2], host="gpu2", every="day", start="9:00", until="11:00",
+                     to="2026-12-02", **{"from": "2026-11-30"})
+    series = made["series"]["id"]
+    assert [(b["host"], b["card_uuids"]) for b in made["bookings"]] == [("gpu2", on_gpu2)] * 3
+    extended = gpu1.call("series_extend", id=series, to="2026-12-04")
+    assert [(b["host"], b["card_uuids"]) for b in extended["bookings"]] == [("gpu2", on_gpu2)] * 2
+    got = gpu1.call("series_get", id=series)
+    assert {(b["host"], tuple(b["card_uuids"])) for b in got["bookings"]} == {("gpu2", tuple(on_gpu2))}
+    # gpu1's cards 1 and 2 stayed free at those times
+    assert gpu1.call("book", cards=[1, 2], start=extended["bookings"][-1]["start"],
+                     end=extended["bookings"][-1]["end"])["host"] == "gpu1"
+    cancelled = gpu1.call("series_cancel", id=series)
+    assert [b["host"] for b in cancelled["cancelled"]] == ["gpu2"] * 5
+
+
+MODELS = "/srv/models"
+
+
+def test_a_plan_for_another_hosts_booking_or_series_is_one_line_and_only_its_hosts_runner_starts_it(hosts, clock):
+    from types import SimpleNamespace
+
+    from app.config import LlamaSettings
+    from app.service.plans import start_due
+    from app.store import plans as plan_rows
+
+    llama = LlamaSettings(model_dirs=(MODELS,))
+    gpu1, gpu2 = hosts("gpu1", ALICE, llama=llama), hosts("gpu2", ALICE, llama=llama)
+    beat(gpu2.service)
+    start = int(clock())
+    booked = gpu1.call("book", cards=[1], host="gpu2", start=start, end=start + HOUR)
+    series = gpu1.call("series_book", cards=[2], host="gpu2", every="day", start="9:00", until="11:00",
+                       to="2026-12-02", **{"from": "2026-11-30"})["series"]["id"]
+    for which in ({"booking": booked["id"]}, {"series": series}):
+        with pytest.raises(BadInput) as refused:
+            gpu1.call("serve_plan", **which, model=f"{MODELS}/qwen.gguf")
+        assert str(refused.value) == "those cards are on gpu2: plan this on gpu2", which
+    assert plan_rows.listing(gpu1.service.conn) == []
+    # planned on gpu2, and due now: gpu1's pass leaves it for gpu2's runner
+    plan = gpu2.call("serve_plan", booking=booked["id"], model=f"{MODELS}/qwen.gguf")
+    sent = []
+    gpu1.service.runner = SimpleNamespace(gone=False, send=lambda message: sent.append(message) or True)
+    assert start_due(SimpleNamespace(service=gpu1.service, log=sent.append)) == [] and sent == []
+    assert [(p.id, b) for p, b in plan_rows.due(gpu1.service.conn, start)] == [(plan["id"], booked["id"])]
 
 
 def test_each_audit_event_names_the_host_that_vouched_for_the_actor_and_the_chain_holds(hosts, clock):
@@ -287,3 +336,29 @@ def test_cli_cards_on_two_hosts_or_an_unknown_host_are_one_line_exit_2_writing_n
     assert rc == 0 and json.loads(out)["host"] == "gpu1", err
     with connect(tmp_path / "board.db") as conn:
         assert conn.execute("SELECT count(*) FROM bookings").fetchone()[0] == 1
+
+
+def test_cli_serve_plan_for_another_hosts_booking_is_one_line_exit_2_planning_nothing(tmp_path):
+    from tests.fit import shapes
+    from tests.service.support import board_cli
+
+    models = tmp_path / "models"
+    models.mkdir()
+    model = shapes.write_model(models / "gqa8.gguf", "gqa8")
+    config = tmp_path / "board.toml"
+    config.write_text(f'[fleet]\nhost = "gpu1"\n[llama]\nmodel_dirs = ["{models}"]\n')
+    env = {"BOARD_CONFIG": str(config), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1",
+           "HOME": str(tmp_path)}
+    # gpu2's service on the same database file: its heartbeat makes its cards known on gpu1
+    gpu2 = LocalClient.on(replace(Config(), db_path=tmp_path / "board.db", fleet=FleetSettings(host="gpu2"),
+                                  history=HistorySettings(db=str(tmp_path / "gpu2.history.db"))),
+                          open_source(True, host="gpu2"), BOB)
+    beat(gpu2.service)
+    gpu2.service.close()
+    rc, out, err = board_cli("book", "--cards", "gpu2:2", "--for", "1h", "--json", env=env)
+    assert rc == 0, err
+    booking = json.loads(out)["id"]
+    rc, out, err = board_cli("serve", "plan", str(booking), "--model", str(model), env=env)
+    assert (rc, out, err) == (2, "", "board: those cards are on gpu2: plan this on gpu2\n")
+    with connect(tmp_path / "board.db") as conn:
+        assert conn.execute("SELECT count(*) FROM server_plans").fetchone()[0] == 0
