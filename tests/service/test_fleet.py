@@ -321,6 +321,46 @@ def test_two_agents_race_sixteen_bookers_from_both_hosts_and_a_killed_host_shows
     assert next(c for c in down if c["index"] == 0)["next_booking"]["id"] == booking["id"]  # its booking stays
 
 
+def test_a_board_behind_the_socket_hears_a_new_host_and_its_going_down_by_the_fleet_event_alone(make_agent):
+    """Hosts' beats change no booking: the `fleet` event carries them, so an open board sees a host appear and
+    go down without a booking change."""
+    import queue
+    import threading
+
+    from app.client.socket import SocketClient
+
+    gpu1 = _fleet_agent(make_agent, "gpu1")
+    board = SocketClient(str(gpu1.socket))
+    events: queue.Queue = queue.Queue()
+
+    def follow() -> None:
+        for event in board.subscribe(("fleet",)):
+            events.put(event)
+
+    threading.Thread(target=follow, daemon=True).start()
+
+    def next_hosts(condition, what: str) -> list:
+        def found():
+            while True:
+                try:
+                    event = events.get(timeout=0.1)
+                except queue.Empty:
+                    return None
+                if "snapshot" in event and condition(hosts := event.get("hosts", [])):
+                    return hosts or True
+
+        return _wait_for(found, what)
+
+    next_hosts(lambda hosts: hosts == [], "gpu1's board seeing gpu1 alone")
+    gpu2 = _fleet_agent(make_agent, "gpu2", shared_db=gpu1.db)
+    (up,) = next_hosts(lambda hosts: [h["host"] for h in hosts] == ["gpu2"], "gpu2 appearing on gpu1's board")
+    assert up["down_since"] is None and len(up["snapshot"]["cards"]) == 8
+    gpu2.kill9()
+    (down,) = next_hosts(lambda hosts: hosts and hosts[0]["down_since"] is not None, "gpu2 going down on the board")
+    assert down["host"] == "gpu2"
+    board.close()
+
+
 def test_cli_cards_on_two_hosts_or_an_unknown_host_are_one_line_exit_2_writing_nothing(tmp_path):
     from tests.service.support import board_cli
 
