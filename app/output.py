@@ -177,6 +177,9 @@ def status_text(found: dict, now: float) -> str:
             format_time(booking["end"], now) if booking else "-",
             nxt, inert(",".join(c["users"]), 30) or "-",
         ])
+        if c.get("host_down"):  # what its silent host last read is stale: blank, beside HOST DOWN (since ...)
+            for column in (2, 4, 5, 6, 10):  # VRAM, UTIL, TEMP, POWER W, USERS
+                lines[-1][column] = ""
     if any(c.get("label") for c in found["cards"]):  # in full: the board abbreviates labels to fit
         for line, c in zip(lines, [None, *found["cards"]]):
             line.insert(1, "LABEL" if c is None else inert(c.get("label") or "-", 60))

@@ -22,6 +22,8 @@ class CardStatus:
     booking: Booking | None  # the booking holding the card now
     next_booking: Booking | None
     label: str | None = None
+    host: str = ""  # the host the card is on ([fleet] host); '' on a board that names no hosts
+    down_since: float | None = None  # its host's last heartbeat, when the host is down (HOST DOWN)
 
     @property
     def users(self) -> tuple[str, ...]:
@@ -58,8 +60,11 @@ def fleet_status(
     *,
     hot_celsius: int = 90,
     labels: dict[int, str] | None = None,
+    host: str = "",
+    down_since: float | None = None,
 ) -> tuple[CardStatus, ...]:
-    """One CardStatus per card. `bookings`: live bookings that end after `now`, in start order."""
+    """One CardStatus per card. `bookings`: live bookings that end after `now`, in start order. `host` and
+    `down_since`: the host the snapshot is from, and since when it is down (app.service.hosts)."""
     by_card: dict[str, list[Booking]] = {}
     for booking in bookings:
         for uuid in booking.card_uuids:
@@ -77,6 +82,8 @@ def fleet_status(
                 booking=current,
                 next_booking=upcoming,
                 label=(labels or {}).get(reading.index, reading.label),
+                host=host,
+                down_since=down_since,
             )
         )
     return tuple(statuses)

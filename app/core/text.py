@@ -146,9 +146,14 @@ def format_cards(cards: Sequence[int]) -> str:
     return ",".join(str(c) for c in cards)
 
 
-def cards_text(cards: Sequence[int]) -> str:
-    """'card 4' or 'cards 0,1'."""
-    return f"{'card' if len(cards) == 1 else 'cards'} {format_cards(cards)}"
+def cards_text(cards: Sequence[int], host: str = "", here: str = "") -> str:
+    """'card 4' or 'cards 0,1'; another host's 'cards gpu2:0,1' (host_cards)."""
+    return f"{'card' if len(cards) == 1 else 'cards'} {host_cards(cards, host, here)}"
+
+
+def host_cards(cards: Sequence[int], host: str = "", here: str = "") -> str:
+    """'0,1' for this host's cards (`host` '' or `here`); 'gpu2:0,1' for another host's, as --cards names them."""
+    return (f"{inert(host, 63)}:" if host not in ("", here) else "") + format_cards(cards)
 
 
 def format_elapsed(seconds: float | None, missing: str = "n/a") -> str:

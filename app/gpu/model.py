@@ -116,6 +116,25 @@ class FleetSnapshot:
     cuda_version: str | None = None  # the newest CUDA the driver supports ("12.8")
 
 
+@dataclass(frozen=True, slots=True)
+class HostSnapshot:
+    """Another host's cards, as its service last published them; `down_since` (its last heartbeat) when it is late."""
+
+    host: str
+    snapshot: FleetSnapshot
+    down_since: float | None = None
+
+
+def hosts_to_wire(hosts) -> list[dict]:
+    """(host, snapshot, down_since) of each other host, as the `fleet` event carries them."""
+    return [{"host": host, "down_since": down_since, "snapshot": snapshot_to_wire(snapshot)}
+            for host, snapshot, down_since in hosts]
+
+
+def hosts_from_wire(data: list[dict]) -> tuple[HostSnapshot, ...]:
+    return tuple(HostSnapshot(h["host"], snapshot_from_wire(h["snapshot"]), h.get("down_since")) for h in data)
+
+
 def snapshot_to_wire(snapshot: FleetSnapshot) -> dict:
     return {
         "taken_at": snapshot.taken_at, "simulated": snapshot.simulated, "driver_version": snapshot.driver_version,

@@ -72,10 +72,16 @@ def remote_host(service: Service, host: str) -> RemoteHost:
     raise BadInput(f"there is no host '{inert(host, 63)}' on this board; the hosts are {known}")
 
 
-def refuse_remote(service: Service, booking: Booking) -> None:
-    """`board run` and `serve start` act on the host where the cards are: elsewhere, say where in one line."""
-    if booking.host not in ("", service.host):
-        raise BadInput(f"those cards are on {booking.host}: run this on {booking.host}")
+def refuse_remote(service: Service, booking: Booking, verb: str = "run") -> None:
+    """`board run`, `serve start` and `serve plan` act on the host where the cards are (a planned server starts
+    through that host's runner): elsewhere, say where in one line."""
+    if not here(service, booking):
+        raise BadInput(f"those cards are on {booking.host}: {verb} this on {booking.host}")
+
+
+def here(service: Service, booking: Booking) -> bool:
+    """Whether the booking's cards are this host's (or recorded before the fleet, which makes them this host's)."""
+    return not booking.host or booking.host == service.host
 
 
 def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any], stopping: threading.Event,

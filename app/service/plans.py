@@ -24,6 +24,7 @@ from app import wire
 from app.core.identity import Identity
 from app.errors import BadInput, BoardError, NotPermitted
 from app.service.audit import AGENT, audit
+from app.service.hosts import here, refuse_remote
 from app.store import bookings as booking_rows
 from app.store import events
 from app.store import plans as plan_rows
@@ -68,6 +69,7 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
             _refused(service, me, booking, NotPermitted(f"booking {booking} belongs to {found.user}"))
         if found.status != "booked" or found.end <= now:
             raise BadInput(f"booking {booking} is {'cancelled' if found.status != 'booked' else 'over'}")
+        refuse_remote(service, found, "plan")
         cards = len(found.cards)
     else:
         found_series = series_rows.get(service.conn, series)
@@ -75,6 +77,8 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
             raise BadInput(f"no series {series}; 'board series list' shows them")
         if found_series.uid != me.uid:
             _refused(service, me, None, NotPermitted(f"series {series} belongs to {found_series.user}"))
+        if (first := series_rows.first_occurrence(service.conn, series)) is not None:
+            refuse_remote(service, booking_rows.get(service.conn, first), "plan")
         cards = len(found_series.rule.get("cards") or []) or None
     model = spec.get("model")
     if not model:
@@ -195,6 +199,8 @@ def start_due(server: ServiceServer) -> list[int]:
     started = []
     now = int(service.clock())
     for plan, booking_id in plan_rows.due(service.conn, now):
+        if (booking := booking_rows.get(service.conn, booking_id)) is not None and not here(service, booking):
+            continue  # another host's cards: its service starts it, through its runner
         holder = Identity(plan.user, plan.uid, False)
         topology = service.fleet.latest().topology if service.fleet is not None else None
         rules = ServerService(service.conn, holder, service.config, topology=topology, clock=service.clock,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from app.gpu.model import snapshot_to_wire
+from app.gpu.model import hosts_to_wire, snapshot_to_wire
 from app.store.db import connect, data_version
 
 if TYPE_CHECKING:
@@ -32,12 +32,23 @@ def _fleet_loop(service: Service, stop: threading.Event) -> None:
     while not stop.is_set():
         if service.hub.count:
             try:
-                snapshot = service.fleet_snapshot()
+                event = fleet_event(service)
             except Exception as error:  # noqa: BLE001 - a driver hiccup must not end the service
                 service.hub.publish("fleet", {"error": f"{type(error).__name__}: {error}"})
             else:
-                service.hub.publish("fleet", {"snapshot": snapshot_to_wire(snapshot)})
+                service.hub.publish("fleet", event)
         stop.wait(service.fleet.refresh_seconds)
+
+
+def fleet_event(service: Service) -> dict:
+    """The `fleet` event: this host's snapshot, its name, and the other hosts' as their services last published them
+    (app.service.hosts), read at each refresh: a host that appears or falls silent reaches the boards with no
+    booking change."""
+    from app.service.hosts import remote_hosts  # start-up: only a service with boards publishes the fleet
+
+    snapshot = service.fleet_snapshot()
+    return {"snapshot": snapshot_to_wire(snapshot), "host": service.host, "hosts": hosts_to_wire(
+        (r.host, r.snapshot, r.seen_at if r.down else None) for r in remote_hosts(service))}
 
 
 def _db_loop(service: Service, stop: threading.Event) -> None:

@@ -51,6 +51,11 @@ def set_rule(conn: sqlite3.Connection, series_id: int, rule: dict[str, Any]) -> 
     conn.execute("UPDATE series SET rule = ? WHERE id = ?", (json.dumps(rule, sort_keys=True), series_id))
 
 
+def first_occurrence(conn: sqlite3.Connection, series_id: int) -> int | None:
+    """The id of the series' earliest booking (its cards name the host the series is on), or None."""
+    return conn.execute("SELECT min(id) FROM bookings WHERE series_id = ?", (series_id,)).fetchone()[0]
+
+
 def occurrences(conn: sqlite3.Connection, series_id: int) -> list[Booking]:
     """The series' bookings, cancelled ones too, earliest first."""
     ids = [r[0] for r in conn.execute(

@@ -33,8 +33,7 @@ from app.core.cardstate import CardStatus, fleet_status
 from app.core.identity import Identity
 from app.core.text import cards_text, inert
 from app.fit.request import limits
-from app.gpu.model import FleetSnapshot, sample
-from app.model import Booking
+from app.gpu.model import FleetSnapshot, HostSnapshot, sample
 from app.tui.backend import Backend
 from app.tui.hangup import ending_on_hangup
 from app.tui.messages import (
@@ -87,6 +86,8 @@ class BoardApp(App[int]):
         self.refresh_seconds = max(0.2, float(config.refresh_seconds))
         self.history_step = history_step or max(self.refresh_seconds, 1.0)
         self.fleet: FleetSnapshot | None = None
+        self.fleet_host = config.fleet_host  # this host's name in the fleet, as its service says (TelemetryRead)
+        self.hosts: tuple[HostSnapshot, ...] = ()  # the other hosts' cards: shown after this host's
         self.view: BookingView | None = None
         self.servers_view: ServersView | None = None
         self.statuses: tuple[CardStatus, ...] = ()
@@ -164,7 +165,8 @@ class BoardApp(App[int]):
                 self._remember(uuid, taken_at, values)
         for card in message.snapshot.cards:
             self._remember(card.uuid, message.snapshot.taken_at, sample(message.snapshot.taken_at, card)[1:])
-        self.fleet = message.snapshot
+        self.fleet, self.hosts = message.snapshot, message.hosts
+        self.fleet_host = message.host or self.fleet_host
         self._clear_alert("telemetry")
         self._recompute()
         self._sync_headers()
@@ -239,9 +241,13 @@ class BoardApp(App[int]):
     def _recompute(self) -> None:
         if self.fleet is None:
             return
-        upcoming: Iterable[Booking] = self.view.upcoming if self.view else ()
-        self.statuses = fleet_status(self.fleet, tuple(upcoming), self.clock(),
-                                     hot_celsius=self.config.hot_celsius, labels=self.config.labels)
+        upcoming = tuple(self.view.upcoming if self.view else ())
+        now, hot = self.clock(), self.config.hot_celsius
+        self.statuses = fleet_status(self.fleet, upcoming, now, hot_celsius=hot, labels=self.config.labels,
+                                     host=self.fleet_host)
+        for other in self.hosts:  # bookings name cards by UUID, unique across hosts
+            self.statuses += fleet_status(other.snapshot, upcoming, now, hot_celsius=hot, host=other.host,
+                                          down_since=other.down_since)
 
     def _tick_if_idle(self) -> None:
         """The 1 s timer only has work when telemetry did not just tick (a stalled driver, a slow refresh)."""
@@ -274,7 +280,8 @@ class BoardApp(App[int]):
             if 0 < left <= ENDING_SOON_SECONDS and (booking.id, booking.end) not in self.warned:
                 self.warned.add((booking.id, booking.end))
                 self.notify(
-                    f"Your booking #{booking.id} on {cards_text(booking.cards)} ends at {short_time(booking.end, now)}"
+                    f"Your booking #{booking.id} on {cards_text(booking.cards, booking.host, self.fleet_host)}"
+                    f" ends at {short_time(booking.end, now)}"
                     f" (in {max(1, round(left / 60))} min). Extend it from My bookings (m).",
                     title="Booking ending", severity="warning", timeout=30, markup=False,
                 )
@@ -303,11 +310,19 @@ class BoardApp(App[int]):
             selected = timeline.model.selected_range()
             if selected:
                 cards, start, end = selected
+                host = timeline.model.selected_host()
                 if end <= now:
-                    return BookingDraft(cards=tuple(cards))
-                return BookingDraft(cards=tuple(cards), start=max(start, int(now)) if start > now else None, end=end)
+                    return BookingDraft(cards=tuple(cards), host=host)
+                return BookingDraft(cards=tuple(cards), host=host, start=max(start, int(now)) if start > now else None,
+                                    end=end)
         status = self.board.card_table.status_at_cursor()
-        return BookingDraft(cards=(status.reading.index,) if status else ())
+        if status is None:
+            return BookingDraft()
+        return BookingDraft(cards=(status.reading.index,), host=self.remote(status.host))
+
+    def remote(self, host: str) -> str | None:
+        """`host` when it is another host than this one, else None (a plain card number means this host's)."""
+        return host if host not in ("", self.fleet_host) else None
 
     @work(exit_on_error=False, group="book")
     async def action_book(self) -> None:
@@ -315,7 +330,7 @@ class BoardApp(App[int]):
         if booked is not None:
             booking, now = booked.booking, self.clock()
             self.notify(
-                f"Booked #{booking.id}: {cards_text(booking.cards)}"
+                f"Booked #{booking.id}: {cards_text(booking.cards, booking.host, self.fleet_host)}"
                 f", {short_time(booking.start, now)} → {short_time(booking.end, now)}",
                 title="Booked", markup=False,
             )

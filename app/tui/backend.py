@@ -51,10 +51,12 @@ class BookingRequest:
     model: ModelAsk | None = None
     record: dict | None = None
     or_later: bool = False  # the earliest start from `start` on, and the queue (book --or-later)
+    host: str | None = None  # the host the cards are on (the form's 'gpu2:0-3'); None: this host
 
     def args(self) -> dict[str, Any]:
         return {"cards": list(self.cards) if self.cards is not None else None, "count": self.count,
-                "start": self.start, "end": self.end, "class": self.klass}
+                "start": self.start, "end": self.end, "class": self.klass,
+                **({"host": self.host} if self.host is not None else {})}
 
     def plan_args(self) -> dict[str, Any]:
         return {**self.args(), **({"or_later": True} if self.or_later else {})}

@@ -153,4 +153,23 @@ def cell_parts(s: CardStatus, now: float, *, me: str, wide: bool, with_requests:
     else:
         cells["next"] = ((("-", "cards--muted"),), "left")
     cells["users"] = (((inert(", ".join(s.users), 60), ""),) if s.users else (("-", "cards--muted"),), "left")
+    if s.down_since is not None:  # its host's service is silent: what it last read is stale, so blank
+        cells["state"] = (((host_down(s.down_since, now), "cards--lost"),), "left")
+        for column in BLANKED_WHEN_DOWN:
+            cells[column] = ((), "left")
     return cells
+
+
+BLANKED_WHEN_DOWN = ("vram", "util", "temp", "power", "users")  # the state cell spills into them (CardTable)
+
+
+def host_down(since: float, now: float) -> str:
+    """'HOST DOWN (since 14:02)': a card whose host's heartbeat is late, since its last one."""
+    return f"HOST DOWN (since {compact_time(since, now)})"
+
+
+def host_groups(statuses: Sequence[CardStatus]) -> list[str] | None:
+    """The hosts whose cards the table shows, in order, when there is more than one (each gets a heading);
+    None for one host: today's table."""
+    hosts = list(dict.fromkeys(s.host for s in statuses))
+    return hosts if len(hosts) > 1 else None

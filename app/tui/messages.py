@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from app.gpu.model import FleetSnapshot
+from app.gpu.model import FleetSnapshot, HostSnapshot
 from app.llama.rows import Server
 from app.model import Booking
 
@@ -14,9 +14,12 @@ from app.model import Booking
 class TelemetryRead(Message):
     """One poll of the GPU source. Frequent, so a newer one replaces an unhandled older one."""
 
-    def __init__(self, snapshot: FleetSnapshot, history: dict[str, list] | None = None) -> None:
+    def __init__(self, snapshot: FleetSnapshot, history: dict[str, list] | None = None, host: str = "",
+                 hosts: tuple[HostSnapshot, ...] = ()) -> None:
         super().__init__()
         self.snapshot = snapshot
+        self.host = host  # this host's name in the fleet ('' from a service that names none)
+        self.hosts = hosts  # the other hosts' cards, as their services last published them
         # Earlier samples to fill the sparklines with, per card uuid (the first read; ops.reads.history).
         self.history = history or {}
 

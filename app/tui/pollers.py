@@ -26,7 +26,7 @@ import time
 from typing import Callable
 
 from app.errors import BoardError
-from app.gpu.model import snapshot_from_wire
+from app.gpu.model import hosts_from_wire, snapshot_from_wire
 from app.model import booking_from_wire
 from app.tui.messages import (
     BookingsLoaded,
@@ -90,7 +90,7 @@ def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step:
                 if "error" in event:
                     app.post_message(TelemetryFailed(event["error"]))
                     continue
-                app.post_message(fleet_read(client, event["snapshot"], history_step if first else None))
+                app.post_message(fleet_read(client, event, history_step if first else None))
                 first = False
             elif kind == "bookings":
                 if "error" in event:
@@ -111,16 +111,18 @@ def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step:
         events.close()
 
 
-def fleet_read(client, snapshot: dict, history_step: float | None = None) -> TelemetryRead:
-    """A fleet snapshot from the service, as the board takes it; with `history_step` (the first read), the last
-    ten minutes the service recorded at that step, so the sparklines start full."""
+def fleet_read(client, event: dict, history_step: float | None = None) -> TelemetryRead:
+    """A `fleet` event from the service (this host's snapshot, and the other hosts'), as the board takes it; with
+    `history_step` (the first read), the last ten minutes the service recorded at that step, so the sparklines
+    start full."""
     history = None
     if history_step is not None:
         try:
             history = client.call("history", seconds=HISTORY_SECONDS, step=max(1, round(history_step)))
         except Exception:  # noqa: BLE001 - sparklines start empty instead
             pass
-    return TelemetryRead(snapshot_from_wire(snapshot), history)
+    return TelemetryRead(snapshot_from_wire(event["snapshot"]), history, event.get("host", ""),
+                         hosts_from_wire(event.get("hosts", ())))
 
 
 def bookings_loop(app, client, clock: Callable[[], float], window: Callable[[], tuple[int, int]], worker: "Poller") -> None:

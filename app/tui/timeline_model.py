@@ -17,7 +17,7 @@ from rich.cells import cell_len
 
 from app.config import CLASSES, Pool
 from app.core.policy import open_classes
-from app.core.text import inert
+from app.core.text import host_cards, inert
 from app.gpu.model import CardReading
 from app.model import Booking
 from app.tui.render import NOTICE_MARK, abbreviate, local
@@ -47,6 +47,7 @@ class Row:
     uuid: str
     label: str
     lost: bool = False
+    host: str | None = None  # another host's card (labelled 'gpu2:0'); None: this host's
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,26 +147,32 @@ class TimelineModel:
 
     # -- data ----------------------------------------------------------------------------------
 
-    def set_cards(self, cards: Sequence[CardReading], labels: dict[int, str] | None = None, wide: bool = False) -> bool:
-        """Rows for the cards, labelled 'index label' with the label shortened to fit (app.tui.render.abbreviate).
+    def set_cards(self, cards: Sequence[CardReading], labels: dict[int, str] | None = None, wide: bool = False,
+                  hosts: Sequence[str | None] = ()) -> bool:
+        """Rows for the cards, labelled 'index label' with the label shortened to fit (app.tui.render.abbreviate);
+        `hosts`, one per card, names another host's (None: this host's), labelled as --cards names it: 'gpu2:0'.
         True when the rows or their labels' width changed."""
         labels = labels or {}
-        named = [(card, inert(labels.get(card.index, card.label) or "")) for card in cards]
-        widest = max((cell_len(f"{c.index} {name}".rstrip()) for c, name in named), default=1)
-        pool_names = max((cell_len(inert(self.pools[p].name)) for p in self._pools_of(cards)), default=0)
+        hosts = list(hosts) or [None] * len(cards)
+        local = [card for card, host in zip(cards, hosts) if host is None]
+        named = [(card, host, inert(labels.get(card.index, card.label) or "") if host is None else "")
+                 for card, host in zip(cards, hosts)]
+        widest = max((cell_len(f"{host_cards([c.index], host or '')} {name}".rstrip()) for c, host, name in named),
+                     default=1)
+        pool_names = max((cell_len(inert(self.pools[p].name)) for p in self._pools_of(local)), default=0)
         width = max(3, min(12 if wide else 9, max(widest, min(pool_names, 8)) + 1))
         rows = []
-        for card, name in named:
-            index = str(card.index)
+        for card, host, name in named:
+            index = host_cards([card.index], host or "")
             text = f"{index} {abbreviate(name, width - len(index) - 2)}" if name and width - len(index) > 3 else index
-            rows.append(Row(card.index, card.uuid, text, card.lost))
+            rows.append(Row(card.index, card.uuid, abbreviate(text, width - 1), card.lost, host))
         if rows == self.rows and width == self.label_width:
             return False
         self.rows = rows
         self.label_width = width
         # A card in two pools is shaded as the first one's (the policy applies both).
         pool_of = {card: n for n, pool in reversed(list(enumerate(self.pools))) for card in pool.cards}
-        self.row_pool = [pool_of.get(r.index) for r in rows]
+        self.row_pool = [pool_of.get(r.index) if r.host is None else None for r in rows]  # pools: this host's cards
         self.pool_rows = sorted(p for p in set(self.row_pool) if p is not None)
         self.cursor = (min(self.cursor[0], max(0, len(rows) - 1)), self.cursor[1])
         self.rebuild()
@@ -249,8 +256,14 @@ class TimelineModel:
             return None
         selection = self.selection() or (self.cursor[0], self.cursor[0], self.cursor[1], self.cursor[1])
         r0, r1, c0, c1 = selection
-        cards = [self.rows[r].index for r in range(r0, r1 + 1)]
+        host = self.selected_host()
+        cards = [self.rows[r].index for r in range(r0, r1 + 1) if self.rows[r].host == host]
         return cards, self.column_time(c0), self.column_time(c1 + 1)
+
+    def selected_host(self) -> str | None:
+        """The host of the selection's cards (the cursor's row's): None for this host's. A booking's cards are on
+        one host, so selected_range's cards are those of the rows on the cursor's host."""
+        return self.rows[self.cursor[0]].host if self.rows else None
 
     def cursor_cell(self) -> tuple[Booking | None, Row | None, int, int]:
         """What is under the cursor: (its booking, its card, the cell's start and end)."""

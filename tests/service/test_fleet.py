@@ -14,6 +14,7 @@ from app.config import Config, FleetSettings, HistorySettings, load_config
 from app.core.identity import Identity
 from app.errors import BadInput, Conflict
 from app.gpu import open_source
+from app.core.text import format_time
 from app.output import status_text
 from app.service.hosts import beat
 from app.store.db import connect
@@ -35,8 +36,8 @@ def hosts(tmp_path, clock):
     """make(name, me) -> a LocalClient for `me` on host `name`'s service; every host on one database file."""
     made: list[LocalClient] = []
 
-    def make(name: str, me: Identity = ALICE) -> LocalClient:
-        config = replace(Config(), db_path=tmp_path / "board.db",
+    def make(name: str, me: Identity = ALICE, **settings) -> LocalClient:
+        config = replace(Config(), **settings, db_path=tmp_path / "board.db",
                          history=HistorySettings(db=str(tmp_path / f"{name}.history.db")),
                          fleet=FleetSettings(host=name, heartbeat_timeout_s=TIMEOUT_S))
         client = LocalClient.on(config, open_source(True, clock=clock, host=name), me, clock=clock)
@@ -113,9 +114,31 @@ def test_status_on_gpu1_shows_gpu2s_cards_with_their_host_and_host_down_after_th
     assert down[4]["booking"]["user"] == "bob"  # its bookings stay
     text = status_text(status, clock())
     assert text.count("HOST DOWN (since ") == 8
+    # what gpu2 last read is stale: its cards' VRAM, utilisation, temperature, power and users are blank
+    lines = text.splitlines()
+    held = next(line for line in lines if line.startswith("gpu2") and "bob" in line)
+    assert held.split()[:6] == ["gpu2", "4", "HOST", "DOWN", "(since", f"{format_time(int(seen_at), clock())})"]
+    assert held.split()[6:] == ["-", "bob", format_time(start + HOUR, clock()), "-"], held  # ASKED, HOLDER, UNTIL, NEXT
+    assert all("°C" in line for line in lines[2:10]) and not any("°C" in line for line in lines[10:])
     # it comes back: its cards come back
     beat(gpu2.service)
     assert not any(c.get("host_down") for c in gpu1.call("status")["cards"])
+
+
+def test_the_boards_fleet_event_carries_the_other_hosts_cards_and_since_when_one_is_down(hosts, clock):
+    from app.service.watch import fleet_event
+
+    gpu1 = hosts("gpu1")
+    assert (fleet_event(gpu1.service)["host"], fleet_event(gpu1.service)["hosts"]) == ("gpu1", [])
+    gpu2 = hosts("gpu2")
+    beat(gpu2.service)
+    seen_at = clock()
+    (other,) = fleet_event(gpu1.service)["hosts"]
+    assert (other["host"], other["down_since"]) == ("gpu2", None)
+    assert [c["uuid"] for c in other["snapshot"]["cards"]] == [c.uuid for c in gpu2.service.fleet.latest().cards]
+    clock.now += TIMEOUT_S + 1
+    (other,) = fleet_event(gpu1.service)["hosts"]
+    assert other["down_since"] == seen_at
 
 
 def test_run_and_serve_start_refuse_another_hosts_cards_in_one_line(hosts, clock):
@@ -127,6 +150,55 @@ def test_run_and_serve_start_refuse_another_hosts_cards_in_one_line(hosts, clock
         with pytest.raises(BadInput) as refused:
             gpu1.call(op, **args)
         assert str(refused.value) == "those cards are on gpu2: run this on gpu2", op
+
+
+def test_a_series_on_gpu2_booked_from_gpu1_is_read_extended_and_cancelled_on_gpu2s_cards(hosts, clock):
+    gpu1, gpu2 = hosts("gpu1", ALICE), hosts("gpu2", BOB)
+    beat(gpu2.service)
+    on_gpu2 = [c.uuid for c in gpu2.service.fleet.latest().cards[1:3]]
+    made = gpu1.call("series_book", cards=[1, 2], host="gpu2", every="day", start="9:00", until="11:00",
+                     to="2026-12-02", **{"from": "2026-11-30"})
+    series = made["series"]["id"]
+    assert [(b["host"], b["card_uuids"]) for b in made["bookings"]] == [("gpu2", on_gpu2)] * 3
+    extended = gpu1.call("series_extend", id=series, to="2026-12-04")
+    assert [(b["host"], b["card_uuids"]) for b in extended["bookings"]] == [("gpu2", on_gpu2)] * 2
+    got = gpu1.call("series_get", id=series)
+    assert {(b["host"], tuple(b["card_uuids"])) for b in got["bookings"]} == {("gpu2", tuple(on_gpu2))}
+    # gpu1's cards 1 and 2 stayed free at those times
+    assert gpu1.call("book", cards=[1, 2], start=extended["bookings"][-1]["start"],
+                     end=extended["bookings"][-1]["end"])["host"] == "gpu1"
+    cancelled = gpu1.call("series_cancel", id=series)
+    assert [b["host"] for b in cancelled["cancelled"]] == ["gpu2"] * 5
+
+
+MODELS = "/srv/models"
+
+
+def test_a_plan_for_another_hosts_booking_or_series_is_one_line_and_only_its_hosts_runner_starts_it(hosts, clock):
+    from types import SimpleNamespace
+
+    from app.config import LlamaSettings
+    from app.service.plans import start_due
+    from app.store import plans as plan_rows
+
+    llama = LlamaSettings(model_dirs=(MODELS,))
+    gpu1, gpu2 = hosts("gpu1", ALICE, llama=llama), hosts("gpu2", ALICE, llama=llama)
+    beat(gpu2.service)
+    start = int(clock())
+    booked = gpu1.call("book", cards=[1], host="gpu2", start=start, end=start + HOUR)
+    series = gpu1.call("series_book", cards=[2], host="gpu2", every="day", start="9:00", until="11:00",
+                       to="2026-12-02", **{"from": "2026-11-30"})["series"]["id"]
+    for which in ({"booking": booked["id"]}, {"series": series}):
+        with pytest.raises(BadInput) as refused:
+            gpu1.call("serve_plan", **which, model=f"{MODELS}/qwen.gguf")
+        assert str(refused.value) == "those cards are on gpu2: plan this on gpu2", which
+    assert plan_rows.listing(gpu1.service.conn) == []
+    # planned on gpu2, and due now: gpu1's pass leaves it for gpu2's runner
+    plan = gpu2.call("serve_plan", booking=booked["id"], model=f"{MODELS}/qwen.gguf")
+    sent = []
+    gpu1.service.runner = SimpleNamespace(gone=False, send=lambda message: sent.append(message) or True)
+    assert start_due(SimpleNamespace(service=gpu1.service, log=sent.append)) == [] and sent == []
+    assert [(p.id, b) for p, b in plan_rows.due(gpu1.service.conn, start)] == [(plan["id"], booked["id"])]
 
 
 def test_each_audit_event_names_the_host_that_vouched_for_the_actor_and_the_chain_holds(hosts, clock):
@@ -249,6 +321,46 @@ def test_two_agents_race_sixteen_bookers_from_both_hosts_and_a_killed_host_shows
     assert next(c for c in down if c["index"] == 0)["next_booking"]["id"] == booking["id"]  # its booking stays
 
 
+def test_a_board_behind_the_socket_hears_a_new_host_and_its_going_down_by_the_fleet_event_alone(make_agent):
+    """Hosts' beats change no booking: the `fleet` event carries them, so an open board sees a host appear and
+    go down without a booking change."""
+    import queue
+    import threading
+
+    from app.client.socket import SocketClient
+
+    gpu1 = _fleet_agent(make_agent, "gpu1")
+    board = SocketClient(str(gpu1.socket))
+    events: queue.Queue = queue.Queue()
+
+    def follow() -> None:
+        for event in board.subscribe(("fleet",)):
+            events.put(event)
+
+    threading.Thread(target=follow, daemon=True).start()
+
+    def next_hosts(condition, what: str) -> list:
+        def found():
+            while True:
+                try:
+                    event = events.get(timeout=0.1)
+                except queue.Empty:
+                    return None
+                if "snapshot" in event and condition(hosts := event.get("hosts", [])):
+                    return hosts or True
+
+        return _wait_for(found, what)
+
+    next_hosts(lambda hosts: hosts == [], "gpu1's board seeing gpu1 alone")
+    gpu2 = _fleet_agent(make_agent, "gpu2", shared_db=gpu1.db)
+    (up,) = next_hosts(lambda hosts: [h["host"] for h in hosts] == ["gpu2"], "gpu2 appearing on gpu1's board")
+    assert up["down_since"] is None and len(up["snapshot"]["cards"]) == 8
+    gpu2.kill9()
+    (down,) = next_hosts(lambda hosts: hosts and hosts[0]["down_since"] is not None, "gpu2 going down on the board")
+    assert down["host"] == "gpu2"
+    board.close()
+
+
 def test_cli_cards_on_two_hosts_or_an_unknown_host_are_one_line_exit_2_writing_nothing(tmp_path):
     from tests.service.support import board_cli
 
@@ -264,3 +376,29 @@ def test_cli_cards_on_two_hosts_or_an_unknown_host_are_one_line_exit_2_writing_n
     assert rc == 0 and json.loads(out)["host"] == "gpu1", err
     with connect(tmp_path / "board.db") as conn:
         assert conn.execute("SELECT count(*) FROM bookings").fetchone()[0] == 1
+
+
+def test_cli_serve_plan_for_another_hosts_booking_is_one_line_exit_2_planning_nothing(tmp_path):
+    from tests.fit import shapes
+    from tests.service.support import board_cli
+
+    models = tmp_path / "models"
+    models.mkdir()
+    model = shapes.write_model(models / "gqa8.gguf", "gqa8")
+    config = tmp_path / "board.toml"
+    config.write_text(f'[fleet]\nhost = "gpu1"\n[llama]\nmodel_dirs = ["{models}"]\n')
+    env = {"BOARD_CONFIG": str(config), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1",
+           "HOME": str(tmp_path)}
+    # gpu2's service on the same database file: its heartbeat makes its cards known on gpu1
+    gpu2 = LocalClient.on(replace(Config(), db_path=tmp_path / "board.db", fleet=FleetSettings(host="gpu2"),
+                                  history=HistorySettings(db=str(tmp_path / "gpu2.history.db"))),
+                          open_source(True, host="gpu2"), BOB)
+    beat(gpu2.service)
+    gpu2.service.close()
+    rc, out, err = board_cli("book", "--cards", "gpu2:2", "--for", "1h", "--json", env=env)
+    assert rc == 0, err
+    booking = json.loads(out)["id"]
+    rc, out, err = board_cli("serve", "plan", str(booking), "--model", str(model), env=env)
+    assert (rc, out, err) == (2, "", "board: those cards are on gpu2: plan this on gpu2\n")
+    with connect(tmp_path / "board.db") as conn:
+        assert conn.execute("SELECT count(*) FROM server_plans").fetchone()[0] == 0

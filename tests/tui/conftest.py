@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import Config
+from app.config import Config, FleetSettings
 from app.core.identity import Identity
 from app.gpu.simulated import DEFAULT_FLEET, Scenario, SimulatedSource, demo_uid
 from app.demo import seed_if_empty
@@ -123,8 +123,11 @@ class FedBoard(BoardApp):
         load_bookings(self, self.client, self.clock, *self.window)
 
     def feed(self) -> None:
-        """What the pollers post first: the fleet with its recorded history, then the bookings and the alerts."""
-        self.post_message(fleet_read(self.client, self.client.call("fleet"), self.history_step))
+        """What the pollers post first: the fleet (the service's `fleet` event) with its recorded history, then the
+        bookings and the alerts."""
+        from app.service.watch import fleet_event
+
+        self.post_message(fleet_read(self.client, fleet_event(self.client.service), self.history_step))
         self.reload_bookings()
 
 
@@ -207,3 +210,42 @@ async def ready(pilot) -> None:
         app.feed()
     await wait_for(pilot, lambda: app.fleet is not None and app.view is not None)
     await pilot.pause()
+
+
+# -- two hosts on one database --------------------------------------------------------------------------------
+
+GPU1 = replace(Config(), fleet=FleetSettings(host="gpu1", heartbeat_timeout_s=30.0))  # the board's host
+BOB = Identity("bob", demo_uid("bob"), False)
+
+
+@pytest.fixture
+def second_host(seeded_db, tmp_path):
+    """second_host(down=False) -> gpu2's service on the seeded database (its own simulated cards and history file),
+    its heartbeat written: at FROZEN_NOW (up, for a board on GPU1 at FROZEN_NOW), or two minutes before, past the
+    30 s timeout (HOST DOWN since 15:28). Bob holds gpu2's card 4 from 15:30 for 4 h."""
+    from app.client.local import LocalClient
+    from app.config import HistorySettings
+    from app.gpu import open_source
+    from app.service.hosts import beat
+    from tests.conftest import Clock
+
+    from app.store.hosts import claim_cards
+
+    conn = connect(seeded_db)
+    claim_cards(conn, "gpu1")  # the seeded cards are gpu1's (its agent's first heartbeat claims them)
+    conn.close()
+    made = []
+
+    def make(down: bool = False):
+        clock = Clock(FROZEN_NOW - 120 if down else FROZEN_NOW)
+        config = replace(GPU1, db_path=seeded_db, history=HistorySettings(db=str(tmp_path / "gpu2.history.db")),
+                         fleet=replace(GPU1.fleet, host="gpu2"))
+        client = LocalClient.on(config, open_source(True, clock=clock, host="gpu2"), BOB, clock=clock)
+        made.append(client)
+        beat(client.service)
+        client.call("book", cards=[4], start=int(FROZEN_NOW), end=int(FROZEN_NOW) + 4 * HOUR, note="on gpu2")
+        return client
+
+    yield make
+    for client in made:
+        client.service.close()

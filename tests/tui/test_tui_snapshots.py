@@ -16,7 +16,7 @@ from app.demo import demo_config
 from app.tui.screens.admin import AdminScreen
 from app.tui.screens.booking_form import BookingModal
 from app.tui.screens.card_detail import CardDetailScreen
-from tests.tui.conftest import (ERIN_ADMIN, HOSTILE_NOTE, HOSTILE_USER, hostile_scenario, ready, seed, seed_demo, simulated,
+from tests.tui.conftest import (ERIN_ADMIN, GPU1, HOSTILE_NOTE, HOSTILE_USER, hostile_scenario, ready, seed, seed_demo, simulated,
                                 wait_for)
 
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
@@ -149,3 +149,12 @@ class TestLabels:
     def test_long_labels_are_abbreviated_and_the_holder_column_stays(self, snap_compare, make_app, size):
         labels = {i: f"rack-A slot {i} SN-7731{i}" for i in range(8)}
         assert snap_compare(make_app(config=replace(DEMO, labels=labels)), terminal_size=size, run_before=ready)
+
+
+class TestFleet:
+    @SIZES
+    def test_two_hosts_one_down(self, snap_compare, make_app, second_host, size):
+        """gpu1's board with gpu2's cards under their heading, HOST DOWN since gpu2's last heartbeat (15:28), its
+        stale telemetry blanked, bob's booking on gpu2:4 kept."""
+        second_host(down=True)
+        assert snap_compare(make_app(config=GPU1), terminal_size=size, run_before=ready)

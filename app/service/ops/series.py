@@ -15,10 +15,13 @@ if TYPE_CHECKING:
 # -- series (standing slots) -------------------------------------------------------------------
 
 
-def _series(service: Service, me: Identity, host: str | None = None):
+def _series(service: Service, me: Identity, host: str | None = None, series_id: int | None = None):
+    """The series rules on `host`'s cards (default this host's), or on those of the host series `series_id` is on."""
     from app.service.series import SeriesService  # start-up: booking commands do not load the series rules
+    from app.store.series import first_occurrence  # start-up: as above
 
-    return SeriesService(service.bookings(me, host))
+    booking = first_occurrence(service.conn, series_id) if series_id is not None else None
+    return SeriesService(service.bookings(me, host, booking=booking))
 
 
 def _series_wire(series) -> dict:
@@ -50,20 +53,20 @@ def series_book(service: Service, me: Identity, cards: list, every: str, start: 
 
 @op("series_get", {"id": INT})
 def series_get(service: Service, me: Identity, id: int) -> dict:
-    series, found = _series(service, me).get(id)
+    series, found = _series(service, me, series_id=id).get(id)
     return {"series": _series_wire(series), "bookings": [booking_to_wire(b) for b in found]}
 
 
 @op("series_extend", {"id": INT, "to": STR}, {"skip_conflicts": BOOL, "override_policy": BOOL}, writes=True)
 def series_extend(service: Service, me: Identity, id: int, to: str, skip_conflicts=False, override_policy=False) -> dict:
-    outcome = _series(service, me).extend(id, to, skip_conflicts=skip_conflicts, override_policy=override_policy)
+    outcome = _series(service, me, series_id=id).extend(id, to, skip_conflicts=skip_conflicts, override_policy=override_policy)
     _tell_holder(service, me, outcome.series, f"extended to {to}")
     return _outcome_wire(outcome)
 
 
 @op("series_cancel", {"id": INT}, frees=True)
 def series_cancel(service: Service, me: Identity, id: int) -> dict:
-    series, cancelled, running = _series(service, me).cancel(id)
+    series, cancelled, running = _series(service, me, series_id=id).cancel(id)
     _tell_holder(service, me, series, "cancelled")
     return {"series": _series_wire(series), "cancelled": [booking_to_wire(b) for b in cancelled],
             "running": [booking_to_wire(b) for b in running]}

@@ -116,7 +116,8 @@ class AdminScreen(Screen):
         if booking is None or booking.status == "cancelled" or booking.end <= now:
             self.app.bell()
             return
-        if not await self.app.push_screen_wait(ConfirmModal("Cancel this booking?", describe(booking, now), yes="Cancel")):
+        body = describe(booking, now, self.app.fleet_host)
+        if not await self.app.push_screen_wait(ConfirmModal("Cancel this booking?", body, yes="Cancel")):
             return
         try:
             done = await self.app.backend.cancel(booking.id)

@@ -29,8 +29,8 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 from app.config import CLASSES
 from app.core.slots import GROUP_SIZES
 from app.errors import BadInput, BoardError
-from app.core.parse import parse_cards, parse_span
-from app.core.text import format_cards, inert
+from app.core.parse import parse_card_spec, parse_span
+from app.core.text import host_cards, inert
 from app.fit.estimate import Settings
 from app.tui.backend import Backend, Booked, BookingRequest, ModelAsk, Sizing
 from app.tui.render import duration, full_time, short_time
@@ -44,6 +44,7 @@ class BookingDraft:
     """What the form opens with: from a timeline selection, a card row, or nothing."""
 
     cards: tuple[int, ...] = ()
+    host: str | None = None  # another host's cards (named 'gpu2:0,1' in the form); None: this host's
     count: int | None = None
     start: int | None = None  # None: now
     end: int | None = None  # None: the default duration
@@ -76,7 +77,8 @@ def parse_form(
     model: str = "", ctx: str = "", parallel: str = "", night_start: int | None = None, or_later: bool = False,
 ) -> BookingRequest:
     """The form's fields -> a request, or BadInput with the one line to show; the times read as the CLI's do."""
-    chosen = tuple(parse_cards(cards)) if cards.strip() else None
+    host, chosen = parse_card_spec(cards) if cards.strip() else (None, None)  # 'gpu2:0-3': another host's
+    chosen = tuple(chosen) if chosen is not None else None
     number = None
     if count.strip():
         if not (count.strip().isascii() and count.strip().isdigit()) or int(count.strip()) < 1:
@@ -92,7 +94,7 @@ def parse_form(
     begin, end = parse_span(start.strip() or "now", length if length.strip() else None,
                             until if until.strip() else None, datetime.fromtimestamp(now).astimezone(),
                             how_long="say how long: a duration such as 3h, or an end such as 18:00", night_start=night_start)
-    return BookingRequest(chosen, number, begin, end, klass, note, model=ask, or_later=or_later)
+    return BookingRequest(chosen, number, begin, end, klass, note, model=ask, or_later=or_later, host=host)
 
 
 class Tick(Checkbox):
@@ -164,7 +166,7 @@ class BookingModal(ModalScreen[Booked | None]):
             yield Static(Text("Book cards"), id="title")
             with Horizontal():
                 yield Label("Cards", classes="field")
-                yield Input(format_cards(d.cards), placeholder="0,1 or 4-7", id="cards", compact=True)
+                yield Input(host_cards(d.cards, d.host or ""), placeholder="0,1 or 4-7", id="cards", compact=True)
                 yield Label("or count", classes="or")
                 yield Input("" if d.count is None else str(d.count), placeholder="1/2/4/8", id="count", compact=True)
             with Horizontal():
@@ -297,7 +299,7 @@ class BookingModal(ModalScreen[Booked | None]):
         if generation == self._generation:
             now = self.backend.clock()
             self.show_ok(
-                f"{'card' if len(plan.cards) == 1 else 'cards'} {format_cards(plan.cards)} · "
+                f"{'card' if len(plan.cards) == 1 else 'cards'} {host_cards(plan.cards, request.host or '')} · "
                 f"{short_time(plan.start, now)} → {short_time(plan.end, now)} ({duration(plan.end - plan.start)})"
                 f" · {request.klass}{' · queued' if request.or_later else ''} · enter books it"
             )
@@ -385,7 +387,7 @@ class BookingModal(ModalScreen[Booked | None]):
             return
         length = request.end - request.start
         with self.prevent(Input.Changed):
-            self.query_one("#cards", Input).value = format_cards(cards)
+            self.query_one("#cards", Input).value = host_cards(cards, request.host or "")
             self.query_one("#count", Input).value = ""
             self.query_one("#start", Input).value = "now" if start <= self.backend.clock() else full_time(start)
             if self._value("end").strip():

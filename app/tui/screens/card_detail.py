@@ -14,7 +14,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Sparkline, Static
 
-from app.core.text import format_cards, format_elapsed
+from app.core.text import format_cards, format_elapsed, host_cards
 from app.errors import BoardError
 from app.core.cardstate import CardStatus
 from app.tui.render import NA, TIME_WIDTH, gib, short_time, untrusted
@@ -173,7 +173,7 @@ class CardDetailScreen(Screen):
         if status is None:
             return
         app, r = self.app, status.reading
-        title = Text(f"Card {r.index}")
+        title = Text(f"Card {host_cards([r.index], status.host, app.fleet_host)}")
         if status.label:
             title.append(" ").append_text(untrusted(status.label, 20))
         title.append(f" · {r.name or NA} · ")
@@ -194,7 +194,7 @@ class CardDetailScreen(Screen):
             facts.append(f"power {r.power_w:.0f}" + ("" if r.power_limit_w is None else f"/{r.power_limit_w:.0f}") + " W\n")
         facts.append_text(link_text(r))
         facts.append("\n")
-        if app.fleet is not None and (near := topology_text(app.fleet, r.index)):
+        if app.fleet is not None and app.remote(status.host) is None and (near := topology_text(app.fleet, r.index)):
             facts.append_text(near)
             facts.append("\n")
         facts.append(f"{r.uuid} · PCI {r.pci_bus_id or NA}", "dim")

@@ -38,11 +38,12 @@ MODAL_CSS = """
 """
 
 
-def describe(booking: Booking, now: float) -> Text:
-    """'#12 alice · cards 0,1 · 14:00 → 20:00 · finetune · note' with the user's text inert."""
+def describe(booking: Booking, now: float, here: str = "") -> Text:
+    """'#12 alice · cards 0,1 · 14:00 → 20:00 · finetune · note' with the user's text inert; a booking on another
+    host than `here` names its cards 'gpu2:0,1'."""
     text = Text(f"#{booking.id} ")
     text.append(inert(booking.user, 16) + " ", "bold")  # the space in its run: see card_table's holder
-    text.append(f"· {cards_text(booking.cards)}"
+    text.append(f"· {cards_text(booking.cards, booking.host, here)}"
                 f" · {short_time(booking.start, now)} → {short_time(booking.end, now)} · {booking.klass}")
     if booking.note:
         text.append(" · ")
@@ -119,7 +120,7 @@ class ExtendModal(FormModal[int | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(Text(f"Extend booking #{self.booking.id}"), classes="title")
-            yield Static(describe(self.booking, self.now), classes="body")
+            yield Static(describe(self.booking, self.now, self.app.fleet_host), classes="body")
             with Horizontal():
                 yield Label("Add or end", classes="field")
                 yield Input("1h", placeholder="+1h, 30m, or an end such as 20:00", id="extend", compact=True)
@@ -186,7 +187,7 @@ class ReassignModal(FormModal[tuple[tuple[int, ...] | None, str | None] | None])
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(Text(f"Reassign booking #{self.booking.id}"), classes="title")
-            yield Static(describe(self.booking, self.now), classes="body")
+            yield Static(describe(self.booking, self.now, self.app.fleet_host), classes="body")
             with Horizontal():
                 yield Label("Cards", classes="field")
                 yield Input(format_cards(self.booking.cards), id="cards", compact=True)

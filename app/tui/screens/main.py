@@ -10,7 +10,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from app.core.policy import policy_zone, pool_rules
-from app.core.text import cards_text, format_cards, inert
+from app.core.text import cards_text, host_cards, inert
 from app.tui.render import duration, short_time
 from app.tui.screens.confirm import describe
 from app.tui.card_table_model import WIDE_MIN_WIDTH
@@ -109,18 +109,19 @@ class BoardScreen(Screen):
         if model.anchor is not None and selection:
             cards, start, end = selection
             return Text(
-                f"selected {cards_text(cards)} · {short_time(start, now)}"
+                f"selected {cards_text(cards, model.selected_host() or '')} · {short_time(start, now)}"
                 f" → {short_time(end, now)} ({duration(end - start)}) · b books it")
         booking = model.booking_at(*model.cursor)
         if booking is not None:
-            return describe(booking, now)
+            return describe(booking, now, self.app.fleet_host)
         if selection:
             cards, start, _ = selection
+            cards = host_cards(cards, model.selected_host() or "")
             pool = model.pool_of(model.cursor[0])
             if pool is not None:  # the rules before the booking, not in its refusal
-                return Text(f"card {format_cards(cards)} free at {short_time(start, now)} · "
+                return Text(f"card {cards} free at {short_time(start, now)} · "
                             f"{inert(pool.name, 20)}: {pool_rules(pool)} · b books")
-            return Text(f"card {format_cards(cards)} free at {short_time(start, now)} · "
+            return Text(f"card {cards} free at {short_time(start, now)} · "
                         f"shift+arrows or drag to select · b books")
         return None
 
@@ -137,7 +138,10 @@ class BoardScreen(Screen):
         if snapshot is None or self.torn_down:
             return
         wide = app.size.width >= WIDE_MIN_WIDTH
-        self.timeline.set_cards(snapshot.cards, app.config.labels, wide=wide)
+        cards = [*snapshot.cards, *(card for other in app.hosts for card in other.snapshot.cards)]
+        hosts = [None] * len(snapshot.cards) + [app.remote(other.host) for other in app.hosts
+                                                for _ in other.snapshot.cards]
+        self.timeline.set_cards(cards, app.config.labels, wide=wide, hosts=hosts)
         self.card_table.show(app.statuses, app.clock())
         self.describe_cursor()  # the cards may have arrived after the bookings
 
@@ -148,7 +152,7 @@ class BoardScreen(Screen):
         if view is not None:
             self.timeline.set_bookings(view.window)
             if self.has_class("-tall"):
-                self.query_one(UpcomingTable).show(view.upcoming, self.app.clock())
+                self.query_one(UpcomingTable).show(view.upcoming, self.app.clock(), self.app.fleet_host)
             self.describe_cursor()  # the booking under the cursor may have changed
         self.card_table.show(self.app.statuses, self.app.clock())
 
@@ -158,7 +162,7 @@ class BoardScreen(Screen):
         self.query_one(BoardHeader).now = now
         self.timeline.set_now(now)
         if self.has_class("-tall") and self.app.view is not None:  # time left, and ended bookings leave
-            self.query_one(UpcomingTable).show(self.app.view.upcoming, now)
+            self.query_one(UpcomingTable).show(self.app.view.upcoming, now, self.app.fleet_host)
 
     def show_alert(self) -> None:
         if not self.torn_down:

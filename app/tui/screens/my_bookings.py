@@ -9,7 +9,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from app.core.text import format_cards
+from app.core.text import host_cards
 from app.errors import BoardError
 from app.model import Booking
 from app.tui.render import NOTICE_MARK, TIME_WIDTH, cursor_key, duration, short_time, untrusted
@@ -67,7 +67,8 @@ class MyBookingsScreen(Screen):
             table.clear()
         for b in bookings:
             cells = (
-                Text(str(b.id)), Text(format_cards(b.cards)), Text(short_time(b.start, now)), Text(short_time(b.end, now)),
+                Text(str(b.id)), Text(host_cards(b.cards, b.host, self.app.fleet_host)), Text(short_time(b.start, now)),
+                Text(short_time(b.end, now)),
                 Text(duration(b.end - b.start)), Text(b.klass),
                 Text("ACTIVE" if b.active(now) else "queued" if b.queued else "upcoming"),
                 noted(b),
@@ -103,7 +104,8 @@ class MyBookingsScreen(Screen):
             self.notify("It has not started yet; cancel it instead (c).", severity="warning", markup=False)
             return
         title = {"cancel": "Cancel this booking?", "release": "Release the cards now?"}[verb]
-        if not await self.app.push_screen_wait(ConfirmModal(title, describe(booking, now), yes=verb.capitalize())):
+        body = describe(booking, now, self.app.fleet_host)
+        if not await self.app.push_screen_wait(ConfirmModal(title, body, yes=verb.capitalize())):
             return
         try:
             action = self.app.backend.cancel if verb == "cancel" else self.app.backend.release

@@ -4,6 +4,9 @@ What each cell says, and which columns fit, is the model's (app.tui.card_table_m
 line by line (the Line API, as the timeline): a poll diffs the cells, rebuilds the lines of the cards whose
 cells changed and refreshes only those lines. It looks and behaves as the DataTable it replaces did (a row
 cursor, enter or a click on the highlighted row selects, the header fixed above the rows).
+
+Where the board knows more than one host, each host's cards follow a heading line with its name (one host: no
+headings, today's table); the cursor moves over cards only.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from app.core.cardstate import CardStatus
-from app.tui.card_table_model import WIDE_MIN_WIDTH, cell_parts, table_columns, wants_requests
+from app.core.text import inert
+from app.tui.card_table_model import WIDE_MIN_WIDTH, cell_parts, host_groups, table_columns, wants_requests
 
 PADDING = 1  # blank cells either side of each column, as DataTable's cell_padding
 
@@ -123,6 +127,8 @@ class CardTable(ScrollView, can_focus=True):
         self._layout: tuple | None = None
         self._columns: list[tuple[str, str, int]] = []  # (key, title, width) in display order
         self._rows: list[str] = []  # UUIDs in display order
+        self._display: list[int | str] = []  # each line below the header: a row of _rows, or a host's heading
+        self._line_of: list[int] = []  # each row's line in _display
         self._cells: list[list[Cell]] = []  # per row, per column
         self._built: dict[tuple[str, str], tuple] = {}  # (uuid, column) -> (parts, Cell, shown values)
         self._lines: dict[int, Strip] = {}  # row (-1: the header) -> its line, built lazily
@@ -161,14 +167,23 @@ class CardTable(ScrollView, can_focus=True):
         self._requested = requested
         layout = (wide, mixed, width if wide else 0, any(s.label for s in statuses), requested)
         uuids = [s.reading.uuid for s in statuses]
+        display: list[int | str] = list(range(len(statuses)))
+        if (hosts := host_groups(statuses)) is not None:
+            display = [line for host in hosts for line in
+                       (host, *(n for n, s in enumerate(statuses) if s.host == host))]
         if layout != self._layout:
             self._columns = table_columns(statuses, wide, width, requested)
             self._layout, self._rows, self._row_styles = layout, [], {}
         keys = self.column_keys
         rows = [[cells[c] for c in keys] for cells in (self._cells_for(s, now, wide) for s in statuses)]
-        if uuids != self._rows:  # new cards, or another order: every line anew
+        if uuids != self._rows or display != self._display:  # new cards, or another order: every line anew
             self._rows, self._cells, self._lines = uuids, rows, {}
-            self.virtual_size = Size(sum(w + 2 * PADDING for _, _, w in self._columns), 1 + len(rows))
+            self._display = display
+            self._line_of = [0] * len(rows)
+            for line, item in enumerate(display):
+                if isinstance(item, int):
+                    self._line_of[item] = line
+            self.virtual_size = Size(sum(w + 2 * PADDING for _, _, w in self._columns), 1 + len(display))
             self.cursor_row = min(self.cursor_row, max(0, len(rows) - 1))
             self.refresh()
             return
@@ -218,10 +233,10 @@ class CardTable(ScrollView, can_focus=True):
 
     def _refresh_row(self, row: int | None) -> None:
         """Forget the row's line and repaint only that line, if it is on screen."""
-        if row is None:
+        if row is None or row >= len(self._line_of):
             return
         self._lines.pop(row, None)
-        y = 1 + row - int(self.scroll_y)
+        y = 1 + self._line_of[row] - int(self.scroll_y)
         if 1 <= y < self.size.height:
             self.refresh(Region(0, y, self.size.width, 1))
 
@@ -233,9 +248,14 @@ class CardTable(ScrollView, can_focus=True):
         super().watch_scroll_x(old, new)
 
     def render_line(self, y: int) -> Strip:
-        row = -1 if y < self.header_height else y - self.header_height + int(self.scroll_y)
-        if row >= len(self._rows):
-            return Strip.blank(self.size.width, self.rich_style)
+        row: int | str = -1
+        if y >= self.header_height:
+            at = y - self.header_height + int(self.scroll_y)
+            if at >= len(self._display):
+                return Strip.blank(self.size.width, self.rich_style)
+            row = self._display[at]
+            if isinstance(row, str):
+                return self._heading(row)
         line = self._lines.get(row)
         if line is None:
             line = self._lines[row] = self._build_line(row)
@@ -253,12 +273,25 @@ class CardTable(ScrollView, can_focus=True):
         pad = Segment(" " * PADDING)
         segments: list[Segment] = []
         cells = [Cell(((title, None),)) for _, title, _ in self._columns] if header else self._cells[row]
-        for pre, (_, _, width), cell in zip(pres, self._columns, cells):
+        widths = [width for _, _, width in self._columns]
+        column = 0
+        while column < len(cells):
+            cell, width, pre = cells[column], widths[column], pres[column]
+            column += 1
+            # A cell too long for its column spills into the blank ones after it (a down host's HOST DOWN).
+            while cell.length > width and column < len(cells) and cells[column].length == 0:
+                width += widths[column] + 2 * PADDING
+                column += 1
             segments += Segment.apply_style([pad, *cell.fit(width), pad], pre, post)
         segments.append(Segment(" " * max(0, self.size.width - self.virtual_size.width), extend))
         x = int(self.scroll_x)
         strip = Strip(segments).crop(x, x + self.size.width) if x else Strip(segments)
         return strip.adjust_cell_length(self.size.width, base).simplify()
+
+    def _heading(self, host: str) -> Strip:
+        """A host's heading line: its name, above its cards."""
+        style = self.rich_style + self._style("cards--header")
+        return Strip([Segment(f" {inert(host, 60)}", style)]).adjust_cell_length(self.size.width, style)
 
     def _styles_for(self, row: int, hover: bool, cursor: bool) -> tuple:
         """The widget's style, each cell's style before its own and after (the cursor's colour over a cell's; a
@@ -285,7 +318,9 @@ class CardTable(ScrollView, can_focus=True):
         self._refresh_row(old)
         self._refresh_row(new)
         if self._rows:
-            self.scroll_to_region(Region(0, 1 + new, 1, 1), spacing=(1, 0, 0, 0), force=True)
+            line = self._line_of[new]
+            above = 2 if line and isinstance(self._display[line - 1], str) else 1  # the header; and a host's heading
+            self.scroll_to_region(Region(0, 1 + line, 1, 1), spacing=(above, 0, 0, 0), force=True)
             self.post_message(self.RowHighlighted(self, new, self._rows[new]))
 
     def move_cursor(self, *, row: int) -> None:
@@ -321,8 +356,9 @@ class CardTable(ScrollView, can_focus=True):
             self.post_message(self.RowSelected(self, self.cursor_row, self._rows[self.cursor_row]))
 
     def _row_under(self, event: events.MouseEvent) -> int | None:
-        row = event.y - self.header_height + int(self.scroll_y)
-        return row if event.y >= self.header_height and 0 <= row < len(self._rows) else None
+        at = event.y - self.header_height + int(self.scroll_y)
+        row = self._display[at] if event.y >= self.header_height and 0 <= at < len(self._display) else None
+        return row if isinstance(row, int) else None
 
     def on_mouse_move(self, event: events.MouseMove) -> None:
         hover, self._hover = self._hover, self._row_under(event)

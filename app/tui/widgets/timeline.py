@@ -124,8 +124,9 @@ class Timeline(Widget, can_focus=True):
 
     # -- data ----------------------------------------------------------------------------------
 
-    def set_cards(self, cards: Sequence[CardReading], labels: dict[int, str] | None = None, wide: bool = False) -> None:
-        if self.model.set_cards(cards, labels, wide):
+    def set_cards(self, cards: Sequence[CardReading], labels: dict[int, str] | None = None, wide: bool = False,
+                  hosts: Sequence[str | None] = ()) -> None:
+        if self.model.set_cards(cards, labels, wide, hosts):
             self._invalidate()
             self.refresh(layout=True)
 

@@ -7,7 +7,7 @@ from typing import Sequence
 from rich.text import Text
 from textual.widgets import DataTable
 
-from app.core.text import format_cards
+from app.core.text import host_cards
 from app.model import Booking
 from app.tui.render import TIME_WIDTH, duration, short_time, untrusted
 
@@ -35,10 +35,11 @@ class UpcomingTable(DataTable):
         for key, label, width in self.COLUMNS:
             self.add_column(label, key=key, width=width)
 
-    def show(self, bookings: Sequence[Booking], now: float) -> None:
-        """The bookings not yet over at `now`; an active one says how long it has left, a later one how soon it starts."""
+    def show(self, bookings: Sequence[Booking], now: float, here: str = "") -> None:
+        """The bookings not yet over at `now`; an active one says how long it has left, a later one how soon it starts.
+        Another host's cards than `here` read 'gpu2:0,1'."""
         bookings = [b for b in bookings if b.end > now]
-        key = (tuple((b.id, b.start, b.end, b.user, b.note, b.cards) for b in bookings), int(now // 60))
+        key = (tuple((b.id, b.start, b.end, b.user, b.note, b.cards, b.host) for b in bookings), int(now // 60), here)
         if key == self._shown:
             return
         self._shown = key
@@ -51,7 +52,7 @@ class UpcomingTable(DataTable):
             else:
                 when = Text(f"in {duration(b.start - now)}", style=later)
             self.add_row(
-                Text(str(b.id)), untrusted(b.user, 12, state), Text(format_cards(b.cards)),
+                Text(str(b.id)), untrusted(b.user, 12, state), Text(host_cards(b.cards, b.host, here)),
                 Text(short_time(b.start, now)), Text(short_time(b.end, now)), Text(duration(b.end - b.start)), when,
                 Text(b.klass), untrusted(b.note, NOTE_WIDTH), key=str(b.id),
             )
