@@ -26,7 +26,7 @@ from app.service.hub import Hub
 from app.service.ops.registry import HOMES, lookup
 from app.service.processes import Registry
 from app.store import bookings as rows
-from app.store.db import connect, storage_error
+from app.store.db import connect, is_postgres, storage_error
 
 CALENDAR_PAST_S = 86400  # the calendar keeps bookings that ended up to a day before the service opened its file
 
@@ -80,9 +80,11 @@ class Service:
         """This thread's connection; opened (and migrated, and seeded for a demo) on first use."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = connect(self.config.db_path)
-            # The live bookings in memory (app.store.bookings.Calendar): a slot search asks at many starts.
-            rows.keep_calendar(conn, int(self.clock()) - CALENDAR_PAST_S)
+            conn = self._local.conn = connect(self.config.store)
+            # The live bookings in memory (app.store.bookings.Calendar): a slot search asks at many starts. Not on
+            # PostgreSQL: other hosts' services write there, and only SQL sees their commits.
+            if not is_postgres(conn):
+                rows.keep_calendar(conn, int(self.clock()) - CALENDAR_PAST_S)
             if self.demo and not self._seeded:
                 from app.demo import seed_if_empty  # start-up: only a demo loads the demo's seed
 
@@ -105,7 +107,7 @@ class Service:
                 except (sqlite3.Error, BoardError):
                     pass  # the change stands; the enforcer's next pass tries the backfill again
         except sqlite3.Error as error:
-            raise storage_error(self.config.db_path, error) from None
+            raise storage_error(self.config.store, error) from None
         finally:
             if entry.writes:
                 self.hub.changed("bookings")
