@@ -80,6 +80,8 @@ def _mapped(error: Exception) -> sqlite3.Error:
         kind = PgDatabaseError
     diag = getattr(error, "diag", None)
     message = (getattr(diag, "message_primary", None) or str(error)).strip().splitlines()[0] if str(error) else state
+    if state == "23P01":  # the bookings' EXCLUDE: said as SQLite's overlap triggers say it
+        message = f"overlapping booking ({message})"
     mapped = kind(message)
     mapped.sqlstate = state or None
     return mapped
@@ -308,8 +310,12 @@ class PgConnection:
     def __enter__(self) -> PgConnection:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        """As sqlite3's: commit an open transaction, or roll it back after an error; the connection stays open."""
+        if kind is None:
+            self.commit()
+        else:
+            self.rollback()
 
 
 def connect(store: PostgresStore) -> PgConnection:
