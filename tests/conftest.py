@@ -86,6 +86,7 @@ def db_path(tmp_path) -> Path:
 # test runs it, make check does not. A test about SQLite itself takes `sqlite_only`.
 STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
 sqlite_only = pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+postgresql_only = pytest.mark.parametrize("store", STORES[1:], indirect=True)
 
 
 @pytest.fixture(scope="session")

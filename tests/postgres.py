@@ -64,11 +64,18 @@ class Cluster:
         assert binaries is not None, missing_reason()
         self._as_postgres(str(binaries / "initdb"), "-D", str(self.data), "-U", SUPERUSER, "--auth=trust",
                           "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
-        options = f"-k {self.sockets} -c listen_addresses='' -c fsync=off -c full_page_writes=off" \
-                  " -c synchronous_commit=off -c max_connections=200"
-        self._as_postgres(str(binaries / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
-                          "-o", options, "-w", "-t", "60", "start")
         self._made_template = False
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the server (again, after pause)."""
+        options = f"-k {self.sockets} -c listen_addresses='' -c fsync=off -c full_page_writes=off -c max_connections=200"
+        self._as_postgres(str(bin_dir() / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options,
+                          "-w", "-t", "60", "start")
+
+    def pause(self) -> None:
+        """Stop the server, keeping its data (the database 'went away'); resume() starts it again."""
+        self._as_postgres(str(bin_dir() / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
 
     def _as_postgres(self, *cmd: str) -> None:
         result = subprocess.run(["setpriv", "--reuid", SUPERUSER, "--regid", SUPERUSER, "--clear-groups", *cmd],

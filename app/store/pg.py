@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from app.errors import BadInput, BoardError
+from app.store.pg_schema import PG_LATEST, PG_MIGRATIONS
 
 if TYPE_CHECKING:
     from app.config import PostgresStore
@@ -320,15 +321,44 @@ class PgConnection:
 
 def connect(store: PostgresStore) -> PgConnection:
     """Open the board's PostgreSQL database, creating its schema on first use (app.store.pg_schema)."""
-    from app.store import pg_schema
-
     conn = PgConnection(store)
     try:
-        pg_schema.ensure(conn)
+        ensure_schema(conn)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def ensure_schema(conn: PgConnection) -> None:
+    """Bring the database's schema to PG_LATEST; a no-op read when it is there. Refuses a newer one in one line."""
+    import psycopg  # start-up: loaded by the connection already
+
+    raw = conn.raw
+    try:
+        version = _schema_version(raw)
+        if version == PG_LATEST:
+            return
+        with raw.transaction():
+            raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            raw.execute("CREATE TABLE IF NOT EXISTS board_schema (version INTEGER NOT NULL)")
+            version = _schema_version(raw)
+            for script in PG_MIGRATIONS[version:]:
+                raw.execute(script)
+            raw.execute("DELETE FROM board_schema")
+            raw.execute("INSERT INTO board_schema (version) VALUES (%s)", (PG_LATEST,))
+    except psycopg.Error as error:
+        raise _mapped(error) from None
+
+
+def _schema_version(raw: Any) -> int:
+    if not raw.execute("SELECT to_regclass('board_schema') IS NOT NULL").fetchone()[0]:
+        return 0
+    version = raw.execute("SELECT max(version) FROM board_schema").fetchone()[0] or 0
+    if version > PG_LATEST:
+        raise PgDatabaseError(f"the database has schema version {version}, newer than this board ({PG_LATEST});"
+                              " upgrade board")
+    return version
 
 
 def clock_offset(conn: PgConnection) -> float:

@@ -1,8 +1,9 @@
 """The PostgreSQL schema: app.store.schema's tables at its LATEST, in PostgreSQL's words, with the same CHECKs.
 
-Made by the first service that connects (under an advisory lock, so two hosts starting together agree), and
-versioned in `board_schema`; a database newer than this board is refused in one line, as SQLite's user_version is.
-Append to PG_MIGRATIONS when app.store.schema gains a migration (tests/unit/test_pg_schema.py compares the two).
+Made by the first service that connects (app.store.pg.ensure_schema, under an advisory lock, so two hosts starting
+together agree), and versioned in `board_schema`; a database newer than this board is refused in one line, as
+SQLite's user_version is.
+Append to PG_MIGRATIONS when app.store.schema gains a migration (tests/unit/test_pg_store.py compares the two).
 
 Differences from SQLite's, on purpose:
 - ids are identity columns; `cards.rowid` is one too, since the calendar's query reads it (app.store.bookings);
@@ -12,13 +13,6 @@ Differences from SQLite's, on purpose:
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from app.store.pg import WRITE_LOCK
-
-if TYPE_CHECKING:
-    from app.store.pg import PgConnection
 
 _V1 = r"""
 CREATE EXTENSION IF NOT EXISTS btree_gist;
@@ -317,46 +311,3 @@ CREATE TRIGGER hosts_notify AFTER INSERT OR UPDATE OR DELETE ON hosts
 
 PG_MIGRATIONS: list[str] = [_V1]
 PG_LATEST = len(PG_MIGRATIONS)
-
-
-def ensure(conn: PgConnection) -> None:
-    """Bring the database's schema to PG_LATEST; a no-op read when it is there. Refuses a newer one in one line."""
-    import psycopg  # start-up: loaded by the connection already
-
-    raw = conn.raw
-    try:
-        version = _version(raw)
-        if version == PG_LATEST:
-            return
-        with raw.transaction():
-            raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
-            raw.execute("CREATE TABLE IF NOT EXISTS board_schema (version INTEGER NOT NULL)")
-            version = _version(raw)
-            if version > PG_LATEST:
-                raise _newer(version)
-            for script in PG_MIGRATIONS[version:]:
-                raw.execute(script)
-            raw.execute("DELETE FROM board_schema")
-            raw.execute("INSERT INTO board_schema (version) VALUES (%s)", (PG_LATEST,))
-    except psycopg.Error as error:
-        from app.store.pg import _mapped
-
-        raise _mapped(error) from None
-
-
-def _version(raw) -> int:
-    found = raw.execute("SELECT to_regclass('board_schema') IS NOT NULL").fetchone()[0]
-    if not found:
-        return 0
-    row = raw.execute("SELECT max(version) FROM board_schema").fetchone()
-    version = row[0] or 0
-    if version > PG_LATEST:
-        raise _newer(version)
-    return version
-
-
-def _newer(version: int) -> Exception:
-    from app.store.pg import PgDatabaseError
-
-    return PgDatabaseError(f"the database has schema version {version}, newer than this board ({PG_LATEST});"
-                           " upgrade board")
