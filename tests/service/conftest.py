@@ -77,6 +77,7 @@ class Target:
     agent: Agent | None = None
     db: Path | None = None
     config: Path | None = None
+    url: str | None = None  # a PostgreSQL store's (tests/postgres.py), for both transports; None: SQLite
 
 
 @pytest.fixture(params=["local", pytest.param("socket", marks=pytest.mark.real_users)])
@@ -92,12 +93,12 @@ def target(request, tmp_path, store) -> Target:
     url = getattr(store, "url", None)  # a PostgreSQL store's, else None: the SQLite file
     if request.param == "socket":
         agent = request.getfixturevalue("make_agent")(storage_url=url) if url else request.getfixturevalue("agent")
-        return Target("socket", {**base, "BOARD_CONFIG": str(agent.config)}, agent=agent)
+        return Target("socket", {**base, "BOARD_CONFIG": str(agent.config)}, agent=agent, url=url)
     config = tmp_path / "board.toml"
     db = tmp_path / "board.db"
     config.write_text(f'[storage]\ndb = "{db}"\n' + (f'url = "{url}"\n' if url else ""))
     return Target("local", {**base, "BOARD_CONFIG": str(config), "BOARD_DB": str(db), "BOARD_SIMULATE": "1"},
-                  db=db, config=config)
+                  db=db, config=config, url=url)
 
 
 @pytest.fixture
