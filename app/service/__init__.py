@@ -59,6 +59,9 @@ class Service:
         self.runner = None  # the registered `board runner` (app.service.plans.Runner), which starts planned servers
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
         self.notifier: Deliverer | None = None  # the delivery thread's, where the socket server runs one
+        # On PostgreSQL: this host's clock minus the database's now(), in seconds, measured at start and every minute
+        # (app.service.watch; app.store.pg.clock_offset); None until measured. board doctor fails beyond a second.
+        self.clock_offset: float | None = None
 
     @functools.cached_property
     def supervision(self) -> Supervision:

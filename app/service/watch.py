@@ -9,6 +9,7 @@ other hosts' services write too, over either transport: the watcher LISTENs for 
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from app.config import PostgresStore
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 DB_POLL_SECONDS = 1.0
 LISTEN_RETRY_SECONDS = 1.0  # after the database went away: the connection backs off by itself beyond this
+CLOCK_CHECK_SECONDS = 60.0  # how often the service compares its clock with the database's (board doctor reads it)
 
 
 def start_watchers(service: Service) -> threading.Event:
@@ -63,15 +65,26 @@ def _db_loop(service: Service, stop: threading.Event) -> None:
 
 
 def _listen_loop(service: Service, stop: threading.Event) -> None:
-    """LISTEN board_changes on a connection of its own; each NOTIFY's kind (bookings, servers) is changed at once."""
-    from app.store.pg import CHANNEL  # start-up: only a PostgreSQL store loads it
+    """LISTEN board_changes on a connection of its own; each NOTIFY's kind (bookings, servers) is changed at once.
+    At start and every minute, the same connection measures this host's clock against the database's
+    (Service.clock_offset): bookings are absolute times, so hosts must agree on now."""
+    from app.store.pg import CHANNEL, clock_offset  # start-up: only a PostgreSQL store loads it
 
     conn = None
+    checked = float("-inf")
     while not stop.is_set():
         try:
+            if time.monotonic() - checked >= CLOCK_CHECK_SECONDS and conn is not None:
+                service.clock_offset = clock_offset(conn)
+                checked = time.monotonic()
+                # A NOTIFY that came during that query may not reach notifies(): look again, once a minute.
+                service.hub.changed("bookings")
+                service.hub.changed("servers")
             if conn is None:
                 conn = connect(service.config.store)
                 conn.execute(f"LISTEN {CHANNEL}")
+                service.clock_offset = clock_offset(conn)
+                checked = time.monotonic()
                 # What others wrote while no one listened (at start, or while the database was away).
                 service.hub.changed("bookings")
                 service.hub.changed("servers")
