@@ -80,6 +80,8 @@ def next_due(conn: sqlite3.Connection) -> int | None:
 
 
 def rows(conn: sqlite3.Connection, ids: list[int]) -> list[Row]:
+    if not ids:  # PostgreSQL has no empty IN ()
+        return []
     marks = ",".join("?" * len(ids))
     return [_row(r) for r in conn.execute(f"SELECT * FROM outbox WHERE id IN ({marks}) ORDER BY id", ids)]
 

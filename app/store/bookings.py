@@ -159,6 +159,8 @@ def first_conflict(
     uuids = list(uuids)
     if (calendar := _calendar(conn, start)) is not None:
         return calendar.first_conflict(uuids, start, end, excluding)
+    if not uuids:  # no card, no conflict (and PostgreSQL has no empty IN ())
+        return None
     marks = ",".join("?" * len(uuids))
     ids = [row[0] for row in conn.execute(
         f"SELECT DISTINCT b.id, b.ends_at FROM bookings AS b JOIN booking_cards AS bc ON bc.booking_id = b.id"
