@@ -13,7 +13,6 @@ import os
 import re
 import sqlite3
 import stat
-import threading
 import time
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
@@ -38,6 +37,10 @@ _ID_TABLES = {"bookings", "events", "servers", "series", "outbox", "faults", "al
 
 class StoreUnreachable(BoardError):
     """The database did not answer; the message names this host, the database's address, and that nothing changed."""
+
+
+class StoreRefused(BoardError):
+    """The database answered but refused the connection (no such role or database, a wrong password)."""
 
 
 class PgError:
@@ -212,7 +215,11 @@ class PgConnection:
         except psycopg.OperationalError as error:
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
-            raise self.unreachable(error) from None
+            said = re.search(r"FATAL:\s*(.*)", str(error))
+            if said:  # the server answered, and refused: a role, a password, a database name to fix
+                raise StoreRefused(f"the board database at {_address(self.store.url)} refused {self.store.host}:"
+                                   f" {said.group(1).strip()}; check [storage] url and the role's access") from None
+            raise self.unreachable() from None
         _adapt(conn)
         conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
         conn.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
@@ -220,7 +227,7 @@ class PgConnection:
         conn.execute("SET TIME ZONE 'UTC'")
         self._conn, self._backoff = conn, 1.0
 
-    def unreachable(self, error: BaseException | None = None) -> StoreUnreachable:
+    def unreachable(self) -> StoreUnreachable:
         where = _address(self.store.url)
         return StoreUnreachable(f"the board database is unreachable ({self.store.host} → {where}); nothing was changed")
 
@@ -247,7 +254,7 @@ class PgConnection:
             cursor = conn.execute(text, _params(params))
         except psycopg.OperationalError as error:
             if conn.broken:
-                raise self.unreachable(error) from None
+                raise self.unreachable() from None
             raise _mapped(error) from None
         except psycopg.Error as error:
             raise _mapped(error) from None
@@ -270,7 +277,7 @@ class PgConnection:
                 cursor.executemany(text, rows)
         except psycopg.OperationalError as error:
             if conn.broken:
-                raise self.unreachable(error) from None
+                raise self.unreachable() from None
             raise _mapped(error) from None
         except psycopg.Error as error:
             raise _mapped(error) from None
@@ -370,9 +377,6 @@ def clock_offset(conn: PgConnection) -> float:
 
 
 # -- details --------------------------------------------------------------------------------------------------
-
-
-_adapted = threading.Lock()
 
 
 def _adapt(conn: Any) -> None:

@@ -14,7 +14,7 @@ import pytest
 from app.client.local import LocalClient
 from app.config import Config, ConfigError, PostgresStore, load_config
 from app.core.identity import current_identity
-from app.errors import BadInput
+from app.errors import BadInput, BoardError
 from app.gpu import open_source
 from app.store import schema
 from app.store.db import StoreError, connect, write
@@ -126,6 +126,13 @@ def test_every_connection_sets_its_timeouts_durability_and_name(pg):
                         "synchronous_commit": "on", "application_name": "board gpu1"}
     assert abs(clock_offset(conn)) < 5  # the same machine's clock; doctor fails beyond a second
     conn.close()
+
+
+def test_a_database_that_refuses_says_why_in_one_line(pg_cluster):
+    with pytest.raises(BoardError) as refused:
+        connect(PostgresStore(pg_cluster.url("no_such_board"), host="gpu1"))
+    assert "refused gpu1" in str(refused.value) and 'database "no_such_board" does not exist' in str(refused.value)
+    assert "\n" not in str(refused.value) and "unreachable" not in str(refused.value)
 
 
 def test_the_first_service_makes_the_schema_and_a_newer_one_is_refused(pg_cluster):
