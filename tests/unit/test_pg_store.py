@@ -13,10 +13,11 @@ import pytest
 
 from app.client.local import LocalClient
 from app.config import Config, ConfigError, PostgresStore, load_config
-from app.core.identity import current_identity
-from app.errors import BadInput, BoardError
+from app.core.identity import Identity, current_identity
+from app.errors import BadInput, BoardError, Conflict
+from app.service.bookings import BookingService
 from app.gpu import open_source
-from app.store import schema
+from app.store import events, schema
 from app.store.db import StoreError, connect, write
 from app.store.pg import StoreUnreachable, _password, clock_offset, translate
 from tests.conftest import FROZEN_NOW, postgresql_only, run_board
@@ -166,6 +167,40 @@ def test_the_database_keeps_the_spans_in_step_and_refuses_overlaps_and_empty_ran
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
         with write(conn):
             conn.execute("DELETE FROM events")
+
+
+def test_sixteen_writers_racing_for_one_card_make_one_booking_and_fifteen_clean_conflicts(pg, fleet):
+    """Each writer on its own connection, as each host's service is: the write lock serialises them, the rules see the
+    winner, and the audit chain stays one chain."""
+    barrier = threading.Barrier(16)
+    outcomes: queue.Queue = queue.Queue()
+
+    def writer(uid: int) -> None:
+        conn = connect(pg)
+        rules = BookingService(conn, Identity(f"user{uid}", uid, False), Config(), fleet.cards, fleet.topology,
+                               lambda: FROZEN_NOW)
+        barrier.wait()
+        try:
+            outcomes.put(rules.create(cards=[2], start=FROZEN_NOW + 3600, end=FROZEN_NOW + 7200).id)
+        except Exception as error:  # noqa: BLE001 - the test tallies them
+            outcomes.put(error)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=writer, args=(2000 + n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    results = [outcomes.get_nowait() for _ in range(16)]
+    won = [r for r in results if isinstance(r, int)]
+    lost = [r for r in results if not isinstance(r, int)]
+    assert len(won) == 1 and len(lost) == 15, results
+    assert all(isinstance(r, Conflict) and "\n" not in str(r) for r in lost), lost
+    conn = connect(pg)
+    assert events.first_broken(conn) is None
+    assert conn.execute("SELECT count(*), sum(ok) FROM events").fetchone() == (16, 1)
+    conn.close()
 
 
 @pytest.mark.postgresql
