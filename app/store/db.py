@@ -140,11 +140,17 @@ def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 
 def _write_pg(conn) -> Iterator:
-    from app.store.pg import WRITE_LOCK  # start-up: only a PostgreSQL store loads it
+    from app.store.pg import LOCK_TIMEOUT_MS, WRITE_LOCK  # start-up: only a PostgreSQL store loads it
 
     conn.execute("BEGIN")
     try:
-        conn.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+        try:
+            conn.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+        except sqlite3.OperationalError as error:
+            if getattr(error, "sqlstate", None) != "55P03":  # lock_not_available: lock_timeout passed
+                raise
+            raise StoreError(f"the board database stayed locked for {LOCK_TIMEOUT_MS / 1000:g} s (another writer,"
+                             " perhaps on another host, holds its write lock); try again") from None
         yield conn
         conn.execute("COMMIT")
     except BaseException:

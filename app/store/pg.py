@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 STATEMENT_TIMEOUT_MS = 30_000  # no statement of board's runs for seconds: a hung one must not hold the calendar
 IDLE_IN_TRANSACTION_MS = 10_000  # a host that stopped mid-transaction lets go of its locks after this
+LOCK_TIMEOUT_MS = 10_000  # a writer waits this long for the write lock, as SQLite's busy timeout (app.store.db.write)
 CONNECT_TIMEOUT_S = 5
 WRITE_LOCK = 0x626F617264  # 'board': the one advisory lock every write transaction takes (app.store.db.write)
 CHANNEL = "board_changes"  # NOTIFY'd by the schema's triggers with the kind that changed: bookings, servers, hosts
@@ -223,6 +224,7 @@ class PgConnection:
         _adapt(conn)
         conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
         conn.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
+        conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
         conn.execute("SET synchronous_commit = on")  # nothing acknowledged is lost, whatever the server's default
         conn.execute("SET TIME ZONE 'UTC'")
         self._conn, self._backoff = conn, 1.0

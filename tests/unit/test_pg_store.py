@@ -19,6 +19,7 @@ from app.service.bookings import BookingService
 from app.gpu import open_source
 from app.store import events, schema
 from app.store.db import StoreError, connect, write
+from app.store import pg as pg_module
 from app.store.pg import StoreUnreachable, _password, clock_offset, translate
 from tests.conftest import FROZEN_NOW, postgresql_only, run_board
 from tests.postgres import Cluster, missing_reason
@@ -201,6 +202,22 @@ def test_sixteen_writers_racing_for_one_card_make_one_booking_and_fifteen_clean_
     assert events.first_broken(conn) is None
     assert conn.execute("SELECT count(*), sum(ok) FROM events").fetchone() == (16, 1)
     conn.close()
+
+
+def test_a_writer_waits_for_the_write_lock_then_says_so_in_one_line(pg, monkeypatch):
+    holder = connect(pg)
+    monkeypatch.setattr(pg_module, "LOCK_TIMEOUT_MS", 200)
+    waiter = connect(pg)
+    with write(holder):  # another host's service, in the middle of a write
+        with pytest.raises(StoreError) as locked:
+            with write(waiter):
+                waiter.execute("SELECT 1")
+    assert str(locked.value) == ("the board database stayed locked for 0.2 s (another writer, perhaps on another host,"
+                                 " holds its write lock); try again")
+    with write(waiter):  # and once it is free, it is the waiter's
+        waiter.execute("SELECT 1")
+    holder.close()
+    waiter.close()
 
 
 @pytest.mark.postgresql
