@@ -1,7 +1,8 @@
 """Settings: one root-owned TOML file plus environment overrides, read into typed dataclasses.
 
 Precedence for the database path: --db, then BOARD_DB, then [storage] db in the config
-(BOARD_CONFIG, default /etc/board/board.toml), then /var/lib/board/board.db.
+(BOARD_CONFIG, default /etc/board/board.toml), then /var/lib/board/board.db. A PostgreSQL store instead:
+BOARD_DB_URL, then [storage] url (with an optional [storage] password_file).
 """
 
 from __future__ import annotations
@@ -232,9 +233,22 @@ class PowerSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class PostgresStore:
+    """[storage] url: the board's store is this PostgreSQL database (a libpq URI), shared by every host's service.
+    `password_file` holds the role's password (the reader's own file, mode 0600 or 0400); `host` names this host
+    in the database's view (application_name) and in the one line an unreachable database gets."""
+
+    url: str
+    password_file: Path | None = None
+    host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
+    storage_url: str | None = None  # a PostgreSQL store ([storage] url, BOARD_DB_URL); None: SQLite at db_path
+    storage_password_file: Path | None = None
     admin_group: str = "board-admin"
     refresh_seconds: float = 1.0
     hot_celsius: int = 90
@@ -248,6 +262,13 @@ class Config:
     fit: FitSettings = field(default_factory=FitSettings)
     booking: BookingSettings = field(default_factory=BookingSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
+
+    @property
+    def store(self) -> Path | PostgresStore:
+        """What app.store.db.connect opens: the PostgreSQL database when a url is set, else the SQLite file."""
+        if self.storage_url:
+            return PostgresStore(self.storage_url, self.storage_password_file, self.fleet_host)
+        return self.db_path
 
     @property
     def history_path(self) -> Path:
@@ -277,6 +298,8 @@ def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict
     db_path = db or environ.get("BOARD_DB")
     if db_path:
         config = replace(config, db_path=Path(db_path).expanduser())
+    if url := environ.get("BOARD_DB_URL"):
+        config = replace(config, storage_url=url)
     return config
 
 
@@ -321,9 +344,16 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
     for key in ("allowed_hosts", "model_dirs"):
         if key in llama:
             llama[key] = tuple(llama[key])
+    url, password_file = storage.get("url"), storage.get("password_file")
+    if url is not None and (not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://"))):
+        raise ValueError("[storage] url must be a PostgreSQL URI (postgresql://...)")
+    if password_file is not None and not isinstance(password_file, str):
+        raise ValueError("[storage] password_file must be a path")
     return Config(
         path=path,
         db_path=Path(storage.get("db", DEFAULT_DB_PATH)),
+        storage_url=url or None,
+        storage_password_file=Path(password_file).expanduser() if password_file else None,
         admin_group=str(access.get("admin_group", "board-admin")),
         refresh_seconds=float(display.get("refresh_seconds", 1.0)),
         hot_celsius=int(display.get("hot_celsius", 90)),

@@ -48,7 +48,7 @@ SEED = (
 def demo_person(conn: sqlite3.Connection, cards: Sequence[CardReading], name: str) -> tuple[str, int] | None:
     """(name, uid) of one of the demo's made-up people, who have no account on this machine: whoever holds a
     booking in the demo database (with the uid it carries), the demo team, or a user of the simulated cards."""
-    row = conn.execute("SELECT uid FROM bookings WHERE user = ? ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+    row = conn.execute('SELECT uid FROM bookings WHERE "user" = ? ORDER BY id DESC LIMIT 1', (name,)).fetchone()
     if row is not None:
         return name, row[0]
     if name in DEMO_UIDS or any(p.user == name for c in cards for p in c.processes):

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real SQLite file per test, the simulated fleet, and a booking service bound to them."""
+"""Shared fixtures: a real database per test (a SQLite file, and with the `postgresql` tier a fresh PostgreSQL database
+on a throwaway cluster: tests/postgres.py), the simulated fleet, and a booking service bound to them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import Config
+from app.config import Config, PostgresStore
 from app.service.bookings import BookingService
 from app.core.identity import Identity
 from app.gpu import open_source
@@ -28,6 +29,7 @@ TIER_FIXTURES = {
     "llama_server": "llama_server",  # the real binary (scripts/build_llama_server.sh)
     "llama_server_bin": "llama_server",
     "prometheus_bin": "prometheus",  # a real Prometheus and promtool (scripts/fetch_prometheus.sh)
+    "pg_cluster": "postgresql",  # a throwaway PostgreSQL cluster (tests/postgres.py); `store`'s second param
 }
 TIER_PATHS = {
     "tests/users": "real_users",
@@ -80,9 +82,40 @@ def db_path(tmp_path) -> Path:
     return tmp_path / "board.db"
 
 
+# The stores every store-level and behaviour test runs on. PostgreSQL's param is its own tier (`postgresql`): make
+# test runs it, make check does not. A test about SQLite itself takes `sqlite_only`.
+STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
+sqlite_only = pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+postgresql_only = pytest.mark.parametrize("store", STORES[1:], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """One throwaway PostgreSQL cluster per worker (tests/postgres.py); skipped with the reason where none can run."""
+    from tests.postgres import Cluster, missing_reason
+
+    if reason := missing_reason():
+        pytest.skip(reason)
+    cluster = Cluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=STORES)
+def store(request, db_path):
+    """Where the test's board keeps its data: the SQLite file db_path, or a fresh PostgreSQL database (Config.store)."""
+    if request.param == "sqlite":
+        yield db_path
+        return
+    cluster = request.getfixturevalue("pg_cluster")
+    url = cluster.fresh_database()
+    yield PostgresStore(url, host="test")
+    cluster.drop(url)
+
+
 @pytest.fixture
-def conn(db_path):
-    connection = connect(db_path)
+def conn(store):
+    connection = connect(store)
     yield connection
     connection.close()
 

@@ -101,7 +101,7 @@ def gather(conn: sqlite3.Connection, snapshot: FleetSnapshot, history: HistorySt
         " AND requested_at > 0", (then, int(now))))
     faults = fault_rows.count(conn, now - MONTH_S, kinds=("oom", "xid"))
     crashes = tuple(Crash(i, user, ended, model.rsplit("/", 1)[-1]) for i, user, ended, model in conn.execute(
-        "SELECT id, user, ended_at, model FROM servers WHERE state = 'crashed' AND ended_at >= ?",
+        "SELECT id, \"user\", ended_at, model FROM servers WHERE state = 'crashed' AND ended_at >= ?",
         (int(now - settings.crashed_min * 60),)))
     ending = tuple(Ending(b.id, b.uid, b.end) for b in rows.live_between(conn, int(now), int(now) + 1)
                    if b.end - now <= settings.ending_min * 60)

@@ -148,6 +148,9 @@ def cmd_backup(ctx) -> int:
     def progress(done: int, total: int) -> None:
         print(f"backup: {done}/{total} pages ({done * 100 // total}%)", flush=True)
 
+    if ctx.config.storage_url:
+        raise BadInput("the board's store is PostgreSQL ([storage] url): back it up with pg_dump (e.g. pg_dump -Fc"
+                       " -f board.dump DBNAME), not board backup")
     source, target = ctx.config.db_path, Path(ctx.args.path)
     # The history is its own file: its copy goes beside the board's, and a name in its way is refused first.
     history, history_copy = ctx.config.history_path, history_target(target)

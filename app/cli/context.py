@@ -67,7 +67,7 @@ class Context:
         """A connection to a database file this user owns (`board agent` in file mode)."""
         from app.store.db import connect
 
-        return connect(self.config.db_path)
+        return connect(self.config.store)
 
     def now(self) -> datetime:
         return datetime.now().astimezone()

@@ -29,7 +29,7 @@ class Fault:
         return asdict(self)
 
 
-_COLUMNS = "id, ts, card_uuid, kind, code, detail, duration_s, booking_id, user"
+_COLUMNS = 'id, ts, card_uuid, kind, code, detail, duration_s, booking_id, "user"'
 
 
 def record(conn: sqlite3.Connection, *, ts: float, kind: str, card_uuid: str | None = None, code: int | None = None,
@@ -39,7 +39,7 @@ def record(conn: sqlite3.Connection, *, ts: float, kind: str, card_uuid: str | N
     if kind not in KINDS:
         raise ValueError(f"fault kind must be one of {', '.join(KINDS)}, not {kind!r}")
     cursor = conn.execute(
-        "INSERT INTO faults (ts, card_uuid, kind, code, detail, duration_s, booking_id, user)"
+        'INSERT INTO faults (ts, card_uuid, kind, code, detail, duration_s, booking_id, "user")'
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (int(ts), card_uuid, kind, code, detail[:500], duration_s, booking_id, user),
     )

@@ -69,7 +69,7 @@ class Sampler:
     def conn(self) -> sqlite3.Connection:
         """The sampler's own connection to board.db, for the bookings: opened by the thread that samples."""
         if self._conn is None:
-            self._conn = connect(self.config.db_path)
+            self._conn = connect(self.config.store)
         return self._conn
 
     def sample_once(self) -> list[Sample]:

@@ -104,7 +104,7 @@ class Server:
 
 
 _COLUMNS = (
-    "id, booking_id, user, uid, cards, card_uuids, model, alias, host, port, ctx, parallel, split_mode, metrics,"
+    "id, booking_id, \"user\", uid, cards, card_uuids, model, alias, host, port, ctx, parallel, split_mode, metrics,"
     " cmdline, log_path, state, pid, pid_started, pgid, supervisor_pid, supervisor_started, supervisor_cmdline,"
     " created_at, ready_at, ended_at, exit_code, exit_signal, reason, log_tail, estimate, measured, api_key"
 )
@@ -260,7 +260,7 @@ def listing(
         clauses.append(f"state IN ({','.join('?' * len(LIVE_STATES))})")
         args.extend(LIVE_STATES)
     if user is not None:
-        clauses.append("user = ?")
+        clauses.append('"user" = ?')
         args.append(user)
     if booking_id is not None:
         clauses.append("booking_id = ?")
@@ -300,7 +300,7 @@ def insert(
     split_mode: str | None, metrics: bool, cmdline: Iterable[str], now: int, estimate: dict | None = None,
 ) -> int:
     cursor = conn.execute(
-        "INSERT INTO servers (booking_id, user, uid, cards, card_uuids, model, alias, host, port, ctx, parallel,"
+        "INSERT INTO servers (booking_id, \"user\", uid, cards, card_uuids, model, alias, host, port, ctx, parallel,"
         " split_mode, metrics, cmdline, state, created_at, estimate)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (booking_id, user, uid, json.dumps(list(cards)), json.dumps(list(card_uuids)), model, alias, host, port, ctx,

@@ -374,11 +374,14 @@ class _DatabaseReporter:
             user = pwd.getpwuid(uid).pw_name
         except KeyError:
             user = f"uid{uid}"
+        # --db is the SQLite file, or a PostgreSQL store's url (app.service.ops.servers' launch grant).
+        url = opts["db"] if opts["db"].startswith(("postgresql://", "postgres://")) else None
+        config = Config(storage_url=url) if url else Config(db_path=Path(opts["db"]))
         try:
-            self.conn = connect(Path(opts["db"]), create=False)
+            self.conn = connect(config.store, create=False)
         except Exception as error:  # noqa: BLE001
             raise RuntimeError(f"can't open the board database {opts['db']}: {error}") from None
-        self.service = ServerService(self.conn, Identity(user, uid, False), Config(db_path=Path(opts["db"])))
+        self.service = ServerService(self.conn, Identity(user, uid, False), config)
 
     def _write(self, change, attempts: int = 5):
         """Run one report; retry a locked database, never die of it."""

@@ -52,8 +52,9 @@ def _insert(conn, chosen, message: Message, now: int, key: str | None, attempts:
     ids = []
     for target in chosen:
         cursor = conn.execute(
-            "INSERT OR IGNORE INTO outbox (target, kind, key, message, created_at, max_attempts, next_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)", (target.name, message.kind, key, message.to_json(), now, attempts, now))
+            "INSERT INTO outbox (target, kind, key, message, created_at, max_attempts, next_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (target.name, message.kind, key, message.to_json(), now, attempts, now))
         if cursor.rowcount:
             ids.append(cursor.lastrowid)
     return ids
@@ -79,6 +80,8 @@ def next_due(conn: sqlite3.Connection) -> int | None:
 
 
 def rows(conn: sqlite3.Connection, ids: list[int]) -> list[Row]:
+    if not ids:  # PostgreSQL has no empty IN ()
+        return []
     marks = ",".join("?" * len(ids))
     return [_row(r) for r in conn.execute(f"SELECT * FROM outbox WHERE id IN ({marks}) ORDER BY id", ids)]
 

@@ -26,7 +26,7 @@ from app.service.hub import Hub
 from app.service.ops.registry import HOMES, lookup
 from app.service.processes import Registry
 from app.store import bookings as rows
-from app.store.db import connect, storage_error
+from app.store.db import connect, is_postgres, storage_error
 
 CALENDAR_PAST_S = 86400  # the calendar keeps bookings that ended up to a day before the service opened its file
 
@@ -61,6 +61,9 @@ class Service:
         self.runner = None  # the registered `board runner` (app.service.plans.Runner), which starts planned servers
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
         self.notifier: Deliverer | None = None  # the delivery thread's, where the socket server runs one
+        # On PostgreSQL: this host's clock minus the database's now(), in seconds, measured at start and every minute
+        # (app.service.watch; app.store.pg.clock_offset); None until measured. board doctor fails beyond a second.
+        self.clock_offset: float | None = None
 
     @functools.cached_property
     def supervision(self) -> Supervision:
@@ -82,9 +85,11 @@ class Service:
         """This thread's connection; opened (and migrated, and seeded for a demo) on first use."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = connect(self.config.db_path)
-            # The live bookings in memory (app.store.bookings.Calendar): a slot search asks at many starts.
-            rows.keep_calendar(conn, int(self.clock()) - CALENDAR_PAST_S)
+            conn = self._local.conn = connect(self.config.store)
+            # The live bookings in memory (app.store.bookings.Calendar): a slot search asks at many starts. Not on
+            # PostgreSQL: other hosts' services write there, and only SQL sees their commits.
+            if not is_postgres(conn):
+                rows.keep_calendar(conn, int(self.clock()) - CALENDAR_PAST_S)
             if self.demo and not self._seeded:
                 from app.demo import seed_if_empty  # start-up: only a demo loads the demo's seed
 
@@ -110,7 +115,7 @@ class Service:
                 except (sqlite3.Error, BoardError):
                     pass  # the change stands; the enforcer's next pass tries the backfill again
         except sqlite3.Error as error:
-            raise storage_error(self.config.db_path, error) from None
+            raise storage_error(self.config.store, error) from None
         finally:
             if entry.writes:
                 self.hub.changed("bookings")

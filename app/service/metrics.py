@@ -44,7 +44,8 @@ from app.errors import BoardError
 from app.model import Booking
 from app.service.deadline import DeadlineStream
 from app.store import bookings as rows
-from app.store.db import BoardConnection, storage_error
+from app.config import PostgresStore
+from app.store.db import BoardConnection, connect, is_postgres, storage_error
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -183,14 +184,17 @@ class BoardCollector(Collector):
         conn = self._connection()
         now = int(self.service.clock())
         counts = {name: dict(totals) for name, totals in before.counts.items()}
-        conn.execute("BEGIN")  # one snapshot of the file for the bookings and the events
+        postgres = is_postgres(conn)
+        # One snapshot of the database for the bookings and the events.
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if postgres else "BEGIN")
         try:
             # The next hour's too: a booking that starts between two reads takes its card at the scrape that follows.
             live = rows.live_between(conn, now, now + AHEAD_S)
             queued = len(rows.queued(conn, now))
             cursor = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
             for name, _, where, _, key in COUNTED:
-                value = f"CASE WHEN json_valid(details) THEN json_extract(details, '$.{key}') END" if key else "''"
+                value = (f"board_json_field(details, '{key}')" if postgres else
+                         f"CASE WHEN json_valid(details) THEN json_extract(details, '$.{key}') END") if key else "''"
                 found = conn.execute(f"SELECT {value}, count(*) FROM events WHERE id > ? AND id <= ? AND {where} GROUP BY 1",
                                      (before.cursor, cursor))
                 totals = counts.setdefault(name, {})
@@ -206,6 +210,10 @@ class BoardCollector(Collector):
         return View(live, queued, counts, cursor, version, self.clock(), alerts, faults)
 
     def _connection(self) -> sqlite3.Connection:
+        if self._conn is None and isinstance(self.service.config.store, PostgresStore):
+            conn = connect(self.service.config.store)  # its own connection, read-only: a scrape can never write
+            conn.execute("SET default_transaction_read_only = on")
+            self._conn = conn
         if self._conn is None:
             path = self.service.config.db_path
             try:

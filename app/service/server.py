@@ -130,7 +130,7 @@ class ServiceServer:
         # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
         service.start_notifier(lambda fn: self.database.submit(fn).result(), self.log, self.stopping)
         # Xid events and throttling spells
-        faults, faults_thread = start_watcher(service.fleet, service.config.db_path, service.clock, log=self.log)
+        faults, faults_thread = start_watcher(service.fleet, service.config.store, service.clock, log=self.log)
         self._listener.settimeout(0.5)
         try:
             backoff = 0.0

@@ -1,14 +1,18 @@
 """The service's two watchers, each on a daemon thread: the fleet (one reader for every board) and the database.
 
 The database watcher catches commits made by other processes on a file-mode database (a CLI
-`board book` beside an open board); the service's own writes announce themselves at once.
+`board book` beside an open board); the service's own writes announce themselves at once. On PostgreSQL
+other hosts' services write too, over either transport: the watcher LISTENs for the schema's NOTIFYs
+(app.store.pg_schema) and wakes the boards at once.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
+from app.config import PostgresStore
 from app.gpu.model import hosts_to_wire, snapshot_to_wire
 from app.store.db import connect, data_version
 
@@ -16,12 +20,16 @@ if TYPE_CHECKING:
     from app.service import Service
 
 DB_POLL_SECONDS = 1.0
+LISTEN_RETRY_SECONDS = 1.0  # after the database went away: the connection backs off by itself beyond this
+CLOCK_CHECK_SECONDS = 60.0  # how often the service compares its clock with the database's (board doctor reads it)
 
 
 def start_watchers(service: Service) -> threading.Event:
     stop = threading.Event()
     loops = [("board-fleet", _fleet_loop)]
-    if service.transport == "local":  # behind the socket the service is the only writer, and says so itself
+    if isinstance(service.config.store, PostgresStore):
+        loops.append(("board-db-listen", _listen_loop))
+    elif service.transport == "local":  # behind the socket the service is the only writer, and says so itself
         loops.append(("board-db-watch", _db_loop))
     for name, loop in loops:
         threading.Thread(target=loop, args=(service, stop), name=name, daemon=True).start()
@@ -65,3 +73,41 @@ def _db_loop(service: Service, stop: threading.Event) -> None:
         except Exception as error:  # noqa: BLE001 - shown by the boards; the service keeps going
             service.hub.publish("bookings", {"error": str(error)})
         stop.wait(DB_POLL_SECONDS)
+
+
+def _listen_loop(service: Service, stop: threading.Event) -> None:
+    """LISTEN board_changes on a connection of its own; each NOTIFY's kind (bookings, servers) is changed at once.
+    At start and every minute, the same connection measures this host's clock against the database's
+    (Service.clock_offset): bookings are absolute times, so hosts must agree on now."""
+    from app.store.pg import CHANNEL, clock_offset  # start-up: only a PostgreSQL store loads it
+
+    conn = None
+    checked = float("-inf")
+    while not stop.is_set():
+        try:
+            if time.monotonic() - checked >= CLOCK_CHECK_SECONDS and conn is not None:
+                service.clock_offset = clock_offset(conn)
+                checked = time.monotonic()
+                # A NOTIFY that came during that query may not reach notifies(): look again, once a minute.
+                service.hub.changed("bookings")
+                service.hub.changed("servers")
+            if conn is None:
+                conn = connect(service.config.store)
+                conn.execute(f"LISTEN {CHANNEL}")
+                service.clock_offset = clock_offset(conn)
+                checked = time.monotonic()
+                # What others wrote while no one listened (at start, or while the database was away).
+                service.hub.changed("bookings")
+                service.hub.changed("servers")
+            # Wakes at the first NOTIFY; at the latest after a second, to see `stop`.
+            for note in conn.raw.notifies(timeout=DB_POLL_SECONDS):
+                if note.payload in ("bookings", "servers"):
+                    service.hub.changed(note.payload)
+        except Exception as error:  # noqa: BLE001 - shown by the boards; the service keeps going and listens again
+            service.hub.publish("bookings", {"error": str(error)})
+            if conn is not None:
+                conn.close()
+            conn = None
+            stop.wait(LISTEN_RETRY_SECONDS)
+    if conn is not None:
+        conn.close()

@@ -16,13 +16,21 @@ from app.store.db import MalformedRow, need, need_json_object, report_malformed
 
 # LEFT JOINs, so that a booking whose card rows a hand edit broke is reported rather than silently dropped.
 _SELECT = """
-SELECT b.id, b.user, b.uid, b.starts_at, b.ends_at, b.class, b.note, b.status, b.request, b.created_at,
-       b.requested_at, b.queued, b.series_id, b.notice, group_concat(coalesce(c.idx, '?') || ' ' || bc.card_uuid, char(10)),
-       max(c.host)
+SELECT b.id, b."user", b.uid, b.starts_at, b.ends_at, b.class, b.note, b.status, b.request, b.created_at,
+       b.requested_at, b.queued, b.series_id, b.notice, {cards}, max(c.host)
 FROM bookings AS b
 LEFT JOIN booking_cards AS bc ON bc.booking_id = b.id
 LEFT JOIN cards AS c ON c.uuid = bc.card_uuid
 """
+# A booking's cards as lines of "idx uuid", in each store's words.
+_SELECTS = {
+    "sqlite": _SELECT.format(cards="group_concat(coalesce(c.idx, '?') || ' ' || bc.card_uuid, char(10))"),
+    "postgresql": _SELECT.format(cards="string_agg(coalesce(c.idx::text, '?') || ' ' || bc.card_uuid, chr(10))"),
+}
+
+
+def _select(conn: sqlite3.Connection) -> str:
+    return _SELECTS[getattr(conn, "dialect", "sqlite")]
 
 _STATUSES = ("booked", "cancelled")
 
@@ -85,7 +93,7 @@ def _decoded(conn: sqlite3.Connection, rows: Iterable) -> list[Booking]:
 
 def get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
     """The booking, or None when there is none or its row is malformed (which is reported)."""
-    row = conn.execute(_SELECT + " WHERE b.id = ? GROUP BY b.id", (booking_id,)).fetchone()
+    row = conn.execute(_select(conn) + " WHERE b.id = ? GROUP BY b.id", (booking_id,)).fetchone()
     found = _decoded(conn, [row]) if row else []
     return found[0] if found else None
 
@@ -94,7 +102,7 @@ def live_between(conn: sqlite3.Connection, start: int, end: int, *, user: str | 
     """Live (not cancelled) bookings that overlap [start, end), oldest start first."""
     if (calendar := _calendar(conn, start)) is not None:
         return calendar.between(start, end, user)
-    sql = _SELECT + " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ?"
+    sql = _select(conn) + " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ?"
     args: list[Any] = [start, end]
     if user is not None:
         sql += " AND b.user = ?"
@@ -118,7 +126,7 @@ def listing(
         clauses.append("b.user = ?")
         args.append(user)
     where = " WHERE " + " AND ".join(clauses) if clauses else ""
-    return _decoded(conn, conn.execute(_SELECT + where + " GROUP BY b.id ORDER BY b.starts_at, b.id", args))
+    return _decoded(conn, conn.execute(_select(conn) + where + " GROUP BY b.id ORDER BY b.starts_at, b.id", args))
 
 
 def busy_by_card(
@@ -135,7 +143,7 @@ def busy_by_card(
     rows = conn.execute(
         "SELECT c.rowid, b.starts_at, b.ends_at FROM bookings AS b"
         " JOIN booking_cards AS bc ON bc.booking_id = b.id JOIN cards AS c ON c.uuid = bc.card_uuid"
-        " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS NOT ?"
+        " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS DISTINCT FROM ?"
         " ORDER BY c.rowid, b.starts_at",
         (after, 2**62 if before is None else before, excluding),
     )
@@ -153,10 +161,12 @@ def first_conflict(
     uuids = list(uuids)
     if (calendar := _calendar(conn, start)) is not None:
         return calendar.first_conflict(uuids, start, end, excluding)
+    if not uuids:  # no card, no conflict (and PostgreSQL has no empty IN ())
+        return None
     marks = ",".join("?" * len(uuids))
     ids = [row[0] for row in conn.execute(
-        f"SELECT DISTINCT b.id FROM bookings AS b JOIN booking_cards AS bc ON bc.booking_id = b.id"
-        f" WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS NOT ?"
+        f"SELECT DISTINCT b.id, b.ends_at FROM bookings AS b JOIN booking_cards AS bc ON bc.booking_id = b.id"
+        f" WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS DISTINCT FROM ?"
         f" AND bc.card_uuid IN ({marks}) ORDER BY b.ends_at, b.id",
         [start, end, excluding, *uuids],
     )]
@@ -172,7 +182,7 @@ def insert(
     queued: str | None = None, series_id: int | None = None,
 ) -> int:
     cursor = conn.execute(
-        "INSERT INTO bookings (user, uid, starts_at, ends_at, class, note, request, created_at, created_by,"
+        'INSERT INTO bookings ("user", uid, starts_at, ends_at, class, note, request, created_at, created_by,'
         " requested_at, queued, series_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (user, uid, start, end, klass, note, json.dumps(request) if request else None, now, created_by,
          start if requested_at is None else requested_at, queued, series_id),
@@ -198,7 +208,7 @@ def set_notice(conn: sqlite3.Connection, booking_id: int, notice: str) -> None:
 def queued(conn: sqlite3.Connection, now: int) -> list[Booking]:
     """Live bookings that asked to move earlier and have not started, served by the bookings_queued index."""
     return _decoded(conn, conn.execute(
-        _SELECT + " WHERE b.status = 'booked' AND b.queued IS NOT NULL AND b.starts_at > ? GROUP BY b.id"
+        _select(conn) + " WHERE b.status = 'booked' AND b.queued IS NOT NULL AND b.starts_at > ? GROUP BY b.id"
         " ORDER BY b.starts_at, b.id", (now,)))
 
 
@@ -213,7 +223,7 @@ def set_cancelled(conn: sqlite3.Connection, booking_id: int) -> None:
 
 
 def set_owner(conn: sqlite3.Connection, booking_id: int, user: str, uid: int) -> None:
-    conn.execute("UPDATE bookings SET user = ?, uid = ? WHERE id = ?", (user, uid, booking_id))
+    conn.execute('UPDATE bookings SET "user" = ?, uid = ? WHERE id = ?', (user, uid, booking_id))
     _touched(conn, booking_id)
 
 
@@ -316,7 +326,7 @@ class Calendar:
         self.stale = False
         self.loaded_in_transaction = self.conn.in_transaction
         for booking in _decoded(self.conn, self.conn.execute(
-                _SELECT + " WHERE b.status = 'booked' AND b.ends_at > ? GROUP BY b.id", (self.since,))):
+                _select(self.conn) + " WHERE b.status = 'booked' AND b.ends_at > ? GROUP BY b.id", (self.since,))):
             self._add(booking)
 
     def _add(self, booking: Booking) -> None:

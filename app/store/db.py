@@ -1,4 +1,5 @@
-"""Connections to the one shared SQLite file: WAL, a long busy timeout, foreign keys, short IMMEDIATE writes."""
+"""Connections to the board's store: the one shared SQLite file (WAL, a long busy timeout, foreign keys, short IMMEDIATE
+writes), or with [storage] url a PostgreSQL database shared by every host's service (app.store.pg)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from app.config import PostgresStore
 from app.errors import BadInput, BoardError, NotPermitted
 from app.store import schema
 from app.store.filesystem import network_filesystem
@@ -30,8 +32,15 @@ class BoardConnection(sqlite3.Connection):
     path: Path
 
 
-def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
-    """Open the board database, creating and migrating it on first use."""
+def connect(path: Path | PostgresStore, *, create: bool = True) -> sqlite3.Connection:
+    """Open the board database, creating and migrating it on first use: `path` is Config.store (or a SQLite file)."""
+    if isinstance(path, PostgresStore):
+        from app.store import pg  # start-up: only a PostgreSQL store loads it (and psycopg)
+
+        try:
+            return pg.connect(path)  # type: ignore[return-value]
+        except sqlite3.Error as error:
+            raise storage_error(path, error) from None
     path = Path(path)
     try:
         kind = network_filesystem(path)
@@ -107,7 +116,12 @@ def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
     A full disk, a read-only file or filesystem, or an I/O error while writing becomes a StoreError that
     names the database (see storage_error); other errors (a trigger's refusal) pass through unchanged.
+    On PostgreSQL, BEGIN and then the one advisory lock every writer on every host takes before it reads
+    anything, so writers serialise as SQLite's do (one audit chain; a race ends in a clean conflict).
     """
+    if is_postgres(conn):
+        yield from _write_pg(conn)
+        return
     try:
         _begin_immediate(conn)
     except sqlite3.OperationalError as error:
@@ -123,6 +137,30 @@ def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     except BaseException:
         _rollback(conn)
         raise
+
+
+def _write_pg(conn) -> Iterator:
+    from app.store.pg import LOCK_TIMEOUT_MS, WRITE_LOCK  # start-up: only a PostgreSQL store loads it
+
+    conn.execute("BEGIN")
+    try:
+        try:
+            conn.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+        except sqlite3.OperationalError as error:
+            if getattr(error, "sqlstate", None) != "55P03":  # lock_not_available: lock_timeout passed
+                raise
+            raise StoreError(f"the board database stayed locked for {LOCK_TIMEOUT_MS / 1000:g} s (another writer,"
+                             " perhaps on another host, holds its write lock); try again") from None
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def is_postgres(conn) -> bool:
+    """Whether `conn` is a PostgreSQL store's (app.store.pg.PgConnection) rather than SQLite's."""
+    return getattr(conn, "dialect", "sqlite") == "postgresql"
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -167,7 +205,8 @@ def _is_busy(error: sqlite3.OperationalError) -> bool:
 
 
 def data_version(conn: sqlite3.Connection) -> int:
-    """Changes whenever another connection commits; cheap enough to poll every second."""
+    """Changes whenever another connection commits; cheap enough to poll every second (SQLite only: PostgreSQL's
+    changes are NOTIFY'd, app.service.watch)."""
     return conn.execute("PRAGMA data_version").fetchone()[0]
 
 
@@ -184,6 +223,8 @@ def storage_error(path: Path, error: BaseException) -> BoardError:
     """
     if isinstance(error, BoardError):
         return error
+    if isinstance(path, PostgresStore) or getattr(error, "sqlstate", None) is not None:
+        return _pg_error(error)
     path = Path(path)
     error = _underlying(error)
     message = str(error)
@@ -202,6 +243,13 @@ def storage_error(path: Path, error: BaseException) -> BoardError:
     if isinstance(error, sqlite3.OperationalError):
         return _access_error(path, error)
     return StoreError(f"the board database {path} failed: {message}")
+
+
+def _pg_error(error: BaseException) -> BoardError:
+    message = str(error)
+    if "newer than this board" in message:
+        return StoreError(f"the board database is not usable: {message}")
+    return StoreError(f"the board database failed: {message}")
 
 
 def _access_error(path: Path, error: sqlite3.OperationalError) -> BoardError:

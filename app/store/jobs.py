@@ -9,8 +9,9 @@ import sqlite3
 def remember(conn: sqlite3.Connection, *, pid: int, started_ticks: int, booking_id: int, uid: int, pgid: int,
              cards: tuple[str, ...], now: int) -> None:
     conn.execute(
-        "INSERT OR REPLACE INTO jobs (pid, started_ticks, booking_id, uid, pgid, cards, registered_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO jobs (pid, started_ticks, booking_id, uid, pgid, cards, registered_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pid, started_ticks) DO UPDATE SET booking_id = excluded.booking_id,"
+        " uid = excluded.uid, pgid = excluded.pgid, cards = excluded.cards, registered_at = excluded.registered_at",
         (pid, started_ticks, booking_id, uid, pgid, json.dumps(list(cards)), now),
     )
 

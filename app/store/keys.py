@@ -10,7 +10,7 @@ import json
 import sqlite3
 from typing import Any
 
-_KEY_COLUMNS = "id, name, user, uid, hash, fingerprint, models, class, created_at, expires_at, revoked_at"
+_KEY_COLUMNS = 'id, name, "user", uid, hash, fingerprint, models, class, created_at, expires_at, revoked_at'
 
 
 def _key(row) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def _key(row) -> dict[str, Any]:
 def insert(conn: sqlite3.Connection, *, name: str, user: str, uid: int, hashed: str, fingerprint: str,
            models: list[str] | None, klass: str, now: int, created_by: int, expires_at: int | None) -> int:
     cursor = conn.execute(
-        "INSERT INTO api_keys (name, user, uid, hash, fingerprint, models, class, created_at, created_by, expires_at)"
+        'INSERT INTO api_keys (name, "user", uid, hash, fingerprint, models, class, created_at, created_by, expires_at)'
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (name, user, uid, hashed, fingerprint, json.dumps(models) if models is not None else None, klass, now,
          created_by, expires_at))
@@ -60,7 +60,7 @@ def usual_class(conn: sqlite3.Connection, uid: int) -> str | None:
     """The class of most of the user's bookings (the last 200), or None when they have none."""
     row = conn.execute(
         "SELECT class, COUNT(*) AS n FROM (SELECT class FROM bookings WHERE uid = ? AND status = 'booked'"
-        " ORDER BY id DESC LIMIT 200) GROUP BY class ORDER BY n DESC, class LIMIT 1", (uid,)).fetchone()
+        " ORDER BY id DESC LIMIT 200) AS recent GROUP BY class ORDER BY n DESC, class LIMIT 1", (uid,)).fetchone()
     return row[0] if row else None
 
 
@@ -69,11 +69,12 @@ USAGE_FIELDS = ("ts", "key_id", "fingerprint", "user", "model", "server_id", "st
 
 
 def record_usage(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> None:
-    conn.executemany(f"INSERT INTO gateway_usage ({', '.join(USAGE_FIELDS)}) VALUES"
+    columns = ", ".join(f'"{f}"' for f in USAGE_FIELDS)  # quoted: "user" is a keyword in PostgreSQL
+    conn.executemany(f"INSERT INTO gateway_usage ({columns}) VALUES"
                      f" ({', '.join('?' * len(USAGE_FIELDS))})", [tuple(r.get(f) for f in USAGE_FIELDS) for r in records])
 
 
-_BY = {"user": "user", "key": "fingerprint", "model": "model"}
+_BY = {"user": '"user"', "key": "fingerprint", "model": "model"}
 
 
 def usage(conn: sqlite3.Connection, since: int, by: str = "user", uid_user: str | None = None) -> list[dict[str, Any]]:
@@ -82,13 +83,13 @@ def usage(conn: sqlite3.Connection, since: int, by: str = "user", uid_user: str 
     group = _BY[by]
     where, args = "ts >= ?", [since]
     if uid_user is not None:
-        where += " AND user = ?"
+        where += ' AND "user" = ?'
         args.append(uid_user)
     rows = conn.execute(
-        f"SELECT {group}, CASE WHEN COUNT(DISTINCT user) = 1 THEN MIN(user) ELSE '' END,"
+        f"SELECT {group}, CASE WHEN COUNT(DISTINCT \"user\") = 1 THEN MIN(\"user\") ELSE '' END,"
         " CASE WHEN COUNT(DISTINCT fingerprint) = 1 THEN MIN(fingerprint) ELSE '' END,"
         " CASE WHEN COUNT(DISTINCT model) = 1 THEN MIN(model) ELSE '' END,"
-        " COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(status >= 400)"
+        " COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END)"
         f" FROM gateway_usage WHERE {where} GROUP BY {group} ORDER BY SUM(prompt_tokens + completion_tokens) DESC,"
         f" {group}", args)
     return [{"user": user, "key": key, "model": model, "requests": n, "prompt_tokens": p or 0,
@@ -98,5 +99,5 @@ def usage(conn: sqlite3.Connection, since: int, by: str = "user", uid_user: str 
 def tokens_by_user(conn: sqlite3.Connection, since: int, until: int) -> dict[str, tuple[int, int, int]]:
     """user -> (requests, prompt tokens, completion tokens) in [since, until): `board report`'s figures."""
     return {user: (n, p or 0, c or 0) for user, n, p, c in conn.execute(
-        "SELECT user, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens) FROM gateway_usage"
-        " WHERE ts >= ? AND ts < ? GROUP BY user", (since, until))}
+        'SELECT "user", COUNT(*), SUM(prompt_tokens), SUM(completion_tokens) FROM gateway_usage'
+        ' WHERE ts >= ? AND ts < ? GROUP BY "user"', (since, until))}

@@ -32,7 +32,7 @@ class Plan:
     cancelled_at: int | None = None
 
 
-_COLUMNS = "p.id, p.booking_id, p.series_id, p.user, p.uid, p.alias, p.spec, p.created_at, p.cancelled_at"
+_COLUMNS = "p.id, p.booking_id, p.series_id, p.\"user\", p.uid, p.alias, p.spec, p.created_at, p.cancelled_at"
 
 
 def _plan(conn: sqlite3.Connection, row) -> Plan | None:
@@ -55,7 +55,7 @@ def _plans(conn: sqlite3.Connection, sql: str, args=()) -> list[Plan]:
 def insert(conn: sqlite3.Connection, *, booking_id: int | None, series_id: int | None, user: str, uid: int,
            alias: str, spec: dict[str, Any], now: int) -> int:
     cursor = conn.execute(
-        "INSERT INTO server_plans (booking_id, series_id, user, uid, alias, spec, created_at)"
+        'INSERT INTO server_plans (booking_id, series_id, "user", uid, alias, spec, created_at)'
         " VALUES (?, ?, ?, ?, ?, ?, ?)", (booking_id, series_id, user, uid, alias, json.dumps(spec, sort_keys=True), now))
     return cursor.lastrowid
 
@@ -66,12 +66,12 @@ def get(conn: sqlite3.Connection, plan_id: int) -> Plan | None:
 
 
 def listing(conn: sqlite3.Connection, *, user: str | None = None, cancelled: bool = False) -> list[Plan]:
-    sql = f"SELECT {_COLUMNS} FROM server_plans AS p WHERE 1"
+    sql = f"SELECT {_COLUMNS} FROM server_plans AS p WHERE true"
     args: list[Any] = []
     if not cancelled:
         sql += " AND p.cancelled_at IS NULL"
     if user is not None:
-        sql += " AND p.user = ?"
+        sql += ' AND p."user" = ?'
         args.append(user)
     return _plans(conn, sql + " ORDER BY p.id", args)
 
@@ -104,8 +104,9 @@ def due(conn: sqlite3.Connection, now: int) -> list[tuple[Plan, int]]:
 
 def record_run(conn: sqlite3.Connection, plan_id: int, booking_id: int, now: int, *, server_id: int | None = None,
                error: str | None = None) -> None:
-    conn.execute("INSERT OR REPLACE INTO server_plan_runs (plan_id, booking_id, server_id, started_at, error)"
-                 " VALUES (?, ?, ?, ?, ?)", (plan_id, booking_id, server_id, now, error))
+    conn.execute("INSERT INTO server_plan_runs (plan_id, booking_id, server_id, started_at, error)"
+                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (plan_id, booking_id) DO UPDATE SET server_id = excluded.server_id,"
+                 " started_at = excluded.started_at, error = excluded.error", (plan_id, booking_id, server_id, now, error))
 
 
 def plan_of_server(conn: sqlite3.Connection, server_id: int) -> int | None:

@@ -26,14 +26,14 @@ class Series:
 
 
 def insert(conn: sqlite3.Connection, *, user: str, uid: int, rule: dict[str, Any], now: int) -> int:
-    cursor = conn.execute("INSERT INTO series (user, uid, rule, created_at) VALUES (?, ?, ?, ?)",
+    cursor = conn.execute('INSERT INTO series ("user", uid, rule, created_at) VALUES (?, ?, ?, ?)',
                           (user, uid, json.dumps(rule, sort_keys=True), now))
     return cursor.lastrowid
 
 
 def get(conn: sqlite3.Connection, series_id: int) -> Series | None:
     """The series, or None when there is none or its row is malformed (which is reported)."""
-    row = conn.execute("SELECT id, user, uid, rule, created_at FROM series WHERE id = ?", (series_id,)).fetchone()
+    row = conn.execute('SELECT id, "user", uid, rule, created_at FROM series WHERE id = ?', (series_id,)).fetchone()
     if row is None:
         return None
     id_, user, uid, rule, created_at = row

@@ -10,7 +10,7 @@ import pytest
 
 from app.alerts.engine import Engine, gather, listing
 from app.alerts.rules import Card, Ending, Inputs, evaluate
-from app.config import AlertSettings, Config, NotifySettings, NotifyTarget, Policy
+from app.config import AlertSettings, Config, NotifySettings, NotifyTarget, Policy, PostgresStore
 from app.core.identity import Identity
 from app.gpu.fleet import Fleet
 from app.gpu.simulated import SimulatedSource, parse_scenario
@@ -18,7 +18,7 @@ from app.history.store import Sample
 from app.service import Service
 from app.service.alerts import alerts_pass
 from app.service.notify import deliverer
-from tests.conftest import FROZEN_NOW, run_board
+from tests.conftest import FROZEN_NOW, run_board, sqlite_only
 from tests.integration.test_notify import Clock, Receiver
 
 ALICE, BOB = Identity("alice", 1001, False), Identity("bob", 1002, False)
@@ -34,11 +34,19 @@ def receiver():
     made.close()
 
 
+@pytest.fixture(autouse=True)
+def _on_each_store(store, monkeypatch):
+    """Every test here on both stores: BOARD_DB_URL names the PostgreSQL one, for make_service and the CLI alike."""
+    if isinstance(store, PostgresStore):
+        monkeypatch.setenv("BOARD_DB_URL", store.url)
+
+
 def make_service(tmp_path, clock, receiver=None, scenario=None, **alerts) -> Service:
-    """The service on tmp_path's board.db (a second one on the same file is the same service restarted). A finding
-    fires on the pass that sees it unless `fire_after_s` says otherwise (TestDebounce)."""
+    """The service on tmp_path's board.db, or BOARD_DB_URL's database (a second one on the same store is the same
+    service restarted). A finding fires on the pass that sees it unless `fire_after_s` says otherwise (TestDebounce)."""
     targets = (NotifyTarget("hook", "webhook", receiver.url("ok")),) if receiver else ()
-    config = Config(db_path=tmp_path / "board.db", notify=NotifySettings(targets=targets), policy=Policy(timezone="UTC"),
+    config = Config(db_path=tmp_path / "board.db", storage_url=os.environ.get("BOARD_DB_URL"),
+                    notify=NotifySettings(targets=targets), policy=Policy(timezone="UTC"),
                     alerts=AlertSettings(**{"fire_after_s": 0, **alerts}))
     source = SimulatedSource(parse_scenario(scenario), clock=clock) if scenario is not None else \
         SimulatedSource(clock=clock)
@@ -204,6 +212,7 @@ class TestRestart:
         assert [kind for kind, _ in pushed(service, receiver)] == ["alert.firing", "alert.resolved"]
 
 
+    @sqlite_only  # a v7 SQLite file, migrated
     def test_a_v7_database_knows_which_alerts_were_pushed_from_the_outbox(self, tmp_path, receiver):
         import sqlite3
 
@@ -303,7 +312,7 @@ class TestFromTheFleet:
 class TestFromTheDatabase:
     def booking(self, service, start, *, requested=None, queued=None, created=None) -> int:
         return service.conn.execute(
-            "INSERT INTO bookings (user, uid, starts_at, ends_at, created_at, created_by, requested_at, queued)"
+            'INSERT INTO bookings ("user", uid, starts_at, ends_at, created_at, created_by, requested_at, queued)'
             " VALUES ('alice', 1001, ?, ?, ?, 1001, ?, ?)",
             (start, start + 3600, created or start - 7200, requested or start, queued)).lastrowid
 
@@ -336,7 +345,7 @@ class TestFromTheDatabase:
         booking = self.booking(service, now - 600)
         for state, ended in (("crashed", now - 60), ("crashed", now - 3601 - 60), ("stopped", now - 60)):
             service.conn.execute(
-                "INSERT INTO servers (booking_id, user, uid, cards, card_uuids, model, host, port, cmdline, state,"
+                'INSERT INTO servers (booking_id, "user", uid, cards, card_uuids, model, host, port, cmdline, state,'
                 " created_at, ended_at) VALUES (?, 'carol', 1003, '0', 'GPU-0', '/models/qwen.gguf', '127.0.0.1',"
                 " 8100, 'llama-server', ?, ?, ?)", (booking, state, now - 7200, ended))
         found = [f.message for f in evaluate(gather_now(service, now), service.config.alerts) if f.rule == "crashed"]
@@ -352,7 +361,8 @@ class TestCli:
                                    ending=(Ending(12, os.getuid() + 1, clock.now + 300),)))
         clock.now += 60
         alerts_pass(service, engine, Inputs(clock.now, cards=(Card(7, "GPU-7", "FREE", temp_c=93),)))
-        return {"BOARD_DB": str(tmp_path / "board.db"), "TZ": "UTC", "BOARD_SIMULATE": "1"}
+        return {"BOARD_DB": str(tmp_path / "board.db"), "TZ": "UTC", "BOARD_SIMULATE": "1",
+                **({"BOARD_DB_URL": os.environ["BOARD_DB_URL"]} if "BOARD_DB_URL" in os.environ else {})}
 
     def test_json_and_table(self, tmp_path):
         env = self.alerts_db(tmp_path)

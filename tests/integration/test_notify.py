@@ -5,13 +5,14 @@ never reach a log line, the outbox's errors, the audit log or the CLI's output."
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from app.config import Config, NotifySettings, NotifyTarget, Policy
+from app.config import Config, NotifySettings, NotifyTarget, Policy, PostgresStore
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
 from app.gpu import open_source
@@ -94,9 +95,16 @@ def receiver():
 
 
 
+@pytest.fixture(autouse=True)
+def _on_each_store(store, monkeypatch):
+    """Every test here on both stores: BOARD_DB_URL names the PostgreSQL one, for make_service and the CLI alike."""
+    if isinstance(store, PostgresStore):
+        monkeypatch.setenv("BOARD_DB_URL", store.url)
+
+
 def make_service(tmp_path, targets, clock, **notify) -> Service:
-    config = Config(db_path=tmp_path / "board.db", notify=NotifySettings(targets=tuple(targets), **notify),
-                    policy=Policy(timezone="UTC"))
+    config = Config(db_path=tmp_path / "board.db", storage_url=os.environ.get("BOARD_DB_URL"),
+                    notify=NotifySettings(targets=tuple(targets), **notify), policy=Policy(timezone="UTC"))
     return Service(config, Fleet(open_source(True, clock=clock), config.refresh_seconds), clock=clock)
 
 
@@ -366,7 +374,8 @@ class TestCli:
     def config(self, tmp_path, *targets: tuple[str, str, str]) -> dict:
         path = tmp_path / "board.toml"
         path.write_text("".join(f'[[notify.targets]]\nname = "{n}"\ntype = "{t}"\nurl = "{u}"\n' for n, t, u in targets))
-        return {"BOARD_CONFIG": str(path), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC"}
+        return {"BOARD_CONFIG": str(path), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC",
+                **({"BOARD_DB_URL": os.environ["BOARD_DB_URL"]} if "BOARD_DB_URL" in os.environ else {})}
 
     def test_reports_each_status_and_exits_0(self, tmp_path, receiver):
         done = run_board("notify", "test", env=self.config(tmp_path, ("team", "wecom", receiver.url("wecom-ok")),

@@ -27,8 +27,9 @@ UUID = "GPU-5090sim-0000-0000-0000-{:012d}".format
 
 
 @pytest.fixture
-def files(tmp_path, conn, fleet):
+def files(tmp_path, conn, fleet, store):
     """alice booked card 0 from 5 h ago for 4 h (asked 30 min before): 2 h busy at 58 %, 2 h idle."""
+    url = {"BOARD_DB_URL": store.url} if hasattr(store, "url") else {}  # PostgreSQL: the bookings are there
     now = int(time.time()) // BUCKET_S * BUCKET_S
     rows.sync_cards(conn, fleet.cards, now - 7 * H)
     rows.insert(conn, user="alice", uid=1001, uuids=[UUID(0)], start=now - 5 * H, end=now - H, klass="batch", note="",
@@ -41,7 +42,7 @@ def files(tmp_path, conn, fleet):
                           util=58 if t < now - 3 * H else 0)])
     store.roll_up(now)
     store.close()
-    return {"BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC"}
+    return {"BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC", **url}
 
 
 def test_the_cli_json_table_and_csv(files):

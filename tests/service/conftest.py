@@ -7,7 +7,8 @@
   without root those tests are skipped with the reason.
 - `client`: the same behaviour over both transports: "local" (the service in this process, on a
   database file in tmp_path, the simulated fleet) and "socket" (a SocketClient to the agent, as
-  root: root is admin and member).
+  root: root is admin and member); and on both stores (`store`: SQLite, or a fresh database on the
+  throwaway PostgreSQL cluster, tests/postgres.py, which the agent reaches by its socket).
 - `cli`: the real `board` command for the same transport, as (rc, stdout, stderr).
 """
 
@@ -34,10 +35,11 @@ def make_agent():
     agents: list[Agent] = []
 
     def make(service: dict | None = None, display: dict | None = None, start: bool = True,
-             sections: dict | None = None, shared_db: Path | None = None) -> Agent:
+             sections: dict | None = None, shared_db: Path | None = None, storage_url: str | None = None) -> Agent:
         # Not tmp_path: it lives under /root here, which user board cannot traverse.
         root = scratch_dir("board-service-")
-        agent = Agent(root, dict(service or {}), dict(display or {}), sections=dict(sections or {}), shared_db=shared_db)
+        agent = Agent(root, dict(service or {}), dict(display or {}), sections=dict(sections or {}), shared_db=shared_db,
+                      storage_url=storage_url)
         agent.write_config()
         agents.append(agent)
         if start:
@@ -77,10 +79,11 @@ class Target:
     agent: Agent | None = None
     db: Path | None = None
     config: Path | None = None
+    url: str | None = None  # a PostgreSQL store's (tests/postgres.py), for both transports; None: SQLite
 
 
 @pytest.fixture(params=["local", pytest.param("socket", marks=pytest.mark.real_users)])
-def target(request, tmp_path) -> Target:
+def target(request, tmp_path, store) -> Target:
     base = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
@@ -89,14 +92,15 @@ def target(request, tmp_path) -> Target:
         "XDG_STATE_HOME": str(tmp_path / "state"),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+    url = getattr(store, "url", None)  # a PostgreSQL store's, else None: the SQLite file
     if request.param == "socket":
-        agent = request.getfixturevalue("agent")
-        return Target("socket", {**base, "BOARD_CONFIG": str(agent.config)}, agent=agent)
+        agent = request.getfixturevalue("make_agent")(storage_url=url) if url else request.getfixturevalue("agent")
+        return Target("socket", {**base, "BOARD_CONFIG": str(agent.config)}, agent=agent, url=url)
     config = tmp_path / "board.toml"
     db = tmp_path / "board.db"
-    config.write_text(f'[storage]\ndb = "{db}"\n')
+    config.write_text(f'[storage]\ndb = "{db}"\n' + (f'url = "{url}"\n' if url else ""))
     return Target("local", {**base, "BOARD_CONFIG": str(config), "BOARD_DB": str(db), "BOARD_SIMULATE": "1"},
-                  db=db, config=config)
+                  db=db, config=config, url=url)
 
 
 @pytest.fixture

@@ -90,6 +90,7 @@ class Agent:
     proc: subprocess.Popen | None = None
     starts: int = 0
     program: list[str] | None = None  # how to run board: this venv's console script unless given
+    storage_url: str | None = None  # [storage] url: a PostgreSQL store (tests/postgres.py), else the SQLite file
 
     @property
     def config(self) -> Path:
@@ -115,7 +116,8 @@ class Agent:
             os.chown(directory, entry.pw_uid, entry.pw_gid)
             os.chmod(directory, mode)
         service = {"socket": str(self.socket), "group": SERVICE_USER, **self.settings}
-        lines = ["[storage]", f'db = "{self.db}"', "", "[service]"]
+        lines = ["[storage]", f'db = "{self.db}"', *([f'url = "{self.storage_url}"'] if self.storage_url else []),
+                 "", "[service]"]
         lines += [f"{key} = {_toml(value)}" for key, value in service.items()]
         if self.display:
             lines += ["", "[display]", *(f"{key} = {_toml(value)}" for key, value in self.display.items())]

@@ -104,6 +104,20 @@ def store_odd_rows(target, client) -> list[int]:
     uuids = [card["uuid"] for card in client.call("status")["cards"]]
     now = int(time.time())
     ids = []
+    if target.url:  # PostgreSQL: the same rows, through a connection of the test's own
+        from app.config import PostgresStore
+        from app.store.db import connect, write
+
+        raw = connect(PostgresStore(target.url, host="test"))
+        with write(raw):  # its foreign keys hold, unlike a bare sqlite3 connection's: the cards first
+            raw.executemany("INSERT INTO cards (uuid, idx, seen_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                            [(uuid, n, now) for n, uuid in enumerate(uuids)])
+            for n, request in enumerate(ODD):
+                ids.append(bookings.insert(raw, user="mallory", uid=4242, uuids=[uuids[n]], start=now - 60,
+                                           end=now + HOUR, klass="experiment", note=f"odd {n}", request=request,
+                                           now=now, created_by=4242))
+        raw.close()
+        return ids
     with sqlite3.connect(db, timeout=10) as raw:
         for n, request in enumerate(ODD):
             ids.append(bookings.insert(raw, user="mallory", uid=4242, uuids=[uuids[n]], start=now - 60, end=now + HOUR,

@@ -188,7 +188,7 @@ def add_server(conn, booking, state="ready", port=8100):
     """A servers row on `booking`, as board serve leaves it."""
     with conn:
         return conn.execute(
-            "INSERT INTO servers (booking_id, user, uid, cards, card_uuids, model, host, port, cmdline, state, created_at)"
+            "INSERT INTO servers (booking_id, \"user\", uid, cards, card_uuids, model, host, port, cmdline, state, created_at)"
             " VALUES (?, ?, ?, '[]', '[]', '/m.gguf', '127.0.0.1', ?, '[]', ?, ?)",
             (booking.id, booking.user, booking.uid, port, state, NOW),
         ).lastrowid

@@ -23,8 +23,8 @@ ADMIN, GATEWAY = Identity("carol", 1003, True), Identity("board-gateway", 990, F
 
 
 @pytest.fixture
-def service(tmp_path):
-    config = Config(db_path=tmp_path / "board.db")
+def service(tmp_path, store):
+    config = Config(db_path=tmp_path / "board.db", storage_url=getattr(store, "url", None))
     made = Service(config, Fleet(open_source(True, clock=lambda: FROZEN_NOW), 1.0), clock=lambda: FROZEN_NOW)
     yield made
     made.close()
@@ -35,9 +35,12 @@ def test_a_member_issues_their_own_key_and_only_its_hash_is_kept(service, tmp_pa
                                            "expires": FROZEN_NOW + 86400})
     assert made["user"] == "alice" and made["key"].startswith("bk-") and made["class"] == "online"
     assert made["models"] == ["team-llm"] and made["expires"] == FROZEN_NOW + 86400
-    raw = sqlite3.connect(tmp_path / "board.db")
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == LATEST
-    dump = "\n".join(raw.iterdump())
+    if service.config.storage_url:  # PostgreSQL: every text column of every key
+        dump = "\n".join(str(row) for row in service.conn.execute("SELECT * FROM api_keys"))
+    else:
+        raw = sqlite3.connect(tmp_path / "board.db")
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == LATEST
+        dump = "\n".join(raw.iterdump())
     assert made["key"] not in dump and made["key"][3:] not in dump and key_hash(made["key"]) in dump
     [listed] = service.call(ALICE, "key_list", {})
     assert "key" not in listed and "hash" not in listed and listed["fingerprint"] == made["fingerprint"]
@@ -48,7 +51,7 @@ def test_the_default_class_is_the_members_usual_one_else_batch(service):
     assert service.call(ALICE, "key_new", {})["class"] == "batch"
     with service.conn:
         for _ in range(2):
-            service.conn.execute("INSERT INTO bookings (user, uid, starts_at, ends_at, class, created_at, created_by)"
+            service.conn.execute('INSERT INTO bookings ("user", uid, starts_at, ends_at, class, created_at, created_by)'
                                  " VALUES ('alice', 1001, 0, 10, 'online', 0, 1001)")
     assert service.call(ALICE, "key_new", {})["class"] == "online"
 

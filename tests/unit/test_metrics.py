@@ -36,8 +36,9 @@ CARD_LABELS = {"uuid", "index", "name", "pool", "holder", "class", "booking_id"}
 
 
 @pytest.fixture
-def service(tmp_path):
-    config = Config(db_path=tmp_path / "board.db", metrics=MetricsSettings("127.0.0.1:0"),
+def service(tmp_path, store):
+    config = Config(db_path=tmp_path / "board.db", storage_url=getattr(store, "url", None),
+                    metrics=MetricsSettings("127.0.0.1:0"),
                     pools=(Pool("prod", (0, 1, 2, 3)), Pool("lab", (4, 5, 6, 7)), Pool("night", (3, 7))))
     clock = Clock(FROZEN_NOW)
     made = Service(config, Fleet(open_source(True, clock=clock), 1.0, clock=lambda: 0.0), clock=clock)
@@ -281,6 +282,10 @@ class TestScraping:
 
     def test_a_database_it_cannot_read_is_a_503_and_one_line_in_the_log(self, service, tmp_path):
         gone = replace(service.config, db_path=tmp_path / "missing" / "board.db")
+        said = "board.db"
+        if service.config.storage_url:  # PostgreSQL: a database that does not answer
+            gone = replace(gone, storage_url="postgresql:///board?host=/nonexistent/board-test&user=postgres")
+            said = "the board database is unreachable"
         broken = Service(gone, service.fleet, clock=service.clock)
         logged: list[str] = []
         server = MetricsServer(broken, logged.append)
@@ -288,7 +293,7 @@ class TestScraping:
             for _ in range(2):
                 with pytest.raises(urllib.error.HTTPError) as error:
                     scrape(server)
-                assert error.value.code == 503 and "board.db" in error.value.read().decode()
+                assert error.value.code == 503 and said in error.value.read().decode()
         finally:
             server.close()
         assert len([line for line in logged if line.startswith("/metrics:")]) == 1

@@ -159,7 +159,7 @@ def test_accepted_bookings_never_overlap(tmp_path_factory):
 
 def test_the_overlap_trigger_stops_a_writer_that_bypasses_the_app(make_service, conn):
     make_service().create(cards=[0], start=FROZEN_NOW, end=FROZEN_NOW + 3600)
-    conn.execute("INSERT INTO bookings (user, uid, starts_at, ends_at, created_at, created_by)"
+    conn.execute('INSERT INTO bookings ("user", uid, starts_at, ends_at, created_at, created_by)'
                  " VALUES ('eve', 9, ?, ?, 0, 9)", (FROZEN_NOW + 1800, FROZEN_NOW + 7200))
     uuid = FLEET.cards[0].uuid
     with pytest.raises(sqlite3.IntegrityError, match="overlapping booking"):

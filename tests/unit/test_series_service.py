@@ -16,7 +16,7 @@ from app.store import bookings as rows
 from app.store import events
 from app.store.db import write
 from app.core.text import localize
-from tests.conftest import FROZEN_NOW  # Sunday 2026-11-29 15:30 UTC
+from tests.conftest import FROZEN_NOW, sqlite_only  # Sunday 2026-11-29 15:30 UTC
 
 BERLIN = ZoneInfo("Europe/Berlin")
 HOUR = 3600
@@ -371,6 +371,7 @@ def test_today_is_the_policy_zones_day(series, monkeypatch):
         time.tzset()
 
 
+@sqlite_only  # edits with SQLite's json_set
 def test_an_unknown_or_hand_broken_series_is_one_line_bad_input(series, conn):
     with pytest.raises(BadInput) as refused:
         series().get(999)

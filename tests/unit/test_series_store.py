@@ -8,6 +8,7 @@ import pytest
 from app.store import bookings as rows
 from app.store import series as store
 from app.store.db import malformed_rows, write
+from tests.conftest import sqlite_only
 
 NOW = 1795966200
 
@@ -35,6 +36,7 @@ def test_the_rule_is_stored_as_canonical_json_and_read_back(conn):
         ("rule", "[1, 2]", "rule is JSON list, not an object"),
     ],
 )
+@sqlite_only  # hand edits of SQLite's loose types
 def test_a_row_edited_by_hand_is_reported_once_and_skipped(conn, column, value, problem):
     with write(conn):
         series_id = store.insert(conn, user="alice", uid=1001, rule={"every": "day"}, now=NOW)
@@ -63,6 +65,7 @@ def queued_booking(service):
         ("requested_at", "x", "requested_at is str 'x'"),
     ],
 )
+@sqlite_only  # hand edits of SQLite's loose types
 def test_a_queued_booking_edited_by_hand_is_reported_and_left_out_of_the_queue(make_service, conn, column, value,
                                                                                  problem):
     booking = queued_booking(make_service())

@@ -84,7 +84,7 @@ def test_a_v3_database_gains_the_memory_columns_and_keeps_its_servers(db_path):
 @pytest.fixture
 def one_server(conn):
     with write(conn):
-        conn.execute("INSERT INTO bookings (id, user, uid, starts_at, ends_at, created_at, created_by)"
+        conn.execute('INSERT INTO bookings (id, "user", uid, starts_at, ends_at, created_at, created_by)'
                      " VALUES (1, 'alice', 1001, 0, 3600, 0, 1001)")
         rows.insert(conn, booking_id=1, user="alice", uid=1001, cards=[0, 1], card_uuids=["GPU-0", "GPU-1"],
                     model="/m.gguf", alias=None, host="127.0.0.1", port=8080, ctx=256, parallel=1, split_mode="layer",

@@ -5,8 +5,10 @@ import pytest
 from app.errors import BadInput, NotPermitted
 from app.store import events, schema
 from app.store.db import StoreError, connect, data_version, write
+from tests.conftest import sqlite_only
 
 
+@sqlite_only  # SQLite's pragmas and file
 def test_every_connection_sets_the_pragmas(conn):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 5000
@@ -23,6 +25,7 @@ def test_write_rolls_back_on_error(conn):
     assert not conn.in_transaction
 
 
+@sqlite_only  # SQLite's pragmas and file
 def test_data_version_moves_when_another_connection_commits(db_path, conn):
     before = data_version(conn)
     other = connect(db_path)
@@ -41,6 +44,7 @@ def test_events_are_append_only(conn):
             conn.execute(statement)
 
 
+@sqlite_only  # SQLite's pragmas and file
 def test_a_hand_edit_breaks_the_chain_at_that_row(conn):
     with write(conn):
         for n in range(5):

@@ -8,7 +8,7 @@ import pytest
 from app.gpu.model import CardReading
 from app.store import bookings, events
 from app.store.db import connect, write
-from tests.conftest import FROZEN_NOW
+from tests.conftest import FROZEN_NOW, sqlite_only
 from tests.safety.test_malformed_rows import hand_edit
 
 HOUR = 3600
@@ -92,6 +92,7 @@ def test_busy_by_card_stops_at_before(cards):
         (FROZEN_NOW + HOUR, FROZEN_NOW + 2 * HOUR), (FROZEN_NOW + 5 * HOUR, FROZEN_NOW + 6 * HOUR)]
 
 
+@sqlite_only  # SQLite's total_changes counts the writes
 def test_syncing_unchanged_cards_writes_nothing(cards):
     before = cards.total_changes
     with write(cards):
@@ -131,6 +132,7 @@ EDITS = {
 }
 
 
+@sqlite_only  # hand edits through SQLite's own file (PostgreSQL's types refuse most)
 @pytest.mark.parametrize("edit", EDITS)
 def test_a_hand_edited_booking_is_reported_with_its_fault_and_skipped(db_path, cards, edit, caplog):
     statement, problem = EDITS[edit]
@@ -212,16 +214,19 @@ def chain(db_path, conn):
     return conn
 
 
+@sqlite_only  # hand edits through SQLite's own file (PostgreSQL's types refuse most)
 def test_removing_the_first_rows_breaks_the_chain_at_row_1(db_path, chain):
     hand_edit(db_path, "DROP TRIGGER events_no_delete", "DELETE FROM events WHERE id <= 2")
     assert events.first_broken(chain) == 1
 
 
+@sqlite_only  # hand edits through SQLite's own file (PostgreSQL's types refuse most)
 def test_removing_rows_in_the_middle_names_the_first_missing_id(db_path, chain):
     hand_edit(db_path, "DROP TRIGGER events_no_delete", "DELETE FROM events WHERE id IN (3, 4)")
     assert events.first_broken(chain) == 3
 
 
+@sqlite_only  # hand edits through SQLite's own file (PostgreSQL's types refuse most)
 def test_an_edited_row_given_a_recomputed_hash_is_named(db_path, chain):
     # Row 3 edited and its own hash recomputed: row 4's link no longer matches, but row 4 itself is intact.
     prev = chain.execute("SELECT hash FROM events WHERE id = 2").fetchone()[0]
@@ -231,6 +236,7 @@ def test_an_edited_row_given_a_recomputed_hash_is_named(db_path, chain):
     assert events.first_broken(chain) == 3
 
 
+@sqlite_only  # hand edits through SQLite's own file (PostgreSQL's types refuse most)
 def test_an_edited_link_names_its_own_row(db_path, chain):
     hand_edit(db_path, "DROP TRIGGER events_no_update", f"UPDATE events SET prev_hash = '{'1' * 64}' WHERE id = 4")
     assert events.first_broken(chain) == 4
@@ -239,6 +245,7 @@ def test_an_edited_link_names_its_own_row(db_path, chain):
 # --- the calendar in memory ----------------------------------------------------------------------
 
 
+@sqlite_only  # the calendar in memory is SQLite's alone
 def test_the_calendar_answers_as_the_sql_through_changes_rollbacks_and_other_writers(db_path, cards):
     """The service keeps the live bookings in memory on its connection (keep_calendar); each answer is the SQL's on
     that same connection, after its own changes, a savepoint rolled back, a transaction rolled back, a commit by

@@ -49,7 +49,8 @@ def serve_start(service: Service, me: Identity, booking: int, extra=None, **opti
         changed(service)
     return {"server": _wire(server, me), "launch": {
         "ready_timeout_s": service.config.llama.ready_timeout_s,
-        "db": str(service.config.db_path) if service.transport == "local" else None}}
+        # The store the supervisor reports to in file mode: the SQLite file, or the PostgreSQL url.
+        "db": (service.config.storage_url or str(service.config.db_path)) if service.transport == "local" else None}}
 
 
 @op("serve_get", {"id": INT})

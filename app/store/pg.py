@@ -1,0 +1,424 @@
+"""The PostgreSQL store: a psycopg 3 connection that the store's code uses as it uses sqlite3's.
+
+The SQL in app/ is written to run on both (quoted "user", IS DISTINCT FROM, ON CONFLICT, RETURNING); the
+translation here is only what cannot be: `?` placeholders become `%s`, `BEGIN IMMEDIATE` becomes `BEGIN`, and an
+INSERT into a table with an `id` gets `RETURNING id` so that `lastrowid` works. psycopg's errors surface as
+subclasses of sqlite3's, keeping the SQLSTATE, so every `except sqlite3.Error` keeps working. psycopg itself is
+imported only when a connection is opened: SQLite users never load it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import stat
+import time
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from app.errors import BadInput, BoardError
+from app.store.pg_schema import PG_LATEST, PG_MIGRATIONS
+
+if TYPE_CHECKING:
+    from app.config import PostgresStore
+
+STATEMENT_TIMEOUT_MS = 30_000  # no statement of board's runs for seconds: a hung one must not hold the calendar
+IDLE_IN_TRANSACTION_MS = 10_000  # a host that stopped mid-transaction lets go of its locks after this
+LOCK_TIMEOUT_MS = 10_000  # a writer waits this long for the write lock, as SQLite's busy timeout (app.store.db.write)
+CONNECT_TIMEOUT_S = 5
+WRITE_LOCK = 0x626F617264  # 'board': the one advisory lock every write transaction takes (app.store.db.write)
+CHANNEL = "board_changes"  # NOTIFY'd by the schema's triggers with the kind that changed: bookings, servers, hosts
+BACKOFF_MAX_S = 30.0
+
+# Tables whose rows the database numbers (an identity `id`): an INSERT into one reports it as lastrowid.
+_ID_TABLES = {"bookings", "events", "servers", "series", "outbox", "faults", "alerts", "api_keys", "gateway_usage",
+              "server_plans"}
+
+
+class StoreUnreachable(BoardError):
+    """The database did not answer; the message names this host, the database's address, and that nothing changed."""
+
+
+class StoreRefused(BoardError):
+    """The database answered but refused the connection (no such role or database, a wrong password)."""
+
+
+class PgError:
+    """Mixed into each mapped error: the SQLSTATE PostgreSQL gave (e.g. 23P01, an exclusion violation)."""
+
+    sqlstate: str | None = None
+
+
+class PgIntegrityError(PgError, sqlite3.IntegrityError):
+    pass
+
+
+class PgOperationalError(PgError, sqlite3.OperationalError):
+    pass
+
+
+class PgDataError(PgError, sqlite3.DataError):
+    pass
+
+
+class PgProgrammingError(PgError, sqlite3.ProgrammingError):
+    pass
+
+
+class PgDatabaseError(PgError, sqlite3.DatabaseError):
+    pass
+
+
+def _mapped(error: Exception) -> sqlite3.Error:
+    """psycopg's error as the sqlite3 error the store's code expects, its SQLSTATE kept."""
+    state = getattr(error, "sqlstate", None) or ""
+    if state.startswith("23") or state == "P0001":  # constraints, and the schema's triggers' RAISE (as SQLite's)
+        kind = PgIntegrityError
+    elif state.startswith("22"):
+        kind = PgDataError
+    elif state.startswith("42"):
+        kind = PgOperationalError  # SQLite says OperationalError for 'no such table' and syntax errors
+    elif state.startswith(("40", "53", "55", "57", "08")) or not state:
+        kind = PgOperationalError
+    else:
+        kind = PgDatabaseError
+    diag = getattr(error, "diag", None)
+    message = (getattr(diag, "message_primary", None) or str(error)).strip().splitlines()[0] if str(error) else state
+    if state == "23P01":  # the bookings' EXCLUDE: said as SQLite's overlap triggers say it
+        message = f"overlapping booking ({message})"
+    mapped = kind(message)
+    mapped.sqlstate = state or None
+    return mapped
+
+
+# -- the SQL --------------------------------------------------------------------------------------------------
+
+
+_BARE_USER = re.compile(r'(?<!["\w.])user\b(?!")', re.IGNORECASE)
+_INSERT_INTO = re.compile(r"\s*INSERT\s+INTO\s+(\w+)", re.IGNORECASE)
+
+
+@lru_cache(maxsize=2048)
+def translate(sql: str) -> tuple[str, bool]:
+    """(the statement for psycopg, whether it returns the new row's id). Cached: the same strings come again."""
+    out, quote = [], None
+    code = []  # the statement outside string literals, to check
+    for char in sql:
+        if quote:
+            if char == quote:
+                quote = None
+        elif char in "'\"":
+            quote = char
+        elif char == "?":
+            out.append("%s")
+            code.append(" ")
+            continue
+        if char == "%":
+            out.append("%%")
+        else:
+            out.append(char)
+        if not quote:
+            code.append(char)
+    text = "".join(out).strip()
+    plain = "".join(code)
+    # In PostgreSQL a bare `user` is CURRENT_USER: a query would silently read the role's name. Write "user".
+    if _BARE_USER.search(plain.replace("'", " ")):
+        raise PgProgrammingError(f'bare user in SQL (write "user"): {sql.strip()[:120]}')
+    if re.fullmatch(r"BEGIN\s+IMMEDIATE", text, re.IGNORECASE):
+        return "BEGIN", False
+    match = _INSERT_INTO.match(text)
+    returns_id = bool(match and match.group(1).lower() in _ID_TABLES and not re.search(r"\bRETURNING\b", plain, re.I))
+    if returns_id:
+        text += " RETURNING id"
+    return text, returns_id
+
+
+def _param(value: Any) -> Any:
+    # The schema keeps SQLite's integer flags (ok, metrics): a Python bool goes in as 0 or 1, as sqlite3 sends it.
+    return int(value) if isinstance(value, bool) else value
+
+
+def _params(values: Any) -> tuple | dict:
+    if values is None:
+        return ()
+    if isinstance(values, dict):
+        raise PgProgrammingError("named parameters are not used by board's SQL")
+    return tuple(_param(v) for v in values)
+
+
+# -- the connection -------------------------------------------------------------------------------------------
+
+
+class Cursor:
+    """What the store's code reads from sqlite3's cursor: rows, lastrowid, rowcount."""
+
+    def __init__(self, cursor: Any, lastrowid: int | None = None, rows: list | None = None) -> None:
+        self._cursor, self.lastrowid, self._rows = cursor, lastrowid, rows
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    @property
+    def description(self):
+        return self._cursor.description
+
+    def fetchone(self):
+        if self._rows is not None:
+            return self._rows.pop(0) if self._rows else None
+        return self._cursor.fetchone() if self._cursor.description else None
+
+    def fetchall(self) -> list:
+        if self._rows is not None:
+            rows, self._rows = self._rows, []
+            return rows
+        return self._cursor.fetchall() if self._cursor.description else []
+
+    def fetchmany(self, size: int = 1) -> list:
+        return [row for row in (self.fetchone() for _ in range(size)) if row is not None]
+
+    def __iter__(self) -> Iterator:
+        while (row := self.fetchone()) is not None:
+            yield row
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
+class PgConnection:
+    """One psycopg connection, in autocommit: the store's code runs its own BEGIN/COMMIT (app.store.db.write).
+
+    A connection that broke (the database restarted, the network went) is opened again on the next use outside a
+    transaction, at most once per backoff (1 s, doubling to 30 s); meanwhile each use gets StoreUnreachable.
+    """
+
+    dialect = "postgresql"
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self.path = store.url  # what an error names (app.store.db.storage_error)
+        self._conn: Any = None
+        self._retry_at = 0.0
+        self._backoff = 1.0
+        self._open()
+
+    # -- opening, and opening again ----------------------------------------------------------------------
+
+    def _open(self) -> None:
+        import psycopg  # start-up: only a PostgreSQL store loads the driver
+
+        password = _password(self.store.password_file)
+        try:
+            conn = psycopg.connect(self.store.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                   application_name=f"board {self.store.host}"[:63],
+                                   **({"password": password} if password is not None else {}))
+        except psycopg.OperationalError as error:
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+            said = re.search(r"FATAL:\s*(.*)", str(error))
+            if said:  # the server answered, and refused: a role, a password, a database name to fix
+                raise StoreRefused(f"the board database at {_address(self.store.url)} refused {self.store.host}:"
+                                   f" {said.group(1).strip()}; check [storage] url and the role's access") from None
+            raise self.unreachable() from None
+        _adapt(conn)
+        conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        conn.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
+        conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+        conn.execute("SET synchronous_commit = on")  # nothing acknowledged is lost, whatever the server's default
+        conn.execute("SET TIME ZONE 'UTC'")
+        self._conn, self._backoff = conn, 1.0
+
+    def unreachable(self) -> StoreUnreachable:
+        where = _address(self.store.url)
+        return StoreUnreachable(f"the board database is unreachable ({self.store.host} → {where}); nothing was changed")
+
+    def _live(self) -> Any:
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if conn is not None and conn.broken and self._in_transaction(conn):
+            raise self.unreachable()
+        if time.monotonic() < self._retry_at:
+            raise self.unreachable()
+        self._conn = None
+        self._open()
+        return self._conn
+
+    # -- what sqlite3.Connection offers ------------------------------------------------------------------
+
+    def execute(self, sql: str, params: Iterable | None = None) -> Cursor:
+        import psycopg  # start-up: loaded by _open already
+
+        text, returns_id = translate(sql)
+        conn = self._live()
+        try:
+            cursor = conn.execute(text, _params(params))
+        except psycopg.OperationalError as error:
+            if conn.broken:
+                raise self.unreachable() from None
+            raise _mapped(error) from None
+        except psycopg.Error as error:
+            raise _mapped(error) from None
+        if returns_id:
+            row = cursor.fetchone()
+            return Cursor(cursor, row[0] if row else None, rows=[])
+        return Cursor(cursor)
+
+    def executemany(self, sql: str, seq: Iterable[Iterable]) -> Cursor:
+        import psycopg  # start-up: loaded by _open already
+
+        text, returns_id = translate(sql)
+        if returns_id:
+            text = text.removesuffix(" RETURNING id")
+        conn = self._live()
+        rows = [_params(p) for p in seq]
+        cursor = conn.cursor()
+        try:
+            if rows:
+                cursor.executemany(text, rows)
+        except psycopg.OperationalError as error:
+            if conn.broken:
+                raise self.unreachable() from None
+            raise _mapped(error) from None
+        except psycopg.Error as error:
+            raise _mapped(error) from None
+        return Cursor(cursor, rows=[])
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn is not None and not self._conn.closed and self._in_transaction(self._conn)
+
+    @staticmethod
+    def _in_transaction(conn: Any) -> bool:
+        from psycopg import pq  # start-up: loaded by _open already
+
+        return conn.info.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR,
+                                                pq.TransactionStatus.ACTIVE)
+
+    def commit(self) -> None:
+        if self.in_transaction:
+            self.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self.in_transaction:
+            self.execute("ROLLBACK")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+    def fileno(self) -> int:
+        """The socket, to wait on for NOTIFY (app.service.watch)."""
+        return self._live().fileno()
+
+    @property
+    def raw(self) -> Any:
+        """The psycopg connection itself (LISTEN/NOTIFY)."""
+        return self._live()
+
+    def __enter__(self) -> PgConnection:
+        return self
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        """As sqlite3's: commit an open transaction, or roll it back after an error; the connection stays open."""
+        if kind is None:
+            self.commit()
+        else:
+            self.rollback()
+
+
+def connect(store: PostgresStore) -> PgConnection:
+    """Open the board's PostgreSQL database, creating its schema on first use (app.store.pg_schema)."""
+    conn = PgConnection(store)
+    try:
+        ensure_schema(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def ensure_schema(conn: PgConnection) -> None:
+    """Bring the database's schema to PG_LATEST; a no-op read when it is there. Refuses a newer one in one line."""
+    import psycopg  # start-up: loaded by the connection already
+
+    raw = conn.raw
+    try:
+        version = _schema_version(raw)
+        if version == PG_LATEST:
+            return
+        with raw.transaction():
+            raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            raw.execute("CREATE TABLE IF NOT EXISTS board_schema (version INTEGER NOT NULL)")
+            version = _schema_version(raw)
+            for script in PG_MIGRATIONS[version:]:
+                raw.execute(script)
+            raw.execute("DELETE FROM board_schema")
+            raw.execute("INSERT INTO board_schema (version) VALUES (%s)", (PG_LATEST,))
+    except psycopg.Error as error:
+        raise _mapped(error) from None
+
+
+def _schema_version(raw: Any) -> int:
+    if not raw.execute("SELECT to_regclass('board_schema') IS NOT NULL").fetchone()[0]:
+        return 0
+    version = raw.execute("SELECT max(version) FROM board_schema").fetchone()[0] or 0
+    if version > PG_LATEST:
+        raise PgDatabaseError(f"the database has schema version {version}, newer than this board ({PG_LATEST});"
+                              " upgrade board")
+    return version
+
+
+def clock_offset(conn: PgConnection) -> float:
+    """This host's clock minus the database's now(), in seconds, halving the round trip (for board doctor)."""
+    before = time.time()
+    (theirs,) = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    after = time.time()
+    return (before + after) / 2 - float(theirs)
+
+
+# -- details --------------------------------------------------------------------------------------------------
+
+
+def _adapt(conn: Any) -> None:
+    """Read numeric (sum() over bigint, avg()) as int or float, as SQLite gives them, never Decimal."""
+    from psycopg.adapt import Loader  # start-up: loaded by _open already
+
+    class NumberLoader(Loader):
+        def load(self, data: Any) -> int | float:
+            text = bytes(data).decode()
+            try:
+                return int(text)
+            except ValueError:
+                return float(text)
+
+    conn.adapters.register_loader("numeric", NumberLoader)
+
+
+def _password(path: os.PathLike | None) -> str | None:
+    """The password in [storage] password_file: the reader's own file, readable by no one else, else one line."""
+    if path is None:
+        return None
+    try:
+        info = os.stat(path)
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as error:
+        raise BadInput(f"can't read [storage] password_file {path} ({error.strerror})") from None
+    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise BadInput(f"[storage] password_file {path} must be owned by this user (uid {os.geteuid()}) and readable"
+                       f" by no one else (mode 0600 or 0400; it is {stat.S_IMODE(info.st_mode):04o}): chmod 600 {path}")
+    return text.strip()
+
+
+def _address(url: str) -> str:
+    """host:port of a libpq URI, for people: a socket directory or a name, and the port (5432 if not given)."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict  # start-up: loaded by _open already
+
+        info = conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - a URI psycopg cannot parse still gets its line
+        return "?"
+    host = str(info.get("host") or "/var/run/postgresql")
+    return f"{host}:{info.get('port') or 5432}"

@@ -1,0 +1,126 @@
+"""A throwaway PostgreSQL cluster for the tests: socket-only, one per pytest(-xdist) worker, a fresh database per test.
+
+`initdb` runs as the system user postgres (PostgreSQL refuses root) into a directory under /tmp; the server listens
+on a Unix socket in a directory every user may reach (the agent runs as user board) and on no TCP port, with
+fsync off (a test's data need not survive a crash). The board's schema is made once in a template database, and
+each test gets `CREATE DATABASE ... TEMPLATE`, so tests are isolated and start in milliseconds.
+Debian's `postgresql` package provides the binaries (`make test` installs it: scripts/install_postgresql.sh).
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SUPERUSER = "postgres"  # the system user and the role
+TEMPLATE = "board_template"
+
+
+def bin_dir() -> Path | None:
+    """The newest installed PostgreSQL's binaries (Debian puts them in /usr/lib/postgresql/<major>/bin)."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parent.parent.name))
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def missing_reason() -> str | None:
+    """Why no cluster can be started here, or None."""
+    if bin_dir() is None:
+        return "PostgreSQL is not installed (scripts/install_postgresql.sh, which make test runs)"
+    if os.geteuid() != 0:
+        return "the throwaway PostgreSQL cluster needs root (initdb runs as user postgres)"
+    try:
+        pwd.getpwnam(SUPERUSER)
+    except KeyError:
+        return f"no system user {SUPERUSER} (Debian's postgresql package makes it)"
+    return None
+
+
+class Cluster:
+    """One running server: `url(db)` is a libpq URI for database `db` over the socket."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="board-pg-", dir="/tmp"))
+        os.chmod(self.root, 0o755)
+        self.data = self.root / "data"
+        self.sockets = self.root / "run"  # 0755: user board connects to the socket inside
+        self._names = itertools.count(1)
+        entry = pwd.getpwnam(SUPERUSER)
+        self.log = self.root / "log" / "server.log"
+        for path in (self.data, self.sockets, self.log.parent):
+            path.mkdir()
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        os.chmod(self.data, 0o700)
+        os.chmod(self.sockets, 0o755)
+        binaries = bin_dir()
+        assert binaries is not None, missing_reason()
+        self._as_postgres(str(binaries / "initdb"), "-D", str(self.data), "-U", SUPERUSER, "--auth=trust",
+                          "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
+        self._made_template = False
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the server (again, after pause)."""
+        options = f"-k {self.sockets} -c listen_addresses='' -c fsync=off -c full_page_writes=off -c max_connections=200"
+        self._as_postgres(str(bin_dir() / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options,
+                          "-w", "-t", "60", "start")
+
+    def pause(self) -> None:
+        """Stop the server, keeping its data (the database 'went away'); resume() starts it again."""
+        self._as_postgres(str(bin_dir() / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def _as_postgres(self, *cmd: str) -> None:
+        result = subprocess.run(["setpriv", "--reuid", SUPERUSER, "--regid", SUPERUSER, "--clear-groups", *cmd],
+                                capture_output=True, text=True, cwd=self.root, timeout=120)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:2])} failed ({result.returncode}): {result.stderr[-2000:]}"
+                               f"{self.log.read_text()[-2000:] if self.log.exists() else ''}")
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql:///{database}?host={self.sockets}&user={SUPERUSER}"
+
+    def admin(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(sql)
+
+    def fresh_database(self) -> str:
+        """A new database holding the board's schema, copied from the template; returns its url."""
+        if not self._made_template:
+            from app.config import PostgresStore
+            from app.store.db import connect
+
+            self.admin(f"CREATE DATABASE {TEMPLATE}")
+            connect(PostgresStore(self.url(TEMPLATE), host="test")).close()  # the schema, as a service makes it
+            self._made_template = True
+        name = f"board_{os.getpid()}_{next(self._names)}"
+        self.admin(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+        return self.url(name)
+
+    def empty_database(self) -> str:
+        """A new database without the schema (a service's first start makes it)."""
+        name = f"empty_{os.getpid()}_{next(self._names)}"
+        self.admin(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def drop(self, url: str) -> None:
+        """Drop the database `url` names, closing whatever still holds it."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        self.admin(f"DROP DATABASE {conninfo_to_dict(url)['dbname']} WITH (FORCE)")
+
+    def stop(self) -> None:
+        binaries = bin_dir()
+        try:
+            self._as_postgres(str(binaries / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)

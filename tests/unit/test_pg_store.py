@@ -1,0 +1,278 @@
+"""The PostgreSQL store itself (app.store.pg, app.store.pg_schema): what the rules' tests, run on both stores, do not
+show. Those that need a server take `pg_cluster` (the `postgresql` tier); the refusals that need none run everywhere."""
+
+from __future__ import annotations
+
+import os
+import queue
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from app.client.local import LocalClient
+from app.config import Config, ConfigError, PostgresStore, load_config
+from app.core.identity import Identity, current_identity
+from app.errors import BadInput, BoardError, Conflict
+from app.service.bookings import BookingService
+from app.gpu import open_source
+from app.store import events, schema
+from app.store.db import StoreError, connect, write
+from app.store import pg as pg_module
+from app.store.pg import StoreUnreachable, _password, clock_offset, translate
+from tests.conftest import FROZEN_NOW, postgresql_only, run_board
+from tests.postgres import Cluster, missing_reason
+
+NOWHERE = "postgresql:///board?host=/nonexistent/board-test&user=postgres"
+
+
+# -- without a server -----------------------------------------------------------------------------------------
+
+
+def test_the_url_comes_from_the_config_or_board_db_url(tmp_path):
+    config = tmp_path / "board.toml"
+    config.write_text(f'[storage]\ndb = "{tmp_path}/board.db"\nurl = "{NOWHERE}"\npassword_file = "{tmp_path}/pw"\n')
+    loaded = load_config(environ={"BOARD_CONFIG": str(config)})
+    assert loaded.store == PostgresStore(NOWHERE, tmp_path / "pw", os.uname().nodename.split(".")[0])
+    assert load_config(environ={"BOARD_CONFIG": str(config), "BOARD_DB_URL": "postgresql://db1/b"}).store.url == \
+        "postgresql://db1/b"
+    assert Config().store == Config().db_path  # no url: SQLite, as before
+    config.write_text('[storage]\nurl = "mysql://db1/board"\n')
+    with pytest.raises(ConfigError, match=r"\[storage\] url must be a PostgreSQL URI"):
+        load_config(environ={"BOARD_CONFIG": str(config)})
+
+
+def test_an_unreachable_database_is_one_line_exit_1_for_a_write(tmp_path):
+    result = run_board("book", "--cards", "0", "--for", "1h",
+                       env={"BOARD_DB_URL": NOWHERE, "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1",
+                            "HOME": str(tmp_path)})
+    host = os.uname().nodename.split(".")[0]
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"board: the board database is unreachable ({host} → /nonexistent/board-test:5432);"
+                             " nothing was changed\n")
+
+
+def test_the_password_file_must_be_the_readers_own_and_private(tmp_path):
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    os.chmod(secret, 0o600)
+    assert _password(secret) == "s3cret"
+    os.chmod(secret, 0o640)
+    with pytest.raises(BadInput) as refused:
+        _password(secret)
+    assert "\n" not in str(refused.value) and "mode 0600 or 0400; it is 0640" in str(refused.value)
+    os.chmod(secret, 0o400)
+    os.chown(secret, 65534, -1)  # nobody's
+    with pytest.raises(BadInput, match="must be owned by this user"):
+        _password(secret)
+    with pytest.raises(BadInput, match="password_file"):  # refused before anything is asked of the network
+        connect(PostgresStore(NOWHERE, secret, "gpu1"))
+
+
+def test_board_backup_points_at_pg_dump(tmp_path):
+    result = run_board("backup", str(tmp_path / "copy.db"), env={"BOARD_DB_URL": NOWHERE, "HOME": str(tmp_path),
+                                                                 "BOARD_DB": str(tmp_path / "board.db")})
+    assert result.returncode == 2 and "pg_dump" in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "copy.db").exists()
+
+
+def test_the_translation_is_placeholders_begin_and_returning_id_only():
+    assert translate("SELECT 1 FROM bookings WHERE id = ? AND note LIKE '%?%'") == (
+        "SELECT 1 FROM bookings WHERE id = %s AND note LIKE '%%?%%'", False)
+    assert translate("BEGIN IMMEDIATE") == ("BEGIN", False)
+    assert translate('INSERT INTO bookings ("user") VALUES (?)') == ('INSERT INTO bookings ("user") VALUES (%s) RETURNING id',
+                                                                      True)
+    assert translate("INSERT INTO jobs (pid) VALUES (?)") == ("INSERT INTO jobs (pid) VALUES (%s)", False)
+    # A bare `user` would read the role's name on PostgreSQL: refused, so a test on PostgreSQL finds it.
+    with pytest.raises(sqlite3.ProgrammingError, match='write "user"'):
+        translate("SELECT user FROM bookings")
+
+
+# -- on a server ------------------------------------------------------------------------------------------------
+
+
+def _columns_sqlite(tmp_path) -> dict[str, set[str]]:
+    conn = connect(tmp_path / "board.db")
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    found = {t: {c[1] for c in conn.execute(f"PRAGMA table_info({t})")} for t in tables}
+    conn.close()
+    return found
+
+
+@postgresql_only
+def test_the_postgresql_schema_has_every_table_and_column_of_sqlites_latest(conn, tmp_path):
+    found: dict[str, set[str]] = {}
+    for table, column in conn.execute("SELECT table_name, column_name FROM information_schema.columns"
+                                      " WHERE table_schema = 'public'"):
+        found.setdefault(table, set()).add(column)
+    for table, columns in _columns_sqlite(tmp_path).items():
+        assert table in found, f"table {table} (app.store.schema) is missing from app.store.pg_schema"
+        assert columns <= found[table], f"{table}: {columns - found[table]} missing from app.store.pg_schema"
+    assert schema.LATEST >= 12  # app.store.schema's migrations up to server plans are mirrored; add later ones too
+
+
+@pytest.fixture
+def pg(pg_cluster):
+    """A fresh PostgreSQL store on the worker's cluster (tests/postgres.py)."""
+    url = pg_cluster.fresh_database()
+    yield PostgresStore(url, host="gpu1")
+    pg_cluster.drop(url)
+
+
+def test_every_connection_sets_its_timeouts_durability_and_name(pg):
+    conn = connect(pg)
+    settings = {name: conn.execute(f"SHOW {name}").fetchone()[0] for name in (
+        "statement_timeout", "idle_in_transaction_session_timeout", "synchronous_commit", "application_name")}
+    assert settings == {"statement_timeout": "30s", "idle_in_transaction_session_timeout": "10s",
+                        "synchronous_commit": "on", "application_name": "board gpu1"}
+    assert abs(clock_offset(conn)) < 5  # the same machine's clock; doctor fails beyond a second
+    conn.close()
+
+
+def test_a_database_that_refuses_says_why_in_one_line(pg_cluster):
+    with pytest.raises(BoardError) as refused:
+        connect(PostgresStore(pg_cluster.url("no_such_board"), host="gpu1"))
+    assert "refused gpu1" in str(refused.value) and 'database "no_such_board" does not exist' in str(refused.value)
+    assert "\n" not in str(refused.value) and "unreachable" not in str(refused.value)
+
+
+def test_the_first_service_makes_the_schema_and_a_newer_one_is_refused(pg_cluster):
+    store = PostgresStore(pg_cluster.empty_database(), host="gpu1")
+    conn = connect(store)  # makes it
+    assert conn.execute("SELECT count(*) FROM bookings").fetchone()[0] == 0
+    conn.execute("UPDATE board_schema SET version = version + 1")
+    conn.close()
+    with pytest.raises(StoreError) as refused:
+        connect(store)
+    assert "newer than this board" in str(refused.value) and "\n" not in str(refused.value)
+    pg_cluster.drop(store.url)
+
+
+@postgresql_only
+def test_the_database_keeps_the_spans_in_step_and_refuses_overlaps_and_empty_ranges(make_service, conn):
+    first = make_service().create(cards=[0], start=FROZEN_NOW, end=FROZEN_NOW + 3600)
+    make_service().cancel(first.id)
+    second = make_service().create(cards=[0], start=FROZEN_NOW, end=FROZEN_NOW + 3600)  # a cancelled span is free
+    assert conn.execute("SELECT booking_id, live FROM booking_cards ORDER BY booking_id").fetchall() == [
+        (first.id, False), (second.id, True)]
+    with pytest.raises(sqlite3.IntegrityError, match="overlapping booking") as refused:  # bringing the first back
+        with write(conn):
+            conn.execute("UPDATE bookings SET status = 'booked' WHERE id = ?", (first.id,))
+    assert refused.value.sqlstate == "23P01"
+    with pytest.raises(sqlite3.IntegrityError) as refused:  # a span of nothing, written around the app
+        with write(conn):
+            conn.execute("ALTER TABLE booking_cards DISABLE TRIGGER booking_cards_span")
+            conn.execute("UPDATE booking_cards SET span = 'empty' WHERE booking_id = ?", (second.id,))
+    assert refused.value.sqlstate == "23514"  # the CHECK
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        with write(conn):
+            conn.execute("DELETE FROM events")
+
+
+def test_sixteen_writers_racing_for_one_card_make_one_booking_and_fifteen_clean_conflicts(pg, fleet):
+    """Each writer on its own connection, as each host's service is: the write lock serialises them, the rules see the
+    winner, and the audit chain stays one chain."""
+    barrier = threading.Barrier(16)
+    outcomes: queue.Queue = queue.Queue()
+
+    def writer(uid: int) -> None:
+        conn = connect(pg)
+        rules = BookingService(conn, Identity(f"user{uid}", uid, False), Config(), fleet.cards, fleet.topology,
+                               lambda: FROZEN_NOW)
+        barrier.wait()
+        try:
+            outcomes.put(rules.create(cards=[2], start=FROZEN_NOW + 3600, end=FROZEN_NOW + 7200).id)
+        except Exception as error:  # noqa: BLE001 - the test tallies them
+            outcomes.put(error)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=writer, args=(2000 + n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    results = [outcomes.get_nowait() for _ in range(16)]
+    won = [r for r in results if isinstance(r, int)]
+    lost = [r for r in results if not isinstance(r, int)]
+    assert len(won) == 1 and len(lost) == 15, results
+    assert all(isinstance(r, Conflict) and "\n" not in str(r) for r in lost), lost
+    conn = connect(pg)
+    assert events.first_broken(conn) is None
+    assert conn.execute("SELECT count(*), sum(ok) FROM events").fetchone() == (16, 1)
+    conn.close()
+
+
+def test_a_writer_waits_for_the_write_lock_then_says_so_in_one_line(pg, monkeypatch):
+    holder = connect(pg)
+    monkeypatch.setattr(pg_module, "LOCK_TIMEOUT_MS", 200)
+    waiter = connect(pg)
+    with write(holder):  # another host's service, in the middle of a write
+        with pytest.raises(StoreError) as locked:
+            with write(waiter):
+                waiter.execute("SELECT 1")
+    assert str(locked.value) == ("the board database stayed locked for 0.2 s (another writer, perhaps on another host,"
+                                 " holds its write lock); try again")
+    with write(waiter):  # and once it is free, it is the waiter's
+        waiter.execute("SELECT 1")
+    holder.close()
+    waiter.close()
+
+
+@pytest.mark.postgresql
+def test_a_lost_database_is_one_line_and_the_connection_comes_back():
+    if reason := missing_reason():
+        pytest.skip(reason)
+    cluster = Cluster()  # its own: this test stops it
+    try:
+        store = PostgresStore(cluster.fresh_database(), host="gpu1")
+        conn = connect(store)
+        cluster.pause()
+        with pytest.raises(StoreUnreachable) as lost:
+            with write(conn):
+                conn.execute("SELECT 1")
+        assert str(lost.value).startswith("the board database is unreachable (gpu1 → ")
+        cluster.resume()
+        deadline = time.monotonic() + 60  # the backoff is 1 s, then 2 s ...: the next use after it reconnects
+        while True:
+            try:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+                break
+            except StoreUnreachable:
+                assert time.monotonic() < deadline, "the connection never came back"
+                time.sleep(0.1)
+        conn.close()
+    finally:
+        cluster.stop()
+
+
+# -- the change feed (milestone 2) ------------------------------------------------------------------------------
+
+
+def test_a_booking_made_by_one_service_reaches_a_subscriber_of_another(pg):
+    config = Config(db_path=Config().db_path, storage_url=pg.url)
+    me = current_identity(config.admin_group)
+    one = LocalClient.on(config, open_source(True), me)
+    other = LocalClient.on(config, open_source(True), me)  # another host's service on the same database
+    events: queue.Queue = queue.Queue()
+    started = threading.Event()
+
+    def read():
+        for event in other.subscribe(("bookings",)):
+            started.set()  # the listener's first look says 'bookings' changed: it is listening
+            events.put(event)
+
+    threading.Thread(target=read, daemon=True).start()
+    assert started.wait(30)
+    # Listening, it has compared this host's clock with the database's (for board doctor): the same machine here.
+    assert other.service.clock_offset is not None and abs(other.service.clock_offset) < 5
+    while not events.empty():
+        events.get()
+    start = (int(time.time()) // 3600 + 24) * 3600
+    made = one.call("book", cards=[3], start=start, end=start + 3600)
+    event = events.get(timeout=30)  # waits for the NOTIFY; the poll it replaced would have taken a second or more
+    assert event["event"] == "bookings" and "version" in event, event  # a change, not an error
+    assert [b["id"] for b in other.call("list", mine=True)] == [made["id"]]
+    one.close()
+    other.close()
