@@ -132,13 +132,33 @@ def cmd_doctor(ctx) -> int:
     from app.cli.cards import hardware_checks
 
     checks = service_checks(config)
-    if not config.service.socket or os.geteuid() == 0:  # members cannot see the service's files, root can
+    if config.storage_url and _checks_the_store(config):
+        from app.store.pg_doctor import doctor as pg_doctor
+        from app.store.setup import admin_group_check
+
+        checks = pg_doctor(config.store, extra=itertools.chain([admin_group_check(config.admin_group)], checks))
+    elif not config.storage_url and (not config.service.socket or os.geteuid() == 0):
+        # members cannot see the service's files, root can
         checks = doctor(config.db_path, config.admin_group, extra=checks)
     problems = 0
     for ok, line in itertools.chain(checks, hardware_checks(ctx)):
         problems += ok is False
         print({True: "ok    ", False: "FIX   ", None: "WARN  "}[ok] + line)  # a warning does not fail doctor
     return EXIT_OK if problems == 0 else EXIT_UNEXPECTED
+
+
+def _checks_the_store(config) -> bool:
+    """Whether this user checks the PostgreSQL store: where there is no service, or as root, or as the service's user
+    (who owns its socket or [storage] password_file); a member's own role, if any, is not the service's."""
+    if not config.service.socket or os.geteuid() == 0:
+        return True
+    for path in (config.service.socket, config.storage_password_file):
+        try:
+            if path and os.stat(path).st_uid == os.geteuid():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def cmd_backup(ctx) -> int:

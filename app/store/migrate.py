@@ -159,6 +159,13 @@ def _tables(src) -> list[str]:
     return ordered
 
 
+def board_tables(conn) -> list[str]:
+    """The board's tables in a PostgreSQL database (app.store.pg's connection), by name."""
+    return [row[0] for row in conn.execute(  # pg_tables, not information_schema: it lists what a role may not use too
+        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename != 'board_schema'"
+        " ORDER BY tablename")]
+
+
 def _create_schema(raw) -> None:
     """The board's PostgreSQL schema, as a service's first start makes it (app.store.pg_schema; board_schema holds
     its version)."""
