@@ -121,3 +121,40 @@ def test_each_host_its_own_role_on_the_schema_the_first_made(pg_cluster, tmp_pat
         pg_cluster.admin(f"DROP DATABASE {db} WITH (FORCE)")
         for role in (gpu1, gpu2, stray, group):
             pg_cluster.admin(f"DROP ROLE {role}")
+
+
+def test_hosts_with_only_the_grants_cannot_touch_the_audit_triggers(pg_cluster, tmp_path):
+    """docs/threat-model.md's stricter setup: an owner role the admin keeps makes the schema; the hosts' group gets
+    only SELECT, INSERT, UPDATE, DELETE (events: SELECT, INSERT), so a host's role books as usual but can neither
+    disable the append-only triggers nor rewrite an event."""
+    import psycopg
+
+    n = next(_roles)
+    owner, hosts, gpu1, db = f"owner{n}", f"hosts{n}", f"hosts{n}_gpu1", f"strict{n}"
+    for sql in (f"CREATE ROLE {owner} LOGIN", f"CREATE ROLE {hosts} NOLOGIN", f"CREATE ROLE {gpu1} LOGIN IN ROLE {hosts}",
+                f"CREATE DATABASE {db} OWNER {owner}"):
+        pg_cluster.admin(sql)
+    url = f"postgresql:///{db}?host={pg_cluster.sockets}&user="
+    env = {"BOARD_SIMULATE": "1", "BOARD_DB": str(tmp_path / "1.db"), "TZ": "UTC"}
+    try:
+        made = run_board("list", env={**env, "BOARD_DB_URL": url + owner})  # any command's first open makes the schema
+        assert made.returncode == 0, made.stderr
+        with psycopg.connect(url + owner, autocommit=True) as conn:
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {hosts}")
+            conn.execute(f"REVOKE UPDATE, DELETE ON events, board_schema FROM {hosts}")
+            conn.execute(f"REVOKE INSERT ON board_schema FROM {hosts}")
+        booked = run_board("book", "--cards", "0", "--start", "tomorrow 9:00", "--for", "1h",
+                           env={**env, "BOARD_DB_URL": url + gpu1})
+        assert booked.returncode == 0, booked.stderr
+        result, lines = doctor(url + gpu1, tmp_path)
+        assert said(lines, f"role {gpu1} may read and write the board's tables (owned by {owner})")[0] == "ok"
+        assert said(lines, "audit chain intact (1 events)")[0] == "ok" and result.returncode == 0, result.stdout
+        with psycopg.connect(url + gpu1, autocommit=True) as conn:
+            for sql in ("ALTER TABLE events DISABLE TRIGGER events_no_update", "UPDATE events SET actor = 'x'",
+                        "DROP TABLE events CASCADE"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(sql)
+    finally:
+        pg_cluster.admin(f"DROP DATABASE {db} WITH (FORCE)")
+        for role in (gpu1, hosts, owner):
+            pg_cluster.admin(f"DROP ROLE {role}")
