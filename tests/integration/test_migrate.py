@@ -204,3 +204,14 @@ def test_refused_while_the_service_answers_on_its_socket(install, target, tmp_pa
         conn.close()
     # Nobody listening (the service stopped; its socket file may stay): the copy goes ahead.
     assert run_board("migrate", "--to", target, env=env).returncode == 0
+
+
+def test_a_password_file_others_may_read_is_refused_in_one_line(install, target, tmp_path):
+    env, _ = install
+    secret = tmp_path / "db-password"
+    secret.write_text("hunter2\n")
+    secret.chmod(0o644)
+    refused = run_board("migrate", "--to", target, "--password-file", str(secret), env=env)
+    assert refused.returncode == 2 and "mode 0600 or 0400" in one_line(refused)
+    secret.chmod(0o600)  # the cluster trusts its socket: a password is sent and not needed
+    assert run_board("migrate", "--to", target, "--password-file", str(secret), env=env).returncode == 0
