@@ -15,7 +15,7 @@ Where each command lives (its handler and its part of the parser):
   faults.py     faults
   alerts.py     alerts
   report.py     report
-  agent.py      agent, doctor, backup
+  agent.py      agent, doctor, backup, migrate
   gateway.py    key new|list|revoke, usage, gateway (the OpenAI-compatible front door)
   runner.py     runner (planned servers, as the system user board-llama)
 Printing: app.output (bookings, status, series, tables); the rest in the group's module.
@@ -96,6 +96,7 @@ def build_parser():
     power.add_parser(command, common)
     agent.add_backup(command)
     agent.add_doctor(command)
+    agent.add_migrate(command)
     serve.add_parser(command, common)
     fit.add_parser(command)
     notify.add_parser(command, common)

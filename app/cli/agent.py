@@ -1,4 +1,4 @@
-"""`board agent`, `board doctor`, `board backup`: running and looking after the board itself.
+"""`board agent`, `board doctor`, `board backup`, `board migrate`: running and looking after the board itself.
 
 `board agent` is the board service where the config names its socket (app.service.server). On a
 database file one user owns it only keeps the rules when nobody is looking (a systemd service, or
@@ -132,13 +132,33 @@ def cmd_doctor(ctx) -> int:
     from app.cli.cards import hardware_checks
 
     checks = service_checks(config)
-    if not config.service.socket or os.geteuid() == 0:  # members cannot see the service's files, root can
+    if config.storage_url and _checks_the_store(config):
+        from app.store.pg_doctor import doctor as pg_doctor
+        from app.store.setup import admin_group_check
+
+        checks = pg_doctor(config.store, extra=itertools.chain([admin_group_check(config.admin_group)], checks))
+    elif not config.storage_url and (not config.service.socket or os.geteuid() == 0):
+        # members cannot see the service's files, root can
         checks = doctor(config.db_path, config.admin_group, extra=checks)
     problems = 0
     for ok, line in itertools.chain(checks, hardware_checks(ctx)):
         problems += ok is False
         print({True: "ok    ", False: "FIX   ", None: "WARN  "}[ok] + line)  # a warning does not fail doctor
     return EXIT_OK if problems == 0 else EXIT_UNEXPECTED
+
+
+def _checks_the_store(config) -> bool:
+    """Whether this user checks the PostgreSQL store: where there is no service, or as root, or as the service's user
+    (who owns its socket or [storage] password_file); a member's own role, if any, is not the service's."""
+    if not config.service.socket or os.geteuid() == 0:
+        return True
+    for path in (config.service.socket, config.storage_password_file):
+        try:
+            if path and os.stat(path).st_uid == os.geteuid():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def cmd_backup(ctx) -> int:
@@ -163,6 +183,47 @@ def cmd_backup(ctx) -> int:
     return EXIT_OK
 
 
+def cmd_migrate(ctx) -> int:
+    from app.config import PostgresStore
+    from app.errors import Conflict
+    from app.store.migrate import check_url, migrate
+
+    config, args = ctx.config, ctx.args
+    check_url(args.to)  # a bad URL: one line, exit 2, before anything is opened
+    if config.service.socket and _answers(config.service.socket):
+        raise Conflict(f"the board service is running on {config.service.socket}: stop it first (systemctl stop"
+                       " board-agent), so that nothing is written after the copy; nothing was copied")
+    password_file = Path(args.password_file).expanduser() if args.password_file else None
+    target = PostgresStore(args.to, password_file, os.uname().nodename.split(".")[0])
+
+    def progress(table: str, rows: int) -> None:
+        print(f"copied {rows:,} {table}", file=sys.stderr, flush=True)
+
+    result = migrate(config.db_path, target, progress)
+    print(result.summary(config.db_path))
+    if result.first_broken_event is not None:
+        raise BoardError(f"copied, but the audit chain was already broken at event {result.first_broken_event} in"
+                         f" {config.db_path} (an edit by hand): compare it with a backup; board doctor on the new"
+                         " store shows the same")
+    print("next: set [storage] url to this database in each host's config (docs/fleet.md), then start the service")
+    return EXIT_OK
+
+
+def _answers(path: str) -> bool:
+    """Whether something accepts connections on the Unix socket at `path` (a service we cannot reach: no)."""
+    import socket  # start-up: only board migrate asks
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(5)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 # -- the parser: app.cli.build_parser calls these in the order `board --help` lists them --------------
 
 
@@ -171,6 +232,13 @@ def add_backup(command) -> None:
                 " consistent while others write (SQLite online backup)")
     p.add_argument("path", help="the new file; an existing one is replaced only with --force")
     p.add_argument("--force", action="store_true", help="replace PATH if it exists")
+
+
+def add_migrate(command) -> None:
+    p = command("migrate", cmd_migrate, "copy this install's SQLite database into an empty PostgreSQL database (one"
+                " transaction, ids kept), then check the row counts and the audit chain there")
+    p.add_argument("--to", required=True, metavar="URL", help="the target, a libpq URI: postgresql://ROLE@HOST/DBNAME")
+    p.add_argument("--password-file", metavar="PATH", help="the role's password, in a file of your own (mode 0600)")
 
 
 def add_doctor(command) -> None:

@@ -42,12 +42,16 @@ def doctor(db_path: Path, admin_group: str, extra: Iterable[tuple[bool, str]] = 
         return
     yield True, f"{db_path.parent} is on a local filesystem"
     yield from _file_checks(db_path)
+    yield admin_group_check(admin_group)
+    yield from extra
+
+
+def admin_group_check(admin_group: str) -> tuple[bool, str]:
     try:
         admin_gid = grp.getgrnam(admin_group).gr_gid
-        yield True, f"admin group {admin_group} exists (gid {admin_gid})"
+        return True, f"admin group {admin_group} exists (gid {admin_gid})"
     except KeyError:
-        yield False, f"admin group {admin_group} does not exist, so only root is an admin: groupadd {admin_group}"
-    yield from extra
+        return False, f"admin group {admin_group} does not exist, so only root is an admin: groupadd {admin_group}"
 
 
 def _file_checks(db_path: Path) -> Iterator[tuple[bool, str]]:

@@ -1,0 +1,253 @@
+"""`board migrate --to postgresql://...`: an existing install's SQLite database copied into an empty PostgreSQL one.
+
+Every table of the SQLite database (app.store.schema at LATEST) is read from one read snapshot and written into the
+target in one transaction, ids as they were (the database's sequences then move past them), by COPY. Before that
+transaction commits, each table's row count on the target is compared with the source's and the audit chain is
+checked there (app.store.events.first_broken): a difference rolls everything back. A target that already holds a
+board (its schema, or any board table) is refused with nothing written; so is a second run.
+
+The copy is faithful: a chain that an edit by hand broke in the SQLite file is broken at the same event on the target
+(the evidence moves with the data), and the caller says so. Columns are matched by name, so a table the PostgreSQL
+schema has and SQLite's has not (hosts), or a column only one side has (booking_cards' span, filled by its trigger),
+is simply not copied.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.config import PostgresStore
+from app.errors import BadInput, BoardError
+from app.store import events
+from app.store.db import connect
+
+Progress = Callable[[str, int], None]  # (table, rows copied), after each table
+
+
+@dataclass(frozen=True, slots=True)
+class Migrated:
+    target: str  # where, for people: host:port/dbname, never the password
+    rows: dict[str, int]  # table -> rows copied, in the order they were
+    events: int
+    first_broken_event: int | None  # the source's own, copied as it is
+
+    def summary(self, source: Path) -> str:
+        total = sum(self.rows.values())
+        chain = (f"audit chain intact ({self.events:,} events)" if self.first_broken_event is None
+                 else f"audit chain broken at event {self.first_broken_event}, as in {source}")
+        return (f"copied {source} to {self.target}: {len(self.rows)} tables, {total:,} rows, each table's count"
+                f" checked; {chain}")
+
+
+def check_url(url: str) -> str:
+    """The url if it is a libpq URI board can use; else BadInput in one line."""
+    from psycopg.conninfo import conninfo_to_dict  # start-up: only board migrate loads the driver
+
+    wanted = "--to must be a PostgreSQL URI such as postgresql://board_gpu1@db1/board"
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise BadInput(f"{wanted} (got {_shown(url)})")
+    try:
+        info = conninfo_to_dict(url)
+    except Exception as error:  # noqa: BLE001 - psycopg's ProgrammingError, its first line is the reason
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise BadInput(f"{wanted}: {reason}") from None
+    if not all(port.isdigit() for port in str(info.get("port") or "5432").split(",")):
+        raise BadInput(f"{wanted}: the port must be a number (got {_shown(str(info['port']))})")
+    if not info.get("dbname"):
+        raise BadInput(f"{wanted}: name the database (the path after the host)")
+    return url
+
+
+def where(url: str) -> str:
+    """host:port/dbname of a libpq URI, for people (a password in it is never shown)."""
+    from psycopg.conninfo import conninfo_to_dict  # start-up: only board migrate and doctor load the driver
+
+    from app.store.pg import _address
+
+    return f"{_address(url)}/{conninfo_to_dict(url).get('dbname', '?')}"
+
+
+def migrate(source: Path, target: PostgresStore, progress: Progress | None = None) -> Migrated:
+    """Copy the board at `source` into the empty database `target`; see the module's docstring."""
+    from app.store.pg import PgConnection
+
+    check_url(target.url)
+    place = where(target.url)
+    src = connect(source, create=False)
+    try:
+        src.execute("BEGIN")  # one read snapshot for every table (WAL: writers, if any, do not move it)
+        try:
+            tables = _tables(src)
+            counts = {name: src.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] for name in tables}
+            broken = events.first_broken(src)
+            dst = PgConnection(target)  # StoreUnreachable: the one line, exit 1
+            try:
+                rows = _copy(src, dst, tables, counts, broken, place, progress or (lambda table, n: None))
+            finally:
+                dst.close()
+        finally:
+            src.execute("ROLLBACK")
+    finally:
+        src.close()
+    return Migrated(place, rows, counts.get("events", 0), broken)
+
+
+def _copy(src, dst, tables: list[str], counts: dict[str, int], broken: int | None, place: str,
+          progress: Progress) -> dict[str, int]:
+    import psycopg  # start-up: loaded by the connection already
+
+    from app.store.pg import WRITE_LOCK
+
+    raw = dst.raw
+    done: dict[str, int] = {}
+    try:
+        raw.execute("BEGIN")
+        # Alone on the calendar while copying; no statement or idle limit (a year of events takes a while to hash).
+        raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+        raw.execute("SET LOCAL statement_timeout = 0")
+        raw.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
+        if held := _holds_board(raw, tables):
+            raise BadInput(f"{place} already holds a board ({held}): board migrate copies into an empty database"
+                           " only (createdb a new one); nothing was written")
+        _create_schema(raw)  # inside this transaction: the schema goes in with the rows, or not at all
+        columns = _target_columns(raw)
+        for table in tables:
+            if table not in columns:
+                raise BoardError(f"the PostgreSQL schema has no table {table}, which {src.path} has: this board"
+                                 " cannot copy it (upgrade board); nothing was written")
+            done[table] = _copy_table(src, raw, table, columns[table])
+            progress(table, done[table])
+        _move_sequences(raw)
+        for table in tables:
+            there = raw.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+            if not counts[table] == done[table] == there:
+                raise BoardError(f"{table}: {counts[table]:,} rows in the source, {there:,} on {place} after the copy;"
+                                 " nothing was written")
+        if (copied := events.first_broken(dst)) != broken:
+            said = "intact" if broken is None else f"broken at event {broken}"
+            raise BoardError(f"the copied audit chain breaks at event {copied} on {place}, but the source's is {said};"
+                             " nothing was written")
+        raw.execute("COMMIT")
+    except psycopg.Error as error:
+        _rollback(raw)
+        raise BoardError(f"copying into {place} failed: {_reason(error)}; nothing was written") from None
+    except sqlite3.Error as error:  # includes app.store.pg's mapped errors (ensure_schema, first_broken)
+        _rollback(raw)
+        raise BoardError(f"copying into {place} failed: {error}; nothing was written") from None
+    except BaseException:
+        _rollback(raw)
+        raise
+    return done
+
+
+def _tables(src) -> list[str]:
+    """The board's tables, each after the tables its foreign keys name (bookings before booking_cards)."""
+    names = [row[0] for row in src.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%' ORDER BY name")]
+    needs = {name: {row[2] for row in src.execute(f'PRAGMA foreign_key_list("{name}")')} - {name} for name in names}
+    ordered: list[str] = []
+    while needs:
+        ready = sorted(name for name, parents in needs.items() if parents <= set(ordered))
+        if not ready:  # a cycle, which board's schema never has: keep going in name order
+            ready = sorted(needs)
+        for name in ready:
+            ordered.append(name)
+            del needs[name]
+    return ordered
+
+
+def board_tables(conn) -> list[str]:
+    """The board's tables in a PostgreSQL database (app.store.pg's connection), by name."""
+    return [row[0] for row in conn.execute(  # pg_tables, not information_schema: it lists what a role may not use too
+        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename != 'board_schema'"
+        " ORDER BY tablename")]
+
+
+def _create_schema(raw) -> None:
+    """The board's PostgreSQL schema, as a service's first start makes it (app.store.pg_schema; board_schema holds
+    its version)."""
+    from app.store.pg_schema import PG_LATEST, PG_MIGRATIONS
+
+    raw.execute("CREATE TABLE board_schema (version INTEGER NOT NULL)")
+    for script in PG_MIGRATIONS:
+        raw.execute(script)
+    raw.execute("INSERT INTO board_schema (version) VALUES (%s)", (PG_LATEST,))
+
+
+def _holds_board(raw, tables: list[str]) -> str:
+    """What board data the target already holds, in a few words; '' when it holds none."""
+    if raw.execute("SELECT to_regclass('board_schema') IS NOT NULL").fetchone()[0]:
+        version = raw.execute("SELECT max(version) FROM board_schema").fetchone()[0]
+        if version is not None:
+            return f"schema version {version}"
+    found = []
+    for table in ["board_schema", *tables, "hosts"]:
+        if raw.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]:
+            rows = raw.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+            found.append(f"{rows:,} {table}" if rows else f"an empty table {table}")
+    return ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+
+
+def _target_columns(raw) -> dict[str, list[str]]:
+    columns: dict[str, list[str]] = {}
+    for table, column in raw.execute("SELECT table_name, column_name FROM information_schema.columns"
+                                     " WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position"):
+        columns.setdefault(table, []).append(column)
+    return columns
+
+
+def _copy_table(src, raw, table: str, target_columns: list[str]) -> int:
+    info = list(src.execute(f'PRAGMA table_info("{table}")'))
+    names = [row[1] for row in info]
+    wanted = [name for name in names if name in target_columns]
+    # cards' rowid is a column on PostgreSQL (the calendar orders by it) and SQLite's hidden one: keep the number.
+    rowid = "rowid" in target_columns and "rowid" not in names and _has_rowid(src, table)
+    select = ", ".join([*(f'"{name}"' for name in wanted), *(["rowid"] if rowid else [])])
+    key = [row[1] for row in sorted(info, key=lambda row: row[5]) if row[5]] or (["rowid"] if rowid else wanted[:1])
+    order = ", ".join(f'"{name}"' if name != "rowid" else "rowid" for name in key)
+    into = ", ".join([*(f'"{name}"' for name in wanted), *(['"rowid"'] if rowid else [])])
+    copied = 0
+    with raw.cursor().copy(f'COPY "{table}" ({into}) FROM STDIN') as copy:
+        for row in src.execute(f'SELECT {select} FROM "{table}" ORDER BY {order}'):
+            copy.write_row(row)
+            copied += 1
+    return copied
+
+
+def _has_rowid(src, table: str) -> bool:
+    try:
+        src.execute(f'SELECT rowid FROM "{table}" LIMIT 0')
+    except sqlite3.OperationalError:  # a WITHOUT ROWID table
+        return False
+    return True
+
+
+def _move_sequences(raw) -> None:
+    """Each identity column's next value: one past the largest id copied (1 for an empty table)."""
+    for table, column in list(raw.execute(
+            "SELECT table_name, column_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND is_identity = 'YES'")):
+        raw.execute(f'SELECT setval(pg_get_serial_sequence(%s, %s), coalesce(max("{column}"), 0) + 1, false)'
+                    f' FROM "{table}"', (f'"{table}"', column))
+
+
+def _rollback(raw) -> None:
+    try:
+        raw.execute("ROLLBACK")
+    except Exception:  # noqa: BLE001 - the connection broke: the server rolled back for us; the first error says more
+        pass
+
+
+def _reason(error: BaseException) -> str:
+    diag = getattr(error, "diag", None)
+    text = (getattr(diag, "message_primary", None) or str(error) or type(error).__name__).strip().splitlines()[0]
+    context = (getattr(diag, "context", None) or "").strip().splitlines()
+    return f"{text} ({context[0]})" if context else text
+
+
+def _shown(text: str) -> str:
+    return ascii(text.split("@")[-1][:60])
+
