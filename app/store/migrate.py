@@ -99,7 +99,7 @@ def _copy(src, dst, tables: list[str], counts: dict[str, int], broken: int | Non
           progress: Progress) -> dict[str, int]:
     import psycopg  # start-up: loaded by the connection already
 
-    from app.store.pg import WRITE_LOCK
+    from app.store.pg import WRITE_LOCK, apply_migrations
 
     raw = dst.raw
     done: dict[str, int] = {}
@@ -112,7 +112,7 @@ def _copy(src, dst, tables: list[str], counts: dict[str, int], broken: int | Non
         if held := _holds_board(raw, tables):
             raise BadInput(f"{place} already holds a board ({held}): board migrate copies into an empty database"
                            " only (createdb a new one); nothing was written")
-        _create_schema(raw)  # inside this transaction: the schema goes in with the rows, or not at all
+        apply_migrations(raw)  # inside this transaction: the schema goes in with the rows, or not at all
         columns = _target_columns(raw)
         for table in tables:
             if table not in columns:
@@ -164,17 +164,6 @@ def board_tables(conn) -> list[str]:
     return [row[0] for row in conn.execute(  # pg_tables, not information_schema: it lists what a role may not use too
         "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename != 'board_schema'"
         " ORDER BY tablename")]
-
-
-def _create_schema(raw) -> None:
-    """The board's PostgreSQL schema, as a service's first start makes it (app.store.pg_schema; board_schema holds
-    its version)."""
-    from app.store.pg_schema import PG_LATEST, PG_MIGRATIONS
-
-    raw.execute("CREATE TABLE board_schema (version INTEGER NOT NULL)")
-    for script in PG_MIGRATIONS:
-        raw.execute(script)
-    raw.execute("INSERT INTO board_schema (version) VALUES (%s)", (PG_LATEST,))
 
 
 def _holds_board(raw, tables: list[str]) -> str:

@@ -350,14 +350,18 @@ def ensure_schema(conn: PgConnection) -> None:
             return
         with raw.transaction():
             raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
-            raw.execute("CREATE TABLE IF NOT EXISTS board_schema (version INTEGER NOT NULL)")
-            version = _schema_version(raw)
-            for script in PG_MIGRATIONS[version:]:
-                raw.execute(script)
-            raw.execute("DELETE FROM board_schema")
-            raw.execute("INSERT INTO board_schema (version) VALUES (%s)", (PG_LATEST,))
+            apply_migrations(raw)
     except psycopg.Error as error:
         raise _mapped(error) from None
+
+
+def apply_migrations(raw: Any) -> None:
+    """Run the migrations past the database's version, in the caller's transaction (which holds WRITE_LOCK)."""
+    raw.execute("CREATE TABLE IF NOT EXISTS board_schema (version INTEGER NOT NULL)")
+    for script in PG_MIGRATIONS[_schema_version(raw):]:
+        raw.execute(script)
+    raw.execute("DELETE FROM board_schema")
+    raw.execute("INSERT INTO board_schema (version) VALUES (%s)", (PG_LATEST,))
 
 
 def _schema_version(raw: Any) -> int:

@@ -19,7 +19,7 @@ from tests.conftest import run_board
 from tests.fit import shapes
 
 TABLES = ("bookings", "booking_cards", "cards", "series", "events", "jobs", "servers", "outbox", "faults", "alerts",
-          "api_keys", "gateway_usage", "server_plans", "server_plan_runs")
+          "api_keys", "gateway_usage", "server_plans", "server_plan_runs", "hosts")
 
 
 def day(n: int) -> str:
@@ -96,7 +96,7 @@ def test_migrate_copies_every_table_and_the_board_carries_on_there(install, targ
     progress = dict(reversed(line.removeprefix("copied ").split(" ", 1)) for line in moved.stderr.splitlines())
     assert progress.keys() == set(TABLES), moved.stderr
     assert {table: int(n.replace(",", "")) for table, n in progress.items()} == before
-    assert "14 tables" in moved.stdout and f"audit chain intact ({before['events']:,} events)" in moved.stdout
+    assert "15 tables" in moved.stdout and f"audit chain intact ({before['events']:,} events)" in moved.stdout
     assert before["bookings"] >= 6 and before["series"] == 1 and before["api_keys"] == 1 and before["events"] >= 8
 
     pg = {**{k: v for k, v in env.items() if k != "BOARD_DB"}, "BOARD_DB_URL": target}

@@ -365,7 +365,7 @@ class TestNotifyTest:
         assert [(r["where"], r["state"], r["attempts"], r["status"]) for r in result] == \
             [(f"ops (slack, {where})", "sent", 1, 200), (f"down (webhook, {where})", "failed", 1, 500)]
         (audit,) = service.call(ADMIN, "log", {"limit": 1})
-        assert audit["action"] == "notify-test" and audit["details"] == {"targets": ["ops", "down"]}
+        assert audit["action"] == "notify-test" and audit["details"] == {"targets": ["ops", "down"], "host": service.host}
         no_secret(result, audit, [tuple(r) for r in service.conn.execute("SELECT * FROM events")])
         assert receiver.bodies("fail")[0]["title"] == "board: a test message"
 
