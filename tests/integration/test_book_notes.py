@@ -15,7 +15,7 @@ def test_named_cards_are_booked_with_a_note_and_the_json_keeps_its_shape(bobs_bo
     assert result.returncode == 0, result.stderr
     booking = json.loads(result.stdout)
     assert set(booking) == {"id", "user", "cards", "card_uuids", "start", "end", "class", "note", "status",
-                            "requested_at", "queued", "series_id", "notice"}
+                            "requested_at", "queued", "series_id", "notice", "host"}
     assert booking["cards"] == [0]
     assert result.stderr == "board: note: card 0 has bob's processes (9.0 GiB) now\n"
 

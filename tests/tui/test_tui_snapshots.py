@@ -16,8 +16,8 @@ from app.demo import demo_config
 from app.tui.screens.admin import AdminScreen
 from app.tui.screens.booking_form import BookingModal
 from app.tui.screens.card_detail import CardDetailScreen
-from tests.tui.conftest import (ERIN_ADMIN, GPU1, HOSTILE_NOTE, HOSTILE_USER, hostile_scenario, ready, seed, seed_demo, simulated,
-                                wait_for)
+from tests.tui.conftest import (ERIN_ADMIN, GPU1, HOSTILE_NOTE, HOSTILE_USER, hostile_scenario, ready, seed, seed_demo,
+                                settle, simulated, wait_for)
 
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 DEMO = demo_config(Config())  # prod 0-3 (finetune 19:00-09:00 and weekends), lab 4-7 (≤12 h)
@@ -84,6 +84,7 @@ class TestAdmin:
             app = pilot.app
             await wait_for(pilot, lambda: isinstance(app.screen, AdminScreen) and len(app.screen.bookings) == 6)
             await wait_for(pilot, lambda: app.screen.query_one("#audit").row_count == 6)
+            await settle(pilot)  # the table widens its columns to the rows after they arrive (narrow under load)
 
         assert snap_compare(make_app(identity=ERIN_ADMIN), terminal_size=size, run_before=admin)
 
