@@ -62,7 +62,9 @@ class AdminScreen(Screen):
         for key, label, width in (("time", "TIME", 10), ("actor", "ACTOR", 12), ("action", "ACTION", 9),
                                   ("booking", "#", 5), ("outcome", "OUTCOME", None)):
             audit.add_column(label, key=key, width=width)
-        self.reload()
+        # After the first refresh: rows added before the tables' own message loops run are never measured (their
+        # idle pass sizes the columns), which left the columns as narrow as their labels now and then.
+        self.call_after_refresh(self.reload)
         app.bookings_signal.subscribe(self, lambda _: self.reload())
         table.focus()
 
