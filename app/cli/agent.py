@@ -194,12 +194,12 @@ def cmd_migrate(ctx) -> int:
         raise Conflict(f"the board service is running on {config.service.socket}: stop it first (systemctl stop"
                        " board-agent), so that nothing is written after the copy; nothing was copied")
     password_file = Path(args.password_file).expanduser() if args.password_file else None
-    target = PostgresStore(args.to, password_file, os.uname().nodename.split(".")[0])
+    target = PostgresStore(args.to, password_file, config.fleet_host)
 
     def progress(table: str, rows: int) -> None:
         print(f"copied {rows:,} {table}", file=sys.stderr, flush=True)
 
-    result = migrate(config.db_path, target, progress)
+    result = migrate(config.db_path, target, progress, history=config.history_path)
     print(result.summary(config.db_path))
     if result.first_broken_event is not None:
         raise BoardError(f"copied, but the audit chain was already broken at event {result.first_broken_event} in"

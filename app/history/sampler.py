@@ -19,7 +19,10 @@ from app.config import Config
 from app.core.cardstate import UNKNOWN_USER, fleet_status
 from app.gpu.fleet import Fleet
 from app.gpu.model import FleetSnapshot
+from app.errors import BoardError
+from app.history.fleet import Pusher
 from app.history.store import HistoryStore, Sample
+from app.model import Booking
 from app.store import bookings as rows
 from app.store.db import connect
 
@@ -27,9 +30,8 @@ MAINTAIN_EVERY_S = 60.0
 FOREVER = 2**62
 
 
-def sample_fleet(conn: sqlite3.Connection, config: Config, snapshot: FleetSnapshot, now: float) -> list[Sample]:
-    """One round: every card of the snapshot, with its state from the bookings live at `now`."""
-    live = rows.live_between(conn, int(now), FOREVER)
+def sample_fleet(live: list[Booking], config: Config, snapshot: FleetSnapshot, now: float) -> list[Sample]:
+    """One round: every card of the snapshot, with its state from the bookings `live` at `now`."""
     statuses = fleet_status(snapshot, live, now, hot_celsius=config.hot_celsius, labels=config.labels)
     dt = max(1, round(config.history.sample_s))
     found = []
@@ -59,11 +61,13 @@ class Sampler:
     """`run(stop)` is the loop; `sample_once` and `maintain` are one step each, for tests with their own clock."""
 
     def __init__(self, fleet: Fleet, store: HistoryStore, config: Config, clock: Callable[[], float], *,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, rolled: Callable[[], None] = lambda: None) -> None:
         self.fleet, self.store, self.config, self.clock, self.log = fleet, store, config, clock, log
         self.settings = config.history
+        self.rolled = rolled  # called after each roll-up (and at the end): wakes the pusher (app.history.fleet)
         self._maintained_at = float("-inf")
         self._conn: sqlite3.Connection | None = None
+        self._live: list[Booking] = []  # the bookings last read, for a PostgreSQL store that is unreachable
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -74,7 +78,15 @@ class Sampler:
 
     def sample_once(self) -> list[Sample]:
         snapshot = self.fleet.latest()
-        samples = sample_fleet(self.conn, self.config, snapshot, self.clock())
+        now = self.clock()
+        try:
+            self._live = rows.live_between(self.conn, int(now), FOREVER)
+        except (BoardError, sqlite3.Error):
+            # A PostgreSQL store that is unreachable: the cards are still sampled, their states from the bookings
+            # last read (as enforcement goes on from them). A SQLite file that fails is the sample's failure.
+            if not self.config.storage_url:
+                raise
+        samples = sample_fleet(self._live, self.config, snapshot, now)
         for card in snapshot.cards:
             self.store.card_id(card.uuid, card.index, card.name, card.memory_total_mib)
         self.store.add(samples)
@@ -85,6 +97,7 @@ class Sampler:
         at a time): (buckets rolled, samples deleted, rollups deleted)."""
         now = self.clock() if now is None else now
         rolled = self.store.roll_up(now)
+        self.rolled()
         samples, rollups = self.store.prune(now, raw_hours=self.settings.raw_hours,
                                             rollup_days=self.settings.rollup_days)
         self.store.summarise(self.config.report.busy_util)
@@ -115,6 +128,7 @@ class Sampler:
                     failing = None
                 stop.wait(self.settings.sample_s)
         finally:
+            self.rolled()  # a pusher waiting for the next roll-up sees `stop` at once
             self.store.close()
             if self._conn is not None:
                 self._conn.close()
@@ -122,13 +136,26 @@ class Sampler:
 
 def start_sampler(fleet: Fleet, store: HistoryStore, config: Config, clock: Callable[[], float], *,
                   log: Callable[[str], None] = print) -> threading.Event | None:
-    """Start the sampler thread if [history] is enabled; set the returned event to stop it."""
+    """Start the sampler thread if [history] is enabled, and with a PostgreSQL store the thread that copies the
+    rollups there (app.history.fleet); set the returned event to stop them."""
     if not config.history.enabled:
         return None
     stop = threading.Event()
-    sampler = Sampler(fleet, store, config, clock, log=log)
+    rolled: Callable[[], None] = lambda: None  # noqa: E731
+    if config.storage_url:
+        pusher = pusher_of(store, config, clock, log=log)
+        rolled = pusher.wake.set
+        threading.Thread(target=pusher.run, args=(stop,), name="board-rollups", daemon=True).start()
+    sampler = Sampler(fleet, store, config, clock, log=log, rolled=rolled)
     threading.Thread(target=sampler.run, args=(stop,), name="board-history", daemon=True).start()
     return stop
+
+
+def pusher_of(store: HistoryStore, config: Config, clock: Callable[[], float], *,
+              log: Callable[[str], None] = print) -> Pusher:
+    """This host's pusher of rollups to the PostgreSQL store, on its own connection."""
+    return Pusher(store, lambda: connect(config.store), config.fleet_host, rollup_days=config.history.rollup_days,
+                  clock=clock, log=log)
 
 
 def _whole(watts: float | None) -> int | None:

@@ -45,6 +45,8 @@ ROLLUP_BATCH = 12  # one transaction rolls up at most an hour of buckets
 DAY_BUCKETS = 86400 // BUCKET_S
 HOT_C, VRAM_PCT = 92, 90  # the report's heat and VRAM verdicts (app.report.compute keeps them too)
 SCHEMA = 1  # meta `schema`: raise it when _create adds to a file; a file at it is read as it is
+ROLLUP_COLUMNS = ("n", "dt", "state", "n_throttled", "throttle",
+                  *(f"{m}_{part}" for m in METRICS for part in ("min", "mean_d", "max_d")), "pcie_mean")
 SUMMARISE_DAYS = 7  # days one `summarise` call sums at most (a year's old file is backfilled a week a minute)
 
 
@@ -441,6 +443,26 @@ class HistoryStore:
             found.append({"ts": _bucket_ts(bucket), "uuid": uuids[bucket & CARD_MASK],
                           "user": user, "n": n})
         return found
+
+    def rollup_rows(self, after: int | None, buckets: int) -> tuple[list[tuple], list[tuple]]:
+        """The first `buckets` 5-minute buckets after the bucket starting at `after` (None: from the first), from the
+        first one that has rollups: their rollups as (uuid, ts, *ROLLUP_COLUMNS) and their squats as (uuid, ts,
+        user, n), oldest first. What app.history.fleet copies to a PostgreSQL store (and board migrate)."""
+        conn = self.conn
+        lo = 0 if after is None else max(0, _bucket_id(int(after) + BUCKET_S, 0))
+        first = conn.execute("SELECT min(id) FROM rollups WHERE id >= ?", [lo]).fetchone()[0]
+        if first is None:
+            return [], []
+        lo = first >> CARD_BITS << CARD_BITS
+        hi = lo + (buckets << CARD_BITS)
+        uuids = {id: u for u, id in self.cards().items()}
+        found = [(uuids[row[0] & CARD_MASK], _bucket_ts(row[0]), *row[1:]) for row in conn.execute(
+            f"SELECT id, {', '.join(ROLLUP_COLUMNS)} FROM rollups WHERE id >= ? AND id < ? ORDER BY id", [lo, hi])
+            if row[0] & CARD_MASK in uuids]
+        squats = [(uuids[key >> SLOT_BITS & CARD_MASK], _bucket_ts(key >> SLOT_BITS), user, n) for key, user, n in
+                  conn.execute("SELECT id, user, n FROM squats WHERE id >= ? AND id < ? ORDER BY id",
+                               [lo << SLOT_BITS, hi << SLOT_BITS]) if key >> SLOT_BITS & CARD_MASK in uuids]
+        return found, squats
 
     def rolled_to(self) -> int | None:
         """Where the rollups end: buckets before this epoch second are rolled up."""

@@ -80,9 +80,10 @@ class _Group:
 def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict], faults: Iterable[dict], *,
             now: int, since_s: int, by: str = "user", busy_util: float = 10.0,
             pools: dict[str, str] | None = None, cards: dict[str, str] | None = None,
-            memory_total: dict[str, int] | None = None) -> dict:
+            memory_total: dict[str, int] | None = None, hosts: dict[str, str] | None = None) -> dict:
     """The report's document (the `--json` shape, docs/json.md, "The accounting report"). `pools`: card uuid -> pool name(s);
-    `cards`: uuid -> its name in the table (e.g. "3"); `memory_total`: uuid -> MiB, for the VRAM verdict."""
+    `cards`: uuid -> its name in the table (e.g. "3", or "gpu2:3" in a fleet); `memory_total`: uuid -> MiB, for the VRAM
+    verdict; `hosts`: uuid -> its host, which each row of `by` card carries."""
     if by not in BY:
         raise BadInput(f"--by {by[:20]!r}: one of {', '.join(BY)}")
     pools, cards, memory_total = pools or {}, cards or {}, memory_total or {}
@@ -208,6 +209,9 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
                 group(key).waits.append(wait)
 
     rows = sorted((g.row(k) for k, g in groups.items()), key=lambda r: (-r["booked_h"], r["key"]))
+    if by == "card":
+        host_of = {cards.get(uuid, uuid): host for uuid, host in (hosts or {}).items()}
+        rows = [{"key": r["key"], "host": host_of.get(r["key"]), **r} for r in rows]
     total = _Group()
     for g in groups.values():
         for name in ("booked", "used", "idle", "squatted", "util_s", "util_sum"):

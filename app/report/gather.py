@@ -4,6 +4,7 @@ and hand them to app.report.compute. Read-only: a history file that is not there
 from __future__ import annotations
 
 import bisect
+import json
 import sqlite3
 from collections.abc import Sequence
 
@@ -16,6 +17,7 @@ from app.history.store import (BUCKET_S, CARD_BITS, CARD_MASK, DAY_BUCKETS, EPOC
 from app.report.compute import HOT_C, MAX_SINCE, VRAM_PCT, compute
 from app.store import bookings as rows
 from app.store import keys as key_rows
+from app.store.db import is_postgres
 
 FOREVER = 2**62
 # One pass over the window's rollups, each given to the booking that held its card for the whole bucket (the
@@ -69,6 +71,18 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
     squats: list[dict] = []
     memory_total: dict[str, int] = {}
     cards: dict[str, str] = {}
+    hosts: dict[str, str] = {}  # card uuid -> its host ('' for this one's)
+    local_from = start  # where this host's rollups are read from its history file
+    if is_postgres(conn):
+        # The fleet: every host's rollups from the store, and this host's not written there yet from its file.
+        from app.history.fleet import store_mark  # start-up: only a PostgreSQL store's report reads the fleet's
+
+        here = config.fleet_host
+        mark = store_mark(conn, here)
+        local_from = start if mark is None else max(start, min(now, mark + BUCKET_S))
+        mine, theirs = fleet_rollups(conn, start, local_from, here), fleet_rollups(conn, start, now, None, not_host=here)
+        rollups, squats = mine[0] + theirs[0], mine[1] + theirs[1]
+        fleet_cards(conn, here, cards, hosts, memory_total)
     if history.path.exists():
         store = history
         for uuid, idx, total in store.conn.execute("SELECT uuid, idx, memory_total FROM cards"):
@@ -78,10 +92,11 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
                 memory_total[uuid] = total
         # Rollups up to where they end, summed per booking in SQL (a year is 841 k of them), then the raw
         # samples (the last minutes, not rolled up yet), each as a one-sample rollup: finer data where it exists.
-        rolled = max(start, min(now, store.rolled_to() or start))
-        rollups = summed_rollups(store, start, rolled, bookings, config.report.busy_util)
-        squats = [{"ts": ts, "uuid": uuid, "user": user, "n": n, "seconds": seconds} for ts, uuid, user, n, seconds in
-                  store.conn.execute(SQUATS, [_bucket_id(start, 0) << SLOT_BITS, _bucket_id(rolled, 0) << SLOT_BITS])]
+        rolled = max(local_from, min(now, store.rolled_to() or local_from))
+        rollups += summed_rollups(store, local_from, rolled, bookings, config.report.busy_util)
+        squats += [{"ts": ts, "uuid": uuid, "user": user, "n": n, "seconds": seconds} for ts, uuid, user, n, seconds in
+                   store.conn.execute(SQUATS, [_bucket_id(local_from, 0) << SLOT_BITS,
+                                               _bucket_id(rolled, 0) << SLOT_BITS])]
         for s in store.samples(rolled, now):
             rollups.append({"ts": s["ts"], "uuid": s["uuid"], "n": 1, "seconds": s["dt"], "span": s["dt"], "state": s["state"],
                             "util_mean": s["util"], "vram_max": s["vram"], "temp_max": s["temp"]})
@@ -92,13 +107,18 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
     for b in bookings:
         for index, uuid in zip(b.cards, b.card_uuids):
             cards.setdefault(uuid, str(index))
+            hosts.setdefault(uuid, "" if b.host == config.fleet_host else b.host)
     pools: dict[str, str] = {}
     for uuid, name in cards.items():
-        names = [p.name for p in config.pools if name.isdigit() and int(name) in p.cards]
+        names = [p.name for p in config.pools if not hosts.get(uuid) and name.isdigit() and int(name) in p.cards]
         if names:
             pools[uuid] = "+".join(names)
+    here = config.fleet_host
+    hosts = {uuid: hosts.get(uuid) or here for uuid in cards}
+    if len(set(hosts.values())) > 1:  # the fleet: each card named with its host, as --cards names them
+        cards = {uuid: f"{hosts[uuid]}:{name}" for uuid, name in cards.items()}
     doc = compute(bookings, rollups, squats, faults, now=now, since_s=since_s, by=by,
-                  busy_util=config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total)
+                  busy_util=config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total, hosts=hosts)
     # The gateway's requests and tokens per user in the same window (board usage has them by key and model).
     doc["tokens"] = [{"user": user, "requests": n, "prompt_tokens": p, "completion_tokens": c}
                      for user, (n, p, c) in sorted(key_rows.tokens_by_user(conn, start, now).items(),
@@ -106,6 +126,47 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
     doc["tp"] = tp_links(history, bookings, cards_now, start, now, config.report.busy_util) \
         if history.path.exists() else []
     return doc
+
+
+def fleet_rollups(conn, start: int, end: int, host: str | None, *, not_host: str | None = None
+                  ) -> tuple[list[dict], list[dict]]:
+    """The store's rollups of buckets starting in [start, end), of `host` (or of every host but `not_host`), as
+    compute takes them, and their squats (app.history.fleet writes both)."""
+    if end <= start:
+        return [], []
+    where, args = ("host = ?", [host]) if host is not None else ("host != ?", [not_host])
+    found = [{"ts": ts, "uuid": uuid, "n": n, "seconds": n * dt, "span": BUCKET_S, "state": STATES[state],
+              "util_mean": None if util is None or util_d is None else util + util_d,
+              "vram_max": None if vram is None or vram_d is None else vram + vram_d,
+              "temp_max": None if temp is None or temp_d is None else temp + temp_d}
+             for ts, uuid, n, dt, state, util, util_d, vram, vram_d, temp, temp_d in conn.execute(
+                 "SELECT ts, card_uuid, n, dt, state, util_min, util_mean_d, vram_min, vram_max_d, temp_min, temp_max_d"
+                 f" FROM rollups WHERE ts >= ? AND ts < ? AND {where} ORDER BY ts, card_uuid", [start, end, *args])]
+    squats = [{"ts": ts, "uuid": uuid, "user": user, "n": n, "seconds": n * (dt or 10)}
+              for ts, uuid, user, n, dt in conn.execute(
+                  'SELECT s.ts, s.card_uuid, s."user", s.n, r.dt FROM rollup_squats s LEFT JOIN rollups r'
+                  " ON r.host = s.host AND r.card_uuid = s.card_uuid AND r.ts = s.ts"
+                  f" WHERE s.ts >= ? AND s.ts < ? AND s.{where} ORDER BY s.ts", [start, end, *args])]
+    return found, squats
+
+
+def fleet_cards(conn, here: str, cards: dict[str, str], hosts: dict[str, str], memory_total: dict[str, int]) -> None:
+    """Every host's cards from the store (index and host) and their VRAM from each host's last snapshot, into the
+    dicts given; this host's cards' host is ''."""
+    from app.gpu.model import snapshot_from_wire
+    from app.store import hosts as host_rows
+
+    for uuid, idx, host in conn.execute("SELECT uuid, idx, host FROM cards"):
+        cards[uuid] = str(idx)
+        hosts[uuid] = "" if host == here else host
+    for row in host_rows.all_hosts(conn):
+        try:
+            snapshot = snapshot_from_wire(json.loads(row.snapshot))
+        except (ValueError, TypeError, KeyError):  # a row that does not decode: its cards' VRAM is not known
+            continue
+        for card in snapshot.cards:
+            if card.memory_total_mib:
+                memory_total.setdefault(card.uuid, card.memory_total_mib)
 
 
 TP_SHARE_PCT = 25.0  # the seeds: when communication takes more than 25 % of a TP group's time, it is too wide

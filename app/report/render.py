@@ -59,10 +59,11 @@ def table(doc: dict) -> str:
 
 
 def to_csv(doc: dict) -> str:
-    """A header, one row per group, the total last (key "total")."""
+    """A header, one row per group, the total last (key "total"); by card, each row's host after its key."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_FIELDS)
+    fields = ("key", "host", *CSV_FIELDS[1:]) if doc["by"] == "card" else CSV_FIELDS  # a card's row names its host
+    writer.writerow(fields)
     for r in [*doc["rows"], doc["total"]]:
-        writer.writerow(["" if r[f] is None else r[f] for f in CSV_FIELDS])
+        writer.writerow(["" if r.get(f) is None else r[f] for f in fields])
     return buffer.getvalue()

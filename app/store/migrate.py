@@ -9,7 +9,8 @@ board (its schema, or any board table) is refused with nothing written; so is a 
 The copy is faithful: a chain that an edit by hand broke in the SQLite file is broken at the same event on the target
 (the evidence moves with the data), and the caller says so. Columns are matched by name, so a table the PostgreSQL
 schema has and SQLite's has not (hosts), or a column only one side has (booking_cards' span, filled by its trigger),
-is simply not copied.
+is simply not copied. The history file's 5-minute rollups (and squats) go in the same transaction, tagged with this
+host (the raw samples stay in the file), so `board report` on the new store has this host's past.
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ def where(url: str) -> str:
     return f"{_address(url)}/{conninfo_to_dict(url).get('dbname', '?')}"
 
 
-def migrate(source: Path, target: PostgresStore, progress: Progress | None = None) -> Migrated:
-    """Copy the board at `source` into the empty database `target`; see the module's docstring."""
+def migrate(source: Path, target: PostgresStore, progress: Progress | None = None, *,
+            history: Path | None = None) -> Migrated:
+    """Copy the board at `source` into the empty database `target`, and the 5-minute rollups of the history file
+    `history` (if there is one) tagged with `target.host`; see the module's docstring."""
     from app.store.pg import PgConnection
 
     check_url(target.url)
@@ -85,7 +88,8 @@ def migrate(source: Path, target: PostgresStore, progress: Progress | None = Non
             broken = events.first_broken(src)
             dst = PgConnection(target)  # StoreUnreachable: the one line, exit 1
             try:
-                rows = _copy(src, dst, tables, counts, broken, place, progress or (lambda table, n: None))
+                rows = _copy(src, dst, tables, counts, broken, place, progress or (lambda table, n: None),
+                             history if history is not None and history.is_file() else None, target.host)
             finally:
                 dst.close()
         finally:
@@ -96,7 +100,7 @@ def migrate(source: Path, target: PostgresStore, progress: Progress | None = Non
 
 
 def _copy(src, dst, tables: list[str], counts: dict[str, int], broken: int | None, place: str,
-          progress: Progress) -> dict[str, int]:
+          progress: Progress, history: Path | None, host: str) -> dict[str, int]:
     import psycopg  # start-up: loaded by the connection already
 
     from app.store.pg import WRITE_LOCK, apply_migrations
@@ -121,6 +125,14 @@ def _copy(src, dst, tables: list[str], counts: dict[str, int], broken: int | Non
             done[table] = _copy_table(src, raw, table, columns[table])
             progress(table, done[table])
         _move_sequences(raw)
+        if history is not None:
+            for table, copied in _copy_rollups(history, raw, host).items():
+                there = raw.execute(f'SELECT count(*) FROM "{table}" WHERE host = %s', (host,)).fetchone()[0]
+                if copied != there:
+                    raise BoardError(f"{table}: {copied:,} rows in {history}, {there:,} on {place} after the copy;"
+                                     " nothing was written")
+                done[table] = copied
+                progress(table, copied)
         for table in tables:
             there = raw.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
             if not counts[table] == done[table] == there:
@@ -141,6 +153,33 @@ def _copy(src, dst, tables: list[str], counts: dict[str, int], broken: int | Non
         _rollback(raw)
         raise
     return done
+
+
+def _copy_rollups(history: Path, raw, host: str) -> dict[str, int]:
+    """The history file's rollups and squats into the store's (as app.history.fleet pushes them), tagged `host`."""
+    from app.history.fleet import PUSH_BUCKETS
+    from app.history.store import ROLLUP_COLUMNS, HistoryStore
+
+    store = HistoryStore(history)
+    squats: list[tuple] = []
+    copied, after = 0, None
+    try:
+        with raw.cursor().copy(f"COPY rollups (host, card_uuid, ts, {', '.join(ROLLUP_COLUMNS)}) FROM STDIN") as copy:
+            while True:
+                rollups, found = store.rollup_rows(after, PUSH_BUCKETS)
+                if not rollups:
+                    break
+                for row in rollups:
+                    copy.write_row((host, *row))
+                squats += found
+                copied += len(rollups)
+                after = rollups[-1][1]
+        with raw.cursor().copy('COPY rollup_squats (host, card_uuid, ts, "user", n) FROM STDIN') as copy:
+            for row in squats:
+                copy.write_row((host, *row))
+    finally:
+        store.close()
+    return {"rollups": copied, "rollup_squats": len(squats)}
 
 
 def _tables(src) -> list[str]:
@@ -173,7 +212,7 @@ def _holds_board(raw, tables: list[str]) -> str:
         if version is not None:
             return f"schema version {version}"
     found = []
-    for table in ["board_schema", *tables, "hosts"]:
+    for table in ["board_schema", *tables, "hosts", "rollups"]:
         if raw.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]:
             rows = raw.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
             found.append(f"{rows:,} {table}" if rows else f"an empty table {table}")

@@ -309,5 +309,40 @@ CREATE TRIGGER hosts_notify AFTER INSERT OR UPDATE OR DELETE ON hosts
     FOR EACH STATEMENT EXECUTE FUNCTION board_notify('hosts');
 """
 
-PG_MIGRATIONS: list[str] = [_V1]
+# Each host's 5-minute rollups (app.history.fleet pushes them from its history file), so `board report` covers the
+# fleet: the history file's rollup columns, keyed by host, card and bucket start (epoch seconds), and who squatted
+# which card per bucket. Raw samples stay in each host's file.
+_V_FLEET_ROLLUPS = r"""
+CREATE TABLE rollups (
+    host TEXT NOT NULL,
+    card_uuid TEXT NOT NULL,
+    ts BIGINT NOT NULL,
+    n BIGINT NOT NULL,
+    dt BIGINT NOT NULL,
+    state BIGINT NOT NULL,
+    n_throttled BIGINT,
+    throttle BIGINT,
+    vram_min BIGINT, vram_mean_d BIGINT, vram_max_d BIGINT,
+    util_min BIGINT, util_mean_d BIGINT, util_max_d BIGINT,
+    temp_min BIGINT, temp_mean_d BIGINT, temp_max_d BIGINT,
+    power_min BIGINT, power_mean_d BIGINT, power_max_d BIGINT,
+    sm_min BIGINT, sm_mean_d BIGINT, sm_max_d BIGINT,
+    pcie_mean BIGINT,
+    PRIMARY KEY (host, card_uuid, ts)
+);
+CREATE INDEX rollups_by_host ON rollups(host, ts);
+CREATE INDEX rollups_by_ts ON rollups(ts);
+
+CREATE TABLE rollup_squats (
+    host TEXT NOT NULL,
+    card_uuid TEXT NOT NULL,
+    ts BIGINT NOT NULL,
+    "user" TEXT NOT NULL,
+    n BIGINT NOT NULL,
+    PRIMARY KEY (host, card_uuid, ts, "user")
+);
+CREATE INDEX rollup_squats_by_ts ON rollup_squats(ts);
+"""
+
+PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS]
 PG_LATEST = len(PG_MIGRATIONS)

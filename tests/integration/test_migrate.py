@@ -15,6 +15,7 @@ import pytest
 from app.config import PostgresStore
 from app.store import events
 from app.store.pg import PgConnection
+from app.store.pg_schema import PG_LATEST
 from tests.conftest import run_board
 from tests.fit import shapes
 
@@ -131,7 +132,7 @@ def test_a_second_migrate_is_refused_and_writes_nothing(install, target, pg_clus
     try:
         held = counts(conn)
         again = run_board("migrate", "--to", target, env=env)
-        assert again.returncode == 2 and "already holds a board (schema version 1)" in one_line(again)
+        assert again.returncode == 2 and f"already holds a board (schema version {PG_LATEST})" in one_line(again)
         assert "nothing was written" in again.stderr and again.stdout == ""
         assert counts(conn) == held
     finally:
