@@ -133,8 +133,11 @@ def status_json(found: dict) -> dict:
         return shown
 
     hosts = [{**h, "seen_at": iso(h["seen_at"])} for h in found.get("hosts", ())]
-    return {"simulated": found["simulated"], "taken_at": iso(found["taken_at"]), "hosts": hosts,
-            "cards": [card(c) for c in found["cards"]]}
+    shown = {"simulated": found["simulated"], "taken_at": iso(found["taken_at"]), "hosts": hosts,
+             "cards": [card(c) for c in found["cards"]]}
+    if found.get("stale_since") is not None:  # the database unreachable: the bookings as the service last read them
+        shown["stale_since"] = iso(found["stale_since"])
+    return shown
 
 
 def host_state(card: dict, now: float) -> str | None:
@@ -188,7 +191,11 @@ def status_text(found: dict, now: float) -> str:
             line.insert(0, "HOST" if c is None else inert(c["host"], 20))
     names = {c["name"] for c in found["cards"] if c["name"]}
     badge = " · SIMULATED" if found["simulated"] else ""
-    return f"{len(found['cards'])} × {', '.join(sorted(names)) or 'GPU'}{badge}\n{table(lines)}"
+    stale = ""
+    if found.get("stale_since") is not None:
+        stale = (f"\nbookings as of {format_time(found['stale_since'], now)}: the board database is unreachable;"
+                 " this host's cards only")
+    return f"{len(found['cards'])} × {', '.join(sorted(names)) or 'GPU'}{badge}\n{table(lines)}{stale}"
 
 
 # -- series (standing slots) ---------------------------------------------------------------------

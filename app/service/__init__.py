@@ -23,6 +23,7 @@ from app.gpu.fleet import Fleet
 from app.service.audit import AGENT
 from app.service.bookings import BookingService
 from app.service.hub import Hub
+from app.service.lastknown import Known, unreachable
 from app.service.ops.registry import HOMES, lookup
 from app.service.processes import Registry
 from app.store import bookings as rows
@@ -64,6 +65,8 @@ class Service:
         # On PostgreSQL: this host's clock minus the database's now(), in seconds, measured at start and every minute
         # (app.service.watch; app.store.pg.clock_offset); None until measured. board doctor fails beyond a second.
         self.clock_offset: float | None = None
+        # The bookings as last read, for reads while a PostgreSQL database is unreachable (app.service.lastknown).
+        self.known = Known()
 
     @functools.cached_property
     def supervision(self) -> Supervision:
@@ -159,12 +162,16 @@ class Service:
         llama-servers (they run on the CPU) shown on their booked cards, as NVML would show them."""
         # A command in process shows no servers: llama's modules load once one runs (or once one has been shown,
         # so that its end clears it).
-        if self.fleet.simulated and (self._servers_shown or rows.any_live_server(self.conn)):
-            from app.llama.processes import feed_simulated  # start-up: only the demo's fleet loads llama's modules
+        try:
+            if self.fleet.simulated and (self._servers_shown or rows.any_live_server(self.conn)):
+                from app.llama.processes import feed_simulated  # start-up: only the demo's fleet loads llama's modules
 
-            if feed_simulated(self.fleet.source, self.conn):
-                self.fleet.invalidate()
-            self._servers_shown = True
+                if feed_simulated(self.fleet.source, self.conn):
+                    self.fleet.invalidate()
+                self._servers_shown = True
+        except BoardError as error:  # the database away: the cards as read, without the servers' rows
+            if not unreachable(error):
+                raise
         return self.fleet.latest()
 
     def lookup_user(self, name: str) -> tuple[str, int] | None:

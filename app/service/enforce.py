@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING
 
 from app.core.identity import Identity
 from app.core.text import format_cards, relative, stamp_time
-from app.errors import BadInput, NotPermitted
+from app.errors import BadInput, BoardError, NotPermitted
 from app.faults.oom import record_job_oom
 from app.model import Booking
 from app.service.alerts import enforcer_alerts
 from app.service.audit import AGENT, audit
 from app.service.hosts import refuse_remote
+from app.service.lastknown import unreachable
 from app.service.plans import start_due
+from app.service.processes import UNREAD
 from app.service.servers import enforce_servers
 from app.store import bookings as rows
 from app.store import jobs
@@ -71,26 +73,44 @@ def is_over(booking: Booking | None, entry, now: float) -> bool:
 
 
 def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
-    """One pass for `server` (a ServiceServer: its service, registry and log); returns what it did, by entry id."""
+    """One pass for `server` (a ServiceServer: its service, registry and log); returns what it did, by entry id.
+
+    While a PostgreSQL database is unreachable, the jobs are enforced from the bookings last read (each job's
+    booking as this pass last read it, `Registration.known`): a job whose booking is live there runs on, one whose
+    booking ended by then is stopped, its audit event left to the log. The passes that need the database (backfill,
+    servers, planned servers, alerts) wait for it."""
     service, registry = server.service, server.registry
     done: dict[str, list[int]] = {"ended": [], "terminated": [], "killed": [], "warned": []}
-    for entry in registry.sweep():
-        done["ended"].append(entry.id)
-        if entry.kind == "job":
-            with write(service.conn):
-                jobs.forget(service.conn, entry.pid, entry.started_ticks)
-                record_job_oom(service.conn, ts=service.clock(), snapshot=service.fleet.cached(), card_uuids=entry.cards,
-                               booking_id=entry.booking_id, pid=entry.pid)
-    settings = service.config.enforce
     now = service.clock()
-    service.backfill()  # a squatter gone, a booking ended early by enforcement: queued bookings move up
-    _tell_started(server, now)
-    done.update(enforce_servers(server))
-    done["planned_started"] = start_due(server)
+    away = False
+    try:
+        for entry in registry.sweep():
+            done["ended"].append(entry.id)
+            if entry.kind == "job":
+                with write(service.conn):
+                    jobs.forget(service.conn, entry.pid, entry.started_ticks)
+                    record_job_oom(service.conn, ts=service.clock(), snapshot=service.fleet.cached(),
+                                   card_uuids=entry.cards, booking_id=entry.booking_id, pid=entry.pid)
+        service.backfill()  # a squatter gone, a booking ended early by enforcement: queued bookings move up
+        _tell_started(server, now)
+        done.update(enforce_servers(server))
+        done["planned_started"] = start_due(server)
+    except BoardError as error:
+        if not unreachable(error):
+            raise
+        away = True
+    settings = service.config.enforce
     for entry in registry.live():
         if entry.kind == "server":
             continue
-        booking = rows.get(service.conn, entry.booking_id)
+        try:
+            booking = entry.known = rows.get(service.conn, entry.booking_id)
+        except BoardError as error:
+            if not unreachable(error):
+                raise
+            if entry.known is UNREAD:  # registered and not read since: nothing known to stop it for
+                continue
+            booking = entry.known
         if not is_over(booking, entry, now):
             if booking.end - now <= WARN_BEFORE_END_S and not entry.warned:
                 entry.warned = True
@@ -101,25 +121,36 @@ def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
         if settings.run_jobs == "warn":
             if entry.term_sent_at is None:
                 entry.term_sent_at = now
-                audit(service, AGENT, "job-warn", entry.booking_id, ok=True, details={"pid": entry.pid})
+                _audit(server, "job-warn", entry.booking_id, {"pid": entry.pid})
                 done["warned"].append(entry.id)
             continue
         if entry.term_sent_at is None:
             entry.term_sent_at = now
             sent = registry.signal(entry, signal.SIGTERM)
-            audit(service, AGENT, "job-stop", entry.booking_id, ok=True,
-                  details={"pid": entry.pid, "signal": "SIGTERM", "pids": sent, "grace_s": settings.grace_s})
             server.log(f"job {entry.pid} (uid {entry.uid}): booking {entry.booking_id} ended; SIGTERM")
+            _audit(server, "job-stop", entry.booking_id,
+                   {"pid": entry.pid, "signal": "SIGTERM", "pids": sent, "grace_s": settings.grace_s})
             done["terminated"].append(entry.id)
         elif now - entry.term_sent_at >= settings.grace_s:
             sent = registry.signal(entry, signal.SIGKILL)
             if sent:
-                audit(service, AGENT, "job-stop", entry.booking_id, ok=True,
-                      details={"pid": entry.pid, "signal": "SIGKILL", "pids": sent})
                 server.log(f"job {entry.pid} (uid {entry.uid}): still running after {settings.grace_s:g} s; SIGKILL")
+                _audit(server, "job-stop", entry.booking_id, {"pid": entry.pid, "signal": "SIGKILL", "pids": sent})
                 done["killed"].append(entry.id)
-    done["alerts"] = enforcer_alerts(server).get("fired", [])  # last: a failing alert pass leaves the jobs enforced
+    if not away:
+        done["alerts"] = enforcer_alerts(server).get("fired", [])  # last: a failing alert pass leaves the jobs enforced
     return done
+
+
+def _audit(server: ServiceServer, action: str, booking_id: int, details: dict) -> None:
+    """The agent's audit event for an enforcement; while the database is unreachable, said in the log instead
+    (the signal has gone already: enforcement does not wait for the database)."""
+    try:
+        audit(server.service, AGENT, action, booking_id, ok=True, details=details)
+    except BoardError as error:
+        if not unreachable(error):
+            raise
+        server.log(f"{action} of booking {booking_id} not audited: {error}")
 
 
 def _tell_started(server: ServiceServer, now: float) -> None:

@@ -16,6 +16,7 @@ from app.core.text import inert
 from app.errors import BadInput
 from app.model import Booking
 from app.gpu.model import FleetSnapshot, snapshot_from_wire, snapshot_to_wire
+from app.service.lastknown import remember, unreachable
 from app.store import bookings as rows
 from app.store import hosts as host_rows
 from app.store.db import write
@@ -88,17 +89,29 @@ def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any]
                     log: Callable[[str], None]) -> threading.Thread:
     """The agent's heartbeat thread: about once a second, this host's beat (on the database thread, `run_db`, so
     that it never contends with the service's own writes) and a look at the audit chain's tail, whose growth
-    means another host's service changed bookings: this host's boards read them again."""
+    means another host's service changed bookings: this host's boards read them again. It also refreshes the bookings
+    the service serves while the database is unreachable (app.service.lastknown)."""
 
     def loop() -> None:
         tail = None
+        away = False  # the database is unreachable: said once when it goes, once when it is back
         while not stopping.is_set():
             try:
-                latest = run_db(lambda: (beat(service), events_tail(service.conn))[1])
+                latest = run_db(lambda: (beat(service), remember(service), events_tail(service.conn))[2])
             except Exception as error:  # noqa: BLE001 - a service must outlive one bad beat
-                if not stopping.is_set():  # (the database thread is gone once it stops)
+                if stopping.is_set():  # (the database thread is gone once it stops)
+                    pass
+                elif not unreachable(error):
                     log(f"board agent: heartbeat failed: {type(error).__name__}: {error}")
+                elif not away:
+                    away = True
+                    said = str(error).removesuffix("; nothing was changed")
+                    log(f"board agent: {said}; this host's reads answer from the bookings last read, its jobs are"
+                        " enforced from them")
             else:
+                if away:
+                    away = False
+                    log("board agent: the board database answers again")
                 if tail is not None and latest != tail:
                     service.hub.changed("bookings")
                 tail = latest

@@ -18,6 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+UNREAD = "unread"
+
 
 @dataclass
 class Registration:
@@ -33,6 +35,9 @@ class Registration:
     started_ticks: int = 0  # the process's start time (/proc/PID/stat), which with the pid names it for good
     term_sent_at: float | None = None
     warned: bool = False
+    # Its booking as the enforcer last read it (a Booking, or None: gone), which enforces it while the database is
+    # unreachable; UNREAD until the first read (app.service.enforce).
+    known: object = UNREAD
     connected: bool = True
     done: bool = field(default=False)
 

@@ -10,26 +10,28 @@ from typing import TYPE_CHECKING
 
 from app.core.cardstate import UNKNOWN_USER, CardStatus, fleet_status
 from app.model import booking_to_wire
-from app.store import bookings as rows
+from app.service.lastknown import read_live
 
 if TYPE_CHECKING:
     from app.service import Service
-
-FOREVER = 2**62
 
 
 def status_document(service: Service) -> dict:
     """Every card with its state, current and next booking: the `board status --json` document, in epochs. Each
     card carries its host; other hosts' cards follow this host's, as their services last published them, and a
-    host whose heartbeat is late has `host_down` and `down_since` on its cards."""
+    host whose heartbeat is late has `host_down` and `down_since` on its cards. While a PostgreSQL database is
+    unreachable: this host's cards only, with the bookings the service last read, and `stale_since` (app.service.lastknown)."""
     from app.service.hosts import remote_hosts  # start-up: a leaf; status is the one read that asks the fleet
 
     snapshot = service.fleet_snapshot()
     now = service.clock()
-    live = rows.live_between(service.conn, int(now), FOREVER)
+    live, stale_since = read_live(service, now)
     statuses = fleet_status(snapshot, live, now, hot_celsius=service.config.hot_celsius, labels=service.config.labels)
     cards = [_card(s, service.host) for s in statuses]
     hosts = [{"host": service.host, "down": False, "seen_at": now}]
+    if stale_since is not None:  # the database away: this host's cards, with the bookings as last read
+        return {"simulated": snapshot.simulated, "taken_at": snapshot.taken_at, "host": service.host, "hosts": hosts,
+                "cards": cards, "stale_since": stale_since}
     for remote in remote_hosts(service):
         hosts.append({"host": remote.host, "down": remote.down, "seen_at": remote.seen_at})
         for s in fleet_status(remote.snapshot, live, now, hot_celsius=service.config.hot_celsius):

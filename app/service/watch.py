@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from app.config import PostgresStore
+from app.errors import BoardError
 from app.gpu.model import hosts_to_wire, snapshot_to_wire
 from app.store.db import connect, data_version
 
@@ -51,12 +52,21 @@ def _fleet_loop(service: Service, stop: threading.Event) -> None:
 def fleet_event(service: Service) -> dict:
     """The `fleet` event: this host's snapshot, its name, and the other hosts' as their services last published them
     (app.service.hosts), read at each refresh: a host that appears or falls silent reaches the boards with no
-    booking change."""
+    booking change. While a PostgreSQL database is unreachable, `stale_since` says since when the boards' bookings are
+    as last read (app.service.lastknown): their header shows it."""
     from app.service.hosts import remote_hosts  # start-up: only a service with boards publishes the fleet
 
+    from app.service.lastknown import unreachable  # start-up: as above
+
     snapshot = service.fleet_snapshot()
-    return {"snapshot": snapshot_to_wire(snapshot), "host": service.host, "hosts": hosts_to_wire(
-        (r.host, r.snapshot, r.seen_at if r.down else None) for r in remote_hosts(service))}
+    event = {"snapshot": snapshot_to_wire(snapshot), "host": service.host}
+    try:
+        remote = remote_hosts(service)
+    except BoardError as error:  # the database away: this host's cards, and since when the bookings are as read
+        if not unreachable(error):
+            raise
+        return {**event, "hosts": [], "stale_since": service.known.read_at or service.started_at}
+    return {**event, "hosts": hosts_to_wire((r.host, r.snapshot, r.seen_at if r.down else None) for r in remote)}
 
 
 def _db_loop(service: Service, stop: threading.Event) -> None:
@@ -104,7 +114,10 @@ def _listen_loop(service: Service, stop: threading.Event) -> None:
                 if note.payload in ("bookings", "servers"):
                     service.hub.changed(note.payload)
         except Exception as error:  # noqa: BLE001 - shown by the boards; the service keeps going and listens again
-            service.hub.publish("bookings", {"error": str(error)})
+            from app.service.lastknown import unreachable  # start-up: loaded by the service already
+
+            if not unreachable(error):  # an unreachable database is the fleet event's stale marker, not an error
+                service.hub.publish("bookings", {"error": str(error)})
             if conn is not None:
                 conn.close()
             conn = None

@@ -95,6 +95,7 @@ class BoardApp(App[int]):
         self.alert = ""  # the board's own trouble: telemetry stalled or failed, the service down
         self._alert_from = ""  # which: "telemetry" or "service", cleared when that recovers
         self.alerts_line = ""  # the service's firing alerts (app.alerts), in one line
+        self.stale_since: float | None = None  # the database unreachable since: the bookings shown are as of then
         self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
         self.last_telemetry = time.monotonic()
         self._last_tick = 0.0
@@ -165,7 +166,7 @@ class BoardApp(App[int]):
                 self._remember(uuid, taken_at, values)
         for card in message.snapshot.cards:
             self._remember(card.uuid, message.snapshot.taken_at, sample(message.snapshot.taken_at, card)[1:])
-        self.fleet, self.hosts = message.snapshot, message.hosts
+        self.fleet, self.hosts, self.stale_since = message.snapshot, message.hosts, message.stale_since
         self.fleet_host = message.host or self.fleet_host
         self._clear_alert("telemetry")
         self._recompute()

@@ -15,9 +15,11 @@ class TelemetryRead(Message):
     """One poll of the GPU source. Frequent, so a newer one replaces an unhandled older one."""
 
     def __init__(self, snapshot: FleetSnapshot, history: dict[str, list] | None = None, host: str = "",
-                 hosts: tuple[HostSnapshot, ...] = ()) -> None:
+                 hosts: tuple[HostSnapshot, ...] = (), stale_since: float | None = None) -> None:
         super().__init__()
         self.snapshot = snapshot
+        # The database unreachable: the service's bookings are as it read them then (app.service.lastknown)
+        self.stale_since = stale_since
         self.host = host  # this host's name in the fleet ('' from a service that names none)
         self.hosts = hosts  # the other hosts' cards, as their services last published them
         # Earlier samples to fill the sparklines with, per card uuid (the first read; ops.reads.history).

@@ -122,7 +122,7 @@ def fleet_read(client, event: dict, history_step: float | None = None) -> Teleme
         except Exception:  # noqa: BLE001 - sparklines start empty instead
             pass
     return TelemetryRead(snapshot_from_wire(event["snapshot"]), history, event.get("host", ""),
-                         hosts_from_wire(event.get("hosts", ())))
+                         hosts_from_wire(event.get("hosts", ())), event.get("stale_since"))
 
 
 def bookings_loop(app, client, clock: Callable[[], float], window: Callable[[], tuple[int, int]], worker: "Poller") -> None:

@@ -159,3 +159,19 @@ class TestFleet:
         stale telemetry blanked, bob's booking on gpu2:4 kept."""
         second_host(down=True)
         assert snap_compare(make_app(config=GPU1), terminal_size=size, run_before=ready)
+
+
+class TestStale:
+    def test_database_unreachable_header(self, snap_compare, make_app):
+        """The service's database unreachable since 15:28: the header says so beside SIMULATED, at 80x24 too; the
+        bookings are as the service last read them."""
+        from app.tui.messages import TelemetryRead
+        from tests.tui.conftest import wait_for
+
+        async def stale(pilot) -> None:
+            await ready(pilot)
+            app = pilot.app
+            app.post_message(TelemetryRead(app.fleet, stale_since=app.clock() - 120))  # as the fleet event says it
+            await wait_for(pilot, lambda: app.stale_since is not None)
+
+        assert snap_compare(make_app(config=GPU1), terminal_size=(80, 24), run_before=stale)

@@ -10,7 +10,8 @@ from app.errors import BadInput
 from app.gpu.model import snapshot_to_wire
 from app.model import booking_to_wire
 from app.service.ops.registry import BOOL, INT, SPAN, STR, TIME, op
-from app.service.status import FOREVER, status_document
+from app.service.lastknown import read_live, remember_window
+from app.service.status import status_document
 from app.store import bookings as rows
 from app.store import events
 
@@ -87,14 +88,19 @@ def listing(service: Service, me: Identity, start=None, end=None, user=None, min
 
 @op("window", {"start": TIME, "end": TIME})
 def window(service: Service, me: Identity, start: int, end: int) -> dict:
-    """What the board draws: bookings from now on, and those in the timeline's window."""
+    """What the board draws: bookings from now on, and those in the timeline's window; while a PostgreSQL database is
+    unreachable, as last read, with `stale_since`."""
     now = service.clock()
-    return {
-        "version": service.hub.versions["bookings"],
-        "now": now,
-        "upcoming": [booking_to_wire(b) for b in rows.live_between(service.conn, int(now), FOREVER)],
-        "in_window": [booking_to_wire(b) for b in rows.live_between(service.conn, start, end)],
-    }
+    version = service.hub.versions["bookings"]
+    upcoming, stale_since = read_live(service, now)
+    if stale_since is not None:  # the database away: the bookings as last read (app.service.lastknown)
+        return {"version": version, "now": now, "upcoming": [booking_to_wire(b) for b in upcoming],
+                "in_window": [booking_to_wire(b) for b in service.known.between(start, end)],
+                "stale_since": stale_since}
+    in_window = rows.live_between(service.conn, start, end)
+    remember_window(service, now, upcoming, in_window)
+    return {"version": version, "now": now, "upcoming": [booking_to_wire(b) for b in upcoming],
+            "in_window": [booking_to_wire(b) for b in in_window]}
 
 
 @op("all_bookings", {"since": TIME})

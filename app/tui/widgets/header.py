@@ -1,5 +1,6 @@
 """The board's one-line header on every screen: host, cards, clock, who you are, the ADMIN and SIMULATED badges,
-the board's own trouble (telemetry stalled, the service down) and the service's firing alerts."""
+the board's own trouble (telemetry stalled, the service down, its database unreachable) and the service's firing
+alerts."""
 
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ class BoardHeader(Widget):
     BoardHeader > .header--clock { color: $text-muted; }
     BoardHeader > .header--user { color: $accent; text-style: bold; }
     BoardHeader > .header--alerts { color: $warning; text-style: bold; }
+    BoardHeader > .header--stale { background: $error; color: $text; text-style: bold; }
     """
     COMPONENT_CLASSES = {
         "header--host", "header--fleet", "header--badge-admin", "header--badge-simulated", "header--clock",
-        "header--user", "header--alerts",
+        "header--user", "header--alerts", "header--stale",
     }
 
     host: reactive[str] = reactive("")
@@ -39,6 +41,7 @@ class BoardHeader(Widget):
     simulated: reactive[bool] = reactive(False)
     alert: reactive[str] = reactive("")  # e.g. "telemetry stalled 6 s"
     alerts: reactive[str] = reactive("")  # the service's alert rules: "2 alerts: GPU 7 at 93 °C …" (app.alerts)
+    stale: reactive[str] = reactive("")  # "DB UNREACHABLE since 14:02": the bookings shown are as of then
 
     def validate_now(self, now: float) -> float:
         """The clock shows whole seconds: the timer's tick and telemetry's in the same second repaint once."""
@@ -63,24 +66,12 @@ class BoardHeader(Widget):
             self.fleet = f"{len(snapshot.cards)} × {', '.join(short_name(n) for n in names) or 'GPU'}"
             self.simulated = snapshot.simulated
         self.alert, self.alerts = app.alert, app.alerts_line
+        since = app.stale_since
+        self.stale = "" if since is None else f"DB UNREACHABLE since {local(since).strftime('%H:%M')}"
 
     def render(self) -> Text:
         style = self.get_component_rich_style
-        left = Text(" ")
-        left.append_text(untrusted(self.host, 24, style("header--host")))
-        if self.fleet:
-            # Its own style, so the gap is a run of its own: an SVG screenshot's renderer may drop the spaces
-            # that start a run (rsvg-convert drew "gpu-box8 × RTX 5090").
-            left.append("  ")
-            left.append(self.fleet, style("header--fleet"))
-        if self.simulated:
-            left.append("  ")
-            left.append(" SIMULATED ", style("header--badge-simulated"))
-        if self.alert:
-            left.append(f"  {self.alert}", "bold")
-        if self.alerts:
-            left.append("  ")
-            left.append_text(untrusted(self.alerts, 80, style("header--alerts")))  # names come from other users
+        left = self._left(fleet=True)
         right = Text()
         right.append(local(self.now).strftime("%a %d %b %H:%M:%S") if self.now else "", style("header--clock"))
         right.append("  ")
@@ -99,7 +90,32 @@ class BoardHeader(Widget):
                 right.append(" ADMIN ", style("header--badge-admin"))
             right.append(" ")
             gap = width - left.cell_len - right.cell_len
+        if gap < 1 and self.stale:  # then the fleet's size, so that the database's trouble shows whole
+            left = self._left(fleet=False)
+            gap = width - left.cell_len - right.cell_len
         if gap < 1:
             left.truncate(max(0, width - right.cell_len - 1), overflow="ellipsis")
             gap = max(1, width - left.cell_len - right.cell_len)
         return Text.assemble(left, " " * gap, right, no_wrap=True)
+
+    def _left(self, fleet: bool) -> Text:
+        style = self.get_component_rich_style
+        left = Text(" ")
+        left.append_text(untrusted(self.host, 24, style("header--host")))
+        if self.fleet and fleet:
+            # Its own style, so the gap is a run of its own: an SVG screenshot's renderer may drop the spaces
+            # that start a run (rsvg-convert drew "gpu-box8 × RTX 5090").
+            left.append("  ")
+            left.append(self.fleet, style("header--fleet"))
+        if self.simulated:
+            left.append("  ")
+            left.append(" SIMULATED ", style("header--badge-simulated"))
+        if self.stale:
+            left.append("  ")
+            left.append(f" {self.stale} ", style("header--stale"))
+        if self.alert:
+            left.append(f"  {self.alert}", "bold")
+        if self.alerts:
+            left.append("  ")
+            left.append_text(untrusted(self.alerts, 80, style("header--alerts")))  # names come from other users
+        return left

@@ -1,0 +1,72 @@
+"""What the service last read of the bookings, for while its PostgreSQL database is unreachable.
+
+Writes then refuse in one line (app.store.pg.StoreUnreachable); reads of this host answer from here, marked
+`stale_since` (the time of that read): `status`, the board's `window` and its `fleet` event. The agent's heartbeat
+refreshes it every second (`remember`), and so does every read that reached the database. Other hosts' cards are
+left out of a stale answer: what their services last published cannot be told from a host that went down.
+`list` is not answered from here: its filters (the past, cancelled bookings) reach beyond what is kept, and its
+JSON is a bare list with no room for a marker.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+from app.errors import BoardError
+from app.model import Booking
+
+if TYPE_CHECKING:
+    from app.service import Service
+
+FOREVER = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """The live bookings ending after `read_at`, and those of the last board window read (its past included).
+    Replaced whole, so that another thread reads one consistent read."""
+
+    read_at: float | None = None  # None: nothing read yet
+    live: tuple[Booking, ...] = ()
+    window: tuple[Booking, ...] = ()
+
+    def between(self, start: int, end: int) -> list[Booking]:
+        """The known bookings overlapping [start, end), oldest start first (as app.store.bookings.live_between)."""
+        found = {b.id: b for b in (*self.window, *self.live) if b.end > start and b.start < end}
+        return sorted(found.values(), key=lambda b: (b.start, b.id))
+
+
+def unreachable(error: BaseException) -> bool:
+    """Whether `error` says the PostgreSQL database did not answer (as opposed to refusing, or a rule)."""
+    pg = sys.modules.get("app.store.pg")  # not loaded: not a PostgreSQL store (and a SQLite command stays quick)
+    return pg is not None and isinstance(error, pg.StoreUnreachable)
+
+
+def read_live(service: Service, now: float) -> tuple[list[Booking], float | None]:
+    """(The live bookings from `now` on, None) from the database, remembered; while it is unreachable, (the last
+    ones known, the time they were read). Raises the database's error where nothing is known yet."""
+    from app.store import bookings as rows  # start-up: app.service loads it already
+
+    try:
+        live = rows.live_between(service.conn, int(now), FOREVER)
+    except BoardError as error:
+        if not unreachable(error) or service.known.read_at is None:
+            raise
+        known = service.known
+        return [b for b in known.live if b.end > now], known.read_at
+    service.known = Known(now, tuple(live), service.known.window)
+    return live, None
+
+
+def remember_window(service: Service, now: float, live: Iterable[Booking], window: Iterable[Booking]) -> None:
+    service.known = Known(now, tuple(live), tuple(window))
+
+
+def remember(service: Service) -> None:
+    """The heartbeat's refresh (PostgreSQL only: a SQLite file does not go away)."""
+    from app.store.db import is_postgres
+
+    if is_postgres(service.conn):
+        read_live(service, service.clock())
