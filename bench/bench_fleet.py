@@ -1,0 +1,387 @@
+"""Many hosts, one board (issue 21, section 5): three real agents gpu1..gpu3, each with its own config, socket,
+history file and simulated 8-card fleet, on one PostgreSQL database (a throwaway socket-only cluster,
+tests/postgres.py), measured side by side in one run:
+
+1. Writers: --writers processes (as alice and bob, alternately; spread round-robin over the three hosts' sockets)
+   each make --bookings bookings through the `book` operation, every one on a card and hour no other writer
+   takes (no conflicts): bookings per second, against a raw loop of the same inserts (BEGIN; INSERT bookings;
+   INSERT booking_cards; COMMIT, the same spans and cards) from as many psycopg connections into a second database
+   of the same cluster made from the same template (the same EXCLUDE-guarded booking_cards, triggers and NOTIFYs):
+   the database's own floor here. The raw loop runs before and after the service's; the faster is the floor.
+   Target: 0.5x or more.
+2. A booking seen on another host: a subscription on gpu2's socket as the board's (app.tui.pollers: bookings,
+   fleet, servers, notice) while --pushes bookings are made on gpu1 one after another (each followed by a
+   random pause, off the heartbeat's phase): the time from the start of the `book` call on gpu1 to the `bookings`
+   event on gpu2 (the one after which gpu2's `window`, as the board reloads it, holds the booking), and to that
+   window's reply. p50, p99, max. Target: p99 300 ms or less.
+3. `board status` with 24 cards on 3 hosts (gpu1's service, PostgreSQL) against one host of 8 cards: a fourth
+   agent on SQLite (today's one-host install) and a fifth alone on its own PostgreSQL database, each with half its
+   cards booked now, as are the fleet's. The real CLI as alice (`board status`, text), and the `status`
+   operation over the socket (the CLI's start-up is most of its time); rounds interleave the three.
+   Target: the fleet within 1.2x of one host.
+
+    sudo .venv/bin/python bench/bench_fleet.py [--writers 32] [--bookings 40] [--pushes 120] [--cli-runs 15]
+                                               [--only writers,push,status] [--profile DIR]
+
+Root only: initdb runs as postgres, the agents as the user board (tests/agent_process.py, as the unit runs them),
+the clients as alice and bob. Admins are not exempt from [policy] max_cards_per_user, so the agents' configs raise
+it (32 writers as two users hold many cards at once). --profile DIR runs each agent under cProfile (writes
+DIR/gpuN.prof at its exit). Everything (agents, cluster, scratch) is gone at the end. About 2 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shared_install import BOARD, MEMBERS_GROUP, REPO, as_user, ensure_users, require_root  # noqa: E402
+
+from tests.postgres import Cluster, missing_reason  # noqa: E402
+from tests.service.support import Agent  # noqa: E402
+from tests.shared_install import scratch_dir  # noqa: E402
+
+HOUR = 3600
+HOSTS = ("gpu1", "gpu2", "gpu3")
+USERS = ("alice", "bob")
+KINDS = ("bookings", "fleet", "servers", "notice")  # what the board subscribes to (app.tui.pollers)
+POLICY = {"max_cards_per_user": 1000}
+
+
+def ms(values: list[float]) -> str:
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, -(-len(ordered) * 99 // 100) - 1)]  # nearest rank
+    return (f"p50 {statistics.median(ordered) * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms"
+            f"  max {ordered[-1] * 1000:7.1f} ms")
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, -(-len(ordered) * 99 // 100) - 1)]
+
+
+# -- the writers: one process each --------------------------------------------------------------------------
+
+
+def slots(writer: int, bookings: int, base: int) -> list[tuple[int, int, int]]:
+    """(card index on the writer's host, start, end) for each of its bookings: no two writers share a card and hour.
+    Writer w is on host w % 3, card (w // 3) % 8, lane w // 24; its k-th booking takes hour 2k + lane."""
+    card, lane = (writer // len(HOSTS)) % 8, writer // (len(HOSTS) * 8)
+    assert lane < 2, "at most 48 writers: two lanes of 24 cards"
+    return [(card, base + HOUR * (2 * k + lane), base + HOUR * (2 * k + lane + 1)) for k in range(bookings)]
+
+
+def writer(args: argparse.Namespace) -> None:
+    plan = slots(args.index, args.bookings, args.base)
+    if args.mode == "raw":
+        import psycopg
+
+        conn = psycopg.connect(args.target, autocommit=True)
+        uuid = conn.execute("SELECT uuid FROM cards WHERE host = %s AND idx = %s",
+                            (HOSTS[args.index % len(HOSTS)], plan[0][0])).fetchone()[0]
+        me, uid = os.environ.get("USER", "root"), os.getuid()
+    else:
+        from app.client.socket import SocketClient
+
+        client = SocketClient(args.target)
+        who = client.call("whoami")  # connected before the start signal, as an open board is
+        me, uid = who["user"], who["uid"]
+    print("ready", flush=True)
+    sys.stdin.readline()  # every writer starts together
+    latencies, errors = [], []
+    for card, start, end in plan:
+        began = time.perf_counter()
+        try:
+            if args.mode == "raw":
+                now = int(time.time())
+                with conn.transaction():
+                    booking = conn.execute(
+                        'INSERT INTO bookings ("user", uid, starts_at, ends_at, note, created_at, created_by,'
+                        " requested_at) VALUES (%s, %s, %s, %s, 'bench', %s, %s, %s) RETURNING id",
+                        (me, uid, start, end, now, uid, start)).fetchone()[0]
+                    conn.execute("INSERT INTO booking_cards (card_uuid, booking_id) VALUES (%s, %s)", (uuid, booking))
+            else:
+                client.call("book", cards=[card], start=start, end=end, note="bench")
+        except Exception as error:  # noqa: BLE001 - counted: there must be none
+            errors.append(f"{type(error).__name__}: {error}")
+        latencies.append(time.perf_counter() - began)
+    print(json.dumps({"latencies": latencies, "errors": errors[:3], "failed": len(errors)}), flush=True)
+
+
+def phase(mode: str, targets: list[str], args: argparse.Namespace, base: int) -> dict:
+    """Start the writers (writer w on targets[w % len(targets)]), release them together, gather their reports."""
+    children = []
+    for index in range(args.writers):
+        argv = [sys.executable, str(Path(__file__).resolve()), "--writer", mode, "--target",
+                targets[index % len(targets)], "--index", str(index), "--bookings", str(args.bookings),
+                "--base", str(base)]
+        user = USERS[index % len(USERS)]
+        children.append(subprocess.Popen(as_user(user, argv) if mode == "service" else argv, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "USER": user,
+                                              "PYTHONPATH": str(REPO)}))
+    for child in children:
+        if child.stdout.readline().strip() != "ready":
+            child.wait()
+            raise SystemExit(f"a {mode} writer failed to start: {child.stderr.read().strip()[-800:]}")
+    began = time.perf_counter()
+    for child in children:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    reports = []
+    for child in children:
+        out, err = child.communicate(timeout=900)
+        if child.returncode != 0:
+            raise SystemExit(f"a {mode} writer exited {child.returncode}: {err.strip()[-800:]}")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    wall = time.perf_counter() - began
+    latencies = [x for r in reports for x in r["latencies"]]
+    failed = sum(r["failed"] for r in reports)
+    return {"per_s": (len(latencies) - failed) / wall, "wall": wall, "latencies": latencies, "failed": failed,
+            "errors": [e for r in reports for e in r["errors"]][:3]}
+
+
+def bench_writers(cluster: Cluster, fleet: list[Agent], url: str, args: argparse.Namespace) -> float:
+    import psycopg
+
+    raw_url = cluster.fresh_database()  # the same template: the same table, EXCLUDE, triggers and NOTIFYs
+    with psycopg.connect(url, autocommit=True) as source, psycopg.connect(raw_url, autocommit=True) as raw:
+        cards = source.execute("SELECT uuid, idx, name, seen_at, host FROM cards").fetchall()
+        with raw.cursor() as cursor:
+            cursor.executemany("INSERT INTO cards (uuid, idx, name, seen_at, host) VALUES (%s, %s, %s, %s, %s)", cards)
+    base = (int(time.time()) // HOUR + 48) * HOUR  # after what the other parts book
+    floors = [phase("raw", [raw_url], args, base)]
+    board = phase("service", [str(agent.socket) for agent in fleet], args, base)
+    floors.append(phase("raw", [raw_url], args, base + HOUR * 2 * args.bookings))
+    floor = max(floors, key=lambda f: f["per_s"])
+    ratio = board["per_s"] / floor["per_s"]
+    print(f"1. {args.writers} writers (as {' and '.join(USERS)}) over {len(fleet)} hosts' sockets, {args.bookings}"
+          " bookings each, no conflicts:")
+    print(f"   {'':44} {'bookings/s':>10}  latency per booking")
+    print(f"   {'service (book over gpu1..gpu3 sockets)':44} {board['per_s']:>10.1f}  {ms(board['latencies'])}")
+    print(f"   {'raw insert loop, ' + str(args.writers) + ' psycopg connections':44} {floor['per_s']:>10.1f}"
+          f"  {ms(floor['latencies'])}")
+    print(f"   raw runs before and after: {floors[0]['per_s']:.1f} and {floors[1]['per_s']:.1f} bookings/s (the faster"
+          " is the floor)")
+    failed = board["failed"] + sum(f["failed"] for f in floors)
+    if failed:
+        print(f"   FAILED bookings: {failed} (first: {(board['errors'] + floors[0]['errors'])[:1]})")
+    print(f"   service/raw: {ratio:.2f}x   (target >= 0.5x: {'met' if ratio >= 0.5 else 'NOT met'})")
+    return ratio
+
+
+# -- a booking on gpu1 seen on gpu2 ---------------------------------------------------------------------------
+
+
+def bench_push(gpu1: Agent, gpu2: Agent, pushes: int) -> float:
+    """Bookings on gpu1, one at a time; gpu2's board subscription and its window reload."""
+    booker, reader = gpu1.client(), gpu2.client()
+    watcher = gpu2.client()
+    events: queue.Queue = queue.Queue()
+
+    def follow() -> None:
+        for event in watcher.subscribe(KINDS):
+            if event.get("event") == "bookings":
+                events.put((time.monotonic(), event))
+
+    threading.Thread(target=follow, daemon=True).start()
+    time.sleep(2)  # subscribed, and what the subscription said at first has come
+    rng = random.Random(21)
+    base = (int(time.time()) // HOUR + 2) * HOUR  # after part 3's bookings (now, for an hour)
+    to_event, to_window, book_call = [], [], []
+    spurious = 0
+    try:
+        for n in range(pushes):
+            while not events.empty():
+                events.get()
+            start = base + HOUR * (n // 8)
+            began = time.monotonic()
+            made = booker.call("book", cards=[n % 8], start=start, end=start + HOUR, note="push")
+            book_call.append(time.monotonic() - began)
+            while True:
+                try:
+                    arrived, event = events.get(timeout=15)
+                except queue.Empty:
+                    raise SystemExit(f"gpu2 never showed booking {made['id']} made on gpu1") from None
+                if "error" in event:
+                    raise SystemExit(f"gpu2's subscription said: {event['error']}")
+                now = int(time.time())
+                seen = reader.call("window", start=now - HOUR, end=now + 86400)
+                if made["id"] in {b["id"] for b in seen["upcoming"]}:
+                    to_event.append(arrived - began)
+                    to_window.append(time.monotonic() - began)
+                    break
+                spurious += 1  # an event for something else (the minute's clock check, the last booking's echo)
+            time.sleep(rng.uniform(0.05, 0.4))
+    finally:
+        watcher.close()
+        booker.close()
+        reader.close()
+    worst = p99(to_event)
+    print(f"2. a booking made on gpu1 reaching a board subscribed on gpu2 ({pushes} bookings, from the start of the"
+          " book call):")
+    print(f"   bookings event on gpu2:      {ms(to_event)}")
+    print(f"   gpu2's window holds it:      {ms(to_window)}")
+    print(f"   (the book call on gpu1:      {ms(book_call)}; {spurious} events for something else)")
+    print(f"   p99 to the event: {worst * 1000:.1f} ms   (target <= 300 ms: {'met' if worst <= 0.3 else 'NOT met'})")
+    return worst
+
+
+# -- board status: 24 cards on 3 hosts, against one host ----------------------------------------------------
+
+
+def book_half_now(agent: Agent) -> None:
+    client = agent.client()
+    now = int(time.time())
+    for card in range(0, 8, 2):
+        client.call("book", cards=[card], start=now, end=now + HOUR, note="status")
+    client.close()
+
+
+def bench_status(targets: dict[str, Agent], runs: int, calls: int) -> float:
+    timings = {name: {"cli": [], "op": []} for name in targets}
+    clients = {name: agent.client() for name, agent in targets.items()}
+    shown = {name: len(client.call("status")["cards"]) for name, client in clients.items()}
+    for _ in range(calls):  # interleaved: the machine's noise falls on all alike
+        for name in targets:
+            began = time.perf_counter()
+            clients[name].call("status")
+            timings[name]["op"].append(time.perf_counter() - began)
+    for round_ in range(runs + 1):
+        for name, agent in targets.items():
+            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "HOME": str(agent.root / "state"),
+                   "BOARD_CONFIG": str(agent.config)}
+            began = time.perf_counter()
+            result = subprocess.run(as_user("alice", [str(BOARD), "status"]), capture_output=True, text=True, env=env,
+                                    cwd="/")
+            took = time.perf_counter() - began
+            if result.returncode != 0:
+                raise SystemExit(f"board status on {name} failed: {result.stderr.strip()}")
+            if round_:  # the first round warms the page cache
+                timings[name]["cli"].append(took)
+    for client in clients.values():
+        client.close()
+    names = list(targets)
+    fleet = names[0]
+    print(f"3. board status: {' / '.join(f'{n} ({shown[n]} cards)' for n in names)}; half the cards booked now")
+    print(f"   {'':40} {'CLI as alice (median)':>22} {'status op (median, p99)':>26}")
+    for name in names:
+        cli, op = timings[name]["cli"], timings[name]["op"]
+        print(f"   {name:40} {statistics.median(cli) * 1000:>19.1f} ms {statistics.median(op) * 1000:>14.2f} ms"
+              f" {p99(op) * 1000:>7.2f} ms")
+    worst = 0.0
+    for other in names[1:]:
+        cli = statistics.median(timings[fleet]["cli"]) / statistics.median(timings[other]["cli"])
+        op = statistics.median(timings[fleet]["op"]) / statistics.median(timings[other]["op"])
+        worst = max(worst, cli)
+        print(f"   fleet / {other}: CLI {cli:.2f}x, status op {op:.2f}x")
+    print(f"   (target: the CLI within 1.2x: {'met' if worst <= 1.2 else 'NOT met'})")
+    return worst
+
+
+# -- the driver -----------------------------------------------------------------------------------------------
+
+
+def make_agent(scratch: Path, name: str, url: str | None, profile: str | None) -> Agent:
+    root = scratch / name
+    root.mkdir()
+    os.chmod(root, 0o755)
+    (root / "state").mkdir()
+    os.chmod(root / "state", 0o1777)
+    sections = {"policy": POLICY}
+    if url:
+        sections["fleet"] = {"host": name}
+    agent = Agent(root, {"group": MEMBERS_GROUP}, sections=sections, storage_url=url)
+    if profile:
+        agent.program = [sys.executable, "-m", "cProfile", "-o", f"{profile}/{name}.prof", "-m", "app"]
+    agent.write_config()
+    agent.start()
+    return agent
+
+
+def wait_for_hosts(url: str, hosts: int) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        deadline = time.monotonic() + 60
+        while conn.execute("SELECT count(*) FROM hosts").fetchone()[0] < hosts:
+            if time.monotonic() > deadline:
+                raise SystemExit("the hosts never all beat")
+            time.sleep(0.1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--writers", type=int, default=32)
+    parser.add_argument("--bookings", type=int, default=40, help="bookings per writer (default 40)")
+    parser.add_argument("--pushes", type=int, default=120)
+    parser.add_argument("--cli-runs", type=int, default=15)
+    parser.add_argument("--status-calls", type=int, default=200)
+    parser.add_argument("--only", default="status,push,writers")
+    parser.add_argument("--profile", help="a directory: run each agent under cProfile, its stats written there")
+    parser.add_argument("--writer", choices=("service", "raw"), dest="mode", help=argparse.SUPPRESS)
+    parser.add_argument("--target", help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--base", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.mode:
+        writer(args)
+        return 0
+    require_root("bench_fleet.py")
+    if reason := missing_reason():
+        raise SystemExit(reason)
+    ensure_users(MEMBERS_GROUP)
+    only = set(args.only.split(","))
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        os.chmod(args.profile, 0o1777)
+    cluster = Cluster()
+    scratch = scratch_dir("board-fleet-")
+    agents: list[Agent] = []
+    try:
+        url = cluster.fresh_database()
+        fleet = [make_agent(scratch, host, url, args.profile) for host in HOSTS]
+        agents += fleet
+        wait_for_hosts(url, len(HOSTS))
+        print(f"{len(fleet)} agents (gpu1..gpu3, simulated 8-card fleets) on one PostgreSQL database"
+              f" ({cluster.sockets}, fsync off); {os.cpu_count()} CPUs")
+        if "status" in only:
+            alone_sqlite = make_agent(scratch, "one-host-sqlite", None, None)
+            alone_pg = make_agent(scratch, "one-host-pg", cluster.fresh_database(), None)
+            agents += [alone_sqlite, alone_pg]
+            for agent in (*fleet, alone_sqlite, alone_pg):
+                book_half_now(agent)
+            bench_status({"fleet: gpu1 of 3 hosts (PostgreSQL)": fleet[0],
+                          "one host (SQLite, today's install)": alone_sqlite,
+                          "one host alone on PostgreSQL": alone_pg}, args.cli_runs, args.status_calls)
+            for agent in (alone_sqlite, alone_pg):
+                agent.stop()
+        if "push" in only:
+            bench_push(fleet[0], fleet[1], args.pushes)
+        if "writers" in only:
+            bench_writers(cluster, fleet, url, args)
+    finally:
+        for agent in agents:
+            try:
+                agent.stop()
+            except AssertionError as error:
+                print(error, file=sys.stderr)
+        cluster.stop()
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
