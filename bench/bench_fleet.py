@@ -7,8 +7,11 @@ tests/postgres.py), measured side by side in one run:
    takes (no conflicts): bookings per second, against a raw loop of the same inserts (BEGIN; INSERT bookings;
    INSERT booking_cards; COMMIT, the same spans and cards) from as many psycopg connections into a second database
    of the same cluster made from the same template (the same EXCLUDE-guarded booking_cards, triggers and NOTIFYs):
-   the database's own floor here. The raw loop runs before and after the service's; the faster is the floor.
-   Target: 0.5x or more.
+   the database's own floor here. The raw loop runs twice before the service's and twice after: its connections
+   on threads of this process, and in as many processes (whose own CPU, on a small machine, slows it); the
+   fastest run is the floor. Also: the same bookings through Service.call in this process (`rules alone`), with
+   the statements a booking sends and how long it holds the write lock. Rates run from the first booking to the
+   last (not the processes' start-up and exit). Target: 0.5x or more.
 2. A booking seen on another host: a subscription on gpu2's socket as the board's (app.tui.pollers: bookings,
    fleet, servers, notice) while --pushes bookings are made on gpu1 one after another (each followed by a
    random pause, off the heartbeat's phase): the time from the start of the `book` call on gpu1 to the `bookings`
@@ -21,7 +24,7 @@ tests/postgres.py), measured side by side in one run:
    Target: the fleet within 1.2x of one host.
 
     sudo .venv/bin/python bench/bench_fleet.py [--writers 32] [--bookings 40] [--pushes 120] [--cli-runs 15]
-                                               [--only writers,push,status] [--profile DIR]
+                                               [--status-calls 200] [--only status,push,writers]
 
 Root only: initdb runs as postgres, the agents as the user board (tests/agent_process.py, as the unit runs them),
 the clients as alice and bob. Admins are not exempt from [policy] max_cards_per_user, so the agents' configs raise
@@ -56,6 +59,10 @@ HOSTS = ("gpu1", "gpu2", "gpu3")
 USERS = ("alice", "bob")
 KINDS = ("bookings", "fleet", "servers", "notice")  # what the board subscribes to (app.tui.pollers)
 POLICY = {"max_cards_per_user": 1000}
+# The raw loop's two inserts: what a booking writes (the triggers copy the span into booking_cards).
+RAW_BOOKING = ('INSERT INTO bookings ("user", uid, starts_at, ends_at, note, created_at, created_by, requested_at)'
+               " VALUES (%s, %s, %s, %s, 'bench', %s, %s, %s) RETURNING id")
+RAW_CARD = "INSERT INTO booking_cards (card_uuid, booking_id) VALUES (%s, %s)"
 
 
 def ms(values: list[float]) -> str:
@@ -99,23 +106,22 @@ def writer(args: argparse.Namespace) -> None:
     print("ready", flush=True)
     sys.stdin.readline()  # every writer starts together
     latencies, errors = [], []
+    first = time.time()
     for card, start, end in plan:
         began = time.perf_counter()
         try:
             if args.mode == "raw":
                 now = int(time.time())
                 with conn.transaction():
-                    booking = conn.execute(
-                        'INSERT INTO bookings ("user", uid, starts_at, ends_at, note, created_at, created_by,'
-                        " requested_at) VALUES (%s, %s, %s, %s, 'bench', %s, %s, %s) RETURNING id",
-                        (me, uid, start, end, now, uid, start)).fetchone()[0]
-                    conn.execute("INSERT INTO booking_cards (card_uuid, booking_id) VALUES (%s, %s)", (uuid, booking))
+                    booking = conn.execute(RAW_BOOKING, (me, uid, start, end, now, uid, start)).fetchone()[0]
+                    conn.execute(RAW_CARD, (uuid, booking))
             else:
                 client.call("book", cards=[card], start=start, end=end, note="bench")
         except Exception as error:  # noqa: BLE001 - counted: there must be none
             errors.append(f"{type(error).__name__}: {error}")
         latencies.append(time.perf_counter() - began)
-    print(json.dumps({"latencies": latencies, "errors": errors[:3], "failed": len(errors)}), flush=True)
+    print(json.dumps({"latencies": latencies, "errors": errors[:3], "failed": len(errors), "span": [first, time.time()]}),
+          flush=True)
 
 
 def phase(mode: str, targets: list[str], args: argparse.Namespace, base: int) -> dict:
@@ -134,7 +140,6 @@ def phase(mode: str, targets: list[str], args: argparse.Namespace, base: int) ->
         if child.stdout.readline().strip() != "ready":
             child.wait()
             raise SystemExit(f"a {mode} writer failed to start: {child.stderr.read().strip()[-800:]}")
-    began = time.perf_counter()
     for child in children:
         child.stdin.write("go\n")
         child.stdin.flush()
@@ -144,11 +149,55 @@ def phase(mode: str, targets: list[str], args: argparse.Namespace, base: int) ->
         if child.returncode != 0:
             raise SystemExit(f"a {mode} writer exited {child.returncode}: {err.strip()[-800:]}")
         reports.append(json.loads(out.strip().splitlines()[-1]))
-    wall = time.perf_counter() - began
+    # From the first writer's first booking to the last one's last: not the processes' start-up and exit (32
+    # interpreters tearing down on 2 cores take seconds), which no booking waits for.
+    wall = max(r["span"][1] for r in reports) - min(r["span"][0] for r in reports)
     latencies = [x for r in reports for x in r["latencies"]]
     failed = sum(r["failed"] for r in reports)
     return {"per_s": (len(latencies) - failed) / wall, "wall": wall, "latencies": latencies, "failed": failed,
             "errors": [e for r in reports for e in r["errors"]][:3]}
+
+
+def raw_threads(url: str, writers: int, bookings: int, base: int) -> dict:
+    """The raw loop from `writers` connections on threads of this process: one interpreter, so the clients' own
+    CPU on a small machine is least in the way of the database (psycopg lets go of the GIL while it waits)."""
+    import psycopg
+
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(writers)]
+    cards = {(host, idx): uuid for uuid, idx, host in conns[0].execute("SELECT uuid, idx, host FROM cards")}
+    gate = threading.Barrier(writers)
+    results = [None] * writers
+
+    def loop(index: int) -> None:
+        conn, plan = conns[index], slots(index, bookings, base)
+        uuid = cards[(HOSTS[index % len(HOSTS)], plan[0][0])]
+        user, uid = USERS[index % len(USERS)], 1001 + index % len(USERS)
+        latencies, failed = [], 0
+        gate.wait()
+        first = time.time()
+        for _, start, end in plan:
+            began = time.perf_counter()
+            try:
+                with conn.transaction():
+                    booking = conn.execute(RAW_BOOKING, (user, uid, start, end, int(time.time()), uid, start)).fetchone()[0]
+                    conn.execute(RAW_CARD, (uuid, booking))
+            except psycopg.Error:
+                failed += 1
+            latencies.append(time.perf_counter() - began)
+        results[index] = {"latencies": latencies, "failed": failed, "span": [first, time.time()], "errors": []}
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for conn in conns:
+        conn.close()
+    wall = max(r["span"][1] for r in results) - min(r["span"][0] for r in results)
+    latencies = [x for r in results for x in r["latencies"]]
+    failed = sum(r["failed"] for r in results)
+    return {"per_s": (len(latencies) - failed) / wall, "wall": wall, "latencies": latencies, "failed": failed,
+            "errors": []}
 
 
 def bench_writers(cluster: Cluster, fleet: list[Agent], url: str, args: argparse.Namespace) -> float:
@@ -160,24 +209,81 @@ def bench_writers(cluster: Cluster, fleet: list[Agent], url: str, args: argparse
         with raw.cursor() as cursor:
             cursor.executemany("INSERT INTO cards (uuid, idx, name, seen_at, host) VALUES (%s, %s, %s, %s, %s)", cards)
     base = (int(time.time()) // HOUR + 48) * HOUR  # after what the other parts book
-    floors = [phase("raw", [raw_url], args, base)]
+    lane = HOUR * 2 * args.bookings  # the hours one run of the writers takes
+    floors = {"raw, threads": [raw_threads(raw_url, args.writers, args.bookings, base)],
+              "raw, processes": [phase("raw", [raw_url], args, base + lane)]}
     board = phase("service", [str(agent.socket) for agent in fleet], args, base)
-    floors.append(phase("raw", [raw_url], args, base + HOUR * 2 * args.bookings))
-    floor = max(floors, key=lambda f: f["per_s"])
+    floors["raw, threads"].append(raw_threads(raw_url, args.writers, args.bookings, base + 2 * lane))
+    floors["raw, processes"].append(phase("raw", [raw_url], args, base + 3 * lane))
+    alone = rules_alone(url, base + lane, args.bookings * 5)
+    best = {name: max(runs, key=lambda f: f["per_s"]) for name, runs in floors.items()}
+    floor = max(best.values(), key=lambda f: f["per_s"])
     ratio = board["per_s"] / floor["per_s"]
-    print(f"1. {args.writers} writers (as {' and '.join(USERS)}) over {len(fleet)} hosts' sockets, {args.bookings}"
-          " bookings each, no conflicts:")
-    print(f"   {'':44} {'bookings/s':>10}  latency per booking")
-    print(f"   {'service (book over gpu1..gpu3 sockets)':44} {board['per_s']:>10.1f}  {ms(board['latencies'])}")
-    print(f"   {'raw insert loop, ' + str(args.writers) + ' psycopg connections':44} {floor['per_s']:>10.1f}"
-          f"  {ms(floor['latencies'])}")
-    print(f"   raw runs before and after: {floors[0]['per_s']:.1f} and {floors[1]['per_s']:.1f} bookings/s (the faster"
-          " is the floor)")
-    failed = board["failed"] + sum(f["failed"] for f in floors)
+    print(f"1. {args.writers} writers over {len(fleet)} hosts' sockets, {args.bookings} bookings each, no conflicts"
+          " (bookings/s from the first booking to the last):")
+    print(f"   {'':52} {'bookings/s':>10}  latency per booking")
+    rows = [(f"service: {args.writers} processes as alice and bob, book op", board),
+            (f"raw insert loop, {args.writers} connections, threads", best["raw, threads"]),
+            (f"raw insert loop, {args.writers} connections, processes", best["raw, processes"]),
+            ("rules alone: Service.call, 1 thread, no socket", alone)]
+    for name, row in rows:
+        print(f"   {name:52} {row['per_s']:>10.1f}  {ms(row['latencies'])}")
+    for name, runs in floors.items():
+        print(f"   {name}, before and after the service's: {runs[0]['per_s']:.1f} and {runs[1]['per_s']:.1f} bookings/s")
+    print(f"   a booking is {alone['statements']:.0f} statements on the service's connection, {alone['locked']:.0f} of"
+          " them (one round trip each) in the transaction that holds the one write lock every host's writers share"
+          f" (app.store.pg.WRITE_LOCK), held {alone['held'] * 1000:.1f} ms per booking (rules alone): a ceiling of"
+          f" {1 / alone['held']:.0f} bookings/s whatever the number of hosts")
+    failed = board["failed"] + sum(f["failed"] for runs in floors.values() for f in runs)
     if failed:
-        print(f"   FAILED bookings: {failed} (first: {(board['errors'] + floors[0]['errors'])[:1]})")
-    print(f"   service/raw: {ratio:.2f}x   (target >= 0.5x: {'met' if ratio >= 0.5 else 'NOT met'})")
+        print(f"   FAILED bookings: {failed} (first: {(board['errors'] + floors['raw, processes'][0]['errors'])[:1]})")
+    print(f"   service / the fastest raw run (the floor): {ratio:.2f}x   (target >= 0.5x:"
+          f" {'met' if ratio >= 0.5 else 'NOT met'}); / the raw processes:"
+          f" {board['per_s'] / best['raw, processes']['per_s']:.2f}x")
     return ratio
+
+
+def rules_alone(url: str, base: int, bookings: int) -> dict:
+    """The same bookings through Service.call in this process, one after the other, as a fourth service on gpu1's
+    cards: the most one writer holding the write lock can do, with its statements counted (one round trip each)."""
+    from dataclasses import replace
+
+    from app.client.local import LocalClient
+    from app.config import Config, FleetSettings, Policy
+    from app.core.identity import Identity
+    from app.gpu import open_source
+
+    config = replace(Config(storage_url=url), fleet=FleetSettings(host="gpu1"), policy=Policy(**POLICY))
+    client = LocalClient.on(config, open_source(True, host="gpu1"), Identity("alice", 1001, False))
+    conn = client.service.conn
+    counts = {"statements": 0, "locked": 0, "held": 0.0}
+    plain, many = conn.execute, conn.executemany
+    began_at = [0.0]
+
+    def counted(method):
+        def call(sql, *rest):
+            counts["statements"] += 1
+            verb = sql.strip().upper()
+            counts["locked"] += conn.in_transaction or verb == "BEGIN"
+            if verb == "BEGIN":
+                began_at[0] = time.perf_counter()
+            result = method(sql, *rest)
+            if verb in ("COMMIT", "ROLLBACK"):
+                counts["held"] += time.perf_counter() - began_at[0]
+            return result
+        return call
+
+    conn.execute, conn.executemany = counted(plain), counted(many)
+    latencies = []
+    began = time.perf_counter()
+    for k in range(bookings):
+        t0 = time.perf_counter()
+        client.call("book", cards=[k % 8], start=base + HOUR * (k // 8), end=base + HOUR * (k // 8 + 1), note="bench")
+        latencies.append(time.perf_counter() - t0)
+    wall = time.perf_counter() - began
+    client.service.close()
+    return {"per_s": bookings / wall, "latencies": latencies, "statements": counts["statements"] / bookings,
+            "locked": counts["locked"] / bookings, "held": counts["held"] / bookings}
 
 
 # -- a booking on gpu1 seen on gpu2 ---------------------------------------------------------------------------
@@ -292,7 +398,7 @@ def bench_status(targets: dict[str, Agent], runs: int, calls: int) -> float:
 # -- the driver -----------------------------------------------------------------------------------------------
 
 
-def make_agent(scratch: Path, name: str, url: str | None, profile: str | None) -> Agent:
+def make_agent(scratch: Path, name: str, url: str | None) -> Agent:
     root = scratch / name
     root.mkdir()
     os.chmod(root, 0o755)
@@ -302,8 +408,6 @@ def make_agent(scratch: Path, name: str, url: str | None, profile: str | None) -
     if url:
         sections["fleet"] = {"host": name}
     agent = Agent(root, {"group": MEMBERS_GROUP}, sections=sections, storage_url=url)
-    if profile:
-        agent.program = [sys.executable, "-m", "cProfile", "-o", f"{profile}/{name}.prof", "-m", "app"]
     agent.write_config()
     agent.start()
     return agent
@@ -328,7 +432,6 @@ def main() -> int:
     parser.add_argument("--cli-runs", type=int, default=15)
     parser.add_argument("--status-calls", type=int, default=200)
     parser.add_argument("--only", default="status,push,writers")
-    parser.add_argument("--profile", help="a directory: run each agent under cProfile, its stats written there")
     parser.add_argument("--writer", choices=("service", "raw"), dest="mode", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, help=argparse.SUPPRESS)
@@ -342,22 +445,19 @@ def main() -> int:
         raise SystemExit(reason)
     ensure_users(MEMBERS_GROUP)
     only = set(args.only.split(","))
-    if args.profile:
-        os.makedirs(args.profile, exist_ok=True)
-        os.chmod(args.profile, 0o1777)
     cluster = Cluster()
     scratch = scratch_dir("board-fleet-")
     agents: list[Agent] = []
     try:
         url = cluster.fresh_database()
-        fleet = [make_agent(scratch, host, url, args.profile) for host in HOSTS]
+        fleet = [make_agent(scratch, host, url) for host in HOSTS]
         agents += fleet
         wait_for_hosts(url, len(HOSTS))
         print(f"{len(fleet)} agents (gpu1..gpu3, simulated 8-card fleets) on one PostgreSQL database"
               f" ({cluster.sockets}, fsync off); {os.cpu_count()} CPUs")
         if "status" in only:
-            alone_sqlite = make_agent(scratch, "one-host-sqlite", None, None)
-            alone_pg = make_agent(scratch, "one-host-pg", cluster.fresh_database(), None)
+            alone_sqlite = make_agent(scratch, "one-host-sqlite", None)
+            alone_pg = make_agent(scratch, "one-host-pg", cluster.fresh_database())
             agents += [alone_sqlite, alone_pg]
             for agent in (*fleet, alone_sqlite, alone_pg):
                 book_half_now(agent)
