@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from app.config import PostgresStore
 from app.core.text import inert
 from app.errors import BadInput
 from app.model import Booking
@@ -87,14 +88,17 @@ def here(service: Service, booking: Booking) -> bool:
 def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any], stopping: threading.Event,
                     log: Callable[[str], None]) -> threading.Thread:
     """The agent's heartbeat thread: about once a second, this host's beat (on the database thread, `run_db`, so
-    that it never contends with the service's own writes) and a look at the audit chain's tail, whose growth
-    means another host's service changed bookings: this host's boards read them again."""
+    that it never contends with the service's own writes) and, on SQLite, a look at the audit chain's tail, whose
+    growth means another host's service changed bookings: this host's boards read them again. On PostgreSQL the
+    change feed's NOTIFY has already woken them (app.service.watch): a second wake up to a second later would only
+    make every open board load its window again (bench/bench_fleet.py)."""
+    follow_tail = not isinstance(service.config.store, PostgresStore)
 
     def loop() -> None:
         tail = None
         while not stopping.is_set():
             try:
-                latest = run_db(lambda: (beat(service), events_tail(service.conn))[1])
+                latest = run_db(lambda: (beat(service), events_tail(service.conn) if follow_tail else None)[1])
             except Exception as error:  # noqa: BLE001 - a service must outlive one bad beat
                 if not stopping.is_set():  # (the database thread is gone once it stops)
                     log(f"board agent: heartbeat failed: {type(error).__name__}: {error}")
