@@ -1,6 +1,10 @@
-"""On PostgreSQL the change feed's NOTIFY wakes the boards when another host writes (app.service.watch); the
-heartbeat does not wake them a second time (app.service.hosts.start_heartbeat), which would make every open board
-load its window twice for each booking made elsewhere (bench/bench_fleet.py counts the events)."""
+"""What bench/bench_fleet.py found on PostgreSQL, kept: the work a booking or a change costs, not its time.
+
+- The change feed's NOTIFY wakes the boards when another host writes (app.service.watch); the heartbeat does not
+  wake them a second time (app.service.hosts.start_heartbeat), which would make every open board load its window
+  twice for each booking made elsewhere (the benchmark counts the events per booking).
+- A result's rows are read without psycopg building its column descriptions again for each row (app.store.pg.Cursor).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from app.config import Config, FleetSettings
 from app.core.identity import current_identity
 from app.gpu import open_source
 from app.service import hosts
+from app.store.db import connect
 
 
 def test_on_postgresql_the_heartbeat_leaves_another_hosts_booking_to_the_notify(pg_cluster, monkeypatch):
@@ -43,3 +48,23 @@ def test_on_postgresql_the_heartbeat_leaves_another_hosts_booking_to_the_notify(
     assert subscriber.take(timeout=0) == []
     for client in made.values():
         client.close()
+
+
+def test_rows_are_read_without_describing_the_result_again_for_each_row(pg_cluster, monkeypatch):
+    import psycopg
+
+    conn = connect(Config(storage_url=pg_cluster.fresh_database()).store)
+    looks = []
+    described = psycopg.Cursor.description
+
+    def counted(cursor):
+        looks.append(1)
+        return described.fget(cursor)
+
+    monkeypatch.setattr(psycopg.Cursor, "description", property(counted))
+    rows = list(conn.execute("SELECT n FROM generate_series(1, 50) AS n"))
+    assert [r[0] for r in rows] == list(range(1, 51))
+    assert len(looks) <= 1  # once per result (it was once per row), each look a new column object per column
+    assert conn.execute("SELECT 1 WHERE false").fetchone() is None
+    assert conn.execute("SET TIME ZONE 'UTC'").fetchall() == []  # no rows to read
+    conn.close()
