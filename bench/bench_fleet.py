@@ -29,7 +29,7 @@ tests/postgres.py), measured side by side in one run:
 Root only: initdb runs as postgres, the agents as the user board (tests/agent_process.py, as the unit runs them),
 the clients as alice and bob. Admins are not exempt from [policy] max_cards_per_user, so the agents' configs raise
 it (32 writers as two users hold many cards at once). --profile DIR runs each agent under cProfile (writes
-DIR/gpuN.prof at its exit). Everything (agents, cluster, scratch) is gone at the end. About 2 minutes.
+DIR/gpuN.prof at its exit). Everything (agents, cluster, scratch) is gone at the end. About 3 minutes.
 """
 
 from __future__ import annotations
