@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from app.config import PostgresStore
 from app.core.text import inert
 from app.errors import BadInput
 from app.model import Booking
@@ -88,16 +89,20 @@ def here(service: Service, booking: Booking) -> bool:
 def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any], stopping: threading.Event,
                     log: Callable[[str], None]) -> threading.Thread:
     """The agent's heartbeat thread: about once a second, this host's beat (on the database thread, `run_db`, so
-    that it never contends with the service's own writes) and a look at the audit chain's tail, whose growth
-    means another host's service changed bookings: this host's boards read them again. It also refreshes the bookings
-    the service serves while the database is unreachable (app.service.lastknown)."""
+    that it never contends with the service's own writes) and, on SQLite, a look at the audit chain's tail, whose
+    growth means another host's service changed bookings: this host's boards read them again. On PostgreSQL the
+    change feed's NOTIFY has already woken them (app.service.watch): a second wake up to a second later would only
+    make every open board load its window again (bench/bench_fleet.py). It also refreshes the bookings the service
+    serves while the database is unreachable (app.service.lastknown)."""
+    follow_tail = not isinstance(service.config.store, PostgresStore)
 
     def loop() -> None:
         tail = None
         away = False  # the database is unreachable: said once when it goes, once when it is back
         while not stopping.is_set():
             try:
-                latest = run_db(lambda: (beat(service), remember(service), events_tail(service.conn))[2])
+                latest = run_db(lambda: (beat(service), remember(service),
+                                         events_tail(service.conn) if follow_tail else None)[2])
             except Exception as error:  # noqa: BLE001 - a service must outlive one bad beat
                 if stopping.is_set():  # (the database thread is gone once it stops)
                     pass
