@@ -186,7 +186,7 @@ def cmd_backup(ctx) -> int:
 def cmd_migrate(ctx) -> int:
     from app.config import PostgresStore
     from app.errors import Conflict
-    from app.store.migrate import check_url, migrate
+    from app.migrate import check_url, migrate
 
     config, args = ctx.config, ctx.args
     check_url(args.to)  # a bad URL: one line, exit 2, before anything is opened

@@ -424,6 +424,20 @@ def _password(path: os.PathLike | None) -> str | None:
     return text.strip()
 
 
+def where(url: str) -> str:
+    """host:port/dbname of a libpq URI, for people (a password in it is never shown)."""
+    from psycopg.conninfo import conninfo_to_dict  # start-up: only board migrate and doctor load the driver
+
+    return f"{_address(url)}/{conninfo_to_dict(url).get('dbname', '?')}"
+
+
+def board_tables(conn) -> list[str]:
+    """The board's tables in a PostgreSQL database (app.store.pg's connection), by name."""
+    return [row[0] for row in conn.execute(  # pg_tables, not information_schema: it lists what a role may not use too
+        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename != 'board_schema'"
+        " ORDER BY tablename")]
+
+
 def _address(url: str) -> str:
     """host:port of a libpq URI, for people: a socket directory or a name, and the port (5432 if not given)."""
     try:

@@ -20,7 +20,7 @@ NEEDS = {"events": ("SELECT", "INSERT"), "board_schema": ("SELECT",)}  # append-
 
 
 def doctor(store: PostgresStore, extra: Iterable[tuple[bool | None, str]] = ()) -> Iterator[tuple[bool | None, str]]:
-    from app.store.migrate import where
+    from app.store.pg import where
     from app.store.pg import PgConnection, StoreUnreachable, clock_offset
 
     place = where(store.url)
@@ -100,7 +100,7 @@ def _schema_checks(conn, place: str):
 
 def _privilege_checks(conn):
     """Whether this host's role may use every board table (board_schema too); yields the line."""
-    from app.store.migrate import board_tables
+    from app.store.pg import board_tables
 
     role = conn.execute("SELECT current_user").fetchone()[0]
     missing, owners = [], set()

@@ -28,6 +28,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"store"},  # SQLite rows
     {"fit", "demo", "faults", "history", "notify"},  # the estimate, the demo's seed, and what the service records
     {"llama", "alerts", "report"},  # these read the layer below: servers' OOMs and fits, history, faults, outbox
+    {"migrate"},  # board migrate: the SQLite store and its history file into PostgreSQL
     {"service"},  # every rule behind one door
     {"client"},  # the one door's two transports
     {"tui", "gateway"},  # the board; the gateway (the team's OpenAI front door); the command line starts either

@@ -62,20 +62,11 @@ def check_url(url: str) -> str:
     return url
 
 
-def where(url: str) -> str:
-    """host:port/dbname of a libpq URI, for people (a password in it is never shown)."""
-    from psycopg.conninfo import conninfo_to_dict  # start-up: only board migrate and doctor load the driver
-
-    from app.store.pg import _address
-
-    return f"{_address(url)}/{conninfo_to_dict(url).get('dbname', '?')}"
-
-
 def migrate(source: Path, target: PostgresStore, progress: Progress | None = None, *,
             history: Path | None = None) -> Migrated:
     """Copy the board at `source` into the empty database `target`, and the 5-minute rollups of the history file
     `history` (if there is one) tagged with `target.host`; see the module's docstring."""
-    from app.store.pg import PgConnection
+    from app.store.pg import PgConnection, where
 
     check_url(target.url)
     place = where(target.url)
@@ -196,13 +187,6 @@ def _tables(src) -> list[str]:
             ordered.append(name)
             del needs[name]
     return ordered
-
-
-def board_tables(conn) -> list[str]:
-    """The board's tables in a PostgreSQL database (app.store.pg's connection), by name."""
-    return [row[0] for row in conn.execute(  # pg_tables, not information_schema: it lists what a role may not use too
-        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename != 'board_schema'"
-        " ORDER BY tablename")]
 
 
 def _holds_board(raw, tables: list[str]) -> str:
