@@ -239,14 +239,41 @@ def test_a_config_names_its_host(tmp_path):
         load_config(environ={"BOARD_CONFIG": str(path)})
 
 
-# -- two real agents on one database file ---------------------------------------------------------------------
+# -- real agents, one per host, on one store -------------------------------------------------------------------
 
 RACERS = 16
 
 
-def _fleet_agent(make_agent, name: str, shared_db=None):
-    return make_agent(sections={"fleet": {"host": name, "heartbeat_timeout_s": 3}, "history": {"enabled": False}},
-                      shared_db=shared_db)
+class OneStore:
+    """Real agents (tests/agent_process.py, as the unit runs them), one per host, all on one store: the first agent's
+    SQLite file, or one PostgreSQL database on the throwaway cluster (`store`'s params: each test runs on both)."""
+
+    def __init__(self, store, make_agent) -> None:
+        self.url = getattr(store, "url", None)  # None: SQLite (tmp_path's file is out of user board's reach)
+        self._make = make_agent
+        self.agents: dict[str, object] = {}
+
+    def start(self, name: str):
+        first = next(iter(self.agents.values()), None)
+        agent = self._make(sections={"fleet": {"host": name, "heartbeat_timeout_s": 3}, "history": {"enabled": False}},
+                           storage_url=self.url, shared_db=None if self.url or first is None else first.db)
+        self.agents[name] = agent
+        return agent
+
+    def env(self, name: str) -> dict:
+        """The CLI's environment for a member on host `name`."""
+        return {"BOARD_CONFIG": str(self.agents[name].config)}
+
+    def connect(self):
+        """The store itself, as a service opens it (for the audit chain)."""
+        from app.config import PostgresStore
+
+        return connect(PostgresStore(self.url, host="test") if self.url else next(iter(self.agents.values())).db)
+
+
+@pytest.fixture
+def one_store(store, make_agent) -> OneStore:
+    return OneStore(store, make_agent)
 
 
 def _wait_for(condition, what: str, timeout: float = 60.0):
@@ -261,24 +288,50 @@ def _wait_for(condition, what: str, timeout: float = 60.0):
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
 
 
-def test_two_agents_race_sixteen_bookers_from_both_hosts_and_a_killed_host_shows_down(make_agent, tmp_path):
+def _status(env: dict) -> dict:
+    from tests.service.support import board_cli
+
+    rc, out, err = board_cli("status", "--json", env=env)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def _sees(env: dict, hosts: set[str]):
+    """The status from `env`'s host once it lists every host in `hosts`, all up; else None."""
+    status = _status(env)
+    up = {c["host"] for c in status["cards"] if not c.get("host_down")}
+    return up == hosts and status
+
+
+NEVER_SHOWN = ("Traceback", "40P01", "23P01", "deadlock", "exclusion constraint", "psycopg")
+
+
+def test_a_member_on_gpu1_books_gpu2s_card_sixteen_race_from_both_hosts_and_a_killed_host_comes_back(one_store,
+                                                                                                      tmp_path):
     import subprocess
     import sys
 
+    from app.store.events import first_broken
     from tests.service.support import REPO, board_cli
 
-    gpu1 = _fleet_agent(make_agent, "gpu1")
-    gpu2 = _fleet_agent(make_agent, "gpu2", shared_db=gpu1.db)
-    env1, env2 = ({"BOARD_CONFIG": str(agent.config)} for agent in (gpu1, gpu2))
+    one_store.start("gpu1")
+    gpu2 = one_store.start("gpu2")
+    env1, env2 = one_store.env("gpu1"), one_store.env("gpu2")
+    status = _wait_for(lambda: _sees(env1, {"gpu1", "gpu2"}), "gpu2's first heartbeat reaching gpu1")
+    _wait_for(lambda: _sees(env2, {"gpu1", "gpu2"}), "gpu1's first heartbeat reaching gpu2")
+    assert [(c["host"], c["index"]) for c in status["cards"]] == [("gpu1", i) for i in range(8)] + [
+        ("gpu2", i) for i in range(8)]
+    uuid = {(c["host"], c["index"]): c["uuid"] for c in status["cards"]}
 
-    def hosts_seen_from(env):
-        rc, out, err = board_cli("status", "--json", env=env)
-        assert rc == 0, err
-        return {h["host"] for h in json.loads(out)["hosts"]} == {"gpu1", "gpu2"} and json.loads(out)
-
-    status = _wait_for(lambda: hosts_seen_from(env1), "gpu2's first heartbeat reaching gpu1")
-    _wait_for(lambda: hosts_seen_from(env2), "gpu1's first heartbeat reaching gpu2")
-    assert [c["host"] for c in status["cards"]] == ["gpu1"] * 8 + ["gpu2"] * 8
+    # a member on gpu1 books gpu2's card 1; a member on gpu2 is refused it, in one line
+    rc, out, err = board_cli("book", "--cards", "gpu2:1", "--start", "+1h", "--for", "2h", "--json", env=env1)
+    assert rc == 0, err
+    held = json.loads(out)
+    assert (held["host"], held["cards"], held["card_uuids"]) == ("gpu2", [1], [uuid["gpu2", 1]])
+    rc, out, err = board_cli("book", "--cards", "1", "--start", "+1h", "--for", "2h", env=env2)
+    assert (rc, out, err.count("\n")) == (3, "", 1) and err.startswith("board: ") and "booked by" in err, err
+    rc, out, err = board_cli("book", "--cards", "1", "--start", "+1h", "--for", "2h", "--json", env=env1)
+    assert rc == 0 and json.loads(out)["host"] == "gpu1", err  # gpu1's own card 1 is another card
 
     # 16 bookers, 8 on each host, for gpu2's card 0 at one time: gpu1's name it gpu2:0, gpu2's say 0
     go = tmp_path / "go"
@@ -297,31 +350,43 @@ def test_two_agents_race_sixteen_bookers_from_both_hosts_and_a_killed_host_shows
     go.touch()
     results = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in racers]
     assert sorted(code for code, _, _ in results) == [0] + [3] * (RACERS - 1), results
-    for code, _, err in results:
+    for code, out, err in results:
+        assert not any(word in out + err for word in NEVER_SHOWN), (out, err)
         if code == 3:
             assert err.count("\n") == 1 and err.startswith("board: ") and "booked by" in err, err
     rc, out, err = board_cli("list", "--json", env=env1)
     assert rc == 0, err
-    (booking,) = json.loads(out)["bookings"]
-    assert booking["host"] == "gpu2" and booking["cards"] == [0]
-    assert booking["card_uuids"] == [c["uuid"] for c in status["cards"] if c["host"] == "gpu2" and c["index"] == 0]
+    (booking,) = [b for b in json.loads(out)["bookings"] if (b["host"], b["cards"]) == ("gpu2", [0])]
+    assert booking["card_uuids"] == [uuid["gpu2", 0]]
+    # one audit chain, unbroken; each racer's event names the host whose service vouched for it
+    with one_store.connect() as conn:
+        events = [(ok, json.loads(details)) for ok, details in conn.execute("SELECT ok, details FROM events ORDER BY id")]
+        raced = [(ok, found["host"]) for ok, found in events if "racer " in json.dumps(found)]
+        assert sorted(host for _, host in raced) == ["gpu1"] * 8 + ["gpu2"] * 8 and sum(ok for ok, _ in raced) == 1
+        assert all(found.get("host") in ("gpu1", "gpu2") for _, found in events), events
+        assert first_broken(conn) is None
 
-    # gpu2's service dies: after the timeout gpu1 shows its cards HOST DOWN, since its last heartbeat
+    # gpu2's service dies (kill -9): after the timeout gpu1 shows its cards HOST DOWN, since its last heartbeat
     gpu2.kill9()
 
     def down_on_gpu1():
-        rc, out, err = board_cli("status", "--json", env=env1)
-        assert rc == 0, err
-        return [c for c in json.loads(out)["cards"] if c.get("host_down")]
+        return [c for c in _status(env1)["cards"] if c.get("host_down")]
 
     down = _wait_for(down_on_gpu1, "gpu2's cards showing HOST DOWN on gpu1")
     assert [c["host"] for c in down] == ["gpu2"] * 8 and all(c["down_since"] for c in down)
     rc, out, err = board_cli("status", env=env1)
     assert rc == 0 and out.count("HOST DOWN (since ") == 8, out + err
-    assert next(c for c in down if c["index"] == 0)["next_booking"]["id"] == booking["id"]  # its booking stays
+    assert next(c for c in down if c["index"] == 0)["next_booking"]["id"] == booking["id"]  # its bookings stay
+    assert next(c for c in down if c["index"] == 1)["next_booking"]["id"] == held["id"]
+    # it comes back: its cards come back, on gpu1 and on its own socket
+    gpu2.start()
+    status = _wait_for(lambda: _sees(env1, {"gpu1", "gpu2"}), "gpu2's cards coming back on gpu1")
+    assert [c["uuid"] for c in status["cards"] if c["host"] == "gpu2"] == [uuid["gpu2", i] for i in range(8)]
+    assert [c["next_booking"]["id"] for c in status["cards"][8:10]] == [booking["id"], held["id"]]
+    _wait_for(lambda: _sees(env2, {"gpu1", "gpu2"}), "gpu2's restarted service seeing gpu1")
 
 
-def test_a_board_behind_the_socket_hears_a_new_host_and_its_going_down_by_the_fleet_event_alone(make_agent):
+def test_a_board_behind_the_socket_hears_a_new_host_and_its_going_down_by_the_fleet_event_alone(one_store):
     """Hosts' beats change no booking: the `fleet` event carries them, so an open board sees a host appear and
     go down without a booking change."""
     import queue
@@ -329,7 +394,7 @@ def test_a_board_behind_the_socket_hears_a_new_host_and_its_going_down_by_the_fl
 
     from app.client.socket import SocketClient
 
-    gpu1 = _fleet_agent(make_agent, "gpu1")
+    gpu1 = one_store.start("gpu1")
     board = SocketClient(str(gpu1.socket))
     events: queue.Queue = queue.Queue()
 
@@ -352,7 +417,7 @@ def test_a_board_behind_the_socket_hears_a_new_host_and_its_going_down_by_the_fl
         return _wait_for(found, what)
 
     next_hosts(lambda hosts: hosts == [], "gpu1's board seeing gpu1 alone")
-    gpu2 = _fleet_agent(make_agent, "gpu2", shared_db=gpu1.db)
+    gpu2 = one_store.start("gpu2")
     (up,) = next_hosts(lambda hosts: [h["host"] for h in hosts] == ["gpu2"], "gpu2 appearing on gpu1's board")
     assert up["down_since"] is None and len(up["snapshot"]["cards"]) == 8
     gpu2.kill9()
