@@ -467,3 +467,51 @@ def test_cli_serve_plan_for_another_hosts_booking_is_one_line_exit_2_planning_no
     assert (rc, out, err) == (2, "", "board: those cards are on gpu2: plan this on gpu2\n")
     with connect(tmp_path / "board.db") as conn:
         assert conn.execute("SELECT count(*) FROM server_plans").fetchone()[0] == 0
+
+
+def test_a_booking_made_on_gpu1_reaches_a_subscriber_on_gpu2_without_waiting_for_a_poll(one_store):
+    """An open board on gpu2 (a `subscribe` on its socket, as the TUI holds one) hears of a booking gpu1's service
+    made: on PostgreSQL by the NOTIFY gpu2's service LISTENs for, on a shared SQLite file by the audit chain's tail
+    its heartbeat reads. The only bound is a generous liveness deadline."""
+    import queue
+    import threading
+
+    from tests.service.support import board_cli
+
+    one_store.start("gpu1")
+    gpu2 = one_store.start("gpu2")
+    env1, env2 = one_store.env("gpu1"), one_store.env("gpu2")
+    _wait_for(lambda: _sees(env1, {"gpu1", "gpu2"}), "gpu2's first heartbeat reaching gpu1")
+    _wait_for(lambda: _sees(env2, {"gpu1", "gpu2"}), "gpu1's first heartbeat reaching gpu2")
+    board = gpu2.client()
+    # The subscription is in place once the service has replied to it (the first line); events follow.
+    sock, reader, _ = board.stream("subscribe", {"kinds": ["bookings"]})
+    events: queue.Queue = queue.Queue()
+
+    def read():
+        while line := reader.readline():
+            events.put(json.loads(line))
+
+    threading.Thread(target=read, daemon=True).start()
+    while not events.empty():  # what the service said before the booking
+        events.get()
+    rc, out, err = board_cli("book", "--cards", "gpu2:5", "--start", "+1h", "--for", "1h", "--json", env=env1)
+    assert rc == 0, err
+    made = json.loads(out)["id"]
+    event = events.get(timeout=5)  # liveness only: a NOTIFY (or the heartbeat's tail) wakes it within a second
+    assert event["event"] == "bookings" and "version" in event and "error" not in event, event
+    assert made in [b["id"] for b in board.call("list")]
+    sock.close()
+    board.close()
+
+
+def test_status_with_24_cards_on_3_hosts_lists_each_card_with_its_host(one_store):
+    for name in ("gpu1", "gpu2", "gpu3"):
+        one_store.start(name)
+    hosts = {"gpu1", "gpu2", "gpu3"}
+    for name in sorted(hosts):
+        status = _wait_for(lambda: _sees(one_store.env(name), hosts), f"{name} seeing all three hosts")
+        order = [name, *sorted(hosts - {name})]  # this host's cards first, the others' after
+        assert [(c["host"], c["index"]) for c in status["cards"]] == [(host, i) for host in order for i in range(8)]
+        assert len({c["uuid"] for c in status["cards"]}) == 24
+        assert sorted(h["host"] for h in status["hosts"]) == sorted(hosts), status["hosts"]
