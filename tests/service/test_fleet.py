@@ -5,6 +5,7 @@ agents). The lead runs the same tests on PostgreSQL once the store speaks it."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -515,3 +516,100 @@ def test_status_with_24_cards_on_3_hosts_lists_each_card_with_its_host(one_store
         assert [(c["host"], c["index"]) for c in status["cards"]] == [(host, i) for host in order for i in range(8)]
         assert len({c["uuid"] for c in status["cards"]}) == 24
         assert sorted(h["host"] for h in status["hosts"]) == sorted(hosts), status["hosts"]
+
+
+# -- the database stopped and started under load ---------------------------------------------------------------
+
+UNREACHABLE = re.compile(r"board: the board database is unreachable \((gpu[12]) → .+\); nothing was changed\n")
+
+
+@pytest.fixture
+def own_cluster():
+    """A throwaway PostgreSQL cluster of the test's own (tests/postgres.py): this test stops and starts it."""
+    from tests.postgres import Cluster, missing_reason
+
+    if reason := missing_reason():
+        pytest.skip(reason)
+    cluster = Cluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.mark.postgresql
+def test_the_database_stopped_and_started_under_load_loses_nothing_acknowledged_and_refuses_in_one_line(
+        own_cluster, make_agent):
+    """Bookers on both hosts keep booking slots of their own while the database stops and starts: each booking either
+    succeeds (and is there afterwards) or is refused in the one line, exit 1; the agents serve again by themselves."""
+    import threading
+
+    from tests.service.support import board_cli
+
+    url = own_cluster.fresh_database()
+    agents = {name: make_agent(sections={"fleet": {"host": name, "heartbeat_timeout_s": 3},
+                                         "history": {"enabled": False}}, storage_url=url) for name in ("gpu1", "gpu2")}
+    env = {name: {"BOARD_CONFIG": str(agent.config)} for name, agent in agents.items()}
+    _wait_for(lambda: _sees(env["gpu1"], {"gpu1", "gpu2"}), "gpu2's first heartbeat reaching gpu1")
+    _wait_for(lambda: _sees(env["gpu2"], {"gpu1", "gpu2"}), "gpu1's first heartbeat reaching gpu2")
+
+    phase = ["before"]  # before, paused, resumed: when each booking was asked
+    results: list[tuple[str, str, int, str, str]] = []  # (host, phase, rc, stdout, stderr)
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def booker(host: str, card: int) -> None:
+        slot = 0
+        while not stop.is_set():
+            slot += 1  # every try its own slot on its own card: a refusal is never a conflict
+            asked = phase[0]
+            rc, out, err = board_cli("book", "--cards", str(card), "--start", f"+{2 * slot}h", "--for", "1h",
+                                     "--json", env=env[host])
+            with lock:
+                results.append((host, asked if asked == phase[0] else "during a change", rc, out, err))
+
+    bookers = [threading.Thread(target=booker, args=(host, card), daemon=True)
+               for host in ("gpu1", "gpu2") for card in (0, 1)]
+    for thread in bookers:
+        thread.start()
+
+    def each_host(when: str, ok: bool):
+        with lock:
+            return {h for h, asked, rc, _, _ in results if asked == when and (rc == 0) == ok} == {"gpu1", "gpu2"}
+
+    try:
+        _wait_for(lambda: each_host("before", True), "a booking on each host before the database stops")
+        own_cluster.pause()
+        phase[0] = "paused"
+        _wait_for(lambda: each_host("paused", False), "a refusal on each host while the database is stopped")
+        rc, out, err = board_cli("status", "--json", env=env["gpu1"])
+        status_while_down = (rc, out[:200], err)
+    finally:
+        own_cluster.resume()
+    phase[0] = "resumed"
+    try:
+        # reconnects with backoff (at most 30 s between tries): both agents serve again, with no restart
+        _wait_for(lambda: each_host("resumed", True), "a booking on each host after the database came back", 120)
+    finally:
+        stop.set()
+        for thread in bookers:
+            thread.join(120)
+    print(f"board status --json on gpu1 while the database was stopped: {status_while_down}")
+    assert not status_while_down[2].count("Traceback"), status_while_down
+    assert all(agent.proc.poll() is None and agent.starts == 1 for agent in agents.values())
+
+    acknowledged = {}
+    for host, asked, rc, out, err in results:
+        assert not any(word in out + err for word in NEVER_SHOWN), (host, asked, rc, out, err)
+        if rc == 0:
+            booking = json.loads(out)
+            acknowledged[booking["id"]] = (host, booking["cards"], booking["start"])
+        else:
+            assert rc == 1 and out == "" and UNREACHABLE.fullmatch(err) and UNREACHABLE.match(err)[1] == host, (
+                host, asked, rc, out, err)
+            assert asked != "before", (host, asked, err)
+    rc, out, err = board_cli("list", "--all", "--json", env=env["gpu2"])
+    assert rc == 0, err
+    listed = {b["id"]: (b["host"], b["cards"], b["start"]) for b in json.loads(out)["bookings"]}
+    assert {i: listed.get(i) for i in acknowledged} == acknowledged  # nothing acknowledged is lost
+    assert len(listed) == len(acknowledged)  # and nothing refused was written
+    refused = sum(rc != 0 for _, _, rc, _, _ in results)
+    print(f"{len(acknowledged)} bookings acknowledged, {refused} refused in one line, {len(listed)} listed")
