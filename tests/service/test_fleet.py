@@ -551,7 +551,7 @@ def test_the_database_stopped_and_started_under_load_loses_nothing_acknowledged_
     _wait_for(lambda: _sees(env["gpu1"], {"gpu1", "gpu2"}), "gpu2's first heartbeat reaching gpu1")
     _wait_for(lambda: _sees(env["gpu2"], {"gpu1", "gpu2"}), "gpu1's first heartbeat reaching gpu2")
 
-    phase = ["before"]  # before, paused, resumed: when each booking was asked
+    phase = ["before"]  # before, (stopping), paused, (starting), resumed: when each booking was asked
     results: list[tuple[str, str, int, str, str]] = []  # (host, phase, rc, stdout, stderr)
     lock = threading.Lock()
     stop = threading.Event()
@@ -577,12 +577,14 @@ def test_the_database_stopped_and_started_under_load_loses_nothing_acknowledged_
 
     try:
         _wait_for(lambda: each_host("before", True), "a booking on each host before the database stops")
+        phase[0] = "stopping"  # pg_ctl returns once the server is gone: a command meanwhile is in neither phase
         own_cluster.pause()
         phase[0] = "paused"
         _wait_for(lambda: each_host("paused", False), "a refusal on each host while the database is stopped")
         rc, out, err = board_cli("status", "--json", env=env["gpu1"])
         status_while_down = (rc, out[:200], err)
     finally:
+        phase[0] = "starting"
         own_cluster.resume()
     phase[0] = "resumed"
     try:
