@@ -77,6 +77,11 @@ class Cluster:
         """Stop the server, keeping its data (the database 'went away'); resume() starts it again."""
         self._as_postgres(str(bin_dir() / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
 
+    def stopping(self) -> None:
+        """Begin a smart shutdown and return at once: while a client stays connected the server keeps refusing new
+        connections ('the database system is shutting down'), as every stop and start does for a moment."""
+        self._as_postgres(str(bin_dir() / "pg_ctl"), "-D", str(self.data), "-m", "smart", "-W", "stop")
+
     def _as_postgres(self, *cmd: str) -> None:
         result = subprocess.run(["setpriv", "--reuid", SUPERUSER, "--regid", SUPERUSER, "--clear-groups", *cmd],
                                 capture_output=True, text=True, cwd=self.root, timeout=120)
@@ -121,6 +126,8 @@ class Cluster:
     def stop(self) -> None:
         binaries = bin_dir()
         try:
-            self._as_postgres(str(binaries / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            if (self.data / "postmaster.pid").exists():  # not when a test left it paused
+                self._as_postgres(str(binaries / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w",
+                                  "stop")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)

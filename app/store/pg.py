@@ -36,6 +36,11 @@ _ID_TABLES = {"bookings", "events", "servers", "series", "outbox", "faults", "al
               "server_plans"}
 
 
+# What a server says while it stops or starts (SQLSTATE 57P03, which libpq gives only as text at connect): that is
+# the database going away or coming back, not a refusal to fix.
+_NOT_NOW = re.compile(r"the database system is (starting up|shutting down|in recovery mode|not (yet )?accepting)")
+
+
 class StoreUnreachable(BoardError):
     """The database did not answer; the message names this host, the database's address, and that nothing changed."""
 
@@ -225,7 +230,7 @@ class PgConnection:
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
             said = re.search(r"FATAL:\s*(.*)", str(error))
-            if said:  # the server answered, and refused: a role, a password, a database name to fix
+            if said and not _NOT_NOW.search(said.group(1)):  # it refused: a role, a password, a database to fix
                 raise StoreRefused(f"the board database at {_address(self.store.url)} refused {self.store.host}:"
                                    f" {said.group(1).strip()}; check [storage] url and the role's access") from None
             raise self.unreachable() from None

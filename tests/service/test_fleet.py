@@ -5,6 +5,7 @@ agents). The lead runs the same tests on PostgreSQL once the store speaks it."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -239,14 +240,41 @@ def test_a_config_names_its_host(tmp_path):
         load_config(environ={"BOARD_CONFIG": str(path)})
 
 
-# -- two real agents on one database file ---------------------------------------------------------------------
+# -- real agents, one per host, on one store -------------------------------------------------------------------
 
 RACERS = 16
 
 
-def _fleet_agent(make_agent, name: str, shared_db=None):
-    return make_agent(sections={"fleet": {"host": name, "heartbeat_timeout_s": 3}, "history": {"enabled": False}},
-                      shared_db=shared_db)
+class OneStore:
+    """Real agents (tests/agent_process.py, as the unit runs them), one per host, all on one store: the first agent's
+    SQLite file, or one PostgreSQL database on the throwaway cluster (`store`'s params: each test runs on both)."""
+
+    def __init__(self, store, make_agent) -> None:
+        self.url = getattr(store, "url", None)  # None: SQLite (tmp_path's file is out of user board's reach)
+        self._make = make_agent
+        self.agents: dict[str, object] = {}
+
+    def start(self, name: str):
+        first = next(iter(self.agents.values()), None)
+        agent = self._make(sections={"fleet": {"host": name, "heartbeat_timeout_s": 3}, "history": {"enabled": False}},
+                           storage_url=self.url, shared_db=None if self.url or first is None else first.db)
+        self.agents[name] = agent
+        return agent
+
+    def env(self, name: str) -> dict:
+        """The CLI's environment for a member on host `name`."""
+        return {"BOARD_CONFIG": str(self.agents[name].config)}
+
+    def connect(self):
+        """The store itself, as a service opens it (for the audit chain)."""
+        from app.config import PostgresStore
+
+        return connect(PostgresStore(self.url, host="test") if self.url else next(iter(self.agents.values())).db)
+
+
+@pytest.fixture
+def one_store(store, make_agent) -> OneStore:
+    return OneStore(store, make_agent)
 
 
 def _wait_for(condition, what: str, timeout: float = 60.0):
@@ -261,24 +289,50 @@ def _wait_for(condition, what: str, timeout: float = 60.0):
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
 
 
-def test_two_agents_race_sixteen_bookers_from_both_hosts_and_a_killed_host_shows_down(make_agent, tmp_path):
+def _status(env: dict) -> dict:
+    from tests.service.support import board_cli
+
+    rc, out, err = board_cli("status", "--json", env=env)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def _sees(env: dict, hosts: set[str]):
+    """The status from `env`'s host once it lists every host in `hosts`, all up; else None."""
+    status = _status(env)
+    up = {c["host"] for c in status["cards"] if not c.get("host_down")}
+    return up == hosts and status
+
+
+NEVER_SHOWN = ("Traceback", "40P01", "23P01", "deadlock", "exclusion constraint", "psycopg")
+
+
+def test_a_member_on_gpu1_books_gpu2s_card_sixteen_race_from_both_hosts_and_a_killed_host_comes_back(one_store,
+                                                                                                      tmp_path):
     import subprocess
     import sys
 
+    from app.store.events import first_broken
     from tests.service.support import REPO, board_cli
 
-    gpu1 = _fleet_agent(make_agent, "gpu1")
-    gpu2 = _fleet_agent(make_agent, "gpu2", shared_db=gpu1.db)
-    env1, env2 = ({"BOARD_CONFIG": str(agent.config)} for agent in (gpu1, gpu2))
+    one_store.start("gpu1")
+    gpu2 = one_store.start("gpu2")
+    env1, env2 = one_store.env("gpu1"), one_store.env("gpu2")
+    status = _wait_for(lambda: _sees(env1, {"gpu1", "gpu2"}), "gpu2's first heartbeat reaching gpu1")
+    _wait_for(lambda: _sees(env2, {"gpu1", "gpu2"}), "gpu1's first heartbeat reaching gpu2")
+    assert [(c["host"], c["index"]) for c in status["cards"]] == [("gpu1", i) for i in range(8)] + [
+        ("gpu2", i) for i in range(8)]
+    uuid = {(c["host"], c["index"]): c["uuid"] for c in status["cards"]}
 
-    def hosts_seen_from(env):
-        rc, out, err = board_cli("status", "--json", env=env)
-        assert rc == 0, err
-        return {h["host"] for h in json.loads(out)["hosts"]} == {"gpu1", "gpu2"} and json.loads(out)
-
-    status = _wait_for(lambda: hosts_seen_from(env1), "gpu2's first heartbeat reaching gpu1")
-    _wait_for(lambda: hosts_seen_from(env2), "gpu1's first heartbeat reaching gpu2")
-    assert [c["host"] for c in status["cards"]] == ["gpu1"] * 8 + ["gpu2"] * 8
+    # a member on gpu1 books gpu2's card 1; a member on gpu2 is refused it, in one line
+    rc, out, err = board_cli("book", "--cards", "gpu2:1", "--start", "+1h", "--for", "2h", "--json", env=env1)
+    assert rc == 0, err
+    held = json.loads(out)
+    assert (held["host"], held["cards"], held["card_uuids"]) == ("gpu2", [1], [uuid["gpu2", 1]])
+    rc, out, err = board_cli("book", "--cards", "1", "--start", "+1h", "--for", "2h", env=env2)
+    assert (rc, out, err.count("\n")) == (3, "", 1) and err.startswith("board: ") and "booked by" in err, err
+    rc, out, err = board_cli("book", "--cards", "1", "--start", "+1h", "--for", "2h", "--json", env=env1)
+    assert rc == 0 and json.loads(out)["host"] == "gpu1", err  # gpu1's own card 1 is another card
 
     # 16 bookers, 8 on each host, for gpu2's card 0 at one time: gpu1's name it gpu2:0, gpu2's say 0
     go = tmp_path / "go"
@@ -297,31 +351,43 @@ def test_two_agents_race_sixteen_bookers_from_both_hosts_and_a_killed_host_shows
     go.touch()
     results = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in racers]
     assert sorted(code for code, _, _ in results) == [0] + [3] * (RACERS - 1), results
-    for code, _, err in results:
+    for code, out, err in results:
+        assert not any(word in out + err for word in NEVER_SHOWN), (out, err)
         if code == 3:
             assert err.count("\n") == 1 and err.startswith("board: ") and "booked by" in err, err
     rc, out, err = board_cli("list", "--json", env=env1)
     assert rc == 0, err
-    (booking,) = json.loads(out)["bookings"]
-    assert booking["host"] == "gpu2" and booking["cards"] == [0]
-    assert booking["card_uuids"] == [c["uuid"] for c in status["cards"] if c["host"] == "gpu2" and c["index"] == 0]
+    (booking,) = [b for b in json.loads(out)["bookings"] if (b["host"], b["cards"]) == ("gpu2", [0])]
+    assert booking["card_uuids"] == [uuid["gpu2", 0]]
+    # one audit chain, unbroken; each racer's event names the host whose service vouched for it
+    with one_store.connect() as conn:
+        events = [(ok, json.loads(details)) for ok, details in conn.execute("SELECT ok, details FROM events ORDER BY id")]
+        raced = [(ok, found["host"]) for ok, found in events if "racer " in json.dumps(found)]
+        assert sorted(host for _, host in raced) == ["gpu1"] * 8 + ["gpu2"] * 8 and sum(ok for ok, _ in raced) == 1
+        assert all(found.get("host") in ("gpu1", "gpu2") for _, found in events), events
+        assert first_broken(conn) is None
 
-    # gpu2's service dies: after the timeout gpu1 shows its cards HOST DOWN, since its last heartbeat
+    # gpu2's service dies (kill -9): after the timeout gpu1 shows its cards HOST DOWN, since its last heartbeat
     gpu2.kill9()
 
     def down_on_gpu1():
-        rc, out, err = board_cli("status", "--json", env=env1)
-        assert rc == 0, err
-        return [c for c in json.loads(out)["cards"] if c.get("host_down")]
+        return [c for c in _status(env1)["cards"] if c.get("host_down")]
 
     down = _wait_for(down_on_gpu1, "gpu2's cards showing HOST DOWN on gpu1")
     assert [c["host"] for c in down] == ["gpu2"] * 8 and all(c["down_since"] for c in down)
     rc, out, err = board_cli("status", env=env1)
     assert rc == 0 and out.count("HOST DOWN (since ") == 8, out + err
-    assert next(c for c in down if c["index"] == 0)["next_booking"]["id"] == booking["id"]  # its booking stays
+    assert next(c for c in down if c["index"] == 0)["next_booking"]["id"] == booking["id"]  # its bookings stay
+    assert next(c for c in down if c["index"] == 1)["next_booking"]["id"] == held["id"]
+    # it comes back: its cards come back, on gpu1 and on its own socket
+    gpu2.start()
+    status = _wait_for(lambda: _sees(env1, {"gpu1", "gpu2"}), "gpu2's cards coming back on gpu1")
+    assert [c["uuid"] for c in status["cards"] if c["host"] == "gpu2"] == [uuid["gpu2", i] for i in range(8)]
+    assert [c["next_booking"]["id"] for c in status["cards"][8:10]] == [booking["id"], held["id"]]
+    _wait_for(lambda: _sees(env2, {"gpu1", "gpu2"}), "gpu2's restarted service seeing gpu1")
 
 
-def test_a_board_behind_the_socket_hears_a_new_host_and_its_going_down_by_the_fleet_event_alone(make_agent):
+def test_a_board_behind_the_socket_hears_a_new_host_and_its_going_down_by_the_fleet_event_alone(one_store):
     """Hosts' beats change no booking: the `fleet` event carries them, so an open board sees a host appear and
     go down without a booking change."""
     import queue
@@ -329,7 +395,7 @@ def test_a_board_behind_the_socket_hears_a_new_host_and_its_going_down_by_the_fl
 
     from app.client.socket import SocketClient
 
-    gpu1 = _fleet_agent(make_agent, "gpu1")
+    gpu1 = one_store.start("gpu1")
     board = SocketClient(str(gpu1.socket))
     events: queue.Queue = queue.Queue()
 
@@ -352,7 +418,7 @@ def test_a_board_behind_the_socket_hears_a_new_host_and_its_going_down_by_the_fl
         return _wait_for(found, what)
 
     next_hosts(lambda hosts: hosts == [], "gpu1's board seeing gpu1 alone")
-    gpu2 = _fleet_agent(make_agent, "gpu2", shared_db=gpu1.db)
+    gpu2 = one_store.start("gpu2")
     (up,) = next_hosts(lambda hosts: [h["host"] for h in hosts] == ["gpu2"], "gpu2 appearing on gpu1's board")
     assert up["down_since"] is None and len(up["snapshot"]["cards"]) == 8
     gpu2.kill9()
@@ -402,3 +468,150 @@ def test_cli_serve_plan_for_another_hosts_booking_is_one_line_exit_2_planning_no
     assert (rc, out, err) == (2, "", "board: those cards are on gpu2: plan this on gpu2\n")
     with connect(tmp_path / "board.db") as conn:
         assert conn.execute("SELECT count(*) FROM server_plans").fetchone()[0] == 0
+
+
+def test_a_booking_made_on_gpu1_reaches_a_subscriber_on_gpu2_without_waiting_for_a_poll(one_store):
+    """An open board on gpu2 (a `subscribe` on its socket, as the TUI holds one) hears of a booking gpu1's service
+    made: on PostgreSQL by the NOTIFY gpu2's service LISTENs for, on a shared SQLite file by the audit chain's tail
+    its heartbeat reads. The only bound is a generous liveness deadline."""
+    import queue
+    import threading
+
+    from tests.service.support import board_cli
+
+    one_store.start("gpu1")
+    gpu2 = one_store.start("gpu2")
+    env1, env2 = one_store.env("gpu1"), one_store.env("gpu2")
+    _wait_for(lambda: _sees(env1, {"gpu1", "gpu2"}), "gpu2's first heartbeat reaching gpu1")
+    _wait_for(lambda: _sees(env2, {"gpu1", "gpu2"}), "gpu1's first heartbeat reaching gpu2")
+    board = gpu2.client()
+    # The subscription is in place once the service has replied to it (the first line); events follow.
+    sock, reader, _ = board.stream("subscribe", {"kinds": ["bookings"]})
+    events: queue.Queue = queue.Queue()
+
+    def read():
+        while line := reader.readline():
+            events.put(json.loads(line))
+
+    threading.Thread(target=read, daemon=True).start()
+    while not events.empty():  # what the service said before the booking
+        events.get()
+    rc, out, err = board_cli("book", "--cards", "gpu2:5", "--start", "+1h", "--for", "1h", "--json", env=env1)
+    assert rc == 0, err
+    made = json.loads(out)["id"]
+    event = events.get(timeout=5)  # liveness only: a NOTIFY (or the heartbeat's tail) wakes it within a second
+    assert event["event"] == "bookings" and "version" in event and "error" not in event, event
+    assert made in [b["id"] for b in board.call("list")]
+    sock.close()
+    board.close()
+
+
+def test_status_with_24_cards_on_3_hosts_lists_each_card_with_its_host(one_store):
+    for name in ("gpu1", "gpu2", "gpu3"):
+        one_store.start(name)
+    hosts = {"gpu1", "gpu2", "gpu3"}
+    for name in sorted(hosts):
+        status = _wait_for(lambda: _sees(one_store.env(name), hosts), f"{name} seeing all three hosts")
+        order = [name, *sorted(hosts - {name})]  # this host's cards first, the others' after
+        assert [(c["host"], c["index"]) for c in status["cards"]] == [(host, i) for host in order for i in range(8)]
+        assert len({c["uuid"] for c in status["cards"]}) == 24
+        assert sorted(h["host"] for h in status["hosts"]) == sorted(hosts), status["hosts"]
+
+
+# -- the database stopped and started under load ---------------------------------------------------------------
+
+UNREACHABLE = re.compile(r"board: the board database is unreachable \((gpu[12]) → .+\); nothing was changed\n")
+
+
+@pytest.fixture
+def own_cluster():
+    """A throwaway PostgreSQL cluster of the test's own (tests/postgres.py): this test stops and starts it."""
+    from tests.postgres import Cluster, missing_reason
+
+    if reason := missing_reason():
+        pytest.skip(reason)
+    cluster = Cluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.mark.postgresql
+def test_the_database_stopped_and_started_under_load_loses_nothing_acknowledged_and_refuses_in_one_line(
+        own_cluster, make_agent):
+    """Bookers on both hosts keep booking slots of their own while the database stops and starts: each booking either
+    succeeds (and is there afterwards) or is refused in the one line, exit 1; the agents serve again by themselves."""
+    import threading
+
+    from tests.service.support import board_cli
+
+    url = own_cluster.fresh_database()
+    agents = {name: make_agent(sections={"fleet": {"host": name, "heartbeat_timeout_s": 3},
+                                         "history": {"enabled": False}}, storage_url=url) for name in ("gpu1", "gpu2")}
+    env = {name: {"BOARD_CONFIG": str(agent.config)} for name, agent in agents.items()}
+    _wait_for(lambda: _sees(env["gpu1"], {"gpu1", "gpu2"}), "gpu2's first heartbeat reaching gpu1")
+    _wait_for(lambda: _sees(env["gpu2"], {"gpu1", "gpu2"}), "gpu1's first heartbeat reaching gpu2")
+
+    phase = ["before"]  # before, (stopping), paused, (starting), resumed: when each booking was asked
+    results: list[tuple[str, str, int, str, str]] = []  # (host, phase, rc, stdout, stderr)
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def booker(host: str, card: int) -> None:
+        slot = 0
+        while not stop.is_set():
+            slot += 1  # every try its own slot on its own card: a refusal is never a conflict
+            asked = phase[0]
+            rc, out, err = board_cli("book", "--cards", str(card), "--start", f"+{2 * slot}h", "--for", "1h",
+                                     "--json", env=env[host])
+            with lock:
+                results.append((host, asked if asked == phase[0] else "during a change", rc, out, err))
+
+    bookers = [threading.Thread(target=booker, args=(host, card), daemon=True)
+               for host in ("gpu1", "gpu2") for card in (0, 1)]
+    for thread in bookers:
+        thread.start()
+
+    def each_host(when: str, ok: bool):
+        with lock:
+            return {h for h, asked, rc, _, _ in results if asked == when and (rc == 0) == ok} == {"gpu1", "gpu2"}
+
+    try:
+        _wait_for(lambda: each_host("before", True), "a booking on each host before the database stops")
+        phase[0] = "stopping"  # pg_ctl returns once the server is gone: a command meanwhile is in neither phase
+        own_cluster.pause()
+        phase[0] = "paused"
+        _wait_for(lambda: each_host("paused", False), "a refusal on each host while the database is stopped")
+        rc, out, err = board_cli("status", "--json", env=env["gpu1"])
+        status_while_down = (rc, out[:200], err)
+    finally:
+        phase[0] = "starting"
+        own_cluster.resume()
+    phase[0] = "resumed"
+    try:
+        # reconnects with backoff (at most 30 s between tries): both agents serve again, with no restart
+        _wait_for(lambda: each_host("resumed", True), "a booking on each host after the database came back", 120)
+    finally:
+        stop.set()
+        for thread in bookers:
+            thread.join(120)
+    print(f"board status --json on gpu1 while the database was stopped: {status_while_down}")
+    assert not status_while_down[2].count("Traceback"), status_while_down
+    assert all(agent.proc.poll() is None and agent.starts == 1 for agent in agents.values())
+
+    acknowledged = {}
+    for host, asked, rc, out, err in results:
+        assert not any(word in out + err for word in NEVER_SHOWN), (host, asked, rc, out, err)
+        if rc == 0:
+            booking = json.loads(out)
+            acknowledged[booking["id"]] = (host, booking["cards"], booking["start"])
+        else:
+            assert rc == 1 and out == "" and UNREACHABLE.fullmatch(err) and UNREACHABLE.match(err)[1] == host, (
+                host, asked, rc, out, err)
+            assert asked != "before", (host, asked, err)
+    rc, out, err = board_cli("list", "--all", "--json", env=env["gpu2"])
+    assert rc == 0, err
+    listed = {b["id"]: (b["host"], b["cards"], b["start"]) for b in json.loads(out)["bookings"]}
+    assert {i: listed.get(i) for i in acknowledged} == acknowledged  # nothing acknowledged is lost
+    assert len(listed) == len(acknowledged)  # and nothing refused was written
+    refused = sum(rc != 0 for _, _, rc, _, _ in results)
+    print(f"{len(acknowledged)} bookings acknowledged, {refused} refused in one line, {len(listed)} listed")

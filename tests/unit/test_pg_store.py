@@ -20,7 +20,7 @@ from app.gpu import open_source
 from app.store import events, schema
 from app.store.db import StoreError, connect, write
 from app.store import pg as pg_module
-from app.store.pg import StoreUnreachable, _password, clock_offset, translate
+from app.store.pg import PgConnection, StoreUnreachable, _password, clock_offset, translate
 from tests.conftest import FROZEN_NOW, postgresql_only, run_board
 from tests.postgres import Cluster, missing_reason
 
@@ -243,6 +243,35 @@ def test_a_lost_database_is_one_line_and_the_connection_comes_back():
                 assert time.monotonic() < deadline, "the connection never came back"
                 time.sleep(0.1)
         conn.close()
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.postgresql
+def test_a_database_stopping_or_starting_is_unreachable_not_a_refusal_to_fix():
+    """While the server stops (or starts) it answers a new connection 'FATAL: the database system is shutting down':
+    the database going away, in the unreachable line, not 'refused ...; check [storage] url and the role's access'."""
+    import psycopg
+
+    if reason := missing_reason():
+        pytest.skip(reason)
+    cluster = Cluster()  # its own: this test stops it
+    try:
+        url = cluster.fresh_database()
+        holder = psycopg.connect(url)  # the smart shutdown waits for it: the server stays 'shutting down'
+        cluster.stopping()
+        deadline = time.monotonic() + 60
+        while True:  # until the server has the signal (pg_ctl returns once it is sent)
+            try:
+                PgConnection(PostgresStore(url, host="gpu1")).close()
+            except BoardError as error:
+                said = error
+                break
+            assert time.monotonic() < deadline, "the server never began to shut down"
+        assert isinstance(said, StoreUnreachable), said
+        assert str(said) == f"the board database is unreachable (gpu1 → {cluster.sockets}:5432); nothing was changed"
+        cluster.pause()  # ends the shutdown (fast), holder and all
+        holder.close()
     finally:
         cluster.stop()
 
