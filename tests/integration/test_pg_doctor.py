@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from app.store.pg_doctor import clock_check
+from app.store.pg_schema import PG_LATEST
 from tests.conftest import run_board
 
 _roles = itertools.count(1)
@@ -42,7 +43,7 @@ def database(pg_cluster):
 def test_a_healthy_store_is_all_ok_and_a_superuser_role_is_a_warning(database, tmp_path):
     result, lines = doctor(database, tmp_path)
     assert said(lines, "the database answers at")[0] == "ok"
-    assert said(lines, "schema version 1")[0] == "ok"
+    assert said(lines, f"schema version {PG_LATEST}")[0] == "ok"
     assert said(lines, "extension btree_gist")[0] == "ok"
     assert said(lines, "clock: this host and the database agree within")[0] == "ok"  # the real clocks: one machine
     assert said(lines, "audit chain intact (0 events)")[0] == "ok"
