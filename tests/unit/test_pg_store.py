@@ -277,7 +277,8 @@ def test_bookings_on_the_same_card_or_by_the_same_user_wait_and_the_rules_see_th
     late = threading.Thread(target=lambda: other.outcome.put(_book(other.rules, cards)))
     late.start()
     deadline = time.monotonic() + 60
-    while not watcher.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    while not watcher.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database ="
+                              " (SELECT oid FROM pg_database WHERE datname = current_database())"
                               ).fetchone()[0]:  # the second waits for one of Alice's locks
         assert time.monotonic() < deadline, "the second booking never waited"
         time.sleep(0.01)
