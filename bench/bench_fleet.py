@@ -10,8 +10,8 @@ tests/postgres.py), measured side by side in one run:
    the database's own floor here. The raw loop runs twice before the service's and twice after: its connections
    on threads of this process, and in as many processes (whose own CPU, on a small machine, slows it); the
    fastest run is the floor. Also: the same bookings through Service.call in this process (`rules alone`), with
-   the round trips a booking makes and how long it holds the write lock. Rates run from the first booking to the
-   last (not the processes' start-up and exit). Target: 0.5x or more.
+   the round trips a booking makes, how long it holds its locks, and how long the audit chain's. Rates run
+   from the first booking to the last (not the processes' start-up and exit). Target: 0.5x or more.
 2. A booking seen on another host: a subscription on gpu2's socket as the board's (app.tui.pollers: bookings,
    fleet, servers, notice) while --pushes bookings are made on gpu1 one after another (each followed by a
    random pause, off the heartbeat's phase): the time from the start of the `book` call on gpu1 to the `bookings`
@@ -231,9 +231,10 @@ def bench_writers(cluster: Cluster, fleet: list[Agent], url: str, args: argparse
     for name, runs in floors.items():
         print(f"   {name}, before and after the service's: {runs[0]['per_s']:.1f} and {runs[1]['per_s']:.1f} bookings/s")
     print(f"   a booking is {alone['statements']:.0f} round trips on the service's connection, {alone['locked']:.0f} of"
-          " them in the transaction that holds the one write lock every host's writers share"
-          f" (app.store.pg.WRITE_LOCK), held {alone['held'] * 1000:.1f} ms per booking (rules alone): a ceiling of"
-          f" {1 / alone['held']:.0f} bookings/s whatever the number of hosts")
+          f" them in its transaction, {alone['held'] * 1000:.1f} ms (rules alone), which holds its cards' and its user's"
+          f" locks (app.store.db.write): a ceiling of {len(USERS) / alone['held']:.0f} bookings/s for {len(USERS)}"
+          f" users; {alone['serial_statements']:.0f} of them, {alone['serial'] * 1000:.1f} ms, hold the audit"
+          f" chain's, which every host's bookings share: a ceiling of {1 / alone['serial']:.0f} bookings/s")
     failed = board["failed"] + sum(f["failed"] for runs in floors.values() for f in runs)
     if failed:
         print(f"   FAILED bookings: {failed} (first: {(board['errors'] + floors['raw, processes'][0]['errors'])[:1]})")
@@ -245,7 +246,7 @@ def bench_writers(cluster: Cluster, fleet: list[Agent], url: str, args: argparse
 
 def rules_alone(url: str, base: int, bookings: int) -> dict:
     """The same bookings through Service.call in this process, one after the other, as a fourth service on gpu1's
-    cards: the most one writer holding the write lock can do, with its round trips to the database counted."""
+    cards: the most one writer can do, with its round trips to the database counted."""
     from dataclasses import replace
 
     from app.client.local import LocalClient
@@ -256,9 +257,12 @@ def rules_alone(url: str, base: int, bookings: int) -> dict:
     config = replace(Config(storage_url=url), fleet=FleetSettings(host="gpu1"), policy=Policy(**POLICY))
     client = LocalClient.on(config, open_source(True, host="gpu1"), Identity("alice", 1001, False))
     conn = client.service.conn
-    counts = {"statements": 0, "locked": 0, "held": 0.0}
+    from app.store.pg import CHAIN_LOCK
+
+    counts = {"statements": 0, "locked": 0, "held": 0.0, "serial": 0.0, "serial_statements": 0}
     plain, many = conn.execute, conn.executemany
-    began_at = [0.0]
+    began_at, chain_at = [0.0], [0.0]
+    chain = f"pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]})".upper()
 
     def counted(method):
         def call(sql, *rest):
@@ -269,10 +273,15 @@ def rules_alone(url: str, base: int, bookings: int) -> dict:
                 counts["statements"] += 1
                 counts["locked"] += conn.in_transaction or verb == "BEGIN"
             if verb == "BEGIN":
-                began_at[0] = time.perf_counter()
+                began_at[0], chain_at[0] = time.perf_counter(), 0.0
+            if chain in verb:
+                chain_at[0] = time.perf_counter()
+            counts["serial_statements"] += bool(chain_at[0])
             result = method(sql, *rest)
             if verb in ("COMMIT", "ROLLBACK"):
                 counts["held"] += time.perf_counter() - began_at[0]
+                counts["serial"] += time.perf_counter() - (chain_at[0] or began_at[0])
+                chain_at[0] = 0.0
             return result
         return call
 
@@ -285,8 +294,8 @@ def rules_alone(url: str, base: int, bookings: int) -> dict:
         latencies.append(time.perf_counter() - t0)
     wall = time.perf_counter() - began
     client.service.close()
-    return {"per_s": bookings / wall, "latencies": latencies, "statements": counts["statements"] / bookings,
-            "locked": counts["locked"] / bookings, "held": counts["held"] / bookings}
+    return {"per_s": bookings / wall, "latencies": latencies,
+            **{name: count / bookings for name, count in counts.items()}}
 
 
 # -- a booking on gpu1 seen on gpu2 ---------------------------------------------------------------------------

@@ -330,7 +330,10 @@ class BookingService:
             details.update(cards=list(plan.cards), start=plan.start, end=plan.end)
             return booking_id
 
-        return self._audited("create", None, details, change), notes
+        # Cards named: on PostgreSQL the write locks only them and the caller's limits, so bookings on other cards
+        # run alongside (app.store.db.write); cards the rules pick, from any of them, lock the whole store.
+        uuids = tuple(self.cards[i].uuid for i in cards if i in self.cards) if cards is not None else ()
+        return self._audited("create", None, details, change, cards=uuids, user=self.me.name), notes
 
     def cancel(self, booking_id: int) -> Booking:
         def change(now: int) -> int:
@@ -558,26 +561,29 @@ class BookingService:
             self.told.append((uid, f"booking {booking.id} was {what}"))
 
 
-    def _audited(self, action: str, booking_id: int | None, details: dict, change: Callable[[int], int]) -> Booking:
+    def _audited(self, action: str, booking_id: int | None, details: dict, change: Callable[[int], int],
+                 **locks: Any) -> Booking:
         """`audited` for a change to one booking, which it returns: the event is filed under `booking_id` when
         given (the booking acted on), else under the one `change` returns (a new booking)."""
         result_id = self.audited(action, details, change,
-                                 filed_under=lambda made: made if booking_id is None else booking_id)
+                                 filed_under=lambda made: made if booking_id is None else booking_id, **locks)
         return self.get(result_id)
 
     def audited(self, action: str, details: dict, change: Callable[[int], T],
-                filed_under: Callable[[T | None], int | None] = lambda _: None) -> T:
+                filed_under: Callable[[T | None], int | None] = lambda _: None,
+                cards: Sequence[str] = (), user: str | None = None) -> T:
         """Run `change(now)` and its audit event in one transaction; a refusal by rule is audited in the same one.
 
         Refusals by rule (Conflict, NotPermitted) roll `change` back, are audited with the rule that refused,
         and are raised again; bad input writes nothing. The event is filed under the booking id
-        `filed_under` gives for the result (None after a refusal).
+        `filed_under` gives for the result (None after a refusal). `cards` and `user`: all that `change` reads
+        and changes, when it is only those cards' bookings and that user's limits (app.store.db.write).
         """
         now = int(self.clock())
         refusal: BoardError | None = None
         result: T | None = None
         try:
-            with write(self.conn):
+            with write(self.conn, cards=cards, user=user):
                 self.conn.execute("SAVEPOINT attempt")
                 try:
                     result = change(now)

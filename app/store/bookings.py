@@ -241,8 +241,10 @@ def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int,
     Reads first and writes only what changed, so the usual booking adds no page to the WAL.
     """
     known = {uuid: (idx, name, h) for uuid, idx, name, h in conn.execute("SELECT uuid, idx, name, host FROM cards")}
-    changed = [(c.uuid, c.index, c.name, now, host) for c in cards
-               if known.get(c.uuid, (None, None, None)) != (c.index, c.name, host)]
+    # By UUID: two writers that both record the same cards (PostgreSQL, on their cards' locks) lock the rows in one
+    # order, so one waits for the other rather than deadlocking.
+    changed = sorted((c.uuid, c.index, c.name, now, host) for c in cards
+                     if known.get(c.uuid, (None, None, None)) != (c.index, c.name, host))
     conn.executemany(
         "INSERT INTO cards (uuid, idx, name, seen_at, host) VALUES (?, ?, ?, ?, ?)"
         " ON CONFLICT (uuid) DO UPDATE SET idx = excluded.idx, name = coalesce(excluded.name, cards.name),"

@@ -10,7 +10,7 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from app.config import PostgresStore
 from app.errors import BadInput, BoardError, NotPermitted
@@ -111,16 +111,24 @@ def _refuse_planted_links(path: Path) -> None:
 
 
 @contextmanager
-def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | None = None
+          ) -> Iterator[sqlite3.Connection]:
     """One short write transaction: BEGIN IMMEDIATE takes the write lock up front, so checks and writes agree.
 
     A full disk, a read-only file or filesystem, or an I/O error while writing becomes a StoreError that
     names the database (see storage_error); other errors (a trigger's refusal) pass through unchanged.
-    On PostgreSQL, BEGIN and then the one advisory lock every writer on every host takes before it reads
-    anything, so writers serialise as SQLite's do (one audit chain; a race ends in a clean conflict).
+
+    On PostgreSQL, BEGIN and then advisory locks taken before anything is read, always in one order (the store's,
+    the cards', the user's, the audit chain's), so a race ends in a clean conflict and never in a deadlock:
+    - without `cards`, the store's write lock (app.store.pg.WRITE_LOCK) alone, exclusive: writers on every host
+      serialise as SQLite's do;
+    - with `cards` (UUIDs: all the write's rules read and change, e.g. a booking on cards it names) and `user`
+      (whose limits they read), that lock shared, then one lock per card, sorted, and one for the user; the audit
+      chain's own lock waits for the append (lock_chain). Writes on other cards, by other users, run alongside;
+      only the chain's append and the commit are serial. SQLite ignores them.
     """
     if is_postgres(conn):
-        yield from _write_pg(conn)
+        yield from _write_pg(conn, tuple(cards), user)
         return
     try:
         _begin_immediate(conn)
@@ -139,23 +147,49 @@ def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
-def _write_pg(conn) -> Iterator:
-    from app.store.pg import LOCK_TIMEOUT_MS, WRITE_LOCK  # start-up: only a PostgreSQL store loads it
+def _write_pg(conn, cards: tuple[str, ...], user: str | None) -> Iterator:
+    from app.store.pg import WRITE_LOCK, lock_keys  # start-up: only a PostgreSQL store loads it
 
     conn.execute("BEGIN")
     try:
-        try:
-            conn.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
-        except sqlite3.OperationalError as error:
-            if getattr(error, "sqlstate", None) != "55P03":  # lock_not_available: lock_timeout passed
-                raise
-            raise StoreError(f"the board database stayed locked for {LOCK_TIMEOUT_MS / 1000:g} s (another writer,"
-                             " perhaps on another host, holds its write lock); try again") from None
+        if not cards:
+            _lock(conn, f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+        else:
+            _lock(conn, f"SELECT pg_advisory_xact_lock_shared({WRITE_LOCK})")
+            kinds, keys = zip(*lock_keys(cards, user))
+            # One round trip: unnest yields the keys in the array's (sorted) order, and each row takes its lock.
+            _lock(conn, "SELECT count(pg_advisory_xact_lock(kind, key)) FROM unnest(?::int4[], ?::int4[])"
+                        " AS wanted(kind, key)", (list(kinds), list(keys)))
+            conn.chain_unlocked = True
         yield conn
         conn.execute("COMMIT")
     except BaseException:
         _rollback(conn)
         raise
+    finally:
+        conn.chain_unlocked = False
+
+
+def lock_chain(conn: sqlite3.Connection) -> None:
+    """Before an append to the audit chain (app.store.events.record): in a PostgreSQL write on named cards, take the
+    chain's own lock now, the last of the write's locks, so that the tail read next is the latest one committed."""
+    if getattr(conn, "chain_unlocked", False):
+        from app.store.pg import CHAIN_LOCK  # start-up: only a PostgreSQL store gets here
+
+        _lock(conn, f"SELECT pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]})")
+        conn.chain_unlocked = False
+
+
+def _lock(conn, sql: str, params: tuple = ()) -> None:
+    from app.store.pg import LOCK_TIMEOUT_MS  # start-up: only a PostgreSQL store gets here
+
+    try:
+        conn.execute(sql, params)
+    except sqlite3.OperationalError as error:
+        if getattr(error, "sqlstate", None) != "55P03":  # lock_not_available: lock_timeout passed
+            raise
+        raise StoreError(f"the board database stayed locked for {LOCK_TIMEOUT_MS / 1000:g} s (another writer,"
+                         " perhaps on another host, holds its write lock); try again") from None
 
 
 def is_postgres(conn) -> bool:

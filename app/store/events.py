@@ -11,6 +11,7 @@ import sqlite3
 from typing import Any
 
 from app.model import Event
+from app.store.db import lock_chain
 
 GENESIS = "0" * 64
 
@@ -27,6 +28,7 @@ def record(
     details: dict[str, Any] | None = None,
 ) -> None:
     """Append one event. Call inside a write transaction, so the chain's tail cannot move underneath."""
+    lock_chain(conn)  # a PostgreSQL write on named cards holds the chain only from here to its commit
     row = conn.execute("SELECT hash FROM events ORDER BY id DESC LIMIT 1").fetchone()
     prev_hash = row[0] if row else GENESIS
     if (host := getattr(conn, "fleet_host", None)) is not None:  # the host whose service vouched for the actor

@@ -27,7 +27,10 @@ STATEMENT_TIMEOUT_MS = 30_000  # no statement of board's runs for seconds: a hun
 IDLE_IN_TRANSACTION_MS = 10_000  # a host that stopped mid-transaction lets go of its locks after this
 LOCK_TIMEOUT_MS = 10_000  # a writer waits this long for the write lock, as SQLite's busy timeout (app.store.db.write)
 CONNECT_TIMEOUT_S = 5
-WRITE_LOCK = 0x626F617264  # 'board': the one advisory lock every write transaction takes (app.store.db.write)
+WRITE_LOCK = 0x626F617264  # 'board': the advisory lock every write transaction takes (app.store.db.write)
+# The two-key advisory locks (a key space apart from WRITE_LOCK's) of a write on named cards: (kind, key).
+CARD_LOCK, USER_LOCK = 1, 2  # kinds: a card (its UUID's key), a user (their name's)
+CHAIN_LOCK = (3, 0)  # the audit chain's, taken last, right before its append (app.store.db.lock_chain)
 CHANNEL = "board_changes"  # NOTIFY'd by the schema's triggers with the kind that changed: bookings, servers, hosts
 BACKOFF_MAX_S = 30.0
 
@@ -152,6 +155,20 @@ def _params(values: Any) -> tuple | dict:
     return tuple(_param(v) for v in values)
 
 
+def lock_keys(cards: Iterable[str], user: str | None) -> list[tuple[int, int]]:
+    """The (kind, key) advisory locks of a write on `cards` (UUIDs) by `user`, in the one order every writer takes
+    them: the cards' sorted by key (two UUIDs that share a key share a lock: they only wait), then the user's."""
+    card_keys = sorted({_key(uuid) for uuid in cards})
+    return [(CARD_LOCK, key) for key in card_keys] + ([(USER_LOCK, _key(user))] if user is not None else [])
+
+
+def _key(text: str) -> int:
+    """A 32-bit key for a name, the same on every host (Python's own hash() is salted per process)."""
+    import hashlib  # start-up: only a PostgreSQL store's writes get here
+
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big", signed=True)
+
+
 # -- the connection -------------------------------------------------------------------------------------------
 
 
@@ -207,6 +224,7 @@ class PgConnection:
     """
 
     dialect = "postgresql"
+    chain_unlocked = False  # in a write on named cards, until it takes the audit chain's lock (app.store.db)
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store

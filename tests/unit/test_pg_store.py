@@ -204,6 +204,143 @@ def test_sixteen_writers_racing_for_one_card_make_one_booking_and_fifteen_clean_
     conn.close()
 
 
+class Parked:
+    """A booking's rules on their own connection, parked inside write() once its locks are taken: its clock, first read
+    inside the transaction (the rules' own `now`), waits there until `go` is set."""
+
+    def __init__(self, store: PostgresStore, fleet, name: str, uid: int) -> None:
+        self.conn = connect(store)
+        self.inside, self.go = threading.Event(), threading.Event()
+        self.rules = BookingService(self.conn, Identity(name, uid, False), Config(), fleet.cards, fleet.topology,
+                                    self._clock)
+        self.outcome: queue.Queue = queue.Queue()
+
+    def _clock(self) -> int:
+        if self.conn.in_transaction and not self.inside.is_set():
+            self.inside.set()
+            assert self.go.wait(60), "never let go"
+        return FROZEN_NOW
+
+    def book(self, cards: list[int]) -> threading.Thread:
+        def run() -> None:
+            try:
+                self.outcome.put(self.rules.create(cards=cards, start=FROZEN_NOW + 3600, end=FROZEN_NOW + 7200))
+            except Exception as error:  # noqa: BLE001 - the test looks at it
+                self.outcome.put(error)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert self.inside.wait(60), "the booking never got inside its write"
+        return thread
+
+
+def _rules(store: PostgresStore, fleet, name: str, uid: int) -> BookingService:
+    return BookingService(connect(store), Identity(name, uid, False), Config(), fleet.cards, fleet.topology,
+                          lambda: FROZEN_NOW)
+
+
+def test_bookings_on_different_cards_hold_their_transactions_at_once(pg, fleet, monkeypatch):
+    """Alice's booking of card 0 is parked inside its write, locks taken; Bob books card 1 meanwhile, start to commit.
+    A write on no named cards (the store's lock, exclusive) still waits for Alice's."""
+    monkeypatch.setattr(pg_module, "LOCK_TIMEOUT_MS", 2000)  # the old single lock: Bob's refusal, not a hang
+    alice = Parked(pg, fleet, "alice", 1001)
+    thread = alice.book([0])
+    bob = _rules(pg, fleet, "bob", 1002)
+    made = bob.create(cards=[1], start=FROZEN_NOW + 3600, end=FROZEN_NOW + 7200)  # while Alice's is open
+    assert alice.outcome.empty() and made.cards == (1,)
+    monkeypatch.setattr(pg_module, "LOCK_TIMEOUT_MS", 200)
+    admin = connect(pg)
+    with pytest.raises(StoreError, match="stayed locked for 0.2 s"):
+        with write(admin):
+            admin.execute("SELECT 1")
+    alice.go.set()
+    thread.join(60)
+    assert alice.outcome.get_nowait().cards == (0,)
+    assert events.first_broken(admin) is None
+    assert admin.execute("SELECT action, ok FROM events ORDER BY id").fetchall() == [("create", 1), ("create", 1)]
+    for conn in (alice.conn, bob.conn, admin):
+        conn.close()
+
+
+@pytest.mark.parametrize("second", [("bob", 1002, [2]), ("bob", 1002, [3, 2]), ("alice", 1001, [5])],
+                         ids=["same card", "one card shared", "same user"])
+def test_bookings_on_the_same_card_or_by_the_same_user_wait_and_the_rules_see_the_first(pg, fleet, second):
+    """Alice's booking of card 2 is parked inside its write; a second booking that shares a card with it, or is
+    Alice's too (her limit on cards at once reads all hers), waits for its locks, then the rules decide on what Alice
+    committed: a clean conflict on the card, or a booking of its own."""
+    name, uid, cards = second
+    alice = Parked(pg, fleet, "alice", 1001)
+    thread = alice.book([2])
+    other = Parked(pg, fleet, name, uid)
+    other.go.set()
+    watcher = connect(pg)
+    late = threading.Thread(target=lambda: other.outcome.put(_book(other.rules, cards)))
+    late.start()
+    deadline = time.monotonic() + 60
+    while not watcher.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database ="
+                              " (SELECT oid FROM pg_database WHERE datname = current_database())"
+                              ).fetchone()[0]:  # the second waits for one of Alice's locks
+        assert time.monotonic() < deadline, "the second booking never waited"
+        time.sleep(0.01)
+    assert other.outcome.empty()
+    alice.go.set()
+    thread.join(60)
+    late.join(60)
+    assert alice.outcome.get_nowait().cards == (2,)
+    result = other.outcome.get_nowait()
+    if 2 in cards:
+        assert isinstance(result, Conflict) and "\n" not in str(result) and result.exit_code == 3, result
+    else:
+        assert result.cards == tuple(cards)
+    assert events.first_broken(watcher) is None
+    assert watcher.execute("SELECT count(*), sum(ok) FROM events").fetchone() == (2, 1 if 2 in cards else 2)
+    for conn in (alice.conn, other.conn, watcher):
+        conn.close()
+
+
+def _book(rules: BookingService, cards: list[int]):
+    try:
+        return rules.create(cards=cards, start=FROZEN_NOW + 3600, end=FROZEN_NOW + 7200)
+    except Exception as error:  # noqa: BLE001 - the test looks at it
+        return error
+
+
+def test_writers_racing_for_overlapping_groups_of_cards_never_deadlock(pg, fleet):
+    """Twenty-four writers, each on its own connection, book overlapping groups of cards named in any order (the
+    locks are taken sorted) alongside writes on no named cards: every one books or gets a clean conflict, never a
+    deadlock or the database's overlap error, and no two bookings share a card."""
+    import random
+
+    groups = [random.Random(n).sample(range(8), random.Random(n).randint(1, 3)) for n in range(24)]
+    barrier = threading.Barrier(len(groups))
+    outcomes: queue.Queue = queue.Queue()
+
+    def writer(n: int) -> None:
+        rules = _rules(pg, fleet, f"user{n % 3}", 2000 + n % 3)
+        barrier.wait()
+        outcomes.put(_book(rules, groups[n]) if n % 6 else _exclusive(rules.conn))
+        rules.conn.close()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(len(groups))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    results = [outcomes.get_nowait() for _ in groups]
+    assert all(r is None or isinstance(r, Conflict) or hasattr(r, "cards") for r in results), results
+    made = [r for r in results if hasattr(r, "cards")]
+    cards = [card for booking in made for card in booking.cards]
+    assert made and len(cards) == len(set(cards))
+    conn = connect(pg)
+    assert events.first_broken(conn) is None
+    conn.close()
+
+
+def _exclusive(conn) -> None:
+    with write(conn):  # the store's lock, exclusive: e.g. a reassign
+        conn.execute("SELECT count(*) FROM bookings")
+
+
 def test_a_writer_waits_for_the_write_lock_then_says_so_in_one_line(pg, monkeypatch):
     holder = connect(pg)
     monkeypatch.setattr(pg_module, "LOCK_TIMEOUT_MS", 200)
