@@ -46,8 +46,9 @@ def board(tmp_path):
 
 
 def next_tuesday() -> str:
-    """A weekday at least a day ahead, as the date the CLI reads: the finetune window has no weekends."""
-    day = datetime.now(timezone.utc).date() + timedelta(days=2)
+    """A Tuesday more than a week ahead, as the date the CLI reads: the finetune window has no weekends, and a time
+    more than a week ahead is worded as its date (a nearer one by its weekday, which the tests do not expect)."""
+    day = datetime.now(timezone.utc).date() + timedelta(days=8)
     while day.weekday() != 1:
         day += timedelta(days=1)
     return day.isoformat()
