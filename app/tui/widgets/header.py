@@ -62,8 +62,10 @@ class BoardHeader(Widget):
         app = self.app
         snapshot = app.fleet
         if snapshot is not None:  # what the service read, as it says: the fleet and whether it is simulated
-            names = sorted({c.name for c in snapshot.cards if c.name})
-            self.fleet = f"{len(snapshot.cards)} × {', '.join(short_name(n) for n in names) or 'GPU'}"
+            cards = [*snapshot.cards, *(c for other in app.hosts for c in other.snapshot.cards)]
+            names = sorted({c.name for c in cards if c.name})
+            hosts = f"{1 + len(app.hosts)} hosts · " if app.hosts else ""  # the fleet's, not only this host's
+            self.fleet = f"{hosts}{len(cards)} × {', '.join(short_name(n) for n in names) or 'GPU'}"
             self.simulated = snapshot.simulated
         self.alert, self.alerts = app.alert, app.alerts_line
         since = app.stale_since
