@@ -14,6 +14,7 @@ import re
 import sqlite3
 import stat
 import time
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -279,42 +280,40 @@ class PgConnection:
     # -- what sqlite3.Connection offers ------------------------------------------------------------------
 
     def execute(self, sql: str, params: Iterable | None = None) -> Cursor:
-        import psycopg  # start-up: loaded by _open already
-
         text, returns_id = translate(sql)
         conn = self._live()
-        try:
+        with self._errors(conn):
             cursor = conn.execute(text, _params(params))
-        except psycopg.OperationalError as error:
-            if conn.broken:
-                raise self.unreachable() from None
-            raise _mapped(error) from None
-        except psycopg.Error as error:
-            raise _mapped(error) from None
         if returns_id:
             row = cursor.fetchone()
             return Cursor(cursor, row[0] if row else None, rows=[])
         return Cursor(cursor)
 
     def executemany(self, sql: str, seq: Iterable[Iterable]) -> Cursor:
-        import psycopg  # start-up: loaded by _open already
-
         text, returns_id = translate(sql)
         if returns_id:
             text = text.removesuffix(" RETURNING id")
         conn = self._live()
         rows = [_params(p) for p in seq]
         cursor = conn.cursor()
-        try:
-            if rows:
+        if rows:
+            with self._errors(conn):
                 cursor.executemany(text, rows)
+        return Cursor(cursor, rows=[])
+
+    @contextmanager
+    def _errors(self, conn: Any) -> Iterator[None]:
+        """psycopg's errors as sqlite3's (_mapped); a connection that broke meanwhile is the unreachable line."""
+        import psycopg  # start-up: loaded by _open already
+
+        try:
+            yield
         except psycopg.OperationalError as error:
             if conn.broken:
                 raise self.unreachable() from None
             raise _mapped(error) from None
         except psycopg.Error as error:
             raise _mapped(error) from None
-        return Cursor(cursor, rows=[])
 
     @property
     def in_transaction(self) -> bool:

@@ -10,7 +10,7 @@ from typing import Iterable, Iterator
 
 from app.config import PostgresStore
 from app.errors import BadInput, BoardError
-from app.store import events
+from app.store.setup import chain_checks
 
 CLOCK_LIMIT_S = 1.0  # bookings are absolute times: two hosts a second apart disagree on when one starts
 # The schema's guards (app.store.pg_schema): someone rewriting history has to drop or disable one of these first.
@@ -129,20 +129,4 @@ def _audit_checks(conn, place: str) -> Iterator[tuple[bool, str]]:
     if missing := [name for name in (*GUARD_TRIGGERS, GUARD_CONSTRAINT) if name not in present]:
         yield False, (f"trigger(s) {', '.join(missing)} missing or disabled: the schema in {place} was edited by hand;"
                       " restore it from a dump (pg_restore) and ask who holds a role that owns it")
-    broken = events.first_broken(conn)
-    if broken is None:
-        count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-        yield True, f"audit chain intact ({count} events)"
-    else:
-        yield False, (f"audit event {broken} was altered or removed by hand: compare with a dump and ask who edited"
-                      f" the database at {place}")
-    unaudited = [row[0] for row in conn.execute(
-        "SELECT id FROM bookings WHERE id NOT IN"
-        " (SELECT booking_id FROM events WHERE action = 'create' AND ok = 1 AND booking_id IS NOT NULL)"
-        " AND CAST(id AS TEXT) NOT IN (SELECT board_json_field(details, 'to_booking') FROM events"
-        "  WHERE action = 'reassign' AND ok = 1 AND board_json_field(details, 'to_booking') IS NOT NULL)"
-        " ORDER BY id LIMIT 6")]
-    if unaudited:
-        shown = ", ".join(str(i) for i in unaudited[:5]) + (", ..." if len(unaudited) > 5 else "")
-        yield False, (f"booking(s) {shown} have no audit record of their creation: events were removed or bookings"
-                      f" added by hand; compare the database at {place} with a dump")
+    yield from chain_checks(conn, f"the database at {place}", "a dump")

@@ -178,25 +178,40 @@ def _audit_checks(conn, db_path: Path) -> Iterator[tuple[bool, str]]:
         if missing := [name for name in GUARD_TRIGGERS if name not in present]:
             yield False, (f"trigger(s) {', '.join(missing)} missing: the schema of {db_path} was edited by hand;"
                           " restore it from a backup (board backup, see docs/service.md)")
-        broken = events.first_broken(conn)
-        if broken is None:
-            count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-            yield True, f"audit chain intact ({count} events)"
-        else:
-            yield False, (f"audit event {broken} was altered or removed by hand: compare with a backup and ask who"
-                          f" edited {db_path}")
-        unaudited = [row[0] for row in conn.execute(
-            "SELECT id FROM bookings WHERE id NOT IN"
-            " (SELECT booking_id FROM events WHERE action = 'create' AND ok = 1 AND booking_id IS NOT NULL)"
-            " AND id NOT IN (SELECT CASE WHEN json_valid(details) THEN json_extract(details, '$.to_booking') END"
-            "  FROM events WHERE action = 'reassign' AND ok = 1)"
-            " ORDER BY id LIMIT 6")]
-        if unaudited:
-            shown = ", ".join(str(i) for i in unaudited[:5]) + (", ..." if len(unaudited) > 5 else "")
-            yield False, (f"booking(s) {shown} have no audit record of their creation: events were removed or"
-                          f" bookings added by hand; compare {db_path} with a backup")
+        yield from chain_checks(conn, str(db_path), "a backup")
     except sqlite3.DatabaseError as error:
         yield False, f"the audit log of {db_path} can't be read ({error}): restore it from a backup"
+
+
+# A booking made by an admin's reassign (split at now) is filed under the original, with its id as details.to_booking.
+_UNAUDITED = {
+    "sqlite": "SELECT id FROM bookings WHERE id NOT IN"
+              " (SELECT booking_id FROM events WHERE action = 'create' AND ok = 1 AND booking_id IS NOT NULL)"
+              " AND id NOT IN (SELECT CASE WHEN json_valid(details) THEN json_extract(details, '$.to_booking') END"
+              "  FROM events WHERE action = 'reassign' AND ok = 1)"
+              " ORDER BY id LIMIT 6",
+    "postgresql": "SELECT id FROM bookings WHERE id NOT IN"
+                  " (SELECT booking_id FROM events WHERE action = 'create' AND ok = 1 AND booking_id IS NOT NULL)"
+                  " AND CAST(id AS TEXT) NOT IN (SELECT board_json_field(details, 'to_booking') FROM events"
+                  "  WHERE action = 'reassign' AND ok = 1 AND board_json_field(details, 'to_booking') IS NOT NULL)"
+                  " ORDER BY id LIMIT 6",
+}
+
+
+def chain_checks(conn, where: str, copy: str) -> Iterator[tuple[bool, str]]:
+    """The audit chain intact, and an audit record for every booking, on either store: `where` names the database
+    for people, `copy` what to compare it with ("a backup", "a dump")."""
+    broken = events.first_broken(conn)
+    if broken is None:
+        count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+        yield True, f"audit chain intact ({count} events)"
+    else:
+        yield False, f"audit event {broken} was altered or removed by hand: compare with {copy} and ask who edited {where}"
+    unaudited = [row[0] for row in conn.execute(_UNAUDITED[getattr(conn, "dialect", "sqlite")])]
+    if unaudited:
+        shown = ", ".join(str(i) for i in unaudited[:5]) + (", ..." if len(unaudited) > 5 else "")
+        yield False, (f"booking(s) {shown} have no audit record of their creation: events were removed or"
+                      f" bookings added by hand; compare {where} with {copy}")
 
 
 def _foreign(path: Path, uid: int, owner: str) -> str:
