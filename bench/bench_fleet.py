@@ -48,7 +48,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_install import BOARD, MEMBERS_GROUP, REPO, as_user, ensure_users, require_root  # noqa: E402
+from shared_install import (BOARD, MEMBERS_GROUP, REPO, as_user, ensure_users, release_together,  # noqa: E402
+                            require_root)
 
 from tests.postgres import Cluster, missing_reason  # noqa: E402
 from tests.service.support import Agent  # noqa: E402
@@ -136,19 +137,7 @@ def phase(mode: str, targets: list[str], args: argparse.Namespace, base: int) ->
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "USER": user,
                                               "PYTHONPATH": str(REPO)}))
-    for child in children:
-        if child.stdout.readline().strip() != "ready":
-            child.wait()
-            raise SystemExit(f"a {mode} writer failed to start: {child.stderr.read().strip()[-800:]}")
-    for child in children:
-        child.stdin.write("go\n")
-        child.stdin.flush()
-    reports = []
-    for child in children:
-        out, err = child.communicate(timeout=900)
-        if child.returncode != 0:
-            raise SystemExit(f"a {mode} writer exited {child.returncode}: {err.strip()[-800:]}")
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    reports, _ = release_together(children, f"{mode} writer", timeout=900)
     # From the first writer's first booking to the last one's last: not the processes' start-up and exit (32
     # interpreters tearing down on 2 cores take seconds), which no booking waits for.
     wall = max(r["span"][1] for r in reports) - min(r["span"][0] for r in reports)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_install import MEMBERS_GROUP, REPO, as_user, require_root, shared_install  # noqa: E402
+from shared_install import MEMBERS_GROUP, REPO, as_user, release_together, require_root, shared_install  # noqa: E402
 
 HOUR = 3600
 
@@ -106,22 +106,7 @@ def phase(mode: str, target: str, users: list[str], procs: int, args: argparse.N
         children.append(subprocess.Popen(as_user(users[n % len(users)], argv), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                          env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO))
-    for child in children:
-        line = child.stdout.readline().strip()
-        if line != "ready":
-            child.wait()
-            raise SystemExit(f"a {mode} worker failed to start: {child.stderr.read().strip()[-500:]}")
-    began = time.perf_counter()
-    for child in children:
-        child.stdin.write("go\n")
-        child.stdin.flush()
-    reports = []
-    for child in children:
-        out, err = child.communicate(timeout=600)
-        if child.returncode != 0:
-            raise SystemExit(f"a {mode} worker exited {child.returncode}: {err.strip()[-500:]}")
-        reports.append(json.loads(out.strip().splitlines()[-1]))
-    wall = time.perf_counter() - began
+    reports, wall = release_together(children, f"{mode} worker", timeout=600)
     latencies = sorted(x for r in reports for x in r["latencies"])
     outcomes = {k: sum(r["outcomes"][k] for r in reports) for k in reports[0]["outcomes"]}
     total = len(latencies)

@@ -13,9 +13,11 @@ Root only. The agent is stopped and the scratch directory removed on the way out
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -92,3 +94,23 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def release_together(children: list, what: str, timeout: float) -> tuple[list[dict], float]:
+    """Children that each print "ready", wait for "go" on stdin and end with one JSON report line: wait until all
+    are ready, release them at once, and gather the reports; returns them and the seconds from "go" to the last."""
+    for child in children:
+        if child.stdout.readline().strip() != "ready":
+            child.wait()
+            raise SystemExit(f"a {what} failed to start: {child.stderr.read().strip()[-800:]}")
+    began = time.perf_counter()
+    for child in children:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    reports = []
+    for child in children:
+        out, err = child.communicate(timeout=timeout)
+        if child.returncode != 0:
+            raise SystemExit(f"a {what} exited {child.returncode}: {err.strip()[-800:]}")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return reports, time.perf_counter() - began
