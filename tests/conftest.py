@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,16 @@ def run_board(*args: str, env: dict | None = None, input: str | None = None, use
         [sys.executable, "-m", "app", *args], capture_output=True, text=True, env=full_env, input=input,
         cwd=REPO, timeout=60,
     )
+
+
+def day(n: int) -> str:
+    """The date n days from today (UTC), as the CLI reads it."""
+    return (datetime.now(timezone.utc).date() + timedelta(days=n)).isoformat()
+
+
+def one_line(result) -> str:
+    """The one line a refusal writes on stderr (starting 'board'), never a traceback."""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("board"), result.stderr
+    return lines[0]

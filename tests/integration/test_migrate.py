@@ -8,7 +8,6 @@ import json
 import shutil
 import socket
 import sqlite3
-from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -16,22 +15,11 @@ from app.config import PostgresStore
 from app.store import events
 from app.store.pg import PgConnection
 from app.store.pg_schema import PG_LATEST
-from tests.conftest import run_board
+from tests.conftest import day, one_line, run_board
 from tests.fit import shapes
 
 TABLES = ("bookings", "booking_cards", "cards", "series", "events", "jobs", "servers", "outbox", "faults", "alerts",
           "api_keys", "gateway_usage", "server_plans", "server_plan_runs", "hosts")
-
-
-def day(n: int) -> str:
-    return (datetime.now(timezone.utc).date() + timedelta(days=n)).isoformat()
-
-
-def one_line(result) -> str:
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("board"), result.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import pwd
 import os
-from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.conftest import run_board
+from tests.conftest import day, one_line, run_board
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 
@@ -18,17 +17,6 @@ ME = pwd.getpwuid(os.getuid()).pw_name
 def board(tmp_path):
     env = {"BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC"}
     return lambda *args: run_board(*args, env=env)
-
-
-def day(n: int) -> str:
-    return (datetime.now(timezone.utc).date() + timedelta(days=n)).isoformat()
-
-
-def one_line(result) -> str:
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("board"), result.stderr
-    return lines[0]
 
 
 def test_skipped_conflicts_are_notes_and_the_rest_is_booked(board):
