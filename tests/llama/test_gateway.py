@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -324,7 +327,18 @@ def test_two_servers_with_one_alias_share_the_load(team):
                 model=ALIAS, messages=[{"role": "user", "content": f"n{i}"}], max_tokens=16) for i in range(4)))
 
     before = len(team.usage_rows())
-    answers = asyncio.run(crowd())
+    # The first server is held still, so whatever it is sent stays in flight (the tiny model otherwise answers each
+    # request before the next arrives, and all four went to it): the next ones go to the less busy second server.
+    os.kill(team.server["pid"], signal.SIGSTOP)
+    try:
+        crowding = threading.Thread(target=lambda: results.append(asyncio.run(crowd())))
+        results: list = []
+        crowding.start()
+        assert wait_for(lambda: len(team.usage_rows()) >= before + 2), team.log.read_text()
+    finally:
+        os.kill(team.server["pid"], signal.SIGCONT)
+    crowding.join(timeout=120)
+    (answers,) = results
     assert all(a.usage.completion_tokens > 0 for a in answers)
     assert wait_for(lambda: len(team.usage_rows()) >= before + 4)
     servers = [r[1] for r in team.usage_rows()[before:]]
