@@ -10,7 +10,9 @@ The copy is faithful: a chain that an edit by hand broke in the SQLite file is b
 (the evidence moves with the data), and the caller says so. Columns are matched by name, so a table the PostgreSQL
 schema has and SQLite's has not (hosts), or a column only one side has (booking_cards' span, filled by its trigger),
 is simply not copied. The history file's 5-minute rollups (and squats) go in the same transaction, tagged with this
-host (the raw samples stay in the file), so `board report` on the new store has this host's past.
+host (the raw samples stay in the file), so `board report` on the new store has this host's past; so are the jobs and
+servers. It runs as the role that owns the database (the hosts' roles may not make tables: docs/fleet.md), which
+row-level security does not bind. `--schema-only` makes or upgrades the schema alone (a new fleet, an upgrade).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.config import PostgresStore
-from app.errors import BadInput, BoardError
+from app.errors import BadInput, BoardError, NotPermitted
 from app.store import events
 from app.store.db import connect
 
@@ -90,6 +92,24 @@ def migrate(source: Path, target: PostgresStore, progress: Progress | None = Non
     return Migrated(place, rows, counts.get("events", 0), broken)
 
 
+def make_schema(target: PostgresStore) -> str:
+    """Make or upgrade the board's schema in `target` (as its owner: the hosts' roles may not), copying nothing;
+    returns where, for the summary line."""
+    from app.store.pg import PgConnection, ensure_schema, where
+
+    from app.store.db import storage_error
+
+    check_url(target.url)
+    conn = PgConnection(target)
+    try:
+        ensure_schema(conn)
+    except sqlite3.Error as error:  # app.store.pg's: a newer schema, a role that may not (not permitted)
+        raise storage_error(target, error) from None
+    finally:
+        conn.close()
+    return where(target.url)
+
+
 def _copy(src, dst, tables: list[str], counts: dict[str, int], broken: int | None, place: str,
           progress: Progress, history: Path | None, host: str) -> dict[str, int]:
     import psycopg  # start-up: loaded by the connection already
@@ -116,6 +136,9 @@ def _copy(src, dst, tables: list[str], counts: dict[str, int], broken: int | Non
             done[table] = _copy_table(src, raw, table, columns[table])
             progress(table, done[table])
         _move_sequences(raw)
+        # One host's install: its jobs and servers are this host's (rows from before the fleet say '').
+        raw.execute("UPDATE jobs SET host = %s WHERE host = ''", (host,))
+        raw.execute("UPDATE servers SET fleet_host = %s WHERE fleet_host = ''", (host,))
         if history is not None:
             for table, copied in _copy_rollups(history, raw, host).items():
                 there = raw.execute(f'SELECT count(*) FROM "{table}" WHERE host = %s', (host,)).fetchone()[0]
@@ -134,6 +157,10 @@ def _copy(src, dst, tables: list[str], counts: dict[str, int], broken: int | Non
             raise BoardError(f"the copied audit chain breaks at event {copied} on {place}, but the source's is {said};"
                              " nothing was written")
         raw.execute("COMMIT")
+    except psycopg.errors.InsufficientPrivilege as error:
+        _rollback(raw)
+        raise NotPermitted(f"copying into {place} failed: {_reason(error)}: run board migrate as the role that owns"
+                           " the database (docs/fleet.md); nothing was written") from None
     except psycopg.Error as error:
         _rollback(raw)
         raise BoardError(f"copying into {place} failed: {_reason(error)}; nothing was written") from None

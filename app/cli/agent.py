@@ -186,15 +186,20 @@ def cmd_backup(ctx) -> int:
 def cmd_migrate(ctx) -> int:
     from app.config import PostgresStore
     from app.errors import Conflict
-    from app.migrate import check_url, migrate
+    from app.migrate import check_url, make_schema, migrate
 
     config, args = ctx.config, ctx.args
     check_url(args.to)  # a bad URL: one line, exit 2, before anything is opened
+    password_file = Path(args.password_file).expanduser() if args.password_file else None
+    target = PostgresStore(args.to, password_file, config.fleet_host)
+    if args.schema_only:
+        from app.store.pg_schema import PG_LATEST
+
+        print(f"the board's schema in {make_schema(target)} is at version {PG_LATEST}")
+        return EXIT_OK
     if config.service.socket and _answers(config.service.socket):
         raise Conflict(f"the board service is running on {config.service.socket}: stop it first (systemctl stop"
                        " board-agent), so that nothing is written after the copy; nothing was copied")
-    password_file = Path(args.password_file).expanduser() if args.password_file else None
-    target = PostgresStore(args.to, password_file, config.fleet_host)
 
     def progress(table: str, rows: int) -> None:
         print(f"copied {rows:,} {table}", file=sys.stderr, flush=True)
@@ -239,6 +244,8 @@ def add_migrate(command) -> None:
                 " transaction, ids kept), then check the row counts and the audit chain there")
     p.add_argument("--to", required=True, metavar="URL", help="the target, a libpq URI: postgresql://ROLE@HOST/DBNAME")
     p.add_argument("--password-file", metavar="PATH", help="the role's password, in a file of your own (mode 0600)")
+    p.add_argument("--schema-only", action="store_true", help="make or upgrade the board's tables there, as their"
+                   " owner, copying nothing (a new fleet; after an upgrade of board)")
 
 
 def add_doctor(command) -> None:

@@ -298,14 +298,16 @@ def insert(
     conn: sqlite3.Connection, *, booking_id: int, user: str, uid: int, cards: Iterable[int], card_uuids: Iterable[str],
     model: str, alias: str | None, host: str, port: int, ctx: int | None, parallel: int | None,
     split_mode: str | None, metrics: bool, cmdline: Iterable[str], now: int, estimate: dict | None = None,
+    fleet_host: str = "",
 ) -> int:
+    """A new server row; `host` is the address it listens on, `fleet_host` the [fleet] host whose cards it runs on."""
     cursor = conn.execute(
         "INSERT INTO servers (booking_id, \"user\", uid, cards, card_uuids, model, alias, host, port, ctx, parallel,"
-        " split_mode, metrics, cmdline, state, created_at, estimate)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " split_mode, metrics, cmdline, state, created_at, estimate, fleet_host)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (booking_id, user, uid, json.dumps(list(cards)), json.dumps(list(card_uuids)), model, alias, host, port, ctx,
          parallel, split_mode, int(metrics), json.dumps(list(cmdline)), STARTING, now,
-         json.dumps(estimate) if estimate is not None else None),
+         json.dumps(estimate) if estimate is not None else None, fleet_host),
     )
     return cursor.lastrowid
 

@@ -171,6 +171,7 @@ class ServerService:
         server_id, port = self._lease(booking_id, port, host, lambda p: dict(
             booking_id=booking_id, user=self.me.name, uid=self.me.uid, cards=cards, card_uuids=uuids,
             model=model_path, alias=alias, host=host, port=p, ctx=ctx, parallel=parallel, split_mode=split_mode,
+            fleet_host=self.config.fleet_host,
             metrics=metrics, estimate=estimate, cmdline=cmd.server_argv(binary, model=model_path, host=host, port=p, ctx=ctx,
                                                      parallel=parallel, split_mode=split_mode,
                                                      tensor_split=tensor_split, metrics=metrics, alias=alias,

@@ -323,7 +323,8 @@ class ServiceServer:
                 raise NotPermitted(str(error)) from None
             with write(self.service.conn):
                 jobs.remember(self.service.conn, pid=entry.pid, started_ticks=entry.started_ticks, booking_id=booking.id,
-                              uid=entry.uid, pgid=entry.pgid, cards=entry.cards, now=int(self.service.clock()))
+                              uid=entry.uid, pgid=entry.pgid, cards=entry.cards, now=int(self.service.clock()),
+                              host=self.service.host)
                 events.record(self.service.conn, ts=int(self.service.clock()), uid=me.uid, actor=me.name, action="run",
                               booking_id=booking.id, ok=True, details={"pid": entry.pid, "pgid": entry.pgid})
             return booking, entry
@@ -346,7 +347,7 @@ class ServiceServer:
         pid, start time and uid) still runs; forget the rest. Returns the pids adopted."""
         adopted = []
         with write(self.service.conn):
-            for job in jobs.remembered(self.service.conn):
+            for job in jobs.remembered(self.service.conn, self.service.host):
                 try:
                     entry = self.registry.add("job", job["booking_id"], job["uid"], job["pid"], job["cards"],
                                               started_ticks=job["started_ticks"], pgid=job["pgid"])

@@ -281,6 +281,8 @@ def storage_error(path: Path, error: BaseException) -> BoardError:
 
 def _pg_error(error: BaseException) -> BoardError:
     message = str(error)
+    if getattr(error, "sqlstate", None) == "42501":  # a grant or row-level security: app.store.pg words it
+        return NotPermitted(message)
     if "newer than this board" in message:
         return StoreError(f"the board database is not usable: {message}")
     return StoreError(f"the board database failed: {message}")

@@ -16,7 +16,7 @@ import stat
 import time
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple
 
 from app.errors import BadInput, BoardError
 from app.store.pg_schema import PG_LATEST, PG_MIGRATIONS
@@ -34,6 +34,7 @@ CARD_LOCK, USER_LOCK = 1, 2  # kinds: a card (its UUID's key), a user (their nam
 CHAIN_LOCK = (3, 0)  # the audit chain's, taken last, right before its append (app.store.db.lock_chain)
 CHANNEL = "board_changes"  # NOTIFY'd by the schema's triggers with the kind that changed: bookings, servers, hosts
 BACKOFF_MAX_S = 30.0
+INSUFFICIENT_PRIVILEGE = "42501"  # a missing grant, or a row that row-level security keeps from this role
 
 # Tables whose rows the database numbers (an identity `id`): an INSERT into one reports it as lastrowid.
 _ID_TABLES = {"bookings", "events", "servers", "series", "outbox", "faults", "alerts", "api_keys", "gateway_usage",
@@ -79,8 +80,9 @@ class PgDatabaseError(PgError, sqlite3.DatabaseError):
     pass
 
 
-def _mapped(error: Exception) -> sqlite3.Error:
-    """psycopg's error as the sqlite3 error the store's code expects, its SQLSTATE kept."""
+def _mapped(error: Exception, who: str = "") -> sqlite3.Error:
+    """psycopg's error as the sqlite3 error the store's code expects, its SQLSTATE kept; `who` (the role and host)
+    goes into a refusal of a privilege or of row-level security (42501), which app.store.db says as not permitted."""
     state = getattr(error, "sqlstate", None) or ""
     if state.startswith("23") or state == "P0001":  # constraints, and the schema's triggers' RAISE (as SQLite's)
         kind = PgIntegrityError
@@ -96,6 +98,9 @@ def _mapped(error: Exception) -> sqlite3.Error:
     message = (getattr(diag, "message_primary", None) or str(error)).strip().splitlines()[0] if str(error) else state
     if state == "23P01":  # the bookings' EXCLUDE: said as SQLite's overlap triggers say it
         message = f"overlapping booking ({message})"
+    elif state == INSUFFICIENT_PRIVILEGE and who:
+        message = (f"the board database refused {who}: {message}; a host's role writes only its own host's rows"
+                   " (board doctor shows this host's binding)")
     mapped = kind(message)
     mapped.sqlstate = state or None
     return mapped
@@ -313,7 +318,13 @@ class PgConnection:
                 raise self.unreachable() from None
             raise _mapped(error) from None
         except psycopg.Error as error:
-            raise _mapped(error) from None
+            raise _mapped(error, self.who) from None
+
+    @property
+    def who(self) -> str:
+        """This connection's role and host, for a refusal: 'role board_gpu2 (host gpu2)'."""
+        user = self._conn.info.user if self._conn is not None and not self._conn.closed else "?"
+        return f"role {user} (host {self.store.host})"
 
     @property
     def in_transaction(self) -> bool:
@@ -359,10 +370,12 @@ class PgConnection:
 
 
 def connect(store: PostgresStore) -> PgConnection:
-    """Open the board's PostgreSQL database, creating its schema on first use (app.store.pg_schema)."""
+    """Open the board's PostgreSQL database, creating its schema on first use (app.store.pg_schema) when this role
+    owns it, and refusing, in one line, a role that row-level security binds to another host or to none."""
     conn = PgConnection(store)
     try:
         ensure_schema(conn)
+        check_binding(conn)
     except BaseException:
         conn.close()
         raise
@@ -370,10 +383,12 @@ def connect(store: PostgresStore) -> PgConnection:
 
 
 def ensure_schema(conn: PgConnection) -> None:
-    """Bring the database's schema to PG_LATEST; a no-op read when it is there. Refuses a newer one in one line."""
+    """Bring the database's schema to PG_LATEST; a no-op read when it is there. Refuses a newer one in one line, and
+    says who may make or upgrade it when this role may not (only the tables' owner may: docs/fleet.md)."""
     import psycopg  # start-up: loaded by the connection already
 
     raw = conn.raw
+    version = None
     try:
         version = _schema_version(raw)
         if version == PG_LATEST:
@@ -381,8 +396,54 @@ def ensure_schema(conn: PgConnection) -> None:
         with raw.transaction():
             raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             apply_migrations(raw)
+    except psycopg.errors.InsufficientPrivilege:
+        refused = PgOperationalError(
+            f"the board's schema in {where(conn.store.url)} is {f'version {version}' if version else 'not made yet'},"
+            f" this board's is version {PG_LATEST}, and {conn.who} may not make or change it: only the tables' owner"
+            " may: run board migrate --schema-only --to URL as the owner (docs/fleet.md)")
+        refused.sqlstate = INSUFFICIENT_PRIVILEGE
+        raise refused from None
     except psycopg.Error as error:
         raise _mapped(error) from None
+
+
+class Binding(NamedTuple):
+    """Whom row-level security holds this connection's role to: `host` (fleet_roles), or nobody (`unbound_by`
+    says why: a superuser, BYPASSRLS, a member of the tables' owner; '' when RLS binds it)."""
+
+    role: str
+    host: str | None
+    unbound_by: str
+
+
+def binding(conn: PgConnection) -> Binding:
+    """This role's host in fleet_roles, and whether row-level security binds the role at all (it does not bind the
+    tables' owner, a member of it, which may act as it, nor a superuser or a BYPASSRLS role)."""
+    role, superuser, bypass, owner, member, host = conn.execute(
+        "SELECT current_user, r.rolsuper, r.rolbypassrls, pg_get_userbyid(c.relowner),"
+        " pg_has_role(current_user, c.relowner, 'MEMBER'),"
+        " (SELECT f.host FROM fleet_roles AS f WHERE f.role = current_user)"
+        " FROM pg_roles AS r, pg_class AS c WHERE r.rolname = current_user AND c.oid = 'cards'::regclass").fetchone()
+    unbound_by = ("a superuser" if superuser else "BYPASSRLS" if bypass
+                  else ("the tables' owner" if role == owner else f"a member of {owner}, which owns the tables")
+                  if member else "")
+    return Binding(role, host, unbound_by)
+
+
+def check_binding(conn: PgConnection) -> None:
+    """Refuse (one line, 42501: not permitted) a role that row-level security binds to another host than this one's
+    [fleet] host, or to none: its service could write none of this host's rows. The owner and superusers pass."""
+    bound = binding(conn)
+    if bound.unbound_by or bound.host == conn.store.host:
+        return
+    fix = (f"UPDATE fleet_roles SET host = '{conn.store.host}' WHERE role = '{bound.role}'" if bound.host
+           else f"INSERT INTO fleet_roles (role, host) VALUES ('{bound.role}', '{conn.store.host}')")
+    said = f"bound to host {bound.host}" if bound.host else "bound to no host"
+    refused = PgOperationalError(
+        f"role {bound.role} is {said} in the board database, but this host is {conn.store.host} ([fleet] host):"
+        f" as the tables' owner, {fix} (docs/fleet.md)")
+    refused.sqlstate = INSUFFICIENT_PRIVILEGE
+    raise refused
 
 
 def apply_migrations(raw: Any) -> None:

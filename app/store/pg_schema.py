@@ -1,15 +1,16 @@
 """The PostgreSQL schema: app.store.schema's tables at its LATEST, in PostgreSQL's words, with the same CHECKs.
 
-Made by the first service that connects (app.store.pg.ensure_schema, under an advisory lock, so two hosts starting
-together agree), and versioned in `board_schema`; a database newer than this board is refused in one line, as
-SQLite's user_version is.
+Made by the tables' owner: the first board that connects as it (app.store.pg.ensure_schema, under an advisory lock,
+so two starting together agree; `board migrate` does it as the admin, docs/fleet.md), and versioned in
+`board_schema`; a database newer than this board is refused in one line, as SQLite's user_version is.
 Append to PG_MIGRATIONS when app.store.schema gains a migration (tests/unit/test_pg_store.py compares the two).
 
 Differences from SQLite's, on purpose:
 - ids are identity columns; `cards.rowid` is one too, since the calendar's query reads it (app.store.bookings);
 - no double booking is the database's own rule: booking_cards carries its booking's span (int8range) and
   whether it is live, kept in step by triggers, under `EXCLUDE USING gist (card_uuid WITH =, span WITH &&)`;
-- every change to bookings, servers and hosts NOTIFYs `board_changes` with its kind (app.service.watch listens).
+- every change to bookings, servers and hosts NOTIFYs `board_changes` with its kind (app.service.watch listens);
+- row-level security holds each host's role to its own host's rows (_V_FLEET_ROW_SECURITY).
 """
 
 from __future__ import annotations
@@ -344,5 +345,49 @@ CREATE TABLE rollup_squats (
 CREATE INDEX rollup_squats_by_ts ON rollup_squats(ts);
 """
 
-PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS]
+# Row-level security per host (docs/fleet.md, docs/threat-model.md). `fleet_roles` binds a database role to the
+# [fleet] host whose rows it may write; only the tables' owner writes it (the admin, one row per host). Every host
+# reads every row (the board shows the fleet), but writes only its own host's rows of the per-host tables (PER_HOST);
+# cards recorded before the fleet (host '') may be claimed (app.store.hosts.claim_cards). The binding is looked up
+# in each policy itself, not in a function: a function's body would resolve `fleet_roles` by the session's
+# search_path, where a host's own temporary table of that name would come first. Not FORCEd: RLS binds the roles
+# that do not own the tables (the hosts'); the owner, which could lift the policies anyway, keeps doing everything
+# (migrations, board migrate). jobs and servers gain the host they belong to (app.store.schema's _V_FLEET_ROW_HOSTS),
+# filled in for existing rows from their booking's cards.
+_PER_HOST_V3 = {"hosts": "host", "cards": "host", "jobs": "host", "servers": "fleet_host", "rollups": "host",
+                "rollup_squats": "host"}  # table -> the column naming the host whose row it is
+PER_HOST = dict(_PER_HOST_V3)  # what board doctor checks: a later migration's per-host tables join it
+OWNER_ONLY = ("fleet_roles", "board_schema")  # every role reads them; only the owner writes them
+_MINE = "(SELECT r.host FROM fleet_roles AS r WHERE r.role = current_user)"
+
+
+def _own_rows(table: str, column: str, claimable: bool = False) -> str:
+    update_using = f"{column} IN ('', {_MINE})" if claimable else f"{column} = {_MINE}"
+    return f"""
+ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
+CREATE POLICY {table}_read ON {table} FOR SELECT USING (true);
+CREATE POLICY {table}_insert ON {table} FOR INSERT WITH CHECK ({column} = {_MINE});
+CREATE POLICY {table}_update ON {table} FOR UPDATE USING ({update_using}) WITH CHECK ({column} = {_MINE});
+CREATE POLICY {table}_delete ON {table} FOR DELETE USING ({column} = {_MINE});
+"""
+
+
+_V_FLEET_ROW_SECURITY = r"""
+CREATE TABLE fleet_roles (
+    role NAME PRIMARY KEY,
+    host TEXT NOT NULL CHECK (host != '')
+);
+ALTER TABLE jobs ADD COLUMN host TEXT NOT NULL DEFAULT '';
+ALTER TABLE servers ADD COLUMN fleet_host TEXT NOT NULL DEFAULT '';
+UPDATE jobs AS j SET host = c.host FROM booking_cards AS bc JOIN cards AS c ON c.uuid = bc.card_uuid
+    WHERE bc.booking_id = j.booking_id;
+UPDATE servers AS s SET fleet_host = c.host FROM booking_cards AS bc JOIN cards AS c ON c.uuid = bc.card_uuid
+    WHERE bc.booking_id = s.booking_id;
+""" + "".join(_own_rows(table, column, claimable=table == "cards") for table, column in _PER_HOST_V3.items()) + "".join(
+    f"""
+ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
+CREATE POLICY {table}_read ON {table} FOR SELECT USING (true);
+""" for table in OWNER_ONLY)
+
+PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS, _V_FLEET_ROW_SECURITY]
 PG_LATEST = len(PG_MIGRATIONS)

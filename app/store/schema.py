@@ -353,8 +353,16 @@ CREATE TABLE hosts (
 );
 """
 
+# Whose rows these are in a fleet: the [fleet] host whose service registered the job or started the server ('' =
+# recorded before the fleet). servers.host is the address a server listens on, hence fleet_host. On PostgreSQL the
+# database holds each host to its own rows by them (app.store.pg_schema's _V_FLEET_ROW_SECURITY).
+_V_FLEET_ROW_HOSTS = """
+ALTER TABLE jobs ADD COLUMN host TEXT NOT NULL DEFAULT '';
+ALTER TABLE servers ADD COLUMN fleet_host TEXT NOT NULL DEFAULT '';
+"""
+
 MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SERVER_KEYS, _V_GATEWAY_KEYS, _V_FAULT_BUILD,
-                         _V_SERVER_PLANS, _V_FLEET_HOSTS]
+                         _V_SERVER_PLANS, _V_FLEET_HOSTS, _V_FLEET_ROW_HOSTS]
 LATEST = len(MIGRATIONS)
 
 

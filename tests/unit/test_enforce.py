@@ -71,7 +71,7 @@ def register(service: Service, booking, process: subprocess.Popen):
     entry = service.processes.add("job", booking.id, os.getuid(), process.pid, booking.card_uuids)
     with write(service.conn):
         jobs.remember(service.conn, pid=entry.pid, started_ticks=entry.started_ticks, booking_id=booking.id,
-                      uid=entry.uid, pgid=entry.pgid, cards=entry.cards, now=FROZEN_NOW)
+                      uid=entry.uid, pgid=entry.pgid, cards=entry.cards, now=FROZEN_NOW, host=service.host)
     return entry
 
 
@@ -282,7 +282,7 @@ def test_a_job_past_its_booking_gets_sigterm_then_sigkill_after_the_grace(servic
     clock.now += 1
     done = enforce_once(server)
     assert done["ended"] == [entry.id] and done["killed"] == []
-    assert jobs.remembered(service.conn) == []  # a restarted service would not adopt it
+    assert jobs.remembered(service.conn, service.host) == []  # a restarted service would not adopt it
 
 
 def test_a_job_that_heeds_sigterm_is_not_killed(service, clock):

@@ -359,7 +359,7 @@ def test_a_job_that_exits_on_a_full_card_counts_and_one_on_a_roomy_card_does_not
             entry = service.processes.add("job", booking.id, os.getuid(), process.pid, booking.card_uuids)
             with write(service.conn):
                 jobs.remember(service.conn, pid=entry.pid, started_ticks=entry.started_ticks, booking_id=booking.id,
-                              uid=entry.uid, pgid=entry.pgid, cards=entry.cards, now=FROZEN_NOW)
+                              uid=entry.uid, pgid=entry.pgid, cards=entry.cards, now=FROZEN_NOW, host=service.host)
             service.fleet.latest()  # the reading the service had when the job went
             process.kill()
             process.wait()
