@@ -16,6 +16,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 SUPERUSER = "postgres"  # the system user and the role
@@ -92,11 +93,35 @@ class Cluster:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql:///{database}?host={self.sockets}&user={SUPERUSER}"
 
-    def admin(self, sql: str) -> None:
+    def admin(self, sql: str, database: str = "postgres") -> None:
         import psycopg
 
-        with psycopg.connect(self.url(), autocommit=True) as conn:
+        with psycopg.connect(self.url(database), autocommit=True) as conn:
             conn.execute(sql)
+
+    def fleet_roles(self, hosts: tuple[str, ...] = ("gpu1", "gpu2"), *, schema: bool = True) -> FleetRoles:
+        """A database set up as docs/fleet.md's roles section says: an owner role (the admin's), a group with the
+        tables' grants, a LOGIN role per host in it, and (`schema`) the schema made by the owner with each role bound
+        to its host in fleet_roles. Roles are the cluster's, so each call's names are new: board<n>, board<n>_gpu1."""
+        from app.config import PostgresStore
+        from app.migrate import make_schema
+
+        n = next(self._names)
+        owner, group, database = f"board{n}", f"board{n}_hosts", f"fleet{n}"
+        roles = {host: f"board{n}_{host}" for host in hosts}
+        made = FleetRoles(self, database, owner, group, roles)
+        self.admin(f"CREATE ROLE {owner} LOGIN")
+        self.admin(f"CREATE ROLE {group} NOLOGIN")
+        for role in roles.values():
+            self.admin(f"CREATE ROLE {role} LOGIN IN ROLE {group}")
+        self.admin(f"CREATE DATABASE {database} OWNER {owner}")
+        self.admin(f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {group}",
+                   database)
+        if schema:
+            make_schema(PostgresStore(made.url(owner), host="admin"))  # board migrate --schema-only, as the owner
+            for host, role in roles.items():
+                made.as_owner(f"INSERT INTO fleet_roles (role, host) VALUES ('{role}', '{host}')")
+        return made
 
     def fresh_database(self) -> str:
         """A new database holding the board's schema, copied from the template; returns its url."""
@@ -131,3 +156,28 @@ class Cluster:
                                   "stop")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+@dataclass
+class FleetRoles:
+    """Cluster.fleet_roles's database: `url(role)` connects as a role; `drop()` removes the database and the roles."""
+
+    cluster: Cluster
+    database: str
+    owner: str
+    group: str
+    roles: dict[str, str]  # host -> its LOGIN role
+
+    def url(self, role: str) -> str:
+        return f"postgresql:///{self.database}?host={self.cluster.sockets}&user={role}"
+
+    def as_owner(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url(self.owner), autocommit=True) as conn:
+            conn.execute(sql)
+
+    def drop(self) -> None:
+        self.cluster.admin(f"DROP DATABASE {self.database} WITH (FORCE)")
+        for role in (*self.roles.values(), self.group, self.owner):
+            self.cluster.admin(f"DROP ROLE {role}")
