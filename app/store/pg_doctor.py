@@ -16,7 +16,9 @@ CLOCK_LIMIT_S = 1.0  # bookings are absolute times: two hosts a second apart dis
 # The schema's guards (app.store.pg_schema): someone rewriting history has to drop or disable one of these first.
 GUARD_TRIGGERS = ("events_no_update", "events_no_truncate", "events_no_replace", "booking_cards_span", "bookings_span")
 GUARD_CONSTRAINT = "booking_cards_no_overlap"
-NEEDS = {"events": ("SELECT", "INSERT"), "board_schema": ("SELECT",)}  # append-only; read (made by a start)
+NEEDS = {"events": ("SELECT", "INSERT"), "board_schema": ("SELECT",),  # append-only; read (made by the owner)
+         "fleet_roles": ("SELECT",)}  # written by the owner alone
+HOSTS_GROUP = "board_hosts"  # docs/fleet.md's group holding the tables' grants: FIX lines name it when none is found
 
 
 def doctor(store: PostgresStore, extra: Iterable[tuple[bool | None, str]] = ()) -> Iterator[tuple[bool | None, str]]:
@@ -40,6 +42,7 @@ def doctor(store: PostgresStore, extra: Iterable[tuple[bool | None, str]] = ()) 
         yield from _role_checks(conn, place)
         yield clock_check(clock_offset(conn), place)
         if (yield from _schema_checks(conn, place)):
+            yield from _row_security_checks(conn, store)
             yield from _audit_checks(conn, place)
     except BoardError as error:
         yield False, f"the database at {place} stopped answering during the checks ({error})"
@@ -86,13 +89,15 @@ def _schema_checks(conn, place: str):
         return False
     version = conn.execute("SELECT max(version) FROM board_schema").fetchone()[0] if found else None
     if version is None:
-        yield False, (f"no board schema in {place}: the service's first start makes it (systemctl start board-agent),"
+        yield False, (f"no board schema in {place}: the tables' owner makes it (board migrate --schema-only --to URL),"
                       " or board migrate copies an install into it (docs/fleet.md)")
         return False
     if version > PG_LATEST:
         yield False, f"schema version {version} is newer than this board's ({PG_LATEST}): upgrade board on this host"
     elif version < PG_LATEST:
-        yield None, f"schema version {version}; this board's is {PG_LATEST}: the service brings it up at its next start"
+        yield None, (f"schema version {version}; this board's is {PG_LATEST}: the tables' owner brings it up (board"
+                     " migrate --schema-only --to URL as the owner; a service connecting as the owner does it at its"
+                     " start)")
     else:
         yield True, f"schema version {version}"
     return True
@@ -115,11 +120,65 @@ def _privilege_checks(conn):
     owner = ", ".join(sorted(owners))
     if missing:
         shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
-        yield False, (f"role {role} may not read and write {shown} (owned by {owner}): GRANT {owner} TO {role}"
-                      " (docs/fleet.md)")
+        yield False, (f"role {role} may not read and write {shown} (owned by {owner}): GRANT {_hosts_group(conn)} TO {role},"
+                      f" the group that holds the tables' grants (docs/fleet.md)")
         return False
     yield True, f"role {role} may read and write the board's tables (owned by {owner})"
     return True
+
+
+def _row_security_checks(conn, store: PostgresStore) -> Iterator[tuple[bool | None, str]]:
+    """Whether row-level security holds this host's role to this host's rows: the role is bound to this [fleet] host
+    in fleet_roles, cannot act as the tables' owner, and every per-host table has RLS on. FIX lines say the SQL."""
+    from app.store.pg import binding
+    from app.store.pg_schema import PER_HOST
+
+    if not conn.execute("SELECT to_regclass('fleet_roles') IS NOT NULL").fetchone()[0]:
+        return  # an older schema: said above
+    off = sorted(name for (name,) in conn.execute(
+        "SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace AND relkind = 'r'"
+        " AND NOT relrowsecurity AND relname IN (" + ", ".join("?" * len(PER_HOST)) + ")", list(PER_HOST)))
+    if off:
+        yield False, (f"row-level security is off on {', '.join(off)}, so any host may write every host's rows there:"
+                      " as the tables' owner, " + "; ".join(f"ALTER TABLE {name} ENABLE ROW LEVEL SECURITY"
+                                                            for name in off))
+    bound = binding(conn)
+    session, database = conn.execute("SELECT session_user, current_database()").fetchone()
+    host = store.host
+    bind = f"INSERT INTO fleet_roles (role, host) VALUES ('{session}', '{host}')"
+    if bound.unbound_by == "a superuser":
+        yield None, (f"row-level security does not bind role {bound.role}, a superuser: this host may write every"
+                     f" host's rows; give it a role of its own, bound to {host} (docs/fleet.md)")
+    elif bound.unbound_by:
+        lift = (f"ALTER ROLE {bound.role} NOBYPASSRLS" if bound.unbound_by == "BYPASSRLS" else
+                f"CREATE ROLE {session}_{host} LOGIN IN ROLE {_hosts_group(conn)}, and connect as it"
+                if session == _owner(conn) else f"REVOKE {bound.role if bound.role != session else _owner(conn)} FROM {session};"
+                f" ALTER ROLE {session} IN DATABASE {database} RESET role; GRANT {_hosts_group(conn)} TO {session}")
+        yield False, (f"row-level security does not bind this host: role {session}"
+                      f"{f' acts as {bound.role},' if bound.role != session else ' is'} {bound.unbound_by}, so it may"
+                      f" write every host's rows and lift the policies: as a superuser, {lift}; and as the tables'"
+                      f" owner, {bind} (docs/fleet.md)")
+    elif bound.host is None:
+        yield False, (f"role {bound.role} is bound to no host, so this host may write none of its rows: as the tables'"
+                      f" owner, {bind}")
+    elif bound.host != host:
+        yield False, (f"role {bound.role} is bound to host {bound.host}, but this host is {host} ([fleet] host): as the"
+                      f" tables' owner, UPDATE fleet_roles SET host = '{host}' WHERE role = '{bound.role}'")
+    elif not off:
+        yield True, (f"row-level security: role {bound.role} writes only host {host}'s rows ({', '.join(PER_HOST)});"
+                     " it reads the fleet's")
+
+
+def _hosts_group(conn) -> str:
+    """The one role, not the owner, granted INSERT on cards (docs/fleet.md's board_hosts), else HOSTS_GROUP."""
+    found = [name for (name,) in conn.execute(
+        "SELECT DISTINCT pg_get_userbyid(a.grantee) FROM pg_class AS c, aclexplode(c.relacl) AS a"
+        " WHERE c.oid = 'cards'::regclass AND a.privilege_type = 'INSERT' AND a.grantee NOT IN (0, c.relowner)")]
+    return found[0] if len(found) == 1 else HOSTS_GROUP
+
+
+def _owner(conn) -> str:
+    return conn.execute("SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = 'cards'::regclass").fetchone()[0]
 
 
 def _audit_checks(conn, place: str) -> Iterator[tuple[bool, str]]:

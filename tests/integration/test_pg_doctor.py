@@ -4,9 +4,7 @@ faketime here); the real run shows it ok."""
 
 from __future__ import annotations
 
-import itertools
-import json
-from datetime import datetime, timedelta, timezone
+import re
 
 import pytest
 
@@ -14,12 +12,9 @@ from app.store.pg_doctor import clock_check
 from app.store.pg_schema import PG_LATEST
 from tests.conftest import run_board
 
-_roles = itertools.count(1)
-
-
-def doctor(url: str, tmp_path, admin_group: str = "root"):
+def doctor(url: str, tmp_path, admin_group: str = "root", host: str = "gpu1"):
     config = tmp_path / "board.toml"
-    config.write_text(f'[access]\nadmin_group = "{admin_group}"\n')
+    config.write_text(f'[access]\nadmin_group = "{admin_group}"\n[fleet]\nhost = "{host}"\n')
     env = {"BOARD_CONFIG": str(config), "BOARD_DB_URL": url, "BOARD_SIMULATE": "1", "BOARD_DB": str(tmp_path / "x.db")}
     result = run_board("doctor", env=env)
     assert "Traceback" not in result.stderr, result.stderr
@@ -87,75 +82,67 @@ def test_an_unreachable_store_is_one_fix_line(tmp_path):
     assert mark == "FIX" and "pg_hba.conf" in line
 
 
-def test_each_host_its_own_role_on_the_schema_the_first_made(pg_cluster, tmp_path):
-    """docs/fleet.md's roles: a group role owns the database; each host's LOGIN role is a member that acts as it, so
-    the schema the first host's service makes is usable by the second's; a role outside the group is told the GRANT."""
-    n = next(_roles)
-    group, gpu1, gpu2, stray, db = f"board{n}", f"board{n}_gpu1", f"board{n}_gpu2", f"stray{n}", f"fleet{n}"
-    for sql in (f"CREATE ROLE {group} NOLOGIN", f"CREATE ROLE {gpu1} LOGIN IN ROLE {group}",
-                f"CREATE ROLE {gpu2} LOGIN IN ROLE {group}", f"CREATE ROLE {stray} LOGIN",
-                f"CREATE DATABASE {db} OWNER {group}",
-                f"ALTER ROLE {gpu1} IN DATABASE {db} SET role = '{group}'",
-                f"ALTER ROLE {gpu2} IN DATABASE {db} SET role = '{group}'"):
-        pg_cluster.admin(sql)
-    url = f"postgresql:///{db}?host={pg_cluster.sockets}&user="
-    try:
-        host1 = {"BOARD_DB_URL": url + gpu1, "BOARD_SIMULATE": "1", "BOARD_DB": str(tmp_path / "1.db"), "TZ": "UTC"}
-        host2 = {**host1, "BOARD_DB_URL": url + gpu2, "BOARD_DB": str(tmp_path / "2.db")}
-        start = (datetime.now(timezone.utc) + timedelta(days=1)).strftime("%Y-%m-%dT09:00")
-        first = run_board("book", "--cards", "0", "--start", start, "--for", "1h", "--json", env=host1)
-        assert first.returncode == 0, first.stderr  # the first start made the schema, as the group
-        second = run_board("book", "--cards", "1", "--start", start, "--for", "1h", "--json", env=host2)
-        assert second.returncode == 0, second.stderr
-        listed = json.loads(run_board("list", "--json", env=host2).stdout)
-        assert [b["id"] for b in listed["bookings"]] == [json.loads(first.stdout)["id"], json.loads(second.stdout)["id"]]
-
-        result, lines = doctor(url + gpu2, tmp_path)
-        assert said(lines, f"this host connects as role {gpu2} (acting as {group}), not a superuser")[0] == "ok"
-        assert said(lines, f"role {group} may read and write the board's tables (owned by {group})")[0] == "ok"
-        assert said(lines, "audit chain intact (2 events)")[0] == "ok"
-
-        result, lines = doctor(url + stray, tmp_path)
-        mark, line = said(lines, f"role {stray} may not read and write")
-        assert mark == "FIX" and f"GRANT {group} TO {stray}" in line and result.returncode == 1
-    finally:
-        pg_cluster.admin(f"DROP DATABASE {db} WITH (FORCE)")
-        for role in (gpu1, gpu2, stray, group):
-            pg_cluster.admin(f"DROP ROLE {role}")
-
-
-def test_hosts_with_only_the_grants_cannot_touch_the_audit_triggers(pg_cluster, tmp_path):
-    """docs/threat-model.md's stricter setup: an owner role the admin keeps makes the schema; the hosts' group gets
-    only SELECT, INSERT, UPDATE, DELETE (events: SELECT, INSERT), so a host's role books as usual but can neither
-    disable the append-only triggers nor rewrite an event."""
+def test_each_host_its_own_role_bound_to_its_host_and_the_fix_lines_sql_works(pg_cluster, tmp_path):
+    """docs/fleet.md's roles (tests/postgres.py's fleet_roles): an owner the admin keeps made the schema, each host's
+    LOGIN role is in the group that holds the tables' grants and is bound to its host. Each host books; doctor says
+    row-level security binds it. A role bound to no host, a table with RLS lifted, a role acting as the owner (the
+    setup before row-level security) and a role outside the group each get a FIX line whose SQL, run as it says,
+    makes the line ok. A host's role can neither disable the audit triggers nor rewrite an event."""
     import psycopg
 
-    n = next(_roles)
-    owner, hosts, gpu1, db = f"owner{n}", f"hosts{n}", f"hosts{n}_gpu1", f"strict{n}"
-    for sql in (f"CREATE ROLE {owner} LOGIN", f"CREATE ROLE {hosts} NOLOGIN", f"CREATE ROLE {gpu1} LOGIN IN ROLE {hosts}",
-                f"CREATE DATABASE {db} OWNER {owner}"):
-        pg_cluster.admin(sql)
-    url = f"postgresql:///{db}?host={pg_cluster.sockets}&user="
-    env = {"BOARD_SIMULATE": "1", "BOARD_DB": str(tmp_path / "1.db"), "TZ": "UTC"}
+    roles = pg_cluster.fleet_roles()
+    gpu1, gpu2 = roles.roles["gpu1"], roles.roles["gpu2"]
+    legacy, stray = f"{roles.owner}_legacy", f"{roles.owner}_stray"
+    pg_cluster.admin(f"CREATE ROLE {legacy} LOGIN IN ROLE {roles.owner}")
+    pg_cluster.admin(f"ALTER ROLE {legacy} IN DATABASE {roles.database} SET role = '{roles.owner}'")
+    pg_cluster.admin(f"CREATE ROLE {stray} LOGIN")
     try:
-        made = run_board("list", env={**env, "BOARD_DB_URL": url + owner})  # any command's first open makes the schema
-        assert made.returncode == 0, made.stderr
-        with psycopg.connect(url + owner, autocommit=True) as conn:
-            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {hosts}")
-            conn.execute(f"REVOKE UPDATE, DELETE ON events, board_schema FROM {hosts}")
-            conn.execute(f"REVOKE INSERT ON board_schema FROM {hosts}")
-        booked = run_board("book", "--cards", "0", "--start", "tomorrow 9:00", "--for", "1h",
-                           env={**env, "BOARD_DB_URL": url + gpu1})
-        assert booked.returncode == 0, booked.stderr
-        result, lines = doctor(url + gpu1, tmp_path)
-        assert said(lines, f"role {gpu1} may read and write the board's tables (owned by {owner})")[0] == "ok"
-        assert said(lines, "audit chain intact (1 events)")[0] == "ok" and result.returncode == 0, result.stdout
-        with psycopg.connect(url + gpu1, autocommit=True) as conn:
-            for sql in ("ALTER TABLE events DISABLE TRIGGER events_no_update", "UPDATE events SET actor = 'x'",
-                        "DROP TABLE events CASCADE"):
-                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        for n, host in enumerate(("gpu1", "gpu2")):
+            config = tmp_path / f"{host}.toml"
+            config.write_text(f'[fleet]\nhost = "{host}"\n')
+            env = {"BOARD_DB_URL": roles.url(roles.roles[host]), "BOARD_SIMULATE": "1", "BOARD_CONFIG": str(config),
+                   "BOARD_DB": str(tmp_path / f"{host}.db"), "TZ": "UTC"}
+            booked = run_board("book", "--cards", str(n), "--start", "tomorrow 9:00", "--for", "1h", env=env)
+            assert booked.returncode == 0, booked.stderr
+
+        result, lines = doctor(roles.url(gpu2), tmp_path, host="gpu2")
+        assert said(lines, f"this host connects as role {gpu2}, not a superuser")[0] == "ok"
+        assert said(lines, f"role {gpu2} may read and write the board's tables (owned by {roles.owner})")[0] == "ok"
+        assert said(lines, f"row-level security: role {gpu2} writes only host gpu2's rows (hosts, cards, jobs,")[0] \
+            == "ok"
+        assert said(lines, "audit chain intact (2 events)")[0] == "ok" and result.returncode == 0, result.stdout
+
+        def fixed(url: str, host: str, start: str) -> None:
+            """doctor's one FIX line starting `start`; its SQL run as it says (as a superuser, as the tables' owner),
+            the FIX lines are gone."""
+            result, lines = doctor(url, tmp_path, host=host)
+            mark, line = said(lines, start)
+            assert mark == "FIX" and result.returncode == 1, lines
+            for who, text in re.findall(r"as (a superuser|the tables' owner), (.*?)(?=; and as | \(docs/fleet.md\)|$)",
+                                        line):
+                for sql in text.split("; "):
+                    roles.as_owner(sql) if who == "the tables' owner" else pg_cluster.admin(sql, roles.database)
+            result, lines = doctor(url, tmp_path, host=host)
+            assert not [line for mark, line in lines if mark == "FIX"], result.stdout
+
+        roles.as_owner(f"DELETE FROM fleet_roles WHERE role = '{gpu1}'")
+        fixed(roles.url(gpu1), "gpu1", f"role {gpu1} is bound to no host")
+        roles.as_owner("ALTER TABLE jobs DISABLE ROW LEVEL SECURITY")
+        fixed(roles.url(gpu2), "gpu2", "row-level security is off on jobs")
+        fixed(roles.url(legacy), "gpu3", f"row-level security does not bind this host: role {legacy} acts as"
+              f" {roles.owner}, the tables' owner,")
+        result, lines = doctor(roles.url(stray), tmp_path, host="gpu4")
+        mark, line = said(lines, f"role {stray} may not read and write")
+        assert mark == "FIX" and f"GRANT {roles.group} TO {stray}," in line and result.returncode == 1
+
+        with psycopg.connect(roles.url(gpu2), autocommit=True) as conn:
+            for sql, refusal in (("ALTER TABLE events DISABLE TRIGGER events_no_update",
+                                  psycopg.errors.InsufficientPrivilege),
+                                 ("UPDATE events SET actor = 'x'", psycopg.errors.RaiseException),
+                                 ("DROP TABLE events CASCADE", psycopg.errors.InsufficientPrivilege)):
+                with pytest.raises(refusal):
                     conn.execute(sql)
     finally:
-        pg_cluster.admin(f"DROP DATABASE {db} WITH (FORCE)")
-        for role in (gpu1, hosts, owner):
+        roles.drop()
+        for role in (legacy, stray):
             pg_cluster.admin(f"DROP ROLE {role}")
