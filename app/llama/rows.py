@@ -272,8 +272,14 @@ def listing(
     return _decoded(conn, conn.execute(f"SELECT {_COLUMNS} FROM servers{where} ORDER BY id DESC{tail}", args))
 
 
-def live(conn: sqlite3.Connection) -> list[Server]:
-    return listing(conn, live_only=True)
+def live(conn: sqlite3.Connection, fleet_host: str | None = None) -> list[Server]:
+    """Live servers; with `fleet_host`, only those on that [fleet] host's cards (and rows from before the fleet):
+    a service reconciles and stops only its own host's servers, whose pids mean something there."""
+    if fleet_host is None:
+        return listing(conn, live_only=True)
+    marks = ",".join("?" * len(LIVE_STATES))
+    return _decoded(conn, conn.execute(f"SELECT {_COLUMNS} FROM servers WHERE state IN ({marks})"
+                                       " AND fleet_host IN (?, '') ORDER BY id DESC", [*LIVE_STATES, fleet_host]))
 
 
 def used_ports(conn: sqlite3.Connection) -> set[int]:
@@ -281,14 +287,15 @@ def used_ports(conn: sqlite3.Connection) -> set[int]:
     return {r[0] for r in conn.execute(f"SELECT port FROM servers WHERE state IN ({marks})", LIVE_STATES)}
 
 
-def ended_bookings(conn: sqlite3.Connection, now: int) -> list[Server]:
-    """Live servers whose booking has ended or was cancelled."""
+def ended_bookings(conn: sqlite3.Connection, now: int, fleet_host: str) -> list[Server]:
+    """Live servers on `fleet_host`'s cards (or from before the fleet) whose booking has ended or was cancelled."""
     marks = ",".join("?" * len(LIVE_STATES))
     ids = [
         r[0] for r in conn.execute(
             f"SELECT s.id FROM servers AS s JOIN bookings AS b ON b.id = s.booking_id"
-            f" WHERE s.state IN ({marks}) AND (b.status != 'booked' OR b.ends_at <= ?) ORDER BY s.id",
-            [*LIVE_STATES, now],
+            f" WHERE s.state IN ({marks}) AND s.fleet_host IN (?, '') AND (b.status != 'booked' OR b.ends_at <= ?)"
+            " ORDER BY s.id",
+            [*LIVE_STATES, fleet_host, now],
         )
     ]
     return [s for s in (get(conn, i) for i in ids) if s]

@@ -401,7 +401,7 @@ class ServerService:
     def reconcile(self) -> list[Server]:
         """Mark live rows whose processes are gone: crashed (or stopped, if a stop was under way)."""
         changed = []
-        for server in rows.live(self.conn):
+        for server in rows.live(self.conn, self.config.fleet_host):
             after = self._reconcile_one(server)
             if after.state != server.state:
                 changed.append(after)
@@ -432,7 +432,7 @@ class ServerService:
     def enforce_booking_end(self) -> list[Server]:
         """Stop every live server whose booking has ended or was cancelled."""
         stopped = []
-        for server in rows.ended_bookings(self.conn, int(self.clock())):
+        for server in rows.ended_bookings(self.conn, int(self.clock()), self.config.fleet_host):
             stopped.append(self.stop(server.id, reason=f"booking {server.booking_id} ended", enforce=True))
         return stopped
 
@@ -440,7 +440,7 @@ class ServerService:
         """(server, seconds left) for live servers whose booking ends within `within_s`."""
         now = int(self.clock())
         found = []
-        for server in rows.live(self.conn):
+        for server in rows.live(self.conn, self.config.fleet_host):
             booking = booking_rows.get(self.conn, server.booking_id)
             if booking and booking.status == "booked" and now < booking.end <= now + within_s:
                 found.append((server, booking.end - now))

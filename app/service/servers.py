@@ -319,7 +319,7 @@ def adopt_servers(server: ServiceServer) -> list[int]:
 
     service = server.service
     adopted = []
-    for row in rows.live(service.conn):
+    for row in rows.live(service.conn, service.host):
         if row.supervisor_pid is None or row.supervisor_pid <= 1:
             continue
         recorded = ProcessIdentity(row.supervisor_pid, row.supervisor_started, row.supervisor_cmdline)
@@ -389,7 +389,7 @@ def enforce_servers(server: ServiceServer) -> dict[str, list[int]]:
     rules = light_rules(service, AGENT)
     if rules.reconcile():
         changed(service)
-    for row in rows.ended_bookings(service.conn, int(service.clock())):
+    for row in rows.ended_bookings(service.conn, int(service.clock()), service.host):
         stopped = rules.stop(row.id, reason=f"booking {row.booking_id} ended", enforce=True)
         server.log(f"server {row.id} ({row.user}, port {row.port}): booking {row.booking_id} ended; {stopped.state}")
         done["servers_stopped"].append(row.id)

@@ -358,3 +358,36 @@ def test_warn_mode_after_the_ten_minute_notice_still_audits_the_end(tmp_path, cl
     finally:
         service.processes.close()
         service.close()
+
+
+def test_a_service_reconciles_and_stops_only_its_own_hosts_servers(tmp_path, clock):
+    """Two hosts on one store: gpu1's pass finds gpu1's server gone and its booking ended, and leaves gpu2's twin
+    (the same pid, the same ended booking) alone: that pid means nothing on gpu1."""
+    from app.config import FleetSettings
+    from app.llama import rows
+    from app.llama.service import ServerService
+
+    config = replace(Config(), db_path=tmp_path / "board.db", fleet=FleetSettings(host="gpu1"))
+    service = Service(config, Fleet(open_source(True, clock=clock), 1.0), clock=clock)
+    conn = service.conn
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    try:
+        booking = book(service)
+        with write(conn):
+            ids = {host: rows.insert(conn, booking_id=booking.id, user="alice", uid=ALICE.uid, cards=[0],
+                                     card_uuids=booking.card_uuids, model="/m.gguf", alias=None, host="127.0.0.1",
+                                     port=port, ctx=256, parallel=1, split_mode="layer", metrics=False,
+                                     cmdline=["llama-server"], now=FROZEN_NOW, fleet_host=host)
+                   for host, port in (("gpu1", 8001), ("gpu2", 8002))}
+            for server_id in ids.values():
+                rows.transition(conn, server_id, [rows.STARTING], rows.READY, pid=int(gone.stdout))
+        clock.now += 2 * 3600
+        assert [s.id for s in rows.ended_bookings(conn, int(clock()), "gpu1")] == [ids["gpu1"]]
+        assert [s.id for s in rows.live(conn, "gpu2")] == [ids["gpu2"]]
+        changed = ServerService(conn, ADMIN, config, clock=clock).reconcile()
+        assert [s.id for s in changed] == [ids["gpu1"]]
+        assert rows.get(conn, ids["gpu1"]).state == rows.CRASHED
+        assert rows.get(conn, ids["gpu2"]).state == rows.READY
+    finally:
+        service.processes.close()
+        service.close()
