@@ -497,6 +497,6 @@ def test_a_booking_made_by_one_service_reaches_a_subscriber_of_another(pg):
     made = one.call("book", cards=[3], start=start, end=start + 3600)
     event = events.get(timeout=30)  # waits for the NOTIFY; the poll it replaced would have taken a second or more
     assert event["event"] == "bookings" and "version" in event, event  # a change, not an error
-    assert [b["id"] for b in other.call("list", mine=True)] == [made["id"]]
+    assert [b["id"] for b in other.call("list", mine=True)["bookings"]] == [made["id"]]
     one.close()
     other.close()
