@@ -82,7 +82,7 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
         mark = store_mark(conn, here)
         local_from = start if mark is None else max(start, min(now, mark + BUCKET_S))
         squats = fleet_squats(conn, start, local_from, here) + fleet_squats(conn, start, now, None, not_host=here)
-        fleet_cards(conn, here, cards, hosts, memory_total)
+        readings = fleet_cards(conn, here, cards, hosts, memory_total)
     if history.path.exists():
         store = history
         for uuid, idx, total in store.conn.execute("SELECT uuid, idx, memory_total FROM cards"):
@@ -128,6 +128,10 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
                                                    key=lambda item: (-(item[1][1] + item[1][2]), item[0]))]
     doc["tp"] = tp_links(history, bookings, cards_now, start, now, config.report.busy_util) \
         if history.path.exists() else []
+    if fleet:  # other hosts' multi-card bookings, from their rollups in the store
+        doc["tp"] += fleet_tp_links(conn, bookings, readings, config.fleet_host, start, now, config.report.busy_util)
+        order = {b.id: i for i, b in enumerate(bookings)}
+        doc["tp"].sort(key=lambda g: order[g["booking"]])
     return doc
 
 
@@ -221,15 +225,17 @@ def fleet_squats(conn, start: int, end: int, host: str | None, *, not_host: str 
                 f" WHERE s.ts >= ? AND s.ts < ? AND s.{where} ORDER BY s.ts", [start, end, *args])]
 
 
-def fleet_cards(conn, here: str, cards: dict[str, str], hosts: dict[str, str], memory_total: dict[str, int]) -> None:
+def fleet_cards(conn, here: str, cards: dict[str, str], hosts: dict[str, str], memory_total: dict[str, int]
+                ) -> dict[str, CardReading]:
     """Every host's cards from the store (index and host) and their VRAM from each host's last snapshot, into the
-    dicts given; this host's cards' host is ''."""
+    dicts given; this host's cards' host is ''. Returns the other hosts' cards as their last snapshots read them."""
     from app.gpu.model import snapshot_from_wire
     from app.store import hosts as host_rows
 
     for uuid, idx, host in conn.execute("SELECT uuid, idx, host FROM cards"):
         cards[uuid] = str(idx)
         hosts[uuid] = "" if host == here else host
+    readings = {}
     for row in host_rows.all_hosts(conn):
         try:
             snapshot = snapshot_from_wire(json.loads(row.snapshot))
@@ -238,6 +244,9 @@ def fleet_cards(conn, here: str, cards: dict[str, str], hosts: dict[str, str], m
         for card in snapshot.cards:
             if card.memory_total_mib:
                 memory_total.setdefault(card.uuid, card.memory_total_mib)
+            if row.host != here:
+                readings[card.uuid] = card
+    return readings
 
 
 TP_SHARE_PCT = 25.0  # the seeds: when communication takes more than 25 % of a TP group's time, it is too wide
@@ -250,16 +259,8 @@ def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], st
     """Per multi-card booking in the window: its cards' PCIe traffic as a share of their links' capacity, over the
     time it was busy (IN USE at `busy_util` % or more). Link utilisation, not measured communication time: a group
     that moves its weights in counts too, so it is a hint that points at the groups worth a look."""
-    from app.core.hardware import card_list
-    from app.gpu.model import link_capacity_mib_s
-
     ids, in_use = store.cards(), STATES.index("IN USE")
-    capacity: dict[str, float] = {}
-    for card in cards_now:
-        # An idle card drops its link's generation: what it runs at under load is its maximum.
-        gen = card.pcie_gen if card.utilization_pct else (card.pcie_max_gen or card.pcie_gen)
-        if (found := link_capacity_mib_s(gen, card.pcie_width)) is not None:
-            capacity[card.uuid] = found
+    capacity = _link_capacity(cards_now)
     rolled = max(start, min(now, store.rolled_to() or start))
     found = []
     for b in bookings:
@@ -281,12 +282,56 @@ def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], st
         seconds, traffic = (seconds or 0) + (raw_seconds or 0), (traffic or 0) + (raw_traffic or 0)
         if not seconds:
             continue
-        link = sum(capacity[u] for u in b.card_uuids) / len(b.card_uuids)
-        share = 100 * traffic / seconds / link
-        found.append({"booking": b.id, "user": b.user, "cards": card_list(b.cards),
-                      "busy_h": round(seconds / len(b.card_uuids) / 3600, 2), "link_util_pct": round(share, 1),
-                      "over": share > TP_SHARE_PCT, "advice": TP_ADVICE if share > TP_SHARE_PCT else None})
+        found.append(_tp_group(b, seconds, traffic, capacity))
     return found
+
+
+def fleet_tp_links(conn, bookings, readings: dict[str, CardReading], here: str, start: int, now: int,
+                   busy_util: float) -> list[dict]:
+    """tp_links for the multi-card bookings on other hosts' cards, from their rollups in the store (its `pcie_mean`)
+    and the links their last snapshots read (`readings`); their cards are named with their host (`gpu2:0-1`). The
+    store has no raw samples: a host's last minutes count once its rollups reach it."""
+    capacity, in_use = _link_capacity(readings.values()), STATES.index("IN USE")
+
+    def bucket(ts: int) -> int:  # the start of the bucket holding ts, as tp_links reads a bucket id
+        return (ts - EPOCH) // BUCKET_S * BUCKET_S + EPOCH
+
+    found = []
+    for b in bookings:
+        lo, hi = max(start, b.start), min(now, b.end)
+        if b.host == here or len(b.card_uuids) < 2 or hi <= lo or not all(u in capacity for u in b.card_uuids):
+            continue
+        seconds, traffic = conn.execute(
+            "SELECT sum(n * dt), sum(pcie_mean * n * dt) FROM rollups WHERE host = ? AND card_uuid = ANY(?)"
+            " AND ts >= ? AND ts < ? AND state = ? AND util_min + util_mean_d >= ? AND pcie_mean IS NOT NULL",
+            [b.host, list(b.card_uuids), bucket(lo), bucket(hi), in_use, busy_util]).fetchone()
+        if seconds:
+            found.append(_tp_group(b, seconds, traffic or 0, capacity, host=b.host))
+    return found
+
+
+def _link_capacity(cards) -> dict[str, float]:
+    """Each card's PCIe link capacity (MiB/s) by uuid, where its reading says it."""
+    from app.gpu.model import link_capacity_mib_s
+
+    capacity: dict[str, float] = {}
+    for card in cards:
+        # An idle card drops its link's generation: what it runs at under load is its maximum.
+        gen = card.pcie_gen if card.utilization_pct else (card.pcie_max_gen or card.pcie_gen)
+        if (found := link_capacity_mib_s(gen, card.pcie_width)) is not None:
+            capacity[card.uuid] = found
+    return capacity
+
+
+def _tp_group(b, seconds: float, traffic: float, capacity: dict[str, float], host: str | None = None) -> dict:
+    """A multi-card booking's line in `tp`: its traffic as a share of its links' capacity over its busy time."""
+    from app.core.hardware import card_list
+
+    link = sum(capacity[u] for u in b.card_uuids) / len(b.card_uuids)
+    share = 100 * traffic / seconds / link
+    return {"booking": b.id, "user": b.user, "cards": (f"{host}:" if host else "") + card_list(b.cards),
+            "busy_h": round(seconds / len(b.card_uuids) / 3600, 2), "link_util_pct": round(share, 1),
+            "over": share > TP_SHARE_PCT, "advice": TP_ADVICE if share > TP_SHARE_PCT else None}
 
 
 def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:
