@@ -191,11 +191,17 @@ def status_text(found: dict, now: float) -> str:
             line.insert(0, "HOST" if c is None else inert(c["host"], 20))
     names = {c["name"] for c in found["cards"] if c["name"]}
     badge = " · SIMULATED" if found["simulated"] else ""
-    stale = ""
-    if found.get("stale_since") is not None:
-        stale = (f"\nbookings as of {format_time(found['stale_since'], now)}: the board database is unreachable;"
-                 " this host's cards only")
+    stale = f"\n{stale_note(found, now)}" if found.get("stale_since") is not None else ""
     return f"{len(found['cards'])} × {', '.join(sorted(names)) or 'GPU'}{badge}\n{table(lines)}{stale}"
+
+
+def stale_note(found: dict, now: float) -> str:
+    """The line that says a reply (`status`, `list`) is the service's last read of the bookings: the database is
+    unreachable (app.service.lastknown)."""
+    from app.core.text import format_time
+
+    return (f"bookings as of {format_time(found['stale_since'], now)}: the board database is unreachable;"
+            " this host's cards only")
 
 
 # -- series (standing slots) ---------------------------------------------------------------------

@@ -93,12 +93,12 @@ def in_process(env: dict, runs: int) -> None:
     os.environ.update(env)
     client = LocalClient.open(load_config(None, os.environ), demo=None, environ=os.environ)
     now = int(time.time())
-    found = client.call("list", start=now - 7 * 86400, end=now + 90 * 86400)
+    found = client.call("list", start=now - 7 * 86400, end=now + 90 * 86400)["bookings"]
     bookings = [booking_from_wire(b) for b in found]
     data = calendar(bookings, domain="bench.example")
     cases = {
         "client.call('list') (the query, both commands)": lambda: client.call("list", start=now - 7 * 86400,
-                                                                             end=now + 90 * 86400),
+                                                                             end=now + 90 * 86400)["bookings"],
         "json.dumps of board list --json's document": lambda: json.dumps({"bookings": [booking_json(b) for b in found]},
                                                                          indent=2),
         "booking_from_wire + app.core.ical.calendar": lambda: calendar([booking_from_wire(b) for b in found],

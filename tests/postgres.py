@@ -48,7 +48,8 @@ def missing_reason() -> str | None:
 class Cluster:
     """One running server: `url(db)` is a libpq URI for database `db` over the socket."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_connections: int = 200) -> None:
+        self.max_connections = max_connections  # a test fills a small one to see the server turn connections away
         self.root = Path(tempfile.mkdtemp(prefix="board-pg-", dir="/tmp"))
         os.chmod(self.root, 0o755)
         self.data = self.root / "data"
@@ -70,7 +71,8 @@ class Cluster:
 
     def resume(self) -> None:
         """Start the server (again, after pause)."""
-        options = f"-k {self.sockets} -c listen_addresses='' -c fsync=off -c full_page_writes=off -c max_connections=200"
+        options = f"-k {self.sockets} -c listen_addresses='' -c fsync=off -c full_page_writes=off" \
+            f" -c max_connections={self.max_connections}"
         self._as_postgres(str(bin_dir() / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options,
                           "-w", "-t", "60", "start")
 

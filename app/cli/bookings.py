@@ -10,7 +10,8 @@ import sys
 from datetime import datetime
 
 from app.errors import BadInput
-from app.output import EXIT_OK, booking_json, booking_line, print_booking, print_json, print_series, say_notes
+from app.output import (EXIT_OK, booking_json, booking_line, iso, print_booking, print_json, print_series, say_notes,
+                        stale_note)
 
 
 def parse_cards(text: str) -> list[int]:
@@ -78,9 +79,13 @@ def cmd_list(ctx) -> int:
         end = int(parse_when(args.to, now).timestamp()) if args.to else None
     except TimeInputError as error:
         raise BadInput(str(error)) from None
-    found = ctx.client.call("list", start=start, end=end, user=args.user, mine=args.mine, include_cancelled=args.all)
+    listed = ctx.client.call("list", start=start, end=end, user=args.user, mine=args.mine, include_cancelled=args.all)
+    found, stale_since = listed["bookings"], listed.get("stale_since")
+    if stale_since is not None:  # the database unreachable: the service's last read (app.service.lastknown)
+        print(stale_note(listed, now.timestamp()), file=sys.stderr)
     if args.json:
-        print_json({"bookings": [booking_json(b) for b in found]})
+        print_json({"bookings": [booking_json(b) for b in found],
+                    **({"stale_since": iso(stale_since)} if stale_since is not None else {})})
     elif not found:
         print("no bookings" + ("" if args.all else " from now on; --all shows past and cancelled ones"))
     else:
@@ -114,9 +119,11 @@ def cmd_ical(ctx) -> int:
         end = end or max(now, start) + timedelta(days=ICAL_AHEAD)
     if start is not None and end is not None and end <= start:
         raise BadInput(f"--to {end:%Y-%m-%d %H:%M} is not after --from {start:%Y-%m-%d %H:%M}")
-    found = ctx.client.call("list", start=None if start is None else int(start.timestamp()),
-                            end=None if end is None else int(end.timestamp()), user=args.user, mine=args.mine)
-    bookings = [booking_from_wire(b) for b in found if cards is None or cards & set(b["cards"])]
+    listed = ctx.client.call("list", start=None if start is None else int(start.timestamp()),
+                             end=None if end is None else int(end.timestamp()), user=args.user, mine=args.mine)
+    if listed.get("stale_since") is not None:  # the database unreachable: the service's last read, as `list` says
+        print(stale_note(listed, now.timestamp()), file=sys.stderr)
+    bookings = [booking_from_wire(b) for b in listed["bookings"] if cards is None or cards & set(b["cards"])]
     host = gethostname()
     sys.stdout.flush()
     sys.stdout.buffer.write(calendar(bookings, domain=host, name=f"board on {host}"))

@@ -73,16 +73,16 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
     cards: dict[str, str] = {}
     hosts: dict[str, str] = {}  # card uuid -> its host ('' for this one's)
     local_from = start  # where this host's rollups are read from its history file
-    if is_postgres(conn):
+    fleet = is_postgres(conn)
+    if fleet:
         # The fleet: every host's rollups from the store, and this host's not written there yet from its file.
         from app.history.fleet import store_mark  # start-up: only a PostgreSQL store's report reads the fleet's
 
         here = config.fleet_host
         mark = store_mark(conn, here)
         local_from = start if mark is None else max(start, min(now, mark + BUCKET_S))
-        mine, theirs = fleet_rollups(conn, start, local_from, here), fleet_rollups(conn, start, now, None, not_host=here)
-        rollups, squats = mine[0] + theirs[0], mine[1] + theirs[1]
-        fleet_cards(conn, here, cards, hosts, memory_total)
+        squats = fleet_squats(conn, start, local_from, here) + fleet_squats(conn, start, now, None, not_host=here)
+        readings = fleet_cards(conn, here, cards, hosts, memory_total)
     if history.path.exists():
         store = history
         for uuid, idx, total in store.conn.execute("SELECT uuid, idx, memory_total FROM cards"):
@@ -104,6 +104,9 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
     for card in cards_now:
         cards[card.uuid] = str(card.index)
         memory_total.setdefault(card.uuid, card.memory_total_mib)
+    if fleet:  # summed in the database, with the VRAM each card is judged by (so: once memory_total is whole)
+        rollups[:0] = fleet_sums(conn, start, {config.fleet_host: local_from}, now, bookings, config.report.busy_util,
+                                 memory_total)
     for b in bookings:
         for index, uuid in zip(b.cards, b.card_uuids):
             cards.setdefault(uuid, str(index))
@@ -125,40 +128,114 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
                                                    key=lambda item: (-(item[1][1] + item[1][2]), item[0]))]
     doc["tp"] = tp_links(history, bookings, cards_now, start, now, config.report.busy_util) \
         if history.path.exists() else []
+    if fleet:  # other hosts' multi-card bookings, from their rollups in the store
+        doc["tp"] += fleet_tp_links(conn, bookings, readings, config.fleet_host, start, now, config.report.busy_util)
+        order = {b.id: i for i, b in enumerate(bookings)}
+        doc["tp"].sort(key=lambda g: order[g["booking"]])
     return doc
 
 
-def fleet_rollups(conn, start: int, end: int, host: str | None, *, not_host: str | None = None
-                  ) -> tuple[list[dict], list[dict]]:
-    """The store's rollups of buckets starting in [start, end), of `host` (or of every host but `not_host`), as
-    compute takes them, and their squats (app.history.fleet writes both)."""
+# The store's rollups summed as summed_rollups sums the history file's (what compute takes, the same figures), in one
+# pass: each rollup's place among the bookings' spans on its card is found by width_bucket over one sorted array of
+# (card << 40 | time) bounds, so neither the rollups nor a join per rollup leave the database. A region is a booking's
+# whole buckets on a card (label: its id), a bucket that bookings hold in part (-1: that rollup comes back as it is,
+# for compute to share, as it shares a raw one), or no booking's (0).
+FLEET_SUMS = """
+    SELECT coalesce(label, 0), CASE WHEN label < 0 THEN w END, card_uuid, state, busy, "full", hot,
+           sum(n * dt), sum(n), sum(util * n * dt), sum(CASE WHEN util IS NOT NULL THEN n * dt END), max(util),
+           max(vram), max(temp), min(ts)
+    FROM (SELECT r.*, u.label,
+                 r.util_min + r.util_mean_d AS util, r.vram_min + r.vram_max_d AS vram, r.temp_min + r.temp_max_d AS temp,
+                 coalesce((r.util_min + r.util_mean_d >= ?::float8)::int, 2) AS busy,
+                 CASE WHEN m.total > 0 THEN coalesce((r.vram_min + r.vram_max_d >= ?::float8 * m.total)::int, 2)
+                      ELSE 2 END AS "full",
+                 coalesce((r.temp_min + r.temp_max_d >= ?)::int, 2) AS hot, u.w
+          FROM rollups r
+          LEFT JOIN unnest(?::text[], ?::bigint[]) AS m(uuid, total) ON m.uuid = r.card_uuid
+          LEFT JOIN LATERAL (SELECT width_bucket((array_position(?::text[], r.card_uuid)::bigint << 40) | r.ts,
+                                                 ?::bigint[]) AS w) AS p ON true
+          LEFT JOIN LATERAL (SELECT p.w, (?::bigint[])[p.w + 1] AS label) AS u ON true
+          WHERE r.ts >= ? AND r.ts < {until}) AS x
+    GROUP BY 1, 2, 3, 4, 5, 6, 7"""
+
+
+def fleet_sums(conn, start: int, ends: dict[str, int], end: int, bookings, busy_util: float,
+               memory_total: dict[str, int]) -> list[dict]:
+    """The store's rollups of buckets starting in [start, end) (a host in `ends`: up to its own end) as compute takes
+    them, summed per booking, card, state and what the verdicts test (summed_rollups' rows), a bucket held in part
+    as its rollup; `memory_total` is the VRAM compute judges each card's by."""
+    def bucket(ts: int) -> int:  # the start of the bucket holding ts
+        return (ts - EPOCH) // BUCKET_S * BUCKET_S + EPOCH
+
+    order = sorted({u for b in bookings for u in b.card_uuids})
+    number = {uuid: i + 1 for i, uuid in enumerate(order)}  # as array_position counts
+    regions: dict[int, tuple[int, int]] = {}  # its first key -> (its end key, its label)
+    for b in bookings:
+        if b.status != "booked":
+            continue
+        first, last = -(-(b.start - EPOCH) // BUCKET_S) * BUCKET_S + EPOCH, bucket(b.end)  # the whole buckets
+        shared = [t for t in {bucket(b.start), bucket(b.end - 1)}
+                  if 0 < min(b.end, t + BUCKET_S) - max(b.start, t) < BUCKET_S]
+        for uuid in b.card_uuids:
+            card = number[uuid] << 40
+            if last > first:
+                regions[card | first] = (card | last, b.id)
+            for t in shared:
+                regions[card | t] = (card | t + BUCKET_S, -1)
+    bounds, labels, at = [], [0], None
+    for lo in sorted(regions):
+        hi, label = regions[lo]
+        if at is not None and lo > at:
+            bounds.append(at)
+            labels.append(0)
+        bounds.append(lo)
+        labels.append(label)
+        at = hi
+    if at is not None:
+        bounds.append(at)
+        labels.append(0)
+    known = [(uuid, total) for uuid, total in memory_total.items() if total]
+    until = f"CASE r.host {' '.join('WHEN ? THEN ?' for _ in ends)} ELSE ? END" if ends else "?"
+    args = [busy_util, VRAM_PCT / 100, HOT_C, [u for u, _ in known], [t for _, t in known], order, bounds, labels,
+            start, *(x for pair in ends.items() for x in pair), end]
+    found = []
+    for (label, _region, uuid, state, busy, full, hot, seconds, n, util_sum, util_s, util, vram, temp, ts
+         ) in conn.execute(FLEET_SUMS.format(until=until), args):
+        if label < 0:  # one rollup: compute shares it among the bookings that held its bucket in part
+            found.append({"ts": ts, "uuid": uuid, "n": n, "seconds": seconds, "span": BUCKET_S,
+                          "state": STATES[state], "util_mean": util, "vram_max": vram, "temp_max": temp})
+            continue
+        flags = tuple(None if f == 2 else f for f in (busy, full, hot))
+        found.append({"uuid": uuid, "state": STATES[state], "seconds": seconds, "n": n,
+                      "util_mean": None if not util_s else util_sum / util_s, "vram_max": vram, "temp_max": temp,
+                      "ts": ts, "busy": flags[0], "flags": flags, "booking_id": label or None})
+    return found
+
+
+def fleet_squats(conn, start: int, end: int, host: str | None, *, not_host: str | None = None) -> list[dict]:
+    """The store's squats of buckets starting in [start, end), of `host` (or of every host but `not_host`), as compute
+    takes them (app.history.fleet writes them): a row per squatted bucket, card and user."""
     if end <= start:
-        return [], []
+        return []
     where, args = ("host = ?", [host]) if host is not None else ("host != ?", [not_host])
-    found = [{"ts": ts, "uuid": uuid, "n": n, "seconds": n * dt, "span": BUCKET_S, "state": STATES[state],
-              "util_mean": None if util is None or util_d is None else util + util_d,
-              "vram_max": None if vram is None or vram_d is None else vram + vram_d,
-              "temp_max": None if temp is None or temp_d is None else temp + temp_d}
-             for ts, uuid, n, dt, state, util, util_d, vram, vram_d, temp, temp_d in conn.execute(
-                 "SELECT ts, card_uuid, n, dt, state, util_min, util_mean_d, vram_min, vram_max_d, temp_min, temp_max_d"
-                 f" FROM rollups WHERE ts >= ? AND ts < ? AND {where} ORDER BY ts, card_uuid", [start, end, *args])]
-    squats = [{"ts": ts, "uuid": uuid, "user": user, "n": n, "seconds": n * (dt or 10)}
-              for ts, uuid, user, n, dt in conn.execute(
-                  'SELECT s.ts, s.card_uuid, s."user", s.n, r.dt FROM rollup_squats s LEFT JOIN rollups r'
-                  " ON r.host = s.host AND r.card_uuid = s.card_uuid AND r.ts = s.ts"
-                  f" WHERE s.ts >= ? AND s.ts < ? AND s.{where} ORDER BY s.ts", [start, end, *args])]
-    return found, squats
+    return [{"ts": ts, "uuid": uuid, "user": user, "n": n, "seconds": n * (dt or 10)}
+            for ts, uuid, user, n, dt in conn.execute(
+                'SELECT s.ts, s.card_uuid, s."user", s.n, r.dt FROM rollup_squats s LEFT JOIN rollups r'
+                " ON r.host = s.host AND r.card_uuid = s.card_uuid AND r.ts = s.ts"
+                f" WHERE s.ts >= ? AND s.ts < ? AND s.{where} ORDER BY s.ts", [start, end, *args])]
 
 
-def fleet_cards(conn, here: str, cards: dict[str, str], hosts: dict[str, str], memory_total: dict[str, int]) -> None:
+def fleet_cards(conn, here: str, cards: dict[str, str], hosts: dict[str, str], memory_total: dict[str, int]
+                ) -> dict[str, CardReading]:
     """Every host's cards from the store (index and host) and their VRAM from each host's last snapshot, into the
-    dicts given; this host's cards' host is ''."""
+    dicts given; this host's cards' host is ''. Returns the other hosts' cards as their last snapshots read them."""
     from app.gpu.model import snapshot_from_wire
     from app.store import hosts as host_rows
 
     for uuid, idx, host in conn.execute("SELECT uuid, idx, host FROM cards"):
         cards[uuid] = str(idx)
         hosts[uuid] = "" if host == here else host
+    readings = {}
     for row in host_rows.all_hosts(conn):
         try:
             snapshot = snapshot_from_wire(json.loads(row.snapshot))
@@ -167,6 +244,9 @@ def fleet_cards(conn, here: str, cards: dict[str, str], hosts: dict[str, str], m
         for card in snapshot.cards:
             if card.memory_total_mib:
                 memory_total.setdefault(card.uuid, card.memory_total_mib)
+            if row.host != here:
+                readings[card.uuid] = card
+    return readings
 
 
 TP_SHARE_PCT = 25.0  # the seeds: when communication takes more than 25 % of a TP group's time, it is too wide
@@ -179,16 +259,8 @@ def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], st
     """Per multi-card booking in the window: its cards' PCIe traffic as a share of their links' capacity, over the
     time it was busy (IN USE at `busy_util` % or more). Link utilisation, not measured communication time: a group
     that moves its weights in counts too, so it is a hint that points at the groups worth a look."""
-    from app.core.hardware import card_list
-    from app.gpu.model import link_capacity_mib_s
-
     ids, in_use = store.cards(), STATES.index("IN USE")
-    capacity: dict[str, float] = {}
-    for card in cards_now:
-        # An idle card drops its link's generation: what it runs at under load is its maximum.
-        gen = card.pcie_gen if card.utilization_pct else (card.pcie_max_gen or card.pcie_gen)
-        if (found := link_capacity_mib_s(gen, card.pcie_width)) is not None:
-            capacity[card.uuid] = found
+    capacity = _link_capacity(cards_now)
     rolled = max(start, min(now, store.rolled_to() or start))
     found = []
     for b in bookings:
@@ -210,12 +282,56 @@ def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], st
         seconds, traffic = (seconds or 0) + (raw_seconds or 0), (traffic or 0) + (raw_traffic or 0)
         if not seconds:
             continue
-        link = sum(capacity[u] for u in b.card_uuids) / len(b.card_uuids)
-        share = 100 * traffic / seconds / link
-        found.append({"booking": b.id, "user": b.user, "cards": card_list(b.cards),
-                      "busy_h": round(seconds / len(b.card_uuids) / 3600, 2), "link_util_pct": round(share, 1),
-                      "over": share > TP_SHARE_PCT, "advice": TP_ADVICE if share > TP_SHARE_PCT else None})
+        found.append(_tp_group(b, seconds, traffic, capacity))
     return found
+
+
+def fleet_tp_links(conn, bookings, readings: dict[str, CardReading], here: str, start: int, now: int,
+                   busy_util: float) -> list[dict]:
+    """tp_links for the multi-card bookings on other hosts' cards, from their rollups in the store (its `pcie_mean`)
+    and the links their last snapshots read (`readings`); their cards are named with their host (`gpu2:0-1`). The
+    store has no raw samples: a host's last minutes count once its rollups reach it."""
+    capacity, in_use = _link_capacity(readings.values()), STATES.index("IN USE")
+
+    def bucket(ts: int) -> int:  # the start of the bucket holding ts, as tp_links reads a bucket id
+        return (ts - EPOCH) // BUCKET_S * BUCKET_S + EPOCH
+
+    found = []
+    for b in bookings:
+        lo, hi = max(start, b.start), min(now, b.end)
+        if b.host == here or len(b.card_uuids) < 2 or hi <= lo or not all(u in capacity for u in b.card_uuids):
+            continue
+        seconds, traffic = conn.execute(
+            "SELECT sum(n * dt), sum(pcie_mean * n * dt) FROM rollups WHERE host = ? AND card_uuid = ANY(?)"
+            " AND ts >= ? AND ts < ? AND state = ? AND util_min + util_mean_d >= ? AND pcie_mean IS NOT NULL",
+            [b.host, list(b.card_uuids), bucket(lo), bucket(hi), in_use, busy_util]).fetchone()
+        if seconds:
+            found.append(_tp_group(b, seconds, traffic or 0, capacity, host=b.host))
+    return found
+
+
+def _link_capacity(cards) -> dict[str, float]:
+    """Each card's PCIe link capacity (MiB/s) by uuid, where its reading says it."""
+    from app.gpu.model import link_capacity_mib_s
+
+    capacity: dict[str, float] = {}
+    for card in cards:
+        # An idle card drops its link's generation: what it runs at under load is its maximum.
+        gen = card.pcie_gen if card.utilization_pct else (card.pcie_max_gen or card.pcie_gen)
+        if (found := link_capacity_mib_s(gen, card.pcie_width)) is not None:
+            capacity[card.uuid] = found
+    return capacity
+
+
+def _tp_group(b, seconds: float, traffic: float, capacity: dict[str, float], host: str | None = None) -> dict:
+    """A multi-card booking's line in `tp`: its traffic as a share of its links' capacity over its busy time."""
+    from app.core.hardware import card_list
+
+    link = sum(capacity[u] for u in b.card_uuids) / len(b.card_uuids)
+    share = 100 * traffic / seconds / link
+    return {"booking": b.id, "user": b.user, "cards": (f"{host}:" if host else "") + card_list(b.cards),
+            "busy_h": round(seconds / len(b.card_uuids) / 3600, 2), "link_util_pct": round(share, 1),
+            "over": share > TP_SHARE_PCT, "advice": TP_ADVICE if share > TP_SHARE_PCT else None}
 
 
 def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:

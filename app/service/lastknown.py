@@ -1,11 +1,11 @@
 """What the service last read of the bookings, for while its PostgreSQL database is unreachable.
 
 Writes then refuse in one line (app.store.pg.StoreUnreachable); reads of this host answer from here, marked
-`stale_since` (the time of that read): `status`, the board's `window` and its `fleet` event. The agent's heartbeat
-refreshes it every second (`remember`), and so does every read that reached the database. Other hosts' cards are
-left out of a stale answer: what their services last published cannot be told from a host that went down.
-`list` is not answered from here: its filters (the past, cancelled bookings) reach beyond what is kept, and its
-JSON is a bare list with no room for a marker.
+`stale_since` (the time of that read): `status`, `list`, the board's `window` and its `fleet` event. The agent's
+heartbeat refreshes it every second (`remember`), and so does every read that reached the database. Other hosts' cards
+are left out of a stale answer: what their services last published cannot be told from a host that went down. `list`
+answers from the live bookings kept; what it may ask beyond them (cancelled ones, the past before that read) is
+refused in one line naming the filter (`listing`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
-from app.errors import BoardError
+from app.core.identity import lookup_user
+from app.core.text import stamp_time
+from app.errors import BadInput, BoardError
 from app.model import Booking
 
 if TYPE_CHECKING:
@@ -58,6 +60,27 @@ def read_live(service: Service, now: float) -> tuple[list[Booking], float | None
         return [b for b in known.live if b.end > now], known.read_at
     service.known = Known(now, tuple(live), service.known.window)
     return live, None
+
+
+def listing(service: Service, error: BoardError, *, start: int | None, end: int | None, user: str | None,
+            include_cancelled: bool) -> tuple[list[Booking], float]:
+    """`list` while the database is unreachable (`error` says so): (this host's live bookings as last read that overlap
+    [start, end), of `user` if given, the time they were read). Refuses, in `error`'s line, what is not kept: cancelled
+    ones (--all) and the past before that read (--from earlier, or none); raises `error` where nothing is known yet."""
+    known = service.known
+    if known.read_at is None:
+        raise error
+    said = str(error).removesuffix("; nothing was changed")
+    if include_cancelled:
+        raise BoardError(f"{said}; --all needs past and cancelled bookings, which only the database keeps")
+    if start is None or start < int(known.read_at):  # (ends are whole seconds: those after read_at are all kept)
+        raise BoardError(f"{said}; --from before {stamp_time(known.read_at, service.clock())} needs past bookings,"
+                         " which only the database keeps")
+    mine = [b for b in known.live if b.host == service.host]
+    if user is not None and lookup_user(user) is None and not any(b.user == user for b in mine):
+        raise BadInput(f"no user {user!r} on this server")
+    found = [b for b in mine if b.end > start and (end is None or b.start < end) and user in (None, b.user)]
+    return sorted(found, key=lambda b: (b.start, b.id)), known.read_at
 
 
 def remember_window(service: Service, now: float, live: Iterable[Booking], window: Iterable[Booking]) -> None:

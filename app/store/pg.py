@@ -41,9 +41,13 @@ _ID_TABLES = {"bookings", "events", "servers", "series", "outbox", "faults", "al
               "server_plans"}
 
 
-# What a server says while it stops or starts (SQLSTATE 57P03, which libpq gives only as text at connect): that is
-# the database going away or coming back, not a refusal to fix.
-_NOT_NOW = re.compile(r"the database system is (starting up|shutting down|in recovery mode|not (yet )?accepting)")
+# What a server says at connect while it stops or starts (SQLSTATE 57P03) or while it is full (class 53: no connection
+# slot left, for everyone, for the role or for the database; no memory or process for one more). libpq gives these only
+# as text at connect. Each passes by itself: the database away for now, retried with the backoff, not a refusal to fix.
+_NOT_NOW = re.compile(r"the database system is (starting up|shutting down|in recovery mode|not (yet )?accepting)"
+                      r"|sorry, too many clients already|remaining connection slots are reserved"
+                      r"|too many connections for (role|database)|out of memory"
+                      r"|could not fork new process for connection")
 
 
 class StoreUnreachable(BoardError):
@@ -238,6 +242,7 @@ class PgConnection:
         self._conn: Any = None
         self._retry_at = 0.0
         self._backoff = 1.0
+        self._why: str | None = None  # what the server said when it last turned a connection away for now
         self._open()
 
     # -- opening, and opening again ----------------------------------------------------------------------
@@ -257,6 +262,7 @@ class PgConnection:
             if said and not _NOT_NOW.search(said.group(1)):  # it refused: a role, a password, a database to fix
                 raise StoreRefused(f"the board database at {_address(self.store.url)} refused {self.store.host}:"
                                    f" {said.group(1).strip()}; check [storage] url and the role's access") from None
+            self._why = said.group(1).strip() if said else None
             raise self.unreachable() from None
         _adapt(conn)
         conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
@@ -264,10 +270,10 @@ class PgConnection:
         conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
         conn.execute("SET synchronous_commit = on")  # nothing acknowledged is lost, whatever the server's default
         conn.execute("SET TIME ZONE 'UTC'")
-        self._conn, self._backoff = conn, 1.0
+        self._conn, self._backoff, self._why = conn, 1.0, None
 
     def unreachable(self) -> StoreUnreachable:
-        where = _address(self.store.url)
+        where = _address(self.store.url) + (f": {self._why}" if self._why else "")
         return StoreUnreachable(f"the board database is unreachable ({self.store.host} → {where}); nothing was changed")
 
     def _live(self) -> Any:

@@ -169,3 +169,25 @@ def test_migrate_copies_the_history_files_rollups_tagged_with_this_host(tmp_path
         assert rows["2"]["booked_h"] > 0 and rows["2"]["host"] == "gpu7"
     finally:
         pg_cluster.drop(target)
+
+
+@postgresql_only
+def test_another_hosts_multi_card_booking_gets_its_link_utilisation_from_the_store(fleet, store):
+    """`tp` on gpu1 covers gpu2's two-card booking from gpu2's rollups in the store (their mean PCIe traffic) and the
+    links gpu2's snapshot read; named as --cards names them, with the figure gpu2's own report has from its file."""
+    make, clock = fleet
+    _, sampler1, pusher1, env1 = make("gpu1")
+    client2, sampler2, pusher2, env2 = make("gpu2")
+    start = int(clock.now)
+    booked = client2.call("book", cards=[0, 1], start=start, end=start + 2 * 3600)
+    sample(sampler2, clock, MINUTES)
+    clock.now -= MINUTES * 60
+    sample(sampler1, clock, MINUTES)
+    assert pusher1.step() and pusher2.step()
+    [there] = json.loads(report(env2, "--json"))["tp"]  # gpu2's own, from its history file
+    [here] = json.loads(report(env1, "--json"))["tp"]
+    assert (there["booking"], there["cards"]) == (booked["id"], "0-1")
+    assert (here["booking"], here["cards"], here["user"]) == (booked["id"], "gpu2:0-1", booked["user"])
+    assert here["link_util_pct"] > 0 and here["link_util_pct"] == pytest.approx(there["link_util_pct"], abs=0.5)
+    assert (here["busy_h"], here["over"]) == (there["busy_h"], there["over"])
+    assert f"#{booked['id']} {booked['user']} cards gpu2:0-1: " in report(env1)

@@ -41,7 +41,7 @@ def events_of(client, booking_id=None, limit=1000) -> list[dict]:
 
 
 def everything(client) -> list[dict]:
-    return client.call("list", include_cancelled=True, start=0)
+    return client.call("list", include_cancelled=True, start=0)["bookings"]
 
 
 def one_line_error(stderr: str) -> str:
@@ -112,7 +112,7 @@ def test_cancel_a_future_booking(client):
     booking = client.call("book", cards=[1], start=start, end=start + HOUR)
     cancelled = client.call("cancel", id=booking["id"])
     assert cancelled["status"] == "cancelled" and cancelled["id"] == booking["id"]
-    assert [b["id"] for b in client.call("list")] == []
+    assert [b["id"] for b in client.call("list")["bookings"]] == []
     assert [b["status"] for b in everything(client)] == ["cancelled"]
     again = client.call("book", cards=[1], start=start, end=start + HOUR)  # the slot is free again
     assert again["id"] != booking["id"]
@@ -164,11 +164,11 @@ def test_list_mine_user_and_window(client):
     early = client.call("book", cards=[0], start=start, end=start + HOUR)
     late = client.call("book", cards=[1], start=start + 5 * HOUR, end=start + 6 * HOUR)
     ids = [early["id"], late["id"]]
-    assert [b["id"] for b in client.call("list")] == ids
-    assert [b["id"] for b in client.call("list", mine=True)] == ids
-    assert [b["id"] for b in client.call("list", user=ME)] == ids
-    assert [b["id"] for b in client.call("list", start=start + 4 * HOUR, end=start + 7 * HOUR)] == [late["id"]]
-    assert [b["id"] for b in client.call("list", start=start, end=start + HOUR)] == [early["id"]]
+    assert [b["id"] for b in client.call("list")["bookings"]] == ids
+    assert [b["id"] for b in client.call("list", mine=True)["bookings"]] == ids
+    assert [b["id"] for b in client.call("list", user=ME)["bookings"]] == ids
+    assert [b["id"] for b in client.call("list", start=start + 4 * HOUR, end=start + 7 * HOUR)["bookings"]] == [late["id"]]
+    assert [b["id"] for b in client.call("list", start=start, end=start + HOUR)["bookings"]] == [early["id"]]
     with pytest.raises(BadInput, match="no user 'nobody-here'"):
         client.call("list", user="nobody-here")
     window = client.call("window", start=start, end=start + 2 * HOUR)

@@ -34,7 +34,7 @@ def test_a_booking_another_service_commits_reaches_the_agents_subscriber(make_ag
     made = other.call("book", cards=[5], start=_tomorrow(), end=_tomorrow() + 3600)
     event = events.get(timeout=30)  # the NOTIFY wakes the agent's listener at once; no poll stands between
     assert event["event"] == "bookings" and "version" in event, event  # a change, not an error
-    assert made["id"] in [b["id"] for b in subscriber.call("list")]
+    assert made["id"] in [b["id"] for b in subscriber.call("list")["bookings"]]
     other.close()
     sock.close()
     subscriber.close()

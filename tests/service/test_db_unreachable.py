@@ -11,11 +11,17 @@ import subprocess
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 
 import pytest
 
+from app.client.local import LocalClient
+from app.config import Config, FleetSettings, HistorySettings
+from app.core.identity import Identity
 from app.core.text import format_time
+from app.gpu import open_source
+from app.service.hosts import beat
 from tests.service.support import BOARD, REPO, board_cli
 
 HOUR = 3600
@@ -86,7 +92,7 @@ def test_writes_refuse_in_one_line_and_change_nothing_over_the_socket_and_in_fil
     member = gpu1.client()
     now = int(time.time())
     booked = member.call("book", cards=[1], start=now, end=now + HOUR)
-    before = member.call("list")
+    before = member.call("list")["bookings"]
     to = time.strftime("%Y-%m-%d", time.gmtime(now + 3 * 86400))
     with paused(pg_cluster):
         for env in (_env(gpu1), _file_env(tmp_path, gpu1.storage_url)):
@@ -95,7 +101,7 @@ def test_writes_refuse_in_one_line_and_change_nothing_over_the_socket_and_in_fil
                 rc, out, err = board_cli(*(a.format(id=booked["id"], to=to) for a in args), env=env, timeout=30)
                 assert (rc, out, err) == (1, "", _line(pg_cluster) + "\n"), args
     _answers_again(member)
-    assert member.call("list") == before  # nothing changed
+    assert member.call("list")["bookings"] == before  # nothing changed
     assert "Traceback" not in gpu1.log_text()
     member.close()
 
@@ -127,8 +133,6 @@ def test_reads_of_this_host_answer_from_the_last_state_marked_stale_and_the_mark
         assert window["stale_since"] and [b["id"] for b in window["in_window"]] == [booked["id"]]
         assert [b["id"] for b in window["upcoming"]] == [booked["id"]]
         _wait_until(lambda: "stale_since" in events.get(timeout=30), 30, "no stale fleet event")
-        # list refuses in one line: its filters reach beyond what the service keeps (app.service.lastknown)
-        assert board_cli("list", env=_env(gpu1), timeout=30) == (1, "", _line(pg_cluster) + "\n")
         # in file mode there is no service's state to read: one line
         assert board_cli("status", env=_file_env(tmp_path, gpu1.storage_url), timeout=30) == (
             1, "", _line(pg_cluster) + "\n")
@@ -146,6 +150,56 @@ def test_reads_of_this_host_answer_from_the_last_state_marked_stale_and_the_mark
     said = [line for line in log.splitlines() if "board agent: the board database is unreachable" in line]
     assert len(said) == 1, said
     watcher.close()
+    member.close()
+
+
+def test_list_answers_from_the_last_state_for_this_hosts_cards_and_refuses_what_is_not_kept(gpu1, pg_cluster,
+                                                                                             tmp_path):
+    config = replace(Config(), db_path=tmp_path / "board.db", storage_url=gpu1.storage_url,
+                     history=HistorySettings(db=str(tmp_path / "gpu2.history.db")), fleet=FleetSettings(host="gpu2"))
+    gpu2 = LocalClient.on(config, open_source(True, host="gpu2"), Identity("alice", 50001, False))
+    beat(gpu2.service)  # gpu2's cards in the store, as its agent writes them
+    gpu2.service.close()
+    member = gpu1.client()
+    now = int(time.time())
+    here = member.call("book", cards=[1], start=now, end=now + HOUR, note="before the outage")
+    later = member.call("book", cards=[2], start=now + 2 * HOUR, end=now + 3 * HOUR)
+    there = member.call("book", cards=[3], host="gpu2", start=now, end=now + HOUR)
+    gone = member.call("book", cards=[4], start=now, end=now + HOUR)
+    member.call("cancel", id=gone["id"])
+    listed = json.loads(board_cli("list", "--json", env=_env(gpu1))[1])
+    assert [b["id"] for b in listed["bookings"]] == [here["id"], there["id"], later["id"]]
+    assert "stale_since" not in listed
+    member.call("status")  # a read the service remembers (and its heartbeat, every second): gpu2's booking too
+    with paused(pg_cluster):
+        rc, out, err = board_cli("list", "--json", env=_env(gpu1), timeout=30)
+        assert rc == 0, err
+        found = json.loads(out)
+        # this host's live bookings as last read: not gpu2's, not the cancelled one; in the database's order
+        assert [(b["id"], b["host"], b["note"]) for b in found["bookings"]] == [
+            (here["id"], "gpu1", "before the outage"), (later["id"], "gpu1", "")]
+        stale = datetime.fromisoformat(found["stale_since"]).timestamp()
+        assert now - 5 <= stale <= time.time()
+        note = (f"bookings as of {format_time(int(stale))}: the board database is unreachable; this host's cards"
+                " only\n")
+        assert err == note
+        rc, out, err = board_cli("list", env=_env(gpu1), timeout=30)
+        assert (rc, err) == (0, note)
+        assert [line.split()[0] for line in out.splitlines()] == [f"#{here['id']}", f"#{later['id']}"], out
+        # the filters the kept bookings answer: a window ahead, a user
+        to = time.strftime("%Y-%m-%d %H:%M", time.gmtime(now + HOUR + 60))
+        rc, out, err = board_cli("list", "--json", "--to", to, "--user", here["user"], env=_env(gpu1), timeout=30)
+        assert rc == 0 and [b["id"] for b in json.loads(out)["bookings"]] == [here["id"]], err
+        # and those that need what only the database keeps: one line naming the filter, exit 1, nothing on stdout
+        unreachable = _line(pg_cluster).removesuffix("; nothing was changed")
+        assert board_cli("list", "--all", env=_env(gpu1), timeout=30) == (
+            1, "", f"{unreachable}; --all needs past and cancelled bookings, which only the database keeps\n")
+        since = time.strftime("%Y-%m-%d %H:%M", time.gmtime(now - HOUR))
+        assert board_cli("list", "--from", since, env=_env(gpu1), timeout=30) == (
+            1, "", f"{unreachable}; --from before {format_time(int(stale))} needs past bookings, which only the"
+            " database keeps\n")
+    _answers_again(member)
+    assert "stale_since" not in json.loads(board_cli("list", "--json", env=_env(gpu1))[1])
     member.close()
 
 

@@ -74,7 +74,7 @@ def test_a_member_on_gpu1_books_gpu2s_card_and_a_member_on_gpu2_is_refused_it(ho
     # and gpu2 naming its own host is the same as a plain number
     with pytest.raises(Conflict):
         gpu2.call("book", cards=[3], host="gpu2", start=start, end=start + HOUR)
-    listed = {b["id"]: b["host"] for b in gpu2.call("list", start=None, end=None, user=None)}
+    listed = {b["id"]: b["host"] for b in gpu2.call("list", start=None, end=None, user=None)["bookings"]}
     assert sorted(listed.values()) == ["gpu1", "gpu2"]
 
 
@@ -501,7 +501,7 @@ def test_a_booking_made_on_gpu1_reaches_a_subscriber_on_gpu2_without_waiting_for
     made = json.loads(out)["id"]
     event = events.get(timeout=5)  # liveness only: a NOTIFY (or the heartbeat's tail) wakes it within a second
     assert event["event"] == "bookings" and "version" in event and "error" not in event, event
-    assert made in [b["id"] for b in board.call("list")]
+    assert made in [b["id"] for b in board.call("list")["bookings"]]
     sock.close()
     board.close()
 

@@ -177,7 +177,7 @@ def test_kill_9_mid_load_loses_nothing_acknowledged_and_subscribers_reconnect(ag
         assert booker.unexpected == [], booker.unexpected  # distinct cards and slots: never a conflict
     acked = {i: slot for booker in bookers for i, slot in booker.acked.items()}
     client = agent.client()
-    stored = client.call("list", start=0, include_cancelled=True)
+    stored = client.call("list", start=0, include_cancelled=True)["bookings"]
     ids = [b["id"] for b in stored]
     assert len(ids) == len(set(ids)), "two bookings share an id"
     found = {b["id"]: (b["cards"][0], b["start"]) for b in stored}

@@ -260,7 +260,7 @@ def world(request):
 def free_fleet(world):
     """After each test root ends every live booking, so the next starts on a free fleet."""
     yield
-    for booking in world.root.call("list", start=int(time.time())):
+    for booking in world.root.call("list", start=int(time.time()))["bookings"]:
         try:
             world.root.call("release", id=booking["id"])
         except BadInput:  # not started yet

@@ -65,7 +65,7 @@ async def test_a_remote_card_is_booked_from_the_form_by_its_host_and_listed_as_g
         assert app.screen.query_one("#cards", Input).value == "gpu2:3"  # the card choice names the host
         await pilot.press("enter")
         await wait_for(pilot, lambda: not isinstance(app.screen, BookingModal))
-        (made,) = [b for b in app.client.call("list", start=None, end=None, user="alice") if b["host"] == "gpu2"]
+        (made,) = [b for b in app.client.call("list", start=None, end=None, user="alice")["bookings"] if b["host"] == "gpu2"]
         gpu2_card3 = gpu2.service.fleet.latest().cards[3].uuid
         assert (made["host"], made["cards"], made["card_uuids"]) == ("gpu2", [3], [gpu2_card3])
         await wait_for(pilot, lambda: any(b.id == made["id"] for b in app.view.upcoming))

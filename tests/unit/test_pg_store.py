@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -406,10 +407,67 @@ def test_a_database_stopping_or_starting_is_unreachable_not_a_refusal_to_fix():
                 break
             assert time.monotonic() < deadline, "the server never began to shut down"
         assert isinstance(said, StoreUnreachable), said
-        assert str(said) == f"the board database is unreachable (gpu1 → {cluster.sockets}:5432); nothing was changed"
+        assert str(said) == (f"the board database is unreachable (gpu1 → {cluster.sockets}:5432: the database system is"
+                             " shutting down); nothing was changed")
         cluster.pause()  # ends the shutdown (fast), holder and all
         holder.close()
     finally:
+        cluster.stop()
+
+
+@pytest.mark.postgresql
+def test_a_full_database_is_unreachable_for_now_and_retried_not_a_refusal_to_fix(tmp_path):
+    """A server with no connection slot left turns a new connection away (SQLSTATE 53300: 'sorry, too many clients
+    already', or 'remaining connection slots are reserved ...' for a role that is not a superuser): the database away
+    for now, in the unreachable line with what it said, exit 1 for a write; the connection is tried again after its
+    backoff and works once a slot is free."""
+    import psycopg
+
+    if reason := missing_reason():
+        pytest.skip(reason)
+    cluster = Cluster(max_connections=5)  # two slots for roles that are not superusers, three kept for superusers
+    held: list = []
+    try:
+        url = cluster.fresh_database()
+        where = f"{cluster.sockets}:5432"
+        cluster.admin("CREATE ROLE board_gpu1 LOGIN")
+        conn = PgConnection(PostgresStore(url, host="gpu1"))  # the service's connection (a superuser's, here)
+        held.append(psycopg.connect(url, autocommit=True))
+        with pytest.raises(StoreUnreachable) as reserved:  # both ordinary slots taken
+            PgConnection(PostgresStore(url.replace("user=postgres", "user=board_gpu1"), host="gpu1"))
+        said = str(reserved.value)
+        assert said.startswith(f"the board database is unreachable (gpu1 → {where}: remaining connection slots are"
+                               " reserved for ") and said.endswith("); nothing was changed") and "\n" not in said
+        # the service's connection drops (its backend ended) while every slot is taken: it cannot come back yet
+        held[0].execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'board gpu1'")
+        held += [psycopg.connect(url, autocommit=True) for _ in range(4)]
+        full = f"the board database is unreachable (gpu1 → {where}: sorry, too many clients already); nothing was changed"
+        with pytest.raises(StoreUnreachable):
+            conn.execute("SELECT 1")  # the broken connection: found on its use
+        with pytest.raises(StoreUnreachable, match="^" + re.escape(full) + "$"):
+            conn.execute("SELECT 1")  # opened again: turned away
+        with pytest.raises(StoreUnreachable, match="^" + re.escape(full) + "$"):
+            conn.execute("SELECT 1")  # within the backoff: not tried, the same line
+        config = tmp_path / "board.toml"
+        config.write_text('[fleet]\nhost = "gpu1"\n')
+        booked = run_board("book", "--cards", "0", "--for", "1h",
+                           env={"BOARD_CONFIG": str(config), "BOARD_DB_URL": url, "BOARD_DB": str(tmp_path / "board.db"),
+                                "BOARD_SIMULATE": "1", "HOME": str(tmp_path)})
+        assert (booked.returncode, booked.stdout, booked.stderr) == (1, "", f"board: {full}\n")
+        for other in held:
+            other.close()
+        deadline = time.monotonic() + 60  # the backoff is 1 s, then 2 s ...: the next use after it connects
+        while True:
+            try:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+                break
+            except StoreUnreachable:
+                assert time.monotonic() < deadline, "the connection never came back"
+                time.sleep(0.1)
+        conn.close()
+    finally:
+        for other in held:
+            other.close()
         cluster.stop()
 
 
@@ -439,6 +497,6 @@ def test_a_booking_made_by_one_service_reaches_a_subscriber_of_another(pg):
     made = one.call("book", cards=[3], start=start, end=start + 3600)
     event = events.get(timeout=30)  # waits for the NOTIFY; the poll it replaced would have taken a second or more
     assert event["event"] == "bookings" and "version" in event, event  # a change, not an error
-    assert [b["id"] for b in other.call("list", mine=True)] == [made["id"]]
+    assert [b["id"] for b in other.call("list", mine=True)["bookings"]] == [made["id"]]
     one.close()
     other.close()

@@ -113,7 +113,7 @@ def free_fleet(shared):
     try:
         for server in client.call("serve_list"):
             launch.stop(client, server["id"])
-        for booking in client.call("list", start=int(time.time())):
+        for booking in client.call("list", start=int(time.time()))["bookings"]:
             try:
                 client.call("release", id=booking["id"])
             except BadInput:  # not started yet

@@ -34,7 +34,7 @@ sock.settimeout(20)
 print("ready", flush=True)
 while json.loads(reader.readline()).get("event") != "bookings":
     pass
-listed = SocketClient(path).call("list")
+listed = SocketClient(path).call("list")["bookings"]
 print(json.dumps([[b["id"], b["user"], b["cards"]] for b in listed]), flush=True)
 """
 

@@ -6,11 +6,12 @@ import resource
 from typing import TYPE_CHECKING
 
 from app.core.identity import Identity, lookup_user
-from app.errors import BadInput
+from app.errors import BadInput, BoardError
 from app.gpu.model import snapshot_to_wire
 from app.model import booking_to_wire
 from app.service.ops.registry import BOOL, INT, SPAN, STR, TIME, op
-from app.service.lastknown import read_live, remember_window
+from app.service.lastknown import listing as known_listing
+from app.service.lastknown import read_live, remember_window, unreachable
 from app.service.status import status_document
 from app.store import bookings as rows
 from app.store import events
@@ -76,14 +77,24 @@ def get(service: Service, me: Identity, id: int) -> dict:
 
 
 @op("list", {}, {"start": TIME, "end": TIME, "user": STR, "mine": BOOL, "include_cancelled": BOOL})
-def listing(service: Service, me: Identity, start=None, end=None, user=None, mine=False, include_cancelled=False) -> list:
+def listing(service: Service, me: Identity, start=None, end=None, user=None, mine=False, include_cancelled=False) -> dict:
+    """`{"bookings": [...]}`: those overlapping [start, end) (no start: the past too), of `user`, cancelled ones too
+    with `include_cancelled`; while a PostgreSQL database is unreachable, this host's as last read, with
+    `stale_since` (app.service.lastknown.listing)."""
     if mine:
         user = me.name
-    if user is not None and lookup_user(user) is None and not rows.listing(
-            service.conn, start=None, end=None, user=user, include_cancelled=True):
-        raise BadInput(f"no user {user!r} on this server")
-    found = rows.listing(service.conn, start=start, end=end, user=user, include_cancelled=include_cancelled)
-    return [booking_to_wire(b) for b in found]
+    try:
+        if user is not None and lookup_user(user) is None and not rows.listing(
+                service.conn, start=None, end=None, user=user, include_cancelled=True):
+            raise BadInput(f"no user {user!r} on this server")
+        found = rows.listing(service.conn, start=start, end=end, user=user, include_cancelled=include_cancelled)
+    except BoardError as error:
+        if not unreachable(error):
+            raise
+        found, stale_since = known_listing(service, error, start=start, end=end, user=user,
+                                           include_cancelled=include_cancelled)
+        return {"bookings": [booking_to_wire(b) for b in found], "stale_since": stale_since}
+    return {"bookings": [booking_to_wire(b) for b in found]}
 
 
 @op("window", {"start": TIME, "end": TIME})
