@@ -150,7 +150,7 @@ def test_members_on_each_host_still_book_the_other_hosts_cards(hosts):
     on_gpu2 = gpu1.call("book", cards=[3], host="gpu2", start=start, end=start + HOUR)
     on_gpu1 = gpu2.call("book", cards=[3], host="gpu1", start=start, end=start + HOUR)
     assert (on_gpu2["host"], on_gpu1["host"]) == ("gpu2", "gpu1")
-    listed = {b["id"]: (b["host"], b["user"]) for b in gpu1.call("list", start=None, end=None, user=None)}
+    listed = {b["id"]: (b["host"], b["user"]) for b in gpu1.call("list", start=None, end=None, user=None)["bookings"]}
     assert listed == {on_gpu2["id"]: ("gpu2", "alice"), on_gpu1["id"]: ("gpu1", "bob")}
 
 
