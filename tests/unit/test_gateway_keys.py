@@ -4,17 +4,20 @@ how usage sums. The HTTP side is tests/llama/test_gateway.py; the admission rule
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 
 import pytest
 
 from app.config import Config
 from app.core.identity import Identity
-from app.core.keys import key_hash
+from app.core.keys import MAX_MODELS, class_rank, fingerprint, key_hash, new_key, parse_models
 from app.errors import BadInput, Conflict, NotPermitted
 from app.gpu import open_source
 from app.gpu.fleet import Fleet
 from app.service import Service
+from app.store import keys as rows
+from app.store.db import write
 from app.store.schema import LATEST
 from tests.conftest import FROZEN_NOW
 
@@ -130,3 +133,92 @@ def test_the_report_gains_tokens_per_user(service):
     from app.report.render import table
 
     assert "alice: 2 requests, 14 prompt and 6 completion tokens" in table(doc)
+
+
+# -- the rules on each side of their boundaries (mutation testing, issue 19) ---------------------------------------
+
+
+def test_a_key_is_32_random_bytes_its_hash_reads_any_header_and_its_fingerprint_is_8_hex_digits():
+    made = new_key()
+    assert made.startswith("bk-") and len(made) == 3 + 43 and made != new_key()  # 32 bytes in URL-safe base64
+    # a header's bytes that are not UTF-8 reach the gateway as surrogates: they hash as the bytes that were sent
+    assert key_hash("bk-\udcff") == hashlib.sha256(b"bk-\xff").hexdigest()
+    assert fingerprint("0123456789abcdef" * 4) == "01234567"
+
+
+def test_class_rank_is_classes_order_then_any_other_class_last():
+    assert [class_rank(c) for c in ("online", "batch", "finetune", "experiment", None, "gold")] == [0, 1, 2, 3, 4, 4]
+
+
+@pytest.mark.parametrize("text, models", [(None, None), ("", None), ("  ", None), ("a", ["a"]),
+                                          (" a, b ,,c ", ["a", "b", "c"]), ("m" * 200, ["m" * 200]),
+                                          (",".join(f"m{n}" for n in range(MAX_MODELS)),
+                                           [f"m{n}" for n in range(MAX_MODELS)])])
+def test_parse_models(text, models):
+    assert parse_models(text) == models
+
+
+@pytest.mark.parametrize("text, message", [
+    (",".join(f"m{n}" for n in range(MAX_MODELS + 1)), "at most 64 models per key"),
+    ("a," + "m" * 201, f"{'m' * 40!r} is not a model alias"),
+    ("a\x1bb", "'a\\x1bb' is not a model alias")])
+def test_parse_models_refuses(text, message):
+    with pytest.raises(ValueError) as refused:
+        parse_models(text)
+    assert str(refused.value) == message
+
+
+def add_key(conn, user="alice", uid=1001, hashed="h1", models=None, expires_at=None) -> int:
+    with write(conn):
+        return rows.insert(conn, name="k", user=user, uid=uid, hashed=hashed, fingerprint=hashed[:8], models=models,
+                           klass="batch", now=FROZEN_NOW, created_by=uid, expires_at=expires_at)
+
+
+def test_a_hand_edited_scope_opens_nothing_rather_than_everything(conn):
+    key_id = add_key(conn, models=["m"])
+    assert rows.get(conn, key_id)["models"] == ["m"]
+    with write(conn):
+        conn.execute("UPDATE api_keys SET models = '[not json' WHERE id = ?", (key_id,))
+    assert rows.get(conn, key_id)["models"] == []
+    assert rows.get(conn, key_id + 1) is None
+
+
+def test_revoke_keeps_the_first_time_and_says_whether_it_revoked(conn):
+    key_id = add_key(conn)
+    with write(conn):
+        assert rows.revoke(conn, key_id, FROZEN_NOW) is True
+    with write(conn):
+        assert rows.revoke(conn, key_id, FROZEN_NOW + 60) is False
+    assert rows.get(conn, key_id)["revoked"] == FROZEN_NOW
+
+
+def test_listing_without_filters_is_every_key_newest_first(conn):
+    first = add_key(conn, hashed="h1")
+    second = add_key(conn, user="bob", uid=1002, hashed="h2", expires_at=FROZEN_NOW)
+    third = add_key(conn, hashed="h3")
+    with write(conn):
+        rows.revoke(conn, third, FROZEN_NOW)
+    assert [k["id"] for k in rows.listing(conn)] == [third, second, first]
+    assert [k["id"] for k in rows.listing(conn, uid=1001)] == [third, first]
+    assert [k["id"] for k in rows.listing(conn, live_at=FROZEN_NOW - 1)] == [second, first]
+    assert [k["id"] for k in rows.listing(conn, live_at=FROZEN_NOW)] == [first]  # bob's expires that second
+
+
+def test_an_admin_lists_every_key_and_nobody_revokes_a_key_that_is_not_there(service):
+    mine, theirs = service.call(ALICE, "key_new", {}), service.call(BOB, "key_new", {})
+    service.call(BOB, "key_revoke", {"id": theirs["id"]})
+    assert [k["id"] for k in service.call(ADMIN, "key_list", {"all": True})] == [theirs["id"], mine["id"]]
+    with pytest.raises(BadInput):
+        service.call(ADMIN, "key_revoke", {"id": theirs["id"] + 1})
+
+
+def test_report_tokens_count_the_window_from_its_start_up_to_but_not_at_its_end(conn):
+    record = {"status": 200, "prompt_tokens": 7, "completion_tokens": 3, "duration_ms": 1, "model": "m", "fingerprint": "f"}
+    with write(conn):
+        rows.record_usage(conn, [{**record, "ts": FROZEN_NOW - 100, "user": "alice"},
+                                 {**record, "ts": FROZEN_NOW - 1, "user": "alice", "prompt_tokens": 1},
+                                 {**record, "ts": FROZEN_NOW, "user": "alice"},
+                                 {**record, "ts": FROZEN_NOW - 101, "user": "alice"},
+                                 {**record, "ts": FROZEN_NOW - 50, "user": "bob", "status": 500, "prompt_tokens": 0,
+                                  "completion_tokens": 0}])
+    assert rows.tokens_by_user(conn, FROZEN_NOW - 100, FROZEN_NOW) == {"alice": (2, 8, 6), "bob": (1, 0, 0)}

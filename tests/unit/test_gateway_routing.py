@@ -135,3 +135,185 @@ async def test_a_new_state_keeps_the_requests_in_flight_counted():
     r.update({"servers": [server(1), server(2)], "keys": [], "planned": []})
     assert r.servers[1].outstanding == 1 and held.outstanding == 1
     assert (await r.admit("m", key(1))).id == 2
+
+
+# -- each rule on both sides of its boundary, and every refusal as a client gets it (mutation testing, issue 19) --
+
+LONG = "x" * 90  # a model name past the 80 characters a refusal quotes
+
+
+def seen(error: Refused) -> tuple:
+    """A refusal as the client gets it: status, error type, code, Retry-After and the line to act on."""
+    assert str(error) == error.message  # what a log line shows
+    return error.status, error.kind, error.code, error.retry_after, error.message
+
+
+def refused(call) -> tuple:
+    with pytest.raises(Refused) as caught:
+        call()
+    return seen(caught.value)
+
+
+async def refused_admit(r, model, k) -> tuple:
+    with pytest.raises(Refused) as caught:
+        await r.admit(model, k)
+    return seen(caught.value)
+
+
+def local_time(ts: float) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(ts).astimezone().strftime("%a %H:%M")
+
+
+async def test_before_the_first_state_every_request_waits_for_the_service_and_after_an_empty_one_none_is_served():
+    r = Router(30.0, 5.0, 8, lambda: NOW)
+    assert refused(lambda: r.authorise(key_hash("k1"), "m")) == (
+        503, "server_error", "service_unavailable", 5,
+        "the gateway has not reached the board service yet; try again in a few seconds")
+    none_served = (404, "invalid_request_error", "model_not_found", None, "no server serves 'm'; served now: none")
+    assert await refused_admit(r, "m", key(1)) == none_served
+    r.update({})  # a state that lists nothing: no server, no plan, no key
+    assert refused(lambda: r.authorise(key_hash("k1"), "m"))[:3] == (401, "invalid_request_error", "invalid_api_key")
+    assert await refused_admit(r, "m", key(1)) == none_served
+
+
+def test_key_refusals_in_full_and_a_key_stops_at_its_expiry_time():
+    r = router([server(1)], keys=[key(1, models=["a", "b"]), key(2, expires=NOW), key(3, expires=NOW + 1)])
+    assert refused(lambda: r.authorise(key_hash("k2"), "m")) == (
+        401, "invalid_request_error", "invalid_api_key", None,
+        "no valid API key: send 'Authorization: Bearer <key>' with a key from 'board key new'"
+        " (revoked and expired keys stop working)")
+    assert r.authorise(key_hash("k3"), "m")["id"] == 3  # one second left
+    assert r.authorise(key_hash("k1"), "b")["id"] == 1
+    assert refused(lambda: r.authorise(key_hash("k1"), LONG)) == (
+        403, "invalid_request_error", "model_not_allowed", None, f"key fp1 may use a, b, not {LONG[:80]}")
+
+
+async def test_unserved_model_refusals_in_full():
+    planned = [{"alias": "team", "booking": 43, "start": NOW + 7200, "end": NOW + 9000, "user": "bob"},
+               {"alias": "team", "booking": 41, "start": NOW - 3600, "end": NOW, "user": "bob"},  # just ended
+               {"alias": "team", "booking": 42, "start": NOW + 600, "end": NOW + 4200, "user": "alice"},
+               {"alias": "later", "booking": 44, "start": NOW + 7200, "end": NOW + 9000, "user": "bob"},
+               {"alias": LONG, "booking": 45, "start": NOW - 60, "end": NOW + 3600, "user": "bob"}]  # still loading
+    r = router([server(1, alias="m"), server(2, alias="a"), server(3, alias=LONG + "!", end=NOW + 10)],
+               planned=planned)
+    assert await refused_admit(r, "team", key(1)) == (
+        503, "server_error", "model_not_ready", 600,
+        f"team is served from {local_time(NOW + 600)} (booking 42); try again then")
+    assert (await refused_admit(r, "later", key(1)))[3] == 3600  # at most an hour, however far the start
+    assert await refused_admit(r, LONG, key(1)) == (
+        503, "server_error", "model_not_ready", 1,
+        f"{LONG[:80]} is served from {local_time(NOW - 60)} (booking 45); try again then")
+    assert await refused_admit(r, LONG + "!", key(1)) == (
+        503, "server_error", "model_draining", 30,
+        f"{LONG[:80]}'s servers are stopping (their bookings end within 30 s)")
+    assert await refused_admit(r, LONG + "?", key(1)) == (
+        404, "invalid_request_error", "model_not_found", None,
+        f"no server serves {LONG[:80]!r}; served now: a, m, {LONG}!")
+
+
+async def test_drain_s_is_inclusive_and_a_zero_drain_still_asks_for_a_retry_a_second_later():
+    r = router([server(1, end=NOW + 30), server(2, end=NOW + 31)])
+    assert (await r.admit("m", key(1))).id == 2  # the first ends exactly drain_s from now
+    assert await refused_admit(router([server(1, end=NOW)], drain_s=0), "m", key(1)) == (
+        503, "server_error", "model_draining", 1, "m's servers are stopping (their bookings end within 0 s)")
+
+
+async def test_the_per_key_cap_in_full_counts_each_request_until_it_is_released():
+    r = router([server(1, parallel=8)], max_per_key=1)
+    k = key(7)
+    held = await r.admit("m", k)
+    assert await refused_admit(r, "m", k) == (
+        429, "rate_limit_exceeded", "too_many_requests_per_key", 1,
+        "key fp7 has 1 requests in flight, its limit ([gateway] max_concurrent_per_key); wait for one to finish")
+    r.release(held, k)
+    r = router([server(1, parallel=8)], max_per_key=2)
+    a, b = await r.admit("m", k), await r.admit("m", k)
+    r.release(a, k)
+    assert r.in_flight == {7: 1}
+    c = await r.admit("m", k)
+    assert (await refused_admit(r, "m", k))[2] == "too_many_requests_per_key"  # b and c are in flight
+    r.release(b, k)
+    r.release(c, k)
+    assert r.in_flight == {} and r.servers[1].outstanding == 0
+
+
+async def test_a_wait_past_queue_timeout_in_full():
+    r = router([server(1, alias=LONG)], queue_timeout_s=0.05)
+    await r.admit(LONG, key(1))
+    assert await refused_admit(r, LONG, key(2)) == (
+        429, "rate_limit_exceeded", "model_busy", 1,
+        f"every slot of {LONG[:80]} is busy and the wait passed 0.05 s; try again shortly")
+
+
+async def test_ties_on_outstanding_go_to_the_server_with_more_slots():
+    r = router([server(1, parallel=2), server(2, parallel=4)])
+    assert [(await r.admit("m", key(1))).id for _ in range(3)] == [1, 2, 2]
+
+
+async def test_one_class_waits_first_come_first_served():
+    r = router([server(1)], queue_timeout_s=30)
+    held = await r.admit("m", key(1))
+    order = []
+
+    async def wait(k):
+        server = await r.admit("m", k)
+        order.append(k["id"])
+        r.release(server, k)
+
+    tasks = [asyncio.create_task(wait(key(n))) for n in range(2, 8)]
+    await settle()
+    r.release(held, key(1))
+    await asyncio.gather(*tasks)
+    assert order == [2, 3, 4, 5, 6, 7]
+
+
+async def test_models_queue_apart_and_a_handed_slot_is_counted():
+    r = router([server(1, alias="a"), server(2, alias="b", parallel=2)], queue_timeout_s=30)
+    on_a = await r.admit("a", key(1))
+    on_b = [await r.admit("b", key(2)), await r.admit("b", key(2))]
+    first_on_a = asyncio.create_task(r.admit("a", key(3, "online")))  # ahead of b's waiter by class
+    then_on_b = asyncio.create_task(r.admit("b", key(4, "batch")))
+    await settle()
+    r.release(on_b[0], key(2))  # a's waiter is still blocked; b's gets the slot
+    await settle()
+    assert not first_on_a.done() and (await then_on_b).id == 2 and r.servers[2].outstanding == 2
+    late_on_b = asyncio.create_task(r.admit("b", key(5)))
+    await settle()
+    assert not late_on_b.done()  # both of b's slots are taken
+    r.release(on_a, key(1))
+    assert (await first_on_a).id == 1
+    free_model = router([server(1, alias="a"), server(2, alias="b")], queue_timeout_s=30)
+    await free_model.admit("a", key(1))
+    waiting = asyncio.create_task(free_model.admit("a", key(2)))
+    await settle()
+    assert (await free_model.admit("b", key(3))).id == 2  # a's queue does not hold back b
+    for task in (waiting, late_on_b):
+        task.cancel()
+    await settle()
+
+
+async def test_a_client_that_leaves_just_as_it_is_handed_a_slot_gives_it_to_the_next():
+    r = router([server(1)], queue_timeout_s=30)
+    held = await r.admit("m", key(1))
+    leaving = asyncio.create_task(r.admit("m", key(2)))
+    staying = asyncio.create_task(r.admit("m", key(3)))
+    await settle()
+    leaving.cancel()  # the client goes; before its task runs again, the slot frees and is handed to it
+    r.release(held, key(1))
+    await settle()
+    assert leaving.cancelled() and (await staying).id == 1
+    assert r.servers[1].outstanding == 1 and r.in_flight == {3: 1} and r._waiting == []
+
+
+def test_a_state_carries_each_ready_servers_fields_with_defaults_for_the_optional_ones():
+    bare = {"id": 2, "alias": "m", "url": "http://127.0.0.1:9002", "user": "bob", "booking": 52, "state": "ready"}
+    r = router([server(1, state="starting"), bare, {**server(3, parallel=4), "host": "gpu2", "api_key": "s3"}])
+    assert sorted(r.servers) == [2, 3]
+    assert vars(r.servers[2]) == {"id": 2, "alias": "m", "url": "http://127.0.0.1:9002", "api_key": None,
+                                  "parallel": 1, "user": "bob", "booking": 52, "booking_end": None, "cards": [],
+                                  "state": "ready", "host": "local", "outstanding": 0}
+    assert vars(r.servers[3]) == {"id": 3, "alias": "m", "url": "http://127.0.0.1:9003", "api_key": "s3",
+                                  "parallel": 4, "user": "alice", "booking": 43, "booking_end": NOW + 3600,
+                                  "cards": [3], "state": "ready", "host": "gpu2", "outstanding": 0}
