@@ -77,21 +77,17 @@ def record_usage(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> Non
 _BY = {"user": '"user"', "key": "fingerprint", "model": "model"}
 
 
-def usage(conn: sqlite3.Connection, since: int, by: str = "user", uid_user: str | None = None) -> list[dict[str, Any]]:
+def usage(conn: sqlite3.Connection, since: int, by: str) -> list[dict[str, Any]]:
     """Sums since `since`, grouped `by` user, key or model (all three columns shown; the others are summed over
-    and show as "" when they differ); only `uid_user`'s rows when given."""
+    and show as "" when they differ)."""
     group = _BY[by]
-    where, args = "ts >= ?", [since]
-    if uid_user is not None:
-        where += ' AND "user" = ?'
-        args.append(uid_user)
     rows = conn.execute(
         f"SELECT {group}, CASE WHEN COUNT(DISTINCT \"user\") = 1 THEN MIN(\"user\") ELSE '' END,"
         " CASE WHEN COUNT(DISTINCT fingerprint) = 1 THEN MIN(fingerprint) ELSE '' END,"
         " CASE WHEN COUNT(DISTINCT model) = 1 THEN MIN(model) ELSE '' END,"
         " COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END)"
-        f" FROM gateway_usage WHERE {where} GROUP BY {group} ORDER BY SUM(prompt_tokens + completion_tokens) DESC,"
-        f" {group}", args)
+        f" FROM gateway_usage WHERE ts >= ? GROUP BY {group} ORDER BY SUM(prompt_tokens + completion_tokens) DESC,"
+        f" {group}", (since,))
     return [{"user": user, "key": key, "model": model, "requests": n, "prompt_tokens": p or 0,
              "completion_tokens": c or 0, "errors": e or 0} for _, user, key, model, n, p, c, e in rows]
 
