@@ -14,6 +14,7 @@ from app.errors import BadInput, Conflict, NotPermitted
 from app.service.series import SeriesService
 from app.store import bookings as rows
 from app.store import events
+from app.store import series as store
 from app.store.db import write
 from app.core.text import localize
 from tests.conftest import FROZEN_NOW, sqlite_only  # Sunday 2026-11-29 15:30 UTC
@@ -412,3 +413,100 @@ def test_conflicts_are_counted_and_listed_up_to_ten(series, make_service, days):
         assert message.startswith(f"{days} of {days} occurrences conflict, so nothing was booked: ")
         assert message.count("booked by bob") == 10
         assert message.endswith("; and 1 more") == (days == 11) and "and 0 more" not in message
+
+
+# -- issue 19: setups that tell the right answer from a nearly right one (app.service.series' mutants) ----------
+
+@pytest.fixture
+def utc_reader(monkeypatch):
+    """This process (the reader) in UTC, so that a date read in its zone rather than the policy zone shows."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_an_occurrence_starting_this_very_second_is_still_ahead(series):
+    nine = int(datetime(2026, 12, 7, 9, tzinfo=BERLIN).timestamp())
+    made = series(now=nine).book(cards=[7], every="day", start="9:00", until="10:00", last="2026-12-08")
+    assert [b.start for b in made.booked] == [nine, nine + 24 * HOUR]
+    assert {(b.klass, b.note) for b in made.booked} == {("experiment", "")}  # the defaults
+    with pytest.raises(BadInput) as refused:  # a second later it has started: nothing is left ahead
+        series(now=nine + 1).book(cards=[7], every="day", start="9:00", until="10:00", last="2026-12-07")
+    assert worded(refused.value) == ("no occurrences: every day 09:00-10:00, 2026-12-07 to 2026-12-07 has no day"
+                                     " ahead to book; check --every and the dates")
+
+
+def test_a_refusal_in_full_groups_by_rule_lists_conflicts_and_says_up_to_when_in_the_policy_zone(
+        series, make_service, utc_reader):
+    """Nightly 00:30 in Berlin is 23:30 the day before in UTC. Alice's series on card 5 meets bob on two nights,
+    her own booking on card 6 (the limit is one card at once) on the 13th, and the 14-day horizon from the 14th."""
+    night = Config(policy=Policy(timezone="Europe/Berlin", max_ahead_days=14, max_cards_per_user=1))
+
+    def at(day: int) -> int:
+        return int(datetime(2026, 12, day, 0, 30, tzinfo=BERLIN).timestamp())
+
+    bob = make_service(name="bob", uid=1002, config=night)
+    taken = [bob.create(cards=[5], start=at(day), end=at(day) + HOUR) for day in (8, 9)]
+    make_service(config=night).create(cards=[6], start=at(13), end=at(13) + HOUR)
+    with pytest.raises(NotPermitted) as refused:
+        series(config=night).book(cards=[5], every="day", start="0:30", until="1:30", first="2026-12-07",
+                                  last="2026-12-20")
+    held = [f"card 5 is booked by bob until 2026-12-{day:02d} 01:30 (in {days} days) (booking {b.id})"
+            for day, days, b in zip((8, 9), (8, 9), taken)]
+    assert worded(refused.value) == (
+        "the policy refuses 8 of 14 occurrences, so nothing was booked:"
+        " you would hold 2 cards at once; the limit is 1 (Sun 2026-12-13 00:30);"
+        " a booking may start at most 14 days ahead (7 occurrences, Mon 2026-12-14 00:30 to Sun 2026-12-20 00:30);"
+        f" also 2 conflicts: Tue 2026-12-08 00:30: {held[0]}; Wed 2026-12-09 00:30: {held[1]};"
+        " book up to --to 2026-12-12 now and add the rest later with 'board series extend';"
+        " admins may pass --override-policy")
+
+
+def test_an_override_skips_a_taken_occurrence_and_books_the_rest_and_an_extension_overrides_too(
+        series, make_service, conn):
+    """Finetune at 10:00 on prod breaks its window every weekday; bob holds card 0 on the first of them."""
+    ten = int(datetime(2026, 12, 7, 10, tzinfo=BERLIN).timestamp())
+    taken = make_service(name="bob", uid=1002, config=SEEDS).create(cards=[0], start=ten, end=ten + HOUR, klass="batch")
+    root = series(name="root", uid=0, admin=True)
+    made = root.book(cards=[0], klass="finetune", every="weekday", start="10:00", until="12:00", first="2026-12-07",
+                     last="2026-12-09", override_policy=True, skip_conflicts=True)
+    assert [(berlin(m.start), berlin(m.end)) for m in made.skipped] == [("Mon 2026-12-07 10:00", "Mon 2026-12-07 12:00")]
+    assert f"(booking {taken.id})" in made.skipped[0].reason
+    assert [berlin(b.start) for b in made.booked] == ["Tue 2026-12-08 10:00", "Wed 2026-12-09 10:00"]
+    assert [berlin(m.start) for m in made.overridden] == ["Tue 2026-12-08 10:00", "Wed 2026-12-09 10:00"]
+    grown = root.extend(made.series.id, "2026-12-10", override_policy=True)
+    assert [berlin(b.start) for b in grown.booked] == ["Thu 2026-12-10 10:00"]
+    assert [m.reason for m in grown.overridden] == [
+        "card 0: class finetune is allowed on pool prod only 19:00-09:00 (Europe/Berlin) and at weekends"]
+
+
+def test_an_extension_of_a_lapsed_series_starts_today_in_the_policy_zone(series, utc_reader):
+    """Sunday 15:30 UTC is already Monday 00:30 in Tokyo: the new occurrences count from Monday."""
+    tokyo = Config(policy=Policy(timezone="Asia/Tokyo", max_ahead_days=400))
+    made = series(config=tokyo, now=FROZEN_NOW - 14 * 24 * HOUR).book(
+        cards=[7], every="day", start="9:00", until="10:00", first="2026-11-16", last="2026-11-17")
+    with pytest.raises(BadInput) as refused:
+        series(config=tokyo).extend(made.series.id, "2027-12-02")
+    assert worded(refused.value) == "2026-11-30 to 2027-12-02 is 367 days; extend a series by at most 366 days at a time"
+
+
+def test_a_rule_stored_without_class_or_note_extends_as_an_experiment_with_no_note(series, conn):
+    made = series().book(cards=[7], klass="batch", every="day", start="9:00", until="10:00", first="2026-12-07",
+                         last="2026-12-07", note="nightly")
+    bare = {k: v for k, v in made.series.rule.items() if k not in ("class", "note")}
+    with write(conn):
+        store.set_rule(conn, made.series.id, bare)
+    (booking,) = series().extend(made.series.id, "2026-12-08").booked
+    assert (booking.klass, booking.note) == ("experiment", "")
+
+
+def test_a_hand_broken_rule_quotes_at_most_60_characters_of_what_is_wrong(series, conn):
+    made = series().book(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07", last="2026-12-07")
+    with write(conn):
+        store.set_rule(conn, made.series.id, {**made.series.rule, "days": ["x" * 100]})
+    with pytest.raises(BadInput) as refused:
+        series().extend(made.series.id, "2026-12-08")
+    quoted = ("invalid literal for int() with base 10: '" + "x" * 100)[:60]
+    assert str(refused.value) == f"series {made.series.id} has a malformed rule ({quoted}); cancel it and book anew"
