@@ -64,13 +64,14 @@ def ensure_users(group: str = MEMBERS_GROUP, members: dict[str, int] = MEMBERS) 
 
 
 @contextmanager
-def shared_install(*, group: str = MEMBERS_GROUP, extra_toml: str = "",
-                   agent_env: dict | None = None) -> Iterator[SharedInstall]:
-    """A shared install whose members are in `group`, `extra_toml` added to its config, its agent serving."""
+def shared_install(*, group: str = MEMBERS_GROUP, extra_toml: str = "", agent_env: dict | None = None,
+                   board: Path = BOARD) -> Iterator[SharedInstall]:
+    """A shared install whose members are in `group`, `extra_toml` added to its config, its agent serving; `board` is
+    the entry point it runs (another checkout's, to compare two versions in one run)."""
     require_root("a shared install")
     ensure_users(group)
     root = scratch_dir("board-bench-")
-    install = SharedInstall(root=root, prefix=root / "prefix", program=[str(BOARD)])
+    install = SharedInstall(root=root, prefix=root / "prefix", program=[str(board)])
     try:
         make_layout(install.prefix, config_text(install.prefix, group=group, admin_group=None, extra=extra_toml))
         install.start_agent(agent_env)
