@@ -73,6 +73,7 @@ def worker(args: argparse.Namespace) -> None:
     sys.stdin.readline()  # the go signal: every process starts together
     outcomes = {"booked": 0, "conflict": 0, "refused": 0, "error": 0}
     latencies, errors = [], []
+    cpu0 = time.process_time()
     for _ in range(args.attempts):
         start = base + HOUR * rng.randrange(0, args.hours)
         end = start + HOUR * rng.choice((1, 2, 3))
@@ -98,7 +99,8 @@ def worker(args: argparse.Namespace) -> None:
             outcomes["error"] += 1
             errors.append(f"{type(error).__name__}: {error}")
         latencies.append(time.perf_counter() - began)
-    print(json.dumps({"user": me, "outcomes": outcomes, "latencies": latencies, "errors": errors[:5]}), flush=True)
+    print(json.dumps({"user": me, "outcomes": outcomes, "latencies": latencies, "errors": errors[:5],
+                      "cpu_s": time.process_time() - cpu0}), flush=True)
 
 
 # -- the driver -------------------------------------------------------------------------------------------
@@ -131,6 +133,7 @@ def phase(mode: str, target: str, users: list[str], procs: int, args: argparse.N
         "max_ms": round(latencies[-1] * 1000, 2),
         "outcomes": outcomes,
         "errors": [e for r in reports for e in r["errors"]][:5],
+        "client_cpu_ms_per_attempt": round(sum(r["cpu_s"] for r in reports) * 1000 / total, 3),
     }
 
 
@@ -220,9 +223,11 @@ def verify(db: Path) -> dict:
 
 def service_phase(install, users: list[str], args: argparse.Namespace, env: dict) -> dict:
     """The service's phase against `install`'s agent, with the agent's CPU over it (user + system, all threads)."""
-    cpu0 = cpu_seconds(install.agent_pid)
+    user0, system0 = cpu_seconds(install.agent_pid, split=True)
     board = phase("service", str(install.socket), users, args.procs, args, env)
-    cpu = cpu_seconds(install.agent_pid) - cpu0
+    user1, system1 = cpu_seconds(install.agent_pid, split=True)
+    cpu = user1 - user0 + system1 - system0
+    board["agent_system_share"] = round((system1 - system0) / cpu, 2) if cpu else None  # the kernel's part
     # per second of the phase: near 1.0, the agent's one interpreter (the GIL) is the limit
     board["agent_cpu_per_s"] = round(cpu / board["wall_s"], 2)
     board["agent_cpu_ms_per_attempt"] = round(cpu * 1000 / board["attempts"], 3)
@@ -315,15 +320,18 @@ def print_table(result: dict) -> None:
     print(f"service outcomes: {o['booked']} booked, {o['conflict']} conflicts, {o['refused']} refused by policy,"
           f" {o['error']} unhandled errors" + (f" (first: {board['errors'][0]})" if board["errors"] else ""))
     print(f"the agent's CPU over its phase: {board['agent_cpu_per_s']} s per s, {board['agent_cpu_ms_per_attempt']} ms per"
-          " attempt")
+          f" attempt ({board['agent_system_share']:.0%} in the kernel)")
     if (other := result["against"]) is not None:
         oc = other["checks"]
         print(f"against {other['checkout']}: {other['agent_cpu_per_s']} s per s, {other['agent_cpu_ms_per_attempt']} ms"
-              f" per attempt; {other['ratio']:.2f}x the raw loop; {oc['overlaps']} overlaps, integrity {oc['integrity']},"
+              f" per attempt ({other['agent_system_share']:.0%} in the kernel); {other['ratio']:.2f}x the raw loop;"
+              f" {oc['overlaps']} overlaps, integrity {oc['integrity']},"
               f" audit chain {'intact' if oc['audit_chain_intact'] else 'BROKEN'}; outcomes {other['outcomes']}")
     print(f"checks (as root, read-only): {checks['overlaps']} overlaps, integrity {checks['integrity']}, audit chain"
           f" {'intact' if checks['audit_chain_intact'] else 'BROKEN'} ({checks['events']} events),"
           f" bookings by uids {checks['uids']}; service peak RSS {result['service_max_rss_kib'] / 1024:.1f} MB")
+    print(f"the clients' CPU per attempt: service {board['client_cpu_ms_per_attempt']} ms, raw"
+          f" {raw['client_cpu_ms_per_attempt']} ms")
     print(f"raw runs before and after the service's: {' and '.join(map(str, raw['runs_attempts_per_s']))} attempts/s;"
           " the faster is the floor")
     print(f"rules alone (the same attempts through Service.call in one thread, no socket): {result['rules_alone']['outcomes']}")

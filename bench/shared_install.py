@@ -90,11 +90,12 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (from /proc/<pid>/stat)."""
+def cpu_seconds(pid: int, *, split: bool = False) -> float | tuple[float, float]:
+    """User + system CPU of a process so far (from /proc/<pid>/stat); with `split`, (user, system)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    user, system = int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
+    return (user, system) if split else user + system
 
 
 def release_together(children: list, what: str, timeout: float) -> tuple[list[dict], float]:

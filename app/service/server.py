@@ -377,7 +377,10 @@ class ServiceServer:
 def _answer(request_id: Any, result: Any = None, error: BoardError | None = None) -> bytes:
     if error is None:
         return wire.encode({"id": request_id, "ok": True, "result": result})
-    return wire.encode({"id": request_id, "ok": False, "error": {"code": error.exit_code, "message": str(error)}})
+    said = {"code": error.exit_code, "message": str(error)}
+    if (search := getattr(error, "earliest", None)) is not None:
+        said["earliest"] = search  # the client asks for the message's second half (op earliest) when it shows it
+    return wire.encode({"id": request_id, "ok": False, "error": said})
 
 
 def _refuse(conn: socket.socket, error: BoardError) -> None:
