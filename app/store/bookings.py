@@ -316,6 +316,15 @@ class Calendar:
                 self.in_transaction.clear()
             self.pending.clear()
 
+    def ended(self, committed: bool) -> None:
+        """The write transaction ended (app.store.db.write). Committed, what it changed and was read again stands;
+        rolled back, that is read again. Either way the next transaction starts with nothing of its own, even when
+        every read of the calendar is made inside one (the agent's, which plans under the write lock)."""
+        if not committed:
+            self.rolled_back()
+        self.in_transaction.clear()
+        self.loaded_in_transaction = False
+
     def rolled_back(self) -> None:
         """A ROLLBACK TO a savepoint: what the transaction changed is read again."""
         self.pending |= self.in_transaction

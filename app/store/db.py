@@ -134,9 +134,11 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
         _begin_immediate(conn)
     except sqlite3.OperationalError as error:
         raise storage_error(_path_of(conn), error) from None
+    committed = False
     try:
         yield conn
         conn.execute("COMMIT")
+        committed = True
     except sqlite3.OperationalError as error:
         _rollback(conn)
         if _is_storage_fault(error):
@@ -145,6 +147,9 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     except BaseException:
         _rollback(conn)
         raise
+    finally:
+        if (calendar := getattr(conn, "calendar", None)) is not None:
+            calendar.ended(committed)  # app.store.bookings.Calendar: what the transaction changed stands, or not
 
 
 def _write_pg(conn, cards: tuple[str, ...], user: str | None) -> Iterator:

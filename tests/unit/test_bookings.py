@@ -708,6 +708,28 @@ def test_a_refusal_and_its_earliest_start_come_from_the_calendar_in_memory(tmp_p
     service.close()
 
 
+def test_the_calendar_reads_again_only_what_the_last_transaction_changed(tmp_path, fleet):
+    """Bookings on named cards read the calendar only inside their write. Each transaction's changes are read again
+    when it ends (app.store.db.write tells the calendar), not carried into every later one: a refusal after many
+    bookings reads again the last booking only, not all of them."""
+    from app.core.identity import Identity
+    from app.gpu.fleet import Fleet
+    from app.service import Service
+
+    service = Service(Config(db_path=tmp_path / "board.db"), Fleet(_Source(fleet), 2.0), clock=lambda: NOW)
+    alice, bob = Identity("alice", 1001, False), Identity("bob", 1002, False)
+    for hour in range(30):
+        service.call(alice, "book", {"cards": [hour % 8], "start": NOW + hour * H, "end": NOW + (hour + 1) * H})
+    statements: list[str] = []
+    service.conn.set_trace_callback(statements.append)
+    with pytest.raises(Conflict):
+        service.call(bob, "book", {"cards": [29 % 8], "start": NOW + 29 * H, "end": NOW + 30 * H})
+    service.conn.set_trace_callback(None)
+    reads = [s for s in statements if "FROM bookings" in s]
+    assert reads and all(s.rstrip().endswith("WHERE b.id = 30 GROUP BY b.id") for s in reads), reads
+    service.close()
+
+
 class _Source:
     """The fleet as read once: a GpuSource that always says the same."""
 
