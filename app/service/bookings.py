@@ -602,8 +602,7 @@ class BookingService:
         refusal: BoardError | None = None
         result: T | None = None
         try:
-            with write(self.conn, cards=cards, user=user):
-                self.conn.execute("SAVEPOINT attempt")
+            with write(self.conn, cards=cards, user=user, savepoint="attempt"):
                 try:
                     result = change(now)
                 except (Conflict, NotPermitted) as refused:
