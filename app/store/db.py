@@ -128,9 +128,18 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
       only the chain's append and the commit are serial. SQLite ignores them.
 
     `savepoint`: a SAVEPOINT of that name, set right after the locks (on PostgreSQL in the same round trip).
+
+    On SQLite inside a transaction already (the service's group commit, app.service.writer) it is a savepoint of
+    that transaction: an error rolls back to it, and only it, and passes through.
     """
     if is_postgres(conn):
         yield from _write_pg(conn, tuple(cards), user, savepoint)
+        return
+    if conn.in_transaction:  # inside the service's group commit (app.service.writer): a savepoint of its transaction
+        with _nested(conn):
+            if savepoint is not None:
+                conn.execute(f"SAVEPOINT {savepoint}")
+            yield conn
         return
     try:
         _begin_immediate(conn)
@@ -154,6 +163,22 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     finally:
         if (calendar := getattr(conn, "calendar", None)) is not None:
             calendar.ended(committed)  # app.store.bookings.Calendar: what the transaction changed stands, or not
+
+
+@contextmanager
+def _nested(conn: sqlite3.Connection) -> Iterator[None]:
+    """A write inside an open transaction: an error rolls back to its savepoint, and only it, and passes through."""
+    conn.execute("SAVEPOINT nested")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:  # SQLite may have ended the whole transaction (a full disk): the group sees that
+            conn.execute("ROLLBACK TO nested")
+            conn.execute("RELEASE nested")
+            if (calendar := getattr(conn, "calendar", None)) is not None:
+                calendar.rolled_back()  # app.store.bookings.Calendar: read again what this undid
+        raise
+    conn.execute("RELEASE nested")
 
 
 def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | None) -> Iterator:
