@@ -14,7 +14,7 @@ the service's attempts per second at least 0.5x the raw loop's; p50, p99 and max
 
 The agent's CPU over its phase is printed per attempt: on a busy machine that is steadier than attempts per second.
 With --against, a second install runs the other checkout's agent (its own .venv/bin/board) and its phase follows
-this one's, between the same two raw runs.
+this one's (--theirs-first: precedes it), between the same two raw runs.
 
 Root only: the agent runs as the user board, exactly as the unit runs it, on a throwaway install
 (bench/shared_install.py), and the clients as alice and bob through setpriv. Members can no longer
@@ -270,8 +270,12 @@ def run(args: argparse.Namespace) -> dict:
         # The raw loop before and after the service's run; the faster of the two is the floor (the stricter
         # test: a short raw run is at the mercy of whatever else the machine is doing).
         floors = [phase("raw", str(raw), users, args.procs, args, env)]
-        board = service_phase(install, users, args, env)
-        against = service_phase(other, users, args, env) if other is not None else None
+        if other is not None and args.theirs_first:
+            against = service_phase(other, users, args, env)
+            board = service_phase(install, users, args, env)
+        else:
+            board = service_phase(install, users, args, env)
+            against = service_phase(other, users, args, env) if other is not None else None
         floors.append(phase("raw", str(raw), users, args.procs, args, env))
         stats = install.stats()
         checks = verify(install.db)
@@ -352,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--against", type=Path, help="another checkout (with its .venv): its agent's phase too, in the"
                         " same run, against the same raw floor")
+    parser.add_argument("--theirs-first", action="store_true", help="with --against: the other checkout's phase first"
+                        " (alternate it between runs: the order itself can favour one)")
     parser.add_argument("--profile", action="store_true",
                         help="print a cProfile of the rules-alone phase (where a booking attempt's time goes)")
     parser.add_argument("--worker", choices=("service", "raw"), dest="mode", help=argparse.SUPPRESS)
