@@ -289,6 +289,8 @@ class Calendar:
         self.version: int | None = None
         self.pending: set[int] = set()  # changed, not read again yet
         self.in_transaction: set[int] = set()  # changed in the open transaction: read again when it ends
+        self.recent: set[int] = set()  # changed since the transaction's last savepoint (mark): what a ROLLBACK TO undoes
+        self.loaded_since_mark = False
         self.bookings: dict[int, Booking] = {}
         self.cards: dict[str, tuple[list[tuple[int, int]], list[int]]] = {}  # uuid -> spans (start, end), sorted, and their ids
         self.users: dict[str, list[tuple[int, int]]] = {}  # user -> (start, id), sorted
@@ -321,21 +323,29 @@ class Calendar:
         rolled back, that is read again. Either way the next transaction starts with nothing of its own, even when
         every read of the calendar is made inside one (the agent's, which plans under the write lock)."""
         if not committed:
-            self.rolled_back()
+            self.pending |= self.in_transaction | self.recent
+            self.stale |= self.loaded_in_transaction
         self.in_transaction.clear()
-        self.loaded_in_transaction = False
+        self.recent.clear()
+        self.loaded_in_transaction = self.loaded_since_mark = False
+
+    def mark(self) -> None:
+        """A SAVEPOINT (app.store.db): a ROLLBACK TO it undoes only the changes from here on."""
+        self.recent = set()
+        self.loaded_since_mark = False
 
     def rolled_back(self) -> None:
-        """A ROLLBACK TO a savepoint: what the transaction changed is read again."""
-        self.pending |= self.in_transaction
-        self.stale |= self.loaded_in_transaction
+        """A ROLLBACK TO the transaction's last savepoint: what changed since it is read again (not all the
+        transaction changed: a group commit's earlier bookings stand)."""
+        self.pending |= self.recent
+        self.stale |= self.loaded_since_mark
 
     def _load(self) -> None:
         self.bookings, self.cards, self.users, self.longest = {}, {}, {}, 0
         self.pending.clear()
         self.in_transaction.clear()
         self.stale = False
-        self.loaded_in_transaction = self.conn.in_transaction
+        self.loaded_in_transaction = self.loaded_since_mark = self.conn.in_transaction
         for booking in _decoded(self.conn, self.conn.execute(
                 _select(self.conn) + " WHERE b.status = 'booked' AND b.ends_at > ? GROUP BY b.id", (self.since,))):
             self._add(booking)
@@ -436,3 +446,4 @@ def _touched(conn: sqlite3.Connection, booking_id: int) -> None:
     calendar = getattr(conn, "calendar", None)
     if calendar is not None:
         calendar.pending.add(booking_id)
+        calendar.recent.add(booking_id)

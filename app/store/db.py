@@ -138,7 +138,7 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     if conn.in_transaction:  # inside the service's group commit (app.service.writer): a savepoint of its transaction
         with _nested(conn):
             if savepoint is not None:
-                conn.execute(f"SAVEPOINT {savepoint}")
+                _savepoint(conn, savepoint)
             yield conn
         return
     try:
@@ -148,7 +148,7 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     committed = False
     try:
         if savepoint is not None:
-            conn.execute(f"SAVEPOINT {savepoint}")
+            _savepoint(conn, savepoint)
         yield conn
         conn.execute("COMMIT")
         committed = True
@@ -168,7 +168,7 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
 @contextmanager
 def _nested(conn: sqlite3.Connection) -> Iterator[None]:
     """A write inside an open transaction: an error rolls back to its savepoint, and only it, and passes through."""
-    conn.execute("SAVEPOINT nested")
+    _savepoint(conn, "nested")
     try:
         yield
     except BaseException:
@@ -179,6 +179,12 @@ def _nested(conn: sqlite3.Connection) -> Iterator[None]:
                 calendar.rolled_back()  # app.store.bookings.Calendar: read again what this undid
         raise
     conn.execute("RELEASE nested")
+
+
+def _savepoint(conn: sqlite3.Connection, name: str) -> None:
+    conn.execute(f"SAVEPOINT {name}")
+    if (calendar := getattr(conn, "calendar", None)) is not None:
+        calendar.mark()  # app.store.bookings.Calendar: a ROLLBACK TO it undoes only what changes from here
 
 
 def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | None) -> Iterator:

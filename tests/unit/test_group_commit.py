@@ -75,3 +75,34 @@ def test_an_operation_between_bookings_keeps_its_place_in_the_order(tmp_path):
     assert second.result()["cards"] == [5]
     database.shutdown()
     service.close()
+
+
+def test_a_refusal_in_a_group_reads_again_only_what_its_own_savepoint_undid(tmp_path):
+    """A refusal rolls back to its own savepoint: the calendar in memory reads again what changed since then (nothing,
+    for a conflict), not every booking its neighbours made before it in the same transaction. So a group's refusals
+    cost the same however many bookings the group made before them: each booking made is read back at most twice (its
+    answer, and the calendar's copy), a refusal nothing."""
+    service = open_service(Config(db_path=tmp_path / "board.db"), environ={"BOARD_SIMULATE": "1"})
+    database = DatabaseThread(service)
+    start = (int(time.time()) // H + 24) * H
+    gate, statements = threading.Event(), []
+    # Bookings before the group: the cards' rows are written and the calendar read, as on a running service.
+    for hour in (9, 10):
+        database.call(ALICE, "book", {"cards": [7], "start": start + hour * H, "end": start + (hour + 1) * H}).result()
+    database.submit(gate.wait)
+    database.submit(lambda: service.conn.set_trace_callback(statements.append))
+    futures = []
+    for k in range(12):  # a booking, then a refusal of the same slot, twelve times in one group
+        slot = {"cards": [k % 8], "start": start + (k // 8) * H, "end": start + (k // 8 + 1) * H}
+        futures += [database.call(ALICE, "book", slot), database.call(BOB, "book", slot)]
+    gate.set()
+    outcomes = [f.exception() or f.result() for f in futures]
+    database.submit(lambda: service.conn.set_trace_callback(None)).result()
+    database.shutdown()
+    service.close()
+    assert [isinstance(o, Conflict) for o in outcomes] == [False, True] * 12
+    assert sum(s.startswith("BEGIN") for s in statements) == 1
+    reads = [s for s in statements if "FROM bookings" in s]
+    assert all("WHERE b.id = " in s for s in reads), reads  # one booking at a time: the calendar is never read whole
+    # Before the group, the calendar's copy of the booking made just before it; the group's last, after the group.
+    assert len(reads) <= 2 * 12 + 1, reads
