@@ -92,7 +92,14 @@ def _decoded(conn: sqlite3.Connection, rows: Iterable) -> list[Booking]:
 
 
 def get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
-    """The booking, or None when there is none or its row is malformed (which is reported)."""
+    """The booking, or None when there is none or its row is malformed (which is reported). A live one the calendar in
+    memory keeps comes from there (a booking just made is read once, for both)."""
+    if (calendar := getattr(conn, "calendar", None)) is not None and (found := calendar.get(booking_id)) is not None:
+        return found
+    return _get(conn, booking_id)
+
+
+def _get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
     row = conn.execute(_select(conn) + " WHERE b.id = ? GROUP BY b.id", (booking_id,)).fetchone()
     found = _decoded(conn, [row]) if row else []
     return found[0] if found else None
@@ -309,7 +316,7 @@ class Calendar:
             ids = self.pending | (self.in_transaction if not conn.in_transaction else set())
             for booking_id in ids:
                 self._drop(booking_id)
-                found = get(conn, booking_id)
+                found = _get(conn, booking_id)
                 if found is not None:
                     self._add(found)
             if conn.in_transaction:
@@ -388,6 +395,11 @@ class Calendar:
         for k in range(i, j):
             if spans[k][1] > start:
                 yield spans[k][0], spans[k][1], ids[k]
+
+    def get(self, booking_id: int) -> Booking | None:
+        """The booking if it is live and kept here; None: ask SQL."""
+        self._fresh()
+        return self.bookings.get(booking_id)
 
     def busy(self, after: int, before: int, excluding: int | None) -> dict[str, list[tuple[int, int]]]:
         self._fresh()
