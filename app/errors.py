@@ -3,6 +3,20 @@
 
 class BoardError(Exception):
     exit_code = 1
+    # A refusal's second half (the earliest start that works) is worded only when the message is shown: the socket
+    # client sets `rest` to a function that asks the service for it (op `earliest`), and the first str() calls it.
+    rest = None
+
+    def __str__(self) -> str:
+        if self.rest is not None:
+            rest, self.rest = self.rest, None
+            try:
+                more = rest()
+            except (BoardError, OSError):  # the service went away meanwhile: the first half still says why
+                more = None
+            if more and self.args:
+                self.args = (f"{self.args[0]}; {more}", *self.args[1:])
+        return super().__str__()
 
 
 class BadInput(BoardError):

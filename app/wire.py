@@ -2,7 +2,8 @@
 
 Request `{"v": 1, "id": 7, "op": "book", "args": {...}}`; reply `{"id": 7, "ok": true, "result": ...}`
 or `{"id": 7, "ok": false, "error": {"code": 3, "message": "..."}}`, where the code is the CLI's
-exit code. Streams (`subscribe`, `register`) reply once, then send `{"event": ...}` lines.
+exit code; a refused booking's error also carries `earliest`, the arguments of the `earliest` operation that words
+the message's second half when a client shows it. Streams (`subscribe`, `register`) reply once, then send `{"event": ...}` lines.
 Both sides import this module, so it stays on the client's quick path: json only. The clients word the stamps
 in what the service says (app.client.stamps).
 """

@@ -24,7 +24,11 @@ tests/postgres.py), measured side by side in one run:
    Target: the fleet within 1.2x of one host.
 
     sudo .venv/bin/python bench/bench_fleet.py [--writers 32] [--bookings 40] [--pushes 120] [--cli-runs 15]
-                                               [--status-calls 200] [--only status,push,writers]
+                                               [--status-calls 200] [--only status,push,writers] [--users 2]
+
+--users N: the writers book as N members (alice, bob, then member3..memberN, made as alice and bob are), round-robin.
+A booking on named cards holds its user's lock to its commit (the limits it read), so two users let only two
+bookings run at once however many hosts there are; a team books as many people.
 
 Root only: initdb runs as postgres, the agents as the user board (tests/agent_process.py, as the unit runs them),
 the clients as alice and bob. Admins are not exempt from [policy] max_cards_per_user, so the agents' configs raise
@@ -48,8 +52,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_install import (BOARD, MEMBERS_GROUP, REPO, as_user, ensure_users, release_together,  # noqa: E402
-                            require_root)
+from shared_install import (BOARD, MEMBERS_GROUP, REPO, as_user, cpu_seconds, ensure_users,  # noqa: E402
+                            release_together, require_root)
 
 from tests.postgres import Cluster, missing_reason  # noqa: E402
 from tests.service.support import Agent  # noqa: E402
@@ -132,7 +136,7 @@ def phase(mode: str, targets: list[str], args: argparse.Namespace, base: int) ->
         argv = [sys.executable, str(Path(__file__).resolve()), "--writer", mode, "--target",
                 targets[index % len(targets)], "--index", str(index), "--bookings", str(args.bookings),
                 "--base", str(base)]
-        user = USERS[index % len(USERS)]
+        user = args.users[index % len(args.users)]
         children.append(subprocess.Popen(as_user(user, argv) if mode == "service" else argv, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "USER": user,
@@ -147,7 +151,7 @@ def phase(mode: str, targets: list[str], args: argparse.Namespace, base: int) ->
             "errors": [e for r in reports for e in r["errors"]][:3]}
 
 
-def raw_threads(url: str, writers: int, bookings: int, base: int) -> dict:
+def raw_threads(url: str, writers: int, bookings: int, base: int, users: list[str]) -> dict:
     """The raw loop from `writers` connections on threads of this process: one interpreter, so the clients' own
     CPU on a small machine is least in the way of the database (psycopg lets go of the GIL while it waits)."""
     import psycopg
@@ -160,7 +164,7 @@ def raw_threads(url: str, writers: int, bookings: int, base: int) -> dict:
     def loop(index: int) -> None:
         conn, plan = conns[index], slots(index, bookings, base)
         uuid = cards[(HOSTS[index % len(HOSTS)], plan[0][0])]
-        user, uid = USERS[index % len(USERS)], 1001 + index % len(USERS)
+        user, uid = users[index % len(users)], 1001 + index % len(users)
         latencies, failed = [], 0
         gate.wait()
         first = time.time()
@@ -199,10 +203,13 @@ def bench_writers(cluster: Cluster, fleet: list[Agent], url: str, args: argparse
             cursor.executemany("INSERT INTO cards (uuid, idx, name, seen_at, host) VALUES (%s, %s, %s, %s, %s)", cards)
     base = (int(time.time()) // HOUR + 48) * HOUR  # after what the other parts book
     lane = HOUR * 2 * args.bookings  # the hours one run of the writers takes
-    floors = {"raw, threads": [raw_threads(raw_url, args.writers, args.bookings, base)],
+    floors = {"raw, threads": [raw_threads(raw_url, args.writers, args.bookings, base, args.users)],
               "raw, processes": [phase("raw", [raw_url], args, base + lane)]}
+    cpu0 = sum(cpu_seconds(agent.proc.pid) for agent in fleet)
     board = phase("service", [str(agent.socket) for agent in fleet], args, base)
-    floors["raw, threads"].append(raw_threads(raw_url, args.writers, args.bookings, base + 2 * lane))
+    # the agents' CPU (all three, user + system) per booking over the phase: steadier than the rate on a busy machine
+    agents_cpu_ms = (sum(cpu_seconds(agent.proc.pid) for agent in fleet) - cpu0) * 1000 / len(board["latencies"])
+    floors["raw, threads"].append(raw_threads(raw_url, args.writers, args.bookings, base + 2 * lane, args.users))
     floors["raw, processes"].append(phase("raw", [raw_url], args, base + 3 * lane))
     alone = rules_alone(url, base + lane, args.bookings * 5)
     best = {name: max(runs, key=lambda f: f["per_s"]) for name, runs in floors.items()}
@@ -211,17 +218,18 @@ def bench_writers(cluster: Cluster, fleet: list[Agent], url: str, args: argparse
     print(f"1. {args.writers} writers over {len(fleet)} hosts' sockets, {args.bookings} bookings each, no conflicts"
           " (bookings/s from the first booking to the last):")
     print(f"   {'':52} {'bookings/s':>10}  latency per booking")
-    rows = [(f"service: {args.writers} processes as alice and bob, book op", board),
+    rows = [(f"service: {args.writers} processes as {len(args.users)} users, book op", board),
             (f"raw insert loop, {args.writers} connections, threads", best["raw, threads"]),
             (f"raw insert loop, {args.writers} connections, processes", best["raw, processes"]),
             ("rules alone: Service.call, 1 thread, no socket", alone)]
     for name, row in rows:
         print(f"   {name:52} {row['per_s']:>10.1f}  {ms(row['latencies'])}")
+    print(f"   the agents' CPU per booking: {agents_cpu_ms:.2f} ms (the three together, over the service's phase)")
     for name, runs in floors.items():
         print(f"   {name}, before and after the service's: {runs[0]['per_s']:.1f} and {runs[1]['per_s']:.1f} bookings/s")
     print(f"   a booking is {alone['statements']:.0f} round trips on the service's connection, {alone['locked']:.0f} of"
           f" them in its transaction, {alone['held'] * 1000:.1f} ms (rules alone), which holds its cards' and its user's"
-          f" locks (app.store.db.write): a ceiling of {len(USERS) / alone['held']:.0f} bookings/s for {len(USERS)}"
+          f" locks (app.store.db.write): a ceiling of {len(args.users) / alone['held']:.0f} bookings/s for {len(args.users)}"
           f" users; {alone['serial_statements']:.0f} of them, {alone['serial'] * 1000:.1f} ms, hold the audit"
           f" chain's, which every host's bookings share: a ceiling of {1 / alone['serial']:.0f} bookings/s")
     failed = board["failed"] + sum(f["failed"] for runs in floors.values() for f in runs)
@@ -249,7 +257,7 @@ def rules_alone(url: str, base: int, bookings: int) -> dict:
     from app.store.pg import CHAIN_LOCK
 
     counts = {"statements": 0, "locked": 0, "held": 0.0, "serial": 0.0, "serial_statements": 0}
-    plain, many = conn.execute, conn.executemany
+    plain, many, script = conn.execute, conn.executemany, conn.script  # script: ;-separated statements, one trip
     began_at, chain_at = [0.0], [0.0]
     chain = f"pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]})".upper()
 
@@ -260,8 +268,8 @@ def rules_alone(url: str, base: int, bookings: int) -> dict:
                 rest = (list(rest[0]), *rest[1:])
             if method is not many or rest[0]:  # an executemany of no rows sends nothing
                 counts["statements"] += 1
-                counts["locked"] += conn.in_transaction or verb == "BEGIN"
-            if verb == "BEGIN":
+                counts["locked"] += conn.in_transaction or verb.startswith("BEGIN")
+            if verb.startswith("BEGIN"):
                 began_at[0], chain_at[0] = time.perf_counter(), 0.0
             if chain in verb:
                 chain_at[0] = time.perf_counter()
@@ -274,7 +282,7 @@ def rules_alone(url: str, base: int, bookings: int) -> dict:
             return result
         return call
 
-    conn.execute, conn.executemany = counted(plain), counted(many)
+    conn.execute, conn.executemany, conn.script = counted(plain), counted(many), counted(script)
     latencies = []
     began = time.perf_counter()
     for k in range(bookings):
@@ -438,6 +446,7 @@ def main() -> int:
     parser.add_argument("--cli-runs", type=int, default=15)
     parser.add_argument("--status-calls", type=int, default=200)
     parser.add_argument("--only", default="status,push,writers")
+    parser.add_argument("--users", type=int, default=2, help="the writers book as this many members (default 2)")
     parser.add_argument("--writer", choices=("service", "raw"), dest="mode", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, help=argparse.SUPPRESS)
@@ -449,7 +458,8 @@ def main() -> int:
     require_root("bench_fleet.py")
     if reason := missing_reason():
         raise SystemExit(reason)
-    ensure_users(MEMBERS_GROUP)
+    args.users = list(USERS)[:args.users] + [f"member{n}" for n in range(len(USERS) + 1, args.users + 1)]
+    ensure_users(MEMBERS_GROUP, {name: 1000 + n for n, name in enumerate(args.users, 1)})
     only = set(args.only.split(","))
     cluster = Cluster()
     scratch = scratch_dir("board-fleet-")

@@ -10,6 +10,11 @@ read-only), integrity ok, an intact audit chain, zero unhandled errors. Target (
 the service's attempts per second at least 0.5x the raw loop's; p50, p99 and max latency printed.
 
     sudo .venv/bin/python bench/bench_load.py [--procs 32] [--attempts 50] [--users alice,bob] [--group boardusers] [--json]
+    sudo .venv/bin/python bench/bench_load.py --against /tmp/old   # and another checkout's agent, in the same run
+
+The agent's CPU over its phase is printed per attempt: on a busy machine that is steadier than attempts per second.
+With --against, a second install runs the other checkout's agent (its own .venv/bin/board) and its phase follows
+this one's (--theirs-first: precedes it), between the same two raw runs.
 
 Root only: the agent runs as the user board, exactly as the unit runs it, on a throwaway install
 (bench/shared_install.py), and the clients as alice and bob through setpriv. Members can no longer
@@ -20,6 +25,7 @@ scratch directory are removed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import grp
 import json
 import os
@@ -34,7 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_install import MEMBERS_GROUP, REPO, as_user, release_together, require_root, shared_install  # noqa: E402
+from shared_install import (  # noqa: E402
+    MEMBERS_GROUP, REPO, as_user, cpu_seconds, release_together, require_root, shared_install,
+)
 
 HOUR = 3600
 
@@ -65,6 +73,7 @@ def worker(args: argparse.Namespace) -> None:
     sys.stdin.readline()  # the go signal: every process starts together
     outcomes = {"booked": 0, "conflict": 0, "refused": 0, "error": 0}
     latencies, errors = [], []
+    cpu0 = time.process_time()
     for _ in range(args.attempts):
         start = base + HOUR * rng.randrange(0, args.hours)
         end = start + HOUR * rng.choice((1, 2, 3))
@@ -90,7 +99,8 @@ def worker(args: argparse.Namespace) -> None:
             outcomes["error"] += 1
             errors.append(f"{type(error).__name__}: {error}")
         latencies.append(time.perf_counter() - began)
-    print(json.dumps({"user": me, "outcomes": outcomes, "latencies": latencies, "errors": errors[:5]}), flush=True)
+    print(json.dumps({"user": me, "outcomes": outcomes, "latencies": latencies, "errors": errors[:5],
+                      "cpu_s": time.process_time() - cpu0}), flush=True)
 
 
 # -- the driver -------------------------------------------------------------------------------------------
@@ -123,6 +133,7 @@ def phase(mode: str, target: str, users: list[str], procs: int, args: argparse.N
         "max_ms": round(latencies[-1] * 1000, 2),
         "outcomes": outcomes,
         "errors": [e for r in reports for e in r["errors"]][:5],
+        "client_cpu_ms_per_attempt": round(sum(r["cpu_s"] for r in reports) * 1000 / total, 3),
     }
 
 
@@ -210,18 +221,38 @@ def verify(db: Path) -> dict:
         conn.close()
 
 
+def service_phase(install, users: list[str], args: argparse.Namespace, env: dict) -> dict:
+    """The service's phase against `install`'s agent, with the agent's CPU over it (user + system, all threads)."""
+    user0, system0 = cpu_seconds(install.agent_pid, split=True)
+    board = phase("service", str(install.socket), users, args.procs, args, env)
+    user1, system1 = cpu_seconds(install.agent_pid, split=True)
+    cpu = user1 - user0 + system1 - system0
+    board["agent_system_share"] = round((system1 - system0) / cpu, 2) if cpu else None  # the kernel's part
+    # per second of the phase: near 1.0, the agent's one interpreter (the GIL) is the limit
+    board["agent_cpu_per_s"] = round(cpu / board["wall_s"], 2)
+    board["agent_cpu_ms_per_attempt"] = round(cpu * 1000 / board["attempts"], 3)
+    return board
+
+
 def run(args: argparse.Namespace) -> dict:
     from app.store.db import connect
 
     require_root("bench_load.py")
     users = [u for u in args.users.split(",") if u]
-    with shared_install(group=args.group) as install:
-        for user in users:
-            try:
-                pwd.getpwnam(user)
-            except KeyError:
-                raise SystemExit(f"no user {user!r}: create the users (useradd) or pick others with --users") from None
+    for user in users:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise SystemExit(f"no user {user!r}: create the users (useradd) or pick others with --users") from None
+    if args.against is not None and not (args.against / ".venv" / "bin" / "board").exists():
+        raise SystemExit(f"--against: no {args.against}/.venv/bin/board (make .venv there first)")
+    with contextlib.ExitStack() as stack:
+        install = stack.enter_context(shared_install(group=args.group))
         install.run(users[0], "status", check=True)  # opens (and migrates) the service's database
+        other = None
+        if args.against is not None:
+            other = stack.enter_context(shared_install(group=args.group, board=args.against / ".venv" / "bin" / "board"))
+            other.run(users[0], "status", check=True)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(install.root), "TZ": "UTC"}
         # The raw loop's file: a group directory beside the service's, on the same disk, the board's pragmas.
         scratch = install.root / "raw"
@@ -239,25 +270,39 @@ def run(args: argparse.Namespace) -> dict:
         # The raw loop before and after the service's run; the faster of the two is the floor (the stricter
         # test: a short raw run is at the mercy of whatever else the machine is doing).
         floors = [phase("raw", str(raw), users, args.procs, args, env)]
-        board = phase("service", str(install.socket), users, args.procs, args, env)
+        if other is not None and args.theirs_first:
+            against = service_phase(other, users, args, env)
+            board = service_phase(install, users, args, env)
+        else:
+            board = service_phase(install, users, args, env)
+            against = service_phase(other, users, args, env) if other is not None else None
         floors.append(phase("raw", str(raw), users, args.procs, args, env))
         stats = install.stats()
         checks = verify(install.db)
+        if other is not None:
+            against["checks"] = verify(other.db)
+            against["ratio"] = None  # below, against the same floor
         alone = rules_alone(scratch, users, args)
     floor = max(floors, key=lambda f: f["attempts_per_s"])
     floor["runs_attempts_per_s"] = [f["attempts_per_s"] for f in floors]
     ratio = board["attempts_per_s"] / floor["attempts_per_s"]
+    checked = [(board, checks)]
+    if against is not None:
+        checked.append((against, against["checks"]))
+        against["ratio"] = round(against["attempts_per_s"] / floor["attempts_per_s"], 3)
+        against["checkout"] = str(args.against)
     return {
         "hours": args.hours,
         "count_share": args.count_share,
         "board": board,
         "raw": floor,
         "rules_alone": alone,
+        "against": against,
         "ratio": round(ratio, 3),
         "checks": checks,
         "service_max_rss_kib": stats["max_rss_kib"],
-        "ok": checks["overlaps"] == 0 and board["outcomes"]["error"] == 0 and checks["integrity"] == "ok"
-        and checks["audit_chain_intact"],
+        "ok": all(c["overlaps"] == 0 and b["outcomes"]["error"] == 0 and c["integrity"] == "ok" and c["audit_chain_intact"]
+                  for b, c in checked),
         "target_met": ratio >= 0.5,
     }
 
@@ -268,17 +313,29 @@ def print_table(result: dict) -> None:
           f" attempts each; 8 cards; starts within {result['hours']} h; {result['count_share']:.0%} of attempts ask"
           " for a count")
     print(f"{'':30} {'attempts/s':>10} {'bookings/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-    rows = (("service (socket, board agent)", board), ("raw BEGIN IMMEDIATE insert", raw),
-            ("rules alone: Service.call, 1 thread", result["rules_alone"]))
+    rows = [("service (socket, board agent)", board)]
+    if result["against"] is not None:
+        rows.append((f"against: {Path(result['against']['checkout']).name}"[:30], result["against"]))
+    rows += [("raw BEGIN IMMEDIATE insert", raw), ("rules alone: Service.call, 1 thread", result["rules_alone"])]
     for name, row in rows:
         print(f"{name:30} {row['attempts_per_s']:>10} {row['bookings_per_s']:>10} {row['p50_ms']:>8}"
               f" {row['p99_ms']:>8} {row['max_ms']:>8}")
     o = board["outcomes"]
     print(f"service outcomes: {o['booked']} booked, {o['conflict']} conflicts, {o['refused']} refused by policy,"
           f" {o['error']} unhandled errors" + (f" (first: {board['errors'][0]})" if board["errors"] else ""))
+    print(f"the agent's CPU over its phase: {board['agent_cpu_per_s']} s per s, {board['agent_cpu_ms_per_attempt']} ms per"
+          f" attempt ({board['agent_system_share']:.0%} in the kernel)")
+    if (other := result["against"]) is not None:
+        oc = other["checks"]
+        print(f"against {other['checkout']}: {other['agent_cpu_per_s']} s per s, {other['agent_cpu_ms_per_attempt']} ms"
+              f" per attempt ({other['agent_system_share']:.0%} in the kernel); {other['ratio']:.2f}x the raw loop;"
+              f" {oc['overlaps']} overlaps, integrity {oc['integrity']},"
+              f" audit chain {'intact' if oc['audit_chain_intact'] else 'BROKEN'}; outcomes {other['outcomes']}")
     print(f"checks (as root, read-only): {checks['overlaps']} overlaps, integrity {checks['integrity']}, audit chain"
           f" {'intact' if checks['audit_chain_intact'] else 'BROKEN'} ({checks['events']} events),"
           f" bookings by uids {checks['uids']}; service peak RSS {result['service_max_rss_kib'] / 1024:.1f} MB")
+    print(f"the clients' CPU per attempt: service {board['client_cpu_ms_per_attempt']} ms, raw"
+          f" {raw['client_cpu_ms_per_attempt']} ms")
     print(f"raw runs before and after the service's: {' and '.join(map(str, raw['runs_attempts_per_s']))} attempts/s;"
           " the faster is the floor")
     print(f"rules alone (the same attempts through Service.call in one thread, no socket): {result['rules_alone']['outcomes']}")
@@ -297,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", default="alice,bob")
     parser.add_argument("--group", default=MEMBERS_GROUP, help=f"the members' group (default {MEMBERS_GROUP})")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--against", type=Path, help="another checkout (with its .venv): its agent's phase too, in the"
+                        " same run, against the same raw floor")
+    parser.add_argument("--theirs-first", action="store_true", help="with --against: the other checkout's phase first"
+                        " (alternate it between runs: the order itself can favour one)")
     parser.add_argument("--profile", action="store_true",
                         help="print a cProfile of the rules-alone phase (where a booking attempt's time goes)")
     parser.add_argument("--worker", choices=("service", "raw"), dest="mode", help=argparse.SUPPRESS)

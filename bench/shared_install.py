@@ -64,13 +64,14 @@ def ensure_users(group: str = MEMBERS_GROUP, members: dict[str, int] = MEMBERS) 
 
 
 @contextmanager
-def shared_install(*, group: str = MEMBERS_GROUP, extra_toml: str = "",
-                   agent_env: dict | None = None) -> Iterator[SharedInstall]:
-    """A shared install whose members are in `group`, `extra_toml` added to its config, its agent serving."""
+def shared_install(*, group: str = MEMBERS_GROUP, extra_toml: str = "", agent_env: dict | None = None,
+                   board: Path = BOARD) -> Iterator[SharedInstall]:
+    """A shared install whose members are in `group`, `extra_toml` added to its config, its agent serving; `board` is
+    the entry point it runs (another checkout's, to compare two versions in one run)."""
     require_root("a shared install")
     ensure_users(group)
     root = scratch_dir("board-bench-")
-    install = SharedInstall(root=root, prefix=root / "prefix", program=[str(BOARD)])
+    install = SharedInstall(root=root, prefix=root / "prefix", program=[str(board)])
     try:
         make_layout(install.prefix, config_text(install.prefix, group=group, admin_group=None, extra=extra_toml))
         install.start_agent(agent_env)
@@ -89,11 +90,12 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (from /proc/<pid>/stat)."""
+def cpu_seconds(pid: int, *, split: bool = False) -> float | tuple[float, float]:
+    """User + system CPU of a process so far (from /proc/<pid>/stat); with `split`, (user, system)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    user, system = int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
+    return (user, system) if split else user + system
 
 
 def release_together(children: list, what: str, timeout: float) -> tuple[list[dict], float]:

@@ -17,7 +17,7 @@ from app.errors import BoardError, ServiceDown, error_for
 DOWN = "the board service is not running (systemctl status board-agent)"
 # Reads are safe to send again after the service restarted; a write may have landed before it died.
 READS = frozenset({"whoami", "fleet", "status", "plan", "next_free", "get", "list", "window", "all_bookings", "log",
-                   "gateway_state", "key_list", "usage"})
+                   "gateway_state", "key_list", "usage", "earliest"})
 
 
 def _group_of(path: str) -> str:
@@ -94,7 +94,10 @@ class SocketClient:
         if reply.get("ok"):
             return reply.get("result")
         error = reply.get("error") or {}
-        raise error_for(int(error.get("code", 1)), str(error.get("message", "the service refused")))
+        refused = error_for(int(error.get("code", 1)), str(error.get("message", "the service refused")))
+        if isinstance(search := error.get("earliest"), dict):  # worded when shown (app.errors.BoardError.rest)
+            refused.rest = lambda: self.call("earliest", **search)["words"]
+        raise refused
 
     def _call(self, op: str, args: dict) -> dict:
         for attempt in (1, 2):

@@ -152,6 +152,9 @@ class Service:
             snapshot = remote_host(self, host).snapshot
         rules = BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock,
                                jobs=self.processes.jobs_of, users=self.lookup_user, host=host)
+        if self.transport == "socket":
+            rules.word_refusals = False  # the client asks for a refusal's second half (op earliest) when it shows it
+            rules.sole_writer = not is_postgres(self.conn)  # the agent alone writes its SQLite file
         rules.told = getattr(self._local, "told", None)
         if rules.told is None:
             rules.told = self._local.told = []

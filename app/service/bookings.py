@@ -51,24 +51,30 @@ class Plan:
 
 def _worded(method):
     """Adds the earliest start that works to a refusal on its way out, once the write lock is released:
-    a scan of the calendar has no place inside it. A refusal carries what to search for in `retry`."""
+    a scan of the calendar has no place inside it. A refusal carries what to search for in `earliest` (the
+    `earliest` operation's arguments). Behind the socket (`word_refusals` off) it leaves unworded, and the client
+    asks for the second half only when it shows the message (app.errors.BoardError.rest): a refusal nobody reads
+    costs no search."""
 
     @functools.wraps(method)
     def wrapper(self: BookingService, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
         except (Conflict, NotPermitted) as refused:
-            retry = getattr(refused, "retry", None)
-            if retry is None:
+            search = getattr(refused, "earliest", None)
+            if search is None or not self.word_refusals:
                 raise
-            raise error_for(refused.exit_code, f"{refused}; {self._suggestion(**retry)}") from None
+            raise error_for(refused.exit_code, f"{refused}; {self.earliest_words(search)}") from None
 
     return wrapper
 
 
-def _retry(error: BoardError, **search: Any) -> BoardError:
-    """Mark a refusal with the search (`_earliest`'s arguments) that finds a start that works instead."""
-    error.retry = search  # type: ignore[attr-defined]
+def _retry(error: BoardError, *, cards: Sequence[int] | None, count: int | None, klass: str, start: int,
+           duration: int, excluding: int | None = None, user: str | None = None) -> BoardError:
+    """Mark a refusal with the search that finds a start that works instead: the `earliest` operation's arguments."""
+    search = {"cards": list(cards) if cards is not None else None, "count": count, "class": klass, "start": start,
+              "duration": duration, "excluding": excluding, "user": user}
+    error.earliest = {k: v for k, v in search.items() if v is not None}  # type: ignore[attr-defined]
     return error
 
 
@@ -100,6 +106,12 @@ class BookingService:
         self.by_uuid = {c.uuid: c.index for c in cards}
         self.told: list[tuple[int, str]] = []  # (uid, message): notices for the service to publish after a change
         self._others: tuple[int, dict[int, list[GpuProcess]]] | None = None  # (now, _others_now's answer)
+        # A refusal of book, plan or reassign gets its second half (earliest_words) here; behind the socket it is off:
+        # the client asks for it when it shows the message (op earliest).
+        self.word_refusals = True
+        # The store has no writer but this service (SQLite behind the agent): a count is planned once, under the
+        # write lock, rather than first on a plain read to keep the lock short for others.
+        self.sole_writer = False
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -219,16 +231,23 @@ class BookingService:
                     continue
         return None
 
-    def _suggestion(self, **search: Any) -> str:
-        """The refusal's second half: the earliest start that works, or that none does."""
-        found = self._earliest(**search)
+    def earliest_words(self, search: dict[str, Any]) -> str:
+        """A refusal's second half, for its search (`_retry`'s: the `earliest` operation's arguments): the earliest
+        start that works, or that none does."""
+        cards = self._check_cards(search["cards"]) if search.get("cards") is not None else None
+        count = search.get("count")
+        if cards is None and count not in GROUP_SIZES:
+            raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
+        found = self._earliest(cards=cards, count=count, klass=self._check_class(search.get("class", "experiment")),
+                               start=search["start"], duration=search["duration"], excluding=search.get("excluding"),
+                               user=search.get("user"))
         now = self.clock()
         if found is None:
             return f"no start within {self.config.policy.max_ahead_days:g} days works either"
-        if search["cards"] is not None:
+        if cards is not None:
             return f"next free start for cards {format_cards(found.cards)}: {stamp_when(found.start, now)}"
-        cards = f"{'card' if len(found.cards) == 1 else 'cards'} {format_cards(found.cards)}"
-        return f"the earliest start that works: {stamp_when(found.start, now)} on {cards} (--or-later takes it)"
+        said = f"{'card' if len(found.cards) == 1 else 'cards'} {format_cards(found.cards)}"
+        return f"the earliest start that works: {stamp_when(found.start, now)} on {said} (--or-later takes it)"
 
     def options(self, count: int, klass: str, start: int, duration: int, limit: int = 3) -> list[tuple[Plan, int | None]]:
         """The earliest slots, each on a different group of `count` cards, where every rule lets a `klass`
@@ -297,9 +316,9 @@ class BookingService:
 
         # A count, or a start that may move, is planned on a plain read first, outside the write lock;
         # inside it the plan is only re-checked like explicit cards at a fixed start, and re-planned if
-        # someone took them meanwhile.
+        # someone took them meanwhile. The store's sole writer has no one to keep waiting: it plans once, inside.
         hint = None
-        if cards is None or or_later:
+        if (cards is None or or_later) and not self.sole_writer:
             try:
                 hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later)
             except BoardError:
@@ -583,8 +602,7 @@ class BookingService:
         refusal: BoardError | None = None
         result: T | None = None
         try:
-            with write(self.conn, cards=cards, user=user):
-                self.conn.execute("SAVEPOINT attempt")
+            with write(self.conn, cards=cards, user=user, savepoint="attempt"):
                 try:
                     result = change(now)
                 except (Conflict, NotPermitted) as refused:

@@ -9,7 +9,7 @@ leave room below the open-file limit for the database, pidfds and /metrics.
 A client that says nothing or reads nothing holds only its own thread, for a bounded time: each
 request line has one deadline for the whole line (app.service.deadline), each answer a send
 timeout. Every operation runs on one database thread, in arrival order: the service is the only
-writer, so BEGIN IMMEDIATE never waits on anyone.
+writer, so BEGIN IMMEDIATE never waits on anyone; bookings that wait together commit together (app.service.writer).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import stat
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Callable
 
@@ -47,6 +46,7 @@ from app.service.processes import RegistrationError
 from app.service.plans import runner_registration
 from app.service.servers import adopt_servers, serve_registration
 from app.service.watch import start_watchers
+from app.service.writer import DatabaseThread
 from app.store import events, jobs
 from app.store.db import write
 
@@ -69,7 +69,7 @@ class ServiceServer:
         self.service, self.path, self.log = service, path, log
         self.settings = service.config.service
         self.registry = service.processes
-        self.database = ThreadPoolExecutor(max_workers=1, thread_name_prefix="board-db")
+        self.database = DatabaseThread(service)  # every operation, in arrival order; bookings commit in groups
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._per_uid: dict[int, int] = {}
@@ -265,7 +265,7 @@ class ServiceServer:
             conn.close()
 
     def _call(self, me: Identity, op: Any, args: Any) -> tuple[Any, BoardError | None]:
-        future = self.database.submit(self.service.call, me, op, args)
+        future = self.database.call(me, op, args)
         try:
             return future.result(), None
         except BoardError as error:
@@ -378,7 +378,10 @@ class ServiceServer:
 def _answer(request_id: Any, result: Any = None, error: BoardError | None = None) -> bytes:
     if error is None:
         return wire.encode({"id": request_id, "ok": True, "result": result})
-    return wire.encode({"id": request_id, "ok": False, "error": {"code": error.exit_code, "message": str(error)}})
+    said = {"code": error.exit_code, "message": str(error)}
+    if (search := getattr(error, "earliest", None)) is not None:
+        said["earliest"] = search  # the client asks for the message's second half (op earliest) when it shows it
+    return wire.encode({"id": request_id, "ok": False, "error": said})
 
 
 def _refuse(conn: socket.socket, error: BoardError) -> None:

@@ -92,7 +92,14 @@ def _decoded(conn: sqlite3.Connection, rows: Iterable) -> list[Booking]:
 
 
 def get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
-    """The booking, or None when there is none or its row is malformed (which is reported)."""
+    """The booking, or None when there is none or its row is malformed (which is reported). A live one the calendar in
+    memory keeps comes from there (a booking just made is read once, for both)."""
+    if (calendar := getattr(conn, "calendar", None)) is not None and (found := calendar.get(booking_id)) is not None:
+        return found
+    return _get(conn, booking_id)
+
+
+def _get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
     row = conn.execute(_select(conn) + " WHERE b.id = ? GROUP BY b.id", (booking_id,)).fetchone()
     found = _decoded(conn, [row]) if row else []
     return found[0] if found else None
@@ -289,6 +296,8 @@ class Calendar:
         self.version: int | None = None
         self.pending: set[int] = set()  # changed, not read again yet
         self.in_transaction: set[int] = set()  # changed in the open transaction: read again when it ends
+        self.recent: set[int] = set()  # changed since the transaction's last savepoint (mark): what a ROLLBACK TO undoes
+        self.loaded_since_mark = False
         self.bookings: dict[int, Booking] = {}
         self.cards: dict[str, tuple[list[tuple[int, int]], list[int]]] = {}  # uuid -> spans (start, end), sorted, and their ids
         self.users: dict[str, list[tuple[int, int]]] = {}  # user -> (start, id), sorted
@@ -307,7 +316,7 @@ class Calendar:
             ids = self.pending | (self.in_transaction if not conn.in_transaction else set())
             for booking_id in ids:
                 self._drop(booking_id)
-                found = get(conn, booking_id)
+                found = _get(conn, booking_id)
                 if found is not None:
                     self._add(found)
             if conn.in_transaction:
@@ -316,17 +325,34 @@ class Calendar:
                 self.in_transaction.clear()
             self.pending.clear()
 
+    def ended(self, committed: bool) -> None:
+        """The write transaction ended (app.store.db.write). Committed, what it changed and was read again stands;
+        rolled back, that is read again. Either way the next transaction starts with nothing of its own, even when
+        every read of the calendar is made inside one (the agent's, which plans under the write lock)."""
+        if not committed:
+            self.pending |= self.in_transaction | self.recent
+            self.stale |= self.loaded_in_transaction
+        self.in_transaction.clear()
+        self.recent.clear()
+        self.loaded_in_transaction = self.loaded_since_mark = False
+
+    def mark(self) -> None:
+        """A SAVEPOINT (app.store.db): a ROLLBACK TO it undoes only the changes from here on."""
+        self.recent = set()
+        self.loaded_since_mark = False
+
     def rolled_back(self) -> None:
-        """A ROLLBACK TO a savepoint: what the transaction changed is read again."""
-        self.pending |= self.in_transaction
-        self.stale |= self.loaded_in_transaction
+        """A ROLLBACK TO the transaction's last savepoint: what changed since it is read again (not all the
+        transaction changed: a group commit's earlier bookings stand)."""
+        self.pending |= self.recent
+        self.stale |= self.loaded_since_mark
 
     def _load(self) -> None:
         self.bookings, self.cards, self.users, self.longest = {}, {}, {}, 0
         self.pending.clear()
         self.in_transaction.clear()
         self.stale = False
-        self.loaded_in_transaction = self.conn.in_transaction
+        self.loaded_in_transaction = self.loaded_since_mark = self.conn.in_transaction
         for booking in _decoded(self.conn, self.conn.execute(
                 _select(self.conn) + " WHERE b.status = 'booked' AND b.ends_at > ? GROUP BY b.id", (self.since,))):
             self._add(booking)
@@ -369,6 +395,11 @@ class Calendar:
         for k in range(i, j):
             if spans[k][1] > start:
                 yield spans[k][0], spans[k][1], ids[k]
+
+    def get(self, booking_id: int) -> Booking | None:
+        """The booking if it is live and kept here; None: ask SQL."""
+        self._fresh()
+        return self.bookings.get(booking_id)
 
     def busy(self, after: int, before: int, excluding: int | None) -> dict[str, list[tuple[int, int]]]:
         self._fresh()
@@ -427,3 +458,4 @@ def _touched(conn: sqlite3.Connection, booking_id: int) -> None:
     calendar = getattr(conn, "calendar", None)
     if calendar is not None:
         calendar.pending.add(booking_id)
+        calendar.recent.add(booking_id)

@@ -111,7 +111,7 @@ def _refuse_planted_links(path: Path) -> None:
 
 
 @contextmanager
-def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | None = None
+def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | None = None, savepoint: str | None = None
           ) -> Iterator[sqlite3.Connection]:
     """One short write transaction: BEGIN IMMEDIATE takes the write lock up front, so checks and writes agree.
 
@@ -126,17 +126,32 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
       (whose limits they read), that lock shared, then one lock per card, sorted, and one for the user; the audit
       chain's own lock waits for the append (lock_chain). Writes on other cards, by other users, run alongside;
       only the chain's append and the commit are serial. SQLite ignores them.
+
+    `savepoint`: a SAVEPOINT of that name, set right after the locks (on PostgreSQL in the same round trip).
+
+    On SQLite inside a transaction already (the service's group commit, app.service.writer) it is a savepoint of
+    that transaction: an error rolls back to it, and only it, and passes through.
     """
     if is_postgres(conn):
-        yield from _write_pg(conn, tuple(cards), user)
+        yield from _write_pg(conn, tuple(cards), user, savepoint)
+        return
+    if conn.in_transaction:  # inside the service's group commit (app.service.writer): a savepoint of its transaction
+        with _nested(conn):
+            if savepoint is not None:
+                _savepoint(conn, savepoint)
+            yield conn
         return
     try:
         _begin_immediate(conn)
     except sqlite3.OperationalError as error:
         raise storage_error(_path_of(conn), error) from None
+    committed = False
     try:
+        if savepoint is not None:
+            _savepoint(conn, savepoint)
         yield conn
         conn.execute("COMMIT")
+        committed = True
     except sqlite3.OperationalError as error:
         _rollback(conn)
         if _is_storage_fault(error):
@@ -145,22 +160,51 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     except BaseException:
         _rollback(conn)
         raise
+    finally:
+        if (calendar := getattr(conn, "calendar", None)) is not None:
+            calendar.ended(committed)  # app.store.bookings.Calendar: what the transaction changed stands, or not
 
 
-def _write_pg(conn, cards: tuple[str, ...], user: str | None) -> Iterator:
+@contextmanager
+def _nested(conn: sqlite3.Connection) -> Iterator[None]:
+    """A write inside an open transaction: an error rolls back to its savepoint, and only it, and passes through."""
+    _savepoint(conn, "nested")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:  # SQLite may have ended the whole transaction (a full disk): the group sees that
+            conn.execute("ROLLBACK TO nested")
+            conn.execute("RELEASE nested")
+            if (calendar := getattr(conn, "calendar", None)) is not None:
+                calendar.rolled_back()  # app.store.bookings.Calendar: read again what this undid
+        raise
+    conn.execute("RELEASE nested")
+
+
+def _savepoint(conn: sqlite3.Connection, name: str) -> None:
+    conn.execute(f"SAVEPOINT {name}")
+    if (calendar := getattr(conn, "calendar", None)) is not None:
+        calendar.mark()  # app.store.bookings.Calendar: a ROLLBACK TO it undoes only what changes from here
+
+
+def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | None) -> Iterator:
     from app.store.pg import WRITE_LOCK, lock_keys  # start-up: only a PostgreSQL store loads it
 
-    conn.execute("BEGIN")
+    # BEGIN, the locks and the savepoint in one round trip (PgConnection.script): the keys are integers of our own
+    # making.
+    if not cards:
+        opening = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})"
+    else:
+        kinds, keys = zip(*lock_keys(cards, user))
+        # unnest yields the keys in the arrays' (sorted) order, and each row takes its lock
+        opening = (f"BEGIN; SELECT pg_advisory_xact_lock_shared({WRITE_LOCK});"
+                   f" SELECT count(pg_advisory_xact_lock(kind, key)) FROM unnest('{{{','.join(map(str, kinds))}}}'::int4[],"
+                   f" '{{{','.join(map(str, keys))}}}'::int4[]) AS wanted(kind, key)")
+    if savepoint is not None:
+        opening += f"; SAVEPOINT {savepoint}"
     try:
-        if not cards:
-            _lock(conn, f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
-        else:
-            _lock(conn, f"SELECT pg_advisory_xact_lock_shared({WRITE_LOCK})")
-            kinds, keys = zip(*lock_keys(cards, user))
-            # One round trip: unnest yields the keys in the array's (sorted) order, and each row takes its lock.
-            _lock(conn, "SELECT count(pg_advisory_xact_lock(kind, key)) FROM unnest(?::int4[], ?::int4[])"
-                        " AS wanted(kind, key)", (list(kinds), list(keys)))
-            conn.chain_unlocked = True
+        _lock(conn, opening)
+        conn.chain_unlocked = bool(cards)
         yield conn
         conn.execute("COMMIT")
     except BaseException:
@@ -170,21 +214,26 @@ def _write_pg(conn, cards: tuple[str, ...], user: str | None) -> Iterator:
         conn.chain_unlocked = False
 
 
-def lock_chain(conn: sqlite3.Connection) -> None:
+def lock_chain(conn: sqlite3.Connection, then: str | None = None) -> list | None:
     """Before an append to the audit chain (app.store.events.record): in a PostgreSQL write on named cards, take the
-    chain's own lock now, the last of the write's locks, so that the tail read next is the latest one committed."""
+    chain's own lock now, the last of the write's locks, so that the tail read next is the latest one committed.
+    `then`: a statement without parameters (the tail's read) sent in the same round trip, right after the lock;
+    its rows, or None when no lock was taken here (then the caller reads it)."""
     if getattr(conn, "chain_unlocked", False):
         from app.store.pg import CHAIN_LOCK  # start-up: only a PostgreSQL store gets here
 
-        _lock(conn, f"SELECT pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]})")
+        rows = _lock(conn, f"SELECT pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]})" + (f"; {then}" if then else ""))
         conn.chain_unlocked = False
+        return rows if then else None
+    return None
 
 
-def _lock(conn, sql: str, params: tuple = ()) -> None:
+def _lock(conn, sql: str) -> list:
+    """Run `sql` (statements without parameters: PgConnection.script) that takes advisory locks; its last rows."""
     from app.store.pg import LOCK_TIMEOUT_MS  # start-up: only a PostgreSQL store gets here
 
     try:
-        conn.execute(sql, params)
+        return conn.script(sql)
     except sqlite3.OperationalError as error:
         if getattr(error, "sqlstate", None) != "55P03":  # lock_not_available: lock_timeout passed
             raise

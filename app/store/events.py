@@ -14,6 +14,7 @@ from app.model import Event
 from app.store.db import lock_chain
 
 GENESIS = "0" * 64
+_TAIL = "SELECT hash FROM events ORDER BY id DESC LIMIT 1"
 
 
 def record(
@@ -28,9 +29,12 @@ def record(
     details: dict[str, Any] | None = None,
 ) -> None:
     """Append one event. Call inside a write transaction, so the chain's tail cannot move underneath."""
-    lock_chain(conn)  # a PostgreSQL write on named cards holds the chain only from here to its commit
-    row = conn.execute("SELECT hash FROM events ORDER BY id DESC LIMIT 1").fetchone()
-    prev_hash = row[0] if row else GENESIS
+    # A PostgreSQL write on named cards holds the chain only from here to its commit: the lock and the tail's read
+    # go in one round trip.
+    rows = lock_chain(conn, then=_TAIL)
+    if rows is None:
+        rows = conn.execute(_TAIL).fetchall()
+    prev_hash = rows[0][0] if rows else GENESIS
     if (host := getattr(conn, "fleet_host", None)) is not None:  # the host whose service vouched for the actor
         details = {**(details or {}), "host": host}
     body = json.dumps(details or {}, sort_keys=True, ensure_ascii=False)

@@ -312,6 +312,16 @@ class PgConnection:
                 cursor.executemany(text, rows)
         return Cursor(cursor, rows=[])
 
+    def script(self, sql: str) -> list:
+        """Several statements without parameters, `;`-separated, in one round trip (the simple query protocol: each
+        still runs on its own snapshot); the last one's rows."""
+        conn = self._live()
+        with self._errors(conn):
+            cursor = conn.execute(sql)
+            while cursor.nextset():
+                pass
+            return cursor.fetchall() if cursor.description is not None else []
+
     @contextmanager
     def _errors(self, conn: Any) -> Iterator[None]:
         """psycopg's errors as sqlite3's (_mapped); a connection that broke meanwhile is the unreachable line."""

@@ -195,7 +195,14 @@ class Backend:
 
     async def call(self, op: str, **args: Any) -> Any:
         """One operation off the UI thread; the service's error comes back to the caller."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(self.client.call, op, **args))
+        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(self._call, op, **args))
+
+    def _call(self, op: str, **args: Any) -> Any:
+        try:
+            return self.client.call(op, **args)
+        except BoardError as error:
+            str(error)  # a refusal's second half is asked for when first worded (BoardError.rest): here, off the UI
+            raise
 
     async def _write(self, op: str, **args: Any) -> dict[str, Any]:
         try:

@@ -407,3 +407,28 @@ def test_a_non_member_is_refused_with_code_4(agent):
     assert "group board" in error_of(reply, 4)
     assert rest == "b''", "the service kept talking to a non-member"
     assert mallory.pw_uid not in {e["uid"] for e in agent.client().call("log", limit=100)}
+
+
+def test_a_refusal_leaves_without_its_earliest_start_and_the_client_asks_for_it(agent):
+    """The wire: a refused book says why and carries the search (`earliest`) for the costly second half, which the
+    service words only when asked (op earliest): a client that never shows the refusal never pays for it, and one
+    that shows it (the CLI, the board) shows the same message as before."""
+    raw = Raw(agent.socket)
+    start = (int(time.time()) // HOUR + 24) * HOUR
+    assert raw.request("book", {"cards": [5], "start": start, "end": start + 2 * HOUR})["ok"] is True
+    reply = raw.request("book", {"cards": [5], "start": start + HOUR, "end": start + 2 * HOUR})
+    message = error_of(reply, 3)
+    assert "booked by root" in message and "next free start" not in message
+    search = reply["error"]["earliest"]
+    assert search == {"cards": [5], "class": "experiment", "start": start + HOUR, "duration": HOUR}
+    words = raw.request("earliest", search)["result"]["words"]
+    assert words.startswith("next free start for cards 5: ")
+    client = agent.client()
+    try:
+        with pytest.raises(BoardError) as refused:
+            client.call("book", cards=[5], start=start + HOUR, end=start + 2 * HOUR)
+        shown = str(refused.value)  # the client asks for the second half now
+        assert shown.startswith("card 5 is booked by root until ") and "; next free start for cards 5: " in shown
+    finally:
+        client.close()
+    still_serves(raw)

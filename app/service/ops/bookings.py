@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.core.identity import Identity
-from app.errors import BadInput, Conflict
+from app.errors import BadInput, Conflict, NotPermitted
 from app.model import booking_to_wire
 from app.service.ops.registry import BOOL, DICT, INT, LIST, SPAN, STR, TIME, card_list, op
 
@@ -38,6 +38,20 @@ def next_free(service: Service, me: Identity, start: int, end: int, cards=None, 
         return {"cards": chosen, "start": found}
     found = rules.plan(count=count, start=start, end=end, klass=klass, or_later=True)
     return {"cards": list(found.cards), "start": found.start}
+
+
+@op("earliest", {"start": TIME, "duration": SPAN}, {**_WHICH, "excluding": INT, "user": STR})
+def earliest(service: Service, me: Identity, start: int, duration: int, cards=None, count=None, excluding=None,
+             user=None, **rest) -> dict:
+    """A refusal's second half, worded only when a client shows it: the earliest start that works for the search the
+    refusal carried (its error's `earliest`), or that none does."""
+    if user not in (None, me.name) and not me.is_admin:
+        raise NotPermitted("earliest: only admins search under another user's limits")
+    if duration <= 0:
+        raise BadInput("earliest: the duration must be positive")
+    search = {"cards": card_list(cards), "count": count, "class": rest.get("class", "experiment"), "start": start,
+              "duration": duration, "excluding": excluding, "user": user}
+    return {"words": service.bookings(me, rest.get("host")).earliest_words(search)}
 
 
 @op("slots", _SLOT, {"count": INT, "class": STR, "limit": INT})

@@ -69,7 +69,7 @@ OPS: dict[str, Op] = {}
 # runs (start-up: `board status` in file mode loads no servers, keys or faults). A test checks this against OPS.
 HOMES: dict[str, str] = {name: module for module, names in {
     "reads": "whoami stats fleet history report status get list window all_bookings log",
-    "bookings": "plan next_free slots book cancel release extend reassign move run",
+    "bookings": "plan next_free earliest slots book cancel release extend reassign move run",
     "series": "series_book series_get series_extend series_cancel",
     "servers": "serve_start serve_get serve_list serve_logs serve_stop serve_key serve_plan serve_plans"
                " serve_plan_cancel",
