@@ -71,7 +71,7 @@ def test_an_operation_between_bookings_keeps_its_place_in_the_order(tmp_path):
     listed = database.call(ALICE, "list", {"start": start})
     second = database.call(ALICE, "book", {"cards": [5], "start": start, "end": start + H})
     gate.set()
-    assert [b["id"] for b in listed.result()] == [first.result()["id"]]
+    assert [b["id"] for b in listed.result()["bookings"]] == [first.result()["id"]]
     assert second.result()["cards"] == [5]
     database.shutdown()
     service.close()
