@@ -65,6 +65,13 @@ def test_book_refuses_a_count_that_does_not_fit_and_says_what_would(path, model)
     assert refusal(for_booking, path, SETTINGS, BOUNDS, count=None, cards=[3]) == f"book: deep.gguf does not fit: {one}{INSTEAD}"
 
 
+def test_a_model_given_by_its_bare_name_is_named_so(path, model, monkeypatch):
+    monkeypatch.chdir(path.rsplit("/", 1)[0])  # `board book --model deep.gguf` in the model's directory
+    one = overflow(place(model, SETTINGS, 1, **BOUNDS))
+    assert refusal(for_booking, "deep.gguf", SETTINGS, BOUNDS, count=1, cards=None) == (
+        f"book: deep.gguf does not fit: {one}{INSTEAD}")
+
+
 def test_book_refuses_a_model_that_fits_nowhere_naming_the_fullest_of_eight_cards(path, model):
     eight = overflow(place(model, SETTINGS, 8, **FULL))
     assert eight.startswith("card 6 of 8 needs ")  # the output layer's card, not the last
