@@ -8,7 +8,7 @@ more than they asked for.
 
 from __future__ import annotations
 
-from app.errors import BadInput, NotPermitted
+from app.errors import NotPermitted
 from app.fit.estimate import Placement, Settings, place
 from app.fit.gguf_model import Model, read_model
 from app.fit.report import DEFAULT_CARD_MIB, alternatives, fit, overflow, request_record
@@ -65,7 +65,4 @@ def settings_of(request: dict | None, **given) -> Settings:
             value = request.get(key)
         if value is not None:
             values[key] = value
-    try:
-        return Settings(**values)
-    except TypeError:
-        raise BadInput("the booking's stored request is malformed; give --ctx and --parallel") from None
+    return Settings(**values)  # each value is well-formed: a stored one comes through app.core.request.readable

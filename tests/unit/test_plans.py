@@ -12,9 +12,11 @@ from app.config import Config, LlamaSettings, Policy
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
 from app.service import plans
+from app.llama import rows as server_rows
 from app.service.series import SeriesService
 from app.store import plans as plan_rows
-from tests.conftest import FROZEN_NOW  # Sunday 2026-11-29 15:30 UTC
+from app.store.db import malformed_rows, write
+from tests.conftest import FROZEN_NOW, sqlite_only  # Sunday 2026-11-29 15:30 UTC
 
 MODELS = "/srv/models"
 CONFIG = Config(policy=Policy(timezone="UTC", max_ahead_days=60), llama=LlamaSettings(model_dirs=(MODELS,)))
@@ -77,3 +79,81 @@ def test_only_the_holder_plans_and_cancels_and_the_model_lies_in_model_dirs(serv
     assert plans.cancel(service, Identity("carol", 1003, True), plan["id"])["cancelled"] is not None  # an admin
     refusals = conn.execute("SELECT count(*) FROM events WHERE action LIKE 'server-plan%' AND ok = 0").fetchone()[0]
     assert refusals == 2
+
+
+SPEC = {"parallel": 8, "model": f"{MODELS}/qwen.gguf", "alias": "team"}  # not in key order
+
+
+def plan_for(conn, *, booking=None, series=None, user="alice", alias="team", now=FROZEN_NOW) -> int:
+    with write(conn):
+        return plan_rows.insert(conn, booking_id=booking, series_id=series, user=user,
+                                uid={"alice": 1001, "bob": 1002}[user], alias=alias, spec=SPEC, now=now)
+
+
+def test_the_store_keeps_a_plan_whole_lists_it_by_holder_and_cancels_it_once(conn, weekdays):
+    monday = weekdays[0]
+    bobs = plan_for(conn, booking=monday.id, user="bob", alias="solo")
+    alices = plan_for(conn, series=monday.series_id, now=FROZEN_NOW + 60)
+    stored = conn.execute("SELECT spec FROM server_plans WHERE id = ?", (alices,)).fetchone()[0]
+    assert stored == '{"alias": "team", "model": "/srv/models/qwen.gguf", "parallel": 8}'  # canonical JSON
+    assert plan_rows.get(conn, alices) == plan_rows.Plan(alices, None, monday.series_id, "alice", 1001, "team", SPEC,
+                                                         FROZEN_NOW + 60)
+    assert plan_rows.get(conn, alices + 1) is None
+    assert [p.id for p in plan_rows.listing(conn)] == [bobs, alices]
+    assert [(p.id, p.user, p.booking_id) for p in plan_rows.listing(conn, user="bob")] == [(bobs, "bob", monday.id)]
+    with write(conn):
+        assert plan_rows.cancel(conn, alices, FROZEN_NOW + 120) is True
+        assert plan_rows.cancel(conn, alices, FROZEN_NOW + 180) is False  # once: the first time stays
+    assert [p.id for p in plan_rows.listing(conn)] == [bobs]
+    assert [(p.id, p.cancelled_at) for p in plan_rows.listing(conn, cancelled=True)] == [
+        (bobs, None), (alices, FROZEN_NOW + 120)]
+    assert plan_rows.listing(conn, user="alice") == []
+    assert [p.id for p in plan_rows.listing(conn, user="alice", cancelled=True)] == [alices]
+
+
+def test_an_occurrence_stays_planned_while_its_server_starts_and_the_server_knows_its_plan(conn, weekdays):
+    monday, tuesday = weekdays[0], weekdays[1]
+    friday = plan_for(conn, booking=weekdays[4].id, alias="friday")  # another plan, so ids of plans and bookings differ
+    plan = plan_for(conn, series=monday.series_id)
+    assert plan != monday.id
+    assert plan_rows.upcoming(conn, FROZEN_NOW, plan_id=plan)[0] == {
+        "plan": plan, "alias": "team", "booking": monday.id, "start": monday.start, "end": monday.end, "user": "alice"}
+    assert [u["plan"] for u in plan_rows.upcoming(conn, FROZEN_NOW)[:6]] == [plan] * 4 + [friday, plan]
+    with write(conn):
+        started, members = (server_rows.insert(
+            conn, booking_id=monday.id, user="alice", uid=1001, cards=[0], card_uuids=["GPU-0"], model=SPEC["model"],
+            alias="team", host="127.0.0.1", port=port, ctx=None, parallel=8, split_mode=None, metrics=False,
+            cmdline=[], now=monday.start) for port in (8001, 8002))
+        plan_rows.record_run(conn, plan, monday.id, monday.start, server_id=started)
+    assert plan_rows.plan_of_server(conn, started) == plan
+    assert plan_rows.plan_of_server(conn, members) is None  # one a member started
+    assert plan_rows.upcoming(conn, monday.start + 60, plan_id=plan)[0]["booking"] == monday.id  # still starting
+    with write(conn):
+        assert server_rows.transition(conn, started, ["starting"], "ready")
+    assert plan_rows.upcoming(conn, monday.start + 60, plan_id=plan)[0]["booking"] == tuesday.id
+
+
+@pytest.mark.parametrize(
+    "column, value, problem",
+    [
+        ("user", b"al", "user is bytes b'al'"),  # TEXT columns store a number as text: a blob is what breaks them
+        ("uid", "x", "uid is str 'x'"),
+        ("alias", b"t", "alias is bytes b't'"),
+        ("created_at", "soon", "created_at is str 'soon'"),
+        ("spec", b"{}", "spec is bytes b'{}'"),
+        ("spec", "[1]", "spec is JSON list, not an object"),
+    ],
+)
+@sqlite_only  # hand edits of SQLite's loose types
+def test_a_plan_edited_by_hand_is_reported_once_and_skipped_by_every_reader(conn, weekdays, column, value, problem):
+    monday = weekdays[0]
+    good = plan_for(conn, series=monday.series_id)
+    bad = plan_for(conn, booking=monday.id)
+    with write(conn):
+        conn.execute(f"UPDATE server_plans SET {column} = ? WHERE id = ?", (value, bad))
+    before = len(malformed_rows())
+    assert plan_rows.get(conn, bad) is None
+    assert [p.id for p in plan_rows.listing(conn)] == [good]
+    assert [(p.id, booking) for p, booking in plan_rows.due(conn, monday.start)] == [(good, monday.id)]
+    assert malformed_rows()[before:] == [
+        f"server plan {bad} is malformed: {problem}; skipped (a hand edit? see board doctor)"]
