@@ -19,6 +19,7 @@ from app.model import Booking
 from app.gpu.model import FleetSnapshot, snapshot_from_wire, snapshot_to_wire
 from app.service.lastknown import remember, unreachable
 from app.store import bookings as rows
+from app.store import events
 from app.store import hosts as host_rows
 from app.store.db import write
 
@@ -102,7 +103,7 @@ def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any]
         while not stopping.is_set():
             try:
                 latest = run_db(lambda: (beat(service), remember(service),
-                                         events_tail(service.conn) if follow_tail else None)[2])
+                                         events.tail(service.conn) if follow_tail else None)[2])
             except Exception as error:  # noqa: BLE001 - a service must outlive one bad beat
                 if stopping.is_set():  # (the database thread is gone once it stops)
                     pass
@@ -125,7 +126,3 @@ def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any]
     thread = threading.Thread(target=loop, name="board-heartbeat", daemon=True)
     thread.start()
     return thread
-
-
-def events_tail(conn) -> int:
-    return conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]

@@ -2,7 +2,8 @@
 
 Writes then refuse in one line (app.store.pg.StoreUnreachable); reads of this host answer from here, marked
 `stale_since` (the time of that read): `status`, `list`, the board's `window` and its `fleet` event. The agent's
-heartbeat refreshes it every second (`remember`), and so does every read that reached the database. Other hosts' cards
+heartbeat refreshes it every second (`remember`: it reads the bookings again only when the audit chain's tail moved,
+since every change to a booking is audited), and so does every read that reached the database. Other hosts' cards
 are left out of a stale answer: what their services last published cannot be told from a host that went down. `list`
 answers from the live bookings kept; what it may ask beyond them (cancelled ones, the past before that read) is
 refused in one line naming the filter (`listing`).
@@ -33,6 +34,7 @@ class Known:
     read_at: float | None = None  # None: nothing read yet
     live: tuple[Booking, ...] = ()
     window: tuple[Booking, ...] = ()
+    tail: int | None = None  # the audit chain's last event id when `live` was read (None: not known)
 
     def between(self, start: int, end: int) -> list[Booking]:
         """The known bookings overlapping [start, end), oldest start first (as app.store.bookings.live_between)."""
@@ -88,8 +90,16 @@ def remember_window(service: Service, now: float, live: Iterable[Booking], windo
 
 
 def remember(service: Service) -> None:
-    """The heartbeat's refresh (PostgreSQL only: a SQLite file does not go away)."""
+    """The heartbeat's refresh (PostgreSQL only: a SQLite file does not go away). The chain's tail is read first, so
+    a change that lands between the two reads is read again at the next beat rather than missed."""
+    from app.store import events  # start-up: app.service loads it already
     from app.store.db import is_postgres
 
-    if is_postgres(service.conn):
-        read_live(service, service.clock())
+    if not is_postgres(service.conn):
+        return
+    now, tail, known = service.clock(), events.tail(service.conn), service.known
+    if known.read_at is not None and known.tail == tail:  # nothing changed: the same bookings, as of now
+        service.known = Known(now, known.live, known.window, tail)
+    else:
+        read_live(service, now)
+        service.known = Known(service.known.read_at, service.known.live, service.known.window, tail)

@@ -56,6 +56,11 @@ def recent(conn: sqlite3.Connection, limit: int = 100, booking_id: int | None = 
     return [Event(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), json.loads(r[7])) for r in rows]
 
 
+def tail(conn: sqlite3.Connection) -> int:
+    """The last event's id (0 when none): it moves with every audited change, so with every change to a booking."""
+    return conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+
+
 def first_broken(conn: sqlite3.Connection) -> int | None:
     """The id of the first event that was altered or removed by hand, or None when the chain is whole.
 

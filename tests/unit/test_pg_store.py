@@ -500,3 +500,25 @@ def test_a_booking_made_by_one_service_reaches_a_subscriber_of_another(pg):
     assert [b["id"] for b in other.call("list", mine=True)["bookings"]] == [made["id"]]
     one.close()
     other.close()
+
+
+def test_the_heartbeat_reads_the_bookings_again_only_when_the_audit_chain_moved(pg):
+    """The agent keeps the live bookings for while the database is away (app.service.lastknown): a beat with nothing
+    audited since keeps what it read, as of now; a booking moves the chain's tail, and the next beat reads it."""
+    from app.service.lastknown import remember
+
+    config = Config(db_path=Config().db_path, storage_url=pg.url)
+    client = LocalClient.on(config, open_source(True), current_identity(config.admin_group))
+    service = client.service
+    start = (int(time.time()) // 3600 + 24) * 3600
+    made = [client.call("book", cards=[3], start=start, end=start + 3600)]
+    remember(service)
+    first = service.known
+    remember(service)
+    second = service.known
+    assert second.live is first.live and second.tail == first.tail and second.read_at >= first.read_at
+    made.append(client.call("book", cards=[4], start=start, end=start + 3600))
+    remember(service)
+    third = service.known
+    assert third.tail > second.tail and sorted(b.id for b in third.live) == [m["id"] for m in made]
+    service.close()
