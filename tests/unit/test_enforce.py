@@ -131,7 +131,10 @@ def test_run_on_a_booking_that_has_not_started_is_refused(service, clock):
         run_booking(service, ALICE, booking.id)
     clock.now = booking.start  # from its first second it is
     assert run_booking(service, ALICE, booking.id).id == booking.id
-    clock.now = booking.end + 7200  # and at its end it is not
+    clock.now = booking.end  # from its last second it has ended
+    with pytest.raises(NotPermitted, match=r"not active now \(ended \S+, now\)$"):
+        run_booking(service, ALICE, booking.id)
+    clock.now = booking.end + 7200
     with pytest.raises(NotPermitted, match=r"not active now \(ended \S+, 2 h ago\)$"):
         run_booking(service, ALICE, booking.id)
 
@@ -185,6 +188,38 @@ def test_a_booking_is_over_for_its_job_when_ended_gone_moved_or_given_away(servi
     assert is_over(booking, entry_for(booking, cards=booking.card_uuids[:1]), FROZEN_NOW)
 
 
+# -- a booking starts ----------------------------------------------------------------------------
+
+
+def test_each_holder_hears_once_that_their_booking_has_started(service, clock):
+    """A fresh service's first pass announces nothing (what started before it is old news); each later pass tells
+    the holder alone of each booking that started since the pass before, one starting at that very second included,
+    and never twice."""
+    book(service)  # running when the service starts
+    at_the_pass = book(service, cards=(1, 2), start=FROZEN_NOW + 100)
+    bobs = book(service, BOB, cards=(3,), start=FROZEN_NOW + 50)
+    next_second = book(service, cards=(4,), start=FROZEN_NOW + 101)
+    to_alice = service.hub.subscribe({"notice"}, uid=ALICE.uid)
+    to_bob = service.hub.subscribe({"notice"}, uid=BOB.uid)
+    server = server_of(service)
+
+    def told(subscriber) -> list[str]:
+        return [n["message"] for n in subscriber.take(timeout=0)]
+
+    enforce_once(server)
+    assert told(to_alice) == told(to_bob) == []
+    clock.now = FROZEN_NOW + 100
+    enforce_once(server)
+    assert told(to_alice) == [f"booking {at_the_pass.id} has started: cards 1,2 until"
+                              f" <@time:{at_the_pass.end}:{FROZEN_NOW + 100}>"]
+    assert told(to_bob) == [f"booking {bobs.id} has started: cards 3 until <@time:{bobs.end}:{FROZEN_NOW + 100}>"]
+    clock.now = FROZEN_NOW + 101
+    enforce_once(server)
+    assert told(to_alice) == [f"booking {next_second.id} has started: cards 4 until"
+                              f" <@time:{next_second.end}:{FROZEN_NOW + 101}>"]
+    assert told(to_bob) == []
+
+
 # -- one enforcement pass ------------------------------------------------------------------------
 
 
@@ -196,6 +231,7 @@ def test_a_job_runs_untouched_while_its_booking_lasts(service, stubborn):
     assert done["terminated"] == done["killed"] == done["warned"] == done["ended"] == []
     assert stubborn.poll() is None and not entry.warned
     assert subscriber.take(timeout=0) == []
+    assert done["planned_started"] == []  # no planned server was due
 
 
 def test_the_holder_is_told_once_when_ten_minutes_are_left(service, clock, stubborn):
