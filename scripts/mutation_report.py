@@ -2,7 +2,9 @@
 
 `--select` starts a run: it lists the modules of pyproject's [tool.mutmut] only_mutate whose text differs
 from tests/mutation-record.json (all of them with `--all`, or the MODULEs named), writes them with their hashes to
-mutants/selection.json and prints the mutant-name patterns to give `mutmut run`.
+mutants/selection.json and prints the mutant-name patterns to give `mutmut run`. A module whose text is as the last
+selection had it (a run stopped, or failed on survivors) gets the names of its mutants not caught yet instead, so the
+next run takes up only those (with `--all`, everything again).
 
 Without `--select` it scores what mutmut left in mutants/ for the selected modules. A mutant counts as caught
 when a test failed or timed out on it. Mutants listed in tests/MUTANTS.md (`- name: why it is equivalent`)
@@ -82,12 +84,27 @@ def select(args: argparse.Namespace) -> int:
         if args.all or args.only or record.get(module, {}).get("sha256") != sha:
             chosen[module] = sha
     args.mutants.mkdir(exist_ok=True)
-    (args.mutants / "selection.json").write_text(json.dumps({"started": time.time(), "modules": chosen}, indent=1))
+    selection_file = args.mutants / "selection.json"
+    before = json.loads(selection_file.read_text())["modules"] if selection_file.exists() else {}
+    left = results(args.mutants)
+    # mutmut runs every mutant it is named again: a module unchanged since a run that did not end clean (stopped, or
+    # failed on a survivor) names only its mutants not caught yet, so that a rerun after new tests costs only those
+    def unfinished(module: str, sha: str) -> bool:
+        return (not args.all and before.get(module) == sha and module in left
+                and record.get(module, {}).get("sha256") != sha)
+
+    names = {module: ([name for name, code in left[module].items() if code not in CAUGHT]
+                      if unfinished(module, sha) else patterns(module))
+             for module, sha in chosen.items()}
+    selection_file.write_text(json.dumps({"started": time.time(), "modules": chosen}, indent=1))
     if not chosen:
         print(f"every module is as {args.record.relative_to(args.repo)} recorded it: nothing to mutate", file=sys.stderr)
     else:
-        print(f"mutating {len(chosen)} module(s): {', '.join(chosen)}", file=sys.stderr)
-    print(" ".join(p for module in chosen for p in patterns(module)))
+        resumed = [module for module, named in names.items() if named != patterns(module)]
+        print(f"mutating {len(chosen)} module(s): {', '.join(chosen)}"
+              + (f"; of {', '.join(resumed)}, unchanged since the last run, only the mutants not caught yet"
+                 if resumed else ""), file=sys.stderr)
+    print(" ".join(name for named in names.values() for name in named))
     return 0
 
 

@@ -85,3 +85,23 @@ def test_a_mutant_left_unrun_is_not_a_catch(repo, capsys):
     assert run(repo) == 1
     out = capsys.readouterr().out
     assert "not checked" in out and "app.core.a" not in out
+
+
+def test_a_module_unchanged_since_the_last_run_reruns_only_what_was_not_caught(repo, capsys):
+    """A run stopped half way, or failed on survivors that new tests now kill: the next `make mutation` names only the
+    mutants of that run not caught (mutmut would run every named one again); a changed module, or --all, starts over."""
+    assert run(repo, "--select") == 0
+    capsys.readouterr()
+    mutmut_left(repo, "app/core/a.py", {"app.core.a.x_a__mutmut_1": 1, "app.core.a.x_a__mutmut_2": 0,
+                                        "app.core.a.x_a__mutmut_3": None, "app.core.a.x_a__mutmut_4": 33})
+    mutmut_left(repo, "app/rule.py", {"app.rule.xǁRǁr__mutmut_1": 1})
+    assert run(repo) == 1  # a survivor, a mutant not run and one no test reaches: nothing recorded
+    capsys.readouterr()
+    assert run(repo, "--select") == 0
+    assert capsys.readouterr().out.split() == ["app.core.a.x_a__mutmut_2", "app.core.a.x_a__mutmut_3",
+                                               "app.core.a.x_a__mutmut_4"]
+    (repo / "app" / "core" / "a.py").write_text("def a():\n    return 5\n")
+    assert run(repo, "--select") == 0
+    assert capsys.readouterr().out.split() == ["app.core.a.x_*", "app.core.a.xǁ*"]
+    assert run(repo, "--select", "--all") == 0
+    assert capsys.readouterr().out.split() == ["app.core.a.x_*", "app.core.a.xǁ*", "app.rule.x_*", "app.rule.xǁ*"]
