@@ -175,3 +175,26 @@ def test_describe_names_the_host_and_a_port_only_when_the_url_has_one(tmp_path):
 def test_redaction_takes_a_query_value_whole_and_secrets_from_four_characters():
     target = NotifyTarget("ops", "webhook", "https://hooks.example/p?key=ab=cdef&k=wxyz&j=abc")
     assert redact("ab=cdef wxyz abc", target) == "<secret> <secret> abc"
+
+
+def test_a_pass_reads_the_outbox_twenty_rows_at_a_time(tmp_path):
+    """Each read is a job on the database thread: a long outbox goes in batches, oldest first."""
+    conn = connect(tmp_path / "board.db")
+    settings = NotifySettings(targets=(TARGET,))
+    ids = [i for n in range(21) for i in outbox.enqueue(conn, settings, Message("test", n, f"t{n}"), now=100)]
+    assert [row.id for row in outbox.due(conn, 100)] == ids[:20]
+    conn.close()
+
+
+def test_a_row_for_a_target_no_longer_configured_is_given_up_and_says_why(tmp_path):
+    conn = connect(tmp_path / "board.db")
+    (row_id,) = outbox.enqueue(conn, NotifySettings(targets=(TARGET,)), Message("alert.firing", 1, "hot"), now=100)
+    sent, lines = [], []
+    deliverer = Deliverer(Config(), lambda: 100.0, lambda fn: fn(), lambda: conn, log=lines.append,
+                          send=lambda *a: sent.append(a))
+    assert deliverer.pass_once() == 1
+    ((state, attempts, error),) = [(r.state, r.attempts, r.last_error) for r in outbox.rows(conn, [row_id])]
+    assert (state, attempts, error, sent, lines, deliverer.counts) == \
+        ("failed", 1, "no such target in [[notify.targets]] any more", [], [],
+         {"sent": 0, "failed_tries": 1, "given_up": 1})
+    conn.close()
