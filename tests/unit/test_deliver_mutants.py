@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,7 +13,7 @@ from app.config import Config, NotifySettings, NotifyTarget
 from app.notify import outbox
 from app.notify.deliver import IDLE_WAIT_S, Deliverer, Outcome, describe, redact, send
 from app.notify.formats import Message
-from app.store.db import connect
+from app.store.db import connect, write
 
 TARGET = NotifyTarget("ops", "webhook", "https://hooks.example/T0/B1?key=SEKRITKEY&x=1")
 
@@ -197,4 +198,25 @@ def test_a_row_for_a_target_no_longer_configured_is_given_up_and_says_why(tmp_pa
     assert (state, attempts, error, sent, lines, deliverer.counts) == \
         ("failed", 1, "no such target in [[notify.targets]] any more", [], [],
          {"sent": 0, "failed_tries": 1, "given_up": 1})
+    conn.close()
+
+
+def test_an_enqueue_to_every_target_commits_whole_or_not_at_all(tmp_path):
+    conn = connect(tmp_path / "board.db")
+    conn.execute("CREATE TRIGGER refuse_b BEFORE INSERT ON outbox WHEN NEW.target = 'b'"
+                  " BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    settings = NotifySettings(targets=(replace(TARGET, name="a"), replace(TARGET, name="b")))
+    with pytest.raises(sqlite3.IntegrityError, match="refused"):
+        outbox.enqueue(conn, settings, Message("alert.firing", 1, "hot"), now=100)
+    assert conn.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0
+    conn.close()
+
+
+def test_a_key_pushes_once_also_inside_the_callers_transaction(tmp_path):
+    conn = connect(tmp_path / "board.db")
+    settings = NotifySettings(targets=(TARGET,))
+    with write(conn):
+        first = outbox.enqueue(conn, settings, Message("alert.firing", 1, "hot"), now=100, key="rule-1")
+        again = outbox.enqueue(conn, settings, Message("alert.firing", 2, "hot"), now=101, key="rule-1")
+    assert (len(first), again, conn.execute("SELECT count(*) FROM outbox").fetchone()[0]) == (1, [], 1)
     conn.close()
