@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from app.service.processes import Registry, RegistrationError, exited
+from app.service.processes import Registry, RegistrationError, exited, owned_by
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -214,6 +214,57 @@ def test_processes_no_longer_the_holder_s_alone_are_not_signalled():
         assert ended(leader) and stranger.poll() is None and turncoat.poll() is None
     finally:
         for process in (leader, stranger, turncoat):
+            process.kill()
+            process.wait()
+        registry.close()
+
+
+def test_a_refusal_says_why():
+    registry = Registry()
+    gone = subprocess.Popen(SLEEP)
+    gone.kill()
+    gone.wait()  # reaped: no such process
+    ended_unreaped = subprocess.Popen(SLEEP)
+    live = subprocess.Popen(SLEEP)
+    try:
+        ended_unreaped.kill()
+        os.waitid(os.P_PID, ended_unreaped.pid, os.WEXITED | os.WNOWAIT)  # ended, still there to be reaped
+        started = registry.add("job", 1, os.getuid(), live.pid).started_ticks
+        for pid, uid, ticks, why in ((1, 0, None, "that process cannot be registered"),
+                                     (gone.pid, os.getuid(), None, "the registering process has already ended"),
+                                     (live.pid, os.getuid() + 1, None, "the registering process is not yours"),
+                                     (ended_unreaped.pid, os.getuid(), None, "the registering process is not yours"),
+                                     (live.pid, os.getuid(), started + 1, "the registering process is not yours")):
+            with pytest.raises(RegistrationError) as refused:
+                registry.add("job", 1, uid, pid, started_ticks=ticks)
+            assert str(refused.value) == why, pid
+        assert registry.add("job", 1, os.getuid(), live.pid, started_ticks=started).started_ticks == started
+        assert not owned_by(gone.pid, os.getuid())
+    finally:
+        for process in (ended_unreaped, live):
+            process.kill()
+            process.wait()
+        registry.close()
+
+
+def test_a_job_with_a_parenthesis_in_its_name_is_read_right():
+    """/proc/PID/stat puts the command name in parentheses; a name with one of its own must not shift the fields."""
+    registry = Registry()
+    script = subprocess.Popen(SLEEP, process_group=0)
+    job = subprocess.Popen([sys.executable, "-c", CHAIN, "0", CHAIN], process_group=script.pid,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        job.stdout.readline()  # named "a)" by now
+        entry = registry.add("job", 1, os.getuid(), job.pid)
+        assert entry.pgid == script.pid  # not its own: the script is not signalled with it
+        with open("/proc/stat") as stat:
+            boot = next(int(line.split()[1]) for line in stat if line.startswith("btime "))
+        age = time.time() - boot - entry.started_ticks / os.sysconf("SC_CLK_TCK")
+        assert -5 < age < 600  # it started moments ago (the bound is generous: a wrong field is years off, or 0)
+        assert registry.signal(entry, signal.SIGKILL) == [job.pid]
+        assert ended(job) and script.poll() is None
+    finally:
+        for process in (script, job):
             process.kill()
             process.wait()
         registry.close()
