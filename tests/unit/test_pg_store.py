@@ -113,6 +113,18 @@ def test_the_postgresql_schema_has_every_table_and_column_of_sqlites_latest(conn
     assert schema.LATEST >= 12  # app.store.schema's migrations up to server plans are mirrored; add later ones too
 
 
+def answers_again(conn: PgConnection) -> None:
+    """Wait until `conn` reconnects: its backoff is 1 s, then 2 s ..., and the next use after it connects."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+            return
+        except StoreUnreachable:
+            assert time.monotonic() < deadline, "the connection never came back"
+            time.sleep(0.1)
+
+
 @pytest.fixture
 def pg(pg_cluster):
     """A fresh PostgreSQL store on the worker's cluster (tests/postgres.py)."""
@@ -372,14 +384,7 @@ def test_a_lost_database_is_one_line_and_the_connection_comes_back():
                 conn.execute("SELECT 1")
         assert str(lost.value).startswith("the board database is unreachable (gpu1 → ")
         cluster.resume()
-        deadline = time.monotonic() + 60  # the backoff is 1 s, then 2 s ...: the next use after it reconnects
-        while True:
-            try:
-                assert conn.execute("SELECT 1").fetchone() == (1,)
-                break
-            except StoreUnreachable:
-                assert time.monotonic() < deadline, "the connection never came back"
-                time.sleep(0.1)
+        answers_again(conn)
         conn.close()
     finally:
         cluster.stop()
@@ -456,14 +461,7 @@ def test_a_full_database_is_unreachable_for_now_and_retried_not_a_refusal_to_fix
         assert (booked.returncode, booked.stdout, booked.stderr) == (1, "", f"board: {full}\n")
         for other in held:
             other.close()
-        deadline = time.monotonic() + 60  # the backoff is 1 s, then 2 s ...: the next use after it connects
-        while True:
-            try:
-                assert conn.execute("SELECT 1").fetchone() == (1,)
-                break
-            except StoreUnreachable:
-                assert time.monotonic() < deadline, "the connection never came back"
-                time.sleep(0.1)
+        answers_again(conn)
         conn.close()
     finally:
         for other in held:
