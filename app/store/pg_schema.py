@@ -389,5 +389,19 @@ ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
 CREATE POLICY {table}_read ON {table} FOR SELECT USING (true);
 """ for table in OWNER_ONLY)
 
-PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS, _V_FLEET_ROW_SECURITY]
+# The schema's functions name its tables unqualified, and a session's own temporary tables come first in its
+# search_path: a host could shadow booking_cards with one and leave the real spans, which the EXCLUDE judges, stale.
+# Each function reads the board's schema first and pg_temp last (PostgreSQL's advice for functions others call).
+_V_PINNED_SEARCH_PATH = r"""
+DO $$
+DECLARE f TEXT;
+BEGIN
+    FOREACH f IN ARRAY ARRAY['booking_cards_span()', 'bookings_span()', 'events_append_only()', 'events_no_replace()',
+                             'board_json_field(text, text)', 'board_notify()'] LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_catalog, pg_temp', f, current_schema());
+    END LOOP;
+END $$;
+"""
+
+PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS, _V_FLEET_ROW_SECURITY, _V_PINNED_SEARCH_PATH]
 PG_LATEST = len(PG_MIGRATIONS)

@@ -214,3 +214,18 @@ def test_a_hosts_role_cannot_make_the_schema_and_says_who_can(pg_cluster, tmp_pa
     finally:
         roles.drop()
 
+
+
+def test_a_hosts_own_temporary_table_does_not_fool_the_schemas_triggers(hosts):
+    """A session's temporary tables come first in its search_path: a host that shadows booking_cards with its own
+    must not leave the real spans, which the EXCLUDE judges, behind a moved booking."""
+    gpu1 = hosts("gpu1", ALICE)
+    start = FROZEN_NOW + HOUR
+    made = gpu1.call("book", cards=[3], start=start, end=start + HOUR)
+    conn = gpu1.service.conn
+    with write(conn):
+        conn.execute("CREATE TEMP TABLE booking_cards (booking_id BIGINT, card_uuid TEXT, span INT8RANGE, live BOOLEAN)"
+                     " ON COMMIT DROP")
+        conn.execute("UPDATE bookings SET ends_at = ? WHERE id = ?", (start + 2 * HOUR, made["id"]))
+    assert conn.execute("SELECT upper(span) FROM booking_cards WHERE booking_id = ?",
+                        (made["id"],)).fetchone() == (start + 2 * HOUR,)
