@@ -252,9 +252,9 @@ def get(conn: sqlite3.Connection, server_id: int) -> Server | None:
 
 def listing(
     conn: sqlite3.Connection, *, live_only: bool = False, user: str | None = None, booking_id: int | None = None,
-    limit: int | None = None,
+    fleet_host: str | None = None, limit: int | None = None,
 ) -> list[Server]:
-    """Newest first."""
+    """Newest first. `fleet_host`: only the servers on that [fleet] host's cards (and rows from before the fleet)."""
     clauses, args = [], []
     if live_only:
         clauses.append(f"state IN ({','.join('?' * len(LIVE_STATES))})")
@@ -265,6 +265,9 @@ def listing(
     if booking_id is not None:
         clauses.append("booking_id = ?")
         args.append(booking_id)
+    if fleet_host is not None:
+        clauses.append("fleet_host IN (?, '')")
+        args.append(fleet_host)
     where = " WHERE " + " AND ".join(clauses) if clauses else ""
     tail = " LIMIT ?" if limit is not None else ""
     if limit is not None:
@@ -275,11 +278,7 @@ def listing(
 def live(conn: sqlite3.Connection, fleet_host: str | None = None) -> list[Server]:
     """Live servers; with `fleet_host`, only those on that [fleet] host's cards (and rows from before the fleet):
     a service reconciles and stops only its own host's servers, whose pids mean something there."""
-    if fleet_host is None:
-        return listing(conn, live_only=True)
-    marks = ",".join("?" * len(LIVE_STATES))
-    return _decoded(conn, conn.execute(f"SELECT {_COLUMNS} FROM servers WHERE state IN ({marks})"
-                                       " AND fleet_host IN (?, '') ORDER BY id DESC", [*LIVE_STATES, fleet_host]))
+    return listing(conn, live_only=True, fleet_host=fleet_host)
 
 
 def used_ports(conn: sqlite3.Connection) -> set[int]:

@@ -12,7 +12,7 @@ refused in one line naming the filter (`listing`).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable
 
 from app.core.identity import lookup_user
@@ -99,7 +99,7 @@ def remember(service: Service) -> None:
         return
     now, tail, known = service.clock(), events.tail(service.conn), service.known
     if known.read_at is not None and known.tail == tail:  # nothing changed: the same bookings, as of now
-        service.known = Known(now, known.live, known.window, tail)
+        service.known = replace(known, read_at=now)
     else:
         read_live(service, now)
-        service.known = Known(service.known.read_at, service.known.live, service.known.window, tail)
+        service.known = replace(service.known, tail=tail)
