@@ -65,18 +65,21 @@ class Router:
     # -- the service's view --------------------------------------------------------------------
 
     def update(self, state: dict[str, Any]) -> None:
-        """A new gateway_state: servers keep their outstanding counts (requests in flight stay counted)."""
+        """A new gateway_state. A server already known stays the same object, updated in place: the requests in flight
+        on it hold that object, and their release must free a slot the router still counts."""
         servers = {}
         for s in state.get("servers", []):
             if s.get("state") not in ("ready",):
                 continue
-            current = self.servers.get(s["id"])
             upstream = Upstream(id=s["id"], alias=s["alias"], url=s["url"], api_key=s.get("api_key"),
                                 parallel=max(1, int(s.get("parallel") or 1)), user=s["user"], booking=s["booking"],
                                 booking_end=s.get("booking_end"), cards=list(s.get("cards") or []), state=s["state"],
                                 host=s.get("host", "local"))
+            current = self.servers.get(upstream.id)
             if current is not None:
                 upstream.outstanding = current.outstanding
+                vars(current).update(vars(upstream))
+                upstream = current
             servers[upstream.id] = upstream
         self.servers = servers
         self.planned = list(state.get("planned", []))

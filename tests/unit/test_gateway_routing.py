@@ -137,6 +137,23 @@ async def test_a_new_state_keeps_the_requests_in_flight_counted():
     assert (await r.admit("m", key(1))).id == 2
 
 
+async def test_a_request_admitted_before_a_new_state_frees_its_slot_in_the_new_one():
+    # CI saw this: requests in flight while the state changed kept their server's slots busy for good, and the next
+    # requests waited out the queue (429) with the servers idle.
+    r = router([server(1)])
+    held = await r.admit("m", key(1))
+    r.update({"servers": [server(1)], "keys": [], "planned": []})
+    waiting = asyncio.create_task(r.admit("m", key(2)))
+    await settle()
+    assert not waiting.done()
+    r.update({"servers": [server(1)], "keys": [], "planned": []})
+    r.release(held, key(1))
+    await settle()
+    assert waiting.done() and waiting.result().id == 1
+    r.release(waiting.result(), key(2))
+    assert r.servers[1].outstanding == 0
+
+
 # -- each rule on both sides of its boundary, and every refusal as a client gets it (mutation testing, issue 19) --
 
 LONG = "x" * 90  # a model name past the 80 characters a refusal quotes
