@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from app.faults import store
-from app.faults.oom import full_cards, record_job_oom, record_server_oom
+from app.faults.oom import REBUILD_HINT, full_cards, record_job_oom, record_server_build, record_server_oom
 from app.faults.throttle import ThrottleTracker
 from app.faults.watcher import FaultWatcher, record_all, start_watcher
 from app.faults.xid import meaning
@@ -53,6 +53,23 @@ def test_ooms_name_their_booking_and_every_full_card(tmp_path):
     assert (found[job].booking_id, found[job].user) == (booking, "bob")
     assert found[job].detail == "board run job 9 exited while card GPU-a, GPU-b was FULL"
     assert (found[server].booking_id, found[server].user, found[server].card_uuid) == (booking, "bob", "GPU-a")
+    conn.close()
+
+
+def test_a_server_built_without_its_cards_architecture_names_its_card_only_when_it_had_one(tmp_path):
+    conn = connect(tmp_path / "board.db")
+    booking = book(conn, "GPU-a", FROZEN_NOW, FROZEN_NOW + 3600, user="bob")
+    tail = ["loading model", "  CUDA error: no kernel image is available for execution on the device  "]
+    with write(conn):
+        ids = [record_server_build(conn, ts=FROZEN_NOW, booking_id=booking, user="bob", server_id=7, card_uuids=cards,
+                                   tail=tail) for cards in (["GPU-a"], ["GPU-a", "GPU-b"], [])]
+        assert record_server_build(conn, ts=FROZEN_NOW, booking_id=booking, user="bob", server_id=7,
+                                   card_uuids=["GPU-a"], tail=[OOM]) is None
+    found = {f.id: f for f in store.recent(conn, 0)}
+    assert [found[i].card_uuid for i in ids] == ["GPU-a", None, None]
+    assert {(found[i].kind, found[i].booking_id, found[i].user) for i in ids} == {("build", booking, "bob")}
+    assert found[ids[0]].detail == (f"server 7: CUDA error: no kernel image is available for execution on the device;"
+                                    f" {REBUILD_HINT}")
     conn.close()
 
 
