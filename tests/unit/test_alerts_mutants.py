@@ -71,13 +71,22 @@ class TestOnePass:
         assert rows(conn) == [(1, "hot", "GPU-7", "resolved", NOON, NOON + 61, NOON + 30, said(7, 95), None, NOON,
                                None)]
 
+    def test_what_one_pass_fires_is_numbered_and_pushed_in_rule_then_subject_order(self, conn):
+        lost, full = Card(9, "GPU-9", "LOST"), Card(2, "GPU-2", "FREE", vram_used_mib=95, vram_total_mib=100)
+        done = once(Engine(), conn, config(), NOON, hot(3), full, lost, hot(1))
+        assert done.fired == done.pushed == [1, 2, 3, 4]
+        assert [(p.key, dict(p.fields)["rule"], dict(p.fields)["subject"]) for p in done.pushes] == [
+            ("alert:1:firing", "hot", "GPU-1"), ("alert:2:firing", "hot", "GPU-3"), ("alert:3:firing", "lost", "GPU-9"),
+            ("alert:4:firing", "vram", "GPU-2")]
+
     def test_a_finding_fires_once_it_has_held_fire_after_s_unbroken(self, conn):
         engine, cfg = Engine(), config(fire_after_s=60)
         assert once(engine, conn, cfg, NOON, hot(7)).fired == []
         assert once(engine, conn, cfg, NOON + 30).ids() == {"fired": [], "resolved": [], "pushed": []}
         assert once(engine, conn, cfg, NOON + 60, hot(7)).fired == []  # gone for a pass: counts again from here
         assert once(engine, conn, cfg, NOON + 119.5, hot(7)).fired == []
-        assert once(engine, conn, cfg, NOON + 120, hot(7), hot(6)).fired == [1]  # 60 s exactly; card 6 is new
+        # 60 s exactly; card 6, new, is not yet (and is looked at first)
+        assert once(engine, conn, cfg, NOON + 120, hot(7), hot(6)).fired == [1]
         assert rows(conn)[0][:4] == (1, "hot", "GPU-7", "firing") and len(rows(conn)) == 1
         assert once(engine, conn, cfg, NOON + 180, hot(7), hot(6)).fired == [2]
 
@@ -171,6 +180,7 @@ class TestQuietHours:
 
         h, m = map(int, hhmm.split(":"))
         assert quiet_at(T0 + h * 3600 + m * 60, (12 * 60, 13 * 60), timezone.utc) is quiet
+        assert quiet_at(T0 + h * 3600 + m * 60, (12 * 60, 12 * 60), timezone.utc) is False  # an empty range
 
 
 class TestListing:
@@ -255,35 +265,41 @@ class TestGather:
         assert inputs.now == NOON + 0.5
 
     def test_the_queue_then_and_now_and_the_waits_of_the_bookings_started_in_the_window(self, tmp_path, conn):
-        now, then = NOON, NOON - 600  # window_min = 10
-        self.book(conn, [], now + 3600, now + 7200, created=then, queued="time")  # queued then and now
-        self.book(conn, [], now + 3600, now + 7200, created=then + 1, queued="time")  # queued since
-        self.book(conn, [], now + 60, now + 7200, created=now, queued="cards")  # queued since, just now
-        self.book(conn, [], then + 1, now + 7200, created=then - 100, queued="time")  # was queued; started since
-        self.book(conn, [], then, now + 7200, created=then - 100, queued="time")  # started as the window opened
-        self.book(conn, [], now + 3600, now + 7200, created=then - 100)  # never queued
-        cancelled = self.book(conn, [], now + 3600, now + 7200, created=then - 100, queued="time")
-        self.book(conn, [], now, now + 60, requested=now - 100)  # waited 100 s, started just now
-        self.book(conn, [], then + 1, now + 60, requested=then - 199)  # waited 200 s
-        self.book(conn, [], then, now + 60, requested=then - 1000)  # started before the window
-        self.book(conn, [], now - 60, now + 60, requested=0)  # from before requests were recorded
-        late = self.book(conn, [], now - 30, now + 60, requested=now - 5000)
-        for id in (cancelled, late):
+        """window_min = 10. Each booking on a card of its own."""
+        now, then = NOON, NOON - 600
+        made = [  # (start, end, created, requested, queued)
+            (now + 3600, now + 7200, then, None, "time"),  # queued then and now
+            (now + 3600, now + 7200, then + 1, None, "time"),  # queued since
+            (now + 60, now + 7200, now, None, "cards"),  # queued since, just now
+            (then + 1, now + 7200, then - 100, None, "time"),  # was queued then; started since (and waited 0)
+            (then, now + 7200, then - 100, None, "time"),  # started as the window opened
+            (now + 3600, now + 7200, then - 100, None, None),  # never queued
+            (now + 3600, now + 7200, then - 100, None, "time"),  # cancelled below
+            (now, now + 60, None, now - 100, None),  # waited 100 s, started just now
+            (then + 1, now + 60, None, then - 199, None),  # waited 200 s
+            (then, now + 60, None, then - 1000, None),  # started before the window
+            (now - 60, now + 60, None, 0, None),  # from before requests were recorded
+            (now - 30, now + 60, None, now - 5000, None)]  # cancelled below
+        booking_rows.sync_cards(conn, tuple(CardReading(i, f"GPU-{i}") for i in range(len(made))), now)
+        ids = [self.book(conn, [f"GPU-{i}"], start, end, created=created, requested=requested, queued=queued)
+               for i, (start, end, created, requested, queued) in enumerate(made)]
+        for id in (ids[6], ids[11]):
             conn.execute("UPDATE bookings SET status = 'cancelled' WHERE id = ?", (id,))
         inputs = self.gathered(tmp_path, conn, (), now)
         assert (inputs.queued_before, inputs.queued_now) == (2, 3)
-        assert sorted(inputs.waits_s) == [0, 100, 200]  # the queued booking that started at then + 1 waited 0
+        assert sorted(inputs.waits_s) == [0, 100, 200]
 
     def test_faults_of_30_days_crashes_of_the_hour_and_bookings_ending_in_10_minutes(self, tmp_path, conn):
         now = NOON
         for ts, kind in ((now - 30 * 86400, "xid"), (now - 30 * 86400 - 1, "xid"), (now, "oom"), (now, "throttle")):
             conn.execute("INSERT INTO faults (ts, kind) VALUES (?, ?)", (ts, kind))
-        booking_rows.sync_cards(conn, (CardReading(0, "GPU-0"),), now)
+        booking_rows.sync_cards(conn, tuple(CardReading(i, f"GPU-{i}") for i in range(4)), now)
         booking = self.book(conn, ["GPU-0"], now - 7200, now + 600)  # ends in 10 min exactly
-        self.book(conn, [], now - 7200, now + 601, user="bob", uid=1002)
-        self.book(conn, [], now - 7200, now)  # ended just now
-        self.book(conn, [], now + 1, now + 60)  # not started yet
-        for state, ended, model in (("crashed", now - 3600, "/models/qwen/qwen-7b.gguf"),
+        self.book(conn, ["GPU-1"], now - 7200, now + 601, user="bob", uid=1002)
+        self.book(conn, ["GPU-2"], now - 7200, now)  # ended just now
+        just = self.book(conn, ["GPU-2"], now, now + 300, user="bob", uid=1002)  # started just now
+        self.book(conn, ["GPU-3"], now + 1, now + 60)  # not started yet
+        for state, ended, model in (("crashed", now - 3600, "/models/qwen/qwen-7b.gguf"), ("crashed", now, "bare.gguf"),
                                     ("crashed", now - 3601, "old.gguf"), ("stopped", now, "stopped.gguf")):
             conn.execute(
                 'INSERT INTO servers (booking_id, "user", uid, cards, card_uuids, model, host, port, cmdline, state,'
@@ -291,8 +307,8 @@ class TestGather:
                 " ?, ?, ?)", (booking, model, state, now - 7200, ended))
         inputs = self.gathered(tmp_path, conn, (), now)
         assert inputs.faults_month == 2
-        assert inputs.crashes == (Crash(1, "carol", now - 3600, "qwen-7b.gguf"),)
-        assert inputs.ending == (Ending(booking, 1001, now + 600),)
+        assert inputs.crashes == (Crash(1, "carol", now - 3600, "qwen-7b.gguf"), Crash(2, "carol", now, "bare.gguf"))
+        assert inputs.ending == (Ending(booking, 1001, now + 600), Ending(just, 1002, now + 300))
 
     def test_the_fleets_mean_utilisation_and_since_when_each_booked_card_has_been_idle(self, tmp_path, conn):
         """window_min = 10, idle_booked_min = 30, sample_s = 10: the samples read go back 30 min + 20 s + 60 s
