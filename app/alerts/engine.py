@@ -79,7 +79,7 @@ def gather(conn: sqlite3.Connection, snapshot: FleetSnapshot, history: HistorySt
     """What the rules read: the fleet now, the history over the window, the bookings, faults and servers."""
     settings = config.alerts
     live = rows.live_between(conn, int(now), FOREVER)
-    statuses = fleet_status(snapshot, live, now, hot_celsius=config.hot_celsius, labels=config.labels)
+    statuses = fleet_status(snapshot, live, now)  # the states and holders: no warning or label reaches a rule
     util_mean, idle_since = _history(history, config, now, {s.reading.uuid for s in statuses if s.state == BOOKED})
     cards = []
     for s in statuses:
@@ -147,7 +147,9 @@ class Engine:
         so that an alert's row and its push commit together. `told`: subjects whose user has heard already (a
         `board run` job's own ten-minute notice), so their per-user alert is recorded, not repeated."""
         settings = config.alerts
-        findings = {(f.rule, f.subject): f for f in evaluate(inputs, settings)}
+        # In (rule, subject) order: what one pass fires gets its ids, and its pushes go out, in the same order
+        # every time, not in the order of a set of strings.
+        findings = dict(sorted(((f.rule, f.subject), f) for f in evaluate(inputs, settings)))
         self.seen_since = {key: self.seen_since.get(key, now) for key in findings}
         quiet = quiet_at(now, settings.quiet_minutes(), zone(config.policy.timezone))
         done = Pass()

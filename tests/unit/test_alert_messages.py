@@ -48,3 +48,16 @@ def test_high_utilisation_says_how_the_queue_grew():
 def test_a_booking_ending_within_the_minute_ends_in_1_min():
     inputs = Inputs(now=NOW, ending=(Ending(12, 1001, NOW + 30),))
     assert said(inputs) == {("ending", "booking:12"): ("your booking 12 ends in 1 min", 1001)}
+
+
+def test_minutes_left_round_up_to_the_whole_minute():
+    inputs = Inputs(now=NOW, ending=(Ending(12, 1001, NOW + 300), Ending(13, 1001, NOW + 301)))
+    assert said(inputs) == {("ending", "booking:12"): ("your booking 12 ends in 5 min", 1001),
+                            ("ending", "booking:13"): ("your booking 13 ends in 6 min", 1001)}
+
+
+def test_squatters_in_two_containers_are_both_named():
+    inputs = Inputs(now=NOW, cards=(Card(4, "GPU-4", SQUATTED, squatters=("root", "container/unknown"),
+                                         containers=("3f4e8a9b2c1d", "9a8b7c6d5e4f")),))
+    assert said(inputs) == {("squatter", "GPU-4"): (
+        "GPU 4 squatted by root, container/unknown in container 3f4e8a9b2c1d, 9a8b7c6d5e4f (not booked)", None)}
