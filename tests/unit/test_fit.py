@@ -748,6 +748,12 @@ def test_the_logits_are_in_the_compute_buffer(model_file):
     assert 4 * 1_000_000 * 4 <= compute <= 4 * 1_000_000 * 4 + small
 
 
+def test_a_cpu_server_computes_the_logits_on_its_one_device(model_file):
+    # a vocabulary of 100,000 and 64 slots: 64 rows of logits (24 MiB) in the one compute buffer
+    totals = cpu_totals(read_model(model_file("wide-vocab")), Settings(ctx=8192, parallel=64))
+    assert totals["compute_mib"] >= 64 * 100_000 * 4 / MIB
+
+
 def test_the_header_is_read_without_gguf_reader_and_big_arrays_are_only_counted(tmp_path, monkeypatch):
     """GGUFReader builds a numpy view per array element (seconds for a real vocabulary): board must not use it."""
     import gguf
