@@ -182,3 +182,45 @@ def test_which_server_ran_the_same_request(models, tmp_path, cmdline, settings, 
     model = replace(models["tiny"], path=str(link))
     server = {"model": os.path.realpath(models["tiny"].path), "ctx": 4096, "parallel": 2, "cmdline": cmdline}
     assert same_request(server, model, settings) is same
+
+
+def test_the_json_document(models):
+    """`board fit --json`: the totals of the one-card option (the host's share included), to one decimal, and only the
+    rows shown. Each figure has a second decimal (0.41, 0.28, 1.18, 0.43, ...), so a rounding that keeps it shows."""
+    model = models["tiny"]
+    settings = Settings(ctx=300, parallel=3, cache_type_k="f32", cache_type_v="bf16")
+    result = fit(model, settings, card_mib=100, overhead_mib=0.25, max_fill=0.9, cards=2)
+    assert result.as_json() == {
+        "model": model.path, "n_layer": 2, "ctx": 300, "parallel": 3, "cache_type_k": "f32", "cache_type_v": "bf16",
+        "weights_mib": 0.4, "kv_mib": 0.3, "compute_mib": 1.2, "host_mib": 0.4,
+        "options": [{"cards": 2, "fits": True, "per_card": [
+            {"weights_mib": 0.3, "kv_mib": 0.3, "compute_mib": 1.5, "overhead_mib": 0.2, "total_mib": 2.3},
+            {"weights_mib": 0.1, "kv_mib": 0.0, "compute_mib": 0.9, "overhead_mib": 0.2, "total_mib": 1.2}]}],
+        "smallest_fit": 1,
+    }
+
+
+def test_fits_defaults_are_the_configs(models):
+    from app.config import Config
+    from app.fit.request import limits
+
+    assert fit(models["tiny"], ON) == fit(models["tiny"], ON, **limits(Config()))
+
+
+ADVICE = {
+    1: "Fits on one card: book 1. Splitting a model that fits only adds transfers between cards.",
+    2: "Fits on 2 cards (TP2): book 2. A model that fits on 2 gains nothing from 8; prefer TP2/TP4.",
+    4: "Fits on 4 cards (TP4): book 4. A model that fits on 4 gains nothing from 8; prefer TP2/TP4.",
+    8: "Needs all 8 cards: book the whole machine, and check that a smaller context or quantisation won't do.",
+    None: "Does not fit even on 8 cards: lower --ctx or --parallel, use a q8_0 cache "
+          "(--cache-type-k q8_0 --cache-type-v q8_0), or a smaller quantisation.",
+}
+
+
+@pytest.mark.parametrize("smallest", ADVICE)
+def test_the_advice_for_each_smallest_fit(models, smallest):
+    from app.fit.report import advice
+
+    result = fit(models["tiny"], ON)
+    options = tuple(replace(o, fits=smallest is not None and o.cards >= smallest) for o in result.options)
+    assert advice(replace(result, options=options)) == ADVICE[smallest]
