@@ -20,6 +20,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.core.request import MAX_PARALLEL
 from app.errors import BadInput
 from app.fit import graph
 from app.fit.gguf_model import Model
@@ -49,6 +50,8 @@ class Settings:
             raise BadInput(f"--ctx must be at least 1 token, not {self.ctx}")
         if self.parallel < 1:
             raise BadInput(f"--parallel must be at least 1, not {self.parallel}")
+        if self.parallel > MAX_PARALLEL:
+            raise BadInput(f"--parallel must be at most {MAX_PARALLEL} (llama.cpp's limit), not {self.parallel}")
         for which, name in (("k", self.cache_type_k), ("v", self.cache_type_v)):
             if name not in CACHE_TYPES:
                 raise BadInput(f"--cache-type-{which} {name!r} is not a cache type; use one of {', '.join(CACHE_TYPES)}")

@@ -315,6 +315,44 @@ class TestRefusals:
         with pytest.raises(BadInput):
             settings.check(read_model(model_file("tiny")))
 
+    def test_each_refusal_in_full(self, model_file, tmp_path):
+        """The line a member reads (exit 2), each refusal's own."""
+        tiny, gqa8 = read_model(model_file("tiny")), read_model(model_file("gqa8"))
+        odd = read_model(shapes.write_model(tmp_path / "odd.gguf", shapes.Shape("odd", n_embd=48, n_head=4, n_head_kv=1)))
+        types = "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl"
+        for settings, model, message in [
+            (Settings(ctx=0), tiny, "--ctx must be at least 1 token, not 0"),
+            (Settings(parallel=0), tiny, "--parallel must be at least 1, not 0"),
+            (Settings(parallel=257), tiny, "--parallel must be at most 256 (llama.cpp's limit), not 257"),
+            (Settings(cache_type_k="q3_k"), tiny, f"--cache-type-k 'q3_k' is not a cache type; use one of {types}"),
+            (Settings(cache_type_v="f64"), tiny, f"--cache-type-v 'f64' is not a cache type; use one of {types}"),
+            (Settings(cache_type_k="q4_0"), tiny, "--cache-type-k q4_0 with flash attention needs a head size that is "
+                                                  "a multiple of 32; this model's is 16 (llama.cpp refuses it)"),
+            (Settings(cache_type_v="q8_0"), tiny, "--cache-type-v q8_0 with flash attention needs a head size that is "
+                                                  "a multiple of 32; this model's is 16 (llama.cpp refuses it)"),
+            (Settings(cache_type_k="q8_0", flash_attn=False), odd,
+             "--cache-type-k q8_0 needs K/V rows that are a multiple of 32 wide; this model's are 12"),
+            (Settings(cache_type_v="q8_0", flash_attn=False), gqa8,
+             "a q8_0 V cache needs flash attention (--flash-attn on), as llama.cpp requires"),
+        ]:
+            with pytest.raises(BadInput) as caught:
+                settings.check(model)
+            assert str(caught.value) == message
+
+    def test_the_bounds_themselves_are_allowed(self, model_file):
+        tiny = read_model(model_file("tiny"))
+        Settings(ctx=1).check(tiny)
+        Settings(parallel=256).check(tiny)  # llama.cpp's LLAMA_MAX_SEQ
+
+    def test_k_and_v_are_checked_against_their_own_head_size(self, model_file):
+        from dataclasses import replace
+
+        # K heads of 128, V heads of 80 (models with other V heads than K heads exist: MLA's 192 and 128)
+        model = replace(read_model(model_file("gqa8")), head_v=80)
+        Settings(cache_type_k="q8_0").check(model)
+        with pytest.raises(BadInput, match="^--cache-type-v q8_0 with flash attention .* this model's is 80 "):
+            Settings(cache_type_v="q8_0").check(model)
+
     def test_place_refuses_what_llama_cpp_refuses(self, model_file):
         with pytest.raises(BadInput):
             place(read_model(model_file("gqa8")), Settings(cache_type_v="q8_0", flash_attn=False), 1,
@@ -403,6 +441,31 @@ def test_the_graph_takes_the_context_as_given_under_a_ubatch(model_file):
     model = read_model(model_file("tiny"))
     assert graph_shape(model, Settings(ctx=4096)).n_tokens == 512
     assert graph_shape(model, Settings(ctx=4096, parallel=3)).n_outputs == 3
+
+
+def test_the_graph_shape_of_a_windowed_model(model_file):
+    model = read_model(model_file("swa"))  # window 256 on layers 0 and 2, heads of 32
+    common = {"n_embd": 128, "n_vocab": model.n_vocab, "n_head": (4,) * 4, "n_head_kv": (2,) * 4, "n_ff": (256,) * 4,
+              "head_k": 32, "head_v": 32, "swa": (True, False, True, False), "n_expert": 0, "n_expert_used": 0,
+              "rot_k": 0, "rot_v": 0}
+    # 3 slots unified: one stream of 5,120 cells; the window is per slot: pad256(256 x 3 + 512) = 1,280
+    assert graph_shape(model, Settings(ctx=5000, parallel=3, unified=True)) == graph.Shape(
+        **common, n_tokens=512, n_outputs=3, n_kv=5120, n_kv_swa=1280, n_stream=1, flash_attn=True)
+    # 3 streams of pad256(5,120 // 3) = 1,792 cells, each with its own window: pad256(256 + 512) = 768
+    assert graph_shape(model, Settings(ctx=5000, parallel=3, flash_attn=False)) == graph.Shape(
+        **common, n_tokens=512, n_outputs=3, n_kv=1792, n_kv_swa=768, n_stream=3, flash_attn=False)
+
+
+@pytest.mark.parametrize(("name", "types", "rotation"), [
+    ("gqa8", ("q8_0", "q8_0"), (128, 64)),  # heads of 128: K's block grows to the head, V's stays at 64
+    ("gqa8", ("f16", "q4_0"), (0, 64)),  # only a quantised cache is rotated
+    ("gqa8", ("q4_0", "f16"), (128, 0)),
+    ("q4", ("q8_0", "q8_0"), (64, 64)),  # heads of 64
+    ("swa", ("q8_0", "q8_0"), (0, 0)),  # heads of 32: not a multiple of 64
+])
+def test_a_quantised_caches_rotation_block(model_file, name, types, rotation):
+    shape = graph_shape(read_model(model_file(name)), Settings(cache_type_k=types[0], cache_type_v=types[1]))
+    assert (shape.rot_k, shape.rot_v) == rotation
 
 
 class TestReport:
@@ -746,6 +809,12 @@ def test_the_logits_are_in_the_compute_buffer(model_file):
     (compute,), _ = graph.compute_bytes(replace(shape, n_vocab=1_000_000), [[0, 1]], 0, gpu=False)
     (small,), _ = graph.compute_bytes(shape, [[0, 1]], 0, gpu=False)
     assert 4 * 1_000_000 * 4 <= compute <= 4 * 1_000_000 * 4 + small
+
+
+def test_a_cpu_server_computes_the_logits_on_its_one_device(model_file):
+    # a vocabulary of 100,000 and 64 slots: 64 rows of logits (24 MiB) in the one compute buffer
+    totals = cpu_totals(read_model(model_file("wide-vocab")), Settings(ctx=8192, parallel=64))
+    assert totals["compute_mib"] >= 64 * 100_000 * 4 / MIB
 
 
 def test_the_header_is_read_without_gguf_reader_and_big_arrays_are_only_counted(tmp_path, monkeypatch):

@@ -106,3 +106,10 @@ def test_a_servers_settings_are_what_was_given_else_the_stored_request_else_the_
     assert given == Settings(ctx=1024, parallel=2, cache_type_k="f16", cache_type_v="q4_0", flash_attn=True,
                              unified=False)  # False and True given win over what was stored; None given does not
     assert settings_of(None, parallel=3, flash_attn=False) == Settings(parallel=3, flash_attn=False)
+
+
+def test_a_stored_request_serves_the_same_settings_again(model):
+    # every field differs from its default, so a field stored under another name than settings_of reads shows
+    settings = Settings(ctx=8192, parallel=2, cache_type_k="q8_0", cache_type_v="bf16", flash_attn=False, unified=True)
+    stored = request_record(place(model, settings, 2, **BOUNDS), model, settings)
+    assert settings_of(stored) == settings
