@@ -242,6 +242,64 @@ class TestCounters:
         assert found == {"failed_try": 3, "given_up": 1}
 
 
+def exposition(server: MetricsServer) -> list[str]:
+    """The exposition's board_ lines as Prometheus reads them (the process_ families are the library's)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+        return [line for line in response.read().decode().splitlines() if "board_" in line]
+
+
+class TestExposition:
+    def test_every_family_has_its_help_and_type_in_order(self, service, metrics):
+        from types import SimpleNamespace
+
+        service.notifier = SimpleNamespace(counts={"failed_tries": 0, "given_up": 0})
+        gauges = (("gpu_memory_used_bytes", "VRAM in use."), ("gpu_memory_total_bytes", "VRAM on the card."),
+                  ("gpu_utilization_ratio", "GPU utilisation, 0 to 1, over NVML's last sample period."),
+                  ("gpu_temperature_celsius", "GPU temperature."), ("gpu_power_watts", "Power draw."),
+                  ("gpu_power_limit_watts", "Power limit."),
+                  ("gpu_state", "The card's state: 1 for the state it is in, 0 for the others."),
+                  ("fleet_read_timestamp_seconds", "When the GPUs were last read (Unix time)."),
+                  ("bookings_queued", "Bookings waiting in the queue to move earlier."))
+        counters = (
+            ("bookings_created", "Bookings created (each occurrence of a series counts), by class."),
+            ("bookings_refused", "Booking requests refused, by reason: conflict (the time is taken) or policy (a rule)."),
+            ("backfill_moves", "Queued bookings moved earlier by the backfill."),
+            ("server_crashes", "llama-servers that exited without being stopped."),
+            ("alerts", "Alerts fired (app.alerts), by rule."),
+            ("xid_errors", "Critical Xid errors NVML reported (app.faults), by code."),
+            ("oom", "Out-of-memory exits: llama-servers and board run jobs (app.faults)."),
+            ("notify_failures", "Pushes that failed: each failed try, and the messages given up after the last try."))
+        snapshot = service.fleet.latest()
+        service.fleet._latest = replace(snapshot, cards=tuple(replace(c, sm_clock_mhz=2000) for c in snapshot.cards))
+        found = [line for line in exposition(metrics) if line.startswith("#")]
+        expected = []
+        for name, text in gauges:
+            expected += [f"# HELP board_{name} {text}", f"# TYPE board_{name} gauge"]
+            if name == "gpu_power_limit_watts":  # the SM clock comes after the power limit
+                expected += ["# HELP board_gpu_sm_clock_hertz SM clock.", "# TYPE board_gpu_sm_clock_hertz gauge"]
+        for name, text in counters:
+            expected += [f"# HELP board_{name}_total {text}", f"# TYPE board_{name}_total counter"]
+        assert found == expected
+
+    def test_a_card_with_no_name_no_pool_and_missing_readings_exports_what_it_has(self, service, metrics):
+        """Empty labels rather than made-up ones; a reading NVML did not give is no sample, the others are."""
+        service.config = replace(service.config, pools=(Pool("prod", (0, 1, 2, 3)),))  # card 5 in no pool
+        snapshot = service.fleet.latest()
+        bare = replace(snapshot.cards[5], name=None, utilization_pct=None, sm_clock_mhz=None)
+        service.fleet._latest = replace(snapshot, cards=(*snapshot.cards[:5], bare, *snapshot.cards[6:]))
+        five = f'{{booking_id="",class="",holder="",index="5",name="",pool="",uuid="{bare.uuid}"}}'
+        lines = exposition(metrics)
+        samples = [(line.split(" ")[0], float(line.split(" ")[1])) for line in lines if 'index="5"' in line]
+        assert [(series, number) for series, number in samples if not series.startswith("board_gpu_state")] == [
+            (f"board_gpu_memory_used_bytes{five}", bare.memory_used_mib * 1024 * 1024),
+            (f"board_gpu_memory_total_bytes{five}", bare.memory_total_mib * 1024 * 1024),
+            (f"board_gpu_temperature_celsius{five}", bare.temperature_c),
+            (f"board_gpu_power_watts{five}", bare.power_w),
+            (f"board_gpu_power_limit_watts{five}", bare.power_limit_w)]
+        other = f'pool="prod",uuid="{snapshot.cards[0].uuid}"'  # another card keeps its utilisation
+        assert sum(line.startswith("board_gpu_utilization_ratio{") and other in line for line in lines) == 1
+
+
 class TestScraping:
     def test_many_scrapers_share_one_gpu_read_and_one_database_read_and_write_nothing(self, service, metrics):
         watcher = sqlite3.connect(service.config.db_path)
