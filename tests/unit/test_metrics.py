@@ -327,6 +327,22 @@ class TestScraping:
         assert value(card(scrape(metrics)["board_gpu_state"], 4), state="booked", holder="alice") == 1.0
         assert metrics.collector.reads == 2
 
+    def test_the_counters_are_read_again_when_the_view_is_ttl_old_and_not_before(self, service, metrics):
+        """A crash changes no booking: it shows once the view is VIEW_TTL_S old (5 s), and not a moment sooner."""
+        from app.store import events
+        from app.store.db import write
+
+        now = [100.0]
+        metrics.collector.clock = lambda: now[0]
+        assert scrape(metrics)["board_server_crashes"][0].value == 0  # read at 100
+        with write(service.conn):
+            events.record(service.conn, ts=FROZEN_NOW, uid=0, actor="board", action="server-crash", booking_id=None,
+                          ok=True, details={"server": 1})
+        now[0] = 104.5
+        assert scrape(metrics)["board_server_crashes"][0].value == 0 and metrics.collector.reads == 1
+        now[0] = 105.0
+        assert scrape(metrics)["board_server_crashes"][0].value == 1 and metrics.collector.reads == 2
+
     def test_a_booking_takes_its_card_when_it_starts_and_leaves_it_when_it_ends(self, service, metrics):
         later = service.call(ALICE, "book", {"start": FROZEN_NOW + 60, "end": FROZEN_NOW + 120, "cards": [4]})
         assert value(card(scrape(metrics)["board_gpu_state"], 4), state="free") == 1.0
