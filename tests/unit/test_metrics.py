@@ -299,6 +299,19 @@ class TestExposition:
         other = f'pool="prod",uuid="{snapshot.cards[0].uuid}"'  # another card keeps its utilisation
         assert sum(line.startswith("board_gpu_utilization_ratio{") and other in line for line in lines) == 1
 
+    def test_text_that_is_not_utf8_in_the_database_is_shown_replaced_not_a_failed_scrape(self, service, metrics):
+        """Another writer (a restored backup, a hand edit) may leave bytes that are not UTF-8: one card's label
+        shows U+FFFD, and the scrape answers as the service's own connection reads it."""
+        if service.config.storage_url:
+            pytest.skip("PostgreSQL stores only valid UTF-8")
+        from app.store.db import write
+
+        booked = service.call(ALICE, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + H, "cards": [4]})
+        with write(service.conn):
+            service.conn.execute("UPDATE bookings SET user = CAST(x'616cff' AS TEXT) WHERE id = ?", (booked["id"],))
+        held = card(scrape(metrics)["board_gpu_state"], 4, state="booked")
+        assert [(s.labels["holder"], s.value) for s in held] == [("al\ufffd", 1.0)]
+
 
 class TestScraping:
     def test_many_scrapers_share_one_gpu_read_and_one_database_read_and_write_nothing(self, service, metrics):
