@@ -369,7 +369,7 @@ class TestScraping:
 
     def test_a_database_it_cannot_read_is_a_503_and_one_line_in_the_log(self, service, tmp_path):
         gone = replace(service.config, db_path=tmp_path / "missing" / "board.db")
-        said = "board.db"
+        said = f"/metrics: no access to the board database {gone.db_path}: "  # SQLite's own error, told as for a user
         if service.config.storage_url:  # PostgreSQL: a database that does not answer
             gone = replace(gone, storage_url="postgresql:///board?host=/nonexistent/board-test&user=postgres")
             said = "the board database is unreachable"
