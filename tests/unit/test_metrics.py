@@ -446,6 +446,16 @@ class TestBounded:
             raise AssertionError("a request trickled a byte at a time was never closed")
         slow.close()
 
+    def test_closing_does_not_wait_for_a_scraper_that_holds_a_worker(self, metrics):
+        """The service stops at once: a half-open scraper keeps its worker until its own deadline, not the stop's."""
+        before = set(threading.enumerate())  # other tests' workers may still be waiting for their deadline
+        slow = half_open(metrics)
+        while not any(t.name.startswith("board-metrics_") for t in set(threading.enumerate()) - before):
+            time.sleep(0.01)  # until the accepting thread has handed it to a worker of this server's
+        metrics.close()
+        assert not ended(slow, 0)  # closed without waiting for it: its worker still holds it (REQUEST_TIMEOUT_S)
+        slow.close()
+
 
 class TestConfig:
     def test_off_unless_listen_is_set(self, tmp_path):
