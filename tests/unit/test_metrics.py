@@ -435,6 +435,20 @@ class TestBounded:
         assert close_ended(held, len(held), timeout_s=15) == []  # the others at their deadline, with no answer
         assert len(scrape(metrics)["board_gpu_state"]) == 40  # and then it serves again
 
+    def test_one_past_max_scrapes_is_closed_at_once_while_the_others_wait_for_their_deadline(self, metrics, capfd):
+        """Ordering, not timing: the one past the cap ends while all MAX_SCRAPES held ones are still open (each has
+        REQUEST_TIMEOUT_S, 10 s); a server that queued it instead would end a held one first. Quietly: no traceback."""
+        before = set(threading.enumerate())
+        held = [half_open(metrics) for _ in range(MAX_SCRAPES)]
+        while sum(t.name.startswith("board-metrics_") for t in set(threading.enumerate()) - before) < MAX_SCRAPES:
+            time.sleep(0.01)  # until each holds a worker, and so a slot
+        extra = half_open(metrics)
+        assert ended(extra, 15_000)
+        assert [sock for sock in held if ended(sock, 0)] == []
+        for sock in (extra, *held):
+            sock.close()
+        assert capfd.readouterr().err == ""
+
     def test_a_request_trickled_a_byte_at_a_time_is_closed_at_its_deadline(self, metrics, monkeypatch):
         monkeypatch.setattr(metrics_module, "REQUEST_TIMEOUT_S", 1.0)
         slow = half_open(metrics)
