@@ -280,6 +280,7 @@ class TestExposition:
         for name, text in counters:
             expected += [f"# HELP board_{name}_total {text}", f"# TYPE board_{name}_total counter"]
         assert found == expected
+        assert {"process_resident_memory_bytes", "process_open_fds"} <= set(scrape(metrics))  # the service's own
 
     def test_a_card_with_no_name_no_pool_and_missing_readings_exports_what_it_has(self, service, metrics):
         """Empty labels rather than made-up ones; a reading NVML did not give is no sample, the others are."""
@@ -422,6 +423,14 @@ def close_ended(socks: list[socket.socket], want: int, timeout_s: float) -> list
     return left
 
 
+def workers(before: set[threading.Thread], want: int) -> None:
+    """Wait until `want` /metrics workers ("board-metrics_N") have started since `before` (at most 10 s)."""
+    deadline = time.monotonic() + 10
+    while sum(t.name.startswith("board-metrics_") for t in set(threading.enumerate()) - before) < want:
+        assert time.monotonic() < deadline, f"fewer than {want} /metrics workers started"
+        time.sleep(0.01)
+
+
 class TestBounded:
     """Anyone who reaches the port may connect: /metrics holds at most MAX_SCRAPES of them, each for one deadline."""
 
@@ -440,8 +449,7 @@ class TestBounded:
         REQUEST_TIMEOUT_S, 10 s); a server that queued it instead would end a held one first. Quietly: no traceback."""
         before = set(threading.enumerate())
         held = [half_open(metrics) for _ in range(MAX_SCRAPES)]
-        while sum(t.name.startswith("board-metrics_") for t in set(threading.enumerate()) - before) < MAX_SCRAPES:
-            time.sleep(0.01)  # until each holds a worker, and so a slot
+        workers(before, MAX_SCRAPES)  # each holds a worker of its own, and so a slot
         extra = half_open(metrics)
         assert ended(extra, 15_000)
         assert [sock for sock in held if ended(sock, 0)] == []
@@ -464,8 +472,7 @@ class TestBounded:
         """The service stops at once: a half-open scraper keeps its worker until its own deadline, not the stop's."""
         before = set(threading.enumerate())  # other tests' workers may still be waiting for their deadline
         slow = half_open(metrics)
-        while not any(t.name.startswith("board-metrics_") for t in set(threading.enumerate()) - before):
-            time.sleep(0.01)  # until the accepting thread has handed it to a worker of this server's
+        workers(before, 1)  # the accepting thread has handed it to a worker
         metrics.close()
         assert not ended(slow, 0)  # closed without waiting for it: its worker still holds it (REQUEST_TIMEOUT_S)
         slow.close()
