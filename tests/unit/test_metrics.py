@@ -389,8 +389,18 @@ class TestScraping:
 
     def test_a_port_in_use_is_one_line(self, service, metrics):
         taken = replace(service.config, metrics=MetricsSettings(f"127.0.0.1:{metrics.port}"))
-        with pytest.raises(BoardError, match=rf"can't serve /metrics on 127.0.0.1:{metrics.port} \(Address already in use\)"):
+        with pytest.raises(BoardError, match=rf"^can't serve /metrics on 127.0.0.1:{metrics.port} \(Address already in use\);"
+                                             r" free the port or change \[metrics\] listen$"):
             MetricsServer(Service(taken, service.fleet), print)
+
+    def test_an_ipv6_listen_address_serves_over_ipv6(self, service):
+        ipv6 = replace(service.config, metrics=MetricsSettings("[::1]:0"))
+        server = MetricsServer(Service(ipv6, service.fleet, clock=service.clock), print)
+        try:
+            with urllib.request.urlopen(f"http://[::1]:{server.port}/metrics", timeout=10) as response:
+                assert response.status == 200 and b"board_gpu_state{" in response.read()
+        finally:
+            server.close()
 
 
 def half_open(server: MetricsServer) -> socket.socket:
