@@ -382,6 +382,8 @@ class TestScraping:
                 with pytest.raises(urllib.error.HTTPError) as error:
                     scrape(server)
                 assert error.value.code == 503 and said in error.value.read().decode()
+                assert (error.value.headers.get_content_type(), error.value.headers.get_content_charset()) == (
+                    "text/plain", "utf-8")
         finally:
             server.close()
         assert len([line for line in logged if line.startswith("/metrics:")]) == 1
