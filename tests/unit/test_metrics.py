@@ -242,6 +242,78 @@ class TestCounters:
         assert found == {"failed_try": 3, "given_up": 1}
 
 
+def exposition(server: MetricsServer) -> list[str]:
+    """The exposition's board_ lines as Prometheus reads them (the process_ families are the library's)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+        return [line for line in response.read().decode().splitlines() if "board_" in line]
+
+
+class TestExposition:
+    def test_every_family_has_its_help_and_type_in_order(self, service, metrics):
+        from types import SimpleNamespace
+
+        service.notifier = SimpleNamespace(counts={"failed_tries": 0, "given_up": 0})
+        gauges = (("gpu_memory_used_bytes", "VRAM in use."), ("gpu_memory_total_bytes", "VRAM on the card."),
+                  ("gpu_utilization_ratio", "GPU utilisation, 0 to 1, over NVML's last sample period."),
+                  ("gpu_temperature_celsius", "GPU temperature."), ("gpu_power_watts", "Power draw."),
+                  ("gpu_power_limit_watts", "Power limit."),
+                  ("gpu_state", "The card's state: 1 for the state it is in, 0 for the others."),
+                  ("fleet_read_timestamp_seconds", "When the GPUs were last read (Unix time)."),
+                  ("bookings_queued", "Bookings waiting in the queue to move earlier."))
+        counters = (
+            ("bookings_created", "Bookings created (each occurrence of a series counts), by class."),
+            ("bookings_refused", "Booking requests refused, by reason: conflict (the time is taken) or policy (a rule)."),
+            ("backfill_moves", "Queued bookings moved earlier by the backfill."),
+            ("server_crashes", "llama-servers that exited without being stopped."),
+            ("alerts", "Alerts fired (app.alerts), by rule."),
+            ("xid_errors", "Critical Xid errors NVML reported (app.faults), by code."),
+            ("oom", "Out-of-memory exits: llama-servers and board run jobs (app.faults)."),
+            ("notify_failures", "Pushes that failed: each failed try, and the messages given up after the last try."))
+        snapshot = service.fleet.latest()
+        service.fleet._latest = replace(snapshot, cards=tuple(replace(c, sm_clock_mhz=2000) for c in snapshot.cards))
+        found = [line for line in exposition(metrics) if line.startswith("#")]
+        expected = []
+        for name, text in gauges:
+            expected += [f"# HELP board_{name} {text}", f"# TYPE board_{name} gauge"]
+            if name == "gpu_power_limit_watts":  # the SM clock comes after the power limit
+                expected += ["# HELP board_gpu_sm_clock_hertz SM clock.", "# TYPE board_gpu_sm_clock_hertz gauge"]
+        for name, text in counters:
+            expected += [f"# HELP board_{name}_total {text}", f"# TYPE board_{name}_total counter"]
+        assert found == expected
+        assert {"process_resident_memory_bytes", "process_open_fds"} <= set(scrape(metrics))  # the service's own
+
+    def test_a_card_with_no_name_no_pool_and_missing_readings_exports_what_it_has(self, service, metrics):
+        """Empty labels rather than made-up ones; a reading NVML did not give is no sample, the others are."""
+        service.config = replace(service.config, pools=(Pool("prod", (0, 1, 2, 3)),))  # card 5 in no pool
+        snapshot = service.fleet.latest()
+        bare = replace(snapshot.cards[5], name=None, utilization_pct=None, sm_clock_mhz=None)
+        service.fleet._latest = replace(snapshot, cards=(*snapshot.cards[:5], bare, *snapshot.cards[6:]))
+        five = f'{{booking_id="",class="",holder="",index="5",name="",pool="",uuid="{bare.uuid}"}}'
+        lines = exposition(metrics)
+        samples = [(line.split(" ")[0], float(line.split(" ")[1])) for line in lines if 'index="5"' in line]
+        assert [(series, number) for series, number in samples if not series.startswith("board_gpu_state")] == [
+            (f"board_gpu_memory_used_bytes{five}", bare.memory_used_mib * 1024 * 1024),
+            (f"board_gpu_memory_total_bytes{five}", bare.memory_total_mib * 1024 * 1024),
+            (f"board_gpu_temperature_celsius{five}", bare.temperature_c),
+            (f"board_gpu_power_watts{five}", bare.power_w),
+            (f"board_gpu_power_limit_watts{five}", bare.power_limit_w)]
+        other = f'pool="prod",uuid="{snapshot.cards[0].uuid}"'  # another card keeps its utilisation
+        assert sum(line.startswith("board_gpu_utilization_ratio{") and other in line for line in lines) == 1
+
+    def test_text_that_is_not_utf8_in_the_database_is_shown_replaced_not_a_failed_scrape(self, service, metrics):
+        """Another writer (a restored backup, a hand edit) may leave bytes that are not UTF-8: one card's label
+        shows U+FFFD, and the scrape answers as the service's own connection reads it."""
+        if service.config.storage_url:
+            pytest.skip("PostgreSQL stores only valid UTF-8")
+        from app.store.db import write
+
+        booked = service.call(ALICE, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + H, "cards": [4]})
+        with write(service.conn):
+            service.conn.execute("UPDATE bookings SET user = CAST(x'616cff' AS TEXT) WHERE id = ?", (booked["id"],))
+        held = card(scrape(metrics)["board_gpu_state"], 4, state="booked")
+        assert [(s.labels["holder"], s.value) for s in held] == [("al\ufffd", 1.0)]
+
+
 class TestScraping:
     def test_many_scrapers_share_one_gpu_read_and_one_database_read_and_write_nothing(self, service, metrics):
         watcher = sqlite3.connect(service.config.db_path)
@@ -269,6 +341,22 @@ class TestScraping:
         assert value(card(scrape(metrics)["board_gpu_state"], 4), state="booked", holder="alice") == 1.0
         assert metrics.collector.reads == 2
 
+    def test_the_counters_are_read_again_when_the_view_is_ttl_old_and_not_before(self, service, metrics):
+        """A crash changes no booking: it shows once the view is VIEW_TTL_S old (5 s), and not a moment sooner."""
+        from app.store import events
+        from app.store.db import write
+
+        now = [100.0]
+        metrics.collector.clock = lambda: now[0]
+        assert scrape(metrics)["board_server_crashes"][0].value == 0  # read at 100
+        with write(service.conn):
+            events.record(service.conn, ts=FROZEN_NOW, uid=0, actor="board", action="server-crash", booking_id=None,
+                          ok=True, details={"server": 1})
+        now[0] = 104.5
+        assert scrape(metrics)["board_server_crashes"][0].value == 0 and metrics.collector.reads == 1
+        now[0] = 105.0
+        assert scrape(metrics)["board_server_crashes"][0].value == 1 and metrics.collector.reads == 2
+
     def test_a_booking_takes_its_card_when_it_starts_and_leaves_it_when_it_ends(self, service, metrics):
         later = service.call(ALICE, "book", {"start": FROZEN_NOW + 60, "end": FROZEN_NOW + 120, "cards": [4]})
         assert value(card(scrape(metrics)["board_gpu_state"], 4), state="free") == 1.0
@@ -282,7 +370,7 @@ class TestScraping:
 
     def test_a_database_it_cannot_read_is_a_503_and_one_line_in_the_log(self, service, tmp_path):
         gone = replace(service.config, db_path=tmp_path / "missing" / "board.db")
-        said = "board.db"
+        said = f"/metrics: no access to the board database {gone.db_path}: "  # SQLite's own error, told as for a user
         if service.config.storage_url:  # PostgreSQL: a database that does not answer
             gone = replace(gone, storage_url="postgresql:///board?host=/nonexistent/board-test&user=postgres")
             said = "the board database is unreachable"
@@ -294,6 +382,8 @@ class TestScraping:
                 with pytest.raises(urllib.error.HTTPError) as error:
                     scrape(server)
                 assert error.value.code == 503 and said in error.value.read().decode()
+                assert (error.value.headers.get_content_type(), error.value.headers.get_content_charset()) == (
+                    "text/plain", "utf-8")
         finally:
             server.close()
         assert len([line for line in logged if line.startswith("/metrics:")]) == 1
@@ -301,8 +391,18 @@ class TestScraping:
 
     def test_a_port_in_use_is_one_line(self, service, metrics):
         taken = replace(service.config, metrics=MetricsSettings(f"127.0.0.1:{metrics.port}"))
-        with pytest.raises(BoardError, match=rf"can't serve /metrics on 127.0.0.1:{metrics.port} \(Address already in use\)"):
+        with pytest.raises(BoardError, match=rf"^can't serve /metrics on 127.0.0.1:{metrics.port} \(Address already in use\);"
+                                             r" free the port or change \[metrics\] listen$"):
             MetricsServer(Service(taken, service.fleet), print)
+
+    def test_an_ipv6_listen_address_serves_over_ipv6(self, service):
+        ipv6 = replace(service.config, metrics=MetricsSettings("[::1]:0"))
+        server = MetricsServer(Service(ipv6, service.fleet, clock=service.clock), print)
+        try:
+            with urllib.request.urlopen(f"http://[::1]:{server.port}/metrics", timeout=10) as response:
+                assert response.status == 200 and b"board_gpu_state{" in response.read()
+        finally:
+            server.close()
 
 
 def half_open(server: MetricsServer) -> socket.socket:
@@ -335,6 +435,14 @@ def close_ended(socks: list[socket.socket], want: int, timeout_s: float) -> list
     return left
 
 
+def workers(before: set[threading.Thread], want: int) -> None:
+    """Wait until `want` /metrics workers ("board-metrics_N") have started since `before` (at most 10 s)."""
+    deadline = time.monotonic() + 10
+    while sum(t.name.startswith("board-metrics_") for t in set(threading.enumerate()) - before) < want:
+        assert time.monotonic() < deadline, f"fewer than {want} /metrics workers started"
+        time.sleep(0.01)
+
+
 class TestBounded:
     """Anyone who reaches the port may connect: /metrics holds at most MAX_SCRAPES of them, each for one deadline."""
 
@@ -348,6 +456,19 @@ class TestBounded:
         assert close_ended(held, len(held), timeout_s=15) == []  # the others at their deadline, with no answer
         assert len(scrape(metrics)["board_gpu_state"]) == 40  # and then it serves again
 
+    def test_one_past_max_scrapes_is_closed_at_once_while_the_others_wait_for_their_deadline(self, metrics, capfd):
+        """Ordering, not timing: the one past the cap ends while all MAX_SCRAPES held ones are still open (each has
+        REQUEST_TIMEOUT_S, 10 s); a server that queued it instead would end a held one first. Quietly: no traceback."""
+        before = set(threading.enumerate())
+        held = [half_open(metrics) for _ in range(MAX_SCRAPES)]
+        workers(before, MAX_SCRAPES)  # each holds a worker of its own, and so a slot
+        extra = half_open(metrics)
+        assert ended(extra, 15_000)
+        assert [sock for sock in held if ended(sock, 0)] == []
+        for sock in (extra, *held):
+            sock.close()
+        assert capfd.readouterr().err == ""
+
     def test_a_request_trickled_a_byte_at_a_time_is_closed_at_its_deadline(self, metrics, monkeypatch):
         monkeypatch.setattr(metrics_module, "REQUEST_TIMEOUT_S", 1.0)
         slow = half_open(metrics)
@@ -357,6 +478,15 @@ class TestBounded:
             slow.send(b"X")
         else:
             raise AssertionError("a request trickled a byte at a time was never closed")
+        slow.close()
+
+    def test_closing_does_not_wait_for_a_scraper_that_holds_a_worker(self, metrics):
+        """The service stops at once: a half-open scraper keeps its worker until its own deadline, not the stop's."""
+        before = set(threading.enumerate())  # other tests' workers may still be waiting for their deadline
+        slow = half_open(metrics)
+        workers(before, 1)  # the accepting thread has handed it to a worker
+        metrics.close()
+        assert not ended(slow, 0)  # closed without waiting for it: its worker still holds it (REQUEST_TIMEOUT_S)
         slow.close()
 
 
