@@ -58,11 +58,12 @@ $(VENV)/.mutation: pyproject.toml | $(VENV)/.test
 # Mutation testing of the rules (pyproject's [tool.mutmut]). `make mutation` mutates only the modules whose text
 # differs from tests/mutation-record.json (`make mutation MODULES='app/fit/*'`: the ones named), and keeps mutants/
 # between runs so that mutmut's map of which tests reach which function is only brought up to date (new tests,
-# changed functions), not rebuilt: about 35 minutes saved. A module unchanged since a run that did not end clean (stopped, or
-# failed on survivors) runs only its mutants not caught yet: add the tests, run `make mutation` again. A test rewritten under its old name can leave that map
-# stale (a test not run on a mutant it now reaches, a time limit from its old duration): `make mutation-all`
-# starts from scratch and runs every module (about 2.5 hours on 2 cores; see tests/MUTANTS.md). Prints the score per module and any survivor
-# not in tests/MUTANTS.md; when there is none, records the modules in tests/mutation-record.json (commit it).
+# changed functions), not rebuilt: about 35 minutes saved. A module unchanged since a run that did not end clean
+# (stopped, or failed on survivors) runs only its mutants not caught yet: add the tests, run `make mutation` again.
+# A test rewritten under its old name can leave that map stale (a test not run on a mutant it now reaches, a time
+# limit from its old duration): `make mutation-all` starts from scratch and runs every module (about 2.5 hours on
+# 2 cores; see tests/MUTANTS.md). Prints the score per module and any survivor not in tests/MUTANTS.md; when there
+# is none, records the modules in tests/mutation-record.json (commit it).
 MUTMUT_CHILDREN ?= $$(nproc)
 mutation mutation-all: $(VENV)/.mutation
 	$(if $(filter mutation-all,$@),rm -rf mutants)
