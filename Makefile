@@ -63,13 +63,16 @@ $(VENV)/.mutation: pyproject.toml | $(VENV)/.test
 # A test rewritten under its old name can leave that map stale (a test not run on a mutant it now reaches, a time
 # limit from its old duration): `make mutation-all` starts from scratch and runs every module (about 2.5 hours on
 # 2 cores; see tests/MUTANTS.md). Prints the score per module and any survivor not in tests/MUTANTS.md; when there
-# is none, records the modules in tests/mutation-record.json (commit it).
+# is none, records the modules in tests/mutation-record.json (commit it). Without MODULES it then runs the
+# PostgreSQL store's locking against the `postgresql` tier (scripts/mutation_locks.py: as root, in mutants-locks/).
 MUTMUT_CHILDREN ?= $$(nproc)
 mutation mutation-all: $(VENV)/.mutation
 	$(if $(filter mutation-all,$@),rm -rf mutants)
 	names="$$($(BIN)/python scripts/mutation_report.py --select $(if $(filter mutation-all,$@),--all) $(MODULES))" && \
 	set -f && if [ -n "$$names" ]; then $(BIN)/mutmut run --max-children $(MUTMUT_CHILDREN) $$names; fi
 	$(BIN)/python scripts/mutation_report.py
+	$(if $(MODULES),,$(BIN)/python scripts/mutation_locks.py --max-children $(MUTMUT_CHILDREN) \
+		$(if $(filter mutation-all,$@),--all))
 
 screenshots: $(VENV)/.test
 	$(BIN)/python scripts/make_screenshots.py
@@ -82,4 +85,4 @@ bench: $(VENV)/.test
 	else echo "bench_service.py and bench_load.py need root (sudo make bench)"; fi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis mutants
+	rm -rf $(VENV) .pytest_cache .hypothesis mutants mutants-locks

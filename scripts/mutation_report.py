@@ -178,9 +178,9 @@ def report(args: argparse.Namespace) -> int:
         print(f"\nunder {args.target:g}%: {', '.join(failing)}")
     if failing or unexplained:
         return 1
-    current = set(mutated_modules(args.repo))  # a module no longer mutated leaves the record
+    current = set(mutated_modules(args.repo))  # a module no longer mutated leaves the record (not other runs' keys)
     record = json.loads(args.record.read_text()) if args.record.exists() else {}
-    record = {module: entry for module, entry in record.items() if module in current}
+    record = {module: entry for module, entry in record.items() if module in current or not module.endswith(".py")}
     today = datetime.now(UTC).date().isoformat()
     for module, sha in chosen.items():
         record[module] = {"sha256": sha, **scores[module], "run": today}

@@ -1,0 +1,137 @@
+"""Mutation testing of the PostgreSQL store's locking, against the `postgresql` tier (`make mutation` runs it last).
+
+The rules' run (scripts/mutation_report.py) leaves out the `postgresql` tier, the only tests that reach the store's
+advisory locks. This run copies the project to mutants-locks/ with pyproject's [tool.mutmut] narrowed to the
+locking's functions (LOCKING) and their tests (TESTS), runs mutmut there on those functions' mutants only, and
+scores them as the rules' run does: a survivor is caught, explained in tests/MUTANTS.md, or the run fails. The
+functions' text and score go to tests/mutation-record.json under RECORD_KEY, and the next run skips them until that
+text changes (`--all`: run anyway). Needs root and Debian's postgresql (a throwaway cluster per mutant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutation_report import CAUGHT, MISSED, REPO, explained, results  # noqa: E402
+
+LOCKING = {"app/store/db.py": ("_write_pg", "lock_chain", "_lock"), "app/store/pg.py": ("lock_keys", "_key")}
+TESTS = ("tests/unit/test_pg_store.py", "tests/unit/test_pg_fleet_speed.py")
+RECORD_KEY = "app/store/db.py+pg.py: locking"
+COPIED = ("app", "tests", "pyproject.toml")
+
+
+def source(repo: Path) -> str:
+    """The locking functions' text, in LOCKING's order: what the record's hash covers."""
+    parts = []
+    for module, names in LOCKING.items():
+        text = (repo / module).read_text()
+        functions = {node.name: node for node in ast.walk(ast.parse(text)) if isinstance(node, ast.FunctionDef)}
+        missing = [name for name in names if name not in functions]
+        if missing:
+            raise SystemExit(f"{module} has no {', '.join(missing)}: update LOCKING in {Path(__file__).name}")
+        parts += [ast.get_source_segment(text, functions[name]) for name in names]
+    return "\n".join(parts)
+
+
+def patterns() -> list[str]:
+    """mutmut's names for the locking functions' mutants (module-level functions: app.x.y.x_name__mutmut_N)."""
+    return [f"{module[:-3].replace('/', '.')}.x_{name}__mutmut_*" for module, names in LOCKING.items() for name in names]
+
+
+def narrowed(pyproject: str) -> str:
+    """pyproject.toml with [tool.mutmut] replaced: only the store's two modules, only the locking's tests, the tier on."""
+    section = ("[tool.mutmut]\n"
+               f"source_paths = [\"app\"]\nonly_mutate = {json.dumps(list(LOCKING))}\n"
+               f"pytest_add_cli_args_test_selection = {json.dumps(list(TESTS))}\n"
+               'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "postgresql"]\n')
+    return re.sub(r"^\[tool\.mutmut\]\n(?:(?!^\[).*\n)*", section, pyproject, count=1, flags=re.MULTILINE)
+
+
+def prepare(repo: Path, work: Path) -> None:
+    """A copy of the project for mutmut to mutate; mutmut's own mutants/ inside it is kept between runs."""
+    work.mkdir(exist_ok=True)
+    for name in COPIED:
+        target = work / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        if (repo / name).is_dir():
+            shutil.copytree(repo / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            target.write_text(narrowed((repo / name).read_text()))
+
+
+def score(work: Path, explained_path: Path) -> tuple[Counter, list[tuple[str, str]]]:
+    found = results(work / "mutants")
+    equivalent = explained(explained_path)
+    counts: Counter = Counter()
+    unexplained = []
+    for codes in found.values():
+        for name, code in codes.items():
+            if not any(fnmatch.fnmatch(name, p) for p in patterns()):
+                continue
+            counts["mutants"] += 1
+            if code in CAUGHT:
+                counts["caught"] += 1
+            elif name in equivalent:
+                counts["equivalent"] += 1
+            else:
+                unexplained.append((name, MISSED.get(code, "not checked" if code is None else f"exit {code}")))
+    return counts, unexplained
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--all", action="store_true", help="run even when the functions are as recorded")
+    parser.add_argument("--max-children", type=int, default=2, help="mutmut's parallel children (default 2)")
+    parser.add_argument("--work", type=Path, default=REPO / "mutants-locks", help="the copy mutmut runs in")
+    parser.add_argument("--record", type=Path, default=REPO / "tests" / "mutation-record.json")
+    args = parser.parse_args(argv)
+    sha = hashlib.sha256(source(REPO).encode()).hexdigest()[:16]
+    record = json.loads(args.record.read_text()) if args.record.exists() else {}
+    if not args.all and record.get(RECORD_KEY, {}).get("sha256") == sha:
+        print(f"the locking functions are as {args.record.name} recorded them: nothing to mutate", file=sys.stderr)
+        return 0
+    if os.geteuid() != 0:
+        print("the locking's mutation run needs root (its tests start a throwaway PostgreSQL cluster as user postgres);"
+              " run it as root", file=sys.stderr)
+        return 2
+    prepare(REPO, args.work)
+    mutmut = Path(sys.executable).with_name("mutmut")
+    print(f"mutating the PostgreSQL store's locking: {', '.join(n for names in LOCKING.values() for n in names)}",
+          file=sys.stderr)
+    subprocess.run([str(mutmut), "run", "--max-children", str(args.max_children), *patterns()], cwd=args.work,
+                   check=False)
+    counts, unexplained = score(args.work, REPO / "tests" / "MUTANTS.md")
+    scored = counts["mutants"] - counts["equivalent"]
+    percent = 100.0 * counts["caught"] / scored if scored else 100.0
+    print(f"locking: {counts['mutants']} mutants, {counts['caught']} caught, {counts['equivalent']} equivalent,"
+          f" {percent:.1f}%")
+    if unexplained or not counts["mutants"]:
+        print(f"\n{len(unexplained)} mutant(s) neither caught nor explained in MUTANTS.md"
+              f" (`cd {args.work} && {mutmut} show NAME`):")
+        for name, status in unexplained:
+            print(f"  {status:12} {name}")
+        return 1
+    record[RECORD_KEY] = {"sha256": sha, "mutants": counts["mutants"], "caught": counts["caught"],
+                          "equivalent": counts["equivalent"], "score": round(percent, 1),
+                          "run": datetime.now(UTC).date().isoformat()}
+    args.record.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
+    print(f"recorded in {args.record.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
