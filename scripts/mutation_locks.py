@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mutation_report import CAUGHT, MISSED, REPO, explained, results  # noqa: E402
 
 LOCKING = {"app/store/db.py": ("_write_pg", "lock_chain", "_lock"), "app/store/pg.py": ("lock_keys", "_key")}
-TESTS = ("tests/unit/test_pg_store.py", "tests/unit/test_pg_fleet_speed.py")
+# the locking's tests, and SQLite's group commit: the same write() and audit append, where no lock is taken
+TESTS = ("tests/unit/test_pg_store.py", "tests/unit/test_pg_fleet_speed.py", "tests/unit/test_group_commit.py")
 RECORD_KEY = "app/store/db.py+pg.py: locking"
 COPIED = ("app", "tests", "pyproject.toml")
 
@@ -52,11 +53,12 @@ def patterns() -> list[str]:
 
 
 def narrowed(pyproject: str) -> str:
-    """pyproject.toml with [tool.mutmut] replaced: only the store's two modules, only the locking's tests, the tier on."""
+    """pyproject.toml with [tool.mutmut] replaced: the store's two modules, the locking's tests, the `postgresql` tier on."""
     section = ("[tool.mutmut]\n"
                f"source_paths = [\"app\"]\nonly_mutate = {json.dumps(list(LOCKING))}\n"
                f"pytest_add_cli_args_test_selection = {json.dumps(list(TESTS))}\n"
-               'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "postgresql"]\n')
+               'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m",'
+               ' "not real_users and not slow and not llama_server and not prometheus"]\n')
     return re.sub(r"^\[tool\.mutmut\]\n(?:(?!^\[).*\n)*", section, pyproject, count=1, flags=re.MULTILINE)
 
 

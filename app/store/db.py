@@ -214,17 +214,17 @@ def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | N
         conn.chain_unlocked = False
 
 
-def lock_chain(conn: sqlite3.Connection, then: str | None = None) -> list | None:
+def lock_chain(conn: sqlite3.Connection, then: str) -> list | None:
     """Before an append to the audit chain (app.store.events.record): in a PostgreSQL write on named cards, take the
     chain's own lock now, the last of the write's locks, so that the tail read next is the latest one committed.
     `then`: a statement without parameters (the tail's read) sent in the same round trip, right after the lock;
-    its rows, or None when no lock was taken here (then the caller reads it)."""
+    its rows, or None when no lock was taken here (then the caller runs it)."""
     if getattr(conn, "chain_unlocked", False):
         from app.store.pg import CHAIN_LOCK  # start-up: only a PostgreSQL store gets here
 
-        rows = _lock(conn, f"SELECT pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]})" + (f"; {then}" if then else ""))
+        rows = _lock(conn, f"SELECT pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]}); {then}")
         conn.chain_unlocked = False
-        return rows if then else None
+        return rows
     return None
 
 

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 
@@ -132,7 +132,10 @@ class TestPoolsOnTheTimeline:
 class TestWindowsAgreeWithThePolicy:
     """What the rules row shows open, the service accepts: a booking of exactly that column passes."""
 
-    @settings(max_examples=60, deadline=None)
+    # mutmut runs these in one process more than once, each time on a new instance of the class
+    SAME_TEST_NEW_INSTANCE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
+
+    @SAME_TEST_NEW_INSTANCE
     @given(start=st.integers(0, 24 * 60), end=st.integers(0, 24 * 60), weekends=st.booleans(),
            zone=st.sampled_from([None, "Europe/Berlin", "Asia/Kolkata"]))
     def test_a_day_view_column_is_open_exactly_when_a_booking_of_it_passes(self, start, end, weekends, zone):
@@ -159,7 +162,7 @@ class TestWindowsAgreeWithThePolicy:
         timeline.set_zoom(2)  # the week: 3 h columns
         assert "finetune" in timeline.allowed[0][timeline.column_of(t)]
 
-    @settings(max_examples=60, deadline=None)
+    @SAME_TEST_NEW_INSTANCE
     @given(start=st.integers(0, 24 * 60), end=st.integers(0, 24 * 60), weekends=st.booleans(),
            zone=st.sampled_from([None, "Europe/Berlin", "America/St_Johns"]))
     def test_a_week_view_column_shown_open_always_passes(self, start, end, weekends, zone):

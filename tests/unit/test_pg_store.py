@@ -21,7 +21,7 @@ from app.gpu import open_source
 from app.store import events, schema
 from app.store.db import StoreError, connect, write
 from app.store import pg as pg_module
-from app.store.pg import PgConnection, StoreUnreachable, _password, clock_offset, translate
+from app.store.pg import PgConnection, StoreUnreachable, _password, clock_offset, lock_keys, translate
 from tests.conftest import FROZEN_NOW, postgresql_only, run_board
 from tests.postgres import Cluster, missing_reason
 
@@ -29,6 +29,19 @@ NOWHERE = "postgresql:///board?host=/nonexistent/board-test&user=postgres"
 
 
 # -- without a server -----------------------------------------------------------------------------------------
+
+
+CARD_1, CARD_2 = "GPU-00000000-0000-0000-0000-000000000001", "GPU-00000000-0000-0000-0000-000000000002"
+
+
+def test_a_writes_locks_are_its_cards_in_key_order_then_its_user_the_same_on_every_host():
+    """Every writer takes its locks in one order (no deadlock), and every host and version derives the same key from a
+    name: pinned numbers, not Python's per-process hash (two hosts must wait for each other on one card)."""
+    card, user = pg_module.CARD_LOCK, pg_module.USER_LOCK
+    assert lock_keys([CARD_2, CARD_1, CARD_2], "alice") == [(card, -2073135853), (card, -1359069381), (user, 1842297945)]
+    assert lock_keys([CARD_2], None) == [(card, -1359069381)]
+    assert lock_keys([], "alice") == [(user, 1842297945)]
+
 
 
 def test_the_url_comes_from_the_config_or_board_db_url(tmp_path):
