@@ -97,25 +97,36 @@ def score(work: Path, explained_path: Path) -> tuple[Counter, list[tuple[str, st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="run even when the functions are as recorded")
+    parser.add_argument("--score", action="store_true",
+                        help="score the last run again without running mutmut (after explaining survivors)")
     parser.add_argument("--max-children", type=int, default=2, help="mutmut's parallel children (default 2)")
     parser.add_argument("--work", type=Path, default=REPO / "mutants-locks", help="the copy mutmut runs in")
     parser.add_argument("--record", type=Path, default=REPO / "tests" / "mutation-record.json")
     args = parser.parse_args(argv)
     sha = hashlib.sha256(source(REPO).encode()).hexdigest()[:16]
     record = json.loads(args.record.read_text()) if args.record.exists() else {}
-    if not args.all and record.get(RECORD_KEY, {}).get("sha256") == sha:
+    last_run = args.work / "locking.json"  # the functions' hash when mutants-locks/ was last run
+    mutmut = Path(sys.executable).with_name("mutmut")
+    if args.score:
+        if not last_run.exists() or json.loads(last_run.read_text())["sha256"] != sha:
+            print(f"{args.work.name}/ was not run on the functions as they are now; run without --score",
+                  file=sys.stderr)
+            return 2
+    elif not args.all and record.get(RECORD_KEY, {}).get("sha256") == sha:
         print(f"the locking functions are as {args.record.name} recorded them: nothing to mutate", file=sys.stderr)
         return 0
-    if os.geteuid() != 0:
+    elif os.geteuid() != 0:
         print("the locking's mutation run needs root (its tests start a throwaway PostgreSQL cluster as user postgres);"
               " run it as root", file=sys.stderr)
         return 2
-    prepare(REPO, args.work)
-    mutmut = Path(sys.executable).with_name("mutmut")
-    print(f"mutating the PostgreSQL store's locking: {', '.join(n for names in LOCKING.values() for n in names)}",
-          file=sys.stderr)
-    subprocess.run([str(mutmut), "run", "--max-children", str(args.max_children), *patterns()], cwd=args.work,
-                   check=False)
+    else:
+        prepare(REPO, args.work)
+        print(f"mutating the PostgreSQL store's locking: {', '.join(n for names in LOCKING.values() for n in names)}",
+              file=sys.stderr)
+        last_run.unlink(missing_ok=True)
+        if subprocess.run([str(mutmut), "run", "--max-children", str(args.max_children), *patterns()],
+                          cwd=args.work, check=False).returncode == 0:
+            last_run.write_text(json.dumps({"sha256": sha}))
     counts, unexplained = score(args.work, REPO / "tests" / "MUTANTS.md")
     scored = counts["mutants"] - counts["equivalent"]
     percent = 100.0 * counts["caught"] / scored if scored else 100.0
