@@ -105,3 +105,54 @@ def test_a_module_unchanged_since_the_last_run_reruns_only_what_was_not_caught(r
     assert capsys.readouterr().out.split() == ["app.core.a.x_*", "app.core.a.xǁ*"]
     assert run(repo, "--select", "--all") == 0
     assert capsys.readouterr().out.split() == ["app.core.a.x_*", "app.core.a.xǁ*", "app.rule.x_*", "app.rule.xǁ*"]
+
+
+_spec = importlib.util.spec_from_file_location("mutation_locks", REPO / "scripts" / "mutation_locks.py")
+mutation_locks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mutation_locks)
+
+
+def test_the_locking_run_narrows_only_mutmuts_section_and_turns_the_postgresql_tier_on():
+    import tomllib
+
+    ours = tomllib.loads((REPO / "pyproject.toml").read_text())
+    narrowed = tomllib.loads(mutation_locks.narrowed((REPO / "pyproject.toml").read_text()))
+    config = narrowed["tool"].pop("mutmut")
+    assert config["only_mutate"] == ["app/store/db.py", "app/store/pg.py"]
+    assert config["pytest_add_cli_args_test_selection"] == list(mutation_locks.TESTS)
+    marks = config["pytest_add_cli_args"][config["pytest_add_cli_args"].index("-m") + 1]
+    assert "postgresql" not in marks and "slow" in marks
+    del ours["tool"]["mutmut"]
+    assert narrowed == ours, "every other section as it was"
+
+
+def test_the_locking_run_counts_only_the_locking_functions_mutants(tmp_path):
+    meta = tmp_path / "mutants" / "app" / "store" / "db.py.meta"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"exit_code_by_key": {
+        "app.store.db.x__write_pg__mutmut_1": 1, "app.store.db.x__write_pg__mutmut_2": 0,
+        "app.store.db.x_lock_chain__mutmut_1": 0, "app.store.db.x__lock__mutmut_1": None,
+        "app.store.db.x_connect__mutmut_1": 0}}))  # generated, not a locking function's: not counted
+    explained = tmp_path / "MUTANTS.md"
+    explained.write_text("- `app.store.db.x_lock_chain__mutmut_1`: why nothing observable changes.\n")
+    counts, unexplained = mutation_locks.score(tmp_path, explained)
+    assert (counts["mutants"], counts["caught"], counts["equivalent"]) == (4, 1, 1)
+    assert unexplained == [("app.store.db.x__write_pg__mutmut_2", "survived"),
+                           ("app.store.db.x__lock__mutmut_1", "not checked")]
+
+
+def test_scoring_again_refuses_a_run_made_on_other_functions(tmp_path, capsys):
+    record = tmp_path / "record.json"
+    (tmp_path / "locking.json").write_text(json.dumps({"sha256": "not these functions"}))
+    assert mutation_locks.main(["--score", "--work", str(tmp_path), "--record", str(record)]) == 2
+    assert "was not run on the functions as they are now" in capsys.readouterr().err
+    assert not record.exists()
+
+
+def test_the_rules_report_keeps_the_locking_runs_record(repo, capsys):
+    record = repo / "tests" / "mutation-record.json"
+    record.write_text(json.dumps({mutation_locks.RECORD_KEY: {"score": 100.0}, "app/gone.py": {"score": 100.0}}))
+    assert run(repo, "--select", "app/rule.py") == 0
+    mutmut_left(repo, "app/rule.py", {"app.rule.xǁRǁr__mutmut_1": 1})
+    assert run(repo) == 0
+    assert set(json.loads(record.read_text())) == {mutation_locks.RECORD_KEY, "app/rule.py"}, "a module gone leaves"
