@@ -36,7 +36,7 @@ class TensorInfo:
 
 
 class _Cursor:
-    def __init__(self, data, offset: int = 0):
+    def __init__(self, data, offset: int):
         self.data, self.offset = data, offset
 
     def take(self, size: int) -> int:

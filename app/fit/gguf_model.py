@@ -18,12 +18,12 @@ from app.fit.gguf_header import Counted, read_header
 
 # Architectures whose attention keeps a plain K and V row per token per layer: the KV rule below holds.
 # MLA (deepseek2), recurrent and hybrid models (mamba, rwkv, qwen3next) size their memory otherwise.
-# Values: (default sliding-window pattern, default window, dense layer first); None when the arch has none.
-KNOWN_ARCHITECTURES: dict[str, tuple[int, int, bool] | None] = {
+# Values: (default sliding-window pattern, default window); None when the arch has none.
+KNOWN_ARCHITECTURES: dict[str, tuple[int, int] | None] = {
     "llama": None, "mistral3": None, "qwen2": None, "qwen2moe": None, "qwen3": None, "qwen3moe": None,
     "phi3": None, "internlm2": None, "gemma": None, "starcoder2": None, "command-r": None, "olmo2": None,
     "granite": None, "granitemoe": None, "deci": None,
-    "gemma2": (2, 4096, False), "gemma3": (6, 0, False), "cohere2": (4, 0, False), "gpt-oss": (2, 0, False),
+    "gemma2": (2, 4096), "gemma3": (6, 0), "cohere2": (4, 0), "gpt-oss": (2, 0),
 }
 
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -135,7 +135,7 @@ def read_model(path: str | os.PathLike) -> Model:
     swa, n_swa = _sliding_window(arch, n_layer, count)
 
     tokens = fields.get("tokenizer.ggml.tokens")
-    n_vocab = count(f"{arch}.vocab_size", 0) or (tokens.length if isinstance(tokens, Counted) else 0)
+    n_vocab = count(f"{arch}.vocab_size") or (tokens.length if isinstance(tokens, Counted) else 0)
 
     layer_bytes = [0] * n_layer
     input_bytes = output_bytes = 0
@@ -202,13 +202,11 @@ def _per_layer(n_layer: int):
 def _sliding_window(arch: str, n_layer: int, count) -> tuple[tuple[bool, ...], int]:
     """Which layers attend to a sliding window, as llama.cpp's load_swa_pattern decides."""
     rule = KNOWN_ARCHITECTURES[arch]
-    n_swa = count(f"{arch}.attention.sliding_window", rule[1] if rule else 0)
-    if rule is None or n_swa == 0:
+    n_swa = count(f"{arch}.attention.sliding_window", rule[1]) if rule else 0
+    if n_swa == 0:
         return (False,) * n_layer, 0
     pattern = count(f"{arch}.attention.sliding_window_pattern", rule[0], layers=True)
     if isinstance(pattern, list):
         return tuple(bool(x) for x in _per_layer(n_layer)(pattern)), n_swa
-    n_pattern, dense_first = pattern, rule[2]
-    if dense_first:
-        return tuple(n_pattern == 0 or il % n_pattern != 0 for il in range(n_layer)), n_swa
-    return tuple(n_pattern == 0 or il % n_pattern < n_pattern - 1 for il in range(n_layer)), n_swa
+    # Every n-th layer attends in full (llama.cpp's dense_first variant belongs to no architecture here).
+    return tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer)), n_swa

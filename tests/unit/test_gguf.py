@@ -112,7 +112,7 @@ class TestValues:
         for version in (2, 3):
             assert header(tmp_path, [("k", U8, 1)], version=version)[0] == {"k": 1}
 
-    @pytest.mark.parametrize("version", [1, 4, 0x03000000])  # the last: a big-endian version 3
+    @pytest.mark.parametrize("version", [1, 4, 0x03000000, 2**32 - 1])  # a big-endian version 3; unsigned
     def test_other_versions_are_refused(self, tmp_path, version):
         assert refused(tmp_path, gguf_bytes(version=version)) == f"GGUF version {version} is not one llama.cpp reads"
 
@@ -124,11 +124,12 @@ class TestValues:
         assert refused(tmp_path, b"GGUG" + gguf_bytes()[4:]) == "not a GGUF file"
 
     def test_unknown_value_types(self, tmp_path):
-        data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + string("k") + struct.pack("<IQ", 13, 0)
-        assert refused(tmp_path, data) == "unknown GGUF value type 13"
+        for kind in (13, 2**32 - 1):  # the type is unsigned
+            data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + string("k") + struct.pack("<IQ", kind, 0)
+            assert refused(tmp_path, data) == f"unknown GGUF value type {kind}"
 
     def test_unknown_array_element_types(self, tmp_path):
-        for element in (13, ARR):  # nor arrays of arrays
+        for element in (13, ARR, 2**32 - 1):  # nor arrays of arrays
             data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + string("k") + struct.pack("<IIQ", ARR, element, 0)
             assert refused(tmp_path, data) == f"unknown GGUF array element type {element}"
 
@@ -148,6 +149,17 @@ class TestTensors:
 
     def test_an_unknown_tensor_type_is_refused(self, tmp_path):
         assert refused(tmp_path, gguf_bytes([], [("m" * 41, [4], 4)])) == f"tensor {'m' * 40!r} has an unknown type 4"
+        assert refused(tmp_path, gguf_bytes([], [("m", [4], 2**32 - 1)])) == "tensor 'm' has an unknown type 4294967295"
+
+    def test_the_counts_and_sizes_are_unsigned(self, tmp_path):
+        tensor = b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + string("t")
+        assert refused(tmp_path, tensor + struct.pack("<I", 2**32 - 1)) == "tensor 't' claims 4294967295 dimensions"
+        # 3 x 2**63 values: not a negative size; the header ends at 65, the data would start at 96
+        huge = tensor + struct.pack("<I2QIQ", 2, 2**63, 3, 0, 0)
+        assert refused(tmp_path, huge) == f"the tensor data is cut off: {96 + 3 * 2**65} bytes needed, 65 in the file"
+        # an offset beyond any file, not before the data: the header ends at 57, the data starts at 64
+        far = tensor + struct.pack("<I1QIQ", 1, 1, 0, 2**64 - 8) + bytes(68 - 57)
+        assert refused(tmp_path, far) == f"the tensor data is cut off: {64 + 2**64 - 4} bytes needed, 68 in the file"
 
     def test_the_data_must_reach_the_last_tensor_end(self, tmp_path):
         # the header ends at byte 93, so the data starts at 96; the later tensor (offset 0, 400 bytes) ends at 496
@@ -397,6 +409,23 @@ class TestModelTensors:
 
 
 class TestModelFiles:
+    def test_a_split_model_is_read_from_any_of_its_files(self, tmp_path):
+        for i, tensors in enumerate([[("token_embd.weight", [4, 10], "F32")], [("blk.0.a", [8], "F32")],
+                                     [("blk.1.a", [4], "F32"), ("output.weight", [2], "F32")]], start=1):
+            model_file(tmp_path, tensors=tensors, name=f"m-{i:05d}-of-00003.gguf")
+        model_file(tmp_path, tensors=[("blk.0.a", [1000], "F32")], name="m-00004-of-00004.gguf")  # not the model's
+        sizes = sum((tmp_path / f"m-{i:05d}-of-00003.gguf").stat().st_size for i in (1, 2, 3))
+        for i in (1, 2, 3):
+            model = read_model(tmp_path / f"m-{i:05d}-of-00003.gguf")
+            assert (model.input_bytes, model.layer_bytes, model.output_bytes) == (160, (32, 16), 8)
+            assert (model.file_bytes, model.path) == (sizes, str(tmp_path / f"m-{i:05d}-of-00003.gguf"))
+        (tmp_path / "m-00003-of-00003.gguf").unlink()
+        assert refusal(tmp_path / "m-00001-of-00003.gguf") == f"no model file {tmp_path / 'm-00003-of-00003.gguf'}"
+
+    def test_a_name_like_a_split_is_one_file(self, tmp_path):
+        path = model_file(tmp_path, tensors=[("blk.0.a", [8], "F32")], name="m-00001-of-00002.gguf.gguf")
+        assert read_model(path).layer_bytes == (32, 0)
+
     def test_missing(self, tmp_path):
         assert refusal(tmp_path / "nope.gguf") == f"no model file {tmp_path / 'nope.gguf'}"
 
@@ -436,7 +465,8 @@ class TestHostileModels:
         path = model_file(tmp_path, fields={".block_count": count})
         assert refusal(path) == f"{path}: llama.block_count is {count[1]}; llama.cpp reads 1 to 512 layers"
 
-    def test_512_layers_are_read(self, tmp_path):
+    def test_1_and_512_layers_are_read(self, tmp_path):
+        assert read_model(model_file(tmp_path, layers=1)).n_head == (4,)
         assert read_model(model_file(tmp_path, layers=512)).n_head == (4,) * 512
 
     @pytest.mark.parametrize("key,value", [
@@ -447,8 +477,8 @@ class TestHostileModels:
         (".embedding_length", (ARR, (U32, [64]))), (".attention.sliding_window", (ARR, (U32, [1, 1]))),
     ])
     def test_a_value_that_is_not_a_count(self, tmp_path, key, value):
-        path = model_file(tmp_path, fields={key: value})
-        assert refusal(path) == f"{path}: the GGUF field llama{key} is not a count (a whole number, 0 or more)"
+        path = model_file(tmp_path, "gemma2", fields={key: value})
+        assert refusal(path) == f"{path}: the GGUF field gemma2{key} is not a count (a whole number, 0 or more)"
 
     def test_a_window_pattern_not_one_per_layer(self, tmp_path):
         for pattern in ([True], [True, False, True, False]):
