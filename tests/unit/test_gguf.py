@@ -6,6 +6,7 @@ version or offset where a real writer never would; tests/unit/test_fit.py reads 
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -439,6 +440,19 @@ class TestModelFiles:
     def test_not_gguf(self, tmp_path):
         (tmp_path / "text.gguf").write_text("hello\n")
         assert refusal(tmp_path / "text.gguf") == f"{tmp_path / 'text.gguf'} is not a GGUF file"
+
+    @pytest.mark.timeout(60)  # a hang guard: the reader that waited for a writer never returned
+    def test_a_fifo_is_not_waited_on(self, tmp_path):
+        os.mkfifo(tmp_path / "pipe.gguf")
+        assert refusal(tmp_path / "pipe.gguf") == f"{tmp_path / 'pipe.gguf'} is not a GGUF file"
+        writer = os.open(tmp_path / "pipe.gguf", os.O_RDWR)  # a writer that never writes: a read would wait
+        try:
+            assert refusal(tmp_path / "pipe.gguf") == f"{tmp_path / 'pipe.gguf'} is not a GGUF file"
+        finally:
+            os.close(writer)
+
+    def test_a_device_is_not_a_model(self):
+        assert refusal(Path("/dev/zero")) == "/dev/zero is not a GGUF file"
 
     def test_damaged_names_the_reason(self, tmp_path):
         (tmp_path / "v4.gguf").write_bytes(gguf_bytes(version=4))
