@@ -10,6 +10,8 @@ truncated header is a ValueError, never a wild allocation.
 from __future__ import annotations
 
 import mmap
+import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +38,7 @@ class TensorInfo:
 
 
 class _Cursor:
-    def __init__(self, data, offset: int = 0):
+    def __init__(self, data, offset: int):
         self.data, self.offset = data, offset
 
     def take(self, size: int) -> int:
@@ -66,8 +68,8 @@ def read_header(path: Path) -> tuple[dict, list[TensorInfo]]:
     that is not GGUF or is damaged."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # the format's type table
 
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
+    with open(path, "rb", opener=_without_waiting) as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or f.read(4) != b"GGUF":
             raise ValueError("not a GGUF file")
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
@@ -109,6 +111,11 @@ def read_header(path: Path) -> tuple[dict, list[TensorInfo]]:
         return fields, tensors
     finally:
         data.close()
+
+
+def _without_waiting(path, flags: int) -> int:
+    """os.open that does not wait: a FIFO named like a model would hold open() until something writes to it."""
+    return os.open(path, flags | os.O_NONBLOCK)
 
 
 def _value(cursor: _Cursor, kind: int):

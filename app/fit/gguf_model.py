@@ -18,17 +18,18 @@ from app.fit.gguf_header import Counted, read_header
 
 # Architectures whose attention keeps a plain K and V row per token per layer: the KV rule below holds.
 # MLA (deepseek2), recurrent and hybrid models (mamba, rwkv, qwen3next) size their memory otherwise.
-# Values: (default sliding-window pattern, default window, dense layer first); None when the arch has none.
-KNOWN_ARCHITECTURES: dict[str, tuple[int, int, bool] | None] = {
+# Values: (default sliding-window pattern, default window); None when the arch has none.
+KNOWN_ARCHITECTURES: dict[str, tuple[int, int] | None] = {
     "llama": None, "mistral3": None, "qwen2": None, "qwen2moe": None, "qwen3": None, "qwen3moe": None,
     "phi3": None, "internlm2": None, "gemma": None, "starcoder2": None, "command-r": None, "olmo2": None,
     "granite": None, "granitemoe": None, "deci": None,
-    "gemma2": (2, 4096, False), "gemma3": (6, 0, False), "cohere2": (4, 0, False), "gpt-oss": (2, 0, False),
+    "gemma2": (2, 4096), "gemma3": (6, 0), "cohere2": (4, 0), "gpt-oss": (2, 0),
 }
 
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _INPUT = ("token_embd.", "position_embd.", "token_types.")
+MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS: its per-layer arrays hold no more
 
 
 class UnknownArchitecture(BadInput):
@@ -95,36 +96,46 @@ def read_model(path: str | os.PathLike) -> Model:
             raise BadInput(f"{first}: the GGUF field {key} is an array of {got.length}, too long to be per layer")
         return got
 
-    arch = value("general.architecture")
+    def count(key: str, default=None, *, layers: bool = False):
+        """A number the shape is made of, as llama.cpp reads it: a whole number from 0 (or a list, one a layer)."""
+        got = value(key, default)
+        items = got if layers and isinstance(got, list) else [got]
+        if got is not None and not all(isinstance(x, int) and x >= 0 for x in items):
+            raise BadInput(f"{first}: the GGUF field {key} is not a count (a whole number, 0 or more)")
+        return got
+
+    arch = fields.get("general.architecture")
     if not isinstance(arch, str):
         raise BadInput(f"{first}: the GGUF header names no architecture (general.architecture)")
     if arch not in KNOWN_ARCHITECTURES:
         raise UnknownArchitecture(f"{first}: board can't size the {arch!r} architecture yet "
                        f"(it knows {', '.join(sorted(KNOWN_ARCHITECTURES))}); give llama-server's own figures a try")
 
-    def need(key: str):
-        got = value(f"{arch}.{key}")
+    def need(key: str, layers: bool = False):
+        got = count(f"{arch}.{key}", layers=layers)
         if got is None:
             raise BadInput(f"{first}: the GGUF header lacks {arch}.{key}")
         return got
 
-    n_layer = int(need("block_count"))
-    n_embd = int(need("embedding_length"))
+    n_layer = need("block_count")
+    if not 1 <= n_layer <= MAX_LAYERS:  # before anything is sized by it
+        raise BadInput(f"{first}: {arch}.block_count is {n_layer}; llama.cpp reads 1 to {MAX_LAYERS} layers")
+    n_embd = need("embedding_length")
     per_layer = _per_layer(n_layer)
-    n_head = per_layer(need("attention.head_count"))
+    n_head = per_layer(need("attention.head_count", layers=True))
     if not all(n_head):
         raise BadInput(f"{first}: a layer has no attention heads; board can't size this model")
-    n_head_kv = per_layer(value(f"{arch}.attention.head_count_kv", list(n_head)))
-    n_ff = per_layer(value(f"{arch}.feed_forward_length", 0))
-    n_expert = int(value(f"{arch}.expert_count", 0) or 0)
+    n_head_kv = per_layer(count(f"{arch}.attention.head_count_kv", list(n_head), layers=True))
+    n_ff = per_layer(count(f"{arch}.feed_forward_length", 0, layers=True))
+    n_expert = count(f"{arch}.expert_count", 0)
     if n_expert:
-        n_ff = per_layer(value(f"{arch}.expert_feed_forward_length", list(n_ff)))
-    head_k = int(value(f"{arch}.attention.key_length", n_embd // n_head[0]))
-    head_v = int(value(f"{arch}.attention.value_length", n_embd // n_head[0]))
-    swa, n_swa = _sliding_window(arch, n_layer, value)
+        n_ff = per_layer(count(f"{arch}.expert_feed_forward_length", list(n_ff), layers=True))
+    head_k = count(f"{arch}.attention.key_length", n_embd // n_head[0])
+    head_v = count(f"{arch}.attention.value_length", n_embd // n_head[0])
+    swa, n_swa = _sliding_window(arch, n_layer, count)
 
     tokens = fields.get("tokenizer.ggml.tokens")
-    n_vocab = int(value(f"{arch}.vocab_size", 0) or (tokens.length if isinstance(tokens, Counted) else 0))
+    n_vocab = count(f"{arch}.vocab_size") or (tokens.length if isinstance(tokens, Counted) else 0)
 
     layer_bytes = [0] * n_layer
     input_bytes = output_bytes = 0
@@ -155,9 +166,9 @@ def read_model(path: str | os.PathLike) -> Model:
     return Model(
         path=str(first), name=str(value("general.name", first.name)), arch=arch,
         file_bytes=sum(f.stat().st_size for f in files), n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
-        n_ctx_train=int(value(f"{arch}.context_length", 0) or 0), n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+        n_ctx_train=count(f"{arch}.context_length", 0), n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
         head_k=head_k, head_v=head_v, swa=swa, n_swa=n_swa, n_expert=n_expert,
-        n_expert_used=int(value(f"{arch}.expert_used_count", 0) or 0), layer_bytes=tuple(layer_bytes),
+        n_expert_used=count(f"{arch}.expert_used_count", 0), layer_bytes=tuple(layer_bytes),
         output_bytes=output_bytes, input_bytes=input_bytes, tied_output=not has_output, tensor_bytes=tensor_bytes,
         weight_type=max(type_bytes, key=type_bytes.get) if type_bytes else "F32",
     )
@@ -188,16 +199,14 @@ def _per_layer(n_layer: int):
     return expand
 
 
-def _sliding_window(arch: str, n_layer: int, value) -> tuple[tuple[bool, ...], int]:
+def _sliding_window(arch: str, n_layer: int, count) -> tuple[tuple[bool, ...], int]:
     """Which layers attend to a sliding window, as llama.cpp's load_swa_pattern decides."""
     rule = KNOWN_ARCHITECTURES[arch]
-    n_swa = int(value(f"{arch}.attention.sliding_window", rule[1] if rule else 0) or 0)
-    if rule is None or n_swa == 0:
+    n_swa = count(f"{arch}.attention.sliding_window", rule[1]) if rule else 0
+    if n_swa == 0:
         return (False,) * n_layer, 0
-    pattern = value(f"{arch}.attention.sliding_window_pattern", rule[0])
+    pattern = count(f"{arch}.attention.sliding_window_pattern", rule[0], layers=True)
     if isinstance(pattern, list):
-        return tuple(bool(x) for x in pattern[:n_layer]), n_swa
-    n_pattern, dense_first = int(pattern), rule[2]
-    if dense_first:
-        return tuple(n_pattern == 0 or il % n_pattern != 0 for il in range(n_layer)), n_swa
-    return tuple(n_pattern == 0 or il % n_pattern < n_pattern - 1 for il in range(n_layer)), n_swa
+        return tuple(bool(x) for x in _per_layer(n_layer)(pattern)), n_swa
+    # Every n-th layer attends in full (llama.cpp's dense_first variant belongs to no architecture here).
+    return tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer)), n_swa
