@@ -400,6 +400,20 @@ def test_a_start_in_a_gap_is_refused_and_one_shown_twice_is_noted(berlin_mode, e
     assert notes == ([note] if note else [])
 
 
+@pytest.mark.parametrize("zone, eve, text, offsets, shift", [
+    ("America/New_York", (2027, 11, 6, 12, 0), "tomorrow 1:30", ("EDT, UTC-04:00", "2027-11-07T01:30-05:00"), 60),
+    ("Europe/London", (2027, 10, 30, 12, 0), "tomorrow 1:30", ("BST, UTC+01:00", "2027-10-31T01:30+00:00"), 60),
+    ("Australia/Lord_Howe", (2027, 4, 3, 12, 0), "tomorrow 1:45", ("+11, UTC+11:00", "2027-04-04T01:45+10:30"), 30),
+])
+def test_the_note_writes_each_offset_as_start_reads_it_west_at_zero_and_by_half_hours(zone, eve, text, offsets, shift):
+    # the second occurrence is written with its offset: negative west of Greenwich, +00:00 (not -00:00), 30 minutes
+    now, notes = datetime(*eve, tzinfo=ZoneInfo(zone)), []
+    first = parse_when(text, now, notes=notes)
+    said, second = offsets
+    assert notes == [f"{second[11:16]} happens twice on {first:%a %d %b %Y} (the clocks go back); took the first"
+                     f" ({said}); write {second} for the second"]
+    assert parse_when(second, now).timestamp() - first.timestamp() == shift * 60  # as the note says: the second
+
 @pytest.mark.parametrize("now, text, start, note", [
     # a bare time rolls past a day whose copy of it never shows, and is refused on the day it is asked for
     ((2027, 3, 28, 10, 0), "2:30", utc(2027, 3, 29, 0, 30), None),
