@@ -221,3 +221,18 @@ class TestZoneName:
             pytest.skip("/etc/localtime is no link into a zoneinfo tree here")
         tz_env(None)
         assert zone_name() == target.rsplit("/zoneinfo/", 1)[1]
+
+
+@pytest.mark.parametrize("cards, host, here, said", [
+    ([4], "", "", "card 4"),
+    ([0, 1], "", "", "cards 0,1"),
+    ([0, 1], "gpu1", "gpu1", "cards 0,1"),  # this host's cards go without it
+    ([2], "gpu2", "gpu1", "card gpu2:2"),
+    ([0, 1], "gpu2", "", "cards gpu2:0,1"),
+    ([0], "gpu\x1b[2J" + "x" * 70, "gpu1", "card gpu\\x1b[2J" + "x" * 52 + "…:0"),  # another's host name is inert
+])
+def test_cards_text_names_another_hosts_cards_with_its_host(cards, host, here, said):
+    from app.core.text import cards_text, host_cards
+
+    assert cards_text(cards, host, here) == said
+    assert host_cards(cards, host, here) == said.split(" ", 1)[1]
