@@ -101,6 +101,13 @@ def test_parse_when(text, expected):
     assert got.utcoffset() == timedelta(hours=1)  # in now's zone
 
 
+@pytest.mark.parametrize("text, rolled", [("15:29", at(2026, 11, 30, 15, 29)), ("sun 15:29", at(2026, 12, 6, 15, 29))])
+def test_the_grace_is_one_minute_to_the_second(text, rolled):
+    # at 15:30:00 a time a minute ago is still today; at 15:30:01 it is a minute and a second ago: the next one
+    assert parse_when(text, NOW) == at(2026, 11, 29, 15, 29)
+    assert parse_when(text, NOW + timedelta(seconds=1)) == rolled
+
+
 @pytest.mark.parametrize(
     "text, fragment",
     [
@@ -421,6 +428,8 @@ def test_the_note_writes_each_offset_as_start_reads_it_west_at_zero_and_by_half_
     ((2027, 3, 28, 1, 0), "now", utc(2027, 3, 28, 0, 0), None),
     ((2027, 10, 31, 10, 0), "2:30", utc(2027, 11, 1, 1, 30), None),
     ((2027, 10, 31, 1, 0), "2:30", utc(2027, 10, 31, 0, 30), TWICE.format("30")),
+    ((2027, 3, 28, 10, 0), "sun 2:30", utc(2027, 4, 4, 0, 30), None),  # today's never showed and is past: next week's
+    ((2027, 3, 28, 1, 0), "sun 2:30", None, GAP.format("30")),
 ])
 def test_the_day_a_bare_time_is_on_decides(berlin_mode, now, text, start, note):
     notes = []
