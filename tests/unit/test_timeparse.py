@@ -459,10 +459,15 @@ def test_a_range_across_the_gap(berlin_mode, text, span, note):
         assert (start.timestamp(), end.timestamp()) == span and notes == []
 
 
-def test_a_range_into_the_hour_shown_twice_is_noted_once(berlin_mode):
+@pytest.mark.parametrize("text, span", [
+    ("tomorrow 1-2:30", (utc(2027, 10, 30, 23, 0), utc(2027, 10, 31, 0, 30))),  # ends in it
+    ("tomorrow 2:30-4", (utc(2027, 10, 31, 0, 30), utc(2027, 10, 31, 3, 0))),  # starts in it
+    ("2027-10-31 2:30-4", (utc(2027, 10, 31, 0, 30), utc(2027, 10, 31, 3, 0))),
+])
+def test_a_range_into_the_hour_shown_twice_is_noted_once(berlin_mode, text, span):
     now, notes = berlin_now(berlin_mode, *AUTUMN_EVE), []
-    start, end = parse_when_or_range("tomorrow 1-2:30", now, notes=notes)
-    assert (start.timestamp(), end.timestamp()) == (utc(2027, 10, 30, 23, 0), utc(2027, 10, 31, 0, 30))
+    start, end = parse_when_or_range(text, now, notes=notes)
+    assert (start.timestamp(), end.timestamp()) == span
     assert notes == [TWICE.format("30")]
 
 
