@@ -167,6 +167,7 @@ def test_topo_matrix_names_its_cards_and_reads_a_level_nvidia_smi_has_no_name_fo
 def test_a_group_across_switches_or_numa_nodes_gets_a_note_and_a_close_one_none():
     snapshot = SimulatedSource(clock=lambda: 1000.0).read()
     assert group_crossing(snapshot.topology, snapshot.cards, [0, 1, 2, 3]) is None
+    assert group_crossing(snapshot.topology, snapshot.cards, [4, 5]) is None  # the cards left out span both nodes
     assert group_crossing(snapshot.topology, snapshot.cards, [3, 4]) == (
         "cards 3-4 cross a PCIe switch and span NUMA nodes 0,1: traffic between them goes through the CPU;"
         " prefer --split-mode layer")
