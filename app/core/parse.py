@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timezone
 
 from app.core.text import inert
 from app.errors import BadInput
@@ -109,7 +109,9 @@ def parse_span(start: str, length: str | None, until: str | None, now: datetime,
     try:
         begin, range_end = parse_when_or_range(start, now, night_start=night, notes=notes)
         if length is not None:
-            end = begin + parse_duration(length)
+            # elapsed time, as `+2h` is: in a real zone (ZoneInfo) datetime arithmetic is wall-clock, and 1h from
+            # 02:30 on the night the clocks go back would be two
+            end = begin.astimezone(timezone.utc) + parse_duration(length)
         elif until is not None:
             end = parse_end(until, begin, now, night_start=night, notes=notes)
         elif range_end is not None:

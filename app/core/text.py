@@ -128,9 +128,9 @@ def zone_name(tz: tzinfo | None = None) -> str:
     if named and not named.startswith("/") and "," not in named:
         return named
     target = os.path.realpath(named or "/etc/localtime")
-    if "/zoneinfo/" in target:
-        return target.split("/zoneinfo/", 1)[1]
-    return time.strftime("%Z")
+    if "/zoneinfo/" in target:  # the last: no zone's name holds a zoneinfo folder, a tree's path may
+        return target.rsplit("/zoneinfo/", 1)[1]
+    return time.strftime("%Z") or "UTC"  # glibc reads a TZ file it cannot read as UTC, with no abbreviation
 
 
 def format_duration(seconds: float) -> str:

@@ -66,6 +66,24 @@ def test_an_unknown_architecture_or_version_is_a_warning_not_a_failure():
     assert set(MINIMUMS) >= {"12.0", "9.0", "8.9", "8.6", "8.0"}
 
 
+
+def test_each_verdict_stands_alone_and_the_exact_minimum_is_enough():
+    # a card lost to the driver keeps its capability, but is no architecture to judge
+    cards = (CardReading(0, "GPU-0", compute_capability="12.0", lost=True), CardReading(1, "GPU-1", compute_capability="9.0"))
+    snapshot = FleetSnapshot(0.0, False, cards, Topology(), driver_version="520", cuda_version="11.8")
+    assert driver_checks(snapshot) == [
+        (True, "driver 520 and CUDA 11.8 support compute capability 9.0 (cards 1) (needs driver 520+, CUDA 11.8+)")]
+    # one failure is the whole verdict: no ok line beside it
+    assert driver_checks(fleet("565.57.01", "12.8", ["12.0"])) == [
+        (False, "driver 565.57.01 is too old for compute capability 12.0 (cards 0): it needs 570 or newer; install the"
+                " 570 driver (or newer) and reboot")]
+    # an architecture not in the table leaves the next one judged (the table's order: "7.2" < "8.9")
+    assert [ok for ok, _ in driver_checks(fleet("575.57.08", "12.9", ["7.2", "8.9"]))] == [None, True]
+    # either version missing is a warning, not an ok
+    assert driver_checks(fleet("570.86.15", None, ["12.0"])) == [
+        (None, "compute capability 12.0 (cards 0): the driver did not say its version (driver 570.86.15, CUDA None);"
+               " check nvidia-smi")]
+
 # -- links -------------------------------------------------------------------------------------------------------
 
 
@@ -85,6 +103,11 @@ def test_a_narrow_link_a_slow_link_under_load_and_the_chipset_are_warnings():
         "card 2: PCIe Gen 3 of its Gen 5 under load: check the slot's and riser's generation (BIOS, the riser's rating)",
         "card 3: behind the chipset (PCH), sharing its one uplink to the CPU: move it to a slot wired to the CPU",
     ]
+
+
+def test_a_lost_card_is_skipped_not_the_end_of_the_list():
+    assert link_checks([card(0, lost=True), card(1, behind_chipset=True)]) == [
+        (None, "card 1: behind the chipset (PCH), sharing its one uplink to the CPU: move it to a slot wired to the CPU")]
 
 
 def test_healthy_links_are_one_ok_line():
@@ -122,9 +145,29 @@ def test_close_order_groups_cards_of_one_switch_even_when_their_numbers_interlea
     assert close_order(FleetSnapshot(0.0, False, cards, Topology(links))) == [0, 2, 1, 3]
 
 
+def test_close_order_sorts_by_numa_node_then_bus_and_a_pxb_pair_is_close():
+    # no two cards close: the order is the sort itself. NUMA node first (an unknown node last), then the bus (none first)
+    cards = (CardReading(0, "a", numa_node=1, pci_bus_id="00000000:01:00.0"),
+             CardReading(1, "b", numa_node=0, pci_bus_id="00000000:C1:00.0"),
+             CardReading(2, "c", numa_node=None, pci_bus_id="00000000:00:00.0"),
+             CardReading(3, "d", numa_node=0, pci_bus_id="00000000:81:00.0"),
+             CardReading(4, "e", numa_node=0))
+    assert close_order(FleetSnapshot(0.0, False, cards, Topology())) == [4, 3, 1, 0, 2]
+    # cards behind one PCIe switch tree (PXB, nvidia-smi's multiple bridges) group like those on one switch (PIX)
+    bus = tuple(CardReading(i, f"GPU-{i}", numa_node=0, pci_bus_id=f"00000000:{i + 1:02X}:00.0") for i in range(3))
+    assert close_order(FleetSnapshot(0.0, False, bus, Topology({(0, 2): LINK_MULTIPLE}))) == [0, 2, 1]
+
+
+def test_topo_matrix_names_its_cards_and_reads_a_level_nvidia_smi_has_no_name_for_as_sys():
+    cards = tuple(CardReading(i, f"GPU-{i}", numa_node=None) for i in (3, 5))
+    found = topo_matrix(FleetSnapshot(0.0, False, cards, Topology({(3, 5): 35})))  # NVML may add levels
+    assert found == {"cards": [3, 5], "matrix": [["X", "SYS"], ["SYS", "X"]], "numa": [None, None]}
+
+
 def test_a_group_across_switches_or_numa_nodes_gets_a_note_and_a_close_one_none():
     snapshot = SimulatedSource(clock=lambda: 1000.0).read()
     assert group_crossing(snapshot.topology, snapshot.cards, [0, 1, 2, 3]) is None
+    assert group_crossing(snapshot.topology, snapshot.cards, [4, 5]) is None  # the cards left out span both nodes
     assert group_crossing(snapshot.topology, snapshot.cards, [3, 4]) == (
         "cards 3-4 cross a PCIe switch and span NUMA nodes 0,1: traffic between them goes through the CPU;"
         " prefer --split-mode layer")

@@ -219,3 +219,35 @@ def test_an_end_at_or_before_the_start_is_bad_input_showing_both(start, until, m
     with pytest.raises(BadInput) as refused:
         parse_span(start, None, until, NOW, how_long="x")
     assert str(refused.value).startswith(message)
+
+
+
+@pytest.fixture(params=["system", "zone"])
+def berlin_now(request, monkeypatch):
+    """Sat 30 Oct 2027 12:00 in Berlin, the eve of the night its clocks go back at 03:00 (02:00-02:59 show twice): as the
+    CLI has it (TZ set, a fixed offset from astimezone()) or as a real zone."""
+    import time
+    from zoneinfo import ZoneInfo
+
+    monkeypatch.setenv("TZ", "Europe/Berlin" if request.param == "system" else "UTC")
+    time.tzset()
+    yield (datetime(2027, 10, 30, 12, 0).astimezone() if request.param == "system"
+           else datetime(2027, 10, 30, 12, 0, tzinfo=ZoneInfo("Europe/Berlin")))
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_the_notes_of_a_start_and_of_an_end_shown_twice_reach_the_caller(berlin_now):
+    twice = ("02:30 happens twice on Sun 31 Oct 2027 (the clocks go back); took the first (CEST, UTC+02:00);"
+             " write 2027-10-31T02:30+01:00 for the second")
+    first = int(datetime(2027, 10, 31, 0, 30, tzinfo=timezone.utc).timestamp())
+    notes: list[str] = []
+    assert parse_span("tomorrow 2:30", "1h", None, berlin_now, how_long="x", notes=notes) == (first, first + 3600)
+    assert notes == [twice]
+    notes = []
+    assert parse_span("tomorrow 1:00", None, "2:30", berlin_now, how_long="x", notes=notes) == (first - 5400, first)
+    assert notes == [twice]
+
+
+def test_tonight_in_until_is_the_configured_night_start_too():
+    assert parse_span("now", None, "tonight", NOW, how_long="x", night_start=21 * 60) == (_at(29, 15, 30), _at(29, 21))

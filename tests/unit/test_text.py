@@ -142,3 +142,97 @@ class TestStamps:
         line = json.dumps({"error": {"message": f'"quoted" until {stamp_when(self.NOW, self.NOW)}'}}).encode()
         assert receive(line)["error"]["message"].startswith('"quoted" until ')
         assert "<@" not in receive(line)["error"]["message"]
+
+
+class TestZoneName:
+    """A zone as people name it, for the lines that say which zone their times are in."""
+
+    @pytest.fixture
+    def tz_env(self, monkeypatch):
+        import time
+
+        def set_tz(value: str | None) -> None:
+            if value is None:
+                monkeypatch.delenv("TZ", raising=False)
+            else:
+                monkeypatch.setenv("TZ", value)
+            time.tzset()
+
+        yield set_tz
+        monkeypatch.undo()
+        time.tzset()
+
+    def test_a_given_zone_by_its_key_else_its_name_for_now_else_itself(self):
+        from datetime import timedelta, tzinfo
+        from zoneinfo import ZoneInfo
+
+        from app.core.text import zone_name
+
+        class Named(tzinfo):
+            def utcoffset(self, dt):
+                return timedelta(hours=5)
+
+            def dst(self, dt):
+                return timedelta(0)
+
+            def tzname(self, dt):
+                return "Tashkent" if dt is not None else "never asked without a time"
+
+        class Nameless(Named):
+            def tzname(self, dt):
+                return None
+
+            def __str__(self):
+                return "UTC+5 by hand"
+
+        assert zone_name(ZoneInfo("Asia/Shanghai")) == "Asia/Shanghai"
+        assert zone_name(timezone(timedelta(hours=8))) == "UTC+08:00"
+        assert zone_name(Named()) == "Tashkent"
+        assert zone_name(Nameless()) == "UTC+5 by hand"
+
+    @pytest.mark.parametrize("tz, name", [
+        ("Asia/Shanghai", "Asia/Shanghai"),
+        (":Asia/Shanghai", "Asia/Shanghai"),  # glibc's leading colon
+        ("XST-8", "XST-8"),  # a POSIX rule without DST changes is named by itself
+        ("/usr/share/zoneinfo/Asia/Shanghai", "Asia/Shanghai"),
+        (":/usr/share/zoneinfo/America/New_York", "America/New_York"),
+        ("/srv/zoneinfo/tzdata/share/zoneinfo/Europe/Berlin", "Europe/Berlin"),  # the tree's own folder is the last
+        ("/srv/tz/Europe/Berlin", "UTC"),  # no zoneinfo tree (and no such file: glibc reads it as UTC): the abbreviation
+    ])
+    def test_the_process_zone_is_named_by_tz(self, tz_env, tz, name):
+        from app.core.text import zone_name
+
+        tz_env(tz)
+        assert zone_name() == name
+
+    def test_a_posix_rule_with_dst_changes_is_named_by_its_abbreviation_now(self, tz_env):
+        from app.core.text import zone_name
+
+        tz_env("CET-1CEST,M3.5.0,M10.5.0/3")
+        assert zone_name() in ("CET", "CEST")
+
+    def test_without_tz_the_zone_is_etc_localtimes(self, tz_env):
+        import os
+
+        from app.core.text import zone_name
+
+        target = os.path.realpath("/etc/localtime")
+        if "/zoneinfo/" not in target:
+            pytest.skip("/etc/localtime is no link into a zoneinfo tree here")
+        tz_env(None)
+        assert zone_name() == target.rsplit("/zoneinfo/", 1)[1]
+
+
+@pytest.mark.parametrize("cards, host, here, said", [
+    ([4], "", "", "card 4"),
+    ([0, 1], "", "", "cards 0,1"),
+    ([0, 1], "gpu1", "gpu1", "cards 0,1"),  # this host's cards go without it
+    ([2], "gpu2", "gpu1", "card gpu2:2"),
+    ([0, 1], "gpu2", "", "cards gpu2:0,1"),
+    ([0], "gpu\x1b[2J" + "x" * 70, "gpu1", "card gpu\\x1b[2J" + "x" * 52 + "…:0"),  # another's host name is inert
+])
+def test_cards_text_names_another_hosts_cards_with_its_host(cards, host, here, said):
+    from app.core.text import cards_text, host_cards
+
+    assert cards_text(cards, host, here) == said
+    assert host_cards(cards, host, here) == said.split(" ", 1)[1]

@@ -101,6 +101,13 @@ def test_parse_when(text, expected):
     assert got.utcoffset() == timedelta(hours=1)  # in now's zone
 
 
+@pytest.mark.parametrize("text, rolled", [("15:29", at(2026, 11, 30, 15, 29)), ("sun 15:29", at(2026, 12, 6, 15, 29))])
+def test_the_grace_is_one_minute_to_the_second(text, rolled):
+    # at 15:30:00 a time a minute ago is still today; at 15:30:01 it is a minute and a second ago: the next one
+    assert parse_when(text, NOW) == at(2026, 11, 29, 15, 29)
+    assert parse_when(text, NOW + timedelta(seconds=1)) == rolled
+
+
 @pytest.mark.parametrize(
     "text, fragment",
     [
@@ -400,6 +407,20 @@ def test_a_start_in_a_gap_is_refused_and_one_shown_twice_is_noted(berlin_mode, e
     assert notes == ([note] if note else [])
 
 
+@pytest.mark.parametrize("zone, eve, text, offsets, shift", [
+    ("America/New_York", (2027, 11, 6, 12, 0), "tomorrow 1:30", ("EDT, UTC-04:00", "2027-11-07T01:30-05:00"), 60),
+    ("Europe/London", (2027, 10, 30, 12, 0), "tomorrow 1:30", ("BST, UTC+01:00", "2027-10-31T01:30+00:00"), 60),
+    ("Australia/Lord_Howe", (2027, 4, 3, 12, 0), "tomorrow 1:45", ("+11, UTC+11:00", "2027-04-04T01:45+10:30"), 30),
+])
+def test_the_note_writes_each_offset_as_start_reads_it_west_at_zero_and_by_half_hours(zone, eve, text, offsets, shift):
+    # the second occurrence is written with its offset: negative west of Greenwich, +00:00 (not -00:00), 30 minutes
+    now, notes = datetime(*eve, tzinfo=ZoneInfo(zone)), []
+    first = parse_when(text, now, notes=notes)
+    said, second = offsets
+    assert notes == [f"{second[11:16]} happens twice on {first:%a %d %b %Y} (the clocks go back); took the first"
+                     f" ({said}); write {second} for the second"]
+    assert parse_when(second, now).timestamp() - first.timestamp() == shift * 60  # as the note says: the second
+
 @pytest.mark.parametrize("now, text, start, note", [
     # a bare time rolls past a day whose copy of it never shows, and is refused on the day it is asked for
     ((2027, 3, 28, 10, 0), "2:30", utc(2027, 3, 29, 0, 30), None),
@@ -407,6 +428,8 @@ def test_a_start_in_a_gap_is_refused_and_one_shown_twice_is_noted(berlin_mode, e
     ((2027, 3, 28, 1, 0), "now", utc(2027, 3, 28, 0, 0), None),
     ((2027, 10, 31, 10, 0), "2:30", utc(2027, 11, 1, 1, 30), None),
     ((2027, 10, 31, 1, 0), "2:30", utc(2027, 10, 31, 0, 30), TWICE.format("30")),
+    ((2027, 3, 28, 10, 0), "sun 2:30", utc(2027, 4, 4, 0, 30), None),  # today's never showed and is past: next week's
+    ((2027, 3, 28, 1, 0), "sun 2:30", None, GAP.format("30")),
 ])
 def test_the_day_a_bare_time_is_on_decides(berlin_mode, now, text, start, note):
     notes = []
@@ -436,10 +459,15 @@ def test_a_range_across_the_gap(berlin_mode, text, span, note):
         assert (start.timestamp(), end.timestamp()) == span and notes == []
 
 
-def test_a_range_into_the_hour_shown_twice_is_noted_once(berlin_mode):
+@pytest.mark.parametrize("text, span", [
+    ("tomorrow 1-2:30", (utc(2027, 10, 30, 23, 0), utc(2027, 10, 31, 0, 30))),  # ends in it
+    ("tomorrow 2:30-4", (utc(2027, 10, 31, 0, 30), utc(2027, 10, 31, 3, 0))),  # starts in it
+    ("2027-10-31 2:30-4", (utc(2027, 10, 31, 0, 30), utc(2027, 10, 31, 3, 0))),
+])
+def test_a_range_into_the_hour_shown_twice_is_noted_once(berlin_mode, text, span):
     now, notes = berlin_now(berlin_mode, *AUTUMN_EVE), []
-    start, end = parse_when_or_range("tomorrow 1-2:30", now, notes=notes)
-    assert (start.timestamp(), end.timestamp()) == (utc(2027, 10, 30, 23, 0), utc(2027, 10, 31, 0, 30))
+    start, end = parse_when_or_range(text, now, notes=notes)
+    assert (start.timestamp(), end.timestamp()) == span
     assert notes == [TWICE.format("30")]
 
 
