@@ -162,6 +162,14 @@ def test_extra_args_pass_through_otherwise(extra):
     assert command.check_extra(extra) == extra
 
 
+def test_a_cache_type_is_one_llama_server_knows_and_a_refusal_lists_them():
+    assert [command.cache_type("k", name) for name in ("f16", "q8_0", "iq4_nl")] == ["f16", "q8_0", "iq4_nl"]
+    with pytest.raises(BadInput) as refused:
+        command.cache_type("v", "q" * 30)  # a long name is cut to 20 characters
+    assert str(refused.value) == (f"--cache-type-v {'q' * 20!r} is not a cache type; use one of "
+                                  "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl")
+
+
 def test_check_model(tmp_path):
     good = tmp_path / "m.gguf"
     good.write_bytes(b"GGUF\x03\x00\x00\x00")

@@ -137,3 +137,8 @@ class TestFleetStatus:
     def test_users_in_first_seen_order_without_repeats(self):
         [status] = fleet_status(self.snapshot(reading(0, "bob", None, "alice", "bob", None)), [], NOW)
         assert status.users == ("bob", UNKNOWN_USER, "alice")
+
+    def test_each_card_carries_the_host_it_is_on_and_since_when_that_host_is_down(self):
+        assert {(s.host, s.down_since) for s in fleet_status(self.snapshot(), [], NOW)} == {("", None)}
+        statuses = fleet_status(self.snapshot(), [], NOW, host="gpu2", down_since=NOW - 90.5)
+        assert [(s.host, s.down_since) for s in statuses] == [("gpu2", NOW - 90.5)] * 3

@@ -44,6 +44,15 @@ def test_events_are_append_only(conn):
             conn.execute(statement)
 
 
+def test_the_tail_is_the_last_events_id_and_0_before_any(conn):
+    assert events.tail(conn) == 0
+    with write(conn):
+        events.record(conn, ts=1, uid=0, actor="root", action="create", booking_id=1, ok=True)
+        events.record(conn, ts=2, uid=0, actor="root", action="create", booking_id=None, ok=False)
+    newest, older = events.recent(conn, 2)
+    assert events.tail(conn) == newest.id > older.id  # a refused attempt moves it too
+
+
 @sqlite_only  # SQLite's pragmas and file
 def test_a_hand_edit_breaks_the_chain_at_that_row(conn):
     with write(conn):
