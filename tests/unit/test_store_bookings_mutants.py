@@ -1,0 +1,196 @@
+"""The store's booking rows and the calendar in memory at their edges: what `make mutation` found untold apart.
+
+The calendar (app.store.bookings.Calendar) must answer as the SQL does on the same connection, and read again only
+what changed: each test here makes a change the calendar must see and asks both."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.gpu.model import CardReading
+from app.store import bookings
+from app.store.db import connect, write
+from tests.conftest import FROZEN_NOW, sqlite_only
+from tests.unit.test_store_rows import CARDS, HOUR, book
+
+pytestmark = sqlite_only  # the calendar in memory is SQLite's alone
+SINCE = FROZEN_NOW - 86400
+RENUMBERED = [CardReading(index=1, uuid="GPU-aaaa", name="H100"), CardReading(index=0, uuid="GPU-bbbb", name="H100")]
+
+
+@pytest.fixture
+def kept(conn, db_path):
+    """A second connection to the same file that keeps a calendar (as the service's does); `conn` keeps none."""
+    with write(conn):
+        bookings.sync_cards(conn, CARDS, FROZEN_NOW)
+    kept = connect(db_path)
+    bookings.keep_calendar(kept, SINCE)
+    yield kept
+    kept.close()
+
+
+def answers(conn, ids) -> tuple:
+    """What a reader asks of the bookings: each one by id, the live ones in a window (all, one user's), the busy
+    spans, the first conflict."""
+    return ([bookings.get(conn, i) for i in ids],
+            bookings.live_between(conn, FROZEN_NOW, FROZEN_NOW + 30 * HOUR),
+            bookings.live_between(conn, FROZEN_NOW, FROZEN_NOW + 30 * HOUR, user="bob"),
+            bookings.busy_by_card(conn, FROZEN_NOW),
+            bookings.first_conflict(conn, ["GPU-aaaa", "GPU-bbbb"], FROZEN_NOW, FROZEN_NOW + 30 * HOUR))
+
+
+def assert_true_to_sql(kept, ids) -> None:
+    """The calendar's answers are the SQL's on the same connection (inside its transaction too)."""
+    calendar = kept.calendar
+    from_memory = answers(kept, ids)
+    kept.calendar = None
+    try:
+        assert from_memory == answers(kept, ids)
+    finally:
+        kept.calendar = calendar
+
+
+def bookings_read(kept, action) -> list[str]:
+    """The statements that read the bookings table while `action` runs."""
+    statements: list[str] = []
+    kept.set_trace_callback(statements.append)
+    try:
+        action()
+    finally:
+        kept.set_trace_callback(None)
+    return [s for s in statements if "FROM bookings" in s]
+
+
+def test_every_change_this_module_makes_is_seen_by_the_next_read(kept):
+    a = book(kept, request={"count": 1})
+    b = book(kept, uuids=("GPU-bbbb",), user="bob", uid=1002, start=FROZEN_NOW + 5 * HOUR, end=FROZEN_NOW + 6 * HOUR)
+    ids = [a, b]
+    assert_true_to_sql(kept, ids)  # loaded
+    for change in (lambda: bookings.set_times(kept, a, FROZEN_NOW + 2 * HOUR, FROZEN_NOW + 4 * HOUR),
+                   lambda: bookings.set_notice(kept, a, "moved by admin"),
+                   lambda: bookings.set_queued(kept, a, "time"),
+                   lambda: bookings.set_queued(kept, a, None),
+                   lambda: bookings.set_owner(kept, a, "bob", 1002),
+                   lambda: bookings.set_cards(kept, a, ["GPU-bbbb"]),
+                   lambda: bookings.set_cancelled(kept, b)):
+        with write(kept):
+            change()
+            assert_true_to_sql(kept, ids)
+        assert_true_to_sql(kept, ids)
+    assert bookings.get(kept, a).notice == "moved by admin"
+    assert bookings.live_between(kept, FROZEN_NOW, FROZEN_NOW + 30 * HOUR, user="bob")[0].card_uuids == ("GPU-bbbb",)
+
+
+def test_the_calendar_reads_from_memory_and_again_only_what_changed(kept, db_path):
+    a = book(kept)
+    b = book(kept, uuids=("GPU-bbbb",), user="bob", uid=1002)
+    assert len(bookings_read(kept, lambda: answers(kept, [a, b]))) == 1  # the first read loads all
+    assert bookings_read(kept, lambda: answers(kept, [a, b])) == []  # then none, outside a transaction
+    with write(kept):
+        assert bookings_read(kept, lambda: answers(kept, [a, b])) == []  # nor inside one
+
+    def moved(booking_id, hours):
+        with write(kept):
+            bookings.set_times(kept, booking_id, FROZEN_NOW + hours * HOUR, FROZEN_NOW + (hours + 1) * HOUR)
+
+    moved(a, 3)  # committed: only `a` is read again
+    read = bookings_read(kept, lambda: answers(kept, [a, b]))
+    assert len(read) == 1 and f"WHERE b.id = {a} " in read[0]
+    assert bookings_read(kept, lambda: answers(kept, [a, b])) == []
+
+    with write(kept, savepoint="attempt"):  # a ROLLBACK TO reads again only what changed since its savepoint
+        bookings.set_times(kept, b, FROZEN_NOW + 7 * HOUR, FROZEN_NOW + 8 * HOUR)
+        answers(kept, [a, b])
+        kept.execute("ROLLBACK TO attempt")
+        bookings.rolled_back(kept)
+        read = bookings_read(kept, lambda: answers(kept, [a, b]))
+        assert len(read) == 1 and f"WHERE b.id = {b} " in read[0]
+        assert bookings.get(kept, b).start == FROZEN_NOW + HOUR
+    assert bookings_read(kept, lambda: answers(kept, [a, b])) == []  # the transaction's end read it already
+
+    with pytest.raises(RuntimeError), write(kept):  # a rolled-back transaction: again only what it changed
+        bookings.set_times(kept, a, FROZEN_NOW + 9 * HOUR, FROZEN_NOW + 10 * HOUR)
+        answers(kept, [a, b])
+        raise RuntimeError("rolled back")
+    read = bookings_read(kept, lambda: answers(kept, [a, b]))
+    assert len(read) == 1 and f"WHERE b.id = {a} " in read[0]
+    assert bookings.get(kept, a).start == FROZEN_NOW + 3 * HOUR
+
+    other = connect(db_path)  # another writer: all is read again, once
+    with write(other):
+        bookings.set_notice(other, b, "from elsewhere")
+    other.close()
+    assert len(bookings_read(kept, lambda: answers(kept, [a, b]))) == 1
+    assert bookings_read(kept, lambda: answers(kept, [a, b])) == []
+    assert bookings.get(kept, b).notice == "from elsewhere"
+
+
+def test_a_calendar_loaded_inside_a_transaction_reads_all_again_after_it_rolls_back(kept):
+    a = book(kept)
+    with pytest.raises(RuntimeError), write(kept):
+        bookings.set_times(kept, a, FROZEN_NOW + 3 * HOUR, FROZEN_NOW + 4 * HOUR)
+        with write(kept):  # a savepoint (the group commit's): what changed before it is not "recent"
+            assert bookings.get(kept, a).start == FROZEN_NOW + 3 * HOUR  # loaded here, with the change
+        raise RuntimeError("rolled back")
+    assert_true_to_sql(kept, [a])
+    assert bookings.get(kept, a).start == FROZEN_NOW + HOUR
+    assert bookings_read(kept, lambda: answers(kept, [a])) == []
+
+
+def test_a_change_read_before_a_savepoint_is_read_again_when_the_whole_transaction_rolls_back(kept):
+    a = book(kept)
+    assert_true_to_sql(kept, [a])
+    with pytest.raises(RuntimeError), write(kept):
+        bookings.set_times(kept, a, FROZEN_NOW + 3 * HOUR, FROZEN_NOW + 4 * HOUR)
+        assert bookings.get(kept, a).start == FROZEN_NOW + 3 * HOUR  # read: the calendar has it
+        with write(kept):  # a savepoint after it
+            pass
+        raise RuntimeError("rolled back")
+    assert bookings.get(kept, a).start == FROZEN_NOW + HOUR
+    assert_true_to_sql(kept, [a])
+
+
+@pytest.mark.parametrize("undo", ["rollback", "rollback to"])
+@pytest.mark.parametrize("committed", ["moved", "renumbered"])
+def test_changes_committed_unread_stand_through_a_later_rollback(kept, committed, undo):
+    """A change committed and not read yet (a booking moved, or cards renumbered) must still be read after a later
+    transaction, or a savepoint of it, rolls back what it changed itself (another booking's notice)."""
+    a = book(kept)
+    b = book(kept, uuids=("GPU-bbbb",), user="bob", uid=1002, start=FROZEN_NOW + 5 * HOUR, end=FROZEN_NOW + 6 * HOUR)
+    c = book(kept, start=FROZEN_NOW + 7 * HOUR, end=FROZEN_NOW + 8 * HOUR)
+    assert_true_to_sql(kept, [a, b, c])
+    with write(kept):
+        if committed == "moved":
+            bookings.set_times(kept, a, FROZEN_NOW + 2 * HOUR, FROZEN_NOW + 4 * HOUR)
+        else:
+            bookings.sync_cards(kept, RENUMBERED, FROZEN_NOW)
+    if undo == "rollback":
+        with pytest.raises(RuntimeError), write(kept):
+            bookings.set_notice(kept, c, "undone")
+            raise RuntimeError("rolled back")
+    else:
+        with write(kept, savepoint="attempt"):
+            bookings.set_notice(kept, c, "undone")
+            kept.execute("ROLLBACK TO attempt")
+            bookings.rolled_back(kept)
+    assert_true_to_sql(kept, [a, b, c])
+    if committed == "moved":
+        assert bookings.get(kept, a).start == FROZEN_NOW + 2 * HOUR
+    else:
+        assert [bookings.get(kept, i).cards for i in (a, b)] == [(1,), (0,)]
+    assert bookings.get(kept, c).notice is None
+
+
+@pytest.mark.parametrize("when", ["changed", "loaded"])
+def test_a_transaction_ended_behind_the_calendars_back_is_seen(kept, when):
+    """SQLite can end a transaction itself (a full disk) before app.store.db.write tells the calendar: the next read
+    sees that what the transaction changed is gone, whether the calendar read the change or was loaded with it."""
+    a = book(kept)
+    if when == "changed":
+        assert_true_to_sql(kept, [a])
+    kept.execute("BEGIN IMMEDIATE")
+    bookings.set_times(kept, a, FROZEN_NOW + 3 * HOUR, FROZEN_NOW + 4 * HOUR)
+    assert bookings.get(kept, a).start == FROZEN_NOW + 3 * HOUR
+    kept.execute("ROLLBACK")
+    assert bookings.get(kept, a).start == FROZEN_NOW + HOUR
+    assert_true_to_sql(kept, [a])
