@@ -11,7 +11,8 @@ from app.gpu.model import CardReading
 from app.store import bookings
 from app.store.db import connect, write
 from tests.conftest import FROZEN_NOW, sqlite_only
-from tests.unit.test_store_rows import CARDS, HOUR, book
+from tests.safety.test_malformed_rows import hand_edit
+from tests.unit.test_store_rows import CARDS, HOUR, book, reported
 
 pytestmark = sqlite_only  # the calendar in memory is SQLite's alone
 SINCE = FROZEN_NOW - 86400
@@ -58,7 +59,7 @@ def bookings_read(kept, action) -> list[str]:
         action()
     finally:
         kept.set_trace_callback(None)
-    return [s for s in statements if "FROM bookings" in s]
+    return [s for s in statements if "from bookings" in s.lower()]
 
 
 def test_every_change_this_module_makes_is_seen_by_the_next_read(kept):
@@ -95,7 +96,7 @@ def test_the_calendar_reads_from_memory_and_again_only_what_changed(kept, db_pat
 
     moved(a, 3)  # committed: only `a` is read again
     read = bookings_read(kept, lambda: answers(kept, [a, b]))
-    assert len(read) == 1 and f"WHERE b.id = {a} " in read[0]
+    assert len(read) == 1 and f"where b.id = {a} " in read[0].lower()
     assert bookings_read(kept, lambda: answers(kept, [a, b])) == []
 
     with write(kept, savepoint="attempt"):  # a ROLLBACK TO reads again only what changed since its savepoint
@@ -104,7 +105,7 @@ def test_the_calendar_reads_from_memory_and_again_only_what_changed(kept, db_pat
         kept.execute("ROLLBACK TO attempt")
         bookings.rolled_back(kept)
         read = bookings_read(kept, lambda: answers(kept, [a, b]))
-        assert len(read) == 1 and f"WHERE b.id = {b} " in read[0]
+        assert len(read) == 1 and f"where b.id = {b} " in read[0].lower()
         assert bookings.get(kept, b).start == FROZEN_NOW + HOUR
     assert bookings_read(kept, lambda: answers(kept, [a, b])) == []  # the transaction's end read it already
 
@@ -113,7 +114,7 @@ def test_the_calendar_reads_from_memory_and_again_only_what_changed(kept, db_pat
         answers(kept, [a, b])
         raise RuntimeError("rolled back")
     read = bookings_read(kept, lambda: answers(kept, [a, b]))
-    assert len(read) == 1 and f"WHERE b.id = {a} " in read[0]
+    assert len(read) == 1 and f"where b.id = {a} " in read[0].lower()
     assert bookings.get(kept, a).start == FROZEN_NOW + 3 * HOUR
 
     other = connect(db_path)  # another writer: all is read again, once
@@ -194,3 +195,48 @@ def test_a_transaction_ended_behind_the_calendars_back_is_seen(kept, when):
     kept.execute("ROLLBACK")
     assert bookings.get(kept, a).start == FROZEN_NOW + HOUR
     assert_true_to_sql(kept, [a])
+
+
+# --- decoding a row: the optional columns ------------------------------------------------------------
+
+OPTIONAL_EDITS = {  # a hand edit of a column the decoder checks only when set: what a read reports, or None (reads)
+    "requested_at-text": ("UPDATE bookings SET requested_at = 'soon' WHERE id = 1", "requested_at is str 'soon'"),
+    "queued-long": ("UPDATE bookings SET queued = '" + "q" * 60 + "' WHERE id = 1",
+                    "queued is '" + "q" * 39 + ", not time, cards or null"),
+    "queued-cards": ("UPDATE bookings SET queued = 'cards' WHERE id = 1", None),
+    "queued-time": ("UPDATE bookings SET queued = 'time' WHERE id = 1", None),
+    "requested_at-null": ("UPDATE bookings SET requested_at = NULL WHERE id = 1", None),
+    "notice-bytes": ("UPDATE bookings SET notice = x'01' WHERE id = 1", None),
+}
+
+
+@pytest.mark.parametrize("edit", OPTIONAL_EDITS)
+def test_a_hand_edited_optional_column_reads_as_it_should_or_is_reported(db_path, conn, edit, caplog):
+    statement, problem = OPTIONAL_EDITS[edit]
+    with write(conn):
+        bookings.sync_cards(conn, CARDS, FROZEN_NOW)
+    booking_id = book(conn)
+    hand_edit(db_path, statement)
+    got = bookings.get(conn, booking_id)
+    if problem is not None:
+        assert got is None
+        assert reported(caplog) == [f"booking 1 is malformed: {problem}; skipped (a hand edit? see board doctor)"]
+        return
+    assert reported(caplog) == []
+    assert got.queued == (edit.split("-")[1] if edit.startswith("queued") else None)
+    assert got.requested_at == got.start  # NULL (a row from before the column) reads as its start
+    assert got.notice is None  # a notice that is not text is none
+
+
+def test_cards_recorded_before_the_fleet_are_the_reading_hosts_own(db_path, conn):
+    """A card with host '' (recorded before the fleet) reads as the connection's fleet_host (the service's host), or
+    '' where none is set; a card an agent claimed keeps its host."""
+    with write(conn):
+        bookings.sync_cards(conn, CARDS, FROZEN_NOW)
+        bookings.sync_cards(conn, [CardReading(index=0, uuid="GPU-far", name="H100")], FROZEN_NOW, host="gpu2")
+    mine, far = book(conn), book(conn, uuids=("GPU-far",))
+    window = (FROZEN_NOW, FROZEN_NOW + 30 * HOUR)
+    assert [b.host for b in bookings.live_between(conn, *window)] == ["", "gpu2"]
+    conn.fleet_host = "gpu1"
+    assert [b.host for b in bookings.live_between(conn, *window)] == ["gpu1", "gpu2"]
+    assert [bookings.get(conn, i).host for i in (mine, far)] == ["gpu1", "gpu2"]
