@@ -240,3 +240,26 @@ def test_cards_recorded_before_the_fleet_are_the_reading_hosts_own(db_path, conn
     conn.fleet_host = "gpu1"
     assert [b.host for b in bookings.live_between(conn, *window)] == ["gpu1", "gpu2"]
     assert [bookings.get(conn, i).host for i in (mine, far)] == ["gpu1", "gpu2"]
+
+
+def test_a_booking_reads_back_every_column_as_written(conn):
+    from app.store import series
+
+    with write(conn):
+        bookings.sync_cards(conn, CARDS, FROZEN_NOW)
+        series_id = series.insert(conn, user="alice", uid=1001, rule={"every": "day"}, now=FROZEN_NOW)
+        booking_id = bookings.insert(
+            conn, user="alice", uid=1001, uuids=["GPU-aaaa"], start=FROZEN_NOW + 2 * HOUR, end=FROZEN_NOW + 3 * HOUR,
+            klass="experiment", note="", request=None, now=FROZEN_NOW, created_by=1001,
+            requested_at=FROZEN_NOW + HOUR, queued="cards", series_id=series_id)
+        plain = book(conn, start=FROZEN_NOW + 4 * HOUR, end=FROZEN_NOW + 5 * HOUR)
+        bookings.set_notice(conn, plain, "moved by the backfill")
+    got = bookings.get(conn, booking_id)
+    assert (got.requested_at, got.queued, got.series_id, got.request, got.notice) == (
+        FROZEN_NOW + HOUR, "cards", series_id, None, None)
+    assert conn.execute("SELECT request FROM bookings WHERE id = ?", (booking_id,)).fetchone() == (None,)
+    other = bookings.get(conn, plain)  # requested_at defaults to the start; no queue, no series
+    assert (other.requested_at, other.queued, other.series_id, other.notice) == (
+        FROZEN_NOW + 4 * HOUR, None, None, "moved by the backfill")
+    # stored, not only read so: the alerts' queue wait reads the column in SQL (app.alerts.engine)
+    assert conn.execute("SELECT requested_at FROM bookings WHERE id = ?", (plain,)).fetchone() == (FROZEN_NOW + 4 * HOUR,)
