@@ -242,6 +242,12 @@ def test_cards_recorded_before_the_fleet_are_the_reading_hosts_own(db_path, conn
     assert [bookings.get(conn, i).host for i in (mine, far)] == ["gpu1", "gpu2"]
 
 
+def test_a_booking_that_is_not_there_is_none(kept):
+    assert bookings.get(kept, 99) is None  # asked of the calendar, then of SQL
+    kept.calendar = None
+    assert bookings.get(kept, 99) is None
+
+
 def test_a_booking_reads_back_every_column_as_written(conn):
     from app.store import series
 
