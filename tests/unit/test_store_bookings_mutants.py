@@ -269,3 +269,75 @@ def test_a_booking_reads_back_every_column_as_written(conn):
         FROZEN_NOW + 4 * HOUR, None, None, "moved by the backfill")
     # stored, not only read so: the alerts' queue wait reads the column in SQL (app.alerts.engine)
     assert conn.execute("SELECT requested_at FROM bookings WHERE id = ?", (plain,)).fetchone() == (FROZEN_NOW + 4 * HOUR,)
+
+
+def test_queued_lists_the_live_queued_bookings_not_started_in_start_order(conn):
+    with write(conn):
+        bookings.sync_cards(conn, CARDS, FROZEN_NOW)
+    late = book(conn, start=FROZEN_NOW + 5 * HOUR, end=FROZEN_NOW + 6 * HOUR)
+    early = book(conn, uuids=("GPU-bbbb",), start=FROZEN_NOW + 2 * HOUR, end=FROZEN_NOW + 3 * HOUR)
+    started = book(conn, uuids=("GPU-bbbb",), start=FROZEN_NOW - HOUR, end=FROZEN_NOW + HOUR)
+    cancelled = book(conn, start=FROZEN_NOW + 7 * HOUR, end=FROZEN_NOW + 8 * HOUR)
+    book(conn, start=FROZEN_NOW + 9 * HOUR, end=FROZEN_NOW + 10 * HOUR)  # not queued
+    with write(conn):
+        for booking_id, how in ((late, "time"), (early, "cards"), (started, "time"), (cancelled, "time")):
+            bookings.set_queued(conn, booking_id, how)
+        bookings.set_cancelled(conn, cancelled)
+    assert [(b.id, b.queued) for b in bookings.queued(conn, FROZEN_NOW)] == [(early, "cards"), (late, "time")]
+    assert [b.id for b in bookings.queued(conn, FROZEN_NOW + 2 * HOUR)] == [late]  # starts exactly then: started
+
+
+def test_live_servers_are_those_starting_ready_or_stopping(conn):
+    with write(conn):
+        bookings.sync_cards(conn, CARDS, FROZEN_NOW)
+    mine, other = book(conn), book(conn, uuids=("GPU-bbbb",))
+
+    def add(booking_id, state, port):
+        with write(conn):
+            return conn.execute(
+                'INSERT INTO servers (booking_id, "user", uid, cards, card_uuids, model, host, port, cmdline, state,'
+                " created_at) VALUES (?, 'alice', 1001, '[]', '[]', '/m.gguf', '127.0.0.1', ?, '[]', ?, ?)",
+                (booking_id, port, state, FROZEN_NOW)).lastrowid
+
+    for port, state in enumerate(("stopped", "crashed", "failed"), 8100):
+        add(mine, state, port)
+    assert (bookings.any_live_server(conn), bookings.live_server_ids(conn, mine)) == (False, [])
+    live = [add(mine, state, port) for port, state in enumerate(("stopping", "ready", "starting"), 8200)]
+    add(other, "ready", 8300)
+    assert (bookings.any_live_server(conn), bookings.live_server_ids(conn, mine)) == (True, live)
+
+
+def test_a_calendar_not_read_yet_takes_a_rollback_before_its_first_read(kept):
+    """The first transaction on a service's connection may roll back (or roll back to its savepoint) before anything
+    reads the calendar: the calendar still loads at its first read."""
+    a = book(kept)
+    with write(kept, savepoint="attempt"):
+        bookings.set_notice(kept, a, "undone")
+        kept.execute("ROLLBACK TO attempt")
+        bookings.rolled_back(kept)
+    with pytest.raises(RuntimeError), write(kept):
+        bookings.set_notice(kept, a, "undone")
+        raise RuntimeError("rolled back")
+    assert_true_to_sql(kept, [a])
+    assert bookings.get(kept, a).notice is None
+
+
+def test_inside_a_transaction_each_read_reads_again_only_the_changes_since_the_last(kept):
+    a = book(kept)
+    b = book(kept, uuids=("GPU-bbbb",), user="bob", uid=1002)
+    answers(kept, [a, b])
+    with write(kept):
+        bookings.set_notice(kept, a, "one")
+        read = bookings_read(kept, lambda: answers(kept, [a, b]))
+        assert len(read) == 1 and f"where b.id = {a} " in read[0].lower()
+        bookings.set_notice(kept, b, "two")
+        read = bookings_read(kept, lambda: answers(kept, [a, b]))
+        assert len(read) == 1 and f"where b.id = {b} " in read[0].lower()
+    assert kept.calendar.longest == HOUR  # the longest booking's seconds: how far back a user's search starts
+
+
+def test_the_calendar_reads_cards_recorded_before_the_fleet_as_the_connections_host(kept):
+    a = book(kept)
+    kept.fleet_host = "gpu1"
+    assert bookings.get(kept, a).host == "gpu1"
+    assert_true_to_sql(kept, [a])
