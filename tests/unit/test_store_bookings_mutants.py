@@ -346,3 +346,17 @@ def test_the_calendar_reads_cards_recorded_before_the_fleet_as_the_connections_h
     kept.fleet_host = "gpu1"
     assert bookings.get(kept, a).host == "gpu1"
     assert_true_to_sql(kept, [a])
+
+
+def test_busy_leaves_out_the_excluded_booking_and_what_ended_before_the_window(kept):
+    spans = [(1, 2), (3, 4), (5, 6)]
+    x, y, z = (book(kept, start=FROZEN_NOW + s * HOUR, end=FROZEN_NOW + e * HOUR) for s, e in spans)
+    for question in (lambda c: bookings.busy_by_card(c, FROZEN_NOW + 3 * HOUR, excluding=y),
+                     lambda c: bookings.busy_by_card(c, FROZEN_NOW + 2 * HOUR, FROZEN_NOW + 5 * HOUR, excluding=x)):
+        from_memory = question(kept)
+        calendar, kept.calendar = kept.calendar, None
+        assert from_memory == question(kept)
+        kept.calendar = calendar
+    assert bookings.busy_by_card(kept, FROZEN_NOW + 3 * HOUR, excluding=y) == {
+        "GPU-aaaa": [(FROZEN_NOW + 5 * HOUR, FROZEN_NOW + 6 * HOUR)]}
+    assert bookings.busy_by_card(kept, FROZEN_NOW + 4 * HOUR, FROZEN_NOW + 5 * HOUR, excluding=z) == {}
