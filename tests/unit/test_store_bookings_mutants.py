@@ -309,6 +309,17 @@ def test_live_servers_are_those_starting_ready_or_stopping(conn):
     assert (bookings.any_live_server(conn), bookings.live_server_ids(conn, mine)) == (True, live)
 
 
+def test_a_rollback_to_a_savepoint_on_a_connection_without_a_calendar_is_told_to_none(conn):
+    with write(conn):
+        bookings.sync_cards(conn, CARDS, FROZEN_NOW)
+    a = book(conn)
+    with write(conn, savepoint="attempt"):  # as the service's refusals do, on PostgreSQL too (no calendar there)
+        bookings.set_notice(conn, a, "undone")
+        conn.execute("ROLLBACK TO attempt")
+        bookings.rolled_back(conn)
+    assert bookings.get(conn, a).notice is None
+
+
 @pytest.mark.parametrize("undo", ["rollback", "rollback to"])
 def test_a_calendar_not_read_yet_takes_a_rollback_before_its_first_read(conn, kept, undo):
     """The first transaction on a service's connection may roll back (or roll back to its savepoint) before anything
