@@ -65,3 +65,31 @@ class TestBackfillOnTwoHosts:
         assert rows.get(conn, theirs.id).start == NOW + 2 * H  # host b's service moves it, not a's
         hosts = dict(conn.execute("SELECT uuid, host FROM cards"))
         assert {hosts[c.uuid] for c in fleet.cards} == {"a"} and {hosts[c.uuid] for c in other.cards} == {"b"}
+
+
+class TestExtendEdges:
+    def test_an_end_at_or_before_the_current_end_is_bad_input_and_writes_nothing(self, make_service, conn):
+        from app.errors import BadInput
+        from app.store import events
+
+        service = make_service()
+        booking = service.create(cards=[0], start=NOW, end=NOW + 2 * H)
+        before = events.recent(conn, 100)
+        for end in (NOW + 2 * H, NOW + H):
+            with pytest.raises(BadInput) as refused:
+                service.extend(booking.id, end)
+            assert worded(refused.value) == "the new end must be after the current end 17:30 (in 2 h)"
+        assert events.recent(conn, 100) == before and service.get(booking.id).end == NOW + 2 * H
+        assert service.extend(booking.id, NOW + 2 * H + 1).end == NOW + 2 * H + 1
+
+
+class TestEarliestWordsInput:
+    """op earliest hands a client's search to earliest_words: a search for neither cards nor a group is bad input."""
+
+    @pytest.mark.parametrize("count", [None, 3])
+    def test_a_search_for_no_group_is_refused_by_name(self, make_service, count):
+        from app.errors import BadInput
+
+        with pytest.raises(BadInput) as refused:
+            make_service().earliest_words({"count": count, "start": NOW, "duration": H})
+        assert str(refused.value) == f"a group is 1, 2, 4 or 8 cards, not {count}"
