@@ -26,7 +26,7 @@ class TestEarliestUnderAnotherUsersLimit:
         one_card = Config(policy=Policy(max_cards_per_user=1))
         make_service(config=one_card).create(cards=[0], start=NOW, end=NOW + H)
         admin = make_service("root", 0, admin=True, config=one_card)
-        search = {"cards": [3], "start": NOW, "duration": H}
+        search = {"cards": [3], "start": NOW, "duration": H}  # no class: an experiment
         # alice holds card 0 until 16:30: a second card for her fits only from then; root holds nothing.
         assert worded(admin.earliest_words({**search, "user": "alice"})) == "next free start for cards 3: 16:30 (in 60 min)"
         assert worded(admin.earliest_words(search)) == "next free start for cards 3: 15:30 (now)"
