@@ -41,6 +41,22 @@ def test_one_gpu_takes_no_copies_of_the_inputs():
     assert two - one[0] == 3 * (2_048 + 3 * 128 + 4_096 + 128)
 
 
+def test_without_flash_attention_the_scores_are_the_peak():
+    narrow = Shape(n_embd=8, n_vocab=10, n_head=(16,), n_head_kv=(1,), n_ff=(8,), head_k=8, head_v=8, swa=(False,),
+                   n_expert=0, n_expert_used=0, n_tokens=512, n_outputs=1, n_kv=4096, n_kv_swa=256, n_stream=1,
+                   flash_attn=False, rot_k=0, rot_v=0)
+    mib = 1 << 20
+    # 16 heads' scores of 512 tokens over 4,096 cells (128 MiB of floats) beside the mask, in F32 (8 MiB)
+    (scores,), _ = compute_bytes(narrow, [[0]], 0, gpu=False)
+    assert 4096 * 512 * 16 * 4 + 4096 * 512 * 4 <= scores < 4096 * 512 * 16 * 4 + 4096 * 512 * 4 + mib
+    # flash attention keeps no scores: the mask, in F16 (4 MiB), is the largest tensor
+    (flash,), _ = compute_bytes(replace(narrow, flash_attn=True), [[0]], 0, gpu=False)
+    assert 4096 * 512 * 2 <= flash < 4096 * 512 * 2 + mib
+    # 3 streams of 100 tokens: 33 rows each, 99 in all, are scored and masked (not 100)
+    (streams,), _ = compute_bytes(replace(narrow, n_tokens=100, n_stream=3), [[0]], 0, gpu=False)
+    assert 4096 * 99 * 16 * 4 + 4096 * 99 * 4 <= streams < 4096 * 100 * 16 * 4 + 4096 * 100 * 4
+
+
 def test_a_graph_of_views_reserves_nothing():
     g = Graph()
     g.add("view", 0)
