@@ -270,8 +270,9 @@ def compute_bytes(s: Shape, devices: Sequence[Sequence[int]], output_device: int
         for il in layers:
             x = _layer(g, s, il, x, inputs, last=il == len(s.n_head) - 1)
         if d == output_device:
-            cur = g.add("out_norm", g.nodes[-1].size, x, inplace=True)
-            cur = g.add("out_norm_w", g.nodes[-1].size, cur, inplace=True)
+            # the output rows only (the last layer kept no others), also on a card that holds no layer
+            cur = g.add("out_norm", E * s.n_outputs * F32, x, inplace=True)
+            cur = g.add("out_norm_w", E * s.n_outputs * F32, cur, inplace=True)
             g.add("logits", s.n_vocab * s.n_outputs * F32, cur, output=True)
         per_device.append(reserve(g, alignment) if g.nodes else 0)
     host = 0
