@@ -62,6 +62,19 @@ def bookings_read(kept, action) -> list[str]:
     return [s for s in statements if "from bookings" in s.lower()]
 
 
+
+def undo_a_notice(conn, booking_id: int, undo: str) -> None:
+    """Set a booking's notice in a write that then rolls back whole ("rollback") or to its savepoint ("rollback to")."""
+    if undo == "rollback":
+        with pytest.raises(RuntimeError), write(conn):
+            bookings.set_notice(conn, booking_id, "undone")
+            raise RuntimeError("rolled back")
+    else:
+        with write(conn, savepoint="attempt"):
+            bookings.set_notice(conn, booking_id, "undone")
+            conn.execute("ROLLBACK TO attempt")
+            bookings.rolled_back(conn)
+
 def test_every_change_this_module_makes_is_seen_by_the_next_read(kept):
     a = book(kept, request={"count": 1})
     b = book(kept, uuids=("GPU-bbbb",), user="bob", uid=1002, start=FROZEN_NOW + 5 * HOUR, end=FROZEN_NOW + 6 * HOUR)
@@ -165,15 +178,7 @@ def test_changes_committed_unread_stand_through_a_later_rollback(kept, committed
             bookings.set_times(kept, a, FROZEN_NOW + 2 * HOUR, FROZEN_NOW + 4 * HOUR)
         else:
             bookings.sync_cards(kept, RENUMBERED, FROZEN_NOW)
-    if undo == "rollback":
-        with pytest.raises(RuntimeError), write(kept):
-            bookings.set_notice(kept, c, "undone")
-            raise RuntimeError("rolled back")
-    else:
-        with write(kept, savepoint="attempt"):
-            bookings.set_notice(kept, c, "undone")
-            kept.execute("ROLLBACK TO attempt")
-            bookings.rolled_back(kept)
+    undo_a_notice(kept, c, undo)
     assert_true_to_sql(kept, [a, b, c])
     if committed == "moved":
         assert bookings.get(kept, a).start == FROZEN_NOW + 2 * HOUR
@@ -325,15 +330,7 @@ def test_a_calendar_not_read_yet_takes_a_rollback_before_its_first_read(conn, ke
     """The first transaction on a service's connection may roll back (or roll back to its savepoint) before anything
     reads the calendar: the calendar still loads at its first read."""
     a = book(conn)  # by another connection: `kept` has had no transaction yet
-    if undo == "rollback":
-        with pytest.raises(RuntimeError), write(kept):
-            bookings.set_notice(kept, a, "undone")
-            raise RuntimeError("rolled back")
-    else:
-        with write(kept, savepoint="attempt"):
-            bookings.set_notice(kept, a, "undone")
-            kept.execute("ROLLBACK TO attempt")
-            bookings.rolled_back(kept)
+    undo_a_notice(kept, a, undo)
     assert_true_to_sql(kept, [a])
     assert bookings.get(kept, a).notice is None
 
