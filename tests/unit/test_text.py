@@ -227,6 +227,7 @@ class TestZoneName:
     ([4], "", "", "card 4"),
     ([0, 1], "", "", "cards 0,1"),
     ([0, 1], "gpu1", "gpu1", "cards 0,1"),  # this host's cards go without it
+    ([3], "", "gpu1", "card 3"),  # no host recorded (before the fleet): this host's
     ([2], "gpu2", "gpu1", "card gpu2:2"),
     ([0, 1], "gpu2", "", "cards gpu2:0,1"),
     ([0], "gpu\x1b[2J" + "x" * 70, "gpu1", "card gpu\\x1b[2J" + "x" * 52 + "…:0"),  # another's host name is inert
@@ -236,3 +237,24 @@ def test_cards_text_names_another_hosts_cards_with_its_host(cards, host, here, s
 
     assert cards_text(cards, host, here) == said
     assert host_cards(cards, host, here) == said.split(" ", 1)[1]
+
+
+def test_cards_without_a_host_are_this_hosts():
+    from app.core.text import cards_text, host_cards
+
+    assert (cards_text([4]), host_cards([0, 1])) == ("card 4", "0,1")
+
+
+def test_today_is_the_date_in_the_zone_asked_not_the_process_zone(monkeypatch):
+    """11:00 UTC on 1 Dec is already 01:00 on 2 Dec at UTC+14: an hour later is today there, shown bare."""
+    import time
+    from zoneinfo import ZoneInfo
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    now = datetime(2026, 12, 1, 11, 0, tzinfo=timezone.utc).timestamp()
+    try:
+        assert format_time(int(now + 3600), now, ZoneInfo("Pacific/Kiritimati")) == "02:00"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
