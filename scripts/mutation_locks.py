@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutation_report import CAUGHT, MISSED, REPO, explained, results  # noqa: E402
+from mutation_report import REPO, entry, explained, percent, results, tally, write_record  # noqa: E402
 
 LOCKING = {"app/store/db.py": ("_write_pg", "lock_chain", "_lock"), "app/store/pg.py": ("lock_keys", "_key")}
 # the locking's tests, and SQLite's group commit: the same write() and audit append, where no lock is taken
@@ -76,22 +76,10 @@ def prepare(repo: Path, work: Path) -> None:
 
 
 def score(work: Path, explained_path: Path) -> tuple[Counter, list[tuple[str, str]]]:
-    found = results(work / "mutants")
-    equivalent = explained(explained_path)
-    counts: Counter = Counter()
-    unexplained = []
-    for codes in found.values():
-        for name, code in codes.items():
-            if not any(fnmatch.fnmatch(name, p) for p in patterns()):
-                continue
-            counts["mutants"] += 1
-            if code in CAUGHT:
-                counts["caught"] += 1
-            elif name in equivalent:
-                counts["equivalent"] += 1
-            else:
-                unexplained.append((name, MISSED.get(code, "not checked" if code is None else f"exit {code}")))
-    return counts, unexplained
+    """The locking functions' mutants as mutmut left them in work/mutants (the other functions' are generated, not run)."""
+    codes = {name: code for found in results(work / "mutants").values() for name, code in found.items()
+             if any(fnmatch.fnmatch(name, p) for p in patterns())}
+    return tally(codes, explained(explained_path))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,20 +116,16 @@ def main(argv: list[str] | None = None) -> int:
                           cwd=args.work, check=False).returncode == 0:
             last_run.write_text(json.dumps({"sha256": sha}))
     counts, unexplained = score(args.work, REPO / "tests" / "MUTANTS.md")
-    scored = counts["mutants"] - counts["equivalent"]
-    percent = 100.0 * counts["caught"] / scored if scored else 100.0
     print(f"locking: {counts['mutants']} mutants, {counts['caught']} caught, {counts['equivalent']} equivalent,"
-          f" {percent:.1f}%")
+          f" {percent(counts):.1f}%")
     if unexplained or not counts["mutants"]:
         print(f"\n{len(unexplained)} mutant(s) neither caught nor explained in MUTANTS.md"
               f" (`cd {args.work} && {mutmut} show NAME`):")
         for name, status in unexplained:
             print(f"  {status:12} {name}")
         return 1
-    record[RECORD_KEY] = {"sha256": sha, "mutants": counts["mutants"], "caught": counts["caught"],
-                          "equivalent": counts["equivalent"], "score": round(percent, 1),
-                          "run": datetime.now(UTC).date().isoformat()}
-    args.record.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
+    record[RECORD_KEY] = {"sha256": sha, **entry(counts), "run": datetime.now(UTC).date().isoformat()}
+    write_record(args.record, record)
     print(f"recorded in {args.record.relative_to(REPO)}")
     return 0
 

@@ -49,6 +49,40 @@ def results(mutants: Path) -> dict[str, dict[str, int | None]]:
     return found
 
 
+def tally(codes: dict[str, int | None], equivalent: set[str]) -> tuple[Counter, list[tuple[str, str]]]:
+    """Count a run's mutants (caught, equivalent, missed, unrun) and list those neither caught nor explained."""
+    counts: Counter = Counter(mutants=len(codes))
+    unexplained = []
+    for name, code in codes.items():
+        if code in CAUGHT:
+            counts["caught"] += 1
+        elif name in equivalent:
+            counts["equivalent"] += 1
+        elif code in MISSED:
+            counts["missed"] += 1
+            unexplained.append((name, MISSED[code]))
+        else:  # not run yet, interrupted, or suspicious: not a catch
+            counts["unrun"] += 1
+            unexplained.append((name, "not checked" if code is None else f"exit {code}"))
+    return counts, unexplained
+
+
+def percent(counts: Counter) -> float:
+    """Caught out of the mutants that are not equivalent."""
+    scored = counts["mutants"] - counts["equivalent"]
+    return 100.0 * counts["caught"] / scored if scored else 100.0
+
+
+def entry(counts: Counter) -> dict:
+    """What the record keeps of a run, besides the text's hash and the date."""
+    return {"mutants": counts["mutants"], "caught": counts["caught"], "equivalent": counts["equivalent"],
+            "score": round(percent(counts), 1)}
+
+
+def write_record(path: Path, record: dict) -> None:
+    path.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
+
+
 def mutated_modules(repo: Path) -> list[str]:
     """The source files [tool.mutmut] only_mutate names, as mutmut matches them (fnmatch on the path)."""
     config = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["mutmut"]
@@ -131,31 +165,17 @@ def report(args: argparse.Namespace) -> int:
     scores = {}
     print(f"{'module':34} {'mutants':>7} {'caught':>7} {'equiv.':>7} {'missed':>7} {'unrun':>6} {'score':>7}")
     for module, codes in by_module.items():
-        counts: Counter = Counter()
-        for name, code in codes.items():
-            if code in CAUGHT:
-                counts["caught"] += 1
-            elif name in equivalent:
-                counts["equivalent"] += 1
-            elif code in MISSED:
-                counts["missed"] += 1
-                unexplained.append((name, MISSED[code]))
-            else:  # not run yet, interrupted, or suspicious: not a catch
-                counts["unrun"] += 1
-                unexplained.append((name, "not checked" if code is None else f"exit {code}"))
-        counts["mutants"] = len(codes)
+        counts, left = tally(codes, equivalent)
+        unexplained += left
         totals.update(counts)
-        scored = counts["mutants"] - counts["equivalent"]
-        score = 100.0 * counts["caught"] / scored if scored else 100.0
-        scores[module] = {"mutants": counts["mutants"], "caught": counts["caught"],
-                          "equivalent": counts["equivalent"], "score": round(score, 1)}
+        score = percent(counts)
+        scores[module] = entry(counts)
         if score < args.target:
             failing.append(module)
         print(f"{module:34} {counts['mutants']:7} {counts['caught']:7} {counts['equivalent']:7} {counts['missed']:7}"
               f" {counts['unrun']:6} {score:6.1f}%")
-    scored = totals["mutants"] - totals["equivalent"]
     print(f"{'all':34} {totals['mutants']:7} {totals['caught']:7} {totals['equivalent']:7} {totals['missed']:7}"
-          f" {totals['unrun']:6} {100.0 * totals['caught'] / scored if scored else 100.0:6.1f}%")
+          f" {totals['unrun']:6} {percent(totals):6.1f}%")
     seconds = round(time.time() - selection["started"])
     print(f"{len(chosen)} module(s) in {seconds // 60} min {seconds % 60} s")
     if unexplained:
@@ -184,7 +204,7 @@ def report(args: argparse.Namespace) -> int:
     today = datetime.now(UTC).date().isoformat()
     for module, sha in chosen.items():
         record[module] = {"sha256": sha, **scores[module], "run": today}
-    args.record.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
+    write_record(args.record, record)
     print(f"recorded in {args.record.relative_to(args.repo)}")
     return 0
 
