@@ -302,12 +302,7 @@ def test_bookings_on_the_same_card_or_by_the_same_user_wait_and_the_rules_see_th
     watcher = connect(pg)
     late = threading.Thread(target=lambda: other.outcome.put(_book(other.rules, cards)))
     late.start()
-    deadline = time.monotonic() + 60
-    while not watcher.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database ="
-                              " (SELECT oid FROM pg_database WHERE datname = current_database())"
-                              ).fetchone()[0]:  # the second waits for one of Alice's locks
-        assert time.monotonic() < deadline, "the second booking never waited"
-        time.sleep(0.01)
+    assert _waits_for_a_lock(watcher, late), "the second booking never waited"  # for one of Alice's
     assert other.outcome.empty()
     alice.go.set()
     thread.join(60)
@@ -321,6 +316,48 @@ def test_bookings_on_the_same_card_or_by_the_same_user_wait_and_the_rules_see_th
     assert events.first_broken(watcher) is None
     assert watcher.execute("SELECT count(*), sum(ok) FROM events").fetchone() == (2, 1 if 2 in cards else 2)
     for conn in (alice.conn, other.conn, watcher):
+        conn.close()
+
+
+def _waits_for_a_lock(watcher, thread: threading.Thread) -> bool:
+    """Whether some connection waits for an advisory lock in the watcher's database before `thread` ends (60 s)."""
+    deadline = time.monotonic() + 60
+    while thread.is_alive() and time.monotonic() < deadline:
+        if watcher.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database ="
+                           " (SELECT oid FROM pg_database WHERE datname = current_database())").fetchone()[0]:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_writers_on_different_cards_append_to_the_audit_chain_one_after_the_other(pg):
+    """Alice's write on one card has appended its event and not committed; Bob's, on another card, runs alongside up
+    to his append, which waits for her commit and then links to her event. Had he read the chain's tail before her
+    commit, both events would follow the same one: a fork that first_broken reports as tampering."""
+    alice, bob, watcher = connect(pg), connect(pg), connect(pg)
+    outcome: queue.Queue = queue.Queue()
+
+    def bobs_write() -> None:
+        try:
+            with write(bob, cards=[CARD_2], user="bob"):
+                events.record(bob, ts=FROZEN_NOW, uid=1002, actor="bob", action="create", booking_id=None, ok=True)
+            outcome.put("committed")
+        except Exception as error:  # noqa: BLE001 - the test looks at it
+            outcome.put(error)
+
+    with write(alice, cards=[CARD_1], user="alice"):
+        events.record(alice, ts=FROZEN_NOW, uid=1001, actor="alice", action="create", booking_id=None, ok=True)
+        bobs = threading.Thread(target=bobs_write)
+        bobs.start()
+        assert _waits_for_a_lock(watcher, bobs), f"Bob's append did not wait for Alice's: {outcome.queue}"
+    bobs.join(60)
+    assert outcome.get_nowait() == "committed"
+    (first, first_hash), (second, second_prev) = watcher.execute(
+        "SELECT actor, hash FROM events ORDER BY id").fetchone(), watcher.execute(
+        "SELECT actor, prev_hash FROM events ORDER BY id DESC").fetchone()
+    assert (first, second, second_prev) == ("alice", "bob", first_hash)
+    assert events.first_broken(watcher) is None
+    for conn in (alice, bob, watcher):
         conn.close()
 
 
