@@ -118,7 +118,7 @@ def test_the_locking_run_narrows_only_mutmuts_section_and_turns_the_postgresql_t
     ours = tomllib.loads((REPO / "pyproject.toml").read_text())
     narrowed = tomllib.loads(mutation_locks.narrowed((REPO / "pyproject.toml").read_text()))
     config = narrowed["tool"].pop("mutmut")
-    assert config["only_mutate"] == ["app/store/db.py", "app/store/pg.py"]
+    assert config["only_mutate"] == ["app/store/db.py", "app/store/pg.py", "app/store/events.py"]
     assert config["pytest_add_cli_args_test_selection"] == list(mutation_locks.TESTS)
     marks = config["pytest_add_cli_args"][config["pytest_add_cli_args"].index("-m") + 1]
     assert "postgresql" not in marks and "slow" in marks
