@@ -30,8 +30,10 @@ from mutation_report import REPO, entry, explained, percent, results, tally, wri
 # the audit chain's append takes its lock through lock_chain: only PostgreSQL tests can see it skip that
 LOCKING = {"app/store/db.py": ("_write_pg", "lock_chain", "_lock"), "app/store/pg.py": ("lock_keys", "_key"),
            "app/store/events.py": ("record",)}
-# the locking's tests, and SQLite's group commit: the same write() and audit append, where no lock is taken
-TESTS = ("tests/unit/test_pg_store.py", "tests/unit/test_pg_fleet_speed.py", "tests/unit/test_group_commit.py")
+# the locking's tests, SQLite's group commit (the same write() and audit append, where no lock is taken) and the
+# store's own tests (the chain's links, on both stores)
+TESTS = ("tests/unit/test_pg_store.py", "tests/unit/test_pg_fleet_speed.py", "tests/unit/test_group_commit.py",
+         "tests/unit/test_store.py")
 RECORD_KEY = "app/store: PostgreSQL locking"
 COPIED = ("app", "tests", "pyproject.toml")
 

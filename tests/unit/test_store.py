@@ -53,6 +53,22 @@ def test_the_tail_is_the_last_events_id_and_0_before_any(conn):
     assert events.tail(conn) == newest.id > older.id  # a refused attempt moves it too
 
 
+def test_each_event_links_to_the_last_one_and_its_hash_is_the_digest_of_what_is_stored(conn):
+    """The first event follows GENESIS and each next one the last one's hash; the details are stored as sorted JSON
+    ({} for none) with the host whose service vouched for the actor; the hash covers exactly the stored fields."""
+    conn.fleet_host = "gpu3"  # as app.service.Service sets it
+    with write(conn):
+        events.record(conn, ts=1, uid=1001, actor="alice", action="create", booking_id=7, ok=True,
+                      details={"z": 1, "a": "é"})
+        events.record(conn, ts=2, uid=0, actor="root", action="cancel", booking_id=None, ok=False)
+    first, second = conn.execute("SELECT ts, uid, actor, action, booking_id, ok, details, prev_hash, hash FROM events"
+                                 " ORDER BY id").fetchall()
+    assert (first[6], second[6]) == ('{"a": "é", "host": "gpu3", "z": 1}', '{"host": "gpu3"}')
+    assert (first[7], second[7]) == (events.GENESIS, first[8])
+    for *fields, ok, details, prev_hash, stored in (first, second):
+        assert stored == events._digest(prev_hash, *fields, bool(ok), details)
+
+
 @sqlite_only  # SQLite's pragmas and file
 def test_a_hand_edit_breaks_the_chain_at_that_row(conn):
     with write(conn):
