@@ -172,6 +172,17 @@ class TestPickingByCount:
         assert service(readings).plan(count=2, start=later, end=later + H).notes == (
             "passed over card 0 (LOST: fell off the bus)",)
 
+    def test_a_lost_card_is_named_only_where_the_rules_would_take_it(self, service):
+        """Lost cards 0 and 4: card 0's pool takes a short experiment, card 4's takes only online bookings, so only
+        card 0 was passed over for being lost."""
+        pools = Config(pools=(Pool("lab", (0, 1, 2, 3), ("experiment",), max_hours=12),
+                              Pool("prod", (4, 5, 6, 7), ("online",))))
+        readings = cards()
+        for i in (0, 4):
+            readings[i] = replace(readings[i], lost=True)
+        booking, notes = service(readings, config=pools).book(count=2, start=NOW, end=NOW + H)
+        assert (booking.cards, notes) == ((1, 2), ("passed over card 0 (LOST: fell off the bus)",))
+
     def test_a_future_slot_ignores_what_runs_now(self, service):
         readings = cards({0: [bobs()]}, temperatures={1: 93})
         start = NOW + PAST_GRACE_SECONDS + 1
