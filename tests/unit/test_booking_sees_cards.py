@@ -143,6 +143,11 @@ class TestPickingByCount:
                          "cards 0-7 cross a PCIe switch: traffic between them goes through the CPU;"
                          " prefer --split-mode layer")
 
+    def test_two_cards_across_the_switch_get_the_note_too(self, service):
+        booking, notes = service(cards()).book(cards=[3, 4], start=NOW, end=NOW + H)
+        assert (booking.cards, notes) == ((3, 4), ("cards 3-4 cross a PCIe switch: traffic between them goes through"
+                                                   " the CPU; prefer --split-mode layer",))
+
     def test_a_hot_card_free_now_beats_a_cool_one_free_later(self, service):
         readings = cards(temperatures={0: 93}, count=2)
         service(readings, "bob", 1002).create(cards=[1], start=NOW, end=NOW + H)
