@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.config import Config, Policy
-from tests.conftest import FROZEN_NOW, worded
+from tests.conftest import FROZEN_NOW, sqlite_only, worded
 
 H = 3600
 NOW = FROZEN_NOW
@@ -93,3 +93,27 @@ class TestEarliestWordsInput:
         with pytest.raises(BadInput) as refused:
             make_service().earliest_words({"count": count, "start": NOW, "duration": H})
         assert str(refused.value) == f"a group is 1, 2, 4 or 8 cards, not {count}"
+
+
+@sqlite_only  # the calendar in memory is SQLite's (app.store.bookings.Calendar)
+def test_a_refusal_after_its_change_wrote_leaves_the_calendar_as_the_database(conn, make_service):
+    """audited's contract for any change, even one that writes before it refuses: the write is rolled back, and the
+    connection's calendar, which read the write first, reads it again."""
+    from app.errors import Conflict
+    from app.store import bookings as rows
+
+    rows.keep_calendar(conn, NOW - 24 * H)
+    rules = make_service()
+    booking = rules.create(cards=[0], start=NOW + H, end=NOW + 2 * H)
+
+    def ends() -> list[int]:
+        return [b.end for b in rows.live_between(conn, booking.start, booking.end + H)]
+
+    def change(now: int) -> int:
+        rows.set_times(conn, booking.id, booking.start, booking.end + H)
+        assert ends() == [booking.end + H]
+        raise Conflict("refused after writing")
+
+    with pytest.raises(Conflict, match="refused after writing"):
+        rules.audited("extend", {}, change)
+    assert ends() == [booking.end]
