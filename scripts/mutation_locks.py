@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,12 +58,14 @@ def patterns() -> list[str]:
 
 
 def narrowed(pyproject: str) -> str:
-    """pyproject.toml with [tool.mutmut] replaced: LOCKING's modules, the locking's tests, the `postgresql` tier on."""
+    """pyproject.toml with [tool.mutmut] replaced: LOCKING's modules, the locking's tests, and the rules' run's tiers
+    but with the `postgresql` tier on."""
+    rules_args = tomllib.loads(pyproject)["tool"]["mutmut"]["pytest_add_cli_args"]
+    marks = rules_args[rules_args.index("-m") + 1].replace(" and not postgresql", "")
     section = ("[tool.mutmut]\n"
                f"source_paths = [\"app\"]\nonly_mutate = {json.dumps(list(LOCKING))}\n"
                f"pytest_add_cli_args_test_selection = {json.dumps(list(TESTS))}\n"
-               'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m",'
-               ' "not real_users and not slow and not llama_server and not prometheus"]\n')
+               f"pytest_add_cli_args = {json.dumps(['-p', 'no:cacheprovider', '-m', marks])}\n")
     return re.sub(r"^\[tool\.mutmut\]\n(?:(?!^\[).*\n)*", section, pyproject, count=1, flags=re.MULTILINE)
 
 
@@ -81,8 +84,9 @@ def prepare(repo: Path, work: Path) -> None:
 
 def score(work: Path, explained_path: Path) -> tuple[Counter, list[tuple[str, str]]]:
     """The locking functions' mutants as mutmut left them in work/mutants (the other functions' are generated, not run)."""
+    wanted = patterns()
     codes = {name: code for found in results(work / "mutants").values() for name, code in found.items()
-             if any(fnmatch.fnmatch(name, p) for p in patterns())}
+             if any(fnmatch.fnmatch(name, p) for p in wanted)}
     return tally(codes, explained(explained_path))
 
 

@@ -200,7 +200,7 @@ def report(args: argparse.Namespace) -> int:
         return 1
     current = set(mutated_modules(args.repo))  # a module no longer mutated leaves the record (not other runs' keys)
     record = json.loads(args.record.read_text()) if args.record.exists() else {}
-    record = {module: entry for module, entry in record.items() if module in current or not module.endswith(".py")}
+    record = {key: kept for key, kept in record.items() if key in current or not key.endswith(".py")}
     today = datetime.now(UTC).date().isoformat()
     for module, sha in chosen.items():
         record[module] = {"sha256": sha, **scores[module], "run": today}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.config import Config, Policy
+from app.errors import Conflict
+from app.store import bookings as rows
 from tests.conftest import FROZEN_NOW, sqlite_only, worded
 
 H = 3600
@@ -40,7 +42,6 @@ class TestBackfillOnTwoHosts:
 
         from app.core.identity import Identity
         from app.service.bookings import BookingService
-        from app.store import bookings as rows
 
         other = replace(fleet, cards=tuple(replace(c, uuid=f"B-{c.uuid}") for c in fleet.cards))
 
@@ -99,9 +100,6 @@ class TestEarliestWordsInput:
 def test_a_refusal_after_its_change_wrote_leaves_the_calendar_as_the_database(conn, make_service):
     """audited's contract for any change, even one that writes before it refuses: the write is rolled back, and the
     connection's calendar, which read the write first, reads it again."""
-    from app.errors import Conflict
-    from app.store import bookings as rows
-
     rows.keep_calendar(conn, NOW - 24 * H)
     rules = make_service()
     booking = rules.create(cards=[0], start=NOW + H, end=NOW + 2 * H)

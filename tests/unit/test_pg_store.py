@@ -352,9 +352,8 @@ def test_writers_on_different_cards_append_to_the_audit_chain_one_after_the_othe
         assert _waits_for_a_lock(watcher, bobs), f"Bob's append did not wait for Alice's: {outcome.queue}"
     bobs.join(60)
     assert outcome.get_nowait() == "committed"
-    (first, first_hash), (second, second_prev) = watcher.execute(
-        "SELECT actor, hash FROM events ORDER BY id").fetchone(), watcher.execute(
-        "SELECT actor, prev_hash FROM events ORDER BY id DESC").fetchone()
+    (first, _, first_hash), (second, second_prev, _) = watcher.execute(
+        "SELECT actor, prev_hash, hash FROM events ORDER BY id").fetchall()
     assert (first, second, second_prev) == ("alice", "bob", first_hash)
     assert events.first_broken(watcher) is None
     for conn in (alice, bob, watcher):

@@ -61,12 +61,10 @@ def test_each_event_links_to_the_last_one_and_its_hash_is_the_digest_of_what_is_
         events.record(conn, ts=1, uid=1001, actor="alice", action="create", booking_id=7, ok=True,
                       details={"z": 1, "a": "é"})
         events.record(conn, ts=2, uid=0, actor="root", action="cancel", booking_id=None, ok=False)
-    first, second = conn.execute("SELECT ts, uid, actor, action, booking_id, ok, details, prev_hash, hash FROM events"
-                                 " ORDER BY id").fetchall()
-    assert (first[6], second[6]) == ('{"a": "é", "host": "gpu3", "z": 1}', '{"host": "gpu3"}')
-    assert (first[7], second[7]) == (events.GENESIS, first[8])
-    for *fields, ok, details, prev_hash, stored in (first, second):
-        assert stored == events._digest(prev_hash, *fields, bool(ok), details)
+    first, second = conn.execute("SELECT details, prev_hash, hash FROM events ORDER BY id").fetchall()
+    assert (first[0], second[0]) == ('{"a": "é", "host": "gpu3", "z": 1}', '{"host": "gpu3"}')
+    assert (first[1], second[1]) == (events.GENESIS, first[2])
+    assert events.first_broken(conn) is None  # each hash recomputed from the stored fields
 
 
 @sqlite_only  # SQLite's pragmas and file
