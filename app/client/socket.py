@@ -106,6 +106,10 @@ class SocketClient:
                     self._sock = self.connect()
                     self._reader = self._sock.makefile("rb")
                 reply = self._send(self._sock, self._reader, op, args)
+                if reply.get("id") != self._next_id:
+                    # Said to no request of ours (a refusal at the door): the service closes this line without
+                    # reading it, so the next request, sent before that close, would be lost on it.
+                    self._drop()
                 break
             except (ConnectionError, BrokenPipeError, socket.timeout, ValueError) as error:
                 self._drop()
