@@ -11,22 +11,23 @@ import threading
 
 import pytest
 
-from app import wire
 from app.client.socket import SocketClient
 from app.errors import NotPermitted
+from app.service.server import _answer
 
-REFUSAL = wire.encode({"id": None, "ok": False, "error": {"code": 4, "message": "no access to the board: ask an admin"}})
+REFUSAL = _answer(None, error=NotPermitted("no access to the board: ask an admin"))  # the door's own line
+WAIT_S = 5.0
 
 
 class HeldDoor:
     """Refuses each connection in one line, then keeps them all open, unread, until `connections` have come
-    (or `wait_s` passed): the real door's send-then-close with the close put off."""
+    (or WAIT_S passed): the real door's send-then-close with the close put off."""
 
-    def __init__(self, path: str, connections: int, wait_s: float = 5.0) -> None:
+    def __init__(self, path: str, connections: int) -> None:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen()
-        self.listener.settimeout(wait_s)
+        self.listener.settimeout(WAIT_S)
         self.came = 0
         self.thread = threading.Thread(target=self._serve, args=(connections,), daemon=True)
         self.thread.start()
