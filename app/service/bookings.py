@@ -612,7 +612,9 @@ class BookingService:
                 events.record(self.conn, ts=now, uid=self.me.uid, actor=self.me.name, action=action,
                               booking_id=filed_under(result), ok=refusal is None, details=details)
         except sqlite3.IntegrityError as error:
-            # Only the overlap triggers can get here: another writer beat us past the app's own check.
+            if not str(error).startswith("overlapping booking"):
+                raise  # not a race for the cards (the audit log refused its event): the database's words say what
+            # The overlap triggers (SQLite) or the EXCLUDE (PostgreSQL): another writer beat us past our own check.
             raise Conflict(f"the cards were just booked by someone else; try again ({error})") from None
         if refusal is not None:
             raise refusal

@@ -26,7 +26,7 @@ from app.service.processes import UNREAD
 from app.service.servers import enforce_servers
 from app.store import bookings as rows
 from app.store import jobs
-from app.store.db import write
+from app.store.db import StoreLocked, write
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -78,7 +78,8 @@ def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
     While a PostgreSQL database is unreachable, the jobs are enforced from the bookings last read (each job's
     booking as this pass last read it, `Registration.known`): a job whose booking is live there runs on, one whose
     booking ended by then is stopped, its audit event left to the log. The passes that need the database (backfill,
-    servers, planned servers, alerts) wait for it."""
+    servers, planned servers, alerts) wait for it. So while a lock another session holds outlasts the lock timeout
+    (StoreLocked): the jobs are read and stopped as ever; what needs the lock is logged and tried at the next pass."""
     service, registry = server.service, server.registry
     done: dict[str, list[int]] = {"ended": [], "terminated": [], "killed": [], "warned": []}
     now = service.clock()
@@ -96,7 +97,9 @@ def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
         done.update(enforce_servers(server))
         done["planned_started"] = start_due(server)
     except BoardError as error:
-        if not unreachable(error):
+        if isinstance(error, StoreLocked):  # another session holds a lock for long: the jobs' enforcement goes on
+            server.log(f"enforcement pass: {error}")
+        elif not unreachable(error):
             raise
         away = True
     settings = service.config.enforce
@@ -148,7 +151,7 @@ def _audit(server: ServiceServer, action: str, booking_id: int, details: dict) -
     try:
         audit(server.service, AGENT, action, booking_id, ok=True, details=details)
     except BoardError as error:
-        if not unreachable(error):
+        if not (unreachable(error) or isinstance(error, StoreLocked)):
             raise
         server.log(f"{action} of booking {booking_id} not audited: {error}")
 

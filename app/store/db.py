@@ -26,6 +26,11 @@ class StoreError(BoardError):
     """The database cannot be used; the message says what to do."""
 
 
+class StoreLocked(StoreError):
+    """A PostgreSQL write waited its lock timeout for a lock another session holds (the message names who): nothing
+    was changed, and the database still answers reads."""
+
+
 class BoardConnection(sqlite3.Connection):
     """A connection that remembers the file it opened, so a failed write can name it."""
 
@@ -111,8 +116,8 @@ def _refuse_planted_links(path: Path) -> None:
 
 
 @contextmanager
-def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | None = None, savepoint: str | None = None
-          ) -> Iterator[sqlite3.Connection]:
+def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | None = None, savepoint: str | None = None,
+          own: bool = False) -> Iterator[sqlite3.Connection]:
     """One short write transaction: BEGIN IMMEDIATE takes the write lock up front, so checks and writes agree.
 
     A full disk, a read-only file or filesystem, or an I/O error while writing becomes a StoreError that
@@ -129,11 +134,18 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
 
     `savepoint`: a SAVEPOINT of that name, set right after the locks (on PostgreSQL in the same round trip).
 
+    `own`: the write changes only this host's own rows (its heartbeat, its cards), which row-level security keeps to
+    it and which no other write changes: on PostgreSQL it takes no advisory lock, so a host that holds the store's
+    lock (a compromised one) stops no other host's heartbeat.
+
+    A lock that stays taken for LOCK_TIMEOUT_MS (app.store.pg, set by each service on its own session, so a holder
+    cannot lift it for others) ends the write with StoreLocked, naming who holds it.
+
     On SQLite inside a transaction already (the service's group commit, app.service.writer) it is a savepoint of
     that transaction: an error rolls back to it, and only it, and passes through.
     """
     if is_postgres(conn):
-        yield from _write_pg(conn, tuple(cards), user, savepoint)
+        yield from _write_pg(conn, tuple(cards), user, savepoint, own)
         return
     if conn.in_transaction:  # inside the service's group commit (app.service.writer): a savepoint of its transaction
         with _nested(conn):
@@ -187,23 +199,28 @@ def _savepoint(conn: sqlite3.Connection, name: str) -> None:
         calendar.mark()  # app.store.bookings.Calendar: a ROLLBACK TO it undoes only what changes from here
 
 
-def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | None) -> Iterator:
+def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | None, own: bool) -> Iterator:
     from app.store.pg import WRITE_LOCK, lock_keys  # start-up: only a PostgreSQL store loads it
 
     # BEGIN, the locks and the savepoint in one round trip (PgConnection.script): the keys are integers of our own
     # making.
-    if not cards:
-        opening = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})"
+    wanted: list[tuple[int, int]] = []
+    if own:
+        opening, store_lock = "BEGIN", None
+    elif not cards:
+        opening, store_lock = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})", "exclusive"
     else:
-        kinds, keys = zip(*lock_keys(cards, user))
+        wanted = lock_keys(cards, user)
+        kinds, keys = zip(*wanted)
         # unnest yields the keys in the arrays' (sorted) order, and each row takes its lock
         opening = (f"BEGIN; SELECT pg_advisory_xact_lock_shared({WRITE_LOCK});"
                    f" SELECT count(pg_advisory_xact_lock(kind, key)) FROM unnest('{{{','.join(map(str, kinds))}}}'::int4[],"
                    f" '{{{','.join(map(str, keys))}}}'::int4[]) AS wanted(kind, key)")
+        store_lock = "shared"
     if savepoint is not None:
         opening += f"; SAVEPOINT {savepoint}"
     try:
-        _lock(conn, opening)
+        _lock(conn, opening, wanted, store_lock)
         conn.chain_unlocked = bool(cards)
         yield conn
         conn.execute("COMMIT")
@@ -222,23 +239,34 @@ def lock_chain(conn: sqlite3.Connection, then: str) -> list | None:
     if getattr(conn, "chain_unlocked", False):
         from app.store.pg import CHAIN_LOCK  # start-up: only a PostgreSQL store gets here
 
-        rows = _lock(conn, f"SELECT pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]}); {then}")
+        rows = _lock(conn, f"SELECT pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]}); {then}", [CHAIN_LOCK])
         conn.chain_unlocked = False
         return rows
     return None
 
 
-def _lock(conn, sql: str) -> list:
-    """Run `sql` (statements without parameters: PgConnection.script) that takes advisory locks; its last rows."""
-    from app.store.pg import LOCK_TIMEOUT_MS  # start-up: only a PostgreSQL store gets here
+def _lock(conn, sql: str, wanted: list[tuple[int, int]], store_lock: str | None = None) -> list:
+    """Run `sql` (statements without parameters: PgConnection.script) that takes advisory locks (the two-key ones
+    `wanted`, and the store's lock `store_lock`: 'shared', 'exclusive' or None); its last rows. A lock still taken
+    after the lock timeout: StoreLocked, naming the sessions that hold it (app.store.pg.lock_holders)."""
+    from app.store.pg import LOCK_TIMEOUT_MS, lock_holders  # start-up: only a PostgreSQL store gets here
 
     try:
         return conn.script(sql)
     except sqlite3.OperationalError as error:
         if getattr(error, "sqlstate", None) != "55P03":  # lock_not_available: lock_timeout passed
             raise
-        raise StoreError(f"the board database stayed locked for {LOCK_TIMEOUT_MS / 1000:g} s (another writer,"
-                         " perhaps on another host, holds its write lock); try again") from None
+    _rollback(conn)  # the transaction failed with the lock: who holds it is read outside it
+    try:
+        holders = lock_holders(conn, wanted, store_lock)
+    except sqlite3.Error:
+        holders = []
+    said = (f"{', '.join(name for name, _ in holders)} {'holds' if len(holders) == 1 else 'hold'} the lock it needs"
+            if holders else "another writer, perhaps on another host, held the lock it needs")
+    ending = (f"; a superuser may end that session: SELECT pg_terminate_backend({holders[0][1]})"
+              if len(holders) == 1 else "")
+    raise StoreLocked(f"the board database stayed locked for {LOCK_TIMEOUT_MS / 1000:g} s: {said}; nothing was"
+                      f" changed: try again{ending}") from None
 
 
 def is_postgres(conn) -> bool:

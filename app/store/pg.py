@@ -100,11 +100,14 @@ def _mapped(error: Exception, who: str = "") -> sqlite3.Error:
         kind = PgDatabaseError
     diag = getattr(error, "diag", None)
     message = (getattr(diag, "message_primary", None) or str(error)).strip().splitlines()[0] if str(error) else state
+    hint = getattr(diag, "message_hint", None)  # the schema's own refusals say what to do
     if state == "23P01":  # the bookings' EXCLUDE: said as SQLite's overlap triggers say it
         message = f"overlapping booking ({message})"
     elif state == INSUFFICIENT_PRIVILEGE and who:
-        message = (f"the board database refused {who}: {message}; a host's role writes only its own host's rows"
-                   " (board doctor shows this host's binding)")
+        message = f"the board database refused {who}: {message}"
+        hint = hint or "a host's role writes only its own host's rows (board doctor shows this host's binding)"
+    if hint:
+        message = f"{message}; {hint}"
     mapped = kind(message)
     mapped.sqlstate = state or None
     return mapped
@@ -170,6 +173,31 @@ def lock_keys(cards: Iterable[str], user: str | None) -> list[tuple[int, int]]:
     them: the cards' sorted by key (two UUIDs that share a key share a lock: they only wait), then the user's."""
     card_keys = sorted({_key(uuid) for uuid in cards})
     return [(CARD_LOCK, key) for key in card_keys] + ([(USER_LOCK, _key(user))] if user is not None else [])
+
+
+def lock_holders(conn: PgConnection, wanted: Iterable[tuple[int, int]] = (), store_lock: str | None = None
+                 ) -> list[tuple[str, int]]:
+    """Who holds a lock a write waits for: one of the two-key advisory locks `wanted`, or the store's WRITE_LOCK
+    (any hold when wanted 'exclusive', an exclusive one when 'shared'): ('role board_gpu2 (board gpu2, pid 4242)',
+    pid), by pid. pg_locks and pg_stat_activity show every role the pid, role and application_name of each session;
+    those names are the holder's to choose, so they are shown inert."""
+    from app.core.text import inert  # start-up: only a lock that stayed taken gets here
+
+    kinds, keys = zip(*wanted) if wanted else ((), ())
+    rows = conn.execute(
+        "SELECT DISTINCT l.pid, a.usename, a.application_name FROM pg_locks AS l"
+        " LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid"
+        " WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()"
+        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " AND ((? = 1 AND l.objsubid = 1 AND l.classid::int8 = ? AND l.objid::int8 = ?"  # flags: 0 or 1 (_param)
+        " AND (? = 1 OR l.mode = 'ExclusiveLock'))"
+        " OR (l.objsubid = 2 AND (l.classid::int8, l.objid::int8) IN"
+        " (SELECT * FROM unnest(?::int8[], ?::int8[]))))"
+        " ORDER BY l.pid",
+        (store_lock is not None, WRITE_LOCK >> 32, WRITE_LOCK & 0xFFFFFFFF, store_lock == "exclusive",
+         list(kinds), [key & 0xFFFFFFFF for key in keys])).fetchall()
+    return [(f"role {inert(role or '?', 63)} ({inert(name or '', 63) or 'no application_name'}, pid {pid})", pid)
+            for pid, role, name in rows]
 
 
 def _key(text: str) -> int:

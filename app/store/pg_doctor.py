@@ -44,6 +44,7 @@ def doctor(store: PostgresStore, extra: Iterable[tuple[bool | None, str]] = ()) 
         if (yield from _schema_checks(conn, place)):
             yield from _row_security_checks(conn, store)
             yield from _audit_checks(conn, place)
+            yield from _id_checks(conn)
     except BoardError as error:
         yield False, f"the database at {place} stopped answering during the checks ({error})"
     except sqlite3.Error as error:  # app.store.pg's errors: a permission, a table a hand removed
@@ -189,3 +190,26 @@ def _audit_checks(conn, place: str) -> Iterator[tuple[bool, str]]:
         yield False, (f"trigger(s) {', '.join(missing)} missing or disabled: the schema in {place} was edited by hand;"
                       " restore it from a dump (pg_restore) and ask who holds a role that owns it")
     yield from chain_checks(conn, f"the database at {place}", "a dump")
+
+
+def _id_checks(conn) -> Iterator[tuple[bool, str]]:
+    """Rows whose id the database never gave (past its sequence's last): planted by a role that chose its own id
+    before the schema numbered every row itself (app.store.pg_schema._V_DATABASE_IDS). An event past the sequence
+    refuses every later append, so every audited change on every host; any other such row, the insert that the
+    numbering reaches it with. Read through board_ids_given (a host's role may not read the sequences)."""
+    from app.store.pg_schema import DATABASE_IDS
+
+    if not conn.execute("SELECT to_regprocedure('board_ids_given(regclass, text)') IS NOT NULL").fetchone()[0]:
+        return  # an older schema: said above
+    for table, column in DATABASE_IDS.items():
+        (given,) = conn.execute("SELECT board_ids_given(?, ?)", (table, column)).fetchone()
+        count, low, high = conn.execute(f"SELECT count(*), min({column}), max({column}) FROM {table}"
+                                        f" WHERE {column} > ?", (given,)).fetchone()
+        if not count:
+            continue
+        ids = f"{column} {low} is" if count == 1 else f"{count} rows' {column}s ({low} to {high}) are"
+        harm = ("no event may follow it, so every booking, cancel and other audited change on every host fails"
+                if table == "events" else "an insert fails when the numbering reaches it")
+        yield False, (f"{table}: {ids} past the last the database gave ({given}), numbered by hand (a host's role"
+                      f" could, before schema version 5); {harm}: as the tables' owner, keep it as evidence and"
+                      f" remove it (docs/fleet.md, 'An id out of sequence')")

@@ -10,7 +10,8 @@ Differences from SQLite's, on purpose:
 - no double booking is the database's own rule: booking_cards carries its booking's span (int8range) and
   whether it is live, kept in step by triggers, under `EXCLUDE USING gist (card_uuid WITH =, span WITH &&)`;
 - every change to bookings, servers and hosts NOTIFYs `board_changes` with its kind (app.service.watch listens);
-- row-level security holds each host's role to its own host's rows (_V_FLEET_ROW_SECURITY).
+- row-level security holds each host's role to its own host's rows (_V_FLEET_ROW_SECURITY);
+- ids are the database's alone: a host's role cannot choose one (_V_DATABASE_IDS).
 """
 
 from __future__ import annotations
@@ -403,5 +404,80 @@ BEGIN
 END $$;
 """
 
-PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS, _V_FLEET_ROW_SECURITY, _V_PINNED_SEARCH_PATH]
+# Ids are the database's alone (issue 31): a host's role that chose one could take the id the sequence gives next
+# (that insert, on every host, then fails), or put an event past every id the sequence will give, after which no
+# event may follow it (events_no_replace) and every audited change on every host fails. An identity column lets an
+# INSERT choose (BY DEFAULT; ALWAYS too, with OVERRIDING SYSTEM VALUE, and COPY), and the grants are the admin's to
+# make (docs/fleet.md's default privileges give INSERT on every column), so the rule is a trigger: a row's id must be
+# the one the identity has just given this session (currval), and an UPDATE keeps it. The tables' owner, and whoever
+# may act as it, is exempt: it could drop the trigger anyway, and board migrate copies ids as they were.
+# board_issued_id and board_ids_given read the sequences as the owner (a host's role may not), for the trigger and
+# for board doctor (an id past the last one given: a row planted before this version).
+DATABASE_IDS = {"bookings": "id", "events": "id", "servers": "id", "series": "id", "outbox": "id", "faults": "id",
+                "alerts": "id", "api_keys": "id", "gateway_usage": "id", "server_plans": "id", "cards": "rowid"}
+_V_DATABASE_IDS = r"""
+CREATE FUNCTION board_issued_id(tbl REGCLASS, col TEXT) RETURNS BIGINT LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    RETURN currval(pg_get_serial_sequence(tbl::TEXT, col));
+EXCEPTION WHEN object_not_in_prerequisite_state THEN
+    RETURN NULL;  -- this session has been given no id there yet
+END $$;
+
+CREATE FUNCTION board_ids_given(tbl REGCLASS, col TEXT) RETURNS BIGINT LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE given BIGINT;
+BEGIN
+    EXECUTE format('SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM %s',
+                   pg_get_serial_sequence(tbl::TEXT, col)) INTO given;
+    RETURN given;
+END $$;
+
+CREATE FUNCTION board_own_ids() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    col TEXT := TG_ARGV[0];
+    given BIGINT;
+    was BIGINT;
+BEGIN
+    IF pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER') THEN
+        RETURN NEW;
+    END IF;
+    IF col = 'rowid' THEN
+        given := NEW.rowid;
+        IF TG_OP = 'UPDATE' THEN was := OLD.rowid; END IF;
+    ELSE
+        given := NEW.id;
+        IF TG_OP = 'UPDATE' THEN was := OLD.id; END IF;
+    END IF;
+    IF (TG_OP = 'UPDATE' AND given IS DISTINCT FROM was)
+            OR (TG_OP = 'INSERT' AND given IS DISTINCT FROM board_issued_id(TG_RELID, col)) THEN
+        RAISE EXCEPTION '%.% is numbered by the database alone, not %', TG_TABLE_NAME, col, given
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('an INSERT leaves %s out and an UPDATE keeps it', col);
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- An append that would not follow the chain's last event says which ids (board doctor names a row planted past it).
+CREATE OR REPLACE FUNCTION events_no_replace() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE last BIGINT := (SELECT coalesce(max(id), 0) FROM events);
+BEGIN
+    IF NEW.id <= last THEN
+        RAISE EXCEPTION 'events are append-only: event % would not follow the last event, %', NEW.id, last
+            USING HINT = 'board doctor names an event out of sequence';
+    END IF;
+    RETURN NEW;
+END $$;
+
+DO $$
+DECLARE f TEXT;
+BEGIN
+    FOREACH f IN ARRAY ARRAY['board_issued_id(regclass, text)', 'board_ids_given(regclass, text)', 'board_own_ids()',
+                             'events_no_replace()'] LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_catalog, pg_temp', f, current_schema());
+    END LOOP;
+END $$;
+""" + "".join(f"""
+CREATE TRIGGER {table}_own_{column} BEFORE INSERT OR UPDATE OF {column} ON {table}
+    FOR EACH ROW EXECUTE FUNCTION board_own_ids('{column}');""" for table, column in DATABASE_IDS.items())
+
+PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS, _V_FLEET_ROW_SECURITY, _V_PINNED_SEARCH_PATH, _V_DATABASE_IDS]
 PG_LATEST = len(PG_MIGRATIONS)

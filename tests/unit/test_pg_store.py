@@ -411,8 +411,10 @@ def test_a_writer_waits_for_the_write_lock_then_says_so_in_one_line(pg, monkeypa
         with pytest.raises(StoreError) as locked:
             with write(waiter):
                 waiter.execute("SELECT 1")
-    assert str(locked.value) == ("the board database stayed locked for 0.2 s (another writer, perhaps on another host,"
-                                 " holds its write lock); try again")
+    pid = holder.execute("SELECT pg_backend_pid()").fetchone()[0]
+    assert str(locked.value) == (f"the board database stayed locked for 0.2 s: role postgres (board gpu1, pid {pid})"
+                                 " holds the lock it needs; nothing was changed: try again; a superuser may end that"
+                                 f" session: SELECT pg_terminate_backend({pid})")
     with write(waiter):  # and once it is free, it is the waiter's
         waiter.execute("SELECT 1")
     holder.close()
