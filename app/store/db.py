@@ -139,7 +139,8 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     lock (a compromised one) stops no other host's heartbeat.
 
     A lock that stays taken for LOCK_TIMEOUT_MS (app.store.pg, set by each service on its own session, so a holder
-    cannot lift it for others) ends the write with StoreLocked, naming who holds it.
+    cannot lift it for others) ends the write with StoreLocked, naming who holds it; for HELD_FOR_S after that, this
+    connection's writes wait HELD_LOCK_TIMEOUT_MS at most, until one takes its locks.
 
     On SQLite inside a transaction already (the service's group commit, app.service.writer) it is a savepoint of
     that transaction: an error rolls back to it, and only it, and passes through.
@@ -249,13 +250,25 @@ def _lock(conn, sql: str, wanted: list[tuple[int, int]], store_lock: str | None 
     """Run `sql` (statements without parameters: PgConnection.script) that takes advisory locks (the two-key ones
     `wanted`, and the store's lock `store_lock`: 'shared', 'exclusive' or None); its last rows. A lock still taken
     after the lock timeout: StoreLocked, naming the sessions that hold it (app.store.pg.lock_holders)."""
-    from app.store.pg import LOCK_TIMEOUT_MS, lock_holders  # start-up: only a PostgreSQL store gets here
+    from app.store.pg import HELD_FOR_S, HELD_LOCK_TIMEOUT_MS, LOCK_TIMEOUT_MS, lock_holders  # start-up: see above
 
+    locking = bool(wanted or store_lock)
+    # Once a lock stayed taken, the next writes wait less for a while: each one waits on the service's one database
+    # thread, and its reads and heartbeat wait behind it.
+    short = locking and time.monotonic() < conn.held_until
+    if short:
+        begin = "BEGIN; " if sql.startswith("BEGIN; ") else ""
+        sql = f"{begin}SET LOCAL lock_timeout = {HELD_LOCK_TIMEOUT_MS}; {sql.removeprefix(begin)}"
     try:
-        return conn.script(sql)
+        rows = conn.script(sql)
     except sqlite3.OperationalError as error:
         if getattr(error, "sqlstate", None) != "55P03":  # lock_not_available: lock_timeout passed
             raise
+    else:
+        if locking:
+            conn.held_until = 0.0
+        return rows
+    conn.held_until = time.monotonic() + HELD_FOR_S
     _rollback(conn)  # the transaction failed with the lock: who holds it is read outside it
     try:
         holders = lock_holders(conn, wanted, store_lock)
@@ -265,7 +278,8 @@ def _lock(conn, sql: str, wanted: list[tuple[int, int]], store_lock: str | None 
             if holders else "another writer, perhaps on another host, held the lock it needs")
     ending = (f"; a superuser may end that session: SELECT pg_terminate_backend({holders[0][1]})"
               if len(holders) == 1 else "")
-    raise StoreLocked(f"the board database stayed locked for {LOCK_TIMEOUT_MS / 1000:g} s: {said}; nothing was"
+    waited = HELD_LOCK_TIMEOUT_MS if short else LOCK_TIMEOUT_MS
+    raise StoreLocked(f"the board database stayed locked for {waited / 1000:g} s: {said}; nothing was"
                       f" changed: try again{ending}") from None
 
 

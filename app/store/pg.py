@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 STATEMENT_TIMEOUT_MS = 30_000  # no statement of board's runs for seconds: a hung one must not hold the calendar
 IDLE_IN_TRANSACTION_MS = 10_000  # a host that stopped mid-transaction lets go of its locks after this
 LOCK_TIMEOUT_MS = 10_000  # a writer waits this long for the write lock, as SQLite's busy timeout (app.store.db.write)
+# After a lock stayed taken that long (a compromised host can hold one as long as it likes), a connection's writes wait
+# this long at most, for HELD_FOR_S or until one takes its locks: a service's operations run one at a time.
+HELD_LOCK_TIMEOUT_MS, HELD_FOR_S = 1_000, 60.0
 CONNECT_TIMEOUT_S = 5
 WRITE_LOCK = 0x626F617264  # 'board': the advisory lock every write transaction takes (app.store.db.write)
 # The two-key advisory locks (a key space apart from WRITE_LOCK's) of a write on named cards: (kind, key).
@@ -263,6 +266,7 @@ class PgConnection:
 
     dialect = "postgresql"
     chain_unlocked = False  # in a write on named cards, until it takes the audit chain's lock (app.store.db)
+    held_until = 0.0  # time.monotonic() until which its writes wait HELD_LOCK_TIMEOUT_MS for locks (app.store.db)
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store

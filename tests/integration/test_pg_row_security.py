@@ -11,12 +11,13 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import replace
 
+import psycopg
 import pytest
 
 from app.client.local import LocalClient
 from app.config import Config, FleetSettings, HistorySettings, PostgresStore
 from app.core.identity import Identity
-from app.errors import NotPermitted
+from app.errors import BoardError, Conflict, NotPermitted
 from app.gpu import open_source
 from app.service.hosts import beat
 from app.store import hosts as host_rows
@@ -229,3 +230,128 @@ def test_a_hosts_own_temporary_table_does_not_fool_the_schemas_triggers(hosts):
         conn.execute("UPDATE bookings SET ends_at = ? WHERE id = ?", (start + 2 * HOUR, made["id"]))
     assert conn.execute("SELECT upper(span) FROM booking_cards WHERE booking_id = ?",
                         (made["id"],)).fetchone() == (start + 2 * HOUR,)
+
+
+# -- one host's role cannot stop the fleet (issue 31, §7) ----------------------------------------------------------
+
+TOP = 2**63 - 1  # the largest id: an event there and no event may follow it (events_no_replace)
+PLANT = ("INSERT INTO events (id, ts, uid, actor, action, ok, prev_hash, hash) {overriding}"
+         " VALUES (?, 0, 0, 'mallory', 'book', 1, 'x', 'x')")
+
+
+def test_a_hosts_role_cannot_choose_an_id_and_the_other_hosts_book_on(hosts):
+    """Ids are the database's alone: as gpu2's role, an event (or any numbered row) with an id of its choosing is
+    refused, however it is written (the id given, OVERRIDING SYSTEM VALUE, COPY, an UPDATE), the next id as well as
+    the largest; its own rows, numbered by the database, go in; and gpu1's members book and cancel on."""
+    from app.store.pg_schema import DATABASE_IDS
+
+    gpu1, gpu2 = hosts("gpu1", ALICE), hosts("gpu2", BOB)
+    two = gpu2.service.conn
+    start = FROZEN_NOW + HOUR
+    first = gpu1.call("book", cards=[0], start=start, end=start + HOUR)
+    after = two.execute("SELECT max(id) FROM events").fetchone()[0]
+    for overriding in ("", "OVERRIDING SYSTEM VALUE"):
+        for chosen in (TOP, after + 1):  # past every id, and the very next one (which the next append would get)
+            said = refused(two, PLANT.format(overriding=overriding), (chosen,))
+            assert f"events.id is numbered by the database alone, not {chosen}; an INSERT leaves id out" in said
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as caught:  # (psycopg's own: the raw connection)
+        with write(two):
+            with two.raw.cursor().copy("COPY events (id, ts, uid, actor, action, ok, prev_hash, hash) FROM STDIN") \
+                    as copy:
+                copy.write_row((TOP, 0, 0, "mallory", "book", 1, "x", "x"))
+    assert "numbered by the database alone" in str(caught.value)
+    for table, column in DATABASE_IDS.items():  # every numbered table a host's role may insert into
+        said = refused(two, f"INSERT INTO {table} ({column}) OVERRIDING SYSTEM VALUE VALUES (?)", (TOP,))
+        assert f"{table}.{column} is numbered by the database alone" in said, said
+    refused(two, "UPDATE bookings SET id = ? WHERE id = ?", (TOP, first["id"]))
+    assert two.execute("SELECT max(id) FROM events").fetchone()[0] == after
+
+    # its own rows, numbered by the database, still go in; and the fleet books, cancels and books again
+    mine = gpu2.call("book", cards=[1], start=start, end=start + HOUR)
+    assert mine["id"] == first["id"] + 1
+    second = gpu1.call("book", cards=[2], start=start, end=start + HOUR)
+    gpu1.call("cancel", id=second["id"])
+    assert gpu1.call("book", cards=[2], start=start, end=start + HOUR)["id"] == second["id"] + 1
+
+
+def test_an_append_the_audit_log_refuses_says_so_and_doctor_names_the_row(roles, hosts):
+    """An event planted past the ids the database gave (as any host's role could before schema version 5; here by
+    the owner, as the attack left an install): a booking then fails saying what failed, not 'just booked by someone
+    else', board doctor run on a host names the row (and a planted booking id), and the owner's removal, as
+    docs/fleet.md gives it, lets the fleet book again."""
+    from app.store.pg_doctor import doctor
+
+    gpu1 = hosts("gpu1", ALICE)
+    start = FROZEN_NOW + HOUR
+    gpu1.call("book", cards=[0], start=start, end=start + HOUR)
+    given = gpu1.service.conn.execute("SELECT max(id) FROM events").fetchone()[0]
+    roles.as_owner(PLANT.format(overriding="OVERRIDING SYSTEM VALUE").replace("?", str(TOP)))
+    with pytest.raises(BoardError) as caught:
+        gpu1.call("book", cards=[1], start=start, end=start + HOUR)
+    said = str(caught.value)
+    assert not isinstance(caught.value, Conflict) and "just booked" not in said, said
+    assert said == (f"the board database failed: events are append-only: event {given + 1} would not follow the last"
+                    f" event, {TOP}; board doctor names an event out of sequence"), said
+    booked_ids = gpu1.service.conn.execute("SELECT max(id) FROM bookings").fetchone()[0]
+    roles.as_owner(f"INSERT INTO bookings (id, \"user\", uid, starts_at, ends_at, created_at, created_by)"
+                   f" OVERRIDING SYSTEM VALUE VALUES ({booked_ids + 5}, 'mallory', 1, 0, 1, 0, 0)")
+
+    lines = list(doctor(PostgresStore(roles.url(roles.roles["gpu1"]), host="gpu1")))
+    found = [line for ok, line in lines if ok is False and "past the last the database gave" in line]
+    assert found == [  # in app.store.pg_schema.DATABASE_IDS's order
+        f"bookings: id {booked_ids + 5} is past the last the database gave ({booked_ids + 1}), numbered by hand (a"
+        " host's role could, before schema version 5); an insert fails when the numbering reaches it: as the tables'"
+        " owner, keep it as evidence and remove it (docs/fleet.md, 'An id out of sequence')",
+        f"events: id {TOP} is past the last the database gave ({given + 1}), numbered by hand (a host's role could,"
+        " before schema version 5); no event may follow it, so every booking, cancel and other audited change on"
+        " every host fails: as the tables' owner, keep it as evidence and remove it (docs/fleet.md, 'An id out of"
+        " sequence')"], lines
+
+    roles.as_owner(f"BEGIN; ALTER TABLE events DISABLE TRIGGER events_no_update;"
+                   f" DELETE FROM events WHERE id > {given + 1}; ALTER TABLE events ENABLE TRIGGER events_no_update;"
+                   f" DELETE FROM bookings WHERE id > {booked_ids + 1}; COMMIT")
+    assert gpu1.call("book", cards=[1], start=start, end=start + HOUR)["id"] == booked_ids + 1 + 1
+    assert not [line for ok, line in doctor(PostgresStore(roles.url(roles.roles["gpu1"]), host="gpu1"))
+                if "past the last" in line]
+
+
+@pytest.mark.parametrize("held", ["the store's lock", "the audit chain's lock"])
+def test_a_hosts_role_holding_a_lock_is_named_and_stops_no_heartbeat(roles, hosts, monkeypatch, held):
+    """gpu2's role takes the store's write lock (or the audit chain's) and keeps it, as a session lock that no
+    transaction timeout of its own ends: gpu1's booking and cancel fail once gpu1's own lock timeout passes (which
+    gpu2 cannot lift: each service sets it on its own session), naming the role, application and pid that hold it;
+    gpu1's heartbeat, which takes no advisory lock, goes on; and once the lock is let go, gpu1 books."""
+    from app.store import pg as pg_module
+    from app.store.db import StoreLocked
+
+    monkeypatch.setattr(pg_module, "LOCK_TIMEOUT_MS", 300)  # each service's connection sets it when it opens
+    monkeypatch.setattr(pg_module, "HELD_LOCK_TIMEOUT_MS", 200)  # and waits this long at most once it stayed taken
+    gpu1 = hosts("gpu1", ALICE)
+    start = FROZEN_NOW + HOUR
+    made = gpu1.call("book", cards=[0], start=start, end=start + HOUR)
+    mallory = psycopg.connect(roles.url(roles.roles["gpu2"]), autocommit=True, application_name="board gpu2")
+    try:
+        mallory.execute("SET lock_timeout = 0; SET statement_timeout = 0; SET idle_session_timeout = 0")
+        key = (pg_module.WRITE_LOCK,) if held == "the store's lock" else pg_module.CHAIN_LOCK
+        mallory.execute(f"SELECT pg_advisory_lock({', '.join(map(str, key))})")
+        pid = mallory.info.backend_pid
+        holder = f"role {roles.roles['gpu2']} (board gpu2, pid {pid}) holds the lock it needs"
+        # a booking on named cards takes the store's lock shared, its cards' and then the chain's; a cancel and a
+        # booking of a count take the store's alone, exclusive (docs/fleet.md)
+        ops = [("book", {"cards": [1], "start": start, "end": start + HOUR})]
+        if held == "the store's lock":
+            ops += [("cancel", {"id": made["id"]}), ("book", {"count": 1, "start": start, "end": start + HOUR})]
+        for waited, (op, args) in zip(("0.3", "0.2", "0.2"), ops):  # the first waits the lock timeout, the next less
+            with pytest.raises(StoreLocked) as caught:
+                gpu1.call(op, **args)
+            assert str(caught.value) == (f"the board database stayed locked for {waited} s: {holder}; nothing was changed:"
+                                         f" try again; a superuser may end that session: SELECT"
+                                         f" pg_terminate_backend({pid})"), (op, str(caught.value))
+        gpu1.service.clock.now += 5
+        beat(gpu1.service)  # the heartbeat goes on: gpu1 is not HOST DOWN to the fleet
+        assert host_rows.one(gpu1.service.conn, "gpu1").seen_at == FROZEN_NOW + 5
+        assert [b["id"] for b in gpu1.call("list", start=None, end=None, user=None)["bookings"]] == [made["id"]]
+    finally:
+        mallory.close()  # its session ends: the lock goes with it
+    assert gpu1.call("book", cards=[1], start=start, end=start + HOUR)["cards"] == [1]
+    assert gpu1.service.conn.held_until == 0  # a write that took its locks: the next waits the whole lock timeout
