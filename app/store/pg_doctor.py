@@ -201,15 +201,19 @@ def _id_checks(conn) -> Iterator[tuple[bool, str]]:
 
     if not conn.execute("SELECT to_regprocedure('board_ids_given(regclass, text)') IS NOT NULL").fetchone()[0]:
         return  # an older schema: said above
+    whole = True
     for table, column in DATABASE_IDS.items():
         (given,) = conn.execute("SELECT board_ids_given(?, ?)", (table, column)).fetchone()
         count, low, high = conn.execute(f"SELECT count(*), min({column}), max({column}) FROM {table}"
                                         f" WHERE {column} > ?", (given,)).fetchone()
         if not count:
             continue
+        whole = False
         ids = f"{column} {low} is" if count == 1 else f"{count} rows' {column}s ({low} to {high}) are"
         harm = ("no event may follow it, so every booking, cancel and other audited change on every host fails"
                 if table == "events" else "an insert fails when the numbering reaches it")
         yield False, (f"{table}: {ids} past the last the database gave ({given}), numbered by hand (a host's role"
                       f" could, before schema version 5); {harm}: as the tables' owner, keep it as evidence and"
                       f" remove it (docs/fleet.md, 'An id out of sequence')")
+    if whole:
+        yield True, "ids: every numbered row's id is one the database gave (no host chooses one)"

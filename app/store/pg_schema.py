@@ -412,7 +412,8 @@ END $$;
 # the one the identity has just given this session (currval), and an UPDATE keeps it. The tables' owner, and whoever
 # may act as it, is exempt: it could drop the trigger anyway, and board migrate copies ids as they were.
 # board_issued_id and board_ids_given read the sequences as the owner (a host's role may not), for the trigger and
-# for board doctor (an id past the last one given: a row planted before this version).
+# for board doctor (an id past the last one given: a row planted before this version). BEFORE triggers fire in name
+# order: `events_id_by_database` comes before `events_no_replace`, so a chosen id is refused as such.
 DATABASE_IDS = {"bookings": "id", "events": "id", "servers": "id", "series": "id", "outbox": "id", "faults": "id",
                 "alerts": "id", "api_keys": "id", "gateway_usage": "id", "server_plans": "id", "cards": "rowid"}
 _V_DATABASE_IDS = r"""
@@ -476,7 +477,7 @@ BEGIN
     END LOOP;
 END $$;
 """ + "".join(f"""
-CREATE TRIGGER {table}_own_{column} BEFORE INSERT OR UPDATE OF {column} ON {table}
+CREATE TRIGGER {table}_{column}_by_database BEFORE INSERT OR UPDATE OF {column} ON {table}
     FOR EACH ROW EXECUTE FUNCTION board_own_ids('{column}');""" for table, column in DATABASE_IDS.items())
 
 PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS, _V_FLEET_ROW_SECURITY, _V_PINNED_SEARCH_PATH, _V_DATABASE_IDS]

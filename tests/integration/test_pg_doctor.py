@@ -42,6 +42,7 @@ def test_a_healthy_store_is_all_ok_and_a_superuser_role_is_a_warning(database, t
     assert said(lines, "extension btree_gist")[0] == "ok"
     assert said(lines, "clock: this host and the database agree within")[0] == "ok"  # the real clocks: one machine
     assert said(lines, "audit chain intact (0 events)")[0] == "ok"
+    assert said(lines, "ids: every numbered row's id is one the database gave")[0] == "ok"
     mark, line = said(lines, "this host connects as role postgres")  # the cluster's superuser
     assert mark == "WARN" and "a superuser" in line
     assert not [line for mark, line in lines if mark == "FIX"], result.stdout

@@ -311,8 +311,9 @@ def test_an_append_the_audit_log_refuses_says_so_and_doctor_names_the_row(roles,
                    f" DELETE FROM events WHERE id > {given + 1}; ALTER TABLE events ENABLE TRIGGER events_no_update;"
                    f" DELETE FROM bookings WHERE id > {booked_ids + 1}; COMMIT")
     assert gpu1.call("book", cards=[1], start=start, end=start + HOUR)["id"] == booked_ids + 1 + 1
-    assert not [line for ok, line in doctor(PostgresStore(roles.url(roles.roles["gpu1"]), host="gpu1"))
-                if "past the last" in line]
+    lines = list(doctor(PostgresStore(roles.url(roles.roles["gpu1"]), host="gpu1")))
+    assert (True, "ids: every numbered row's id is one the database gave (no host chooses one)") in lines, lines
+    assert not [line for ok, line in lines if "past the last" in line]
 
 
 @pytest.mark.parametrize("held", ["the store's lock", "the audit chain's lock"])
@@ -354,3 +355,37 @@ def test_a_hosts_role_holding_a_lock_is_named_and_stops_no_heartbeat(roles, host
         mallory.close()  # its session ends: the lock goes with it
     assert gpu1.call("book", cards=[1], start=start, end=start + HOUR)["cards"] == [1]
     assert gpu1.service.conn.held_until == 0  # a write that took its locks: the next waits the whole lock timeout
+
+
+def test_an_install_attacked_before_the_upgrade_is_closed_by_it_and_doctor_names_the_row(pg_cluster, monkeypatch):
+    """An existing install (schema version 4, before ids were the database's alone): gpu2's role plants an event past
+    every id, as the review did. The owner's upgrade (board migrate --schema-only) closes the hole for the next try,
+    and board doctor on any host names the row planted before it."""
+    from app.migrate import make_schema
+    from app.store import pg as pg_module
+    from app.store.pg import where
+    from app.store.pg_doctor import doctor
+    from app.store.pg_schema import PG_LATEST, PG_MIGRATIONS
+
+    with monkeypatch.context() as old:  # the board before this change made the schema
+        old.setattr(pg_module, "PG_MIGRATIONS", PG_MIGRATIONS[:4])
+        old.setattr(pg_module, "PG_LATEST", 4)
+        roles = pg_cluster.fleet_roles()
+    try:
+        mallory = psycopg.connect(roles.url(roles.roles["gpu2"]), autocommit=True)
+        plant = PLANT.format(overriding="OVERRIDING SYSTEM VALUE").replace("?", "%s")
+        mallory.execute(plant, (TOP,))  # the attack, on the old schema: it goes in
+        make_schema(PostgresStore(roles.url(roles.owner), host="admin"))  # the owner upgrades
+        assert mallory.execute("SELECT max(version) FROM board_schema").fetchone() == (PG_LATEST,)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            mallory.execute(plant, (TOP - 1,))
+        mallory.close()
+        lines = list(doctor(PostgresStore(roles.url(roles.roles["gpu1"]), host="gpu1")))
+        assert (False, f"events: id {TOP} is past the last the database gave (0), numbered by hand (a host's role"
+                " could, before schema version 5); no event may follow it, so every booking, cancel and other audited"
+                " change on every host fails: as the tables' owner, keep it as evidence and remove it (docs/fleet.md,"
+                " 'An id out of sequence')") in lines, lines
+        assert (False, "audit event 1 was altered or removed by hand: compare with a dump and ask who edited the"
+                f" database at {where(roles.url(roles.owner))}") in lines  # its hash made up: the chain says so too
+    finally:
+        roles.drop()

@@ -156,6 +156,21 @@ def test_every_connection_sets_its_timeouts_durability_and_name(pg):
     conn.close()
 
 
+def test_every_numbered_column_is_the_databases_alone(pg):
+    """Each identity column (a table gaining one later included) carries the trigger that refuses an id a host's role
+    chose (tests/integration/test_pg_row_security.py replays the attack), enabled; and only those columns do."""
+    from app.store.pg_schema import DATABASE_IDS
+
+    conn = connect(pg)
+    numbered = set(conn.execute("SELECT table_name, column_name FROM information_schema.columns"
+                                " WHERE table_schema = current_schema() AND is_identity = 'YES'").fetchall())
+    guarded = set(conn.execute("SELECT c.relname, t.tgname FROM pg_trigger AS t JOIN pg_class AS c ON c.oid = t.tgrelid"
+                               " WHERE t.tgname LIKE '%\\_by\\_database' AND t.tgenabled = 'O'").fetchall())
+    conn.close()
+    assert numbered == set(DATABASE_IDS.items())
+    assert guarded == {(table, f"{table}_{column}_by_database") for table, column in DATABASE_IDS.items()}
+
+
 def test_a_database_that_refuses_says_why_in_one_line(pg_cluster):
     with pytest.raises(BoardError) as refused:
         connect(PostgresStore(pg_cluster.url("no_such_board"), host="gpu1"))
