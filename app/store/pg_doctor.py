@@ -217,3 +217,14 @@ def _id_checks(conn) -> Iterator[tuple[bool, str]]:
                       f" remove it (docs/fleet.md, 'An id out of sequence')")
     if whole:
         yield True, "ids: every numbered row's id is one the database gave (no host chooses one)"
+    # The sequences themselves: UPDATE on one lets a role setval it to the top, after which that table takes no row.
+    # A host's role needs no privilege on them (an identity's default, and the trigger, use them as the owner).
+    role, owner_like = conn.execute("SELECT current_user, pg_has_role(current_user, relowner, 'MEMBER') FROM pg_class"
+                                    " WHERE oid = 'cards'::regclass").fetchone()
+    settable = [sequence for (sequence,) in conn.execute(
+        "SELECT s FROM (SELECT pg_get_serial_sequence(t, c) AS s FROM unnest(?::text[], ?::text[]) AS n(t, c)) AS q"
+        " WHERE has_sequence_privilege(s, 'UPDATE')", (list(DATABASE_IDS), list(DATABASE_IDS.values())))]
+    if settable and not owner_like:
+        yield False, (f"role {role} may set where the numbering of {', '.join(settable)} goes on (UPDATE on the"
+                      " sequence): set past every id, no row may follow there: as the tables' owner, REVOKE UPDATE ON"
+                      f" SEQUENCE {', '.join(settable)} FROM {_hosts_group(conn)}, PUBLIC")

@@ -389,3 +389,27 @@ def test_an_install_attacked_before_the_upgrade_is_closed_by_it_and_doctor_names
                 f" database at {where(roles.url(roles.owner))}") in lines  # its hash made up: the chain says so too
     finally:
         roles.drop()
+
+
+def test_doctor_says_when_a_hosts_role_may_move_a_sequence(roles):
+    """A host's role needs no privilege on the sequences; UPDATE on one (a grant ON ALL SEQUENCES) lets it setval the
+    numbering to the top, after which that table takes no row: board doctor on the host says so, with the REVOKE;
+    without it (docs/fleet.md's grants), nothing is said; the owner's own UPDATE is not a finding."""
+    from app.store.pg_doctor import doctor
+
+    def findings(role: str) -> list[str]:
+        return [line for ok, line in doctor(PostgresStore(roles.url(role), host="gpu1"))
+                if "may set where the numbering" in line]
+
+    assert findings(roles.roles["gpu1"]) == []
+    roles.as_owner(f"GRANT UPDATE ON SEQUENCE events_id_seq TO {roles.group}")
+    mallory = psycopg.connect(roles.url(roles.roles["gpu2"]), autocommit=True)
+    mallory.execute("SELECT setval('events_id_seq', 9223372036854775807)")  # what it would allow
+    mallory.close()
+    assert findings(roles.roles["gpu1"]) == [
+        f"role {roles.roles['gpu1']} may set where the numbering of public.events_id_seq goes on (UPDATE on the"
+        " sequence): set past every id, no row may follow there: as the tables' owner, REVOKE UPDATE ON SEQUENCE"
+        f" public.events_id_seq FROM {roles.group}, PUBLIC"]
+    assert findings(roles.owner) == []
+    roles.as_owner(f"REVOKE UPDATE ON SEQUENCE public.events_id_seq FROM {roles.group}, PUBLIC")
+    assert findings(roles.roles["gpu1"]) == []
