@@ -432,13 +432,20 @@ BEGIN
     RETURN given;
 END $$;
 
+-- Called for every numbered row, so without a SET search_path of its own (that would cost more than the rest of the
+-- insert): each name in it is qualified instead, since a host's session chooses its search_path and pg_temp comes
+-- first in it (a temporary table named pg_class must not make a host the owner).
+DO $do$
+BEGIN
+    EXECUTE format($f$
 CREATE FUNCTION board_own_ids() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     col TEXT := TG_ARGV[0];
     given BIGINT;
     was BIGINT;
 BEGIN
-    IF pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER') THEN
+    IF pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class AS c WHERE c.oid = TG_RELID),
+                              'MEMBER') THEN
         RETURN NEW;
     END IF;
     IF col = 'rowid' THEN
@@ -449,13 +456,15 @@ BEGIN
         IF TG_OP = 'UPDATE' THEN was := OLD.id; END IF;
     END IF;
     IF (TG_OP = 'UPDATE' AND given IS DISTINCT FROM was)
-            OR (TG_OP = 'INSERT' AND given IS DISTINCT FROM board_issued_id(TG_RELID, col)) THEN
-        RAISE EXCEPTION '%.% is numbered by the database alone, not %', TG_TABLE_NAME, col, given
+            OR (TG_OP = 'INSERT' AND given IS DISTINCT FROM %I.board_issued_id(TG_RELID, col)) THEN
+        RAISE EXCEPTION '%%.%% is numbered by the database alone, not %%', TG_TABLE_NAME, col, given
             USING ERRCODE = 'insufficient_privilege',
-                  HINT = format('an INSERT leaves %s out and an UPDATE keeps it', col);
+                  HINT = pg_catalog.format('an INSERT leaves %%s out and an UPDATE keeps it', col);
     END IF;
     RETURN NEW;
 END $$;
+$f$, current_schema());
+END $do$;
 
 -- An append that would not follow the chain's last event says which ids (board doctor names a row planted past it).
 CREATE OR REPLACE FUNCTION events_no_replace() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -471,7 +480,7 @@ END $$;
 DO $$
 DECLARE f TEXT;
 BEGIN
-    FOREACH f IN ARRAY ARRAY['board_issued_id(regclass, text)', 'board_ids_given(regclass, text)', 'board_own_ids()',
+    FOREACH f IN ARRAY ARRAY['board_issued_id(regclass, text)', 'board_ids_given(regclass, text)',
                              'events_no_replace()'] LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_catalog, pg_temp', f, current_schema());
     END LOOP;

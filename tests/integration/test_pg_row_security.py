@@ -264,6 +264,11 @@ def test_a_hosts_role_cannot_choose_an_id_and_the_other_hosts_book_on(hosts):
         said = refused(two, f"INSERT INTO {table} ({column}) OVERRIDING SYSTEM VALUE VALUES (?)", (TOP,))
         assert f"{table}.{column} is numbered by the database alone" in said, said
     refused(two, "UPDATE bookings SET id = ? WHERE id = ?", (TOP, first["id"]))
+    # a temporary pg_class, first on its own search_path, saying it owns events, does not make it the owner
+    two.execute("CREATE TEMP TABLE pg_class (oid OID, relowner OID)")
+    two.execute("INSERT INTO pg_class SELECT 'events'::regclass, oid FROM pg_roles WHERE rolname = current_user")
+    refused(two, PLANT.format(overriding="OVERRIDING SYSTEM VALUE"), (TOP,))
+    two.execute("DROP TABLE pg_temp.pg_class")
     assert two.execute("SELECT max(id) FROM events").fetchone()[0] == after
 
     # its own rows, numbered by the database, still go in; and the fleet books, cancels and books again
