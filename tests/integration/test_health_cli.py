@@ -207,6 +207,14 @@ def test_power_apply_sets_each_card_in_turn_and_audits_each_step(board, tmp_path
         ("power-limit", True, i, 450 if i == 7 else 500) for i in range(8)]
 
 
+def test_power_without_a_policy_names_the_source_of_its_advice(board):
+    """The hint names where 500 W comes from (the field report, seed 003), not 'the seeds', which no reader has."""
+    result = board("power")
+    assert result.returncode == 0, result.stderr
+    [hint] = [line for line in result.stdout.splitlines() if line.startswith("no [power] limit_w")]
+    assert "the team's field report, seed 003, runs its 575 W cards at 500 W" in hint and "seeds" not in hint
+
+
 def test_power_apply_without_a_policy_is_bad_input(board):
     result = board("power", "apply")
     assert result.returncode == 2 and result.stdout == ""
