@@ -37,6 +37,14 @@ _VOLUME_MODES = {"ro", "rw", "z", "Z", "nocopy", "consistent", "cached", "delega
 _MOUNT_KEYS = {"type", "source", "src", "target", "dst", "destination", "readonly", "ro", "bind-propagation",
                "bind-recursive", "bind-nonrecursive", "consistency", "volume-nocopy", "volume-subpath", "volume-label",
                "tmpfs-size", "tmpfs-mode", "image-subpath"}  # not volume-driver, volume-opt: they bind any host path
+_MOUNT_ALIASES = {"src": "source", "dst": "target", "destination": "target", "ro": "readonly"}
+_NETWORK_KEYS = {"name", "alias", "ip", "ip6", "link-local-ip", "mac-address", "gw-priority"}  # not driver-opt (sysctls)
+# Log drivers that write where the daemon keeps them, and their options: syslog, fluentd, gelf... would have the daemon
+# (root) connect wherever syslog-address or fluentd-address says, the docker socket included.
+_LOG_DRIVERS = ("json-file", "local", "journald", "none")
+_LOG_OPTS = {"max-size", "max-file", "compress", "mode", "max-buffer-size", "tag", "labels", "labels-regex", "env",
+             "env-regex"}
+MAX_FILE = 1 << 20  # an --env-file or --label-file
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}  # pflag's (strconv.ParseBool)
 _FALSE = {"0", "f", "F", "false", "FALSE", "False"}
 
@@ -73,7 +81,10 @@ def key_value_file(option: str, value: str, where: Options, check: Callable[[str
         with open(path, "rb") as file:
             if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
                 raise refuse(f"{option} {value}", "is not a regular file")
-            text = file.read(1 << 20).decode("utf-8", "replace").removeprefix("\ufeff")
+            data = file.read(MAX_FILE + 1)
+            if len(data) > MAX_FILE:  # docker reads it all: a name past what was checked would pass
+                raise refuse(f"{option} {value}", f"is over {MAX_FILE >> 20} MiB: give a small file")
+            text = data.decode("utf-8", "replace").removeprefix("\ufeff")
     except OSError as e:
         raise refuse(f"{option} {value}", f"can't be read: {e.strerror}") from None
     for line in text.splitlines():
@@ -107,11 +118,9 @@ def host_path(option: str, source: str, readonly: bool, where: Options) -> None:
 
 
 def volume(option: str, value: str, where: Options) -> None:
-    """-v [SOURCE:]TARGET[:MODES], split as the daemon's Linux parser splits it; a SOURCE that is not a volume's
-    name is a host path."""
+    """-v [SOURCE:]TARGET[:MODES], split as the daemon's Linux parser splits it (two parts are SOURCE:TARGET, so
+    `/:ro` is the source /); a SOURCE that is not a volume's name is a host path."""
     parts = value.split(":")
-    if len(parts) == 2 and set(parts[1].split(",")) <= _VOLUME_MODES:
-        parts = ["", *parts]  # TARGET:MODES, an anonymous volume
     if len(parts) > 3:
         raise refuse(f"{option} {value}", "is not SOURCE:TARGET[:MODES]")
     source = parts[0] if len(parts) > 1 else ""
@@ -130,10 +139,10 @@ def mount(option: str, value: str, where: Options) -> None:
         key = key.strip().lower()
         if key not in _MOUNT_KEYS:
             raise refuse(f"{option} {value}", f"sets {key}: a volume driver's options can bind any host path")
-        fields[key] = val if has else "true"
+        fields[_MOUNT_ALIASES.get(key, key)] = val if has else "true"  # the last of src= and source= wins, as there
     kind = fields.get("type", "volume")
-    source = fields.get("source", fields.get("src", ""))
-    readonly = fields.get("readonly", fields.get("ro", "false")) in _TRUE
+    source = fields.get("source", "")
+    readonly = fields.get("readonly", "false") in _TRUE
     if kind not in ("bind", "volume", "tmpfs", "image"):
         raise refuse(f"{option} {value}", f"has type {kind}: give bind, volume, tmpfs or image")
     if fields.get("bind-propagation", "").endswith("shared"):
@@ -153,8 +162,42 @@ def one_of(*allowed: str) -> Callable[[str, str, Options], None]:
 
 
 def network(option: str, value: str, where: Options) -> None:
-    if value == "host" or value.startswith("container:"):
-        raise refuse(f"{option} {value}", "joins another namespace: use a docker network (bridge, none, NAME)")
+    """--network NAME, or the client's CSV form name=NAME,alias=...: never the host's or another container's."""
+    name = value
+    if "=" in value:
+        for field in next(csv.reader([value]), []):
+            key, _, val = field.partition("=")
+            if key.lower() not in _NETWORK_KEYS:
+                raise refuse(f"{option} {value}", f"sets {key}: give name=, alias=, ip=, ip6= or mac-address=")
+            if key.lower() == "name":
+                name = val
+    if name.strip().lower() == "host" or name.strip().lower().startswith("container:"):
+        raise refuse(f"{option} {name}", "joins another namespace: use a docker network (bridge, none, NAME)")
+
+
+def publish(option: str, value: str, where: Options) -> None:
+    """-p [IP:][HOST:]CONTAINER[/PROTO] or published=HOST,target=...: the daemon binds the host's port as root, so
+    not a privileged one (below 1024), which a member could not bind."""
+    if "=" in value:
+        fields = dict(field.partition("=")[::2] for field in next(csv.reader([value]), []))
+        host = fields.get("published", "")
+    else:
+        parts = value.split("/", 1)[0].rsplit(":", 2)
+        host = parts[-2] if len(parts) > 1 else ""
+    for port in filter(None, host.split("-")):
+        if not port.strip().isdigit() or int(port) < 1024:
+            raise refuse(f"{option} {value}", "publishes a privileged port: give a host port of 1024 or more")
+
+
+def log_driver(option: str, value: str, where: Options) -> None:
+    if value not in _LOG_DRIVERS:
+        raise refuse(f"{option} {value}", f"is not allowed: give {', '.join(_LOG_DRIVERS)}")
+
+
+def log_opt(option: str, value: str, where: Options) -> None:
+    key = value.partition("=")[0]
+    if key not in _LOG_OPTS:
+        raise refuse(f"{option} {key}", f"is not allowed: give {', '.join(sorted(_LOG_OPTS))}")
 
 
 def oom_score(option: str, value: str, where: Options) -> None:
@@ -234,8 +277,8 @@ OPTIONS: dict[str, tuple[str, bool, Rule]] = {
     "label-file": ("", True, partial(key_value_file, check=label_key)),
     "link": ("", True, "gives the container another container's environment"),
     "link-local-ip": ("", True, ALLOW),
-    "log-driver": ("", True, ALLOW),
-    "log-opt": ("", True, ALLOW),
+    "log-driver": ("", True, log_driver),
+    "log-opt": ("", True, log_opt),
     "mac-address": ("", True, ALLOW),
     "memory": ("m", True, ALLOW),
     "memory-reservation": ("", True, ALLOW),
@@ -252,7 +295,7 @@ OPTIONS: dict[str, tuple[str, bool, Rule]] = {
     "pids-limit": ("", True, ALLOW),
     "platform": ("", True, ALLOW),
     "privileged": ("", False, PRIVILEGES),
-    "publish": ("p", True, ALLOW),
+    "publish": ("p", True, publish),
     "publish-all": ("P", False, ALLOW),
     "pull": ("", True, ALLOW),
     "quiet": ("q", False, ALLOW),

@@ -158,6 +158,7 @@ def member(tmp_path_factory):
     (root / "bad.env").write_text("# the team's\n\nHF_HOME=/data\n  NVIDIA_VISIBLE_DEVICES=all\n")
     (root / "ok.env").write_text("# the team's\n\nHF_HOME=/data\nMY_NVIDIA_NOTE=1\n")
     (root / "bad.labels").write_text("team=ml\nboard.booking=7\n")
+    (root / "big.env").write_text("HF_HOME=/data\n" * 80_000 + "NVIDIA_VISIBLE_DEVICES=all\n")  # over 1 MiB
     (root / "board.toml").write_text(f'[enforce]\ngrace_s = 60\n[llama]\nmodel_dirs = ["{root}/models"]\n')
     env = {"BOARD_DB": str(root / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC",
            "BOARD_CONFIG": str(root / "board.toml"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
@@ -181,12 +182,14 @@ REFUSED = [
     (("-ite", "CUDA_VISIBLE_DEVICES"), "-e CUDA_VISIBLE_DEVICES"),  # its value from the client's environment
     (("-e", "BOARD_BOOKING_ID=7"), "-e BOARD_BOOKING_ID"),
     (("--env-file", "{root}/bad.env"), "--env-file NVIDIA_VISIBLE_DEVICES"),
+    (("--env-file", "{root}/big.env"), "--env-file over 1 MiB"),  # its last line past what a reader would check
     (("--privileged",), "--privileged"),
     (("--privileged=true",), "--privileged"),
     (("-v", "/:/host"), "-v /"),
     (("-itv", "/:/host"), "-v /"),
     (("--volume=/dev:/dev",), "--volume /dev"),
     (("-v", "/proc:/p:ro"), "-v /proc"),
+    (("-v", "/:ro"), "-v /"),  # two parts are SOURCE:TARGET to the daemon, not TARGET:MODES
     (("-v", "/sys/class:/c"), "-v /sys/class"),  # inside a protected tree
     (("-v", "/var/run/docker.sock:/var/run/docker.sock"), "-v /var/run/docker.sock"),
     (("-v", "/run:/r"), "-v /run"),  # above the docker socket
@@ -200,6 +203,7 @@ REFUSED = [
     (("--mount", "type=bind,src=/dev,dst=/d,readonly"), "--mount /dev"),
     (("--mount", '"type=bind",source=/,target=/h'), "--mount /"),  # CSV quoting
     (("--mount=type=bind,source={root}/models,target=/m",), "read-only"),
+    (("--mount", "type=bind,source={root}/data,src=/,target=/h"), "--mount / would"),  # the last source wins
     (("--mount", "type=volume,dst=/h,volume-driver=local,volume-opt=type=none,volume-opt=o=bind,"
                  "volume-opt=device=/"), "volume-driver"),
     (("--mount", "dst=/h,volume-opt=type=none,volume-opt=o=bind,volume-opt=device=/"), "volume-opt"),
@@ -210,6 +214,16 @@ REFUSED = [
     (("--network", "host"), "--network host"),
     (("--network=container:alices-job",), "--network container:alices-job"),
     (("--net=host",), "--net"),  # the client's hidden alias: not in the table, refused
+    (("--network", "name=host"), "--network host"),  # the client's CSV form
+    (("--network=name=container:alices-job",), "--network container:alices-job"),
+    (("--network", "name=bridge,driver-opt=com.docker.network.endpoint.sysctls=net.ipv4.ip_forward=1"),
+     "--network driver-opt"),
+    (("--log-driver", "syslog"), "--log-driver syslog"),
+    (("--log-opt", "syslog-address=unix:///var/run/docker.sock"), "--log-opt syslog-address"),
+    (("-p", "80:80"), "-p 80:80 privileged"),
+    (("-p", "127.0.0.1:443:8443"), "-p privileged"),
+    (("-p", "[::1]:1023:80"), "-p privileged"),
+    (("--publish", "published=22,target=22"), "--publish privileged"),
     (("--ipc=host",), "--ipc host"),
     (("--ipc", "container:alices-job"), "--ipc container:alices-job"),
     (("--uts=host",), "--uts"),
@@ -297,6 +311,11 @@ ALLOWED = [
     ("--restart=no",),
     ("--oom-score-adj", "500"),
     ("-p", "8080:8080"),
+    ("-p", "127.0.0.1::80"),  # a port the daemon picks
+    ("-p", "1024-1030:80-86/udp"),
+    ("--publish", "published=8081,target=80"),
+    ("--network", "name=team-net,alias=job"),
+    ("--log-driver", "json-file", "--log-opt", "max-size=10m"),
     ("--cpus", "8", "-m", "64g", "--ulimit", "memlock=-1"),
     ("--entrypoint", "/bin/sh"),
 ]
@@ -313,8 +332,9 @@ def test_ordinary_options_reach_docker_after_boards_own(member, tmp_path, option
 
 
 @pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on this machine")
-def test_the_real_client_accepts_every_allowed_case(member):
-    stderr = real_client([option for options in ALLOWED for option in fill(options, member[0])])
+@pytest.mark.parametrize("options", ALLOWED, ids=" ".join)
+def test_the_real_client_accepts_each_allowed_case(member, options):
+    stderr = real_client(fill(options, member[0]))
     assert "Cannot connect to the Docker daemon" in stderr, stderr
 
 
