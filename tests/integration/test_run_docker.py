@@ -5,21 +5,29 @@ The machine that runs the tests has the docker client but no daemon, so these te
 on PATH that records its argv; others check that the real client accepts the options board builds (it gets as far
 as looking for the daemon). The member's own docker options go through an allow-list (app/cli/docker_options.py):
 each refused form is one the real client would have passed to the daemon, and board refuses it before anything
-reaches docker or the service."""
+reaches docker or the service; what board lets through, the real client turns into a container on the booked card
+alone, as a recording daemon on a Unix socket receives it."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import pty
+import random
 import re
 import select
 import shutil
 import signal
+import socketserver
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
+from app.errors import BadInput
 from tests.conftest import REPO, run_board
 
 FAKE_DOCKER = """#!/bin/sh
@@ -121,9 +129,9 @@ def test_the_real_docker_client_accepts_the_options(env):
     assert "Cannot connect to the Docker daemon" in result.stderr
 
 
-def real_client(options: list[str]) -> str:
+def real_client(options: list[str], host: str = "unix:///nonexistent/docker.sock") -> str:
     """The real client's answer to board's argv with these member options: it parses them all, then looks for a
-    daemon that is not there. Its stderr."""
+    daemon that is not there (or is the recording one below). Its stderr."""
     from app.cli.run import docker_command
 
     booking = {"id": 1, "card_uuids": [f"{SIM}4"], "end": 1_800_000_000}
@@ -132,7 +140,7 @@ def real_client(options: list[str]) -> str:
     try:
         result = subprocess.run([shutil.which("docker"), *argv[1:]], capture_output=True, text=True, timeout=60,
                                 stdin=terminal, env={"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "0",
-                                                     "DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+                                                     "DOCKER_HOST": host})
     finally:
         os.close(terminal)
         os.close(other)
@@ -356,3 +364,149 @@ def test_every_option_of_the_client_is_classified_as_the_client_reads_it():
     assert set(listed) - set(OPTIONS) == set(), "options of this client board run does not classify"
     assert set(OPTIONS) - set(listed) == set(), "options the table names that this client has not"
     assert {name: (short, takes) for name, (short, takes, _) in OPTIONS.items()} == listed
+
+
+
+# -- what reaches the daemon -------------------------------------------------------------------------------------
+
+
+class RecordingDaemon(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """A docker daemon that answers the client's ping and records each container it is asked to create, then
+    refuses it (the client exits 125): the request the real client built from board's argv, as a daemon gets it."""
+
+    daemon_threads = True
+
+    def __init__(self, path: str) -> None:
+        self.created: list[dict] = []
+        super().__init__(path, _DaemonHandler)
+
+
+class _DaemonHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self, code: int, body: bytes = b"") -> None:
+        self.send_response(code)
+        for name, value in (("Content-Type", "application/json"), ("Api-Version", "1.50"), ("Ostype", "linux"),
+                            ("Content-Length", str(len(body)))):
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self._answer(200)
+
+    def do_GET(self) -> None:
+        self._answer(200, b"OK") if self.path.endswith("/_ping") else self._answer(404, b'{"message": "no"}')
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if "/containers/create" in self.path:
+            self.server.created.append({"path": self.path, **json.loads(body)})
+        self._answer(500, b'{"message": "recorded by the test daemon"}')
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    path = tmp_path_factory.mktemp("daemon") / "docker.sock"
+    server = RecordingDaemon(str(path))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def created(daemon, options: list[str]) -> dict | None:
+    """The container the real client asked the daemon for with these member options after board's; None when the
+    client refused the line itself."""
+    daemon.created.clear()
+    stderr = real_client(options, host=f"unix://{daemon.server_address}")
+    if not daemon.created:
+        assert "recorded by the test daemon" not in stderr
+        return None
+    [body] = daemon.created
+    return body
+
+
+def assert_only_its_cards(body: dict, root) -> None:
+    """The container as board means it: the booked card alone, no privilege, capability or host namespace, its
+    booking's label, binds of the member's data (the models read-only), no host port below 1024."""
+    host = body["HostConfig"]
+    assert "name=board-1-1" in body["path"] and host["AutoRemove"] is True
+    assert host["DeviceRequests"] == [{"Driver": "", "Count": 0, "DeviceIDs": [f"{SIM}4"], "Capabilities": [["gpu"]],
+                                       "Options": {}}]
+    assert not host["Devices"] and not host["DeviceCgroupRules"] and not host.get("Runtime")
+    assert host["Privileged"] is False and not host["CapAdd"] and not host["SecurityOpt"]
+    assert (host["PidMode"], host["UTSMode"], host["UsernsMode"], host["CgroupParent"]) == ("", "", "", "")
+    assert host["CgroupnsMode"] in ("", "private") and host["IpcMode"] in ("", "private", "shareable", "none")
+    assert host["NetworkMode"] != "host" and not host["NetworkMode"].startswith("container:")
+    assert not host["VolumesFrom"] and not host["Links"] and not host.get("Sysctls") and not host["VolumeDriver"]
+    assert host["OomScoreAdj"] >= 0 and not host["OomKillDisable"] and not host["CpuRealtimeRuntime"]
+    assert host["RestartPolicy"]["Name"] in ("", "no")
+    assert host["LogConfig"]["Type"] in ("", "json-file", "local", "journald", "none")
+    ours = {"NVIDIA_VISIBLE_DEVICES": f"{SIM}4", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "BOARD_BOOKING_ID": "1"}
+    for entry in body["Env"]:
+        name, _, value = entry.partition("=")
+        assert not name.upper().startswith(("NVIDIA_", "CUDA_VISIBLE", "CUDA_DEVICE", "BOARD_")) or \
+            ours.get(name, value) == value and name in (*ours, "BOARD_BOOKING_END"), entry
+    assert {k: v for k, v in (body["Labels"] or {}).items() if k.lower().startswith("board.")} == {"board.booking": "1"}
+    for bind in host["Binds"] or []:
+        source, _, rest = bind.partition(":")
+        if source.startswith("/"):
+            assert Path(source).resolve().is_relative_to(root / "data") or \
+                (Path(source).resolve().is_relative_to(root / "models") and "ro" in rest.split(":")[-1].split(",")), bind
+    for mount in host.get("Mounts") or []:
+        if mount["Type"] == "bind":
+            assert Path(mount["Source"]).resolve().is_relative_to(root / "data") or mount.get("ReadOnly"), mount
+        assert not (mount.get("VolumeOptions") or {}).get("DriverConfig"), mount
+    for bindings in (host["PortBindings"] or {}).values():
+        assert all(not b["HostPort"] or int(b["HostPort"].split("-")[0]) >= 1024 for b in bindings), bindings
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on this machine")
+@pytest.mark.parametrize("options", ALLOWED, ids=" ".join)
+def test_what_reaches_the_daemon_for_each_allowed_case_is_the_booked_card_alone(member, daemon, options):
+    body = created(daemon, fill(options, member[0]))
+    assert body is not None, "the real client refused an allowed case"
+    assert_only_its_cards(body, member[0])
+
+
+# Tokens of every kind: options that take a value or not, bundles, values that are options, dangerous values.
+TOKENS = ["-i", "-t", "-it", "-d", "--init", "--rm", "--privileged", "--privileged=false", "--init=true", "-e",
+          "-eNVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all", "HF_HOME=/d", "--env", "--gpus", "all", "-v",
+          "{root}/data:/d", "/:/h", "{root}/models:/m", "{root}/models:/m:ro", "/dev:/dev", "--mount",
+          "type=bind,src=/,dst=/h", "type=bind,src={root}/data,dst=/d", "-w", "/work", "--pid", "host", "--network",
+          "--network=host", "bridge", "--label", "board.booking=7", "-l", "team=ml", "--cap-add", "SYS_ADMIN",
+          "--ipc", "private", "--shm-size", "1g", "-u", "0", "--device", "/dev/nvidia0", "--security-opt",
+          "seccomp=unconfined", "-p", "80:80", "8080:80", "--sig-proxy", "--sig-proxy=false", "-ite", "-itv", "-itw",
+          "-itl", "--userns", "--uts", "--cgroupns", "--runtime", "nvidia", "--volumes-from", "other", "--tmpfs", "/t",
+          "--log-opt", "max-size=1m", "--entrypoint", "sh", "-h", "box", "-m", "1g", "--oom-score-adj", "-500",
+          "100", "--read-only", "-q", "-", "--name", "--cpus", "2", "-c", "-P"]
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on this machine")
+def test_any_line_board_passes_reaches_the_daemon_as_the_booked_card_alone(member, daemon):
+    """Lines of random tokens, read by board's table and by the real client: whatever board lets through, the
+    client makes into a container on the booked card alone (the two read every line the same way, or a value
+    taken for an option, or the reverse, would show here)."""
+    from app.cli.docker_options import OPTIONS, Options, check
+
+    root = member[0]
+    where = Options(os.getuid(), [str(root / "models")])
+    # First each option board reads as taking a value, given --privileged: the client must read it so too.
+    lines = [[f"{dashes}{name}", "--privileged"] for name, (short, takes, _) in OPTIONS.items() if takes
+             for dashes, name in (("--", name), ("-", short)) if name]
+    chance, passed = random.Random(31), 0
+    lines += [fill(tuple(chance.choice(TOKENS) for _ in range(chance.randint(1, 5))), root) for _ in range(1500)]
+    for options in lines:
+        try:
+            check(options, where)
+        except BadInput:
+            continue
+        body = created(daemon, options)
+        if body is not None:
+            passed += 1
+            assert_only_its_cards(body, root)
+    assert passed > 50, passed  # the lines it let through, each checked at the daemon
