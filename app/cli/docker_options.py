@@ -64,13 +64,13 @@ def refuse(option: str, why: str) -> BadInput:
 def env_name(option: str, value: str, where: Options) -> None:
     name = value.partition("=")[0].strip()
     if name.upper() in _BOARD_ENV or name.upper().startswith(_BOARD_ENV_PREFIXES):
-        raise refuse(f"{option} {name}", "is board's: the container's cards and booking come from the booking")
+        raise refuse(f"{option} {name}", "is board's: board sets the cards and the booking from the booking; leave it out")
 
 
 def label_key(option: str, value: str, where: Options) -> None:
     key = value.partition("=")[0].strip()
     if key.lower().startswith("board."):
-        raise refuse(f"{option} {key}", "is board's: the board.* labels name the container's booking")
+        raise refuse(f"{option} {key}", "is board's: the board.* labels name the container's booking; leave it out")
 
 
 def key_value_file(option: str, value: str, where: Options, check: Callable[[str, str, Options], None]) -> None:
@@ -329,7 +329,7 @@ def apply(name: str, shown: str, value: str | None, where: Options) -> None:
     rule = OPTIONS[name][2]
     if isinstance(rule, str):
         if rule != ALLOW:
-            raise refuse(shown, rule)
+            raise refuse(shown, f"{rule}: leave it out")
     elif value is not None:
         rule(shown, value, where)
 
