@@ -132,7 +132,10 @@ def cmd_doctor(ctx) -> int:
     from app.cli.cards import hardware_checks
 
     checks = service_checks(config)
-    if config.storage_url and _checks_the_store(config):
+    if ctx.demo is not None:  # the demo runs in-process on a database of the member's own: no shared install here
+        checks = iter([(True, f"the demo's database {config.db_path} is yours alone (board --demo): the shared"
+                              " install's checks (its directory and files, the admin group, the service) do not apply")])
+    elif config.storage_url and _checks_the_store(config):
         from app.store.pg_doctor import doctor as pg_doctor
         from app.store.setup import admin_group_check
 

@@ -21,6 +21,10 @@ def cmd_run(ctx) -> int:
         raise BadInput("give a command to run: board run -- python train.py")
     if args.docker is not None and (not args.docker or args.docker[0].startswith("-")):
         raise BadInput("--docker needs the image first: board run --booking ID --docker IMAGE [DOCKER ARGS] -- CMD")
+    if args.docker is not None:  # before the booking is asked for: nothing reaches docker or the service
+        from app.cli.docker_options import Options, check  # start-up: only containers need the table
+
+        check(args.docker[1:], Options(os.getuid(), ctx.config.llama.model_dirs))
     client = ctx.client
     if args.wait:
         if args.booking is None:

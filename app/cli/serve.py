@@ -306,7 +306,7 @@ def cmd_list(ctx) -> int:
         return 0
     if not found:
         print("no servers" + ("" if args.all else " now or in the last day; --all shows older ones"))
-        _print_planned(planned)
+        _print_planned(planned, now)
         return 0
     lines = [["ID", "STATE", "USER", "BOOKING", "CARDS", "PORT", "PID", "UPTIME", "MEM", "MODEL", "NOTE"]]
     for s in found:
@@ -320,25 +320,25 @@ def cmd_list(ctx) -> int:
                       str(s.port), str(s.pid or "-"), uptime, memory_cell(s), inert(s.alias or s.model, 24),
                       inert(note, 60)])
     print(table(lines))
-    _print_planned(planned)
+    _print_planned(planned, now)
     return 0
 
 
-def _print_planned(planned: list[dict]) -> None:
+def _print_planned(planned: list[dict], now: float) -> None:
     """The planned servers' next starts, under the table ('board serve plan --list' has them all)."""
-    from app.core.text import inert
+    from app.core.text import format_when, inert
 
     for p in planned:
-        print(f"planned {p['id']}: {inert(p['alias'], 40)} ({inert(p['user'], 12)}) starts {iso(p['next_start'])}"
-              f" (booking {p['next_booking']})")
+        print(f"planned {p['id']}: {inert(p['alias'], 40)} ({inert(p['user'], 12)}) starts"
+              f" {format_when(p['next_start'], now)} (booking {p['next_booking']})")
 
 
 def cmd_plan(ctx) -> int:
-    from app.core.text import inert
+    from app.core.text import format_time, format_when, inert
     from app.fit.request import limits
     from app.llama import launch
 
-    args, client = ctx.args, ctx.client
+    args, client, now = ctx.args, ctx.client, time.time()
     if args.list:
         plans = client.call("serve_plans")
         if args.json:
@@ -351,7 +351,8 @@ def cmd_plan(ctx) -> int:
                 what = f"booking {p['booking']}" if p["booking"] is not None else f"series {p['series']}"
                 lines.append([str(p["id"]), inert(p["user"], 12), what, inert(p["alias"], 24),
                               inert((p["model"] or "").rsplit("/", 1)[-1], 32),
-                              f"{iso(p['next_start'])} (booking {p['next_booking']})" if p["next_start"] else "-"])
+                              f"{format_time(p['next_start'], now)} (booking {p['next_booking']})"
+                              if p["next_start"] else "-"])
             print(table(lines))
         return 0
     if args.cancel is not None:
@@ -370,7 +371,7 @@ def cmd_plan(ctx) -> int:
     if args.json:
         print_json(plan)
     else:
-        when = f"next start {iso(plan['next_start'])}" if plan["next_start"] else "no occurrence ahead"
+        when = f"next start {format_when(plan['next_start'], now)}" if plan["next_start"] else "no occurrence ahead"
         print(f"planned server {plan['id']}: {inert(plan['alias'], 40)}, {when}; the runner starts it")
     return 0
 

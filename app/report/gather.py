@@ -250,8 +250,17 @@ def fleet_cards(conn, here: str, cards: dict[str, str], hosts: dict[str, str], m
 
 
 TP_SHARE_PCT = 25.0  # the seeds: when communication takes more than 25 % of a TP group's time, it is too wide
-TP_ADVICE = ("over the seeds' 25 %: the group is too wide for PCIe; use a smaller TP (TP2 or TP4) or split by layers"
-             " (--split-mode layer)")
+
+
+def tp_advice(cards: int) -> str:
+    """What a group over the share should do: a smaller TP among TP2 and TP4 (the seeds' sweet spot without NVLink)
+    that is smaller than the group itself, else (a pair) split by layers or use one card."""
+    smaller = " or ".join(f"TP{n}" for n in (2, 4) if n < cards)
+    if not smaller:
+        return ("over the seeds' 25 %: PCIe is the pair's bottleneck; split by layers (--split-mode layer), or use one"
+                " card where the model fits")
+    return (f"over the seeds' 25 %: the group is too wide for PCIe; use a smaller TP ({smaller}) or split by layers"
+            " (--split-mode layer)")
 
 
 def tp_links(store: HistoryStore, bookings, cards_now: Sequence[CardReading], start: int, now: int,
@@ -331,7 +340,7 @@ def _tp_group(b, seconds: float, traffic: float, capacity: dict[str, float], hos
     share = 100 * traffic / seconds / link
     return {"booking": b.id, "user": b.user, "cards": (f"{host}:" if host else "") + card_list(b.cards),
             "busy_h": round(seconds / len(b.card_uuids) / 3600, 2), "link_util_pct": round(share, 1),
-            "over": share > TP_SHARE_PCT, "advice": TP_ADVICE if share > TP_SHARE_PCT else None}
+            "over": share > TP_SHARE_PCT, "advice": tp_advice(len(b.card_uuids)) if share > TP_SHARE_PCT else None}
 
 
 def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> list[dict]:

@@ -49,6 +49,7 @@ from app.service.watch import start_watchers
 from app.service.writer import DatabaseThread
 from app.store import events, jobs
 from app.store.db import write
+from app.store.pg import where as pg_where
 
 SEND_TIMEOUT_S = 10.0  # an answer (or a stream's batch of events) goes out whole within this, or the line is closed
 LINE_TIMEOUT_S = 10.0  # a request line arrives whole within this of its first byte, or the line is closed
@@ -439,7 +440,9 @@ def run_agent(service: Service, path: str) -> int:
         metrics = MetricsServer(service, log)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: server.stop())
-    log(f"board agent: serving {path} (group {server.settings.group}) on {service.config.db_path}"
+    url = service.config.storage_url  # a PostgreSQL store: its address (never a password), not a file it does not use
+    store = f"PostgreSQL {pg_where(url)}" if url else service.config.db_path
+    log(f"board agent: serving {path} (group {server.settings.group}) on {store}"
         f" as uid {os.getuid()}; at most {server.max_connections} connections, {server.settings.max_connections_per_uid}"
         f" per user; {open_files} open files")
     if server.max_connections < server.settings.max_connections:

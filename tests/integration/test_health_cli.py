@@ -150,6 +150,25 @@ def test_doctor_names_the_minimums_and_the_fixes_on_a_sick_box(board, tmp_path):
     assert not any("card 4" in line for line in lines)
 
 
+def test_the_demos_doctor_does_not_hold_the_members_own_demo_database_to_the_shared_install(tmp_path):
+    """`board --demo doctor`: the demo's database (~/.local/state/board/demo.db, made by the demo with the member's
+    umask) is the member's own, so its directory's and files' modes and the admin group are no FIX; `board doctor` on
+    the same directory as a real database still is (the check kept, only not for the demo)."""
+    state = tmp_path / "state"
+    (state / "board").mkdir(parents=True, mode=0o755)
+    (state / "board").chmod(0o755)
+    (tmp_path / "board.toml").write_text("")
+    env = {"HOME": str(tmp_path), "XDG_STATE_HOME": str(state), "TZ": "UTC", "BOARD_CONFIG": str(tmp_path / "board.toml"),
+           "BOARD_LLAMA_SERVER": fake_server(tmp_path, 89, 120)}
+    assert run_board("--demo", "list", env=env).returncode == 0  # the demo made and seeded its database
+    demo = run_board("--demo", "doctor", env=env)
+    assert demo.returncode == 0 and demo.stderr == "", demo
+    assert not [line for line in demo.stdout.splitlines() if not line.startswith("ok    ")], demo.stdout
+    assert f"ok    the demo's database {state}/board/demo.db is yours alone (board --demo)" in demo.stdout
+    real = run_board("doctor", env={**env, "BOARD_DB": str(state / "board" / "demo.db"), "BOARD_SIMULATE": "1"})
+    assert real.returncode == 1 and f"FIX   {state}/board has mode 755, not 700" in real.stdout, real.stdout
+
+
 def test_doctor_on_a_healthy_box_passes_its_hardware_checks(board, tmp_path):
     result = board("doctor", extra_env={"BOARD_LLAMA_SERVER": fake_server(tmp_path, 89, 120)})
     hardware = [line for line in result.stdout.splitlines() if "CUDA" in line or "PCIe" in line or "llama" in line]
@@ -205,6 +224,14 @@ def test_power_apply_sets_each_card_in_turn_and_audits_each_step(board, tmp_path
     events = json.loads(board("log", "--json", extra_env=env).stdout)["events"]
     assert [(e["action"], e["ok"], e["details"]["card"], e["details"]["to_w"]) for e in reversed(events)] == [
         ("power-limit", True, i, 450 if i == 7 else 500) for i in range(8)]
+
+
+def test_power_without_a_policy_names_the_source_of_its_advice(board):
+    """The hint names where 500 W comes from (the field report, seed 003), not 'the seeds', which no reader has."""
+    result = board("power")
+    assert result.returncode == 0, result.stderr
+    [hint] = [line for line in result.stdout.splitlines() if line.startswith("no [power] limit_w")]
+    assert "the team's field report, seed 003, runs its 575 W cards at 500 W" in hint and "seeds" not in hint
 
 
 def test_power_apply_without_a_policy_is_bad_input(board):

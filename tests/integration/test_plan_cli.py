@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import json
+import re
+from datetime import date
 
-from tests.conftest import run_board
+from tests.conftest import day, run_board
 from tests.fit import shapes
 
 
@@ -42,3 +44,30 @@ def test_a_plan_is_fit_checked_against_the_booked_cards_and_listed(tmp_path):
     assert outside.returncode == 2 and "model_dirs" in outside.stderr, outside.stderr
     nothing = run_board("serve", "plan", env=env)
     assert nothing.returncode == 2 and "give a booking or --series" in nothing.stderr
+
+
+def test_plans_say_their_next_start_as_every_other_line_does(tmp_path):
+    """`serve plan`, `serve list` and `serve plan --list` word the next start as `board list` does ('Tue 09:00'),
+    not as an ISO stamp. The zone is pinned; the weekday is the booked day's, whatever today is."""
+    models = tmp_path / "models"
+    models.mkdir()
+    model = shapes.write_model(models / "gqa8.gguf", "gqa8")
+    config = tmp_path / "board.toml"
+    config.write_text(f'[llama]\nmodel_dirs = ["{models}"]\n')
+    env = {"BOARD_CONFIG": str(config), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1",
+           "TZ": "Asia/Kolkata"}  # +05:30: an ISO stamp or a UTC time would show
+    start = date.fromisoformat(day(3))
+    booked = run_board("book", "--cards", "2", "--start", f"{start} 09:00", "--for", "2h", "--json", env=env)
+    assert booked.returncode == 0, booked.stderr
+    booking = json.loads(booked.stdout)["id"]
+    when = f"{start:%a} 09:00"
+
+    planned = run_board("serve", "plan", str(booking), "--model", str(model), "--alias", "team", env=env)
+    assert planned.returncode == 0, planned.stderr
+    assert f"team, next start {when} (in " in planned.stdout, planned.stdout
+    listed = run_board("serve", "list", env=env).stdout
+    assert f"starts {when} (in " in listed, listed
+    table = run_board("serve", "plan", "--list", env=env).stdout
+    assert f"{when} (booking {booking})" in table, table
+    for out in (planned.stdout, listed, table):
+        assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", out), out

@@ -138,7 +138,8 @@ def test_multi_card_bookings_get_their_pcie_link_utilisation_and_the_wide_one_is
             assert (group["booking"], group["cards"]) == (alice["id"], "0-1")
             assert group["link_util_pct"] == pytest.approx(want, abs=0.2)
             assert group["over"] is (want > 25) and want > 25
-            assert "smaller TP" in group["advice"] and "--split-mode layer" in group["advice"]
+            # A pair has no smaller TP: the advice is the layer split (or one card), never "TP2 or TP4".
+            assert "--split-mode layer" in group["advice"] and "TP" not in group["advice"], group["advice"]
         from app.report.render import table
 
         text = table(me.call("report", since_s=H))
@@ -146,6 +147,19 @@ def test_multi_card_bookings_get_their_pcie_link_utilisation_and_the_wide_one_is
         assert f"!!  #{alice['id']} alice cards 0-1: {group['link_util_pct']:g} % of the links over" in text
     finally:
         me.close()
+
+
+@pytest.mark.parametrize(("cards", "smaller"), [(2, None), (3, "TP2"), (4, "TP2"), (5, "TP2 or TP4"),
+                                               (8, "TP2 or TP4")])
+def test_the_tp_advice_names_only_groups_smaller_than_the_one_flagged(cards, smaller):
+    from app.report.gather import tp_advice
+
+    advice = tp_advice(cards)
+    assert "--split-mode layer" in advice
+    if smaller is None:
+        assert "TP" not in advice and "one card" in advice
+    else:
+        assert f"use a smaller TP ({smaller}) or" in advice
 
 
 def test_a_group_of_light_traffic_is_not_flagged(tmp_path):

@@ -2,20 +2,32 @@
 `docker stop` when the job is told to end.
 
 The machine that runs the tests has the docker client but no daemon, so these tests put a stand-in `docker` first
-on PATH that records its argv; one more checks that the real client accepts the options board builds (it gets as far
-as looking for the daemon)."""
+on PATH that records its argv; others check that the real client accepts the options board builds (it gets as far
+as looking for the daemon). The member's own docker options go through an allow-list (app/cli/docker_options.py):
+each refused form is one the real client would have passed to the daemon, and board refuses it before anything
+reaches docker or the service; what board lets through, the real client turns into a container on the booked card
+alone, as a recording daemon on a Unix socket receives it."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
+import pty
+import random
+import re
 import select
 import shutil
 import signal
+import socketserver
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
+from app.errors import BadInput
 from tests.conftest import REPO, run_board
 
 FAKE_DOCKER = """#!/bin/sh
@@ -48,11 +60,12 @@ def calls(env) -> list[list[str]]:
         return [chunk.splitlines() for chunk in log.read().split("\n\n") if chunk]
 
 
-def test_the_container_gets_exactly_the_booked_cards_and_the_bookings_label(env):
+def test_the_container_gets_exactly_the_booked_cards_and_the_bookings_label(env, tmp_path):
     booked = run_board("book", "--cards", "7,4", "--for", "1h", env=env)
     assert booked.returncode == 0, booked.stderr
+    (tmp_path / "models").mkdir()
     result = run_board("run", "--booking", "1", "--docker", "ghcr.io/ggml-org/llama.cpp:server", "-v",
-                       "/models:/models", "--", "-m", "/models/x.gguf", "-ngl", "999", env=env)
+                       f"{tmp_path}/models:/models", "--", "-m", "/models/x.gguf", "-ngl", "999", env=env)
     assert result.returncode == 0, result.stderr
     [argv] = calls(env)
     uuids = f"{SIM}4,{SIM}7"
@@ -63,7 +76,7 @@ def test_the_container_gets_exactly_the_booked_cards_and_the_bookings_label(env)
     assert argv == [
         "run", "--rm", "--name", name, "--gpus", f'"device={uuids}"', "-e", f"NVIDIA_VISIBLE_DEVICES={uuids}",
         "-e", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "-e", "BOARD_BOOKING_ID=1", "-e", end, "--label", "board.booking=1",
-        "-v", "/models:/models", "ghcr.io/ggml-org/llama.cpp:server", "-m", "/models/x.gguf", "-ngl", "999"]
+        "-v", f"{tmp_path}/models:/models", "ghcr.io/ggml-org/llama.cpp:server", "-m", "/models/x.gguf", "-ngl", "999"]
 
 
 def test_the_end_of_the_job_stops_the_container_with_docker_stop(env, tmp_path):
@@ -114,3 +127,386 @@ def test_the_real_docker_client_accepts_the_options(env):
         pytest.skip("a docker daemon answered: not for a test to start containers on")
     assert "invalid argument" not in result.stderr and "unknown flag" not in result.stderr, result.stderr
     assert "Cannot connect to the Docker daemon" in result.stderr
+
+
+def real_client(options: list[str], host: str = "unix:///nonexistent/docker.sock") -> str:
+    """The real client's answer to board's argv with these member options: it parses them all, then looks for a
+    daemon that is not there (or is the recording one below). Its stderr."""
+    from app.cli.run import docker_command
+
+    booking = {"id": 1, "card_uuids": [f"{SIM}4"], "end": 1_800_000_000}
+    argv = docker_command(booking, ["busybox", *options], ["true"], "board-1-1")
+    terminal, other = pty.openpty()  # for -t, which wants a terminal on stdin
+    try:
+        result = subprocess.run([shutil.which("docker"), *argv[1:]], capture_output=True, text=True, timeout=60,
+                                stdin=terminal, env={"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "0",
+                                                     "DOCKER_HOST": host})
+    finally:
+        os.close(terminal)
+        os.close(other)
+    assert result.returncode != 0, "a docker daemon answered: not for a test to start containers on"
+    return result.stderr
+
+
+@pytest.fixture(scope="module")
+def member(tmp_path_factory):
+    """One booking, the stand-in docker, and the files the cases name: a data directory of the member's, the
+    models directory (not theirs: [llama] model_dirs), someone else's directory, a link to /, env and label files."""
+    root = tmp_path_factory.mktemp("member")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    for name in ("data", "models", "others"):
+        (root / name).mkdir()
+    for name in ("models", "others"):
+        os.chown(root / name, 65534, 65534)  # not the member's (the tests run as root: nobody's, then)
+    (root / "to-root").symlink_to("/")
+    (root / "to-dev").symlink_to("/dev")
+    (root / "bad.env").write_text("# the team's\n\nHF_HOME=/data\n  NVIDIA_VISIBLE_DEVICES=all\n")
+    (root / "ok.env").write_text("# the team's\n\nHF_HOME=/data\nMY_NVIDIA_NOTE=1\n")
+    (root / "bad.labels").write_text("team=ml\nboard.booking=7\n")
+    (root / "big.env").write_text("HF_HOME=/data\n" * 80_000 + "NVIDIA_VISIBLE_DEVICES=all\n")  # over 1 MiB
+    (root / "board.toml").write_text(f'[enforce]\ngrace_s = 60\n[llama]\nmodel_dirs = ["{root}/models"]\n')
+    env = {"BOARD_DB": str(root / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC",
+           "BOARD_CONFIG": str(root / "board.toml"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    booked = run_board("book", "--cards", "3", "--for", "1h", env=env)
+    assert booked.returncode == 0, booked.stderr
+    return root, env
+
+
+def fill(options: tuple[str, ...], root) -> list[str]:
+    return [option.replace("{root}", str(root)) for option in options]
+
+
+# (the member's options, what the one-line refusal names). Each is a form the real client passes to the daemon.
+REFUSED = [
+    (("--gpus", "all"), "--gpus"),
+    (("--gpus=all",), "--gpus"),
+    (("-e", "NVIDIA_VISIBLE_DEVICES=all"), "-e NVIDIA_VISIBLE_DEVICES"),
+    (("-eNVIDIA_VISIBLE_DEVICES=all",), "-e NVIDIA_VISIBLE_DEVICES"),
+    (("-e=NVIDIA_DRIVER_CAPABILITIES=all",), "-e NVIDIA_DRIVER_CAPABILITIES"),
+    (("--env=CUDA_VISIBLE_DEVICES=0,1",), "--env CUDA_VISIBLE_DEVICES"),
+    (("-ite", "CUDA_VISIBLE_DEVICES"), "-e CUDA_VISIBLE_DEVICES"),  # its value from the client's environment
+    (("-e", "BOARD_BOOKING_ID=7"), "-e BOARD_BOOKING_ID"),
+    (("--env-file", "{root}/bad.env"), "--env-file NVIDIA_VISIBLE_DEVICES"),
+    (("--env-file", "{root}/big.env"), "--env-file over 1 MiB"),  # its last line past what a reader would check
+    (("--privileged",), "--privileged"),
+    (("--privileged=true",), "--privileged"),
+    (("-v", "/:/host"), "-v /"),
+    (("-itv", "/:/host"), "-v /"),
+    (("--volume=/dev:/dev",), "--volume /dev"),
+    (("-v", "/proc:/p:ro"), "-v /proc"),
+    (("-v", "/:ro"), "-v /"),  # two parts are SOURCE:TARGET to the daemon, not TARGET:MODES
+    (("-v", "/sys/class:/c"), "-v /sys/class"),  # inside a protected tree
+    (("-v", "/var/run/docker.sock:/var/run/docker.sock"), "-v /var/run/docker.sock"),
+    (("-v", "/run:/r"), "-v /run"),  # above the docker socket
+    (("-v", "/var/lib:/l:ro"), "-v /var/lib"),  # above every container's files
+    (("-v", "{root}/to-root:/h"), "to-root"),  # a link to /
+    (("-v", "{root}/to-dev/:/d"), "to-dev"),
+    (("-v", "{root}/others:/o"), "others"),  # not the member's
+    (("-v", "{root}/models:/m"), "read-only"),  # the models, but writable
+    (("-v", "{root}/missing:/m"), "does not exist"),  # docker would create it as root
+    (("--mount", "type=bind,source=/,target=/h"), "--mount /"),
+    (("--mount", "type=bind,src=/dev,dst=/d,readonly"), "--mount /dev"),
+    (("--mount", '"type=bind",source=/,target=/h'), "--mount /"),  # CSV quoting
+    (("--mount=type=bind,source={root}/models,target=/m",), "read-only"),
+    (("--mount", "type=bind,source={root}/data,src=/,target=/h"), "--mount / would"),  # the last source wins
+    (("--mount", "type=volume,dst=/h,volume-driver=local,volume-opt=type=none,volume-opt=o=bind,"
+                 "volume-opt=device=/"), "volume-driver"),
+    (("--mount", "dst=/h,volume-opt=type=none,volume-opt=o=bind,volume-opt=device=/"), "volume-opt"),
+    (("--volume-driver", "local"), "--volume-driver"),
+    (("--volumes-from", "alices-job"), "--volumes-from"),
+    (("--pid", "host"), "--pid"),
+    (("--pid=container:alices-job",), "--pid"),
+    (("--network", "host"), "--network host"),
+    (("--network=container:alices-job",), "--network container:alices-job"),
+    (("--net=host",), "--net"),  # the client's hidden alias: not in the table, refused
+    (("--network", "name=host"), "--network host"),  # the client's CSV form
+    (("--network=name=container:alices-job",), "--network container:alices-job"),
+    (("--network", "name=bridge,driver-opt=com.docker.network.endpoint.sysctls=net.ipv4.ip_forward=1"),
+     "--network driver-opt"),
+    (("--log-driver", "syslog"), "--log-driver syslog"),
+    (("--log-opt", "syslog-address=unix:///var/run/docker.sock"), "--log-opt syslog-address"),
+    (("-p", "80:80"), "-p 80:80 privileged"),
+    (("-p", "127.0.0.1:443:8443"), "-p privileged"),
+    (("-p", "[::1]:1023:80"), "-p privileged"),
+    (("--publish", "published=22,target=22"), "--publish privileged"),
+    (("--ipc=host",), "--ipc host"),
+    (("--ipc", "container:alices-job"), "--ipc container:alices-job"),
+    (("--uts=host",), "--uts"),
+    (("--userns=host",), "--userns"),
+    (("--cgroupns", "host"), "--cgroupns host"),
+    (("--cgroup-parent", "/"), "--cgroup-parent"),
+    (("--cap-add", "SYS_ADMIN"), "--cap-add"),
+    (("--cap-add=ALL",), "--cap-add"),
+    (("--device", "/dev/nvidia0"), "--device"),
+    (("--device-cgroup-rule", "c 195:* rmw"), "--device-cgroup-rule"),
+    (("--runtime", "nvidia"), "--runtime"),
+    (("--security-opt", "seccomp=unconfined"), "--security-opt"),
+    (("--annotation", "cdi.k8s.io/gpu=nvidia.com/gpu=all"), "--annotation"),
+    (("--use-api-socket",), "--use-api-socket"),
+    (("--sysctl", "kernel.shmmax=1"), "--sysctl"),
+    (("--label", "board.booking=7"), "--label board.booking"),
+    (("-lboard.booking=7",), "-l board.booking"),
+    (("--label-file", "{root}/bad.labels"), "--label-file board.booking"),
+    (("--link", "alices-job"), "--link"),
+    (("-d",), "-d"),
+    (("-itd",), "-d"),
+    (("--name", "mine"), "--name"),
+    (("--rm=false",), "--rm"),
+    (("--oom-score-adj=-1000",), "--oom-score-adj"),
+    (("--oom-kill-disable",), "--oom-kill-disable"),
+    (("--cpu-rt-runtime", "95000"), "--cpu-rt-runtime"),
+    (("other-image",), "other-image"),  # not an option: the client would take it for the image
+]
+
+
+@pytest.mark.parametrize(("options", "named"), REFUSED, ids=lambda case: " ".join(case) if isinstance(case, tuple)
+                         else None)
+def test_an_option_that_widens_the_container_is_refused_before_docker(member, tmp_path, options, named):
+    root, env = member
+    env = {**env, "DOCKER_LOG": str(tmp_path / "docker.log")}
+    result = run_board("run", "--docker", "busybox", *fill(options, root), "--", "true", env=env)
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result
+    line = result.stderr
+    assert line.startswith("board: docker option ") and all(word in line for word in named.split()), line
+    assert not os.path.exists(env["DOCKER_LOG"])  # nothing reached docker
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on this machine")
+@pytest.mark.parametrize("options", [options for options, _ in REFUSED], ids=" ".join)
+def test_the_real_client_would_have_passed_each_refused_option_on(member, options):
+    """So each refused case is the client's grammar, not a line docker would have refused anyway."""
+    stderr = real_client(fill(options, member[0]))
+    if options[0] == "--device":  # the client reads a device for the daemon's OS, which it asked for first
+        assert "unknown server OS" in stderr, stderr
+    else:
+        assert "Cannot connect to the Docker daemon" in stderr, stderr
+
+
+# Ordinary options, and the nearest neighbours of the refused ones (a name that only contains NVIDIA, a label that
+# starts with "board" but not "board.", the models read-only, the member's own directory).
+ALLOWED = [
+    ("-v", "{root}/data:/data"),
+    ("-v", "{root}/data:/data:ro"),
+    ("--volume={root}/data/:/data:ro,z",),
+    ("-v", "{root}/models:/models:ro"),
+    ("-v", "/scratch"),  # an anonymous volume
+    ("-v", "hf-cache:/root/.cache/huggingface"),  # a named volume
+    ("--mount", "type=bind,source={root}/data,target=/d,readonly"),
+    ("--mount", "type=bind,src={root}/models,dst=/m,ro=true"),
+    ("--mount", "type=tmpfs,dst=/t,tmpfs-size=1g"),
+    ("--mount", "type=volume,src=hf-cache,dst=/c"),
+    ("-e", "HF_TOKEN=hf_x"),
+    ("-eMY_NVIDIA_NOTE=1",),
+    ("--env", "NVIDIA=1"),
+    ("--env-file", "{root}/ok.env"),
+    ("--label", "team=ml"),
+    ("-lboardgame=1",),
+    ("-w", "/work"),
+    ("--shm-size=8g",),
+    ("--ipc=private",),
+    ("--ipc", "shareable"),
+    ("--cgroupns=private",),
+    ("--network", "bridge"),
+    ("--network=none",),
+    ("-it",),
+    ("-i", "-t"),
+    ("--init", "--sig-proxy=false"),
+    ("--cap-drop", "ALL"),
+    ("-u", "1000:1000"),
+    ("--restart=no",),
+    ("--oom-score-adj", "500"),
+    ("-p", "8080:8080"),
+    ("-p", "127.0.0.1::80"),  # a port the daemon picks
+    ("-p", "1024-1030:80-86/udp"),
+    ("--publish", "published=8081,target=80"),
+    ("--network", "name=team-net,alias=job"),
+    ("--log-driver", "json-file", "--log-opt", "max-size=10m"),
+    ("--cpus", "8", "-m", "64g", "--ulimit", "memlock=-1"),
+    ("--entrypoint", "/bin/sh"),
+]
+
+
+@pytest.mark.parametrize("options", ALLOWED, ids=" ".join)
+def test_ordinary_options_reach_docker_after_boards_own(member, tmp_path, options):
+    root, env = member
+    env = {**env, "DOCKER_LOG": str(tmp_path / "docker.log")}
+    result = run_board("run", "--docker", "busybox", *fill(options, root), "--", "true", env=env)
+    assert result.returncode == 0, result.stderr
+    [argv] = calls(env)
+    assert argv[argv.index("board.booking=1") + 1:] == [*fill(options, root), "busybox", "true"]
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on this machine")
+@pytest.mark.parametrize("options", ALLOWED, ids=" ".join)
+def test_the_real_client_accepts_each_allowed_case(member, options):
+    stderr = real_client(fill(options, member[0]))
+    assert "Cannot connect to the Docker daemon" in stderr, stderr
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on this machine")
+def test_every_option_of_the_client_is_classified_as_the_client_reads_it():
+    """`docker run --help` against the table: each option named, with its short name, and taking a value exactly
+    when the client's does (else the two would read `--init --privileged` differently). A newer client's option
+    fails here until it is classified."""
+    from app.cli.docker_options import OPTIONS
+
+    text = subprocess.run([shutil.which("docker"), "run", "--help"], capture_output=True, text=True,
+                          timeout=60).stdout
+    listed = {}
+    for line in text.split("Options:", 1)[1].splitlines():
+        if found := re.match(r"\s+(?:-(\w), )?--([\w-]+)(?: ([\w-]+))?\s{2,}", line):
+            short, name, kind = found.groups()
+            listed[name] = (short or "", kind is not None)
+    assert len(listed) > 90
+    assert set(listed) - set(OPTIONS) == set(), "options of this client board run does not classify"
+    assert set(OPTIONS) - set(listed) == set(), "options the table names that this client has not"
+    assert {name: (short, takes) for name, (short, takes, _) in OPTIONS.items()} == listed
+
+
+
+# -- what reaches the daemon -------------------------------------------------------------------------------------
+
+
+class RecordingDaemon(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """A docker daemon that answers the client's ping and records each container it is asked to create, then
+    refuses it (the client exits 125): the request the real client built from board's argv, as a daemon gets it."""
+
+    daemon_threads = True
+
+    def __init__(self, path: str) -> None:
+        self.created: list[dict] = []
+        super().__init__(path, _DaemonHandler)
+
+
+class _DaemonHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self, code: int, body: bytes = b"") -> None:
+        self.send_response(code)
+        for name, value in (("Content-Type", "application/json"), ("Api-Version", "1.50"), ("Ostype", "linux"),
+                            ("Content-Length", str(len(body)))):
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self._answer(200)
+
+    def do_GET(self) -> None:
+        self._answer(200, b"OK") if self.path.endswith("/_ping") else self._answer(404, b'{"message": "no"}')
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if "/containers/create" in self.path:
+            self.server.created.append({"path": self.path, **json.loads(body)})
+        self._answer(500, b'{"message": "recorded by the test daemon"}')
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    path = tmp_path_factory.mktemp("daemon") / "docker.sock"
+    server = RecordingDaemon(str(path))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def created(daemon, options: list[str]) -> dict | None:
+    """The container the real client asked the daemon for with these member options after board's; None when the
+    client refused the line itself."""
+    daemon.created.clear()
+    stderr = real_client(options, host=f"unix://{daemon.server_address}")
+    if not daemon.created:
+        assert "recorded by the test daemon" not in stderr
+        return None
+    [body] = daemon.created
+    return body
+
+
+def assert_only_its_cards(body: dict, root) -> None:
+    """The container as board means it: the booked card alone, no privilege, capability or host namespace, its
+    booking's label, binds of the member's data (the models read-only), no host port below 1024."""
+    host = body["HostConfig"]
+    assert "name=board-1-1" in body["path"] and host["AutoRemove"] is True
+    assert host["DeviceRequests"] == [{"Driver": "", "Count": 0, "DeviceIDs": [f"{SIM}4"], "Capabilities": [["gpu"]],
+                                       "Options": {}}]
+    assert not host["Devices"] and not host["DeviceCgroupRules"] and not host.get("Runtime")
+    assert host["Privileged"] is False and not host["CapAdd"] and not host["SecurityOpt"]
+    assert (host["PidMode"], host["UTSMode"], host["UsernsMode"], host["CgroupParent"]) == ("", "", "", "")
+    assert host["CgroupnsMode"] in ("", "private") and host["IpcMode"] in ("", "private", "shareable", "none")
+    assert host["NetworkMode"] != "host" and not host["NetworkMode"].startswith("container:")
+    assert not host["VolumesFrom"] and not host["Links"] and not host.get("Sysctls") and not host["VolumeDriver"]
+    assert host["OomScoreAdj"] >= 0 and not host["OomKillDisable"] and not host["CpuRealtimeRuntime"]
+    assert host["RestartPolicy"]["Name"] in ("", "no")
+    assert host["LogConfig"]["Type"] in ("", "json-file", "local", "journald", "none")
+    ours = {"NVIDIA_VISIBLE_DEVICES": f"{SIM}4", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "BOARD_BOOKING_ID": "1"}
+    for entry in body["Env"]:
+        name, _, value = entry.partition("=")
+        assert not name.upper().startswith(("NVIDIA_", "CUDA_VISIBLE", "CUDA_DEVICE", "BOARD_")) or \
+            ours.get(name, value) == value and name in (*ours, "BOARD_BOOKING_END"), entry
+    assert {k: v for k, v in (body["Labels"] or {}).items() if k.lower().startswith("board.")} == {"board.booking": "1"}
+    for bind in host["Binds"] or []:
+        source, _, rest = bind.partition(":")
+        if source.startswith("/"):
+            assert Path(source).resolve().is_relative_to(root / "data") or \
+                (Path(source).resolve().is_relative_to(root / "models") and "ro" in rest.split(":")[-1].split(",")), bind
+    for mount in host.get("Mounts") or []:
+        if mount["Type"] == "bind":
+            assert Path(mount["Source"]).resolve().is_relative_to(root / "data") or mount.get("ReadOnly"), mount
+        assert not (mount.get("VolumeOptions") or {}).get("DriverConfig"), mount
+    for bindings in (host["PortBindings"] or {}).values():
+        assert all(not b["HostPort"] or int(b["HostPort"].split("-")[0]) >= 1024 for b in bindings), bindings
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on this machine")
+@pytest.mark.parametrize("options", ALLOWED, ids=" ".join)
+def test_what_reaches_the_daemon_for_each_allowed_case_is_the_booked_card_alone(member, daemon, options):
+    body = created(daemon, fill(options, member[0]))
+    assert body is not None, "the real client refused an allowed case"
+    assert_only_its_cards(body, member[0])
+
+
+# Tokens of every kind: options that take a value or not, bundles, values that are options, dangerous values.
+TOKENS = ["-i", "-t", "-it", "-d", "--init", "--rm", "--privileged", "--privileged=false", "--init=true", "-e",
+          "-eNVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all", "HF_HOME=/d", "--env", "--gpus", "all", "-v",
+          "{root}/data:/d", "/:/h", "{root}/models:/m", "{root}/models:/m:ro", "/dev:/dev", "--mount",
+          "type=bind,src=/,dst=/h", "type=bind,src={root}/data,dst=/d", "-w", "/work", "--pid", "host", "--network",
+          "--network=host", "bridge", "--label", "board.booking=7", "-l", "team=ml", "--cap-add", "SYS_ADMIN",
+          "--ipc", "private", "--shm-size", "1g", "-u", "0", "--device", "/dev/nvidia0", "--security-opt",
+          "seccomp=unconfined", "-p", "80:80", "8080:80", "--sig-proxy", "--sig-proxy=false", "-ite", "-itv", "-itw",
+          "-itl", "--userns", "--uts", "--cgroupns", "--runtime", "nvidia", "--volumes-from", "other", "--tmpfs", "/t",
+          "--log-opt", "max-size=1m", "--entrypoint", "sh", "-h", "box", "-m", "1g", "--oom-score-adj", "-500",
+          "100", "--read-only", "-q", "-", "--name", "--cpus", "2", "-c", "-P"]
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on this machine")
+def test_any_line_board_passes_reaches_the_daemon_as_the_booked_card_alone(member, daemon):
+    """Lines of random tokens, read by board's table and by the real client: whatever board lets through, the
+    client makes into a container on the booked card alone (the two read every line the same way, or a value
+    taken for an option, or the reverse, would show here)."""
+    from app.cli.docker_options import OPTIONS, Options, check
+
+    root = member[0]
+    where = Options(os.getuid(), [str(root / "models")])
+    # First each option board reads as taking a value, given --privileged: the client must read it so too.
+    lines = [[f"{dashes}{name}", "--privileged"] for name, (short, takes, _) in OPTIONS.items() if takes
+             for dashes, name in (("--", name), ("-", short)) if name]
+    chance, passed = random.Random(31), 0
+    lines += [fill(tuple(chance.choice(TOKENS) for _ in range(chance.randint(1, 5))), root) for _ in range(1500)]
+    for options in lines:
+        try:
+            check(options, where)
+        except BadInput:
+            continue
+        body = created(daemon, options)
+        if body is not None:
+            passed += 1
+            assert_only_its_cards(body, root)
+    assert passed > 50, passed  # the lines it let through, each checked at the daemon

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 
@@ -209,3 +210,20 @@ def test_a_socket_client_reconnects_for_reads_after_a_restart(agent):
     assert client.call("whoami")["user"] == "root"  # a fresh connection, no new client needed
     assert os.path.exists(agent.socket)
     client.close()
+
+
+def test_the_agent_names_the_store_it_serves_on(store, make_agent):
+    """Its start-up line names the PostgreSQL database (host:port/dbname, never a password) on a PostgreSQL store, not
+    the SQLite file it does not use; the file on SQLite."""
+    url = getattr(store, "url", None)
+    agent = make_agent(storage_url=url, start=False)
+    agent.program = [sys.executable, "-m", "app"]  # this checkout's app (cwd), not the console script's install
+    agent.start()
+    [line] = [line for line in agent.log_text().splitlines() if "board agent: serving" in line]
+    if url:
+        from app.store.pg import where
+
+        assert f" on PostgreSQL {where(url)} as uid " in line and str(agent.db) not in line, line
+        assert ".db" not in line, line
+    else:
+        assert f" on {agent.db} as uid " in line, line
