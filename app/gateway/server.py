@@ -123,7 +123,7 @@ class Gateway:
     def __init__(self, config: Config, client) -> None:
         settings = config.gateway
         self.config, self.settings, self.client = config, settings, client
-        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_key, time.time)
+        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_user, time.time)
         self.metrics = Metrics()
         self.pending: list[dict] = []
         self.session: aiohttp.ClientSession | None = None
@@ -383,6 +383,9 @@ def run_gateway(config: Config, listen: str | None = None) -> int:
             raise BadInput(str(error)) from None
     if config.gateway.log_bodies:
         log("[gateway] log_bodies is true: prompts and completions are logged")
+    if "max_concurrent_per_key" in config.gateway._renamed:
+        log(f"[gateway] max_concurrent_per_key is now max_concurrent_per_user ({config.gateway.max_concurrent_per_user}),"
+            " counted across all of a member's keys; rename it in the config")
     os.umask(0o077)
     asyncio.run(serve(Gateway(config, SocketClient(config.service.socket)), listen or config.gateway.listen))
     return 0
