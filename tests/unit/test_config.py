@@ -143,6 +143,19 @@ def test_the_old_per_key_limit_still_loads_as_the_per_member_one(tmp_path):
     assert (settings.max_concurrent_per_user, settings._renamed) == (5, ("max_concurrent_per_key",))
 
 
+def test_the_gateway_says_at_start_that_the_old_name_is_read_as_the_new_one(tmp_path, monkeypatch, capsys):
+    from app.gateway import server
+
+    path = tmp_path / "board.toml"
+    path.write_text(f'[service]\nsocket = "{tmp_path}/board.sock"\n[gateway]\nmax_concurrent_per_key = 5\n')
+    monkeypatch.setattr(server.asyncio, "run", lambda serving: serving.close())  # started, not served
+    monkeypatch.setattr(server.os, "umask", lambda mask: mask)
+    assert server.run_gateway(load_config(environ={"BOARD_CONFIG": str(path)})) == 0
+    assert capsys.readouterr().err == (
+        "board gateway: [gateway] max_concurrent_per_key is now max_concurrent_per_user (5), counted across all of a"
+        " member's keys; rename it in the config\n")
+
+
 def test_a_named_config_that_does_not_exist(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(environ={"BOARD_CONFIG": str(tmp_path / "missing.toml")})
