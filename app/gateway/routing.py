@@ -185,6 +185,10 @@ class Router:
         self._done(key["user"])
         self._dispatch()
 
+    def waiting(self) -> int:
+        """Requests waiting for a slot now (the gateway's /metrics shows it)."""
+        return sum(not w.future.done() for w in self._waiting)
+
     def _hand(self, server: Upstream, user: str, alias: str) -> None:
         """A slot of `server` is the user's request's from now: counted, and their turn on the model marked."""
         server.outstanding += 1

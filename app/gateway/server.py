@@ -98,7 +98,7 @@ class Meter:
 
 class Metrics:
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
         self.requests = Counter("board_gateway_requests", "Requests answered, by user, model and HTTP status",
@@ -110,6 +110,8 @@ class Metrics:
         buckets = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
         self.latency = Histogram("board_gateway_request_duration_seconds", "From the request to the answer's end",
                                  ["model"], buckets=buckets, registry=self.registry)
+        self.waiting = Gauge("board_gateway_waiting_requests", "Requests waiting for a free slot now",
+                             registry=self.registry)
         self.ttft = Histogram("board_gateway_time_to_first_token_seconds", "From the request to the first byte back",
                               ["model"], buckets=buckets, registry=self.registry)
 
@@ -206,6 +208,7 @@ class Gateway:
         if request.remote not in ("127.0.0.1", "::1"):  # who used what is the team's, not the internet's
             return error_body(403, "/metrics answers only on this host (scrape it through 127.0.0.1)",
                               "invalid_request_error", "forbidden")
+        self.metrics.waiting.set(self.router.waiting())
         return web.Response(body=self.metrics.text(), content_type="text/plain", charset="utf-8")
 
     def _hash(self, request: web.Request) -> str | None:
