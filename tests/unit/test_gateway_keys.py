@@ -263,6 +263,14 @@ def test_a_key_of_a_class_the_holder_may_not_use_is_refused_naming_who_may(servi
     assert service.call(BOB, "key_new", {"class": "batch"})["class"] == "batch"  # a class not named: everyone
 
 
+def test_a_key_made_before_its_class_was_kept_for_others_waits_after_every_class(service):
+    made = service.call(BOB, "key_new", {"class": "online"})  # no [classes] yet: anyone may
+    alices = service.call(ALICE, "key_new", {"class": "online"})
+    with_config(service, classes={"online": ("alice",)})
+    classes = {k["id"]: k["class"] for k in service.call(GATEWAY, "gateway_state", {})["keys"]}
+    assert classes == {made["id"]: None, alices["id"]: "online"} and class_rank(None) == 4
+
+
 def test_without_classes_every_member_may_use_every_class():
     from app.core.policy import class_refusal
 

@@ -385,7 +385,7 @@ async def test_a_member_who_comes_later_is_served_before_the_rest_of_anothers_cr
     await settle()
     crowd.send("carol", key(2, user="carol"))
     await settle()
-    assert crowd.served == ["bob"] and len(r._waiting) == 9
+    assert crowd.served == ["bob"] and r.waiting() == 9
     await crowd.release_first()
     assert crowd.served == ["bob", "carol"]  # first come would have served bob's eight first
     for _ in range(8):

@@ -146,7 +146,9 @@ def gateway_state(service: Service, me: Identity) -> dict:
             "url": f"http://{f'[{host}]' if ':' in host else host}:{server.port}", "parallel": server.parallel or 1,
             "user": server.user, "booking": server.booking_id, "booking_end": booking.end if booking else None,
             "cards": list(server.cards), "state": server.state, "host": "local"})
-    keys = [{"id": k["id"], "hash": k["hash"], "user": k["user"], "models": k["models"], "class": k["class"],
+    # A key made before [classes] kept its class from its holder waits after every class (None ranks last).
+    keys = [{"id": k["id"], "hash": k["hash"], "user": k["user"], "models": k["models"],
+             "class": k["class"] if may_use(service.config, k["class"], k["user"]) else None,
              "expires": k["expires"], "revoked": k["revoked"], "fingerprint": k["fingerprint"]}
             for k in rows.listing(conn, live_at=now)]
     return {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys}
