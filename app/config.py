@@ -214,8 +214,11 @@ class GatewaySettings:
     drain_s: float = 30.0  # a server whose booking ends within this gets no new requests
     queue_timeout_s: float = 30.0  # a request waits this long for a free slot, then 429
     max_body_mb: float = 16.0
-    max_concurrent_per_key: int = 8
+    max_concurrent_per_user: int = 8  # a member's requests in flight or waiting, across all their keys, then 429
+    max_keys_per_user: int = 20  # live keys a member issues themselves; keys an admin issues for an account are apart
     log_bodies: bool = False
+    # The old names this config used (max_concurrent_per_key, now max_concurrent_per_user): the gateway says so at start.
+    _renamed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +265,8 @@ class Config:
     fit: FitSettings = field(default_factory=FitSettings)
     booking: BookingSettings = field(default_factory=BookingSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
+    # [classes]: who may use a class (user names, @groups), for bookings and keys alike; a class not named: everyone.
+    classes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def store(self) -> Path | PostgresStore:
@@ -313,7 +318,7 @@ def _hhmm(text: str) -> int:
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
     known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
-             "history", "metrics", "notify", "alerts", "report", "gateway", "power", "fleet"}
+             "history", "metrics", "notify", "alerts", "report", "gateway", "power", "fleet", "classes"}
     if unknown := set(raw) - known:
         raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
     storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
@@ -373,7 +378,28 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         gateway=_gateway(raw.get("gateway", {})),
         power=_power(raw.get("power", {})),
         fleet=_fleet(raw.get("fleet", {})),
+        classes=_classes(raw.get("classes", {})),
     )
+
+
+def _classes(table: dict) -> dict[str, tuple[str, ...]]:
+    """[classes] online = ["@serving", "alice"]: a class named here is for those users and groups' members alone."""
+    if not isinstance(table, dict):
+        raise ValueError("[classes] is a table of class = [users and @groups], such as online = [\"@serving\"]")
+    found = {}
+    for klass, who in table.items():
+        if klass not in CLASSES:
+            raise ValueError(f"[classes] {str(klass)[:20]!r} is not a class; use one of {', '.join(CLASSES)}")
+        if not isinstance(who, list) or not all(isinstance(w, str) and _account(w.removeprefix("@")) for w in who):
+            raise ValueError(f"[classes] {klass} is {repr(who)[:40]}; give a list of user names and @groups,"
+                             " such as [\"@serving\", \"alice\"]")
+        found[klass] = tuple(who)
+    return found
+
+
+def _account(name: str) -> bool:
+    """A user or group name as [classes] takes it: 1 to 64 printable characters, no space, '@' or ','."""
+    return 0 < len(name) <= 64 and name.isprintable() and not any(c in name for c in " @,")
 
 
 _HOST_NAME = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
@@ -392,18 +418,28 @@ def _fleet(table: dict) -> FleetSettings:
 
 
 def _gateway(table: dict) -> GatewaySettings:
-    settings = _build(GatewaySettings, table, "[gateway]")
+    table, renamed = dict(table), ()
+    if "max_concurrent_per_key" in table:  # its old name: a config written for per-key limits still loads
+        if "max_concurrent_per_user" in table:
+            raise ValueError("[gateway] max_concurrent_per_key is the old name of max_concurrent_per_user (now counted"
+                             " across all of a member's keys); keep only max_concurrent_per_user")
+        table["max_concurrent_per_user"], renamed = table.pop("max_concurrent_per_key"), ("max_concurrent_per_key",)
+    settings = replace(_build(GatewaySettings, table, "[gateway]"), _renamed=renamed)
     host_port(settings.listen, "[gateway] listen", "0.0.0.0:8080")
     if not isinstance(settings.user, str) or not settings.user:
         raise ValueError("[gateway] user is the gateway's account name, such as \"board-gateway\"")
     if not isinstance(settings.log_bodies, bool):
         raise ValueError("[gateway] log_bodies must be true or false")
-    for key in ("drain_s", "queue_timeout_s", "max_body_mb", "max_concurrent_per_key"):
+    for key in ("drain_s", "queue_timeout_s", "max_body_mb", "max_concurrent_per_user", "max_keys_per_user"):
         value = getattr(settings, key)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (
-                key in ("max_body_mb", "max_concurrent_per_key") and value <= 0):
+                key in ("max_body_mb", "max_concurrent_per_user", "max_keys_per_user") and value <= 0):
             raise ValueError(f"[gateway] {key} must be a number more than 0, not {repr(value)[:20]}")
-    return replace(settings, max_concurrent_per_key=int(settings.max_concurrent_per_key))
+    for key in ("max_concurrent_per_user", "max_keys_per_user"):
+        if getattr(settings, key) != int(getattr(settings, key)):
+            raise ValueError(f"[gateway] {key} must be a whole number, not {getattr(settings, key)!r}")
+    return replace(settings, max_concurrent_per_user=int(settings.max_concurrent_per_user),
+                   max_keys_per_user=int(settings.max_keys_per_user))
 
 
 def host_port(listen: object, where: str, example: str) -> None:
@@ -559,7 +595,7 @@ def _enforce(table: dict) -> EnforceSettings:
 
 
 def _build(cls, table: dict, section: str):
-    names = {f.name for f in fields(cls)}
+    names = {f.name for f in fields(cls) if not f.name.startswith("_")}  # _fields are the loader's, never the file's
     if unknown := sorted(set(table) - names):
         raise ValueError(f"unknown key {unknown[0]!r} in {section}; known keys: {', '.join(sorted(names))}")
     return cls(**table)

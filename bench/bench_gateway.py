@@ -108,7 +108,7 @@ def run_gateway(port: int, upstream: str, parallel: int) -> None:
     from app.gateway import server
 
     server.log = lambda message: None  # one line per request would measure the journal, not the relay
-    config = Config(gateway=GatewaySettings(max_concurrent_per_key=100_000, queue_timeout_s=600))
+    config = Config(gateway=GatewaySettings(max_concurrent_per_user=100_000, queue_timeout_s=600))
     gateway = server.Gateway(replace(config), FixedState(upstream, parallel))
     asyncio.run(server.serve(gateway, f"127.0.0.1:{port}"))
 

@@ -46,7 +46,8 @@ def add_parser(command, common) -> None:
     a.add_argument("--name", default="", help="a name to tell your keys apart (a laptop, a project)")
     a.add_argument("--models", metavar="A,B", help="only these model aliases (default: every model)")
     a.add_argument("--class", dest="klass", choices=CLASSES,
-                   help="its requests' priority (default: the usual class of your bookings, else batch)")
+                   help="its requests' priority, one you may use ([classes]); default: the usual class of your"
+                        " bookings, else batch")
     a.add_argument("--expires", type=_expires, metavar="AGE", help="it stops working after this: 90d, 12h")
     a.add_argument("--user", metavar="NAME", help="admins: a key for this account (a service account)")
     a.add_argument("--json", action="store_true", help="print JSON")

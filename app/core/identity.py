@@ -32,6 +32,23 @@ def _in_group(group: str) -> bool:
     return gid == os.getgid() or gid in os.getgroups()
 
 
+def group_names(user: str) -> frozenset[str]:
+    """The groups the system's group database puts `user` in (their own and supplementary ones), by name; none for a
+    name with no account. Read for the holder whoever asks, so an admin acting for a member gets the member's."""
+    try:
+        entry = pwd.getpwnam(user)
+        gids = os.getgrouplist(user, entry.pw_gid)
+    except (KeyError, ValueError, OSError):
+        return frozenset()
+    names = set()
+    for gid in gids:
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            pass
+    return frozenset(names)
+
+
 def lookup_user(name: str) -> tuple[str, int] | None:
     """(name, uid) of a local account, or None."""
     try:

@@ -6,8 +6,29 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Sequence
 
 from app.config import CLASSES, Config, Pool
+from app.core.identity import group_names
 from app.core.text import zone_name
 from app.errors import NotPermitted
+
+
+def may_use(config: Config, klass: str, user: str) -> bool:
+    """Whether `user` may hold a `klass` booking or key: [classes] names them or one of their groups (@group), or does
+    not name the class (everyone may)."""
+    allowed = config.classes.get(klass)
+    if allowed is None or user in allowed:
+        return True
+    groups = {w[1:] for w in allowed if w.startswith("@")}
+    return bool(groups) and bool(groups & group_names(user))
+
+
+def class_refusal(config: Config, klass: str, user: str) -> str | None:
+    """Why `user` may not hold a `klass` booking or key (naming who may, and what they may use instead), or None."""
+    if may_use(config, klass, user):
+        return None
+    who = ", ".join(config.classes[klass]) or "no one"
+    others = [k for k in CLASSES if k != klass and may_use(config, k, user)]
+    instead = f"use {' or '.join(others)}" if others else "no class is open to them; ask an admin"
+    return f"{user} may not use class {klass}: it is for {who} ([classes] in the service's config); {instead}"
 
 
 def card_refusal(config: Config, card: int, klass: str, start: int, end: int, tz: tzinfo | None = None) -> str | None:

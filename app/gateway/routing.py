@@ -7,10 +7,9 @@ a server on another host is one more target (its `host` field) when the fleet co
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from app.core.keys import class_rank
@@ -43,24 +42,30 @@ class Upstream:
         return self.booking_end is not None and self.booking_end - now <= drain_s
 
 
-@dataclass(order=True)
+@dataclass(eq=False)
 class _Waiter:
-    rank: int
-    seq: int
-    future: asyncio.Future = field(compare=False)
-    alias: str = field(compare=False)
+    rank: int  # the key's class (class_rank): a better class is served first
+    seq: int  # arrival: first come within one member
+    user: str
+    alias: str
+    future: asyncio.Future
 
 
 class Router:
-    def __init__(self, drain_s: float, queue_timeout_s: float, max_per_key: int, clock) -> None:
-        self.drain_s, self.queue_timeout_s, self.max_per_key, self.clock = drain_s, queue_timeout_s, max_per_key, clock
+    def __init__(self, drain_s: float, queue_timeout_s: float, max_per_user: int, clock) -> None:
+        self.drain_s, self.queue_timeout_s, self.max_per_user, self.clock = drain_s, queue_timeout_s, max_per_user, clock
         self.servers: dict[int, Upstream] = {}
         self.planned: list[dict] = []
         self.keys: dict[str, dict] = {}  # hash -> key
         self.known = False  # gateway_state has been read at least once
-        self.in_flight: dict[int, int] = {}  # key id -> requests admitted or waiting
+        # A member's requests admitted or waiting, across all their keys: keys are cheap, members are not.
+        self.in_flight: dict[str, int] = {}
         self._waiting: list[_Waiter] = []
         self._seq = itertools.count()
+        # user -> alias -> when a request of theirs last got a slot of that model (a count, not a time): among the
+        # members waiting in one class, the one served longest ago goes next. Dropped when they have nothing in flight.
+        self._served: dict[str, dict[str, int]] = {}
+        self._turns = itertools.count()
 
     # -- the service's view --------------------------------------------------------------------
 
@@ -140,25 +145,26 @@ class Router:
                        "model_not_found")
 
     async def admit(self, model: str, key: dict) -> Upstream:
-        """A server with a free slot for this request, waiting in class order then first come, up to queue_timeout_s;
-        Refused when no one serves the model, the key is at its cap, or the wait runs out. Release it after."""
+        """A server with a free slot for this request, waiting in class order, then round-robin across members, then
+        first come, up to queue_timeout_s; Refused when no one serves the model, the member is at their cap, or the
+        wait runs out. Release it after."""
         if not self._targets(model):
             raise self._unserved(model)
-        key_id = key["id"]
-        if self.in_flight.get(key_id, 0) >= self.max_per_key:
-            raise Refused(429, f"key {key['fingerprint']} has {self.max_per_key} requests in flight, its limit"
-                               " ([gateway] max_concurrent_per_key); wait for one to finish", "rate_limit_exceeded",
-                          "too_many_requests_per_key", retry_after=1)
-        self.in_flight[key_id] = self.in_flight.get(key_id, 0) + 1
+        user = key["user"]
+        if self.in_flight.get(user, 0) >= self.max_per_user:
+            raise Refused(429, f"{user} has {self.max_per_user} requests in flight or waiting, the limit per member"
+                               " across all their keys ([gateway] max_concurrent_per_user); wait for one to finish",
+                          "rate_limit_exceeded", "too_many_requests_per_user", retry_after=1)
+        self.in_flight[user] = self.in_flight.get(user, 0) + 1
         try:
             ahead = any(w.alias == model for w in self._waiting)  # those waiting already go first
             server = None if ahead else self._free(model)
             if server is not None:
-                server.outstanding += 1
+                self._hand(server, user, model)
                 return server
-            waiter = _Waiter(class_rank(key.get("class")), next(self._seq),
-                             asyncio.get_running_loop().create_future(), model)
-            heapq.heappush(self._waiting, waiter)
+            waiter = _Waiter(class_rank(key.get("class")), next(self._seq), user, model,
+                             asyncio.get_running_loop().create_future())
+            self._waiting.append(waiter)
             try:
                 server = await asyncio.wait_for(asyncio.shield(waiter.future), self.queue_timeout_s)
             except asyncio.TimeoutError:
@@ -171,45 +177,58 @@ class Router:
                 raise
             return server  # _dispatch counted it
         except BaseException:
-            self._done_key(key_id)
+            self._done(user)
             raise
 
     def release(self, server: Upstream, key: dict) -> None:
         server.outstanding -= 1
-        self._done_key(key["id"])
+        self._done(key["user"])
         self._dispatch()
 
-    def _done_key(self, key_id: int) -> None:
-        left = self.in_flight.get(key_id, 1) - 1
+    def waiting(self) -> int:
+        """Requests waiting for a slot now (the gateway's /metrics shows it)."""
+        return sum(not w.future.done() for w in self._waiting)
+
+    def _hand(self, server: Upstream, user: str, alias: str) -> None:
+        """A slot of `server` is the user's request's from now: counted, and their turn on the model marked."""
+        server.outstanding += 1
+        self._served.setdefault(user, {})[alias] = next(self._turns)
+
+    def _done(self, user: str) -> None:
+        left = self.in_flight.get(user, 1) - 1
         if left > 0:
-            self.in_flight[key_id] = left
+            self.in_flight[user] = left
         else:
-            self.in_flight.pop(key_id, None)
+            self.in_flight.pop(user, None)
+            self._served.pop(user, None)  # nothing in flight: they come back as new, and the map stays small
 
     def _forget(self, waiter: _Waiter) -> None:
         """A waiter that gave up (timed out, or its client left): out of the queue; a slot it was handed goes on."""
         if waiter in self._waiting:
             self._waiting.remove(waiter)
-            heapq.heapify(self._waiting)
         elif waiter.future.done() and not waiter.future.cancelled():
             server = waiter.future.result()
             server.outstanding -= 1
             self._dispatch()
 
+    def _order(self, waiter: _Waiter) -> tuple[int, int, int]:
+        """Who goes next for a model's free slot: the best class; in it, the member whose request got one of the
+        model's slots longest ago (never: first), so one member's crowd takes turns with the others; then first come."""
+        return waiter.rank, self._served.get(waiter.user, {}).get(waiter.alias, -1), waiter.seq
+
     def _dispatch(self) -> None:
-        """Hand free slots to the waiters, best class first, then first come (per model)."""
+        """Hand free slots to the waiters, in _order (per model: a model whose slots are full holds back no other)."""
+        self._waiting = [w for w in self._waiting if not w.future.done()]
         blocked: set[str] = set()
-        kept = []
-        while self._waiting:
-            waiter = heapq.heappop(self._waiting)
-            if waiter.future.done():
-                continue
-            server = None if waiter.alias in blocked else self._free(waiter.alias)
+        while True:
+            waiting = [w for w in self._waiting if w.alias not in blocked]
+            if not waiting:
+                return
+            waiter = min(waiting, key=self._order)
+            server = self._free(waiter.alias)
             if server is None:
                 blocked.add(waiter.alias)
-                kept.append(waiter)
                 continue
-            server.outstanding += 1  # the waiter's from now: _forget gives it back if the waiter has left
+            self._waiting.remove(waiter)
+            self._hand(server, waiter.user, waiter.alias)  # the waiter's from now: _forget gives it back if it has left
             waiter.future.set_result(server)
-        for waiter in kept:
-            heapq.heappush(self._waiting, waiter)

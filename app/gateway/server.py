@@ -98,7 +98,7 @@ class Meter:
 
 class Metrics:
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
         self.requests = Counter("board_gateway_requests", "Requests answered, by user, model and HTTP status",
@@ -110,6 +110,8 @@ class Metrics:
         buckets = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
         self.latency = Histogram("board_gateway_request_duration_seconds", "From the request to the answer's end",
                                  ["model"], buckets=buckets, registry=self.registry)
+        self.waiting = Gauge("board_gateway_waiting_requests", "Requests waiting for a free slot now",
+                             registry=self.registry)
         self.ttft = Histogram("board_gateway_time_to_first_token_seconds", "From the request to the first byte back",
                               ["model"], buckets=buckets, registry=self.registry)
 
@@ -123,7 +125,7 @@ class Gateway:
     def __init__(self, config: Config, client) -> None:
         settings = config.gateway
         self.config, self.settings, self.client = config, settings, client
-        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_key, time.time)
+        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_user, time.time)
         self.metrics = Metrics()
         self.pending: list[dict] = []
         self.session: aiohttp.ClientSession | None = None
@@ -206,6 +208,7 @@ class Gateway:
         if request.remote not in ("127.0.0.1", "::1"):  # who used what is the team's, not the internet's
             return error_body(403, "/metrics answers only on this host (scrape it through 127.0.0.1)",
                               "invalid_request_error", "forbidden")
+        self.metrics.waiting.set(self.router.waiting())
         return web.Response(body=self.metrics.text(), content_type="text/plain", charset="utf-8")
 
     def _hash(self, request: web.Request) -> str | None:
@@ -383,6 +386,9 @@ def run_gateway(config: Config, listen: str | None = None) -> int:
             raise BadInput(str(error)) from None
     if config.gateway.log_bodies:
         log("[gateway] log_bodies is true: prompts and completions are logged")
+    if "max_concurrent_per_key" in config.gateway._renamed:
+        log(f"[gateway] max_concurrent_per_key is now max_concurrent_per_user ({config.gateway.max_concurrent_per_user}),"
+            " counted across all of a member's keys; rename it in the config")
     os.umask(0o077)
     asyncio.run(serve(Gateway(config, SocketClient(config.service.socket)), listen or config.gateway.listen))
     return 0

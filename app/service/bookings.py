@@ -140,6 +140,7 @@ class BookingService:
         that every rule accepts."""
         now = int(self.clock())
         klass = self._check_class(klass)
+        self._check_access(klass, user)
         if start < now - PAST_GRACE_SECONDS:
             raise BadInput(f"the start {stamp_time(start, now)} is in the past; pick a start from now on")
         if end <= start:
@@ -254,7 +255,7 @@ class BookingService:
         booking of `duration` start; with each, when its cards stop being free (None: not within a day
         past the slot). Candidate starts are `start`, each moment a booking on some card ends, and each
         moment a pool's window opens."""
-        self._check_class(klass)
+        self._check_access(self._check_class(klass))
         if count not in GROUP_SIZES:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
         now = int(self.clock())
@@ -281,7 +282,8 @@ class BookingService:
                   klass: str = "experiment") -> int | None:
         """The earliest start at or after `start` where `cards` are free for `duration` and the rules let
         the caller book them; None when none is, within how far ahead a booking may start."""
-        found = self._earliest(cards=self._check_cards(cards), count=None, klass=self._check_class(klass), start=start,
+        self._check_access(self._check_class(klass))
+        found = self._earliest(cards=self._check_cards(cards), count=None, klass=klass, start=start,
                                duration=duration, excluding=excluding)
         return found.start if found is not None else None
 
@@ -457,6 +459,7 @@ class BookingService:
                     raise BadInput(f"no user {user!r} on this server")
                 owner = found
                 details["user"] = owner[0]
+                self._check_access(booking.klass, owner[0])  # the new holder may hold its class ([classes])
             chosen = booking.cards
             if cards is not None:
                 chosen = self._check_cards(cards)
@@ -646,6 +649,11 @@ class BookingService:
         if klass not in CLASSES:
             raise BadInput(f"unknown class {klass!r}; use one of {', '.join(CLASSES)}")
         return klass
+
+    def _check_access(self, klass: str, holder: str | None = None) -> None:
+        """NotPermitted, naming who may, when the holder (default the caller) may not use `klass` ([classes])."""
+        if reason := policy.class_refusal(self.config, klass, holder or self.me.name):
+            raise NotPermitted(reason)
 
     def _check_note(self, note: str) -> str:
         if len(note) > MAX_NOTE_CHARS:

@@ -104,6 +104,8 @@ class SeriesService:
         def change(now: int) -> int:
             chosen = self.rules._check_cards(cards)
             owner = (self.me.name, self.me.uid)
+            if not override_policy:  # one line rather than one per occurrence (_check would refuse each)
+                self.rules._check_access(klass, owner[0])
             free, skipped, overridden = self._check(chosen, klass, spans, skip_conflicts, override_policy, owner[0])
             series_id = store.insert(self.conn, user=owner[0], uid=owner[1], rule=stored, now=now)
             booked = self._insert(series_id, owner, chosen, klass, note, free, overridden, now)
@@ -136,6 +138,8 @@ class SeriesService:
             klass, note = series.rule.get("class", "experiment"), series.rule.get("note", "")
             chosen = self.rules._check_cards(series.rule.get("cards") or [])
             owner = (series.user, series.uid)  # an admin's extension is still the holder's
+            if not override_policy:
+                self.rules._check_access(klass, owner[0])
             free, skipped, overridden = self._check(chosen, klass, spans, skip_conflicts, override_policy, owner[0])
             booked = self._insert(series_id, owner, chosen, klass, note, free, overridden, now)
             store.set_rule(self.conn, series_id, {**series.rule, "to": new_last.isoformat()})

@@ -51,6 +51,12 @@ def listing(conn: sqlite3.Connection, uid: int | None = None, live_at: int | Non
     return [_key(r) for r in conn.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys{clause} ORDER BY id DESC", args)]
 
 
+def issued_by_self(conn: sqlite3.Connection, uid: int, now: int) -> int:
+    """How many usable keys (not revoked, not expired at `now`) `uid` holds that they issued themselves."""
+    return conn.execute("SELECT COUNT(*) FROM api_keys WHERE uid = ? AND created_by = ? AND revoked_at IS NULL"
+                        " AND (expires_at IS NULL OR expires_at > ?)", (uid, uid, now)).fetchone()[0]
+
+
 def revoke(conn: sqlite3.Connection, key_id: int, now: int) -> bool:
     return conn.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
                         (now, key_id)).rowcount == 1

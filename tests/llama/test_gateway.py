@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -76,8 +77,10 @@ class Team:
         return self.root / "gateway.log"
 
     def start_gateway(self) -> None:
-        self.gateway = agent_process.start_daemon(GATEWAY_USER, [str(BOARD)], ["gateway"], self.board.agent.config,
-                                                  self.log)
+        # `python -m app` in the checkout (start_daemon's cwd): the gateway under test is this checkout's, also where
+        # the venv's `board` is another checkout's editable install.
+        self.gateway = agent_process.start_daemon(GATEWAY_USER, [sys.executable, "-m", "app"], ["gateway"],
+                                                  self.board.agent.config, self.log)
         if not wait_for(lambda: self.gateway.poll() is not None or self.health() == 200):
             raise AssertionError(f"the gateway did not come up:\n{self.log.read_text()}")
         assert self.gateway.poll() is None, self.log.read_text()
@@ -345,6 +348,51 @@ def test_two_servers_with_one_alias_share_the_load(team):
     assert set(servers) == {team.server["id"], second["id"]}, servers
     team.board.ok("bob", "serve", "stop", str(second["id"]))
     assert wait_for(lambda: team.models()["servers"] == 1)
+
+
+def waiting(team) -> float:
+    """The gateway's requests waiting for a slot now (its /metrics)."""
+    text = urllib.request.urlopen(f"{team.url}/metrics", timeout=5).read().decode()
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("board_gateway_waiting_requests "))
+
+
+def test_one_members_crowd_does_not_keep_out_another_who_comes_later(team):
+    """Issue 31, replayed: bob kept 8 requests in flight and every one of carol's waited behind them until it was
+    refused 429. Both batch, through the real openai client: carol's one request, sent after bob's eight wait, is
+    served at the next free slot, before the rest of bob's."""
+    server = team.serve("alice", 5, alias="fair-llm", parallel=2)
+    keys = {user: team.key(user, "--class", "batch") for user in ("bob", "carol")}
+    chat = {"model": "fair-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+    async def crowd():
+        client = openai.AsyncOpenAI(base_url=f"{team.url}/v1", api_key=keys["bob"]["key"], max_retries=0, timeout=120)
+        async with client:
+            return await asyncio.gather(*(client.chat.completions.create(**chat) for _ in range(8)))
+
+    answers: dict = {}
+    before = len(team.usage_rows())
+    # The server is held still, so bob's first two stay in flight and his other six wait at the gateway.
+    os.kill(server["pid"], signal.SIGSTOP)
+    try:
+        crowding = threading.Thread(target=lambda: answers.update(bob=asyncio.run(crowd())))
+        crowding.start()
+        assert wait_for(lambda: waiting(team) == 6), team.log.read_text()
+        later = threading.Thread(target=lambda: answers.update(carol=team.client(keys["carol"]["key"]).chat.completions
+                                                               .create(**chat)))
+        later.start()
+        assert wait_for(lambda: waiting(team) == 7), team.log.read_text()
+    finally:
+        os.kill(server["pid"], signal.SIGCONT)
+    crowding.join(timeout=120)
+    later.join(timeout=120)
+    assert len(answers["bob"]) == 8 and all(a.usage.completion_tokens > 0 for a in [*answers["bob"], answers["carol"]])
+    assert wait_for(lambda: len(team.usage_rows()) >= before + 9), team.log.read_text()
+    served = ["carol" if r[0] == keys["carol"]["id"] else "bob" for r in team.usage_rows()[before:]]
+    assert {r[2] for r in team.usage_rows()[before:]} == {200}
+    # In the order the gateway finished them: carol's took the first slot that came free, alongside bob's third
+    # (first come would have put her ninth, after all of bob's).
+    assert served.count("bob") == 8 and served.index("carol") <= 3, served
+    team.board.ok("alice", "serve", "stop", str(server["id"]))
 
 
 @pytest.fixture

@@ -205,7 +205,8 @@ def config_extra(ports: int) -> str:
             f'\n[llama]\nserver_bin = "/bin/true"\nport_min = {ports}\nport_max = {ports + 19}\n')
 
 
-def local_world(root: Path, ports: int) -> World:
+def local_world(root: Path, ports: int, extra: str = "") -> World:
+    """`extra`: more of the service's config (TOML), as in socket_world."""
     from app.client.local import LocalClient
     from app.config import load_config
     from app.core.identity import Identity
@@ -213,7 +214,7 @@ def local_world(root: Path, ports: int) -> World:
 
     db = root / "board.db"
     config_path = root / "board.toml"
-    config_path.write_text(f'[storage]\ndb = "{db}"\n' + config_extra(ports))
+    config_path.write_text(f'[storage]\ndb = "{db}"\n' + config_extra(ports) + extra)
     config = load_config(environ={"BOARD_CONFIG": str(config_path)})
     service = open_service(config, demo=None, environ={"BOARD_SIMULATE": "1"})
     world = World("local", db, LocalClient(service, Identity("root", 0, True)))
@@ -222,7 +223,7 @@ def local_world(root: Path, ports: int) -> World:
     return world
 
 
-def socket_world(root: Path, ports: int) -> World:
+def socket_world(root: Path, ports: int, extra: str = "") -> World:
     ensure_outsider("mallory")
     for user in (SERVICE_USER, "alice", "mallory"):
         check_reachable(user)
@@ -230,7 +231,7 @@ def socket_world(root: Path, ports: int) -> World:
     agent = Agent(root, {"group": MEMBERS_GROUP, "idle_timeout_s": 3600})
     agent.write_config()
     with open(agent.config, "a") as config:
-        config.write(config_extra(ports))
+        config.write(config_extra(ports) + extra)
     # `python -m app agent` from this checkout, as tests/users starts it
     agent.proc = agent_process.start([sys.executable, "-m", "app"], agent.config, agent.log)
     agent_process.wait_serving(agent.proc, agent.socket, agent.log)

@@ -99,6 +99,21 @@ def test_db_precedence(tmp_path):
         ('[history]\nsample_s = 600\n', "sample_s is at most 300"),
         ('[history]\nenabled = "yes"\n', "enabled must be true or false"),
         ('[history]\nkeep_days = 3\n', "unknown key 'keep_days' in \\[history\\]"),
+        ('[classes]\nvip = ["alice"]\n', "\\[classes\\] 'vip' is not a class; use one of online, batch, finetune, experiment"),
+        ('[classes]\nonline = "alice"\n', "\\[classes\\] online is 'alice'; give a list of user names and @groups,"
+                                         ' such as \\["@serving", "alice"\\]'),
+        ('[classes]\nonline = ["alice", 3]\n', "\\[classes\\] online is \\['alice', 3\\]; give a list"),
+        ('[classes]\nonline = ["@"]\n', "\\[classes\\] online is \\['@'\\]"),
+        ('[classes]\nonline = ["al ice"]\n', "\\[classes\\] online is \\['al ice'\\]"),
+        ('[classes]\nonline = ["a@b"]\n', "\\[classes\\] online is"),
+        ('[[classes]]\nonline = ["alice"]\n', "\\[classes\\] is a table of class = \\[users and @groups\\]"),
+        ('[gateway]\nmax_keys_per_user = 0\n', "\\[gateway\\] max_keys_per_user must be a number more than 0, not 0"),
+        ('[gateway]\nmax_keys_per_user = 2.5\n', "\\[gateway\\] max_keys_per_user must be a whole number, not 2.5"),
+        ('[gateway]\nmax_concurrent_per_user = "8"\n', "max_concurrent_per_user must be a number more than 0, not '8'"),
+        ('[gateway]\nmax_concurrent_per_user = 4\nmax_concurrent_per_key = 4\n',
+         "max_concurrent_per_key is the old name of max_concurrent_per_user .now counted across all of a member's keys.;"
+         " keep only max_concurrent_per_user"),
+        ('[gateway]\n_renamed = ["x"]\n', "unknown key '_renamed' in \\[gateway\\]"),
     ],
 )
 def test_bad_files_are_one_line_errors(tmp_path, text, message):
@@ -107,6 +122,38 @@ def test_bad_files_are_one_line_errors(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message) as error:
         load_config(environ={"BOARD_CONFIG": str(path)})
     assert "\n" not in str(error.value) and str(path) in str(error.value)
+
+
+def test_classes_and_the_gateways_per_member_limits(tmp_path):
+    config = load_config(environ={})
+    assert config.classes == {} and (config.gateway.max_concurrent_per_user, config.gateway.max_keys_per_user) == (8, 20)
+    path = tmp_path / "board.toml"
+    path.write_text('[classes]\nonline = ["@serving", "alice"]\nbatch = []\n'
+                    '[gateway]\nmax_concurrent_per_user = 4\nmax_keys_per_user = 3\n')
+    config = load_config(environ={"BOARD_CONFIG": str(path)})
+    assert config.classes == {"online": ("@serving", "alice"), "batch": ()}
+    assert (config.gateway.max_concurrent_per_user, config.gateway.max_keys_per_user) == (4, 3)
+    assert config.gateway._renamed == ()
+
+
+def test_the_old_per_key_limit_still_loads_as_the_per_member_one(tmp_path):
+    path = tmp_path / "board.toml"
+    path.write_text("[gateway]\nmax_concurrent_per_key = 5\n")
+    settings = load_config(environ={"BOARD_CONFIG": str(path)}).gateway
+    assert (settings.max_concurrent_per_user, settings._renamed) == (5, ("max_concurrent_per_key",))
+
+
+def test_the_gateway_says_at_start_that_the_old_name_is_read_as_the_new_one(tmp_path, monkeypatch, capsys):
+    from app.gateway import server
+
+    path = tmp_path / "board.toml"
+    path.write_text(f'[service]\nsocket = "{tmp_path}/board.sock"\n[gateway]\nmax_concurrent_per_key = 5\n')
+    monkeypatch.setattr(server.asyncio, "run", lambda serving: serving.close())  # started, not served
+    monkeypatch.setattr(server.os, "umask", lambda mask: mask)
+    assert server.run_gateway(load_config(environ={"BOARD_CONFIG": str(path)})) == 0
+    assert capsys.readouterr().err == (
+        "board gateway: [gateway] max_concurrent_per_key is now max_concurrent_per_user (5), counted across all of a"
+        " member's keys; rename it in the config\n")
 
 
 def test_a_named_config_that_does_not_exist(tmp_path):

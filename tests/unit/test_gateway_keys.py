@@ -222,3 +222,116 @@ def test_report_tokens_count_the_window_from_its_start_up_to_but_not_at_its_end(
                                  {**record, "ts": FROZEN_NOW - 50, "user": "bob", "status": 500, "prompt_tokens": 0,
                                   "completion_tokens": 0}])
     assert rows.tokens_by_user(conn, FROZEN_NOW - 100, FROZEN_NOW) == {"alice": (2, 8, 6), "bob": (1, 0, 0)}
+
+
+# -- who may use a class, and how many keys a member holds (issue 31: bob made an online key, then 300 keys) --------
+
+NOBODYS = "@board-tests-no-such-group"  # a group nobody is in: only the names listed may
+
+
+def with_config(service, **changes):
+    from dataclasses import replace
+
+    service.config = replace(service.config, **changes)
+    return service
+
+
+def events_of(service, action: str) -> list[tuple]:
+    """(actor, ok, details without the host that vouched for the actor) of each `action` event, oldest first."""
+    import json
+
+    return [(actor, bool(ok), {k: v for k, v in json.loads(details).items() if k != "host"})
+            for actor, ok, details in service.conn.execute(
+        "SELECT actor, ok, details FROM events WHERE action = ? ORDER BY id", (action,))]
+
+
+def test_a_key_of_a_class_the_holder_may_not_use_is_refused_naming_who_may(service):
+    with_config(service, classes={"online": (NOBODYS, "alice")})
+    refusal = (f"bob may not use class online: it is for {NOBODYS}, alice ([classes] in the service's config);"
+               " use batch or finetune or experiment")
+    with pytest.raises(NotPermitted) as refused:
+        service.call(BOB, "key_new", {"class": "online"})
+    assert refused.value.exit_code == 4 and str(refused.value) == refusal
+    with pytest.raises(NotPermitted, match="^bob may not use class online"):  # an admin's key for bob is still bob's
+        service.call(ADMIN, "key_new", {"class": "online", "user": "bob"})
+    assert service.call(ADMIN, "key_list", {"all": True}) == []
+    assert [(actor, ok) for actor, ok, _ in events_of(service, "key_new")] == [("bob", False), ("carol", False)]
+    assert events_of(service, "key_new")[0][2] == {"user": "bob", "why": refusal}
+    assert service.call(ALICE, "key_new", {"class": "online"})["class"] == "online"  # named, she may
+    # The admin is not named, but the holder is: the class is the holder's, whoever issues it.
+    assert service.call(ADMIN, "key_new", {"class": "online", "user": "alice"})["class"] == "online"
+    assert service.call(BOB, "key_new", {"class": "batch"})["class"] == "batch"  # a class not named: everyone
+
+
+def test_a_key_made_before_its_class_was_kept_for_others_waits_after_every_class(service):
+    made = service.call(BOB, "key_new", {"class": "online"})  # no [classes] yet: anyone may
+    alices = service.call(ALICE, "key_new", {"class": "online"})
+    with_config(service, classes={"online": ("alice",)})
+    classes = {k["id"]: k["class"] for k in service.call(GATEWAY, "gateway_state", {})["keys"]}
+    assert classes == {made["id"]: None, alices["id"]: "online"} and class_rank(None) == 4
+
+
+def test_without_classes_every_member_may_use_every_class():
+    from app.core.policy import class_refusal
+
+    config = Config()
+    assert config.classes == {}
+    assert [class_refusal(config, k, "bob") for k in ("online", "batch", "finetune", "experiment")] == [None] * 4
+
+
+def test_the_default_class_of_a_key_is_one_the_holder_may_use(service):
+    with service.conn:
+        for _ in range(2):
+            service.conn.execute('INSERT INTO bookings ("user", uid, starts_at, ends_at, class, created_at, created_by)'
+                                 " VALUES ('bob', 1002, 0, 10, 'online', 0, 1002)")
+    assert service.call(BOB, "key_new", {})["class"] == "online"  # his usual, open to all
+    with_config(service, classes={"online": ("alice",)})
+    assert service.call(BOB, "key_new", {})["class"] == "batch"  # his usual is no longer his: batch
+    with_config(service, classes={"online": ("alice",), "batch": ("alice",)})
+    assert service.call(BOB, "key_new", {})["class"] == "experiment"  # then the lowest class he may use
+    with_config(service, classes={k: ("alice",) for k in ("online", "batch", "finetune", "experiment")})
+    with pytest.raises(NotPermitted, match=r"^bob may use no class \(\[classes\] in the service's config\)"):
+        service.call(BOB, "key_new", {})
+    assert service.call(ALICE, "key_new", {})["class"] == "batch"
+
+
+def test_a_member_holds_at_most_max_keys_per_user_live_keys_of_their_own(service):
+    assert service.config.gateway.max_keys_per_user == 20
+    made = [service.call(BOB, "key_new", {}) for _ in range(20)]  # the 20th is accepted
+    refusal = ("bob has 20 live keys, the most a member may hold ([gateway] max_keys_per_user); revoke one first"
+               " (board key list, board key revoke ID)")
+    with pytest.raises(NotPermitted) as refused:  # the 21st is not
+        service.call(BOB, "key_new", {})
+    assert refused.value.exit_code == 4 and str(refused.value) == refusal
+    assert len(service.call(BOB, "key_list", {})) == 20 and events_of(service, "key_new")[-1] == (
+        "bob", False, {"user": "bob", "why": refusal})
+    assert service.call(ALICE, "key_new", {})["user"] == "alice"  # bob's keys are not alice's count
+    service.call(BOB, "key_revoke", {"id": made[0]["id"]})  # a revoked key frees a place
+    service.call(BOB, "key_new", {})
+    with pytest.raises(NotPermitted):
+        service.call(BOB, "key_new", {})
+    with service.conn:  # an expired key frees one too
+        service.conn.execute("UPDATE api_keys SET expires_at = ? WHERE id = ?", (FROZEN_NOW, made[1]["id"]))
+    service.call(BOB, "key_new", {"expires": FROZEN_NOW + 1})  # live for a second yet: counted
+    with pytest.raises(NotPermitted):
+        service.call(BOB, "key_new", {})
+
+
+def test_keys_an_admin_issues_for_an_account_are_apart_from_the_cap_and_an_admins_own_are_not(service):
+    with_config(service, gateway=replace_gateway(service, max_keys_per_user=2))
+    for _ in range(3):  # a service account's keys: the admin chose to, and each is audited
+        assert service.call(ADMIN, "key_new", {"user": "bob"})["user"] == "bob"
+    service.call(BOB, "key_new", {})
+    service.call(BOB, "key_new", {})  # bob's own two: the three the admin issued do not count
+    with pytest.raises(NotPermitted, match="^bob has 2 live keys"):
+        service.call(BOB, "key_new", {})
+    service.call(ADMIN, "key_new", {})
+    service.call(ADMIN, "key_new", {"user": "carol"})  # naming herself is her own key
+    with pytest.raises(NotPermitted, match="^carol has 2 live keys"):
+        service.call(ADMIN, "key_new", {})
+
+
+def replace_gateway(service, **changes):
+    from dataclasses import replace
+
+    return replace(service.config.gateway, **changes)

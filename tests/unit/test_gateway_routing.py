@@ -1,6 +1,6 @@
 """The gateway's admission rules (app.gateway.routing), on its own event loop, without HTTP: least outstanding,
-the drain before a booking ends, class order then first come when slots are full, the per-key cap, and the
-refusals a client sees (401, 403, 404, 503 with Retry-After for planned or draining models, 429)."""
+the drain before a booking ends, class order then round-robin across members then first come when slots are full,
+the per-member cap, and the refusals a client sees (401, 403, 404, 503 with Retry-After for planned or draining models, 429)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def server(id_, alias="m", parallel=1, end=NOW + 3600, state="ready"):
             "user": "alice", "booking": 40 + id_, "booking_end": end, "cards": [id_], "state": state, "host": "local"}
 
 
-def key(id_, klass="batch", models=None, expires=None):
-    return {"id": id_, "hash": key_hash(f"k{id_}"), "user": f"u{id_}", "models": models, "class": klass,
+def key(id_, klass="batch", models=None, expires=None, user=None):
+    return {"id": id_, "hash": key_hash(f"k{id_}"), "user": user or f"u{id_}", "models": models, "class": klass,
             "expires": expires, "revoked": None, "fingerprint": f"fp{id_}"}
 
 
@@ -30,8 +30,8 @@ async def settle():
         await asyncio.sleep(0)
 
 
-def router(servers, keys=(), planned=(), queue_timeout_s=5.0, max_per_key=8, drain_s=30.0):
-    made = Router(drain_s, queue_timeout_s, max_per_key, lambda: NOW)
+def router(servers, keys=(), planned=(), queue_timeout_s=5.0, max_per_user=8, drain_s=30.0):
+    made = Router(drain_s, queue_timeout_s, max_per_user, lambda: NOW)
     made.update({"servers": list(servers), "keys": list(keys), "planned": list(planned)})
     return made
 
@@ -49,6 +49,7 @@ async def test_full_slots_admit_online_before_batch_then_first_come():
     r = router([server(1)], queue_timeout_s=30)
     first = await r.admit("m", key(1))
     order = []
+    held = key(1)
 
     async def wait(k):
         order.append((k["id"], (await r.admit("m", k)).id))
@@ -58,7 +59,8 @@ async def test_full_slots_admit_online_before_batch_then_first_come():
     await settle()
     assert order == [] and len(r._waiting) == 4
     for n, expected in enumerate((4, 5, 2, 3), 1):
-        r.release(r.servers[1], {"id": 0})
+        r.release(r.servers[1], held)
+        held = key(expected)
         await settle()
         assert len(order) == n and order[-1][0] == expected
     await asyncio.gather(*tasks)
@@ -85,15 +87,14 @@ async def test_a_client_that_leaves_the_queue_is_forgotten():
     assert r.servers[1].outstanding == 0 and r._waiting == [] and r.in_flight == {}
 
 
-async def test_the_per_key_cap():
-    r = router([server(1, parallel=8)], max_per_key=2)
-    k = key(1)
-    await r.admit("m", k)
-    await r.admit("m", k)
+async def test_the_per_member_cap_counts_every_key_of_theirs():
+    r = router([server(1, parallel=8)], max_per_user=2)
+    await r.admit("m", key(1, user="bob"))
+    await r.admit("m", key(2, user="bob"))
     with pytest.raises(Refused) as refused:
-        await r.admit("m", k)
-    assert refused.value.status == 429 and "max_concurrent_per_key" in refused.value.message
-    assert (await r.admit("m", key(2))).id == 1  # another key is not held back
+        await r.admit("m", key(3, user="bob"))  # a third key of bob's is still bob
+    assert refused.value.status == 429 and "max_concurrent_per_user" in refused.value.message
+    assert (await r.admit("m", key(4, user="carol"))).id == 1  # another member is not held back
 
 
 async def test_a_server_whose_booking_ends_within_drain_s_gets_no_new_requests():
@@ -237,23 +238,24 @@ async def test_drain_s_is_inclusive_and_a_zero_drain_still_asks_for_a_retry_a_se
         503, "server_error", "model_draining", 1, "m's servers are stopping (their bookings end within 0 s)")
 
 
-async def test_the_per_key_cap_in_full_counts_each_request_until_it_is_released():
-    r = router([server(1, parallel=8)], max_per_key=1)
+async def test_the_per_member_cap_in_full_counts_each_request_until_it_is_released():
+    r = router([server(1, parallel=8)], max_per_user=1)
     k = key(7)
     held = await r.admit("m", k)
     assert await refused_admit(r, "m", k) == (
-        429, "rate_limit_exceeded", "too_many_requests_per_key", 1,
-        "key fp7 has 1 requests in flight, its limit ([gateway] max_concurrent_per_key); wait for one to finish")
+        429, "rate_limit_exceeded", "too_many_requests_per_user", 1,
+        "u7 has 1 requests in flight or waiting, the limit per member across all their keys"
+        " ([gateway] max_concurrent_per_user); wait for one to finish")
     r.release(held, k)
-    r = router([server(1, parallel=8)], max_per_key=2)
+    r = router([server(1, parallel=8)], max_per_user=2)
     a, b = await r.admit("m", k), await r.admit("m", k)
     r.release(a, k)
-    assert r.in_flight == {7: 1}
+    assert r.in_flight == {"u7": 1}
     c = await r.admit("m", k)
-    assert (await refused_admit(r, "m", k))[2] == "too_many_requests_per_key"  # b and c are in flight
+    assert (await refused_admit(r, "m", k))[2] == "too_many_requests_per_user"  # b and c are in flight
     r.release(b, k)
     r.release(c, k)
-    assert r.in_flight == {} and r.servers[1].outstanding == 0
+    assert r.in_flight == {} and r.servers[1].outstanding == 0 and r._served == {}
 
 
 async def test_a_wait_past_queue_timeout_in_full():
@@ -329,7 +331,7 @@ async def test_a_client_that_leaves_just_as_it_is_handed_a_slot_gives_it_to_the_
     r.release(held, key(1))
     await settle()
     assert leaving.cancelled() and handed(staying) == 1
-    assert r.servers[1].outstanding == 1 and r.in_flight == {3: 1} and r._waiting == []
+    assert r.servers[1].outstanding == 1 and r.in_flight == {"u3": 1} and r._waiting == []
 
 
 def test_a_state_carries_each_ready_servers_fields_with_defaults_for_the_optional_ones():
@@ -342,3 +344,124 @@ def test_a_state_carries_each_ready_servers_fields_with_defaults_for_the_optiona
     assert vars(r.servers[3]) == {"id": 3, "alias": "m", "url": "http://127.0.0.1:9003", "api_key": "s3",
                                   "parallel": 4, "user": "alice", "booking": 43, "booking_end": NOW + 3600,
                                   "cards": [3], "state": "ready", "host": "gpu2", "outstanding": 0}
+
+
+# -- members take turns (issue 31: bob's 8 requests on an online key had carol's every request refused 429) --------
+
+
+class Crowd:
+    """Requests that wait for a slot and each hold it until the test releases it: `served` is the order (by name) in
+    which they got one."""
+
+    def __init__(self, r: Router) -> None:
+        self.r, self.served, self.holding, self.tasks = r, [], [], []
+
+    def send(self, name: str, k: dict) -> None:
+        async def one():
+            server = await self.r.admit("m", k)
+            self.served.append(name)
+            self.holding.append((server, k))
+
+        self.tasks.append(asyncio.create_task(one()))
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await settle()
+
+    async def release_first(self) -> None:
+        server, k = self.holding.pop(0)
+        self.r.release(server, k)
+        await settle()
+
+
+async def test_a_member_who_comes_later_is_served_before_the_rest_of_anothers_crowd():
+    r = router([server(1)], queue_timeout_s=30, max_per_user=9)
+    crowd = Crowd(r)
+    crowd.send("bob", key(1, user="bob"))
+    await settle()
+    for n in range(8):  # bob's crowd: eight more, as many keys
+        crowd.send("bob", key(10 + n, user="bob"))
+    await settle()
+    crowd.send("carol", key(2, user="carol"))
+    await settle()
+    assert crowd.served == ["bob"] and r.waiting() == 9
+    await crowd.release_first()
+    assert crowd.served == ["bob", "carol"]  # first come would have served bob's eight first
+    for _ in range(8):
+        await crowd.release_first()
+    assert crowd.served == ["bob", "carol"] + ["bob"] * 8
+    await crowd.release_first()
+    assert r.in_flight == {} and r._served == {} and r.servers[1].outstanding == 0
+    await crowd.close()
+
+
+async def test_members_waiting_in_one_class_take_turns_and_each_in_the_order_they_sent():
+    r = router([server(1)], queue_timeout_s=30)
+    crowd = Crowd(r)
+    crowd.send("dave", key(9, user="dave"))
+    await settle()
+    for n in range(1, 5):
+        crowd.send(f"bob{n}", key(n, user="bob"))
+    for n in range(1, 4):
+        crowd.send(f"carol{n}", key(10 + n, user="carol"))
+    await settle()
+    for _ in range(7):
+        await crowd.release_first()
+    # Neither served yet: first come (bob). Then whoever was served longest ago, until carol has none left.
+    assert crowd.served == ["dave", "bob1", "carol1", "bob2", "carol2", "bob3", "carol3", "bob4"]
+    await crowd.close()
+
+
+async def test_a_member_alone_takes_every_slot_and_a_newcomer_waits_for_the_next_free_one():
+    r = router([server(1, parallel=2), server(2, parallel=2)], queue_timeout_s=30)
+    bob = [key(n, user="bob") for n in range(6)]
+    alone = [await r.admit("m", k) for k in bob[:4]]  # no slot is kept back for members who are not there
+    assert sorted(s.id for s in alone) == [1, 1, 2, 2]
+    crowd = Crowd(r)
+    crowd.send("bob", bob[4])
+    crowd.send("bob", bob[5])
+    crowd.send("carol", key(9, user="carol"))
+    await settle()
+    assert crowd.served == []  # a slot in use is never taken back
+    r.release(alone[0], bob[0])
+    await settle()
+    assert crowd.served == ["carol"]
+    r.release(alone[1], bob[1])
+    await settle()
+    assert crowd.served == ["carol", "bob"]
+    await crowd.close()
+
+
+async def test_class_order_comes_before_the_turns():
+    r = router([server(1)], queue_timeout_s=30)
+    crowd = Crowd(r)
+    crowd.send("dave", key(9, user="dave"))
+    await settle()
+    crowd.send("carol", key(1, "batch", user="carol"))  # first, and due by turns after bob's first
+    crowd.send("bob", key(2, "online", user="bob"))
+    crowd.send("bob", key(3, "online", user="bob"))
+    await settle()
+    for _ in range(3):
+        await crowd.release_first()
+    assert crowd.served == ["dave", "bob", "bob", "carol"]
+    await crowd.close()
+
+
+async def test_three_hundred_keys_give_a_member_no_more_than_their_cap():
+    r = router([server(1, parallel=4)], queue_timeout_s=30, max_per_user=8)
+    keys = [key(n, user="bob") for n in range(300)]
+    held = [await r.admit("m", k) for k in keys[:4]]
+    crowd = Crowd(r)
+    for k in keys[4:8]:
+        crowd.send("bob", k)
+    await settle()
+    for k in keys[8:]:
+        assert (await refused_admit(r, "m", k))[:3] == (429, "rate_limit_exceeded", "too_many_requests_per_user")
+    assert r.in_flight == {"bob": 8}
+    crowd.send("carol", key(999, user="carol"))  # carol is not refused: she waits, and is next
+    await settle()
+    r.release(held[0], keys[0])
+    await settle()
+    assert crowd.served == ["carol"] and r.in_flight == {"bob": 7, "carol": 1}
+    await crowd.close()

@@ -247,3 +247,45 @@ def test_the_system_zone_keeps_its_rules_across_a_clock_change(monkeypatch):
         time.tzset()
     assert weekend is None
     assert late == "class finetune is allowed on pool prod only 19:00-09:00 (Europe/Berlin) and at weekends"
+
+
+# -- who may use a class ([classes]) ---------------------------------------------------------------------------------
+
+
+def me_and_my_group() -> tuple[str, str]:
+    """The account running the tests and the name of its own group: a real pair in the system's group database."""
+    import grp
+    import os
+    import pwd
+
+    entry = pwd.getpwuid(os.getuid())
+    return entry.pw_name, grp.getgrgid(entry.pw_gid).gr_name
+
+
+def test_a_class_is_for_the_names_and_groups_listed_and_an_unlisted_class_for_everyone():
+    me, group = me_and_my_group()
+    config = Config(classes={"online": (f"@{group}",), "batch": ("someone-else",), "finetune": (me,),
+                             "experiment": ()})
+    assert policy.may_use(config, "online", me)  # by a group of theirs
+    assert not policy.may_use(config, "online", "board-tests-no-such-user")  # no account: in no group
+    assert not policy.may_use(config, "batch", me)  # another name listed
+    assert policy.may_use(config, "finetune", me)  # by name
+    assert not policy.may_use(config, "experiment", me)  # an empty list: nobody
+    if group != me:  # root's group is root: the name would be the user's
+        assert not policy.may_use(Config(classes={"online": (group,)}), "online", me)  # a group needs its '@'
+    assert not policy.may_use(Config(classes={"online": (f"@{me}x",)}), "online", me)
+    assert policy.may_use(Config(classes={"batch": ()}), "online", me)  # the opposite default: unlisted, everyone
+
+
+def test_a_class_refusal_names_the_class_who_may_and_what_is_left():
+    config = Config(classes={"online": ("@serving", "alice"), "finetune": ()})
+    assert policy.class_refusal(config, "online", "alice") is None
+    assert policy.class_refusal(config, "online", "board-tests-bob") == (
+        "board-tests-bob may not use class online: it is for @serving, alice ([classes] in the service's config);"
+        " use batch or experiment")
+    assert policy.class_refusal(config, "finetune", "alice") == (
+        "alice may not use class finetune: it is for no one ([classes] in the service's config); use online or batch"
+        " or experiment")
+    closed = Config(classes={k: ("alice",) for k in ("online", "batch", "finetune", "experiment")})
+    assert policy.class_refusal(closed, "batch", "board-tests-bob").endswith(
+        "; no class is open to them; ask an admin")

@@ -510,3 +510,23 @@ def test_a_hand_broken_rule_quotes_at_most_60_characters_of_what_is_wrong(series
         series().extend(made.series.id, "2026-12-08")
     quoted = ("invalid literal for int() with base 10: '" + "x" * 100)[:60]
     assert str(refused.value) == f"series {made.series.id} has a malformed rule ({quoted}); cancel it and book anew"
+
+
+def test_a_series_extends_only_in_a_class_its_holder_may_still_use(series, conn):
+    """[classes] changed after bob's online series was booked: its extension, even by an admin, is bob's and refused
+    in one line; an admin's --override-policy takes it, each occurrence marked as overridden."""
+    from dataclasses import replace
+
+    made = series(name="bob", uid=1002).book(cards=[4], klass="online", every="day", start="9:00", until="10:00",
+                                             first="2026-12-07", last="2026-12-08")
+    kept = replace(SEEDS, classes={"online": ("alice",)})
+    before = written(conn)
+    with pytest.raises(NotPermitted) as refused:
+        series(name="carol", uid=1003, admin=True, config=kept).extend(made.series.id, "2026-12-10")
+    assert str(refused.value) == ("bob may not use class online: it is for alice ([classes] in the service's config);"
+                                  " use batch or finetune or experiment")
+    assert written(conn)[:2] == before[:2] and written(conn)[2] == before[2] + 1  # the refusal, audited
+    assert series(name="bob", uid=1002, config=SEEDS).extend(made.series.id, "2026-12-09").booked  # before: fine
+    forced = series(name="carol", uid=1003, admin=True, config=kept).extend(made.series.id, "2026-12-10",
+                                                                            override_policy=True)
+    assert len(forced.booked) == 1 and [m.reason for m in forced.overridden] == [str(refused.value)]

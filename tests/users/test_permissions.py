@@ -41,7 +41,14 @@ runs as client calls from processes of those users (and [local] in process, iden
 16. service/servers.py may_supervise, _resumed [socket]: a supervisor of the runner's uid only for a server a plan
     started; a `resume` only from the very process recorded (pid, start time, command line) under a uid that may
     supervise it; audited server-register, ok=0
-(13-16: tests/llama/test_servers_service.py and tests/unit/test_plans.py.)
+17. core/policy.py class_refusal ([classes]), through BookingService._check_access (book, plan, next_free, slots,
+    series_book and series_extend, reassign's new holder) and op key_new (a key's class, and its default)
+    [socket local]: the holder, named or in an @group of the system's group database, whoever asks; a class not
+    named is everyone's; "X may not use class C: it is for WHO ([classes] in the service's config); use ...";
+    audited create / series / series_extend / reassign / key_new, ok=0
+18. service/ops/gateway.py key_new [socket local]: at most [gateway] max_keys_per_user live keys issued by the
+    holder themselves; keys an admin issues for another account are apart; audited key_new, ok=0
+(13-16: tests/llama/test_servers_service.py and tests/unit/test_plans.py; 17-18: tests/service/test_classes.py.)
 
 Not identity checks, left to their own tests: a lost card (bookings.py _check_cards), the policy
 limits (core/policy.py), a host the config does not allow (llama/service.py), a booking that is

@@ -3,6 +3,8 @@ its accounting (gateway_usage, and usage for people).
 
 A member issues their own keys: the service knows who asks from the kernel (SO_PEERCRED), so no master key is
 needed; admins may issue keys for other accounts (service accounts). Only a key's hash and fingerprint are kept.
+A key's class is one its holder may use ([classes]), and a member holds at most [gateway] max_keys_per_user live
+keys they issued themselves; keys an admin issues for an account are apart (the admin chose to, and it is audited).
 gateway_state and gateway_usage answer only the gateway's account ([gateway] user) or root: gateway_state
 carries every server's API key and every key's hash.
 """
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 from app.config import CLASSES
 from app.core.identity import Identity
 from app.core.keys import fingerprint, key_hash, new_key
+from app.core.policy import class_refusal, may_use
 from app.errors import BadInput, Conflict, NotPermitted
 from app.service.audit import audit
 from app.service.ops.registry import BOOL, LIST, STR, TIME, op
@@ -42,6 +45,12 @@ def _public(key: dict) -> dict:
                                 "revoked")}
 
 
+def _refuse(service: Service, me: Identity, holder: str, why: str) -> None:
+    """A key refused by rule ([classes], the cap): audited, then exit 4."""
+    audit(service, me, "key_new", None, ok=False, details={"user": holder[:64], "why": why})
+    raise NotPermitted(why)
+
+
 @op("key_new", {}, {"name": STR, "models": LIST, "class": STR, "expires": TIME, "user": STR})
 def key_new(service: Service, me: Identity, name: str = "", models=None, expires=None, user=None, **rest) -> dict:
     """A new key for `me` (or, for admins, for `user`); the key itself is in this reply and nowhere else."""
@@ -65,14 +74,29 @@ def key_new(service: Service, me: Identity, name: str = "", models=None, expires
         if found is None:
             raise BadInput(f"no account named {user[:40]!r}")
         holder, uid = found
-    if klass is None:
-        klass = rows.usual_class(service.conn, uid) or "batch"
+    config = service.config
+    if klass is None:  # the usual class of their bookings, else batch, else the lowest the holder may use
+        usual = rows.usual_class(service.conn, uid)
+        klass = next((k for k in (usual, "batch", *reversed(CLASSES)) if k in CLASSES and may_use(config, k, holder)),
+                     None)
+        if klass is None:
+            _refuse(service, me, holder, f"{holder} may use no class ([classes] in the service's config); ask an admin")
+    elif reason := class_refusal(config, klass, holder):
+        _refuse(service, me, holder, reason)
     key = new_key()
     hashed = key_hash(key)
-    with write(service.conn):
-        key_id = rows.insert(service.conn, name=name, user=holder, uid=uid, hashed=hashed,
-                             fingerprint=fingerprint(hashed), models=models, klass=klass, now=now, created_by=me.uid,
-                             expires_at=expires)
+    held = None
+    with write(service.conn):  # counted in the transaction that adds it: two at once cannot both pass the cap
+        # The cap is on the keys members issue themselves; those an admin issues for an account (--user) are apart.
+        if uid == me.uid and (held := rows.issued_by_self(service.conn, uid, now)) >= config.gateway.max_keys_per_user:
+            key_id = None
+        else:
+            key_id = rows.insert(service.conn, name=name, user=holder, uid=uid, hashed=hashed,
+                                 fingerprint=fingerprint(hashed), models=models, klass=klass, now=now,
+                                 created_by=me.uid, expires_at=expires)
+    if key_id is None:
+        _refuse(service, me, holder, f"{holder} has {held} live keys, the most a member may hold ([gateway]"
+                                     " max_keys_per_user); revoke one first (board key list, board key revoke ID)")
     audit(service, me, "key_new", None, ok=True,
           details={"key": key_id, "fingerprint": fingerprint(hashed), "user": holder, "class": klass})
     changed(service)
@@ -122,7 +146,9 @@ def gateway_state(service: Service, me: Identity) -> dict:
             "url": f"http://{f'[{host}]' if ':' in host else host}:{server.port}", "parallel": server.parallel or 1,
             "user": server.user, "booking": server.booking_id, "booking_end": booking.end if booking else None,
             "cards": list(server.cards), "state": server.state, "host": "local"})
-    keys = [{"id": k["id"], "hash": k["hash"], "user": k["user"], "models": k["models"], "class": k["class"],
+    # A key made before [classes] kept its class from its holder waits after every class (None ranks last).
+    keys = [{"id": k["id"], "hash": k["hash"], "user": k["user"], "models": k["models"],
+             "class": k["class"] if may_use(service.config, k["class"], k["user"]) else None,
              "expires": k["expires"], "revoked": k["revoked"], "fingerprint": k["fingerprint"]}
             for k in rows.listing(conn, live_at=now)]
     return {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys}
