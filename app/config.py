@@ -216,6 +216,9 @@ class GatewaySettings:
     max_body_mb: float = 16.0
     max_concurrent_per_key: int = 8
     log_bodies: bool = False
+    # [gateway.team_aliases] alias = ["alice", "@serving"]: the aliases that several members serve, and who may
+    # (users, and @groups' members). Any other alias has one holder at a time (app.llama.aliases).
+    team_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +406,32 @@ def _gateway(table: dict) -> GatewaySettings:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (
                 key in ("max_body_mb", "max_concurrent_per_key") and value <= 0):
             raise ValueError(f"[gateway] {key} must be a number more than 0, not {repr(value)[:20]}")
-    return replace(settings, max_concurrent_per_key=int(settings.max_concurrent_per_key))
+    return replace(settings, max_concurrent_per_key=int(settings.max_concurrent_per_key),
+                   team_aliases=_team_aliases(settings.team_aliases))
+
+
+_ACCOUNT = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."
+
+
+def _team_aliases(table: object) -> dict[str, tuple[str, ...]]:
+    """[gateway.team_aliases]: alias = a list of user names and "@group"s, at least one."""
+    example = '[gateway.team_aliases] team-llm = ["alice", "@serving"]'
+    if not isinstance(table, dict):
+        raise ValueError(f"[gateway] team_aliases is a table of alias = who may serve it, such as {example}")
+    found = {}
+    for alias, owners in table.items():
+        where = f"[gateway.team_aliases] {alias[:40]!r}"
+        if not (0 < len(alias) <= 200 and alias.isprintable()):
+            raise ValueError(f"{where}: an alias is 1 to 200 printable characters")
+        if not isinstance(owners, list) or not owners:
+            raise ValueError(f"{where} is a list of users and @groups who may serve it, such as {example}")
+        for owner in owners:
+            name = owner.removeprefix("@") if isinstance(owner, str) else ""
+            if not (0 < len(name) <= 64 and all(c in _ACCOUNT for c in name)):
+                raise ValueError(f"{where} has {str(owner)[:40]!r}; give user names and @groups, such as"
+                                 " \"alice\" or \"@serving\"")
+        found[alias] = tuple(dict.fromkeys(owners))
+    return found
 
 
 def host_port(listen: object, where: str, example: str) -> None:

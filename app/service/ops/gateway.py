@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.config import CLASSES
+from app.core.aliases import listed
 from app.core.identity import Identity
 from app.core.keys import fingerprint, key_hash, new_key
 from app.errors import BadInput, Conflict, NotPermitted
@@ -125,7 +126,12 @@ def gateway_state(service: Service, me: Identity) -> dict:
     keys = [{"id": k["id"], "hash": k["hash"], "user": k["user"], "models": k["models"], "class": k["class"],
              "expires": k["expires"], "revoked": k["revoked"], "fingerprint": k["fingerprint"]}
             for k in rows.listing(conn, live_at=now)]
-    return {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys}
+    # The team aliases ([gateway.team_aliases]), each with its live servers' holders who may serve it: the router
+    # routes such an alias to those holders' servers only, and any other alias to one holder's (routing.Router).
+    teams = {alias: {"owners": list(owners), "holders": sorted({s["user"] for s in found if s["alias"] == alias
+                                                                 and listed(owners, s["user"])})}
+             for alias, owners in service.config.gateway.team_aliases.items()}
+    return {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys, "team_aliases": teams}
 
 
 @op("gateway_usage", {"records": LIST})
