@@ -168,10 +168,10 @@ class ServerService:
         uuids = [uuid_of[c] for c in cards]
         defaulted = not alias
         alias = alias or Path(model_path).stem
+
+        self.reconcile()  # dead servers give their ports back (and their aliases)
         self._audited_check("server-start", booking_id, {**details, "alias": alias},
                             lambda: self._may_hold(booking, alias, int(self.clock()), defaulted))
-
-        self.reconcile()  # dead servers give their ports back
         server_id, port = self._lease(booking_id, port, host, lambda p: dict(
             booking_id=booking_id, user=self.me.name, uid=self.me.uid, cards=cards, card_uuids=uuids,
             model=model_path, alias=alias, host=host, port=p, ctx=ctx, parallel=parallel, split_mode=split_mode,
