@@ -185,6 +185,33 @@ def test_a_team_alias_is_served_by_those_it_lists_and_refused_to_others(world):
     assert world.plan(CAROL, booking=world.book(CAROL, [3], now + HOUR, now + 2 * HOUR), alias="team-llm")
 
 
+def test_gateway_state_carries_each_team_alias_with_its_owners_and_the_servers_holders_it_lists(tmp_path, store,
+                                                                                                  fleet):
+    """What the gateway routes a team alias by: the config's owners and, of its live servers' holders, those listed
+    (a row of bob's under it, written past the start's check, is not among them)."""
+    from app.gpu import open_source
+    from app.gpu.fleet import Fleet
+    from app.service import Service
+
+    config = Config(db_path=tmp_path / "board.db", storage_url=getattr(store, "url", None),
+                    gateway=GatewaySettings(team_aliases={"team-llm": ("alice", "@no-such-group-board"),
+                                                          "idle": ("bob",)}))
+    service = Service(config, Fleet(open_source(True, clock=lambda: FROZEN_NOW), 1.0), clock=lambda: FROZEN_NOW)
+    try:
+        booking = BookingService(service.conn, ALICE, config, fleet.cards, fleet.topology, lambda: FROZEN_NOW).create(
+            cards=[0, 1, 2], start=FROZEN_NOW, end=FROZEN_NOW + HOUR).id
+        with write(service.conn):
+            for n, (user, uid) in enumerate((("alice", 1001), ("bob", 1002), ("alice", 1001))):
+                server_rows.insert(service.conn, booking_id=booking, user=user, uid=uid, cards=[n], card_uuids=[f"u{n}"],
+                                   model="/srv/models/m.gguf", alias="team-llm", host="127.0.0.1", port=9000 + n,
+                                   ctx=512, parallel=1, split_mode="layer", metrics=False, cmdline=[], now=FROZEN_NOW)
+        state = service.call(Identity("board-gateway", 990, False), "gateway_state", {})
+    finally:
+        service.close()
+    assert state["team_aliases"] == {"team-llm": {"owners": ["alice", "@no-such-group-board"], "holders": ["alice"]},
+                                     "idle": {"owners": ["bob"], "holders": []}}
+
+
 # -- who a team alias lists ----------------------------------------------------------------------------------------
 
 
