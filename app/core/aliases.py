@@ -32,7 +32,3 @@ def listed(owners: Iterable[str], user: str) -> bool:
             pass
     return False
 
-
-def owners_text(owners: Iterable[str]) -> str:
-    """"alice, @serving": who may serve a team alias, as messages and /v1/models name them."""
-    return ", ".join(owners)

@@ -109,8 +109,9 @@ class Router:
                 allowed = set(self.team_aliases[alias].get("holders") or ())
             else:
                 holder = self.holders.get(alias)
-                holders[alias] = holder = holder if holder in users else found[0].user
-                allowed = {holder}
+                if holder not in users:
+                    holder = found[0].user
+                holders[alias], allowed = holder, {holder}
             for server in found:
                 if server.user in allowed:
                     routed[server.id] = server

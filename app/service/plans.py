@@ -98,17 +98,15 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
     alias = spec.get("alias") or Path(model).stem
     kept = {k: v for k, v in spec.items() if k in SPEC_KEYS and v is not None}
     kept.update(model=model, alias=alias, extra=extra)
-
-    def hold() -> None:  # the alias is no other member's over the plan's bookings (app.llama.aliases)
-        spans = ([(found.start, found.end)] if booking is not None else
-                 [(b.start, b.end) for b in series_rows.occurrences(service.conn, series)
-                  if b.status == "booked" and b.end > now])
-        aliases.check(service.conn, service.config, user=me.name, uid=me.uid, alias=alias, spans=spans, now=now,
-                      defaulted=not spec.get("alias"))
-
+    # The alias is no other member's over the plan's bookings (app.llama.aliases): checked under the write lock, so
+    # that two plans cannot both take it.
     try:
         with write(service.conn):
-            hold()  # under the write lock, so two plans cannot both take the alias
+            spans = ([(found.start, found.end)] if booking is not None else
+                     [(b.start, b.end) for b in series_rows.occurrences(service.conn, series)
+                      if b.status == "booked" and b.end > now])
+            aliases.check(service.conn, service.config, user=me.name, uid=me.uid, alias=alias, spans=spans, now=now,
+                          defaulted=not spec.get("alias"))
             plan_id = plan_rows.insert(service.conn, booking_id=booking, series_id=series, user=me.name, uid=me.uid,
                                        alias=alias, spec=kept, now=now)
             events.record(service.conn, ts=now, uid=me.uid, actor=me.name, action="server-plan", booking_id=booking,
