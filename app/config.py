@@ -217,6 +217,9 @@ class GatewaySettings:
     max_concurrent_per_user: int = 8  # a member's requests in flight or waiting, across all their keys, then 429
     max_keys_per_user: int = 20  # live keys a member issues themselves; keys an admin issues for an account are apart
     log_bodies: bool = False
+    # [gateway.team_aliases] alias = ["alice", "@serving"]: the aliases that several members serve, and who may
+    # (users, and @groups' members). Any other alias has one holder at a time (app.llama.aliases).
+    team_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # The old names this config used (max_concurrent_per_key, now max_concurrent_per_user): the gateway says so at start.
     _renamed: tuple[str, ...] = ()
 
@@ -439,7 +442,31 @@ def _gateway(table: dict) -> GatewaySettings:
         if getattr(settings, key) != int(getattr(settings, key)):
             raise ValueError(f"[gateway] {key} must be a whole number, not {getattr(settings, key)!r}")
     return replace(settings, max_concurrent_per_user=int(settings.max_concurrent_per_user),
-                   max_keys_per_user=int(settings.max_keys_per_user))
+                   max_keys_per_user=int(settings.max_keys_per_user), team_aliases=_team_aliases(settings.team_aliases))
+
+
+_ACCOUNT = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."
+
+
+def _team_aliases(table: object) -> dict[str, tuple[str, ...]]:
+    """[gateway.team_aliases]: alias = a list of user names and "@group"s, at least one."""
+    example = '[gateway.team_aliases] team-llm = ["alice", "@serving"]'
+    if not isinstance(table, dict):
+        raise ValueError(f"[gateway] team_aliases is a table of alias = who may serve it, such as {example}")
+    found = {}
+    for alias, owners in table.items():
+        where = f"[gateway.team_aliases] {alias[:40]!r}"
+        if not (0 < len(alias) <= 200 and alias.isprintable()):
+            raise ValueError(f"{where}: an alias is 1 to 200 printable characters")
+        if not isinstance(owners, list) or not owners:
+            raise ValueError(f"{where} is a list of users and @groups who may serve it, such as {example}")
+        for owner in owners:
+            name = owner.removeprefix("@") if isinstance(owner, str) else ""
+            if not (0 < len(name) <= 64 and all(c in _ACCOUNT for c in name)):
+                raise ValueError(f"{where} has {str(owner)[:40]!r}; give user names and @groups, such as"
+                                 " \"alice\" or \"@serving\"")
+        found[alias] = tuple(dict.fromkeys(owners))
+    return found
 
 
 def host_port(listen: object, where: str, example: str) -> None:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from app.core.keys import class_rank
+
+logger = logging.getLogger("board.gateway")
 
 
 class Refused(Exception):
@@ -54,7 +57,10 @@ class _Waiter:
 class Router:
     def __init__(self, drain_s: float, queue_timeout_s: float, max_per_user: int, clock) -> None:
         self.drain_s, self.queue_timeout_s, self.max_per_user, self.clock = drain_s, queue_timeout_s, max_per_user, clock
-        self.servers: dict[int, Upstream] = {}
+        self.servers: dict[int, Upstream] = {}  # the ready servers the gateway routes to
+        self.shut_out: dict[int, Upstream] = {}  # ready servers under an alias another member holds: never routed
+        self.holders: dict[str, str] = {}  # a contested alias -> the one holder routed to
+        self.team_aliases: dict[str, dict] = {}  # alias -> {"owners": [...], "holders": [...]} (gateway_state)
         self.planned: list[dict] = []
         self.keys: dict[str, dict] = {}  # hash -> key
         self.known = False  # gateway_state has been read at least once
@@ -80,17 +86,54 @@ class Router:
                                 parallel=max(1, int(s.get("parallel") or 1)), user=s["user"], booking=s["booking"],
                                 booking_end=s.get("booking_end"), cards=list(s.get("cards") or []), state=s["state"],
                                 host=s.get("host", "local"))
-            current = self.servers.get(upstream.id)
+            current = self.servers.get(upstream.id) or self.shut_out.get(upstream.id)
             if current is not None:
                 upstream.outstanding = current.outstanding
                 vars(current).update(vars(upstream))
                 upstream = current
             servers[upstream.id] = upstream
-        self.servers = servers
+        self.team_aliases = {alias: team for alias, team in (state.get("team_aliases") or {}).items()
+                             if isinstance(team, dict)}
+        self.servers, self.shut_out = self._one_holder(servers)
         self.planned = list(state.get("planned", []))
         self.keys = {k["hash"]: k for k in state.get("keys", [])}
         self.known = True
         self._dispatch()
+
+    def _one_holder(self, servers: dict[int, Upstream]) -> tuple[dict[int, Upstream], dict[int, Upstream]]:
+        """(routed, shut out): an alias's servers are one holder's, or a team alias's holders', even where the rows
+        say otherwise (the service refuses such starts: app.llama.aliases). Of several holders of one alias, the one
+        routed to keeps it while they serve it; else the holder of the oldest server (the smallest id) takes it."""
+        by_alias: dict[str, list[Upstream]] = {}
+        for server in sorted(servers.values(), key=lambda s: s.id):
+            by_alias.setdefault(server.alias, []).append(server)
+        routed, shut_out, holders = {}, {}, {}
+        for alias, found in by_alias.items():
+            users = {s.user for s in found}
+            if alias in self.team_aliases:
+                allowed = set(self.team_aliases[alias].get("holders") or ())
+            else:
+                holder = self.holders.get(alias)
+                if holder not in users:
+                    holder = found[0].user
+                holders[alias], allowed = holder, {holder}
+            for server in found:
+                if server.user in allowed:
+                    routed[server.id] = server
+                    continue
+                shut_out[server.id] = server
+                if server.id not in self.shut_out:
+                    why = "not among the team alias's owners" if alias in self.team_aliases else f"{holders[alias]}'s"
+                    logger.warning("server %d (%s) serves alias %s, which is %s: not routed to", server.id,
+                                   server.user, alias, why)
+        self.holders = holders
+        return routed, shut_out
+
+    def owned_by(self, alias: str) -> str:
+        """/v1/models's owned_by: a team alias's owners as the config lists them, else its holder."""
+        if alias in self.team_aliases:
+            return ",".join(self.team_aliases[alias].get("owners") or ())
+        return ",".join(sorted({s.user for s in self.servers.values() if s.alias == alias}))
 
     def models(self) -> dict[str, list[Upstream]]:
         found: dict[str, list[Upstream]] = {}

@@ -227,7 +227,7 @@ class Gateway:
                 continue
             ends = [s.booking_end for s in servers if s.booking_end is not None]
             data.append({"id": alias, "object": "model", "created": 0,
-                         "owned_by": ",".join(sorted({s.user for s in servers})),
+                         "owned_by": self.router.owned_by(alias),
                          "board": {"servers": [s.id for s in servers], "cards": sorted(c for s in servers for c in s.cards),
                                    "booking_end": max(ends) if ends else None,
                                    "slots": sum(s.parallel for s in servers)}})

@@ -35,7 +35,7 @@ from app.core.request import readable
 from app.core.text import relative, stamp_time
 from app.gpu.model import Topology
 from app.llama import command as cmd
-from app.llama import logs, ports, rows
+from app.llama import aliases, logs, ports, rows
 from app.llama.binary import find_server_bin
 from app.llama.identity import ProcessIdentity, check, group_members, signal_group
 from app.faults.oom import record_server_build, record_server_oom
@@ -43,6 +43,7 @@ from app.llama.rows import Server
 from app.model import Booking
 from app.store import bookings as booking_rows
 from app.store import events
+from app.store import plans as plan_rows
 from app.store.db import write
 
 KILL_AFTER_S = 10.0
@@ -165,9 +166,12 @@ class ServerService:
             tensor_split = ",".join(["1"] * len(cards))
         uuid_of = dict(zip(booking.cards, booking.card_uuids))
         uuids = [uuid_of[c] for c in cards]
+        defaulted = not alias
         alias = alias or Path(model_path).stem
 
-        self.reconcile()  # dead servers give their ports back
+        self.reconcile()  # dead servers give their ports back (and their aliases)
+        self._audited_check("server-start", booking_id, {**details, "alias": alias},
+                            lambda: self._may_hold(booking, alias, int(self.clock()), defaulted))
         server_id, port = self._lease(booking_id, port, host, lambda p: dict(
             booking_id=booking_id, user=self.me.name, uid=self.me.uid, cards=cards, card_uuids=uuids,
             model=model_path, alias=alias, host=host, port=p, ctx=ctx, parallel=parallel, split_mode=split_mode,
@@ -188,6 +192,12 @@ class ServerService:
             when = (f"ended {stamp_time(booking.end, now)}, {relative(booking.end, now)}" if booking.end <= now
                     else f"starts {stamp_time(booking.start, now)}, {relative(booking.start, now)}")
             raise NotPermitted(f"booking {booking.id} is not active now ({when}); servers run only inside a booking")
+
+    def _may_hold(self, booking: Booking, alias: str, now: int, defaulted: bool) -> None:
+        """The alias is free of other members' servers and plans until the booking ends (app.llama.aliases)."""
+        aliases.check(self.conn, self.config, user=self.me.name, uid=self.me.uid, alias=alias,
+                      spans=[(now, booking.end)], now=now, defaulted=defaulted,
+                      plan=plan_rows.own_plan(self.conn, booking.id, self.me.uid, alias))
 
     def _lease(self, booking_id: int, wanted: int | None, host: str, fields: Callable[[int], dict],
                audit: dict) -> tuple[int, int]:
@@ -210,6 +220,7 @@ class ServerService:
                 with write(self.conn):
                     booking = booking_rows.get(self.conn, booking_id)
                     self._may_start(booking, now)  # again, under the write lock
+                    self._may_hold(booking, values["alias"], now, False)
                     server_id = rows.insert(self.conn, now=now, **values)
                     if self.own_files:  # the user's own database: the log goes beside it
                         rows.set_log_path(self.conn, server_id, str(logs.log_dir(self.config) / f"{server_id}.log"))
@@ -218,7 +229,7 @@ class ServerService:
                                   details={"server": server_id, "port": port, "model": values["model"],
                                            "cards": values["cards"], **audit})
                 return server_id, port
-            except NotPermitted as refusal:
+            except (NotPermitted, Conflict) as refusal:
                 self._refused("server-start", booking_id, details, refusal)
             except sqlite3.IntegrityError:
                 continue  # another board leased this port a moment ago

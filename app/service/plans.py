@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import wire
 from app.core.identity import Identity
-from app.errors import BadInput, BoardError, NotPermitted
+from app.errors import BadInput, BoardError, Conflict, NotPermitted
 from app.service.audit import AGENT, audit
 from app.service.hosts import here, refuse_remote
 from app.store import bookings as booking_rows
@@ -55,6 +55,7 @@ def runner_uid(service: Service) -> int | None:
 
 def create(service: Service, me: Identity, *, booking: int | None, series: int | None, spec: dict) -> dict:
     """A plan for the caller's booking (not ended) or series; the spec checked as `serve start` checks it."""
+    from app.llama import aliases  # start-up: llama's modules load only for servers
     from app.llama import command as cmd  # start-up: llama's modules load only for servers
     from app.llama.service import checked_estimate  # start-up: llama's modules load only for servers
 
@@ -97,11 +98,21 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
     alias = spec.get("alias") or Path(model).stem
     kept = {k: v for k, v in spec.items() if k in SPEC_KEYS and v is not None}
     kept.update(model=model, alias=alias, extra=extra)
-    with write(service.conn):
-        plan_id = plan_rows.insert(service.conn, booking_id=booking, series_id=series, user=me.name, uid=me.uid,
-                                   alias=alias, spec=kept, now=now)
-        events.record(service.conn, ts=now, uid=me.uid, actor=me.name, action="server-plan", booking_id=booking,
-                      ok=True, details={"plan": plan_id, "series": series, "model": model, "alias": alias})
+    # The alias is no other member's over the plan's bookings (app.llama.aliases): checked under the write lock, so
+    # that two plans cannot both take it.
+    try:
+        with write(service.conn):
+            spans = ([(found.start, found.end)] if booking is not None else
+                     [(b.start, b.end) for b in series_rows.occurrences(service.conn, series)
+                      if b.status == "booked" and b.end > now])
+            aliases.check(service.conn, service.config, user=me.name, uid=me.uid, alias=alias, spans=spans, now=now,
+                          defaulted=not spec.get("alias"))
+            plan_id = plan_rows.insert(service.conn, booking_id=booking, series_id=series, user=me.name, uid=me.uid,
+                                       alias=alias, spec=kept, now=now)
+            events.record(service.conn, ts=now, uid=me.uid, actor=me.name, action="server-plan", booking_id=booking,
+                          ok=True, details={"plan": plan_id, "series": series, "model": model, "alias": alias})
+    except (NotPermitted, Conflict) as refusal:
+        _refused(service, me, booking, refusal)
     return plan_wire(service, plan_rows.get(service.conn, plan_id))
 
 

@@ -102,6 +102,21 @@ def due(conn: sqlite3.Connection, now: int) -> list[tuple[Plan, int]]:
     return found
 
 
+def holding(conn: sqlite3.Connection, alias: str, now: int) -> list[dict[str, Any]]:
+    """Every occurrence under `alias` of a live plan that has not ended, whether its server runs or not (a plan holds
+    its alias for its bookings' whole time): {"plan", "user", "uid", "booking", "start", "end"}, oldest plan first."""
+    return [{"plan": row[0], "user": row[3], "uid": row[4], "booking": row[9], "start": row[10], "end": row[11]}
+            for row in conn.execute(_OCCURRENCES + " AND p.alias = ? AND b.ends_at > ? ORDER BY p.id, b.starts_at",
+                                    (alias, now))]
+
+
+def own_plan(conn: sqlite3.Connection, booking_id: int, uid: int, alias: str) -> int | None:
+    """The oldest live plan of `uid` under `alias` that covers this booking (itself or its series), or None."""
+    return conn.execute(
+        "SELECT min(p.id) FROM server_plans AS p JOIN bookings AS b ON (b.id = p.booking_id OR b.series_id = p.series_id)"
+        " WHERE b.id = ? AND p.uid = ? AND p.alias = ? AND p.cancelled_at IS NULL", (booking_id, uid, alias)).fetchone()[0]
+
+
 def record_run(conn: sqlite3.Connection, plan_id: int, booking_id: int, now: int, *, server_id: int | None = None,
                error: str | None = None) -> None:
     conn.execute("INSERT INTO server_plan_runs (plan_id, booking_id, server_id, started_at, error)"

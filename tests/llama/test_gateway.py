@@ -29,13 +29,14 @@ from tests.llama.test_servers_service import SharedBoard
 from tests.ports import port_range
 from tests.service.support import check_reachable, needs_root
 from tests.shared_install import read_rows, scratch_dir
-from tests.unix_users import GATEWAY_USER, MEMBERS_GROUP, ensure_system_user, ensure_unix_users
+from tests.unix_users import ADMIN_GROUP, GATEWAY_USER, MEMBERS_GROUP, ensure_system_user, ensure_unix_users
 
 openai = pytest.importorskip("openai")
 
 pytestmark = [pytest.mark.real_users, pytest.mark.usefixtures("_subreaper")]
 BOARD = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "board"
 ALIAS = "team-llm"
+TEAM_ALIAS = "shared-llm"  # [gateway.team_aliases] in the fixture's config: alice and the admins' group serve it
 
 
 def wait_for(predicate, timeout: float = 20.0):
@@ -125,7 +126,8 @@ def team(llama_server, tiny_model):
     team = Team(board, root)
     config = board.agent.config
     config.write_text(config.read_text() + f'\n[gateway]\nlisten = "127.0.0.1:{team.port}"\nmax_body_mb = 1\n'
-                                           f'queue_timeout_s = 20\n')
+                                           f'queue_timeout_s = 20\n[gateway.team_aliases]\n'
+                                           f'{TEAM_ALIAS} = ["alice", "@{ADMIN_GROUP}"]\n')
     board.agent.start()
     team.server = team.serve("alice", 2)
     team.start_gateway()
@@ -319,7 +321,7 @@ def test_accounting_matches_what_llama_server_reported(team):
 
 
 def test_two_servers_with_one_alias_share_the_load(team):
-    second = team.serve("bob", 3)
+    second = team.serve("alice", 3)  # one holder's (another member's is refused: the next tests)
     assert wait_for(lambda: team.models()["servers"] == 2), team.log.read_text()
     key = team.key("alice")["key"]
 
@@ -346,7 +348,7 @@ def test_two_servers_with_one_alias_share_the_load(team):
     assert wait_for(lambda: len(team.usage_rows()) >= before + 4)
     servers = [r[1] for r in team.usage_rows()[before:]]
     assert set(servers) == {team.server["id"], second["id"]}, servers
-    team.board.ok("bob", "serve", "stop", str(second["id"]))
+    team.board.ok("alice", "serve", "stop", str(second["id"]))
     assert wait_for(lambda: team.models()["servers"] == 1)
 
 
@@ -393,6 +395,70 @@ def test_one_members_crowd_does_not_keep_out_another_who_comes_later(team):
     # (first come would have put her ninth, after all of bob's).
     assert served.count("bob") == 8 and served.index("carol") <= 3, served
     team.board.ok("alice", "serve", "stop", str(server["id"]))
+
+
+def test_bob_cannot_serve_under_the_alias_alices_server_serves_now_or_is_planned_to(team):
+    """The attack (issue 31, section 2): bob started a server under the alias alice's server served, and the gateway
+    split carol's requests between the two: her prompts reached bob's log and he chose her answers. As bob, over the
+    real socket: refused, exit 3, naming the holder and her booking; nothing of his is started or routed to."""
+    from datetime import datetime, timedelta, timezone
+
+    bobs = team.board.json("bob", "book", "--cards", "5", "--for", "2h")["id"]
+    serve = ("serve", "start", str(bobs), "--model", str(team.board.model), "--ctx", "256")
+    refused = team.board.run("bob", *serve, "--alias", ALIAS)
+    assert refused.returncode == 3, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert f"alias {ALIAS} is alice's: their server {team.server['id']} on booking {team.server['booking_id']}" \
+        in line, line
+    assert "bob" not in [s["user"] for s in team.board.json("carol", "serve", "list")["servers"]]
+    carol = team.client(team.key("carol")["key"])
+    [model] = [m for m in carol.models.list().data if m.id == ALIAS]
+    assert model.owned_by == "alice" and model.model_extra["board"]["servers"] == [team.server["id"]]
+
+    # Planned: alice's server for a booking from an hour on. bob's start now, on a booking that runs two hours, and
+    # a plan of his for that booking, are refused alike.
+    start = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=1)
+    alices = team.board.json("alice", "book", "--cards", "7", "--start", start.isoformat(), "--for", "1h")["id"]
+    plan = team.board.json("alice", "serve", "plan", str(alices), "--model", str(team.board.model), "--alias",
+                           "alice-team")
+    for refused in (team.board.run("bob", *serve, "--alias", "alice-team"),
+                    team.board.run("bob", "serve", "plan", str(bobs), "--model", str(team.board.model), "--alias",
+                                   "alice-team")):
+        assert refused.returncode == 3, refused.stderr
+        [line] = refused.stderr.strip().splitlines()
+        assert f"alias alice-team is alice's: their planned server {plan['id']} serves it on booking {alices}" \
+            in line, line
+    assert [p["user"] for p in team.board.json("bob", "serve", "plan", "--list")["plans"]] == ["alice"]
+    team.board.ok("alice", "serve", "plan", "--cancel", str(plan["id"]))
+    team.board.ok("alice", "cancel", str(alices))
+    team.board.ok("bob", "cancel", str(bobs))
+
+
+def test_a_team_alias_is_served_by_the_members_it_lists_and_refused_to_the_others(team):
+    """[gateway.team_aliases] shared-llm = ["alice", "@boardadmins"]: alice by name and carol as a member of the
+    admins' group serve it together, and the gateway routes to both; bob, not listed, is refused (exit 4, naming who
+    may). /v1/models names the team's owners."""
+    alices = team.serve("alice", 0, alias=TEAM_ALIAS, ctx=256, parallel=1)
+    carols = team.serve("carol", 1, alias=TEAM_ALIAS, ctx=256, parallel=1)
+    bobs = team.board.json("bob", "book", "--cards", "5", "--for", "1h")["id"]
+    refused = team.board.run("bob", "serve", "start", str(bobs), "--model", str(team.board.model), "--alias",
+                             TEAM_ALIAS)
+    assert refused.returncode == 4, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        f"board: {TEAM_ALIAS} is a team alias that only alice, @{ADMIN_GROUP} may serve ([gateway.team_aliases]);"
+        " give another --alias"], refused.stderr
+    key = team.key("bob")["key"]
+    assert wait_for(lambda: [m for m in team.client(key).models.list().data if m.id == TEAM_ALIAS
+                             and len(m.model_extra["board"]["servers"]) == 2]), team.log.read_text()
+    [model] = [m for m in team.client(key).models.list().data if m.id == TEAM_ALIAS]
+    assert model.owned_by == f"alice,@{ADMIN_GROUP}"
+    assert model.model_extra["board"]["servers"] == sorted([alices["id"], carols["id"]])
+    answer = team.client(key).chat.completions.create(model=TEAM_ALIAS, messages=[{"role": "user", "content": "x"}],
+                                                      max_tokens=2)
+    assert answer.usage.completion_tokens > 0
+    team.board.ok("alice", "serve", "stop", str(alices["id"]))
+    team.board.ok("carol", "serve", "stop", str(carols["id"]))
+    team.board.ok("bob", "cancel", str(bobs))
 
 
 @pytest.fixture

@@ -336,12 +336,13 @@ async def test_a_client_that_leaves_just_as_it_is_handed_a_slot_gives_it_to_the_
 
 def test_a_state_carries_each_ready_servers_fields_with_defaults_for_the_optional_ones():
     bare = {"id": 2, "alias": "m", "url": "http://127.0.0.1:9002", "user": "bob", "booking": 52, "state": "ready"}
-    r = router([server(1, state="starting"), bare, {**server(3, parallel=4), "host": "gpu2", "api_key": "s3"}])
+    r = router([server(1, state="starting"), bare, {**server(3, alias="n", parallel=4), "host": "gpu2",
+                                                     "api_key": "s3"}])
     assert sorted(r.servers) == [2, 3]
     assert vars(r.servers[2]) == {"id": 2, "alias": "m", "url": "http://127.0.0.1:9002", "api_key": None,
                                   "parallel": 1, "user": "bob", "booking": 52, "booking_end": None, "cards": [],
                                   "state": "ready", "host": "local", "outstanding": 0}
-    assert vars(r.servers[3]) == {"id": 3, "alias": "m", "url": "http://127.0.0.1:9003", "api_key": "s3",
+    assert vars(r.servers[3]) == {"id": 3, "alias": "n", "url": "http://127.0.0.1:9003", "api_key": "s3",
                                   "parallel": 4, "user": "alice", "booking": 43, "booking_end": NOW + 3600,
                                   "cards": [3], "state": "ready", "host": "gpu2", "outstanding": 0}
 
@@ -465,3 +466,61 @@ async def test_three_hundred_keys_give_a_member_no_more_than_their_cap():
     await settle()
     assert crowd.served == ["carol"] and r.in_flight == {"bob": 7, "carol": 1}
     await crowd.close()
+
+
+# -- an alias belongs to its holder (defence in depth: the service refuses such starts, app.llama.aliases) --------
+
+
+def held(id_, user, alias="m", parallel=4):
+    return {**server(id_, alias=alias, parallel=parallel), "user": user}
+
+
+async def test_rows_of_two_holders_under_one_alias_route_to_one_holder_only(caplog):
+    # Routing by alias alone (the old rule) spreads these over all three; bob's server 2 must get none of alice's
+    # alias's requests, though it is the least busy and its id lies between hers.
+    r = router([held(1, "alice"), held(2, "bob"), held(3, "alice"), held(4, "bob", alias="b")])
+    picked = [await r.admit("m", key(n)) for n in range(6)]
+    assert sorted(s.id for s in picked) == [1, 1, 1, 3, 3, 3]
+    assert [s.id for s in r.models()["m"]] == [1, 3] and r.owned_by("m") == "alice"
+    assert [s.id for s in r.models()["b"]] == [4] and r.owned_by("b") == "bob"  # bob's own alias is his
+    assert [m for m in caplog.messages if "not routed" in m] == [
+        "server 2 (bob) serves alias m, which is alice's: not routed to"]
+
+    # The holder keeps the alias while she serves it, though bob's server is now the oldest; once she has none
+    # there, the holder of the oldest server takes it. Each shut-out server is logged once.
+    r.update({"servers": [held(2, "bob"), held(3, "alice")], "keys": [], "planned": []})
+    assert [s.id for s in r.models()["m"]] == [3] and sorted(r.shut_out) == [2]
+    r.update({"servers": [held(2, "bob"), held(5, "carol")], "keys": [], "planned": []})
+    assert [s.id for s in r.models()["m"]] == [2] and r.owned_by("m") == "bob"
+    assert (await r.admit("m", key(9))).id == 2
+    assert len([m for m in caplog.messages if "not routed" in m]) == 2  # server 5 (carol), once
+
+
+async def test_a_shut_out_server_keeps_its_requests_in_flight_counted():
+    def state(*holders):
+        return {"servers": [held(1, "alice", parallel=1), held(2, "bob", parallel=1)], "keys": [], "planned": [],
+                "team_aliases": {"m": {"owners": ["alice", "bob"], "holders": list(holders)}}}
+
+    r = Router(30.0, 5.0, 8, lambda: NOW)
+    r.update(state("alice", "bob"))
+    busy = sorted([await r.admit("m", key(n)) for n in range(2)], key=lambda s: s.id)
+    r.update(state("alice"))  # bob no longer may serve it: shut out, its request still running
+    assert r.shut_out[2] is busy[1] and busy[1].outstanding == 1
+    r.update(state("alice", "bob"))  # back: the same object, so its slot is still taken
+    assert r.servers[2] is busy[1] and busy[1].outstanding == 1
+    r.release(busy[1], key(1))
+    assert busy[1].outstanding == 0
+
+
+async def test_a_team_alias_routes_to_its_listed_holders_only():
+    team = {"m": {"owners": ["alice", "@serving"], "holders": ["alice", "carol"]}}
+    r = router([held(1, "alice", parallel=1), held(2, "bob", parallel=1), held(3, "carol", parallel=1)])
+    r.update({"servers": [held(1, "alice", parallel=1), held(2, "bob", parallel=1), held(3, "carol", parallel=1)],
+              "keys": [], "planned": [], "team_aliases": team})
+    # Both owners serve it (one holder only would leave carol out); bob, not listed, never (all three: alias only).
+    assert sorted([(await r.admit("m", key(n))).id for n in range(2)]) == [1, 3]
+    assert [s.id for s in r.models()["m"]] == [1, 3] and sorted(r.shut_out) == [2]
+    assert r.owned_by("m") == "alice,@serving"
+    r.update({"servers": [held(2, "bob")], "keys": [], "planned": [], "team_aliases": {"m": {"owners": ["alice"],
+                                                                                          "holders": []}}})
+    assert "m" not in r.models() and r.owned_by("m") == "alice"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.config import CLASSES
+from app.core.aliases import listed
 from app.core.identity import Identity
 from app.core.keys import fingerprint, key_hash, new_key
 from app.core.policy import class_refusal, may_use
@@ -151,7 +152,12 @@ def gateway_state(service: Service, me: Identity) -> dict:
              "class": k["class"] if may_use(service.config, k["class"], k["user"]) else None,
              "expires": k["expires"], "revoked": k["revoked"], "fingerprint": k["fingerprint"]}
             for k in rows.listing(conn, live_at=now)]
-    return {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys}
+    # The team aliases ([gateway.team_aliases]), each with its live servers' holders who may serve it: the router
+    # routes such an alias to those holders' servers only, and any other alias to one holder's (routing.Router).
+    teams = {alias: {"owners": list(owners), "holders": sorted({s["user"] for s in found if s["alias"] == alias
+                                                                 and listed(owners, s["user"])})}
+             for alias, owners in service.config.gateway.team_aliases.items()}
+    return {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys, "team_aliases": teams}
 
 
 @op("gateway_usage", {"records": LIST})
