@@ -131,7 +131,8 @@ def launch(server: Server, grant: Mapping, *, socket_path: str | None, environ: 
         os.write(fd, header.encode("utf-8", "replace"))
         argv = [sys.executable, SUPERVISOR, *reporting, "--server", str(server.id), "--host", server.host,
                 "--port", str(server.port), "--ready-timeout", str(grant["ready_timeout_s"]),
-                "--backstop", str(_backstop(environ)), "--log", log_path, "--", *server.cmdline]
+                "--backstop", str(_backstop(environ)), "--log", log_path,
+                "--model-dirs", "\n".join(grant.get("model_dirs") or ()), "--", *server.cmdline]
         try:
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, close_fds=True,
                                      start_new_session=True, env=cmd.server_env(server.card_uuids, environ))

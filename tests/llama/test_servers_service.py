@@ -447,3 +447,107 @@ class TestPlannedServers:
         assert cancelled.returncode == 4
         assert shared.json("alice", "serve", "plan", "--cancel", str(plan["id"]))["cancelled"] is not None
         assert shared.json("alice", "serve", "plan", "--list")["plans"] == []
+
+
+def _files_under(root: Path) -> list[Path]:
+    return [Path(d) / f for d, _, files in os.walk(root) for f in files]
+
+
+def _plan_row(shared, booking: int, spec: dict) -> int:
+    """A plan stored before the allow-list (as app.store.plans.insert writes one): bob's, for `booking`."""
+    import sqlite3
+
+    from app.store import plans as plan_rows
+
+    bob = pwd.getpwnam("bob")
+    with sqlite3.connect(shared.agent.db) as conn:
+        return plan_rows.insert(conn, booking_id=booking, series_id=None, user="bob", uid=bob.pw_uid,
+                                alias=spec["alias"], spec=spec, now=int(time.time()))
+
+
+class TestTheKeyAttack:
+    """The review's attack, replayed: bob's planned server reads alice's planned server's key (or log) as
+    board-llama through a file flag (`--chat-template-file`), and shows it in GET /props."""
+
+    def _wait_ready(self, shared, runner, booking: int) -> dict:
+        deadline = time.monotonic() + 60
+        while not (found := [s for s in shared.json("carol", "serve", "list", "--all")["servers"]
+                             if s["booking_id"] == booking]) or found[0]["state"] != "ready":
+            assert not found or found[0]["state"] == "starting", found
+            assert time.monotonic() < deadline, (found, runner.log.read_text()[-2000:], shared.agent.log_text())
+            time.sleep(0.2)
+        return found[0]
+
+    def test_bobs_planned_server_cannot_read_alices_key_or_log(self, shared, runner):
+        state = shared.root / "runner-state"
+        alices = shared.json("alice", "book", "--cards", "5", "--for", "1h")["id"]
+        shared.json("alice", "serve", "plan", str(alices), "--model", str(shared.model), "--ctx", "256")
+        alice = self._wait_ready(shared, runner, alices)
+        key = shared.json("alice", "serve", "key", str(alice["id"]))["key"]
+        assert _request(alice, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+        assert _request(alice, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status == 401
+        # Her key lies in no file the runner's user could read: it went to llama-server through a pipe.
+        files = _files_under(state)
+        assert [f.name for f in files] == [f"{alice['id']}.log"], files
+        assert not any(key.encode() in f.read_bytes() for f in files)
+        key_path, log_path = state / "board" / "servers" / f"{alice['id']}.key", files[0]
+
+        bobs = shared.json("bob", "book", "--cards", "4", "--for", "1h")["id"]
+        for extra in (["--chat-template-file", str(key_path)], ["--chat-template-file", str(log_path)],
+                      ["--chat_template_file", str(log_path)], ["--log-file", str(log_path)],
+                      ["--slot-save-path", str(state)], ["--media-path", str(state)], ["--lora", str(key_path)],
+                      ["--mmproj-url", "http://127.0.0.1:1/x"]):
+            for verb in ("plan", "start"):
+                refused = shared.run("bob", "serve", verb, str(bobs), "--model", str(shared.model), "--", *extra)
+                assert refused.returncode == 2, (verb, extra, refused.stderr)
+                assert len(refused.stderr.strip().splitlines()) == 1 and extra[0].replace("_", "-") in refused.stderr
+        assert shared.json("bob", "serve", "plan", "--list")["plans"] == []
+
+        # A plan stored before the allow-list with the attack's argument: refused at its start, the reason shown.
+        plan = _plan_row(shared, bobs, {"model": str(shared.model), "ctx": 256, "alias": "bobs",
+                                        "extra": ["--chat-template-file", str(key_path)]})
+        deadline = time.monotonic() + 30
+        while not (listed := next(p for p in shared.json("bob", "serve", "plan", "--list")["plans"]
+                                  if p["id"] == plan))["refused"]:
+            assert time.monotonic() < deadline, shared.agent.log_text()
+            time.sleep(0.2)
+        assert listed["refused"]["booking"] == bobs and "--chat-template-file" in listed["refused"]["error"]
+        assert "model_dirs" in listed["refused"]["error"]
+        text = shared.ok("bob", "serve", "plan", "--list").stdout
+        assert f"plan {plan}: not started for booking {bobs}: extra argument --chat-template-file" in text
+        assert not [s for s in shared.json("bob", "serve", "list", "--all")["servers"] if s["booking_id"] == bobs]
+
+        # A name under model_dirs that bob may write (an upload directory), pointing at alice's log: the text
+        # passes, the supervisor (board-llama) resolves it at the launch and refuses; the reason is on the row.
+        uploads = shared.model.parent / "uploads"
+        uploads.mkdir()
+        os.chown(uploads, pwd.getpwnam("bob").pw_uid, -1)
+        (uploads / "t.jinja").symlink_to(log_path)
+        shared.json("bob", "serve", "plan", str(bobs), "--model", str(shared.model), "--ctx", "256", "--alias", "b2",
+                    "--", "--chat-template-file", str(uploads / "t.jinja"))
+        deadline = time.monotonic() + 30
+        while not (found := [s for s in shared.json("bob", "serve", "list", "--all")["servers"]
+                             if s["booking_id"] == bobs and s["state"] not in ("starting",)]):
+            assert time.monotonic() < deadline, (runner.log.read_text()[-2000:], shared.agent.log_text())
+            time.sleep(0.2)
+        [crashed] = found
+        assert crashed["state"] in ("crashed", "failed") and crashed["pid"] is None, crashed
+        assert "--chat-template-file" in crashed["reason"] and "model_dirs" in crashed["reason"], crashed
+        assert key not in json.dumps(crashed)
+
+        # The same flag with a file that does lie there works: llama-server reads the descriptor it was given.
+        template = shared.model.parent / "plain.jinja"
+        template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+        os.chmod(template, 0o644)
+        later = shared.json("bob", "book", "--cards", "3", "--for", "1h")["id"]
+        shared.json("bob", "serve", "plan", str(later), "--model", str(shared.model), "--ctx", "256", "--alias", "b3",
+                    "--", "--chat-template-file", str(template))
+        bob = self._wait_ready(shared, runner, later)
+        bobs_key = shared.json("bob", "serve", "key", str(bob["id"]))["key"]
+        props = json.loads(_request(bob, "/props", key=bobs_key).read())
+        assert props["chat_template"] == template.read_text() and key not in json.dumps(props)
+        assert _request(alice, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=bobs_key).status == 401
+        assert not [f for f in _files_under(state) if f.suffix == ".key"]
+        for server in (alice, bob):
+            shared.json(server["user"], "serve", "stop", str(server["id"]))
+            assert gone(server)
