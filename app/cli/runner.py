@@ -80,7 +80,7 @@ def _check_state(environ) -> None:
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as error:
-        raise BoardError(f"board runner can't write its state directory {directory} ({error.strerror or error}):"
+        raise BoardError(f"the runner can't write its state directory {directory} ({error.strerror or error}):"
                          " the servers' logs go there; give the runner's user a writable StateDirectory="
                          " (XDG_STATE_HOME)") from None
 

@@ -349,6 +349,10 @@ class TestRefusals:
             (["--model", str(tiny_model), "--port", "80"], "outside the server range"),
             (["--model", str(tiny_model), "--", "--port", "9999"], "extra argument --port is set by board"),
             (["--model", str(tiny_model), "--", "--host=0.0.0.0"], "extra argument --host is set by board"),
+            (["--model", str(tiny_model), "--", "--log-file", str(tmp_path / "x")],
+             "extra argument --log-file is not one board passes to llama-server"),
+            (["--model", str(tiny_model), "--", "--chat-template-file", str(tmp_path / "t.jinja")],
+             "extra argument --chat-template-file takes a file under [llama] model_dirs, and none is configured"),
         ]
         for args, message in cases:
             result = fake_board.run("serve", "start", str(booking), *args)

@@ -409,6 +409,10 @@ class TestPlannedServers:
             assert os.stat(f"/proc/{pid}").st_uid == llama
         key = shared.json("alice", "serve", "key", str(server["id"]))["key"]  # the holder's, as any server's
         assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+        header = f"server {server['id']} for booking {booking['id']} (alice)"  # board's first line of the log
+        for user in ("alice", "carol"):  # its holder and an admin read the log the runner's supervisor keeps
+            logs = shared.run(user, "serve", "logs", str(server["id"]), "-n", "500")
+            assert logs.returncode == 0 and header in logs.stdout, (user, logs.stdout[-500:], logs.stderr)
         with sqlite3.connect(shared.agent.db) as conn:  # up: no longer planned
             assert planned_servers(conn, int(time.time())) == []
 
@@ -421,12 +425,59 @@ class TestPlannedServers:
             assert time.monotonic() < deadline, (shared.agent.log_text(), runner.log.read_text())
             time.sleep(0.1)
         assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+        # The restarted service kept none of the log: the supervisor sends its end again (before, nothing, exit 0).
+        while header not in (logs := shared.run("alice", "serve", "logs", str(server["id"]), "-n", "500")).stdout:
+            assert time.monotonic() < deadline + 15, (logs.stdout[-500:], logs.stderr)
+            time.sleep(0.2)
 
         after = shared.wait_state(server["id"], ("stopped", "crashed"), timeout=90)
         assert after["state"] == "stopped" and after["reason"] == f"booking {booking['id']} ended", after
         assert datetime.fromisoformat(after["ended"]) >= start + timedelta(minutes=1)
         assert gone(server)
         assert f"started server {server['id']}" in runner.log.read_text()
+
+    def test_a_runner_that_cannot_write_its_state_directory_refuses_to_start(self, shared):
+        import subprocess
+
+        from tests.agent_process import ENVIRON, SETPRIV
+        from tests.unix_users import RUNNER_USER, ensure_system_user
+
+        ensure_system_user(RUNNER_USER, MEMBERS)
+        state = shared.root / "root-state"  # root's, 0755: board-llama cannot write there
+        state.mkdir(mode=0o755)
+        result = subprocess.run(
+            [SETPRIV, "--reuid", RUNNER_USER, "--regid", RUNNER_USER, "--init-groups", "--", str(BOARD), "runner"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+            env={**ENVIRON, "BOARD_CONFIG": str(shared.agent.config), "XDG_STATE_HOME": str(state)})
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        assert result.stderr.strip() == (f"board: the runner can't write its state directory {state}/board/servers"
+                                         " (Permission denied): the servers' logs go there; give the runner's user a"
+                                         " writable StateDirectory= (XDG_STATE_HOME)"), result.stderr
+        assert "board agent: runner registered" not in shared.agent.log_text()  # it never registered
+
+    def test_a_start_the_runner_cannot_make_says_why_on_the_servers_row(self, shared, runner):
+        servers = shared.root / "runner-state" / "board" / "servers"
+        llama = pwd.getpwnam("board-llama")
+        for directory in (servers.parent, servers):
+            directory.mkdir(exist_ok=True)
+            os.chown(directory, llama.pw_uid, llama.pw_gid)
+        os.chmod(servers, 0o500)  # the log can no longer be created: the supervisor never runs
+        booking = shared.json("alice", "book", "--cards", "6", "--for", "1h")["id"]
+        shared.json("alice", "serve", "plan", str(booking), "--model", str(shared.model), "--ctx", "256")
+        deadline = time.monotonic() + 30
+        while not (found := [s for s in shared.json("alice", "serve", "list", "--all")["servers"]
+                             if s["booking_id"] == booking and s["state"] != "starting"]):
+            assert time.monotonic() < deadline + 30, (runner.log.read_text()[-2000:], shared.agent.log_text())
+            time.sleep(0.2)
+        [server] = found
+        assert server["state"] == "failed", server
+        assert server["reason"] == (f"the runner: can't write the server log in {servers}: Permission denied"), server
+        listed = shared.ok("alice", "serve", "list", "--all").stdout
+        assert "the runner: can't write the server log" in listed
+        logs = shared.run("alice", "serve", "logs", str(server["id"]))  # no log at all: said, not a silent nothing
+        assert (logs.returncode, logs.stdout) == (0, "")
+        assert logs.stderr == f"server {server['id']} is failed: the service holds no log lines for it (its supervisor" \
+                              " sent none)\n"
 
     def test_only_the_runners_user_registers_as_the_runner(self, shared):
         refused = shared.run("alice", "runner")
@@ -465,6 +516,24 @@ def _plan_row(shared, booking: int, spec: dict) -> int:
                                 alias=spec["alias"], spec=spec, now=int(time.time()))
 
 
+CALL = """
+import json, sys
+from app.client.socket import SocketClient
+from app.errors import BoardError
+try:
+    print(json.dumps({"ok": SocketClient(sys.argv[1]).call(sys.argv[2], **json.loads(sys.argv[3]))}))
+except BoardError as error:
+    print(json.dumps({"code": error.exit_code, "message": str(error)}))
+"""
+
+
+def _call_as(user: str, shared, op: str, **args) -> dict:
+    """One operation sent by `user`'s own process straight to the service's socket, as a member can."""
+    result = run_as(user, str(BOARD.parent / "python"), "-c", CALL, str(shared.agent.socket), op, json.dumps(args))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 class TestTheKeyAttack:
     """The review's attack, replayed: bob's planned server reads alice's planned server's key (or log) as
     board-llama through a file flag (`--chat-template-file`), and shows it in GET /props."""
@@ -497,11 +566,14 @@ class TestTheKeyAttack:
                       ["--chat_template_file", str(log_path)], ["--log-file", str(log_path)],
                       ["--slot-save-path", str(state)], ["--media-path", str(state)], ["--lora", str(key_path)],
                       ["--mmproj-url", "http://127.0.0.1:1/x"]):
-            for verb in ("plan", "start"):
-                refused = shared.run("bob", "serve", verb, str(bobs), "--model", str(shared.model), "--", *extra)
-                assert refused.returncode == 2, (verb, extra, refused.stderr)
-                assert len(refused.stderr.strip().splitlines()) == 1 and extra[0].replace("_", "-") in refused.stderr
-        assert shared.json("bob", "serve", "plan", "--list")["plans"] == []
+            refused = shared.run("bob", "serve", "start", str(bobs), "--model", str(shared.model), "--", *extra)
+            assert refused.returncode == 2, (extra, refused.stderr)
+            assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+            assert f"extra argument {extra[0].replace('_', '-')} " in refused.stderr, refused.stderr
+            # `serve plan` takes no extra arguments on its command line; the service's op does, as bob sends it
+            answer = _call_as("bob", shared, "serve_plan", booking=bobs, model=str(shared.model), extra=extra)
+            assert answer["code"] == 2 and f"extra argument {extra[0].replace('_', '-')} " in answer["message"], answer
+        assert [p["user"] for p in shared.json("bob", "serve", "plan", "--list")["plans"]] == ["alice"]  # none of bob's
 
         # A plan stored before the allow-list with the attack's argument: refused at its start, the reason shown.
         plan = _plan_row(shared, bobs, {"model": str(shared.model), "ctx": 256, "alias": "bobs",
@@ -523,8 +595,8 @@ class TestTheKeyAttack:
         uploads.mkdir()
         os.chown(uploads, pwd.getpwnam("bob").pw_uid, -1)
         (uploads / "t.jinja").symlink_to(log_path)
-        shared.json("bob", "serve", "plan", str(bobs), "--model", str(shared.model), "--ctx", "256", "--alias", "b2",
-                    "--", "--chat-template-file", str(uploads / "t.jinja"))
+        assert "id" in _call_as("bob", shared, "serve_plan", booking=bobs, model=str(shared.model), ctx=256,
+                                alias="b2", extra=["--chat-template-file", str(uploads / "t.jinja")])["ok"]
         deadline = time.monotonic() + 30
         while not (found := [s for s in shared.json("bob", "serve", "list", "--all")["servers"]
                              if s["booking_id"] == bobs and s["state"] not in ("starting",)]):
@@ -540,8 +612,8 @@ class TestTheKeyAttack:
         template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
         os.chmod(template, 0o644)
         later = shared.json("bob", "book", "--cards", "3", "--for", "1h")["id"]
-        shared.json("bob", "serve", "plan", str(later), "--model", str(shared.model), "--ctx", "256", "--alias", "b3",
-                    "--", "--chat-template-file", str(template))
+        assert "id" in _call_as("bob", shared, "serve_plan", booking=later, model=str(shared.model), ctx=256,
+                                alias="b3", extra=["--chat-template-file", str(template)])["ok"]
         bob = self._wait_ready(shared, runner, later)
         bobs_key = shared.json("bob", "serve", "key", str(bob["id"]))["key"]
         props = json.loads(_request(bob, "/props", key=bobs_key).read())

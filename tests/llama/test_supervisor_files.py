@@ -91,3 +91,32 @@ def test_a_command_line_off_the_allow_list_is_not_started(models, extra):
 def test_no_model_dirs_no_file(models):
     with pytest.raises(supervisor._Refused, match="none is configured"):
         supervisor._hand_over([*BOARD_LINE, "--lora", str(models / "t.jinja")], [])
+
+
+def _help_table(llama_server: str) -> dict[str, int]:
+    """Every flag `llama-server --help` lists, with the number of values it takes (0, 1, or 2 for START END)."""
+    import re
+    import subprocess
+
+    text = subprocess.run([llama_server, "--help"], capture_output=True, text=True, timeout=60).stdout
+    table = {}
+    for line in text.splitlines():
+        if not line.startswith("-"):
+            continue
+        head = re.split(r"\s{2,}", re.sub(r",\s+", ", ", line), maxsplit=1)[0]
+        *names, last = head.split(", ")
+        flag, _, hint = last.partition(" ")
+        count = 0 if not hint else 2 if hint == "START END" else 1
+        for name in (*names, flag):
+            table[name] = count
+    return table
+
+
+def test_the_allow_list_is_llama_servers_own_flags_with_their_values(llama_server):
+    from app.llama import flags
+
+    table = _help_table(llama_server)
+    assert len(table) > 300  # the parse read the whole help
+    wrong = {flag: (count, table.get(flag)) for flag, count in flags.PLAIN.items() if table.get(flag) != count}
+    assert wrong == {}
+    assert all(table.get(flag) == 1 for flag in flags.FILES | flags.BOARD)
