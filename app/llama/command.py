@@ -127,6 +127,23 @@ def _file_argument(flag: str, path: str, dirs: Sequence[str]) -> None:
             or os.path.normpath(path) != path or not flags.under(path, dirs)):
         raise BadInput(f"extra argument {flag} takes one file under [llama] model_dirs ({where}), given by its"
                        f" absolute path; not {path[:120]!r}")
+def check_files(cmdline: Sequence[str], model_dirs: Sequence[str]) -> None:
+    """BadInput naming the first file flag whose file does not really lie under `model_dirs` (symlinks
+    resolved): run by the member's own process before its launch, for a one-line refusal. The supervisor
+    checks again on the descriptor it hands over (app.llama.supervisor), which is what holds."""
+    dirs = [os.path.realpath(d) for d in model_dirs if os.path.isabs(d)]
+    try:
+        pairs = flags.split(list(cmdline[1:]), board=True)
+    except flags.Refused as refused:
+        raise BadInput(str(refused)) from None
+    for flag, values in pairs:
+        if flag in flags.FILES:
+            real = os.path.realpath(values[0])
+            if not os.path.isfile(real) or not flags.under(real, dirs):
+                raise BadInput(f"extra argument {flag}: {values[0][:120]} is not a file under [llama] model_dirs"
+                               " (symlinks resolved)")
+
+
 def cache_type(which: str, name: str) -> str:
     if name not in CACHE_TYPES:
         raise BadInput(f"--cache-type-{which} {name[:20]!r} is not a cache type; use one of {', '.join(CACHE_TYPES)}")

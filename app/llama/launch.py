@@ -67,6 +67,7 @@ def start(client, booking_id: int, *, socket_path: str | None = None, environ: M
     granted = client.call("serve_start", booking=booking_id, **{k: v for k, v in options.items() if v is not None})
     server = server_from_wire(granted["server"])
     try:
+        cmd.check_files(server.cmdline, granted["launch"].get("model_dirs") or ())
         launch(server, granted["launch"], socket_path=socket_path if client.transport == "socket" else None,
                environ=environ)
     except BoardError as error:

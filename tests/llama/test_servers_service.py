@@ -606,6 +606,12 @@ class TestTheKeyAttack:
         assert crashed["state"] in ("crashed", "failed") and crashed["pid"] is None, crashed
         assert "--chat-template-file" in crashed["reason"] and "model_dirs" in crashed["reason"], crashed
         assert key not in json.dumps(crashed)
+        # `serve start` with it: bob's own process resolves the name before its launch and refuses in one line.
+        refused = shared.run("bob", "serve", "start", str(bobs), "--model", str(shared.model), "--",
+                             "--chat-template-file", str(uploads / "t.jinja"))
+        assert refused.returncode == 2 and refused.stderr == (
+            f"board: extra argument --chat-template-file: {uploads / 't.jinja'} is not a file under [llama] model_dirs"
+            " (symlinks resolved)\n"), refused.stderr
 
         # The same flag with a file that does lie there works: llama-server reads the descriptor it was given.
         template = shared.model.parent / "plain.jinja"

@@ -120,3 +120,14 @@ def test_the_allow_list_is_llama_servers_own_flags_with_their_values(llama_serve
     wrong = {flag: (count, table.get(flag)) for flag, count in flags.PLAIN.items() if table.get(flag) != count}
     assert wrong == {}
     assert all(table.get(flag) == 1 for flag in flags.FILES | flags.BOARD)
+
+
+def test_the_members_own_process_resolves_the_names_before_its_launch(models):
+    from app.errors import BadInput
+    from app.llama import command
+
+    command.check_files([*BOARD_LINE, "--lora", str(models / "t.jinja")], [str(models)])
+    (models / "x.jinja").symlink_to(models.parent / "secret.key")
+    for path in (models / "x.jinja", models / "missing.jinja", models):
+        with pytest.raises(BadInput, match=r"^extra argument --lora: .* is not a file under \[llama\] model_dirs"):
+            command.check_files([*BOARD_LINE, "--lora", str(path)], [str(models)])
