@@ -41,6 +41,7 @@ def cmd_runner(ctx) -> int:
         raise BadInput("board runner starts planned servers for the board service; this config names no"
                        " [service] socket")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _check_state(ctx.environ)
     _log(f"board runner: uid {os.getuid()}, service {path}")
     told = False
     while True:
@@ -59,11 +60,29 @@ def cmd_runner(ctx) -> int:
         _log("board runner: registered with the service")
         try:
             for line in reader:
-                _handle(line, path, ctx.environ)
+                _handle(line, path, ctx.environ, sock)
         except OSError:
             pass
         sock.close()
         _log("board runner: lost the service; registering again (the servers keep running)")
+
+
+def _check_state(environ) -> None:
+    """Refuse to run where the servers' logs cannot be written (before, it registered and every planned server
+    then ended as 'crashed; exit status unknown')."""
+    import tempfile  # start-up: only here
+
+    from app.llama.launch import own_log_dir  # start-up: llama's modules load only for servers
+
+    directory = own_log_dir(environ)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise BoardError(f"the runner can't write its state directory {directory} ({error.strerror or error}):"
+                         " the servers' logs go there; give the runner's user a writable StateDirectory="
+                         " (XDG_STATE_HOME)") from None
 
 
 def _register(path: str):
@@ -90,7 +109,7 @@ def _register(path: str):
     return sock, reader
 
 
-def _handle(line: bytes, path: str, environ) -> None:
+def _handle(line: bytes, path: str, environ, sock: socket.socket) -> None:
     from app.llama import launch
     from app.llama.rows import server_from_wire
 
@@ -107,6 +126,10 @@ def _handle(line: bytes, path: str, environ) -> None:
         log_path = launch.launch(server, grant, socket_path=path, environ=environ)
     except BoardError as error:
         _log(f"board runner: server {server.id} for booking {server.booking_id} ({server.user}): not started: {error}")
+        try:  # the reason goes on the server's row (app.service.plans.runner_registration)
+            sock.sendall(encode({"event": "failed", "server": server.id, "reason": f"the runner: {error}"}))
+        except OSError:
+            pass
         return
     _log(f"board runner: started server {server.id} for booking {server.booking_id} ({server.user}),"
          f" port {server.port}; log {log_path}")

@@ -354,6 +354,9 @@ def cmd_plan(ctx) -> int:
                               f"{format_time(p['next_start'], now)} (booking {p['next_booking']})"
                               if p["next_start"] else "-"])
             print(table(lines))
+            for p in plans:  # a start the service refused leaves no server row: say why here
+                if refused := p.get("refused"):
+                    print(f"plan {p['id']}: not started for booking {refused['booking']}: {inert(refused['error'], 200)}")
         return 0
     if args.cancel is not None:
         plan = client.call("serve_plan_cancel", id=args.cancel)
@@ -416,6 +419,9 @@ def cmd_logs(ctx) -> int:
             seen = found["lines"]
             for line in seen:
                 show(line)
+            if not seen and args.lines:  # never a silent empty answer
+                print(f"server {args.id} is {found['state']}: the service holds no log lines for it"
+                      f" {'yet' if found['live'] else '(its supervisor sent none)'}", file=sys.stderr)
             while args.follow and found["live"]:
                 time.sleep(1.0)
                 found = client.call("serve_logs", id=args.id, lines=500)
@@ -424,8 +430,11 @@ def cmd_logs(ctx) -> int:
                 seen = found["lines"]
                 sys.stdout.flush()
         elif not args.follow:
-            for line in tail(path, args.lines, max_bytes=max(64 * 1024, args.lines * 512)):
+            lines = tail(path, args.lines, max_bytes=max(64 * 1024, args.lines * 512))
+            for line in lines:
                 show(line)
+            if not lines and args.lines:
+                print(f"server {args.id} is {found['state']}: its log {path} is empty", file=sys.stderr)
         else:
             for line in follow(path, start_lines=args.lines, until=ended):
                 show(line)

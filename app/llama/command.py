@@ -18,6 +18,7 @@ from pathlib import Path
 from app.core.request import CACHE_TYPES
 from app.errors import BadInput
 from app.gpu.model import Topology
+from app.llama import flags
 
 SPLIT_MODES = ("layer", "row")
 DEFAULT_CTX = 4096
@@ -90,19 +91,57 @@ def check_model(path: str) -> str:
     return str(model.resolve())
 
 
-def check_extra(extra: Sequence[str]) -> list[str]:
-    """The extra llama-server arguments, or BadInput naming the first one board sets itself or that
-    names another model; `--flag=value` spellings count as the flag."""
-    for arg in extra:
-        flag = arg.split("=", 1)[0]
+def check_extra(extra: Sequence[str], model_dirs: Sequence[str] = ()) -> list[str]:
+    """The extra llama-server arguments in llama.cpp's own spelling, or BadInput naming the first flag that is
+    not on the allow-list (app.llama.flags): one board sets itself, one that names another model, one that
+    names a file or address; a file flag's value must be a file's absolute, normal path under `model_dirs`.
+
+    Text only: the service never opens a path a client sent. Where the file really lies (symlinks resolved)
+    is checked by the supervisor, which opens it and hands it to llama-server (app.llama.supervisor)."""
+    try:
+        pairs = flags.split(list(extra))
+    except flags.Refused as refused:
+        flag = refused.flag.split("=", 1)[0]
         if flag in _OTHER_MODEL or flag.startswith(_OTHER_MODEL_PREFIXES):
             raise BadInput(f"extra argument {flag} names another model or model source; "
-                           "board serves only the model file given with --model")
+                           "board serves only the model file given with --model") from None
         if flag in _MANAGED:
             use = _MANAGED[flag]
             hint = f"use board's {use} option instead" if use.startswith("--") else "board does not allow it"
-            raise BadInput(f"extra argument {flag} is set by board; {hint}")
-    return list(extra)
+            raise BadInput(f"extra argument {flag} is set by board; {hint}") from None
+        raise BadInput(str(refused)) from None
+    dirs = [os.path.normpath(d) for d in model_dirs if os.path.isabs(d)]
+    checked = []
+    for flag, values in pairs:
+        if flag in flags.FILES:
+            _file_argument(flag, values[0], dirs)
+        checked += [flag, *values]
+    return checked
+
+
+def _file_argument(flag: str, path: str, dirs: Sequence[str]) -> None:
+    where = ", ".join(dirs) or "none configured"
+    if not dirs:
+        raise BadInput(f"extra argument {flag} takes a file under [llama] model_dirs, and none is configured")
+    if (any(ord(c) < 32 or c in ',"\x7f' for c in path) or not os.path.isabs(path)
+            or os.path.normpath(path) != path or not flags.under(path, dirs)):
+        raise BadInput(f"extra argument {flag} takes one file under [llama] model_dirs ({where}), given by its"
+                       f" absolute path; not {path[:120]!r}")
+def check_files(cmdline: Sequence[str], model_dirs: Sequence[str]) -> None:
+    """BadInput naming the first file flag whose file does not really lie under `model_dirs` (symlinks
+    resolved): run by the member's own process before its launch, for a one-line refusal. The supervisor
+    checks again on the descriptor it hands over (app.llama.supervisor), which is what holds."""
+    dirs = [os.path.realpath(d) for d in model_dirs if os.path.isabs(d)]
+    try:
+        pairs = flags.split(list(cmdline[1:]), board=True)
+    except flags.Refused as refused:
+        raise BadInput(str(refused)) from None
+    for flag, values in pairs:
+        if flag in flags.FILES:
+            real = os.path.realpath(values[0])
+            if not os.path.isfile(real) or not flags.under(real, dirs):
+                raise BadInput(f"extra argument {flag}: {values[0][:120]} is not a file under [llama] model_dirs"
+                               " (symlinks resolved)")
 
 
 def cache_type(which: str, name: str) -> str:
@@ -128,10 +167,14 @@ def server_argv(
     return argv + list(extra)
 
 
+_ARG_VARIABLES = {"LLAMA_API_KEY", "HF_TOKEN", "MTMD_BACKEND_DEVICE"}  # arg.cpp's other options read from the environment
+
+
 def server_env(card_uuids: Sequence[str], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The caller's environment, pinned to the booked cards. LLAMA_ARG_* variables are dropped so that the
-    recorded command line is the whole truth about how the server was started."""
-    env = {k: v for k, v in environ.items() if not k.startswith("LLAMA_ARG_")}
+    """The caller's environment, pinned to the booked cards. LLAMA_ARG_* variables (and the few other names
+    arg.cpp reads options from) are dropped, so that the recorded command line is the whole truth about how
+    the server was started."""
+    env = {k: v for k, v in environ.items() if not k.startswith("LLAMA_ARG_") and k not in _ARG_VARIABLES}
     uuids = ",".join(card_uuids)
     env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=uuids, NVIDIA_VISIBLE_DEVICES=uuids)
     return env

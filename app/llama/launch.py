@@ -67,6 +67,7 @@ def start(client, booking_id: int, *, socket_path: str | None = None, environ: M
     granted = client.call("serve_start", booking=booking_id, **{k: v for k, v in options.items() if v is not None})
     server = server_from_wire(granted["server"])
     try:
+        cmd.check_files(server.cmdline, granted["launch"].get("model_dirs") or ())
         launch(server, granted["launch"], socket_path=socket_path if client.transport == "socket" else None,
                environ=environ)
     except BoardError as error:
@@ -131,7 +132,8 @@ def launch(server: Server, grant: Mapping, *, socket_path: str | None, environ: 
         os.write(fd, header.encode("utf-8", "replace"))
         argv = [sys.executable, SUPERVISOR, *reporting, "--server", str(server.id), "--host", server.host,
                 "--port", str(server.port), "--ready-timeout", str(grant["ready_timeout_s"]),
-                "--backstop", str(_backstop(environ)), "--log", log_path, "--", *server.cmdline]
+                "--backstop", str(_backstop(environ)), "--log", log_path,
+                "--model-dirs", "\n".join(grant.get("model_dirs") or ()), "--", *server.cmdline]
         try:
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, close_fds=True,
                                      start_new_session=True, env=cmd.server_env(server.card_uuids, environ))

@@ -153,7 +153,7 @@ class ServerService:
             raise BadInput(f"--flash-attn is on or off, not {flash_attn[:20]!r}")
         if split_mode not in cmd.SPLIT_MODES:
             raise BadInput(f"unknown split mode {split_mode!r}; use {' or '.join(cmd.SPLIT_MODES)}")
-        extra = cmd.check_extra(extra)
+        extra = cmd.check_extra(extra, settings.model_dirs)
         estimate = checked_estimate(fit, len(booking.cards))
         host = host or settings.host
         if host not in settings.allowed_hosts:

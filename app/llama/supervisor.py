@@ -16,10 +16,14 @@ member who asked, and this script starts llama-server as its own child:
   signal and the last 20 lines of the log.
 * **No orphans if the supervisor itself dies.** llama-server runs with PR_SET_PDEATHSIG = SIGKILL, so a
   `kill -9` of the supervisor takes the server with it.
-* **Its own key.** Before the launch it makes a random API key, writes it to `<log dir>/<id>.key`
-  (0600: only this uid reads it) and starts llama-server with `--api-key-file`, so nobody without the
-  key can use the port; the key goes to the service (or the user's database) with the registration,
-  and the file is removed when the server ends.
+* **Its own key.** Before the launch it makes a random API key and hands it to llama-server through a
+  pipe (`--api-key-file /dev/fd/N`, read to its end at start), so nobody without the key can use the port
+  and the key lies in no file: servers that run as one user (the runner's) cannot read each other's. The
+  key goes to the service (or the user's database) with the registration.
+* **Files it hands over.** A file flag of the extra arguments (`--chat-template-file`, `--lora`, ...;
+  app.llama.flags) is opened here, checked to be a regular file that really lies under `--model-dirs`
+  (`[llama] model_dirs`), and passed as /dev/fd/N; a command line off the allow-list is not started
+  (the reason goes where the exit goes). llama-server thus opens no path a member chose.
 * **Readiness.** It polls GET /health (503 while loading) and reports `ready` at the first 200, or
   `failed` (and stops the server) when none comes within llama.ready_timeout_s.
 * **Memory.** With `ready` goes what llama.cpp logged of its buffers at load (`-lv 4`: weights, KV cache
@@ -46,7 +50,7 @@ The server is launched before anything slow is imported, so the supervisor adds 
 start to the time to ready. Usage (by app.llama.launch, not by hand):
 
     python supervisor.py (--db DB | --socket PATH) --server ID --host H --port P --ready-timeout S
-                         --backstop S --log PATH -- llama-server ARGS...
+                         --backstop S --log PATH [--model-dirs "DIR\nDIR..."] -- llama-server ARGS...
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ CHECK_S = 1.0
 PR_SET_PDEATHSIG = 1
 LOG_LINE_MAX = 1000  # characters of one log line sent to the service
 LOG_BATCH_MAX = 200  # lines in one `log` message
+LOG_RESEND_MAX = 256 << 10  # bytes of the log's end sent again after a resume (the service kept none of it)
 MEMORY_LOG_MAX = 16 << 20  # bytes of the log read for the memory figures (llama.cpp logs them at load, early on)
 MEMORY_TRIES, MEMORY_RETRY_S = 10, 0.05  # llama.cpp's log thread may not have written the last buffer line yet
 RECONNECT_S = 1.0  # how often a supervisor that lost the service tries to register again
@@ -123,43 +128,89 @@ def main(argv: list[str] | None = None) -> int:
 
     launched_at = time.monotonic()
     log_start = _size(opts["log"])  # the log may hold an earlier server's lines (it is appended to)
-    key_path = os.path.splitext(opts["log"])[0] + ".key"
+    api_key, passed = _new_key(), []
     try:
-        api_key = _write_key(key_path)
-    except OSError as error:
-        print(f"board supervisor: can't write the server's key {key_path}: {error.strerror or error}",
-              file=sys.stderr, flush=True)
-        return 1
-    try:
-        child = subprocess.Popen([*command, "--api-key-file", key_path], stdin=subprocess.DEVNULL, close_fds=True,
-                                 preexec_fn=_death_signal_setter())
+        command, passed = _hand_over(command, [d for d in opts.get("model-dirs", "").split("\n") if d])
+        key_in = _key_pipe(api_key)
+        passed.append(key_in)
+        child = subprocess.Popen([*command, "--api-key-file", f"/dev/fd/{key_in}"], stdin=subprocess.DEVNULL,
+                                 close_fds=True, pass_fds=passed, preexec_fn=_death_signal_setter())
         launch_error = None
+    except _Refused as refused:
+        child, launch_error = None, str(refused)
     except OSError as error:
         child, launch_error = None, f"can't run {command[0]}: {error.strerror or error}"
-    try:
-        return _supervise(opts, command, child, launch_error, launched_at, stop, log_start, api_key)
     finally:
-        try:
-            os.unlink(key_path)
-        except OSError:
-            pass
+        for fd in passed:
+            os.close(fd)
+    return _supervise(opts, command, child, launch_error, launched_at, stop, log_start, api_key)
 
 
-def _write_key(path: str) -> str:
-    """A new random key in a new file only this uid can read (never one that was there: it may be anyone's link)."""
+class _Refused(Exception):
+    """The command line holds what the supervisor will not hand to llama-server."""
+
+
+def _new_key() -> str:
     import secrets  # start-up: small; before the launch, which needs the key
 
-    key = secrets.token_urlsafe(32)
+    return secrets.token_urlsafe(32)
+
+
+def _key_pipe(key: str) -> int:
+    """The read end of a pipe that holds the key and is closed for writing: llama-server reads its
+    --api-key-file with std::ifstream and getline, to the end, so the key never lies in a file."""
+    read_end, write_end = os.pipe()
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, key.encode())
+        os.write(write_end, (key + "\n").encode())
     finally:
-        os.close(fd)
-    return key
+        os.close(write_end)
+    return read_end
+
+
+def _hand_over(command: list[str], model_dirs: list[str]) -> tuple[list[str], list[int]]:
+    """The command with each file flag's path replaced by /dev/fd/N of a file opened here, and those fds.
+
+    Each file must be a regular file that really lies under [llama] model_dirs (symlinks resolved, read
+    back from the open descriptor itself), so a name swapped after the check changes nothing: llama-server
+    reads the very file checked, and opens no path a member chose (app.llama.flags). The whole line is
+    read as llama.cpp reads it; anything off the allow-list is refused here too."""
+    import stat  # start-up: small; before the launch
+
+    from app.llama import flags
+
+    try:
+        pairs = flags.split(command[1:], board=True)
+    except flags.Refused as refused:
+        raise _Refused(str(refused)) from None
+    dirs = [os.path.realpath(d) for d in model_dirs if os.path.isabs(d)]
+    line, fds = [command[0]], []
+    try:
+        for flag, values in pairs:
+            if flag in flags.FILES:
+                values = [f"/dev/fd/{_open_under(flag, values[0], dirs, fds, stat)}"]
+            line += [flag, *values]
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return line, fds
+
+
+def _open_under(flag: str, path: str, dirs: list[str], fds: list[int], stat) -> int:
+    from app.llama import flags
+    refusal = f"extra argument {flag}: {path[:200]} is not a file under [llama] model_dirs"
+    if not dirs:
+        raise _Refused(f"extra argument {flag} takes a file under [llama] model_dirs, and none is configured")
+    try:  # non-blocking: a FIFO put in the file's place must not hang the launch
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as error:
+        raise _Refused(f"extra argument {flag}: can't open {path[:200]}: {error.strerror}") from None
+    fds.append(fd)
+    real = os.readlink(f"/proc/self/fd/{fd}")
+    if not stat.S_ISREG(os.fstat(fd).st_mode) or not flags.under(real, dirs):
+        raise _Refused(refusal)
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _supervise(opts, command, child, launch_error, launched_at, stop, log_start, api_key) -> int:
@@ -203,6 +254,7 @@ class _SocketReporter:
         self.child_pid, self.api_key = (child.pid if child else None), api_key
         self.position = 0
         self.pending = b""
+        self.partial = False  # the first line read is the rest of one (after a rewind)
         self.booking_end: float | None = None
         self.ready_report: dict | None = None  # sent again after a resume: it may have been lost with the service
         self.refused: str | None = None
@@ -326,6 +378,7 @@ class _SocketReporter:
         self.next_try = now + RECONNECT_S
         if self._connect(resume=True) is None:
             print("board: registered again with the board service", file=sys.stderr, flush=True)
+            self._rewind()
             if self.ready_report is not None:
                 self._send(self.ready_report)
             self.send_log()
@@ -333,6 +386,11 @@ class _SocketReporter:
             print(f"board: {self.refused}; stopping the server", file=sys.stderr, flush=True)
             return "stop"
         return None
+
+    def _rewind(self) -> None:
+        """A restarted service holds none of our log: send its last lines again, for `board serve logs`."""
+        self.position = max(0, _size(self.log_path) - LOG_RESEND_MAX)
+        self.pending, self.partial = b"", self.position > 0
 
     def send_log(self) -> None:
         """The new complete lines of our own log (written by us and llama-server), for `board serve logs`."""
@@ -349,6 +407,8 @@ class _SocketReporter:
         self.position += len(chunk)
         self.pending += chunk
         *complete, self.pending = self.pending.split(b"\n")
+        if self.partial and complete:
+            complete, self.partial = complete[1:], False
         lines = [line.decode("utf-8", "replace")[:LOG_LINE_MAX] for line in complete]
         for start in range(0, len(lines), LOG_BATCH_MAX):
             self._send({"event": "log", "lines": lines[start:start + LOG_BATCH_MAX]})

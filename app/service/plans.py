@@ -89,7 +89,7 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
     if not any(Path(model).is_relative_to(d) for d in dirs):
         where = ", ".join(dirs) or "none configured"
         raise BadInput(f"a planned server's model must lie in [llama] model_dirs ({where}): the runner reads only those")
-    extra = cmd.check_extra(spec.get("extra") or [])
+    extra = cmd.check_extra(spec.get("extra") or [], service.config.llama.model_dirs)
     host = spec.get("host") or service.config.llama.host
     if host not in service.config.llama.allowed_hosts:
         raise NotPermitted(f"host {host} is not allowed; the config allows {', '.join(service.config.llama.allowed_hosts)}")
@@ -136,7 +136,8 @@ def plan_wire(service: Service, plan: plan_rows.Plan) -> dict[str, Any]:
             "alias": plan.alias, "model": plan.spec.get("model"), "ctx": plan.spec.get("ctx"),
             "parallel": plan.spec.get("parallel"), "created": plan.created_at, "cancelled": plan.cancelled_at,
             "next_start": upcoming[0]["start"] if upcoming else None,
-            "next_booking": upcoming[0]["booking"] if upcoming else None}
+            "next_booking": upcoming[0]["booking"] if upcoming else None,
+            "refused": plan_rows.last_refusal(service.conn, plan.id)}  # why its latest start gave no server
 
 
 def _refused(service: Service, me: Identity, booking_id: int | None, refusal: BoardError) -> None:
@@ -186,8 +187,8 @@ def runner_registration(server: ServiceServer, conn: socket.socket, reader: Line
     server.log(f"board agent: runner registered (pid {peer.pid})")
     service.wake_enforcer.set()  # an occurrence that is due now need not wait for the next pass
     try:
-        while reader.readline(None):
-            pass  # the runner says nothing more; its line stays open while it lives
+        while line := reader.readline(None):  # its line stays open while it lives
+            _runner_said(server, line)
     except OSError:
         pass
     runner.gone = True
@@ -195,6 +196,35 @@ def runner_registration(server: ServiceServer, conn: socket.socket, reader: Line
         if service.runner is runner:
             service.runner = None
     server.log(f"board agent: runner (pid {peer.pid}) went away")
+
+
+def _runner_said(server: ServiceServer, line: bytes) -> None:
+    """The runner's one report: a server it was told to start and could not (its supervisor never ran), so
+    the row says why rather than, later, 'exit status unknown'. Only a `starting` row a plan started that no
+    supervisor has registered for."""
+    try:
+        message = wire.decode(line)
+        server_id, reason = message["server"], str(message["reason"])[:200]
+    except (ValueError, KeyError, TypeError):
+        return
+    if message.get("event") != "failed" or not isinstance(server_id, int) or isinstance(server_id, bool):
+        return
+
+    def record() -> None:
+        from app.llama import rows  # start-up: llama's modules load only for servers
+        from app.llama.service import ServerService  # start-up: llama's modules load only for servers
+
+        service = server.service
+        row = rows.get(service.conn, server_id)
+        if row is None or row.state != rows.STARTING or plan_rows.plan_of_server(service.conn, server_id) is None \
+                or service.supervision.get(server_id) is not None:
+            return
+        holder = Identity(row.user, row.uid, False)
+        ServerService(service.conn, holder, service.config, clock=service.clock,
+                      processes=service.supervision).failed(server_id, reason, [])
+        service.hub.changed("servers")
+
+    server.database.submit(record).result()
 
 
 def start_due(server: ServiceServer) -> list[int]:
@@ -227,7 +257,8 @@ def start_due(server: ServiceServer) -> list[int]:
             continue
         with write(service.conn):
             plan_rows.record_run(service.conn, plan.id, booking_id, now, server_id=row.id)
-        grant = {"ready_timeout_s": service.config.llama.ready_timeout_s, "db": None}
+        grant = {"ready_timeout_s": service.config.llama.ready_timeout_s, "db": None,
+                 "model_dirs": list(service.config.llama.model_dirs)}
         if not runner.send({"event": "start", "server": server_to_wire(row), "launch": grant}):
             server.log(f"planned server {plan.id}: the runner went away before server {row.id} could start")
         else:

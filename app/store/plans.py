@@ -124,6 +124,13 @@ def record_run(conn: sqlite3.Connection, plan_id: int, booking_id: int, now: int
                  " started_at = excluded.started_at, error = excluded.error", (plan_id, booking_id, server_id, now, error))
 
 
+def last_refusal(conn: sqlite3.Connection, plan_id: int) -> dict[str, Any] | None:
+    """Why the plan's latest start gave no server ({"booking", "error"}), or None when it gave one (or none yet)."""
+    row = conn.execute("SELECT booking_id, error FROM server_plan_runs WHERE plan_id = ?"
+                       " ORDER BY started_at DESC, booking_id DESC LIMIT 1", (plan_id,)).fetchone()
+    return {"booking": row[0], "error": row[1]} if row and row[1] else None
+
+
 def plan_of_server(conn: sqlite3.Connection, server_id: int) -> int | None:
     """The plan whose occurrence started this server, or None for a server a member started."""
     row = conn.execute("SELECT plan_id FROM server_plan_runs WHERE server_id = ?", (server_id,)).fetchone()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -83,9 +84,12 @@ class TestStartAnswerStop:
         assert answer["usage"]["completion_tokens"] >= 1
         status, metrics = get(f"{url}/metrics", key=key)
         assert status == 200 and b"llamacpp:tokens_predicted_total" in metrics
-        # from a file only the supervisor's uid may read, gone when the server ends
-        key_file = psutil.Process(server["pid"]).cmdline()[-1]
-        assert os.stat(key_file).st_mode & 0o777 == 0o600 and open(key_file).read() == key
+        # through a pipe, in no file: llama-server's --api-key-file is its own descriptor of that pipe
+        *_, flag, key_file = psutil.Process(server["pid"]).cmdline()
+        assert (flag, key_file.rsplit("/", 1)[0]) == ("--api-key-file", "/dev/fd")
+        assert stat.S_ISFIFO(os.stat(f"/proc/{server['pid']}/fd/{key_file.rsplit('/', 1)[1]}").st_mode)
+        assert [f for f in board.tmp_path.rglob("*") if f.is_file() and not f.name.startswith("board.db")
+                and key.encode() in f.read_bytes()] == []  # (the user's own database keeps it, as the service's)
 
         # The recipe: pinned to the booked cards' UUIDs, loopback only, the leased port.
         process = psutil.Process(server["pid"])
@@ -117,7 +121,6 @@ class TestStartAnswerStop:
         assert board.gone(after), "a process of the server's group is still there"
         assert group_alive(server["pgid"]) == [] and group_members(server["pgid"]) == []
         assert health(server["host"], server["port"], timeout=0.5) is None  # nothing listens any more
-        assert not os.path.exists(key_file)
         assert [e["ok"] for e in events(board, "server-start")] == [True]
         assert [e["details"]["server"] for e in events(board, "server-stop")] == [1]
         log = board.ok("serve", "logs", "1").stdout
@@ -349,6 +352,10 @@ class TestRefusals:
             (["--model", str(tiny_model), "--port", "80"], "outside the server range"),
             (["--model", str(tiny_model), "--", "--port", "9999"], "extra argument --port is set by board"),
             (["--model", str(tiny_model), "--", "--host=0.0.0.0"], "extra argument --host is set by board"),
+            (["--model", str(tiny_model), "--", "--log-file", str(tmp_path / "x")],
+             "extra argument --log-file is not one board passes to llama-server"),
+            (["--model", str(tiny_model), "--", "--chat-template-file", str(tmp_path / "t.jinja")],
+             "extra argument --chat-template-file takes a file under [llama] model_dirs, and none is configured"),
         ]
         for args, message in cases:
             result = fake_board.run("serve", "start", str(booking), *args)

@@ -409,6 +409,10 @@ class TestPlannedServers:
             assert os.stat(f"/proc/{pid}").st_uid == llama
         key = shared.json("alice", "serve", "key", str(server["id"]))["key"]  # the holder's, as any server's
         assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+        header = f"server {server['id']} for booking {booking['id']} (alice)"  # board's first line of the log
+        for user in ("alice", "carol"):  # its holder and an admin read the log the runner's supervisor keeps
+            logs = shared.run(user, "serve", "logs", str(server["id"]), "-n", "500")
+            assert logs.returncode == 0 and header in logs.stdout, (user, logs.stdout[-500:], logs.stderr)
         with sqlite3.connect(shared.agent.db) as conn:  # up: no longer planned
             assert planned_servers(conn, int(time.time())) == []
 
@@ -421,12 +425,59 @@ class TestPlannedServers:
             assert time.monotonic() < deadline, (shared.agent.log_text(), runner.log.read_text())
             time.sleep(0.1)
         assert _request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+        # The restarted service kept none of the log: the supervisor sends its end again (before, nothing, exit 0).
+        while header not in (logs := shared.run("alice", "serve", "logs", str(server["id"]), "-n", "500")).stdout:
+            assert time.monotonic() < deadline + 15, (logs.stdout[-500:], logs.stderr)
+            time.sleep(0.2)
 
         after = shared.wait_state(server["id"], ("stopped", "crashed"), timeout=90)
         assert after["state"] == "stopped" and after["reason"] == f"booking {booking['id']} ended", after
         assert datetime.fromisoformat(after["ended"]) >= start + timedelta(minutes=1)
         assert gone(server)
         assert f"started server {server['id']}" in runner.log.read_text()
+
+    def test_a_runner_that_cannot_write_its_state_directory_refuses_to_start(self, shared):
+        import subprocess
+
+        from tests.agent_process import ENVIRON, SETPRIV
+        from tests.unix_users import RUNNER_USER, ensure_system_user
+
+        ensure_system_user(RUNNER_USER, MEMBERS)
+        state = shared.root / "root-state"  # root's, 0755: board-llama cannot write there
+        state.mkdir(mode=0o755)
+        result = subprocess.run(
+            [SETPRIV, "--reuid", RUNNER_USER, "--regid", RUNNER_USER, "--init-groups", "--", str(BOARD), "runner"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+            env={**ENVIRON, "BOARD_CONFIG": str(shared.agent.config), "XDG_STATE_HOME": str(state)})
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        assert result.stderr.strip() == (f"board: the runner can't write its state directory {state}/board/servers"
+                                         " (Permission denied): the servers' logs go there; give the runner's user a"
+                                         " writable StateDirectory= (XDG_STATE_HOME)"), result.stderr
+        assert "board agent: runner registered" not in shared.agent.log_text()  # it never registered
+
+    def test_a_start_the_runner_cannot_make_says_why_on_the_servers_row(self, shared, runner):
+        servers = shared.root / "runner-state" / "board" / "servers"
+        llama = pwd.getpwnam("board-llama")
+        for directory in (servers.parent, servers):
+            directory.mkdir(exist_ok=True)
+            os.chown(directory, llama.pw_uid, llama.pw_gid)
+        os.chmod(servers, 0o500)  # the log can no longer be created: the supervisor never runs
+        booking = shared.json("alice", "book", "--cards", "6", "--for", "1h")["id"]
+        shared.json("alice", "serve", "plan", str(booking), "--model", str(shared.model), "--ctx", "256")
+        deadline = time.monotonic() + 30
+        while not (found := [s for s in shared.json("alice", "serve", "list", "--all")["servers"]
+                             if s["booking_id"] == booking and s["state"] != "starting"]):
+            assert time.monotonic() < deadline + 30, (runner.log.read_text()[-2000:], shared.agent.log_text())
+            time.sleep(0.2)
+        [server] = found
+        assert server["state"] == "failed", server
+        assert server["reason"] == (f"the runner: can't write the server log in {servers}: Permission denied"), server
+        listed = shared.ok("alice", "serve", "list", "--all").stdout
+        assert "the runner: can't write the server log" in listed
+        logs = shared.run("alice", "serve", "logs", str(server["id"]))  # no log at all: said, not a silent nothing
+        assert (logs.returncode, logs.stdout) == (0, "")
+        assert logs.stderr == f"server {server['id']} is failed: the service holds no log lines for it (its supervisor" \
+                              " sent none)\n"
 
     def test_only_the_runners_user_registers_as_the_runner(self, shared):
         refused = shared.run("alice", "runner")
@@ -447,3 +498,134 @@ class TestPlannedServers:
         assert cancelled.returncode == 4
         assert shared.json("alice", "serve", "plan", "--cancel", str(plan["id"]))["cancelled"] is not None
         assert shared.json("alice", "serve", "plan", "--list")["plans"] == []
+
+
+def _files_under(root: Path) -> list[Path]:
+    return [Path(d) / f for d, _, files in os.walk(root) for f in files]
+
+
+def _plan_row(shared, booking: int, spec: dict) -> int:
+    """A plan stored before the allow-list (as app.store.plans.insert writes one): bob's, for `booking`."""
+    import sqlite3
+
+    from app.store import plans as plan_rows
+
+    bob = pwd.getpwnam("bob")
+    with sqlite3.connect(shared.agent.db) as conn:
+        return plan_rows.insert(conn, booking_id=booking, series_id=None, user="bob", uid=bob.pw_uid,
+                                alias=spec["alias"], spec=spec, now=int(time.time()))
+
+
+CALL = """
+import json, sys
+from app.client.socket import SocketClient
+from app.errors import BoardError
+try:
+    print(json.dumps({"ok": SocketClient(sys.argv[1]).call(sys.argv[2], **json.loads(sys.argv[3]))}))
+except BoardError as error:
+    print(json.dumps({"code": error.exit_code, "message": str(error)}))
+"""
+
+
+def _call_as(user: str, shared, op: str, **args) -> dict:
+    """One operation sent by `user`'s own process straight to the service's socket, as a member can."""
+    result = run_as(user, str(BOARD.parent / "python"), "-c", CALL, str(shared.agent.socket), op, json.dumps(args))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+class TestTheKeyAttack:
+    """The review's attack, replayed: bob's planned server reads alice's planned server's key (or log) as
+    board-llama through a file flag (`--chat-template-file`), and shows it in GET /props."""
+
+    def _wait_ready(self, shared, runner, booking: int) -> dict:
+        deadline = time.monotonic() + 60
+        while not (found := [s for s in shared.json("carol", "serve", "list", "--all")["servers"]
+                             if s["booking_id"] == booking]) or found[0]["state"] != "ready":
+            assert not found or found[0]["state"] == "starting", found
+            assert time.monotonic() < deadline, (found, runner.log.read_text()[-2000:], shared.agent.log_text())
+            time.sleep(0.2)
+        return found[0]
+
+    def test_bobs_planned_server_cannot_read_alices_key_or_log(self, shared, runner):
+        state = shared.root / "runner-state"
+        alices = shared.json("alice", "book", "--cards", "5", "--for", "1h")["id"]
+        shared.json("alice", "serve", "plan", str(alices), "--model", str(shared.model), "--ctx", "256")
+        alice = self._wait_ready(shared, runner, alices)
+        key = shared.json("alice", "serve", "key", str(alice["id"]))["key"]
+        assert _request(alice, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=key).status == 200
+        assert _request(alice, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status == 401
+        # Her key lies in no file the runner's user could read: it went to llama-server through a pipe.
+        files = _files_under(state)
+        assert [f.name for f in files] == [f"{alice['id']}.log"], files
+        assert not any(key.encode() in f.read_bytes() for f in files)
+        key_path, log_path = state / "board" / "servers" / f"{alice['id']}.key", files[0]
+
+        bobs = shared.json("bob", "book", "--cards", "4", "--for", "1h")["id"]
+        for extra in (["--chat-template-file", str(key_path)], ["--chat-template-file", str(log_path)],
+                      ["--chat_template_file", str(log_path)], ["--log-file", str(log_path)],
+                      ["--slot-save-path", str(state)], ["--media-path", str(state)], ["--lora", str(key_path)],
+                      ["--mmproj-url", "http://127.0.0.1:1/x"]):
+            refused = shared.run("bob", "serve", "start", str(bobs), "--model", str(shared.model), "--", *extra)
+            assert refused.returncode == 2, (extra, refused.stderr)
+            assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+            assert f"extra argument {extra[0].replace('_', '-')} " in refused.stderr, refused.stderr
+            # `serve plan` takes no extra arguments on its command line; the service's op does, as bob sends it
+            answer = _call_as("bob", shared, "serve_plan", booking=bobs, model=str(shared.model), extra=extra)
+            assert answer["code"] == 2 and f"extra argument {extra[0].replace('_', '-')} " in answer["message"], answer
+        assert [p["user"] for p in shared.json("bob", "serve", "plan", "--list")["plans"]] == ["alice"]  # none of bob's
+
+        # A plan stored before the allow-list with the attack's argument: refused at its start, the reason shown.
+        plan = _plan_row(shared, bobs, {"model": str(shared.model), "ctx": 256, "alias": "bobs",
+                                        "extra": ["--chat-template-file", str(key_path)]})
+        deadline = time.monotonic() + 30
+        while not (listed := next(p for p in shared.json("bob", "serve", "plan", "--list")["plans"]
+                                  if p["id"] == plan))["refused"]:
+            assert time.monotonic() < deadline, shared.agent.log_text()
+            time.sleep(0.2)
+        assert listed["refused"]["booking"] == bobs and "--chat-template-file" in listed["refused"]["error"]
+        assert "model_dirs" in listed["refused"]["error"]
+        text = shared.ok("bob", "serve", "plan", "--list").stdout
+        assert f"plan {plan}: not started for booking {bobs}: extra argument --chat-template-file" in text
+        assert not [s for s in shared.json("bob", "serve", "list", "--all")["servers"] if s["booking_id"] == bobs]
+
+        # A name under model_dirs that bob may write (an upload directory), pointing at alice's log: the text
+        # passes, the supervisor (board-llama) resolves it at the launch and refuses; the reason is on the row.
+        uploads = shared.model.parent / "uploads"
+        uploads.mkdir()
+        os.chown(uploads, pwd.getpwnam("bob").pw_uid, -1)
+        (uploads / "t.jinja").symlink_to(log_path)
+        assert "id" in _call_as("bob", shared, "serve_plan", booking=bobs, model=str(shared.model), ctx=256,
+                                alias="b2", extra=["--chat-template-file", str(uploads / "t.jinja")])["ok"]
+        deadline = time.monotonic() + 30
+        while not (found := [s for s in shared.json("bob", "serve", "list", "--all")["servers"]
+                             if s["booking_id"] == bobs and s["state"] not in ("starting",)]):
+            assert time.monotonic() < deadline, (runner.log.read_text()[-2000:], shared.agent.log_text())
+            time.sleep(0.2)
+        [crashed] = found
+        assert crashed["state"] in ("crashed", "failed") and crashed["pid"] is None, crashed
+        assert "--chat-template-file" in crashed["reason"] and "model_dirs" in crashed["reason"], crashed
+        assert key not in json.dumps(crashed)
+        # `serve start` with it: bob's own process resolves the name before its launch and refuses in one line.
+        refused = shared.run("bob", "serve", "start", str(bobs), "--model", str(shared.model), "--",
+                             "--chat-template-file", str(uploads / "t.jinja"))
+        assert refused.returncode == 2 and refused.stderr == (
+            f"board: extra argument --chat-template-file: {uploads / 't.jinja'} is not a file under [llama] model_dirs"
+            " (symlinks resolved)\n"), refused.stderr
+
+        # The same flag with a file that does lie there works: llama-server reads the descriptor it was given.
+        template = shared.model.parent / "plain.jinja"
+        template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+        os.chmod(template, 0o644)
+        later = shared.json("bob", "book", "--cards", "3", "--for", "1h")["id"]
+        assert "id" in _call_as("bob", shared, "serve_plan", booking=later, model=str(shared.model), ctx=256,
+                                alias="b3", extra=["--chat-template-file", str(template)])["ok"]
+        bob = self._wait_ready(shared, runner, later)
+        bobs_key = shared.json("bob", "serve", "key", str(bob["id"]))["key"]
+        props = json.loads(_request(bob, "/props", key=bobs_key).read())
+        assert props["chat_template"] == template.read_text() and key not in json.dumps(props)
+        assert _request(alice, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=bobs_key).status == 401
+        assert not [f for f in _files_under(state) if f.suffix == ".key"]
+        for server in (alice, bob):
+            shared.json(server["user"], "serve", "stop", str(server["id"]))
+            assert gone(server)

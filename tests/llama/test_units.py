@@ -55,7 +55,10 @@ def test_server_argv_by_default_splits_by_layer_with_flash_attention_and_an_f16_
 
 def test_server_env_pins_the_cards_and_drops_llama_arg_variables():
     env = command.server_env(["GPU-a", "GPU-b"], {"PATH": "/bin", "LLAMA_ARG_HOST": "0.0.0.0",
-                                                  "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
+                                                  "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+                                                  # arg.cpp's options read from other names: a second key, a token
+                                                  "LLAMA_API_KEY": "k", "HF_TOKEN": "t", "MTMD_BACKEND_DEVICE": "d",
+                                                  "LLAMA_ARG_LOG_FILE": "/tmp/x"})
     assert env == {"PATH": "/bin", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b",
                    "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
 
@@ -150,16 +153,83 @@ def test_the_lists_above_are_every_flag_the_filter_knows():
 
 
 @pytest.mark.parametrize("extra", [
-    ["--temp", "0.1", "-t", "8", "--jinja"],
-    ["--temp=0.1", "--top-k=40"],  # joined spellings of other options
-    # near misses of refused flags are llama-server's own options, not board's or another model's
-    ["-mg", "0"], ["--mlock"], ["-cb"], ["-cd", "512"], ["-n", "16"], ["-t", "4"], ["--api-keys", "k"],
-    ["--models-max", "2"], ["--mmproj-offload"], ["-h"], ["--help"],
-    # a refused flag's text inside a value is not that flag
-    ["--slot-save-path", "/tmp/--port"], ["--chat-template-file=/t/-m.jinja"],
+    ["--temp", "0.1", "-t", "8", "--jinja"], ["-mg", "0"], ["-cb"], ["-n", "16"], ["-ngl", "20"],
+    ["--mmproj-offload"], ["--control-vector-layer-range", "1", "4"], ["--seed", "-1"],
+    # a refused flag's text inside a value is not that flag: llama.cpp takes the next argument as the value
+    ["--chat-template", "--port"], ["-r", "--log-file"],
 ])
-def test_extra_args_pass_through_otherwise(extra):
+def test_extra_args_on_the_allow_list_pass_through(extra):
     assert command.check_extra(extra) == extra
+
+
+def test_extra_args_are_returned_in_llama_cpps_own_spelling():
+    # arg.cpp replaces `_` by `-` in an argument that starts with `--`, so the check must read it the same way
+    assert command.check_extra(["--top_k", "40", "--no_warmup"]) == ["--top-k", "40", "--no-warmup"]
+    with pytest.raises(BadInput, match="extra argument --log-file is not one board passes"):
+        command.check_extra(["--log_file", "/tmp/x"])
+
+
+# The flags the review used (and their kin): each names a file, a directory or an address, or runs something.
+_PATHS_AND_ADDRESSES = [
+    "--log-file", "--slot-save-path", "--media-path", "--mmproj-url", "-mmu", "--log-prompts-dir", "--tools",
+    "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--ui-mcp-proxy", "-ag", "--agent", "--rpc",
+    "--ssl-key-file", "--ssl-cert-file", "--ui-config-file", "--video-ffmpeg-dir", "-lcs", "--lookup-cache-static",
+    "-lcd", "--lookup-cache-dynamic", "--lora-scaled", "--control-vector-scaled", "--reuse-port", "--cors-origins",
+    "--fim-qwen-7b-default", "--gpt-oss-20b-default", "--mmproj-auto", "--props", "--list-devices", "--version",
+    "-h", "--help", "--mlock", "-cd", "--api-keys", "positional",
+]
+
+
+@pytest.mark.parametrize("flag", _PATHS_AND_ADDRESSES)
+def test_a_flag_off_the_allow_list_is_refused_in_one_line_naming_it(flag):
+    with pytest.raises(BadInput) as refused:
+        command.check_extra(["--temp", "0.1", flag, "/srv/models/x"], ["/srv/models"])
+    message = str(refused.value)
+    assert message.startswith(f"extra argument {flag} is not one board passes to llama-server") and "\n" not in message
+    assert "docs/llama.md" in message
+
+
+def test_no_flag_of_the_allow_list_takes_a_path_or_address():
+    # the allow-list read from arg.cpp: none of these take a file, a directory or a URL
+    from app.llama import flags
+
+    for flag in ("--log-file", "--slot-save-path", "--media-path", "--mmproj-url", "--tools", "--rpc", "--lora",
+                 "--chat-template-file", "--api-key-file", "--model", "-m", "--host", "--port", "--path"):
+        assert flag not in flags.PLAIN, flag
+    assert not flags.FILES & set(flags.PLAIN)
+    assert not (flags.FILES | set(flags.PLAIN)) & (set(command._MANAGED) - {"--metrics"})
+
+
+@pytest.mark.parametrize("flag", ["--chat-template-file", "--lora", "-mm", "--mmproj", "--control-vector",
+                                  "--grammar-file", "-jf", "--json-schema-file"])
+def test_a_file_flag_takes_a_file_under_model_dirs_only(flag):
+    dirs = ["/srv/models", "/data/llm/"]
+    assert command.check_extra([flag, "/srv/models/a/t.jinja"], dirs) == [flag, "/srv/models/a/t.jinja"]
+    assert command.check_extra([flag, "/data/llm/t"], dirs) == [flag, "/data/llm/t"]
+    for path in ("/var/lib/board-runner/board/servers/7.key",  # the attack: another server's key
+                 "/var/lib/board-runner/board/servers/7.log",  # its log
+                 "/srv/models",  # the directory itself, not a file under it
+                 "/srv/models-other/t.jinja",  # a sibling that shares the prefix
+                 "/srv/models/../x/t.jinja", "/srv/models/./t.jinja", "/srv//models/t",  # not normal
+                 "srv/models/t.jinja", "models/t.jinja",  # relative
+                 "/srv/models/a.gguf,/etc/shadow",  # llama.cpp splits --lora's value at commas
+                 "/srv/models/t\n.jinja"):
+        with pytest.raises(BadInput) as refused:
+            command.check_extra([flag, path], dirs)
+        assert str(refused.value).startswith(f"extra argument {flag} takes one file under [llama] model_dirs"), path
+    with pytest.raises(BadInput, match="none is configured"):
+        command.check_extra([flag, "/srv/models/t.jinja"], [])
+    with pytest.raises(BadInput, match=f"extra argument {flag} needs a value"):
+        command.check_extra(["--temp", "0.1", flag])
+
+
+def test_a_joined_spelling_is_refused_with_the_spelling_llama_cpp_reads():
+    # arg.cpp has no --flag=value: such an argument would stop llama-server at start; say so now
+    with pytest.raises(BadInput) as refused:
+        command.check_extra(["--temp=0.1"])
+    assert str(refused.value) == "extra argument '--temp=0.1': llama-server reads no --flag=value spelling; write --temp 0.1"
+    with pytest.raises(BadInput, match="write --chat-template-file /t/-m.jinja"):
+        command.check_extra(["--chat-template-file=/t/-m.jinja"])
 
 
 def test_a_cache_type_is_one_llama_server_knows_and_a_refusal_lists_them():

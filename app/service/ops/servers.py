@@ -49,6 +49,7 @@ def serve_start(service: Service, me: Identity, booking: int, extra=None, **opti
         changed(service)
     return {"server": _wire(server, me), "launch": {
         "ready_timeout_s": service.config.llama.ready_timeout_s,
+        "model_dirs": list(service.config.llama.model_dirs),  # where the supervisor may open a file flag's file
         # The store the supervisor reports to in file mode: the SQLite file, or the PostgreSQL url.
         "db": (service.config.storage_url or str(service.config.db_path)) if service.transport == "local" else None}}
 
@@ -80,10 +81,14 @@ def serve_logs(service: Service, me: Identity, id: int, lines: int = 50) -> dict
     """The server's last lines; `log` is its file's path only for its owner, whose own process wrote it."""
     if not 0 <= lines <= 100_000:
         raise BadInput("lines: a count from 0 to 100000")
+    from app.store.plans import plan_of_server  # start-up: plans load only for servers
+
     rules = light_rules(service, me)
     server = rules.get(id)
+    # The path only where the holder's own process wrote the file: a planned server's log is the runner's.
+    own = server.uid == me.uid and server.log_path and plan_of_server(service.conn, server.id) is None
     return {"lines": rules.log_lines(server, lines), "state": server.state, "live": server.live,
-            "log": server.log_path if server.uid == me.uid and server.log_path else None}
+            "log": server.log_path if own else None}
 
 
 @op("serve_stop", {"id": INT}, {"reason": STR}, writes=True)

@@ -1,0 +1,133 @@
+"""What the supervisor hands to llama-server: its key through a pipe, and each file flag's file as /dev/fd/N
+of a file it opened and checked (app.llama.supervisor._hand_over). Pure: no llama-server here; the real one
+reads them in tests/llama/test_servers.py and tests/llama/test_servers_service.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from app.llama import supervisor
+
+BOARD_LINE = ["/bin/llama-server", "-m", "/srv/models/m.gguf", "--host", "127.0.0.1", "--port", "8081", "-c", "256",
+              "-np", "1", "-ngl", "999", "--split-mode", "layer", "-fa", "on", "-ctk", "f16", "-ctv", "f16", "-lv", "4"]
+
+
+@pytest.fixture
+def models(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "t.jinja").write_text("{{ messages }}")
+    (tmp_path / "secret.key").write_text("alice's key\n")
+    return models
+
+
+def _read(fd: int) -> str:
+    with open(f"/dev/fd/{fd}") as f:  # as llama.cpp's ifstream opens it
+        return f.read()
+
+
+def test_the_key_goes_through_a_pipe_closed_for_writing():
+    fd = supervisor._key_pipe("k" * 43)
+    try:
+        assert _read(fd) == "k" * 43 + "\n"  # read to its end: no writer left, so no hang
+    finally:
+        os.close(fd)
+
+
+def test_a_file_under_model_dirs_is_handed_over_as_the_descriptor_of_the_file_checked(models):
+    line, fds = supervisor._hand_over([*BOARD_LINE, "--temp", "0.1", "--chat-template-file", str(models / "t.jinja")],
+                                      [str(models)])
+    try:
+        assert line[:-1] == [*BOARD_LINE, "--temp", "0.1", "--chat-template-file"]
+        assert line[-1] == f"/dev/fd/{fds[0]}" and len(fds) == 1
+        (models / "t.jinja").unlink()  # swapped after the check: llama-server still reads the file checked
+        (models / "t.jinja").symlink_to(models.parent / "secret.key")
+        assert _read(fds[0]) == "{{ messages }}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("case", ["symlink out", "symlinked dir out", "fifo", "directory", "missing", "sibling"])
+def test_a_file_that_does_not_really_lie_under_model_dirs_is_refused(models, case):
+    path = models / "x.jinja"
+    if case == "symlink out":  # the attack's next step: a name under model_dirs that points at a key
+        path.symlink_to(models.parent / "secret.key")
+    elif case == "symlinked dir out":
+        (models / "d").symlink_to(models.parent)
+        path = models / "d" / "secret.key"
+    elif case == "fifo":  # must not hang the launch either
+        os.mkfifo(path)
+    elif case == "directory":
+        path.mkdir()
+    elif case == "sibling":
+        sibling = models.parent / "models-other"
+        sibling.mkdir()
+        path = sibling / "t.jinja"
+        path.write_text("x")
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(supervisor._Refused) as refused:
+        supervisor._hand_over([*BOARD_LINE, "--chat-template-file", str(path)], [str(models)])
+    assert str(refused.value).startswith("extra argument --chat-template-file")
+    assert set(os.listdir("/proc/self/fd")) == before  # nothing left open
+
+
+def test_model_dirs_are_resolved_too(tmp_path, models):
+    link = tmp_path / "models-link"  # [llama] model_dirs may itself be a symlink
+    link.symlink_to(models)
+    line, fds = supervisor._hand_over([*BOARD_LINE, "--lora", str(link / "t.jinja")], [str(link)])
+    assert line[-1] == f"/dev/fd/{fds[0]}"
+    os.close(fds[0])
+
+
+@pytest.mark.parametrize("extra", [["--log-file", "/tmp/x"], ["--api-key-file", "/tmp/k"], ["--temp"]])
+def test_a_command_line_off_the_allow_list_is_not_started(models, extra):
+    with pytest.raises(supervisor._Refused, match=f"extra argument {extra[0]}"):
+        supervisor._hand_over([*BOARD_LINE, *extra], [str(models)])
+
+
+def test_no_model_dirs_no_file(models):
+    with pytest.raises(supervisor._Refused, match="none is configured"):
+        supervisor._hand_over([*BOARD_LINE, "--lora", str(models / "t.jinja")], [])
+
+
+def _help_table(llama_server: str) -> dict[str, int]:
+    """Every flag `llama-server --help` lists, with the number of values it takes (0, 1, or 2 for START END)."""
+    import re
+    import subprocess
+
+    text = subprocess.run([llama_server, "--help"], capture_output=True, text=True, timeout=60).stdout
+    table = {}
+    for line in text.splitlines():
+        if not line.startswith("-"):
+            continue
+        head = re.split(r"\s{2,}", re.sub(r",\s+", ", ", line), maxsplit=1)[0]
+        *names, last = head.split(", ")
+        flag, _, hint = last.partition(" ")
+        count = 0 if not hint else 2 if hint == "START END" else 1
+        for name in (*names, flag):
+            table[name] = count
+    return table
+
+
+def test_the_allow_list_is_llama_servers_own_flags_with_their_values(llama_server):
+    from app.llama import flags
+
+    table = _help_table(llama_server)
+    assert len(table) > 300  # the parse read the whole help
+    wrong = {flag: (count, table.get(flag)) for flag, count in flags.PLAIN.items() if table.get(flag) != count}
+    assert wrong == {}
+    assert all(table.get(flag) == 1 for flag in flags.FILES | flags.BOARD)
+
+
+def test_the_members_own_process_resolves_the_names_before_its_launch(models):
+    from app.errors import BadInput
+    from app.llama import command
+
+    command.check_files([*BOARD_LINE, "--lora", str(models / "t.jinja")], [str(models)])
+    (models / "x.jinja").symlink_to(models.parent / "secret.key")
+    for path in (models / "x.jinja", models / "missing.jinja", models):
+        with pytest.raises(BadInput, match=r"^extra argument --lora: .* is not a file under \[llama\] model_dirs"):
+            command.check_files([*BOARD_LINE, "--lora", str(path)], [str(models)])
