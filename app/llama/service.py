@@ -313,9 +313,7 @@ class ServerService:
     def api_key(self, server_id: int) -> str:
         """The server's own API key: its holder's and admins' to read (refusals audited)."""
         server = self.get(server_id)
-        if server.uid != self.me.uid and not self.me.is_admin:
-            self._refused("server-key", server.booking_id, {"server": server_id}, NotPermitted(
-                f"server {server_id} belongs to {server.user}; only they or an admin can read its key"))
+        self.holder_or_admin(server, "server-key", "read its key")
         if not server.api_key:
             raise BadInput(f"server {server_id} has no API key ({server.state}; a key is made when it starts)")
         return server.api_key
@@ -458,6 +456,13 @@ class ServerService:
         return found
 
     # -- logs ----------------------------------------------------------------------------------
+
+    def holder_or_admin(self, server: Server, action: str, what: str) -> None:
+        """NotPermitted (audited as `action`) unless the caller holds the server or is an admin: its key, and its log,
+        which may hold the prompts the gateway relayed to it (a `--verbose` server logs them)."""
+        if server.uid != self.me.uid and not self.me.is_admin:
+            self._refused(action, server.booking_id, {"server": server.id}, NotPermitted(
+                f"server {server.id} belongs to {server.user}; only they or an admin can {what}"))
 
     def log_lines(self, server: Server, lines: int = logs.TAIL_LINES) -> list[str]:
         """The server's last log lines: from the user's own file in file mode; behind the socket, only what

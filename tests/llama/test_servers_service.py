@@ -160,9 +160,12 @@ class TestThroughTheService:
         bob = pwd.getpwnam("bob").pw_uid
         assert [e["ok"] for e in shared.events("server-stop") if e["uid"] == bob] == [False]
         assert health(server["host"], server["port"]) == 200
-        # bob can read the log lines the supervisor sent to the service (never from alice's file).
+        # Her log is hers and admins' (a --verbose server logs the prompts it is sent): bob is refused; carol, an
+        # admin, reads the lines the supervisor sent to the service (never from alice's file).
         # (-n 500: at -lv 4 llama.cpp logs some 160 lines at load, so board's header is not among the last 50)
-        logs = shared.ok("bob", "serve", "logs", str(server["id"]), "-n", "500").stdout
+        refused = shared.run("bob", "serve", "logs", str(server["id"]), "-n", "500")
+        assert refused.returncode == 4 and refused.stdout == "" and "only they or an admin" in refused.stderr
+        logs = shared.ok("carol", "serve", "logs", str(server["id"]), "-n", "500").stdout
         assert f"server {server['id']} for booking {booking} (alice)" in logs
 
         stopped = shared.json("alice", "serve", "stop", str(server["id"]))
@@ -607,7 +610,7 @@ class TestTheKeyAttack:
         assert "--chat-template-file" in crashed["reason"] and "model_dirs" in crashed["reason"], crashed
         assert key not in json.dumps(crashed)
         # `serve start` with it: bob's own process resolves the name before its launch and refuses in one line.
-        refused = shared.run("bob", "serve", "start", str(bobs), "--model", str(shared.model), "--",
+        refused = shared.run("bob", "serve", "start", str(bobs), "--model", str(shared.model), "--alias", "b4", "--",
                              "--chat-template-file", str(uploads / "t.jinja"))
         assert refused.returncode == 2 and refused.stderr == (
             f"board: extra argument --chat-template-file: {uploads / 't.jinja'} is not a file under [llama] model_dirs"

@@ -453,9 +453,8 @@ def test_only_the_holder_registers_as_a_servers_supervisor_and_an_admin_stops_it
     supervisor = Stream("alice", world.agent.socket, "register", {"kind": "server", "server": server["id"], "log": log})
     try:
         assert supervisor.first()["server"] == server["id"]
-        # The log's path is for its holder; others read the lines the supervisor sent, not where it keeps them.
+        # The log's path is for its holder; an admin reads the lines the supervisor sent, not where it keeps them.
         assert world["alice"].call("serve_logs", id=server["id"])["log"] == log
-        assert world["bob"].call("serve_logs", id=server["id"])["log"] is None
         assert world["carol"].call("serve_logs", id=server["id"])["log"] is None
 
         assert world["carol"].call("serve_stop", id=server["id"])["state"] == "stopping"
@@ -469,7 +468,9 @@ def test_only_the_holder_registers_as_a_servers_supervisor_and_an_admin_stops_it
 
 
 @socket_only
-def test_only_the_holder_sees_where_her_servers_log_is(world):
+def test_only_the_holder_sees_where_her_servers_log_is_and_only_she_and_admins_read_it(world):
+    """A server's log may hold the prompts the gateway relayed to it (a --verbose server logs them): bob, a member,
+    reads neither its lines nor its crash tail (exit 4, audited); carol, an admin, reads the lines but not the path."""
     booking = world.book("alice", 3, now())
     server = world["alice"].call("serve_start", booking=booking["id"], model=MODEL)["server"]
     log = f"/nonexistent/alice/{server['id']}.log"
@@ -477,8 +478,15 @@ def test_only_the_holder_sees_where_her_servers_log_is(world):
     try:
         supervisor.first()
         assert world["alice"].call("serve_get", id=server["id"])["log_path"] == log
+        assert world["alice"].call("serve_logs", id=server["id"])["log"] == log
+        assert world["carol"].call("serve_logs", id=server["id"]) == {"lines": [], "state": "starting", "live": True,
+                                                                      "log": None}
+        mark = world.mark()
+        with pytest.raises(NotPermitted, match=f"^server {server['id']} belongs to alice; only they or an admin can"
+                                               " read its log$"):
+            world["bob"].call("serve_logs", id=server["id"])
+        assert world.refusals_since(mark) == [("bob", uid("bob"), "server-logs", booking["id"])]
         for user in ("bob", "carol"):
-            assert world[user].call("serve_logs", id=server["id"])["log"] is None
             assert [s["log_path"] for s in world[user].call("serve_list") if s["id"] == server["id"]] == [""]
             assert world[user].call("serve_get", id=server["id"])["log_path"] == ""
     finally:

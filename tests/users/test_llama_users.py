@@ -102,9 +102,14 @@ def test_bob_cannot_stop_alices_server_and_carol_can(serving):
     refusals = sorted(e["action"] for e in log if e["uid"] == bob and not e["ok"])
     assert refusals == ["server-start", "server-stop"], log
 
-    # bob reads the log lines alice's supervisor sent to the service (the service never opens her file)
-    # (they reach it as the supervisor sends them, so the first answer may come before them)
-    logged = lambda: board.run("bob", "serve", "logs", str(server["id"]))  # noqa: E731
+    # Her log is hers and admins' (it may hold the prompts the gateway relayed): bob is refused, in one line, and
+    # carol, an admin, reads the lines alice's supervisor sent to the service (the service never opens her file;
+    # they reach it as the supervisor sends them, so the first answer may come before them)
+    refused = board.run("bob", "serve", "logs", str(server["id"]))
+    assert refused.returncode == 4 and refused.stdout == "", refused
+    assert refused.stderr.splitlines() == [f"board: server {server['id']} belongs to alice; only they or an admin can"
+                                           " read its log"], refused.stderr
+    logged = lambda: board.run("carol", "serve", "logs", str(server["id"]))  # noqa: E731
     assert wait_for(lambda: "stand-in llama-server on" in logged().stdout, 15), logged().stderr
     assert logged().returncode == 0
 

@@ -20,8 +20,10 @@ runs as client calls from processes of those users (and [local] in process, iden
  6. service/servers.py serve_registration (`register` kind server, a supervisor) [socket]
     the row's holder, on her own active booking, by the peer's uid: admins too are refused
     "server N belongs to X" / "booking N is not yours and active now"; audited server-register, ok=0
- 7. service/servers.py serve_logs [socket]: the log file's path only for the server's holder (null for others);
-    serve_get, serve_list, serve_start and serve_stop blank it ("") for everyone else
+ 7. service/servers.py serve_logs [socket cli]: the log file's path only for the server's holder (null for others);
+    serve_get, serve_list, serve_start and serve_stop blank it ("") for everyone else. Its lines (and a row's
+    log_tail) for the holder and admins only (llama/service.py ServerService.holder_or_admin): "server N belongs
+    to X; only they or an admin can read its log"; audited server-logs, ok=0 (cli: tests/users/test_llama_users.py)
  8. service/server.py ServiceServer._admit, peer.py is_member [cli socket]
     uid 0, the service's own uid, or a process in the members' or the admin group
     "no access to the board: ask an admin to add you to group G"; not audited (nothing is written);

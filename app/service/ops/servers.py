@@ -20,12 +20,15 @@ if TYPE_CHECKING:
 
 
 def _wire(server: Server, me: Identity) -> dict:
-    """A server for `me`: where its log file lies is its holder's to know (as in serve_logs)."""
+    """A server for `me`: where its log file lies is its holder's to know, its last lines its holder's and admins'
+    (as in serve_logs)."""
     from app.llama.rows import server_to_wire  # start-up: llama's modules load only for servers
 
     wired = server_to_wire(server)
     if server.uid != me.uid:
         wired["log_path"] = ""
+        if not me.is_admin:  # the log's last lines are its holder's and admins' (serve_logs)
+            wired["log_tail"] = []
     return wired
 
 
@@ -85,6 +88,7 @@ def serve_logs(service: Service, me: Identity, id: int, lines: int = 50) -> dict
 
     rules = light_rules(service, me)
     server = rules.get(id)
+    rules.holder_or_admin(server, "server-logs", "read its log")
     # The path only where the holder's own process wrote the file: a planned server's log is the runner's.
     own = server.uid == me.uid and server.log_path and plan_of_server(service.conn, server.id) is None
     return {"lines": rules.log_lines(server, lines), "state": server.state, "live": server.live,

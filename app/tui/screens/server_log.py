@@ -1,8 +1,9 @@
 """The Servers screen's log view: the highlighted server's log, followed live.
 
 Following lives once, in app.llama.logs.follow: for your own server it reads the file your own
-supervisor writes (as `board serve logs -f` does). For someone else's, it shows the lines the
-service holds (`serve_logs`, sent to it by that server's supervisor), read again every second.
+supervisor writes (as `board serve logs -f` does). For a planned one, or an admin reading someone else's, it
+shows the lines the service holds (`serve_logs`, sent to it by that server's supervisor), read again every second.
+A member does not see another member's log.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 from rich.cells import cell_len
 from textual.widgets import Log
 
+from app.core.identity import Identity
 from app.core.text import inert
 from app.llama.rows import Server
 
@@ -36,8 +38,9 @@ class ServerLog(Log):
         if lines:
             self._update_maximum_width(updates, max(cell_len(self._process_line(line)) for line in lines))
 
-    def follow(self, server: Server | None, client) -> None:
-        """Show `server`'s log from now on (nothing for None); a no-op while it already does."""
+    def follow(self, server: Server | None, client, me: Identity) -> None:
+        """Show `server`'s log from now on (nothing for None); a no-op while it already does. Another member's log
+        is theirs and admins' (it may hold the prompts the gateway relayed): it is not asked for."""
         wanted = server.id if server else None
         if wanted == self._following:
             return
@@ -46,6 +49,9 @@ class ServerLog(Log):
             self._stop.set()
         self.clear()
         if server is None or client is None:
+            return
+        if server.uid != me.uid and not me.is_admin:
+            self.write_line(inert(f"server {server.id} is {server.user}'s: only they or an admin can read its log", 200))
             return
         stop = self._stop = threading.Event()
         own = server.uid == os.getuid() and server.log_path and os.access(server.log_path, os.R_OK)

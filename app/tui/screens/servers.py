@@ -172,7 +172,7 @@ class ServersScreen(Screen):
         planned.display = bool(view.planned)
         planned.update(planned_text(view.planned))
         self._show_detail()
-        self.query_one(ServerLog).follow(self.selected(), self.app.client)
+        self.query_one(ServerLog).follow(self.selected(), self.app.client, self.app.identity)
 
     def selected(self) -> Server | None:
         by_id = {str(line.server.id): line.server for line in self.lines()}
@@ -204,7 +204,7 @@ class ServersScreen(Screen):
     @on(DataTable.RowHighlighted, "#servers")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_detail()
-        self.query_one(ServerLog).follow(self.selected(), self.app.client)
+        self.query_one(ServerLog).follow(self.selected(), self.app.client, self.app.identity)
 
     def action_focus_log(self) -> None:
         self.query_one(ServerLog).focus()
