@@ -26,6 +26,7 @@ from app.core.slots import GROUP_SIZES, best_group, is_free
 from app.gpu.model import CardReading, GpuProcess, Topology
 from app.store import bookings as rows
 from app.store import events
+from app.store import plans as plan_rows
 from app.store.db import write
 
 MAX_NOTE_CHARS = 500
@@ -440,8 +441,12 @@ class BookingService:
         piece is what is returned; the audit event sits on the original id and names both. A booking
         that has not started moves whole and keeps its id, as does a change of user alone.
 
-        Cards do not move under running work: live servers or jobs (`_running`) refuse the move unless
-        `force`. Forced, the split ends the original at now, so the service's enforcement stops them.
+        Neither cards nor holder change under running work: live servers or jobs (`_running`) refuse it unless
+        `force`. Forced, a started booking is split even for a new holder alone: the original ends at now, so
+        the service's enforcement stops them, and no server of the old holder's serves on the new holder's
+        booking. A server planned on the booking by someone other than the new holder (its author; the plan
+        would start it as them) refuses a new holder too; forced, the plan no longer starts it (a booking's
+        own plan is cancelled, a series' plan skips this occurrence).
         """
         details: dict[str, Any] = {"cards": list(cards) if cards is not None else None, "user": user}
 
@@ -463,16 +468,27 @@ class BookingService:
                 if len(chosen) != len(booking.cards):
                     raise BadInput(f"booking {booking_id} has {len(booking.cards)} card(s); give as many")
                 details["cards"] = list(chosen)
-            if chosen != booking.cards:
-                running = self._running(booking_id)
-                if running and not force:
-                    them = "it" if len(running) == 1 else "them"
-                    raise Conflict(
-                        f"booking {booking_id} has {', '.join(running)} running on cards {format_cards(booking.cards)};"
-                        f" stop {them} first, or pass --force to stop {them} and move the booking"
-                    )
-                if running:
-                    details["stopped"] = running
+            moving, giving = chosen != booking.cards, owner != (booking.user, booking.uid)
+            running = self._running(booking_id) if moving or giving else []
+            doing = "move the booking" if moving else f"give the booking to {owner[0]}"
+            if running and not force:
+                them = "it" if len(running) == 1 else "them"
+                raise Conflict(
+                    f"booking {booking_id} has {', '.join(running)} running on cards {format_cards(booking.cards)};"
+                    f" stop {them} first, or pass --force to stop {them} and {doing}"
+                )
+            if running:
+                details["stopped"] = running
+            # A plan starts its server as its author: on someone else's booking it must not start at all.
+            planned = [p for p in plan_rows.pending_for(self.conn, booking_id) if p.uid != owner[1]] if giving else []
+            if planned and not force:
+                them = "it" if len(planned) == 1 else "them"
+                raise Conflict(
+                    f"booking {booking_id} has {', '.join(f'planned server {p.id} ({p.user})' for p in planned)};"
+                    f" cancel {them} first (board serve plan --cancel {planned[0].id}), or pass --force to cancel"
+                    f" {them} and {doing}"
+                )
+            if moving:
                 begin = max(booking.start, now)
                 try:
                     self._check_free(chosen, begin, booking.end, excluding=booking_id)
@@ -480,10 +496,20 @@ class BookingService:
                     raise _retry(taken, cards=chosen, count=None, klass=booking.klass, start=begin,
                                  duration=booking.end - begin, excluding=booking_id) from None
             what = " and ".join(
-                ([f"moved to {cards_text(chosen)}"] if chosen != booking.cards else [])
-                + ([f"given to {owner[0]}"] if owner != (booking.user, booking.uid) else [])) + f" by admin {self.me.name}"
+                ([f"moved to {cards_text(chosen)}"] if moving else [])
+                + ([f"given to {owner[0]}"] if giving else [])) + f" by admin {self.me.name}"
+            for plan in planned:  # forced
+                if plan.booking_id == booking_id:
+                    plan_rows.cancel(self.conn, plan.id, now)
+                else:  # a series' plan: this occurrence counts as run, with why it did not start
+                    plan_rows.record_run(self.conn, plan.id, booking_id, now, error=f"booking given to {owner[0]}")
+                what += f"; planned server {plan.id} ({plan.user}) will not start on it"
+            if planned:
+                details["plans_dropped"] = [p.id for p in planned]
             result = booking_id
-            if chosen != booking.cards:
+            # Forced over running work, a started booking splits even on its cards: the work stops with the piece that
+            # ends now.
+            if moving or (running and booking.start < now):
                 rows.sync_cards(self.conn, self.cards.values(), now, self.host)
                 uuids = [self.cards[i].uuid for i in chosen]
                 if booking.start < now:
@@ -497,7 +523,7 @@ class BookingService:
                     what += f" (from now on booking {result})"
                 else:
                     rows.set_cards(self.conn, booking_id, uuids)
-            if owner != (booking.user, booking.uid) and result == booking_id:
+            if giving and result == booking_id:
                 rows.set_owner(self.conn, booking_id, *owner)
             self._tell(booking, what, also=(result, owner[1]))
             return result

@@ -298,10 +298,31 @@ class TestReassign:
         with pytest.raises(Conflict, match="pass --force"):
             self.admin(make_service).reassign(booking.id, cards=[4])
 
-    def test_a_new_user_alone_does_not_ask_about_servers(self, make_service, conn):
+    def test_a_new_user_alone_waits_for_live_servers_unless_forced_and_then_splits_at_now(self, make_service, conn):
+        """The old holder's server must not go on serving on the new holder's booking (issue 31 §8): as with
+        --cards, exit 3 saying what to do; forced, the old holder's piece ends now (the enforcer stops the server)."""
         booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
-        add_server(conn, booking)
-        assert self.admin(make_service).reassign(booking.id, user="root").user == "root"
+        server = add_server(conn, booking)
+        with pytest.raises(Conflict) as refused:
+            self.admin(make_service).reassign(booking.id, user="root")
+        assert refused.value.exit_code == 3
+        assert str(refused.value) == (f"booking {booking.id} has server {server} running on cards 0;"
+                                      " stop it first, or pass --force to stop it and give the booking to root")
+        assert rows.get(conn, booking.id) == booking
+        given = self.admin(make_service).reassign(booking.id, user="root", force=True)
+        assert (given.user, given.start, given.end, given.cards) == ("root", NOW + H, NOW + 2 * H, (0,))
+        assert given.id != booking.id
+        old = rows.get(conn, booking.id)
+        assert (old.user, old.start, old.end) == ("alice", NOW, NOW + H)  # ended: the server's booking is over
+        details = events.recent(conn, 1)[0].details
+        assert (details["stopped"], details["to_booking"]) == ([f"server {server}"], given.id)
+
+    def test_a_new_user_with_no_running_work_keeps_the_booking_and_a_stopped_server_does_not_count(self, make_service,
+                                                                                                    conn):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
+        add_server(conn, booking, "stopped")
+        given = self.admin(make_service).reassign(booking.id, user="root")
+        assert (given.id, given.user, given.start) == (booking.id, "root", NOW)
 
 
 class TestAudit:
