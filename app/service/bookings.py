@@ -739,7 +739,7 @@ class BookingService:
         now = self.clock()
         uuids = {self.cards[i].uuid for i in taken}
         holders = [f"{'card' if len(cards) == 1 else 'cards'} {format_cards(cards)} {'is' if len(cards) == 1 else 'are'}"
-                   f" booked by {b.user} until {stamp_when(b.end, now)} (booking {b.id})"
+                   f" booked by {b.user} {held(b, now)} (booking {b.id})"
                    for b in rows.live_between(self.conn, start, end) if b.id != excluding
                    if (cards := sorted(self.by_uuid[u] for u in b.card_uuids if u in uuids))]
         why = holders[:3] + (["…"] if len(holders) > 3 else []) + ([f"passed over {', '.join(passed)}"] if passed else [])
@@ -816,8 +816,16 @@ class SlotTaken(Conflict):
         one = len(taken) == 1
         super().__init__(
             f"{'card' if one else 'cards'} {format_cards(taken)} {'is' if one else 'are'} booked by {clash.user}"
-            f" until {stamp_when(clash.end, now)} (booking {clash.id})"
+            f" {held(clash, now)} (booking {clash.id})"
         )
+
+
+def held(booking: Booking, now: float) -> str:
+    """When a booking in the way holds its cards: 'until 12:00 (in 4 h)' once it has started, else from when:
+    'from 08:00 (in 30 min) to 12:00', for a clash that starts later than now is not 'until' its end."""
+    if booking.start <= now:
+        return f"until {stamp_when(booking.end, now)}"
+    return f"from {stamp_when(booking.start, now)} to {stamp_time(booking.end, now)}"
 
 
 __all__ = ["BookingService", "Booking", "BoardError", "Plan", "SlotTaken", "format_cards"]
