@@ -101,6 +101,7 @@ class BookingService:
     ):
         self.conn, self.me, self.config, self.topology, self.clock = conn, me, config, topology, clock
         self.host = host  # the host these cards are on ([fleet] host): a booking's cards are all on one host
+        self.down_since: float | None = None  # that host's last heartbeat, when it is down (HOST DOWN; the service sets it)
         self.jobs = jobs  # booking id -> pids of the `board run` jobs registered for it (the service knows)
         self.users = users  # a user name -> (name, uid): the accounts here (and the demo's people, in the demo)
         self.cards = {c.index: c for c in cards}
@@ -133,9 +134,11 @@ class BookingService:
         or_later: bool = False,
         excluding: int | None = None,
         user: str | None = None,
+        force: bool = False,
     ) -> Plan:
         """Check a booking against every rule without writing; raises the error `create` would.
         `user`: whose limit on cards at once applies (default the caller's: an admin may act for a holder).
+        `force`: named cards on a host that is down may start now (`_host_down`).
 
         It starts at `start` or not at all, unless `or_later`: then at the earliest start from `start` on
         that every rule accepts."""
@@ -149,17 +152,19 @@ class BookingService:
         if chosen is None and count not in GROUP_SIZES:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
         policy.check_span(self.config, start=start, end=end, now=now)  # no other start helps with these
+        down = self._host_down(chosen, start, now, force)  # refuses one that starts now; a note for any other
         search = dict(cards=chosen, count=count, klass=klass, start=start, duration=end - start, excluding=excluding,
                       user=user)
         try:
-            return self._plan_at(chosen, count, klass, start, end - start, now, excluding, user=user)
+            plan = self._plan_at(chosen, count, klass, start, end - start, now, excluding, user=user)
         except (Conflict, NotPermitted) as refused:
             if not or_later:
                 raise _retry(refused, **search) from None
             found = self._earliest(**search)
             if found is None:
                 raise _retry(refused, **search) from None
-            return replace(found, notes=(f"starts later than asked: {refused}", *found.notes))
+            plan = replace(found, notes=(f"starts later than asked: {refused}", *found.notes))
+        return replace(plan, notes=(down, *plan.notes)) if down else plan
 
     plan = _worded(_plan)
 
@@ -304,16 +309,20 @@ class BookingService:
         note: str = "",
         request: dict[str, Any] | None = None,
         or_later: bool = False,
+        force: bool = False,
     ) -> tuple[Booking, tuple[str, ...]]:
         """Create a booking; also returns the notes on what runs on the cards now (Plan.notes).
 
         `or_later`: take the earliest start from `start` on that works, and join the queue: the booking
-        moves earlier by itself when time frees up (`backfill`)."""
+        moves earlier by itself when time frees up (`backfill`). `force`: named cards on a host that is down
+        (`_host_down`)."""
         note = self._check_note(note)
         details = {"cards": list(cards) if cards is not None else None, "count": count, "start": start,
                    "end": end, "class": klass, "note": note}
         if or_later:
             details["or_later"] = True
+        if force:
+            details["force"] = True
 
         # A count, or a start that may move, is planned on a plain read first, outside the write lock;
         # inside it the plan is only re-checked like explicit cards at a fixed start, and re-planned if
@@ -321,7 +330,8 @@ class BookingService:
         hint = None
         if (cards is None or or_later) and not self.sole_writer:
             try:
-                hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later)
+                hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
+                                  force=force)
             except BoardError:
                 pass  # the planning inside the lock raises it again, and audits it
 
@@ -332,12 +342,13 @@ class BookingService:
             plan = None
             if hint is not None:
                 try:
-                    plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass)
+                    plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass, force=force)
                     notes = hint.notes  # why the count picked these cards
                 except Conflict:
                     pass
             if plan is None:
-                plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later)
+                plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
+                                  force=force)
                 notes = plan.notes
             rows.sync_cards(self.conn, self.cards.values(), now, self.host)
             wanted = min(max(start, now), plan.start)
@@ -784,6 +795,17 @@ class BookingService:
             return whose
         size = f"{sum(used) / 1024:.1f} GiB"
         return f"{whose} ({size})" if named else f"{whose}, {size}"
+
+    def _host_down(self, cards: tuple[int, ...] | None, start: int, now: int, force: bool) -> str | None:
+        """On a host whose service is silent (HOST DOWN) nobody sees what runs on its cards, and nothing there enforces
+        a booking: one that starts now is refused unless its cards are named and forced; any is told (a note)."""
+        if self.down_since is None:
+            return None
+        silent = f"host {self.host} is down (no word from its service since {stamp_time(self.down_since, now)})"
+        if start <= now + PAST_GRACE_SECONDS and not (cards is not None and force):
+            raise Conflict(f"{silent}: nobody can see what runs on its cards now; book another host's cards, or name"
+                           " the cards (--cards) and pass --force to book them anyway")
+        return f"{silent}: booked anyway; nobody can see what runs on its cards until it is back"
 
     def _hot(self, index: int) -> bool:
         temperature = self.cards[index].temperature_c
