@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run check test llama-server screenshots bench mutation mutation-all clean
+.PHONY: run install uninstall check test llama-server screenshots bench mutation mutation-all clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,25 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 # The real board where there is an NVIDIA driver; elsewhere the simulated fleet and a demo database.
 run: $(VENV)/.runtime
 	$(BIN)/board $$( [ -e /proc/driver/nvidia/version ] || echo --demo )
+
+# `board` on your PATH: a link in ~/.local/bin (USER_BIN) to this checkout's .venv/bin/board. It never replaces a
+# `board` that is not that link; `make uninstall` removes the link and nothing else.
+USER_BIN ?= $(HOME)/.local/bin
+LINK := $(USER_BIN)/board
+OURS := $(CURDIR)/$(BIN)/board
+
+install: $(VENV)/.runtime
+	@if { [ -e "$(LINK)" ] || [ -L "$(LINK)" ]; } && [ "$$(readlink "$(LINK)")" != "$(OURS)" ]; then \
+		echo "$(LINK) exists and is not a link to $(OURS); move it away first" >&2; exit 1; fi
+	mkdir -p "$(USER_BIN)"
+	ln -sfn "$(OURS)" "$(LINK)"
+	@echo "board is $(LINK) -> $(OURS); undo with: make uninstall"
+	@case ":$$PATH:" in *":$(USER_BIN):"*) ;; \
+		*) echo "$(USER_BIN) is not on your PATH: add  export PATH=\"$(USER_BIN):\$$PATH\"  to ~/.bashrc";; esac
+
+uninstall:
+	@if [ "$$(readlink "$(LINK)")" = "$(OURS)" ]; then rm "$(LINK)" && echo "removed $(LINK)"; \
+	else echo "$(LINK) is not a link to $(OURS); left alone"; fi
 
 # Builds llama-server from source once (about 7 minutes on 2 cores), cached in ~/.cache/board.
 llama-server:

@@ -47,7 +47,9 @@ def add_parser(command, common) -> None:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--cards", help="the new cards, as many as before")
     target.add_argument("--user", help="the new holder")
-    p.add_argument("--force", action="store_true", help="move it even while its servers or jobs run (they are stopped)")
+    p.add_argument("--force", action="store_true",
+                   help="move or give it away even while its servers or jobs run (they are stopped) or the old"
+                        " holder's server is planned on it (the plan does not start on it)")
     p = admin.add_parser("move", help="give a booking new times on the same cards; its holder is told",
                          parents=[common])
     p.set_defaults(handler=cmd_move)

@@ -58,6 +58,7 @@ def cmd_book(ctx) -> int:
     booking = ctx.client.call(
         "book", cards=cards, count=count, start=start, end=end, note=args.note, request=request,
         **{"class": args.klass}, **({"or_later": True} if or_later else {}), **({"host": spec["host"]} if "host" in spec else {}),
+        **({"force": True} if getattr(args, "force", False) else {}),  # the quick parser has no --force
     )
     print_booking(booking, "booked", args.json, here=ctx.config.fleet_host)
     from app.core.text import inert  # notes name other users and their processes
@@ -291,6 +292,8 @@ def add_book(command) -> None:
                             " up by itself when time frees earlier")
     later.add_argument("--or-later", action="store_true",
                        help="as --asap: start at --start or, if that is taken or refused, the earliest start after")
+    p.add_argument("--force", action="store_true",
+                   help="book the named cards (--cards gpu2:0) now even though their host is down (HOST DOWN)")
     p.add_argument("--model", metavar="M.gguf", help="size the booking from this model (with --ctx, --parallel): "
                                                        "picks the smallest group of cards that fits, and stores the request")
     add_request_options(p)

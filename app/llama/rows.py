@@ -287,12 +287,14 @@ def used_ports(conn: sqlite3.Connection) -> set[int]:
 
 
 def ended_bookings(conn: sqlite3.Connection, now: int, fleet_host: str) -> list[Server]:
-    """Live servers on `fleet_host`'s cards (or from before the fleet) whose booking has ended or was cancelled."""
+    """Live servers on `fleet_host`'s cards (or from before the fleet) whose booking has ended or was cancelled,
+    or changed hands (an admin's reassign: a server is its starter's, never the new holder's)."""
     marks = ",".join("?" * len(LIVE_STATES))
     ids = [
         r[0] for r in conn.execute(
             f"SELECT s.id FROM servers AS s JOIN bookings AS b ON b.id = s.booking_id"
-            f" WHERE s.state IN ({marks}) AND s.fleet_host IN (?, '') AND (b.status != 'booked' OR b.ends_at <= ?)"
+            f" WHERE s.state IN ({marks}) AND s.fleet_host IN (?, '')"
+            " AND (b.status != 'booked' OR b.ends_at <= ? OR b.uid != s.uid)"
             " ORDER BY s.id",
             [*LIVE_STATES, fleet_host, now],
         )

@@ -144,14 +144,17 @@ class Service:
         host's, or another's as its service last published them), or of the host where `booking` is."""
         if booking is not None and (found := rows.get(self.conn, booking)) is not None and found.host:
             host = found.host
+        down_since = None
         if host is None or host == self.host:
             host, snapshot = self.host, self.fleet.latest()
         else:
             from app.service.hosts import remote_host  # start-up: only a booking on another host reads the fleet
 
-            snapshot = remote_host(self, host).snapshot
+            remote = remote_host(self, host)
+            snapshot, down_since = remote.snapshot, remote.seen_at if remote.down else None
         rules = BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock,
                                jobs=self.processes.jobs_of, users=self.lookup_user, host=host)
+        rules.down_since = down_since
         if self.transport == "socket":
             rules.word_refusals = False  # the client asks for a refusal's second half (op earliest) when it shows it
             rules.sole_writer = not is_postgres(self.conn)  # the agent alone writes its SQLite file

@@ -26,6 +26,7 @@ from app.core.slots import GROUP_SIZES, best_group, is_free
 from app.gpu.model import CardReading, GpuProcess, Topology
 from app.store import bookings as rows
 from app.store import events
+from app.store import plans as plan_rows
 from app.store.db import write
 
 MAX_NOTE_CHARS = 500
@@ -100,6 +101,7 @@ class BookingService:
     ):
         self.conn, self.me, self.config, self.topology, self.clock = conn, me, config, topology, clock
         self.host = host  # the host these cards are on ([fleet] host): a booking's cards are all on one host
+        self.down_since: float | None = None  # that host's last heartbeat, when it is down (HOST DOWN; the service sets it)
         self.jobs = jobs  # booking id -> pids of the `board run` jobs registered for it (the service knows)
         self.users = users  # a user name -> (name, uid): the accounts here (and the demo's people, in the demo)
         self.cards = {c.index: c for c in cards}
@@ -132,9 +134,11 @@ class BookingService:
         or_later: bool = False,
         excluding: int | None = None,
         user: str | None = None,
+        force: bool = False,
     ) -> Plan:
         """Check a booking against every rule without writing; raises the error `create` would.
         `user`: whose limit on cards at once applies (default the caller's: an admin may act for a holder).
+        `force`: named cards on a host that is down may start now (`_host_down`).
 
         It starts at `start` or not at all, unless `or_later`: then at the earliest start from `start` on
         that every rule accepts."""
@@ -149,17 +153,19 @@ class BookingService:
         if chosen is None and count not in GROUP_SIZES:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
         policy.check_span(self.config, start=start, end=end, now=now)  # no other start helps with these
+        down = self._host_down(chosen, start, now, force)  # refuses one that starts now; a note for any other
         search = dict(cards=chosen, count=count, klass=klass, start=start, duration=end - start, excluding=excluding,
                       user=user)
         try:
-            return self._plan_at(chosen, count, klass, start, end - start, now, excluding, user=user)
+            plan = self._plan_at(chosen, count, klass, start, end - start, now, excluding, user=user)
         except (Conflict, NotPermitted) as refused:
             if not or_later:
                 raise _retry(refused, **search) from None
             found = self._earliest(**search)
             if found is None:
                 raise _retry(refused, **search) from None
-            return replace(found, notes=(f"starts later than asked: {refused}", *found.notes))
+            plan = replace(found, notes=(f"starts later than asked: {refused}", *found.notes))
+        return replace(plan, notes=(down, *plan.notes)) if down else plan
 
     plan = _worded(_plan)
 
@@ -305,16 +311,20 @@ class BookingService:
         note: str = "",
         request: dict[str, Any] | None = None,
         or_later: bool = False,
+        force: bool = False,
     ) -> tuple[Booking, tuple[str, ...]]:
         """Create a booking; also returns the notes on what runs on the cards now (Plan.notes).
 
         `or_later`: take the earliest start from `start` on that works, and join the queue: the booking
-        moves earlier by itself when time frees up (`backfill`)."""
+        moves earlier by itself when time frees up (`backfill`). `force`: named cards on a host that is down
+        (`_host_down`)."""
         note = self._check_note(note)
         details = {"cards": list(cards) if cards is not None else None, "count": count, "start": start,
                    "end": end, "class": klass, "note": note}
         if or_later:
             details["or_later"] = True
+        if force:
+            details["force"] = True
 
         # A count, or a start that may move, is planned on a plain read first, outside the write lock;
         # inside it the plan is only re-checked like explicit cards at a fixed start, and re-planned if
@@ -322,7 +332,8 @@ class BookingService:
         hint = None
         if (cards is None or or_later) and not self.sole_writer:
             try:
-                hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later)
+                hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
+                                  force=force)
             except BoardError:
                 pass  # the planning inside the lock raises it again, and audits it
 
@@ -333,12 +344,13 @@ class BookingService:
             plan = None
             if hint is not None:
                 try:
-                    plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass)
+                    plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass, force=force)
                     notes = hint.notes  # why the count picked these cards
                 except Conflict:
                     pass
             if plan is None:
-                plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later)
+                plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
+                                  force=force)
                 notes = plan.notes
             rows.sync_cards(self.conn, self.cards.values(), now, self.host)
             wanted = min(max(start, now), plan.start)
@@ -442,8 +454,12 @@ class BookingService:
         piece is what is returned; the audit event sits on the original id and names both. A booking
         that has not started moves whole and keeps its id, as does a change of user alone.
 
-        Cards do not move under running work: live servers or jobs (`_running`) refuse the move unless
-        `force`. Forced, the split ends the original at now, so the service's enforcement stops them.
+        Neither cards nor holder change under running work: live servers or jobs (`_running`) refuse it unless
+        `force`. Forced, a started booking is split even for a new holder alone: the original ends at now, so
+        the service's enforcement stops them, and no server of the old holder's serves on the new holder's
+        booking. A server planned on the booking by someone other than the new holder (its author; the plan
+        would start it as them) refuses a new holder too; forced, the plan no longer starts it (a booking's
+        own plan is cancelled, a series' plan skips this occurrence).
         """
         details: dict[str, Any] = {"cards": list(cards) if cards is not None else None, "user": user}
 
@@ -466,16 +482,27 @@ class BookingService:
                 if len(chosen) != len(booking.cards):
                     raise BadInput(f"booking {booking_id} has {len(booking.cards)} card(s); give as many")
                 details["cards"] = list(chosen)
-            if chosen != booking.cards:
-                running = self._running(booking_id)
-                if running and not force:
-                    them = "it" if len(running) == 1 else "them"
-                    raise Conflict(
-                        f"booking {booking_id} has {', '.join(running)} running on cards {format_cards(booking.cards)};"
-                        f" stop {them} first, or pass --force to stop {them} and move the booking"
-                    )
-                if running:
-                    details["stopped"] = running
+            moving, giving = chosen != booking.cards, owner != (booking.user, booking.uid)
+            running = self._running(booking_id) if moving or giving else []
+            doing = "move the booking" if moving else f"give the booking to {owner[0]}"
+            if running and not force:
+                them = "it" if len(running) == 1 else "them"
+                raise Conflict(
+                    f"booking {booking_id} has {', '.join(running)} running on cards {format_cards(booking.cards)};"
+                    f" stop {them} first, or pass --force to stop {them} and {doing}"
+                )
+            if running:
+                details["stopped"] = running
+            # A plan starts its server as its author: on someone else's booking it must not start at all.
+            planned = [p for p in plan_rows.pending_for(self.conn, booking_id) if p.uid != owner[1]] if giving else []
+            if planned and not force:
+                them = "it" if len(planned) == 1 else "them"
+                raise Conflict(
+                    f"booking {booking_id} has {', '.join(f'planned server {p.id} ({p.user})' for p in planned)};"
+                    f" cancel {them} first (board serve plan --cancel {planned[0].id}), or pass --force to cancel"
+                    f" {them} and {doing}"
+                )
+            if moving:
                 begin = max(booking.start, now)
                 try:
                     self._check_free(chosen, begin, booking.end, excluding=booking_id)
@@ -483,10 +510,20 @@ class BookingService:
                     raise _retry(taken, cards=chosen, count=None, klass=booking.klass, start=begin,
                                  duration=booking.end - begin, excluding=booking_id) from None
             what = " and ".join(
-                ([f"moved to {cards_text(chosen)}"] if chosen != booking.cards else [])
-                + ([f"given to {owner[0]}"] if owner != (booking.user, booking.uid) else [])) + f" by admin {self.me.name}"
+                ([f"moved to {cards_text(chosen)}"] if moving else [])
+                + ([f"given to {owner[0]}"] if giving else [])) + f" by admin {self.me.name}"
+            for plan in planned:  # forced
+                if plan.booking_id == booking_id:
+                    plan_rows.cancel(self.conn, plan.id, now)
+                else:  # a series' plan: this occurrence counts as run, with why it did not start
+                    plan_rows.record_run(self.conn, plan.id, booking_id, now, error=f"booking given to {owner[0]}")
+                what += f"; planned server {plan.id} ({plan.user}) will not start on it"
+            if planned:
+                details["plans_dropped"] = [p.id for p in planned]
             result = booking_id
-            if chosen != booking.cards:
+            # Forced over running work, a started booking splits even on its cards: the work stops with the piece that
+            # ends now.
+            if moving or (running and booking.start < now):
                 rows.sync_cards(self.conn, self.cards.values(), now, self.host)
                 uuids = [self.cards[i].uuid for i in chosen]
                 if booking.start < now:
@@ -500,7 +537,7 @@ class BookingService:
                     what += f" (from now on booking {result})"
                 else:
                     rows.set_cards(self.conn, booking_id, uuids)
-            if owner != (booking.user, booking.uid) and result == booking_id:
+            if giving and result == booking_id:
                 rows.set_owner(self.conn, booking_id, *owner)
             self._tell(booking, what, also=(result, owner[1]))
             return result
@@ -723,7 +760,7 @@ class BookingService:
         now = self.clock()
         uuids = {self.cards[i].uuid for i in taken}
         holders = [f"{'card' if len(cards) == 1 else 'cards'} {format_cards(cards)} {'is' if len(cards) == 1 else 'are'}"
-                   f" booked by {b.user} until {stamp_when(b.end, now)} (booking {b.id})"
+                   f" booked by {b.user} {held(b, now)} (booking {b.id})"
                    for b in rows.live_between(self.conn, start, end) if b.id != excluding
                    if (cards := sorted(self.by_uuid[u] for u in b.card_uuids if u in uuids))]
         why = holders[:3] + (["…"] if len(holders) > 3 else []) + ([f"passed over {', '.join(passed)}"] if passed else [])
@@ -769,6 +806,17 @@ class BookingService:
         size = f"{sum(used) / 1024:.1f} GiB"
         return f"{whose} ({size})" if named else f"{whose}, {size}"
 
+    def _host_down(self, cards: tuple[int, ...] | None, start: int, now: int, force: bool) -> str | None:
+        """On a host whose service is silent (HOST DOWN) nobody sees what runs on its cards, and nothing there enforces
+        a booking: one that starts now is refused unless its cards are named and forced; any is told (a note)."""
+        if self.down_since is None:
+            return None
+        silent = f"host {self.host} is down (no word from its service since {stamp_time(self.down_since, now)})"
+        if start <= now + PAST_GRACE_SECONDS and not (cards is not None and force):
+            raise Conflict(f"{silent}: nobody can see what runs on its cards now; book another host's cards, or name"
+                           " the cards (--cards) and pass --force to book them anyway")
+        return f"{silent}: booked anyway; nobody can see what runs on its cards until it is back"
+
     def _hot(self, index: int) -> bool:
         temperature = self.cards[index].temperature_c
         return temperature is not None and temperature >= self.config.hot_celsius
@@ -800,8 +848,16 @@ class SlotTaken(Conflict):
         one = len(taken) == 1
         super().__init__(
             f"{'card' if one else 'cards'} {format_cards(taken)} {'is' if one else 'are'} booked by {clash.user}"
-            f" until {stamp_when(clash.end, now)} (booking {clash.id})"
+            f" {held(clash, now)} (booking {clash.id})"
         )
+
+
+def held(booking: Booking, now: float) -> str:
+    """When a booking in the way holds its cards: 'until 12:00 (in 4 h)' once it has started, else from when:
+    'from 08:00 (in 30 min) to 12:00', for a clash that starts later than now is not 'until' its end."""
+    if booking.start <= now:
+        return f"until {stamp_when(booking.end, now)}"
+    return f"from {stamp_when(booking.start, now)} to {stamp_time(booking.end, now)}"
 
 
 __all__ = ["BookingService", "Booking", "BoardError", "Plan", "SlotTaken", "format_cards"]

@@ -117,6 +117,13 @@ def own_plan(conn: sqlite3.Connection, booking_id: int, uid: int, alias: str) ->
         " WHERE b.id = ? AND p.uid = ? AND p.alias = ? AND p.cancelled_at IS NULL", (booking_id, uid, alias)).fetchone()[0]
 
 
+def pending_for(conn: sqlite3.Connection, booking_id: int) -> list[Plan]:
+    """The live plans that will start a server on this booking (its own, or its series') and have not yet."""
+    rows = conn.execute(_OCCURRENCES + " AND b.id = ? AND NOT EXISTS (SELECT 1 FROM server_plan_runs AS r"
+                        " WHERE r.plan_id = p.id AND r.booking_id = b.id) ORDER BY p.id", (booking_id,))
+    return [plan for row in rows if (plan := _plan(conn, row[:9])) is not None]
+
+
 def record_run(conn: sqlite3.Connection, plan_id: int, booking_id: int, now: int, *, server_id: int | None = None,
                error: str | None = None) -> None:
     conn.execute("INSERT INTO server_plan_runs (plan_id, booking_id, server_id, started_at, error)"

@@ -74,19 +74,25 @@ def wants_requests(statuses: Sequence[CardStatus], wide: bool) -> bool:
     return wide and any(requested_mib(s.booking, s.reading.uuid) is not None for s in statuses)
 
 
+# The HOLDER and NEXT columns' widths, compact and wide: a name gives way to the time beside it (`_named_time`).
+HOLDER_WIDTH, NEXT_WIDTH = {False: 13, True: 17}, {False: 13, True: 16}
+
+
 def table_columns(statuses: Sequence[CardStatus], wide: bool, width: int,
                   with_requests: bool = False) -> list[tuple[str, str, int]]:
     """(key, title, width) of each column: the compact set (80 columns), or the wide one that fills `width`."""
     if not wide:
         return [("idx", "#", 2), ("state", "STATE", 12), ("vram", "VRAM GiB", 11), ("util", "UTIL", 4),
-                ("temp", "TEMP", 4), ("power", "POWER", 5), ("holder", "HOLDER", 13), ("next", "NEXT", 13)]
+                ("temp", "TEMP", 4), ("power", "POWER", 5), ("holder", "HOLDER", HOLDER_WIDTH[False]),
+                ("next", "NEXT", NEXT_WIDTH[False])]
     labelled = any(st.label for st in statuses)
     found = [("idx", "#", 8 if labelled else 2)]
     if len({s.reading.name for s in statuses}) > 1:
         found.append(("gpu", "GPU", 10))
     # A booking's request adds " req 21.3" to its cards' VRAM: six more columns (from the users column).
     found += [("state", "STATE", 15), ("vram", "VRAM GiB", 26 if with_requests else 20), ("util", "UTIL", 4),
-              ("temp", "TEMP", 4), ("power", "POWER W", 7), ("holder", "HOLDER", 17), ("next", "NEXT", 16)]
+              ("temp", "TEMP", 4), ("power", "POWER W", 7), ("holder", "HOLDER", HOLDER_WIDTH[True]),
+              ("next", "NEXT", NEXT_WIDTH[True])]
     used = sum(w + 2 for _, _, w in found) + 2 + 1  # padding, the users column's padding, a scrollbar
     found.append(("users", "USERS", max(10, width - used)))
     return found
@@ -141,14 +147,13 @@ def cell_parts(s: CardStatus, now: float, *, me: str, wide: bool, with_requests:
     # A space between two runs goes with the first: an SVG screenshot's renderer may drop a run's leading spaces.
     if s.booking:
         mine = "cards--mine" if s.booking.user == me else ""
-        user = inert(s.booking.user, 8) + (" " if wide else "")
         until = f"→ {when(s.booking.end, now)}" if wide else f"→{when(s.booking.end, now)}"
-        cells["holder"] = (((user, mine), (until, "")), "left")
+        cells["holder"] = (_named_time(s.booking.user, " " if wide else "", until, HOLDER_WIDTH[wide], mine), "left")
     else:
         cells["holder"] = ((("-", "cards--muted"),), "left")
     if s.next_booking:
         mine = "cards--mine" if s.next_booking.user == me else ""
-        cells["next"] = (((inert(s.next_booking.user, 7) + " ", mine), (when(s.next_booking.start, now), "")),
+        cells["next"] = (_named_time(s.next_booking.user, " ", when(s.next_booking.start, now), NEXT_WIDTH[wide], mine),
                          "left")
     else:
         cells["next"] = ((("-", "cards--muted"),), "left")
@@ -158,6 +163,12 @@ def cell_parts(s: CardStatus, now: float, *, me: str, wide: bool, with_requests:
         for column in BLANKED_WHEN_DOWN:
             cells[column] = ((), "left")
     return cells
+
+
+def _named_time(user: str, gap: str, time_text: str, width: int, style: str) -> tuple:
+    """A user and a time in `width` cells: the name gives way ('aud4_alic…→06:00'), never the time."""
+    name = inert(user, max(1, width - len(gap) - len(time_text)))
+    return (name + gap, style), (time_text, "")
 
 
 BLANKED_WHEN_DOWN = ("vram", "util", "temp", "power", "users")  # the state cell spills into them (CardTable)

@@ -148,22 +148,24 @@ class TimelineModel:
     # -- data ----------------------------------------------------------------------------------
 
     def set_cards(self, cards: Sequence[CardReading], labels: dict[int, str] | None = None, wide: bool = False,
-                  hosts: Sequence[str | None] = ()) -> bool:
+                  hosts: Sequence[str | None] = (), here: str = "") -> bool:
         """Rows for the cards, labelled 'index label' with the label shortened to fit (app.tui.render.abbreviate);
         `hosts`, one per card, names another host's (None: this host's), labelled as --cards names it: 'gpu2:0'.
-        True when the rows or their labels' width changed."""
+        With another host's cards beside them, this host's carry its name `here` too ('gpu1:0'): every row says
+        whose card it is. True when the rows or their labels' width changed."""
         labels = labels or {}
         hosts = list(hosts) or [None] * len(cards)
         local = [card for card, host in zip(cards, hosts) if host is None]
+        mine = here if len(local) < len(cards) else ""  # one host: a plain index, as today
         named = [(card, host, inert(labels.get(card.index, card.label) or "") if host is None else "")
                  for card, host in zip(cards, hosts)]
-        widest = max((cell_len(f"{host_cards([c.index], host or '')} {name}".rstrip()) for c, host, name in named),
+        widest = max((cell_len(f"{host_cards([c.index], host or mine)} {name}".rstrip()) for c, host, name in named),
                      default=1)
         pool_names = max((cell_len(inert(self.pools[p].name)) for p in self._pools_of(local)), default=0)
         width = max(3, min(12 if wide else 9, max(widest, min(pool_names, 8)) + 1))
         rows = []
         for card, host, name in named:
-            index = host_cards([card.index], host or "")
+            index = host_cards([card.index], host or mine)
             text = f"{index} {abbreviate(name, width - len(index) - 2)}" if name and width - len(index) > 3 else index
             rows.append(Row(card.index, card.uuid, abbreviate(text, width - 1), card.lost, host))
         if rows == self.rows and width == self.label_width:

@@ -98,8 +98,8 @@ def test_an_online_day_is_not_moved_to_the_night(board):
     result = board("book", "4", "--class", "online", "--start", f"{day} 9-19")
     assert result.returncode == 3
     held = json.loads(batch.stdout)["id"]
-    assert "cards 0,1,2,3 are booked by" in result.stderr and f"until {day} 19:00 (in" in result.stderr
-    assert f"(booking {held})" in result.stderr
+    assert "cards 0,1,2,3 are booked by" in result.stderr and f" from {day} 09:00 (in" in result.stderr
+    assert f" to {day} 19:00 (booking {held})" in result.stderr
     assert len(bookings(board)) == 1
 
 

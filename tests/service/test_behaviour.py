@@ -97,7 +97,7 @@ def test_book_by_count_on_a_full_fleet_starts_when_asked_or_not_at_all(client):
     assert sorted(whole["cards"]) == list(range(8))
     with pytest.raises(Conflict) as refused:  # no silent slide
         client.call("book", count=1, start=start, end=start + HOUR)
-    assert f"booked by {whole['user']} until" in str(refused.value) and "the earliest start that works" in str(refused.value)
+    assert f"booked by {whole['user']} from" in str(refused.value) and "the earliest start that works" in str(refused.value)
     later = client.call("book", count=1, start=start, end=start + HOUR, or_later=True)
     assert (later["start"], later["end"], later["queued"]) == (start + HOUR, start + 2 * HOUR, "cards")
     with pytest.raises(Conflict):  # exact cards are not moved

@@ -126,6 +126,63 @@ def test_status_on_gpu1_shows_gpu2s_cards_with_their_host_and_host_down_after_th
     assert not any(c.get("host_down") for c in gpu1.call("status")["cards"])
 
 
+def test_a_booking_on_a_host_that_is_down_is_told_and_one_that_starts_now_needs_its_cards_named_and_forced(hosts,
+                                                                                                            clock):
+    """Issue 31 §8: gpu2's cards were booked for now with no word while gpu2 showed HOST DOWN. Now a booking there is
+    told (a note, as a HOT card's), and one that starts now is refused (exit 3, one line saying what to do) unless its
+    cards are named and forced; nothing is written by a refusal. A host at its timeout is not down yet."""
+    gpu1, gpu2 = hosts("gpu1", ALICE), hosts("gpu2", BOB)
+    beat(gpu2.service)
+    seen_at = clock()
+    clock.now += TIMEOUT_S  # at the timeout: still up, no word about it
+    start = int(clock())
+    def down_notes(booked: dict) -> list[str]:
+        return [note for note in booked.get("notes", ()) if "is down" in note]
+
+    assert down_notes(gpu1.call("book", cards=[0], host="gpu2", start=start, end=start + HOUR)) == []
+    clock.now += 1
+    now = int(clock())
+    silent = f"host gpu2 is down (no word from its service since {format_time(int(seen_at), now)})"
+    before = gpu1.call("list", start=None, end=None, user=None)["bookings"]
+    for ask in (dict(cards=[1]), dict(count=1), dict(count=1, force=True), dict(count=1, or_later=True)):
+        with pytest.raises(Conflict) as refused:
+            gpu1.call("book", **ask, host="gpu2", start=now, end=now + HOUR)
+        assert str(refused.value) == (f"{silent}: nobody can see what runs on its cards now; book another host's"
+                                      " cards, or name the cards (--cards) and pass --force to book them anyway"), ask
+    assert gpu1.call("list", start=None, end=None, user=None)["bookings"] == before
+    forced = gpu1.call("book", cards=[1], host="gpu2", start=now, end=now + HOUR, force=True)
+    later = gpu1.call("book", count=1, host="gpu2", start=now + HOUR, end=now + 2 * HOUR)
+    told = f"{silent}: booked anyway; nobody can see what runs on its cards until it is back"
+    assert down_notes(forced) == [told] and down_notes(later) == [told]
+    assert down_notes(gpu1.call("book", cards=[1], start=now, end=now + HOUR)) == []  # gpu1's own card 1: up
+    beat(gpu2.service)  # back: no word again
+    assert down_notes(gpu1.call("book", cards=[2], host="gpu2", start=now, end=now + HOUR)) == []
+
+
+def test_cli_a_card_on_a_host_that_is_down_is_refused_in_one_line_exit_3_unless_forced_with_a_note(tmp_path):
+    import time
+
+    from tests.conftest import run_board  # this checkout's app (python -m app), as a member runs it
+
+    config = tmp_path / "board.toml"
+    config.write_text('[fleet]\nhost = "gpu1"\n')
+    env = {"BOARD_CONFIG": str(config), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1",
+           "HOME": str(tmp_path), "TZ": "UTC"}
+    silent = Clock(time.time() - HOUR)  # gpu2's service last beat an hour ago
+    gpu2 = LocalClient.on(replace(Config(), db_path=tmp_path / "board.db", fleet=FleetSettings(host="gpu2")),
+                          open_source(True, clock=silent, host="gpu2"), BOB, clock=silent)
+    try:
+        beat(gpu2.service)
+    finally:
+        gpu2.service.close()
+    refused = run_board("book", "--cards", "gpu2:0", "--for", "1h", env=env)
+    assert (refused.returncode, refused.stdout) == (3, ""), refused.stderr
+    assert refused.stderr.count("\n") == 1 and "host gpu2 is down" in refused.stderr and "--force" in refused.stderr
+    forced = run_board("book", "--cards", "gpu2:0", "--for", "1h", "--force", "--json", env=env)
+    assert forced.returncode == 0 and json.loads(forced.stdout)["host"] == "gpu2", forced.stderr
+    assert forced.stderr.startswith("board: note: host gpu2 is down (no word from its service since "), forced.stderr
+
+
 def test_the_boards_fleet_event_carries_the_other_hosts_cards_and_since_when_one_is_down(hosts, clock):
     from app.service.watch import fleet_event
 

@@ -20,7 +20,7 @@ def test_a_count_starts_when_asked_or_says_the_earliest_start_that_works(client)
     with pytest.raises(Conflict) as refused:
         client.call("book", count=2, start=start, end=start + HOUR)
     message = str(refused.value)
-    assert f"cards 0,1,2,3,4,5,6,7 are booked by {whole['user']} until" in message
+    assert f"cards 0,1,2,3,4,5,6,7 are booked by {whole['user']} from" in message
     assert f"(booking {whole['id']}); the earliest start that works:" in message and "(--or-later takes it)" in message
     assert len(client.call("list")["bookings"]) == 1  # nothing slid in silently
 

@@ -72,6 +72,21 @@ class TestCells:
         theirs = cell_parts(status, FROZEN_NOW, me="bob", wide=True)
         assert plain(theirs)["holder"] == "alice → 18:30" and theirs["holder"][0][0] == ("alice ", "")
 
+    @pytest.mark.parametrize("wide", [False, True], ids=["80x24", "wide"])
+    def test_a_long_name_gives_way_to_the_time_beside_it(self, wide):
+        """Issue 31 §8: at 80x24 ten-letter names cut HOLDER and NEXT to 'aud4_al…→06:…'. The time stays whole."""
+        holder_until, next_start = FROZEN_NOW + 3 * HOUR, FROZEN_NOW + 2 * 86400  # 18:30 today, Tue
+        status = statuses(booked(4, user="aud4_alice", end=holder_until),
+                          booked(4, user="aud4_bobby", start=next_start, end=next_start + HOUR))[4]
+        cells = plain(cell_parts(status, FROZEN_NOW, me="alice", wide=wide))
+        widths = {key: width for key, _, width in table_columns(statuses(), wide=wide, width=140)}
+        until, starts = ("→ 18:30", "Tue 15:30") if wide else ("→18:30", "Tue 15h")
+        for column, time_text, name in (("holder", until, "aud4_alice"), ("next", starts, "aud4_bobby")):
+            assert len(cells[column]) <= widths[column], cells[column]  # nothing for the table to cut
+            assert cells[column].endswith(time_text), cells[column]
+            shown = cells[column][: -len(time_text)].rstrip()
+            assert shown.endswith("…") and name.startswith(shown[:-1]) and len(shown) >= 4, cells[column]
+
     def test_a_free_card_has_no_holder_and_figures_read_as_the_driver_gave_them(self):
         status = statuses()[4]
         cells = plain(cell_parts(status, FROZEN_NOW, me="alice", wide=False))

@@ -184,3 +184,15 @@ def test_labels_shorten_to_fit_and_leave_room_for_a_pools_name():
     assert not timeline.set_cards(CARDS[:2], {0: "rack-A slot 0 SN-77310"})  # nothing changed
     assert timeline.set_cards(CARDS[:2], {0: "rack-A slot 0 SN-77310"}, wide=True)
     assert timeline.rows[0].label == "0 rack…7310" and timeline.label_width == 12
+
+
+def test_with_another_hosts_cards_every_row_names_its_host():
+    """Issue 31 §8: on a fleet of several hosts this host's rows read '0'..'7' beside 'gpu2:0': whose card is it?"""
+    timeline = TimelineModel("alice", FROZEN_NOW)
+    timeline.set_cards(CARDS[:2], here="gpu1")  # one host: plain indices, as ever
+    assert [r.label for r in timeline.rows] == ["0", "1"]
+    timeline.set_cards(CARDS[:2] * 2, hosts=[None, None, "gpu2", "gpu2"], here="gpu1")
+    assert [(r.label, r.host) for r in timeline.rows] == [("gpu1:0", None), ("gpu1:1", None), ("gpu2:0", "gpu2"),
+                                                          ("gpu2:1", "gpu2")]  # the host of a row is still None here
+    timeline.set_cards(CARDS[:2] * 2, {0: "rack-A"}, hosts=[None, None, "gpu2", "gpu2"], here="gpu1")
+    assert timeline.rows[0].label == "gpu1:0" and timeline.label_width == 9  # the host before the label

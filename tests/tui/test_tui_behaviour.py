@@ -55,8 +55,10 @@ class TestBookingForm:
             await pilot.press("down", "down", "down", "down", "b")  # card 4 is free until Monday
             await wait_for(pilot, lambda: isinstance(app.screen, BookingModal))
             form = app.screen
-            assert form.query_one("#cards", Input).value == "4"
-            assert app.focused.id == "start"  # cards came from the highlighted row
+            assert form.query_one("#cards", Input).value == "4"  # from the highlighted row
+            assert app.focused.id == "cards"
+            await pilot.press("tab", "tab", "tab")  # count, model, start (context and parallel wait for a model)
+            assert app.focused.id == "start"
             await pilot.press("tab")  # or later
             assert app.focused.id == "or-later"
             await pilot.press("tab")  # duration
@@ -69,6 +71,32 @@ class TestBookingForm:
         assert len(made) == 1
         assert (made[0].start, made[0].end, made[0].klass, made[0].note) == (
             FROZEN_NOW, FROZEN_NOW + 3 * HOUR, "experiment", "sweep 2")
+
+    async def test_the_form_opens_calm_with_focus_in_cards_and_a_refusal_turns_red_once_asked(self, make_app):
+        """Issue 31 §8: opened on bob's card 2 the form showed a red refusal with focus in Start. It opens with focus
+        in Cards and the refusal said quietly (no ✗, muted); an edit or Enter makes it the red refusal."""
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.press("down", "down", "b")  # card 2 is bob's
+            await wait_for(pilot, lambda: isinstance(app.screen, BookingModal) and app.screen.error is not None)
+            form, message = app.screen, app.screen.query_one("#message", Static)
+            assert app.focused.id == "cards"
+            assert "booked by bob" in form.error
+            assert message.has_class("-calm") and not message.has_class("-error")
+            assert not str(message.render()).startswith("✗")
+            await pilot.press("enter")  # asked: now it is a refusal
+            await wait_for(pilot, lambda: message.has_class("-error"))
+            assert str(message.render()).startswith("✗ ") and "booked by bob" in str(message.render())
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:  # an edit asks too
+            await ready(pilot)
+            await pilot.press("b")  # no card: nothing to say yet but which cards
+            await wait_for(pilot, lambda: isinstance(app.screen, BookingModal) and app.screen.error is not None)
+            message = app.screen.query_one("#message", Static)
+            assert app.focused.id == "cards" and message.has_class("-calm")
+            await pilot.press("2")
+            await wait_for(pilot, lambda: message.has_class("-error") and "bob" in str(message.render()))
 
     async def test_conflict_shows_inline_error_and_writes_nothing(self, make_app, seeded_db):
         before, log_before = bookings(seeded_db), event_count(seeded_db)
@@ -95,7 +123,7 @@ class TestBookingForm:
             await wait_for(pilot, lambda: isinstance(app.screen, BookingModal))
             form = app.screen
             await wait_for(pilot, lambda: "✓" in str(form.query_one("#message", Static).render()))
-            assert app.focused.id == "start"
+            assert app.focused.id == "cards"
             await fill(pilot, form, "start", "yesterday")
             await wait_for(pilot, lambda: form.error is not None and "can't read" in form.error)
             await fill(pilot, form, "start", "mon 10:00")  # frank has card 4 from 11:00

@@ -36,7 +36,7 @@ async def test_a_down_hosts_cards_follow_this_hosts_under_its_heading_and_read_h
         table.move_cursor(row=8 + 4)
         await pilot.pause()
         assert any("HOST DOWN (since 15:28)" in line.text for line in _lines(table))
-        assert [r.label for r in app.board.timeline.model.rows] == [*map(str, range(8)),
+        assert [r.label for r in app.board.timeline.model.rows] == [*(f"gpu1:{i}" for i in range(8)),
                                                                     *(f"gpu2:{i}" for i in range(8))]
 
 

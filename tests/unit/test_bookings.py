@@ -82,6 +82,22 @@ class TestCreate:
         assert "next free start for cards 1,2: 17:30 (in 2 h)" in message
         assert len(live(conn)) == 1
 
+    @pytest.mark.parametrize("starts, said", [
+        (0, "until 17:30 (in 2 h)"),  # it started now: held until its end
+        (-H, "until 17:30 (in 2 h)"),
+        (1, "from 15:30 (now) to 17:30"),  # a second ahead: not held yet
+        (60, "from 15:31 (in 1 min) to 17:30"),
+        (H, "from 16:30 (in 60 min) to 17:30"),
+    ])
+    def test_a_clash_that_starts_later_says_from_when_to_when(self, make_service, fleet, starts, said):
+        """Issue 31 §8: a clash with a future booking said 'booked by erin until 12:00' when it starts at 08:00."""
+        bob = make_service("bob", 1002, now=NOW + min(starts, 0)).create(cards=[2], start=NOW + starts,
+                                                                          end=NOW + 2 * H)
+        for ask in (dict(cards=[2]), dict(count=len(fleet.cards))):  # named cards (SlotTaken) and a count (_no_group)
+            with pytest.raises(Conflict) as refused:
+                make_service().create(**ask, start=NOW, end=NOW + 3 * H)
+            assert f"card 2 is booked by bob {said} (booking {bob.id})" in worded(refused.value)
+
     def test_a_multi_card_booking_is_all_or_nothing(self, make_service, conn):
         make_service("bob", 1002).create(cards=[3], start=NOW, end=NOW + H)
         with pytest.raises(Conflict):
@@ -298,10 +314,31 @@ class TestReassign:
         with pytest.raises(Conflict, match="pass --force"):
             self.admin(make_service).reassign(booking.id, cards=[4])
 
-    def test_a_new_user_alone_does_not_ask_about_servers(self, make_service, conn):
+    def test_a_new_user_alone_waits_for_live_servers_unless_forced_and_then_splits_at_now(self, make_service, conn):
+        """The old holder's server must not go on serving on the new holder's booking (issue 31 §8): as with
+        --cards, exit 3 saying what to do; forced, the old holder's piece ends now (the enforcer stops the server)."""
         booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
-        add_server(conn, booking)
-        assert self.admin(make_service).reassign(booking.id, user="root").user == "root"
+        server = add_server(conn, booking)
+        with pytest.raises(Conflict) as refused:
+            self.admin(make_service).reassign(booking.id, user="root")
+        assert refused.value.exit_code == 3
+        assert str(refused.value) == (f"booking {booking.id} has server {server} running on cards 0;"
+                                      " stop it first, or pass --force to stop it and give the booking to root")
+        assert rows.get(conn, booking.id) == booking
+        given = self.admin(make_service).reassign(booking.id, user="root", force=True)
+        assert (given.user, given.start, given.end, given.cards) == ("root", NOW + H, NOW + 2 * H, (0,))
+        assert given.id != booking.id
+        old = rows.get(conn, booking.id)
+        assert (old.user, old.start, old.end) == ("alice", NOW, NOW + H)  # ended: the server's booking is over
+        details = events.recent(conn, 1)[0].details
+        assert (details["stopped"], details["to_booking"]) == ([f"server {server}"], given.id)
+
+    def test_a_new_user_with_no_running_work_keeps_the_booking_and_a_stopped_server_does_not_count(self, make_service,
+                                                                                                    conn):
+        booking = make_service().create(cards=[0], start=NOW, end=NOW + 2 * H)
+        add_server(conn, booking, "stopped")
+        given = self.admin(make_service).reassign(booking.id, user="root")
+        assert (given.id, given.user, given.start) == (booking.id, "root", NOW)
 
 
 class TestAudit:
@@ -638,7 +675,7 @@ class TestSearchEdges:
         with pytest.raises(Conflict) as refused:
             make_service("root", 0, admin=True).reassign(booking.id, cards=[1, 2])
         # From 17:00 cards 1 and 2 are free for the hour: card 1 is only busy with the booking being moved.
-        assert worded(refused.value) == (f"card 2 is booked by bob until 17:00 (in 2 h) (booking {bob.id});"
+        assert worded(refused.value) == (f"card 2 is booked by bob from 16:30 (in 60 min) to 17:00 (booking {bob.id});"
                                       " next free start for cards 1,2: 17:00 (in 2 h)")
 
     def test_a_move_past_the_lookahead_also_ignores_the_booking_moved(self, make_service):

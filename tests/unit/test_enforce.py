@@ -15,7 +15,7 @@ import pytest
 from app.alerts.engine import Engine
 from app.config import Config, EnforceSettings
 from app.core.identity import Identity
-from app.errors import BadInput, NotPermitted
+from app.errors import BadInput, Conflict, NotPermitted
 from app.gpu import open_source
 from app.gpu.fleet import Fleet
 from app.service import Service
@@ -352,6 +352,41 @@ def test_a_booking_moved_to_other_cards_stops_its_job(service, clock, stubborn):
     moved = service.bookings(ADMIN).reassign(booking.id, cards=[5], force=True)
     assert moved.id != booking.id  # split at now: the job's piece ended
     assert enforce_once(server_of(service))["terminated"] == [entry.id]
+
+
+def test_a_booking_given_to_someone_else_waits_for_its_job_unless_forced_and_then_stops_it(service, clock, stubborn):
+    booking = book(service, start=FROZEN_NOW)
+    entry = register(service, booking, stubborn)
+    clock.now += 600
+    admin = service.bookings(ADMIN)
+    admin.users = {"bob": ("bob", BOB.uid)}.get
+    with pytest.raises(Conflict, match=f"has job {stubborn.pid} running on cards 0; stop it first, or pass --force to"
+                                       " stop it and give the booking to bob"):
+        admin.reassign(booking.id, user="bob")
+    assert enforce_once(server_of(service))["terminated"] == []
+    given = admin.reassign(booking.id, user="bob", force=True)
+    assert (given.user, given.start) == ("bob", clock.now)  # split at now: the job's piece ended
+    assert enforce_once(server_of(service))["terminated"] == [entry.id]
+
+
+def test_a_server_on_a_booking_that_changed_hands_is_stopped_as_if_it_ended(service, clock):
+    """A reassign forced over a server splits a started booking (the server's piece ends); one given away in the very
+    second it started cannot split, and keeps its id: the enforcer still stops the old holder's server, as it stops
+    a job whose booking changed hands (is_over). The holder's own server on a live booking is not touched."""
+    from app.llama import rows
+
+    conn = service.conn
+    given, kept = book(service, start=FROZEN_NOW), book(service, cards=(1,), start=FROZEN_NOW)
+    with write(conn):
+        ids = [rows.insert(conn, booking_id=b.id, user="alice", uid=ALICE.uid, cards=list(b.cards),
+                           card_uuids=b.card_uuids, model="/m.gguf", alias=None, host="127.0.0.1", port=port, ctx=256,
+                           parallel=1, split_mode="layer", metrics=False, cmdline=["llama-server"], now=FROZEN_NOW)
+               for b, port in ((given, 8001), (kept, 8002))]
+    assert rows.ended_bookings(conn, int(clock()), "") == []
+    admin = service.bookings(ADMIN)
+    admin.users = {"bob": ("bob", BOB.uid)}.get
+    assert admin.reassign(given.id, user="bob", force=True).id == given.id  # at its start: no past to split off
+    assert [s.id for s in rows.ended_bookings(conn, int(clock()), "")] == [ids[0]]
 
 
 def test_warn_mode_audits_once_and_leaves_the_job_running(tmp_path, clock, stubborn):

@@ -157,3 +157,43 @@ def test_a_plan_edited_by_hand_is_reported_once_and_skipped_by_every_reader(conn
     assert [(p.id, booking) for p, booking in plan_rows.due(conn, monday.start)] == [(good, monday.id)]
     assert malformed_rows()[before:] == [
         f"server plan {bad} is malformed: {problem}; skipped (a hand edit? see board doctor)"]
+
+
+def test_a_booking_given_to_another_holder_drops_its_old_holders_plans_only_when_forced(make_service, conn, weekdays):
+    """A plan starts its server as its author (start_due): on a booking an admin gave to someone else it must not
+    start (issue 31 §8). The reassign is refused (exit 3, what to do) while the old holder's plan waits; forced, the
+    booking's own plan is cancelled and the series' plan skips this occurrence, nothing else. A plan the new holder
+    wrote is theirs to keep."""
+    from app.errors import Conflict
+
+    monday, tuesday, wednesday = weekdays[0], weekdays[1], weekdays[2]
+    own = plan_for(conn, booking=monday.id, alias="solo")
+    series = plan_for(conn, series=monday.series_id)
+    admin = make_service("root", 0, admin=True, config=CONFIG)
+    admin.users = {"root": ("root", 0), "bob": ("bob", 1002)}.get  # the accounts here, bob among them
+    with pytest.raises(Conflict) as refused:
+        admin.reassign(monday.id, user="root")
+    assert refused.value.exit_code == 3
+    assert str(refused.value) == (f"booking {monday.id} has planned server {own} (alice), planned server {series}"
+                                  f" (alice); cancel them first (board serve plan --cancel {own}), or pass --force to"
+                                  " cancel them and give the booking to root")
+    assert booking_holder(conn, monday.id) == "alice"
+    assert [b for _, b in plan_rows.due(conn, monday.start)] == [monday.id, monday.id]
+
+    given = admin.reassign(monday.id, user="root", force=True)
+    assert (given.id, given.user) == (monday.id, "root")
+    assert plan_rows.due(conn, monday.start) == []  # neither starts, as alice, on root's booking
+    assert plan_rows.get(conn, own).cancelled_at == FROZEN_NOW
+    assert [b for _, b in plan_rows.due(conn, tuesday.start)] == [tuesday.id]  # the series' plan goes on
+
+    # bob's plan on a booking then given to bob is his own: kept, and not named; alice's series plan is
+    bobs = plan_for(conn, booking=wednesday.id, user="bob", alias="bobs")
+    with pytest.raises(Conflict, match=f"has planned server {series} \\(alice\\); cancel it first"):
+        admin.reassign(wednesday.id, user="bob")
+    assert admin.reassign(wednesday.id, user="bob", force=True).user == "bob"
+    assert plan_rows.get(conn, bobs).cancelled_at is None
+    assert [(p.id, b) for p, b in plan_rows.due(conn, wednesday.start)] == [(bobs, wednesday.id)]
+
+
+def booking_holder(conn, booking_id: int) -> str:
+    return conn.execute('SELECT "user" FROM bookings WHERE id = ?', (booking_id,)).fetchone()[0]

@@ -91,7 +91,7 @@ class TestMove:
         for start, end in ((NOW + 4 * H, NOW + 5 * H + 1), (NOW + 5 * H, NOW + 6 * H), (NOW + 6 * H - 1, NOW + 7 * H)):
             with pytest.raises(Conflict) as refused:
                 admin.move(booking.id, start, end)
-            assert worded(refused.value) == f"card 3 is booked by bob until 21:30 (in 6 h) (booking {bob.id})"
+            assert worded(refused.value) == f"card 3 is booked by bob from 20:30 (in 5 h) to 21:30 (booking {bob.id})"
         assert last_event(conn, booking.id).ok is False  # the refusal is filed under the booking moved
         assert admin.move(booking.id, NOW + 2 * H + 1800, NOW + 3 * H + 1800).start == NOW + 2 * H + 1800
 

@@ -326,7 +326,7 @@ def test_conflicts_are_listed_with_when_and_who_and_what_to_do(series, make_serv
         day = int(datetime(2026, 12, 7, 9, 0, tzinfo=timezone.utc).timestamp())
         taken = bob.create(cards=[7], start=day, end=day + HOUR)
         ask = dict(cards=[7], every="day", start="9:00", until="10:00", first="2026-12-07")
-        holder = f"card 7 is booked by bob until 2026-12-07 10:00 (in 8 days) (booking {taken.id})"
+        holder = f"card 7 is booked by bob from 2026-12-07 09:00 (in 8 days) to 2026-12-07 10:00 (booking {taken.id})"
         with pytest.raises(Conflict) as refused:
             series(config=one).book(**ask, last="2026-12-09")
         assert said(refused.value) == (f"1 of 3 occurrences conflicts, so nothing was booked: Mon 2026-12-07 09:00: {holder};"
@@ -407,7 +407,7 @@ def test_conflicts_are_counted_and_listed_up_to_ten(series, make_service, days):
     message = worded(refused.value)
     if days == 2:
         assert message.startswith("1 of 2 occurrences conflicts, so nothing was booked: Mon 2026-12-07 09:00: card 5 is"
-                                  " booked by bob until ")
+                                  " booked by bob from ")
         assert message.endswith("; pass --skip-conflicts to book the other 1")
     else:
         assert message.startswith(f"{days} of {days} occurrences conflict, so nothing was booked: ")
@@ -453,7 +453,8 @@ def test_a_refusal_in_full_groups_by_rule_lists_conflicts_and_says_up_to_when_in
     with pytest.raises(NotPermitted) as refused:
         series(config=night).book(cards=[5], every="day", start="0:30", until="1:30", first="2026-12-07",
                                   last="2026-12-20")
-    held = [f"card 5 is booked by bob until 2026-12-{day:02d} 01:30 (in {days} days) (booking {b.id})"
+    held = [f"card 5 is booked by bob from 2026-12-{day:02d} 00:30 (in {days} days) to 2026-12-{day:02d} 01:30"
+            f" (booking {b.id})"
             for day, days, b in zip((8, 9), (8, 9), taken)]
     assert worded(refused.value) == (
         "the policy refuses 8 of 14 occurrences, so nothing was booked:"

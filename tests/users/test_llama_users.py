@@ -128,3 +128,34 @@ def test_bob_cannot_stop_alices_server_and_carol_can(serving):
     # alice's server log is her own file (her supervisor wrote it), not in the service's directory
     st = os.stat(server["log"])
     assert st.st_uid == pwd.getpwnam("alice").pw_uid and not server["log"].startswith(str(board.dir))
+
+
+def test_a_booking_given_to_bob_does_not_keep_alices_server_on_it(serving):
+    """Issue 31 §8: carol (admin) gives alice's booking to bob while alice's server runs on it. Refused (exit 3,
+    one line saying what to do) and the server serves on; with --force alice's piece ends now, the service stops
+    her server through its pidfd, and bob holds the rest of the booking with no one's server on his card."""
+    board = serving
+    booking = board.book("alice", "--cards", "0", "--for", "1h")
+    started = board.run("alice", "serve", "start", str(booking["id"]), "--model", str(board.model), "--ctx", "256",
+                        "--json")
+    assert started.returncode == 0, started.stderr
+    server = json.loads(started.stdout)
+    refused = board.run("carol", "admin", "reassign", str(booking["id"]), "--user", "bob")
+    assert refused.returncode == 3, refused.stderr
+    assert refused.stderr.splitlines() == [
+        f"board: booking {booking['id']} has server {server['id']} running on cards 0; stop it first, or pass --force"
+        " to stop it and give the booking to bob"], refused.stderr
+    assert alive(server["pid"]) and board.json("alice", "list", "--mine")["bookings"][0]["id"] == booking["id"]
+
+    time.sleep(1.1)  # a second of the booking is past: alice's piece stays as history
+    given = board.json("carol", "admin", "reassign", str(booking["id"]), "--user", "bob", "--force")
+    assert (given["user"], given["cards"]) == ("bob", [0]) and given["id"] != booking["id"]
+    deadline = time.monotonic() + 15
+    while alive(server["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(server["pid"])
+    listed = board.json("bob", "serve", "list")["servers"]
+    assert [(s["id"], s["booking_id"], s["state"]) for s in listed] == [(server["id"], booking["id"], "stopped")]
+    stops = [e for e in board.json("carol", "log", "--limit", "100")["events"]
+             if e["action"] == "server-stop" and e["booking_id"] == booking["id"]]
+    assert stops and stops[0]["ok"], stops

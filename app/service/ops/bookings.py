@@ -64,9 +64,10 @@ def slots(service: Service, me: Identity, start: int, end: int, count=1, limit=3
                       for p, until in found]}
 
 
-@op("book", _SLOT, {**_WHICH, "note": STR, "request": DICT, "checked": BOOL, "or_later": BOOL}, writes=True)
+@op("book", _SLOT, {**_WHICH, "note": STR, "request": DICT, "checked": BOOL, "or_later": BOOL, "force": BOOL},
+    writes=True)
 def book(service: Service, me: Identity, start: int, end: int, cards=None, count=None, note="", request=None,
-         checked=False, or_later=False, **rest) -> dict:
+         checked=False, or_later=False, force=False, **rest) -> dict:
     rules = service.bookings(me, rest.get("host"))
     klass = rest.get("class", "experiment")
     if cards is None and count is None:
@@ -78,9 +79,10 @@ def book(service: Service, me: Identity, start: int, end: int, cards=None, count
 
         request = check(request)
     if checked:  # the form's path: a request that fails the check writes nothing at all, not even an audit row
-        rules.plan(cards=card_list(cards), count=count, start=start, end=end, klass=klass, or_later=or_later)
+        rules.plan(cards=card_list(cards), count=count, start=start, end=end, klass=klass, or_later=or_later,
+                   force=force)
     booking, notes = rules.book(cards=card_list(cards), count=count, start=start, end=end, klass=klass, note=note,
-                                request=request, or_later=or_later)
+                                request=request, or_later=or_later, force=force)
     # "notes", only when there are any: one line each on what runs on the cards now (passed over, or named)
     return {**booking_to_wire(booking), "notes": list(notes)} if notes else booking_to_wire(booking)
 

@@ -138,6 +138,7 @@ class BookingModal(ModalScreen[Booked | None]):
     BookingModal #message { height: auto; min-height: 2; margin-bottom: 1; }
     BookingModal #message.-error { color: $error; text-style: bold; }
     BookingModal #message.-ok { color: $success; }
+    BookingModal #message.-calm { color: $text-muted; }
     BookingModal #buttons { height: 1; margin: 0; }
     BookingModal Button { height: 1; min-width: 10; border: none; margin-right: 1; }
     BookingModal #hint { color: $text-muted; height: 1; }
@@ -158,6 +159,10 @@ class BookingModal(ModalScreen[Booked | None]):
         self.sizing: Sizing | None = None  # the model's last estimate on the form's cards, for tests
         self._sized_path: str | None = None
         self.models: list[str] = []  # the .gguf files found under [llama] model_dirs
+        # The form opens calm: a refusal of what it opened with is said quietly until the member edits a field or
+        # presses Book (issue 31 §8); `_opening` is the fields as they opened.
+        self._opening: tuple | None = None
+        self._pressed = False
 
     def compose(self) -> ComposeResult:
         d, now = self.draft, self.backend.clock()
@@ -206,7 +211,8 @@ class BookingModal(ModalScreen[Booked | None]):
 
     def on_mount(self) -> None:
         self.set_class(self.app.size.height < 30, "-short")
-        self.query_one("#cards" if not self.draft.cards else "#start", Input).focus()
+        self.query_one("#cards", Input).focus()  # the cards first, filled in or not: what the booking is of
+        self._opening = self._fields()
         self._validate_now()
         dirs = self.app.config.llama.model_dirs
         if dirs:
@@ -228,6 +234,10 @@ class BookingModal(ModalScreen[Booked | None]):
     def _value(self, name: str) -> str:
         return self.query_one(f"#{name}", Input).value
 
+    def _fields(self) -> tuple:
+        return (tuple(i.value for i in self.query(Input)), self.query_one("#klass", Select).value,
+                self.query_one("#or-later", Checkbox).value)
+
     def request(self) -> BookingRequest:
         klass = self.query_one("#klass", Select).value
         return parse_form(
@@ -247,6 +257,10 @@ class BookingModal(ModalScreen[Booked | None]):
     def show_error(self, message: str) -> None:
         self.error = message
         widget = self.query_one("#message", Static)
+        if not self._pressed and self._fields() == self._opening:  # nothing asked yet: say it, calmly
+            widget.set_classes("-calm")
+            widget.update(Text(inert(message, 300)))
+            return
         widget.set_classes("-error")
         widget.update(Text("✗ " + inert(message, 300)))
 
@@ -349,6 +363,7 @@ class BookingModal(ModalScreen[Booked | None]):
         self.dismiss(None)
 
     def action_submit(self) -> None:
+        self._pressed = True
         self._generation += 1
         if self._timer is not None:
             self._timer.stop()
@@ -371,6 +386,7 @@ class BookingModal(ModalScreen[Booked | None]):
         self.dismiss(booked)
 
     def action_next_free(self) -> None:
+        self._pressed = True
         try:
             request = self.request()
         except BadInput as error:

@@ -141,7 +141,7 @@ class BoardScreen(Screen):
         cards = [*snapshot.cards, *(card for other in app.hosts for card in other.snapshot.cards)]
         hosts = [None] * len(snapshot.cards) + [app.remote(other.host) for other in app.hosts
                                                 for _ in other.snapshot.cards]
-        self.timeline.set_cards(cards, app.config.labels, wide=wide, hosts=hosts)
+        self.timeline.set_cards(cards, app.config.labels, wide=wide, hosts=hosts, here=app.fleet_host)
         self.card_table.show(app.statuses, app.clock())
         self.describe_cursor()  # the cards may have arrived after the bookings
 

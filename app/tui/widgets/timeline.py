@@ -125,8 +125,8 @@ class Timeline(Widget, can_focus=True):
     # -- data ----------------------------------------------------------------------------------
 
     def set_cards(self, cards: Sequence[CardReading], labels: dict[int, str] | None = None, wide: bool = False,
-                  hosts: Sequence[str | None] = ()) -> None:
-        if self.model.set_cards(cards, labels, wide, hosts):
+                  hosts: Sequence[str | None] = (), here: str = "") -> None:
+        if self.model.set_cards(cards, labels, wide, hosts, here):
             self._invalidate()
             self.refresh(layout=True)
 
