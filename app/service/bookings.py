@@ -26,7 +26,6 @@ from app.core.slots import GROUP_SIZES, best_group, is_free
 from app.gpu.model import CardReading, GpuProcess, Topology
 from app.store import bookings as rows
 from app.store import events
-from app.store import plans as plan_rows
 from app.store.db import write
 
 MAX_NOTE_CHARS = 500
@@ -494,6 +493,8 @@ class BookingService:
             if running:
                 details["stopped"] = running
             # A plan starts its server as its author: on someone else's booking it must not start at all.
+            from app.store import plans as plan_rows  # start-up: only a reassign reads plans (not the quick book)
+
             planned = [p for p in plan_rows.pending_for(self.conn, booking_id) if p.uid != owner[1]] if giving else []
             if planned and not force:
                 them = "it" if len(planned) == 1 else "them"
