@@ -216,6 +216,12 @@ class GatewaySettings:
     max_body_mb: float = 16.0
     max_concurrent_per_key: int = 8
     log_bodies: bool = False
+    # The door's limits (app.gateway.connections): a stranger's idle or slow connections cannot hold its files
+    head_timeout_s: float = 10.0  # a request's head, from its connection's start or its first byte after an answer
+    body_timeout_s: float = 60.0  # a request's body, once its head is read; then 408
+    idle_timeout_s: float = 30.0  # a connection with no request in progress is closed after this
+    max_connections: int = 4096  # at once, everyone's; lowered at start where the open-file limit is too low
+    max_connections_per_address: int = 256  # from one client address (a proxy in front is one address: raise it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,12 +404,16 @@ def _gateway(table: dict) -> GatewaySettings:
         raise ValueError("[gateway] user is the gateway's account name, such as \"board-gateway\"")
     if not isinstance(settings.log_bodies, bool):
         raise ValueError("[gateway] log_bodies must be true or false")
-    for key in ("drain_s", "queue_timeout_s", "max_body_mb", "max_concurrent_per_key"):
+    positive = ("max_body_mb", "max_concurrent_per_key", "head_timeout_s", "body_timeout_s", "idle_timeout_s",
+                "max_connections", "max_connections_per_address")
+    for key in ("drain_s", "queue_timeout_s", *positive):
         value = getattr(settings, key)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (
-                key in ("max_body_mb", "max_concurrent_per_key") and value <= 0):
+                key in positive and value <= 0):
             raise ValueError(f"[gateway] {key} must be a number more than 0, not {repr(value)[:20]}")
-    return replace(settings, max_concurrent_per_key=int(settings.max_concurrent_per_key))
+    return replace(settings, max_concurrent_per_key=int(settings.max_concurrent_per_key),
+                   max_connections=int(settings.max_connections),
+                   max_connections_per_address=int(settings.max_connections_per_address))
 
 
 def host_port(listen: object, where: str, example: str) -> None:
