@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 
 FD_RESERVE = 64  # files kept beside the connections: the service's socket, the listener, the log, DNS, Python's own
+BACKLOG = 128  # the listener's backlog, and so what asyncio accepts at once before a cap is applied
 REFUSAL = json.dumps({"error": {"message": "the gateway has too many connections; try again shortly",
                                 "type": "server_error", "code": "too_many_connections"}}).encode()
 BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
@@ -28,8 +29,9 @@ BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/j
 
 def connection_cap(wanted: int, open_files: int) -> int:
     """[gateway] max_connections, lowered to what the open-file limit holds: each client connection may hold one
-    upstream connection too, and FD_RESERVE stays free for the rest."""
-    return max(1, min(wanted, (open_files - FD_RESERVE) // 2))
+    upstream connection too; FD_RESERVE stays free for the rest, and twice BACKLOG for a burst of newcomers
+    (accepted before the cap is applied, and those they push out, closed on the loop's next turn)."""
+    return max(1, min(wanted, (open_files - FD_RESERVE - 2 * BACKLOG) // 2))
 
 
 class Connections:

@@ -27,7 +27,7 @@ from app.config import Config
 from app.core.keys import key_hash
 from app.core.text import inert
 from app.errors import BadInput, BoardError
-from app.gateway.connections import Connections, connection_cap
+from app.gateway.connections import BACKLOG, Connections, connection_cap
 from app.gateway.routing import Refused, Router, Upstream
 
 FLUSH_S = 1.0
@@ -447,7 +447,7 @@ async def open_site(gateway: Gateway, listen: str) -> tuple[web.AppRunner, Watch
                            keepalive_timeout=gateway.settings.idle_timeout_s)
     await runner.setup()
     host, port = _listen(listen)
-    site = WatchedSite(runner, gateway.connections, host, port, reuse_address=True)
+    site = WatchedSite(runner, gateway.connections, host, port, reuse_address=True, backlog=BACKLOG)
     await site.start()
     return runner, site
 

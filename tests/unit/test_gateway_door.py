@@ -261,9 +261,9 @@ class TestCaps:
             await runner.cleanup()
 
     async def test_the_cap_is_lowered_to_what_the_open_file_limit_holds(self):
-        from app.gateway.connections import FD_RESERVE, connection_cap
+        from app.gateway.connections import BACKLOG, FD_RESERVE, connection_cap
 
-        assert connection_cap(4096, 1024) == (1024 - FD_RESERVE) // 2
+        assert connection_cap(4096, 1024) == (1024 - FD_RESERVE - 2 * BACKLOG) // 2 == 352
         assert connection_cap(100, 65536) == 100
         assert connection_cap(4096, 10) == 1
 
