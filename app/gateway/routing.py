@@ -58,6 +58,7 @@ class Router:
         self.planned: list[dict] = []
         self.keys: dict[str, dict] = {}  # hash -> key
         self.known = False  # gateway_state has been read at least once
+        self.down: set[int] = set()  # servers that refused a connection: not routed until their /health answers
         self.in_flight: dict[int, int] = {}  # key id -> requests admitted or waiting
         self._waiting: list[_Waiter] = []
         self._seq = itertools.count()
@@ -113,7 +114,8 @@ class Router:
 
     def _targets(self, alias: str) -> list[Upstream]:
         now = self.clock()
-        return [s for s in self.servers.values() if s.alias == alias and not s.draining(now, self.drain_s)]
+        return [s for s in self.servers.values()
+                if s.alias == alias and not s.draining(now, self.drain_s) and s.id not in self.down]
 
     def _free(self, alias: str) -> Upstream | None:
         """Least outstanding requests among the model's servers with a free slot (fewest in flight per slot on ties)."""
@@ -132,6 +134,9 @@ class Router:
             wait = max(1, math.ceil(first["start"] - now))
             return Refused(503, f"{model[:80]} is served from {start} (booking {first['booking']}); try again then",
                            "server_error", "model_not_ready", retry_after=min(wait, 3600))
+        if any(s.alias == model and s.id in self.down for s in self.servers.values()):
+            return Refused(503, f"{model[:80]}'s servers do not answer (their llama-server is gone or restarting);"
+                                " try again shortly", "server_error", "model_unavailable", retry_after=5)
         if any(s.alias == model for s in self.servers.values()):
             return Refused(503, f"{model[:80]}'s servers are stopping (their bookings end within {self.drain_s:g} s)",
                            "server_error", "model_draining", retry_after=max(1, math.ceil(self.drain_s)))

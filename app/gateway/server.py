@@ -31,6 +31,7 @@ from app.gateway.connections import BACKLOG, Connections, connection_cap
 from app.gateway.routing import Refused, Router, Upstream
 
 FLUSH_S = 1.0
+RECHECK_S = 1.0  # a server that refused a connection: its /health is asked this often until it answers
 MAX_PENDING = 100_000  # accounting records kept while the service is away
 METER_LIMIT = 8 << 20  # a non-streamed answer is parsed for its usage up to this size
 LINE_LIMIT = 1 << 20  # a streamed answer's line (an SSE event) longer than this is cut: the Meter holds one line
@@ -174,10 +175,12 @@ class Gateway:
         loop = asyncio.get_running_loop()
         threading.Thread(target=self._follow, args=(loop,), name="gateway-follow", daemon=True).start()
         self._flusher = asyncio.create_task(self._flush_loop())
+        self._rechecker = asyncio.create_task(self._recheck_loop())
 
     async def _stop(self, app: web.Application) -> None:
         self.stopping.set()
         self._flusher.cancel()
+        self._rechecker.cancel()
         await self._flush()
         self.client.close()
         await self.session.close()
@@ -208,6 +211,25 @@ class Gateway:
         while True:
             await asyncio.sleep(FLUSH_S)
             await self._flush()
+
+    async def _recheck_loop(self) -> None:
+        """Servers marked down (a refused connection: their llama-server died, whatever the service has heard yet)
+        come back into the routing at their first /health 200; those the service no longer lists are forgotten."""
+        while True:
+            await asyncio.sleep(RECHECK_S)
+            for server_id in list(self.router.down):
+                server = self.router.servers.get(server_id)
+                if server is None or await self._healthy(server):
+                    self.router.down.discard(server_id)
+                    if server is not None:
+                        log(f"server {server.id} ({server.alias}) answers again")
+
+    async def _healthy(self, server: Upstream) -> bool:
+        try:
+            async with self.session.get(server.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as answer:
+                return answer.status == 200
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            return False
 
     async def _flush(self) -> None:
         while self.pending:
@@ -349,6 +371,9 @@ class Gateway:
             upstream = await self.session.request(request.method, server.url + request.match_info.route.resource.canonical,
                                                   data=body or None, headers=headers)
         except (aiohttp.ClientError, OSError) as error:
+            if isinstance(error, aiohttp.ClientConnectorError):  # nothing listens: out of the routing at once
+                self.router.down.add(server.id)
+                log(f"server {server.id} ({server.alias}) refused the connection: not routed until it answers")
             raise Refused(502, f"server {server.id} ({server.alias}) did not answer: {type(error).__name__}",
                           "server_error", "upstream_unavailable", retry_after=1) from None
         async with upstream:

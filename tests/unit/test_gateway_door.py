@@ -281,3 +281,51 @@ class TestEndlessLine:
         assert error["code"] == "upstream_line_too_long" and set(error) == {"message", "type", "code"}
         assert len(answer) < LINE_LIMIT + 4096  # relayed up to the limit, then cut
         assert upstream.streamed < 32 * LINE_LIMIT  # the upstream was stopped, not read to its end
+
+
+class TestDeadUpstream:
+    async def test_a_server_that_refuses_connections_leaves_the_routing_and_comes_back_when_it_answers(self, upstream):
+        """Two servers for `m`; server 7's llama-server is gone (nothing listens on its port). The first request
+        that meets it gets 502 and takes it out of the routing: the next ones go to server 8, not to 7 again (the
+        nearest wrong version: 7 kept, and every request sent to it first, as ties go to the lowest id). Once its
+        port answers /health again, it is routed again."""
+        import socket
+
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+        probe.close()  # nothing listens there now: connections are refused
+        made = Gateway(Config(gateway=GatewaySettings()), FixedState(f"http://127.0.0.1:{dead_port}", parallel=4))
+        second = dict(made.client.state["servers"][0], id=8, url=upstream.url)
+        made.client.state["servers"].append(second)
+        runner, site = await open_site(made, "127.0.0.1:0")
+        try:
+            while not made.router.known:
+                await asyncio.sleep(0.01)
+            statuses = [(await raw(site.port, request("POST", "/v1/chat/completions")))[0] for _ in range(4)]
+            assert statuses == [502, 200, 200, 200] and made.router.down == {7}
+            revived = web.Application()
+            async def ok(request):
+                return web.json_response({"status": "ok"})
+
+            revived.router.add_get("/health", ok)
+            back = web.AppRunner(revived)
+            await back.setup()
+            await web.TCPSite(back, "127.0.0.1", dead_port).start()
+            try:
+                for _ in range(200):  # bounded: the re-check runs each second
+                    if not made.router.down:
+                        break
+                    await asyncio.sleep(0.05)
+                assert made.router.down == set()
+            finally:
+                await back.cleanup()
+        finally:
+            await runner.cleanup()
+
+    async def test_a_model_whose_every_server_is_down_is_503_unavailable_not_draining(self, upstream):
+        made = Gateway(Config(gateway=GatewaySettings()), FixedState(upstream.url))
+        made.router.update(made.client.state)
+        made.router.down.add(7)
+        refusal = made.router._unserved("m")
+        assert (refusal.status, refusal.code) == (503, "model_unavailable")
