@@ -149,3 +149,49 @@ def test_a_strangers_2000_idle_and_slow_connections_leave_a_members_completion_a
     assert all(status == 200 and seconds < 2 for seconds, status in completions), completions
     assert max(descriptors) + cap <= OPEN_FILES, descriptors  # room left for an upstream per admitted connection
     assert f"at most {cap} connections" in log.read_text()
+
+
+def test_out_of_files_at_accept_the_gateway_backs_off_and_serves_on(upstream, tmp_path):
+    """At 100 open files the cap is 1 connection; the gateway is stopped (SIGSTOP) while a stranger fills its
+    backlog with 128 connections, so that at SIGCONT asyncio accepts more than its files hold: accept fails with
+    EMFILE, waits a second, and goes on. A member's completion is answered after (within 10 s: the accept's wait and
+    the member's SYN sent again while the backlog was full)."""
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 3 * FLOOD), hard))
+    port = port_range("gateway", 10)[0] + 6
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as sink:
+        gateway = subprocess.Popen(["prlimit", "--nofile=100:100", sys.executable, "-m", "tests.fakes.gateway_alone",
+                                    upstream, f"127.0.0.1:{port}"], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+
+    async def stranger_then_member():
+        held = []
+        os.kill(gateway.pid, signal.SIGSTOP)
+        try:
+            for i in range(128):
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection("127.0.0.1", port, local_addr=(f"127.0.0.{2 + i % 20}", 0)), 5)
+                held.append(writer)
+        finally:
+            os.kill(gateway.pid, signal.SIGCONT)
+        answer = await member_completion(port)
+        for writer in held:
+            writer.transport.abort()
+        return answer
+
+    try:
+        deadline = time.monotonic() + 30
+        while health(port) != 200 and gateway.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert health(port) == 200, log.read_text()
+        seconds, status = asyncio.run(stranger_then_member())
+        assert status == 200 and gateway.poll() is None, log.read_text()[-3000:]
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    logged = log.read_text()
+    assert "Too many open files" in logged and "at most 1 connections" in logged, logged[-3000:]
+    assert "raise LimitNOFILE= in the unit" in logged

@@ -329,3 +329,23 @@ class TestDeadUpstream:
         made.router.down.add(7)
         refusal = made.router._unserved("m")
         assert (refusal.status, refusal.code) == (503, "model_unavailable")
+
+
+class TestSettings:
+    def test_the_doors_limits_are_read_from_gateway_and_a_bad_one_is_refused_naming_it(self, tmp_path):
+        from app.config import ConfigError, load_config
+
+        path = tmp_path / "board.toml"
+        path.write_text("[gateway]\nhead_timeout_s = 5\nbody_timeout_s = 20.5\nidle_timeout_s = 15\n"
+                        "max_connections = 1000\nmax_connections_per_address = 50\n")
+        settings = load_config(environ={"BOARD_CONFIG": str(path)}).gateway
+        assert (settings.head_timeout_s, settings.body_timeout_s, settings.idle_timeout_s, settings.max_connections,
+                settings.max_connections_per_address) == (5, 20.5, 15, 1000, 50)
+        defaults = GatewaySettings()
+        assert (defaults.head_timeout_s, defaults.body_timeout_s, defaults.idle_timeout_s, defaults.max_connections,
+                defaults.max_connections_per_address) == (10, 60, 30, 4096, 256)
+        for name, value in (("head_timeout_s", "0"), ("max_connections", "-1"), ("max_connections_per_address", "0"),
+                            ("idle_timeout_s", '"30"'), ("body_timeout_s", "true")):
+            path.write_text(f"[gateway]\n{name} = {value}\n")
+            with pytest.raises(ConfigError, match=f"\\[gateway\\] {name} must be a number more than 0"):
+                load_config(environ={"BOARD_CONFIG": str(path)})
