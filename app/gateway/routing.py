@@ -184,6 +184,11 @@ class Router:
         self._done_key(key["id"])
         self._dispatch()
 
+    def up(self, server_id: int) -> None:
+        """A server marked down answers again (or is gone from the state): routed again, its slots to the waiters."""
+        self.down.discard(server_id)
+        self._dispatch()
+
     def _done_key(self, key_id: int) -> None:
         left = self.in_flight.get(key_id, 1) - 1
         if left > 0:

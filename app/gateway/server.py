@@ -220,7 +220,7 @@ class Gateway:
             for server_id in list(self.router.down):
                 server = self.router.servers.get(server_id)
                 if server is None or await self._healthy(server):
-                    self.router.down.discard(server_id)
+                    self.router.up(server_id)
                     if server is not None:
                         log(f"server {server.id} ({server.alias}) answers again")
 

@@ -349,3 +349,20 @@ class TestSettings:
             path.write_text(f"[gateway]\n{name} = {value}\n")
             with pytest.raises(ConfigError, match=f"\\[gateway\\] {name} must be a number more than 0"):
                 load_config(environ={"BOARD_CONFIG": str(path)})
+
+
+async def test_a_server_back_from_down_takes_a_waiting_request_at_once(upstream):
+    """Server 7 down, server 8's one slot taken: the next request waits; 7 answering again hands it 7 (not after
+    some other request ends, nor at the queue's timeout)."""
+    made = Gateway(Config(gateway=GatewaySettings()), FixedState(upstream.url, parallel=1))
+    made.client.state["servers"].append(dict(made.client.state["servers"][0], id=8))
+    made.router.update(made.client.state)
+    key = made.router.keys[next(iter(made.router.keys))]
+    made.router.down.add(7)
+    held = await made.router.admit("m", key)
+    assert held.id == 8
+    waiting = asyncio.create_task(made.router.admit("m", key))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    made.router.up(7)
+    assert (await asyncio.wait_for(waiting, 5)).id == 7
