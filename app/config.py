@@ -222,6 +222,12 @@ class GatewaySettings:
     team_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # The old names this config used (max_concurrent_per_key, now max_concurrent_per_user): the gateway says so at start.
     _renamed: tuple[str, ...] = ()
+    # The door's limits (app.gateway.connections): a stranger's idle or slow connections cannot hold its files
+    head_timeout_s: float = 10.0  # a request's head, from its connection's start or its first byte after an answer
+    body_timeout_s: float = 60.0  # a request's body, once its head is read; then 408
+    idle_timeout_s: float = 30.0  # a connection with no request in progress is closed after this
+    max_connections: int = 4096  # at once, everyone's; lowered at start where the open-file limit is too low
+    max_connections_per_address: int = 256  # from one client address (a proxy in front is one address: raise it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,16 +439,19 @@ def _gateway(table: dict) -> GatewaySettings:
         raise ValueError("[gateway] user is the gateway's account name, such as \"board-gateway\"")
     if not isinstance(settings.log_bodies, bool):
         raise ValueError("[gateway] log_bodies must be true or false")
-    for key in ("drain_s", "queue_timeout_s", "max_body_mb", "max_concurrent_per_user", "max_keys_per_user"):
+    positive = ("max_body_mb", "max_concurrent_per_user", "max_keys_per_user", "head_timeout_s", "body_timeout_s",
+                "idle_timeout_s", "max_connections", "max_connections_per_address")
+    for key in ("drain_s", "queue_timeout_s", *positive):
         value = getattr(settings, key)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (
-                key in ("max_body_mb", "max_concurrent_per_user", "max_keys_per_user") and value <= 0):
+                key in positive and value <= 0):
             raise ValueError(f"[gateway] {key} must be a number more than 0, not {repr(value)[:20]}")
-    for key in ("max_concurrent_per_user", "max_keys_per_user"):
+    whole = ("max_concurrent_per_user", "max_keys_per_user", "max_connections", "max_connections_per_address")
+    for key in whole:
         if getattr(settings, key) != int(getattr(settings, key)):
             raise ValueError(f"[gateway] {key} must be a whole number, not {getattr(settings, key)!r}")
-    return replace(settings, max_concurrent_per_user=int(settings.max_concurrent_per_user),
-                   max_keys_per_user=int(settings.max_keys_per_user), team_aliases=_team_aliases(settings.team_aliases))
+    return replace(settings, **{key: int(getattr(settings, key)) for key in whole},
+                   team_aliases=_team_aliases(settings.team_aliases))
 
 
 _ACCOUNT = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."

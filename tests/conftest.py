@@ -42,6 +42,8 @@ TIER_PATHS = {
 # `make test` runs them after the parallel pass, one at a time. A path, or a node id and what it holds.
 SERIAL = {
     "tests/users/test_floods.py",  # alice's whoami within 5 s while 3,000 connections flood the agent
+    "tests/integration/test_gateway_flood.py",  # a member's completion within 2 s while 2,000 flood the gateway
+    "tests/llama/test_gateway.py::test_a_server_whose_llama_server_died_leaves_the_routing_within_5_s",  # within 5 s
     "tests/users/test_jobs.py::test_a_job_outliving_its_booking_gets_sigterm_and_knows_its_end",  # SIGTERM within 4 s
     "tests/users/test_sharing.py::test_alice_and_bob_both_book_and_each_sees_the_other_at_once",  # seen within 5 s
     "tests/llama/test_servers.py::TestWaiting::test_the_waiting_cli_notices_a_supervisor_that_died_and_does_not_wait_"

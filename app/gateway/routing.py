@@ -64,6 +64,7 @@ class Router:
         self.planned: list[dict] = []
         self.keys: dict[str, dict] = {}  # hash -> key
         self.known = False  # gateway_state has been read at least once
+        self.down: set[int] = set()  # servers that refused a connection: not routed until their /health answers
         # A member's requests admitted or waiting, across all their keys: keys are cheap, members are not.
         self.in_flight: dict[str, int] = {}
         self._waiting: list[_Waiter] = []
@@ -161,7 +162,8 @@ class Router:
 
     def _targets(self, alias: str) -> list[Upstream]:
         now = self.clock()
-        return [s for s in self.servers.values() if s.alias == alias and not s.draining(now, self.drain_s)]
+        return [s for s in self.servers.values()
+                if s.alias == alias and not s.draining(now, self.drain_s) and s.id not in self.down]
 
     def _free(self, alias: str) -> Upstream | None:
         """Least outstanding requests among the model's servers with a free slot (fewest in flight per slot on ties)."""
@@ -180,6 +182,9 @@ class Router:
             wait = max(1, math.ceil(first["start"] - now))
             return Refused(503, f"{model[:80]} is served from {start} (booking {first['booking']}); try again then",
                            "server_error", "model_not_ready", retry_after=min(wait, 3600))
+        if any(s.alias == model and s.id in self.down for s in self.servers.values()):
+            return Refused(503, f"{model[:80]}'s servers do not answer (their llama-server is gone or restarting);"
+                                " try again shortly", "server_error", "model_unavailable", retry_after=5)
         if any(s.alias == model for s in self.servers.values()):
             return Refused(503, f"{model[:80]}'s servers are stopping (their bookings end within {self.drain_s:g} s)",
                            "server_error", "model_draining", retry_after=max(1, math.ceil(self.drain_s)))
@@ -226,6 +231,11 @@ class Router:
     def release(self, server: Upstream, key: dict) -> None:
         server.outstanding -= 1
         self._done(key["user"])
+        self._dispatch()
+
+    def up(self, server_id: int) -> None:
+        """A server marked down answers again (or is gone from the state): routed again, its slots to the waiters."""
+        self.down.discard(server_id)
         self._dispatch()
 
     def waiting(self) -> int:

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -24,13 +25,29 @@ from aiohttp import web
 
 from app.config import Config
 from app.core.keys import key_hash
+from app.core.text import inert
 from app.errors import BadInput, BoardError
+from app.gateway.connections import BACKLOG, Connections, connection_cap
 from app.gateway.routing import Refused, Router, Upstream
 
 FLUSH_S = 1.0
+RECHECK_S = 1.0  # a server that refused a connection: its /health is asked this often until it answers
 MAX_PENDING = 100_000  # accounting records kept while the service is away
 METER_LIMIT = 8 << 20  # a non-streamed answer is parsed for its usage up to this size
+LINE_LIMIT = 1 << 20  # a streamed answer's line (an SSE event) longer than this is cut: the Meter holds one line
 PASS_HEADERS = ("Content-Type", "Accept")
+# The routes relayed to llama-server: its OpenAI- and Anthropic-compatible inference routes (docs/gateway.md), by
+# their exact path. Not its own routes (/slots, /props, /metrics, /v1/chat/completions/control, /v1/stream, ...):
+# they show or change other members' requests. Audio transcriptions are multipart, with no JSON `model`: not here.
+RELAYED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
+           "/v1/rerank", "/v1/reranking", "/v1/chat/completions/input_tokens", "/v1/responses/input_tokens",
+           "/v1/messages/count_tokens")
+UNKEYED = ("/health", "/metrics")  # /metrics answers on loopback only; every other route asks for a key
+KEY = web.RequestKey("key", dict)  # the request's key, set by the door
+
+
+class Cut(Refused):
+    """Refused, and the connection closed once the answer is out: what is left of its body is not read."""
 
 
 def log(message: str) -> None:
@@ -53,6 +70,7 @@ class Meter:
     status: int | None = None
     ttft: float | None = None
     done: bool = False  # the whole answer was relayed: [DONE] streamed, or Content-Length bytes
+    overlong: bool = False  # a streamed line passed LINE_LIMIT: the relay cuts the stream
     expected: int | None = None
     size: int = 0
     _buffer: bytearray = field(default_factory=bytearray)
@@ -68,6 +86,9 @@ class Meter:
                 self.streamed = None  # too large to parse: counted as unknown
             return
         *lines, rest = self._buffer.split(b"\n")
+        if len(rest) > LINE_LIMIT:  # an endless line is not kept
+            self.overlong = True
+            rest = b""
         self._buffer = bytearray(rest)
         for line in lines:
             if line.rstrip() == b"data: [DONE]":
@@ -130,30 +151,38 @@ class Gateway:
         self.pending: list[dict] = []
         self.session: aiohttp.ClientSession | None = None
         self.stopping = threading.Event()
+        open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.max_connections = settings.max_connections if open_files == resource.RLIM_INFINITY else \
+            connection_cap(settings.max_connections, open_files)
+        self.connections = Connections(self.max_connections, settings.max_connections_per_address,
+                                       settings.head_timeout_s, settings.idle_timeout_s)
 
     # -- the application -------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=int(self.settings.max_body_mb * (1 << 20)))
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.prometheus)
-        app.router.add_get("/v1/models", self.list_models)
-        app.router.add_route("*", "/v1/{tail:.*}", self.relay)
+        app = web.Application(client_max_size=int(self.settings.max_body_mb * (1 << 20)), middlewares=[self._door])
+        app.router.add_get("/health", self.health, allow_head=False)
+        app.router.add_get("/metrics", self.prometheus, allow_head=False)
+        app.router.add_get("/v1/models", self.list_models, allow_head=False)
+        for path in RELAYED:
+            app.router.add_post(path, self.relay)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
 
     async def _start(self, app: web.Application) -> None:
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            connector=aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
         loop = asyncio.get_running_loop()
         threading.Thread(target=self._follow, args=(loop,), name="gateway-follow", daemon=True).start()
         self._flusher = asyncio.create_task(self._flush_loop())
+        self._rechecker = asyncio.create_task(self._recheck_loop())
 
     async def _stop(self, app: web.Application) -> None:
         self.stopping.set()
         self._flusher.cancel()
+        self._rechecker.cancel()
         await self._flush()
         self.client.close()
         await self.session.close()
@@ -185,6 +214,25 @@ class Gateway:
             await asyncio.sleep(FLUSH_S)
             await self._flush()
 
+    async def _recheck_loop(self) -> None:
+        """Servers marked down (a refused connection: their llama-server died, whatever the service has heard yet)
+        come back into the routing at their first /health 200; those the service no longer lists are forgotten."""
+        while True:
+            await asyncio.sleep(RECHECK_S)
+            for server_id in list(self.router.down):
+                server = self.router.servers.get(server_id)
+                if server is None or await self._healthy(server):
+                    self.router.up(server_id)
+                    if server is not None:
+                        log(f"server {server.id} ({server.alias}) answers again")
+
+    async def _healthy(self, server: Upstream) -> bool:
+        try:
+            async with self.session.get(server.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as answer:
+                return answer.status == 200
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            return False
+
     async def _flush(self) -> None:
         while self.pending:
             batch, self.pending = self.pending[:1000], self.pending[1000:]
@@ -195,6 +243,35 @@ class Gateway:
                 self.pending[:0] = batch[:MAX_PENDING - len(self.pending)]
                 log(f"accounting kept for later ({len(self.pending)} records): {error}")
                 return
+
+    # -- the door --------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _door(self, request: web.Request, handler) -> web.StreamResponse:
+        """Only the route table's paths, exactly as sent: a path that is not already normal (`..`, `.`, `//`, or
+        any of them percent-encoded) is 404 and goes nowhere, even where aiohttp would resolve it to a route. Then
+        the key, on every route but UNKEYED: a new route is keyed without asking."""
+        self.connections.busy(request.transport)  # its head is read: the head clock stops
+        try:
+            path = request.raw_path.partition("?")[0]
+            info = request.match_info
+            canonical = info.route.resource.canonical if info.route.resource is not None else None
+            if info.http_exception is not None or path != canonical:
+                if isinstance(info.http_exception, web.HTTPMethodNotAllowed) and path == request.path:
+                    return error_body(405, f"{path} takes {', '.join(sorted(info.http_exception.allowed_methods))},"
+                                           f" not {request.method[:10]}", "invalid_request_error", "method_not_allowed")
+                return error_body(404, f"no route {inert(path, 80)}: the gateway serves GET /v1/models and POST"
+                                       " /v1/chat/completions, /v1/completions, /v1/embeddings and the rest of"
+                                       " docs/gateway.md's list", "invalid_request_error", "not_found")
+            if canonical not in UNKEYED:
+                try:
+                    request[KEY] = self.router.authorise(self._hash(request), None)
+                except Refused as refused:
+                    self._account(request, None, None, None, refused.status, None, time.monotonic())
+                    return error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)
+            return await handler(request)
+        finally:
+            self.connections.done(request.transport)
 
     # -- endpoints -------------------------------------------------------------------------------
 
@@ -217,10 +294,7 @@ class Gateway:
         return key_hash(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
 
     async def list_models(self, request: web.Request) -> web.Response:
-        try:
-            key = self.router.authorise(self._hash(request), None)
-        except Refused as refused:
-            return error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)
+        key = request[KEY]
         data = []
         for alias, servers in sorted(self.router.models().items()):
             if key.get("models") is not None and alias not in key["models"]:
@@ -237,7 +311,7 @@ class Gateway:
         started = time.monotonic()
         key, model, server, status, meter = None, None, None, 500, None
         try:
-            key = self.router.authorise(self._hash(request), None)
+            key = request[KEY]
             body = await self._body(request)
             model = _model_of(body)
             if self.settings.log_bodies:
@@ -255,7 +329,13 @@ class Gateway:
                 self.router.release(server, key)
         except Refused as refused:
             status = refused.status
-            return error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)
+            response = error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)
+            if isinstance(refused, Cut):  # sent now, then closed: aiohttp would go on reading the body otherwise
+                response.force_close()
+                await response.prepare(request)
+                await response.write_eof()
+                request.protocol.force_close()
+            return response
         except asyncio.CancelledError:
             # The client left: its upstream request was closed with it, unless it had the whole answer already.
             if meter is not None and meter.done:
@@ -273,19 +353,30 @@ class Gateway:
             raise Refused(413, f"the request is over {self.settings.max_body_mb:g} MB ([gateway] max_body_mb)",
                           "invalid_request_error", "request_too_large")
         try:
-            return await request.read()
+            async with asyncio.timeout(self.settings.body_timeout_s):
+                return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise Refused(413, f"the request is over {self.settings.max_body_mb:g} MB ([gateway] max_body_mb)",
                           "invalid_request_error", "request_too_large") from None
+        except TimeoutError:
+            raise Cut(408, f"the request's body did not arrive within {self.settings.body_timeout_s:g} s"
+                               " ([gateway] body_timeout_s)", "invalid_request_error", "request_timeout") from None
+        except web.RequestPayloadError:
+            raise Cut(400, "the body could not be read as its Content-Encoding says (send it as it is, or"
+                               " compressed as the header says)", "invalid_request_error", "invalid_body") from None
 
     async def _forward(self, request: web.Request, server: Upstream, body: bytes, started: float, meter: Meter):
         headers = {name: request.headers[name] for name in PASS_HEADERS if name in request.headers}
         if server.api_key:
             headers["Authorization"] = f"Bearer {server.api_key}"
         try:
-            upstream = await self.session.request(request.method, server.url + request.rel_url.path_qs, data=body or None,
-                                                  headers=headers)
+            # The route's own path, never the client's: the door let through only exact route paths, and no query
+            upstream = await self.session.request(request.method, server.url + request.match_info.route.resource.canonical,
+                                                  data=body or None, headers=headers)
         except (aiohttp.ClientError, OSError) as error:
+            if isinstance(error, aiohttp.ClientConnectorError):  # nothing listens: out of the routing at once
+                self.router.down.add(server.id)
+                log(f"server {server.id} ({server.alias}) refused the connection: not routed until it answers")
             raise Refused(502, f"server {server.id} ({server.alias}) did not answer: {type(error).__name__}",
                           "server_error", "upstream_unavailable", retry_after=1) from None
         async with upstream:
@@ -305,6 +396,13 @@ class Gateway:
                     if meter.ttft is None:
                         meter.ttft = time.monotonic() - started
                     meter.feed(chunk)
+                    if meter.overlong:
+                        log(f"server {server.id} ({server.alias}) streamed a line over {LINE_LIMIT >> 20} MB: cut")
+                        await response.write(b"\n\ndata: " + json.dumps({"error": {
+                            "message": f"server {server.id} ({server.alias}) sent a line over {LINE_LIMIT >> 20} MB;"
+                                       " the gateway cut the stream", "type": "server_error",
+                            "code": "upstream_line_too_long"}}).encode() + b"\n\n")
+                        return response, 502
                     await response.write(chunk)
             except aiohttp.ClientError:
                 log(f"server {server.id} ({server.alias}) broke off its answer")
@@ -355,13 +453,40 @@ def _listen(text: str) -> tuple[str, int]:
     return host.removeprefix("[").removesuffix("]"), int(port)
 
 
-async def serve(gateway: Gateway, listen: str, ready: asyncio.Event | None = None) -> None:
-    runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+class WatchedSite(web.TCPSite):
+    """aiohttp's TCP site, each connection counted and timed (app.gateway.connections). asyncio's accept already
+    backs off (1 s) when it runs out of files (EMFILE) and then serves on; the caps keep it from getting there."""
+
+    def __init__(self, runner: web.AppRunner, connections: Connections, *args, **kwargs) -> None:
+        super().__init__(runner, *args, **kwargs)
+        self.connections = connections
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        self._server = await asyncio.get_running_loop().create_server(
+            self.connections.wrap(self._runner.server), self._host, self._port, backlog=self._backlog,
+            reuse_address=self._reuse_address)
+        self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+async def open_site(gateway: Gateway, listen: str) -> tuple[web.AppRunner, WatchedSite]:
+    """The gateway listening (port 0: any free one, site.port says which); runner.cleanup() closes it."""
+    runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None,
+                           keepalive_timeout=gateway.settings.idle_timeout_s)
     await runner.setup()
     host, port = _listen(listen)
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = WatchedSite(runner, gateway.connections, host, port, reuse_address=True, backlog=BACKLOG)
     await site.start()
-    log(f"listening on {listen}, for the service at {gateway.client.path}")
+    return runner, site
+
+
+async def serve(gateway: Gateway, listen: str, ready: asyncio.Event | None = None) -> None:
+    runner, _ = await open_site(gateway, listen)
+    log(f"listening on {listen}, for the service at {gateway.client.path}; at most {gateway.max_connections}"
+        f" connections, {gateway.settings.max_connections_per_address} per address")
+    if gateway.max_connections < gateway.settings.max_connections:
+        log(f"[gateway] max_connections is {gateway.settings.max_connections}, but the open-file limit holds"
+            f" {gateway.max_connections} beside their upstreams; raise LimitNOFILE= in the unit")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -374,6 +499,7 @@ async def serve(gateway: Gateway, listen: str, ready: asyncio.Event | None = Non
 def run_gateway(config: Config, listen: str | None = None) -> int:
     """`board gateway`: serve until SIGTERM. It needs the service's socket ([service] socket): it has no database."""
     from app.client.socket import SocketClient
+    from app.service.server import raise_file_limit
 
     if not config.service.socket:
         raise BadInput("[service] socket is not set: the gateway reaches the service only through its socket")
@@ -390,5 +516,6 @@ def run_gateway(config: Config, listen: str | None = None) -> int:
         log(f"[gateway] max_concurrent_per_key is now max_concurrent_per_user ({config.gateway.max_concurrent_per_user}),"
             " counted across all of a member's keys; rename it in the config")
     os.umask(0o077)
+    raise_file_limit()  # the caps are sized from it (Gateway.max_connections)
     asyncio.run(serve(Gateway(config, SocketClient(config.service.socket)), listen or config.gateway.listen))
     return 0

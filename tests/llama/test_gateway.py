@@ -498,3 +498,40 @@ def test_the_gateway_follows_the_service_across_a_kill_and_a_restart(bare):
     assert wait_for(lambda: http(models, key=after["key"])[0] == 200, timeout=5), bare.log.read_text()
     assert wait_for(lambda: [r for r in bare.usage_rows() if r[0] == before["id"]]), bare.log.read_text()
     assert bare.gateway.poll() is None
+
+
+TRAVERSALS = ["/v1/../slots", "/v1/../props", "/v1/%2e%2e/props", "/v1/..%2fprops", "/v1/./../props",
+              "/v1//../../slots"]
+
+
+def test_llama_servers_own_routes_are_out_of_reach_by_every_spelling_of_a_way_around(team):
+    """curl --path-as-is sends each path as written (no client-side normalising); the gateway answers 404 in OpenAI's
+    shape and relays none of them (its log names no server for any)."""
+    key = team.key("bob")["key"]
+    requests = [("GET", path) for path in TRAVERSALS] + [
+        ("POST", "/v1/../slots/0?action=erase"), ("POST", "/v1/%2e%2e/slots/0?action=erase"),
+        ("POST", "/v1/chat/completions/../../slots/0?action=erase")]
+    before = team.log.read_text().count("\n")
+    for method, path in requests:
+        out = subprocess.run(["curl", "-sS", "--path-as-is", "-X", method, "-o", "-", "-w", "\n%{http_code}",
+                              f"{team.url}{path}", "-H", f"Authorization: Bearer {key}", "-H",
+                              "Content-Type: application/json", "-d", json.dumps({"model": ALIAS})],
+                             capture_output=True, text=True, timeout=30)
+        body, _, code = out.stdout.rpartition("\n")
+        assert code == "404", (path, out.stdout, out.stderr)
+        assert json.loads(body)["error"]["code"] == "not_found", path
+    logged = team.log.read_text().splitlines()[before:]
+    assert not any("server=" in line and "server=-" not in line for line in logged), logged
+
+
+def test_a_server_whose_llama_server_died_leaves_the_routing_within_5_s(team):
+    server = team.serve("alice", 5, alias="dies-llm", parallel=1)
+    key = team.key("alice")["key"]
+    chat = {"model": "dies-llm", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert wait_for(lambda: http(f"{team.url}/v1/chat/completions", chat, key=key)[0] == 200, timeout=5)
+    os.kill(server["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    assert wait_for(lambda: "dies-llm" not in team.models()["models"], timeout=10), team.log.read_text()[-3000:]
+    assert time.monotonic() - killed <= 5
+    status, _, body = http(f"{team.url}/v1/chat/completions", chat, key=key)
+    assert status == 404 and body["error"]["code"] == "model_not_found", body

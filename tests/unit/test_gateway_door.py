@@ -1,0 +1,368 @@
+"""The gateway's door (issue 31, sections 3 and 4), in process but over real TCP as `board gateway` listens
+(app.gateway.server.open_site): requests go out on raw sockets, byte for byte as written (no client normalises a
+path here), to a gateway in front of an upstream that records every request it gets.
+
+- Only the route table reaches the upstream, by the route's own path: every traversal spelling is 404 in OpenAI's
+  shape and the upstream sees nothing.
+- Every route but /health and /metrics is keyed, a route added later too.
+- A body whose Content-Encoding lies is 400.
+- The connection limits: a head that never ends and an idle keep-alive are cut, a body that stalls is 408, the
+  caps per address and in all close the oldest idle connection first, and refuse (503) only when every one is busy.
+- A streamed line with no end is cut with an error in OpenAI's shape.
+The flood under a real open-file limit is tests/integration/test_gateway_flood.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from dataclasses import replace
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from app.config import Config, GatewaySettings
+from app.gateway.server import LINE_LIMIT, RELAYED, Gateway, open_site
+from tests.unit.test_gateway_relay import KEY, FixedState
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+class Upstream:
+    """llama-server's stand-in: records every request (method, raw path); /v1/chat/completions answers, held
+    while `hold` is clear; /v1/completions streams one line that never ends."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.streamed = 0
+
+    async def any(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append((request.method, request.raw_path))
+        await request.read()
+        if request.path == "/v1/completions":
+            return await self.endless(request)
+        await self.hold.wait()
+        return web.json_response({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    async def endless(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"text":"')
+        piece = b"x" * 65536
+        try:
+            for _ in range(32 * LINE_LIMIT // len(piece)):  # bounded: 32 times the limit, never a newline
+                await response.write(piece)
+                self.streamed += len(piece)
+        except ConnectionError:
+            pass
+        return response
+
+
+@pytest.fixture
+async def upstream():
+    fake = Upstream()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", fake.any)
+    server = TestServer(app)
+    await server.start_server()
+    fake.url = str(server.make_url("")).rstrip("/")
+    yield fake
+    fake.hold.set()
+    await server.close()
+
+
+async def start_gateway(upstream: Upstream, **settings):
+    made = Gateway(Config(gateway=replace(GatewaySettings(), **settings)), FixedState(upstream.url, parallel=64))
+    app_before = made.app
+
+    def app_with_extra():  # a route added after the door was written: keyed like the others
+        app = app_before()
+        async def extra(request):
+            return web.json_response({"extra": True})
+
+        app.router.add_get("/v1/extra", extra)
+        return app
+
+    made.app = app_with_extra
+    runner, site = await open_site(made, "127.0.0.1:0")
+    while not made.router.known:
+        await asyncio.sleep(0.01)
+    return made, runner, site.port
+
+
+@pytest.fixture
+async def gateway(upstream):
+    made, runner, port = await start_gateway(upstream)
+    yield made, port
+    await runner.cleanup()
+
+
+async def raw(port: int, head: bytes, body: bytes = b"", source: str = "127.0.0.1") -> tuple[int, bytes]:
+    """Send exactly these bytes (Connection: close) and read the whole answer: (status, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    writer.write(head + body)
+    answer = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+def request(method: str, path: str, body: bytes = BODY, key: str | None = KEY, extra: str = "") -> bytes:
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    return (f"{method} {path} HTTP/1.1\r\nHost: gw\r\n{auth}Content-Type: application/json\r\n{extra}"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+TRAVERSALS = [
+    ("GET", "/v1/../slots"), ("GET", "/v1/../props"), ("POST", "/v1/../slots/0?action=erase"),
+    ("GET", "/v1/%2e%2e/props"), ("GET", "/v1/%2E%2E/slots"), ("GET", "/v1/..%2fprops"), ("GET", "/v1/..%2Fslots"),
+    ("GET", "/v1/./../props"), ("GET", "/v1//../../slots"), ("POST", "/v1/chat/completions/../../slots/0?action=erase"),
+    ("POST", "/v1/chat/completions/%2e%2e/%2e%2e/slots/0?action=erase"), ("POST", "/v1/./chat/completions"),
+    ("POST", "//v1/chat/completions"), ("POST", "/v1/%63hat/completions"), ("POST", "/v1/chat/completions/"),
+    ("POST", "/v1/chat%2fcompletions"), ("GET", "/slots"), ("GET", "/props"), ("POST", "/slots/0?action=erase"),
+    ("POST", "/v1/chat/completions/control"), ("GET", "/v1/stream"), ("POST", "/v1/streams/lookup"),
+    ("GET", "/v1/health"), ("POST", "/completion"), ("POST", "/tokenize"), ("GET", "/v1/models/../../props"),
+]
+
+
+class TestOnlyTheRouteTable:
+    @pytest.mark.parametrize(("method", "path"), TRAVERSALS)
+    async def test_a_path_off_the_table_or_not_normal_is_404_and_reaches_nothing(self, gateway, upstream, method,
+                                                                                  path):
+        _, port = gateway
+        status, body = await raw(port, request(method, path))
+        assert status == 404, body
+        error = json.loads(body)["error"]
+        assert set(error) == {"message", "type", "code"} and error["code"] == "not_found"
+        assert upstream.seen == []
+
+    async def test_each_relayed_route_reaches_the_upstream_by_its_own_path_without_the_query(self, gateway, upstream):
+        _, port = gateway
+        for path in RELAYED:
+            if path == "/v1/completions":
+                continue  # the endless stream's route (TestEndlessLine)
+            status, body = await raw(port, request("POST", path + "?x=/../../slots"))
+            assert status == 200, (path, body)
+        assert upstream.seen == [("POST", path) for path in RELAYED if path != "/v1/completions"]
+
+    async def test_the_wrong_method_on_a_route_is_405_and_reaches_nothing(self, gateway, upstream):
+        _, port = gateway
+        status, body = await raw(port, request("GET", "/v1/chat/completions", b""))
+        assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed"
+        assert upstream.seen == []
+
+
+class TestKeyedByDefault:
+    async def test_every_route_but_health_and_metrics_asks_for_a_key_one_added_later_too(self, gateway, upstream):
+        made, port = gateway
+        routes = {(r.method, r.resource.canonical) for r in made.app().router.routes()}
+        routes.add(("GET", "/v1/extra"))
+        assert ("POST", "/v1/chat/completions") in routes and ("GET", "/v1/models") in routes
+        for method, path in sorted(routes):
+            status, body = await raw(port, request(method, path, key=None))
+            if path in ("/health", "/metrics"):
+                assert status == 200, path
+            else:
+                assert status == 401 and (method == "HEAD" or json.loads(body)["error"]["code"] == "invalid_api_key")
+            status, _ = await raw(port, request(method, path, key="bk-not-a-key"))
+            assert status == (200 if path in ("/health", "/metrics") else 401), path
+        assert upstream.seen == []
+        status, body = await raw(port, request("GET", "/v1/extra"))  # the key opens it
+        assert status == 200 and json.loads(body) == {"extra": True}
+
+
+class TestBody:
+    async def test_a_body_whose_content_encoding_lies_is_400(self, gateway, upstream):
+        _, port = gateway
+        status, body = await raw(port, request("POST", "/v1/chat/completions", BODY, extra="Content-Encoding: gzip\r\n"))
+        assert status == 400 and json.loads(body)["error"]["code"] == "invalid_body"
+        assert upstream.seen == []
+        status, body = await raw(port, request("POST", "/v1/chat/completions", gzip.compress(BODY),
+                                               extra="Content-Encoding: gzip\r\n"))
+        assert status == 200 and upstream.seen == [("POST", "/v1/chat/completions")]
+
+
+async def closed(reader: asyncio.StreamReader) -> bytes:
+    """What the gateway sent before it closed the connection (bounded: a gateway that never closes fails)."""
+    return await asyncio.wait_for(reader.read(), 30)
+
+
+class TestSlowAndIdle:
+    async def test_a_head_that_never_ends_is_cut_and_a_whole_one_is_answered(self, upstream):
+        made, runner, port = await start_gateway(upstream, head_timeout_s=0.3)
+        try:
+            silent = await asyncio.open_connection("127.0.0.1", port)
+            partial = await asyncio.open_connection("127.0.0.1", port)
+            partial[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n")
+            assert await closed(silent[0]) == b"" and await closed(partial[0]) == b""
+            assert made.connections.cut == 2
+            status, _ = await raw(port, request("POST", "/v1/chat/completions"))  # a whole head in time: answered
+            assert status == 200
+        finally:
+            await runner.cleanup()
+
+    async def test_an_idle_keep_alive_is_closed_after_idle_timeout_and_not_by_the_head_clock(self, upstream):
+        made, runner, port = await start_gateway(upstream, idle_timeout_s=0.3, head_timeout_s=30)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request("POST", "/v1/chat/completions").replace(b"Connection: close", b"Connection: keep-alive"))
+            answer = await closed(reader)  # answered, then closed for idling
+            assert answer.startswith(b"HTTP/1.1 200") and made.connections.cut == 1
+        finally:
+            await runner.cleanup()
+
+    async def test_a_keyed_body_that_stalls_is_408_and_closed(self, upstream):
+        made, runner, port = await start_gateway(upstream, body_timeout_s=0.3)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request("POST", "/v1/chat/completions", BODY)[:-len(BODY) + 1])  # one byte of the body
+            answer = await closed(reader)
+            assert b" 408 " in answer.split(b"\r\n")[0] and b"request_timeout" in answer
+            assert upstream.seen == []
+        finally:
+            await runner.cleanup()
+
+
+class TestCaps:
+    async def test_a_newcomer_over_the_address_cap_closes_that_addresss_oldest_idle_connection(self, upstream):
+        made, runner, port = await start_gateway(upstream, max_connections_per_address=3)
+        try:
+            idle = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(3)]
+            other = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
+            newcomer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            assert await closed(idle[0][0]) == b""  # the oldest of 127.0.0.2's, not 127.0.0.3's, not the newest
+            assert made.connections.by_address == {"127.0.0.2": 3, "127.0.0.3": 1}
+            for reader, writer in (newcomer, other):
+                writer.write(request("POST", "/v1/chat/completions"))
+                assert (await closed(reader)).startswith(b"HTTP/1.1 200")
+        finally:
+            await runner.cleanup()
+
+    async def test_busy_connections_are_never_closed_for_a_newcomer_who_gets_503(self, upstream):
+        made, runner, port = await start_gateway(upstream, max_connections=2)
+        try:
+            upstream.hold.clear()
+            busy = [await asyncio.open_connection("127.0.0.1", port, local_addr=(f"127.0.0.{i}", 0)) for i in (2, 3)]
+            for _, writer in busy:
+                writer.write(request("POST", "/v1/chat/completions"))
+            while len(upstream.seen) < 2:  # both requests are at the upstream: in progress
+                await asyncio.sleep(0.01)
+            status, body = await raw(port, request("POST", "/v1/chat/completions"), source="127.0.0.4")
+            assert status == 503 and json.loads(body)["error"]["code"] == "too_many_connections"
+            upstream.hold.set()
+            for reader, _ in busy:
+                assert (await closed(reader)).startswith(b"HTTP/1.1 200")
+            assert made.connections.refused == 1 and made.connections.cut == 0
+        finally:
+            await runner.cleanup()
+
+    async def test_the_cap_is_lowered_to_what_the_open_file_limit_holds(self):
+        from app.gateway.connections import BACKLOG, FD_RESERVE, connection_cap
+
+        assert connection_cap(4096, 1024) == (1024 - FD_RESERVE - 2 * BACKLOG) // 2 == 352
+        assert connection_cap(100, 65536) == 100
+        assert connection_cap(4096, 10) == 1
+
+
+class TestEndlessLine:
+    async def test_a_streamed_line_with_no_end_is_cut_with_an_error_in_openais_shape(self, gateway, upstream):
+        made, port = gateway
+        body = json.dumps({"model": "m", "prompt": "hi", "stream": True}).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request("POST", "/v1/completions", body))
+        answer = await closed(reader)
+        events = [line for line in answer.split(b"\n") if line.startswith(b"data: {\"error\"")]
+        [event] = events
+        error = json.loads(event[6:])["error"]
+        assert error["code"] == "upstream_line_too_long" and set(error) == {"message", "type", "code"}
+        assert len(answer) < LINE_LIMIT + 4096  # relayed up to the limit, then cut
+        assert upstream.streamed < 32 * LINE_LIMIT  # the upstream was stopped, not read to its end
+
+
+class TestDeadUpstream:
+    async def test_a_server_that_refuses_connections_leaves_the_routing_and_comes_back_when_it_answers(self, upstream):
+        """Two servers for `m`; server 7's llama-server is gone (nothing listens on its port). The first request
+        that meets it gets 502 and takes it out of the routing: the next ones go to server 8, not to 7 again (the
+        nearest wrong version: 7 kept, and every request sent to it first, as ties go to the lowest id). Once its
+        port answers /health again, it is routed again."""
+        import socket
+
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+        probe.close()  # nothing listens there now: connections are refused
+        made = Gateway(Config(gateway=GatewaySettings()), FixedState(f"http://127.0.0.1:{dead_port}", parallel=4))
+        second = dict(made.client.state["servers"][0], id=8, url=upstream.url)
+        made.client.state["servers"].append(second)
+        runner, site = await open_site(made, "127.0.0.1:0")
+        try:
+            while not made.router.known:
+                await asyncio.sleep(0.01)
+            statuses = [(await raw(site.port, request("POST", "/v1/chat/completions")))[0] for _ in range(4)]
+            assert statuses == [502, 200, 200, 200] and made.router.down == {7}
+            revived = web.Application()
+            async def ok(request):
+                return web.json_response({"status": "ok"})
+
+            revived.router.add_get("/health", ok)
+            back = web.AppRunner(revived)
+            await back.setup()
+            await web.TCPSite(back, "127.0.0.1", dead_port).start()
+            try:
+                for _ in range(200):  # bounded: the re-check runs each second
+                    if not made.router.down:
+                        break
+                    await asyncio.sleep(0.05)
+                assert made.router.down == set()
+            finally:
+                await back.cleanup()
+        finally:
+            await runner.cleanup()
+
+    async def test_a_model_whose_every_server_is_down_is_503_unavailable_not_draining(self, upstream):
+        made = Gateway(Config(gateway=GatewaySettings()), FixedState(upstream.url))
+        made.router.update(made.client.state)
+        made.router.down.add(7)
+        refusal = made.router._unserved("m")
+        assert (refusal.status, refusal.code) == (503, "model_unavailable")
+
+
+class TestSettings:
+    def test_the_doors_limits_are_read_from_gateway_and_a_bad_one_is_refused_naming_it(self, tmp_path):
+        from app.config import ConfigError, load_config
+
+        path = tmp_path / "board.toml"
+        path.write_text("[gateway]\nhead_timeout_s = 5\nbody_timeout_s = 20.5\nidle_timeout_s = 15\n"
+                        "max_connections = 1000\nmax_connections_per_address = 50\n")
+        settings = load_config(environ={"BOARD_CONFIG": str(path)}).gateway
+        assert (settings.head_timeout_s, settings.body_timeout_s, settings.idle_timeout_s, settings.max_connections,
+                settings.max_connections_per_address) == (5, 20.5, 15, 1000, 50)
+        defaults = GatewaySettings()
+        assert (defaults.head_timeout_s, defaults.body_timeout_s, defaults.idle_timeout_s, defaults.max_connections,
+                defaults.max_connections_per_address) == (10, 60, 30, 4096, 256)
+        for name, value in (("head_timeout_s", "0"), ("max_connections", "-1"), ("max_connections_per_address", "0"),
+                            ("idle_timeout_s", '"30"'), ("body_timeout_s", "true")):
+            path.write_text(f"[gateway]\n{name} = {value}\n")
+            with pytest.raises(ConfigError, match=f"\\[gateway\\] {name} must be a number more than 0"):
+                load_config(environ={"BOARD_CONFIG": str(path)})
+
+
+async def test_a_server_back_from_down_takes_a_waiting_request_at_once(upstream):
+    """Server 7 down, server 8's one slot taken: the next request waits; 7 answering again hands it 7 (not after
+    some other request ends, nor at the queue's timeout)."""
+    made = Gateway(Config(gateway=GatewaySettings()), FixedState(upstream.url, parallel=1))
+    made.client.state["servers"].append(dict(made.client.state["servers"][0], id=8))
+    made.router.update(made.client.state)
+    key = made.router.keys[next(iter(made.router.keys))]
+    made.router.down.add(7)
+    held = await made.router.admit("m", key)
+    assert held.id == 8
+    waiting = asyncio.create_task(made.router.admit("m", key))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    made.router.up(7)
+    assert (await asyncio.wait_for(waiting, 5)).id == 7
