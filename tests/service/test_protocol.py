@@ -428,7 +428,7 @@ def test_a_refusal_leaves_without_its_earliest_start_and_the_client_asks_for_it(
         with pytest.raises(BoardError) as refused:
             client.call("book", cards=[5], start=start + HOUR, end=start + 2 * HOUR)
         shown = str(refused.value)  # the client asks for the second half now
-        assert shown.startswith("card 5 is booked by root until ") and "; next free start for cards 5: " in shown
+        assert shown.startswith("card 5 is booked by root from ") and "; next free start for cards 5: " in shown
     finally:
         client.close()
     still_serves(raw)

@@ -104,8 +104,10 @@ def test_a_conflict_and_its_earliest_start_read_in_the_members_zone(zoned):
     assert rc == 3
     said = one_line_error(err)
     assert shown(start + 2 * HOUR).endswith("12:00")  # the helper is in Shanghai time: 04:00 in UTC
-    assert f"card 5 is booked by {ME} until {shown(start + 2 * HOUR)} (in " in said
-    assert f"(booking {held['id']}); next free start for cards 5: {shown(start + 2 * HOUR)} (in " in said
+    assert shown(start).endswith("10:00")
+    assert f"card 5 is booked by {ME} from {shown(start)} (in " in said
+    assert f" to {shown(start + 2 * HOUR)} (booking {held['id']}); next free start for cards 5:" \
+           f" {shown(start + 2 * HOUR)} (in " in said
     assert "<@" not in said and "04:00" not in said
 
 
@@ -130,7 +132,8 @@ def test_a_book_note_and_the_backfills_notices_read_in_the_members_zone(zoned):
     assert rc == 0, err
     notes = [line for line in err.splitlines() if line.startswith("board: note: ")]
     assert len(notes) == 1 and notes[0].startswith(
-        f"board: note: starts later than asked: card 6 is booked by {ME} until {shown(start + 2 * HOUR)} (in ")
+        f"board: note: starts later than asked: card 6 is booked by {ME} from {shown(start)} (in ")
+    assert f" to {shown(start + 2 * HOUR)} (booking {blocker['id']})" in notes[0]
     assert shown(start + 2 * HOUR).endswith("11:00")  # 03:00 in UTC
     queued = json.loads(out)
 
