@@ -3,19 +3,24 @@
     umask 077; setpriv --reuid board --regid board --init-groups --inh-caps +kill --ambient-caps +kill board agent
 
 in a session of its own (as under systemd: never the process group of the tests or of a job),
-with the config named by BOARD_CONFIG and the simulated fleet (BOARD_SIMULATE=1), and where a test
+with the config named by BOARD_CONFIG and the simulated fleet (the default fleet, its team's processes under the
+uids the real users have here: team_fleet), and where a test
 gives the unit's LimitNOFILE=, under `prlimit --nofile=SOFT:HARD`. Plain Python, no pytest: bench/
 uses it too.
 """
 
 from __future__ import annotations
 
+import json
+import pwd
 import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from app.gpu.simulated import DEFAULT_FLEET
 
 REPO = Path(__file__).resolve().parent.parent
 SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
@@ -27,15 +32,41 @@ ENVIRON = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC
            "PYTHONDONTWRITEBYTECODE": "1", "BOARD_SIMULATE": "1"}
 
 
+def team_fleet(path: Path) -> Path:
+    """Write the default simulated fleet as a scenario at `path`, each process under the uid its user has on this
+    machine (its user name alone where no such user exists): the demo team's made-up uids (1001, 1002) are
+    whatever useradd gave other users here, so alice's simulated training would not be alice's."""
+    fleet = DEFAULT_FLEET
+    assert not (fleet.lost or fleet.field_errors or fleet.xids or fleet.ooms or fleet.throttles), "only hot is written"
+    lines = ["[cards]", f"count = {len(fleet.cards)}", f"switches = {len({card.switch for card in fleet.cards})}", "",
+             "[faults]", f"hot = {sorted(fleet.hot)}", ""]
+    for index, process in fleet.processes:
+        lines += ["[[processes]]", f"card = {index}", f"pid = {process.pid}", f"command = {json.dumps(process.command)}"]
+        if process.used_mib is not None:
+            lines.append(f"used_mib = {process.used_mib}")
+        if process.user is not None:
+            lines.append(f"user = {json.dumps(process.user)}")
+            try:
+                lines.append(f"uid = {pwd.getpwnam(process.user).pw_uid}")
+            except KeyError:
+                pass
+        lines.append("")
+    path.write_text("\n".join(lines))
+    path.chmod(0o644)
+    return path
+
+
 def start(program: list[str], config: Path, log: Path, env: dict | None = None,
           nofile: str | None = None) -> subprocess.Popen:
     """Spawn the agent (`program` is how to run board: the installed entry point or `python -m app`); `nofile`
-    ("1024:1024") sets its open-file limits first, as systemd does for LimitNOFILE=."""
+    ("1024:1024") sets its open-file limits first, as systemd does for LimitNOFILE=. Its fleet is team_fleet's,
+    written beside the config, unless `env` names BOARD_SIMULATE."""
     limits = [PRLIMIT, f"--nofile={nofile}", "--"] if nofile else []
     command = ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", *limits, SETPRIV, *PRIVILEGES, "--", *program, "agent"]
+    fleet = {"BOARD_SIMULATE": str(team_fleet(config.with_name("simulated-fleet.toml")))}
     with open(log, "ab") as out:
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env={**ENVIRON, "BOARD_CONFIG": str(config), **(env or {})}, cwd=REPO,
+                                env={**ENVIRON, "BOARD_CONFIG": str(config), **fleet, **(env or {})}, cwd=REPO,
                                 start_new_session=True)
 
 
