@@ -459,7 +459,7 @@ def main() -> int:
     if reason := missing_reason():
         raise SystemExit(reason)
     args.users = list(USERS)[:args.users] + [f"member{n}" for n in range(len(USERS) + 1, args.users + 1)]
-    ensure_users(MEMBERS_GROUP, {name: 1000 + n for n, name in enumerate(args.users, 1)})
+    ensure_users(MEMBERS_GROUP, tuple(args.users))
     only = set(args.only.split(","))
     cluster = Cluster()
     scratch = scratch_dir("board-fleet-")

@@ -40,7 +40,7 @@ BIN = Path(sys.executable).parent
 BOARD = BIN / "board"  # the installed entry point, as a member runs it
 # install_shared.sh defaults the members' group to "board" (the service user's own group); the real-user tests use
 # "boardusers" with the user board in it, and these benchmarks do the same (--group changes it).
-MEMBERS = {"alice": 1001, "bob": 1002}
+MEMBERS = ("alice", "bob")  # under the uids useradd gives
 
 
 def require_root(what: str) -> None:
@@ -49,13 +49,13 @@ def require_root(what: str) -> None:
                          " (sudo .venv/bin/python ...)")
 
 
-def ensure_users(group: str = MEMBERS_GROUP, members: dict[str, int] = MEMBERS) -> None:
+def ensure_users(group: str = MEMBERS_GROUP, members: tuple[str, ...] = MEMBERS) -> None:
     """The system user board (in `group`, so it may give the socket to it), and the members in `group`."""
     if group != SERVICE_USER:
         ensure_group(group)
     ensure_service_user(group)
-    for name, uid in members.items():
-        ensure_user(name, uid)
+    for name in members:
+        ensure_user(name)
         add_to_group(name, group)
     open_checkout_for_others()
     for name in (SERVICE_USER, *members):

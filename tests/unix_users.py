@@ -26,12 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 MEMBERS_GROUP = "boardusers"
 ADMIN_GROUP = "boardadmins"
 SERVICE_USER = agent_process.SERVICE_USER  # the unit's User= and Group=
-# name -> supplementary groups. The UIDs of alice, bob and carol match the simulated demo team's when free.
+# name -> supplementary groups. Each uid is whatever useradd gives (the machine may hold others): a test takes it
+# from pwd, and the agent's simulated processes carry it (tests/agent_process.py: team_fleet).
 USERS = {
-    "alice": (1001, [MEMBERS_GROUP]),
-    "bob": (1002, [MEMBERS_GROUP]),
-    "carol": (1003, [MEMBERS_GROUP, ADMIN_GROUP]),
-    "mallory": (1066, []),
+    "alice": [MEMBERS_GROUP],
+    "bob": [MEMBERS_GROUP],
+    "carol": [MEMBERS_GROUP, ADMIN_GROUP],
+    "mallory": [],
 }
 
 # useradd, groupadd, usermod and gpasswd refuse (rather than wait) while another holds /etc/passwd's or /etc/group's
@@ -54,20 +55,12 @@ def ensure_group(name: str, system: bool = False) -> None:
             raise RuntimeError(f"groupadd {name}: {result.stderr.strip()}")
 
 
-def ensure_user(name: str, uid: int) -> None:
-    """The user, with a group of its own and no home; uid `uid` where it is free."""
+def ensure_user(name: str) -> None:
+    """The user, with a group of its own and no home, under the uid useradd chooses."""
     try:
         pwd.getpwnam(name)
     except KeyError:
-        taken = True
-        try:
-            pwd.getpwuid(uid)
-        except KeyError:
-            taken = False
-        cmd = ["useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group"]
-        if not taken:
-            cmd += ["--uid", str(uid)]
-        result = _sh(*cmd, name)
+        result = _sh("useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group", name)
         if result.returncode not in (0, 9):
             raise RuntimeError(f"useradd {name}: {result.stderr.strip()}")
 
@@ -131,8 +124,8 @@ def ensure_unix_users() -> dict[str, pwd.struct_passwd]:
     """The four users, two groups and the service user exist, and every one can run this checkout with this Python."""
     for group in (MEMBERS_GROUP, ADMIN_GROUP):
         ensure_group(group)
-    for name, (uid, groups) in USERS.items():
-        ensure_user(name, uid)
+    for name, groups in USERS.items():
+        ensure_user(name)
         _set_groups(name, groups)
     ensure_service_user()
     open_checkout_for_others()  # the interpreter may live under /root (pyenv)

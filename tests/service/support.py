@@ -50,7 +50,7 @@ def ensure_system_user() -> pwd.struct_passwd:
 
 def ensure_outsider(name: str = "mallory") -> pwd.struct_passwd:
     """A plain user in no board group at all (tests/users uses the same name for its outsider)."""
-    unix_users.ensure_user(name, unix_users.USERS[name][0])
+    unix_users.ensure_user(name)
     entry = pwd.getpwnam(name)
     board_gid = grp.getgrnam(SERVICE_USER).gr_gid
     if name in grp.getgrnam(SERVICE_USER).gr_mem or entry.pw_gid == board_gid:
