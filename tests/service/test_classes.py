@@ -9,16 +9,12 @@ and the refusal writes nothing but its audit event.
 
 from __future__ import annotations
 
-import os
-import shutil
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from app.errors import BadInput, NotPermitted
-from tests.service.support import needs_root
-from tests.service.test_service_permissions import HOUR, local_world, socket_world, tomorrow, uid
-from tests.shared_install import scratch_dir
+from tests.service.test_service_permissions import HOUR, opened_world, tomorrow, uid
 from tests.unix_users import ADMIN_GROUP
 from tests.users.conftest import unix_users  # noqa: F401 - the users, as tests/users has them
 
@@ -31,19 +27,9 @@ BOB_ONLINE = (f"bob may not use class online: it is for @{ADMIN_GROUP}, alice ([
 
 @pytest.fixture(scope="module", params=["local", "socket"])
 def world(request):
-    needs_root()
-    request.getfixturevalue("unix_users")
-    root = scratch_dir("board-classes-")
-    ports = 31000 + (os.getpid() % 300) * 20 + (20 * 300 if request.param == "socket" else 0)
-    made = (socket_world if request.param == "socket" else local_world)(root, ports, CLASSES)
-    made.root.call("key_list")  # the database is made (in process, on first use)
-    yield made
-    for caller in made.callers.values():
-        caller.close()
-    made.root.close()
-    if made.agent is not None:
-        assert made.agent.stop() == 0, made.agent.log_text()
-    shutil.rmtree(root, ignore_errors=True)
+    for made in opened_world(request, "board-classes-", 31000, CLASSES):
+        made.root.call("key_list")  # the database is made (in process, on first use)
+        yield made
 
 
 @pytest.fixture(autouse=True)

@@ -241,13 +241,13 @@ def socket_world(root: Path, ports: int, extra: str = "") -> World:
     return world
 
 
-@pytest.fixture(scope="module", params=["local", "socket"])
-def world(request):
+def opened_world(request, prefix: str, first_port: int, extra: str = ""):
+    """The module's world of the fixture's param ("local" or "socket"), closed after: a generator for a fixture."""
     needs_root()
     request.getfixturevalue("unix_users")
-    root = scratch_dir("board-permissions-")  # user board must reach it
-    ports = 37000 + (os.getpid() % 300) * 20 + (20 * 300 if request.param == "socket" else 0)
-    made = (socket_world if request.param == "socket" else local_world)(root, ports)
+    root = scratch_dir(prefix)  # user board must reach it
+    ports = first_port + (os.getpid() % 300) * 20 + (20 * 300 if request.param == "socket" else 0)
+    made = (socket_world if request.param == "socket" else local_world)(root, ports, extra)
     yield made
     for caller in made.callers.values():
         caller.close()
@@ -255,6 +255,11 @@ def world(request):
     if made.agent is not None:
         assert made.agent.stop() == 0, made.agent.log_text()
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=["local", "socket"])
+def world(request):
+    yield from opened_world(request, "board-permissions-", 37000)
 
 
 @pytest.fixture(autouse=True)
