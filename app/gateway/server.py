@@ -31,7 +31,7 @@ from app.gateway.connections import BACKLOG, Connections, connection_cap
 from app.gateway.routing import Refused, Router, Upstream
 
 FLUSH_S = 1.0
-RECHECK_S = 1.0  # a server that refused a connection: its /health is asked this often until it answers
+RECHECK_S = 1.0  # how often every routed server's /health is asked (a dead one leaves the routing)
 MAX_PENDING = 100_000  # accounting records kept while the service is away
 METER_LIMIT = 8 << 20  # a non-streamed answer is parsed for its usage up to this size
 LINE_LIMIT = 1 << 20  # a streamed answer's line (an SSE event) longer than this is cut: the Meter holds one line
@@ -215,23 +215,32 @@ class Gateway:
             await self._flush()
 
     async def _recheck_loop(self) -> None:
-        """Servers marked down (a refused connection: their llama-server died, whatever the service has heard yet)
-        come back into the routing at their first /health 200; those the service no longer lists are forgotten."""
+        """Each RECHECK_S every routed server's /health is asked: one that refuses the connection (its llama-server
+        died, whatever the service has heard yet) leaves the routing before a request meets it; one marked down
+        comes back at its first 200; those the service no longer lists are forgotten."""
         while True:
             await asyncio.sleep(RECHECK_S)
-            for server_id in list(self.router.down):
-                server = self.router.servers.get(server_id)
-                if server is None or await self._healthy(server):
-                    self.router.up(server_id)
-                    if server is not None:
-                        log(f"server {server.id} ({server.alias}) answers again")
+            servers = list(self.router.servers.values())
+            statuses = await asyncio.gather(*(self._health(server) for server in servers))
+            for server, status in zip(servers, statuses):
+                if server.id in self.router.down and status == 200:
+                    self.router.up(server.id)
+                    log(f"server {server.id} ({server.alias}) answers again")
+                elif server.id not in self.router.down and status is None:
+                    self.router.down.add(server.id)
+                    log(f"server {server.id} ({server.alias}) refuses connections: out of the routing until it answers")
+            self.router.down &= set(self.router.servers)
 
-    async def _healthy(self, server: Upstream) -> bool:
+    async def _health(self, server: Upstream) -> int | None:
+        """The status of the server's /health; None when nothing listens on its port, 0 for any other failure (a
+        busy or slow server is not taken out for it)."""
         try:
             async with self.session.get(server.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as answer:
-                return answer.status == 200
+                return answer.status
+        except aiohttp.ClientConnectorError:
+            return None
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            return False
+            return 0
 
     async def _flush(self) -> None:
         while self.pending:

@@ -283,37 +283,66 @@ class TestEndlessLine:
         assert upstream.streamed < 32 * LINE_LIMIT  # the upstream was stopped, not read to its end
 
 
-class TestDeadUpstream:
-    async def test_a_server_that_refuses_connections_leaves_the_routing_and_comes_back_when_it_answers(self, upstream):
-        """Two servers for `m`; server 7's llama-server is gone (nothing listens on its port). The first request
-        that meets it gets 502 and takes it out of the routing: the next ones go to server 8, not to 7 again (the
-        nearest wrong version: 7 kept, and every request sent to it first, as ties go to the lowest id). Once its
-        port answers /health again, it is routed again."""
-        import socket
+def dead_port() -> int:
+    """A loopback port nothing listens on now: connections to it are refused."""
+    import socket
 
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        dead_port = probe.getsockname()[1]
-        probe.close()  # nothing listens there now: connections are refused
-        made = Gateway(Config(gateway=GatewaySettings()), FixedState(f"http://127.0.0.1:{dead_port}", parallel=4))
-        second = dict(made.client.state["servers"][0], id=8, url=upstream.url)
-        made.client.state["servers"].append(second)
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    return port
+
+
+class TestDeadUpstream:
+    async def test_a_server_that_refuses_a_request_leaves_the_routing_at_once(self, upstream, monkeypatch):
+        """Two servers for `m`; server 7's llama-server is gone (nothing listens on its port), and the gateway's own
+        /health round has not come yet (held off here). The first request that meets it gets 502 and takes it out
+        of the routing: the next ones go to server 8, not to 7 again (the nearest wrong version: 7 kept, and every
+        request sent to it first, as ties go to the lowest id)."""
+        import app.gateway.server
+
+        monkeypatch.setattr(app.gateway.server, "RECHECK_S", 3600)
+        made = Gateway(Config(gateway=GatewaySettings()), FixedState(f"http://127.0.0.1:{dead_port()}", parallel=4))
+        made.client.state["servers"].append(dict(made.client.state["servers"][0], id=8, url=upstream.url))
         runner, site = await open_site(made, "127.0.0.1:0")
         try:
             while not made.router.known:
                 await asyncio.sleep(0.01)
             statuses = [(await raw(site.port, request("POST", "/v1/chat/completions")))[0] for _ in range(4)]
             assert statuses == [502, 200, 200, 200] and made.router.down == {7}
+        finally:
+            await runner.cleanup()
+
+    async def test_a_server_that_stopped_listening_leaves_the_routing_before_a_request_meets_it_and_comes_back(
+            self, upstream):
+        """Server 7's llama-server is gone while nobody asks for the model: the gateway's own /health round (each
+        RECHECK_S) takes it out (the nearest wrong version: only a request that meets it does, and that request gets
+        502), so the first request afterwards goes to server 8, which answers and stays routed. Once 7's port
+        answers /health again, the round routes to it again."""
+        port = dead_port()
+        made = Gateway(Config(gateway=GatewaySettings()), FixedState(f"http://127.0.0.1:{port}", parallel=4))
+        made.client.state["servers"].append(dict(made.client.state["servers"][0], id=8, url=upstream.url))
+        runner, site = await open_site(made, "127.0.0.1:0")
+        try:
+            for _ in range(200):  # bounded: the round runs each second
+                if made.router.down:
+                    break
+                await asyncio.sleep(0.05)
+            assert made.router.down == {7}
+            assert (await raw(site.port, request("POST", "/v1/chat/completions")))[0] == 200
+            assert made.router.down == {7} and 8 in made.router.servers
             revived = web.Application()
+
             async def ok(request):
                 return web.json_response({"status": "ok"})
 
             revived.router.add_get("/health", ok)
             back = web.AppRunner(revived)
             await back.setup()
-            await web.TCPSite(back, "127.0.0.1", dead_port).start()
+            await web.TCPSite(back, "127.0.0.1", port).start()
             try:
-                for _ in range(200):  # bounded: the re-check runs each second
+                for _ in range(200):
                     if not made.router.down:
                         break
                     await asyncio.sleep(0.05)
