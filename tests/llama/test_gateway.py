@@ -143,6 +143,24 @@ def team(llama_server, tiny_model):
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def free_cards(request):
+    """After each test on the module's team, its servers stop and its bookings end (the team's own server on card 2
+    stays): which cards are free must not depend on which tests ran before (the order is random)."""
+    yield
+    if "team" not in request.fixturenames:
+        return
+    team = request.getfixturevalue("team")
+    for server in team.board.json("carol", "serve", "list")["servers"]:
+        if server["id"] != team.server["id"]:
+            team.board.ok("carol", "serve", "stop", str(server["id"]))
+    for booking in team.board.json("carol", "list")["bookings"]:
+        if booking["id"] != team.server["booking_id"]:
+            ended = team.board.run("carol", "release", str(booking["id"]))
+            if ended.returncode != 0:  # not started yet
+                team.board.ok("carol", "cancel", str(booking["id"]))
+
+
 def test_the_gateway_runs_as_its_own_user_without_capabilities(team):
     status = Path(f"/proc/{team.gateway.pid}/status").read_text()
     uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
