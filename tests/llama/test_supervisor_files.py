@@ -5,6 +5,7 @@ reads them in tests/llama/test_servers.py and tests/llama/test_servers_service.p
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -67,11 +68,24 @@ def test_a_file_that_does_not_really_lie_under_model_dirs_is_refused(models, cas
         sibling.mkdir()
         path = sibling / "t.jinja"
         path.write_text("x")
-    before = set(os.listdir("/proc/self/fd"))
     with pytest.raises(supervisor._Refused) as refused:
         supervisor._hand_over([*BOARD_LINE, "--chat-template-file", str(path)], [str(models)])
     assert str(refused.value).startswith("extra argument --chat-template-file")
-    assert set(os.listdir("/proc/self/fd")) == before  # nothing left open
+    assert _open_under(models.parent) == []  # nothing it opened is left open
+
+
+def _open_under(root: Path) -> list[str]:
+    """What this process holds open under `root`. By what each descriptor names, not by counting them: in an xdist
+    worker, earlier tests' sockets may be closed (or others opened) by other threads and the collector meanwhile."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile, or the listing's own descriptor
+            continue
+        if target == str(root) or target.startswith(f"{root}/"):
+            found.append(target)
+    return found
 
 
 def test_model_dirs_are_resolved_too(tmp_path, models):
