@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import grp
 import os
 import pwd
@@ -30,6 +32,16 @@ def _in_group(group: str) -> bool:
     except KeyError:
         return False
     return gid == os.getgid() or gid in os.getgroups()
+
+
+def listed(names: Iterable[str], user: str) -> bool:
+    """Whether `user` is among `names` (a config's list of users and "@group"s): by name, or as a member of a group
+    there, their own or a supplementary one, as the system's group database says ([classes], team aliases)."""
+    names = set(names)
+    if user in names:
+        return True
+    groups = {name[1:] for name in names if name.startswith("@")}
+    return bool(groups & group_names(user)) if groups else False
 
 
 def group_names(user: str) -> frozenset[str]:

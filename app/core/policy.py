@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Sequence
 
 from app.config import CLASSES, Config, Pool
-from app.core.identity import group_names
+from app.core.identity import listed
 from app.core.text import zone_name
 from app.errors import NotPermitted
 
@@ -15,10 +15,7 @@ def may_use(config: Config, klass: str, user: str) -> bool:
     """Whether `user` may hold a `klass` booking or key: [classes] names them or one of their groups (@group), or does
     not name the class (everyone may)."""
     allowed = config.classes.get(klass)
-    if allowed is None or user in allowed:
-        return True
-    groups = {w[1:] for w in allowed if w.startswith("@")}
-    return bool(groups) and bool(groups & group_names(user))
+    return allowed is None or listed(allowed, user)
 
 
 def class_refusal(config: Config, klass: str, user: str) -> str | None:

@@ -19,7 +19,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from app.config import Config
-from app.core.aliases import listed
+from app.core.identity import listed
 from app.core.text import stamp_time
 from app.errors import Conflict, NotPermitted
 from app.llama import rows

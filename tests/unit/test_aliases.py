@@ -1,6 +1,6 @@
 """An alias belongs to its holder (issue 31, section 2): the rule `serve start`, the runner's start of a plan and
 `serve plan` apply (app.llama.aliases), on a real store; [gateway.team_aliases] as the config reads it, and who a
-team alias lists (app.core.aliases.listed).
+team alias lists (app.core.identity.listed).
 
 The gateway's own check is tests/unit/test_gateway_routing.py; the attack as the members make it, over the real
 socket, is tests/llama/test_gateway.py."""
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.config import Config, ConfigError, GatewaySettings, LlamaSettings, Policy, load_config
-from app.core.aliases import listed
+from app.core.identity import listed
 from app.core.identity import Identity
 from app.errors import Conflict, NotPermitted
 from app.llama import rows as server_rows

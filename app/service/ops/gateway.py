@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.config import CLASSES
-from app.core.aliases import listed
+from app.core.identity import listed
 from app.core.identity import Identity
 from app.core.keys import fingerprint, key_hash, new_key
 from app.core.policy import class_refusal, may_use
