@@ -91,16 +91,19 @@ class Meter:
             rest = b""
         self._buffer = bytearray(rest)
         for line in lines:
-            if line.rstrip() == b"data: [DONE]":
+            data = _data(line)
+            if data is None:
+                continue
+            if data.rstrip() == b"[DONE]":
                 self.done = True
-            elif line.startswith(b"data: {") and (b'"usage"' in line or b'"timings"' in line):
-                self._take(line[6:])
+            elif data.startswith(b"{") and (b'"usage"' in data or b'"timings"' in data):
+                self._take(data)
 
     def finish(self) -> None:
         if self.streamed is False and self._buffer:
             self._take(bytes(self._buffer))
-        elif self.streamed and self._buffer.startswith(b"data: {"):
-            self._take(bytes(self._buffer[6:]))
+        elif self.streamed and (data := _data(bytes(self._buffer))) is not None and data.startswith(b"{"):
+            self._take(data)
 
     def _take(self, text: bytes) -> None:
         try:
@@ -110,11 +113,23 @@ class Meter:
         if not isinstance(doc, dict):
             return
         usage, timings = doc.get("usage"), doc.get("timings")
+        inner = doc.get("message") or doc.get("response")
+        if usage is None and isinstance(inner, dict):  # Anthropic's message_start, the Responses API's response.completed
+            usage = inner.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             self.prompt, self.completion = int(usage.get("prompt_tokens") or 0), usage["completion_tokens"]
+        elif isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
+            # /v1/responses and /v1/messages. The Responses API's input_tokens counts the cached ones; Anthropic's does
+            # not (cache_read_input_tokens), and its message_delta says only the output so far.
+            if isinstance(usage.get("input_tokens"), int):
+                self.prompt = usage["input_tokens"] + int(usage.get("cache_read_input_tokens") or 0) \
+                    + int(usage.get("cache_creation_input_tokens") or 0)
+            self.completion = usage["output_tokens"]
         elif isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
             self.prompt = int(timings.get("prompt_n") or 0) + int(timings.get("cache_n") or 0)
             self.completion = timings["predicted_n"]
+        elif isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):  # /v1/embeddings: a prompt only
+            self.prompt, self.completion = usage["prompt_tokens"], 0
 
 
 class Metrics:
@@ -444,6 +459,14 @@ class Gateway:
         log(f"{request.method} {request.path} {status} model={known or '-'} user={user or '-'}"
             f" key={key['fingerprint'] if key else '-'} server={server.id if server else '-'}"
             f" tokens={prompt}+{completion} {duration * 1000:.0f}ms")
+
+
+def _data(line: bytes) -> bytes | None:
+    """An SSE line's data, or None for another field: "data:" and the one space after it that the format allows to
+    leave out (`data:{...}`)."""
+    if not line.startswith(b"data:"):
+        return None
+    return line[6:] if line.startswith(b"data: ") else line[5:]
 
 
 def _model_of(body: bytes) -> str | None:
