@@ -553,3 +553,54 @@ def test_a_server_whose_llama_server_died_leaves_the_routing_within_5_s(team):
     assert time.monotonic() - killed <= 5
     status, _, body = http(f"{team.url}/v1/chat/completions", chat, key=key)
     assert status == 404 and body["error"]["code"] == "model_not_found", body
+
+
+def sse_docs(url: str, body: dict, key: str) -> list[dict]:
+    """The JSON of each `data:` line of a streamed answer, read raw (what a client of the Anthropic or Responses API
+    sees), [DONE] left out."""
+    request = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert "event-stream" in response.headers["Content-Type"]
+        lines = response.read().decode().splitlines()
+    return [json.loads(line[5:]) for line in lines if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+
+
+def test_responses_and_messages_are_accounted_as_llama_server_reported_them(team):
+    """/v1/responses and /v1/messages, plain and streamed, through the gateway to the real llama-server: the
+    service's gateway_usage rows hold the tokens the server's answers said, cached prompt tokens included (each
+    prompt is asked twice, so the second answer reads most of it from the cache).
+    Nearest wrong versions:
+    - only `usage.prompt_tokens/completion_tokens` read: these answers accounted 0 + 0
+    - Anthropic's input_tokens alone: the cached prompt tokens (cache_read_input_tokens) left out
+    - message_delta's usage (output only) taken whole: the stream's prompt reset to 0"""
+    made = team.key("carol", "--name", "shapes")
+    reported = []
+    for _ in range(2):
+        status, _, answer = http(f"{team.url}/v1/responses", {"model": ALIAS, "input": "count",
+                                                                "max_output_tokens": 3}, made["key"])
+        assert status == 200, answer
+        reported.append((answer["usage"]["input_tokens"], answer["usage"]["output_tokens"]))
+    docs = sse_docs(f"{team.url}/v1/responses", {"model": ALIAS, "input": "count", "max_output_tokens": 2},
+                    made["key"])
+    [done] = [d["response"]["usage"] for d in docs if d.get("type") == "response.completed"]
+    reported.append((done["input_tokens"], done["output_tokens"]))
+    asked = {"model": ALIAS, "messages": [{"role": "user", "content": "more"}], "max_tokens": 3}
+    for _ in range(2):
+        status, _, answer = http(f"{team.url}/v1/messages", asked, made["key"])
+        assert status == 200, answer
+        usage = answer["usage"]
+        reported.append((usage["input_tokens"] + usage.get("cache_read_input_tokens", 0), usage["output_tokens"]))
+    docs = sse_docs(f"{team.url}/v1/messages", {**asked, "max_tokens": 2}, made["key"])
+    [start] = [d["message"]["usage"] for d in docs if d.get("type") == "message_start"]
+    [delta] = [d["usage"] for d in docs if d.get("type") == "message_delta"]
+    reported.append((start["input_tokens"] + start.get("cache_read_input_tokens", 0), delta["output_tokens"]))
+    assert all(p > 0 and c > 0 for p, c in reported), reported
+    assert start.get("cache_read_input_tokens", 0) > 0  # the stream's prompt was read from the cache, in part
+
+    def mine():
+        return [r for r in team.usage_rows() if r[0] == made["id"]]
+
+    assert wait_for(lambda: len(mine()) == 6), team.log.read_text()
+    assert [(r[3], r[4]) for r in mine()] == reported
+    assert {r[2] for r in mine()} == {200}
