@@ -21,8 +21,9 @@ CONTAINER = "3f4e8a9b2c1d" + "0" * 52
 
 
 def pci_tree(root: Path, chain: list[tuple[str, str]], *, slot: str | None = None, numa: int = 1,
-             max_width: int = 16, speed: str = "32.0 GT/s PCIe") -> None:
-    """A device at the end of `chain` (address, vendor of each bridge from the root port down, then the device)."""
+             max_width: int = 16, speed: str = "32.0 GT/s PCIe", current_width: int = 8) -> None:
+    """A device at the end of `chain` (address, vendor of each bridge from the root port down, then the device). Its
+    link now is an idle card's: Gen 1 (2.5 GT/s), and narrower than its maximum (a x8 slot)."""
     where = root / "devices" / "pci0000:00"
     for address, vendor in chain:
         where = where / address
@@ -31,6 +32,8 @@ def pci_tree(root: Path, chain: list[tuple[str, str]], *, slot: str | None = Non
     (where / "numa_node").write_text(f"{numa}\n")
     (where / "max_link_width").write_text(f"{max_width}\n")
     (where / "max_link_speed").write_text(speed + "\n")
+    (where / "current_link_width").write_text(f"{current_width}\n")
+    (where / "current_link_speed").write_text("2.5 GT/s PCIe\n")
     devices = root / "bus" / "pci" / "devices"
     devices.mkdir(parents=True, exist_ok=True)
     os.symlink(where, devices / chain[-1][0])
@@ -64,6 +67,19 @@ def test_behind_the_chipset_is_told_from_the_upstream_path(tmp_path, chain, expe
     device = tmp_path / "bus" / "pci" / "devices" / chain[-1][0]
     assert [b.name for b in upstream(device)] == [address for address, _ in chain[:-1]]
     assert behind_chipset(upstream(device)) is expected
+
+
+@pytest.mark.parametrize(("speed", "gen"), [("2.5 GT/s PCIe", 1), ("5.0 GT/s PCIe", 2), ("8.0 GT/s PCIe", 3),
+                                            ("16.0 GT/s PCIe", 4), ("32.0 GT/s PCIe", 5), ("64.0 GT/s PCIe", 6),
+                                            ("Unknown", None)])
+def test_the_maximum_generation_is_the_cards_link_capability_not_its_link_now(tmp_path, speed, gen):
+    """The card idles at 2.5 GT/s x8 now (pci_tree); its maxima are read from max_link_speed and max_link_width.
+    Nearest wrong versions:
+    - current_link_speed/current_link_width read (Gen 1 x8 for every idle card)
+    - a transfer rate mapped to the generation next to it"""
+    pci_tree(tmp_path, [("0000:00:01.1", "0x1022"), ("0000:01:00.0", "0x10de")], max_width=16, speed=speed)
+    where = placement("00000000:01:00.0", tmp_path)
+    assert (where.max_gen, where.max_width) == (gen, 16)
 
 
 def test_no_sysfs_entry_says_nothing(tmp_path):

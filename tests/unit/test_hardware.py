@@ -105,6 +105,21 @@ def test_a_narrow_link_a_slow_link_under_load_and_the_chipset_are_warnings():
     ]
 
 
+def test_a_slow_link_is_judged_against_the_cards_maximum_only_under_load():
+    """Idle, or its utilisation unknown: Gen 1 is power saving, no warning. At 1 % it is under load and Gen 4 of its
+    Gen 5 is a warning; a Gen 4 card at its own Gen 4 (another card's maximum is 5) is fine.
+    Nearest wrong versions:
+    - an unknown utilisation (None) taken as load: a warning for an idle card
+    - load only above some threshold (1 % idle), or the generation judged idle too
+    - one maximum for every card (the fleet's best): the Gen 4 card warned"""
+    checks = link_checks([card(0, pcie_gen=1, utilization_pct=None), card(1, pcie_gen=1, utilization_pct=0),
+                          card(2, pcie_gen=4, utilization_pct=1), card(3, pcie_gen=4, pcie_max_gen=4)])
+    assert checks == [(None, "card 2: PCIe Gen 4 of its Gen 5 under load: check the slot's and riser's generation"
+                             " (BIOS, the riser's rating)")]
+    assert link_checks([card(0, pcie_gen=1, utilization_pct=None), card(1, pcie_gen=4, pcie_max_gen=4)]) == [
+        (True, "PCIe links: every card at its full width, none behind the chipset (cards 0-1)")]
+
+
 def test_a_lost_card_is_skipped_not_the_end_of_the_list():
     assert link_checks([card(0, lost=True), card(1, behind_chipset=True)]) == [
         (None, "card 1: behind the chipset (PCH), sharing its one uplink to the CPU: move it to a slot wired to the CPU")]
