@@ -128,3 +128,28 @@ async def test_errors_are_in_openais_shape(gateway):
     assert answer.status == 404 and "served now: m" in body["error"]["message"]
     models = await (await client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})).json()
     assert [(m["id"], m["owned_by"], m["board"]["servers"]) for m in models["data"]] == [("m", "alice", [7])]
+
+
+@pytest.mark.parametrize("body", [b"", b'{"messages": []}', b'{"model": ""}', b'{"model": 5}', b'{"model": ["m"]}',
+                                  b'{"model": null}', b'[{"model": "m"}]', b'"m"'],
+                         ids=["empty", "none", "blank", "number", "list", "null", "array", "string"])
+async def test_a_request_that_names_no_model_is_400_and_goes_nowhere(gateway, upstream, body):
+    """Nearest wrong versions:
+    - a blank "model" taken as a name: 404 (no such model) instead of "say which model"
+    - a model that is not a string passed on: 500, or routed by its repr
+    - a JSON body that is not an object read with .get: 500"""
+    client, made, state = gateway
+    _, seen, _ = upstream
+    answer = await client.post("/v1/chat/completions", data=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert answer.status == 400 and (await answer.json())["error"]["code"] == "model_required"
+    assert seen == []
+
+
+async def test_json_nested_past_the_recursion_limit_is_400(gateway, upstream):
+    """Nearest wrong version: RecursionError not caught: 500 and a traceback."""
+    client, _, _ = gateway
+    _, seen, _ = upstream
+    answer = await client.post("/v1/chat/completions", data=b"[" * 100_000 + b"]" * 100_000,
+                               headers={"Authorization": f"Bearer {KEY}"})
+    assert answer.status == 400 and (await answer.json())["error"]["code"] == "invalid_json"
+    assert seen == []
