@@ -566,14 +566,16 @@ def sse_docs(url: str, body: dict, key: str) -> list[dict]:
     return [json.loads(line[5:]) for line in lines if line.startswith("data:") and line[5:].strip() != "[DONE]"]
 
 
-def test_responses_and_messages_are_accounted_as_llama_server_reported_them(team):
-    """/v1/responses and /v1/messages, plain and streamed, through the gateway to the real llama-server: the
+def test_responses_messages_and_a_timings_only_stream_are_accounted_as_llama_server_reported_them(team):
+    """/v1/responses and /v1/messages, plain and streamed, and a chat stream that says its tokens only in its
+    timings, through the gateway to the real llama-server: the
     service's gateway_usage rows hold the tokens the server's answers said, cached prompt tokens included (each
     prompt is asked twice, so the second answer reads most of it from the cache).
     Nearest wrong versions:
     - only `usage.prompt_tokens/completion_tokens` read: these answers accounted 0 + 0
     - Anthropic's input_tokens alone: the cached prompt tokens (cache_read_input_tokens) left out
-    - message_delta's usage (output only) taken whole: the stream's prompt reset to 0"""
+    - message_delta's usage (output only) taken whole: the stream's prompt reset to 0
+    - timings' prompt_n alone: the chat stream's cached prompt tokens (cache_n) left out"""
     made = team.key("carol", "--name", "shapes")
     reported = []
     for _ in range(2):
@@ -595,12 +597,17 @@ def test_responses_and_messages_are_accounted_as_llama_server_reported_them(team
     [start] = [d["message"]["usage"] for d in docs if d.get("type") == "message_start"]
     [delta] = [d["usage"] for d in docs if d.get("type") == "message_delta"]
     reported.append((start["input_tokens"] + start.get("cache_read_input_tokens", 0), delta["output_tokens"]))
+    # A chat stream without stream_options.include_usage: only the last chunk's timings say it (prompt_n: uncached).
+    docs = sse_docs(f"{team.url}/v1/chat/completions", {**asked, "max_tokens": 2}, made["key"])
+    [timings] = [d["timings"] for d in docs if "timings" in d]
+    assert not [d for d in docs if d.get("usage")]
+    reported.append((timings["prompt_n"] + timings["cache_n"], timings["predicted_n"]))
     assert all(p > 0 and c > 0 for p, c in reported), reported
-    assert start.get("cache_read_input_tokens", 0) > 0  # the stream's prompt was read from the cache, in part
+    assert start.get("cache_read_input_tokens", 0) > 0 and timings["cache_n"] > 0  # prompts read from the cache
 
     def mine():
         return [r for r in team.usage_rows() if r[0] == made["id"]]
 
-    assert wait_for(lambda: len(mine()) == 6), team.log.read_text()
+    assert wait_for(lambda: len(mine()) == 7), team.log.read_text()
     assert [(r[3], r[4]) for r in mine()] == reported
     assert {r[2] for r in mine()} == {200}
