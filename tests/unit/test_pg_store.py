@@ -672,3 +672,26 @@ def test_two_writers_naming_the_same_cards_in_opposite_orders_wait_in_one_order_
     assert watcher.execute("SELECT actor, ok FROM events ORDER BY id").fetchall() == [("alice", 1), ("bob", 1)]
     for conn in (blocker, watcher, *(rules.conn for rules, _ in writers)):
         conn.close()
+
+
+def test_a_writer_on_cards_waits_for_the_stores_lock_before_it_takes_any_cards_lock(pg, fleet):
+    """A write on no named cards (the store's lock, exclusive: a reassign) is open; Alice's booking of cards 5 and 2
+    waits for the store's lock first, holding none of its cards' locks meanwhile (a writer on those cards alone is
+    not held up behind her), then books once that write commits.
+
+    Wrong versions it fails on: the cards' locks taken before the store's; the store's lock not taken at all."""
+    admin, watcher = connect(pg), connect(pg)
+    rules = _rules(pg, fleet, "alice", 1001)
+    pid = rules.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    outcome: queue.Queue = queue.Queue()
+    with write(admin):
+        thread = threading.Thread(target=lambda: outcome.put(_book(rules, [5, 2])))
+        thread.start()
+        assert _waits_for_a_lock(watcher, thread), f"Alice's booking did not wait for the store's lock: {outcome.queue}"
+        waits = watcher.execute("SELECT l.objsubid FROM pg_locks AS l WHERE l.locktype = 'advisory' AND NOT l.granted"
+                                " AND l.pid = ?", (pid,)).fetchall()
+        assert (waits, _card_locks(watcher, pid)) == ([(1,)], set())  # one-key: the store's lock; no card's
+    thread.join(60)
+    assert outcome.get_nowait().cards == (2, 5)
+    for conn in (admin, watcher, rules.conn):
+        conn.close()
