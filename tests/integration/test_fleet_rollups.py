@@ -18,6 +18,7 @@ from app.client.local import LocalClient
 from app.config import Config, FleetSettings, HistorySettings, PostgresStore
 from app.core.identity import Identity
 from app.gpu import open_source
+from app.history.fleet import prune
 from app.history.sampler import Sampler, pusher_of
 from app.history.store import BUCKET_S, STATES, HistoryStore
 from app.service.hosts import beat
@@ -191,3 +192,27 @@ def test_another_hosts_multi_card_booking_gets_its_link_utilisation_from_the_sto
     assert here["link_util_pct"] > 0 and here["link_util_pct"] == pytest.approx(there["link_util_pct"], abs=0.5)
     assert (here["busy_h"], here["over"]) == (there["busy_h"], there["over"])
     assert f"#{booked['id']} {booked['user']} cards gpu2:0-1: " in report(env1)
+
+
+@postgresql_only
+def test_pruning_a_hosts_rollups_keeps_the_bucket_at_the_cut_and_every_other_hosts(store):
+    """prune(conn, host, before) deletes the host's buckets that start before `before`, rollups and squats alike, as
+    its history file prunes its own: the bucket that starts at the cut stays, and so does every other host's.
+
+    Wrong versions it fails on: `ts <= before` (the bucket at the cut goes); `ts < before` for the rollups but not the
+    squats; another host's rows deleted with this host's."""
+    conn = PgConnection(replace(store, host="gpu1"))
+    cut = 1_795_966_200 // BUCKET_S * BUCKET_S
+    buckets = (cut - BUCKET_S, cut, cut + BUCKET_S)
+    conn.execute("BEGIN")
+    for host in ("gpu1", "gpu2"):
+        conn.executemany("INSERT INTO rollups (host, card_uuid, ts, n, dt, state) VALUES (?, 'GPU-1', ?, 1, 1, 0)",
+                         [(host, ts) for ts in buckets])
+        conn.executemany("INSERT INTO rollup_squats (host, card_uuid, ts, \"user\", n) VALUES (?, 'GPU-1', ?, 'eve', 1)",
+                         [(host, ts) for ts in buckets])
+    conn.execute("COMMIT")
+    assert prune(conn, "gpu1", cut) == 1
+    for table in ("rollups", "rollup_squats"):
+        assert conn.execute(f"SELECT host, ts FROM {table} ORDER BY host, ts").fetchall() == [
+            ("gpu1", cut), ("gpu1", cut + BUCKET_S), *(("gpu2", ts) for ts in buckets)], table
+    conn.close()

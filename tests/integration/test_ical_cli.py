@@ -168,3 +168,20 @@ def test_bad_input_is_one_line_exit_2_and_no_calendar(seeded, args, message):
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and result.stderr.count("\n") == 1
     assert result.stdout == b""
+
+
+def test_a_window_keeps_what_began_before_it_and_leaves_what_touches_its_edges(seeded):
+    """--from 11:00 --to 19:00 on the day: my booking and bob's (10:00-12:00) began before it and run into it, carol's
+    first occurrence (09:00-19:00) runs through it. From 19:00 to 09:00 the next day touches carol's first occurrence
+    at its end and her second at its start: neither is in it (half-open); a minute wider on each side takes both.
+
+    Wrong versions it fails on: the listing's `starts_at >= from` (what began before is lost); `ends_at >= from` or
+    `starts_at <= to` (what touches an edge comes in)."""
+    board, ids = seeded
+    day, next_day = ids["day"], ids["day"] + timedelta(days=1)
+    _, found = export(board, "--from", f"{day:%Y-%m-%d}T11:00", "--to", f"{day:%Y-%m-%d}T19:00")
+    assert sorted(found) == sorted([ids["mine"], ids["bob"], ids["carol"][0]])
+    _, found = export(board, "--from", f"{day:%Y-%m-%d}T19:00", "--to", f"{next_day:%Y-%m-%d}T09:00")
+    assert list(found) == []
+    _, found = export(board, "--from", f"{day:%Y-%m-%d}T18:59", "--to", f"{next_day:%Y-%m-%d}T09:01")
+    assert sorted(found) == ids["carol"][:2]

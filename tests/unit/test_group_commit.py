@@ -106,3 +106,36 @@ def test_a_refusal_in_a_group_reads_again_only_what_its_own_savepoint_undid(tmp_
     assert all("WHERE b.id = " in s for s in reads), reads  # one booking at a time: the calendar is never read whole
     # Before the group, the calendar's copy of the booking made just before it; the group's last, after the group.
     assert len(reads) <= 2 * 12 + 1, reads
+
+
+def test_each_booking_of_a_group_is_answered_in_the_order_asked_once_the_group_is_committed(tmp_path):
+    """A group's answers go out in the order the bookings were asked, and only after its COMMIT: a member told
+    "booked" who looks at once (another connection to the file, as `board list` from another process) finds it there.
+
+    Wrong versions it fails on: each booking answered as soon as it ran, inside the open transaction; the answers
+    settled in another order than asked."""
+    service = open_service(Config(db_path=tmp_path / "board.db"), environ={"BOARD_SIMULATE": "1"})
+    database = DatabaseThread(service)
+    start = (int(time.time()) // H + 24) * H
+    gate = threading.Event()
+    database.submit(gate.wait)
+    reader = sqlite3.connect(tmp_path / "board.db", check_same_thread=False)
+    answered: list[tuple[int, object]] = []  # (which, what another connection saw of it then), as each is answered
+
+    def seen(which: int, future) -> None:
+        made = future.exception() or future.result()
+        row = (reader.execute("SELECT status FROM bookings WHERE id = ?", (made["id"],)).fetchone()
+               if isinstance(made, dict) else made)
+        answered.append((which, row if isinstance(row, tuple) or row is None else type(row).__name__))
+
+    asked = [(ALICE, [3]), (BOB, [3]), (BOB, [4]), (ALICE, [6])]  # Bob's first refused: card 3 was just taken
+    futures = [database.call(me, "book", {"cards": cards, "start": start, "end": start + H}) for me, cards in asked]
+    for which, future in enumerate(futures):
+        future.add_done_callback(lambda f, which=which: seen(which, f))
+    gate.set()
+    for future in futures:
+        future.exception()
+    database.shutdown()
+    service.close()
+    reader.close()
+    assert answered == [(0, ("booked",)), (1, "Conflict"), (2, ("booked",)), (3, ("booked",))]

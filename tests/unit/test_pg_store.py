@@ -3,10 +3,13 @@ show. Those that need a server take `pg_cluster` (the `postgresql` tier); the re
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
@@ -586,3 +589,109 @@ def test_the_heartbeat_reads_the_bookings_again_only_when_the_audit_chain_moved(
     third = service.known
     assert third.tail > second.tail and sorted(b.id for b in third.live) == [m["id"] for m in made]
     service.close()
+
+
+def test_a_writes_locks_come_in_one_order_whatever_the_order_named_and_the_process():
+    """Two hosts' services (two processes, each with its own salted hash()) booking the same cards named in any order
+    take their locks in one order: the keys sorted. Else each could hold one card and wait for the other's.
+
+    Wrong versions it fails on: the keys in the order the cards were named; the UUIDs deduplicated through a set (its
+    order differs from process to process); the cards sorted by UUID, or their keys as text, not by key."""
+    cards = [f"GPU-5090sim-0000-0000-0000-00000000000{n}" for n in range(8)]
+    expected = lock_keys(cards, "alice")
+    keys = [key for _, key in expected[:-1]]
+    assert len(keys) == 8 and keys == sorted(keys) and expected[-1][0] == pg_module.USER_LOCK
+    for named in (cards[::-1], cards[3:] + cards[:3], cards + cards[:2]):
+        assert lock_keys(named, "alice") == expected
+    script = ("import json, sys; from app.store.pg import lock_keys;"
+              " print(json.dumps(lock_keys(json.loads(sys.argv[1]), 'alice')))")
+    for seed in range(6):
+        said = subprocess.run([sys.executable, "-c", script, json.dumps(cards[::-1])], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}, check=True)
+        assert [tuple(lock) for lock in json.loads(said.stdout)] == expected, seed
+
+
+def _card_locks(watcher, pid: int) -> set[tuple[str, int]]:
+    """The cards' advisory locks of the session `pid`: ('holds' or 'waits', key)."""
+    rows = watcher.execute("SELECT l.objid::int8, l.granted FROM pg_locks AS l WHERE l.locktype = 'advisory'"
+                           " AND l.objsubid = 2 AND l.classid::int8 = ? AND l.pid = ?",
+                           (pg_module.CARD_LOCK, pid)).fetchall()
+    return {("holds" if granted else "waits", key - 2**32 if key >= 2**31 else key) for key, granted in rows}
+
+
+def _waiting(watcher, pid: int, thread: threading.Thread) -> set[tuple[str, int]]:
+    """The session's card locks once it waits for one (polled; at most 60 s, or until its thread ends)."""
+    deadline = time.monotonic() + 60
+    while thread.is_alive() and time.monotonic() < deadline:
+        locks = _card_locks(watcher, pid)
+        if any(state == "waits" for state, _ in locks):
+            return locks
+        time.sleep(0.01)
+    return _card_locks(watcher, pid)
+
+
+@pytest.mark.parametrize("pair", [(2, 7), (7, 2), (0, 5)], ids=["2 then 7", "7 then 2", "0 then 5"])
+def test_two_writers_naming_the_same_cards_in_opposite_orders_wait_in_one_order_and_both_book(pg, fleet, pair):
+    """Alice books two cards named one way, Bob the same two named the other way (at the next hour: both may book).
+    Another session holds the lock of the card that comes first in the lock order, so each writer stops at its
+    first card lock: there each must hold none of the other card's (pg_locks says), else the two would hold one card
+    each and wait for the other's. Let go, both book: no deadlock, no booking lost, one audit chain.
+
+    Wrong versions it fails on: the cards locked in the order named; in the reverse of the key order; the user's
+    lock before the cards'."""
+    uuids = {card.index: card.uuid for card in fleet.cards}
+    first, second = sorted(pair, key=lambda index: pg_module._key(uuids[index]))
+    first_key = pg_module._key(uuids[first])
+    blocker, watcher = connect(pg), connect(pg)
+    blocker.execute(f"SELECT pg_advisory_lock({pg_module.CARD_LOCK}, {first_key})")  # held by the session
+    outcomes: dict[str, queue.Queue] = {"alice": queue.Queue(), "bob": queue.Queue()}
+    writers = []
+    for name, uid, cards, hour in (("alice", 1001, list(pair), 1), ("bob", 1002, list(pair[::-1]), 2)):
+        rules = _rules(pg, fleet, name, uid)
+        pid = rules.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+        def run(rules=rules, cards=cards, hour=hour, name=name) -> None:
+            try:
+                outcomes[name].put(rules.create(cards=cards, start=FROZEN_NOW + hour * 3600,
+                                                end=FROZEN_NOW + (hour + 1) * 3600))
+            except Exception as error:  # noqa: BLE001 - the test looks at it
+                outcomes[name].put(error)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert _waiting(watcher, pid, thread) == {("waits", first_key)}, f"{name} named {cards}: {outcomes[name].queue}"
+        writers.append((rules, thread))
+    blocker.execute(f"SELECT pg_advisory_unlock({pg_module.CARD_LOCK}, {first_key})")
+    for _, thread in writers:
+        thread.join(60)
+    made = {name: outcome.get_nowait() for name, outcome in outcomes.items()}
+    assert {name: getattr(b, "cards", b) for name, b in made.items()} == {"alice": tuple(sorted(pair)),
+                                                                         "bob": tuple(sorted(pair))}
+    assert (made["alice"].start, made["bob"].start) == (FROZEN_NOW + 3600, FROZEN_NOW + 7200)
+    assert events.first_broken(watcher) is None
+    assert watcher.execute("SELECT actor, ok FROM events ORDER BY id").fetchall() == [("alice", 1), ("bob", 1)]
+    for conn in (blocker, watcher, *(rules.conn for rules, _ in writers)):
+        conn.close()
+
+
+def test_a_writer_on_cards_waits_for_the_stores_lock_before_it_takes_any_cards_lock(pg, fleet):
+    """A write on no named cards (the store's lock, exclusive: a reassign) is open; Alice's booking of cards 5 and 2
+    waits for the store's lock first, holding none of its cards' locks meanwhile (a writer on those cards alone is
+    not held up behind her), then books once that write commits.
+
+    Wrong versions it fails on: the cards' locks taken before the store's; the store's lock not taken at all."""
+    admin, watcher = connect(pg), connect(pg)
+    rules = _rules(pg, fleet, "alice", 1001)
+    pid = rules.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    outcome: queue.Queue = queue.Queue()
+    with write(admin):
+        thread = threading.Thread(target=lambda: outcome.put(_book(rules, [5, 2])))
+        thread.start()
+        assert _waits_for_a_lock(watcher, thread), f"Alice's booking did not wait for the store's lock: {outcome.queue}"
+        waits = watcher.execute("SELECT l.objsubid FROM pg_locks AS l WHERE l.locktype = 'advisory' AND NOT l.granted"
+                                " AND l.pid = ?", (pid,)).fetchall()
+        assert (waits, _card_locks(watcher, pid)) == ([(1,)], set())  # one-key: the store's lock; no card's
+    thread.join(60)
+    assert outcome.get_nowait().cards == (2, 5)
+    for conn in (admin, watcher, rules.conn):
+        conn.close()

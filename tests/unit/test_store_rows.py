@@ -7,7 +7,7 @@ import pytest
 
 from app.gpu.model import CardReading
 from app.store import bookings, events
-from app.store.db import connect, write
+from app.store.db import connect, is_postgres, write
 from tests.conftest import FROZEN_NOW, sqlite_only
 from tests.safety.test_malformed_rows import hand_edit
 
@@ -45,6 +45,26 @@ def test_a_booking_reads_back_as_written(cards):
     assert got.created_at == FROZEN_NOW - 60
     assert got.request == {"count": 2}
     assert (got.cards, got.card_uuids) == ((0, 1), ("GPU-aaaa", "GPU-bbbb"))
+
+
+def test_a_booking_on_cards_10_and_2_reads_back_in_card_order_from_sql_and_memory(conn, db_path):
+    """Card 10 sorts before card 2 as text: a booking on both names them 2 then 10, with their UUIDs in that order,
+    from SQL (both stores) and from the calendar in memory, whichever order they were booked in.
+
+    Wrong versions it fails on: the cards sorted by their index as text; by UUID; in the order written."""
+    with write(conn):
+        bookings.sync_cards(conn, [CardReading(index=10, uuid="GPU-aaaa"), CardReading(index=2, uuid="GPU-zzzz")],
+                            FROZEN_NOW)
+    made = book(conn, uuids=["GPU-aaaa", "GPU-zzzz"])
+    readers = [conn]
+    if not is_postgres(conn):
+        readers.append(connect(db_path))
+        bookings.keep_calendar(readers[-1], FROZEN_NOW - 86400)
+    for reader in readers:
+        for got in (bookings.get(reader, made), *bookings.live_between(reader, FROZEN_NOW, FROZEN_NOW + 3 * HOUR)):
+            assert (got.id, got.cards, got.card_uuids) == (made, (2, 10), ("GPU-zzzz", "GPU-aaaa"))
+    for reader in readers[1:]:
+        reader.close()
 
 
 def test_a_card_uuid_with_spaces_reads_back_exactly(conn):
