@@ -251,3 +251,29 @@ async def test_a_batch_the_service_refuses_is_not_kept_and_the_accounting_behind
     await asked(client, "x")
     await made._flush()
     assert state.calls == 2 and sent(state) == [("other", 404)]
+
+
+async def test_more_records_than_one_batch_go_in_batches_the_service_takes_none_lost_or_sent_twice(away):
+    """The service takes at most MAX_BATCH records a call (it refuses more as BadInput, which would now drop them): a
+    flush with one record more sends a full batch, then the one, each record once and in order.
+    Wrong versions: a batch one record too large (refused, so dropped); the slices overlapping or leaving a record
+    between them."""
+    from app.service.ops.gateway import MAX_BATCH
+
+    client, made, state = away
+    taken: list[int] = []
+
+    def usage(op, **args):
+        if op == "gateway_usage":
+            if len(args["records"]) > MAX_BATCH:
+                raise BadInput(f"gateway_usage: at most {MAX_BATCH} records at once")
+            taken.append(len(args["records"]))
+        return FixedState.call(state, op, **args)
+
+    state.call = usage
+    for n in range(MAX_BATCH + 1):
+        await asked(client, "m" if n % 3 else "x")
+    assert [r["status"] for r in made.pending] == [404 if n % 3 == 0 else 200 for n in range(MAX_BATCH + 1)]
+    expected = list(made.pending)
+    await made._flush()
+    assert taken == [MAX_BATCH, 1] and made.pending == [] and state.usage == expected
