@@ -277,3 +277,63 @@ async def test_more_records_than_one_batch_go_in_batches_the_service_takes_none_
     expected = list(made.pending)
     await made._flush()
     assert taken == [MAX_BATCH, 1] and made.pending == [] and state.usage == expected
+
+
+class FollowedState(FixedState):
+    """FixedState whose events the test sends (`send`), with gateway_state failing while `away` is set. `send` returns
+    once the gateway has taken the event in hand and asked for the next one."""
+
+    def __init__(self, upstream: str) -> None:
+        import queue
+
+        super().__init__(upstream)
+        self.away = False
+        self.events: queue.Queue = queue.Queue()
+        self.taken = threading.Semaphore(0)
+
+    def call(self, op, **args):
+        if op == "gateway_state" and self.away:
+            raise ServiceDown("the board service is not running (systemctl status board-agent)")
+        return super().call(op, **args)
+
+    def subscribe(self, kinds):
+        while (event := self.events.get()) is not None:
+            yield event
+            self.taken.release()
+
+    def close(self):
+        self.events.put(None)
+
+    async def send(self, event: dict) -> None:
+        self.events.put(event)
+        taken = await asyncio.get_running_loop().run_in_executor(None, self.taken.acquire, True, 10)
+        assert taken, f"the gateway stopped following the service at {event}"
+        await asyncio.sleep(0)  # the router's update, handed to the loop, runs
+
+
+async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again_when_it_is_back(upstream, capsys):
+    """The service goes away and a change comes in while its state cannot be read: the gateway routes on the last state
+    it read (bob's key still works) and goes on following; back (`reconnected`), its state is read again and the key
+    revoked meanwhile is refused.
+    Wrong versions: a failed read ends the following (or empties the routing); `reconnected` not read again (a key
+    revoked while the service restarted keeps working)."""
+    server, _, _ = upstream
+    state = FollowedState(str(server.make_url("")).rstrip("/"))
+    made = Gateway(Config(gateway=GatewaySettings()), state)
+    client = TestClient(TestServer(made.app()))
+    await client.start_server()
+    try:
+        while not made.router.known:
+            await asyncio.sleep(0.01)
+        assert await asked(client, "m") == 200
+        await state.send({"event": "down", "message": "the board service is not running"})
+        state.away = True
+        await state.send({"event": "gateway"})
+        assert await asked(client, "m") == 200
+        assert "cannot read the service's state: the board service is not running" in capsys.readouterr().err
+        state.state = {**state.state, "keys": []}  # bob's key revoked while the service was away
+        state.away = False
+        await state.send({"event": "reconnected"})
+        assert await asked(client, "m") == 401
+    finally:
+        await client.close()
