@@ -263,7 +263,9 @@ class Gateway:
             try:
                 await asyncio.get_running_loop().run_in_executor(
                     None, functools.partial(self.client.call, "gateway_usage", records=batch))
-            except BoardError as error:
+            except BadInput as error:  # refused as it is: sent again, it would be refused again, and block the rest
+                log(f"accounting refused by the service, {len(batch)} records dropped: {error}")
+            except BoardError as error:  # the service is away: the batch waits for it, ahead of the newer records
                 self.pending[:0] = batch[:MAX_PENDING - len(self.pending)]
                 log(f"accounting kept for later ({len(self.pending)} records): {error}")
                 return

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from app.config import Config, GatewaySettings
 from app.core.keys import key_hash
+from app.errors import BadInput, ServiceDown
 from app.gateway.server import Gateway
 
 KEY = "bk-client-key"
@@ -153,3 +154,211 @@ async def test_json_nested_past_the_recursion_limit_is_400(gateway, upstream):
                                headers={"Authorization": f"Bearer {KEY}"})
     assert answer.status == 400 and (await answer.json())["error"]["code"] == "invalid_json"
     assert seen == []
+
+
+class AwayState(FixedState):
+    """FixedState whose service is away for the next `away` gateway_usage calls (ServiceDown, as the socket client
+    says it), or refuses them (`refuse`: BadInput, as the service answers a batch it will not take). While `hold` is
+    set, a call waits for it to clear (`entered` says it is out), so the test can account a request meanwhile."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.away, self.refuse, self.calls = 0, 0, 0
+        self.entered, self.hold = threading.Event(), threading.Event()
+
+    def call(self, op, **args):
+        if op != "gateway_usage":
+            return super().call(op, **args)
+        self.calls += 1
+        self.entered.set()
+        while self.hold.is_set():
+            self.closed.wait(0.01)
+        if self.away:
+            self.away -= 1
+            raise ServiceDown("the board service is not running (systemctl status board-agent)")
+        if self.refuse:
+            self.refuse -= 1
+            raise BadInput("gateway_usage: prompt_tokens must be a whole number")
+        return super().call(op, **args)
+
+
+@pytest.fixture
+async def away(upstream):
+    """The gateway of `gateway`, on an AwayState, with its once-a-second flush stopped: the test flushes."""
+    server, _, _ = upstream
+    state = AwayState(str(server.make_url("")).rstrip("/"))
+    made = Gateway(Config(gateway=GatewaySettings()), state)
+    client = TestClient(TestServer(made.app()))
+    await client.start_server()
+    made._flusher.cancel()
+    while not made.router.known:
+        await asyncio.sleep(0.01)
+    yield client, made, state
+    state.away = state.refuse = 0
+    state.hold.clear()
+    await client.close()
+
+
+async def asked(client, model: str) -> int:
+    """One request as bob for `model`; its status (200 for m, 404 for any other: both accounted)."""
+    answer = await client.post("/v1/chat/completions", json={"model": model, "messages": []},
+                               headers={"Authorization": f"Bearer {KEY}"})
+    await answer.read()
+    return answer.status
+
+
+def sent(state) -> list[tuple[str, int]]:
+    return [(r["model"], r["status"]) for r in state.usage]
+
+
+async def test_accounting_while_the_service_is_away_is_kept_in_order_and_sent_once_when_it_is_back(away):
+    """The service away at a flush: its batch is kept ahead of what was accounted while it was out, nothing is sent
+    again at once (the next flush, a second later, tries again), and once the service is back each record arrives
+    once, in the order of the requests.
+    Wrong versions: the failed batch dropped; kept behind the records that came in meanwhile; tried again at once in
+    the same flush (a hot loop while the service is away)."""
+    client, made, state = away
+    assert [await asked(client, m) for m in ("m", "x", "m")] == [200, 404, 200]
+    state.away = 1
+    state.hold.set()
+    flush = asyncio.create_task(made._flush())
+    await asyncio.get_running_loop().run_in_executor(None, state.entered.wait, 10)
+    assert await asked(client, "y") == 404  # accounted while the batch is out
+    state.hold.clear()
+    await flush
+    assert state.calls == 1 and state.usage == []
+    assert [(r["model"], r["status"]) for r in made.pending] == [("m", 200), ("other", 404), ("m", 200), ("other", 404)]
+    await made._flush()  # the service is back
+    await made._flush()
+    assert state.calls == 2 and made.pending == []
+    assert sent(state) == [("m", 200), ("other", 404), ("m", 200), ("other", 404)]
+
+
+async def test_accounting_kept_while_the_service_is_away_stops_at_max_pending(away, monkeypatch):
+    """At most MAX_PENDING records are kept while the service is away, whether they come from requests or from a batch
+    that failed: the cap's last record is kept, the next is not, and a failed batch is put back only as far as the
+    records that came in meanwhile leave room.
+    Wrong versions: the cap moved by one (< against <=); a failed batch put back whole past the cap."""
+    import app.gateway.server as gateway_server
+
+    monkeypatch.setattr(gateway_server, "MAX_PENDING", 3)
+    client, made, state = away
+    state.away = 2
+    for model in ("m", "x", "m", "y"):
+        await asked(client, model)
+    assert [r["model"] for r in made.pending] == ["m", "other", "m"]  # the fourth over the cap: not kept
+    state.hold.set()
+    flush = asyncio.create_task(made._flush())
+    await asyncio.get_running_loop().run_in_executor(None, state.entered.wait, 10)
+    await asked(client, "z")  # the batch is out: room for it
+    state.hold.clear()
+    await flush
+    assert len(made.pending) == 3 and made.pending[-1]["status"] == 404
+    assert [r["status"] for r in made.pending] == [200, 404, 404]  # the batch's first two, then the newcomer
+    await made._flush()
+    assert len(made.pending) == 3 and state.usage == []
+    await made._flush()
+    assert made.pending == [] and [r["status"] for r in state.usage] == [200, 404, 404]
+
+
+async def test_a_batch_the_service_refuses_is_not_kept_and_the_accounting_behind_it_goes_on(away, upstream, capsys):
+    """A batch the service refuses (BadInput: a record it will not take, such as the negative token count an upstream
+    sent) would be refused again at every flush: it is dropped, said in the log, and the next records are sent. Only a
+    service that is away keeps its batch.
+    Wrong versions: a refused batch kept like one the service never got (every flush sends it again, refused again,
+    and the records behind it never arrive); dropped in silence."""
+    client, made, state = away
+    await asked(client, "m")
+    state.refuse = 1
+    await made._flush()
+    assert state.calls == 1 and made.pending == []
+    assert "accounting refused by the service, 1 records dropped: gateway_usage: prompt_tokens" in capsys.readouterr().err
+    await asked(client, "x")
+    await made._flush()
+    assert state.calls == 2 and sent(state) == [("other", 404)]
+
+
+async def test_more_records_than_one_batch_go_in_batches_the_service_takes_none_lost_or_sent_twice(away):
+    """The service takes at most MAX_BATCH records a call (it refuses more as BadInput, which would now drop them): a
+    flush with one record more sends a full batch, then the one, each record once and in order.
+    Wrong versions: a batch one record too large (refused, so dropped); the slices overlapping or leaving a record
+    between them."""
+    from app.service.ops.gateway import MAX_BATCH
+
+    client, made, state = away
+    taken: list[int] = []
+
+    def usage(op, **args):
+        if op == "gateway_usage":
+            if len(args["records"]) > MAX_BATCH:
+                raise BadInput(f"gateway_usage: at most {MAX_BATCH} records at once")
+            taken.append(len(args["records"]))
+        return FixedState.call(state, op, **args)
+
+    state.call = usage
+    for n in range(MAX_BATCH + 1):
+        await asked(client, "m" if n % 3 else "x")
+    assert [r["status"] for r in made.pending] == [404 if n % 3 == 0 else 200 for n in range(MAX_BATCH + 1)]
+    expected = list(made.pending)
+    await made._flush()
+    assert taken == [MAX_BATCH, 1] and made.pending == [] and state.usage == expected
+
+
+class FollowedState(FixedState):
+    """FixedState whose events the test sends (`send`), with gateway_state failing while `away` is set. `send` returns
+    once the gateway has taken the event in hand and asked for the next one."""
+
+    def __init__(self, upstream: str) -> None:
+        import queue
+
+        super().__init__(upstream)
+        self.away = False
+        self.events: queue.Queue = queue.Queue()
+        self.taken = threading.Semaphore(0)
+
+    def call(self, op, **args):
+        if op == "gateway_state" and self.away:
+            raise ServiceDown("the board service is not running (systemctl status board-agent)")
+        return super().call(op, **args)
+
+    def subscribe(self, kinds):
+        while (event := self.events.get()) is not None:
+            yield event
+            self.taken.release()
+
+    def close(self):
+        self.events.put(None)
+
+    async def send(self, event: dict) -> None:
+        self.events.put(event)
+        taken = await asyncio.get_running_loop().run_in_executor(None, self.taken.acquire, True, 10)
+        assert taken, f"the gateway stopped following the service at {event}"
+        await asyncio.sleep(0)  # the router's update, handed to the loop, runs
+
+
+async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again_when_it_is_back(upstream, capsys):
+    """The service goes away and a change comes in while its state cannot be read: the gateway routes on the last state
+    it read (bob's key still works) and goes on following; back (`reconnected`), its state is read again and the key
+    revoked meanwhile is refused.
+    Wrong versions: a failed read ends the following (or empties the routing); `reconnected` not read again (a key
+    revoked while the service restarted keeps working)."""
+    server, _, _ = upstream
+    state = FollowedState(str(server.make_url("")).rstrip("/"))
+    made = Gateway(Config(gateway=GatewaySettings()), state)
+    client = TestClient(TestServer(made.app()))
+    await client.start_server()
+    try:
+        while not made.router.known:
+            await asyncio.sleep(0.01)
+        assert await asked(client, "m") == 200
+        await state.send({"event": "down", "message": "the board service is not running"})
+        state.away = True
+        await state.send({"event": "gateway"})
+        assert await asked(client, "m") == 200
+        assert "cannot read the service's state: the board service is not running" in capsys.readouterr().err
+        state.state = {**state.state, "keys": []}  # bob's key revoked while the service was away
+        state.away = False
+        await state.send({"event": "reconnected"})
+        assert await asked(client, "m") == 401
+    finally:
+        await client.close()

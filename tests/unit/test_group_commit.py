@@ -139,3 +139,98 @@ def test_each_booking_of_a_group_is_answered_in_the_order_asked_once_the_group_i
     service.close()
     reader.close()
     assert answered == [(0, ("booked",)), (1, "Conflict"), (2, ("booked",)), (3, ("booked",))]
+
+
+def fail_once(service, statement: str, *, nth: int = 1, full: bool = False) -> list[str]:
+    """Run on the database thread: its connection fails the `nth` statement that starts with `statement`, once, as
+    SQLite fails it: an I/O error (the statement not run), or with `full` a full disk, after which SQLite has ended the
+    transaction by itself. The fake drives the failure; what runs is the real writer on the real file. Returns the
+    statements seen."""
+    conn, seen = service.conn, []
+    real = conn.execute
+
+    def execute(sql, *args):
+        seen.append(sql)
+        if sql.startswith(statement) and sum(s.startswith(statement) for s in seen) == nth:
+            if full:
+                real("ROLLBACK")
+                raise sqlite3.OperationalError("database or disk is full")
+            raise sqlite3.OperationalError("disk I/O error")
+        return real(sql, *args)
+
+    conn.execute = execute  # BoardConnection keeps a __dict__: this connection's execute only
+    return seen
+
+
+def live_and_audit(path) -> tuple[list[tuple], list[tuple]]:
+    conn = sqlite3.connect(path)
+    try:
+        live = conn.execute("SELECT b.id, b.user, count(c.card_uuid) FROM bookings AS b LEFT JOIN booking_cards AS c"
+                            " ON c.booking_id = b.id WHERE b.status = 'booked' GROUP BY b.id ORDER BY b.id").fetchall()
+        audit = conn.execute("SELECT actor, action, ok, booking_id FROM events ORDER BY id").fetchall()
+        assert events.first_broken(conn) is None
+        return live, audit
+    finally:
+        conn.close()
+
+
+def queued(service, asked: list[tuple[Identity, dict]], fault) -> tuple[DatabaseThread, list, list[str]]:
+    """`asked`'s bookings queued behind a held database thread, then let go together: one group; their outcomes, and
+    the statements the thread ran (`fault`, fail_once's arguments, set on its connection first)."""
+    database = DatabaseThread(service)
+    seen = database.submit(lambda: fail_once(service, *fault[:1], **fault[1])).result()
+    gate = threading.Event()
+    database.submit(gate.wait)
+    futures = [database.call(me, "book", args) for me, args in asked]
+    gate.set()
+    return database, [f.exception() or f.result() for f in futures], seen
+
+
+def test_a_group_whose_commit_fails_answers_each_booking_on_its_own_and_the_next_group_commits(tmp_path):
+    """The group's COMMIT fails (an I/O error): nothing of the group was saved, so each booking runs again on its own
+    and gets its own answer (made, or refused for its neighbour's card), with one audit row each and nothing twice;
+    the group after it commits as one again.
+    Wrong versions: every booking answered with the COMMIT's error; the answers of the failed transaction kept (they
+    name bookings that were never saved); the group's audit rows left beside the second run's."""
+    service = open_service(Config(db_path=tmp_path / "board.db"), environ={"BOARD_SIMULATE": "1"})
+    start = (int(time.time()) // H + 24) * H  # tomorrow, clear of the simulated fleet's squatters
+    database, outcomes, seen = queued(service, [
+        (ALICE, {"cards": [0], "start": start, "end": start + H}),
+        (BOB, {"cards": [0], "start": start, "end": start + H}),  # refused: alice's card 0
+        (BOB, {"cards": [1], "start": start, "end": start + H}),
+        (ALICE, {"cards": [2, 3], "start": start, "end": start + H}),
+    ], ("COMMIT", {}))
+    assert [isinstance(o, Conflict) for o in outcomes] == [False, True, False, False], outcomes
+    assert "card 0 is booked by alice" in outcomes[1].args[0]
+    made = [o for o in outcomes if isinstance(o, dict)]
+    # The group's one BEGIN and failed COMMIT, then a transaction each.
+    assert sum(s.startswith("BEGIN") for s in seen) == 5 and seen.count("COMMIT") == 5, seen
+    live, audit = live_and_audit(tmp_path / "board.db")
+    assert live == [(o["id"], o["user"], len(o["cards"])) for o in made] and len(live) == 3  # each once, whole
+    assert audit == [("alice", "create", 1, made[0]["id"]), ("bob", "create", 0, None),
+                     ("bob", "create", 1, made[1]["id"]), ("alice", "create", 1, made[2]["id"])]
+
+    seen.clear()
+    later = [database.call(BOB, "book", {"cards": [c], "start": start + H, "end": start + 2 * H}) for c in (0, 1)]
+    assert [f.result()["cards"] for f in later] == [[0], [1]]
+    database.shutdown()
+    service.close()
+    assert len(live_and_audit(tmp_path / "board.db")[0]) == 5
+
+
+def test_a_group_that_sqlite_ends_midway_runs_each_booking_again_on_its_own(tmp_path):
+    """The disk fills at the second booking's insert and SQLite ends the group's transaction by itself: the first
+    booking is gone with it, so the writer stops the group there and runs each booking again on its own, the third
+    too (which would otherwise begin and commit a transaction of its own inside the group's, and run twice).
+    Wrong versions: the check that the transaction still stands dropped (the third booking made twice, or refused
+    against itself); the first booking's answer from the lost transaction kept."""
+    service = open_service(Config(db_path=tmp_path / "board.db"), environ={"BOARD_SIMULATE": "1"})
+    start = (int(time.time()) // H + 24) * H
+    database, outcomes, _ = queued(service, [(ALICE, {"cards": [c], "start": start, "end": start + H})
+                                             for c in (4, 5, 6)], ("INSERT INTO bookings", {"nth": 2, "full": True}))
+    database.shutdown()
+    service.close()
+    assert [o["cards"] for o in outcomes] == [[4], [5], [6]], outcomes
+    live, audit = live_and_audit(tmp_path / "board.db")
+    assert live == [(o["id"], "alice", 1) for o in outcomes]
+    assert audit == [("alice", "create", 1, o["id"]) for o in outcomes]

@@ -4,6 +4,8 @@ The runner starting one for real, as board-llama, is tests/llama/test_servers_se
 
 from __future__ import annotations
 
+import json
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -197,3 +199,139 @@ def test_a_booking_given_to_another_holder_drops_its_old_holders_plans_only_when
 
 def booking_holder(conn, booking_id: int) -> str:
     return conn.execute('SELECT "user" FROM bookings WHERE id = ?', (booking_id,)).fetchone()[0]
+
+
+# -- a planned start that fails: in the service (start_due) or in the runner (app.cli.runner) -------------------
+
+
+class Pass:
+    """The service's side of planned starts, on the test's store: start_due's passes, at a clock the test moves, with a
+    real Runner whose connection is one end of a socketpair; `board runner`'s end is `self.runner_end`."""
+
+    def __init__(self, conn, tmp_path) -> None:
+        self.binary = tmp_path / "llama-server"
+        self.binary.write_text("#!/bin/sh\n")
+        self.binary.chmod(0o755)
+        config = Config(policy=Policy(timezone="UTC", max_ahead_days=60),
+                        llama=LlamaSettings(model_dirs=(MODELS,), server_bin=str(self.binary)))
+        service_end, self.runner_end = socket.socketpair()
+        for end in (service_end, self.runner_end):
+            end.settimeout(10)  # a line that never comes fails the test, not hangs it
+        self.from_service = self.runner_end.makefile("rb")
+        self.supervisors: dict[int, object] = {}
+        self.service = SimpleNamespace(conn=conn, config=config, now=FROZEN_NOW, fleet=None, host="",
+                                       runner=plans.Runner(service_end, 4242),
+                                       supervision=SimpleNamespace(get=self.supervisors.get, alive=lambda server: None,
+                                                                  lines=lambda server: []),
+                                       hub=SimpleNamespace(changed=lambda kind: None))
+        self.service.clock = lambda: self.service.now
+        self.logged: list[str] = []
+        self.server = SimpleNamespace(service=self.service, log=self.logged.append, database=SimpleNamespace(
+            submit=lambda fn: SimpleNamespace(result=fn)))  # the test's thread is the database thread
+
+    def at(self, now: int) -> list[int]:
+        self.service.now = now
+        return plans.start_due(self.server)
+
+    def told(self) -> dict:
+        """The next instruction the runner reads."""
+        return json.loads(self.from_service.readline())
+
+    def nothing_told(self) -> bool:
+        self.runner_end.setblocking(False)
+        try:
+            return self.runner_end.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return True
+        finally:
+            self.runner_end.settimeout(10)
+
+
+@pytest.fixture
+def passes(conn, tmp_path):
+    made = Pass(conn, tmp_path)
+    yield made
+    made.from_service.close()
+    made.runner_end.close()
+    made.service.runner.conn.close()
+
+
+def audit_rows(conn, *actions: str) -> list[tuple]:
+    return conn.execute(f"SELECT actor, action, ok, booking_id, details FROM events WHERE action IN"
+                        f" ({', '.join('?' * len(actions))}) ORDER BY id", actions).fetchall()
+
+
+def test_a_refused_planned_start_is_recorded_once_and_the_next_occurrence_starts(conn, weekdays, passes):
+    """Monday's start is refused (the service's llama-server binary is gone): the refusal is kept on Monday's run,
+    audited and logged once, shown as the plan's `refused`; the later passes of Monday try nothing again and tell the
+    runner nothing. Tuesday, the binary back, starts: a refusal is the occurrence's, not the plan's, and the plan
+    shows no refusal once its latest start gave a server.
+    Wrong versions: the refusal not recorded (tried, audited and logged again at every pass: a hot loop); recorded
+    without its reason; audited as a success; kept as the plan's (Tuesday never starts, or still shows Monday's)."""
+    monday, tuesday = weekdays[0], weekdays[1]
+    plan = plans.create(passes.service, ALICE, booking=None, series=monday.series_id,
+                        spec={"model": f"{MODELS}/qwen.gguf", "alias": "team"})["id"]
+    passes.binary.unlink()
+    assert passes.at(monday.start) == []
+    for later in (60, 120, 3600):
+        assert passes.at(monday.start + later) == []
+    assert passes.nothing_told()
+    run = conn.execute("SELECT booking_id, server_id, started_at, error FROM server_plan_runs").fetchall()
+    assert len(run) == 1 and run[0][:3] == (monday.id, None, monday.start)
+    assert run[0][3].startswith(f"config llama.server_bin names {passes.binary}, which is not an executable file")
+    [(actor, action, ok, booking, details)] = audit_rows(conn, "server-plan-start", "server-start")
+    assert (actor, action, ok, booking) == ("board-agent", "server-plan-start", 0, monday.id)
+    assert json.loads(details) == {"plan": plan, "refused": run[0][3]}
+    [logged] = passes.logged  # the whole reason in the service's log; the first 200 characters on the row
+    assert logged.startswith(f"planned server {plan} for booking {monday.id}: not started: {run[0][3]}")
+    shown = plans.plan_wire(passes.service, plan_rows.get(conn, plan))
+    assert shown["refused"] == {"booking": monday.id, "error": run[0][3]}
+
+    passes.binary.write_text("#!/bin/sh\n")
+    passes.binary.chmod(0o755)
+    [started] = passes.at(tuesday.start)
+    told = passes.told()
+    assert (told["event"], told["server"]["id"], told["server"]["booking_id"]) == ("start", started, tuesday.id)
+    assert server_rows.get(conn, started).state == "starting" and passes.nothing_told()
+    assert plans.plan_wire(passes.service, plan_rows.get(conn, plan))["refused"] is None
+    assert [a[:4] for a in audit_rows(conn, "server-plan-start")] == [("board-agent", "server-plan-start", 0, monday.id)]
+
+
+def test_a_start_the_runner_cannot_make_fails_its_server_once_and_is_not_sent_again(conn, weekdays, passes, tmp_path):
+    """The runner cannot start Monday's server (its state directory is a file: no log can be written): it says so on
+    its connection, and the service fails that server with the runner's reason, one `server-fail` row, and sends no
+    second start at the next passes. The same report again, or one for a server the runner was not given (alice's own
+    `serve start`, or a planned one whose supervisor has registered), changes nothing.
+    Wrong versions: the runner keeps its failure to itself (the row waits in `starting`); the service takes a failure
+    for any starting server (the runner could fail a member's own); or for one whose supervisor runs."""
+    from app.cli import runner
+    from app.llama.service import ServerService
+
+    monday = weekdays[0]
+    plans.create(passes.service, ALICE, booking=None, series=monday.series_id,
+                 spec={"model": f"{MODELS}/qwen.gguf", "alias": "team"})
+    [started] = passes.at(monday.start)
+    told = passes.from_service.readline()
+    (tmp_path / "state").write_text("a file where the runner's state directory should be")
+    runner._handle(told, "/run/board/agent.sock", {"XDG_STATE_HOME": str(tmp_path / "state")}, passes.runner_end)
+    said = passes.service.runner.conn.makefile("rb").readline()
+    assert json.loads(said) == {"event": "failed", "server": started, "reason": (
+        f"the runner: can't create the server log directory {tmp_path}/state/board/servers: Not a directory")}
+
+    # alice's own server, started by her (no plan), on the same booking; and a second planned one, for Tuesday below
+    own = ServerService(conn, ALICE, passes.service.config, clock=passes.service.clock).prepare(
+        monday.id, model=f"{MODELS}/mine.gguf", alias="mine")
+    for _ in range(2):  # the report arrives twice: the second finds the server failed already
+        plans._runner_said(passes.server, said)
+    plans._runner_said(passes.server, json.dumps({"event": "failed", "server": own.id, "reason": "forged"}).encode())
+    failed = server_rows.get(conn, started)
+    assert (failed.state, failed.reason) == ("failed", json.loads(said)["reason"])
+    assert server_rows.get(conn, own.id).state == "starting"
+    assert [a[:4] for a in audit_rows(conn, "server-fail")] == [("alice", "server-fail", 1, monday.id)]
+    assert passes.at(monday.start + 60) == [] and passes.nothing_told()
+
+    [tuesdays] = passes.at(weekdays[1].start)
+    passes.told()
+    passes.supervisors[tuesdays] = object()  # its supervisor registered: the runner did start it
+    plans._runner_said(passes.server, json.dumps({"event": "failed", "server": tuesdays, "reason": "late"}).encode())
+    assert server_rows.get(conn, tuesdays).state == "starting"

@@ -1,0 +1,84 @@
+"""`board runner`'s connection to the service (app.cli.runner.cmd_runner): while the service is away it tries again
+each RECONNECT_S and says so once, not each time; a lost service is registered with again; a refusal ends it with
+the service's reason and is never tried again. The service's side is a Unix socket the test answers on; the runner is
+the real loop. As board-llama against the real service: tests/llama/test_servers_service.py::TestPlannedServers."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from app.cli import runner
+from app.errors import NotPermitted
+
+
+class Service:
+    """The service's socket, there or not: `answer` listens at `path` and answers the next registration once, then
+    goes away (closes the line and the socket file), as a restart does."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.asked = path, []
+        self.listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listening.bind(path)
+        self.listening.listen(1)
+        self.thread: threading.Thread | None = None
+
+    def answer(self, reply: dict) -> None:
+        def serve() -> None:
+            conn, _ = self.listening.accept()
+            with conn, conn.makefile("rb") as reader:
+                self.asked.append(json.loads(reader.readline()))
+                conn.sendall(json.dumps({"v": 1, "id": 1, **reply}).encode() + b"\n")
+            self.listening.close()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+
+
+def test_the_runner_says_once_that_the_service_is_away_registers_again_and_stops_at_a_refusal(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """Away for three tries, then registered; lost (a restart), away for two tries, then refused: one 'can't reach'
+    line for each time away, one 'lost' line, and the refusal raised with the service's reason, never tried again.
+    Wrong versions: a refusal tried again like an absent service (a runner refused for good retries each second,
+    forever); 'can't reach' said at every try; not said again after the service came back and went away."""
+    path = str(tmp_path / "agent.sock")
+    tries: list[int] = []
+    services: list[Service] = []
+
+    def register(where):
+        tries.append(len(tries) + 1)
+        if len(tries) > 7:
+            raise AssertionError("the runner tried again after the service refused it")
+        if len(tries) in (4, 7):  # the service is there for the 4th try (accepts) and the 7th (refuses)
+            services.append(Service(path))
+            services[-1].answer({"ok": True, "result": {"runner": 1}} if len(tries) == 4 else
+                                {"ok": False, "error": {"code": 4, "message": "a runner is registered already"}})
+        try:
+            return real(where)
+        finally:
+            if services:
+                services[-1].thread.join(10)
+                if len(tries) == 4:
+                    (tmp_path / "agent.sock").unlink()
+
+    real = runner._register
+    monkeypatch.setattr(runner, "_register", register)
+    monkeypatch.setattr(runner, "RECONNECT_S", 0)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # cmd_runner's SIGTERM handler: not the test process's
+    ctx = SimpleNamespace(config=SimpleNamespace(service=SimpleNamespace(socket=path)),
+                          environ={"XDG_STATE_HOME": str(tmp_path / "state")})
+    with pytest.raises(NotPermitted) as refused:
+        runner.cmd_runner(ctx)
+    assert str(refused.value) == "the service refused the runner: a runner is registered already"
+    assert tries == [1, 2, 3, 4, 5, 6, 7]
+    assert [s.asked for s in services] == [[{"v": 1, "id": 1, "op": "register", "args": {"kind": "runner"}}]] * 2
+    said = [re.sub(r"^\S+ \S+ ", "", line) for line in capsys.readouterr().out.splitlines()]
+    away = f"board runner: can't reach the service at {path} (No such file or directory); trying again every second"
+    assert said[1:] == [away, "board runner: registered with the service",
+                        "board runner: lost the service; registering again (the servers keep running)", away]
