@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import os
 import resource
+import secrets
 import signal
 import sys
 import threading
@@ -164,6 +166,8 @@ class Gateway:
         self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_user, time.time)
         self.metrics = Metrics()
         self.pending: list[dict] = []
+        # Each record's id, unique across the gateway's restarts: the service records a batch sent twice once.
+        self._boot, self._requests = secrets.token_hex(8), itertools.count(1)
         self.session: aiohttp.ClientSession | None = None
         self.stopping = threading.Event()
         open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -457,7 +461,8 @@ class Gateway:
                     "ts": int(time.time()), "key_id": key["id"], "fingerprint": key["fingerprint"], "user": user,
                     "model": known, "server_id": server.id if server else None, "status": status,
                     "prompt_tokens": prompt, "completion_tokens": completion,
-                    "ttft_ms": round(ttft * 1000) if ttft is not None else None, "duration_ms": round(duration * 1000)})
+                    "ttft_ms": round(ttft * 1000) if ttft is not None else None, "duration_ms": round(duration * 1000),
+                    "request": f"{self._boot}-{next(self._requests)}"})
         log(f"{request.method} {request.path} {status} model={known or '-'} user={user or '-'}"
             f" key={key['fingerprint'] if key else '-'} server={server.id if server else '-'}"
             f" tokens={prompt}+{completion} {duration * 1000:.0f}ms")

@@ -71,13 +71,15 @@ def usual_class(conn: sqlite3.Connection, uid: int) -> str | None:
 
 
 USAGE_FIELDS = ("ts", "key_id", "fingerprint", "user", "model", "server_id", "status", "prompt_tokens",
-                "completion_tokens", "ttft_ms", "duration_ms")
+                "completion_tokens", "ttft_ms", "duration_ms", "request")
 
 
 def record_usage(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> None:
+    """The records, each once: one whose `request` (the gateway's id for it) is here already is skipped (a batch
+    sent again because its reply was lost)."""
     columns = ", ".join(f'"{f}"' for f in USAGE_FIELDS)  # quoted: "user" is a keyword in PostgreSQL
-    conn.executemany(f"INSERT INTO gateway_usage ({columns}) VALUES"
-                     f" ({', '.join('?' * len(USAGE_FIELDS))})", [tuple(r.get(f) for f in USAGE_FIELDS) for r in records])
+    conn.executemany(f"INSERT INTO gateway_usage ({columns}) VALUES ({', '.join('?' * len(USAGE_FIELDS))})"
+                     " ON CONFLICT DO NOTHING", [tuple(r.get(f) for f in USAGE_FIELDS) for r in records])
 
 
 _BY = {"user": '"user"', "key": "fingerprint", "model": "model"}

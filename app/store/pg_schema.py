@@ -489,5 +489,12 @@ END $$;
 CREATE TRIGGER {table}_{column}_by_database BEFORE INSERT OR UPDATE OF {column} ON {table}
     FOR EACH ROW EXECUTE FUNCTION board_own_ids('{column}');""" for table, column in DATABASE_IDS.items())
 
-PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS, _V_FLEET_ROW_SECURITY, _V_PINNED_SEARCH_PATH, _V_DATABASE_IDS]
+# app.store.schema's _V_USAGE_ONCE: an accounting record sent twice is recorded once.
+_V_USAGE_ONCE = """
+ALTER TABLE gateway_usage ADD COLUMN request TEXT;
+CREATE UNIQUE INDEX gateway_usage_once ON gateway_usage(request) WHERE request IS NOT NULL;
+"""
+
+PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS, _V_FLEET_ROW_SECURITY, _V_PINNED_SEARCH_PATH, _V_DATABASE_IDS,
+                            _V_USAGE_ONCE]
 PG_LATEST = len(PG_MIGRATIONS)

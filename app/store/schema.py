@@ -361,8 +361,15 @@ ALTER TABLE jobs ADD COLUMN host TEXT NOT NULL DEFAULT '';
 ALTER TABLE servers ADD COLUMN fleet_host TEXT NOT NULL DEFAULT '';
 """
 
+# Each accounting record carries the gateway's id for it: a batch sent again after its reply was lost (the service
+# committed, then went away) is recorded once (app.store.keys.record_usage skips an id it has).
+_V_USAGE_ONCE = """
+ALTER TABLE gateway_usage ADD COLUMN request TEXT;
+CREATE UNIQUE INDEX gateway_usage_once ON gateway_usage(request) WHERE request IS NOT NULL;
+"""
+
 MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SERVER_KEYS, _V_GATEWAY_KEYS, _V_FAULT_BUILD,
-                         _V_SERVER_PLANS, _V_FLEET_HOSTS, _V_FLEET_ROW_HOSTS]
+                         _V_SERVER_PLANS, _V_FLEET_HOSTS, _V_FLEET_ROW_HOSTS, _V_USAGE_ONCE]
 LATEST = len(MIGRATIONS)
 
 

@@ -335,3 +335,31 @@ def replace_gateway(service, **changes):
     from dataclasses import replace
 
     return replace(service.config.gateway, **changes)
+
+
+def test_a_record_sent_again_is_recorded_once_and_records_without_an_id_each(service):
+    """The gateway sends a batch again when its reply was lost after the service committed it: each record's
+    `request` id is recorded once. Records of a gateway that sends no id (before the ids) are each recorded.
+    Wrong versions: the id not kept unique (counted twice); the second batch refused whole for its repeat (the new
+    record in it lost); records without an id taken for one."""
+    record = {"ts": FROZEN_NOW, "status": 200, "prompt_tokens": 10, "completion_tokens": 5, "duration_ms": 30,
+              "user": "alice", "model": "m"}
+    first = [{**record, "request": "b00t-1"}, {**record, "request": "b00t-2"}]
+    service.call(GATEWAY, "gateway_usage", {"records": first})
+    service.call(GATEWAY, "gateway_usage", {"records": [*first, {**record, "request": "b00t-3"}, record, record]})
+    rows_now = service.conn.execute("SELECT request, prompt_tokens FROM gateway_usage ORDER BY id").fetchall()
+    assert [tuple(r) for r in rows_now] == [("b00t-1", 10), ("b00t-2", 10), ("b00t-3", 10), (None, 10), (None, 10)]
+    [total] = service.call(ALICE, "usage", {"since": 0, "by": "user"})["rows"]
+    assert (total["requests"], total["prompt_tokens"]) == (5, 50)
+
+
+@pytest.mark.parametrize("request_id", ["x" * 65, "", 7, "a\nb", "é"])
+def test_a_request_id_that_is_not_the_gateways_is_refused_and_nothing_is_written(service, request_id):
+    """Wrong versions: no check (a member's text, or any length, in the table); the 64-character boundary moved."""
+    record = {"ts": FROZEN_NOW, "status": 200, "prompt_tokens": 1, "completion_tokens": 1, "duration_ms": 1}
+    with pytest.raises(BadInput, match="request is the gateway's id"):
+        service.call(GATEWAY, "gateway_usage", {"records": [{**record, "request": "ok-1"},
+                                                            {**record, "request": request_id}]})
+    assert service.conn.execute("SELECT count(*) FROM gateway_usage").fetchone()[0] == 0
+    service.call(GATEWAY, "gateway_usage", {"records": [{**record, "request": "y" * 64}]})
+    assert service.conn.execute("SELECT request FROM gateway_usage").fetchone()[0] == "y" * 64

@@ -362,3 +362,45 @@ async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again
         assert await asked(client, "m") == 401
     finally:
         await client.close()
+
+
+async def test_a_batch_whose_reply_was_lost_after_the_commit_is_sent_again_and_recorded_once(away, tmp_path):
+    """The service committed a batch, then its reply was lost (it stopped, or answered after the client gave up): the
+    gateway keeps the batch as if the service had been away and sends it again; the real service records each request
+    once, by the id the gateway gave it, and the records that came in meanwhile once each too.
+    Wrong versions: records sent without an id (counted twice); one id for a whole gateway (every record after the
+    first skipped); ids that repeat within one gateway."""
+    from app.gpu import open_source
+    from app.gpu.fleet import Fleet
+    from app.service import Service
+    from tests.conftest import FROZEN_NOW
+    from tests.unit.test_gateway_keys import GATEWAY
+
+    client, made, state = away
+    service = Service(Config(db_path=tmp_path / "board.db"), Fleet(open_source(True, clock=lambda: FROZEN_NOW), 1.0),
+                      clock=lambda: FROZEN_NOW)
+    lose = [1]
+
+    def usage(op, **args):
+        if op != "gateway_usage":
+            return FixedState.call(state, op, **args)
+        answer = service.call(GATEWAY, op, args)
+        if lose[0]:
+            lose[0] -= 1
+            raise ServiceDown("the board service is not running (systemctl status board-agent)")
+        return answer
+
+    state.call = usage
+    try:
+        for model in ("m", "x", "m"):
+            await asked(client, model)
+        await made._flush()
+        assert len(made.pending) == 3  # kept: the gateway cannot tell a lost reply from a service away
+        await asked(client, "y")
+        await made._flush()
+        assert made.pending == []
+        recorded = service.conn.execute("SELECT request, model, status FROM gateway_usage ORDER BY id").fetchall()
+    finally:
+        service.close()
+    assert [(m, s) for _, m, s in recorded] == [("m", 200), ("other", 404), ("m", 200), ("other", 404)]
+    assert len({r for r, _, _ in recorded}) == 4 and all(r for r, _, _ in recorded)

@@ -179,6 +179,9 @@ def gateway_usage(service: Service, me: Identity, records: list) -> dict:
         for f in ("key_id", "server_id", "ttft_ms"):
             if not isinstance(row[f], int) or isinstance(row[f], bool):
                 row[f] = None
+        if row["request"] is not None and not (isinstance(row["request"], str) and 0 < len(row["request"]) <= 64
+                                               and row["request"].isascii() and row["request"].isprintable()):
+            raise BadInput("gateway_usage: request is the gateway's id for the record, at most 64 printable characters")
         clean.append(row)
     with write(service.conn):
         rows.record_usage(service.conn, clean)
