@@ -367,9 +367,8 @@ MESSAGES = [_started_booking_in_the_way, _no_card_free_for_a_count, _the_rules_a
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda case: case.__name__.strip("_"))
 def test_every_message_with_a_time_reads_in_the_members_zone(zoned, message):
-    """Wrong versions: a time worded by the service (in UTC, the agent's zone) or by the policy's zone; a stamp left
-    raw (a client whose fast path looks for one kind of stamp only); a 'when' worded as a bare time or the reverse; the
-    reader's now in place of the service's."""
+    """Wrong versions: a time worded by the service (in UTC, the agent's zone) or in the policy's zone; a stamp left
+    raw (a client whose fast path looks for one kind of stamp only); a 'when' worded as a bare time or the reverse."""
     client, cli = zoned
     said, pieces = message(client, cli)
     for piece in pieces:
