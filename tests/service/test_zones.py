@@ -40,6 +40,9 @@ finetune = { hours = "19:00-07:00", weekends = false }
 [[pools]]
 name = "lab"
 cards = [4, 5, 6, 7]
+
+[llama]
+server_bin = "/bin/true"
 """
 
 
@@ -359,10 +362,20 @@ def _an_admins_extension_noted_for_the_holder(client, cli):
     client.call("extend", id=booking["id"], end=start + 3 * HOUR)
     return client.call("get", id=booking["id"])["notice"], [f"extended to {shown(start + 3 * HOUR)} by admin {ME}"]
 
+
+def _a_server_on_a_booking_that_has_not_started(client, cli):
+    """`serve start` before the booking starts: the service says when it does (the config names an executable as
+    llama-server, so the refusal is the booking's)."""
+    start = shanghai(2, 9)
+    booking = client.call("book", cards=[5], start=start, end=start + HOUR)
+    said = _refused(cli, "serve", "start", str(booking["id"]), rc=4)
+    return said, [f"booking {booking['id']} is not active now (starts {shown(start)}, in "]
+
 MESSAGES = [_started_booking_in_the_way, _no_card_free_for_a_count, _the_rules_allow_too_few_cards,
             _a_start_in_the_past, _an_extension_that_ends_earlier, _a_series_the_policy_refuses,
             _a_series_the_policy_refuses_and_a_booking_is_in_the_way_of, _a_series_a_booking_is_in_the_way_of,
-            _waiting_for_a_booking_that_has_not_started, _an_admins_extension_noted_for_the_holder]
+            _waiting_for_a_booking_that_has_not_started, _an_admins_extension_noted_for_the_holder,
+            _a_server_on_a_booking_that_has_not_started]
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda case: case.__name__.strip("_"))
