@@ -389,6 +389,19 @@ def test_every_message_with_a_time_reads_in_the_members_zone(zoned, message):
     assert not UTC_MARKS.search(said), said
 
 
+
+def test_a_keys_expiry_reads_in_the_members_zone(zoned):
+    """`board key new --expires` and `board key list` say when the key stops working in the member's zone (+08:00),
+    from the epoch the service keeps. Wrong version: the expiry worded in UTC (+00:00) or by the service."""
+    client, cli = zoned
+    rc, out, err = cli("key", "new", "--expires", "2d")
+    assert rc == 0, err
+    (key,) = [k for k in client.call("key_list") if k["id"] == int(out.splitlines()[1].split()[1])]
+    expires = datetime.fromtimestamp(key["expires"], SHANGHAI).isoformat(timespec="seconds")
+    assert expires.endswith("+08:00") and f" expires: {expires}. " in out.splitlines()[1]
+    rc, out, err = cli("key", "list")
+    assert rc == 0 and expires in out and "+00:00" not in out, out + err
+
 _SILENT_HOST = """
 import sys
 from dataclasses import replace
