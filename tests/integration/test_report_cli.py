@@ -68,6 +68,22 @@ def test_the_cli_json_table_and_csv(files):
     assert [(r["key"], r["booked_h"], r["used_h"]) for r in found] == [("0", "4.0", "2.0"), ("total", "4.0", "2.0")]
 
 
+
+def test_without_since_the_report_covers_the_last_30_days_by_member(files, conn):
+    """bob's booking 20 days ago is in the default window, carol's 31 days ago is not. Wrong versions: a week's window
+    (bob left out); the whole history (carol counted); grouped by card."""
+    now = int(time.time()) // BUCKET_S * BUCKET_S
+    for user, uid, card, days in (("bob", 1002, 1, 20), ("carol", 1003, 2, 31)):
+        start = now - days * 86400
+        rows.insert(conn, user=user, uid=uid, uuids=[UUID(card)], start=start, end=start + 2 * H, klass="batch",
+                    note="", request=None, now=start - H, created_by=uid, requested_at=start - H)
+    conn.commit()
+    result = run_board("report", "--json", env=files)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["by"], doc["days"], doc["until"] - doc["since"]) == ("user", 30, 30 * 86400)
+    assert {r["key"]: r["booked_h"] for r in doc["rows"]} == {"alice": 4.0, "bob": 2.0}
+
 @pytest.mark.parametrize("args", [("--since", "forever"), ("--since", "0d"), ("--by", "team"), ("--json", "--csv")])
 def test_bad_input_is_one_line_and_exit_2(files, args):
     result = run_board("report", *args, env=files)

@@ -91,6 +91,20 @@ def test_a_conflict_is_refused_and_writes_only_its_audit_row(client):
     assert client.call("get", id=first["id"])["cards"] == [3]
 
 
+
+def test_of_two_bookings_in_the_way_the_refusal_names_the_one_that_ends_first(client):
+    """Card 4's booking was made first and starts first but ends last; card 5's starts an hour later and ends first:
+    the refusal names card 5's, and the next free start is after both. Wrong versions: the first to start, or the
+    first made (card 4's); the last to end."""
+    start = tomorrow()
+    first = client.call("book", cards=[4], start=start, end=start + 4 * HOUR)
+    ends_first = client.call("book", cards=[5], start=start + HOUR, end=start + 2 * HOUR)
+    with pytest.raises(Conflict) as refused:
+        client.call("book", cards=[4, 5], start=start, end=start + 5 * HOUR)
+    said = str(refused.value)
+    assert said.startswith(f"card 5 is booked by {ME} from "), said
+    assert f"(booking {ends_first['id']})" in said and f"(booking {first['id']})" not in said
+
 def test_book_by_count_on_a_full_fleet_starts_when_asked_or_not_at_all(client):
     start = tomorrow()
     whole = client.call("book", count=8, start=start, end=start + HOUR)

@@ -46,6 +46,15 @@ class TestOptions:
         found = rules(cards(count=2), name="bob", uid=1002).options(2, "experiment", NOW, 3 * H)
         assert [(p.cards, p.start, until) for p, until in found][0] == ((0, 1), NOW, NOW + 10 * H)
 
+    def test_free_until_is_the_earliest_of_the_next_bookings_on_its_cards(self, rules):
+        """Two cards, each booked later at a different time: the slot lasts until the first of them. Wrong versions:
+        the last of them (max for min); the first booked (card 0's, made first, starts later)."""
+        svc = rules(cards(count=2))
+        svc.book(cards=[0], start=NOW + 10 * H, end=NOW + 12 * H)
+        svc.book(cards=[1], start=NOW + 6 * H, end=NOW + 7 * H)
+        found = rules(cards(count=2), name="bob", uid=1002).options(2, "experiment", NOW, 3 * H)
+        assert [(p.cards, p.start, until) for p, until in found][0] == ((0, 1), NOW, NOW + 6 * H)
+
     def test_a_booking_more_than_a_day_past_the_slot_is_not_a_limit(self, rules):
         svc = rules(cards(count=1))
         svc.book(cards=[0], start=NOW + 3 * H + 86400 + 1, end=NOW + 3 * H + 86400 + 2 * H)

@@ -524,3 +524,23 @@ async def test_a_team_alias_routes_to_its_listed_holders_only():
     r.update({"servers": [held(2, "bob")], "keys": [], "planned": [], "team_aliases": {"m": {"owners": ["alice"],
                                                                                           "holders": []}}})
     assert "m" not in r.models() and r.owned_by("m") == "alice"
+
+
+async def test_fewest_requests_in_flight_wins_over_the_emptier_share_of_a_bigger_server():
+    """Least outstanding counts requests, and the share of slots only breaks its ties: a server of 8 slots with 2 in
+    flight (a quarter full) loses to one of 2 slots with 1 (half full). Wrong versions: the share compared first
+    (takes the 8-slot server); the most in flight first."""
+    r = router([server(1, parallel=8), server(2, parallel=2)])
+    k = key(1)
+    held = [await r.admit("m", k) for _ in range(3)]
+    assert [s.id for s in held] == [1, 2, 1]  # 0/0 tie to the older; then 1 vs 0; then 1 vs 1 to the emptier share
+    assert (r.servers[1].outstanding, r.servers[2].outstanding) == (2, 1)
+    assert (await r.admit("m", k)).id == 2  # 1 in flight of 2 beats 2 in flight of 8
+
+
+async def test_a_full_tie_goes_to_the_oldest_server_whatever_order_the_state_lists_them_in():
+    """Same slots, same load: the smallest id (the server started first), though the state lists 7 first. Wrong
+    version: the newest (largest id)."""
+    r = router([server(7, parallel=2), server(3, parallel=2), server(5, parallel=2)])
+    k = key(1)
+    assert [(await r.admit("m", k)).id for _ in range(6)] == [3, 5, 7, 3, 5, 7]

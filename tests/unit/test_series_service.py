@@ -131,6 +131,23 @@ def test_occurrences_past_max_ahead_are_refused_with_a_way_forward(series):
     assert "book up to --to 2026-12-13 now and add the rest later with 'board series extend'" in worded(refused.value)
 
 
+def test_the_way_forward_is_offered_only_when_every_refusal_comes_after_the_last_free_day(series):
+    """'book up to --to' the last free day, when the refusals all come after it (Monday refused, the weekend before
+    it free); none when a refusal comes before a free day (Friday too): booking up to Sunday would still be refused.
+    Wrong versions: the last refusal compared in place of the first (offers it for Friday-to-Monday); the first free
+    day named in place of the last."""
+    ask = dict(cards=[0], klass="finetune", every="day", start="10:00", until="12:00")  # weekdays outside the window
+    with pytest.raises(NotPermitted) as refused:
+        series().book(**ask, first="2026-12-05", last="2026-12-07")  # Sat, Sun free; Mon refused
+    assert worded(refused.value).endswith(
+        "(Mon 2026-12-07 10:00); book up to --to 2026-12-06 now and add the rest later with 'board series extend';"
+        " admins may pass --override-policy")
+    with pytest.raises(NotPermitted) as refused:
+        series().book(**ask, first="2026-12-04", last="2026-12-07")  # Fri and Mon refused, Sat and Sun free
+    assert worded(refused.value).endswith(
+        "(2 occurrences, Fri 2026-12-04 10:00 to Mon 2026-12-07 10:00); admins may pass --override-policy")
+
+
 def test_only_admins_override_the_policy_and_each_override_is_audited(series, conn):
     ask = dict(cards=[0], klass="finetune", every="day", start="10:00", until="12:00", first="2026-12-05",
                last="2026-12-07")  # Sat, Sun (weekends: allowed) and Mon (refused: the night window)
