@@ -292,7 +292,7 @@ def test_without_cap_sys_admin_nvml_says_no_and_the_step_names_the_capability(tm
 
 def test_cards_table_puts_each_cards_numa_node_slot_and_link_in_their_columns(board):
     """Card 5 of the sick box: CUDA 5, slot SLOT7, NUMA node 1, Gen 3 x4 of Gen 5 x16, behind the chipset.
-    Wrong versions: the NUMA column read from the CUDA number (or the slot); CHIPSET from another card's field."""
+    Wrong versions: the NUMA column read from the CUDA number (or the slot); BEHIND and no swapped."""
     result = board("cards", scenario=SICK)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
