@@ -169,6 +169,23 @@ def test_the_demos_doctor_does_not_hold_the_members_own_demo_database_to_the_sha
     assert real.returncode == 1 and f"FIX   {state}/board has mode 755, not 700" in real.stdout, real.stdout
 
 
+def test_a_warning_alone_does_not_fail_doctor_and_a_fix_does(tmp_path):
+    """The demo's doctor with no llama-server to be found: every check ok but one WARN (the build not checked), and
+    doctor exits 0; a CPU-only llama-server is a FIX, and doctor exits 1.
+    Wrong versions: a WARN counted as a problem (exit 1); the FIX not counted (exit 0)."""
+    state = tmp_path / "state"
+    (tmp_path / "board.toml").write_text("")
+    env = {"HOME": str(tmp_path), "XDG_STATE_HOME": str(state), "TZ": "UTC", "PATH": "/usr/bin:/bin",
+           "BOARD_CONFIG": str(tmp_path / "board.toml")}
+    warned = run_board("--demo", "doctor", env=env)
+    marks = [line[:6].strip() for line in warned.stdout.splitlines()]
+    assert sorted(set(marks)) == ["WARN", "ok"] and marks.count("WARN") == 1, warned.stdout
+    assert "WARN  llama-server's build not checked: llama-server not found" in warned.stdout
+    assert warned.returncode == 0, warned
+    cpu_only = run_board("--demo", "doctor", env={**env, "BOARD_LLAMA_SERVER": fake_server(tmp_path)})
+    assert "FIX   llama-server" in cpu_only.stdout and cpu_only.returncode == 1, cpu_only
+
+
 def test_doctor_on_a_healthy_box_passes_its_hardware_checks(board, tmp_path):
     result = board("doctor", extra_env={"BOARD_LLAMA_SERVER": fake_server(tmp_path, 89, 120)})
     hardware = [line for line in result.stdout.splitlines() if "CUDA" in line or "PCIe" in line or "llama" in line]
