@@ -169,6 +169,23 @@ def test_the_demos_doctor_does_not_hold_the_members_own_demo_database_to_the_sha
     assert real.returncode == 1 and f"FIX   {state}/board has mode 755, not 700" in real.stdout, real.stdout
 
 
+def test_a_warning_alone_does_not_fail_doctor_and_a_fix_does(tmp_path):
+    """The demo's doctor with no llama-server to be found: every check ok but one WARN (the build not checked), and
+    doctor exits 0; a CPU-only llama-server is a FIX, and doctor exits 1.
+    Wrong versions: a WARN counted as a problem (exit 1); the FIX not counted (exit 0)."""
+    state = tmp_path / "state"
+    (tmp_path / "board.toml").write_text("")
+    env = {"HOME": str(tmp_path), "XDG_STATE_HOME": str(state), "TZ": "UTC", "PATH": "/usr/bin:/bin",
+           "BOARD_CONFIG": str(tmp_path / "board.toml")}
+    warned = run_board("--demo", "doctor", env=env)
+    marks = [line[:6].strip() for line in warned.stdout.splitlines()]
+    assert sorted(set(marks)) == ["WARN", "ok"] and marks.count("WARN") == 1, warned.stdout
+    assert "WARN  llama-server's build not checked: llama-server not found" in warned.stdout
+    assert warned.returncode == 0, warned
+    cpu_only = run_board("--demo", "doctor", env={**env, "BOARD_LLAMA_SERVER": fake_server(tmp_path)})
+    assert "FIX   llama-server" in cpu_only.stdout and cpu_only.returncode == 1, cpu_only
+
+
 def test_doctor_on_a_healthy_box_passes_its_hardware_checks(board, tmp_path):
     result = board("doctor", extra_env={"BOARD_LLAMA_SERVER": fake_server(tmp_path, 89, 120)})
     hardware = [line for line in result.stdout.splitlines() if "CUDA" in line or "PCIe" in line or "llama" in line]
@@ -288,3 +305,79 @@ def test_without_cap_sys_admin_nvml_says_no_and_the_step_names_the_capability(tm
     with pytest.raises(NotPermitted, match="needs CAP_SYS_ADMIN"):
         OPS["power_step"].handler(service, Identity("root", 0, True), card=0, limit_w=500)
     assert fake.gpus[0].power_limit_mw == 575_000
+
+
+def test_cards_table_puts_each_cards_numa_node_slot_and_link_in_their_columns(board):
+    """Card 5 of the sick box: CUDA 5, slot SLOT7, NUMA node 1, Gen 3 x4 of Gen 5 x16, behind the chipset.
+    Wrong versions: the NUMA column read from the CUDA number (or the slot); BEHIND and no swapped."""
+    result = board("cards", scenario=SICK)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["#", "CUDA", "SERIAL", "PCI", "BUS", "ID", "SLOT", "NUMA", "PCIE", "CHIPSET",
+                                "POWER", "W", "CC", "LABEL"]
+    assert lines[6].split() == ["5", "5", "SN-FIVE", "00000000:06:00.0", "SLOT7", "1", "Gen3", "x4", "(of", "Gen5",
+                                "x16)", "BEHIND", "500", "(575/600)", "12.0", "-"]
+    assert lines[2].split()[5] == "0" and lines[2].split()[11] == "no"  # card 1: NUMA node 0, CUDA 1
+
+
+# The limit sits at 500 W on cards 0 and 1 (and card 3 falls off the bus); the policy is a watt or half a watt off.
+EDGE = """\
+[cards]
+count = 4
+[[cards.override]]
+card = 0
+power_limit_w = 500
+[[cards.override]]
+card = 1
+power_limit_w = 500
+[faults]
+lost = [3]
+"""
+
+
+def test_a_limit_a_watt_off_the_policy_drifts_and_half_a_watt_off_does_not(board, tmp_path):
+    """NVML keeps milliwatts: within a watt of the policy is the policy; a whole watt off is drift.
+    Wrong versions: drift only beyond a watt (> 1); any difference drifts; the per-card override read after the
+    default [power] limit_w (card 1 would be held to 501 W)."""
+    (tmp_path / "board.toml").write_text("[power]\nlimit_w = 501\npause_s = 0\n[power.cards]\n1 = 500.5\n")
+    env = {"BOARD_CONFIG": str(tmp_path / "board.toml")}
+    result = board("power", "--json", scenario=EDGE, extra_env=env)
+    assert result.returncode == 0, result.stderr
+    cards = json.loads(result.stdout)["cards"]
+    assert [(c["index"], c["limit_w"], c["policy_w"], c["drift"]) for c in cards[:3]] == [
+        (0, 500.0, 501.0, True), (1, 500.0, 500.5, False), (2, 575.0, 501.0, True)]
+    dry = board("power", "apply", "--dry-run", scenario=EDGE, extra_env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert [line for line in dry.stdout.splitlines() if line.startswith("would set card 1")] == []
+
+
+def test_a_lost_card_is_flagged_lost_not_drift_and_apply_leaves_it(board, tmp_path):
+    """Card 3 fell off the bus with its limit off the policy: LOST says what to do first; apply skips it.
+    Wrong versions: DRIFT shown over LOST; a lost card planned (nvidia-smi -i 3 on a card that is not there)."""
+    (tmp_path / "board.toml").write_text("[power]\nlimit_w = 450\npause_s = 0\n")
+    env = {"BOARD_CONFIG": str(tmp_path / "board.toml")}
+    result = board("power", scenario=EDGE, extra_env=env)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:5]}
+    assert rows["3"][-1] == "LOST" and rows["2"][-1] == "DRIFT"
+    dry = board("power", "apply", "--dry-run", scenario=EDGE, extra_env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert [line.split(":")[0] for line in dry.stdout.splitlines()[:-1]] == [
+        "would set card 0", "would set card 1", "would set card 2"]
+    assert dry.stdout.splitlines()[-1] == "dry run: nothing changed (3 cards, 0 s apart)"
+
+
+@pytest.mark.parametrize(("limit_w", "ok"), [(600, True), (601, False)])
+def test_apply_may_set_a_card_to_its_maximum_and_not_a_watt_over(board, tmp_path, limit_w, ok):
+    """The simulated 575 W card's maximum is 600 W: a policy of 600 W is applied, 601 W refused before any step.
+    Wrong versions: the maximum itself refused (>=); the check dropped (the driver refuses mid-way, cards half set)."""
+    (tmp_path / "board.toml").write_text(f"[power]\nlimit_w = {limit_w}\npause_s = 0\n")
+    env = {"BOARD_CONFIG": str(tmp_path / "board.toml")}
+    result = board("power", "apply", "--dry-run", scenario=EDGE, extra_env=env)
+    if ok:
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[0] == "would set card 0: power limit 500 W -> 600 W (nvidia-smi -i 0 -pl 600)"
+    else:
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr == ("board: card 0: the policy's 601 W is over the card's maximum 600 W; lower [power]"
+                                 " limit_w\n")

@@ -503,6 +503,30 @@ def test_only_the_holder_sees_where_her_servers_log_is_and_only_she_and_admins_r
         time.sleep(0.05)
 
 
+# -- the power policy: any member reads it, admins change a card -------------------------------------------
+
+
+def test_a_member_reads_the_power_policy_and_only_an_admin_changes_a_cards_limit(world):
+    """alice (a member) sees each card's limit but may not set one; carol (an admin) may, audited; the card then
+    reads what carol set, not what alice asked.
+    Wrong versions: the admin check dropped (or asked of the caller's membership); the member's attempt applied and
+    only the reply refused."""
+    assert world["alice"].call("power")["cards"][4]["limit_w"] == 575.0
+    mark = world.mark()
+    with pytest.raises(NotPermitted, match="changing a card's power is for admins"):
+        world["alice"].call("power_step", card=4, limit_w=450)
+    with pytest.raises(NotPermitted, match="changing a card's power is for admins"):
+        world["bob"].call("power_step", card=4, persistence=False)
+    assert [(c["limit_w"], c["persistence"]) for c in world["alice"].call("power")["cards"]][4] == (575.0, True)
+    try:
+        assert world["carol"].call("power_step", card=4, limit_w=500) == {"card": 4, "from_w": 575.0, "to_w": 500}
+        assert [(c["limit_w"], c["persistence"]) for c in world["alice"].call("power")["cards"]][4] == (500.0, True)
+        assert [e[:3] + (e[4],) for e in world.events_since(mark) if e[4]] == [
+            ("carol", uid("carol"), "power-limit", True)]
+    finally:
+        world.root.call("power_step", card=4, limit_w=575)  # the module's fleet as it was
+
+
 # -- the door, and admin: the peer process's own groups -------------------------------------------------
 
 

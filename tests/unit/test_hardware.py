@@ -145,6 +145,14 @@ def test_cuda_numbers_follow_the_pci_bus_not_nvmls_index():
     assert cuda_indexes(cards) == {1: 0, 0: 1, 2: 2}
 
 
+def test_cuda_numbers_order_bus_ids_by_their_value_whatever_their_case():
+    """NVML writes bus ids in capitals, sysfs and a hand in lower case: 0a sorts after 09 and before C1 either way.
+    Wrong version: the ids compared as written ("C1" < "a1", capitals before lower case)."""
+    cards = [CardReading(0, "a", pci_bus_id="00000000:C1:00.0"), CardReading(1, "b", pci_bus_id="00000000:a1:00.0"),
+             CardReading(2, "c", pci_bus_id="00000000:09:00.0")]
+    assert cuda_indexes(cards) == {2: 0, 1: 1, 0: 2}
+
+
 def test_topo_matrix_and_the_close_order_of_the_default_fleet():
     snapshot = SimulatedSource(clock=lambda: 1000.0).read()
     found = topo_matrix(snapshot)
