@@ -13,6 +13,7 @@ OPEN, and test_every_operation_that_checks_who_asks_is_in_the_table keeps the th
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -90,13 +91,19 @@ def alices_server(world: World, card: int) -> dict:
     """A server on alice's booking that has started (its key recorded, as its supervisor reports it)."""
     booking = world.book("alice", card, now())
     server = world["alice"].call("serve_start", booking=booking["id"], model=MODEL)["server"]
-    conn = sqlite3.connect(world.db, timeout=30)  # root, as the supervisor's report would have it
+    set_server(world, server["id"], api_key=KEY)
+    return server
+
+
+def set_server(world: World, server_id: int, **columns: Any) -> None:
+    """Write what a server's supervisor would have reported (its key, its log) into its row, as root."""
+    conn = sqlite3.connect(world.db, timeout=30)
     try:
         with conn:
-            conn.execute("UPDATE servers SET api_key = ? WHERE id = ?", (KEY, server["id"]))
+            conn.execute(f"UPDATE servers SET {', '.join(f'{c} = ?' for c in columns)} WHERE id = ?",
+                         (*columns.values(), server_id))
     finally:
         conn.close()
-    return server
 
 
 def alices_key(world: World) -> dict:
@@ -396,6 +403,51 @@ def test_a_member_lists_only_her_own_keys_even_asking_for_all_and_an_admin_every
     assert [k["id"] for k in world["bob"].call("key_list", **args)] == [made["bob"]]
     assert {made["alice"], made["bob"]} <= {k["id"] for k in world["carol"].call("key_list", **args)}
     assert world["carol"].call("key_list") == []  # without `all`: her own, as anyone's
+
+
+def test_a_servers_log_tail_is_for_its_holder_and_admins_and_where_it_lies_for_the_holder_alone(world):
+    """serve_get and serve_list, which any member may call, blank what serve_logs refuses. Wrong versions: the tail
+    shown to members (the check inverted or dropped: it may hold the prompts the gateway relayed); the path shown to
+    admins; the tail hidden from admins."""
+    server = alices_server(world, 4)
+    tail, path = ["llama: prompt from the gateway"], f"/nonexistent/alice/{server['id']}.log"
+    set_server(world, server["id"], log_tail=json.dumps(tail), log_path=path)
+    seen = {"alice": (tail, path), "carol": (tail, ""), "bob": ([], "")}
+    for user, (lines, where) in seen.items():
+        got = world[user].call("serve_get", id=server["id"])
+        listed = [s for s in world[user].call("serve_list") if s["id"] == server["id"]]
+        assert [(got["log_tail"], got["log_path"])] * 2 == [(got["log_tail"], got["log_path"]),
+                                                            *((s["log_tail"], s["log_path"]) for s in listed)]
+        assert (got["log_tail"], got["log_path"]) == (lines, where), user
+
+
+HOLDERS = [row for row in TABLE if row.op in ("key_revoke", "serve_key", "serve_logs", "serve_plan_cancel",
+                                              "series_extend", "series_cancel", "serve_plan")]
+
+
+@pytest.mark.parametrize("world", ["local"], indirect=True)
+@pytest.mark.parametrize("row", HOLDERS, ids=[row.name for row in HOLDERS])
+def test_the_holder_is_her_uid_not_her_name(world, row):
+    """An account named alice under another uid (hers deleted, the name given again) is not her; renamed, she is.
+    Wrong versions: the holder matched by name (the row's user) rather than by uid."""
+    from app.client.local import LocalClient
+    from app.core.identity import Identity
+
+    args, made = row.setup(world)
+    before = written(world)
+    # Not closed: closing a LocalClient closes the service it shares with the others.
+    namesake = LocalClient(world.root.service, Identity("alice", uid("alice") + 10_000, False))
+    with pytest.raises(row.error):
+        namesake.call(row.op, **args)
+    assert written(world) == before
+    renamed = LocalClient(world.root.service, Identity("alice-renamed", uid("alice"), False))
+    got = renamed.call(row.op, **args)
+    if row.op == "serve_logs":  # the holder's own: her file's path too
+        assert got["lines"] == [] and got["log"]
+    elif row.op == "serve_plan":  # a plan is recorded under its author's name as she asks now
+        assert (got["user"], got["booking"]) == ("alice-renamed", args["booking"])
+    else:
+        row.check(world, args, made, got)
 
 
 # -- the runner's account: registering as the runner --------------------------------------------------------------
