@@ -454,9 +454,12 @@ def test_the_holder_is_her_uid_not_her_name(world, row):
 
 
 @socket_only
-def test_only_the_runners_account_registers_as_the_runner_not_an_admin_nor_root(world):
+def test_only_the_runners_account_registers_as_the_runner_and_supervises_only_what_a_plan_started(world):
     """Wrong versions: admins or root let in as the runner; any account let in while [llama] runner_user's is
-    missing; the check by name of a group rather than the peer's uid."""
+    missing; the runner's account let supervise any server (the plan's check dropped from may_supervise)."""
+    own = alices_server(world, 5)  # started by alice herself: no plan of it
+    booking = world.book("alice", 6, now())
+    world["alice"].call("serve_plan", booking=booking["id"], model=MODEL)
     before, mark = written(world), world.mark()
     for user in ("bob", "carol", "root"):
         refused = Stream(user, world.agent.socket, "register", {"kind": "runner"})
@@ -465,11 +468,24 @@ def test_only_the_runners_account_registers_as_the_runner_not_an_admin_nor_root(
         assert error.value.exit_code == 4
         refused.close()
     assert written(world) == before and world.events_since(mark) == []
+
     runner = Stream(RUNNER_USER, world.agent.socket, "register", {"kind": "runner"})
+    supervisors = []
     try:
         assert runner.first() == {"runner": runner.proc.pid}
+        planned = runner.next_event("start")["server"]  # the plan's occurrence is due: the service starts it as alice
+        assert (planned["user"], planned["booking_id"]) == ("alice", booking["id"])
+        mark = world.mark()
+        supervisors.append(Stream(RUNNER_USER, world.agent.socket, "register", {"kind": "server", "server": own["id"]}))
+        with pytest.raises(NotPermitted, match=f"^server {own['id']} belongs to alice$"):
+            supervisors[-1].first()
+        assert world.refusals_since(mark) == [(RUNNER_USER, uid(RUNNER_USER), "server-register", own["booking_id"])]
+        supervisors.append(Stream(RUNNER_USER, world.agent.socket, "register",
+                                  {"kind": "server", "server": planned["id"]}))
+        assert supervisors[-1].first()["server"] == planned["id"]
     finally:
-        runner.close()
+        for stream in (*supervisors, runner):
+            stream.close()
 
 
 # -- the table is whole ------------------------------------------------------------------------------------------
