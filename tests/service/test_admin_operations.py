@@ -421,6 +421,31 @@ def test_a_servers_log_tail_is_for_its_holder_and_admins_and_where_it_lies_for_t
         assert (got["log_tail"], got["log_path"]) == (lines, where), user
 
 
+def test_a_per_user_alert_is_shown_to_its_user_alone_admins_too_not(world):
+    """alerts: the team's alerts for everyone, one about a member (her idle booking, say) to her alone. Wrong versions:
+    the per-user alert shown to admins as well; to everyone; the team's alert hidden from those it does not name."""
+    fired = now() - 60
+    conn = sqlite3.connect(world.db, timeout=30)
+    try:
+        with conn:
+            ids = [conn.execute("INSERT INTO alerts (rule, subject, state, fired_at, last_seen, message, uid)"
+                                " VALUES (?, ?, 'firing', ?, ?, ?, ?)", (rule, subject, fired, fired, message,
+                                                                        holder)).lastrowid
+                   for rule, subject, message, holder in [("test-team", "card 9", "the team's", None),
+                                                          ("test-own", "alice", "alice's own", uid("alice"))]]
+    finally:
+        conn.close()
+    try:
+        seen = {user: [a["id"] for a in world[user].call("alerts", all=True) if a["id"] in ids]
+                for user in ("alice", "bob", "carol")}
+        assert seen == {"alice": ids[::-1], "bob": ids[:1], "carol": ids[:1]}
+    finally:
+        conn = sqlite3.connect(world.db, timeout=30)
+        with conn:
+            conn.execute(f"DELETE FROM alerts WHERE id IN ({', '.join('?' * len(ids))})", ids)
+        conn.close()
+
+
 HOLDERS = [row for row in TABLE if row.op in ("key_revoke", "serve_key", "serve_logs", "serve_plan_cancel",
                                               "series_extend", "series_cancel", "serve_plan")]
 
