@@ -253,6 +253,16 @@ def check_power(world, args, made, got):
     assert world.root.call("power")["cards"][2]["limit_w"] == 301
 
 
+def setup_persistence(world):
+    on = world.root.call("power")["cards"][3]["persistence"]
+    return {"card": 3, "persistence": not on}, {}
+
+
+def check_persistence(world, args, made, got):
+    assert got == {"card": 3, "on": args["persistence"]}
+    assert world.root.call("power")["cards"][3]["persistence"] is args["persistence"]
+
+
 def setup_notify_test(world):
     return {}, {}
 
@@ -276,6 +286,7 @@ def setup_gateway_state(world):
 def check_gateway_state(world, args, made, got):
     [key] = [k for k in got["keys"] if k["id"] == made["key"]]
     assert key["user"] == "alice" and key["hash"]
+    assert world.root.call("gateway_state")["keys"] == got["keys"]  # root too
 
 
 RECORD = {"ts": 1_700_000_000, "status": 200, "prompt_tokens": 11, "completion_tokens": 7, "duration_ms": 5,
@@ -324,6 +335,8 @@ TABLE = [
     # The member's refusal changes nothing: not audited (the admin's step is).
     Guarded("power_step", "power_step", setup_power,
             f"^changing a card's power is for admins \\(group {ADMIN_GROUP}\\) and root$", check_power),
+    Guarded("power_step-persistence", "power_step", setup_persistence,
+            f"^changing a card's power is for admins \\(group {ADMIN_GROUP}\\) and root$", check_persistence),
     Guarded("notify_test", "notify_test", setup_notify_test,
             f"^board notify test is for admins \\(group {ADMIN_GROUP}\\): it posts to the team's chat$",
             check_notify_test),
