@@ -117,7 +117,8 @@ def alices_key(world: World) -> dict:
 class Guarded:
     """One operation: `setup` makes what it acts on and returns the arguments every caller sends; each of `refused`
     gets `error` whose words match `words` (formatted with the arguments and `made`), audited as `audited` (on the
-    booking `on` names) or not at all (None); then `allowed` calls with the same arguments and `check` sees what it did.
+    booking `on` names) or not at all (None); then `allowed` calls with the same arguments, `check` sees what it did
+    and the audit log holds `done`.
     """
 
     name: str
@@ -130,6 +131,7 @@ class Guarded:
     error: type = NotPermitted
     audited: str | None = None
     on: str | None = None  # the key in `made` of the booking the refusal is audited on
+    done: tuple[str, ...] = ()  # the allowed call's audit events (reads write none)
 
 
 def only_admins(what: str) -> str:
@@ -305,9 +307,9 @@ def check_gateway_usage(world, args, made, got):
 GATEWAY_ONLY = (r"^{op} is the gateway's own operation \(account " + GATEWAY_USER + r"\)$")
 TABLE = [
     Guarded("key_new-for-another", "key_new", setup_key_new, only_admins("issue keys for other accounts"),
-            check_key_new, audited="key_new"),
+            check_key_new, audited="key_new", done=("key_new",)),
     Guarded("key_revoke-anothers", "key_revoke", setup_key_revoke, "^no key {id} of yours; see board key list$",
-            check_key_revoke, error=BadInput),  # as if it were not there: not audited
+            check_key_revoke, error=BadInput, done=("key_revoke",)),  # as if it were not there: not audited
     Guarded("serve_key-anothers", "serve_key", setup_server(0),
             "^server {id} belongs to alice; only they or an admin can read its key$", check_serve_key,
             audited="server-key", on="booking"),
@@ -315,31 +317,35 @@ TABLE = [
             "^server {id} belongs to alice; only they or an admin can read its log$", check_serve_logs,
             audited="server-logs", on="booking"),
     Guarded("serve_plan_cancel-anothers", "serve_plan_cancel", setup_plan_cancel,
-            "^planned server {id} belongs to alice$", check_plan_cancel, audited="server-plan", on="booking"),
+            "^planned server {id} belongs to alice$", check_plan_cancel, audited="server-plan", on="booking",
+            done=("server-plan-cancel",)),
     # Only the holder plans a server on her booking: the plan starts it as her.
     Guarded("serve_plan-anothers", "serve_plan", setup_plan, "^booking {booking} belongs to alice$", check_plan,
-            refused=("bob", "carol"), allowed="alice", audited="server-plan", on="booking"),
+            refused=("bob", "carol"), allowed="alice", audited="server-plan", on="booking",
+            done=("server-plan",)),
     # Not even the holder moves her own booking.
     Guarded("move", "move", setup_move, only_admins("can move bookings"), check_move, refused=("bob", "alice"),
-            audited="move", on="booking"),
+            audited="move", on="booking", done=("move",)),
     Guarded("earliest-under-anothers-limits", "earliest", setup_earliest,
             "^earliest: only admins search under another user's limits$", check_earliest),  # a read: not audited
     Guarded("series_extend-anothers", "series_extend", setup_series_extend,
             "^series {id} belongs to alice; only they or an admin can extend it$", check_series_extend,
-            audited="series_extend"),
+            audited="series_extend", done=("create", "create", "series_extend")),
     Guarded("series_cancel-anothers", "series_cancel", setup_series(3),
             "^series {id} belongs to alice; only they or an admin can cancel it$", check_series_cancel,
-            audited="series_cancel"),
+            audited="series_cancel", done=("cancel", "cancel", "cancel", "series_cancel")),
     Guarded("series_book-override_policy", "series_book", setup_override, only_admins("can pass --override-policy"),
-            check_override, audited="series"),
+            check_override, audited="series", done=("create", "create", "create", "series")),
     # The member's refusal changes nothing: not audited (the admin's step is).
     Guarded("power_step", "power_step", setup_power,
-            f"^changing a card's power is for admins \\(group {ADMIN_GROUP}\\) and root$", check_power),
+            f"^changing a card's power is for admins \\(group {ADMIN_GROUP}\\) and root$", check_power,
+            done=("power-limit",)),
     Guarded("power_step-persistence", "power_step", setup_persistence,
-            f"^changing a card's power is for admins \\(group {ADMIN_GROUP}\\) and root$", check_persistence),
+            f"^changing a card's power is for admins \\(group {ADMIN_GROUP}\\) and root$", check_persistence,
+            done=("power-persistence",)),
     Guarded("notify_test", "notify_test", setup_notify_test,
             f"^board notify test is for admins \\(group {ADMIN_GROUP}\\): it posts to the team's chat$",
-            check_notify_test),
+            check_notify_test, done=("notify-test",)),
     Guarded("notify_status", "notify_status", setup_notify_status,
             f"^board notify status is for admins \\(group {ADMIN_GROUP}\\): it posts to the team's chat$",
             check_notify_status),
@@ -402,7 +408,8 @@ def test_only_those_who_may_and_the_same_call_is_done_for_them(world, row):
     row.check(world, args, made, got)
     assert written(world) != before or row.op in ("earliest", "notify_status", "gateway_state", "serve_key",
                                                   "serve_logs")
-    assert not [event for event in world.events_since(mark) if event[0] == row.allowed and not event[4]]
+    done = [(event[2], event[4]) for event in world.events_since(mark) if event[0] == row.allowed]
+    assert done == [(action, True) for action in row.done]
 
 
 # -- a member sees only her own: the answers that are scoped rather than refused -----------------------------------
