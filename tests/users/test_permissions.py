@@ -50,7 +50,14 @@ runs as client calls from processes of those users (and [local] in process, iden
     audited create / series / series_extend / reassign / key_new, ok=0
 18. service/ops/gateway.py key_new [socket local]: at most [gateway] max_keys_per_user live keys issued by the
     holder themselves; keys an admin issues for another account are apart; audited key_new, ok=0
-(13-16: tests/llama/test_servers_service.py and tests/unit/test_plans.py; 17-18: tests/service/test_classes.py.)
+19. admins only: move (not even the holder), earliest under another user's limits, series_book/series_extend with
+    override_policy, power_step, notify_test and notify_status, key_new for another account; the holder or an admin:
+    series_extend, series_cancel, key_revoke ("no key N of yours", exit 2, not audited), serve_key, serve_logs,
+    serve_plan_cancel; key_list `all` is everyone's for admins only; a per-user alert is its user's alone
+20. service/ops/gateway.py _gateway_only (gateway_state, gateway_usage): the [gateway] user's account or root,
+    admins refused; service/servers.py may_supervise: the runner's account supervises only what a plan started
+(13-16: tests/llama/test_servers_service.py and tests/unit/test_plans.py; 17-18: tests/service/test_classes.py;
+13-14 and 19-20 from both sides, as one table: tests/service/test_admin_operations.py [socket local].)
 
 Not identity checks, left to their own tests: a lost card (bookings.py _check_cards), the policy
 limits (core/policy.py), a host the config does not allow (llama/service.py), a booking that is
