@@ -381,6 +381,8 @@ class TestBoundaries:
     """Each rule exactly at its limit (allowed) and one unit past it (refused)."""
 
     def test_the_longest_booking_exactly(self, make_service, conn):
+        """72 h is accepted and 72 h 1 s refused, and nothing written for it. Fails on: `>=` for `>` (72 h refused);
+        the limit a second later (`> limit + 1`); the check dropped; a default of 73 h for 72."""
         service = make_service()  # the default policy: 72 h
         assert service.create(cards=[0], start=NOW, end=NOW + 72 * H).end == NOW + 72 * H
         with pytest.raises(NotPermitted, match="at most 72 h"):
