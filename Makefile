@@ -85,12 +85,18 @@ $(VENV)/.mutation: pyproject.toml | $(VENV)/.test
 # is none, records the modules in tests/mutation-record.json (commit it). Without MODULES it then runs the
 # PostgreSQL store's locking against the `postgresql` tier (scripts/mutation_locks.py: as root, in mutants-locks/).
 MUTMUT_CHILDREN ?= $$(nproc)
+# Each mutmut run has a temp dir of its own (TMPDIR), removed when the run ends, stopped or not. A session removes its
+# own pytest folder (tests/conftest.py), but one that mutmut kills (a timeout: SIGXCPU; Ctrl-C: SIGKILL) leaves it,
+# locked against pytest's clean-up for 3 days, with the folders its fixtures made with tempfile.
+# 0755, as /tmp lets others through: tests that run a process as another user give it a folder made with tempfile.
+IN_OWN_TMP = tmp="$$(mktemp -d /tmp/board-mutation.XXXXXX)" && trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP \
+	&& chmod 755 "$$tmp" && export TMPDIR="$$tmp" &&
 mutation mutation-all: $(VENV)/.mutation
 	$(if $(filter mutation-all,$@),rm -rf mutants)
-	names="$$($(BIN)/python scripts/mutation_report.py --select $(if $(filter mutation-all,$@),--all) $(MODULES))" && \
+	$(IN_OWN_TMP) names="$$($(BIN)/python scripts/mutation_report.py --select $(if $(filter mutation-all,$@),--all) $(MODULES))" && \
 	set -f && if [ -n "$$names" ]; then $(BIN)/mutmut run --max-children $(MUTMUT_CHILDREN) $$names; fi
 	$(BIN)/python scripts/mutation_report.py
-	$(if $(MODULES),,$(BIN)/python scripts/mutation_locks.py --max-children $(MUTMUT_CHILDREN) \
+	$(if $(MODULES),,$(IN_OWN_TMP) $(BIN)/python scripts/mutation_locks.py --max-children $(MUTMUT_CHILDREN) \
 		$(if $(filter mutation-all,$@),--all))
 
 screenshots: $(VENV)/.test

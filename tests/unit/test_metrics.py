@@ -35,6 +35,14 @@ CARD_LABELS = {"uuid", "index", "name", "pool", "holder", "class", "booking_id"}
 
 
 
+@pytest.fixture(autouse=True)
+def _quick_stop(monkeypatch):
+    """The accepting thread looks for close()'s stop every 10 ms, not socketserver's 0.5 s: each test's close waited
+    that long (half this file's time, and of each metrics mutant's run of it)."""
+    serve_forever = metrics_module._Server.serve_forever
+    monkeypatch.setattr(metrics_module._Server, "serve_forever", lambda self, poll_interval=0.5: serve_forever(self, 0.01))
+
+
 @pytest.fixture
 def service(tmp_path, store):
     config = Config(db_path=tmp_path / "board.db", storage_url=getattr(store, "url", None),
@@ -444,17 +452,8 @@ def workers(before: set[threading.Thread], want: int) -> None:
 
 
 class TestBounded:
-    """Anyone who reaches the port may connect: /metrics holds at most MAX_SCRAPES of them, each for one deadline."""
-
-    def test_a_crowd_of_half_open_requests_gets_no_more_than_max_scrapes_threads(self, metrics, monkeypatch):
-        monkeypatch.setattr(metrics_module, "REQUEST_TIMEOUT_S", 3.0)
-        before = threading.active_count()
-        crowd = [half_open(metrics) for _ in range(3 * MAX_SCRAPES)]
-        held = close_ended(crowd, 2 * MAX_SCRAPES, timeout_s=10)  # those past the cap: closed at once, unread
-        assert len(held) <= MAX_SCRAPES, f"{len(held)} connections held"
-        assert threading.active_count() - before <= MAX_SCRAPES
-        assert close_ended(held, len(held), timeout_s=15) == []  # the others at their deadline, with no answer
-        assert len(scrape(metrics)["board_gpu_state"]) == 40  # and then it serves again
+    """Anyone who reaches the port may connect: /metrics holds at most MAX_SCRAPES of them, each for one deadline.
+    The cases that wait out a deadline (a crowd, a trickle) are tests/safety/test_metrics_scrapers.py's."""
 
     def test_one_past_max_scrapes_is_closed_at_once_while_the_others_wait_for_their_deadline(self, metrics, capfd):
         """Ordering, not timing: the one past the cap ends while all MAX_SCRAPES held ones are still open (each has
@@ -468,17 +467,6 @@ class TestBounded:
         for sock in (extra, *held):
             sock.close()
         assert capfd.readouterr().err == ""
-
-    def test_a_request_trickled_a_byte_at_a_time_is_closed_at_its_deadline(self, metrics, monkeypatch):
-        monkeypatch.setattr(metrics_module, "REQUEST_TIMEOUT_S", 1.0)
-        slow = half_open(metrics)
-        for _ in range(20):  # a header byte every 0.2 s: 4 s, four times the deadline, never a whole request
-            if ended(slow, 200):
-                break
-            slow.send(b"X")
-        else:
-            raise AssertionError("a request trickled a byte at a time was never closed")
-        slow.close()
 
     def test_closing_does_not_wait_for_a_scraper_that_holds_a_worker(self, metrics):
         """The service stops at once: a half-open scraper keeps its worker until its own deadline, not the stop's."""

@@ -1,5 +1,5 @@
-"""Issue 11's rules, with exact messages and times: an admin's move, the queue's searches, and what a refusal
-suggests instead. Times read in UTC: FROZEN_NOW is Sunday 2026-11-29 15:30."""
+"""Booking rules with exact messages and times: an admin's move, the queue's searches (backfill, options, next
+free, earliest), and what a refusal suggests instead. Times read in UTC: FROZEN_NOW is Sunday 2026-11-29 15:30."""
 
 from __future__ import annotations
 
