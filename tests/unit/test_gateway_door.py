@@ -466,6 +466,8 @@ class TestTheKeyHeader:
 
     @pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer"])
     async def test_the_bearer_scheme_in_any_case_with_the_key_is_answered(self, gateway, upstream, scheme):
+        """RFC 9110: the scheme is case-insensitive; spaces around the token are not part of it.
+        Wrong versions: `Bearer` compared as written; the token taken unstripped."""
         _, port = gateway
         head = request("POST", "/v1/chat/completions", key=None, extra=f"Authorization: {scheme}  {KEY} \r\n")
         status, body = await raw(port, head)
