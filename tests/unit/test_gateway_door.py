@@ -155,6 +155,17 @@ class TestOnlyTheRouteTable:
         assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed"
         assert upstream.seen == []
 
+    @pytest.mark.parametrize("path", ["/v1/chat%2fcompletions", "/v1/%63hat/completions", "/v1/./chat/completions",
+                                      "/v1/models/../chat/completions", "//v1/chat/completions"])
+    async def test_the_wrong_method_on_a_path_that_is_not_normal_is_404_not_405(self, gateway, upstream, path):
+        """A spelling of a route that is not its own is no route, whatever the method: 405 would tell a prober which
+        spelling reaches which route (and the Allow list).
+        Wrong versions: 405 whenever aiohttp's decoded path matched a route; the raw path not compared."""
+        _, port = gateway
+        status, body = await raw(port, request("GET", path, b""))
+        assert status == 404 and json.loads(body)["error"]["code"] == "not_found", path
+        assert upstream.seen == []
+
 
 class TestKeyedByDefault:
     async def test_every_route_but_health_and_metrics_asks_for_a_key_one_added_later_too(self, gateway, upstream):
