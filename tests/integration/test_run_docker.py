@@ -166,6 +166,7 @@ def member(tmp_path_factory):
     (root / "bad.env").write_text("# the team's\n\nHF_HOME=/data\n  NVIDIA_VISIBLE_DEVICES=all\n")
     (root / "ok.env").write_text("# the team's\n\nHF_HOME=/data\nMY_NVIDIA_NOTE=1\n")
     (root / "bad.labels").write_text("team=ml\nboard.booking=7\n")
+    (root / "bom.env").write_text("\ufeffNVIDIA_VISIBLE_DEVICES=all\n")  # the client drops a UTF-8 BOM, then reads the name
     (root / "big.env").write_text("HF_HOME=/data\n" * 80_000 + "NVIDIA_VISIBLE_DEVICES=all\n")  # over 1 MiB
     (root / "board.toml").write_text(f'[enforce]\ngrace_s = 60\n[llama]\nmodel_dirs = ["{root}/models"]\n')
     env = {"BOARD_DB": str(root / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC",
@@ -191,6 +192,7 @@ REFUSED = [
     (("-e", "BOARD_BOOKING_ID=7"), "-e BOARD_BOOKING_ID"),
     (("--env-file", "{root}/bad.env"), "--env-file NVIDIA_VISIBLE_DEVICES"),
     (("--env-file", "{root}/big.env"), "--env-file over 1 MiB"),  # its last line past what a reader would check
+    (("--env-file", "{root}/bom.env"), "--env-file NVIDIA_VISIBLE_DEVICES"),  # not a name "\ufeffNVIDIA_..."
     (("--privileged",), "--privileged"),
     (("--privileged=true",), "--privileged"),
     (("-v", "/:/host"), "-v /"),
@@ -212,6 +214,10 @@ REFUSED = [
     (("--mount", '"type=bind",source=/,target=/h'), "--mount /"),  # CSV quoting
     (("--mount=type=bind,source={root}/models,target=/m",), "read-only"),
     (("--mount", "type=bind,source={root}/data,src=/,target=/h"), "--mount / would"),  # the last source wins
+    (("--mount", "type=bind,source={root}/data,target=/d,bind-propagation=rshared"), "--mount shares"),
+    (("--mount", "type=bind,source={root}/data,target=/d,bind-propagation=shared"), "--mount shares"),
+    (("-v", "{root}/data:/d:rshared"), "-v has modes rshared"),  # a mount the container makes shows on the host
+    (("-v", "{root}/data:/d:ro,shared"), "-v has modes"),
     (("--mount", "type=volume,dst=/h,volume-driver=local,volume-opt=type=none,volume-opt=o=bind,"
                  "volume-opt=device=/"), "volume-driver"),
     (("--mount", "dst=/h,volume-opt=type=none,volume-opt=o=bind,volume-opt=device=/"), "volume-opt"),
@@ -297,6 +303,8 @@ ALLOWED = [
     ("--mount", "type=bind,source={root}/data,target=/d,readonly"),
     ("--mount", "type=bind,src={root}/models,dst=/m,ro=true"),
     ("--mount", "type=tmpfs,dst=/t,tmpfs-size=1g"),
+    ("--mount", "type=bind,source={root}/data,target=/d,bind-propagation=rslave"),  # the nearest to rshared
+    ("-v", "{root}/data:/d:ro,rprivate"),
     ("--mount", "type=volume,src=hf-cache,dst=/c"),
     ("-e", "HF_TOKEN=hf_x"),
     ("-eMY_NVIDIA_NOTE=1",),

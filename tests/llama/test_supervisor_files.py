@@ -145,3 +145,35 @@ def test_the_members_own_process_resolves_the_names_before_its_launch(models):
     for path in (models / "x.jinja", models / "missing.jinja", models):
         with pytest.raises(BadInput, match=r"^extra argument --lora: .* is not a file under \[llama\] model_dirs"):
             command.check_files([*BOARD_LINE, "--lora", str(path)], [str(models)])
+
+
+@pytest.mark.parametrize("spelling", ["--chat_template_file", "--json_schema_file", "--grammar_file"])
+def test_a_file_flag_in_underscore_spelling_is_checked_as_the_file_flag_it_is(models, spelling):
+    """llama.cpp reads `--chat_template_file` as `--chat-template-file`: the supervisor must too, or the path
+    would reach llama-server unopened and unchecked.
+    Wrong versions: the pair kept in the member's spelling (not in FILES: passed on as a path); `_` read as is."""
+    canonical = spelling.replace("_", "-")
+    with pytest.raises(supervisor._Refused, match=f"^extra argument {canonical}: "):
+        supervisor._hand_over([*BOARD_LINE, spelling, str(models.parent / "secret.key")], [str(models)])
+    line, fds = supervisor._hand_over([*BOARD_LINE, spelling, str(models / "t.jinja")], [str(models)])
+    try:
+        assert line[-2:] == [canonical, f"/dev/fd/{fds[0]}"] and _read(fds[0]) == "{{ messages }}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_a_models_directory_that_is_a_prefix_of_a_sibling_does_not_cover_it(models):
+    """model_dirs /x/models, the file in /x/models-evil (a directory a member made beside it), with model_dirs
+    given with and without a trailing slash.
+    Wrong versions: a plain prefix test (`/x/models-evil/t` starts with `/x/models`); the slash stripped twice."""
+    evil = models.parent / "models-evil"
+    evil.mkdir()
+    (evil / "t.jinja").write_text("x")
+    for given in (str(models), str(models) + "/"):
+        with pytest.raises(supervisor._Refused, match="is not a file under"):
+            supervisor._hand_over([*BOARD_LINE, "--lora", str(evil / "t.jinja")], [given])
+        line, fds = supervisor._hand_over([*BOARD_LINE, "--lora", str(models / "t.jinja")], [given])
+        for fd in fds:
+            os.close(fd)
+    assert _open_under(models.parent) == []

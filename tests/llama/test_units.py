@@ -169,6 +169,21 @@ def test_extra_args_are_returned_in_llama_cpps_own_spelling():
         command.check_extra(["--log_file", "/tmp/x"])
 
 
+def test_every_underscore_of_a_flag_is_read_as_a_dash_a_file_flags_too():
+    """llama.cpp replaces every `_` of a `--` argument, so `--chat_template_file` is the file flag and its path is
+    checked as one; `-t_x` (one dash) is not renamed.
+    Wrong versions: only the first `_` replaced (`--chat-template_file`: refused, or passed unchecked elsewhere);
+    the pair returned in the member's spelling; one-dash flags renamed too."""
+    dirs = ["/srv/models"]
+    assert command.check_extra(["--chat_template_file", "/srv/models/t.jinja", "--no_kv_offload",
+                                "--spec_ngram_mod_n_min", "2"], dirs) == [
+        "--chat-template-file", "/srv/models/t.jinja", "--no-kv-offload", "--spec-ngram-mod-n-min", "2"]
+    with pytest.raises(BadInput, match="^extra argument --json-schema-file takes one file under"):
+        command.check_extra(["--json_schema_file", "/etc/shadow"], dirs)
+    with pytest.raises(BadInput, match="^extra argument -n_gpu_layers is not one board passes"):
+        command.check_extra(["-n_gpu_layers", "9"], dirs)
+
+
 # The flags the review used (and their kin): each names a file, a directory or an address, or runs something.
 _PATHS_AND_ADDRESSES = [
     "--log-file", "--slot-save-path", "--media-path", "--mmproj-url", "-mmu", "--log-prompts-dir", "--tools",

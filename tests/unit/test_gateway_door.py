@@ -155,6 +155,17 @@ class TestOnlyTheRouteTable:
         assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed"
         assert upstream.seen == []
 
+    @pytest.mark.parametrize("path", ["/v1/chat%2fcompletions", "/v1/%63hat/completions", "/v1/./chat/completions",
+                                      "/v1/models/../chat/completions", "//v1/chat/completions"])
+    async def test_the_wrong_method_on_a_path_that_is_not_normal_is_404_not_405(self, gateway, upstream, path):
+        """A spelling of a route that is not its own is no route, whatever the method: 405 would tell a prober which
+        spelling reaches which route (and the Allow list).
+        Wrong versions: 405 whenever aiohttp's decoded path matched a route; the raw path not compared."""
+        _, port = gateway
+        status, body = await raw(port, request("GET", path, b""))
+        assert status == 404 and json.loads(body)["error"]["code"] == "not_found", path
+        assert upstream.seen == []
+
 
 class TestKeyedByDefault:
     async def test_every_route_but_health_and_metrics_asks_for_a_key_one_added_later_too(self, gateway, upstream):
@@ -229,13 +240,21 @@ class TestSlowAndIdle:
 
 class TestCaps:
     async def test_a_newcomer_over_the_address_cap_closes_that_addresss_oldest_idle_connection(self, upstream):
+        """127.0.0.3's idle connection is the oldest of all; 127.0.0.2, at its cap, opens one more: its own oldest
+        goes, not 127.0.0.3's.
+        Wrong versions: the oldest idle connection of any address closed; the newest of the address; the cap
+        reached one connection late."""
         made, runner, port = await start_gateway(upstream, max_connections_per_address=3)
         try:
-            idle = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(3)]
             other = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
+            while not made.connections.by_address:  # counted in: the oldest idle connection of all
+                await asyncio.sleep(0.01)
+            idle = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(3)]
             newcomer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
-            assert await closed(idle[0][0]) == b""  # the oldest of 127.0.0.2's, not 127.0.0.3's, not the newest
+            while not made.connections.cut:
+                await asyncio.sleep(0.01)
             assert made.connections.by_address == {"127.0.0.2": 3, "127.0.0.3": 1}
+            assert await closed(idle[0][0]) == b""  # the oldest of 127.0.0.2's, not 127.0.0.3's, not the newest
             for reader, writer in (newcomer, other):
                 writer.write(request("POST", "/v1/chat/completions"))
                 assert (await closed(reader)).startswith(b"HTTP/1.1 200")
@@ -395,3 +414,143 @@ async def test_a_server_back_from_down_takes_a_waiting_request_at_once(upstream)
     assert not waiting.done()
     made.router.up(7)
     assert (await asyncio.wait_for(waiting, 5)).id == 7
+
+
+async def answered(reader: asyncio.StreamReader) -> bytes:
+    """One whole answer off a keep-alive connection (its head, then Content-Length bytes), the connection left open."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    return head + await asyncio.wait_for(reader.readexactly(length), 30)
+
+
+def keep_alive(head: bytes) -> bytes:
+    return head.replace(b"Connection: close", b"Connection: keep-alive")
+
+
+class TestKeepAliveClocksAndCaps:
+    async def test_the_next_requests_head_on_a_keep_alive_has_the_head_clock_not_what_is_left_of_the_idle_one(
+            self, upstream):
+        """A member's keep-alive answered, then half a head of the next request and nothing more: cut by
+        head_timeout_s, though idle_timeout_s is long.
+        Wrong versions: the head clock not restarted at the next request's first byte (the idle clock runs on);
+        the next request's bytes never leave the idle set (no clock at all)."""
+        made, runner, port = await start_gateway(upstream, head_timeout_s=0.3, idle_timeout_s=120)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(keep_alive(request("POST", "/v1/chat/completions")))
+            assert (await answered(reader)).startswith(b"HTTP/1.1 200")
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n")  # and no more
+            assert await closed(reader) == b""
+            assert made.connections.cut == 1 and made.connections.open == set()
+        finally:
+            await runner.cleanup()
+
+    async def test_an_answered_keep_alive_is_idle_again_and_gives_way_to_a_newcomer_over_the_cap(self, upstream):
+        """max_connections 1: a member's keep-alive, answered and now idle, is closed for a newcomer from another
+        address, who is answered (not 503).
+        Wrong versions: an answered connection not put back among the idle ones (it stays busy: the newcomer gets
+        503); the newcomer refused while an idle one could go."""
+        made, runner, port = await start_gateway(upstream, max_connections=1)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            writer.write(keep_alive(request("POST", "/v1/chat/completions")))
+            assert (await answered(reader)).startswith(b"HTTP/1.1 200")
+            status, _ = await raw(port, request("POST", "/v1/chat/completions"), source="127.0.0.3")
+            assert status == 200
+            assert await closed(reader) == b""
+            assert made.connections.cut == 1 and made.connections.refused == 0
+        finally:
+            await runner.cleanup()
+
+
+class TestTheKeyHeader:
+    @pytest.mark.parametrize("header", ["Basic " + KEY, "Token " + KEY, KEY, "Bearer", "Bearer ", "Bearer" + KEY,
+                                        "Bearer\t" + KEY])
+    async def test_only_a_bearer_scheme_carries_the_key(self, gateway, upstream, header):
+        """The member's own key under another scheme, or no token at all, is 401 and reaches nothing.
+        Wrong versions: any scheme's token taken as the key; the scheme's case compared (refuses `bearer`)."""
+        _, port = gateway
+        head = request("POST", "/v1/chat/completions", key=None, extra=f"Authorization: {header}\r\n")
+        status, body = await raw(port, head)
+        assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", header
+        assert upstream.seen == []
+
+    @pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer"])
+    async def test_the_bearer_scheme_in_any_case_with_the_key_is_answered(self, gateway, upstream, scheme):
+        """RFC 9110: the scheme is case-insensitive; spaces around the token are not part of it.
+        Wrong versions: `Bearer` compared as written; the token taken unstripped."""
+        _, port = gateway
+        head = request("POST", "/v1/chat/completions", key=None, extra=f"Authorization: {scheme}  {KEY} \r\n")
+        status, body = await raw(port, head)
+        assert status == 200, body
+
+
+class TestMetricsOnLoopbackOnly:
+    async def test_metrics_go_by_the_peers_address_not_the_host_header(self, gateway, upstream):
+        """From 127.0.0.2 (not the address the gateway's host scrapes from) /metrics is 403 whatever the Host header
+        says; from 127.0.0.1 it is 200 whatever the Host header says.
+        Wrong versions: the Host header (or X-Forwarded-For) read for where the request came from; any 127.x peer."""
+        _, port = gateway
+        for host in ("127.0.0.1", f"127.0.0.1:{port}", "[::1]", "localhost"):
+            head = (f"GET /metrics HTTP/1.1\r\nHost: {host}\r\nX-Forwarded-For: 127.0.0.1\r\nX-Real-IP: 127.0.0.1\r\n"
+                    "Connection: close\r\n\r\n").encode()
+            status, body = await raw(port, head, source="127.0.0.2")
+            assert status == 403 and json.loads(body)["error"]["code"] == "forbidden", host
+            status, body = await raw(port, head.replace(host.encode(), b"gw.example", 1), source="127.0.0.1")
+            assert status == 200 and b"# TYPE" in body
+
+
+class TestTheHeadClock:
+    async def test_a_head_trickled_a_byte_at_a_time_is_cut_by_the_head_clock_of_its_start(self, upstream):
+        """A stranger sends a head one byte at a time, each well inside head_timeout_s: the clock runs from the
+        connection's start, so it is cut long before the head is whole, and never answered.
+        Wrong versions: the head clock restarted at every byte (a slowloris holds the connection for ever); at
+        every byte of a connection still in the idle set."""
+        made, runner, port = await start_gateway(upstream, head_timeout_s=0.5, idle_timeout_s=120)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            head = request("POST", "/v1/chat/completions", extra="X-Pad: " + "p" * 400 + "\r\n")
+
+            async def trickle():
+                for byte in head:  # 0.02 s a byte: the whole head would take 10 s, twenty head clocks
+                    if writer.is_closing() or reader.at_eof():
+                        return
+                    writer.write(bytes([byte]))
+                    await asyncio.sleep(0.02)
+
+            sending = asyncio.create_task(trickle())
+            try:
+                assert await closed(reader) == b""
+            finally:
+                sending.cancel()
+            assert made.connections.cut == 1 and upstream.seen == []
+        finally:
+            await runner.cleanup()
+
+
+class TestAConnectionThatLeft:
+    async def test_a_connection_its_client_closed_is_no_longer_one_a_newcomer_may_close(self, upstream):
+        """max_connections 1: a stranger's connection opens and closes; a member's idle one takes the place; a
+        newcomer then closes the member's (the only idle one left), and the count stays at the cap.
+        Wrong versions: a connection that left kept among the idle ones (the newcomer "closes" it again and is let
+        in beside the member's: over the cap)."""
+        made, runner, port = await start_gateway(upstream, max_connections=1)
+        try:
+            _, gone = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            while not made.connections.open:
+                await asyncio.sleep(0.01)
+            gone.close()
+            while made.connections.open:  # the gateway saw it go
+                await asyncio.sleep(0.01)
+            member = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
+            while not made.connections.open:
+                await asyncio.sleep(0.01)
+            newcomer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.4", 0))
+            while not made.connections.cut:
+                await asyncio.sleep(0.01)
+            assert made.connections.by_address == {"127.0.0.4": 1} and len(made.connections.open) == 1
+            assert await closed(member[0]) == b""
+            newcomer[1].write(request("POST", "/v1/chat/completions"))
+            assert (await closed(newcomer[0])).startswith(b"HTTP/1.1 200")
+        finally:
+            await runner.cleanup()
