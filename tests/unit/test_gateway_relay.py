@@ -404,3 +404,52 @@ async def test_a_batch_whose_reply_was_lost_after_the_commit_is_sent_again_and_r
         service.close()
     assert [(m, s) for _, m, s in recorded] == [("m", 200), ("other", 404), ("m", 200), ("other", 404)]
     assert len({r for r, _, _ in recorded}) == 4 and all(r for r, _, _ in recorded)
+
+
+async def test_a_keys_models_list_only_what_it_may_use_and_an_open_key_lists_all(upstream):
+    """GET /v1/models answers each key with the models it may use: a key scoped to n does not learn that m is served.
+    Wrong versions: the scope ignored in the listing (every alias shown to every key); the scope applied to the
+    open key (nothing listed)."""
+    server, _, _ = upstream
+    state = FixedState(str(server.make_url("")).rstrip("/"))
+    state.state["servers"].append({**state.state["servers"][0], "id": 8, "alias": "n", "cards": [1]})
+    state.state["keys"].append({**state.state["keys"][0], "id": 2, "hash": key_hash("bk-scoped"), "models": ["n"],
+                                "fingerprint": "fp2"})
+    made = Gateway(Config(gateway=GatewaySettings()), state)
+    client = TestClient(TestServer(made.app()))
+    await client.start_server()
+    try:
+        while not made.router.known:
+            await asyncio.sleep(0.01)
+
+        async def listed(key: str) -> list[str]:
+            answer = await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+            return [m["id"] for m in (await answer.json())["data"]]
+
+        assert await listed("bk-scoped") == ["n"]
+        assert await listed(KEY) == ["m", "n"]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("extra, status", [(0, 200), (1, 413)], ids=["at-the-limit", "a-byte-over"])
+async def test_a_body_of_exactly_max_body_mb_is_relayed_and_a_byte_more_is_413(upstream, extra, status):
+    """[gateway] max_body_mb is the largest body relayed. Wrong version: the limit itself refused (>= for >). (A check a
+    byte late is refused alike by aiohttp's client_max_size, which is set to the same limit.)"""
+    server, seen, _ = upstream
+    state = FixedState(str(server.make_url("")).rstrip("/"))
+    made = Gateway(Config(gateway=GatewaySettings(max_body_mb=1 / 1024)), state)  # 1,024 bytes
+    client = TestClient(TestServer(made.app()))
+    await client.start_server()
+    try:
+        while not made.router.known:
+            await asyncio.sleep(0.01)
+        head = b'{"model": "m", "messages": [], "pad": "'
+        body = head + b"x" * (1024 - len(head) - 2 + extra) + b'"}'
+        answer = await client.post("/v1/chat/completions", data=body, headers={
+            "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        await answer.read()
+    finally:
+        await client.close()
+    assert answer.status == status and len(body) == 1024 + extra
+    assert len(seen) == (1 if status == 200 else 0)
