@@ -191,7 +191,11 @@ class Gateway:
 
     async def _start(self, app: web.Application) -> None:
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300),
+            # A connection per upstream request, never kept: llama-server (cpp-httplib, a thread per connection) drops
+            # kept-alive connections as it likes, and a request sent on one as it does failed with a 502
+            # (ServerDisconnectedError), about one in five in tests/llama/test_gateway.py; an idle one held here would
+            # also hold one of its few HTTP threads.
+            connector=aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300, force_close=True),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
         loop = asyncio.get_running_loop()
         threading.Thread(target=self._follow, args=(loop,), name="gateway-follow", daemon=True).start()

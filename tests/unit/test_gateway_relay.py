@@ -453,3 +453,45 @@ async def test_a_body_of_exactly_max_body_mb_is_relayed_and_a_byte_more_is_413(u
         await client.close()
     assert answer.status == status and len(body) == 1024 + extra
     assert len(seen) == (1 if status == 200 else 0)
+
+
+async def test_each_upstream_request_has_its_own_connection_so_a_dropped_kept_alive_one_is_never_met():
+    """An upstream that drops a kept-alive connection when a second request comes on it (as llama-server's
+    cpp-httplib drops its kept-alive connections when it likes) never fails a member's request: the gateway opens a
+    connection per upstream request.
+    Wrong version: connections pooled and reused (aiohttp's default): the second request is a 502
+    (ServerDisconnectedError)."""
+    connections: list[int] = []
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        answered = 0
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            if answered:  # a request on a kept-alive connection: dropped unanswered
+                writer.close()
+                return
+            body = b'{"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            answered += 1
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    made = Gateway(Config(gateway=GatewaySettings()), FixedState(f"http://127.0.0.1:{port}"))
+    made._recheck_loop = asyncio.Event().wait  # no /health probes: only the members' requests reach the upstream
+    client = TestClient(TestServer(made.app()))
+    await client.start_server()
+    try:
+        while not made.router.known:
+            await asyncio.sleep(0.01)
+        statuses = [await asked(client, "m") for _ in range(3)]
+    finally:
+        await client.close()
+        server.close()
+    assert statuses == [200, 200, 200]
+    assert len(connections) == 3
