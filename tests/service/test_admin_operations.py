@@ -501,7 +501,8 @@ def test_the_holder_is_her_uid_not_her_name(world, row):
 @socket_only
 def test_only_the_runners_account_registers_as_the_runner_and_supervises_only_what_a_plan_started(world):
     """Wrong versions: admins or root let in as the runner; any account let in while [llama] runner_user's is
-    missing; the runner's account let supervise any server (the plan's check dropped from may_supervise)."""
+    missing; a second runner let in beside (or in place of) the one registered; the runner's account let supervise
+    any server (the plan's check dropped from may_supervise)."""
     own = alices_server(world, 5)  # started by alice herself: no plan of it
     booking = world.book("alice", 6, now())
     world["alice"].call("serve_plan", booking=booking["id"], model=MODEL)
@@ -518,6 +519,10 @@ def test_only_the_runners_account_registers_as_the_runner_and_supervises_only_wh
     supervisors = []
     try:
         assert runner.first() == {"runner": runner.proc.pid}
+        second = Stream(RUNNER_USER, world.agent.socket, "register", {"kind": "runner"})
+        with pytest.raises(NotPermitted, match="^a runner is registered already$"):
+            second.first()
+        second.close()
         planned = runner.next_event("start")["server"]  # the plan's occurrence is due: the service starts it as alice
         assert (planned["user"], planned["booking_id"]) == ("alice", booking["id"])
         mark = world.mark()

@@ -363,3 +363,22 @@ def test_a_request_id_that_is_not_the_gateways_is_refused_and_nothing_is_written
     assert service.conn.execute("SELECT count(*) FROM gateway_usage").fetchone()[0] == 0
     service.call(GATEWAY, "gateway_usage", {"records": [{**record, "request": "y" * 64}]})
     assert service.conn.execute("SELECT request FROM gateway_usage").fetchone()[0] == "y" * 64
+
+
+def test_a_key_without_a_class_takes_the_class_of_most_of_the_holders_bookings(service):
+    """Two classes among alice's bookings, the less used one booked last: the key takes the one she books most.
+    Wrong versions: the least used class (the order reversed); the latest booking's class; batch whatever she books."""
+    for i, klass in enumerate(("online", "online", "online", "experiment", "experiment")):
+        service.call(ALICE, "book", {"cards": [i], "start": FROZEN_NOW + 3600, "end": FROZEN_NOW + 7200,
+                                     "class": klass})
+    assert service.call(ALICE, "key_new", {})["class"] == "online"
+
+
+@pytest.mark.parametrize("status, errors", [(399, 0), (400, 1), (503, 1)])
+def test_a_request_answered_400_or_more_counts_as_an_error(service, status, errors):
+    """Wrong versions: the boundary moved by one (a 400 not counted, or a 399 counted)."""
+    record = {"ts": FROZEN_NOW, "status": status, "prompt_tokens": 1, "completion_tokens": 1, "duration_ms": 1,
+              "user": "alice", "model": "m"}
+    service.call(GATEWAY, "gateway_usage", {"records": [record]})
+    [row] = service.call(ALICE, "usage", {"since": 0, "by": "user"})["rows"]
+    assert row["errors"] == errors

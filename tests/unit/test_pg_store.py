@@ -695,3 +695,17 @@ def test_a_writer_on_cards_waits_for_the_stores_lock_before_it_takes_any_cards_l
     assert outcome.get_nowait().cards == (2, 5)
     for conn in (admin, watcher, rules.conn):
         conn.close()
+
+
+def test_the_clock_offset_is_read_against_the_middle_of_the_round_trip(monkeypatch):
+    """board doctor's clock check: this host's clock at the middle of the query's round trip, minus the database's.
+    Wrong versions: the offset read against the time before or after the round trip (off by half of it); the sign
+    reversed."""
+    import types
+
+    class Answer:
+        def execute(self, sql):
+            return types.SimpleNamespace(fetchone=lambda: (101.0,))
+
+    monkeypatch.setattr(pg_module, "time", types.SimpleNamespace(time=iter([100.0, 104.0]).__next__))
+    assert clock_offset(Answer()) == 1.0
