@@ -253,3 +253,21 @@ def test_bad_team_aliases_are_one_line_errors(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message) as error:
         load_config(environ={"BOARD_CONFIG": str(path)})
     assert "\n" not in str(error.value) and str(path) in str(error.value)
+
+
+def test_a_members_start_is_judged_by_the_age_of_their_oldest_plan_for_that_booking(world):
+    """bob planned the alias first, alice next, then bob planned it again on the same booking (both of bob's came in
+    past the check, as a booking moved later might make it). bob's own start on that booking is judged by his oldest
+    plan, which is older than alice's: it starts. Wrong version: judged by his newest plan (max for min): refused as
+    alice's."""
+    now = FROZEN_NOW
+    alices, bobs = world.book(ALICE, [0], now, now + HOUR), world.book(BOB, [1], now - 60, now + HOUR)
+    spec = {"model": f"{MODELS}/m.gguf", "alias": "team"}
+    with write(world.conn):
+        plan_rows.insert(world.conn, booking_id=bobs, series_id=None, user="bob", uid=BOB.uid, alias="team", spec=spec,
+                         now=now)
+        plan_rows.insert(world.conn, booking_id=alices, series_id=None, user="alice", uid=ALICE.uid, alias="team",
+                         spec=spec, now=now)
+        plan_rows.insert(world.conn, booking_id=bobs, series_id=None, user="bob", uid=BOB.uid, alias="team", spec=spec,
+                         now=now)
+    assert world.serve(BOB, bobs, "team").user == "bob"
