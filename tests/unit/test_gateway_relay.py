@@ -6,6 +6,7 @@ tests/llama/test_gateway.py does the same end to end with a real llama-server an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 
@@ -48,6 +49,20 @@ class FixedState:
         self.closed.set()
 
 
+@contextlib.asynccontextmanager
+async def opened(state, **settings):
+    """A gateway on `state`, listening for a test client, once it has read the state: (client, gateway)."""
+    made = Gateway(Config(gateway=GatewaySettings(**settings)), state)
+    client = TestClient(TestServer(made.app()))
+    await client.start_server()
+    try:
+        while not made.router.known:
+            await asyncio.sleep(0.01)
+        yield client, made
+    finally:
+        await client.close()
+
+
 @pytest.fixture
 async def upstream():
     seen: list[dict] = []
@@ -79,13 +94,8 @@ async def upstream():
 async def gateway(upstream):
     server, _, _ = upstream
     state = FixedState(str(server.make_url("")).rstrip("/"))
-    made = Gateway(Config(gateway=GatewaySettings()), state)
-    client = TestClient(TestServer(made.app()))
-    await client.start_server()
-    while not made.router.known:
-        await asyncio.sleep(0.01)
-    yield client, made, state
-    await client.close()
+    async with opened(state) as (client, made):
+        yield client, made, state
 
 
 async def test_the_servers_key_goes_upstream_and_the_clients_does_not(gateway, upstream, capsys):
@@ -187,16 +197,11 @@ async def away(upstream):
     """The gateway of `gateway`, on an AwayState, with its once-a-second flush stopped: the test flushes."""
     server, _, _ = upstream
     state = AwayState(str(server.make_url("")).rstrip("/"))
-    made = Gateway(Config(gateway=GatewaySettings()), state)
-    client = TestClient(TestServer(made.app()))
-    await client.start_server()
-    made._flusher.cancel()
-    while not made.router.known:
-        await asyncio.sleep(0.01)
-    yield client, made, state
-    state.away = state.refuse = 0
-    state.hold.clear()
-    await client.close()
+    async with opened(state) as (client, made):
+        made._flusher.cancel()
+        yield client, made, state
+        state.away = state.refuse = 0
+        state.hold.clear()
 
 
 async def asked(client, model: str) -> int:
@@ -344,12 +349,7 @@ async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again
     revoked while the service restarted keeps working)."""
     server, _, _ = upstream
     state = FollowedState(str(server.make_url("")).rstrip("/"))
-    made = Gateway(Config(gateway=GatewaySettings()), state)
-    client = TestClient(TestServer(made.app()))
-    await client.start_server()
-    try:
-        while not made.router.known:
-            await asyncio.sleep(0.01)
+    async with opened(state) as (client, _):
         assert await asked(client, "m") == 200
         await state.send({"event": "down", "message": "the board service is not running"})
         state.away = True
@@ -360,8 +360,6 @@ async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again
         state.away = False
         await state.send({"event": "reconnected"})
         assert await asked(client, "m") == 401
-    finally:
-        await client.close()
 
 
 async def test_a_batch_whose_reply_was_lost_after_the_commit_is_sent_again_and_recorded_once(away, tmp_path):
@@ -415,21 +413,13 @@ async def test_a_keys_models_list_only_what_it_may_use_and_an_open_key_lists_all
     state.state["servers"].append({**state.state["servers"][0], "id": 8, "alias": "n", "cards": [1]})
     state.state["keys"].append({**state.state["keys"][0], "id": 2, "hash": key_hash("bk-scoped"), "models": ["n"],
                                 "fingerprint": "fp2"})
-    made = Gateway(Config(gateway=GatewaySettings()), state)
-    client = TestClient(TestServer(made.app()))
-    await client.start_server()
-    try:
-        while not made.router.known:
-            await asyncio.sleep(0.01)
-
+    async with opened(state) as (client, _):
         async def listed(key: str) -> list[str]:
             answer = await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
             return [m["id"] for m in (await answer.json())["data"]]
 
         assert await listed("bk-scoped") == ["n"]
         assert await listed(KEY) == ["m", "n"]
-    finally:
-        await client.close()
 
 
 @pytest.mark.parametrize("extra, status", [(0, 200), (1, 413)], ids=["at-the-limit", "a-byte-over"])
@@ -438,19 +428,12 @@ async def test_a_body_of_exactly_max_body_mb_is_relayed_and_a_byte_more_is_413(u
     byte late is refused alike by aiohttp's client_max_size, which is set to the same limit.)"""
     server, seen, _ = upstream
     state = FixedState(str(server.make_url("")).rstrip("/"))
-    made = Gateway(Config(gateway=GatewaySettings(max_body_mb=1 / 1024)), state)  # 1,024 bytes
-    client = TestClient(TestServer(made.app()))
-    await client.start_server()
-    try:
-        while not made.router.known:
-            await asyncio.sleep(0.01)
+    async with opened(state, max_body_mb=1 / 1024) as (client, _):  # 1,024 bytes
         head = b'{"model": "m", "messages": [], "pad": "'
         body = head + b"x" * (1024 - len(head) - 2 + extra) + b'"}'
         answer = await client.post("/v1/chat/completions", data=body, headers={
             "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
         await answer.read()
-    finally:
-        await client.close()
     assert answer.status == status and len(body) == 1024 + extra
     assert len(seen) == (1 if status == 200 else 0)
 
