@@ -17,7 +17,7 @@ import pytest
 from app.config import Config, ConfigError, GatewaySettings, LlamaSettings, Policy, load_config
 from app.core.identity import listed
 from app.core.identity import Identity
-from app.errors import Conflict, NotPermitted
+from app.errors import BadInput, Conflict, NotPermitted
 from app.llama import rows as server_rows
 from app.llama.service import ServerService
 from app.service import plans
@@ -271,3 +271,31 @@ def test_a_members_start_is_judged_by_the_age_of_their_oldest_plan_for_that_book
         plan_rows.insert(world.conn, booking_id=bobs, series_id=None, user="bob", uid=BOB.uid, alias="team", spec=spec,
                          now=now)
     assert world.serve(BOB, bobs, "team").user == "bob"
+
+
+@pytest.mark.parametrize("left, refused", [(0, True), (1, False)], ids=["ends-now", "a-second-left"])
+def test_a_plan_on_a_booking_that_ends_now_is_refused_and_one_with_a_second_left_is_made(world, left, refused):
+    """Wrong version: a booking that ends this second taken for one still running (<= moved to <)."""
+    booking = world.book(ALICE, [0], FROZEN_NOW, FROZEN_NOW + HOUR)
+    world.now = FROZEN_NOW + HOUR - left
+    if refused:
+        with pytest.raises(BadInput, match=f"^booking {booking} is over$"):
+            world.plan(ALICE, booking=booking)
+        assert counts(world.conn) == (0, 0)
+    else:
+        assert world.plan(ALICE, booking=booking)["booking"] == booking
+
+
+def test_an_alias_refusal_carries_its_times_as_stamps_for_the_members_zone(world):
+    """The service words no time itself: the reader's client does, in the reader's zone (app.core.text.localize).
+    Wrong version: the alias refusal worded with format_time in the service's zone (a member in Shanghai reads a UTC
+    time with no word of it)."""
+    now = FROZEN_NOW
+    world.serve(ALICE, world.book(ALICE, [0], now, now + HOUR), "solo")
+    with pytest.raises(Conflict) as refused:
+        world.serve(BOB, world.book(BOB, [1], now, now + HOUR), "solo")
+    assert f"serves it until <@time:{now + HOUR}:{now}>" in str(refused.value)
+    world.plan(ALICE, booking=world.book(ALICE, [2], now + 2 * HOUR, now + 3 * HOUR), alias="later")
+    with pytest.raises(Conflict) as refused:
+        world.plan(BOB, booking=world.book(BOB, [3], now + 2 * HOUR, now + 3 * HOUR), alias="later")
+    assert f"from <@time:{now + 2 * HOUR}:{now}> to <@time:{now + 3 * HOUR}:{now}>" in str(refused.value)
