@@ -77,3 +77,17 @@ def test_a_card_whose_maximum_is_unknown_counts_at_its_link_now_and_one_with_no_
     alice, bob = booking(1, "alice", ("a", "b"), (0, 1)), booking(2, "bob", ("c", "d"), (2, 3))
     [group] = tp_links(store, [alice, bob], now, NOW - 2 * H, NOW, BUSY_UTIL)
     assert (group["booking"], group["link_util_pct"]) == (1, round(100 * TRAFFIC / link_capacity_mib_s(2, 16), 1))
+
+
+@pytest.mark.parametrize("traffic, over", [(15024, False), (15025, True)], ids=["exactly-25", "just-over"])
+def test_a_group_at_exactly_the_seeds_25_percent_is_not_over_and_one_just_above_is(tmp_path, traffic, over):
+    """Two Gen 5 x16 cards (60,096 MiB/s each): 15,024 MiB/s is 25.0 % exactly. Wrong version: the share at the
+    threshold counted over (>= for >), with the advice to narrow a group that is not too wide."""
+    store = HistoryStore(tmp_path / "board.history.db")
+    for index, uuid in enumerate("ab"):
+        store.card_id(uuid, index, "RTX 5090", 32768)
+        store.add([Sample(ts=t, uuid=uuid, state=IN_USE, dt=300, util=80, pcie=traffic) for t in range(NOW - H, NOW, 300)])
+    now = [card(i, uuid, pcie_gen=5, pcie_max_gen=5, utilization_pct=90) for i, uuid in enumerate("ab")]
+    [group] = tp_links(store, [booking(1, "alice", ("a", "b"), (0, 1))], now, NOW - 2 * H, NOW, BUSY_UTIL)
+    store.close()
+    assert (group["link_util_pct"], group["over"], group["advice"] is not None) == (25.0, over, over)
