@@ -382,3 +382,15 @@ def test_a_request_answered_400_or_more_counts_as_an_error(service, status, erro
     service.call(GATEWAY, "gateway_usage", {"records": [record]})
     [row] = service.call(ALICE, "usage", {"since": 0, "by": "user"})["rows"]
     assert row["errors"] == errors
+
+
+@pytest.mark.parametrize("ahead, made", [(0, False), (1, True)], ids=["expires-now", "a-second-ahead"])
+def test_a_key_that_would_expire_as_it_is_made_is_refused(service, ahead, made):
+    """Wrong version: a key expiring this very second made (<= moved to <): dead on arrival, and counted against the
+    cap until then."""
+    if made:
+        assert service.call(ALICE, "key_new", {"expires": FROZEN_NOW + ahead})["expires"] == FROZEN_NOW + ahead
+    else:
+        with pytest.raises(BadInput, match="^the key would expire before it is made; give a time in the future$"):
+            service.call(ALICE, "key_new", {"expires": FROZEN_NOW + ahead})
+        assert service.call(ALICE, "key_list", {"all": True}) == []
