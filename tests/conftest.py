@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -192,3 +193,20 @@ def one_line(result) -> str:
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("board"), result.stderr
     return lines[0]
+
+
+@pytest.fixture
+def set_tz():
+    """Set the process TZ (time.tzset) for one test, restored afterwards."""
+    old = os.environ.get("TZ")
+
+    def _set(name):
+        os.environ["TZ"] = name
+        time.tzset()
+
+    yield _set
+    if old is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = old
+    time.tzset()

@@ -47,13 +47,9 @@ server_bin = "/bin/true"
 
 
 @pytest.fixture(autouse=True)
-def in_shanghai(monkeypatch):
+def in_shanghai(set_tz):
     """This process (the member's client, and over the local transport the service too) reads Shanghai time."""
-    monkeypatch.setenv("TZ", "Asia/Shanghai")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+    set_tz("Asia/Shanghai")
 
 
 @pytest.fixture(params=["local", pytest.param("socket", marks=pytest.mark.real_users)])

@@ -4,7 +4,6 @@ free, earliest), and what a refusal suggests instead. Times read in UTC: FROZEN_
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import replace
 
 import pytest
@@ -24,12 +23,8 @@ NOW = FROZEN_NOW
 
 
 @pytest.fixture(autouse=True)
-def _utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+def _utc(set_tz):
+    set_tz("UTC")
 
 
 def last_event(conn, booking_id):

@@ -156,7 +156,6 @@ class TestSummary:
 
     def test_times_are_in_the_policy_zone_and_labelled_with_it(self, monkeypatch):
         """A push goes to the whole team: the policy zone's times, named, whatever the service's own TZ."""
-        import time
         from zoneinfo import ZoneInfo
 
         monkeypatch.setenv("TZ", "America/New_York")
@@ -224,13 +223,9 @@ def test_truncate_keeps_text_of_exactly_the_limit():
 
 
 @pytest.fixture
-def new_york(monkeypatch):
+def new_york(set_tz):
     """The service's own zone differs from the policy zone the summary is given."""
-    monkeypatch.setenv("TZ", "America/New_York")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+    set_tz("America/New_York")
 
 
 def booked(index, user, end, upcoming=None, state="BOOKED", users=()):

@@ -435,13 +435,9 @@ def test_conflicts_are_counted_and_listed_up_to_ten(series, make_service, days):
 # -- issue 19: setups that tell the right answer from a nearly right one (app.service.series' mutants) ----------
 
 @pytest.fixture
-def utc_reader(monkeypatch):
+def utc_reader(set_tz):
     """This process (the reader) in UTC, so that a date read in its zone rather than the policy zone shows."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+    set_tz("UTC")
 
 
 def test_an_occurrence_starting_this_very_second_is_still_ahead(series):

@@ -1,6 +1,4 @@
-import os
 import re
-import time
 from datetime import datetime, timedelta, timezone
 from datetime import time as time_of_day
 from zoneinfo import ZoneInfo
@@ -24,23 +22,6 @@ NOW = datetime(2026, 11, 29, 15, 30, tzinfo=CET)  # a Sunday
 
 def at(*args, tz=CET):
     return datetime(*args, tzinfo=tz)
-
-
-@pytest.fixture
-def set_tz():
-    """Set the process TZ (time.tzset) for one test, restored afterwards."""
-    old = os.environ.get("TZ")
-
-    def _set(name):
-        os.environ["TZ"] = name
-        time.tzset()
-
-    yield _set
-    if old is None:
-        os.environ.pop("TZ", None)
-    else:
-        os.environ["TZ"] = old
-    time.tzset()
 
 
 @pytest.fixture(autouse=True)
