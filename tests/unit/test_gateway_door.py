@@ -520,7 +520,11 @@ class TestTheHeadClock:
 
             sending = asyncio.create_task(trickle())
             try:
-                assert await closed(reader) == b""
+                try:
+                    sent = await closed(reader)
+                except ConnectionResetError:  # cut with the stranger's last bytes unread: the kernel resets, not ends
+                    sent = b""
+                assert sent == b""
             finally:
                 sending.cancel()
             assert made.connections.cut == 1 and upstream.seen == []
