@@ -514,6 +514,10 @@ def test_a_full_database_is_unreachable_for_now_and_retried_not_a_refusal_to_fix
                                " reserved for ") and said.endswith("); nothing was changed") and "\n" not in said
         # the service's connection drops (its backend ended) while every slot is taken: it cannot come back yet
         held[0].execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'board gpu1'")
+        deadline = time.monotonic() + 30  # pg_terminate_backend only signals: the slot is free once the backend exits
+        while held[0].execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'board gpu1'"
+                              ).fetchone()[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
         held += [psycopg.connect(url, autocommit=True) for _ in range(4)]
         full = f"the board database is unreachable (gpu1 → {where}: sorry, too many clients already); nothing was changed"
         with pytest.raises(StoreUnreachable):
