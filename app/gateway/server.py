@@ -514,8 +514,11 @@ class WatchedSite(web.TCPSite):
 
 async def open_site(gateway: Gateway, listen: str) -> tuple[web.AppRunner, WatchedSite]:
     """The gateway listening (port 0: any free one, site.port says which); runner.cleanup() closes it."""
+    # aiohttp's own keep-alive clock is only a backstop, set well after ours (Connections), which counts the cut:
+    # it starts when a connection opens, so at the same length it would be first in the loop's queue whenever the
+    # loop runs late, and its default (3630 s) would cut a longer idle_timeout_s short.
     runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None,
-                           keepalive_timeout=gateway.settings.idle_timeout_s)
+                           keepalive_timeout=2 * gateway.settings.idle_timeout_s + 1)
     await runner.setup()
     host, port = _listen(listen)
     site = WatchedSite(runner, gateway.connections, host, port, reuse_address=True, backlog=BACKLOG)
