@@ -11,7 +11,7 @@ from app.config import Config
 from app.core.identity import Identity
 from app.errors import Conflict
 from app.service import open_service
-from app.service.writer import DatabaseThread
+from app.service.writer import MAX_GROUP, DatabaseThread
 from app.store import events
 
 H = 3600
@@ -75,6 +75,31 @@ def test_an_operation_between_bookings_keeps_its_place_in_the_order(tmp_path):
     assert second.result()["cards"] == [5]
     database.shutdown()
     service.close()
+
+
+def test_a_group_holds_at_most_max_group_bookings_and_the_next_one_opens_the_next_transaction(tmp_path):
+    """MAX_GROUP + 1 bookings waiting together: the first MAX_GROUP share one transaction, the last has its own.
+    Wrong versions: the cap off by one either way (one transaction of MAX_GROUP + 1, or MAX_GROUP - 1 and two), no cap."""
+    service = open_service(Config(db_path=tmp_path / "board.db"), environ={"BOARD_SIMULATE": "1"})
+    database = DatabaseThread(service)
+    start = (int(time.time()) // H + 24) * H
+    gate, statements = threading.Event(), []
+    database.submit(gate.wait)
+    database.submit(lambda: service.conn.set_trace_callback(statements.append))
+    futures = [database.call((ALICE, BOB)[i % 2], "book", {"cards": [i % 8], "start": start + (i // 8) * H,
+                                                          "end": start + (i // 8 + 1) * H})
+               for i in range(MAX_GROUP + 1)]
+    gate.set()
+    made = [f.result() for f in futures]
+    database.submit(lambda: service.conn.set_trace_callback(None)).result()
+    database.shutdown()
+    service.close()
+
+    assert len({b["id"] for b in made}) == MAX_GROUP + 1
+    assert sum(s.startswith("BEGIN") for s in statements) == 2 and statements.count("COMMIT") == 2
+    first_commit = statements.index("COMMIT")  # a group's bookings have a savepoint each; one alone needs none
+    assert statements[:first_commit].count("SAVEPOINT nested") == MAX_GROUP
+    assert statements[first_commit:].count("SAVEPOINT nested") == 0
 
 
 def test_a_refusal_in_a_group_reads_again_only_what_its_own_savepoint_undid(tmp_path):
