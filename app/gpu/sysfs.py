@@ -34,9 +34,10 @@ class Placement:
 
 
 def sysfs_address(bus_id: str) -> str:
-    """NVML's "00000000:01:00.0" as sysfs names it: "0000:01:00.0" (a 4-digit domain, lower case)."""
+    """NVML's "00000000:01:00.0" as sysfs names it: "0000:01:00.0" (the domain as the kernel's %04x prints it: 4
+    digits at least, so a VMD domain 0x10000 is "10000"; lower case)."""
     domain, _, rest = bus_id.strip().lower().partition(":")
-    return f"{domain[-4:]:0>4}:{rest}"
+    return f"{domain.lstrip('0'):0>4}:{rest}"
 
 
 def placement(bus_id: str | None, root: Path = SYSFS) -> Placement:

@@ -47,6 +47,15 @@ def test_bus_ids_are_named_as_sysfs_names_them():
     assert sysfs_address("00000001:C1:00.0") == "0001:c1:00.0"
 
 
+def test_a_domain_past_four_digits_keeps_them_and_a_sysfs_name_is_kept_as_is():
+    """The kernel prints the domain with %04x: a VMD domain 0x10000 is "10000:e1:00.0" in sysfs, and a name sysfs
+    already gives (4 digits) stays as it is.
+    Wrong versions: the domain cut to its last 4 digits ("0000:e1:00.0", another card); cut from the front."""
+    assert sysfs_address("00010000:E1:00.0") == "10000:e1:00.0"
+    assert sysfs_address("0001:c1:00.0") == "0001:c1:00.0"
+    assert sysfs_address("0000:01:00.0") == "0000:01:00.0"
+
+
 def test_a_card_on_a_cpu_root_port_has_its_slot_numa_node_and_own_link_maxima(tmp_path):
     pci_tree(tmp_path, [("0000:00:01.1", "0x1022"), ("0000:01:00.0", "0x10de")], slot="3", numa=1, max_width=16)
     where = placement("00000000:01:00.0", tmp_path)
@@ -60,6 +69,11 @@ def test_a_card_on_a_cpu_root_port_has_its_slot_numa_node_and_own_link_maxima(tm
     ([("0000:00:01.1", "0x1022"), ("0000:01:00.0", "0x10b5"), ("0000:02:08.0", "0x10b5"), ("0000:03:00.0", "0x10de")], False),
     # Intel: a PCH root port (device 1c) against the CPU's (device 01).
     ([("0000:00:1c.4", "0x8086"), ("0000:05:00.0", "0x10de")], True),
+    # the PCH's last root port (1d, read as hex) is the chipset; 1a is not one of its root ports
+    ([("0000:00:1d.0", "0x8086"), ("0000:05:00.0", "0x10de")], True),
+    ([("0000:00:1a.0", "0x8086"), ("0000:05:00.0", "0x10de")], False),
+    # AMD: the chipset's bridge right under the root port, nothing below it
+    ([("0000:00:01.2", "0x1022"), ("0000:02:00.0", "0x1022"), ("0000:03:00.0", "0x10de")], True),
     ([("0000:00:01.0", "0x8086"), ("0000:01:00.0", "0x10de")], False),
 ])
 def test_behind_the_chipset_is_told_from_the_upstream_path(tmp_path, chain, expected):
@@ -82,6 +96,21 @@ def test_the_maximum_generation_is_the_cards_link_capability_not_its_link_now(tm
     assert (where.max_gen, where.max_width) == (gen, 16)
 
 
+def test_a_link_or_numa_node_the_kernel_cannot_tell_is_none(tmp_path):
+    """No NUMA node reads -1; a device without max_link_speed/max_link_width files (no PCIe capability) has no maxima.
+    Wrong versions: -1 taken as node -1; a missing file read as a value (a crash, or a number)."""
+    pci_tree(tmp_path, [("0000:00:01.1", "0x1022"), ("0000:01:00.0", "0x10de")], numa=-1)
+    device = tmp_path / "bus" / "pci" / "devices" / "0000:01:00.0"
+    (device / "max_link_speed").unlink()
+    (device / "max_link_width").unlink()
+    where = placement("00000000:01:00.0", tmp_path)
+    assert (where.numa_node, where.max_gen, where.max_width, where.behind_chipset) == (None, None, None, False)
+    (device / "max_link_width").write_text("x16\n")
+    (device / "numa_node").write_text("\n")
+    where = placement("00000000:01:00.0", tmp_path)
+    assert (where.numa_node, where.max_width) == (None, None)
+
+
 def test_no_sysfs_entry_says_nothing(tmp_path):
     assert placement("00000000:01:00.0", tmp_path) == placement(None, tmp_path)
     assert placement("00000000:01:00.0", tmp_path).slot is None
@@ -95,6 +124,9 @@ def test_no_sysfs_entry_says_nothing(tmp_path):
     (f"0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-{CONTAINER}.scope\n", CONTAINER[:12]),
     ("0::/user.slice/user-1001.slice/session-4.scope\n", None),
     ("0::/\n", None),
+    # the path (the third field) may itself hold a colon: only the first two split it
+    (f"0::/system.slice/docker-{CONTAINER}.scope/app:1\n", CONTAINER[:12]),
+    (f"1:name=systemd:/docker/{CONTAINER}/a:b:c\n", CONTAINER[:12]),
     ("0::/system.slice/docker-notanid.scope\n", None),
 ])
 def test_the_container_is_read_from_the_cgroup(text, expected):
