@@ -247,6 +247,76 @@ def test_a_joined_spelling_is_refused_with_the_spelling_llama_cpp_reads():
         command.check_extra(["--chat-template-file=/t/-m.jinja"])
 
 
+def test_a_joined_spelling_is_read_at_its_first_equals_sign_and_quoted_cut_to_80_and_60():
+    """`--temp=a=b` is the flag --temp joined to the value `a=b`; a long argument is quoted to 80 characters and its
+    value to 60; a joined flag off the allow-list gets the off-the-list refusal, not a hint to write it apart.
+    Wrong versions: split at the last `=` (or at every `=`: a crash); other cuts; any `=` taken as a joined spelling."""
+    with pytest.raises(BadInput) as refused:
+        command.check_extra(["--temp=a=b"])
+    assert str(refused.value) == "extra argument '--temp=a=b': llama-server reads no --flag=value spelling; write --temp a=b"
+    long = "--top-k=" + "1234567890" * 10
+    with pytest.raises(BadInput) as refused:
+        command.check_extra([long])
+    assert str(refused.value) == (f"extra argument {long[:80]!r}: llama-server reads no --flag=value spelling;"
+                                  f" write --top-k {long[8:68]}")
+    with pytest.raises(BadInput) as refused:
+        command.check_extra(["--log-file=/etc/passwd"])
+    assert str(refused.value).startswith("extra argument --log-file=/etc/passwd is not one board passes")
+
+
+def test_a_flag_off_the_allow_list_is_refused_with_the_whole_hint_and_its_name_cut_to_80():
+    """The refusal a member reads, word for word; a flag of 200 characters is named by its first 80.
+    Wrong versions: another cut; the hint's wording or case changed."""
+    flag = "--x" + "y" * 200
+    with pytest.raises(BadInput) as refused:
+        command.check_extra([flag])
+    assert str(refused.value) == (
+        f"extra argument {flag[:80]} is not one board passes to llama-server: only flags that name no file or address,"
+        " and a file flag (--chat-template-file, --lora, --mmproj, ...) with a file under [llama] model_dirs;"
+        " see 'Extra arguments' in docs/llama.md")
+
+
+def test_a_flag_of_two_values_given_one_says_it_needs_two():
+    """--control-vector-layer-range takes START END.
+    Wrong version: every short flag told it 'needs a value'."""
+    with pytest.raises(BadInput) as refused:
+        command.check_extra(["--control-vector-layer-range", "1"])
+    assert str(refused.value) == "extra argument --control-vector-layer-range needs 2 values"
+
+
+def test_model_dirs_root_covers_every_file_and_a_dir_is_never_cut_short(tmp_path):
+    """model_dirs `/` (normal, so it keeps its slash) covers every absolute file; a directory whose name ends in
+    characters other than `/` keeps them.
+    Wrong versions: the directory's trailing characters stripped as whitespace or as other characters than `/`."""
+    assert command.check_extra(["--lora", "/srv/a.gguf"], ["/"]) == ["--lora", "/srv/a.gguf"]
+    assert command.check_extra(["--lora", "/srv/models-X/a.gguf"], ["/srv/models-X"]) == ["--lora", "/srv/models-X/a.gguf"]
+    with pytest.raises(BadInput, match="takes one file under"):
+        command.check_extra(["--lora", "/srv/models-/a.gguf"], ["/srv/models-X"])
+    lora = tmp_path / "a.gguf"
+    lora.write_bytes(b"GGUF")
+    command.check_files(["/bin/llama-server", "--lora", str(lora)], ["/"])
+
+
+# The command line board itself writes (server_argv), which the member's own process and the supervisor read whole.
+_BOARD_LINE = ["/bin/llama-server", "-m", "/srv/models/m.gguf", "--host", "127.0.0.1", "--port", "8081", "-c", "256",
+               "-np", "1", "-ngl", "999", "--split-mode", "layer", "-fa", "on", "-ctk", "f16", "-ctv", "f16",
+               "--tensor-split", "1,1", "--alias", "m", "-lv", "4"]
+
+
+def test_the_whole_command_line_passes_with_boards_own_flags_and_nothing_else_does(tmp_path):
+    """check_files reads board's own flags (one value each) and the allow-list; a hostile flag added to the line
+    (--log-file, --api-key-file, --slot-save-path) is refused, and a flag of no value does not swallow the next.
+    Wrong versions: board's flags refused, or every flag off board's list given one value (so --log-file passes)."""
+    lora = tmp_path / "a.gguf"
+    lora.write_bytes(b"GGUF")
+    command.check_files([*_BOARD_LINE, "--jinja", "--lora", str(lora)], [str(tmp_path)])
+    with pytest.raises(BadInput, match=r"^extra argument --lora: /etc/hostname is not a file under"):
+        command.check_files([*_BOARD_LINE, "--jinja", "--lora", "/etc/hostname"], [str(tmp_path)])
+    for hostile in (["--log-file", "/tmp/x"], ["--api-key-file", "/tmp/k"], ["--slot-save-path", "/tmp"]):
+        with pytest.raises(BadInput, match=f"^extra argument {hostile[0]} is not one board passes"):
+            command.check_files([*_BOARD_LINE, *hostile], [str(tmp_path)])
+
+
 def test_a_cache_type_is_one_llama_server_knows_and_a_refusal_lists_them():
     assert [command.cache_type("k", name) for name in ("f16", "q8_0", "iq4_nl")] == ["f16", "q8_0", "iq4_nl"]
     with pytest.raises(BadInput) as refused:
