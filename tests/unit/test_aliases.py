@@ -18,6 +18,7 @@ from app.config import Config, ConfigError, GatewaySettings, LlamaSettings, Poli
 from app.core.identity import listed
 from app.core.identity import Identity
 from app.errors import BadInput, Conflict, NotPermitted
+from app.llama import aliases
 from app.llama import rows as server_rows
 from app.llama.service import ServerService
 from app.service import plans
@@ -25,7 +26,7 @@ from app.service.bookings import BookingService
 from app.service.series import SeriesService
 from app.store import plans as plan_rows
 from app.store.db import write
-from tests.conftest import FROZEN_NOW, worded  # Sunday 2026-11-29 15:30 UTC
+from tests.conftest import FROZEN_NOW, sqlite_only, worded  # Sunday 2026-11-29 15:30 UTC
 
 MODELS = "/srv/models"
 HOUR = 3600
@@ -299,3 +300,61 @@ def test_an_alias_refusal_carries_its_times_as_stamps_for_the_members_zone(world
     with pytest.raises(Conflict) as refused:
         world.plan(BOB, booking=world.book(BOB, [3], now + 2 * HOUR, now + 3 * HOUR), alias="later")
     assert f"from <@time:{now + 2 * HOUR}:{now}> to <@time:{now + 3 * HOUR}:{now}>" in str(refused.value)
+
+
+def test_alias_refusals_are_worded_whole_and_a_long_alias_is_cut_to_80(world):
+    """Each refusal a member reads, word for word, under an alias of 100 characters: named by its first 80.
+    Wrong versions: another cut; the hint's words changed (either hint)."""
+    now, alias = FROZEN_NOW, "a" * 100
+    alices = world.book(ALICE, [0], now, now + HOUR)
+    held = world.serve(ALICE, alices, alias)
+    with pytest.raises(Conflict) as refused:
+        world.serve(BOB, world.book(BOB, [1], now, now + HOUR), alias)
+    assert str(refused.value) == (f"alias {alias[:80]} is alice's: their server {held.id} on booking {alices} serves it"
+                                  f" until <@time:{now + HOUR}:{now}>; give another --alias")
+    later = world.book(ALICE, [2], now + 2 * HOUR, now + 3 * HOUR)
+    plan = world.plan(ALICE, booking=later, alias=alias)
+    with pytest.raises(Conflict) as refused:
+        world.plan(BOB, booking=world.book(BOB, [3], now + 2 * HOUR, now + 3 * HOUR), alias=None,
+                   model=f"{MODELS}/{alias}.gguf")
+    assert str(refused.value) == (
+        f"alias {alias[:80]} is alice's: their planned server {plan['id']} serves it on booking {later} from"
+        f" <@time:{now + 2 * HOUR}:{now}> to <@time:{now + 3 * HOUR}:{now}>; the alias is the model's name unless you"
+        " give one: pass --alias NAME")
+    team = "t" * 100
+    config = Config(db_path=world.config.db_path, gateway=GatewaySettings(team_aliases={team: ("alice",)}))
+    with pytest.raises(NotPermitted) as refused:
+        aliases.check(world.conn, config, user="bob", uid=BOB.uid, alias=team, spans=[(now, now + HOUR)], now=now)
+    assert str(refused.value) == (f"{team[:80]} is a team alias that only alice may serve ([gateway.team_aliases]);"
+                                  " give another --alias")
+
+
+def test_a_members_own_plan_does_not_hide_another_members_plan_after_it(world):
+    """bob's plan (older, the first held row) is his own and passes; alice's later plan, which his start now
+    overlaps, still refuses it.
+    Wrong version: the scan stopped at the first plan it passes over (break for continue)."""
+    now = FROZEN_NOW
+    world.plan(BOB, booking=world.book(BOB, [0], now + 2 * HOUR, now + 3 * HOUR))
+    alices = world.book(ALICE, [1], now + HOUR, now + 2 * HOUR)
+    alice_plan = world.plan(ALICE, booking=alices)
+    with pytest.raises(Conflict, match=f"^alias team is alice's: their planned server {alice_plan['id']} "):
+        world.serve(BOB, world.book(BOB, [2], now, now + 2 * HOUR), "team")
+
+
+@sqlite_only  # PRAGMA foreign_keys
+def test_a_live_server_whose_booking_row_is_gone_holds_its_alias_this_second_only(world):
+    """A server row without its booking (the store's foreign key off, as no code path makes it) is taken as live now,
+    holding its alias until now + 1: a plan from now is refused, one from the next second is made.
+    Wrong versions: the missing booking read (a crash); held until now - 1 (never) or now + 2."""
+    now = FROZEN_NOW
+    alices = world.book(ALICE, [0], now, now + HOUR)
+    world.serve(ALICE, alices, "team")
+    world.book(CAROL, [3], now, now + HOUR)  # a later row, so that the next booking does not take the gone one's id
+    world.conn.execute("PRAGMA foreign_keys = OFF")
+    with write(world.conn):
+        world.conn.execute("DELETE FROM bookings WHERE id = ?", (alices,))
+    world.conn.execute("PRAGMA foreign_keys = ON")
+    with pytest.raises(Conflict) as refused:
+        world.plan(BOB, booking=world.book(BOB, [1], now, now + HOUR))
+    assert f"serves it until <@time:{now + 1}:{now}>;" in str(refused.value)
+    assert world.plan(BOB, booking=world.book(BOB, [2], now + 1, now + HOUR))["user"] == "bob"
