@@ -84,7 +84,7 @@ def build_checks(build: Build, capabilities: Iterable[str], where: str) -> list[
     """One line per architecture among the cards: does this build run on it, and at full speed?"""
     checks: list[tuple[bool | None, str]] = []
     archs = ",".join(f"sm_{a}" for a in sorted(build.sass)) or "none"
-    for capability in sorted(set(capabilities)):
+    for capability in sorted(set(capabilities), key=arch_number):
         arch = arch_number(capability)
         fix = f"rebuild llama.cpp with cmake -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES={arch}"
         if not build.has_cuda:

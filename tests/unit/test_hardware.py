@@ -200,13 +200,14 @@ def test_a_group_across_switches_or_numa_nodes_gets_a_note_and_a_close_one_none(
 # -- llama.cpp builds --------------------------------------------------------------------------------------------
 
 
-def fatbin(*entries: tuple[int, int]) -> bytes:
-    """A fat binary container holding (kind, arch) entries with a few payload bytes each."""
+def fatbin(*entries: tuple[int, int], header: int = 64, payload: bytes = b"\x7fELF" + bytes(12), version: int = 1,
+           header_size: int = 16) -> bytes:
+    """A fat binary container holding (kind, arch) entries, each with a `header`-byte header and `payload`."""
     body = b""
     for kind, arch in entries:
-        payload = b"\x7fELF" + bytes(12)
-        body += struct.pack("<HHIQIIHHI", kind, 0x101, 64, len(payload), 0, 0, 8, 1, arch) + bytes(64 - 32) + payload
-    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+        body += struct.pack("<HHIQIIHHI", kind, 0x101, header, len(payload), 0, 0, 8, 1, arch) + bytes(max(0, header - 32))
+        body += payload
+    return struct.pack("<IHHQ", 0xBA55ED50, version, header_size, len(body)) + bytes(header_size - 16) + body
 
 
 def test_the_embedded_architectures_are_read_from_the_fat_binaries():
@@ -216,7 +217,24 @@ def test_the_embedded_architectures_are_read_from_the_fat_binaries():
     assert scan(b"\x50\xed\x55\xba" + b"\xff" * 8) == Build()  # a magic number by chance, then nonsense
 
 
+def test_every_container_is_read_and_each_only_as_far_as_it_is_a_fat_binary():
+    """Three containers (the middle one read too); entries of the shortest header (32 bytes, no payload), the last
+    ending the container exactly; an entry whose header is too short ends its container only; an entry of another
+    kind (neither PTX nor ELF) counts for nothing; a container of another version or header size is skipped.
+    Wrong versions: the search jumping to the last container; the last short entry dropped, or a 32-byte header
+    taken as too short; the whole scan ended at a bad entry; another kind read as PTX; version or header size
+    alone enough."""
+    data = fatbin((SASS, 50)) + b"x" + fatbin((SASS, 61)) + b"y" + fatbin((PTX, 70))
+    assert scan(data) == Build(frozenset({50, 61}), frozenset({70}))
+    assert scan(fatbin((SASS, 89), (SASS, 120), header=32, payload=b"")) == Build(frozenset({89, 120}))
+    bad = fatbin((SASS, 75), header=8, payload=b"") + fatbin((SASS, 86))
+    assert scan(bad) == Build(frozenset({86}))
+    assert scan(fatbin((4, 90), (0, 80), (SASS, 86))) == Build(frozenset({86}))
+    assert scan(fatbin((SASS, 90), version=2) + fatbin((SASS, 80), header_size=24)) == Build()
+
+
 @pytest.mark.parametrize(("build", "capability", "expected"), [
+    (Build(frozenset(), frozenset({120})), "12.0", "ptx"),  # PTX for the card's own architecture: JIT too
     (Build(frozenset({120})), "12.0", "sass"),
     (Build(frozenset({86})), "8.9", "sass"),  # sm_86 code runs on 8.9: same major, lower minor
     (Build(frozenset({89})), "8.6", "none"),  # but not the other way round
@@ -240,3 +258,34 @@ def test_build_checks_name_the_fix(tmp_path):
     [(ok, line)] = build_checks(Build(), ["12.0"], "llama-server")
     assert ok is False and "CPU build" in line
     assert build_checks(Build(frozenset({120})), ["12.0"], "llama-server")[0][0] is True
+
+
+def test_build_checks_word_each_verdict_with_the_builds_native_architectures(tmp_path):
+    """Every line a member reads, whole, one per architecture in the order of their numbers (7.5 before 12.0): the
+    build's SASS listed sm_86,sm_89 (or "none"); a CPU build says so for every architecture among the cards.
+    Wrong versions: capabilities sorted as text (12.0 first); another separator or spelling of the list; the list
+    lost; a CPU build's second line dropped."""
+    both = Build(frozenset({89, 86}), frozenset({89}))
+    fix = "rebuild llama.cpp with cmake -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="
+    assert build_checks(both, ["8.9", "12.0", "7.5", "8.9"], "llama-server") == [
+        (False, "llama-server has no code for compute capability 7.5 (sm_86,sm_89): it fails with"
+                f' "no kernel image is available"; {fix}75'),
+        (True, "llama-server carries native code for compute capability 8.9 (sm_86,sm_89)"),
+        (None, f"llama-server has no sm_120 code, only PTX (sm_86,sm_89): it runs through PTX JIT, slow to start and"
+               f" slower; {fix}120")]
+    assert build_checks(Build(frozenset(), frozenset({89})), ["12.0"], "llama-server") == [
+        (None, f"llama-server has no sm_120 code, only PTX (none): it runs through PTX JIT, slow to start and slower;"
+               f" {fix}120")]
+    assert build_checks(Build(), ["8.6", "12.0"], "x") == [
+        (False, f"x has no CUDA code (a CPU build): it cannot use the cards; {fix}86"),
+        (False, f"x has no CUDA code (a CPU build): it cannot use the cards; {fix}120")]
+
+
+def test_a_library_that_cannot_be_read_is_passed_over_and_the_next_one_read(tmp_path):
+    """libggml-cuda.so a dangling link (a package half removed), libggml-cuda.so.1 the real library.
+    Wrong version: the first unreadable file ends the reading."""
+    server = tmp_path / "llama-server"
+    server.write_bytes(b"\x7fELF")
+    (tmp_path / "libggml-cuda.so").symlink_to(tmp_path / "libggml-cuda.so.0")
+    (tmp_path / "libggml-cuda.so.1").write_bytes(fatbin((SASS, 120)))
+    assert build_of(server) == Build(frozenset({120}))
