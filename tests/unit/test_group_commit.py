@@ -7,12 +7,15 @@ import sqlite3
 import threading
 import time
 
+import pytest
+
 from app.config import Config
 from app.core.identity import Identity
 from app.errors import Conflict
 from app.service import open_service
 from app.service.writer import MAX_GROUP, DatabaseThread
 from app.store import events
+from app.store.db import StoreError
 
 H = 3600
 ALICE, BOB = Identity("alice", 1001, False), Identity("bob", 1002, False)
@@ -259,3 +262,62 @@ def test_a_group_that_sqlite_ends_midway_runs_each_booking_again_on_its_own(tmp_
     live, audit = live_and_audit(tmp_path / "board.db")
     assert live == [(o["id"], "alice", 1) for o in outcomes]
     assert audit == [("alice", "create", 1, o["id"]) for o in outcomes]
+
+
+def test_a_group_whose_begin_fails_answers_every_booking_with_that_error_and_the_thread_goes_on(tmp_path):
+    """The group's BEGIN IMMEDIATE fails (an I/O error): nothing ran, so every booking of the group is answered with
+    the store's error, and the thread answers what comes next. Settled before shutdown's join returns.
+    Wrong versions: the outcomes not made for the whole batch (the thread dies, the members wait for ever)."""
+    service = open_service(Config(db_path=tmp_path / "board.db"), environ={"BOARD_SIMULATE": "1"})
+    start = (int(time.time()) // H + 24) * H
+    database = DatabaseThread(service)
+    seen = database.submit(lambda: fail_once(service, "BEGIN")).result()
+    gate = threading.Event()
+    database.submit(gate.wait)
+    futures = [database.call(ALICE, "book", {"cards": [c], "start": start, "end": start + H}) for c in (4, 5, 6)]
+    after = database.call(BOB, "list", {"start": start})  # not a booking: runs alone, after the group
+    gate.set()
+    database.shutdown(wait=True)  # the thread has run everything queued (or died): no future is waited on
+    service.close()
+    assert all(f.done() for f in [*futures, after])
+    outcomes = [f.exception() for f in futures]
+    assert [type(o) for o in outcomes] == [StoreError] * 3 and len({str(o) for o in outcomes}) == 1, outcomes
+    assert sum(s.startswith("BEGIN") for s in seen) == 1 and "COMMIT" not in seen
+    assert after.result()["bookings"] == []
+    assert live_and_audit(tmp_path / "board.db") == ([], [])
+
+
+def test_only_bookings_share_a_transaction_other_writes_waiting_together_have_one_each(tmp_path):
+    """Two cancels waiting together run one after the other, each in its own transaction, never as a group.
+    Wrong version: every operation named by a string grouped (the cancels in one BEGIN ... COMMIT)."""
+    service = open_service(Config(db_path=tmp_path / "board.db"), environ={"BOARD_SIMULATE": "1"})
+    database = DatabaseThread(service)
+    start = (int(time.time()) // H + 24) * H
+    made = [database.call(ALICE, "book", {"cards": [c], "start": start, "end": start + H}).result()["id"]
+            for c in (0, 1)]
+    gate, statements = threading.Event(), []
+    database.submit(gate.wait)
+    database.submit(lambda: service.conn.set_trace_callback(statements.append))
+    futures = [database.call(ALICE, "cancel", {"id": i}) for i in made]
+    gate.set()
+    [f.result() for f in futures]
+    database.submit(lambda: service.conn.set_trace_callback(None)).result()
+    database.shutdown(wait=True)
+    service.close()
+    assert sum(s.startswith("BEGIN") for s in statements) == 2 and statements.count("COMMIT") == 2, statements
+
+
+def test_the_database_thread_keeps_no_process_alive_and_refuses_work_once_stopped(tmp_path):
+    """The agent's process may end without its shutdown (a crash on the main thread): the database thread must not
+    hold it open. After shutdown, a call is refused in words.
+    Wrong versions: a non-daemon thread (the process hangs at exit); the refusal's words changed."""
+    service = open_service(Config(db_path=tmp_path / "board.db"), environ={"BOARD_SIMULATE": "1"})
+    before = set(threading.enumerate())
+    database = DatabaseThread(service)
+    started = set(threading.enumerate()) - before
+    assert started and [t for t in started if not t.daemon] == []
+    database.shutdown(wait=True)
+    with pytest.raises(RuntimeError) as refused:
+        database.call(ALICE, "list", {})
+    assert str(refused.value) == "the database thread has stopped"
+    service.close()
