@@ -394,3 +394,27 @@ def test_a_key_that_would_expire_as_it_is_made_is_refused(service, ahead, made):
         with pytest.raises(BadInput, match="^the key would expire before it is made; give a time in the future$"):
             service.call(ALICE, "key_new", {"expires": FROZEN_NOW + ahead})
         assert service.call(ALICE, "key_list", {"all": True}) == []
+
+
+def test_root_may_read_what_the_gateway_reads_and_uid_1_is_refused_in_words(service):
+    """root (uid 0) passes the gateway's check as the gateway's own account does; any other account is refused
+    naming the operation and the gateway's account.
+    Wrong versions: the root test on another uid (root refused, uid 1 let in); the refusal without its words."""
+    assert service.call(Identity("root", 0, False), "gateway_state", {})["keys"] == []
+    daemon = Identity("daemon", 1, False)
+    with pytest.raises(NotPermitted) as refused:
+        service.call(daemon, "gateway_state", {})
+    assert str(refused.value) == "gateway_state is the gateway's own operation (account board-gateway)"
+    with pytest.raises(NotPermitted) as refused:
+        service.call(daemon, "gateway_usage", {"records": []})
+    assert str(refused.value) == "gateway_usage is the gateway's own operation (account board-gateway)"
+
+
+def test_a_refused_keys_audit_names_its_holder_by_the_first_64_characters(service):
+    """The audit row of a refused key keeps the holder's name cut to 64 characters, as the not-an-admin refusal does.
+    Wrong version: another cut."""
+    with_config(service, gateway=replace_gateway(service, max_keys_per_user=0))
+    long = Identity("m" * 80, 1004, False)
+    with pytest.raises(NotPermitted):
+        service.call(long, "key_new", {})
+    assert events_of(service, "key_new")[-1][2]["user"] == "m" * 64
