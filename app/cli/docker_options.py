@@ -153,11 +153,10 @@ def mount(option: str, value: str, where: Options) -> None:
         raise refuse(f"{option} {value}", "names no volume: a volume's source is its name")
 
 
-def one_of(*allowed: str) -> Callable[[str, str, Options], None]:
+def one_of(*allowed: str, why: str = "the container keeps its own namespaces") -> Callable[[str, str, Options], None]:
     def check(option: str, value: str, where: Options) -> None:
         if value not in allowed:
-            raise refuse(f"{option} {value}", f"is not allowed: give {' or '.join(allowed)} (the container keeps"
-                                              f" its own namespaces)")
+            raise refuse(f"{option} {value}", f"is not allowed: give {' or '.join(allowed)} ({why})")
     return check
 
 
@@ -300,7 +299,7 @@ OPTIONS: dict[str, tuple[str, bool, Rule]] = {
     "pull": ("", True, ALLOW),
     "quiet": ("q", False, ALLOW),
     "read-only": ("", False, ALLOW),
-    "restart": ("", True, one_of("no")),  # a restarted container would outlive board run
+    "restart": ("", True, one_of("no", why="a restarted container would outlive board run")),
     "rm": ("", False, BOARDS),
     "runtime": ("", True, DEVICES),
     "security-opt": ("", True, PRIVILEGES),

@@ -19,7 +19,9 @@ import re
 import select
 import shutil
 import signal
+import socket
 import socketserver
+import stat
 import subprocess
 import sys
 import threading
@@ -518,3 +520,169 @@ def test_any_line_board_passes_reaches_the_daemon_as_the_booked_card_alone(membe
             passed += 1
             assert_only_its_cards(body, root)
     assert passed > 50, passed  # the lines it let through, each checked at the daemon
+
+
+# -- the allow-list in process -------------------------------------------------------------------------------------
+# The same cases as above through app.cli.docker_options.check itself, each refusal's whole line, and the forms a
+# hostile member could try next: a relative path, a socket or a device node outside /dev, an env file of exactly
+# the size read, a name hidden behind a byte that is not UTF-8, a label with no value.
+
+
+@pytest.fixture(scope="module")
+def where(member):
+    """The member's Options (their uid, the models directory, their directory as the working one), with the extra
+    files the cases below name: a Unix socket, a character and a block device node, env files at the size limit."""
+    from app.cli.docker_options import MAX_FILE, Options
+
+    root = member[0]
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(root / "sock"))
+    os.mknod(root / "chr", stat.S_IFCHR | 0o600, os.makedev(1, 3))  # /dev/null's numbers
+    os.mknod(root / "blk", stat.S_IFBLK | 0o600, os.makedev(7, 0))  # a loop device's
+    tail = b"NVIDIA_VISIBLE_DEVICES=all\n"
+    (root / "exact.env").write_bytes(b"A=" + b"x" * (MAX_FILE - len(tail) - 3) + b"\n" + tail)
+    (root / "over.env").write_bytes(b"A=" + b"x" * (MAX_FILE - 2) + b"\n")
+    (root / "latin1.env").write_bytes(b"\xffHF=1\nNVIDIA_VISIBLE_DEVICES=all\n")  # not UTF-8, then board's name
+    (root / "indented.labels").write_text("  # a comment\n\t\n  team=ml\n")
+    return Options(os.getuid(), [str(root / "models")], str(root))
+
+
+def refusal(options, where) -> str:
+    from app.cli.docker_options import check
+
+    with pytest.raises(BadInput) as refused:
+        check(options, where)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(("options", "named"), REFUSED, ids=lambda case: " ".join(case) if isinstance(case, tuple)
+                         else None)
+def test_each_refused_case_is_refused_by_the_table_itself(member, where, options, named):
+    """The subprocess test above, in process: a rule dropped or inverted (a check skipped, a name read from the
+    wrong side of =, a protected tree tested the wrong way round) lets the case through or names something else."""
+    line = refusal(fill(options, member[0]), where)
+    assert line.startswith("docker option ") and all(word in line for word in named.split()), line
+
+
+IN_PROCESS_ALLOWED = [
+    *ALLOWED,
+    ("-v", "./data:/d"),  # relative to the member's directory, not board's
+    ("--env-file", "ok.env"),
+    ("--label-file", "indented.labels"),  # an indented comment and a blank line of tabs are skipped
+    ("--mount", "type=bind,src={root}/models,dst=/m,readonly"),  # a bare readonly is true
+    ("--mount", "type=bind,src={root}/models,dst=/m,ro=1"),
+    ("--mount", "src=hf-cache,dst=/c"),  # no type: a volume
+    ("--mount", "type=volume,dst=/c"),  # an anonymous volume
+    ("--mount", "type=image,src=ghcr.io/ggml-org/llama.cpp:server,dst=/i"),  # an image's name is not a volume's
+    ("--mount", "type=tmpfs,dst=/t"),
+    ("-v", "{root}/data:/d:ro,rw,z,Z,nocopy,consistent,cached,delegated,private,rprivate,slave,rslave"),
+]
+
+
+@pytest.mark.parametrize("options", IN_PROCESS_ALLOWED, ids=" ".join)
+def test_each_allowed_case_passes_the_table_itself(member, where, options):
+    """The ordinary options and the nearest neighbours of the refused ones pass: a rule inverted, a relative path
+    read from board's own directory, a mount's type or readonly read wrong, refuses one of them."""
+    from app.cli.docker_options import check
+
+    check(fill(options, member[0]), where)
+
+
+BOARDS_ENV = "is board's: board sets the cards and the booking from the booking; leave it out"
+BOARDS_LABEL = "is board's: the board.* labels name the container's booking; leave it out"
+HOST_TREES = "which holds the host's devices, kernel or containers: bind a data directory of yours"
+NOT_YOURS = "is not yours: bind a directory you own, or [llama] model_dirs read-only"
+# (the member's options, the whole line board refuses them with, less "board: "); one case for each refusal.
+REFUSED_LINES = [
+    (("-e", "NVIDIA_VISIBLE_DEVICES=a=b"), f"docker option -e NVIDIA_VISIBLE_DEVICES {BOARDS_ENV}"),
+    (("-e", "cuda_visible_devices"), f"docker option -e cuda_visible_devices {BOARDS_ENV}"),
+    (("--env=CUDA_DEVICE_ORDER=FASTEST_FIRST",), f"docker option --env CUDA_DEVICE_ORDER {BOARDS_ENV}"),
+    (("-l", "board.booking"), f"docker option -l board.booking {BOARDS_LABEL}"),  # no value: still the key
+    (("--label", "Board.Booking=a=b"), f"docker option --label Board.Booking {BOARDS_LABEL}"),
+    (("--env-file", "{root}/bad.env"), f"docker option --env-file NVIDIA_VISIBLE_DEVICES {BOARDS_ENV}"),
+    (("--env-file", "bom.env"), f"docker option --env-file NVIDIA_VISIBLE_DEVICES {BOARDS_ENV}"),
+    (("--env-file", "exact.env"), f"docker option --env-file NVIDIA_VISIBLE_DEVICES {BOARDS_ENV}"),  # read whole
+    (("--env-file", "latin1.env"), f"docker option --env-file NVIDIA_VISIBLE_DEVICES {BOARDS_ENV}"),
+    (("--label-file", "bad.labels"), f"docker option --label-file board.booking {BOARDS_LABEL}"),
+    (("--env-file", "over.env"), "docker option --env-file over.env is over 1 MiB: give a small file"),
+    (("--env-file", "/dev/zero"), "docker option --env-file /dev/zero is not a regular file"),
+    (("--env-file", "chr"), "docker option --env-file chr is not a regular file"),
+    (("--label-file", "missing.labels"), "docker option --label-file missing.labels can't be read: No such file or"
+                                         " directory"),
+    (("--env-file", "data"), "docker option --env-file data can't be read: Is a directory"),
+    (("-v", "/:/h"), f"docker option -v / would mount /, {HOST_TREES}"),
+    (("-v", "./to-dev/nvidia0:/d"), f"docker option -v ./to-dev/nvidia0 would mount /dev/nvidia0, {HOST_TREES}"),
+    (("-v", "/var/lib:/l"), f"docker option -v /var/lib would mount /var/lib, {HOST_TREES}"),
+    (("-v", "./missing:/m"), "docker option -v ./missing does not exist: create it first (docker would, as root)"),
+    (("-v", "./sock:/s"), "docker option -v ./sock is a socket or a device: the container gets the booked cards"
+                          " alone"),
+    (("-v", "./chr:/c"), "docker option -v ./chr is a socket or a device: the container gets the booked cards alone"),
+    (("-v", "./blk:/b"), "docker option -v ./blk is a socket or a device: the container gets the booked cards alone"),
+    (("-v", "./models:/m:rw"), "docker option -v ./models is a models directory: mount it read-only (:ro)"),
+    (("-v", "./models/:/m"), "docker option -v ./models/ is a models directory: mount it read-only (:ro)"),
+    (("-v", "./others:/o:ro"), f"docker option -v ./others {NOT_YOURS}"),
+    (("-v", "./data:/d:ro:x"), "docker option -v ./data:/d:ro:x is not SOURCE:TARGET[:MODES]"),
+    (("-v", "./data:/d:ro,shared"), "docker option -v ./data:/d:ro,shared has modes ro,shared: give ro, rw, z, Z,"
+                                    " nocopy or a private propagation"),
+    (("--mount", "type=bind,source=./others,target=/o,readonly"), f"docker option --mount ./others {NOT_YOURS}"),
+    (("--mount", "type=bind,src=./models,dst=/m,readonly=false"), "docker option --mount ./models is a models"
+                                                                  " directory: mount it read-only (:ro)"),
+    (("--mount", "type=bind,src=./models,dst=/m,ro=0"), "docker option --mount ./models is a models directory:"
+                                                        " mount it read-only (:ro)"),
+    (("--mount", "dst=/h,Volume-Opt=device=/"), "docker option --mount dst=/h,Volume-Opt=device=/ sets volume-opt: a"
+                                                " volume driver's options can bind any host path"),
+    (("--mount", "type=npipe,src=/,dst=/h"), "docker option --mount type=npipe,src=/,dst=/h has type npipe: give"
+                                             " bind, volume, tmpfs or image"),
+    (("--mount", "type=bind,src=./data,dst=/d,bind-propagation=shared"), "docker option --mount type=bind,"
+     "src=./data,dst=/d,bind-propagation=shared shares mounts with the host: use a private propagation"),
+    (("--mount", "type=volume,src=/,dst=/h"), "docker option --mount type=volume,src=/,dst=/h names no volume: a"
+                                              " volume's source is its name"),
+    (("--mount", "src=./data,dst=/h"), "docker option --mount src=./data,dst=/h names no volume: a volume's source"
+                                       " is its name"),  # no type: a volume, whose source is a name
+    (("--ipc", "host"), "docker option --ipc host is not allowed: give private or shareable or none (the container"
+                        " keeps its own namespaces)"),
+    (("--cgroupns=host",), "docker option --cgroupns host is not allowed: give private (the container keeps its own"
+                           " namespaces)"),
+    # (not in REFUSED: beside board's --rm the client refuses any restart policy itself, but board says why first)
+    (("--restart", "unless-stopped"), "docker option --restart unless-stopped is not allowed: give no (a restarted"
+                                      " container would outlive board run)"),
+    (("--network", "name=team-net,driver-opt=x=1"), "docker option --network name=team-net,driver-opt=x=1 sets"
+                                                    " driver-opt: give name=, alias=, ip=, ip6= or mac-address="),
+    (("--network", " Host"), "docker option --network  Host joins another namespace: use a docker network (bridge,"
+                             " none, NAME)"),
+    (("--network", "NAME=Container:alices-job"), "docker option --network Container:alices-job joins another"
+                                                 " namespace: use a docker network (bridge, none, NAME)"),
+    (("-p", "1023:80"), "docker option -p 1023:80 publishes a privileged port: give a host port of 1024 or more"),
+    (("-p", "2000-80:80"), "docker option -p 2000-80:80 publishes a privileged port: give a host port of 1024 or"
+                           " more"),
+    (("-p", "published=x,target=80"), "docker option -p published=x,target=80 publishes a privileged port: give a"
+                                      " host port of 1024 or more"),
+    (("--log-driver", "syslog"), "docker option --log-driver syslog is not allowed: give json-file, local, journald,"
+                                 " none"),
+    (("--log-opt", "fluentd-address=unix:///run/docker.sock"), "docker option --log-opt fluentd-address is not"
+     " allowed: give compress, env, env-regex, labels, labels-regex, max-buffer-size, max-file, max-size, mode, tag"),
+    (("--oom-score-adj", " -1"), "docker option --oom-score-adj  -1 would make the host kill others first: give 0 to"
+                                 " 1000"),
+    (("--privileged=false",), "docker option --privileged widens the container's privileges: leave it out"),
+    (("--gpus", "device=0"), "docker option --gpus gives the container devices beyond the booked cards: leave it"
+                             " out"),
+    (("-d",), "docker option -d would leave board run, which must stay the container's parent until the booking"
+              " ends: leave it out"),
+    (("--name", "mine"), "docker option --name is board's: board run sets it: leave it out"),
+    (("--net=host",), "docker option --net is not a docker run option board run passes on (see docs/health.md)"),
+    (("-x",), "docker option -x is not a docker run option board run passes on (see docs/health.md)"),
+    (("-v",), "docker option -v needs a value"),
+    (("--volume",), "docker option --volume needs a value"),
+    (("--init=yes",), "docker option --init=yes is a switch: give it alone, or =true or =false"),
+    (("other-image",), "docker option other-image is not a docker option: give the image first, docker's options"
+                       " next, the command after --"),
+]
+
+
+@pytest.mark.parametrize(("options", "line"), REFUSED_LINES, ids=lambda case: " ".join(case)
+                         if isinstance(case, tuple) else None)
+def test_each_refusal_names_the_option_and_why_in_one_whole_line(member, where, options, line):
+    """The line a member reads, whole: the option as given, the name or path it is about, why and what to give
+    instead. Fails on a message lost or garbled, an option or name left out, the limit shown in other units, a
+    name read from the last = (NVIDIA_VISIBLE_DEVICES=a), a file read from board's directory or past its size."""
+    assert refusal(fill(options, member[0]), where) == line
