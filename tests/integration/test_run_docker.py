@@ -575,6 +575,12 @@ IN_PROCESS_ALLOWED = [
     ("--mount", "type=volume,dst=/c"),  # an anonymous volume
     ("--mount", "type=image,src=ghcr.io/ggml-org/llama.cpp:server,dst=/i"),  # an image's name is not a volume's
     ("--mount", "type=tmpfs,dst=/t"),
+    ("-e=HF_HOME=/data", "-i"),
+    ("--read-only",),  # a switch last: it takes no value
+    ("-p", "8080"),  # the container's port alone: the daemon picks the host's
+    ("-p", "target=80"),
+    ("--log-opt", "tag=team=ml"),
+    # every allowed mode at once: board's rule is the set of modes (the daemon judges the mix)
     ("-v", "{root}/data:/d:ro,rw,z,Z,nocopy,consistent,cached,delegated,private,rprivate,slave,rslave"),
 ]
 
@@ -671,6 +677,18 @@ REFUSED_LINES = [
     (("--name", "mine"), "docker option --name is board's: board run sets it: leave it out"),
     (("--net=host",), "docker option --net is not a docker run option board run passes on (see docs/health.md)"),
     (("-x",), "docker option -x is not a docker run option board run passes on (see docs/health.md)"),
+    (("--d",), "docker option --d is not a docker run option board run passes on (see docs/health.md)"),
+    (("-i=",), "docker option -= is not a docker run option board run passes on (see docs/health.md)"),  # as pflag
+    (("-",), "docker option - is not a docker option: give the image first, docker's options next, the command"
+             " after --"),  # the client would take it for the image
+    (("--init", "--privileged"), "docker option --privileged widens the container's privileges: leave it out"),
+    (("-u0", "--privileged"), "docker option --privileged widens the container's privileges: leave it out"),
+    (("-id",), "docker option -d would leave board run, which must stay the container's parent until the booking"
+               " ends: leave it out"),  # the switch after a switch in a bundle
+    (("-p", "target=80,published=80=1"), "docker option -p target=80,published=80=1 publishes a privileged port:"
+                                         " give a host port of 1024 or more"),  # the value is past the first =
+    (("--log-opt", "syslog-address=tcp://x:1?a=b"), "docker option --log-opt syslog-address is not allowed: give"
+     " compress, env, env-regex, labels, labels-regex, max-buffer-size, max-file, max-size, mode, tag"),
     (("-v",), "docker option -v needs a value"),
     (("--volume",), "docker option --volume needs a value"),
     (("--init=yes",), "docker option --init=yes is a switch: give it alone, or =true or =false"),
@@ -686,3 +704,55 @@ def test_each_refusal_names_the_option_and_why_in_one_whole_line(member, where, 
     instead. Fails on a message lost or garbled, an option or name left out, the limit shown in other units, a
     name read from the last = (NVIDIA_VISIBLE_DEVICES=a), a file read from board's directory or past its size."""
     assert refusal(fill(options, member[0]), where) == line
+
+
+def test_relative_paths_start_in_the_members_directory_given_or_the_current_one(member, monkeypatch):
+    """`-v ./data` and `--env-file ok.env` are read from the member's directory: the one given, else the current
+    one. Fails on Options keeping the current directory over the one given, or none at all."""
+    from app.cli.docker_options import Options, check
+
+    root = member[0]
+    line = ["-v", "./data:/d", "--env-file", "ok.env"]
+    check(line, Options(os.getuid(), (), str(root)))
+    assert refusal(line, Options(os.getuid(), (), "/")) == \
+        "docker option -v ./data does not exist: create it first (docker would, as root)"
+    monkeypatch.chdir(root)
+    check(line, Options(os.getuid()))
+
+
+def test_a_bind_mount_without_a_source_is_checked_as_the_directory_it_is_run_from(member):
+    """No source= is the working directory to board (the daemon refuses it): from / that is /, refused. Fails on
+    a missing source read as None (a crash) or as a made-up name."""
+    from app.cli.docker_options import Options
+
+    assert refusal(["--mount", "type=bind,target=/h"], Options(os.getuid(), (), "/")) == \
+        f"docker option --mount  would mount /, {HOST_TREES}"
+
+
+def test_a_rule_of_one_of_refuses_any_other_value_naming_the_values_and_why(where):
+    """one_of builds --ipc's, --cgroupns' and --restart's rules when the table is made, so the rule it builds is
+    tested here as well as through the table. Fails on the values inverted, left out, or joined otherwise."""
+    from app.cli.docker_options import one_of
+
+    rule = one_of("private", "shareable")
+    rule("--ipc", "shareable", where)
+    with pytest.raises(BadInput) as refused:
+        rule("--ipc", "host", where)
+    assert str(refused.value) == "docker option --ipc host is not allowed: give private or shareable (the container" \
+                                 " keeps its own namespaces)"
+    with pytest.raises(BadInput) as refused:
+        one_of("no", why="it would outlive board run")("--restart", "always", where)
+    assert str(refused.value) == "docker option --restart always is not allowed: give no (it would outlive board run)"
+
+
+@pytest.mark.parametrize("name", ["env", "env-file", "label", "label-file", "volume", "mount", "network", "publish",
+                                  "log-driver", "log-opt", "oom-score-adj", "ipc", "cgroupns", "restart"])
+def test_an_empty_value_is_answered_not_crashed_on(where, name):
+    """Whatever a member types, board answers with a refusal or passes it to the client, which judges it: an
+    empty value included. Fails on a value split so that an empty one has no first part (-p '')."""
+    from app.cli.docker_options import check
+
+    try:
+        check([f"--{name}", ""], where)
+    except BadInput as refused:
+        assert str(refused).startswith(f"docker option --{name}  ")
