@@ -576,6 +576,7 @@ IN_PROCESS_ALLOWED = [
     ("--mount", "type=image,src=ghcr.io/ggml-org/llama.cpp:server,dst=/i"),  # an image's name is not a volume's
     ("--mount", "type=tmpfs,dst=/t"),
     ("-e=HF_HOME=/data", "-i"),
+    ("-i=1", "-t=false"),  # a switch's value after = in a bundle, as pflag reads it
     ("--read-only",),  # a switch last: it takes no value
     ("-p", "8080"),  # the container's port alone: the daemon picks the host's
     ("-p", "target=80"),
