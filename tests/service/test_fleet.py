@@ -21,7 +21,7 @@ from app.output import status_text
 from app.service.hosts import BEAT_S, beat, remote_host, remote_hosts, start_heartbeat
 from app.store import hosts as host_rows
 from app.store.db import connect
-from tests.conftest import FROZEN_NOW, Clock
+from tests.conftest import FROZEN_NOW, Clock, postgresql_only
 
 HOUR = 3600
 ALICE = Identity("alice", 50001, False)
@@ -427,6 +427,64 @@ def test_the_heartbeat_says_a_failure_each_time_and_an_unreachable_database_once
     back = "board agent: the board database answers again"
     assert log == [failed, outage, failed, back, outage, back]
     assert stopping.pauses == [BEAT_S] * 9
+
+
+@pytest.fixture
+def pg_hosts(tmp_path, clock, store):
+    """make(name, me) -> a LocalClient for `me` on host `name`'s service; every host on one PostgreSQL database."""
+    made: list[LocalClient] = []
+
+    def make(name: str, me: Identity = ALICE) -> LocalClient:
+        config = replace(Config(), db_path=tmp_path / "board.db", storage_url=store.url,
+                         history=HistorySettings(db=str(tmp_path / f"{name}.history.db")),
+                         fleet=FleetSettings(host=name, heartbeat_timeout_s=TIMEOUT_S))
+        client = LocalClient.on(config, open_source(True, clock=clock, host=name), me, clock=clock)
+        made.append(client)
+        return client
+
+    yield make, store.url
+    for client in made:
+        client.service.close()
+
+
+@postgresql_only
+def test_on_postgresql_a_held_write_lock_stops_no_beat(pg_hosts, clock):
+    """A host holding the store's write lock (a compromised one) stops no other host's heartbeat. Fails on: the beat
+    taking the store's write lock (no longer this host's rows alone): it waits, then fails naming the holder."""
+    import psycopg
+
+    from app.store.pg import WRITE_LOCK
+
+    make, url = pg_hosts
+    gpu1 = make("gpu1")
+    beat(gpu1.service)
+    gpu1.service.conn.execute("SET lock_timeout = 2000")  # a mistaken beat fails in 2 s rather than 10
+    mallory = psycopg.connect(url, autocommit=True, application_name="board gpu2")
+    try:
+        mallory.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK,))
+        clock.now += 1
+        beat(gpu1.service)
+        assert mallory.execute("SELECT seen_at FROM hosts WHERE host = 'gpu1'").fetchone()[0] == clock()
+    finally:
+        mallory.close()
+
+
+@postgresql_only
+def test_on_postgresql_the_heartbeat_leaves_waking_the_boards_to_the_change_feed(pg_hosts, clock):
+    """On PostgreSQL the change feed's NOTIFY wakes this host's boards at another host's booking: the heartbeat does
+    not wake them a second time. Fails on: the audit chain's tail read (and followed) on PostgreSQL too."""
+    make, _ = pg_hosts
+    gpu1, gpu2 = make("gpu1", ALICE), make("gpu2", BOB)
+    start = int(clock()) + HOUR
+    gpu1.call("book", cards=[0], start=start, end=start + HOUR)
+    before = gpu1.service.hub.versions.get("bookings", 0)
+
+    def gpu2_books(work):
+        gpu2.call("book", cards=[1], start=start, end=start + HOUR)
+        return work()
+
+    log, _ = heartbeat(gpu1.service, [lambda work: work(), gpu2_books, lambda work: work()])
+    assert log == [] and gpu1.service.hub.versions.get("bookings", 0) == before
 
 
 def test_a_config_names_its_host(tmp_path):
