@@ -388,19 +388,19 @@ def test_the_heartbeat_beats_each_second_and_wakes_the_boards_when_another_host_
     seen = []
 
     def gpu2_books(work):
+        seen.append(versions.get("bookings", 0) - before)
         gpu2.call("book", cards=[1], start=start, end=start + HOUR)
         return work()
 
     def beat_at(now):
         def step(work):
-            clock.now = now
-            result = work()
             seen.append(versions.get("bookings", 0) - before)
-            return result
+            clock.now = now
+            return work()
         return step
 
     log, stopping = heartbeat(gpu1.service, [beat_at(clock() + 1), gpu2_books, beat_at(clock() + 2)])
-    assert seen == [0, 1] and versions.get("bookings", 0) - before == 1  # once, after gpu2's booking
+    assert seen == [0, 0, 1] and versions.get("bookings", 0) - before == 1  # once, after gpu2's booking
     assert log == [] and stopping.pauses == [BEAT_S] * 4
     assert host_rows.one(gpu2.service.conn, "gpu1").seen_at == clock()  # the beat was written
 
