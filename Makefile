@@ -83,7 +83,8 @@ $(VENV)/.mutation: pyproject.toml | $(VENV)/.test
 # limit from its old duration): `make mutation-all` starts from scratch and runs every module (about 2.5 hours on
 # 2 cores; see tests/MUTANTS.md). Prints the score per module and any survivor not in tests/MUTANTS.md; when there
 # is none, records the modules in tests/mutation-record.json (commit it). Without MODULES it then runs the
-# PostgreSQL store's locking against the `postgresql` tier (scripts/mutation_locks.py: as root, in mutants-locks/).
+# PostgreSQL store's locking and the heartbeat's PostgreSQL side against the `postgresql` tier
+# (scripts/mutation_locks.py: as root, in mutants-locks/ and mutants-pg-hosts/).
 MUTMUT_CHILDREN ?= $$(nproc)
 # Each mutmut run has a temp dir of its own (TMPDIR), removed when the run ends, stopped or not. A session removes its
 # own pytest folder (tests/conftest.py), but one that mutmut kills (a timeout: SIGXCPU; Ctrl-C: SIGKILL) leaves it,
@@ -110,4 +111,4 @@ bench: $(VENV)/.test
 	else echo "bench_service.py and bench_load.py need root (sudo make bench)"; fi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis mutants mutants-locks
+	rm -rf $(VENV) .pytest_cache .hypothesis mutants mutants-locks mutants-pg-hosts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import replace
 
 import pytest
@@ -17,9 +18,10 @@ from app.errors import BadInput, Conflict
 from app.gpu import open_source
 from app.core.text import format_time
 from app.output import status_text
-from app.service.hosts import beat
+from app.service.hosts import BEAT_S, beat, remote_host, remote_hosts, start_heartbeat
+from app.store import hosts as host_rows
 from app.store.db import connect
-from tests.conftest import FROZEN_NOW, Clock
+from tests.conftest import FROZEN_NOW, Clock, postgresql_only
 
 HOUR = 3600
 ALICE = Identity("alice", 50001, False)
@@ -284,6 +286,205 @@ def test_cards_from_before_the_fleet_are_claimed_by_the_first_agent(tmp_path, cl
     assert gpu1.service.conn.execute("SELECT host FROM cards WHERE uuid = 'GPU-old'").fetchone()[0] == ""
     beat(gpu1.service)  # the agent's first heartbeat
     assert gpu1.service.conn.execute("SELECT host FROM cards WHERE uuid = 'GPU-old'").fetchone()[0] == "gpu1"
+
+
+def test_a_claim_on_a_connection_without_the_services_calendar_claims_the_cards(tmp_path, hosts):
+    """board migrate's and PostgreSQL's connections keep no calendar. Fails on: the calendar read without a default,
+    or marked stale only when there is none."""
+    hosts("gpu1").service.conn  # noqa: B018 - the file, made
+    conn = connect(tmp_path / "board.db")
+    with conn:
+        conn.execute("INSERT INTO cards (uuid, idx, name, seen_at) VALUES ('GPU-old', 0, 'old', 1)")
+    host_rows.claim_cards(conn, "gpu1")
+    assert conn.execute("SELECT host FROM cards WHERE uuid = 'GPU-old'").fetchone()[0] == "gpu1"
+    conn.close()
+
+
+def test_a_beat_writes_this_hosts_cards_under_its_host_and_its_row_read_back_by_name(hosts, clock):
+    """Fails on: the cards written without their host (claimed only at the next beat), or with the host in the time's
+    place; one() finding no row, another's, or a row for a host that never beat."""
+    gpu2 = hosts("gpu2")
+    started = gpu2.service.started_at
+    clock.now += 30
+    beat(gpu2.service)
+    conn = gpu2.service.conn
+    uuids = [c.uuid for c in gpu2.service.fleet.latest().cards]
+    assert [tuple(r) for r in conn.execute(
+        f"SELECT host, typeof(seen_at) FROM cards WHERE uuid IN ({', '.join('?' * len(uuids))})", uuids)] == [
+        ("gpu2", "integer")] * 8
+    beat(hosts("gpu3").service)
+    row = host_rows.one(conn, "gpu2")
+    assert (row.host, row.seen_at, row.started_at) == ("gpu2", clock(), started)
+    assert [c["uuid"] for c in json.loads(row.snapshot)["cards"]] == uuids
+    assert host_rows.one(conn, "gpu3").host == "gpu3"
+    assert host_rows.one(conn, "gpu9") is None
+
+
+def test_the_other_hosts_are_every_host_but_this_one_less_a_row_that_does_not_decode(tmp_path, hosts):
+    """Fails on: the list ending at this host's own row (gpu1 sorts first) or at a row that does not decode."""
+    gpu1 = hosts("gpu1")
+    for name in ("gpu1", "gpu2", "gpu3", "gpu4"):
+        beat(gpu1.service if name == "gpu1" else hosts(name).service)
+    assert [r.host for r in remote_hosts(gpu1.service)] == ["gpu2", "gpu3", "gpu4"]
+    with connect(tmp_path / "board.db") as conn:
+        conn.execute("UPDATE hosts SET snapshot = '{\"cards\": 7' WHERE host = 'gpu2'")
+        conn.execute("UPDATE hosts SET snapshot = '{}' WHERE host = 'gpu3'")
+    assert [r.host for r in remote_hosts(gpu1.service)] == ["gpu4"]
+
+
+def test_an_unknown_host_longer_than_63_characters_is_cut_in_the_refusal(hosts):
+    """Fails on: the name quoted whole, or cut at 64."""
+    gpu1 = hosts("gpu1")
+    with pytest.raises(BadInput) as refused:
+        remote_host(gpu1.service, "g" * 64)
+    assert str(refused.value) == f"there is no host '{'g' * 62}…' on this board; the hosts are gpu1"
+    with pytest.raises(BadInput) as refused:
+        remote_host(gpu1.service, "g" * 63)
+    assert f"'{'g' * 63}'" in str(refused.value)
+
+
+class Beats(threading.Event):
+    """The agent's `stopping` as the heartbeat sees it: each pause between beats is recorded and returns at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pauses: list = []
+
+    def wait(self, timeout=None) -> bool:
+        self.pauses.append(timeout)
+        return self.is_set()
+
+
+def heartbeat(service, steps: list) -> tuple[list[str], Beats]:
+    """Run the heartbeat's loop over `steps`, one per beat: each gets the beat's work and does it (or raises as the
+    database did). Every beat runs on the heartbeat's own thread (the service opens a connection there, as on the
+    agent's database thread); after the last step the agent stops, and its database thread with it."""
+    log: list[str] = []
+    stopping = Beats()
+    script = list(steps)
+
+    def run_db(work):
+        if not script:
+            stopping.set()
+            raise RuntimeError("cannot schedule new futures after shutdown")  # the database thread has stopped
+        return script.pop(0)(work)
+
+    thread = start_heartbeat(service, run_db, stopping, log.append)
+    assert (thread.name, thread.daemon) == ("board-heartbeat", True)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    return log, stopping
+
+
+def test_the_heartbeat_beats_each_second_and_wakes_the_boards_when_another_host_changed_bookings(hosts, clock):
+    """On SQLite the audit chain's tail tells this host's boards of another host's booking. Fails on: no wake, a
+    wake at the first beat or at a beat where nothing changed, a pause other than BEAT_S, the tail not read on
+    SQLite, the database thread's end after stopping logged, or a heartbeat that never runs or never ends."""
+    gpu1, gpu2 = hosts("gpu1", ALICE), hosts("gpu2", BOB)
+    start = int(clock()) + HOUR
+    gpu1.call("book", cards=[0], start=start, end=start + HOUR)  # the chain has a tail
+    versions = gpu1.service.hub.versions
+    before = versions.get("bookings", 0)
+    seen = []
+
+    def gpu2_books(work):
+        seen.append(versions.get("bookings", 0) - before)
+        gpu2.call("book", cards=[1], start=start, end=start + HOUR)
+        return work()
+
+    def beat_at(now):
+        def step(work):
+            seen.append(versions.get("bookings", 0) - before)
+            clock.now = now
+            return work()
+        return step
+
+    log, stopping = heartbeat(gpu1.service, [beat_at(clock() + 1), gpu2_books, beat_at(clock() + 2)])
+    assert seen == [0, 0, 1] and versions.get("bookings", 0) - before == 1  # once, after gpu2's booking
+    assert log == [] and stopping.pauses == [BEAT_S] * 4
+    assert host_rows.one(gpu2.service.conn, "gpu1").seen_at == clock()  # the beat was written
+
+
+def test_the_heartbeat_says_a_failure_each_time_and_an_unreachable_database_once_and_its_return_once(hosts):
+    """Fails on: a failed beat not said (or without its error), the outage said at every beat or without its
+    message, its end not said or said at every beat, the loop stopping at a failure."""
+    from app.store.pg import StoreUnreachable
+
+    gpu1 = hosts("gpu1")
+
+    def fails(error):
+        def step(work):
+            raise error
+        return step
+
+    gone = StoreUnreachable("gpu1: the board database at db.example:5432 did not answer; nothing was changed")
+    log, stopping = heartbeat(gpu1.service, [
+        fails(RuntimeError("disk I/O error")), fails(gone), fails(gone), fails(RuntimeError("disk I/O error")),
+        lambda work: work(), lambda work: work(), fails(gone), lambda work: work()])
+    failed = "board agent: heartbeat failed: RuntimeError: disk I/O error"
+    outage = ("board agent: gpu1: the board database at db.example:5432 did not answer; this host's reads answer"
+              " from the bookings last read, its jobs are enforced from them")
+    back = "board agent: the board database answers again"
+    assert log == [failed, outage, failed, back, outage, back]
+    assert stopping.pauses == [BEAT_S] * 9
+
+
+@pytest.fixture
+def pg_hosts(tmp_path, clock, store):
+    """make(name, me) -> a LocalClient for `me` on host `name`'s service; every host on one PostgreSQL database."""
+    made: list[LocalClient] = []
+
+    def make(name: str, me: Identity = ALICE) -> LocalClient:
+        config = replace(Config(), db_path=tmp_path / "board.db", storage_url=store.url,
+                         history=HistorySettings(db=str(tmp_path / f"{name}.history.db")),
+                         fleet=FleetSettings(host=name, heartbeat_timeout_s=TIMEOUT_S))
+        client = LocalClient.on(config, open_source(True, clock=clock, host=name), me, clock=clock)
+        made.append(client)
+        return client
+
+    yield make, store.url
+    for client in made:
+        client.service.close()
+
+
+@postgresql_only
+def test_on_postgresql_a_held_write_lock_stops_no_beat(pg_hosts, clock):
+    """A host holding the store's write lock (a compromised one) stops no other host's heartbeat. Fails on: the beat
+    taking the store's write lock (no longer this host's rows alone): it waits, then fails naming the holder."""
+    import psycopg
+
+    from app.store.pg import WRITE_LOCK
+
+    make, url = pg_hosts
+    gpu1 = make("gpu1")
+    beat(gpu1.service)
+    gpu1.service.conn.execute("SET lock_timeout = 2000")  # a mistaken beat fails in 2 s rather than 10
+    mallory = psycopg.connect(url, autocommit=True, application_name="board gpu2")
+    try:
+        mallory.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK,))
+        clock.now += 1
+        beat(gpu1.service)
+        assert mallory.execute("SELECT seen_at FROM hosts WHERE host = 'gpu1'").fetchone()[0] == clock()
+    finally:
+        mallory.close()
+
+
+@postgresql_only
+def test_on_postgresql_the_heartbeat_leaves_waking_the_boards_to_the_change_feed(pg_hosts, clock):
+    """On PostgreSQL the change feed's NOTIFY wakes this host's boards at another host's booking: the heartbeat does
+    not wake them a second time. Fails on: the audit chain's tail read (and followed) on PostgreSQL too."""
+    make, _ = pg_hosts
+    gpu1, gpu2 = make("gpu1", ALICE), make("gpu2", BOB)
+    start = int(clock()) + HOUR
+    gpu1.call("book", cards=[0], start=start, end=start + HOUR)
+    before = gpu1.service.hub.versions.get("bookings", 0)
+
+    def gpu2_books(work):
+        gpu2.call("book", cards=[1], start=start, end=start + HOUR)
+        return work()
+
+    log, _ = heartbeat(gpu1.service, [lambda work: work(), gpu2_books, lambda work: work()])
+    assert log == [] and gpu1.service.hub.versions.get("bookings", 0) == before
 
 
 def test_a_config_names_its_host(tmp_path):

@@ -126,6 +126,28 @@ def test_the_locking_run_narrows_only_mutmuts_section_and_turns_the_postgresql_t
     assert narrowed == ours, "every other section as it was"
 
 
+def test_the_heartbeats_run_mutates_its_two_functions_against_the_fleets_tests_under_a_key_of_its_own():
+    """Fails on: the run's table ignored (the locking's modules or tests narrowed in), or its record under the
+    locking's key."""
+    import tomllib
+
+    hosts = next(run for run in mutation_locks.RUNS if run.name == "hosts")
+    config = tomllib.loads(mutation_locks.narrowed((REPO / "pyproject.toml").read_text(), hosts))["tool"]["mutmut"]
+    assert config["only_mutate"] == ["app/service/hosts.py"]
+    assert config["pytest_add_cli_args_test_selection"] == ["tests/service/test_fleet.py"]
+    assert mutation_locks.patterns(hosts) == ["app.service.hosts.x_beat__mutmut_*",
+                                              "app.service.hosts.x_start_heartbeat__mutmut_*"]
+    assert "def start_heartbeat(" in mutation_locks.source(REPO, hosts)
+    assert len({run.record_key for run in mutation_locks.RUNS}) == len({run.work for run in mutation_locks.RUNS}) \
+        == len(mutation_locks.RUNS)
+
+
+def test_one_copy_named_for_several_runs_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        mutation_locks.main(["--score", "--work", str(tmp_path)])
+    assert "--work needs a single --run" in capsys.readouterr().err
+
+
 def test_the_locking_run_counts_only_the_locking_functions_mutants(tmp_path):
     meta = tmp_path / "mutants" / "app" / "store" / "db.py.meta"
     meta.parent.mkdir(parents=True)
@@ -144,7 +166,7 @@ def test_the_locking_run_counts_only_the_locking_functions_mutants(tmp_path):
 def test_scoring_again_refuses_a_run_made_on_other_functions(tmp_path, capsys):
     record = tmp_path / "record.json"
     (tmp_path / "locking.json").write_text(json.dumps({"sha256": "not these functions"}))
-    assert mutation_locks.main(["--score", "--work", str(tmp_path), "--record", str(record)]) == 2
+    assert mutation_locks.main(["--score", "--run", "locking", "--work", str(tmp_path), "--record", str(record)]) == 2
     assert "was not run on the functions as they are now" in capsys.readouterr().err
     assert not record.exists()
 
