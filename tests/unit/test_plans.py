@@ -5,11 +5,15 @@ The runner starting one for real, as board-llama, is tests/llama/test_servers_se
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import socket
+import threading
 from types import SimpleNamespace
 
 import pytest
 
+from app import wire
 from app.config import Config, LlamaSettings, Policy
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
@@ -335,3 +339,123 @@ def test_a_start_the_runner_cannot_make_fails_its_server_once_and_is_not_sent_ag
     passes.supervisors[tuesdays] = object()  # its supervisor registered: the runner did start it
     plans._runner_said(passes.server, json.dumps({"event": "failed", "server": tuesdays, "reason": "late"}).encode())
     assert server_rows.get(conn, tuesdays).state == "starting"
+
+
+# -- `board runner` registers with the service (kind "runner"): the real service and its socket server, in process ----
+
+
+class Agent:
+    """A real Service and ServiceServer on tmp_path's store, its runner_user this process's own account; a client's
+    registration goes to ServiceServer._register as _serve_connection hands it over, on a thread of its own, with the
+    client's end of a socketpair for the test. Operations go through the server's database thread, as a client's do."""
+
+    def __init__(self, tmp_path, store) -> None:
+        from app.gpu import open_source
+        from app.gpu.fleet import Fleet
+        from app.service import Service
+        from app.service.server import ServiceServer
+        from tests.conftest import Clock
+
+        self.user = pwd.getpwuid(os.geteuid())
+        binary = tmp_path / "llama-server"
+        binary.write_text("#!/bin/sh\n")
+        binary.chmod(0o755)
+        self.clock = Clock(FROZEN_NOW)
+        self.config = Config(db_path=tmp_path / "board.db", storage_url=getattr(store, "url", None),
+                             policy=Policy(timezone="UTC"),
+                             llama=LlamaSettings(model_dirs=(MODELS,), server_bin=str(binary),
+                                                 runner_user=self.user.pw_name))
+        self.service = Service(self.config, Fleet(open_source(True, clock=self.clock), 1.0), clock=self.clock)
+        self.logged: list[str] = []
+        self.server = ServiceServer(self.service, str(tmp_path / "agent.sock"), log=self.logged.append)
+        self.ends: list[socket.socket] = []
+
+    def call(self, me: Identity, op: str, **args):
+        return self.server.database.call(me, op, args).result()
+
+    def register(self, request_id: int, *, uid: int, pid: int) -> tuple[threading.Thread, socket.socket, dict]:
+        """A client of `uid` asks to register as the runner: its registration's thread, its end, the answer."""
+        from app.service.deadline import Lines
+        from app.service.peer import Peer
+
+        service_end, client_end = socket.socketpair()
+        self.ends += [service_end, client_end]
+        service_end.settimeout(10)
+        client_end.settimeout(10)  # an answer that never comes fails the test, not hangs it
+        thread = threading.Thread(target=self.server._register, daemon=True, args=(
+            service_end, Lines(service_end, line_s=10, limit=1 << 20), Peer(pid, uid, uid, frozenset()), request_id,
+            {"kind": "runner"}))
+        thread.start()
+        return thread, client_end, json.loads(client_end.makefile("rb").readline())
+
+    def close(self) -> None:
+        for end in self.ends:
+            end.close()
+        self.server.database.shutdown()
+        self.service.close()
+
+
+@pytest.fixture
+def agent(tmp_path, store):
+    made = Agent(tmp_path, store)
+    yield made
+    made.close()
+
+
+def test_only_the_runner_user_registers_one_runner_at_a_time_and_its_reports_fail_only_its_starts(agent):
+    """kind "runner": another uid is refused by name; the runner's uid registers (its pid answered, the enforcer woken,
+    one log line), a second while it lives is refused; due plans go to its connection; its `failed` reports fail the
+    planned starting server with the reason (200 characters at most) on the service's clock, and nothing else (not a
+    report of another event, nor for a server given as true, nor an unknown server, which breaks nothing); when its
+    line closes it is forgotten and another may register.
+    Wrong versions: the uid check inverted or gone; a second runner taking over (or the first refused); the runner
+    kept after its line closed, or never kept; reports ignored, or each taken as failed; a report for an unknown
+    server ending the runner's line; the reason cut at 201; the failure stamped with the wall clock."""
+    service, logged = agent.service, agent.logged
+    runner_uid, other_uid = agent.user.pw_uid, agent.user.pw_uid + 1
+    thread, _, answer = agent.register(1, uid=other_uid, pid=4141)
+    thread.join(10)
+    assert answer == {"id": 1, "ok": False, "error": {
+        "code": NotPermitted.exit_code, "message": f"only the user {agent.user.pw_name} runs planned servers"}}
+    assert not thread.is_alive() and service.runner is None and logged == []
+
+    booking = agent.call(ALICE, "book", start=FROZEN_NOW + 3600, end=FROZEN_NOW + 7200, cards=[0])["id"]
+    plan = agent.call(ALICE, "serve_plan", booking=booking, model=f"{MODELS}/qwen.gguf", alias="team")["id"]
+    assert not service.wake_enforcer.is_set()
+    first, runner_end, answer = agent.register(2, uid=runner_uid, pid=4242)
+    assert answer == {"id": 2, "ok": True, "result": {"runner": 4242}}
+    assert service.wake_enforcer.wait(10)  # set after the answer and the log line: a due start need not wait a pass
+    assert logged == ["board agent: runner registered (pid 4242)"]
+    registered = service.runner
+    second, _, answer = agent.register(3, uid=runner_uid, pid=4343)
+    second.join(10)
+    assert answer == {"id": 3, "ok": False, "error": {
+        "code": NotPermitted.exit_code, "message": "a runner is registered already"}}
+    assert not second.is_alive() and service.runner is registered and len(logged) == 1
+
+    agent.clock.now = FROZEN_NOW + 3600
+    changed = service.hub.versions["servers"]
+    [started] = agent.server.database.submit(plans.start_due, agent.server).result()
+    told = json.loads(runner_end.makefile("rb").readline())
+    assert (told["event"], told["server"]["id"], told["server"]["booking_id"]) == ("start", started, booking)
+    assert service.hub.versions["servers"] == changed + 1
+
+    for report in ({"event": "ready", "server": started, "reason": "not a failure"},
+                   {"event": "failed", "server": True, "reason": "a bool is no server id"},
+                   {"event": "failed", "server": started + 100, "reason": "no such server"},
+                   {"event": "failed", "server": started, "reason": "x" * 300}):
+        runner_end.sendall(wire.encode(report))
+    agent.clock.now += 60
+    runner_end.close()  # the runner goes: its registration reads the end of its line once it has read the reports
+    first.join(10)
+    assert not first.is_alive()
+    failed = server_rows.get(agent.service.conn, started)
+    assert (failed.state, failed.reason, failed.ended_at) == ("failed", "x" * 200, FROZEN_NOW + 3660)
+    assert service.hub.versions["servers"] == changed + 2
+    assert service.runner is None and registered.gone
+    assert logged[-1] == "board agent: runner (pid 4242) went away"
+    assert plans.start_due(agent.server) == []  # no runner: nothing is tried, nothing recorded
+
+    third, _, answer = agent.register(4, uid=runner_uid, pid=4343)
+    assert answer == {"id": 4, "ok": True, "result": {"runner": 4343}} and service.runner.pid == 4343
+    assert plan == plans.plan_wire(service, plan_rows.get(service.conn, plan))["id"]
