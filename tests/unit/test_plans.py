@@ -459,3 +459,136 @@ def test_only_the_runner_user_registers_one_runner_at_a_time_and_its_reports_fai
     third, _, answer = agent.register(4, uid=runner_uid, pid=4343)
     assert answer == {"id": 4, "ok": True, "result": {"runner": 4343}} and service.runner.pid == 4343
     assert plan == plans.plan_wire(service, plan_rows.get(service.conn, plan))["id"]
+
+
+# -- what serve plan refuses, and what it records ----------------------------------------------------------------
+
+TWO_DIRS = Config(policy=Policy(timezone="UTC", max_ahead_days=60),
+                  llama=LlamaSettings(model_dirs=(MODELS, "/opt/models/"), allowed_hosts=("127.0.0.1", "::1")))
+FIT = {"per_card_mib": [900], "limit_mib": 24000, "fits": True, "forced": False}  # one figure: for one card
+
+
+def plan_events(conn) -> list[tuple]:
+    return [(actor, action, ok, booking, json.loads(details))
+            for actor, action, ok, booking, details in audit_rows(conn, "server-plan", "server-plan-cancel")]
+
+
+@pytest.mark.parametrize("config, booking, series, spec, refused", [
+    (CONFIG, None, None, {"model": "/srv/models/q.gguf"}, "serve plan: give a booking or --series"),
+    (CONFIG, "monday", "weekdays", {"model": "/srv/models/q.gguf"}, "serve plan: give a booking or --series"),
+    (CONFIG, 9999, None, {"model": "/srv/models/q.gguf"}, "no booking 9999; 'board list --mine' shows your bookings"),
+    (CONFIG, None, 9999, {"model": "/srv/models/q.gguf"}, "no series 9999; 'board series list' shows them"),
+    (CONFIG, "monday", None, {"alias": "team"}, "serve plan: say which model: --model PATH.gguf"),
+    (CONFIG, None, "weekdays", {"model": ""}, "serve plan: say which model: --model PATH.gguf"),
+    (Config(), "monday", None, {"model": "/srv/models/q.gguf"},
+     "a planned server's model must lie in [llama] model_dirs (none configured): the runner reads only those"),
+    (TWO_DIRS, "monday", None, {"model": "/home/alice/q.gguf"},
+     "a planned server's model must lie in [llama] model_dirs (/srv/models, /opt/models): the runner reads only those"),
+    (TWO_DIRS, "monday", None, {"model": "/srv/models/q.gguf", "host": "0.0.0.0"},
+     "host 0.0.0.0 is not allowed; the config allows 127.0.0.1, ::1"),
+    (CONFIG, "monday", None, {"model": "/srv/models/q.gguf", "fit": FIT}, "serve_start: fit: 1 figures for 4 booked cards"),
+    (CONFIG, None, "weekdays", {"model": "/srv/models/q.gguf", "fit": FIT},
+     "serve_start: fit: 1 figures for 4 booked cards"),
+    (CONFIG, None, "weekdays", {"model": "/srv/models/q.gguf", "fit": {**FIT, "fits": "yes"}},
+     "serve_start: fit: fits is not true or false"),
+])
+def test_a_plan_refused_says_why_in_one_line_and_records_nothing(service, weekdays, conn, config, booking, series, spec,
+                                                                    refused):
+    """Each refusal of create, as the member reads it: the booking or series missing, the model missing or outside
+    model_dirs (each listed, or none), a host not allowed (the allowed listed), a fit whose figures are not one per
+    booked card (the booking's, or the series' rule's).
+    Wrong versions: another message or none; the host asked for ignored; the fit not checked, or checked against no
+    card count; the dirs or hosts run together."""
+    ids = {"monday": weekdays[0].id, "weekdays": weekdays[0].series_id}
+    service.config = config
+    with pytest.raises((BadInput, NotPermitted)) as error:
+        plans.create(service, ALICE, booking=ids.get(booking, booking), series=ids.get(series, series), spec=spec)
+    assert str(error.value) == refused
+    assert plan_rows.listing(conn, cancelled=True) == [] and plan_events(conn) == []
+
+
+def test_a_plan_on_a_booking_no_longer_booked_or_over_says_which(service, weekdays, conn, make_service):
+    """Wrong versions: an ended booking called cancelled, or a cancelled one over."""
+    monday, tuesday = weekdays[0], weekdays[1]
+    make_service(config=CONFIG).cancel(tuesday.id)
+    with pytest.raises(BadInput) as cancelled:
+        plans.create(service, ALICE, booking=tuesday.id, series=None, spec={"model": f"{MODELS}/q.gguf"})
+    assert str(cancelled.value) == f"booking {tuesday.id} is cancelled"
+    service.now = monday.end
+    with pytest.raises(BadInput) as over:
+        plans.create(service, ALICE, booking=monday.id, series=None, spec={"model": f"{MODELS}/q.gguf"})
+    assert str(over.value) == f"booking {monday.id} is over"
+
+
+def test_a_plan_keeps_its_spec_as_checked_and_each_plan_and_refusal_is_audited(service, weekdays, conn, make_service):
+    """A plan keeps the model's normal path, its alias (the model's name unless given), the extra arguments as checked
+    (a file flag's path under model_dirs), the host and fit asked for; plan_wire shows it whole, with its own next
+    start. Each plan, refusal and cancel is one audit row: who, on which booking (none for a series), and why.
+    Wrong versions: the model kept as typed; the alias or extra not kept; a file flag refused for want of model_dirs;
+    the audit rows without their booking, details or action; plan_wire's keys or values mixed up, or another plan's
+    next start shown."""
+    monday, tuesday = weekdays[0], weekdays[1]
+    service.config = TWO_DIRS
+    fit = {**FIT, "per_card_mib": [900, 900, 900, 900]}
+    mine = plans.create(service, ALICE, booking=tuesday.id, series=None, spec={
+        "model": f"{MODELS}//sub/../qwen.gguf", "ctx": 8192, "parallel": 4, "host": "::1", "fit": fit, "metrics": None,
+        "extra": ["--lora", f"{MODELS}/style.gguf"]})
+    assert plan_rows.get(conn, mine["id"]).spec == {
+        "model": f"{MODELS}/qwen.gguf", "alias": "qwen", "ctx": 8192, "parallel": 4, "host": "::1", "fit": fit,
+        "extra": ["--lora", f"{MODELS}/style.gguf"]}
+    series = plans.create(service, ALICE, booking=None, series=monday.series_id,
+                          spec={"model": f"{MODELS}/qwen.gguf", "alias": "qwen"})  # her own plan holds it: no clash
+    assert mine == {"id": mine["id"], "booking": tuesday.id, "series": None, "user": "alice", "alias": "qwen",
+                    "model": f"{MODELS}/qwen.gguf", "ctx": 8192, "parallel": 4, "created": FROZEN_NOW,
+                    "cancelled": None, "next_start": tuesday.start, "next_booking": tuesday.id, "refused": None}
+    assert (series["next_start"], series["next_booking"], series["ctx"], series["parallel"]) == (
+        monday.start, monday.id, None, None)
+
+    bobs = make_service("bob", 1002, config=CONFIG).create(cards=[4, 5, 6, 7], start=tuesday.start, end=tuesday.end).id
+    with pytest.raises(NotPermitted) as booking_refused:
+        plans.create(service, BOB, booking=tuesday.id, series=None, spec={"model": f"{MODELS}/qwen.gguf"})
+    with pytest.raises(NotPermitted) as series_refused:
+        plans.create(service, BOB, booking=None, series=monday.series_id, spec={"model": f"{MODELS}/qwen.gguf"})
+    from app.errors import Conflict
+    with pytest.raises(Conflict) as alias_refused:
+        plans.create(service, BOB, booking=bobs, series=None, spec={"model": f"{MODELS}/qwen.gguf"})
+    assert str(booking_refused.value) == f"booking {tuesday.id} belongs to alice"
+    assert str(series_refused.value) == f"series {monday.series_id} belongs to alice"
+    assert str(alias_refused.value).endswith(
+        "the alias is the model's name unless you give one: pass --alias NAME")  # not one bob chose
+    with pytest.raises(NotPermitted) as cancel_refused:
+        plans.cancel(service, BOB, mine["id"])
+    assert str(cancel_refused.value) == f"planned server {mine['id']} belongs to alice"
+    with pytest.raises(BadInput) as no_plan:
+        plans.cancel(service, ALICE, 9999)
+    assert str(no_plan.value) == "no planned server 9999; 'board serve plan --list' shows them"
+    service.now = FROZEN_NOW + 60
+    assert plans.cancel(service, ALICE, mine["id"])["cancelled"] == FROZEN_NOW + 60
+
+    assert plan_events(conn) == [
+        ("alice", "server-plan", 1, tuesday.id,
+         {"plan": mine["id"], "series": None, "model": f"{MODELS}/qwen.gguf", "alias": "qwen"}),
+        ("alice", "server-plan", 1, None,
+         {"plan": series["id"], "series": monday.series_id, "model": f"{MODELS}/qwen.gguf", "alias": "qwen"}),
+        ("bob", "server-plan", 0, tuesday.id, {"refused": str(booking_refused.value)}),
+        ("bob", "server-plan", 0, None, {"refused": str(series_refused.value)}),
+        ("bob", "server-plan", 0, bobs, {"refused": str(alias_refused.value)}),
+        ("bob", "server-plan", 0, tuesday.id, {"refused": str(cancel_refused.value)}),
+        ("alice", "server-plan-cancel", 1, tuesday.id, {"plan": mine["id"]}),
+    ]
+
+
+def test_a_series_plan_clashes_only_over_its_occurrences_still_to_come(service, weekdays, conn, make_service):
+    """The alias is checked over the series' booked occurrences that have not ended: not a cancelled one, not one
+    that ends at this very second. Wrong versions: a cancelled occurrence counted; one ending now counted."""
+    monday, wednesday = weekdays[0], weekdays[2]
+    bob = make_service("bob", 1002, config=CONFIG)
+    on_monday = bob.create(cards=[4, 5, 6, 7], start=monday.start, end=monday.end + 3600).id
+    on_wednesday = bob.create(cards=[4, 5, 6, 7], start=wednesday.start, end=wednesday.end).id
+    for booking in (on_monday, on_wednesday):
+        plans.create(service, BOB, booking=booking, series=None, spec={"model": f"{MODELS}/q.gguf", "alias": "team"})
+    make_service(config=CONFIG).cancel(wednesday.id)
+    service.now = monday.end  # Monday's occurrence ends now; bob's Monday booking goes on an hour
+    plan = plans.create(service, ALICE, booking=None, series=monday.series_id,
+                        spec={"model": f"{MODELS}/q.gguf", "alias": "team"})
+    assert plan["next_booking"] == weekdays[1].id
