@@ -234,14 +234,20 @@ def test_a_series_on_gpu2_booked_from_gpu1_is_read_extended_and_cancelled_on_gpu
 MODELS = "/srv/models"
 
 
-def test_a_plan_for_another_hosts_booking_or_series_is_one_line_and_only_its_hosts_runner_starts_it(hosts, clock):
+def test_a_plan_for_another_hosts_booking_or_series_is_one_line_and_only_its_hosts_runner_starts_it(hosts, clock,
+                                                                                                     tmp_path):
+    """gpu1's pass skips gpu2's due plan and goes on to its own, due at the same time after it.
+    Wrong versions: the pass stops at the first plan of another host's, and gpu1's own never starts."""
     from types import SimpleNamespace
 
     from app.config import LlamaSettings
     from app.service.plans import start_due
     from app.store import plans as plan_rows
 
-    llama = LlamaSettings(model_dirs=(MODELS,))
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    llama = LlamaSettings(model_dirs=(MODELS,), server_bin=str(binary))
     gpu1, gpu2 = hosts("gpu1", ALICE, llama=llama), hosts("gpu2", ALICE, llama=llama)
     beat(gpu2.service)
     start = int(clock())
@@ -255,10 +261,17 @@ def test_a_plan_for_another_hosts_booking_or_series_is_one_line_and_only_its_hos
     assert plan_rows.listing(gpu1.service.conn) == []
     # planned on gpu2, and due now: gpu1's pass leaves it for gpu2's runner
     plan = gpu2.call("serve_plan", booking=booked["id"], model=f"{MODELS}/qwen.gguf")
-    sent = []
+    sent, logged = [], []
     gpu1.service.runner = SimpleNamespace(gone=False, send=lambda message: sent.append(message) or True)
-    assert start_due(SimpleNamespace(service=gpu1.service, log=sent.append)) == [] and sent == []
+    assert start_due(SimpleNamespace(service=gpu1.service, log=logged.append)) == [] and sent == []
     assert [(p.id, b) for p, b in plan_rows.due(gpu1.service.conn, start)] == [(plan["id"], booked["id"])]
+    # gpu1's own plan, due at the same start after gpu2's: gpu1's pass starts it
+    mine = gpu1.call("book", cards=[0], start=start, end=start + HOUR)["id"]
+    own = gpu1.call("serve_plan", booking=mine, model=f"{MODELS}/qwen.gguf", alias="own")["id"]
+    [started] = start_due(SimpleNamespace(service=gpu1.service, log=logged.append))
+    assert [(m["event"], m["server"]["id"], m["server"]["booking_id"]) for m in sent] == [("start", started, mine)]
+    assert [(p.id, b) for p, b in plan_rows.due(gpu1.service.conn, start)] == [(plan["id"], booked["id"])]
+    assert own != plan["id"]
 
 
 def test_each_audit_event_names_the_host_that_vouched_for_the_actor_and_the_chain_holds(hosts, clock):

@@ -592,3 +592,36 @@ def test_a_series_plan_clashes_only_over_its_occurrences_still_to_come(service, 
     plan = plans.create(service, ALICE, booking=None, series=monday.series_id,
                         spec={"model": f"{MODELS}/q.gguf", "alias": "team"})
     assert plan["next_booking"] == weekdays[1].id
+
+
+def test_a_due_start_goes_to_the_runner_with_its_grant_and_a_runner_gone_gets_no_more(conn, weekdays, passes):
+    """Monday's start goes to the runner as the service's own would start it: its cards in the fleet's topology order
+    (0 and 2 share a switch here), no log file of the service's (the supervisor's), the runner's grant; one log line.
+    Tuesday the runner has stopped reading: both of Tuesday's starts are recorded, each logged as not sent, and the
+    runner is gone, so Wednesday's pass tries nothing.
+    Wrong versions: no topology (cards in index order); the rules in file mode (a log path); the grant's keys or
+    values wrong; the send's result inverted or ignored; a runner that failed once still taken as there."""
+    from app.gpu.model import LINK_MULTIPLE, Topology
+
+    monday, tuesday, wednesday = weekdays[0], weekdays[1], weekdays[2]
+    passes.service.fleet = SimpleNamespace(latest=lambda: SimpleNamespace(topology=Topology({(0, 2): LINK_MULTIPLE})))
+    plan = plans.create(passes.service, ALICE, booking=None, series=monday.series_id,
+                        spec={"model": f"{MODELS}/qwen.gguf", "alias": "team"})["id"]
+    solo = plans.create(passes.service, ALICE, booking=tuesday.id, series=None,
+                        spec={"model": f"{MODELS}/solo.gguf", "alias": "solo"})["id"]
+    [started] = passes.at(monday.start)
+    told = passes.told()
+    assert (told["event"], told["server"]["id"], told["server"]["cards"]) == ("start", started, [0, 2, 1, 3])
+    assert told["server"]["log_path"] == "" == server_rows.get(conn, started).log_path  # not yet: the supervisor says
+    llama = passes.service.config.llama
+    assert told["launch"] == {"ready_timeout_s": llama.ready_timeout_s, "db": None, "model_dirs": [MODELS]}
+    assert passes.logged == [f"planned server {plan}: server {started} for booking {monday.id} (alice) sent to the runner"]
+
+    passes.runner_end.shutdown(socket.SHUT_RD)  # the runner reads no more: a send fails
+    passes.logged.clear()
+    tuesdays = passes.at(tuesday.start)
+    assert len(tuesdays) == 2 and passes.service.runner.gone
+    assert passes.logged == [f"planned server {p}: the runner went away before server {s} could start"
+                             for p, s in zip((plan, solo), tuesdays)]
+    assert passes.at(wednesday.start) == []
+    assert [b for _, b in plan_rows.due(conn, wednesday.start)] == [wednesday.id]  # left for the next runner
