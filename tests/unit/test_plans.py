@@ -556,6 +556,9 @@ def test_a_plan_keeps_its_spec_as_checked_and_each_plan_and_refusal_is_audited(s
     assert str(series_refused.value) == f"series {monday.series_id} belongs to alice"
     assert str(alias_refused.value).endswith(
         "the alias is the model's name unless you give one: pass --alias NAME")  # not one bob chose
+    with pytest.raises(Conflict) as chosen_refused:
+        plans.create(service, BOB, booking=bobs, series=None, spec={"model": f"{MODELS}/q.gguf", "alias": "qwen"})
+    assert str(chosen_refused.value).endswith("; give another --alias")  # one he chose
     with pytest.raises(NotPermitted) as cancel_refused:
         plans.cancel(service, BOB, mine["id"])
     assert str(cancel_refused.value) == f"planned server {mine['id']} belongs to alice"
@@ -573,6 +576,7 @@ def test_a_plan_keeps_its_spec_as_checked_and_each_plan_and_refusal_is_audited(s
         ("bob", "server-plan", 0, tuesday.id, {"refused": str(booking_refused.value)}),
         ("bob", "server-plan", 0, None, {"refused": str(series_refused.value)}),
         ("bob", "server-plan", 0, bobs, {"refused": str(alias_refused.value)}),
+        ("bob", "server-plan", 0, bobs, {"refused": str(chosen_refused.value)}),
         ("bob", "server-plan", 0, tuesday.id, {"refused": str(cancel_refused.value)}),
         ("alice", "server-plan-cancel", 1, tuesday.id, {"plan": mine["id"]}),
     ]
@@ -580,15 +584,22 @@ def test_a_plan_keeps_its_spec_as_checked_and_each_plan_and_refusal_is_audited(s
 
 def test_a_series_plan_clashes_only_over_its_occurrences_still_to_come(service, weekdays, conn, make_service):
     """The alias is checked over the series' booked occurrences that have not ended: not a cancelled one, not one
-    that ends at this very second. Wrong versions: a cancelled occurrence counted; one ending now counted."""
-    monday, wednesday = weekdays[0], weekdays[2]
+    that ends at this very second; but every other one. Wrong versions: a cancelled occurrence counted; one ending
+    now counted; none counted."""
+    from app.errors import Conflict
+
+    monday, wednesday, friday = weekdays[0], weekdays[2], weekdays[-1]
     bob = make_service("bob", 1002, config=CONFIG)
     on_monday = bob.create(cards=[4, 5, 6, 7], start=monday.start, end=monday.end + 3600).id
     on_wednesday = bob.create(cards=[4, 5, 6, 7], start=wednesday.start, end=wednesday.end).id
-    for booking in (on_monday, on_wednesday):
-        plans.create(service, BOB, booking=booking, series=None, spec={"model": f"{MODELS}/q.gguf", "alias": "team"})
+    on_friday = bob.create(cards=[4, 5, 6, 7], start=friday.start, end=friday.end).id
+    for booking, alias in ((on_monday, "team"), (on_wednesday, "team"), (on_friday, "busy")):
+        plans.create(service, BOB, booking=booking, series=None, spec={"model": f"{MODELS}/q.gguf", "alias": alias})
     make_service(config=CONFIG).cancel(wednesday.id)
     service.now = monday.end  # Monday's occurrence ends now; bob's Monday booking goes on an hour
+    with pytest.raises(Conflict, match=f"on booking {on_friday} from"):  # the series' last occurrence clashes
+        plans.create(service, ALICE, booking=None, series=monday.series_id,
+                     spec={"model": f"{MODELS}/q.gguf", "alias": "busy"})
     plan = plans.create(service, ALICE, booking=None, series=monday.series_id,
                         spec={"model": f"{MODELS}/q.gguf", "alias": "team"})
     assert plan["next_booking"] == weekdays[1].id
