@@ -522,8 +522,9 @@ def test_a_plan_on_a_booking_no_longer_booked_or_over_says_which(service, weekda
 
 def test_a_plan_keeps_its_spec_as_checked_and_each_plan_and_refusal_is_audited(service, weekdays, conn, make_service):
     """A plan keeps the model's normal path, its alias (the model's name unless given), the extra arguments as checked
-    (a file flag's path under model_dirs), the host and fit asked for; plan_wire shows it whole, with its own next
-    start. Each plan, refusal and cancel is one audit row: who, on which booking (none for a series), and why.
+    (a file flag's path under model_dirs, each flag spelled as llama-server reads it), the host and fit asked for;
+    plan_wire shows it whole, with its own next start. Each plan, refusal and cancel is one audit row: who, on which
+    booking (none for a series), and why.
     Wrong versions: the model kept as typed; the alias or extra not kept; a file flag refused for want of model_dirs;
     the audit rows without their booking, details or action; plan_wire's keys or values mixed up, or another plan's
     next start shown."""
@@ -532,12 +533,13 @@ def test_a_plan_keeps_its_spec_as_checked_and_each_plan_and_refusal_is_audited(s
     fit = {**FIT, "per_card_mib": [900, 900, 900, 900]}
     mine = plans.create(service, ALICE, booking=tuesday.id, series=None, spec={
         "model": f"{MODELS}//sub/../qwen.gguf", "ctx": 8192, "parallel": 4, "host": "::1", "fit": fit, "metrics": None,
-        "extra": ["--lora", f"{MODELS}/style.gguf"]})
+        "extra": ["--lora", f"{MODELS}/style.gguf", "--chat_template_file", f"{MODELS}/chat.jinja"]})
     assert plan_rows.get(conn, mine["id"]).spec == {
         "model": f"{MODELS}/qwen.gguf", "alias": "qwen", "ctx": 8192, "parallel": 4, "host": "::1", "fit": fit,
-        "extra": ["--lora", f"{MODELS}/style.gguf"]}
+        "extra": ["--lora", f"{MODELS}/style.gguf", "--chat-template-file", f"{MODELS}/chat.jinja"]}  # as llama reads
     series = plans.create(service, ALICE, booking=None, series=monday.series_id,
                           spec={"model": f"{MODELS}/qwen.gguf", "alias": "qwen"})  # her own plan holds it: no clash
+    assert plan_rows.get(conn, series["id"]).spec == {"model": f"{MODELS}/qwen.gguf", "alias": "qwen", "extra": []}
     assert mine == {"id": mine["id"], "booking": tuesday.id, "series": None, "user": "alice", "alias": "qwen",
                     "model": f"{MODELS}/qwen.gguf", "ctx": 8192, "parallel": 4, "created": FROZEN_NOW,
                     "cancelled": None, "next_start": tuesday.start, "next_booking": tuesday.id, "refused": None}
