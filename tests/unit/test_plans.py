@@ -369,6 +369,7 @@ class Agent:
         self.logged: list[str] = []
         self.server = ServiceServer(self.service, str(tmp_path / "agent.sock"), log=self.logged.append)
         self.ends: list[socket.socket] = []
+        self.threads: list[threading.Thread] = []
 
     def call(self, me: Identity, op: str, **args):
         return self.server.database.call(me, op, args).result()
@@ -386,10 +387,15 @@ class Agent:
             service_end, Lines(service_end, line_s=10, limit=1 << 20), Peer(pid, uid, uid, frozenset()), request_id,
             {"kind": "runner"}))
         thread.start()
+        self.threads.append(thread)
         return thread, client_end, json.loads(client_end.makefile("rb").readline())
 
     def close(self) -> None:
-        for end in self.ends:
+        for end in self.ends[1::2]:  # the clients go: each registration reads the end of its line and returns
+            end.close()
+        for thread in self.threads:
+            thread.join(10)
+        for end in self.ends[::2]:
             end.close()
         self.server.database.shutdown()
         self.service.close()
@@ -491,7 +497,8 @@ def plan_events(conn) -> list[tuple]:
      "serve_start: fit: 1 figures for 4 booked cards"),
     (CONFIG, None, "weekdays", {"model": "/srv/models/q.gguf", "fit": {**FIT, "fits": "yes"}},
      "serve_start: fit: fits is not true or false"),
-])
+], ids=["neither", "both", "no-booking", "no-series", "no-model", "empty-model", "no-model-dirs", "outside-model-dirs",
+        "host", "booking-fit", "series-fit", "bad-fit"])
 def test_a_plan_refused_says_why_in_one_line_and_records_nothing(service, weekdays, conn, config, booking, series, spec,
                                                                     refused):
     """Each refusal of create, as the member reads it: the booking or series missing, the model missing or outside
