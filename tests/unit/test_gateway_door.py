@@ -500,6 +500,33 @@ class TestMetricsOnLoopbackOnly:
             assert status == 200 and b"# TYPE" in body
 
 
+    async def test_metrics_is_prometheus_text_from_ipv6_loopback_too_and_403_in_openais_shape_elsewhere(self, upstream):
+        """Prometheus reads the exposition as text/plain; charset=utf-8. A gateway listening on [::1] is scraped
+        from ::1, which is this host as much as 127.0.0.1 is; from elsewhere the member reads why, in OpenAI's shape.
+        Wrong versions: ::1 refused; the content type or charset dropped or changed; the refusal's message or
+        type left out or changed."""
+        made = Gateway(Config(gateway=GatewaySettings()), FixedState(upstream.url))
+        runner, site = await open_site(made, "[::1]:0")
+        try:
+            reader, writer = await asyncio.open_connection("::1", site.port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+            answer = await closed(reader)
+            writer.close()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ") and b"\r\nContent-Type: text/plain; charset=utf-8\r\n" in head
+            assert b"# TYPE board_gateway_requests_total counter" in body
+        finally:
+            await runner.cleanup()
+        made, runner, port = await start_gateway(upstream)
+        try:
+            status, body = await raw(port, b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
+                                     source="127.0.0.2")
+            assert status == 403 and json.loads(body) == {"error": {
+                "message": "/metrics answers only on this host (scrape it through 127.0.0.1)",
+                "type": "invalid_request_error", "code": "forbidden"}}
+        finally:
+            await runner.cleanup()
+
 class TestTheHeadClock:
     async def test_a_head_trickled_a_byte_at_a_time_is_cut_by_the_head_clock_of_its_start(self, upstream):
         """A stranger sends a head one byte at a time, each well inside head_timeout_s: the clock runs from the

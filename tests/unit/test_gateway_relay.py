@@ -478,3 +478,75 @@ async def test_each_upstream_request_has_its_own_connection_so_a_dropped_kept_al
         server.close()
     assert statuses == [200, 200, 200]
     assert len(connections) == 3
+
+
+class NeverState(FixedState):
+    """A service that never answers gateway_state: the gateway has not read its state yet."""
+
+    def call(self, op, **args):
+        raise ServiceDown("the service is not running (test)")
+
+
+async def test_health_says_starting_503_until_the_state_is_read_then_ok_200_with_the_models_and_servers(upstream):
+    """/health is what a load balancer and `board gateway`'s unit read: before the service's state is read it is
+    503 "starting" (and a keyed request is told to retry in 5 s), after it 200 "ok" with the served aliases, sorted,
+    and the server count. Wrong versions: 200 (or 504) before the state; any key renamed; no Retry-After on a
+    refusal that says when to retry, or one ("None") on a refusal that does not."""
+    made = Gateway(Config(gateway=GatewaySettings()), NeverState("http://127.0.0.1:9"))
+    client = TestClient(TestServer(made.app()))
+    await client.start_server()
+    try:
+        answer = await client.get("/health")
+        assert answer.status == 503
+        assert await answer.json() == {"status": "starting", "service": False, "models": [], "servers": 0}
+        answer = await client.post("/v1/chat/completions", json={"model": "m"}, headers={"Authorization": f"Bearer {KEY}"})
+        assert answer.status == 503 and answer.headers["Retry-After"] == "5"
+        assert (await answer.json())["error"]["code"] == "service_unavailable"
+    finally:
+        await client.close()
+    server, _, _ = upstream
+    state = FixedState(str(server.make_url("")).rstrip("/"))
+    state.state["servers"] += [{**state.state["servers"][0], "id": 8, "alias": "a"},
+                               {**state.state["servers"][0], "id": 9, "alias": "m"}]
+    async with opened(state) as (client, _):
+        answer = await client.get("/health")
+        assert answer.status == 200
+        assert await answer.json() == {"status": "ok", "service": True, "models": ["a", "m"], "servers": 3}
+        answer = await client.post("/v1/chat/completions", json={"model": "m"})
+        assert answer.status == 401 and "Retry-After" not in answer.headers
+
+
+async def test_an_upstream_that_refuses_is_502_with_retry_after_1():
+    """A server whose llama-server is gone: 502 upstream_unavailable, and Retry-After: 1 (the request goes to
+    another server, or to this one once it is back). Wrong versions: the header left out."""
+    import socket
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    async with opened(FixedState(f"http://127.0.0.1:{port}")) as (client, _):
+        answer = await client.post("/v1/chat/completions", json={"model": "m"}, headers={"Authorization": f"Bearer {KEY}"})
+        assert answer.status == 502 and answer.headers["Retry-After"] == "1"
+        assert (await answer.json())["error"]["code"] == "upstream_unavailable"
+
+
+async def test_v1_models_is_openais_list_with_the_boards_servers_cards_latest_booking_end_and_slots(upstream):
+    """GET /v1/models in OpenAI's shape ({"object": "list", "data": [{"id", "object": "model", "created": 0,
+    "owned_by"}]}, which clients parse), and the board's own part per alias: its servers, their cards sorted, the
+    latest end of their bookings (None when none has one), the slots of all its servers.
+    Wrong versions: a key renamed or a constant changed; booking_end from the servers without one, or always None."""
+    server, _, _ = upstream
+    state = FixedState(str(server.make_url("")).rstrip("/"))
+    first = state.state["servers"][0]
+    state.state["servers"] = [{**first, "cards": [3, 1], "booking_end": 1_900_000_000},
+                              {**first, "id": 8, "cards": [0], "parallel": 2, "booking_end": None},
+                              {**first, "id": 9, "cards": [2], "parallel": 1, "booking_end": 1_800_000_000},
+                              {**first, "id": 10, "alias": "n", "user": "carol", "cards": [5]}]
+    async with opened(state) as (client, _):
+        answer = await client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+        assert await answer.json() == {"object": "list", "data": [
+            {"id": "m", "object": "model", "created": 0, "owned_by": "alice",
+             "board": {"servers": [7, 8, 9], "cards": [0, 1, 2, 3], "booking_end": 1_900_000_000, "slots": 7}},
+            {"id": "n", "object": "model", "created": 0, "owned_by": "carol",
+             "board": {"servers": [10], "cards": [5], "booking_end": None, "slots": 4}}]}

@@ -1,0 +1,116 @@
+"""`board gateway` as its command runs it (app.gateway.server.run_gateway), in this process: its refusals before it
+starts, and a start on a real service's socket (the agent, tests/service/conftest.py) until SIGTERM, with what it
+logs and the umask it leaves. The relay and the door themselves are tests/unit/test_gateway_relay.py and
+test_gateway_door.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import urllib.request
+from dataclasses import replace
+
+import pytest
+
+import app.gateway.server
+from app.config import Config, GatewaySettings, ServiceSettings
+from app.errors import BadInput
+from app.gateway.server import run_gateway
+
+
+def test_a_gateway_without_the_services_socket_is_refused_saying_why():
+    """Wrong versions: the reason left out or changed (the member reads it at `board gateway`)."""
+    with pytest.raises(BadInput) as refused:
+        run_gateway(Config())
+    assert str(refused.value) == "[service] socket is not set: the gateway reaches the service only through its socket"
+
+
+@pytest.mark.parametrize("listen", ["8080", "gw:port", ":8080", "127.0.0.1:0"])
+def test_a_listen_that_is_not_host_port_is_refused_naming_the_option_and_an_example(listen):
+    """Wrong versions: the option or the example left out of the message or changed; the value not checked."""
+    with pytest.raises(BadInput) as refused:
+        run_gateway(Config(service=ServiceSettings(socket="/nonexistent/board.sock")), listen)
+    assert str(refused.value) == f"--listen is {listen!r}; give host:port, such as \"0.0.0.0:8080\""
+
+
+def serve_once(monkeypatch, config: Config, listen: str | None) -> tuple[int, list[str], dict, int]:
+    """run_gateway(config, listen) in the main thread (it installs its SIGTERM handler), until a thread has read a
+    200 from its /health and sent SIGTERM: (its return, the listens it was asked to open, that /health, the umask it
+    left). The site opens on a free port whatever listen says (the listen asked for is recorded)."""
+    opened: list[str | None] = []
+    port: list[int] = []
+    ready, finished = threading.Event(), threading.Event()
+    health: dict = {}
+    real_open_site = app.gateway.server.open_site
+
+    async def open_site(gateway, listen):
+        opened.append(listen)
+        runner, site = await real_open_site(gateway, "127.0.0.1:0")
+        port.append(site.port)
+        ready.set()
+        return runner, site
+
+    def asker():
+        if not ready.wait(60):
+            return
+        for _ in range(600):
+            if finished.is_set():
+                return
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port[0]}/health", timeout=10) as answer:
+                    health.update(json.loads(answer.read()))
+                    break
+            except OSError:  # 503 while it reads the service's state (urllib raises it), or not answering yet
+                finished.wait(0.05)
+        if not finished.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(app.gateway.server, "open_site", open_site)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    umask = os.umask(0o022)
+    thread = threading.Thread(target=asker, daemon=True)
+    thread.start()
+    try:
+        rc = run_gateway(config, listen)
+    finally:
+        finished.set()
+        thread.join(30)
+        left = os.umask(umask)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return rc, opened, health, left
+
+
+def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(make_agent, monkeypatch, capsys):
+    """On a real service's socket: it reads the service's state (/health 200, the service known), on the listen
+    given (else the config's), logs where and with which caps, warns that prompts are logged when they are, and only
+    then (the caps lowered to the open-file limit) that LimitNOFILE should be raised; SIGTERM stops it (0) with a
+    last line; it leaves the umask at 077 (its files are the gateway user's).
+    Wrong versions: the listen given ignored, or the config's ignored when none is given; no client, or one on no
+    socket; a log line left out or changed; the LimitNOFILE warning also when the caps are not lowered; the umask
+    not set, or another."""
+    agent = make_agent()
+    config = Config(service=ServiceSettings(socket=str(agent.socket)),
+                    gateway=replace(GatewaySettings(), listen="127.0.0.1:8090", log_bodies=True, max_connections=8,
+                                    max_connections_per_address=3))
+    rc, opened, health, umask = serve_once(monkeypatch, config, "127.0.0.1:8089")
+    err = capsys.readouterr().err
+    assert rc == 0 and opened == ["127.0.0.1:8089"] and umask == 0o077
+    assert health == {"status": "ok", "service": True, "models": [], "servers": 0}
+    assert "board gateway: [gateway] log_bodies is true: prompts and completions are logged\n" in err
+    assert (f"board gateway: listening on 127.0.0.1:8089, for the service at {agent.socket}; at most 8 connections,"
+            " 3 per address\n") in err
+    assert "LimitNOFILE" not in err and err.endswith("board gateway: stopping\n")
+
+    lowered = replace(config, gateway=replace(config.gateway, log_bodies=False, max_connections=1 << 40))
+    rc, opened, health, umask = serve_once(monkeypatch, lowered, None)
+    err = capsys.readouterr().err
+    assert rc == 0 and opened == ["127.0.0.1:8090"] and health["status"] == "ok"
+    assert "log_bodies" not in err
+    line = next(line for line in err.splitlines() if "LimitNOFILE" in line)
+    assert line.startswith(f"board gateway: [gateway] max_connections is {1 << 40}, but the open-file limit holds ")
+    assert line.endswith(" beside their upstreams; raise LimitNOFILE= in the unit")
+    held = int(line.split("holds ")[1].split()[0])
+    assert 0 < held < 1 << 40 and f"at most {held} connections, 3 per address" in err
