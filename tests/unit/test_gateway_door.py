@@ -585,3 +585,109 @@ class TestAConnectionThatLeft:
             assert (await closed(newcomer[0])).startswith(b"HTTP/1.1 200")
         finally:
             await runner.cleanup()
+
+
+class TestEvictionCountsOutAtOnce:
+    async def test_a_newcomer_over_its_address_cap_closes_its_own_idle_one_and_not_another_for_the_total_cap(
+            self, upstream):
+        """max_connections 2, one per address: 127.0.0.3's idle connection is the oldest, 127.0.0.2's the newer.
+        A newcomer from 127.0.0.2 closes 127.0.0.2's, which is counted out at once, so the total is under its cap
+        and 127.0.0.3's stays; a second newcomer from 127.0.0.2 closes the first: two cut.
+        Wrong versions: the closed one counted out only when its transport reports the loss (the newcomer also
+        closes 127.0.0.3's for the total cap); the cut count set, not added to."""
+        made, runner, port = await start_gateway(upstream, max_connections=2, max_connections_per_address=1)
+        try:
+            other = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
+            while not made.connections.by_address:
+                await asyncio.sleep(0.01)
+            first = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            while len(made.connections.open) < 2:
+                await asyncio.sleep(0.01)
+            newcomer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            while not made.connections.cut:
+                await asyncio.sleep(0.01)
+            assert await closed(first[0]) == b""
+            last = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            assert await closed(newcomer[0]) == b""
+            assert made.connections.cut == 2 and made.connections.by_address == {"127.0.0.2": 1, "127.0.0.3": 1}
+            for reader, writer in (last, other):
+                writer.write(request("POST", "/v1/chat/completions"))
+                assert (await closed(reader)).startswith(b"HTTP/1.1 200")
+        finally:
+            await runner.cleanup()
+
+
+class BigStream:
+    """An upstream that streams SIZE bytes of SSE lines, far more than the sockets between it and a client hold."""
+    SIZE = 64 << 20
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.started = asyncio.Event()
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        self.started.set()
+        line = b"data: " + b"x" * 65526 + b"\n\n"
+        for _ in range(self.SIZE // len(line)):
+            await response.write(line)
+        await response.write(b"data: [DONE]\n\n")
+        self.finished = True
+        return response
+
+
+class TestBackPressure:
+    async def test_a_client_that_does_not_read_holds_the_upstream_back_and_gets_all_once_it_reads(self):
+        """A member's client stops reading a long stream: the gateway stops writing to it (aiohttp is told its
+        transport is full), so it stops reading the upstream, which waits (not finished); once the client reads, the
+        gateway writes again and the whole stream arrives.
+        Wrong versions: the transport's pause not passed on (the whole answer piled up in the gateway's memory, the
+        upstream finished); its resume not passed on (the stream stalls for ever)."""
+        big = BigStream()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", big.stream)
+        server = TestServer(app)
+        await server.start_server()
+        big.url = str(server.make_url("")).rstrip("/")
+        made, runner, port = await start_gateway(big)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request("POST", "/v1/chat/completions"))
+            await big.started.wait()
+            [client] = made.connections.open
+            while not client.inner.writing_paused and not big.finished:
+                await asyncio.sleep(0.01)
+            assert not big.finished
+            received = 0
+            async with asyncio.timeout(60):
+                while chunk := await reader.read(1 << 20):
+                    received += len(chunk)
+            assert big.finished and received > big.SIZE
+        finally:
+            await runner.cleanup()
+            await server.close()
+
+
+async def test_a_server_that_accepts_and_never_answers_its_health_is_given_up_on_and_not_taken_out(upstream):
+    """A llama-server busy past answering /health (it accepts, says nothing): the gateway's check gives up after its
+    own timeout and reports 0 (not None: a busy server stays routed), so the round of checks goes on.
+    Wrong versions: the check with no timeout of its own (the session has none in total: it waits for ever, and
+    with it every later round)."""
+    silent: list[asyncio.StreamWriter] = []
+
+    async def accept(reader, writer):
+        silent.append(writer)
+
+    mute = await asyncio.start_server(accept, "127.0.0.1", 0)
+    made, runner, _ = await start_gateway(upstream)
+    try:
+        server = replace(made.router.servers[7], url=f"http://127.0.0.1:{mute.sockets[0].getsockname()[1]}")
+        assert await asyncio.wait_for(made._health(server), 30) == 0
+        assert silent
+    finally:
+        await runner.cleanup()
+        for writer in silent:
+            writer.close()
+        mute.close()
