@@ -550,3 +550,64 @@ async def test_v1_models_is_openais_list_with_the_boards_servers_cards_latest_bo
              "board": {"servers": [7, 8, 9], "cards": [0, 1, 2, 3], "booking_end": 1_900_000_000, "slots": 7}},
             {"id": "n", "object": "model", "created": 0, "owned_by": "carol",
              "board": {"servers": [10], "cards": [5], "booking_end": None, "slots": 4}}]}
+
+
+async def test_metrics_count_requests_tokens_and_times_by_user_model_and_status(upstream, capsys):
+    """The gateway's own /metrics, as Prometheus parses it: requests by user, model and status (a planned alias by
+    its name, an unknown one as "other", a request without a key with neither), tokens by user and model, the
+    latency and time to first byte by model in the documented buckets (a request refused before any upstream answer
+    has no first byte), the waiting requests now.
+    Each request is also a line of the gateway's log.
+    Wrong versions: a counter, label, bucket or help text changed or dropped; tokens counted for a refusal; a time
+    observed under another model; a planned alias counted as "other"; the log line's fields changed."""
+    import re
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server, _, release = upstream
+    release.set()
+    state = FixedState(str(server.make_url("")).rstrip("/"))
+    state.state["planned"] = [{"alias": "team", "booking": 42, "start": time.time() + 3600, "end": time.time() + 7200,
+                               "user": "alice"}]
+    auth = {"Authorization": f"Bearer {KEY}"}
+    async with opened(state) as (client, _):
+        for body in ({"model": "m"}, {"model": "m", "stream": True}, {"model": "x"}, {"model": "team"}):
+            await (await client.post("/v1/chat/completions", json=body, headers=auth)).read()
+        await (await client.post("/v1/chat/completions", json={"model": "m"})).read()
+        answer = await client.get("/metrics")
+        assert answer.headers["Content-Type"] == "text/plain; charset=utf-8"
+        families = {f.name: f for f in text_string_to_metric_families(await answer.text())}
+    logged = sorted(re.sub(r" \d+ms$", " Nms", line) for line in capsys.readouterr().err.splitlines()
+              if line.startswith("board gateway: POST"))
+    assert logged == sorted(f"board gateway: POST /v1/chat/completions {fields} Nms" for fields in (
+        "200 model=m user=bob key=fp server=7 tokens=11+4", "200 model=m user=bob key=fp server=7 tokens=2+9",
+        "404 model=other user=bob key=fp server=- tokens=0+0", "503 model=team user=bob key=fp server=- tokens=0+0",
+        "401 model=- user=- key=- server=- tokens=0+0"))
+    docs = {name: (f.type, f.documentation) for name, f in families.items() if name.startswith("board_gateway") and not name.endswith("_created")}
+    assert docs == {
+        "board_gateway_requests": ("counter", "Requests answered, by user, model and HTTP status"),
+        "board_gateway_prompt_tokens": ("counter", "Prompt tokens, by user and model"),
+        "board_gateway_completion_tokens": ("counter", "Completion tokens, by user and model"),
+        "board_gateway_request_duration_seconds": ("histogram", "From the request to the answer's end"),
+        "board_gateway_waiting_requests": ("gauge", "Requests waiting for a free slot now"),
+        "board_gateway_time_to_first_token_seconds": ("histogram", "From the request to the first byte back")}
+
+    def samples(name: str, suffix: str = "_total") -> dict:
+        return {tuple(sorted(s.labels.items())): s.value for s in families[name].samples if s.name == name + suffix}
+
+    assert samples("board_gateway_requests") == {
+        (("code", "200"), ("model", "m"), ("user", "bob")): 2, (("code", "404"), ("model", "other"), ("user", "bob")): 1,
+        (("code", "503"), ("model", "team"), ("user", "bob")): 1, (("code", "401"), ("model", ""), ("user", "")): 1}
+    bob = (("model", "m"), ("user", "bob")), (("model", "other"), ("user", "bob")), (("model", "team"), ("user", "bob"))
+    assert samples("board_gateway_prompt_tokens") == dict(zip(bob, (13, 0, 0)))
+    assert samples("board_gateway_completion_tokens") == dict(zip(bob, (13, 0, 0)))
+    assert samples("board_gateway_request_duration_seconds", "_count") == {
+        (("model", "m"),): 2, (("model", "other"),): 1, (("model", "team"),): 1}
+    assert samples("board_gateway_time_to_first_token_seconds", "_count") == {(("model", "m"),): 2}
+    assert samples("board_gateway_waiting_requests", "") == {(): 0}
+    for name in ("board_gateway_request_duration_seconds", "board_gateway_time_to_first_token_seconds"):
+        bounds = [s.labels["le"] for s in families[name].samples
+                  if s.name == name + "_bucket" and s.labels["model"] == "m"]
+        assert bounds == ["0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "30.0", "60.0", "120.0", "300.0",
+                          "+Inf"]
