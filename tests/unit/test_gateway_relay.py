@@ -584,7 +584,8 @@ async def test_metrics_count_requests_tokens_and_times_by_user_model_and_status(
         "200 model=m user=bob key=fp server=7 tokens=11+4", "200 model=m user=bob key=fp server=7 tokens=2+9",
         "404 model=other user=bob key=fp server=- tokens=0+0", "503 model=team user=bob key=fp server=- tokens=0+0",
         "401 model=- user=- key=- server=- tokens=0+0"))
-    docs = {name: (f.type, f.documentation) for name, f in families.items() if name.startswith("board_gateway") and not name.endswith("_created")}
+    docs = {name: (f.type, f.documentation) for name, f in families.items()
+            if name.startswith("board_gateway") and not name.endswith("_created")}
     assert docs == {
         "board_gateway_requests": ("counter", "Requests answered, by user, model and HTTP status"),
         "board_gateway_prompt_tokens": ("counter", "Prompt tokens, by user and model"),
