@@ -1,7 +1,7 @@
 """`board gateway` as its command runs it (app.gateway.server.run_gateway), in this process: its refusals before it
-starts, and a start on a real service's socket (the agent, tests/service/conftest.py) until SIGTERM, with what it
-logs and the umask it leaves. The relay and the door themselves are tests/unit/test_gateway_relay.py and
-test_gateway_door.py."""
+starts, and a start until SIGTERM, with what it logs and the umask it leaves. The service's socket is the relay
+tests' FixedState (one gateway_state), made for the path run_gateway names. The relay and the door themselves are
+test_gateway_relay.py and test_gateway_door.py."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import app.gateway.server
 from app.config import Config, GatewaySettings, ServiceSettings
 from app.errors import BadInput
 from app.gateway.server import run_gateway
+from tests.unit.test_gateway_relay import FixedState
 
 
 def test_a_gateway_without_the_services_socket_is_refused_saying_why():
@@ -83,24 +84,39 @@ def serve_once(monkeypatch, config: Config, listen: str | None) -> tuple[int, li
     return rc, opened, health, left
 
 
-def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(make_agent, monkeypatch, capsys):
-    """On a real service's socket: it reads the service's state (/health 200, the service known), on the listen
+class Socket(FixedState):
+    """The service's socket at `path`: every one made is kept, to see which path run_gateway gave."""
+    made: list[Socket] = []
+
+    def __init__(self, path: str) -> None:
+        super().__init__("http://127.0.0.1:9")
+        self.path = path
+        Socket.made.append(self)
+
+
+def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(monkeypatch, capsys, tmp_path):
+    """On the service's socket ([service] socket): it reads the service's state (/health 200, the service known), on the listen
     given (else the config's), logs where and with which caps, warns that prompts are logged when they are, and only
     then (the caps lowered to the open-file limit) that LimitNOFILE should be raised; SIGTERM stops it (0) with a
     last line; it leaves the umask at 077 (its files are the gateway user's).
     Wrong versions: the listen given ignored, or the config's ignored when none is given; no client, or one on no
     socket; a log line left out or changed; the LimitNOFILE warning also when the caps are not lowered; the umask
     not set, or another."""
-    agent = make_agent()
-    config = Config(service=ServiceSettings(socket=str(agent.socket)),
+    import app.client.socket
+
+    monkeypatch.setattr(app.client.socket, "SocketClient", Socket)
+    Socket.made = []
+    path = str(tmp_path / "board.sock")
+    config = Config(service=ServiceSettings(socket=path),
                     gateway=replace(GatewaySettings(), listen="127.0.0.1:8090", log_bodies=True, max_connections=8,
                                     max_connections_per_address=3))
     rc, opened, health, umask = serve_once(monkeypatch, config, "127.0.0.1:8089")
     err = capsys.readouterr().err
     assert rc == 0 and opened == ["127.0.0.1:8089"] and umask == 0o077
-    assert health == {"status": "ok", "service": True, "models": [], "servers": 0}
+    assert health == {"status": "ok", "service": True, "models": ["m"], "servers": 1}
+    assert [made.path for made in Socket.made] == [path] and Socket.made[0].closed.is_set()
     assert "board gateway: [gateway] log_bodies is true: prompts and completions are logged\n" in err
-    assert (f"board gateway: listening on 127.0.0.1:8089, for the service at {agent.socket}; at most 8 connections,"
+    assert (f"board gateway: listening on 127.0.0.1:8089, for the service at {path}; at most 8 connections,"
             " 3 per address\n") in err
     assert "LimitNOFILE" not in err and err.endswith("board gateway: stopping\n")
 
