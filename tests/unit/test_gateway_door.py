@@ -232,7 +232,10 @@ class TestSlowAndIdle:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(request("POST", "/v1/chat/completions", BODY)[:-len(BODY) + 1])  # one byte of the body
             answer = await closed(reader)
-            assert b" 408 " in answer.split(b"\r\n")[0] and b"request_timeout" in answer
+            assert b" 408 " in answer.split(b"\r\n")[0]
+            assert json.loads(answer.partition(b"\r\n\r\n")[2]) == {"error": {
+                "message": "the request's body did not arrive within 0.3 s ([gateway] body_timeout_s)",
+                "type": "invalid_request_error", "code": "request_timeout"}}
             assert upstream.seen == []
         finally:
             await runner.cleanup()
@@ -288,7 +291,8 @@ class TestCaps:
 
 
 class TestEndlessLine:
-    async def test_a_streamed_line_with_no_end_is_cut_with_an_error_in_openais_shape(self, gateway, upstream):
+    async def test_a_streamed_line_with_no_end_is_cut_with_an_error_in_openais_shape(self, gateway, upstream, capsys):
+        """Wrong versions: the error's message, type or code changed; not an event of its own; not logged."""
         made, port = gateway
         body = json.dumps({"model": "m", "prompt": "hi", "stream": True}).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -296,10 +300,13 @@ class TestEndlessLine:
         answer = await closed(reader)
         events = [line for line in answer.split(b"\n") if line.startswith(b"data: {\"error\"")]
         [event] = events
-        error = json.loads(event[6:])["error"]
-        assert error["code"] == "upstream_line_too_long" and set(error) == {"message", "type", "code"}
+        assert json.loads(event[6:]) == {"error": {
+            "message": "server 7 (m) sent a line over 1 MB; the gateway cut the stream", "type": "server_error",
+            "code": "upstream_line_too_long"}}
+        assert answer.count(b"\n\ndata: {\"error\"") == 1  # after a blank line: an event of its own
         assert len(answer) < LINE_LIMIT + 4096  # relayed up to the limit, then cut
         assert upstream.streamed < 32 * LINE_LIMIT  # the upstream was stopped, not read to its end
+        assert "board gateway: server 7 (m) streamed a line over 1 MB: cut\n" in capsys.readouterr().err
 
 
 def dead_port() -> int:
@@ -691,3 +698,57 @@ async def test_a_server_that_accepts_and_never_answers_its_health_is_given_up_on
         for writer in silent:
             writer.close()
         mute.close()
+
+
+def refusal(message: str, code: str, kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+LONG = "/v1/" + "x" * 120
+NOT_A_ROUTE = ("{}: the gateway serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings"
+               " and the rest of docs/gateway.md's list")
+
+
+class TestWhatARefusalSays:
+    """What the member reads: each refusal's message, type and code, in OpenAI's shape."""
+
+    @pytest.mark.parametrize(("head", "status", "document"), [
+        (request("GET", "/v1/chat/completions", b""), 405,
+         refusal("/v1/chat/completions takes POST, not GET", "method_not_allowed")),
+        (request("UNSUBSCRIBE", "/v1/models", b""), 405,
+         refusal("/v1/models takes GET, not UNSUBSCRIB", "method_not_allowed")),
+        (request("GET", "/v1/../slots?x=1", b""), 404, refusal(NOT_A_ROUTE.format("no route /v1/../slots"), "not_found")),
+        (request("GET", LONG, b""), 404, refusal(NOT_A_ROUTE.format(f"no route {LONG[:79]}…"), "not_found")),
+        (request("POST", "/v1/chat/completions", b'{"messages": []}'), 400,
+         refusal("say which model: the request's \"model\" field (GET /v1/models lists them)", "model_required")),
+        (request("POST", "/v1/chat/completions", b"{"), 400, refusal("the body is not JSON", "invalid_json")),
+        (request("POST", "/v1/chat/completions", BODY, extra="Content-Encoding: gzip\r\n"), 400,
+         refusal("the body could not be read as its Content-Encoding says (send it as it is, or compressed as the"
+                 " header says)", "invalid_body")),
+    ], ids=["405", "405-long-method", "404", "404-long-path", "no-model", "not-json", "bad-encoding"])
+    async def test_each_refusal_says_what_and_why(self, gateway, upstream, head, status, document):
+        """Wrong versions: a message, type or code changed or left out; the method or path not cut to its limit."""
+        _, port = gateway
+        assert await raw(port, head) == (status, json.dumps(document).encode())
+        assert upstream.seen == []
+
+    @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+    async def test_a_body_over_max_body_mb_says_the_limit_whether_its_length_is_told_or_not(self, upstream, chunked):
+        """Over [gateway] max_body_mb (0.5 MB here): 413, saying the limit and its setting, whether the client told
+        the length (refused before reading) or sent it chunked (refused as aiohttp reads past it).
+        Wrong versions: the message, type or code changed in either place."""
+        made, runner, port = await start_gateway(upstream, max_body_mb=0.5)
+        try:
+            body = b'{"model": "m", "pad": "' + b"x" * (1 << 19) + b'"}'
+            head = request("POST", "/v1/chat/completions", body)
+            if chunked:
+                head = head.split(b"Content-Length")[0] + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            else:
+                head, body = head[:-len(body)], body
+            status, answer = await raw(port, head, body)
+            assert (status, json.loads(answer)) == (413, refusal(
+                "the request is over 0.5 MB ([gateway] max_body_mb)", "request_too_large"))
+            assert upstream.seen == []
+        finally:
+            await runner.cleanup()

@@ -516,9 +516,10 @@ async def test_health_says_starting_503_until_the_state_is_read_then_ok_200_with
         assert answer.status == 401 and "Retry-After" not in answer.headers
 
 
-async def test_an_upstream_that_refuses_is_502_with_retry_after_1():
-    """A server whose llama-server is gone: 502 upstream_unavailable, and Retry-After: 1 (the request goes to
-    another server, or to this one once it is back). Wrong versions: the header left out."""
+async def test_an_upstream_that_refuses_is_502_with_retry_after_1(capsys):
+    """A server whose llama-server is gone: 502 upstream_unavailable, saying which server and how, with Retry-After: 1
+    (the request goes to another server, or to this one once it is back), and the log says it leaves the routing.
+    Wrong versions: the header left out; the message, type or code changed; the log line changed."""
     import socket
 
     probe = socket.socket()
@@ -528,7 +529,10 @@ async def test_an_upstream_that_refuses_is_502_with_retry_after_1():
     async with opened(FixedState(f"http://127.0.0.1:{port}")) as (client, _):
         answer = await client.post("/v1/chat/completions", json={"model": "m"}, headers={"Authorization": f"Bearer {KEY}"})
         assert answer.status == 502 and answer.headers["Retry-After"] == "1"
-        assert (await answer.json())["error"]["code"] == "upstream_unavailable"
+        assert await answer.json() == {"error": {"message": "server 7 (m) did not answer: ClientConnectorError",
+                                                 "type": "server_error", "code": "upstream_unavailable"}}
+    assert ("board gateway: server 7 (m) refused the connection: not routed until it answers\n"
+            in capsys.readouterr().err)
 
 
 async def test_v1_models_is_openais_list_with_the_boards_servers_cards_latest_booking_end_and_slots(upstream):
