@@ -616,3 +616,116 @@ async def test_metrics_count_requests_tokens_and_times_by_user_model_and_status(
                   if s.name == name + "_bucket" and s.labels["model"] == "m"]
         assert bounds == ["0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "30.0", "60.0", "120.0", "300.0",
                           "+Inf"]
+
+
+async def test_each_answer_is_one_accounting_record_with_its_times_and_an_id_unique_across_restarts(upstream):
+    """The record the service keeps per request (gateway_usage): when, which key, user, model, server and status,
+    the tokens, the time to the first byte and in all in milliseconds (none to the first byte for a refusal before
+    any upstream answer), and an id of the gateway's start and a count, so a batch sent twice is recorded once.
+    Wrong versions: a field left out, renamed or taken from elsewhere; seconds for milliseconds; the count not
+    going up by one from 1; the same start id for two gateways."""
+    import re
+    import time
+
+    server, _, release = upstream
+    release.set()
+    state = FixedState(str(server.make_url("")).rstrip("/"))
+    before = int(time.time())
+    async with opened(state) as (client, made):
+        for body in ({"model": "m"}, {"model": "m", "stream": True}, {"model": "x"}):
+            await (await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})).read()
+        await made._flush()
+        boot = made._boot
+    async with opened(FixedState(str(server.make_url("")).rstrip("/"))) as (_, other):
+        assert other._boot != boot
+    after = int(time.time())
+    assert [set(r) for r in state.usage] == [{"ts", "key_id", "fingerprint", "user", "model", "server_id", "status",
+                                             "prompt_tokens", "completion_tokens", "ttft_ms", "duration_ms",
+                                             "request"}] * 3
+    assert sorted(r["request"] for r in state.usage) == [f"{boot}-1", f"{boot}-2", f"{boot}-3"]
+    assert re.fullmatch(r"[0-9a-f]{16}", boot)
+    summary = sorted((r["status"], r["model"], r["server_id"], r["key_id"], r["fingerprint"], r["user"],
+                      r["prompt_tokens"], r["completion_tokens"], r["ttft_ms"] is None) for r in state.usage)
+    assert summary == [(200, "m", 7, 1, "fp", "bob", 2, 9, False), (200, "m", 7, 1, "fp", "bob", 11, 4, False),
+                       (404, "other", None, 1, "fp", "bob", 0, 0, True)]
+    for record in state.usage:
+        assert before <= record["ts"] <= after and isinstance(record["ts"], int)
+        assert isinstance(record["duration_ms"], int) and 0 <= record["duration_ms"] < (after - before + 1) * 1000
+        if record["ttft_ms"] is not None:
+            assert isinstance(record["ttft_ms"], int) and 0 <= record["ttft_ms"] <= record["duration_ms"]
+
+
+async def test_log_bodies_logs_each_request_body_up_to_4096_bytes_by_key_fingerprint(upstream, capsys):
+    """[gateway] log_bodies: the body goes to the log under the key's fingerprint, cut at 4,096 bytes; off (the
+    default), no body is logged. Wrong versions: the cut moved; the fingerprint left out; logged when off."""
+    server, _, _ = upstream
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "é" + "y" * 5000}]}).encode()
+    for setting in (True, False):
+        async with opened(FixedState(str(server.make_url("")).rstrip("/")), log_bodies=setting) as (client, _):
+            answer = await client.post("/v1/chat/completions", data=body, headers={"Authorization": f"Bearer {KEY}"})
+            assert answer.status == 200
+        lines = [line for line in capsys.readouterr().err.splitlines() if "request body" in line]
+        cut = body[:4096].decode("utf-8", "replace")
+        assert lines == ([f"board gateway: request body (fp): {cut!r}"] if setting else [])
+
+
+async def test_what_goes_upstream_and_what_comes_back_in_the_headers():
+    """Upstream: the route's own path and method, the body, Content-Type and Accept from the client, the server's
+    own key, and nothing else of the client's (cookies, its key). Back: the upstream's status and Content-Type (JSON
+    when it says none), its Content-Length for a whole answer, and for a stream no-cache and no buffering by a proxy.
+    Wrong versions: a header left out, renamed or changed; the client's other headers passed on; no key sent
+    upstream for a server that has one, or one sent for a server without."""
+    seen: list[tuple[str, str, dict, bytes]] = []
+
+    async def answer(request):
+        seen.append((request.method, request.path, dict(request.headers), await request.read()))
+        body = await request.json()
+        if body.get("stream"):
+            response = web.StreamResponse(status=201, headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b"data: [DONE]\n\n")
+            return response
+        return web.Response(status=203, body=b'{"ok": 2}', content_type="application/x-test")
+
+    async def bare(reader, writer):  # an answer with no Content-Type at all (aiohttp's server always sends one)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")).split(b":")[1])
+        headers = dict(line.decode().split(": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line)
+        seen.append((head.split()[0].decode(), head.split()[1].decode(), headers, await reader.readexactly(length)))
+        writer.write(b'HTTP/1.1 202 Accepted\r\nContent-Length: 9\r\nConnection: close\r\n\r\n{"ok": 1}')
+        await writer.drain()
+        writer.close()
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", answer)
+    server = TestServer(app)
+    await server.start_server()
+    raw_server = await asyncio.start_server(bare, "127.0.0.1", 0)
+    state = FixedState(str(server.make_url("")).rstrip("/"))
+    state.state["servers"].append({**state.state["servers"][0], "id": 8, "alias": "open", "api_key": None,
+                                   "url": f"http://127.0.0.1:{raw_server.sockets[0].getsockname()[1]}"})
+    try:
+        async with opened(state) as (client, _):
+            sent = {"Authorization": f"Bearer {KEY}", "Accept": "text/x-mine", "Cookie": "c=1", "X-Other": "o",
+                    "Content-Type": "application/json"}
+            plain = await client.post("/v1/completions", data=b'{"model": "m"}', headers=sent)
+            assert (plain.status, plain.headers["Content-Type"], plain.headers["Content-Length"]) == (
+                203, "application/x-test", "9")
+            assert await plain.read() == b'{"ok": 2}' and "Cache-Control" not in plain.headers
+            stream = await client.post("/v1/completions", data=b'{"model": "m", "stream": true}', headers=sent)
+            assert (stream.status, stream.headers["Content-Type"], stream.headers["Cache-Control"],
+                    stream.headers["X-Accel-Buffering"]) == (201, "text/event-stream", "no-cache", "no")
+            assert await stream.read() == b"data: [DONE]\n\n"
+            bare = await client.post("/v1/completions", data=b'{"model": "open", "bare": 1}', headers=sent)
+            assert (bare.status, bare.headers["Content-Type"]) == (202, "application/json")
+            assert await bare.read() == b'{"ok": 1}'
+    finally:
+        await server.close()
+        raw_server.close()
+    assert [(m, p, b) for m, p, _, b in seen] == [("POST", "/v1/completions", b'{"model": "m"}'),
+                                                  ("POST", "/v1/completions", b'{"model": "m", "stream": true}'),
+                                                  ("POST", "/v1/completions", b'{"model": "open", "bare": 1}')]
+    for _, _, headers, _ in seen:
+        assert headers["Accept"] == "text/x-mine" and headers["Content-Type"] == "application/json"
+        assert "Cookie" not in headers and "X-Other" not in headers
+    assert [headers.get("Authorization") for _, _, headers, _ in seen] == ["Bearer srv-secret"] * 2 + [None]
