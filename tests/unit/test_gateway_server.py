@@ -96,7 +96,7 @@ class Socket(FixedState):
 
 def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(monkeypatch, capsys, tmp_path):
     """On the service's socket ([service] socket): it reads the service's state (/health 200, the service known), on the listen
-    given (else the config's), logs where and with which caps, warns that prompts are logged when they are, and only
+    given (else the config's), logs where and with which caps, warns that prompts are logged when they are and that a renamed setting was read by its old name, and only
     then (the caps lowered to the open-file limit) that LimitNOFILE should be raised; SIGTERM stops it (0) with a
     last line; it leaves the umask at 077 (its files are the gateway user's).
     Wrong versions: the listen given ignored, or the config's ignored when none is given; no client, or one on no
@@ -118,13 +118,16 @@ def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(mon
     assert "board gateway: [gateway] log_bodies is true: prompts and completions are logged\n" in err
     assert (f"board gateway: listening on 127.0.0.1:8089, for the service at {path}; at most 8 connections,"
             " 3 per address\n") in err
-    assert "LimitNOFILE" not in err and err.endswith("board gateway: stopping\n")
+    assert "LimitNOFILE" not in err and "max_concurrent_per_key" not in err and err.endswith("board gateway: stopping\n")
 
-    lowered = replace(config, gateway=replace(config.gateway, log_bodies=False, max_connections=1 << 40))
+    lowered = replace(config, gateway=replace(config.gateway, log_bodies=False, max_connections=1 << 40,
+                                              _renamed=("max_concurrent_per_key",), max_concurrent_per_user=5))
     rc, opened, health, umask = serve_once(monkeypatch, lowered, None)
     err = capsys.readouterr().err
     assert rc == 0 and opened == ["127.0.0.1:8090"] and health["status"] == "ok"
     assert "log_bodies" not in err
+    assert ("board gateway: [gateway] max_concurrent_per_key is now max_concurrent_per_user (5), counted across all"
+            " of a member's keys; rename it in the config\n") in err
     line = next(line for line in err.splitlines() if "LimitNOFILE" in line)
     assert line.startswith(f"board gateway: [gateway] max_connections is {1 << 40}, but the open-file limit holds ")
     assert line.endswith(" beside their upstreams; raise LimitNOFILE= in the unit")
