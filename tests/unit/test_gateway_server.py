@@ -95,10 +95,11 @@ class Socket(FixedState):
 
 
 def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(monkeypatch, capsys, tmp_path):
-    """On the service's socket ([service] socket): it reads the service's state (/health 200, the service known), on the listen
-    given (else the config's), logs where and with which caps, warns that prompts are logged when they are and that a renamed setting was read by its old name, and only
-    then (the caps lowered to the open-file limit) that LimitNOFILE should be raised; SIGTERM stops it (0) with a
-    last line; it leaves the umask at 077 (its files are the gateway user's).
+    """On the service's socket ([service] socket): it reads the service's state (/health 200, the service known),
+    on the listen given (else the config's), logs where and with which caps, warns that prompts are logged when they
+    are and that a renamed setting was read by its old name, and only then (the caps lowered to the open-file limit)
+    that LimitNOFILE should be raised; SIGTERM stops it (0) with a last line; it leaves the umask at 077 (its files
+    are the gateway user's).
     Wrong versions: the listen given ignored, or the config's ignored when none is given; no client, or one on no
     socket; a log line left out or changed; the LimitNOFILE warning also when the caps are not lowered; the umask
     not set, or another."""
