@@ -729,3 +729,34 @@ async def test_what_goes_upstream_and_what_comes_back_in_the_headers():
         assert headers["Accept"] == "text/x-mine" and headers["Content-Type"] == "application/json"
         assert "Cookie" not in headers and "X-Other" not in headers
     assert [headers.get("Authorization") for _, _, headers, _ in seen] == ["Bearer srv-secret"] * 2 + [None]
+
+
+async def test_an_upstream_that_compresses_when_asked_is_not_asked_so_the_answer_arrives_readable_and_metered():
+    """An OpenAI-compatible upstream that compresses its answer when the request accepts it (aiohttp's client
+    accepts gzip unless told otherwise): the gateway relays the bytes as they come, and passes on no
+    Content-Encoding, so it must ask for them uncompressed; then the client reads JSON and the tokens are counted.
+    Wrong version (the bug this found): no Accept-Encoding sent, so the client got deflate bytes it could not read,
+    labelled JSON, and the request was metered as 0 tokens."""
+    asked: list[str | None] = []
+
+    async def answer(request):
+        asked.append(request.headers.get("Accept-Encoding"))
+        response = web.json_response({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 6},
+                                      "pad": "x" * 2000})
+        response.enable_compression()  # as the request allows: nothing, when it accepts only identity
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    server = TestServer(app)
+    await server.start_server()
+    state = FixedState(str(server.make_url("")).rstrip("/"))
+    try:
+        async with opened(state) as (client, made):
+            got = await client.post("/v1/chat/completions", json={"model": "m"}, headers={"Authorization": f"Bearer {KEY}"})
+            assert got.status == 200 and (await got.json())["usage"] == {"prompt_tokens": 5, "completion_tokens": 6}
+            await made._flush()
+    finally:
+        await server.close()
+    assert asked == ["identity"]
+    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in state.usage] == [(5, 6)]
