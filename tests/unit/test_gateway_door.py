@@ -341,11 +341,12 @@ class TestDeadUpstream:
             await runner.cleanup()
 
     async def test_a_server_that_stopped_listening_leaves_the_routing_before_a_request_meets_it_and_comes_back(
-            self, upstream):
+            self, upstream, capsys):
         """Server 7's llama-server is gone while nobody asks for the model: the gateway's own /health round (each
         RECHECK_S) takes it out (the nearest wrong version: only a request that meets it does, and that request gets
         502), so the first request afterwards goes to server 8, which answers and stays routed. Once 7's port
-        answers /health again, the round routes to it again."""
+        answers /health again, the round routes to it again. Each change is a line of the log; a server the service
+        no longer lists is forgotten (the wrong versions: a line changed or left out; one not listed kept down)."""
         port = dead_port()
         made = Gateway(Config(gateway=GatewaySettings()), FixedState(f"http://127.0.0.1:{port}", parallel=4))
         made.client.state["servers"].append(dict(made.client.state["servers"][0], id=8, url=upstream.url))
@@ -373,8 +374,19 @@ class TestDeadUpstream:
                         break
                     await asyncio.sleep(0.05)
                 assert made.router.down == set()
+                made.router.down.add(99)  # a server the service no longer lists
+                for _ in range(200):
+                    if not made.router.down:
+                        break
+                    await asyncio.sleep(0.05)
+                assert made.router.down == set()
             finally:
                 await back.cleanup()
+            logged = capsys.readouterr().err
+            assert ("board gateway: server 7 (m) refuses connections: out of the routing until it answers\n"
+                    "board gateway: POST /v1/chat/completions 200 ") in logged
+            assert "\nboard gateway: server 7 (m) answers again\n" in logged
+            assert "server 8 " not in logged
         finally:
             await runner.cleanup()
 
