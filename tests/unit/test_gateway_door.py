@@ -282,6 +282,36 @@ class TestCaps:
         finally:
             await runner.cleanup()
 
+    async def test_an_address_whose_connections_are_all_busy_gets_503_and_another_address_is_served(self, upstream):
+        """max_connections_per_address 2, both of 127.0.0.2's busy: its third gets 503 (with Retry-After, in
+        OpenAI's shape) and is closed; 127.0.0.3 is let in. Wrong version: the newcomer let in (uncounted) when its
+        address has no idle connection to close."""
+        made, runner, port = await start_gateway(upstream, max_connections_per_address=2)
+        try:
+            upstream.hold.clear()
+            busy = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(2)]
+            for _, writer in busy:
+                writer.write(request("POST", "/v1/chat/completions"))
+            while len(upstream.seen) < 2:
+                await asyncio.sleep(0.01)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            writer.write(request("POST", "/v1/chat/completions"))
+            answer = await closed(reader)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable" and b"\r\nRetry-After: 1" in head
+            assert json.loads(body) == {"error": {"message": "the gateway has too many connections; try again shortly",
+                                                  "type": "server_error", "code": "too_many_connections"}}
+            other = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
+            other[1].write(request("POST", "/v1/chat/completions"))
+            while len(upstream.seen) < 3:
+                await asyncio.sleep(0.01)
+            upstream.hold.set()
+            for reader, _ in (*busy, other):
+                assert (await closed(reader)).startswith(b"HTTP/1.1 200")
+            assert made.connections.refused == 1 and made.connections.cut == 0
+        finally:
+            await runner.cleanup()
+
     async def test_the_cap_is_lowered_to_what_the_open_file_limit_holds(self):
         from app.gateway.connections import BACKLOG, FD_RESERVE, connection_cap
 
