@@ -216,7 +216,7 @@ def sent(state) -> list[tuple[str, int]]:
     return [(r["model"], r["status"]) for r in state.usage]
 
 
-async def test_accounting_while_the_service_is_away_is_kept_in_order_and_sent_once_when_it_is_back(away):
+async def test_accounting_while_the_service_is_away_is_kept_in_order_and_sent_once_when_it_is_back(away, capsys):
     """The service away at a flush: its batch is kept ahead of what was accounted while it was out, nothing is sent
     again at once (the next flush, a second later, tries again), and once the service is back each record arrives
     once, in the order of the requests.
@@ -233,6 +233,8 @@ async def test_accounting_while_the_service_is_away_is_kept_in_order_and_sent_on
     await flush
     assert state.calls == 1 and state.usage == []
     assert [(r["model"], r["status"]) for r in made.pending] == [("m", 200), ("other", 404), ("m", 200), ("other", 404)]
+    assert ("board gateway: accounting kept for later (4 records): the board service is not running (systemctl"
+            " status board-agent)\n") in capsys.readouterr().err
     await made._flush()  # the service is back
     await made._flush()
     assert state.calls == 2 and made.pending == []
@@ -344,14 +346,16 @@ class FollowedState(FixedState):
 async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again_when_it_is_back(upstream, capsys):
     """The service goes away and a change comes in while its state cannot be read: the gateway routes on the last state
     it read (bob's key still works) and goes on following; back (`reconnected`), its state is read again and the key
-    revoked meanwhile is refused.
-    Wrong versions: a failed read ends the following (or empties the routing); `reconnected` not read again (a key
+    revoked meanwhile is refused. The log says the service was lost.
+    Wrong versions: the log line changed or left out; a failed read ends the following (or empties the routing); `reconnected` not read again (a key
     revoked while the service restarted keeps working)."""
     server, _, _ = upstream
     state = FollowedState(str(server.make_url("")).rstrip("/"))
     async with opened(state) as (client, _):
         assert await asked(client, "m") == 200
         await state.send({"event": "down", "message": "the board service is not running"})
+        assert ("board gateway: lost the service (the board service is not running); routing on the last state until"
+                " it is back\n") in capsys.readouterr().err
         state.away = True
         await state.send({"event": "gateway"})
         assert await asked(client, "m") == 200
@@ -760,3 +764,20 @@ async def test_an_upstream_that_compresses_when_asked_is_not_asked_so_the_answer
         await server.close()
     assert asked == ["identity"]
     assert [(r["prompt_tokens"], r["completion_tokens"]) for r in state.usage] == [(5, 6)]
+
+
+async def test_the_upstream_session_never_cuts_a_long_answer_and_gives_up_connecting_after_10_s(gateway):
+    """A stream may last as long as llama-server generates: the gateway's session to the upstreams has no total
+    timeout (aiohttp's default, 5 minutes, would cut a long generation), and gives up connecting after 10 s.
+    Wrong versions: a total timeout; another connect timeout, or none."""
+    _, made, _ = gateway
+    assert (made.session.timeout.total, made.session.timeout.sock_connect) == (None, 10)
+
+
+async def test_head_is_not_taken_for_get_on_the_gateways_own_routes(gateway):
+    """/health, /metrics and /v1/models answer GET only: HEAD is 405 like any other method (aiohttp would add HEAD to
+    each GET route unless told not to). Wrong version: HEAD allowed on one of them."""
+    client, _, _ = gateway
+    for path in ("/health", "/metrics", "/v1/models"):
+        answer = await client.head(path, headers={"Authorization": f"Bearer {KEY}"})
+        assert answer.status == 405, path
