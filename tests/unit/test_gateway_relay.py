@@ -347,8 +347,8 @@ async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again
     """The service goes away and a change comes in while its state cannot be read: the gateway routes on the last state
     it read (bob's key still works) and goes on following; back (`reconnected`), its state is read again and the key
     revoked meanwhile is refused. The log says the service was lost.
-    Wrong versions: the log line changed or left out; a failed read ends the following (or empties the routing); `reconnected` not read again (a key
-    revoked while the service restarted keeps working)."""
+    Wrong versions: the log line changed or left out; a failed read ends the following (or empties the routing);
+    `reconnected` not read again (a key revoked while the service restarted keeps working)."""
     server, _, _ = upstream
     state = FollowedState(str(server.make_url("")).rstrip("/"))
     async with opened(state) as (client, _):
