@@ -794,3 +794,25 @@ class TestWhatARefusalSays:
             assert upstream.seen == []
         finally:
             await runner.cleanup()
+
+
+async def test_a_gateway_restarted_at_once_listens_on_its_port_again(upstream):
+    """`systemctl restart`: the gateway that stopped had just answered and closed connections (theirs wait in
+    TIME_WAIT on its port); the next one binds the same port at once. Wrong version: the address not reusable (the
+    restart fails with EADDRINUSE for a minute)."""
+    made, runner, port = await start_gateway(upstream)
+    try:
+        status, _ = await raw(port, request("POST", "/v1/chat/completions"))  # Connection: close: the gateway closes
+        assert status == 200
+    finally:
+        await runner.cleanup()
+    again = Gateway(Config(gateway=GatewaySettings()), FixedState(upstream.url))
+    runner, site = await open_site(again, f"127.0.0.1:{port}")
+    try:
+        assert site.port == port
+        while not again.router.known:
+            await asyncio.sleep(0.01)
+        status, _ = await raw(port, request("GET", "/health", b"", key=None))
+        assert status == 200
+    finally:
+        await runner.cleanup()
