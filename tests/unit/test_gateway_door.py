@@ -226,6 +226,19 @@ class TestSlowAndIdle:
         finally:
             await runner.cleanup()
 
+    async def test_an_idle_keep_alive_is_cut_by_the_gateways_own_clock_before_aiohttps_backstop(self, upstream):
+        """aiohttp's own keep-alive clock is set to 2 * idle_timeout_s + 1, a backstop well after the gateway's, which
+        counts the cut: with idle_timeout_s 3 the gateway's clock (3 s) is the one that closes an idle connection.
+        Wrong version: a backstop that runs first for a longer idle_timeout_s (2 / 3 + 1 s: closed uncounted)."""
+        made, runner, port = await start_gateway(upstream, idle_timeout_s=3, head_timeout_s=30)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(keep_alive(request("POST", "/v1/chat/completions")))
+            answer = await closed(reader)
+            assert answer.startswith(b"HTTP/1.1 200") and made.connections.cut == 1
+        finally:
+            await runner.cleanup()
+
     async def test_a_keyed_body_that_stalls_is_408_and_closed(self, upstream):
         made, runner, port = await start_gateway(upstream, body_timeout_s=0.3)
         try:
