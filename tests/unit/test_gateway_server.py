@@ -54,8 +54,9 @@ def serve_once(monkeypatch, config: Config, listen: str | None) -> tuple[int, li
         return runner, site
 
     def asker():
-        if not ready.wait(60):
-            return
+        while not ready.wait(0.05):
+            if finished.is_set():  # run_gateway ended (failed) before it listened
+                return
         for _ in range(600):
             if finished.is_set():
                 return
