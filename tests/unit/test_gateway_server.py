@@ -135,3 +135,52 @@ def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(mon
     assert line.endswith(" beside their upstreams; raise LimitNOFILE= in the unit")
     held = int(line.split("holds ")[1].split()[0])
     assert 0 < held < 1 << 40 and f"at most {held} connections, 3 per address" in err
+
+
+def test_a_gateway_that_cannot_listen_fails_and_leaves_no_thread_that_would_keep_the_process_alive(
+        monkeypatch, tmp_path):
+    """The port is taken: run_gateway raises, having already started following the service (a thread blocked on the
+    socket for ever); that thread must not keep `board gateway` from exiting with its error.
+    Wrong version: the follower a non-daemon thread (the process hangs at exit instead of failing)."""
+    import socket
+
+    import app.client.socket
+
+    monkeypatch.setattr(app.client.socket, "SocketClient", Socket)
+    Socket.made = []
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    before = set(threading.enumerate())
+    umask = os.umask(0o022)
+    try:
+        with pytest.raises(OSError):
+            run_gateway(Config(service=ServiceSettings(socket=str(tmp_path / "board.sock"))),
+                        f"127.0.0.1:{taken.getsockname()[1]}")
+        left = [t for t in set(threading.enumerate()) - before if t.is_alive()]
+        assert left and all(t.daemon for t in left)
+    finally:
+        os.umask(umask)
+        taken.close()
+        for made in Socket.made:
+            made.close()
+
+
+def test_the_caps_follow_the_soft_open_file_limit_the_process_has_now():
+    """The connections are capped by the open-file limit in force (the soft one; run_gateway raises it to the hard
+    one first, where it can). Wrong version: the hard limit read, which the process cannot use yet."""
+    import resource
+
+    from app.gateway.connections import connection_cap
+    from app.gateway.server import Gateway
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = 1024
+    if hard != resource.RLIM_INFINITY and hard <= low:
+        pytest.skip(f"the hard open-file limit ({hard}) leaves no lower soft one to try")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        made = Gateway(Config(gateway=GatewaySettings(max_connections=100_000)), FixedState("http://127.0.0.1:9"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert made.max_connections == connection_cap(100_000, low) == 352 == made.connections.cap
