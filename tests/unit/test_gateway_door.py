@@ -829,3 +829,28 @@ async def test_a_gateway_restarted_at_once_listens_on_its_port_again(upstream):
         assert status == 200
     finally:
         await runner.cleanup()
+
+
+async def test_a_burst_of_connections_up_to_the_backlog_is_held_by_the_kernel_until_the_gateway_accepts_them(upstream):
+    """The listener's backlog is BACKLOG (128): that many newcomers complete their handshake while the gateway is busy
+    (its loop not accepting), none dropped. Wrong version: asyncio's default backlog (100): the 101st is dropped and
+    its client waits a second for its retry."""
+    import socket
+
+    from app.gateway.connections import BACKLOG
+
+    made, runner, port = await start_gateway(upstream)
+    burst: list[socket.socket] = []
+    try:
+        for _ in range(BACKLOG - 8):  # the loop does not run meanwhile: nothing is accepted
+            conn = socket.socket()
+            conn.settimeout(0.5)
+            conn.connect(("127.0.0.1", port))  # a SYN dropped for a full backlog is retried only after 1 s
+            burst.append(conn)
+    finally:
+        for conn in burst:
+            conn.close()
+    try:
+        assert len(burst) == BACKLOG - 8
+    finally:
+        await runner.cleanup()

@@ -39,9 +39,12 @@ class FixedState:
         if op == "gateway_usage":
             self.usage.extend(args["records"])
             return {"recorded": len(args["records"])}
+        if op != "gateway_state":
+            raise BadInput(f"unknown operation {op!r}")  # as the service answers one it does not have
         return self.state
 
     def subscribe(self, kinds):
+        self.kinds = tuple(kinds)
         self.closed.wait()
         return iter(())
 
@@ -329,6 +332,7 @@ class FollowedState(FixedState):
         return super().call(op, **args)
 
     def subscribe(self, kinds):
+        self.kinds = tuple(kinds)
         while (event := self.events.get()) is not None:
             yield event
             self.taken.release()
@@ -348,7 +352,8 @@ async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again
     it read (bob's key still works) and goes on following; back (`reconnected`), its state is read again and the key
     revoked meanwhile is refused. The log says the service was lost.
     Wrong versions: the log line changed or left out; a failed read ends the following (or empties the routing);
-    `reconnected` not read again (a key revoked while the service restarted keeps working)."""
+    `reconnected` not read again (a key revoked while the service restarted keeps working); another operation asked
+    for than gateway_state, or other events followed than the gateway's."""
     server, _, _ = upstream
     state = FollowedState(str(server.make_url("")).rstrip("/"))
     async with opened(state) as (client, _):
@@ -364,6 +369,7 @@ async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again
         state.away = False
         await state.send({"event": "reconnected"})
         assert await asked(client, "m") == 401
+    assert state.kinds == ("gateway",)  # the events it follows: only the gateway's
 
 
 async def test_a_batch_whose_reply_was_lost_after_the_commit_is_sent_again_and_recorded_once(away, tmp_path):
@@ -781,3 +787,18 @@ async def test_head_is_not_taken_for_get_on_the_gateways_own_routes(gateway):
     for path in ("/health", "/metrics", "/v1/models"):
         answer = await client.head(path, headers={"Authorization": f"Bearer {KEY}"})
         assert answer.status == 405, path
+
+
+async def test_accounting_reaches_the_service_each_flush_s_without_anyone_asking(upstream):
+    """Nobody calls _flush here: the gateway's own loop sends the records once a second (FLUSH_S).
+    Wrong versions: the loop never runs, or dies at its first sleep."""
+    server, _, _ = upstream
+    state = FixedState(str(server.make_url("")).rstrip("/"))
+    async with opened(state) as (client, _):
+        answer = await client.post("/v1/chat/completions", json={"model": "m"}, headers={"Authorization": f"Bearer {KEY}"})
+        assert answer.status == 200
+        for _ in range(200):  # bounded: 10 s, ten rounds
+            if state.usage:
+                break
+            await asyncio.sleep(0.05)
+        assert [(r["model"], r["status"]) for r in state.usage] == [("m", 200)]
