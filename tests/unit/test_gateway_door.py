@@ -349,7 +349,9 @@ class TestEndlessLine:
         assert answer.count(b"\n\ndata: {\"error\"") == 1  # after a blank line: an event of its own
         assert len(answer) < LINE_LIMIT + 4096  # relayed up to the limit, then cut
         assert upstream.streamed < 32 * LINE_LIMIT  # the upstream was stopped, not read to its end
-        assert "board gateway: server 7 (m) streamed a line over 1 MB: cut\n" in capsys.readouterr().err
+        logged = capsys.readouterr().err
+        assert "board gateway: server 7 (m) streamed a line over 1 MB: cut\n" in logged
+        assert "board gateway: POST /v1/completions 502 model=m " in logged  # accounted as the upstream's failure
 
 
 def dead_port() -> int:
@@ -854,3 +856,57 @@ async def test_a_burst_of_connections_up_to_the_backlog_is_held_by_the_kernel_un
         assert len(burst) == BACKLOG - 8
     finally:
         await runner.cleanup()
+
+
+
+class TestAClientThatLeaves:
+    async def test_a_client_that_leaves_cancels_its_request_and_is_accounted_499(self, upstream):
+        """The client closes its connection while the upstream still works on its answer: the handler is cancelled
+        (so the upstream request is closed and llama-server frees the slot) and the request accounted as 499.
+        Wrong version: handler_cancellation off (the handler waits for the whole answer nobody reads)."""
+        made, runner, port = await start_gateway(upstream)
+        try:
+            upstream.hold.clear()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request("POST", "/v1/chat/completions"))
+            while not upstream.seen:
+                await asyncio.sleep(0.01)
+            writer.close()
+            for _ in range(200):  # bounded: 10 s
+                if made.pending or made.client.usage:
+                    break
+                await asyncio.sleep(0.05)
+            assert [r["status"] for r in made.pending + made.client.usage] == [499]
+        finally:
+            upstream.hold.set()
+            await runner.cleanup()
+
+
+class BrokenUpstream:
+    """An upstream that promises 1,000 bytes, sends 10 and closes the connection."""
+
+    async def answer(self, reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"choices\"")
+        await writer.drain()
+        writer.close()
+
+
+async def test_an_upstream_that_breaks_off_its_answer_is_accounted_502_and_logged(capsys):
+    """Wrong versions: another status accounted (503); the log line changed or left out."""
+    broken = await asyncio.start_server(BrokenUpstream().answer, "127.0.0.1", 0)
+
+    class Where:
+        url = f"http://127.0.0.1:{broken.sockets[0].getsockname()[1]}"
+
+    made, runner, port = await start_gateway(Where())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request("POST", "/v1/chat/completions"))
+        answer = await closed(reader)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b'{"choices"')  # what came, then cut
+        assert [r["status"] for r in made.pending + made.client.usage] == [502]
+        assert "board gateway: server 7 (m) broke off its answer\n" in capsys.readouterr().err
+    finally:
+        await runner.cleanup()
+        broken.close()

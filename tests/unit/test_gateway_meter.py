@@ -199,3 +199,12 @@ def test_what_each_usage_field_adds_and_what_is_not_a_usage(doc, tokens):
     or a usage that is not a table, counts nothing. Wrong versions: a cache count left out; a null count failing."""
     meter = metered(json.dumps(doc).encode(), False)
     assert (meter.prompt, meter.completion) == tokens
+
+
+def test_a_responses_stream_whose_completed_event_carries_only_its_usage_is_counted():
+    """The Responses API's response.completed holds the usage inside "response" (llama-server adds timings beside it;
+    another server may not). Wrong version: "response" not looked into: 0 tokens."""
+    body = sse({"type": "response.completed", "response": {"status": "completed", "usage": {
+        "input_tokens": 5, "output_tokens": 6, "total_tokens": 11}}}, events=("response.completed",))
+    meter = metered(body, True)
+    assert (meter.prompt, meter.completion) == (5, 6)
