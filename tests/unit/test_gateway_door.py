@@ -910,3 +910,16 @@ async def test_an_upstream_that_breaks_off_its_answer_is_accounted_502_and_logge
     finally:
         await runner.cleanup()
         broken.close()
+
+
+
+async def test_a_told_length_over_max_body_mb_is_refused_at_once_without_waiting_for_the_body(upstream):
+    """Content-Length over the limit: 413 from the head alone, the body never awaited (a client told to wait for
+    nothing). Wrong version: the length read only as the body arrives (the request waits for its body, then 408)."""
+    made, runner, port = await start_gateway(upstream, max_body_mb=0.5, body_timeout_s=5)
+    try:
+        head = request("POST", "/v1/chat/completions", b"x" * ((1 << 19) + 1))[:-((1 << 19) + 1)]  # no body sent
+        status, answer = await raw(port, head)
+        assert (status, json.loads(answer)["error"]["code"]) == (413, "request_too_large")
+    finally:
+        await runner.cleanup()

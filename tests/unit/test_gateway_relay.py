@@ -667,15 +667,17 @@ async def test_each_answer_is_one_accounting_record_with_its_times_and_an_id_uni
 
 async def test_log_bodies_logs_each_request_body_up_to_4096_bytes_by_key_fingerprint(upstream, capsys):
     """[gateway] log_bodies: the body goes to the log under the key's fingerprint, cut at 4,096 bytes; off (the
-    default), no body is logged. Wrong versions: the cut moved; the fingerprint left out; logged when off."""
+    default), no body is logged; a character the cut splits is shown as U+FFFD. Wrong versions: the cut moved; the
+    fingerprint left out; logged when off; the split character failing the request (strict decoding)."""
     server, _, _ = upstream
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "é" + "y" * 5000}]}).encode()
+    head = b'{"model": "m", "messages": [{"role": "user", "content": "'
+    body = head + b"y" * (4095 - len(head)) + "é".encode() + b"y" * 1000 + b'"}]}'  # é's two bytes: 4,096th and next
     for setting in (True, False):
         async with opened(FixedState(str(server.make_url("")).rstrip("/")), log_bodies=setting) as (client, _):
             answer = await client.post("/v1/chat/completions", data=body, headers={"Authorization": f"Bearer {KEY}"})
             assert answer.status == 200
         lines = [line for line in capsys.readouterr().err.splitlines() if "request body" in line]
-        cut = body[:4096].decode("utf-8", "replace")
+        cut = body[:4095].decode() + "\ufffd"
         assert lines == ([f"board gateway: request body (fp): {cut!r}"] if setting else [])
 
 
@@ -802,3 +804,60 @@ async def test_accounting_reaches_the_service_each_flush_s_without_anyone_asking
                 break
             await asyncio.sleep(0.05)
         assert [(r["model"], r["status"]) for r in state.usage] == [("m", 200)]
+
+
+
+async def test_a_key_scoped_to_other_models_is_refused_403_for_this_one_and_it_goes_nowhere(gateway, upstream):
+    """Wrong version: the model not passed to the key's check (a scoped key reaches every model)."""
+    client, made, state = gateway
+    _, seen, _ = upstream
+    state.state["keys"].append({**state.state["keys"][0], "id": 2, "hash": key_hash("bk-scoped"), "models": ["n"],
+                                "fingerprint": "fp2"})
+    made.router.update(state.state)
+    answer = await client.post("/v1/chat/completions", json={"model": "m"}, headers={"Authorization": "Bearer bk-scoped"})
+    assert answer.status == 403 and (await answer.json())["error"]["message"] == "key fp2 may use n, not m"
+    assert seen == []
+
+
+async def test_an_unexpected_failure_is_answered_500_and_accounted_500(gateway, monkeypatch):
+    """A failure the relay does not expect (here the routing raises once): aiohttp answers 500, and the record says
+    500 too. Wrong version: the record's status made up (501)."""
+    client, made, state = gateway
+    real = made.router.admit
+    calls = []
+
+    async def admit(model, key):
+        calls.append(model)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return await real(model, key)
+
+    monkeypatch.setattr(made.router, "admit", admit)
+    answer = await client.post("/v1/chat/completions", json={"model": "m"}, headers={"Authorization": f"Bearer {KEY}"})
+    assert answer.status == 500
+    await made._flush()
+    assert [r["status"] for r in state.usage] == [500]
+
+
+async def test_a_client_that_leaves_while_its_request_waits_for_a_slot_is_accounted_499(upstream):
+    """One slot, held by a stream; a second request waits for it, and its client leaves: 499, nothing sent upstream
+    for it. Wrong versions: the leaving read as done (a missing meter's state asked: 500)."""
+    server, seen, release = upstream
+    state = FixedState(str(server.make_url("")).rstrip("/"), parallel=1)
+    async with opened(state) as (client, made):
+        first = await client.post("/v1/chat/completions", json={"model": "m", "stream": True},
+                                  headers={"Authorization": f"Bearer {KEY}"})
+        await first.content.readline()  # in progress: the slot is taken
+        waiting = asyncio.create_task(client.post("/v1/chat/completions", json={"model": "m"},
+                                                  headers={"Authorization": f"Bearer {KEY}"}))
+        while not made.router.waiting():
+            await asyncio.sleep(0.01)
+        waiting.cancel()
+        for _ in range(200):  # bounded: 10 s
+            if made.pending or state.usage:
+                break
+            await asyncio.sleep(0.05)
+        release.set()
+        await first.read()
+        await made._flush()
+    assert [r["status"] for r in state.usage][:1] == [499] and len(seen) == 1
