@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 from dataclasses import replace
 
 import pytest
@@ -295,10 +296,12 @@ class TestCaps:
         finally:
             await runner.cleanup()
 
-    async def test_an_address_whose_connections_are_all_busy_gets_503_and_another_address_is_served(self, upstream):
+    async def test_an_address_whose_connections_are_all_busy_gets_503_and_another_address_is_served(self, upstream,
+                                                                                                   caplog):
         """max_connections_per_address 2, both of 127.0.0.2's busy: its third gets 503 (with Retry-After, in
-        OpenAI's shape) and is closed; 127.0.0.3 is let in. Wrong version: the newcomer let in (uncounted) when its
-        address has no idle connection to close."""
+        OpenAI's shape) and is closed, leaving no error in the log; 127.0.0.3 is let in. Wrong versions: the
+        newcomer let in (uncounted) when its address has no idle connection to close; the refused connection's loss
+        passed to a protocol it never had (an error logged by asyncio)."""
         made, runner, port = await start_gateway(upstream, max_connections_per_address=2)
         try:
             upstream.hold.clear()
@@ -322,6 +325,7 @@ class TestCaps:
             for reader, _ in (*busy, other):
                 assert (await closed(reader)).startswith(b"HTTP/1.1 200")
             assert made.connections.refused == 1 and made.connections.cut == 0
+            assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
         finally:
             await runner.cleanup()
 
@@ -619,6 +623,30 @@ class TestTheHeadClock:
             finally:
                 sending.cancel()
             assert made.connections.cut == 1 and upstream.seen == []
+        finally:
+            await runner.cleanup()
+
+
+    async def test_the_head_clock_runs_from_the_connections_start_not_from_its_first_byte(self, upstream):
+        """head_timeout_s 1: a client that says nothing for 0.8 s, then sends its head's first byte and the rest at
+        1.4 s is cut at 1 s, never answered (the gateway's clock and the test's sleeps are timers of one loop: their
+        order is their deadlines'). Wrong version: a new connection not marked as sending its head (its first byte
+        restarts the head clock, which would then run to 1.8 s)."""
+        made, runner, port = await start_gateway(upstream, head_timeout_s=1, idle_timeout_s=120)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            head = request("POST", "/v1/chat/completions")
+            await asyncio.sleep(0.8)
+            writer.write(head[:1])
+            await asyncio.sleep(0.6)
+            if not writer.is_closing():
+                writer.write(head[1:])
+            try:
+                sent = await closed(reader)
+            except ConnectionResetError:
+                sent = b""
+            assert sent == b"" and made.connections.cut == 1
+            assert [seen for seen in upstream.seen if seen != ("GET", "/health")] == []  # only the /health round's
         finally:
             await runner.cleanup()
 
