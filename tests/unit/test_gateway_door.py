@@ -300,7 +300,8 @@ class TestCaps:
                                                                                                    caplog):
         """max_connections_per_address 2, both of 127.0.0.2's busy: its third gets 503 (with Retry-After, in
         OpenAI's shape) and is closed, leaving no error in the log; 127.0.0.3 is let in. Wrong versions: the
-        newcomer let in (uncounted) when its address has no idle connection to close; the refused connection's loss
+        newcomer let in (uncounted) when its address has no idle connection to close; the refusals' count set, not
+        added to; the refused connection's loss
         passed to a protocol it never had (an error logged by asyncio)."""
         made, runner, port = await start_gateway(upstream, max_connections_per_address=2)
         try:
@@ -310,9 +311,10 @@ class TestCaps:
                 writer.write(request("POST", "/v1/chat/completions"))
             while len(upstream.seen) < 2:
                 await asyncio.sleep(0.01)
-            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
-            writer.write(request("POST", "/v1/chat/completions"))
-            answer = await closed(reader)
+            for _ in range(2):  # each newcomer refused alike, each counted
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+                writer.write(request("POST", "/v1/chat/completions"))
+                answer = await closed(reader)
             head, _, body = answer.partition(b"\r\n\r\n")
             assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable" and b"\r\nRetry-After: 1" in head
             assert json.loads(body) == {"error": {"message": "the gateway has too many connections; try again shortly",
@@ -324,7 +326,7 @@ class TestCaps:
             upstream.hold.set()
             for reader, _ in (*busy, other):
                 assert (await closed(reader)).startswith(b"HTTP/1.1 200")
-            assert made.connections.refused == 1 and made.connections.cut == 0
+            assert made.connections.refused == 2 and made.connections.cut == 0
             assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
         finally:
             await runner.cleanup()
@@ -510,6 +512,33 @@ class TestKeepAliveClocksAndCaps:
             writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n")  # and no more
             assert await closed(reader) == b""
             assert made.connections.cut == 1 and made.connections.open == set()
+        finally:
+            await runner.cleanup()
+
+    async def test_the_next_requests_head_trickled_on_a_keep_alive_is_cut_by_the_head_clock_of_its_first_byte(
+            self, upstream):
+        """The next request's head sent a byte every 0.1 s: the head clock (0.5 s) started at its first byte is not
+        restarted by the later ones, so the connection is cut before the head is whole (the gateway's clock and the
+        test's sleeps are timers of one loop). Wrong version: the connection left marked as between requests once
+        its next head began (every byte restarts the head clock: a slowloris on a keep-alive is never cut)."""
+        made, runner, port = await start_gateway(upstream, head_timeout_s=0.5, idle_timeout_s=120)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(keep_alive(request("POST", "/v1/chat/completions")))
+            assert (await answered(reader)).startswith(b"HTTP/1.1 200")
+            head = request("POST", "/v1/chat/completions")
+            for byte in head[:30]:  # 3 s at this pace: six head clocks
+                if writer.is_closing() or reader.at_eof():
+                    break
+                writer.write(bytes([byte]))
+                await asyncio.sleep(0.1)
+            else:
+                writer.write(head[30:])  # still open: the head made whole
+            try:
+                sent = await closed(reader)
+            except ConnectionResetError:
+                sent = b""
+            assert sent == b"" and made.connections.cut == 1
         finally:
             await runner.cleanup()
 
@@ -951,3 +980,46 @@ async def test_a_told_length_over_max_body_mb_is_refused_at_once_without_waiting
         assert (status, json.loads(answer)["error"]["code"]) == (413, "request_too_large")
     finally:
         await runner.cleanup()
+
+
+
+class PeerTransport:
+    """A transport whose peer's address asyncio could not give (None: the client reset it first) or is no (host,
+    port) pair; it records what is written. Only to drive Watched.connection_made's odd cases."""
+
+    def __init__(self, peer) -> None:
+        self.peer, self.written, self.closed = peer, b"", False
+
+    def get_extra_info(self, name, default=None):
+        return self.peer if name == "peername" else default
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+async def test_a_connection_whose_peer_is_not_a_host_port_pair_is_counted_under_what_asyncio_said():
+    """Wrong versions: a peer that is not a pair indexed like one (the connection fails in connection_made); or
+    counted under "None" whatever it was."""
+    from app.gateway.connections import Connections, Watched
+
+    made: list[asyncio.Protocol] = []
+
+    def make() -> asyncio.Protocol:
+        made.append(asyncio.Protocol())
+        return made[-1]
+
+    connections = Connections(cap=4, per_address=1, head_s=30, idle_s=30)
+    first, second = Watched(connections, make), Watched(connections, make)
+    first.connection_made(PeerTransport(None))
+    second.connection_made(PeerTransport("/run/board/gateway.sock"))
+    try:
+        assert connections.by_address == {"None": 1, "/run/board/gateway.sock": 1} and len(made) == 2
+    finally:
+        first.close()
+        second.close()
