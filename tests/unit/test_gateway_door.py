@@ -1023,3 +1023,27 @@ async def test_a_connection_whose_peer_is_not_a_host_port_pair_is_counted_under_
     finally:
         first.close()
         second.close()
+
+
+async def test_times_are_accounted_in_milliseconds_at_least_as_long_as_the_upstream_took(upstream, capsys):
+    """The upstream holds its answer 0.3 s or more: the record's time to first byte and duration, and the log line's
+    time, are at least 300 ms (a lower bound: no clock can make them shorter). Wrong versions: seconds divided
+    instead of multiplied (0 ms)."""
+    import re
+
+    made, runner, port = await start_gateway(upstream)
+    try:
+        upstream.hold.clear()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request("POST", "/v1/chat/completions"))
+        while not upstream.seen:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        upstream.hold.set()
+        assert (await closed(reader)).startswith(b"HTTP/1.1 200")
+        [record] = made.pending + made.client.usage
+        assert record["ttft_ms"] >= 300 and record["duration_ms"] >= record["ttft_ms"]
+        [logged] = re.findall(r"POST /v1/chat/completions 200 .* (\d+)ms\n", capsys.readouterr().err)
+        assert int(logged) >= 300
+    finally:
+        await runner.cleanup()
