@@ -1047,3 +1047,34 @@ async def test_times_are_accounted_in_milliseconds_at_least_as_long_as_the_upstr
         assert int(logged) >= 300
     finally:
         await runner.cleanup()
+
+
+async def test_more_than_a_hundred_requests_in_flight_all_reach_the_upstream_at_once(upstream):
+    """The upstream connections are bounded by max_connections (4096 by default), not by aiohttp's default pool of
+    100: a 101st request in flight goes upstream at once. Wrong version: the pool's default limit (the 101st waits
+    for one of the first hundred to end)."""
+    made = Gateway(Config(gateway=replace(GatewaySettings(), max_concurrent_per_user=1000)),
+                   FixedState(upstream.url, parallel=200))
+    runner, site = await open_site(made, "127.0.0.1:0")
+    conns = []
+    try:
+        while not made.router.known:
+            await asyncio.sleep(0.01)
+        upstream.hold.clear()
+        for _ in range(101):
+            reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+            writer.write(request("POST", "/v1/chat/completions"))
+            conns.append((reader, writer))
+        for _ in range(400):  # bounded: 20 s
+            if len([s for s in upstream.seen if s[0] == "POST"]) == 101:
+                break
+            await asyncio.sleep(0.05)
+        assert len([s for s in upstream.seen if s[0] == "POST"]) == 101
+        upstream.hold.set()
+        for reader, _ in conns:
+            assert (await closed(reader)).startswith(b"HTTP/1.1 200")
+    finally:
+        upstream.hold.set()
+        for _, writer in conns:
+            writer.close()
+        await runner.cleanup()
