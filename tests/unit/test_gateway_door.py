@@ -335,6 +335,7 @@ class TestCaps:
         from app.gateway.connections import BACKLOG, FD_RESERVE, connection_cap
 
         assert connection_cap(4096, 1024) == (1024 - FD_RESERVE - 2 * BACKLOG) // 2 == 352
+        assert connection_cap(4096, 1025) == 352 and isinstance(connection_cap(4096, 1025), int)  # whole connections
         assert connection_cap(100, 65536) == 100
         assert connection_cap(4096, 10) == 1
 
@@ -917,7 +918,7 @@ async def test_a_burst_of_connections_up_to_the_backlog_is_held_by_the_kernel_un
 
 
 class TestAClientThatLeaves:
-    async def test_a_client_that_leaves_cancels_its_request_and_is_accounted_499(self, upstream):
+    async def test_a_client_that_leaves_cancels_its_request_and_is_accounted_499(self, upstream, caplog):
         """The client closes its connection while the upstream still works on its answer: the handler is cancelled
         (so the upstream request is closed and llama-server frees the slot) and the request accounted as 499.
         Wrong version: handler_cancellation off (the handler waits for the whole answer nobody reads)."""
@@ -934,6 +935,37 @@ class TestAClientThatLeaves:
                     break
                 await asyncio.sleep(0.05)
             assert [r["status"] for r in made.pending + made.client.usage] == [499]
+            assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        finally:
+            upstream.hold.set()
+            await runner.cleanup()
+
+    async def test_a_busy_connection_whose_client_left_is_not_one_a_newcomer_may_close(self, upstream):
+        """max_connections 1: a member's request in progress, then the member leaves; the next member's idle
+        connection takes the place, and a newcomer closes that one (the only idle one), staying at the cap.
+        Wrong versions: the connection that left still counted, or idle again (the newcomer "closes" it and is let
+        in beside the next member's: over the cap)."""
+        made, runner, port = await start_gateway(upstream, max_connections=1)
+        try:
+            upstream.hold.clear()
+            _, gone = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            gone.write(request("POST", "/v1/chat/completions"))
+            while not upstream.seen:
+                await asyncio.sleep(0.01)
+            gone.close()
+            while made.connections.open or not (made.pending or made.client.usage):  # gone, and its request ended
+                await asyncio.sleep(0.01)
+            member = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
+            while not made.connections.open:
+                await asyncio.sleep(0.01)
+            newcomer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.4", 0))
+            while not made.connections.cut:
+                await asyncio.sleep(0.01)
+            assert made.connections.by_address == {"127.0.0.4": 1} and len(made.connections.open) == 1
+            assert await closed(member[0]) == b""
+            upstream.hold.set()
+            newcomer[1].write(request("POST", "/v1/chat/completions"))
+            assert (await closed(newcomer[0])).startswith(b"HTTP/1.1 200")
         finally:
             upstream.hold.set()
             await runner.cleanup()
