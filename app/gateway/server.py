@@ -401,6 +401,7 @@ class Gateway:
 
     async def _forward(self, request: web.Request, server: Upstream, body: bytes, started: float, meter: Meter):
         headers = {name: request.headers[name] for name in PASS_HEADERS if name in request.headers}
+        headers["Accept-Encoding"] = "identity"  # relayed and metered as it comes, with no Content-Encoding passed on
         if server.api_key:
             headers["Authorization"] = f"Bearer {server.api_key}"
         try:

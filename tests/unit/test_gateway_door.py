@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 from dataclasses import replace
 
 import pytest
@@ -226,13 +227,29 @@ class TestSlowAndIdle:
         finally:
             await runner.cleanup()
 
+    async def test_an_idle_keep_alive_is_cut_by_the_gateways_own_clock_before_aiohttps_backstop(self, upstream):
+        """aiohttp's own keep-alive clock is set to 2 * idle_timeout_s + 1, a backstop well after the gateway's, which
+        counts the cut: with idle_timeout_s 3 the gateway's clock (3 s) is the one that closes an idle connection.
+        Wrong version: a backstop that runs first for a longer idle_timeout_s (2 / 3 + 1 s: closed uncounted)."""
+        made, runner, port = await start_gateway(upstream, idle_timeout_s=3, head_timeout_s=30)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(keep_alive(request("POST", "/v1/chat/completions")))
+            answer = await closed(reader)
+            assert answer.startswith(b"HTTP/1.1 200") and made.connections.cut == 1
+        finally:
+            await runner.cleanup()
+
     async def test_a_keyed_body_that_stalls_is_408_and_closed(self, upstream):
         made, runner, port = await start_gateway(upstream, body_timeout_s=0.3)
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(request("POST", "/v1/chat/completions", BODY)[:-len(BODY) + 1])  # one byte of the body
             answer = await closed(reader)
-            assert b" 408 " in answer.split(b"\r\n")[0] and b"request_timeout" in answer
+            assert b" 408 " in answer.split(b"\r\n")[0]
+            assert json.loads(answer.partition(b"\r\n\r\n")[2]) == {"error": {
+                "message": "the request's body did not arrive within 0.3 s ([gateway] body_timeout_s)",
+                "type": "invalid_request_error", "code": "request_timeout"}}
             assert upstream.seen == []
         finally:
             await runner.cleanup()
@@ -279,16 +296,53 @@ class TestCaps:
         finally:
             await runner.cleanup()
 
+    async def test_an_address_whose_connections_are_all_busy_gets_503_and_another_address_is_served(self, upstream,
+                                                                                                   caplog):
+        """max_connections_per_address 2, both of 127.0.0.2's busy: its third gets 503 (with Retry-After, in
+        OpenAI's shape) and is closed, leaving no error in the log; 127.0.0.3 is let in. Wrong versions: the
+        newcomer let in (uncounted) when its address has no idle connection to close; the refusals' count set, not
+        added to; the refused connection's loss
+        passed to a protocol it never had (an error logged by asyncio)."""
+        made, runner, port = await start_gateway(upstream, max_connections_per_address=2)
+        try:
+            upstream.hold.clear()
+            busy = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(2)]
+            for _, writer in busy:
+                writer.write(request("POST", "/v1/chat/completions"))
+            while len(upstream.seen) < 2:
+                await asyncio.sleep(0.01)
+            for _ in range(2):  # each newcomer refused alike, each counted
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+                writer.write(request("POST", "/v1/chat/completions"))
+                answer = await closed(reader)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable" and b"\r\nRetry-After: 1" in head
+            assert json.loads(body) == {"error": {"message": "the gateway has too many connections; try again shortly",
+                                                  "type": "server_error", "code": "too_many_connections"}}
+            other = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
+            other[1].write(request("POST", "/v1/chat/completions"))
+            while len(upstream.seen) < 3:
+                await asyncio.sleep(0.01)
+            upstream.hold.set()
+            for reader, _ in (*busy, other):
+                assert (await closed(reader)).startswith(b"HTTP/1.1 200")
+            assert made.connections.refused == 2 and made.connections.cut == 0
+            assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        finally:
+            await runner.cleanup()
+
     async def test_the_cap_is_lowered_to_what_the_open_file_limit_holds(self):
         from app.gateway.connections import BACKLOG, FD_RESERVE, connection_cap
 
         assert connection_cap(4096, 1024) == (1024 - FD_RESERVE - 2 * BACKLOG) // 2 == 352
+        assert connection_cap(4096, 1025) == 352 and isinstance(connection_cap(4096, 1025), int)  # whole connections
         assert connection_cap(100, 65536) == 100
         assert connection_cap(4096, 10) == 1
 
 
 class TestEndlessLine:
-    async def test_a_streamed_line_with_no_end_is_cut_with_an_error_in_openais_shape(self, gateway, upstream):
+    async def test_a_streamed_line_with_no_end_is_cut_with_an_error_in_openais_shape(self, gateway, upstream, capsys):
+        """Wrong versions: the error's message, type or code changed; not an event of its own; not logged."""
         made, port = gateway
         body = json.dumps({"model": "m", "prompt": "hi", "stream": True}).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -296,10 +350,15 @@ class TestEndlessLine:
         answer = await closed(reader)
         events = [line for line in answer.split(b"\n") if line.startswith(b"data: {\"error\"")]
         [event] = events
-        error = json.loads(event[6:])["error"]
-        assert error["code"] == "upstream_line_too_long" and set(error) == {"message", "type", "code"}
+        assert json.loads(event[6:]) == {"error": {
+            "message": "server 7 (m) sent a line over 1 MB; the gateway cut the stream", "type": "server_error",
+            "code": "upstream_line_too_long"}}
+        assert answer.count(b"\n\ndata: {\"error\"") == 1  # after a blank line: an event of its own
         assert len(answer) < LINE_LIMIT + 4096  # relayed up to the limit, then cut
         assert upstream.streamed < 32 * LINE_LIMIT  # the upstream was stopped, not read to its end
+        logged = capsys.readouterr().err
+        assert "board gateway: server 7 (m) streamed a line over 1 MB: cut\n" in logged
+        assert "board gateway: POST /v1/completions 502 model=m " in logged  # accounted as the upstream's failure
 
 
 def dead_port() -> int:
@@ -334,11 +393,12 @@ class TestDeadUpstream:
             await runner.cleanup()
 
     async def test_a_server_that_stopped_listening_leaves_the_routing_before_a_request_meets_it_and_comes_back(
-            self, upstream):
+            self, upstream, capsys):
         """Server 7's llama-server is gone while nobody asks for the model: the gateway's own /health round (each
         RECHECK_S) takes it out (the nearest wrong version: only a request that meets it does, and that request gets
         502), so the first request afterwards goes to server 8, which answers and stays routed. Once 7's port
-        answers /health again, the round routes to it again."""
+        answers /health again, the round routes to it again. Each change is a line of the log; a server the service
+        no longer lists is forgotten (the wrong versions: a line changed or left out; one not listed kept down)."""
         port = dead_port()
         made = Gateway(Config(gateway=GatewaySettings()), FixedState(f"http://127.0.0.1:{port}", parallel=4))
         made.client.state["servers"].append(dict(made.client.state["servers"][0], id=8, url=upstream.url))
@@ -366,8 +426,19 @@ class TestDeadUpstream:
                         break
                     await asyncio.sleep(0.05)
                 assert made.router.down == set()
+                made.router.down.add(99)  # a server the service no longer lists
+                for _ in range(200):
+                    if not made.router.down:
+                        break
+                    await asyncio.sleep(0.05)
+                assert made.router.down == set()
             finally:
                 await back.cleanup()
+            logged = capsys.readouterr().err
+            assert ("board gateway: server 7 (m) refuses connections: out of the routing until it answers\n"
+                    "board gateway: POST /v1/chat/completions 200 ") in logged
+            assert "\nboard gateway: server 7 (m) answers again\n" in logged
+            assert "server 8 " not in logged
         finally:
             await runner.cleanup()
 
@@ -445,6 +516,33 @@ class TestKeepAliveClocksAndCaps:
         finally:
             await runner.cleanup()
 
+    async def test_the_next_requests_head_trickled_on_a_keep_alive_is_cut_by_the_head_clock_of_its_first_byte(
+            self, upstream):
+        """The next request's head sent a byte every 0.1 s: the head clock (0.5 s) started at its first byte is not
+        restarted by the later ones, so the connection is cut before the head is whole (the gateway's clock and the
+        test's sleeps are timers of one loop). Wrong version: the connection left marked as between requests once
+        its next head began (every byte restarts the head clock: a slowloris on a keep-alive is never cut)."""
+        made, runner, port = await start_gateway(upstream, head_timeout_s=0.5, idle_timeout_s=120)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(keep_alive(request("POST", "/v1/chat/completions")))
+            assert (await answered(reader)).startswith(b"HTTP/1.1 200")
+            head = request("POST", "/v1/chat/completions")
+            for byte in head[:30]:  # 3 s at this pace: six head clocks
+                if writer.is_closing() or reader.at_eof():
+                    break
+                writer.write(bytes([byte]))
+                await asyncio.sleep(0.1)
+            else:
+                writer.write(head[30:])  # still open: the head made whole
+            try:
+                sent = await closed(reader)
+            except ConnectionResetError:
+                sent = b""
+            assert sent == b"" and made.connections.cut == 1
+        finally:
+            await runner.cleanup()
+
     async def test_an_answered_keep_alive_is_idle_again_and_gives_way_to_a_newcomer_over_the_cap(self, upstream):
         """max_connections 1: a member's keep-alive, answered and now idle, is closed for a newcomer from another
         address, who is answered (not 503).
@@ -500,6 +598,33 @@ class TestMetricsOnLoopbackOnly:
             assert status == 200 and b"# TYPE" in body
 
 
+    async def test_metrics_is_prometheus_text_from_ipv6_loopback_too_and_403_in_openais_shape_elsewhere(self, upstream):
+        """Prometheus reads the exposition as text/plain; charset=utf-8. A gateway listening on [::1] is scraped
+        from ::1, which is this host as much as 127.0.0.1 is; from elsewhere the member reads why, in OpenAI's shape.
+        Wrong versions: ::1 refused; the content type or charset dropped or changed; the refusal's message or
+        type left out or changed."""
+        made = Gateway(Config(gateway=GatewaySettings()), FixedState(upstream.url))
+        runner, site = await open_site(made, "[::1]:0")
+        try:
+            reader, writer = await asyncio.open_connection("::1", site.port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+            answer = await closed(reader)
+            writer.close()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ") and b"\r\nContent-Type: text/plain; charset=utf-8\r\n" in head
+            assert b"# TYPE board_gateway_requests_total counter" in body
+        finally:
+            await runner.cleanup()
+        made, runner, port = await start_gateway(upstream)
+        try:
+            status, body = await raw(port, b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
+                                     source="127.0.0.2")
+            assert status == 403 and json.loads(body) == {"error": {
+                "message": "/metrics answers only on this host (scrape it through 127.0.0.1)",
+                "type": "invalid_request_error", "code": "forbidden"}}
+        finally:
+            await runner.cleanup()
+
 class TestTheHeadClock:
     async def test_a_head_trickled_a_byte_at_a_time_is_cut_by_the_head_clock_of_its_start(self, upstream):
         """A stranger sends a head one byte at a time, each well inside head_timeout_s: the clock runs from the
@@ -532,6 +657,30 @@ class TestTheHeadClock:
             await runner.cleanup()
 
 
+    async def test_the_head_clock_runs_from_the_connections_start_not_from_its_first_byte(self, upstream):
+        """head_timeout_s 1: a client that says nothing for 0.8 s, then sends its head's first byte and the rest at
+        1.4 s is cut at 1 s, never answered (the gateway's clock and the test's sleeps are timers of one loop: their
+        order is their deadlines'). Wrong version: a new connection not marked as sending its head (its first byte
+        restarts the head clock, which would then run to 1.8 s)."""
+        made, runner, port = await start_gateway(upstream, head_timeout_s=1, idle_timeout_s=120)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            head = request("POST", "/v1/chat/completions")
+            await asyncio.sleep(0.8)
+            writer.write(head[:1])
+            await asyncio.sleep(0.6)
+            if not writer.is_closing():
+                writer.write(head[1:])
+            try:
+                sent = await closed(reader)
+            except ConnectionResetError:
+                sent = b""
+            assert sent == b"" and made.connections.cut == 1
+            assert [seen for seen in upstream.seen if seen != ("GET", "/health")] == []  # only the /health round's
+        finally:
+            await runner.cleanup()
+
+
 class TestAConnectionThatLeft:
     async def test_a_connection_its_client_closed_is_no_longer_one_a_newcomer_may_close(self, upstream):
         """max_connections 1: a stranger's connection opens and closes; a member's idle one takes the place; a
@@ -558,3 +707,406 @@ class TestAConnectionThatLeft:
             assert (await closed(newcomer[0])).startswith(b"HTTP/1.1 200")
         finally:
             await runner.cleanup()
+
+
+class TestEvictionCountsOutAtOnce:
+    async def test_a_newcomer_over_its_address_cap_closes_its_own_idle_one_and_not_another_for_the_total_cap(
+            self, upstream):
+        """max_connections 2, one per address: 127.0.0.3's idle connection is the oldest, 127.0.0.2's the newer.
+        A newcomer from 127.0.0.2 closes 127.0.0.2's, which is counted out at once, so the total is under its cap
+        and 127.0.0.3's stays; a second newcomer from 127.0.0.2 closes the first: two cut.
+        Wrong versions: the closed one counted out only when its transport reports the loss (the newcomer also
+        closes 127.0.0.3's for the total cap); the cut count set, not added to."""
+        made, runner, port = await start_gateway(upstream, max_connections=2, max_connections_per_address=1)
+        try:
+            other = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
+            while not made.connections.by_address:
+                await asyncio.sleep(0.01)
+            first = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            while len(made.connections.open) < 2:
+                await asyncio.sleep(0.01)
+            newcomer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            while not made.connections.cut:
+                await asyncio.sleep(0.01)
+            assert await closed(first[0]) == b""
+            last = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            assert await closed(newcomer[0]) == b""
+            assert made.connections.cut == 2 and made.connections.by_address == {"127.0.0.2": 1, "127.0.0.3": 1}
+            for reader, writer in (last, other):
+                writer.write(request("POST", "/v1/chat/completions"))
+                assert (await closed(reader)).startswith(b"HTTP/1.1 200")
+        finally:
+            await runner.cleanup()
+
+
+class BigStream:
+    """An upstream that streams SIZE bytes of SSE lines, far more than the sockets between it and a client hold."""
+    SIZE = 64 << 20
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.started = asyncio.Event()
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        self.started.set()
+        line = b"data: " + b"x" * 65526 + b"\n\n"
+        for _ in range(self.SIZE // len(line)):
+            await response.write(line)
+        await response.write(b"data: [DONE]\n\n")
+        self.finished = True
+        return response
+
+
+class TestBackPressure:
+    async def test_a_client_that_does_not_read_holds_the_upstream_back_and_gets_all_once_it_reads(self):
+        """A member's client stops reading a long stream: the gateway stops writing to it (aiohttp is told its
+        transport is full), so it stops reading the upstream, which waits (not finished); once the client reads, the
+        gateway writes again and the whole stream arrives.
+        Wrong versions: the transport's pause not passed on (the whole answer piled up in the gateway's memory, the
+        upstream finished); its resume not passed on (the stream stalls for ever)."""
+        big = BigStream()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", big.stream)
+        server = TestServer(app)
+        await server.start_server()
+        big.url = str(server.make_url("")).rstrip("/")
+        made, runner, port = await start_gateway(big)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request("POST", "/v1/chat/completions"))
+            await big.started.wait()
+            [client] = made.connections.open
+            while not client.inner.writing_paused and not big.finished:
+                await asyncio.sleep(0.01)
+            assert not big.finished
+            received = 0
+            async with asyncio.timeout(60):
+                while chunk := await reader.read(1 << 20):
+                    received += len(chunk)
+            assert big.finished and received > big.SIZE
+        finally:
+            await runner.cleanup()
+            await server.close()
+
+
+async def test_a_server_that_accepts_and_never_answers_its_health_is_given_up_on_and_not_taken_out(upstream):
+    """A llama-server busy past answering /health (it accepts, says nothing): the gateway's check gives up after its
+    own timeout and reports 0 (not None: a busy server stays routed), so the round of checks goes on.
+    Wrong versions: the check with no timeout of its own (the session has none in total: it waits for ever, and
+    with it every later round)."""
+    silent: list[asyncio.StreamWriter] = []
+
+    async def accept(reader, writer):
+        silent.append(writer)
+
+    mute = await asyncio.start_server(accept, "127.0.0.1", 0)
+    made, runner, _ = await start_gateway(upstream)
+    try:
+        server = replace(made.router.servers[7], url=f"http://127.0.0.1:{mute.sockets[0].getsockname()[1]}")
+        assert await asyncio.wait_for(made._health(server), 30) == 0
+        assert silent
+    finally:
+        await runner.cleanup()
+        for writer in silent:
+            writer.close()
+        mute.close()
+
+
+def refusal(message: str, code: str, kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+LONG = "/v1/" + "x" * 120
+NOT_A_ROUTE = ("{}: the gateway serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings"
+               " and the rest of docs/gateway.md's list")
+
+
+class TestWhatARefusalSays:
+    """What the member reads: each refusal's message, type and code, in OpenAI's shape."""
+
+    @pytest.mark.parametrize(("head", "status", "document"), [
+        (request("GET", "/v1/chat/completions", b""), 405,
+         refusal("/v1/chat/completions takes POST, not GET", "method_not_allowed")),
+        (request("UNSUBSCRIBE", "/v1/models", b""), 405,
+         refusal("/v1/models takes GET, not UNSUBSCRIB", "method_not_allowed")),
+        (request("GET", "/v1/../slots?x=1", b""), 404, refusal(NOT_A_ROUTE.format("no route /v1/../slots"), "not_found")),
+        (request("GET", LONG, b""), 404, refusal(NOT_A_ROUTE.format(f"no route {LONG[:79]}…"), "not_found")),
+        (request("POST", "/v1/chat/completions", b'{"messages": []}'), 400,
+         refusal("say which model: the request's \"model\" field (GET /v1/models lists them)", "model_required")),
+        (request("POST", "/v1/chat/completions", b"{"), 400, refusal("the body is not JSON", "invalid_json")),
+        (request("POST", "/v1/chat/completions", BODY, extra="Content-Encoding: gzip\r\n"), 400,
+         refusal("the body could not be read as its Content-Encoding says (send it as it is, or compressed as the"
+                 " header says)", "invalid_body")),
+    ], ids=["405", "405-long-method", "404", "404-long-path", "no-model", "not-json", "bad-encoding"])
+    async def test_each_refusal_says_what_and_why(self, gateway, upstream, head, status, document):
+        """Wrong versions: a message, type or code changed or left out; the method or path not cut to its limit."""
+        _, port = gateway
+        assert await raw(port, head) == (status, json.dumps(document).encode())
+        assert upstream.seen == []
+
+    @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+    async def test_a_body_over_max_body_mb_says_the_limit_whether_its_length_is_told_or_not(self, upstream, chunked):
+        """Over [gateway] max_body_mb (0.5 MB here): 413, saying the limit and its setting, whether the client told
+        the length (refused before reading) or sent it chunked (refused as aiohttp reads past it).
+        Wrong versions: the message, type or code changed in either place."""
+        made, runner, port = await start_gateway(upstream, max_body_mb=0.5)
+        try:
+            body = b'{"model": "m", "pad": "' + b"x" * (1 << 19) + b'"}'
+            head = request("POST", "/v1/chat/completions", body)
+            if chunked:
+                head = head.split(b"Content-Length")[0] + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            else:
+                head, body = head[:-len(body)], body
+            status, answer = await raw(port, head, body)
+            assert (status, json.loads(answer)) == (413, refusal(
+                "the request is over 0.5 MB ([gateway] max_body_mb)", "request_too_large"))
+            assert upstream.seen == []
+        finally:
+            await runner.cleanup()
+
+
+async def test_a_gateway_restarted_at_once_listens_on_its_port_again(upstream):
+    """`systemctl restart`: the gateway that stopped had just answered and closed connections (theirs wait in
+    TIME_WAIT on its port); the next one binds the same port at once. Wrong version: the address not reusable (the
+    restart fails with EADDRINUSE for a minute)."""
+    made, runner, port = await start_gateway(upstream)
+    try:
+        status, _ = await raw(port, request("POST", "/v1/chat/completions"))  # Connection: close: the gateway closes
+        assert status == 200
+    finally:
+        await runner.cleanup()
+    again = Gateway(Config(gateway=GatewaySettings()), FixedState(upstream.url))
+    runner, site = await open_site(again, f"127.0.0.1:{port}")
+    try:
+        assert site.port == port
+        while not again.router.known:
+            await asyncio.sleep(0.01)
+        status, _ = await raw(port, request("GET", "/health", b"", key=None))
+        assert status == 200
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_burst_of_connections_up_to_the_backlog_is_held_by_the_kernel_until_the_gateway_accepts_them(upstream):
+    """The listener's backlog is BACKLOG (128): that many newcomers complete their handshake while the gateway is busy
+    (its loop not accepting), none dropped. Wrong version: asyncio's default backlog (100): the 101st is dropped and
+    its client waits a second for its retry."""
+    import socket
+
+    from app.gateway.connections import BACKLOG
+
+    made, runner, port = await start_gateway(upstream)
+    burst: list[socket.socket] = []
+    try:
+        for _ in range(BACKLOG - 8):  # the loop does not run meanwhile: nothing is accepted
+            conn = socket.socket()
+            conn.settimeout(0.5)
+            conn.connect(("127.0.0.1", port))  # a SYN dropped for a full backlog is retried only after 1 s
+            burst.append(conn)
+    finally:
+        for conn in burst:
+            conn.close()
+    try:
+        assert len(burst) == BACKLOG - 8
+    finally:
+        await runner.cleanup()
+
+
+
+class TestAClientThatLeaves:
+    async def test_a_client_that_leaves_cancels_its_request_and_is_accounted_499(self, upstream, caplog):
+        """The client closes its connection while the upstream still works on its answer: the handler is cancelled
+        (so the upstream request is closed and llama-server frees the slot) and the request accounted as 499.
+        Wrong version: handler_cancellation off (the handler waits for the whole answer nobody reads)."""
+        made, runner, port = await start_gateway(upstream)
+        try:
+            upstream.hold.clear()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request("POST", "/v1/chat/completions"))
+            while not upstream.seen:
+                await asyncio.sleep(0.01)
+            writer.close()
+            for _ in range(200):  # bounded: 10 s
+                if made.pending or made.client.usage:
+                    break
+                await asyncio.sleep(0.05)
+            assert [r["status"] for r in made.pending + made.client.usage] == [499]
+            assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        finally:
+            upstream.hold.set()
+            await runner.cleanup()
+
+    async def test_a_busy_connection_whose_client_left_is_not_one_a_newcomer_may_close(self, upstream):
+        """max_connections 1: a member's request in progress, then the member leaves; the next member's idle
+        connection takes the place, and a newcomer closes that one (the only idle one), staying at the cap.
+        Wrong versions: the connection that left still counted, or idle again (the newcomer "closes" it and is let
+        in beside the next member's: over the cap)."""
+        made, runner, port = await start_gateway(upstream, max_connections=1)
+        try:
+            upstream.hold.clear()
+            _, gone = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            gone.write(request("POST", "/v1/chat/completions"))
+            while not upstream.seen:
+                await asyncio.sleep(0.01)
+            gone.close()
+            while made.connections.open or not (made.pending or made.client.usage):  # gone, and its request ended
+                await asyncio.sleep(0.01)
+            member = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
+            while not made.connections.open:
+                await asyncio.sleep(0.01)
+            newcomer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.4", 0))
+            while not made.connections.cut:
+                await asyncio.sleep(0.01)
+            assert made.connections.by_address == {"127.0.0.4": 1} and len(made.connections.open) == 1
+            assert await closed(member[0]) == b""
+            upstream.hold.set()
+            newcomer[1].write(request("POST", "/v1/chat/completions"))
+            assert (await closed(newcomer[0])).startswith(b"HTTP/1.1 200")
+        finally:
+            upstream.hold.set()
+            await runner.cleanup()
+
+
+class BrokenUpstream:
+    """An upstream that promises 1,000 bytes, sends 10 and closes the connection."""
+
+    async def answer(self, reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"choices\"")
+        await writer.drain()
+        writer.close()
+
+
+async def test_an_upstream_that_breaks_off_its_answer_is_accounted_502_and_logged(capsys):
+    """Wrong versions: another status accounted (503); the log line changed or left out."""
+    broken = await asyncio.start_server(BrokenUpstream().answer, "127.0.0.1", 0)
+
+    class Where:
+        url = f"http://127.0.0.1:{broken.sockets[0].getsockname()[1]}"
+
+    made, runner, port = await start_gateway(Where())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request("POST", "/v1/chat/completions"))
+        answer = await closed(reader)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b'{"choices"')  # what came, then cut
+        assert [r["status"] for r in made.pending + made.client.usage] == [502]
+        assert "board gateway: server 7 (m) broke off its answer\n" in capsys.readouterr().err
+    finally:
+        await runner.cleanup()
+        broken.close()
+
+
+
+async def test_a_told_length_over_max_body_mb_is_refused_at_once_without_waiting_for_the_body(upstream):
+    """Content-Length over the limit: 413 from the head alone, the body never awaited (a client told to wait for
+    nothing). Wrong version: the length read only as the body arrives (the request waits for its body, then 408)."""
+    made, runner, port = await start_gateway(upstream, max_body_mb=0.5, body_timeout_s=5)
+    try:
+        head = request("POST", "/v1/chat/completions", b"x" * ((1 << 19) + 1))[:-((1 << 19) + 1)]  # no body sent
+        status, answer = await raw(port, head)
+        assert (status, json.loads(answer)["error"]["code"]) == (413, "request_too_large")
+    finally:
+        await runner.cleanup()
+
+
+
+class PeerTransport:
+    """A transport whose peer's address asyncio could not give (None: the client reset it first) or is no (host,
+    port) pair; it records what is written. Only to drive Watched.connection_made's odd cases."""
+
+    def __init__(self, peer) -> None:
+        self.peer, self.written, self.closed = peer, b"", False
+
+    def get_extra_info(self, name, default=None):
+        return self.peer if name == "peername" else default
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+async def test_a_connection_whose_peer_is_not_a_host_port_pair_is_counted_under_what_asyncio_said():
+    """Wrong versions: a peer that is not a pair indexed like one (the connection fails in connection_made); or
+    counted under "None" whatever it was."""
+    from app.gateway.connections import Connections, Watched
+
+    made: list[asyncio.Protocol] = []
+
+    def make() -> asyncio.Protocol:
+        made.append(asyncio.Protocol())
+        return made[-1]
+
+    connections = Connections(cap=4, per_address=1, head_s=30, idle_s=30)
+    first, second = Watched(connections, make), Watched(connections, make)
+    first.connection_made(PeerTransport(None))
+    second.connection_made(PeerTransport("/run/board/gateway.sock"))
+    try:
+        assert connections.by_address == {"None": 1, "/run/board/gateway.sock": 1} and len(made) == 2
+    finally:
+        first.close()
+        second.close()
+
+
+async def test_times_are_accounted_in_milliseconds_at_least_as_long_as_the_upstream_took(upstream, capsys):
+    """The upstream holds its answer 0.3 s or more: the record's time to first byte and duration, and the log line's
+    time, are at least 300 ms (a lower bound: no clock can make them shorter). Wrong versions: seconds divided
+    instead of multiplied (0 ms)."""
+    import re
+
+    made, runner, port = await start_gateway(upstream)
+    try:
+        upstream.hold.clear()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request("POST", "/v1/chat/completions"))
+        while not upstream.seen:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        upstream.hold.set()
+        assert (await closed(reader)).startswith(b"HTTP/1.1 200")
+        [record] = made.pending + made.client.usage
+        assert record["ttft_ms"] >= 300 and record["duration_ms"] >= record["ttft_ms"]
+        [logged] = re.findall(r"POST /v1/chat/completions 200 .* (\d+)ms\n", capsys.readouterr().err)
+        assert int(logged) >= 300
+    finally:
+        await runner.cleanup()
+
+
+async def test_more_than_a_hundred_requests_in_flight_all_reach_the_upstream_at_once(upstream):
+    """The upstream connections are bounded by max_connections (4096 by default), not by aiohttp's default pool of
+    100: a 101st request in flight goes upstream at once. Wrong version: the pool's default limit (the 101st waits
+    for one of the first hundred to end)."""
+    made = Gateway(Config(gateway=replace(GatewaySettings(), max_concurrent_per_user=1000)),
+                   FixedState(upstream.url, parallel=200))
+    runner, site = await open_site(made, "127.0.0.1:0")
+    conns = []
+    try:
+        while not made.router.known:
+            await asyncio.sleep(0.01)
+        upstream.hold.clear()
+        for _ in range(101):
+            reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+            writer.write(request("POST", "/v1/chat/completions"))
+            conns.append((reader, writer))
+        for _ in range(400):  # bounded: 20 s
+            if len([s for s in upstream.seen if s[0] == "POST"]) == 101:
+                break
+            await asyncio.sleep(0.05)
+        assert len([s for s in upstream.seen if s[0] == "POST"]) == 101
+        upstream.hold.set()
+        for reader, _ in conns:
+            assert (await closed(reader)).startswith(b"HTTP/1.1 200")
+    finally:
+        upstream.hold.set()
+        for _, writer in conns:
+            writer.close()
+        await runner.cleanup()

@@ -147,3 +147,64 @@ def test_only_data_lines_count():
     usage = json.dumps({"usage": {"prompt_tokens": 99, "completion_tokens": 99}}).encode()
     meter = metered(b"", True, [b": " + usage + b"\n", b"id: " + usage + b"\n", b"data: [DONE]x\n\n"])
     assert (meter.prompt, meter.completion, meter.done) == (0, 0, False)
+
+
+def test_a_whole_answer_is_parsed_up_to_meter_limit_and_one_byte_more_is_counted_as_unknown():
+    """A non-streamed answer is kept for its usage up to METER_LIMIT bytes; past it the buffer is dropped and the
+    answer counted as unknown (streamed None), never parsed. Wrong versions: the limit moved by a byte; the buffer
+    kept (memory) or parsed anyway."""
+    from app.gateway.server import METER_LIMIT
+
+    for extra, counted in ((0, (57, 3)), (1, (0, 0))):
+        body = json.dumps({**CHAT, "pad": ""}).encode()
+        body = body[:-2] + b"x" * (METER_LIMIT - len(body) + extra) + b'"}'
+        assert len(body) == METER_LIMIT + extra
+        meter = metered(body, False, [body[:1000], body[1000:]])
+        assert (meter.prompt, meter.completion) == counted
+        assert meter.streamed is (False if extra == 0 else None) and meter.size == len(body)
+
+
+def test_a_whole_answer_is_done_at_its_content_length_and_not_a_byte_before():
+    """Wrong versions: done a byte early (a client that left then is billed as served); never done."""
+    body = json.dumps(CHAT).encode()
+    meter = Meter(streamed=False, expected=len(body))
+    meter.feed(body[:-1])
+    assert not meter.done
+    meter.feed(body[-1:])
+    assert meter.done
+
+
+def test_a_line_longer_than_line_limit_is_overlong_and_one_of_exactly_the_limit_is_not():
+    """Wrong versions: the limit moved by a byte; an overlong line kept whole (memory)."""
+    from app.gateway.server import LINE_LIMIT
+
+    meter = Meter(streamed=True)
+    meter.feed(b"data: " + b"x" * (LINE_LIMIT - 6))
+    assert not meter.overlong and len(meter._buffer) == LINE_LIMIT
+    meter.feed(b"x")
+    assert meter.overlong and len(meter._buffer) == 0
+
+
+@pytest.mark.parametrize(("doc", "tokens"), [
+    ({"usage": {"input_tokens": 1, "cache_read_input_tokens": 2, "cache_creation_input_tokens": 4, "output_tokens": 8}},
+     (7, 8)),
+    ({"usage": {"prompt_tokens": None, "completion_tokens": 3}}, (0, 3)),
+    ({"timings": {"prompt_n": None, "cache_n": None, "predicted_n": 3}}, (0, 3)),
+    ({"usage": {"output_tokens": 5}}, (0, 5)),
+    ([{"usage": {"prompt_tokens": 1, "completion_tokens": 1}}], (0, 0)),
+    ({"usage": "x", "timings": "y"}, (0, 0)),
+], ids=["anthropic-cache-written", "null-prompt", "null-timings", "output-only", "not-an-object", "not-tables"])
+def test_what_each_usage_field_adds_and_what_is_not_a_usage(doc, tokens):
+    """Anthropic's prompt is input, cache read and cache written; a null count is 0; a document that is not an object,
+    or a usage that is not a table, counts nothing. Wrong versions: a cache count left out; a null count failing."""
+    meter = metered(json.dumps(doc).encode(), False)
+    assert (meter.prompt, meter.completion) == tokens
+
+
+def test_a_responses_stream_whose_completed_event_carries_only_its_usage_is_counted():
+    """The Responses API's response.completed holds the usage inside "response" (llama-server adds timings beside it;
+    another server may not). Wrong version: "response" not looked into: 0 tokens."""
+    body = sse({"type": "response.completed", "response": {"status": "completed", "usage": {
+        "input_tokens": 5, "output_tokens": 6, "total_tokens": 11}}}, events=("response.completed",))
+    meter = metered(body, True)
+    assert (meter.prompt, meter.completion) == (5, 6)
