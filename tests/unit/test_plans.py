@@ -446,12 +446,12 @@ def test_only_the_runner_user_registers_one_runner_at_a_time_and_its_reports_fai
     assert (told["event"], told["server"]["id"], told["server"]["booking_id"]) == ("start", started, booking)
     assert service.hub.versions["servers"] == changed + 1
 
+    agent.clock.now += 60  # before the reports: the registration's thread reads them as soon as they are sent
     for report in ({"event": "ready", "server": started, "reason": "not a failure"},
                    {"event": "failed", "server": True, "reason": "a bool is no server id"},
                    {"event": "failed", "server": started + 100, "reason": "no such server"},
                    {"event": "failed", "server": started, "reason": "x" * 300}):
         runner_end.sendall(wire.encode(report))
-    agent.clock.now += 60
     runner_end.close()  # the runner goes: its registration reads the end of its line once it has read the reports
     first.join(10)
     assert not first.is_alive()
