@@ -220,7 +220,10 @@ class Gateway:
             except BoardError as error:
                 log(f"cannot read the service's state: {error}")
                 return
-            loop.call_soon_threadsafe(self.router.update, state)
+            try:
+                loop.call_soon_threadsafe(self.router.update, state)
+            except RuntimeError:  # the gateway stopped (its loop closed) while the state was being read
+                return
 
         refresh()
         for event in self.client.subscribe(("gateway",)):

@@ -347,6 +347,17 @@ class FollowedState(FixedState):
         await asyncio.sleep(0)  # the router's update, handed to the loop, runs
 
 
+def test_a_state_read_as_the_gateway_stops_is_dropped_and_the_following_ends_quietly():
+    """The service's state arrives after the gateway stopped and its loop closed: the follower drops it and ends.
+    Wrong version: the state handed to the closed loop anyway (a RuntimeError in the follower's thread at a stop)."""
+    made = Gateway(Config(), FixedState("http://127.0.0.1:9"))
+    loop = asyncio.new_event_loop()
+    loop.close()
+    made.client.close()  # the service sends no event after this read
+    made._follow(loop)
+    assert not made.router.known
+
+
 async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again_when_it_is_back(upstream, capsys):
     """The service goes away and a change comes in while its state cannot be read: the gateway routes on the last state
     it read (bob's key still works) and goes on following; back (`reconnected`), its state is read again and the key
