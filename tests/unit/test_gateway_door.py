@@ -681,6 +681,20 @@ class TestTheHeadClock:
             await runner.cleanup()
 
 
+async def a_newcomer_closes_the_members_idle_connection(made, port: int):
+    """At a cap of 1 with nothing open: a member's idle connection takes the place, then a newcomer from another
+    address closes it and is let in, the count staying at the cap. Returns the newcomer's (reader, writer)."""
+    member = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
+    while not made.connections.open:
+        await asyncio.sleep(0.01)
+    newcomer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.4", 0))
+    while not made.connections.cut:
+        await asyncio.sleep(0.01)
+    assert made.connections.by_address == {"127.0.0.4": 1} and len(made.connections.open) == 1
+    assert await closed(member[0]) == b""
+    return newcomer
+
+
 class TestAConnectionThatLeft:
     async def test_a_connection_its_client_closed_is_no_longer_one_a_newcomer_may_close(self, upstream):
         """max_connections 1: a stranger's connection opens and closes; a member's idle one takes the place; a
@@ -695,14 +709,7 @@ class TestAConnectionThatLeft:
             gone.close()
             while made.connections.open:  # the gateway saw it go
                 await asyncio.sleep(0.01)
-            member = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
-            while not made.connections.open:
-                await asyncio.sleep(0.01)
-            newcomer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.4", 0))
-            while not made.connections.cut:
-                await asyncio.sleep(0.01)
-            assert made.connections.by_address == {"127.0.0.4": 1} and len(made.connections.open) == 1
-            assert await closed(member[0]) == b""
+            newcomer = await a_newcomer_closes_the_members_idle_connection(made, port)
             newcomer[1].write(request("POST", "/v1/chat/completions"))
             assert (await closed(newcomer[0])).startswith(b"HTTP/1.1 200")
         finally:
@@ -955,14 +962,7 @@ class TestAClientThatLeaves:
             gone.close()
             while made.connections.open or not (made.pending or made.client.usage):  # gone, and its request ended
                 await asyncio.sleep(0.01)
-            member = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.3", 0))
-            while not made.connections.open:
-                await asyncio.sleep(0.01)
-            newcomer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.4", 0))
-            while not made.connections.cut:
-                await asyncio.sleep(0.01)
-            assert made.connections.by_address == {"127.0.0.4": 1} and len(made.connections.open) == 1
-            assert await closed(member[0]) == b""
+            newcomer = await a_newcomer_closes_the_members_idle_connection(made, port)
             upstream.hold.set()
             newcomer[1].write(request("POST", "/v1/chat/completions"))
             assert (await closed(newcomer[0])).startswith(b"HTTP/1.1 200")
