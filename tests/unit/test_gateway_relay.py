@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 
 import pytest
 from aiohttp import web
@@ -114,6 +115,29 @@ async def test_the_servers_key_goes_upstream_and_the_clients_does_not(gateway, u
             record["prompt_tokens"], record["completion_tokens"]) == ("bob", "fp", "m", 7, 200, 11, 4)
     logged = capsys.readouterr().err
     assert "user=bob" in logged and "secret prompt" not in logged and KEY not in logged
+
+
+async def test_the_drain_and_the_queues_wait_are_the_ones_the_settings_give(upstream):
+    """[gateway] drain_s and queue_timeout_s reach the routing: a request waiting for a busy server's only slot is
+    refused once queue_timeout_s has passed (429, naming it), and a server whose booking ends within drain_s (40 s
+    left: within 45, not within the default 30) gets no request (503, naming it).
+    Wrong versions: either setting not handed to the routing (the default's 30 s, or none: an endless wait)."""
+    server, _, release = upstream
+    state = FixedState(str(server.make_url("")).rstrip("/"), parallel=1)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with opened(state, queue_timeout_s=0.2) as (client, _):
+        holding = await client.post("/v1/chat/completions", json={"model": "m", "stream": True, "messages": []},
+                                    headers=headers)
+        await asyncio.wait_for(holding.content.readline(), 10)  # the one slot is taken until the stream ends
+        waited = await asyncio.wait_for(client.post("/v1/chat/completions", json={"model": "m", "messages": []},
+                                                    headers=headers), 10)
+        assert waited.status == 429 and "the wait passed 0.2 s" in (await waited.json())["error"]["message"]
+        release.set()
+        await holding.read()
+    state.state["servers"][0]["booking_end"] = int(time.time()) + 40
+    async with opened(state, drain_s=45) as (client, _):
+        answer = await client.post("/v1/chat/completions", json={"model": "m", "messages": []}, headers=headers)
+        assert answer.status == 503 and "within 45 s" in (await answer.json())["error"]["message"]
 
 
 async def test_a_stream_is_relayed_before_the_upstream_has_finished_it(gateway, upstream):
