@@ -198,6 +198,18 @@ class TestBody:
         assert status == 200 and upstream.seen == [("POST", "/v1/chat/completions")]
 
 
+async def held_at_the_upstream(upstream, port: int, *sources: str) -> list:
+    """A request from each local address in `sources`, held by the upstream: returns once every one has reached it,
+    with their connections' (reader, writer)."""
+    upstream.hold.clear()
+    opened = [await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)) for source in sources]
+    for _, writer in opened:
+        writer.write(request("POST", "/v1/chat/completions"))
+    while len(upstream.seen) < len(opened):
+        await asyncio.sleep(0.01)
+    return opened
+
+
 async def closed(reader: asyncio.StreamReader) -> bytes:
     """What the gateway sent before it closed the connection (bounded: a gateway that never closes fails)."""
     return await asyncio.wait_for(reader.read(), 30)
@@ -281,12 +293,7 @@ class TestCaps:
     async def test_busy_connections_are_never_closed_for_a_newcomer_who_gets_503(self, upstream):
         made, runner, port = await start_gateway(upstream, max_connections=2)
         try:
-            upstream.hold.clear()
-            busy = [await asyncio.open_connection("127.0.0.1", port, local_addr=(f"127.0.0.{i}", 0)) for i in (2, 3)]
-            for _, writer in busy:
-                writer.write(request("POST", "/v1/chat/completions"))
-            while len(upstream.seen) < 2:  # both requests are at the upstream: in progress
-                await asyncio.sleep(0.01)
+            busy = await held_at_the_upstream(upstream, port, "127.0.0.2", "127.0.0.3")  # both requests in progress
             status, body = await raw(port, request("POST", "/v1/chat/completions"), source="127.0.0.4")
             assert status == 503 and json.loads(body)["error"]["code"] == "too_many_connections"
             upstream.hold.set()
@@ -305,12 +312,7 @@ class TestCaps:
         passed to a protocol it never had (an error logged by asyncio)."""
         made, runner, port = await start_gateway(upstream, max_connections_per_address=2)
         try:
-            upstream.hold.clear()
-            busy = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)) for _ in range(2)]
-            for _, writer in busy:
-                writer.write(request("POST", "/v1/chat/completions"))
-            while len(upstream.seen) < 2:
-                await asyncio.sleep(0.01)
+            busy = await held_at_the_upstream(upstream, port, "127.0.0.2", "127.0.0.2")
             for _ in range(2):  # each newcomer refused alike, each counted
                 reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
                 writer.write(request("POST", "/v1/chat/completions"))
@@ -931,11 +933,7 @@ class TestAClientThatLeaves:
         Wrong version: handler_cancellation off (the handler waits for the whole answer nobody reads)."""
         made, runner, port = await start_gateway(upstream)
         try:
-            upstream.hold.clear()
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(request("POST", "/v1/chat/completions"))
-            while not upstream.seen:
-                await asyncio.sleep(0.01)
+            [(reader, writer)] = await held_at_the_upstream(upstream, port, "127.0.0.1")
             writer.close()
             for _ in range(200):  # bounded: 10 s
                 if made.pending or made.client.usage:
@@ -954,11 +952,7 @@ class TestAClientThatLeaves:
         in beside the next member's: over the cap)."""
         made, runner, port = await start_gateway(upstream, max_connections=1)
         try:
-            upstream.hold.clear()
-            _, gone = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
-            gone.write(request("POST", "/v1/chat/completions"))
-            while not upstream.seen:
-                await asyncio.sleep(0.01)
+            [(_, gone)] = await held_at_the_upstream(upstream, port, "127.0.0.2")
             gone.close()
             while made.connections.open or not (made.pending or made.client.usage):  # gone, and its request ended
                 await asyncio.sleep(0.01)
@@ -1065,11 +1059,7 @@ async def test_times_are_accounted_in_milliseconds_at_least_as_long_as_the_upstr
 
     made, runner, port = await start_gateway(upstream)
     try:
-        upstream.hold.clear()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request("POST", "/v1/chat/completions"))
-        while not upstream.seen:
-            await asyncio.sleep(0.01)
+        [(reader, writer)] = await held_at_the_upstream(upstream, port, "127.0.0.1")
         await asyncio.sleep(0.3)
         upstream.hold.set()
         assert (await closed(reader)).startswith(b"HTTP/1.1 200")
