@@ -121,11 +121,16 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
+# What `board status --json` leaves out of the `status` reply's cards (app.core.cardstate.status_view): the text
+# table's USERS column, which the processes name.
+STATUS_JSON_LEAVES_OUT = frozenset({"users"})
+
+
 def status_json(found: dict) -> dict:
     """`board status --json` from the service's `status` reply."""
 
     def card(c: dict) -> dict:
-        shown = {k: v for k, v in c.items() if k != "users"}
+        shown = {k: v for k, v in c.items() if k not in STATUS_JSON_LEAVES_OUT}
         shown["booking"] = booking_json(c["booking"])
         shown["next_booking"] = booking_json(c["next_booking"])
         if "down_since" in c:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
-from app.gpu.model import CardReading, FleetSnapshot
-from app.model import Booking
+from app.gpu.model import CardReading, FleetSnapshot, WireCard, WireProcess, card_to_wire
+from app.model import Booking, booking_to_wire
 
 FREE, BOOKED, IN_USE, SQUATTED, LOST = "FREE", "BOOKED", "IN USE", "SQUATTED", "LOST"
 HOT, FULL = "HOT", "FULL"
@@ -87,3 +87,50 @@ def fleet_status(
             )
         )
     return tuple(statuses)
+
+
+# `board status` shows a card as a view of the wire card (app.gpu.model.WireCard): every field but these, the PCIe
+# traffic nested as `pcie`, and each process but its uid and start (docs/json.md#cards-board-status).
+STATUS_LEAVES_OUT = frozenset({"lost", "sm_clock_mhz", "throttle_reasons", "serial", "slot", "numa_node", "pcie_gen",
+                               "pcie_width", "pcie_max_gen", "pcie_max_width", "behind_chipset", "power_default_w",
+                               "power_max_w", "persistence", "compute_capability"})
+STATUS_NESTS = {"pcie_tx_mib_s": ("pcie", "tx_mib_s"), "pcie_rx_mib_s": ("pcie", "rx_mib_s")}
+STATUS_PROCESS_LEAVES_OUT = frozenset({"uid", "started_at"})
+_STATUS_SHOWS = tuple(key for key in WireCard.__annotations__ if key not in STATUS_LEAVES_OUT)
+_STATUS_PROCESS_SHOWS = tuple(key for key in WireProcess.__annotations__ if key not in STATUS_PROCESS_LEAVES_OUT)
+
+
+def status_card(s: CardStatus) -> WireCard:
+    """The whole wire card of a card's status: its reading (app.gpu.model.card_to_wire) and who is on it, with
+    `host_down` and `down_since` where its host is down."""
+    card = card_to_wire(s.reading)
+    card["host"], card["label"], card["state"] = s.host, s.label, s.state
+    card["warnings"], card["users"] = list(s.warnings), list(s.users)
+    card["booking"] = booking_to_wire(s.booking) if s.booking else None
+    card["next_booking"] = booking_to_wire(s.next_booking) if s.next_booking else None
+    if s.down_since is not None:
+        card["host_down"], card["down_since"] = True, s.down_since
+    return card
+
+
+def status_view(card: WireCard) -> dict[str, Any]:
+    """`board status`'s view of a wire card, in the epochs of the wire: the fields STATUS_LEAVES_OUT leaves,
+    STATUS_NESTS nested, and a process whose user the kernel hides (a container) named UNKNOWN_USER."""
+    whole: dict[str, Any] = dict(card)
+    shown: dict[str, Any] = {}
+    for key in _STATUS_SHOWS:
+        if key not in whole:  # a status field the card has not got: host_down where its host is up
+            continue
+        if key in STATUS_NESTS:
+            outer, inner = STATUS_NESTS[key]
+            shown.setdefault(outer, {})[inner] = whole[key]
+        elif key == "processes":
+            shown[key] = [_status_process(p) for p in card["processes"]]
+        else:
+            shown[key] = whole[key]
+    return shown
+
+
+def _status_process(process: WireProcess) -> dict[str, Any]:
+    whole: dict[str, Any] = dict(process)
+    return {key: whole[key] for key in _STATUS_PROCESS_SHOWS} | {"user": process["user"] or UNKNOWN_USER}

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Any, NotRequired, TypedDict
 
 # Link levels between two cards, as NVML's nvmlDeviceGetTopologyCommonAncestor reports them.
 # Lower is closer. Two cards under one PCIe switch are SINGLE or MULTIPLE; across CPU sockets SYSTEM.
@@ -125,6 +126,99 @@ class HostSnapshot:
     down_since: float | None = None
 
 
+class WireProcess(TypedDict):
+    """A process on a card, on the wire: a GpuProcess's fields (in the order `board status --json` shows them)."""
+
+    pid: int
+    user: str | None
+    used_mib: int | None
+    command: str
+    container: str | None
+    uid: int | None
+    started_at: float | None
+
+
+class WireCard(TypedDict):
+    """One card on the wire, the one shape of a card for every reader: the `fleet` operation and event carry it
+    (card_to_wire: the reading's fields), `board status` a view of it (app.core.cardstate.status_view) with who is
+    on it and what it is for (the fields marked "status"). Each reader's view names what it leaves out
+    (FLEET_LEAVES_OUT, app.core.cardstate.STATUS_LEAVES_OUT), so a field added here reaches both or is left out
+    of one by name. In the order `board status --json` shows a card."""
+
+    host: NotRequired[str]  # status: the host the card is on
+    index: int
+    uuid: str
+    name: str | None
+    label: str | None  # the scenario's slot or serial; status: the config's label, else that
+    memory_total_mib: int | None
+    memory_used_mib: int | None
+    utilization_pct: int | None
+    temperature_c: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    pci_bus_id: str | None
+    state: NotRequired[str]  # status: FREE, BOOKED, IN USE, SQUATTED or LOST (app.core.cardstate)
+    pcie_tx_mib_s: float | None  # PCIe traffic now (nvmlDeviceGetPcieThroughput)
+    pcie_rx_mib_s: float | None
+    warnings: NotRequired[list[str]]  # status: HOT, FULL
+    users: NotRequired[list[str]]  # status: who runs processes on it, in first-seen order
+    booking: NotRequired[dict[str, Any] | None]  # status: the booking holding it now (app.model.booking_to_wire)
+    next_booking: NotRequired[dict[str, Any] | None]  # status
+    processes: list[WireProcess]
+    host_down: NotRequired[bool]  # status, on a down host's cards only: its heartbeat is late
+    down_since: NotRequired[float]  # status, with host_down: its last heartbeat
+    lost: bool
+    sm_clock_mhz: int | None
+    throttle_reasons: int | None
+    serial: str | None
+    slot: str | None
+    numa_node: int | None
+    pcie_gen: int | None
+    pcie_width: int | None
+    pcie_max_gen: int | None
+    pcie_max_width: int | None
+    behind_chipset: bool | None
+    power_default_w: float | None
+    power_max_w: float | None
+    persistence: bool | None
+    compute_capability: str | None
+
+
+# What the `fleet` operation and event leave out of a card: who is on it, which the board works out from its own
+# bookings (app.core.cardstate), and a host's being down, which the event says per host.
+FLEET_LEAVES_OUT = frozenset({"host", "state", "warnings", "users", "booking", "next_booking", "host_down",
+                              "down_since"})
+
+
+class WireSnapshot(TypedDict):
+    """A FleetSnapshot on the wire: the `fleet` operation's reply and event, and a host's heartbeat row."""
+
+    taken_at: float
+    simulated: bool
+    driver_version: str | None
+    cuda_version: str | None
+    cards: list[WireCard]
+    links: list[list[int]]  # [a, b, LINK_* level] for each pair Topology.links names
+
+
+def card_to_wire(card: CardReading) -> WireCard:
+    """A reading as the one wire card, less what FLEET_LEAVES_OUT names (app.core.cardstate.status_card adds it)."""
+    return {
+        "index": card.index, "uuid": card.uuid, "name": card.name, "label": card.label,
+        "memory_total_mib": card.memory_total_mib, "memory_used_mib": card.memory_used_mib,
+        "utilization_pct": card.utilization_pct, "temperature_c": card.temperature_c, "power_w": card.power_w,
+        "power_limit_w": card.power_limit_w, "pci_bus_id": card.pci_bus_id,
+        "pcie_tx_mib_s": card.pcie_tx_mib_s, "pcie_rx_mib_s": card.pcie_rx_mib_s,
+        "processes": [{"pid": p.pid, "user": p.user, "used_mib": p.used_mib, "command": p.command,
+                       "container": p.container, "uid": p.uid, "started_at": p.started_at} for p in card.processes],
+        "lost": card.lost, "sm_clock_mhz": card.sm_clock_mhz, "throttle_reasons": card.throttle_reasons,
+        "serial": card.serial, "slot": card.slot, "numa_node": card.numa_node, "pcie_gen": card.pcie_gen,
+        "pcie_width": card.pcie_width, "pcie_max_gen": card.pcie_max_gen, "pcie_max_width": card.pcie_max_width,
+        "behind_chipset": card.behind_chipset, "power_default_w": card.power_default_w,
+        "power_max_w": card.power_max_w, "persistence": card.persistence, "compute_capability": card.compute_capability,
+    }
+
+
 def hosts_to_wire(hosts) -> list[dict]:
     """(host, snapshot, down_since) of each other host, as the `fleet` event carries them."""
     return [{"host": host, "down_since": down_since, "snapshot": snapshot_to_wire(snapshot)}
@@ -135,10 +229,10 @@ def hosts_from_wire(data: list[dict]) -> tuple[HostSnapshot, ...]:
     return tuple(HostSnapshot(h["host"], snapshot_from_wire(h["snapshot"]), h.get("down_since")) for h in data)
 
 
-def snapshot_to_wire(snapshot: FleetSnapshot) -> dict:
+def snapshot_to_wire(snapshot: FleetSnapshot) -> WireSnapshot:
     return {
         "taken_at": snapshot.taken_at, "simulated": snapshot.simulated, "driver_version": snapshot.driver_version,
-        "cuda_version": snapshot.cuda_version, "cards": [asdict(card) for card in snapshot.cards],
+        "cuda_version": snapshot.cuda_version, "cards": [card_to_wire(card) for card in snapshot.cards],
         "links": [[a, b, level] for (a, b), level in snapshot.topology.links.items()],
     }
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from app.core.identity import Identity, lookup_user
 from app.errors import BadInput, BoardError
-from app.gpu.model import snapshot_to_wire
+from app.gpu.model import WireSnapshot, snapshot_to_wire
 from app.model import booking_to_wire
 from app.service.ops.registry import BOOL, INT, SPAN, STR, TIME, op
 from app.service.lastknown import listing as known_listing
@@ -43,7 +43,7 @@ def stats(service: Service, me: Identity) -> dict:
 
 
 @op("fleet")
-def fleet(service: Service, me: Identity) -> dict:
+def fleet(service: Service, me: Identity) -> WireSnapshot:
     return snapshot_to_wire(service.fleet_snapshot())
 
 
