@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from app.gpu.model import CardReading, FleetSnapshot, WireCard, WireProcess, card_to_wire
 from app.model import Booking, booking_to_wire
@@ -96,7 +96,7 @@ STATUS_LEAVES_OUT = frozenset({"lost", "sm_clock_mhz", "throttle_reasons", "seri
                                "power_max_w", "persistence", "compute_capability"})
 STATUS_NESTS = {"pcie_tx_mib_s": ("pcie", "tx_mib_s"), "pcie_rx_mib_s": ("pcie", "rx_mib_s")}
 STATUS_PROCESS_LEAVES_OUT = frozenset({"uid", "started_at"})
-_STATUS_SHOWS = tuple(key for key in WireCard.__annotations__ if key not in STATUS_LEAVES_OUT)
+_STATUS_SHOWS = tuple((key, STATUS_NESTS.get(key)) for key in WireCard.__annotations__ if key not in STATUS_LEAVES_OUT)
 _STATUS_PROCESS_SHOWS = tuple(key for key in WireProcess.__annotations__ if key not in STATUS_PROCESS_LEAVES_OUT)
 
 
@@ -116,14 +116,13 @@ def status_card(s: CardStatus) -> WireCard:
 def status_view(card: WireCard) -> dict[str, Any]:
     """`board status`'s view of a wire card, in the epochs of the wire: the fields STATUS_LEAVES_OUT leaves,
     STATUS_NESTS nested, and a process whose user the kernel hides (a container) named UNKNOWN_USER."""
-    whole: dict[str, Any] = dict(card)
+    whole = cast("dict[str, Any]", card)  # read by the names WireCard declares
     shown: dict[str, Any] = {}
-    for key in _STATUS_SHOWS:
+    for key, nest in _STATUS_SHOWS:
         if key not in whole:  # a status field the card has not got: host_down where its host is up
             continue
-        if key in STATUS_NESTS:
-            outer, inner = STATUS_NESTS[key]
-            shown.setdefault(outer, {})[inner] = whole[key]
+        if nest is not None:
+            shown.setdefault(nest[0], {})[nest[1]] = whole[key]
         elif key == "processes":
             shown[key] = [_status_process(p) for p in card["processes"]]
         else:
@@ -132,5 +131,5 @@ def status_view(card: WireCard) -> dict[str, Any]:
 
 
 def _status_process(process: WireProcess) -> dict[str, Any]:
-    whole: dict[str, Any] = dict(process)
+    whole = cast("dict[str, Any]", process)
     return {key: whole[key] for key in _STATUS_PROCESS_SHOWS} | {"user": process["user"] or UNKNOWN_USER}
