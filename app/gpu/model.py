@@ -126,79 +126,70 @@ class HostSnapshot:
     down_since: float | None = None
 
 
-class WireProcess(TypedDict):
-    """A process on a card, on the wire: a GpuProcess's fields (in the order `board status --json` shows them)."""
+# The wire's typed dicts are written in TypedDict's call form: its types are objects, where the class form's
+# annotations are strings here (from __future__) that typing compiles one by one, 2 ms on every start-up.
 
-    pid: int
-    user: str | None
-    used_mib: int | None
-    command: str
-    container: str | None
-    uid: int | None
-    started_at: float | None
+# A process on a card, on the wire: a GpuProcess's fields (in the order `board status --json` shows them).
+WireProcess = TypedDict("WireProcess", {
+    "pid": int, "user": str | None, "used_mib": int | None, "command": str, "container": str | None,
+    "uid": int | None, "started_at": float | None,
+})
 
-
-class WireCard(TypedDict):
-    """One card on the wire, the one shape of a card for every reader: the `fleet` operation and event carry it
-    (card_to_wire: the reading's fields), `board status` a view of it (app.core.cardstate.status_view) with who is
-    on it and what it is for (the fields marked "status"). Each reader's view names what it leaves out
-    (FLEET_LEAVES_OUT, app.core.cardstate.STATUS_LEAVES_OUT), so a field added here reaches both or is left out
-    of one by name. In the order `board status --json` shows a card."""
-
-    host: NotRequired[str]  # status: the host the card is on
-    index: int
-    uuid: str
-    name: str | None
-    label: str | None  # the scenario's slot or serial; status: the config's label, else that
-    memory_total_mib: int | None
-    memory_used_mib: int | None
-    utilization_pct: int | None
-    temperature_c: int | None
-    power_w: float | None
-    power_limit_w: float | None
-    pci_bus_id: str | None
-    state: NotRequired[str]  # status: FREE, BOOKED, IN USE, SQUATTED or LOST (app.core.cardstate)
-    pcie_tx_mib_s: float | None  # PCIe traffic now (nvmlDeviceGetPcieThroughput)
-    pcie_rx_mib_s: float | None
-    warnings: NotRequired[list[str]]  # status: HOT, FULL
-    users: NotRequired[list[str]]  # status: who runs processes on it, in first-seen order
-    booking: NotRequired[dict[str, Any] | None]  # status: the booking holding it now (app.model.booking_to_wire)
-    next_booking: NotRequired[dict[str, Any] | None]  # status
-    processes: list[WireProcess]
-    host_down: NotRequired[bool]  # status, on a down host's cards only: its heartbeat is late
-    down_since: NotRequired[float]  # status, with host_down: its last heartbeat
-    lost: bool
-    sm_clock_mhz: int | None
-    throttle_reasons: int | None
-    serial: str | None
-    slot: str | None
-    numa_node: int | None
-    pcie_gen: int | None
-    pcie_width: int | None
-    pcie_max_gen: int | None
-    pcie_max_width: int | None
-    behind_chipset: bool | None
-    power_default_w: float | None
-    power_max_w: float | None
-    persistence: bool | None
-    compute_capability: str | None
-
+# One card on the wire, the one shape of a card for every reader: the `fleet` operation and event carry it
+# (card_to_wire: the reading's fields), `board status` a view of it (app.core.cardstate.status_view) with who is on
+# it and what it is for: the fields NotRequired, which the fleet leaves out (FLEET_LEAVES_OUT) and
+# app.core.cardstate.status_card fills. What `board status` leaves out it names (app.core.cardstate.STATUS_LEAVES_OUT),
+# so a field added here reaches both or is left out of one by name. In the order `board status --json` shows a card.
+WireCard = TypedDict("WireCard", {
+    "host": NotRequired[str],  # the host the card is on
+    "index": int,
+    "uuid": str,
+    "name": str | None,
+    "label": str | None,  # the scenario's slot or serial; in a status, the config's label, else that
+    "memory_total_mib": int | None,
+    "memory_used_mib": int | None,
+    "utilization_pct": int | None,
+    "temperature_c": int | None,
+    "power_w": float | None,
+    "power_limit_w": float | None,
+    "pci_bus_id": str | None,
+    "state": NotRequired[str],  # FREE, BOOKED, IN USE, SQUATTED or LOST (app.core.cardstate)
+    "pcie_tx_mib_s": float | None,  # PCIe traffic now (nvmlDeviceGetPcieThroughput)
+    "pcie_rx_mib_s": float | None,
+    "warnings": NotRequired[list[str]],  # HOT, FULL
+    "users": NotRequired[list[str]],  # who runs processes on it, in first-seen order
+    "booking": NotRequired[dict[str, Any] | None],  # the booking holding it now (app.model.booking_to_wire)
+    "next_booking": NotRequired[dict[str, Any] | None],
+    "processes": list[WireProcess],
+    "host_down": NotRequired[bool],  # on a down host's cards only: its heartbeat is late
+    "down_since": NotRequired[float],  # with host_down: its last heartbeat
+    "lost": bool,
+    "sm_clock_mhz": int | None,
+    "throttle_reasons": int | None,
+    "serial": str | None,
+    "slot": str | None,
+    "numa_node": int | None,
+    "pcie_gen": int | None,
+    "pcie_width": int | None,
+    "pcie_max_gen": int | None,
+    "pcie_max_width": int | None,
+    "behind_chipset": bool | None,
+    "power_default_w": float | None,
+    "power_max_w": float | None,
+    "persistence": bool | None,
+    "compute_capability": str | None,
+})
 
 # What the `fleet` operation and event leave out of a card: who is on it, which the board works out from its own
 # bookings (app.core.cardstate), and a host's being down, which the event says per host.
-FLEET_LEAVES_OUT = frozenset({"host", "state", "warnings", "users", "booking", "next_booking", "host_down",
-                              "down_since"})
+FLEET_LEAVES_OUT = WireCard.__optional_keys__
 
-
-class WireSnapshot(TypedDict):
-    """A FleetSnapshot on the wire: the `fleet` operation's reply and event, and a host's heartbeat row."""
-
-    taken_at: float
-    simulated: bool
-    driver_version: str | None
-    cuda_version: str | None
-    cards: list[WireCard]
-    links: list[list[int]]  # [a, b, LINK_* level] for each pair Topology.links names
+# A FleetSnapshot on the wire: the `fleet` operation's reply and event, and a host's heartbeat row (app.store.hosts).
+WireSnapshot = TypedDict("WireSnapshot", {
+    "taken_at": float, "simulated": bool, "driver_version": str | None, "cuda_version": str | None,
+    "cards": list[WireCard],
+    "links": list[list[int]],  # [a, b, LINK_* level] for each pair Topology.links names
+})
 
 
 def card_to_wire(card: CardReading) -> WireCard:
