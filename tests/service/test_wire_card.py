@@ -68,7 +68,8 @@ def test_the_wire_card_carries_every_field_of_the_reading_and_of_its_processes()
 
 
 def test_the_fleet_reply_carries_every_field_of_the_card_but_those_it_leaves_out(replies):
-    """Wrong versions: card_to_wire forgets a field (or a process's); FLEET_LEAVES_OUT names a field the fleet sends."""
+    """Wrong versions: card_to_wire forgets a field (or a process's); a field the fleet sends marked NotRequired (the
+    fleet's view leaves those out)."""
     cards = replies["fleet"]["cards"]
     assert len(cards) == 8
     for card in cards:
