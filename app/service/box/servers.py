@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 from app import wire
 from app.core.identity import Identity
 from app.errors import BadInput, BoardError, NotPermitted
-from app.service.audit import AGENT, audit
-from app.service.processes import RegistrationError, exited, owned_by, proc_pgid
-from app.service.plans import runner_uid
+from app.service.rules.audit import AGENT, audit
+from app.service.box.processes import RegistrationError, exited, owned_by, proc_pgid
+from app.service.rules.plans import runner_uid
 from app.store import bookings as booking_rows
 from app.store.plans import plan_of_server
 
@@ -46,10 +46,10 @@ if TYPE_CHECKING:
     from app.llama.rows import Server
     from app.llama.service import ServerService
     from app.service import Service
-    from app.service.deadline import Lines
-    from app.service.peer import Peer
-    from app.service.processes import Registration, Registry
-    from app.service.server import ServiceServer
+    from app.service.conn.deadline import Lines
+    from app.service.conn.peer import Peer
+    from app.service.box.processes import Registration, Registry
+    from app.service.door.server import ServiceServer
 
 LOG_KEEP = 500  # lines of each server's log the service keeps in memory
 LINE_MAX = 1000
@@ -154,7 +154,7 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
     """
     from app.llama import rows  # start-up: llama's modules load only for servers
     from app.llama.identity import capture  # start-up: llama's modules load only for servers
-    from app.service.peer import identity_of  # start-up: in process, nobody asks the kernel who is calling
+    from app.service.conn.peer import identity_of  # start-up: in process, nobody asks the kernel who is calling
 
     service = server.service
     me = identity_of(peer, service.config.admin_group)
@@ -304,7 +304,7 @@ def _watch(server: ServiceServer, server_id: int, entry: Registration) -> Superv
 
 
 def may_supervise(service: Service, row: Server, uid: int) -> bool:
-    """The holder's own processes supervise their servers; the runner (app.service.plans) those a plan started."""
+    """The holder's own processes supervise their servers; the runner (app.service.rules.plans) those a plan started."""
     if uid == row.uid:
         return True
     return uid == runner_uid(service) and plan_of_server(service.conn, row.id) is not None

@@ -4,7 +4,7 @@ A job may run only on its caller's own booking, active now (`run_booking`; refus
 its booking is over (ended, cancelled, split away, moved to other cards or given to someone else), an
 enforcement pass (`enforce_once`) sends SIGTERM, then SIGKILL after [enforce] grace_s, or with
 run_jobs = "warn" only audits it. Ten minutes before the end the holder gets one notice.
-llama-servers have their own pass, app.service.servers.enforce_servers, run from the same one.
+llama-servers have their own pass, app.service.box.servers.enforce_servers, run from the same one.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from app.core.text import format_cards, relative, stamp_time
 from app.errors import BadInput, BoardError, NotPermitted
 from app.faults.oom import record_job_oom
 from app.model import Booking
-from app.service.alerts import enforcer_alerts
-from app.service.audit import AGENT, audit
-from app.service.hosts import refuse_remote
-from app.service.lastknown import unreachable
-from app.service.plans import start_due
-from app.service.processes import UNREAD
-from app.service.servers import enforce_servers
+from app.service.box.alerts import enforcer_alerts
+from app.service.rules.audit import AGENT, audit
+from app.service.fleet.hosts import refuse_remote
+from app.service.fleet.lastknown import unreachable
+from app.service.rules.plans import start_due
+from app.service.box.processes import UNREAD
+from app.service.box.servers import enforce_servers
 from app.store import bookings as rows
 from app.store import jobs
 from app.store.db import StoreLocked, write
 
 if TYPE_CHECKING:
     from app.service import Service
-    from app.service.server import ServiceServer
+    from app.service.door.server import ServiceServer
 
 WARN_BEFORE_END_S = 600
 

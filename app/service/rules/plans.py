@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from app import wire
 from app.core.identity import Identity
 from app.errors import BadInput, BoardError, Conflict, NotPermitted
-from app.service.audit import AGENT, audit
-from app.service.hosts import here, refuse_remote
+from app.service.rules.audit import AGENT, audit
+from app.service.fleet.hosts import here, refuse_remote
 from app.store import bookings as booking_rows
 from app.store import events
 from app.store import plans as plan_rows
@@ -35,9 +35,9 @@ if TYPE_CHECKING:
     import socket
 
     from app.service import Service
-    from app.service.deadline import Lines
-    from app.service.peer import Peer
-    from app.service.server import ServiceServer
+    from app.service.conn.deadline import Lines
+    from app.service.conn.peer import Peer
+    from app.service.door.server import ServiceServer
 
 SPEC_KEYS = ("model", "ctx", "parallel", "split_mode", "tensor_split", "metrics", "alias", "host", "extra",
              "cache_type_k", "cache_type_v", "flash_attn", "fit")
