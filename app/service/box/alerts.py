@@ -13,7 +13,7 @@ from app.store.db import write
 
 if TYPE_CHECKING:
     from app.service import Service
-    from app.service.door.server import ServiceServer
+    from app.service.conn.agent import Agent
 
 
 def alerts_pass(service: Service, engine: Engine, inputs: Inputs | None = None, *,
@@ -32,9 +32,9 @@ def alerts_pass(service: Service, engine: Engine, inputs: Inputs | None = None, 
     return done.ids()
 
 
-def enforcer_alerts(server: ServiceServer) -> dict[str, list[int]]:
+def enforcer_alerts(server: Agent) -> dict[str, list[int]]:
     """The enforcer pass's hook: one pass of the server's engine, if alerts are on."""
     if not server.service.config.alerts.enabled:
         return {}
-    told = frozenset(f"booking:{e.booking_id}" for e in server.registry.live() if e.kind != "server" and e.warned)
+    told = frozenset(f"booking:{e.booking_id}" for e in server.service.processes.live() if e.kind != "server" and e.warned)
     return alerts_pass(server.service, server.alerts, told=told)

@@ -235,7 +235,7 @@ class ServiceServer:
                 if not line:
                     return
                 if len(line) > wire.MAX_MESSAGE:
-                    self._reply(conn, None, error=BadInput(f"a message is at most {wire.MAX_MESSAGE} bytes"))
+                    self.reply(conn, None, error=BadInput(f"a message is at most {wire.MAX_MESSAGE} bytes"))
                     return  # the rest of the line cannot be skipped reliably
                 request_id, error, message = None, None, None
                 try:
@@ -249,7 +249,7 @@ class ServiceServer:
                 except BadInput as refused:
                     error = refused
                 if error is not None:
-                    self._reply(conn, request_id, error=error)
+                    self.reply(conn, request_id, error=error)
                     continue
                 op = message.get("op")
                 if op == "subscribe":
@@ -258,7 +258,7 @@ class ServiceServer:
                     return self._register(conn, reader, peer, request_id, message.get("args") or {})
                 if me is None:  # once per connection: the passwd and group lookups are not free
                     me = identity_of(peer, self.service.config.admin_group)
-                self._reply(conn, request_id, *self._call(me, op, message.get("args")))
+                self.reply(conn, request_id, *self._call(me, op, message.get("args")))
         except OSError:  # the client went away, or ran out of time (TimeoutError)
             return
         finally:
@@ -275,18 +275,19 @@ class ServiceServer:
             self.log(f"{op}: unexpected {type(error).__name__}: {error}")
             return None, BoardError(f"the service failed on {str(op)[:40]}: {type(error).__name__}; see its log")
 
-    def _reply(self, conn: socket.socket, request_id: Any, result: Any = None, error: BoardError | None = None) -> None:
+    def reply(self, conn: socket.socket, request_id: Any, result: Any = None, error: BoardError | None = None) -> None:
+        """One answer on `conn`; the handlers it hands itself to (app.service.conn.agent) answer through it too."""
         conn.sendall(_answer(request_id, result, error))
 
     def _subscribe(self, conn: socket.socket, peer: Peer, request_id: Any, args: dict) -> None:
         kinds = args.get("kinds") if isinstance(args, dict) else None
         known = {"bookings", "servers", "fleet", "notice", "gateway"}
         if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) and k in known for k in kinds):
-            self._reply(conn, request_id, error=BadInput(f"subscribe: kinds is a list of {', '.join(sorted(known))}"))
+            self.reply(conn, request_id, error=BadInput(f"subscribe: kinds is a list of {', '.join(sorted(known))}"))
             return
         subscriber = self.service.hub.subscribe(kinds, peer.uid)
         try:
-            self._reply(conn, request_id, {"versions": dict(self.service.hub.versions)})
+            self.reply(conn, request_id, {"versions": dict(self.service.hub.versions)})
             if "gateway" in kinds:  # read gateway_state now: a change before this subscription is not missed
                 conn.sendall(wire.encode({"event": "gateway", "version": self.service.hub.versions["gateway"]}))
             if "fleet" in kinds and (snapshot := self.service.fleet.cached()) is not None:
@@ -311,7 +312,7 @@ class ServiceServer:
             return runner_registration(self, conn, reader, peer, request_id, args)
         booking_id = args.get("booking") if isinstance(args, dict) else None
         if kind != "job" or (booking_id is not None and (not isinstance(booking_id, int) or isinstance(booking_id, bool))):
-            self._reply(conn, request_id, error=BadInput("register: give kind \"job\" and an optional booking number,"
+            self.reply(conn, request_id, error=BadInput("register: give kind \"job\" and an optional booking number,"
                                                          " or kind \"server\" and the server id"))
             return
 
@@ -333,9 +334,9 @@ class ServiceServer:
         try:
             booking, entry = self.database.submit(admit).result()
         except BoardError as error:
-            self._reply(conn, request_id, error=error)
+            self.reply(conn, request_id, error=error)
             return
-        self._reply(conn, request_id, {"booking": booking_to_wire(booking), "registration": entry.id})
+        self.reply(conn, request_id, {"booking": booking_to_wire(booking), "registration": entry.id})
         try:
             while reader.readline(None):
                 pass  # nothing more is expected; the line stays open while the job lives
