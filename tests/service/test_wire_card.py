@@ -16,7 +16,7 @@ from app.core.identity import Identity
 from app.gpu import open_source
 from app.gpu.model import FLEET_LEAVES_OUT, CardReading, GpuProcess, WireCard, WireProcess
 from app.output import STATUS_JSON_LEAVES_OUT, status_json
-from app.service.hosts import beat
+from app.service.fleet.hosts import beat
 from tests.conftest import FROZEN_NOW, Clock
 
 ALICE = Identity("alice", 50001, False)
