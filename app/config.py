@@ -503,7 +503,9 @@ def _wrong(message: str, table: dict, at: tuple[str | int, ...] = (), root: type
     words = " or ".join(_WORDS.get(t, t) for t in expected[1].split(" | ") if t != "null")
     if in_key:
         return f"{location}: expected {words} for a key, got {_shown(_culprit(value, kind))}"
-    shown = f"a {type(value).__name__}" if "url" in path else _shown(value)  # a notify target's url is a secret
+    shown = _shown(value)
+    if "url" in path and not isinstance(value, int | float):  # a notify target's url is a secret: not even in a list
+        shown = "a table" if isinstance(value, dict) else "a list" if isinstance(value, list) else "a date or time"
     return f"{location}: expected {words}, got {shown}"
 
 
