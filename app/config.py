@@ -274,8 +274,40 @@ class PostgresStore(msgspec.Struct, frozen=True):
     host: str = ""
 
 
-class Config(msgspec.Struct, frozen=True):
-    """The settings in use: ConfigFile's sections, with [storage], [access] and [display] flattened and the
+class Sections(Section, frozen=True):
+    """The sections that Config keeps as the file has them (ConfigFile adds the three it flattens)."""
+
+    labels: dict[int, str] = {}
+    service: ServiceSettings = ServiceSettings()
+    enforce: EnforceSettings = EnforceSettings()
+    booking: BookingSettings = BookingSettings()
+    report: ReportSettings = ReportSettings()
+    history: HistorySettings = HistorySettings()
+    fleet: FleetSettings = FleetSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    policy: Policy = Policy()
+    # [classes]: who may use a class (user names, @groups), for bookings and keys alike; a class not named: everyone.
+    classes: dict[str, tuple[str, ...]] = {}
+    pools: tuple[Pool, ...] = ()
+    llama: LlamaSettings = LlamaSettings()
+    fit: FitSettings = FitSettings()
+    gateway: GatewaySettings = GatewaySettings()
+    notify: NotifySettings = NotifySettings()
+    alerts: AlertSettings = AlertSettings()
+    power: PowerSettings = PowerSettings()
+
+
+class ConfigFile(Sections, frozen=True):
+    """The file's shape: one field per section. A key added to a section is typed, checked on load and (a test
+    sees to it) documented in docs/configuration.md."""
+
+    storage: StorageSettings = StorageSettings()
+    access: AccessSettings = AccessSettings()
+    display: DisplaySettings = DisplaySettings()
+
+
+class Config(Sections, frozen=True):
+    """The settings in use: the file's sections, with [storage], [access] and [display] flattened here and the
     environment's overrides applied (load_config)."""
 
     path: Path | None = None  # the file it was read from, if any
@@ -285,24 +317,6 @@ class Config(msgspec.Struct, frozen=True):
     admin_group: str = "board-admin"
     refresh_seconds: float = 1.0
     hot_celsius: int = 90
-    labels: dict[int, str] = {}
-    policy: Policy = Policy()
-    pools: tuple[Pool, ...] = ()
-    llama: LlamaSettings = LlamaSettings()
-    service: ServiceSettings = ServiceSettings()
-    enforce: EnforceSettings = EnforceSettings()
-    metrics: MetricsSettings = MetricsSettings()
-    fit: FitSettings = FitSettings()
-    booking: BookingSettings = BookingSettings()
-    history: HistorySettings = HistorySettings()
-    # [classes]: who may use a class (user names, @groups), for bookings and keys alike; a class not named: everyone.
-    classes: dict[str, tuple[str, ...]] = {}
-    notify: NotifySettings = NotifySettings()
-    alerts: AlertSettings = AlertSettings()
-    report: ReportSettings = ReportSettings()
-    gateway: GatewaySettings = GatewaySettings()
-    power: PowerSettings = PowerSettings()
-    fleet: FleetSettings = FleetSettings()
 
     @property
     def store(self) -> Path | PostgresStore:
@@ -321,32 +335,6 @@ class Config(msgspec.Struct, frozen=True):
     def fleet_host(self) -> str:
         """This host's name in the fleet: [fleet] host, else the short hostname."""
         return self.fleet.host or os.uname().nodename.split(".")[0] or "localhost"
-
-
-class ConfigFile(Section, frozen=True):
-    """The file's shape: one field per section. A field added to a section is typed, checked on load and (a test
-    sees to it) documented in docs/configuration.md."""
-
-    storage: StorageSettings = StorageSettings()
-    access: AccessSettings = AccessSettings()
-    display: DisplaySettings = DisplaySettings()
-    labels: dict[int, str] = {}
-    service: ServiceSettings = ServiceSettings()
-    enforce: EnforceSettings = EnforceSettings()
-    booking: BookingSettings = BookingSettings()
-    report: ReportSettings = ReportSettings()
-    history: HistorySettings = HistorySettings()
-    fleet: FleetSettings = FleetSettings()
-    metrics: MetricsSettings = MetricsSettings()
-    policy: Policy = Policy()
-    classes: dict[str, tuple[str, ...]] = {}
-    pools: tuple[Pool, ...] = ()
-    llama: LlamaSettings = LlamaSettings()
-    fit: FitSettings = FitSettings()
-    gateway: GatewaySettings = GatewaySettings()
-    notify: NotifySettings = NotifySettings()
-    alerts: AlertSettings = AlertSettings()
-    power: PowerSettings = PowerSettings()
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:
@@ -380,7 +368,6 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         raise ValueError(_wrong(str(error), table)) from None
     file = _checked(file, renamed)
     storage = file.storage
-    flat = ("storage", "access", "display")  # Config keeps these three sections' keys at its top
     return Config(
         path=path,
         db_path=Path(storage.db),
@@ -389,7 +376,7 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         admin_group=file.access.admin_group,
         refresh_seconds=file.display.refresh_seconds,
         hot_celsius=file.display.hot_celsius,
-        **{name: getattr(file, name) for name in ConfigFile.__struct_fields__ if name not in flat},
+        **{name: getattr(file, name) for name in Sections.__struct_fields__},
     )
 
 
@@ -436,7 +423,7 @@ def _windows(entry: object, number: int, table: dict) -> object:
             hours = msgspec.convert(window, PoolWindow)
         except msgspec.ValidationError as error:
             raise ValueError(_wrong(str(error), table, at, PoolWindow)) from None
-        start, dash, end = hours.hours.partition("-")
+        start, _, end = hours.hours.partition("-")
         try:
             windows[klass] = ClassWindow(_hhmm(start), _hhmm(end), hours.weekends)
         except ValueError as error:
