@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from dataclasses import replace
 from datetime import date, datetime, timedelta
 from pathlib import Path
+
+from msgspec.structs import replace
 
 from typing import Iterable, Sequence
 
