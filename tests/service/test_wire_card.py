@@ -5,7 +5,7 @@ on one database file with a clock the test moves, the other one down, so that ev
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import fields
 
 import pytest
 
@@ -36,8 +36,8 @@ def replies(tmp_path_factory) -> dict:
     root, clock = tmp_path_factory.mktemp("wire-card"), Clock(FROZEN_NOW)
     services = []
     for name in ("gpu1", "gpu2"):
-        config = replace(Config(), db_path=root / "board.db", history=HistorySettings(db=str(root / f"{name}.db")),
-                         fleet=FleetSettings(host=name, heartbeat_timeout_s=5))
+        config = Config(db_path=root / "board.db", history=HistorySettings(db=str(root / f"{name}.db")),
+                        fleet=FleetSettings(host=name, heartbeat_timeout_s=5))
         services.append(LocalClient.on(config, open_source(True, clock=clock, host=name), ALICE, clock=clock))
     gpu1, gpu2 = services
     try:
