@@ -6,7 +6,6 @@ the real loop. As board-llama against the real service: tests/llama/test_servers
 from __future__ import annotations
 
 import json
-import re
 import signal
 import socket
 import threading
@@ -42,7 +41,7 @@ class Service:
 
 
 def test_the_runner_says_once_that_the_service_is_away_registers_again_and_stops_at_a_refusal(tmp_path, monkeypatch,
-                                                                                              capsys):
+                                                                                              daemon_log):
     """Away for three tries, then registered; lost (a restart), away for two tries, then refused: one 'can't reach'
     line for each time away, one 'lost' line, and the refusal raised with the service's reason, never tried again.
     Wrong versions: a refusal tried again like an absent service (a runner refused for good retries each second,
@@ -78,7 +77,7 @@ def test_the_runner_says_once_that_the_service_is_away_registers_again_and_stops
     assert str(refused.value) == "the service refused the runner: a runner is registered already"
     assert tries == [1, 2, 3, 4, 5, 6, 7]
     assert [s.asked for s in services] == [[{"v": 1, "id": 1, "op": "register", "args": {"kind": "runner"}}]] * 2
-    said = [re.sub(r"^\S+ \S+ ", "", line) for line in capsys.readouterr().out.splitlines()]
+    said = daemon_log().splitlines()
     away = f"board runner: can't reach the service at {path} (No such file or directory); trying again every second"
     assert said[1:] == [away, "board runner: registered with the service",
                         "board runner: lost the service; registering again (the servers keep running)", away]
