@@ -62,7 +62,7 @@ def event_limit(text: str) -> int:
 
 def daemon(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """A daemon's help says how its log is written and filtered (app.cli.logs)."""
-    p.description = (f"{p.description}\n\nIts log goes to stderr: under systemd each line carries its syslog priority"
-                     " (journalctl -p warning shows the warnings and errors), elsewhere the time and the level."
-                     " BOARD_LOG_LEVEL=debug|info|warning|error (default info) sets the lowest level written.")
+    p.description = (f"{p.description}\n\nIts log goes to stderr: under systemd each line carries its syslog priority\n"
+                     "(journalctl -p warning shows the warnings and errors), elsewhere the time and the level.\n"
+                     "BOARD_LOG_LEVEL=debug|info|warning|error (default info) sets the lowest level written.")
     return p
