@@ -201,6 +201,8 @@ class ServiceServer:
             except RuntimeError:  # no thread to be had (the system's limits): as good as full
                 self._release(conn, peer)
                 refusal = BoardError("the board service has too many connections; try again shortly")
+        # debug: a flood is refused here, a line each, so its lines are written only when asked for
+        log.debug(f"board agent: refused {peer.name} (uid {peer.uid}, pid {peer.pid}) at the door: {refusal}")
         _refuse(conn, refusal)
 
     def _admit(self, conn: socket.socket, peer: Peer) -> BoardError | None:
