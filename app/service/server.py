@@ -119,11 +119,10 @@ class ServiceServer:
         self.database.submit(adopt_servers, self).result()
         watchers = start_watchers(service)
         # this host's heartbeat and snapshot for the fleet, on the database thread
-        # the helpers' lines say what failed, and when it works again
-        start_heartbeat(service, lambda fn: self.database.submit(fn).result(), self.stopping,
-                        logging.getLogger("app.service.hosts").warning)
+        start_heartbeat(service, lambda fn: self.database.submit(fn).result(), self.stopping)
         enforcer = threading.Thread(target=self._enforce_loop, name="board-enforce", daemon=True)
         enforcer.start()
+        # the helpers below log what failed, and when it works again: warnings
         history = start_sampler(service.fleet, service.history, service.config, service.clock,
                                 log=logging.getLogger("app.history").warning)
         # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
