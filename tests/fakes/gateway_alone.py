@@ -16,7 +16,7 @@ import sys
 from app.cli.logs import start_logging
 from app.config import Config, GatewaySettings
 from app.gateway.server import Gateway, serve
-from app.service.server import raise_file_limit
+from app.service.door.server import raise_file_limit
 from tests.unit.test_gateway_relay import FixedState
 
 

@@ -96,7 +96,7 @@ def test_a_writer_killed_at_a_chosen_point_leaves_nothing(tmp_path, point):
     pid = os.fork()
     if pid == 0:  # pragma: no cover
         try:
-            from app.service.bookings import BookingService
+            from app.service.rules.bookings import BookingService
             from app.gpu import open_source
 
             conn = connect(db_path)

@@ -18,7 +18,7 @@ STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 
 @pytest.fixture
 def written(tmp_path, daemon_log):
-    """log(environ): start_logging on a real file as stderr, a line at each level from app.service.server's logger;
+    """log(environ): start_logging on a real file as stderr, a line at each level from app.service.door.server's logger;
     returns the file's lines. The root logger is left as it was (the daemon_log fixture)."""
 
     opened = []
@@ -26,7 +26,7 @@ def written(tmp_path, daemon_log):
     def log(environ: dict, path: Path = tmp_path / "stderr") -> list[str]:
         opened.append(stream := path.open("a"))
         start_logging({key: value(path) if callable(value) else value for key, value in environ.items()}, stream=stream)
-        logger = logging.getLogger("app.service.server")
+        logger = logging.getLogger("app.service.door.server")
         logger.debug("board agent: a detail")
         logger.info("board agent: serving")
         logger.warning("board agent: can't accept connections")
