@@ -3,6 +3,7 @@ on a throwaway cluster: tests/postgres.py), the simulated fleet, and a booking s
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -210,3 +211,25 @@ def set_tz():
     else:
         os.environ["TZ"] = old
     time.tzset()
+
+
+@pytest.fixture
+def daemon_log(caplog):
+    """What the board's modules (the loggers under `app`) logged in this process, from INFO up, one message a line:
+    each call returns the lines since the last, as capsys.readouterr does (the daemons log through `logging`,
+    app.cli.logs); a library's lines (aiohttp's access log of a test's upstream) are not the board's. A daemon
+    started here (app.cli.logs.start_logging) leaves the root logger as it found it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    caplog.set_level(logging.INFO)
+    read = [0]
+
+    def since() -> str:
+        records = caplog.records[read[0]:]
+        read[0] += len(records)
+        return "".join(f"{record.getMessage()}\n" for record in records if record.name.startswith("app."))
+
+    yield since
+    for handler in set(root.handlers) - set(handlers):
+        root.removeHandler(handler)
+    root.setLevel(level)

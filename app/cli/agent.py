@@ -21,10 +21,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from datetime import datetime
+from collections.abc import Iterator
 from pathlib import Path
 
+from app.cli.arguments import daemon
 from app.errors import BadInput, BoardError
 from app.output import EXIT_OK, EXIT_UNEXPECTED, print_json
 
@@ -32,10 +32,13 @@ DEFAULT_INTERVAL_S = 30.0
 
 
 def cmd_agent(ctx) -> int:
+    from app.cli.logs import start_logging  # start-up: only the daemons load logging
+
     socket_path = ctx.config.service.socket
     if socket_path and ctx.args.once:  # root's cron on the shared config would enforce the service's file
         raise BadInput("board agent --once enforces a database file you own; this config names the board service"
                        " ([service] socket), which enforces its own database: systemctl status board-agent")
+    start_logging(ctx.environ, limit=500)
     if not socket_path:
         return enforce_file(ctx)  # a database one user owns: enforcement only
     if os.geteuid() == 0:
@@ -48,7 +51,7 @@ def cmd_agent(ctx) -> int:
 
     os.umask(0o077)  # the database, its -wal and -shm are the service's alone
     for change in secure_state(ctx.config.db_path):
-        log(f"board agent: {change}")
+        log.warning(f"board agent: {change}")
     service = open_service(ctx.config, demo=ctx.demo, environ=ctx.environ, transport="socket")
     service.conn  # noqa: B018 - opens and migrates the database now, with a clear error if it can't
     return run_agent(service, socket_path)
@@ -57,35 +60,33 @@ def cmd_agent(ctx) -> int:
 # -- the agent on a database file one user owns ---------------------------------------------------
 
 
-def _log(message: str) -> None:
-    from app.core.text import inert
-
-    stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
-    print(f"{stamp} {inert(message, 500)}", flush=True)
-
-
-def enforce_once(service, warned: set[int] | None = None, log: Callable[[str], None] = _log) -> dict[str, list]:
+def enforce_once(service, warned: set[int] | None = None) -> dict[str, list]:
     """One pass over the servers; returns what it did (for tests and --json)."""
+    import logging  # start-up: only the daemons load logging
+
+    log = logging.getLogger(__name__)
     done: dict[str, list] = {"crashed": [], "stopped": [], "warned": []}
     for server in service.reconcile():
         done["crashed" if server.state == "crashed" else "stopped"].append(server.id)
-        log(f"server {server.id} ({server.user}, port {server.port}): processes gone; marked {server.state}")
+        log.warning(f"server {server.id} ({server.user}, port {server.port}): processes gone; marked {server.state}")
     for server in service.enforce_booking_end():
         done["stopped"].append(server.id)
-        log(f"server {server.id} ({server.user}, port {server.port}): booking {server.booking_id} ended;"
-            f" {server.state}" + (f" ({server.exit_text})" if server.exit_text else ""))
+        log.info(f"server {server.id} ({server.user}, port {server.port}): booking {server.booking_id} ended;"
+                 f" {server.state}" + (f" ({server.exit_text})" if server.exit_text else ""))
     for server, left in service.ending_soon():
         if warned is not None and server.id in warned:
             continue
         if warned is not None:
             warned.add(server.id)
         done["warned"].append(server.id)
-        log(f"warning: server {server.id} ({server.user}, port {server.port}) stops in {max(1, (left + 59) // 60)} min,"
-            f" when booking {server.booking_id} ends")
+        log.warning(f"warning: server {server.id} ({server.user}, port {server.port}) stops in"
+                    f" {max(1, (left + 59) // 60)} min, when booking {server.booking_id} ends")
     return done
 
 
 def enforce_file(ctx) -> int:
+    import logging  # start-up: only the daemons load logging
+
     from app.llama.service import ServerService
 
     args = ctx.args
@@ -94,7 +95,7 @@ def enforce_file(ctx) -> int:
     service = ServerService(ctx.conn, ctx.me, ctx.config)
     if args.once:
         as_json = getattr(args, "json", False)
-        done = enforce_once(service, log=(lambda m: print(m, file=sys.stderr)) if as_json else _log)
+        done = enforce_once(service)  # what it did is logged (stderr): stdout is the JSON alone
         if as_json:
             print_json(done)
         return 0
@@ -105,19 +106,19 @@ def enforce_file(ctx) -> int:
         stopping.set()
 
     signal.signal(signal.SIGTERM, on_term)
-    _log(f"board agent: every {args.interval:g} s on {ctx.config.db_path} as {ctx.me.name}")
+    log = logging.getLogger(__name__)
+    log.info(f"board agent: every {args.interval:g} s on {ctx.config.db_path} as {ctx.me.name}")
     warned: set[int] = set()
     while not stopping.is_set():
         started = time.monotonic()
         try:
             enforce_once(service, warned)
         except BoardError as error:
-            _log(f"pass failed: {error}")
+            log.error(f"pass failed: {error}")
         except Exception as error:  # noqa: BLE001 - a service must outlive one bad pass
-            _log(f"pass failed: {type(error).__name__}: {error}")
+            log.error(f"pass failed: {type(error).__name__}: {error}")
         stopping.wait(max(0.0, args.interval - (time.monotonic() - started)))
-    _log("board agent: stopped")
-    sys.stdout.flush()
+    log.info("board agent: stopped")
     return 0
 
 
@@ -258,7 +259,7 @@ def add_doctor(command) -> None:
 
 
 def add_agent(command) -> None:
-    p = command("agent", cmd_agent, "enforce the rules: stop servers whose booking ended (a service; --once for cron)",
-                json_flag=True)
+    p = daemon(command("agent", cmd_agent, "enforce the rules: stop servers whose booking ended (a service; --once for"
+                       " cron)", json_flag=True))
     p.add_argument("--once", action="store_true", help="one pass, then exit")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between passes (default 30)")

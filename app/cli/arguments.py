@@ -58,3 +58,11 @@ def event_limit(text: str) -> int:
     if not 0 < value <= 1_000_000:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a count from 1 to 1000000")
     return value
+
+
+def daemon(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A daemon's help says how its log is written and filtered (app.cli.logs)."""
+    p.description = (f"{p.description}\n\nIts log goes to stderr: under systemd each line carries its syslog priority\n"
+                     "(journalctl -p warning shows the warnings and errors), elsewhere the time and the level.\n"
+                     "BOARD_LOG_LEVEL=debug|info|warning|error (default info) sets the lowest level written.")
+    return p

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from app.cli.arguments import daemon
 from app.errors import BadInput
 from app.output import EXIT_OK, iso, print_json, table
 
@@ -64,7 +65,7 @@ def add_parser(command, common) -> None:
     p.add_argument("--since", type=_age, default=7 * 86400, metavar="AGE", help="how far back: 12h, 7d (default 7d)")
     p.add_argument("--by", choices=("user", "key", "model"), default="user", help="group by (default user)")
 
-    p = command("gateway", cmd_gateway, "run the OpenAI-compatible gateway (its unit runs it as board-gateway)")
+    p = daemon(command("gateway", cmd_gateway, "run the OpenAI-compatible gateway (its unit runs it as board-gateway)"))
     p.add_argument("--listen", metavar="HOST:PORT", help="instead of [gateway] listen")
 
 
@@ -146,6 +147,8 @@ def cmd_usage(ctx) -> int:
 
 
 def cmd_gateway(ctx) -> int:
+    from app.cli.logs import start_logging  # start-up: only the daemons load logging
     from app.gateway.server import run_gateway  # start-up: only the gateway loads aiohttp
 
+    start_logging(ctx.environ)  # no cut: a logged request body (log_bodies) is up to 4096 bytes
     return run_gateway(ctx.config, listen=ctx.args.listen)

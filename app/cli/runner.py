@@ -16,8 +16,8 @@ import signal
 import socket
 import sys
 import time
-from datetime import datetime
 
+from app.cli.arguments import daemon
 from app.errors import BadInput, BoardError, NotPermitted
 from app.wire import decode, encode
 
@@ -25,24 +25,24 @@ RECONNECT_S = 1.0
 
 
 def add_runner(command) -> None:
-    command("runner", cmd_runner, "start planned servers for the board service (run by board-runner.service as"
-            " the user board-llama)")
-
-
-def _log(message: str) -> None:
-    from app.core.text import inert
-
-    print(f"{datetime.now().astimezone().strftime('%Y-%m-%d %H:%M:%S')} {inert(message, 500)}", flush=True)
+    daemon(command("runner", cmd_runner, "start planned servers for the board service (run by board-runner.service"
+                   " as the user board-llama)"))
 
 
 def cmd_runner(ctx) -> int:
+    import logging  # start-up: only the daemons load logging (every full command line imports this module)
+
+    from app.cli.logs import start_logging
+
+    log = logging.getLogger(__name__)
     path = ctx.config.service.socket
     if not path:
         raise BadInput("board runner starts planned servers for the board service; this config names no"
                        " [service] socket")
+    start_logging(ctx.environ, limit=500)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _check_state(ctx.environ)
-    _log(f"board runner: uid {os.getuid()}, service {path}")
+    log.info(f"board runner: uid {os.getuid()}, service {path}")
     told = False
     while True:
         try:
@@ -51,20 +51,20 @@ def cmd_runner(ctx) -> int:
             raise NotPermitted(f"the service refused the runner: {refusal}") from None
         except OSError as error:
             if not told:
-                _log(f"board runner: can't reach the service at {path} ({error.strerror or error}); trying"
-                     " again every second")
+                log.warning(f"board runner: can't reach the service at {path} ({error.strerror or error}); trying"
+                            " again every second")
                 told = True
             time.sleep(RECONNECT_S)
             continue
         told = False
-        _log("board runner: registered with the service")
+        log.info("board runner: registered with the service")
         try:
             for line in reader:
                 _handle(line, path, ctx.environ, sock)
         except OSError:
             pass
         sock.close()
-        _log("board runner: lost the service; registering again (the servers keep running)")
+        log.warning("board runner: lost the service; registering again (the servers keep running)")
 
 
 def _check_state(environ) -> None:
@@ -110,8 +110,12 @@ def _register(path: str):
 
 
 def _handle(line: bytes, path: str, environ, sock: socket.socket) -> None:
+    import logging  # start-up: only the daemons load logging
+
     from app.llama import launch
     from app.llama.rows import server_from_wire
+
+    log = logging.getLogger(__name__)
 
     try:
         message = decode(line)
@@ -120,16 +124,16 @@ def _handle(line: bytes, path: str, environ, sock: socket.socket) -> None:
         server = server_from_wire(message["server"])
         grant = message["launch"]
     except (ValueError, KeyError, TypeError) as error:
-        _log(f"board runner: ignored an instruction it could not read ({error})")
+        log.warning(f"board runner: ignored an instruction it could not read ({error})")
         return
     try:
         log_path = launch.launch(server, grant, socket_path=path, environ=environ)
     except BoardError as error:
-        _log(f"board runner: server {server.id} for booking {server.booking_id} ({server.user}): not started: {error}")
+        log.error(f"board runner: server {server.id} for booking {server.booking_id} ({server.user}): not started: {error}")
         try:  # the reason goes on the server's row (app.service.rules.plans.runner_registration)
             sock.sendall(encode({"event": "failed", "server": server.id, "reason": f"the runner: {error}"}))
         except OSError:
             pass
         return
-    _log(f"board runner: started server {server.id} for booking {server.booking_id} ({server.user}),"
-         f" port {server.port}; log {log_path}")
+    log.info(f"board runner: started server {server.id} for booking {server.booking_id} ({server.user}),"
+             f" port {server.port}; log {log_path}")

@@ -15,7 +15,7 @@ from typing import Any
 
 from app.core.keys import class_rank
 
-logger = logging.getLogger("board.gateway")
+logger = logging.getLogger(__name__)
 
 
 class Refused(Exception):

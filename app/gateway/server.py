@@ -13,11 +13,11 @@ import asyncio
 import functools
 import itertools
 import json
+import logging
 import os
 import resource
 import secrets
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,8 +52,7 @@ class Cut(Refused):
     """Refused, and the connection closed once the answer is out: what is left of its body is not read."""
 
 
-def log(message: str) -> None:
-    print(f"board gateway: {message}", file=sys.stderr, flush=True)
+log = logging.getLogger(__name__)
 
 
 def error_body(status: int, message: str, kind: str, code: str, retry_after: int | None = None) -> web.Response:
@@ -218,7 +217,7 @@ class Gateway:
             try:
                 state = self.client.call("gateway_state")
             except BoardError as error:
-                log(f"cannot read the service's state: {error}")
+                log.warning(f"board gateway: cannot read the service's state: {error}")
                 return
             try:
                 loop.call_soon_threadsafe(self.router.update, state)
@@ -233,7 +232,8 @@ class Gateway:
             if kind in ("gateway", "reconnected"):
                 refresh()
             elif kind == "down":
-                log(f"lost the service ({event.get('message')}); routing on the last state until it is back")
+                log.warning(f"board gateway: lost the service ({event.get('message')}); routing on the last state"
+                            " until it is back")
 
     async def _flush_loop(self) -> None:
         while True:
@@ -251,10 +251,11 @@ class Gateway:
             for server, status in zip(servers, statuses):
                 if server.id in self.router.down and status == 200:
                     self.router.up(server.id)
-                    log(f"server {server.id} ({server.alias}) answers again")
+                    log.info(f"board gateway: server {server.id} ({server.alias}) answers again")
                 elif server.id not in self.router.down and status is None:
                     self.router.down.add(server.id)
-                    log(f"server {server.id} ({server.alias}) refuses connections: out of the routing until it answers")
+                    log.warning(f"board gateway: server {server.id} ({server.alias}) refuses connections: out of the"
+                                " routing until it answers")
             self.router.down &= set(self.router.servers)
 
     async def _health(self, server: Upstream) -> int | None:
@@ -275,10 +276,10 @@ class Gateway:
                 await asyncio.get_running_loop().run_in_executor(
                     None, functools.partial(self.client.call, "gateway_usage", records=batch))
             except BadInput as error:  # refused as it is: sent again, it would be refused again, and block the rest
-                log(f"accounting refused by the service, {len(batch)} records dropped: {error}")
+                log.error(f"board gateway: accounting refused by the service, {len(batch)} records dropped: {error}")
             except BoardError as error:  # the service is away: the batch waits for it, ahead of the newer records
                 self.pending[:0] = batch[:MAX_PENDING - len(self.pending)]
-                log(f"accounting kept for later ({len(self.pending)} records): {error}")
+                log.warning(f"board gateway: accounting kept for later ({len(self.pending)} records): {error}")
                 return
 
     # -- the door --------------------------------------------------------------------------------
@@ -352,7 +353,7 @@ class Gateway:
             body = await self._body(request)
             model = _model_of(body)
             if self.settings.log_bodies:
-                log(f"request body ({key['fingerprint']}): {body[:4096].decode('utf-8', 'replace')!r}")
+                log.info(f"board gateway: request body ({key['fingerprint']}): {body[:4096].decode('utf-8', 'replace')!r}")
             if model is None:
                 raise Refused(400, "say which model: the request's \"model\" field (GET /v1/models lists them)",
                               "invalid_request_error", "model_required")
@@ -414,7 +415,8 @@ class Gateway:
         except (aiohttp.ClientError, OSError) as error:
             if isinstance(error, aiohttp.ClientConnectorError):  # nothing listens: out of the routing at once
                 self.router.down.add(server.id)
-                log(f"server {server.id} ({server.alias}) refused the connection: not routed until it answers")
+                log.warning(f"board gateway: server {server.id} ({server.alias}) refused the connection: not routed"
+                            " until it answers")
             raise Refused(502, f"server {server.id} ({server.alias}) did not answer: {type(error).__name__}",
                           "server_error", "upstream_unavailable", retry_after=1) from None
         async with upstream:
@@ -435,7 +437,8 @@ class Gateway:
                         meter.ttft = time.monotonic() - started
                     meter.feed(chunk)
                     if meter.overlong:
-                        log(f"server {server.id} ({server.alias}) streamed a line over {LINE_LIMIT >> 20} MB: cut")
+                        log.warning(f"board gateway: server {server.id} ({server.alias}) streamed a line over"
+                                    f" {LINE_LIMIT >> 20} MB: cut")
                         await response.write(b"\n\ndata: " + json.dumps({"error": {
                             "message": f"server {server.id} ({server.alias}) sent a line over {LINE_LIMIT >> 20} MB;"
                                        " the gateway cut the stream", "type": "server_error",
@@ -443,7 +446,7 @@ class Gateway:
                         return response, 502
                     await response.write(chunk)
             except aiohttp.ClientError:
-                log(f"server {server.id} ({server.alias}) broke off its answer")
+                log.warning(f"board gateway: server {server.id} ({server.alias}) broke off its answer")
                 return response, 502
             meter.finish()
             meter.done = True
@@ -471,9 +474,9 @@ class Gateway:
                     "prompt_tokens": prompt, "completion_tokens": completion,
                     "ttft_ms": round(ttft * 1000) if ttft is not None else None, "duration_ms": round(duration * 1000),
                     "request": f"{self._boot}-{next(self._requests)}"})
-        log(f"{request.method} {request.path} {status} model={known or '-'} user={user or '-'}"
-            f" key={key['fingerprint'] if key else '-'} server={server.id if server else '-'}"
-            f" tokens={prompt}+{completion} {duration * 1000:.0f}ms")
+        log.info(f"board gateway: {request.method} {request.path} {status} model={known or '-'} user={user or '-'}"
+                 f" key={key['fingerprint'] if key else '-'} server={server.id if server else '-'}"
+                 f" tokens={prompt}+{completion} {duration * 1000:.0f}ms")
 
 
 def _data(line: bytes) -> bytes | None:
@@ -532,17 +535,18 @@ async def open_site(gateway: Gateway, listen: str) -> tuple[web.AppRunner, Watch
 
 async def serve(gateway: Gateway, listen: str, ready: asyncio.Event | None = None) -> None:
     runner, _ = await open_site(gateway, listen)
-    log(f"listening on {listen}, for the service at {gateway.client.path}; at most {gateway.max_connections}"
-        f" connections, {gateway.settings.max_connections_per_address} per address")
+    log.info(f"board gateway: listening on {listen}, for the service at {gateway.client.path}; at most"
+             f" {gateway.max_connections} connections, {gateway.settings.max_connections_per_address} per address")
     if gateway.max_connections < gateway.settings.max_connections:
-        log(f"[gateway] max_connections is {gateway.settings.max_connections}, but the open-file limit holds"
-            f" {gateway.max_connections} beside their upstreams; raise LimitNOFILE= in the unit")
+        log.warning(f"board gateway: [gateway] max_connections is {gateway.settings.max_connections}, but the"
+                    f" open-file limit holds {gateway.max_connections} beside their upstreams; raise LimitNOFILE= in"
+                    " the unit")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log("stopping")
+    log.info("board gateway: stopping")
     await runner.cleanup()
 
 
@@ -561,10 +565,11 @@ def run_gateway(config: Config, listen: str | None = None) -> int:
         except ValueError as error:
             raise BadInput(str(error)) from None
     if config.gateway.log_bodies:
-        log("[gateway] log_bodies is true: prompts and completions are logged")
+        log.warning("board gateway: [gateway] log_bodies is true: prompts and completions are logged")
     if "max_concurrent_per_key" in config.gateway._renamed:
-        log(f"[gateway] max_concurrent_per_key is now max_concurrent_per_user ({config.gateway.max_concurrent_per_user}),"
-            " counted across all of a member's keys; rename it in the config")
+        log.warning("board gateway: [gateway] max_concurrent_per_key is now max_concurrent_per_user"
+                    f" ({config.gateway.max_concurrent_per_user}), counted across all of a member's keys; rename it"
+                    " in the config")
     os.umask(0o077)
     raise_file_limit()  # the caps are sized from it (Gateway.max_connections)
     asyncio.run(serve(Gateway(config, SocketClient(config.service.socket)), listen or config.gateway.listen))

@@ -4,13 +4,16 @@ FixedState: server 7, alias `m`, at UPSTREAM; the key bk-client-key of bob).
 
     python -m tests.fakes.gateway_alone UPSTREAM_URL LISTEN
 
-It raises its open-file limit as run_gateway does, and serves until SIGTERM."""
+It logs as `board gateway` does (app.cli.logs), raises its open-file limit as run_gateway does, and serves until
+SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
+from app.cli.logs import start_logging
 from app.config import Config, GatewaySettings
 from app.gateway.server import Gateway, serve
 from app.service.door.server import raise_file_limit
@@ -18,6 +21,7 @@ from tests.unit.test_gateway_relay import FixedState
 
 
 def main(upstream: str, listen: str) -> None:
+    start_logging(os.environ)
     raise_file_limit()
     asyncio.run(serve(Gateway(Config(gateway=GatewaySettings()), FixedState(upstream, parallel=16)), listen))
 

@@ -388,7 +388,7 @@ def test_the_enforcer_pass_evaluates_and_pushes(tmp_path, receiver):
 
     clock = Clock()
     service = make_service(tmp_path, clock, receiver, scenario={"cards": {"count": 2}, "faults": {"lost": [1]}})
-    server = ServiceServer(service, str(tmp_path / "sock"), log=lambda line: None)
+    server = ServiceServer(service, str(tmp_path / "sock"))
     assert server.enforce_once()["alerts"] != []
     assert [(a["rule"], a["state"]) for a in listing(service.conn, BOB)] == [("lost", "firing")]
     assert pushed(service, receiver) == [("alert.firing", "GPU 1 is LOST: the driver no longer sees it")]
@@ -399,6 +399,6 @@ def test_alerts_off_means_no_pass(tmp_path):
     from app.service.door.server import ServiceServer
 
     service = make_service(tmp_path, Clock(), scenario={"cards": {"count": 2}, "faults": {"lost": [1]}}, enabled=False)
-    server = ServiceServer(service, str(tmp_path / "sock"), log=lambda line: None)
+    server = ServiceServer(service, str(tmp_path / "sock"))
     assert server.enforce_once()["alerts"] == [] and listing(service.conn, BOB, all=True) == []
     server.database.shutdown()

@@ -315,8 +315,8 @@ class TestNeverBlocks:
         from app.service.door.server import ServiceServer
 
         service = make_service(tmp_path, [NotifyTarget("ops", "slack", receiver.url("slow"))], Clock(), timeout_s=WAIT_S)
-        server = ServiceServer(service, str(tmp_path / "unused.sock"), log=lambda line: None)
-        thread = service.start_notifier(lambda fn: server.database.submit(fn).result(), server.log, server.stopping)
+        server = ServiceServer(service, str(tmp_path / "unused.sock"))
+        thread = service.start_notifier(lambda fn: server.database.submit(fn).result(), lambda line: None, server.stopping)
         try:
             server.database.submit(lambda: push(service, "alert.firing", "first")).result(WAIT_S)
             assert receiver.arrived.wait(WAIT_S)

@@ -485,7 +485,8 @@ class TestPlannedServers:
     def test_only_the_runners_user_registers_as_the_runner(self, shared):
         refused = shared.run("alice", "runner")
         assert refused.returncode == 4 and "board-llama" in refused.stderr, refused.stderr
-        assert len(refused.stderr.strip().splitlines()) == 1
+        started, said = refused.stderr.strip().splitlines()  # its log's first line (stderr), then one line why
+        assert " INFO board runner: uid " in started and said.startswith("board: the service refused the runner: ")
 
     def test_a_plan_needs_the_holder_and_a_model_the_runner_can_read(self, shared):
         booking = shared.json("alice", "book", "--cards", "6", "--for", "1h")["id"]

@@ -5,6 +5,7 @@ agents). The lead runs the same tests on PostgreSQL once the store speaks it."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 
@@ -367,11 +368,12 @@ class Beats(threading.Event):
         return self.is_set()
 
 
-def heartbeat(service, steps: list) -> tuple[list[str], Beats]:
+def heartbeat(service, steps: list, caplog) -> tuple[list[tuple[str, str]], Beats]:
     """Run the heartbeat's loop over `steps`, one per beat: each gets the beat's work and does it (or raises as the
     database did). Every beat runs on the heartbeat's own thread (the service opens a connection there, as on the
-    agent's database thread); after the last step the agent stops, and its database thread with it."""
-    log: list[str] = []
+    agent's database thread); after the last step the agent stops, and its database thread with it. Returns what
+    it logged, (level, message) each, and the pauses."""
+    caplog.set_level(logging.INFO, logger="app.service.fleet.hosts")
     stopping = Beats()
     script = list(steps)
 
@@ -381,14 +383,14 @@ def heartbeat(service, steps: list) -> tuple[list[str], Beats]:
             raise RuntimeError("cannot schedule new futures after shutdown")  # the database thread has stopped
         return script.pop(0)(work)
 
-    thread = start_heartbeat(service, run_db, stopping, log.append)
+    thread = start_heartbeat(service, run_db, stopping)
     assert (thread.name, thread.daemon) == ("board-heartbeat", True)
     thread.join(timeout=60)
     assert not thread.is_alive()
-    return log, stopping
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "app.service.fleet.hosts"], stopping
 
 
-def test_the_heartbeat_beats_each_second_and_wakes_the_boards_when_another_host_changed_bookings(hosts, clock):
+def test_the_heartbeat_beats_each_second_and_wakes_the_boards_when_another_host_changed_bookings(hosts, clock, caplog):
     """On SQLite the audit chain's tail tells this host's boards of another host's booking. Fails on: no wake, a
     wake at the first beat or at a beat where nothing changed, a pause other than BEAT_S, the tail not read on
     SQLite, the database thread's end after stopping logged, or a heartbeat that never runs or never ends."""
@@ -411,15 +413,16 @@ def test_the_heartbeat_beats_each_second_and_wakes_the_boards_when_another_host_
             return work()
         return step
 
-    log, stopping = heartbeat(gpu1.service, [beat_at(clock() + 1), gpu2_books, beat_at(clock() + 2)])
+    log, stopping = heartbeat(gpu1.service, [beat_at(clock() + 1), gpu2_books, beat_at(clock() + 2)], caplog)
     assert seen == [0, 0, 1] and versions.get("bookings", 0) - before == 1  # once, after gpu2's booking
     assert log == [] and stopping.pauses == [BEAT_S] * 4
     assert host_rows.one(gpu2.service.conn, "gpu1").seen_at == clock()  # the beat was written
 
 
-def test_the_heartbeat_says_a_failure_each_time_and_an_unreachable_database_once_and_its_return_once(hosts):
-    """Fails on: a failed beat not said (or without its error), the outage said at every beat or without its
-    message, its end not said or said at every beat, the loop stopping at a failure."""
+def test_the_heartbeat_says_a_failure_each_time_and_an_unreachable_database_once_and_its_return_once(hosts, caplog):
+    """A failed beat is an error of the log, the outage a warning, its end an info (journalctl -p warning shows the
+    first two). Fails on: a failed beat not said (or without its error), the outage said at every beat or without its
+    message, its end not said or said at every beat, the loop stopping at a failure; a line at another level."""
     from app.store.pg import StoreUnreachable
 
     gpu1 = hosts("gpu1")
@@ -432,11 +435,11 @@ def test_the_heartbeat_says_a_failure_each_time_and_an_unreachable_database_once
     gone = StoreUnreachable("gpu1: the board database at db.example:5432 did not answer; nothing was changed")
     log, stopping = heartbeat(gpu1.service, [
         fails(RuntimeError("disk I/O error")), fails(gone), fails(gone), fails(RuntimeError("disk I/O error")),
-        lambda work: work(), lambda work: work(), fails(gone), lambda work: work()])
-    failed = "board agent: heartbeat failed: RuntimeError: disk I/O error"
-    outage = ("board agent: gpu1: the board database at db.example:5432 did not answer; this host's reads answer"
-              " from the bookings last read, its jobs are enforced from them")
-    back = "board agent: the board database answers again"
+        lambda work: work(), lambda work: work(), fails(gone), lambda work: work()], caplog)
+    failed = ("ERROR", "board agent: heartbeat failed: RuntimeError: disk I/O error")
+    outage = ("WARNING", "board agent: gpu1: the board database at db.example:5432 did not answer; this host's reads"
+              " answer from the bookings last read, its jobs are enforced from them")
+    back = ("INFO", "board agent: the board database answers again")
     assert log == [failed, outage, failed, back, outage, back]
     assert stopping.pauses == [BEAT_S] * 9
 
@@ -482,7 +485,7 @@ def test_on_postgresql_a_held_write_lock_stops_no_beat(pg_hosts, clock):
 
 
 @postgresql_only
-def test_on_postgresql_the_heartbeat_leaves_waking_the_boards_to_the_change_feed(pg_hosts, clock):
+def test_on_postgresql_the_heartbeat_leaves_waking_the_boards_to_the_change_feed(pg_hosts, clock, caplog):
     """On PostgreSQL the change feed's NOTIFY wakes this host's boards at another host's booking: the heartbeat does
     not wake them a second time. Fails on: the audit chain's tail read (and followed) on PostgreSQL too."""
     make, _ = pg_hosts
@@ -495,7 +498,7 @@ def test_on_postgresql_the_heartbeat_leaves_waking_the_boards_to_the_change_feed
         gpu2.call("book", cards=[1], start=start, end=start + HOUR)
         return work()
 
-    log, _ = heartbeat(gpu1.service, [lambda work: work(), gpu2_books, lambda work: work()])
+    log, _ = heartbeat(gpu1.service, [lambda work: work(), gpu2_books, lambda work: work()], caplog)
     assert log == [] and gpu1.service.hub.versions.get("bookings", 0) == before
 
 

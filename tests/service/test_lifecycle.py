@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import socket
 import sys
 import threading
@@ -227,3 +228,37 @@ def test_the_agent_names_the_store_it_serves_on(store, make_agent):
         assert ".db" not in line, line
     else:
         assert f" on {agent.db} as uid " in line, line
+
+
+# -- its log ----------------------------------------------------------------------------------------
+
+
+def test_the_agents_log_has_journald_priorities_under_systemd_and_the_time_and_level_elsewhere(make_agent):
+    """The real agent, its database's directory left group-readable (0750: a warning as it makes it 0700). With its
+    stderr the stream JOURNAL_STREAM names, as systemd runs the unit: every line starts with its syslog priority and
+    has no time; the warning is <4>, its start and stop lines <6>. Run again with stderr a plain file and
+    BOARD_LOG_LEVEL=warning: the warning alone, after the time and its level's name.
+    Wrong versions: print to stderr kept (no priority, no level); every line one priority; the time written for
+    journald too; BOARD_LOG_LEVEL ignored (the start and stop lines written at warning)."""
+    agent = make_agent(start=False)
+    agent.program = [sys.executable, "-m", "app"]  # this checkout's app (cwd), not the console script's install
+    agent.log.touch()
+    stream = os.stat(agent.log)
+    agent.env = {"JOURNAL_STREAM": f"{stream.st_dev}:{stream.st_ino}"}
+    loosened = f"board agent: {agent.db.parent}: mode 750 -> 700"
+    os.chmod(agent.db.parent, 0o750)
+    agent.start()
+    assert agent.stop() == 0
+    under_systemd = agent.log.read_text()
+    lines = under_systemd.splitlines()
+    assert lines[0] == f"<4>{loosened}" and lines[-1] == "<6>board agent: stopped", under_systemd
+    assert [line for line in lines if line.startswith("<6>board agent: serving ")], under_systemd
+    assert all(re.match(r"<[2-7]>", line) for line in lines) and not re.search(r"\d\d:\d\d:\d\d", under_systemd)
+
+    agent.env = {"BOARD_LOG_LEVEL": "warning"}
+    os.chmod(agent.db.parent, 0o750)
+    agent.start()
+    assert agent.stop() == 0
+    elsewhere = agent.log.read_text()[len(under_systemd):]
+    assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d WARNING {re.escape(loosened)}\n", elsewhere), elsewhere
+

@@ -278,6 +278,30 @@ def test_the_connection_cap_per_uid_refuses_the_next_with_one_line(make_agent):
         still_serves(raw)
 
 
+def test_a_refusal_at_the_door_is_a_debug_line_written_only_at_board_log_level_debug(make_agent):
+    """The real agent, one connection a user: a second one is refused at the door, and at BOARD_LOG_LEVEL=debug the
+    log says whom and why, at DEBUG; at the default level (info) the same refusal writes nothing (a flood of refusals
+    must not flood the log).
+    Wrong versions: the level ignored (the line at info, or never); the refusal logged at info."""
+    agent = make_agent(service={"max_connections_per_uid": 1}, start=False)
+    agent.program = [sys.executable, "-m", "app"]  # this checkout's app (cwd), not the console script's install
+    said = {}
+    for level in ("debug", None):
+        agent.env = {"BOARD_LOG_LEVEL": level} if level else {}
+        before = agent.log.read_text() if agent.log.exists() else ""
+        agent.start()
+        held = _admitted(agent)
+        refused = Raw(agent.socket)
+        assert "too many connections from root (at most 1)" in error_of(refused.reply(), 1)
+        held.close()
+        assert agent.stop() == 0
+        # a set: _admitted's own tries may be refused too, while the start's probe is still counted
+        said[level] = {line.split(" ", 2)[2] for line in agent.log.read_text()[len(before):].splitlines()
+                       if " at the door: " in line}
+    assert said == {"debug": {f"DEBUG board agent: refused root (uid 0, pid {os.getpid()}) at the door: too many"
+                              " connections from root (at most 1); close some boards"}, None: set()}
+
+
 def trickle(raw: Raw, most: int, every_s: float = 0.5) -> int:
     """A byte (never a whole line) every `every_s` until the service answers or closes: the bytes sent by then,
     or `most` + 1 when it never did."""

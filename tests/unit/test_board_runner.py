@@ -6,16 +6,20 @@ the real loop. As board-llama against the real service: tests/llama/test_servers
 from __future__ import annotations
 
 import json
-import re
+import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from app.cli import runner
 from app.errors import NotPermitted
+from tests.agent_process import ENVIRON, REPO
 
 
 class Service:
@@ -42,7 +46,7 @@ class Service:
 
 
 def test_the_runner_says_once_that_the_service_is_away_registers_again_and_stops_at_a_refusal(tmp_path, monkeypatch,
-                                                                                              capsys):
+                                                                                              daemon_log):
     """Away for three tries, then registered; lost (a restart), away for two tries, then refused: one 'can't reach'
     line for each time away, one 'lost' line, and the refusal raised with the service's reason, never tried again.
     Wrong versions: a refusal tried again like an absent service (a runner refused for good retries each second,
@@ -78,7 +82,36 @@ def test_the_runner_says_once_that_the_service_is_away_registers_again_and_stops
     assert str(refused.value) == "the service refused the runner: a runner is registered already"
     assert tries == [1, 2, 3, 4, 5, 6, 7]
     assert [s.asked for s in services] == [[{"v": 1, "id": 1, "op": "register", "args": {"kind": "runner"}}]] * 2
-    said = [re.sub(r"^\S+ \S+ ", "", line) for line in capsys.readouterr().out.splitlines()]
+    said = daemon_log().splitlines()
     away = f"board runner: can't reach the service at {path} (No such file or directory); trying again every second"
     assert said[1:] == [away, "board runner: registered with the service",
                         "board runner: lost the service; registering again (the servers keep running)", away]
+
+
+def test_the_real_runner_logs_with_journald_priorities_on_the_journals_stream(tmp_path):
+    """`board runner` as its unit runs it, its stderr the stream JOURNAL_STREAM names, the service away: its first
+    line <6> (info), then the 'can't reach' warning <4>, neither with a time; SIGTERM ends it (0).
+    Wrong versions: the runner's lines still printed (no priority); every line one priority; the time written."""
+    config, log = tmp_path / "board.toml", tmp_path / "runner.log"
+    path = tmp_path / "agent.sock"
+    config.write_text(f'[service]\nsocket = "{path}"\n')
+    log.touch()
+    stream = os.stat(log)
+    environ = {**ENVIRON, "BOARD_CONFIG": str(config), "XDG_STATE_HOME": str(tmp_path / "state"),
+               "JOURNAL_STREAM": f"{stream.st_dev}:{stream.st_ino}"}
+    with log.open("ab") as out:
+        process = subprocess.Popen([sys.executable, "-m", "app", "runner"], stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT, env=environ, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30  # bounded: it says so before its first second's wait
+        while "can't reach" not in log.read_text() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        rc = process.wait(10)
+    lines = log.read_text().splitlines()
+    assert rc == 0 and lines == [
+        f"<6>board runner: uid {os.getuid()}, service {path}",
+        f"<4>board runner: can't reach the service at {path} (No such file or directory); trying again every second"
+    ], lines
+

@@ -147,7 +147,7 @@ def test_the_old_per_key_limit_still_loads_as_the_per_member_one(tmp_path):
     assert (settings.max_concurrent_per_user, settings._renamed) == (5, ("max_concurrent_per_key",))
 
 
-def test_the_gateway_says_at_start_that_the_old_name_is_read_as_the_new_one(tmp_path, monkeypatch, capsys):
+def test_the_gateway_says_at_start_that_the_old_name_is_read_as_the_new_one(tmp_path, monkeypatch, daemon_log):
     from app.gateway import server
 
     path = tmp_path / "board.toml"
@@ -155,7 +155,7 @@ def test_the_gateway_says_at_start_that_the_old_name_is_read_as_the_new_one(tmp_
     monkeypatch.setattr(server.asyncio, "run", lambda serving: serving.close())  # started, not served
     monkeypatch.setattr(server.os, "umask", lambda mask: mask)
     assert server.run_gateway(load_config(environ={"BOARD_CONFIG": str(path)})) == 0
-    assert capsys.readouterr().err == (
+    assert daemon_log() == (
         "board gateway: [gateway] max_concurrent_per_key is now max_concurrent_per_user (5), counted across all of a"
         " member's keys; rename it in the config\n")
 

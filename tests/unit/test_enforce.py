@@ -74,11 +74,10 @@ def register(service: Service, booking, process: subprocess.Popen):
     return entry
 
 
-def server_of(service: Service, log: list | None = None) -> SimpleNamespace:
-    """What enforce_once needs of a ServiceServer: the service, its registry, a log, the alerts' engine and how far
+def server_of(service: Service) -> SimpleNamespace:
+    """What enforce_once needs of a ServiceServer: the service, its registry, the alerts' engine and how far
     started bookings have been announced."""
-    return SimpleNamespace(service=service, registry=service.processes, log=(log if log is not None else []).append,
-                           alerts=Engine(), started_told_until=None)
+    return SimpleNamespace(service=service, registry=service.processes, alerts=Engine(), started_told_until=None)
 
 
 def stops(service: Service, action: str = "job-stop") -> list[tuple]:
@@ -289,17 +288,16 @@ def test_every_registration_is_looked_at_in_one_pass(service, clock, stubborn):
             second.kill()
 
 
-def test_a_job_past_its_booking_gets_sigterm_then_sigkill_after_the_grace(service, clock, stubborn):
+def test_a_job_past_its_booking_gets_sigterm_then_sigkill_after_the_grace(service, clock, stubborn, daemon_log):
     booking = book(service)
     entry = register(service, booking, stubborn)
-    log: list[str] = []
-    server = server_of(service, log)
+    server = server_of(service)
     clock.now = booking.end
     assert enforce_once(server)["terminated"] == [entry.id]
     assert entry.term_sent_at == booking.end
     term = {"pid": stubborn.pid, "signal": "SIGTERM", "pids": [stubborn.pid], "grace_s": GRACE_S}
     assert stops(service) == [("board-agent", os.getuid(), booking.id, True, term)]
-    assert log == [f"job {stubborn.pid} (uid {os.getuid()}): booking {booking.id} ended; SIGTERM"]
+    assert daemon_log() == f"job {stubborn.pid} (uid {os.getuid()}): booking {booking.id} ended; SIGTERM\n"
     assert stubborn.poll() is None  # it ignores SIGTERM
 
     clock.now = booking.end + GRACE_S - 1
@@ -312,7 +310,7 @@ def test_a_job_past_its_booking_gets_sigterm_then_sigkill_after_the_grace(servic
     kill = {"pid": stubborn.pid, "signal": "SIGKILL", "pids": [stubborn.pid]}
     assert stops(service) == [("board-agent", os.getuid(), booking.id, True, kill),
                               ("board-agent", os.getuid(), booking.id, True, term)]
-    assert log[1:] == [f"job {stubborn.pid} (uid {os.getuid()}): still running after {GRACE_S} s; SIGKILL"]
+    assert daemon_log() == f"job {stubborn.pid} (uid {os.getuid()}): still running after {GRACE_S} s; SIGKILL\n"
 
     clock.now += 1
     done = enforce_once(server)

@@ -343,7 +343,7 @@ class TestCaps:
 
 
 class TestEndlessLine:
-    async def test_a_streamed_line_with_no_end_is_cut_with_an_error_in_openais_shape(self, gateway, upstream, capsys):
+    async def test_a_streamed_line_with_no_end_is_cut_with_an_error_in_openais_shape(self, gateway, upstream, daemon_log):
         """Wrong versions: the error's message, type or code changed; not an event of its own; not logged."""
         made, port = gateway
         body = json.dumps({"model": "m", "prompt": "hi", "stream": True}).encode()
@@ -358,7 +358,7 @@ class TestEndlessLine:
         assert answer.count(b"\n\ndata: {\"error\"") == 1  # after a blank line: an event of its own
         assert len(answer) < LINE_LIMIT + 4096  # relayed up to the limit, then cut
         assert upstream.streamed < 32 * LINE_LIMIT  # the upstream was stopped, not read to its end
-        logged = capsys.readouterr().err
+        logged = daemon_log()
         assert "board gateway: server 7 (m) streamed a line over 1 MB: cut\n" in logged
         assert "board gateway: POST /v1/completions 502 model=m " in logged  # accounted as the upstream's failure
 
@@ -395,7 +395,7 @@ class TestDeadUpstream:
             await runner.cleanup()
 
     async def test_a_server_that_stopped_listening_leaves_the_routing_before_a_request_meets_it_and_comes_back(
-            self, upstream, capsys):
+            self, upstream, daemon_log):
         """Server 7's llama-server is gone while nobody asks for the model: the gateway's own /health round (each
         RECHECK_S) takes it out (the nearest wrong version: only a request that meets it does, and that request gets
         502), so the first request afterwards goes to server 8, which answers and stays routed. Once 7's port
@@ -436,7 +436,7 @@ class TestDeadUpstream:
                 assert made.router.down == set()
             finally:
                 await back.cleanup()
-            logged = capsys.readouterr().err
+            logged = daemon_log()
             assert ("board gateway: server 7 (m) refuses connections: out of the routing until it answers\n"
                     "board gateway: POST /v1/chat/completions 200 ") in logged
             assert "\nboard gateway: server 7 (m) answers again\n" in logged
@@ -978,7 +978,7 @@ class BrokenUpstream:
         writer.close()
 
 
-async def test_an_upstream_that_breaks_off_its_answer_is_accounted_502_and_logged(capsys):
+async def test_an_upstream_that_breaks_off_its_answer_is_accounted_502_and_logged(daemon_log):
     """Wrong versions: another status accounted (503); the log line changed or left out."""
     broken = await asyncio.start_server(BrokenUpstream().answer, "127.0.0.1", 0)
 
@@ -992,7 +992,7 @@ async def test_an_upstream_that_breaks_off_its_answer_is_accounted_502_and_logge
         answer = await closed(reader)
         assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b'{"choices"')  # what came, then cut
         assert [r["status"] for r in made.pending + made.client.usage] == [502]
-        assert "board gateway: server 7 (m) broke off its answer\n" in capsys.readouterr().err
+        assert "board gateway: server 7 (m) broke off its answer\n" in daemon_log()
     finally:
         await runner.cleanup()
         broken.close()
@@ -1054,7 +1054,7 @@ async def test_a_connection_whose_peer_is_not_a_host_port_pair_is_counted_under_
         second.close()
 
 
-async def test_times_are_accounted_in_milliseconds_at_least_as_long_as_the_upstream_took(upstream, capsys):
+async def test_times_are_accounted_in_milliseconds_at_least_as_long_as_the_upstream_took(upstream, daemon_log):
     """The upstream holds its answer 0.3 s or more: the record's time to first byte and duration, and the log line's
     time, are at least 300 ms (a lower bound: no clock can make them shorter). Wrong versions: seconds divided
     instead of multiplied (0 ms)."""
@@ -1068,7 +1068,7 @@ async def test_times_are_accounted_in_milliseconds_at_least_as_long_as_the_upstr
         assert (await closed(reader)).startswith(b"HTTP/1.1 200")
         [record] = made.pending + made.client.usage
         assert record["ttft_ms"] >= 300 and record["duration_ms"] >= record["ttft_ms"]
-        [logged] = re.findall(r"POST /v1/chat/completions 200 .* (\d+)ms\n", capsys.readouterr().err)
+        [logged] = re.findall(r"POST /v1/chat/completions 200 .* (\d+)ms\n", daemon_log())
         assert int(logged) >= 300
     finally:
         await runner.cleanup()

@@ -102,7 +102,7 @@ async def gateway(upstream):
         yield client, made, state
 
 
-async def test_the_servers_key_goes_upstream_and_the_clients_does_not(gateway, upstream, capsys):
+async def test_the_servers_key_goes_upstream_and_the_clients_does_not(gateway, upstream, daemon_log):
     client, made, state = gateway
     _, seen, _ = upstream
     answer = await client.post("/v1/chat/completions", json={"model": "m", "messages": [
@@ -113,7 +113,7 @@ async def test_the_servers_key_goes_upstream_and_the_clients_does_not(gateway, u
     [record] = state.usage
     assert (record["user"], record["fingerprint"], record["model"], record["server_id"], record["status"],
             record["prompt_tokens"], record["completion_tokens"]) == ("bob", "fp", "m", 7, 200, 11, 4)
-    logged = capsys.readouterr().err
+    logged = daemon_log()
     assert "user=bob" in logged and "secret prompt" not in logged and KEY not in logged
 
 
@@ -243,7 +243,7 @@ def sent(state) -> list[tuple[str, int]]:
     return [(r["model"], r["status"]) for r in state.usage]
 
 
-async def test_accounting_while_the_service_is_away_is_kept_in_order_and_sent_once_when_it_is_back(away, capsys):
+async def test_accounting_while_the_service_is_away_is_kept_in_order_and_sent_once_when_it_is_back(away, daemon_log):
     """The service away at a flush: its batch is kept ahead of what was accounted while it was out, nothing is sent
     again at once (the next flush, a second later, tries again), and once the service is back each record arrives
     once, in the order of the requests.
@@ -261,7 +261,7 @@ async def test_accounting_while_the_service_is_away_is_kept_in_order_and_sent_on
     assert state.calls == 1 and state.usage == []
     assert [(r["model"], r["status"]) for r in made.pending] == [("m", 200), ("other", 404), ("m", 200), ("other", 404)]
     assert ("board gateway: accounting kept for later (4 records): the board service is not running (systemctl"
-            " status board-agent)\n") in capsys.readouterr().err
+            " status board-agent)\n") in daemon_log()
     await made._flush()  # the service is back
     await made._flush()
     assert state.calls == 2 and made.pending == []
@@ -295,7 +295,7 @@ async def test_accounting_kept_while_the_service_is_away_stops_at_max_pending(aw
     assert made.pending == [] and [r["status"] for r in state.usage] == [200, 404, 404]
 
 
-async def test_a_batch_the_service_refuses_is_not_kept_and_the_accounting_behind_it_goes_on(away, upstream, capsys):
+async def test_a_batch_the_service_refuses_is_not_kept_and_the_accounting_behind_it_goes_on(away, upstream, daemon_log):
     """A batch the service refuses (BadInput: a record it will not take, such as the negative token count an upstream
     sent) would be refused again at every flush: it is dropped, said in the log, and the next records are sent. Only a
     service that is away keeps its batch.
@@ -306,7 +306,7 @@ async def test_a_batch_the_service_refuses_is_not_kept_and_the_accounting_behind
     state.refuse = 1
     await made._flush()
     assert state.calls == 1 and made.pending == []
-    assert "accounting refused by the service, 1 records dropped: gateway_usage: prompt_tokens" in capsys.readouterr().err
+    assert "accounting refused by the service, 1 records dropped: gateway_usage: prompt_tokens" in daemon_log()
     await asked(client, "x")
     await made._flush()
     assert state.calls == 2 and sent(state) == [("other", 404)]
@@ -382,7 +382,7 @@ def test_a_state_read_as_the_gateway_stops_is_dropped_and_the_following_ends_qui
     assert not made.router.known
 
 
-async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again_when_it_is_back(upstream, capsys):
+async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again_when_it_is_back(upstream, daemon_log):
     """The service goes away and a change comes in while its state cannot be read: the gateway routes on the last state
     it read (bob's key still works) and goes on following; back (`reconnected`), its state is read again and the key
     revoked meanwhile is refused. The log says the service was lost.
@@ -395,11 +395,11 @@ async def test_the_last_state_stands_while_the_service_is_away_and_is_read_again
         assert await asked(client, "m") == 200
         await state.send({"event": "down", "message": "the board service is not running"})
         assert ("board gateway: lost the service (the board service is not running); routing on the last state until"
-                " it is back\n") in capsys.readouterr().err
+                " it is back\n") in daemon_log()
         state.away = True
         await state.send({"event": "gateway"})
         assert await asked(client, "m") == 200
-        assert "cannot read the service's state: the board service is not running" in capsys.readouterr().err
+        assert "cannot read the service's state: the board service is not running" in daemon_log()
         state.state = {**state.state, "keys": []}  # bob's key revoked while the service was away
         state.away = False
         await state.send({"event": "reconnected"})
@@ -561,7 +561,7 @@ async def test_health_says_starting_503_until_the_state_is_read_then_ok_200_with
         assert answer.status == 401 and "Retry-After" not in answer.headers
 
 
-async def test_an_upstream_that_refuses_is_502_with_retry_after_1(capsys):
+async def test_an_upstream_that_refuses_is_502_with_retry_after_1(daemon_log):
     """A server whose llama-server is gone: 502 upstream_unavailable, saying which server and how, with Retry-After: 1
     (the request goes to another server, or to this one once it is back), and the log says it leaves the routing.
     Wrong versions: the header left out; the message, type or code changed; the log line changed."""
@@ -577,7 +577,7 @@ async def test_an_upstream_that_refuses_is_502_with_retry_after_1(capsys):
         assert await answer.json() == {"error": {"message": "server 7 (m) did not answer: ClientConnectorError",
                                                  "type": "server_error", "code": "upstream_unavailable"}}
     assert ("board gateway: server 7 (m) refused the connection: not routed until it answers\n"
-            in capsys.readouterr().err)
+            in daemon_log())
 
 
 async def test_v1_models_is_openais_list_with_the_boards_servers_cards_latest_booking_end_and_slots(upstream):
@@ -601,7 +601,7 @@ async def test_v1_models_is_openais_list_with_the_boards_servers_cards_latest_bo
              "board": {"servers": [10], "cards": [5], "booking_end": None, "slots": 4}}]}
 
 
-async def test_metrics_count_requests_tokens_and_times_by_user_model_and_status(upstream, capsys):
+async def test_metrics_count_requests_tokens_and_times_by_user_model_and_status(upstream, daemon_log):
     """The gateway's own /metrics, as Prometheus parses it: requests by user, model and status (a planned alias by
     its name, an unknown one as "other", a request without a key with neither), tokens by user and model, the
     latency and time to first byte by model in the documented buckets (a request refused before any upstream answer
@@ -627,7 +627,7 @@ async def test_metrics_count_requests_tokens_and_times_by_user_model_and_status(
         answer = await client.get("/metrics")
         assert answer.headers["Content-Type"] == "text/plain; charset=utf-8"
         families = {f.name: f for f in text_string_to_metric_families(await answer.text())}
-    logged = sorted(re.sub(r" \d+ms$", " Nms", line) for line in capsys.readouterr().err.splitlines()
+    logged = sorted(re.sub(r" \d+ms$", " Nms", line) for line in daemon_log().splitlines()
               if line.startswith("board gateway: POST"))
     assert logged == sorted(f"board gateway: POST /v1/chat/completions {fields} Nms" for fields in (
         "200 model=m user=bob key=fp server=7 tokens=11+4", "200 model=m user=bob key=fp server=7 tokens=2+9",
@@ -700,7 +700,7 @@ async def test_each_answer_is_one_accounting_record_with_its_times_and_an_id_uni
             assert isinstance(record["ttft_ms"], int) and 0 <= record["ttft_ms"] <= record["duration_ms"]
 
 
-async def test_log_bodies_logs_each_request_body_up_to_4096_bytes_by_key_fingerprint(upstream, capsys):
+async def test_log_bodies_logs_each_request_body_up_to_4096_bytes_by_key_fingerprint(upstream, daemon_log):
     """[gateway] log_bodies: the body goes to the log under the key's fingerprint, cut at 4,096 bytes; off (the
     default), no body is logged; a character the cut splits is shown as U+FFFD. Wrong versions: the cut moved; the
     fingerprint left out; logged when off; the split character failing the request (strict decoding)."""
@@ -711,7 +711,7 @@ async def test_log_bodies_logs_each_request_body_up_to_4096_bytes_by_key_fingerp
         async with opened(FixedState(str(server.make_url("")).rstrip("/")), log_bodies=setting) as (client, _):
             answer = await client.post("/v1/chat/completions", data=body, headers={"Authorization": f"Bearer {KEY}"})
             assert answer.status == 200
-        lines = [line for line in capsys.readouterr().err.splitlines() if "request body" in line]
+        lines = [line for line in daemon_log().splitlines() if "request body" in line]
         cut = body[:4095].decode() + "\ufffd"
         assert lines == ([f"board gateway: request body (fp): {cut!r}"] if setting else [])
 

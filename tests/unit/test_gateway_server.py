@@ -95,7 +95,7 @@ class Socket(FixedState):
         Socket.made.append(self)
 
 
-def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(monkeypatch, capsys, tmp_path):
+def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(monkeypatch, daemon_log, tmp_path):
     """On the service's socket ([service] socket): it reads the service's state (/health 200, the service known),
     on the listen given (else the config's), logs where and with which caps, warns that prompts are logged when they
     are and that a renamed setting was read by its old name, and only then (the caps lowered to the open-file limit)
@@ -113,7 +113,7 @@ def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(mon
                     gateway=GatewaySettings(listen="127.0.0.1:8090", log_bodies=True, max_connections=8,
                                     max_connections_per_address=3))
     rc, opened, health, umask = serve_once(monkeypatch, config, "127.0.0.1:8089")
-    err = capsys.readouterr().err
+    err = daemon_log()
     assert rc == 0 and opened == ["127.0.0.1:8089"] and umask == 0o077
     assert health == {"status": "ok", "service": True, "models": ["m"], "servers": 1}
     assert [made.path for made in Socket.made] == [path] and Socket.made[0].closed.is_set()
@@ -125,7 +125,7 @@ def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(mon
     lowered = structs.replace(config, gateway=structs.replace(config.gateway, log_bodies=False, max_connections=1 << 40,
                                               _renamed=("max_concurrent_per_key",), max_concurrent_per_user=5))
     rc, opened, health, umask = serve_once(monkeypatch, lowered, None)
-    err = capsys.readouterr().err
+    err = daemon_log()
     assert rc == 0 and opened == ["127.0.0.1:8090"] and health["status"] == "ok"
     assert "log_bodies" not in err
     assert ("board gateway: [gateway] max_concurrent_per_key is now max_concurrent_per_user (5), counted across all"

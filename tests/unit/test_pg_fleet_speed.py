@@ -38,7 +38,7 @@ def test_on_postgresql_the_heartbeat_leaves_another_hosts_booking_to_the_notify(
         beats.put(result)
         return result
 
-    thread = hosts.start_heartbeat(gpu1.service, run_db, stopping, log=print)
+    thread = hosts.start_heartbeat(gpu1.service, run_db, stopping)
     beats.get(timeout=30)  # a beat before the booking
     start = (int(time.time()) // 3600 + 24) * 3600
     gpu2.call("book", cards=[2], start=start, end=start + 3600)

@@ -208,11 +208,24 @@ def booking_holder(conn, booking_id: int) -> str:
 # -- a planned start that fails: in the service (start_due) or in the runner (app.cli.runner) -------------------
 
 
-class Pass:
+class Logged:
+    """`logged`: the lines the service logged (the daemon_log fixture's reads), a list the test may clear."""
+
+    def __init__(self, read) -> None:
+        self.read, self._logged = read, []
+
+    @property
+    def logged(self) -> list[str]:
+        self._logged += self.read().splitlines()
+        return self._logged
+
+
+class Pass(Logged):
     """The service's side of planned starts, on the test's store: start_due's passes, at a clock the test moves, with a
     real Runner whose connection is one end of a socketpair; `board runner`'s end is `self.runner_end`."""
 
-    def __init__(self, conn, tmp_path) -> None:
+    def __init__(self, conn, tmp_path, read) -> None:
+        super().__init__(read)
         self.binary = tmp_path / "llama-server"
         self.binary.write_text("#!/bin/sh\n")
         self.binary.chmod(0o755)
@@ -229,8 +242,7 @@ class Pass:
                                                                   lines=lambda server: []),
                                        hub=SimpleNamespace(changed=lambda kind: None))
         self.service.clock = lambda: self.service.now
-        self.logged: list[str] = []
-        self.server = SimpleNamespace(service=self.service, log=self.logged.append, database=SimpleNamespace(
+        self.server = SimpleNamespace(service=self.service, database=SimpleNamespace(
             submit=lambda fn: SimpleNamespace(result=fn)))  # the test's thread is the database thread
 
     def at(self, now: int) -> list[int]:
@@ -252,8 +264,8 @@ class Pass:
 
 
 @pytest.fixture
-def passes(conn, tmp_path):
-    made = Pass(conn, tmp_path)
+def passes(conn, tmp_path, daemon_log):
+    made = Pass(conn, tmp_path, daemon_log)
     yield made
     made.from_service.close()
     made.runner_end.close()
@@ -344,12 +356,13 @@ def test_a_start_the_runner_cannot_make_fails_its_server_once_and_is_not_sent_ag
 # -- `board runner` registers with the service (kind "runner"): the real service and its socket server, in process ----
 
 
-class Agent:
+class Agent(Logged):
     """A real Service and ServiceServer on tmp_path's store, its runner_user this process's own account; a client's
     registration goes to ServiceServer._register as _serve_connection hands it over, on a thread of its own, with the
     client's end of a socketpair for the test. Operations go through the server's database thread, as a client's do."""
 
-    def __init__(self, tmp_path, store) -> None:
+    def __init__(self, tmp_path, store, read) -> None:
+        super().__init__(read)
         from app.gpu import open_source
         from app.gpu.fleet import Fleet
         from app.service import Service
@@ -366,8 +379,7 @@ class Agent:
                              llama=LlamaSettings(model_dirs=(MODELS,), server_bin=str(binary),
                                                  runner_user=self.user.pw_name))
         self.service = Service(self.config, Fleet(open_source(True, clock=self.clock), 1.0), clock=self.clock)
-        self.logged: list[str] = []
-        self.server = ServiceServer(self.service, str(tmp_path / "agent.sock"), log=self.logged.append)
+        self.server = ServiceServer(self.service, str(tmp_path / "agent.sock"))
         self.ends: list[socket.socket] = []
         self.threads: list[threading.Thread] = []
 
@@ -402,8 +414,8 @@ class Agent:
 
 
 @pytest.fixture
-def agent(tmp_path, store):
-    made = Agent(tmp_path, store)
+def agent(tmp_path, store, daemon_log):
+    made = Agent(tmp_path, store, daemon_log)
     yield made
     made.close()
 
@@ -417,13 +429,13 @@ def test_only_the_runner_user_registers_one_runner_at_a_time_and_its_reports_fai
     Wrong versions: the uid check inverted or gone; a second runner taking over (or the first refused); the runner
     kept after its line closed, or never kept; reports ignored, or each taken as failed; a report for an unknown
     server ending the runner's line; the reason cut at 201; the failure stamped with the wall clock."""
-    service, logged = agent.service, agent.logged
+    service = agent.service
     runner_uid, other_uid = agent.user.pw_uid, agent.user.pw_uid + 1
     thread, _, answer = agent.register(1, uid=other_uid, pid=4141)
     thread.join(10)
     assert answer == {"id": 1, "ok": False, "error": {
         "code": NotPermitted.exit_code, "message": f"only the user {agent.user.pw_name} runs planned servers"}}
-    assert not thread.is_alive() and service.runner is None and logged == []
+    assert not thread.is_alive() and service.runner is None and agent.logged == []
 
     booking = agent.call(ALICE, "book", start=FROZEN_NOW + 3600, end=FROZEN_NOW + 7200, cards=[0])["id"]
     plan = agent.call(ALICE, "serve_plan", booking=booking, model=f"{MODELS}/qwen.gguf", alias="team")["id"]
@@ -431,13 +443,13 @@ def test_only_the_runner_user_registers_one_runner_at_a_time_and_its_reports_fai
     first, runner_end, answer = agent.register(2, uid=runner_uid, pid=4242)
     assert answer == {"id": 2, "ok": True, "result": {"runner": 4242}}
     assert service.wake_enforcer.wait(10)  # set after the answer and the log line: a due start need not wait a pass
-    assert logged == ["board agent: runner registered (pid 4242)"]
+    assert agent.logged == ["board agent: runner registered (pid 4242)"]
     registered = service.runner
     second, _, answer = agent.register(3, uid=runner_uid, pid=4343)
     second.join(10)
     assert answer == {"id": 3, "ok": False, "error": {
         "code": NotPermitted.exit_code, "message": "a runner is registered already"}}
-    assert not second.is_alive() and service.runner is registered and len(logged) == 1
+    assert not second.is_alive() and service.runner is registered and len(agent.logged) == 1
 
     agent.clock.now = FROZEN_NOW + 3600
     changed = service.hub.versions["servers"]
@@ -459,7 +471,7 @@ def test_only_the_runner_user_registers_one_runner_at_a_time_and_its_reports_fai
     assert (failed.state, failed.reason, failed.ended_at) == ("failed", "x" * 200, FROZEN_NOW + 3660)
     assert service.hub.versions["servers"] == changed + 2
     assert service.runner is None and registered.gone
-    assert logged[-1] == "board agent: runner (pid 4242) went away"
+    assert agent.logged[-1] == "board agent: runner (pid 4242) went away"
     assert plans.start_due(agent.server) == []  # no runner: nothing is tried, nothing recorded
 
     third, _, answer = agent.register(4, uid=runner_uid, pid=4343)

@@ -9,6 +9,7 @@ llama-servers have their own pass, app.service.box.servers.enforce_servers, run 
 
 from __future__ import annotations
 
+import logging
 import signal
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from app.service.conn.agent import Agent
 
 WARN_BEFORE_END_S = 600
+
+log = logging.getLogger(__name__)
 
 
 def run_booking(service: Service, me: Identity, booking_id: int | None, waiting: bool = False) -> Booking:
@@ -73,7 +76,7 @@ def is_over(booking: Booking | None, entry, now: float) -> bool:
 
 
 def enforce_once(server: Agent) -> dict[str, list[int]]:
-    """One pass for `server` (the agent, app.service.conn.agent: its service and log); returns what it did, by entry id.
+    """One pass for `server` (the agent, app.service.conn.agent: its service and registry); returns what it did, by entry id.
 
     While a PostgreSQL database is unreachable, the jobs are enforced from the bookings last read (each job's
     booking as this pass last read it, `Registration.known`): a job whose booking is live there runs on, one whose
@@ -98,7 +101,7 @@ def enforce_once(server: Agent) -> dict[str, list[int]]:
         done["planned_started"] = start_due(server)
     except BoardError as error:
         if isinstance(error, StoreLocked):  # another session holds a lock for long: the jobs' enforcement goes on
-            server.log(f"enforcement pass: {error}")
+            log.warning(f"enforcement pass: {error}")
         elif not unreachable(error):
             raise
         away = True
@@ -130,14 +133,14 @@ def enforce_once(server: Agent) -> dict[str, list[int]]:
         if entry.term_sent_at is None:
             entry.term_sent_at = now
             sent = registry.signal(entry, signal.SIGTERM)
-            server.log(f"job {entry.pid} (uid {entry.uid}): booking {entry.booking_id} ended; SIGTERM")
+            log.info(f"job {entry.pid} (uid {entry.uid}): booking {entry.booking_id} ended; SIGTERM")
             _audit(server, "job-stop", entry.booking_id,
                    {"pid": entry.pid, "signal": "SIGTERM", "pids": sent, "grace_s": settings.grace_s})
             done["terminated"].append(entry.id)
         elif now - entry.term_sent_at >= settings.grace_s:
             sent = registry.signal(entry, signal.SIGKILL)
             if sent:
-                server.log(f"job {entry.pid} (uid {entry.uid}): still running after {settings.grace_s:g} s; SIGKILL")
+                log.warning(f"job {entry.pid} (uid {entry.uid}): still running after {settings.grace_s:g} s; SIGKILL")
                 _audit(server, "job-stop", entry.booking_id, {"pid": entry.pid, "signal": "SIGKILL", "pids": sent})
                 done["killed"].append(entry.id)
     if not away:
@@ -153,7 +156,7 @@ def _audit(server: Agent, action: str, booking_id: int, details: dict) -> None:
     except BoardError as error:
         if not (unreachable(error) or isinstance(error, StoreLocked)):
             raise
-        server.log(f"{action} of booking {booking_id} not audited: {error}")
+        log.warning(f"{action} of booking {booking_id} not audited: {error}")
 
 
 def _tell_started(server: Agent, now: float) -> None:

@@ -302,7 +302,6 @@ class MetricsServer:
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="board-metrics", daemon=True)
         self.thread.start()
-        log(f"board agent: /metrics on {service.config.metrics.listen}")
 
     def _app(self, app):
         """The library's app, but a database that cannot be read is one line in the log and a 503, not a traceback."""

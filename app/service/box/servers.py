@@ -23,6 +23,7 @@ announces itself with `hub.changed("servers")`; boards then ask `serve_list`.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 LOG_KEEP = 500  # lines of each server's log the service keeps in memory
 LINE_MAX = 1000
 KILL_AFTER_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 # -- the rules, bound to the service ------------------------------------------------------------
@@ -177,7 +180,7 @@ def serve_registration(server: Agent, conn: socket.socket, reader: Lines, peer: 
                   details={"server": server_id, "pid": peer.pid, "refused": str(refusal)})
             raise
         if resume:
-            server.log(f"server {server_id} ({row.user}, port {row.port}): its supervisor registered again")
+            log.info(f"server {server_id} ({row.user}, port {row.port}): its supervisor registered again")
             return supervised, booking.end
         entry = supervised.entry
         child = None
@@ -195,7 +198,7 @@ def serve_registration(server: Agent, conn: socket.socket, reader: Lines, peer: 
         server.reply(conn, request_id, error=error)
         return
     except Exception as error:  # noqa: BLE001 - logged; the supervisor hears a refusal and stops its server
-        server.log(f"register server {server_id}: unexpected {type(error).__name__}: {error}")
+        log.error(f"register server {server_id}: unexpected {type(error).__name__}: {error}")
         server.reply(conn, request_id, error=BoardError(f"the service failed to register server {server_id}"))
         return
     server.reply(conn, request_id, {"registration": supervised.entry.id, "server": server_id,
@@ -210,7 +213,7 @@ def serve_registration(server: Agent, conn: socket.socket, reader: Lines, peer: 
             memory = message.get("memory")
             figures = measured_figures(memory)
             if memory is not None and figures is None:  # the member's own process sent it: ignored, not fatal
-                server.log(f"server {server_id}: ignored a memory report that is not llama.cpp's figures")
+                log.warning(f"server {server_id}: ignored a memory report that is not llama.cpp's figures")
             if rules.ready(server_id, measured=figures):
                 changed(service)
         elif event == "failed":
@@ -344,7 +347,7 @@ def adopt_servers(server: Agent) -> list[int]:
             continue
         adopted.append(row.id)
     if adopted:
-        server.log(f"board agent: took back {len(adopted)} running server(s): {', '.join(map(str, adopted))}")
+        log.info(f"board agent: took back {len(adopted)} running server(s): {', '.join(map(str, adopted))}")
     return adopted
 
 
@@ -391,7 +394,7 @@ def enforce_servers(server: Agent) -> dict[str, list[int]]:
         changed(service)
     for row in rows.ended_bookings(service.conn, int(service.clock()), service.host):
         stopped = rules.stop(row.id, reason=f"booking {row.booking_id} ended", enforce=True)
-        server.log(f"server {row.id} ({row.user}, port {row.port}): booking {row.booking_id} ended; {stopped.state}")
+        log.info(f"server {row.id} ({row.user}, port {row.port}): booking {row.booking_id} ended; {stopped.state}")
         done["servers_stopped"].append(row.id)
         changed(service)
     now = time.monotonic()

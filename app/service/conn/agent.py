@@ -1,4 +1,5 @@
-"""What a handler behind the socket gets of the running agent: its service, log, database thread and replies.
+"""What a handler behind the socket gets of the running agent: its service, database thread and replies (each
+module logs to its own logger: app.cli.logs).
 
 app.service.door.server.ServiceServer is the one agent; it imports the handlers (enforcement, registrations,
 planned starts) and hands itself to them, and they know it only by this surface, so no import runs back to the door.
@@ -34,8 +35,6 @@ class Agent(Protocol):
 
     @property
     def alerts(self) -> Engine: ...
-
-    def log(self, message: str) -> None: ...
 
     def reply(self, conn: socket.socket, request_id: Any, result: Any = None, error: BoardError | None = None) -> None:
         """One answer on `conn` to the request `request_id`: `result`, or `error` (its code and message)."""

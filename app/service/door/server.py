@@ -16,21 +16,19 @@ from __future__ import annotations
 
 import errno
 import grp
+import logging
 import os
 import resource
 import signal
 import socket
 import stat
-import sys
 import threading
 import time
-from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from app import wire
 from app.alerts.engine import Engine
 from app.core.identity import Identity
-from app.core.text import inert
 from app.errors import BadInput, BoardError, NotPermitted
 from app.faults.watcher import start_watcher
 from app.gpu.model import snapshot_to_wire
@@ -59,15 +57,12 @@ FD_RESERVE = 128
 ACCEPT_BACKOFF_S = (0.05, 1.0)  # accept() failing (out of files): wait this long, doubling up to the second
 ACCEPT_LOG_EVERY_S = 60.0  # and say so in the log at most this often
 
-
-def log(message: str) -> None:
-    stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
-    print(f"{stamp} {inert(message, 500)}", flush=True)
+log = logging.getLogger(__name__)
 
 
 class ServiceServer:
-    def __init__(self, service: Service, path: str, *, log: Callable[[str], None] = log) -> None:
-        self.service, self.path, self.log = service, path, log
+    def __init__(self, service: Service, path: str) -> None:
+        self.service, self.path = service, path
         self.settings = service.config.service
         self.registry = service.processes
         self.database = DatabaseThread(service)  # every operation, in arrival order; bookings commit in groups
@@ -124,14 +119,18 @@ class ServiceServer:
         self.database.submit(adopt_servers, self).result()
         watchers = start_watchers(service)
         # this host's heartbeat and snapshot for the fleet, on the database thread
-        start_heartbeat(service, lambda fn: self.database.submit(fn).result(), self.stopping, self.log)
+        start_heartbeat(service, lambda fn: self.database.submit(fn).result(), self.stopping)
         enforcer = threading.Thread(target=self._enforce_loop, name="board-enforce", daemon=True)
         enforcer.start()
-        history = start_sampler(service.fleet, service.history, service.config, service.clock, log=self.log)
+        # the helpers below log what failed, and when it works again: warnings
+        history = start_sampler(service.fleet, service.history, service.config, service.clock,
+                                log=logging.getLogger("app.history").warning)
         # pushes to the team's chat: HTTP on its own thread, the outbox on the database thread
-        service.start_notifier(lambda fn: self.database.submit(fn).result(), self.log, self.stopping)
+        service.start_notifier(lambda fn: self.database.submit(fn).result(), logging.getLogger("app.notify").warning,
+                               self.stopping)
         # Xid events and throttling spells
-        faults, faults_thread = start_watcher(service.fleet, service.config.store, service.clock, log=self.log)
+        faults, faults_thread = start_watcher(service.fleet, service.config.store, service.clock,
+                                              log=logging.getLogger("app.faults").warning)
         self._listener.settimeout(0.5)
         try:
             backoff = 0.0
@@ -177,8 +176,9 @@ class ServiceServer:
         now = time.monotonic()
         if now - self._accept_logged_at >= ACCEPT_LOG_EVERY_S:
             name = errno.errorcode.get(error.errno or 0, "error")
-            self.log(f"board agent: can't accept connections ({error.strerror or error}, {name}; {self._accept_failures}"
-                     f" time(s) since the last such line); waiting, and serving the connections it has")
+            log.warning(f"board agent: can't accept connections ({error.strerror or error}, {name};"
+                        f" {self._accept_failures} time(s) since the last such line); waiting, and serving the"
+                        " connections it has")
             self._accept_failures, self._accept_logged_at = 0, now
 
     # -- one connection ------------------------------------------------------------------------
@@ -200,6 +200,8 @@ class ServiceServer:
             except RuntimeError:  # no thread to be had (the system's limits): as good as full
                 self._release(conn, peer)
                 refusal = BoardError("the board service has too many connections; try again shortly")
+        # debug: a flood is refused here, a line each, so its lines are written only when asked for
+        log.debug(f"board agent: refused {peer.name} (uid {peer.uid}, pid {peer.pid}) at the door: {refusal}")
         _refuse(conn, refusal)
 
     def _admit(self, conn: socket.socket, peer: Peer) -> BoardError | None:
@@ -272,7 +274,7 @@ class ServiceServer:
         except BoardError as error:
             return None, error
         except Exception as error:  # noqa: BLE001 - one bad request must not end the service
-            self.log(f"{op}: unexpected {type(error).__name__}: {error}")
+            log.error(f"{op}: unexpected {type(error).__name__}: {error}")
             return None, BoardError(f"the service failed on {str(op)[:40]}: {type(error).__name__}; see its log")
 
     def reply(self, conn: socket.socket, request_id: Any, result: Any = None, error: BoardError | None = None) -> None:
@@ -359,7 +361,7 @@ class ServiceServer:
                     self.registry.disconnected(entry)
                     adopted.append(entry.pid)
         if adopted:
-            self.log(f"board agent: took back {len(adopted)} running job(s): pids {', '.join(map(str, adopted))}")
+            log.info(f"board agent: took back {len(adopted)} running job(s): pids {', '.join(map(str, adopted))}")
         return adopted
 
     def _enforce_loop(self) -> None:
@@ -371,7 +373,7 @@ class ServiceServer:
             try:
                 self.database.submit(self.enforce_once).result()
             except Exception as error:  # noqa: BLE001 - a service must outlive one bad pass
-                self.log(f"enforcement pass failed: {type(error).__name__}: {error}")
+                log.error(f"enforcement pass failed: {type(error).__name__}: {error}")
 
     def enforce_once(self) -> dict[str, list[int]]:
         return enforce_once(self)
@@ -438,20 +440,20 @@ def run_agent(service: Service, path: str) -> int:
     if service.config.metrics.listen:  # Prometheus's /metrics; prometheus-client is loaded only then
         from app.service.box.metrics import MetricsServer  # start-up: prometheus-client loads only with [metrics] listen
 
-        metrics = MetricsServer(service, log)
+        metrics = MetricsServer(service, logging.getLogger("app.service.box.metrics").warning)  # its failures
+        log.info(f"board agent: /metrics on {service.config.metrics.listen}")
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: server.stop())
     url = service.config.storage_url  # a PostgreSQL store: its address (never a password), not a file it does not use
     store = f"PostgreSQL {pg_where(url)}" if url else service.config.db_path
-    log(f"board agent: serving {path} (group {server.settings.group}) on {store}"
-        f" as uid {os.getuid()}; at most {server.max_connections} connections, {server.settings.max_connections_per_uid}"
-        f" per user; {open_files} open files")
+    log.info(f"board agent: serving {path} (group {server.settings.group}) on {store}"
+             f" as uid {os.getuid()}; at most {server.max_connections} connections,"
+             f" {server.settings.max_connections_per_uid} per user; {open_files} open files")
     if server.max_connections < server.settings.max_connections:
-        log(f"board agent: [service] max_connections is {server.settings.max_connections}, but {open_files} open files"
-            f" hold {server.max_connections} beside the rest; raise LimitNOFILE= in the unit")
+        log.warning(f"board agent: [service] max_connections is {server.settings.max_connections}, but {open_files} open files"
+                    f" hold {server.max_connections} beside the rest; raise LimitNOFILE= in the unit")
     server.serve_forever()
     if metrics is not None:
         metrics.close()
-    log("board agent: stopped")
-    sys.stdout.flush()
+    log.info("board agent: stopped")
     return 0

@@ -87,14 +87,17 @@ def here(service: Service, booking: Booking) -> bool:
     return not booking.host or booking.host == service.host
 
 
-def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any], stopping: threading.Event,
-                    log: Callable[[str], None]) -> threading.Thread:
+def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any],
+                    stopping: threading.Event) -> threading.Thread:
     """The agent's heartbeat thread: about once a second, this host's beat (on the database thread, `run_db`, so
     that it never contends with the service's own writes) and, on SQLite, a look at the audit chain's tail, whose
     growth means another host's service changed bookings: this host's boards read them again. On PostgreSQL the
     change feed's NOTIFY has already woken them (app.service.box.watch): a second wake up to a second later would only
     make every open board load its window again (bench/bench_fleet.py). It also refreshes the bookings the service
     serves while the database is unreachable (app.service.fleet.lastknown)."""
+    import logging  # start-up: only the agent beats; `board status` in file mode reads this module without logging
+
+    log = logging.getLogger(__name__)
     follow_tail = not isinstance(service.config.store, PostgresStore)
 
     def loop() -> None:
@@ -108,16 +111,16 @@ def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any]
                 if stopping.is_set():  # (the database thread is gone once it stops)
                     pass
                 elif not unreachable(error):
-                    log(f"board agent: heartbeat failed: {type(error).__name__}: {error}")
+                    log.error(f"board agent: heartbeat failed: {type(error).__name__}: {error}")
                 elif not away:
                     away = True
                     said = str(error).removesuffix("; nothing was changed")
-                    log(f"board agent: {said}; this host's reads answer from the bookings last read, its jobs are"
-                        " enforced from them")
+                    log.warning(f"board agent: {said}; this host's reads answer from the bookings last read, its jobs"
+                                " are enforced from them")
             else:
                 if away:
                     away = False
-                    log("board agent: the board database answers again")
+                    log.info("board agent: the board database answers again")
                 if tail is not None and latest != tail:
                     service.hub.changed("bookings")
                 tail = latest

@@ -14,6 +14,7 @@ of the database. Only the uid of `[llama] runner_user` may register as the runne
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import threading
@@ -45,6 +46,8 @@ _RUNNER_SLOT = threading.Lock()
 
 SPEC_KEYS = ("model", "ctx", "parallel", "split_mode", "tensor_split", "metrics", "alias", "host", "extra",
              "cache_type_k", "cache_type_v", "flash_attn", "fit")
+
+log = logging.getLogger(__name__)
 
 
 def runner_uid(service: Service) -> int | None:
@@ -188,7 +191,7 @@ def runner_registration(server: Agent, conn: socket.socket, reader: Lines, peer:
             return
         service.runner = runner
     server.reply(conn, request_id, {"runner": peer.pid})
-    server.log(f"board agent: runner registered (pid {peer.pid})")
+    log.info(f"board agent: runner registered (pid {peer.pid})")
     service.wake_enforcer.set()  # an occurrence that is due now need not wait for the next pass
     try:
         while line := reader.readline(None):  # its line stays open while it lives
@@ -199,7 +202,7 @@ def runner_registration(server: Agent, conn: socket.socket, reader: Lines, peer:
     with _RUNNER_SLOT:
         if service.runner is runner:
             service.runner = None
-    server.log(f"board agent: runner (pid {peer.pid}) went away")
+    log.warning(f"board agent: runner (pid {peer.pid}) went away")
 
 
 def _runner_said(server: Agent, line: bytes) -> None:
@@ -255,7 +258,7 @@ def start_due(server: Agent) -> list[int]:
         except BoardError as error:
             with write(service.conn):
                 plan_rows.record_run(service.conn, plan.id, booking_id, now, error=str(error)[:200])
-            server.log(f"planned server {plan.id} for booking {booking_id}: not started: {error}")
+            log.warning(f"planned server {plan.id} for booking {booking_id}: not started: {error}")
             audit(service, AGENT, "server-plan-start", booking_id, ok=False,
                   details={"plan": plan.id, "refused": str(error)[:200]})
             continue
@@ -264,10 +267,10 @@ def start_due(server: Agent) -> list[int]:
         grant = {"ready_timeout_s": service.config.llama.ready_timeout_s, "db": None,
                  "model_dirs": list(service.config.llama.model_dirs)}
         if not runner.send({"event": "start", "server": server_to_wire(row), "launch": grant}):
-            server.log(f"planned server {plan.id}: the runner went away before server {row.id} could start")
+            log.warning(f"planned server {plan.id}: the runner went away before server {row.id} could start")
         else:
-            server.log(f"planned server {plan.id}: server {row.id} for booking {booking_id} ({plan.user}) sent to"
-                       f" the runner")
+            log.info(f"planned server {plan.id}: server {row.id} for booking {booking_id} ({plan.user}) sent to"
+                     f" the runner")
         started.append(row.id)
         service.hub.changed("servers")
     return started
