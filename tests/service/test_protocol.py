@@ -103,6 +103,19 @@ def test_unknown_operation_is_code_2_and_names_the_known_ones(agent):
     ("cancel", {"id": 1, "reason": "x"}, "unknown argument 'reason'"),
     ("cancel", [1], "must be a JSON object"),
     ("cancel", "1", "must be a JSON object"),
+    # a typed request (app.service.ops.registry.Request): msgspec's check, the field's path in one line
+    ("series_get", {"id": "7"}, "series_get: expected int, got str at $.id"),
+    ("series_get", {"id": True}, "series_get: expected int, got bool at $.id"),
+    ("series_get", {"id": 2**70}, "series_get: expected int <= 9223372036854775807 at $.id"),
+    ("series_get", {}, "series_get: missing argument 'id'"),
+    ("series_get", {"id": 1, "why": "x"}, "series_get: unknown argument 'why'"),
+    ("series_get", [1], "series_get: the arguments must be a JSON object"),
+    ("series_book", {"cards": [0, "1"], "every": "day", "start": "9:00", "until": "10:00", "to": "+2d"},
+     "series_book: expected int, got str at $.cards[1]"),
+    ("series_book", {"cards": [0], "every": "day", "start": "9:00", "until": "10:00", "to": "+2d", "class": 1},
+     "series_book: expected str, got int at $.class"),
+    ("series_book", {"cards": [0], "every": "day", "start": "9:00", "until": "10:00", "to": "+2d", "klass": "x"},
+     "series_book: unknown argument 'klass'"),  # the wire says `class`; the Python name is not a second spelling
 ])
 def test_missing_or_mistyped_arguments_are_code_2(agent, op, args, words):
     raw = Raw(agent.socket)

@@ -64,8 +64,7 @@ def slots(service: Service, me: Identity, start: int, end: int, count=1, limit=3
                       for p, until in found]}
 
 
-@op("book", _SLOT, {**_WHICH, "note": STR, "request": DICT, "checked": BOOL, "or_later": BOOL, "force": BOOL},
-    writes=True)
+@op("book", _SLOT, {**_WHICH, "note": STR, "request": DICT, "checked": BOOL, "or_later": BOOL, "force": BOOL})
 def book(service: Service, me: Identity, start: int, end: int, cards=None, count=None, note="", request=None,
          checked=False, or_later=False, force=False, **rest) -> dict:
     rules = service.bookings(me, rest.get("host"))
@@ -87,17 +86,17 @@ def book(service: Service, me: Identity, start: int, end: int, cards=None, count
     return {**booking_to_wire(booking), "notes": list(notes)} if notes else booking_to_wire(booking)
 
 
-@op("cancel", {"id": INT}, frees=True)
+@op("cancel", {"id": INT})
 def cancel(service: Service, me: Identity, id: int) -> dict:
     return booking_to_wire(service.bookings(me, booking=id).cancel(id))
 
 
-@op("release", {"id": INT}, frees=True)
+@op("release", {"id": INT})
 def release(service: Service, me: Identity, id: int) -> dict:
     return booking_to_wire(service.bookings(me, booking=id).release(id))
 
 
-@op("extend", {"id": INT}, {"end": TIME, "add_seconds": SPAN}, writes=True)
+@op("extend", {"id": INT}, {"end": TIME, "add_seconds": SPAN})
 def extend(service: Service, me: Identity, id: int, end=None, add_seconds=None) -> dict:
     rules = service.bookings(me, booking=id)
     if (end is None) == (add_seconds is None):
@@ -107,7 +106,7 @@ def extend(service: Service, me: Identity, id: int, end=None, add_seconds=None) 
     return booking_to_wire(rules.extend(id, end))
 
 
-@op("reassign", {"id": INT}, {"cards": LIST, "user": STR, "force": BOOL, "host": STR}, frees=True)
+@op("reassign", {"id": INT}, {"cards": LIST, "user": STR, "force": BOOL, "host": STR})
 def reassign(service: Service, me: Identity, id: int, cards=None, user=None, force=False, host=None) -> dict:
     if (cards is None) == (user is None):
         raise BadInput("give the new cards or the new user")
@@ -119,7 +118,7 @@ def reassign(service: Service, me: Identity, id: int, cards=None, user=None, for
     return booking_to_wire(moved)
 
 
-@op("move", {"id": INT, "start": TIME, "end": TIME}, {"override_policy": BOOL}, frees=True)
+@op("move", {"id": INT, "start": TIME, "end": TIME}, {"override_policy": BOOL})
 def move(service: Service, me: Identity, id: int, start: int, end: int, override_policy=False) -> dict:
     """An admin gives a booking new times on the same cards; its holder is told."""
     moved = service.bookings(me, booking=id).move(id, start, end, override_policy=override_policy)
