@@ -67,8 +67,10 @@ def test_the_service_reloads_subscribers_and_moves_queued_bookings_up_as_the_tab
 
 
 def test_the_table_loads_nothing_and_the_socket_path_no_msgspec():
-    """Both sides import the table; the socket's quick path stays json and socket. Wrong versions: app.operations
-    importing dataclasses or typing's NamedTuple; app.client.socket importing the registry for its flags."""
+    """Both sides import the table, the socket client only when the service dropped a request; the socket's quick
+    path stays json and socket. Wrong versions: app.operations importing dataclasses or typing's NamedTuple;
+    app.client.socket importing the registry for its flags, or the table at module level."""
     before = loaded_after("import app")
     assert loaded_after("import app.operations") - before == {"__future__", "app.operations"}  # __future__: no code
-    assert not loaded_after("import app.client.socket") & {"msgspec", "app.service", "app.service.ops.registry"}
+    assert not loaded_after("import app.client.socket") & {"msgspec", "app.service", "app.service.ops.registry",
+                                                           "app.operations"}
