@@ -187,15 +187,9 @@ class Log(Request, frozen=True):
     booking: Int | None = None
 
 
-class EventWire(TypedDict):
-    id: int
-    ts: int
-    uid: int
-    actor: str
-    action: str
-    booking_id: int | None
-    ok: bool
-    details: dict[str, Any]
+# An audit event on the wire: app.model.Event's fields (functional form, as app.model.BookingWire).
+EventWire = TypedDict("EventWire", {"id": int, "ts": int, "uid": int, "actor": str, "action": str,
+                                    "booking_id": int | None, "ok": bool, "details": dict[str, Any]})
 
 
 @op("log", Log)
