@@ -44,9 +44,9 @@ Int = Annotated[int, msgspec.Meta(ge=-(2**63) + 1, le=2**63 - 1, description="a 
 class Request(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
               rename={"klass": "class", "first": "from"}):
     """An operation's arguments. The one place the wire's Python keywords are spelled: a field `klass` is `class`
-    on the wire, `first` is `from`. msgspec gives a subclass these settings, but mypy takes a subclass that does not
-    say `frozen=True` again for a mutable one: each request says it (a test checks they all do), and `kw_only=True`
-    where its required fields follow a base's defaulted ones."""
+    on the wire, `first` is `from`. msgspec gives a subclass these settings, but mypy does not: each request says
+    `frozen=True` again (mypy refuses a "non-frozen" subclass), and `kw_only=True` where its required fields follow
+    a base's defaulted ones."""
 
 
 class NoArguments(Request, frozen=True):
