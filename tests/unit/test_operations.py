@@ -3,8 +3,6 @@ registered from app.service.ops agree with it, both ways."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import msgspec
 
 from app.errors import BoardError
@@ -76,7 +74,7 @@ def test_subscribers_reload_after_exactly_the_operations_the_table_says_change_b
     from tests.conftest import FROZEN_NOW
 
     clock = lambda: FROZEN_NOW  # noqa: E731
-    service = Service(replace(Config(), db_path=tmp_path / "board.db"), Fleet(open_source(True, clock=clock), 1.0),
+    service = Service(Config(db_path=tmp_path / "board.db"), Fleet(open_source(True, clock=clock), 1.0),
                       clock=clock)
     me = Identity(pwd.getpwuid(os.getuid()).pw_name, os.getuid(), True)
     start, end = FROZEN_NOW + 3600, FROZEN_NOW + 7200
