@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,16 @@ class Event:
     details: dict[str, Any]
 
 
-def booking_to_wire(booking: Booking) -> dict[str, Any]:
+# A booking on the wire: Booking's fields, `klass` as "class", the tuples as lists (functional form: `class` is a
+# keyword).
+BookingWire = TypedDict("BookingWire", {
+    "id": int, "user": str, "uid": int, "cards": list[int], "card_uuids": list[str], "start": int, "end": int,
+    "class": str, "note": str, "status": str, "request": dict[str, Any] | None, "created_at": int,
+    "requested_at": int, "queued": str | None, "series_id": int | None, "notice": str | None, "host": str,
+})
+
+
+def booking_to_wire(booking: Booking) -> BookingWire:
     return {
         "id": booking.id, "user": booking.user, "uid": booking.uid, "cards": list(booking.cards),
         "card_uuids": list(booking.card_uuids), "start": booking.start, "end": booking.end,

@@ -20,9 +20,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 DOWN = "the board service is not running (systemctl status board-agent)"
-# Reads are safe to send again after the service restarted; a write may have landed before it died.
-READS = frozenset({"whoami", "fleet", "status", "plan", "next_free", "get", "list", "window", "all_bookings", "log",
-                   "gateway_state", "key_list", "usage", "earliest"})
 
 
 def _group_of(path: str) -> str:
@@ -34,6 +31,15 @@ def _group_of(path: str) -> str:
         return grp.getgrgid(os.stat(path).st_gid).gr_name
     except (OSError, KeyError):
         return "board"
+
+
+def _resend_safe(op: str) -> bool:
+    """Safe to send again after the service restarted while answering: it changes nothing (app.operations); a
+    change may have landed before the service died."""
+    from app.operations import OPERATIONS  # start-up: only a request the service dropped asks
+
+    found = OPERATIONS.get(op)
+    return found is not None and found.resend_safe
 
 
 class NotSent(ConnectionError):
@@ -120,7 +126,7 @@ class SocketClient:
                 self._drop()
                 if isinstance(error, socket.timeout):
                     raise ServiceDown(f"the board service did not answer within {self.timeout:g} s; try again") from None
-                if attempt == 2 or (op not in READS and not isinstance(error, NotSent)):
+                if attempt == 2 or (not _resend_safe(op) and not isinstance(error, NotSent)):
                     raise ServiceDown(f"the board service stopped while answering ({op}); check with"
                                       " 'board list --mine' before trying again") from None
         return reply

@@ -2,8 +2,9 @@
 
 In process, the caller is the user who owns the database file; behind the socket
 (app.service.door.server) it is whoever the kernel says is at the other end (SO_PEERCRED).
-Each operation is one entry in `app.service.ops.OPS`: its arguments, its handler, whether
-it writes. Results are plain JSON values, the same over both transports.
+Each operation is one entry in `app.operations.OPERATIONS` (its home module, its flags), its request type and
+handler registered from that module (app.service.ops.registry). Results are plain JSON values, the same over both
+transports.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from app.core.identity import Identity, lookup_user
 from app.errors import BadInput, BoardError
 from app.gpu import NoDriverError, open_source
 from app.gpu.fleet import Fleet
+from app.operations import OPERATIONS
 from app.service.rules.audit import AGENT
 from app.service.rules.bookings import BookingService
 from app.service.door.hub import Hub
 from app.service.fleet.lastknown import Known, unreachable
-from app.service.ops.registry import HOMES, lookup
+from app.service.ops.registry import lookup
 from app.service.box.processes import Registry
 from app.store import bookings as rows
 from app.store.db import connect, is_postgres, storage_error
@@ -107,11 +109,11 @@ class Service:
         """Run one operation for `me`; raises the BoardError a CLI would exit with."""
         entry = lookup(op)
         if entry is None:
-            raise BadInput(f"unknown operation {str(op)[:40]!r}; this service speaks {', '.join(sorted(HOMES))}")
-        kwargs = entry.check(args)
+            raise BadInput(f"unknown operation {str(op)[:40]!r}; this service speaks {', '.join(sorted(OPERATIONS))}")
+        request = entry.check(args)
         self._local.told = []
         try:
-            result = entry.handler(self, me, **kwargs)
+            result = entry.run(self, me, request)
             if entry.frees:
                 try:
                     self.backfill()  # queued bookings move up into the time this change freed
@@ -120,7 +122,7 @@ class Service:
         except sqlite3.Error as error:
             raise storage_error(self.config.store, error) from None
         finally:
-            if entry.writes:
+            if entry.changes_bookings:
                 self.hub.changed("bookings")
             self.tell(self._local.told)
         return result

@@ -547,9 +547,10 @@ def test_every_operation_that_checks_who_asks_is_in_the_table():
     """A new operation must be placed: in the table (tested from both sides here), ELSEWHERE, or OPEN; and an OPEN
     one's handler asks nothing of who calls. Wrong versions: a new admin-only operation with no refused-side test;
     an operation moved to OPEN while its handler still checks the caller."""
-    from app.service.ops.registry import HOMES, lookup
+    from app.operations import OPERATIONS
+    from app.service.ops.registry import lookup
 
-    ops = {name: lookup(name) for name in HOMES}
+    ops = {name: lookup(name) for name in OPERATIONS}
     tabled = {row.op for row in TABLE}
     assert tabled | set(ELSEWHERE) | OPEN == set(ops), sorted(set(ops) ^ (tabled | set(ELSEWHERE) | OPEN))
     assert not tabled & OPEN and not set(ELSEWHERE) & (OPEN | tabled)

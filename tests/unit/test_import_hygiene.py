@@ -113,15 +113,3 @@ def test_file_mode_quick_commands_load_only_what_they_run(tmp_path):
                          "app.service.ops.servers", "app.service.box.servers", "app.service.ops.gateway", "app.core.keys",
                          "app.service.ops.faults", "app.faults.store", "app.service.ops.series", "app.store.plans",
                          "logging", "random", "traceback"}
-
-
-def test_the_service_finds_each_operation_in_the_module_that_registers_it():
-    """The service imports only the module of the operation it runs (registry.HOMES): the table says where each
-    one is, so an operation added to a module must be added there too, or the service would not know it."""
-    from app.service.ops import OPS
-    from app.service.ops.registry import HOMES, lookup
-
-    assert {name: entry.handler.__module__ for name, entry in OPS.items()} == \
-        {name: f"app.service.ops.{module}" for name, module in HOMES.items()}
-    assert lookup("book") is OPS["book"]
-    assert lookup("no_such_operation") is None and lookup(["book"]) is None

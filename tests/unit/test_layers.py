@@ -22,9 +22,10 @@ APP = Path(__file__).resolve().parents[2] / "app"
 # Bottom to top, by top-level name under app/ (a package, or a module such as app/config.py; "__init__" is app
 # itself). The peers of one layer import none of each other.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
-    # Leaves, importing nothing of app: errors, entities, the wire's JSON lines, the config file's reader, and the
-    # GPUs (one interface, its backends and the cached Fleet reader; the rules read its frozen snapshots).
-    {"__init__", "errors", "model", "wire", "config_file", "gpu"},
+    # Leaves, importing nothing of app: errors, entities, the wire's JSON lines, the operations' table, the config
+    # file's reader, and the GPUs (one interface, its backends and the cached Fleet reader; the rules read its frozen
+    # snapshots).
+    {"__init__", "errors", "model", "wire", "operations", "config_file", "gpu"},
     {"config"},  # typed settings from config_file, which every rule takes
     {"core"},  # the pure rules: bookings, policy, slots, card states, time grammar, identity
     {"store"},  # SQLite rows

@@ -11,8 +11,10 @@ import threading
 
 import pytest
 
+from app import wire
 from app.client.socket import SocketClient
-from app.errors import NotPermitted
+from app.errors import NotPermitted, ServiceDown
+from app.operations import OPERATIONS
 from app.service.door.server import _answer
 
 REFUSAL = _answer(None, error=NotPermitted("no access to the board: ask an admin"))  # the door's own line
@@ -63,3 +65,55 @@ def test_after_a_refusal_at_the_door_the_next_request_goes_on_a_new_connection(t
         client.close()
         door.thread.join(timeout=10)
     assert door.came == 2
+
+
+class DiesWhileAnswering:
+    """A service that reads the first request and dies before it answers (the line closes), then, restarted,
+    answers every request on the next connection: the window a restart opens in the middle of a call."""
+
+    def __init__(self, path: str) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen()
+        self.listener.settimeout(WAIT_S)
+        self.requests: list[dict] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            first, _ = self.listener.accept()
+            with first, first.makefile("rb") as reader:
+                self.requests.append(wire.decode(reader.readline()))
+            second, _ = self.listener.accept()
+            with second, second.makefile("rb") as reader:
+                while line := reader.readline():
+                    self.requests.append(request := wire.decode(line))
+                    second.sendall(wire.encode({"id": request["id"], "ok": True, "result": {"answered": True}}))
+        except TimeoutError:
+            pass
+        finally:
+            self.listener.close()
+
+
+@pytest.mark.parametrize("op", ["history", "slots", "serve_list", "whoami", "book", "cancel", "key_new"])
+def test_only_what_changes_nothing_is_sent_again_after_the_service_died_while_answering(tmp_path, op):
+    """The table's `resend_safe` decides (app.operations): a read is sent again on a new connection and answered; a
+    change may have landed before the service died, so it is not sent twice. Wrong versions: the old hand-kept
+    READS (history, slots and serve_list were not in it, and failed); every request resent (a booking made twice)."""
+    service = DiesWhileAnswering(str(tmp_path / "board.sock"))
+    client = SocketClient(str(tmp_path / "board.sock"), timeout=10)
+    try:
+        if OPERATIONS[op].resend_safe:
+            assert client.call(op) == {"answered": True}
+            assert [r["op"] for r in service.requests] == [op, op]
+        else:
+            with pytest.raises(ServiceDown, match=rf"stopped while answering \({op}\)"):
+                client.call(op)
+            assert [r["op"] for r in service.requests] == [op]
+    finally:
+        client.close()
+        with socket.socket(socket.AF_UNIX) as poke:  # lets an accept still waiting for a resend go
+            poke.connect_ex(str(tmp_path / "board.sock"))
+        service.thread.join(timeout=10)
+    assert OPERATIONS[op].resend_safe == (op in {"history", "slots", "serve_list", "whoami"})

@@ -1,50 +1,116 @@
-"""The operations' table: one entry each (name, arguments, handler, whether it writes), and how an entry checks
-its arguments.
+"""How an operation registers its handler and its request type, and how a request is checked.
 
-The modules of this package register into OPS with `@op(...)`; this module imports none of them
-(app.service.ops lists them), except the one `lookup` needs for the operation asked for. A handler gets
-the Service, the caller's Identity and the checked arguments, and returns JSON.
+The facts about each operation (its name, home module, flags) are app.operations.OPERATIONS; the modules of this
+package register into OPS with `@op(name, Request)`, naming only what that table does not say: the handler and the
+type of its request. This module imports none of them, except the one `lookup` needs for the operation asked for.
+
+A request is a `Request` (a frozen msgspec Struct, no unknown fields), declared beside its handler with a typed reply
+(a TypedDict where the reply is a JSON object). The service converts the JSON arguments with msgspec.convert
+(strict: no "7" for 7, no true for 1), and a ValidationError is BadInput (exit 2) naming the operation and the
+field's path. The handler gets the Service, the caller's Identity and the request, and returns the reply.
+
+Converting a module from the older form (`@op(name, {required}, {optional})`, the arguments as keywords):
+- a Request per operation, beside its handler: `class Cancel(Request, frozen=True)`, its fields typed `Time`,
+  `Span`, `Int` where the older form said TIME, SPAN, INT; `klass` where the wire says `class`, `first` for `from`
+  (Request renames both); defaults as the handler's were; a null on the wire is a field not given;
+- `@op(name, Cancel)` (the flags are the table's), the handler `(service, me, request: Cancel) -> Reply`, with a
+  TypedDict (or Struct) reply beside it;
+- the module off tests/unit/test_operations.py's OLDER_FORM; the older form goes once no module uses it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Callable, TypeVar, get_args, get_type_hints, overload
+
+import msgspec
 
 from app.errors import BadInput
+from app.operations import OPERATIONS
 
-INT, STR, BOOL, LIST, DICT = int, str, bool, list, dict
+if TYPE_CHECKING:
+    from app.core.identity import Identity
+
+# Python's dates end with the year 9999: a time up to 9000, plus a span (extend) or the rules' reach, stays a date.
+TIME_LOW, TIME_HIGH = 0, 221845392000  # 9000-01-01 UTC
+SPAN_HIGH = 28401840000  # 900 years
+
+Time = Annotated[int, msgspec.Meta(ge=TIME_LOW, le=TIME_HIGH, description="a time from 1970 to 9000, epoch seconds")]
+Span = Annotated[int, msgspec.Meta(ge=-SPAN_HIGH, le=SPAN_HIGH, description="a span of at most 900 years, seconds")]
+Int = Annotated[int, msgspec.Meta(ge=-(2**63) + 1, le=2**63 - 1, description="a 64-bit integer, as SQLite holds")]
+
+
+class Request(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
+              rename={"klass": "class", "first": "from"}):
+    """An operation's arguments. The one place the wire's Python keywords are spelled: a field `klass` is `class`
+    on the wire, `first` is `from`. msgspec gives a subclass these settings, but mypy does not: each request says
+    `frozen=True` again (mypy refuses a "non-frozen" subclass), and `kw_only=True` where its required fields follow
+    a base's defaulted ones."""
+
+
+class NoArguments(Request, frozen=True):
+    """The request of an operation that takes none."""
+
+
+class ById(Request, frozen=True):
+    """The request of an operation on one row: a booking, a series, a server, a key."""
+    id: Int
+
+
+INT, STR, BOOL, LIST, DICT = int, str, bool, list, dict  # the older form's types, until every module is converted
 
 
 @dataclass(frozen=True)
 class Whole:
-    """An integer argument in [low, high]: times and spans stay where dates, the rules and SQLite can take them."""
+    """The older form's integer argument in [low, high]."""
     low: int
     high: int
     what: str
     __name__ = "int"
 
 
-# Python's dates end with the year 9999: a time up to 9000, plus a span (extend) or the rules' reach, stays a date.
-TIME = Whole(0, 221845392000, "a time from 1970 to 9000 (epoch seconds)")  # 9000-01-01 UTC
-SPAN = Whole(-28401840000, 28401840000, "a span of at most 900 years (seconds)")
+TIME = Whole(TIME_LOW, TIME_HIGH, "a time from 1970 to 9000 (epoch seconds)")
+SPAN = Whole(-SPAN_HIGH, SPAN_HIGH, "a span of at most 900 years (seconds)")
 
 
 @dataclass(frozen=True)
 class Op:
     name: str
     handler: Callable[..., Any]
-    required: dict[str, type]
-    optional: dict[str, type]
-    writes: bool = False  # changes bookings: subscribers reload them
-    frees: bool = False  # may free time, so queued bookings move up after it (Service.backfill)
+    request: type[Request] | None = None  # None: the older form, checked by hand against required and optional
+    required: dict[str, Any] = field(default_factory=dict)  # the older form's: name -> INT, STR, ..., TIME, SPAN
+    optional: dict[str, Any] = field(default_factory=dict)
 
-    def check(self, args: Any) -> dict[str, Any]:
-        """The arguments as keywords; a missing, unknown or mistyped one is BadInput (exit 2)."""
+    @property
+    def changes_bookings(self) -> bool:
+        return OPERATIONS[self.name].changes_bookings
+
+    @property
+    def frees(self) -> bool:
+        return OPERATIONS[self.name].frees
+
+    def check(self, args: Any) -> Any:
+        """The request (the older form: the arguments as keywords); a missing, unknown or mistyped argument is
+        BadInput (exit 2). A null is an argument not given, as it always was on this wire."""
         if args is None:
             args = {}
         if not isinstance(args, dict):
             raise BadInput(f"{self.name}: the arguments must be a JSON object")
+        if self.request is None:
+            return self._check_by_hand(args)
+        try:
+            return msgspec.convert({k: v for k, v in args.items() if v is not None}, self.request)
+        except msgspec.ValidationError as error:
+            raise BadInput(refusal(self.name, self.request, str(error))) from None
+
+    def run(self, service: Any, me: Identity, checked: Any) -> Any:
+        """The handler's reply to the checked request."""
+        if self.request is None:
+            return self.handler(service, me, **checked)
+        return self.handler(service, me, checked)
+
+    def _check_by_hand(self, args: dict) -> dict[str, Any]:
         for name in self.required:
             if args.get(name) is None:
                 raise BadInput(f"{self.name}: missing argument {name!r}")
@@ -63,47 +129,88 @@ class Op:
         return {k: v for k, v in args.items() if v is not None}
 
 
-OPS: dict[str, Op] = {}
+_MISSING = re.compile(r"Object missing required field `(.*)`")
+_UNKNOWN = re.compile(r"Object contains unknown field `(.*)`", re.DOTALL)
 
-# Which module of this package registers each operation, so that the service imports only the module of the one it
-# runs (start-up: `board status` in file mode loads no servers, keys or faults). A test checks this against OPS.
-HOMES: dict[str, str] = {name: module for module, names in {
-    "reads": "whoami stats fleet history report status get list window all_bookings log",
-    "bookings": "plan next_free earliest slots book cancel release extend reassign move run",
-    "series": "series_book series_get series_extend series_cancel",
-    "servers": "serve_start serve_get serve_list serve_logs serve_stop serve_key serve_plan serve_plans"
-               " serve_plan_cancel",
-    "notify": "notify_test notify_status",
-    "faults": "faults",
-    "alerts": "alerts",
-    "gateway": "key_new key_list key_revoke gateway_state gateway_usage usage",
-    "power": "power power_step",
-}.items() for name in names.split()}
+
+def refusal(name: str, request: type[Request], error: str) -> str:
+    """msgspec's ValidationError as one line: `book: missing argument 'end'`, `book: unknown argument 'why'`,
+    `book: expected int, got str at $.cards[0]`, with what a bounded argument means."""
+    what, _, where = error.partition(" - at `")
+    where = where.removesuffix("`")
+    if not where and (missing := _MISSING.fullmatch(what)):
+        return f"{name}: missing argument {missing[1]!r}"
+    if not where and (unknown := _UNKNOWN.fullmatch(what)):
+        return f"{name}: unknown argument {unknown[1][:40]!r}"
+    if not where and what.startswith("Expected `object`"):
+        return f"{name}: the arguments must be a JSON object"
+    line = f"{name}: {what[:1].lower()}{what[1:].replace('`', '')}{f' at {where}' if where else ''}"
+    meaning = _meaning(request, where)
+    return f"{line} ({meaning})" if meaning else line
+
+
+def _meaning(request: type[Request], where: str) -> str | None:
+    """The description of the argument at `$.name`, where its type carries one (Time, Span)."""
+    wire_name = where.removeprefix("$.")
+    for info in msgspec.structs.fields(request):
+        if info.encode_name == wire_name:
+            return _description(get_type_hints(request, include_extras=True)[info.name])
+    return None
+
+
+def _description(hint: Any) -> str | None:
+    """The Meta description in a type: Span, or Span | None."""
+    for part in get_args(hint):
+        if isinstance(part, msgspec.Meta):
+            return part.description
+        if (found := _description(part)) is not None:
+            return found
+    return None
+
+
+OPS: dict[str, Op] = {}
 
 
 def lookup(name: object) -> Op | None:
-    """The operation called `name`, its module imported on first use; None for a name no module registers."""
-    home = HOMES.get(name) if isinstance(name, str) else None
-    if home is None:
+    """The operation called `name`, its module imported on first use; None for a name the table does not list."""
+    if not isinstance(name, str) or (found := OPERATIONS.get(name)) is None:
         return None
     if name not in OPS:
         from importlib import import_module
 
-        import_module(f"app.service.ops.{home}")
+        import_module(f"app.service.ops.{found.home}")
     return OPS[name]
 
 
-def op(name: str, required: dict[str, type] | None = None, optional: dict[str, type] | None = None, writes=False,
-       frees=False):
-    def register(handler):
-        OPS[name] = Op(name, handler, required or {}, optional or {}, writes or frees, frees)
+R = TypeVar("R", bound=Request)
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+@overload
+def op(name: str, request: type[R]) -> Callable[[Callable[[Any, Identity, R], Any]], Callable[[Any, Identity, R], Any]]:
+    ...
+
+
+@overload
+def op(name: str, request: dict[str, Any] | None = None, optional: dict[str, Any] | None = None) -> Callable[[H], H]:
+    ...
+
+
+def op(name: str, request: Any = None, optional: dict[str, Any] | None = None) -> Callable[[Any], Any]:
+    """Register the handler of operation `name` (its facts are app.operations.OPERATIONS[name]) with the type of its
+    request; the older form gives dicts of the required and optional arguments instead."""
+    def register(handler: Callable[..., Any]) -> Callable[..., Any]:
+        if isinstance(request, type):
+            OPS[name] = Op(name, handler, request)
+        else:
+            OPS[name] = Op(name, handler, None, request or {}, optional or {})
         return handler
 
     return register
 
 
 def card_list(value: list | None) -> list[int] | None:
-    """A LIST argument that names cards: card numbers only."""
+    """The older form's LIST argument that names cards: card numbers only."""
     if value is None:
         return None
     if not all(isinstance(c, int) and not isinstance(c, bool) for c in value):

@@ -37,7 +37,7 @@ _START = {"model": STR, "ctx": INT, "parallel": INT, "port": INT, "split_mode": 
           "flash_attn": STR, "fit": DICT}
 
 
-@op("serve_start", {"booking": INT}, _START, writes=True)
+@op("serve_start", {"booking": INT}, _START)
 def serve_start(service: Service, me: Identity, booking: int, extra=None, **options) -> dict:
     """Check and lease; returns the row and what the caller needs to launch it as itself (app.llama.launch)."""
     if extra is not None and not all(isinstance(a, str) for a in extra):
@@ -95,7 +95,7 @@ def serve_logs(service: Service, me: Identity, id: int, lines: int = 50) -> dict
             "log": server.log_path if own else None}
 
 
-@op("serve_stop", {"id": INT}, {"reason": STR}, writes=True)
+@op("serve_stop", {"id": INT}, {"reason": STR})
 def serve_stop(service: Service, me: Identity, id: int, reason=None) -> dict:
     """Stop a server (its holder or an admin; refusals audited). Behind the socket it returns `stopping`."""
     rules = light_rules(service, me)
@@ -116,7 +116,7 @@ def serve_key(service: Service, me: Identity, id: int) -> dict:
 _PLAN = {k: v for k, v in _START.items() if k != "port"}  # a planned server leases a port when it starts
 
 
-@op("serve_plan", {}, {"booking": INT, "series": INT, **_PLAN}, writes=True)
+@op("serve_plan", {}, {"booking": INT, "series": INT, **_PLAN})
 def serve_plan(service: Service, me: Identity, booking=None, series=None, extra=None, **options) -> dict:
     """Attach a server spec to the caller's booking, or to every occurrence of their series."""
     from app.service.rules import plans  # start-up: plans load only for servers
@@ -138,7 +138,7 @@ def serve_plans(service: Service, me: Identity, all=False) -> list:
     return [plans.plan_wire(service, p) for p in plan_rows.listing(service.conn, cancelled=all)]
 
 
-@op("serve_plan_cancel", {"id": INT}, writes=True)
+@op("serve_plan_cancel", {"id": INT})
 def serve_plan_cancel(service: Service, me: Identity, id: int) -> dict:
     """Cancel a plan (its holder or an admin): no further starts; a server it already started runs to its end."""
     from app.service.rules import plans  # start-up: plans load only for servers
