@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from app import wire
 from app.client.stamps import receive
 from app.errors import BoardError, ServiceDown, error_for
-from app.operations import OPERATIONS
 
 DOWN = "the board service is not running (systemctl status board-agent)"
 
@@ -32,6 +31,8 @@ def _group_of(path: str) -> str:
 def _resend_safe(op: str) -> bool:
     """Safe to send again after the service restarted while answering: it changes nothing (app.operations); a
     change may have landed before the service died."""
+    from app.operations import OPERATIONS  # start-up: only a request the service dropped asks
+
     found = OPERATIONS.get(op)
     return found is not None and found.resend_safe
 

@@ -125,7 +125,7 @@ def parse_date(text: str, what: str) -> date:
 
 
 def _in_reach(day: date) -> date:
-    """The service's times run from 1970 to 9000 (app.service.ops.registry.TIME): a series' days, a day on and a time
+    """The service's times run from 1970 to 9000 (app.service.ops.registry.Time): a series' days, a day on and a time
     zone away, stay dates Python can hold (its last year is 9999)."""
     if not 1970 <= day.year < 9000:
         raise ValueError

@@ -91,19 +91,30 @@ def test_unknown_operation_is_code_2_and_names_the_known_ones(agent):
 
 
 @pytest.mark.parametrize("op, args, words", [
-    ("cancel", {}, "missing argument 'id'"),
-    ("book", {"start": 1, "cards": [0]}, "missing argument 'end'"),
-    ("cancel", {"id": "7"}, "must be int"),
-    ("cancel", {"id": 1.5}, "must be int"),
-    ("cancel", {"id": True}, "must be int"),
-    ("cancel", {"id": 2**70}, "out of range"),
-    ("book", {"start": 1, "end": 2, "cards": "0,1"}, "must be list"),
-    ("book", {"start": 1, "end": 2, "cards": ["0"]}, "card numbers"),
-    ("list", {"mine": "yes"}, "must be bool"),
-    ("cancel", {"id": 1, "reason": "x"}, "unknown argument 'reason'"),
-    ("cancel", [1], "must be a JSON object"),
-    ("cancel", "1", "must be a JSON object"),
-    # a typed request (app.service.ops.registry.Request): msgspec's check, the field's path in one line
+    # each request is typed (app.service.ops.registry.Request): msgspec's check, the field's path, in one line
+    ("cancel", {}, "cancel: missing argument 'id'"),
+    ("book", {"start": 1, "cards": [0]}, "book: missing argument 'end'"),
+    ("book", {"start": 1, "end": None, "cards": [0]}, "book: missing argument 'end'"),  # a null is not given
+    ("cancel", {"id": "7"}, "cancel: expected int, got str at $.id"),  # strict: no "7" for 7
+    ("cancel", {"id": 1.5}, "cancel: expected int, got float at $.id"),
+    ("cancel", {"id": True}, "cancel: expected int, got bool at $.id"),  # a bool is not an int
+    ("cancel", {"id": 2**70}, "cancel: expected int <= 9223372036854775807 at $.id"),
+    ("book", {"start": -1, "end": 2, "cards": [0]},
+     "book: expected int >= 0 at $.start (a time from 1970 to 9000, epoch seconds)"),
+    ("extend", {"id": 1, "add_seconds": 10**12}, "extend: expected int <= 28401840000 at $.add_seconds (a span"),
+    ("book", {"start": 1, "end": 2, "cards": "0,1"}, "book: expected array | null, got str at $.cards"),
+    ("book", {"start": 1, "end": 2, "cards": ["0"]}, "book: expected int, got str at $.cards[0]"),
+    ("book", {"start": 1, "end": 2, "cards": [0, True]}, "book: expected int, got bool at $.cards[1]"),
+    ("book", {"start": 1, "end": 2, "count": 1, "class": 2}, "book: expected str, got int at $.class"),
+    ("book", {"start": 1, "end": 2, "count": 1, "request": []}, "book: expected object | null, got array at $.request"),
+    ("list", {"mine": "yes"}, "list: expected bool, got str at $.mine"),
+    ("slots", {"start": 1, "end": 2, "limit": "3"}, "slots: expected int, got str at $.limit"),
+    ("history", {"seconds": 60, "uuid": 5}, "history: expected str | null, got int at $.uuid"),
+    ("cancel", {"id": 1, "reason": "x"}, "cancel: unknown argument 'reason'"),
+    ("whoami", {"me": 1}, "whoami: unknown argument 'me'"),
+    ("book", {"start": 1, "end": 2, "count": 1, "klass": "x"}, "book: unknown argument 'klass'"),
+    ("cancel", [1], "cancel: the arguments must be a JSON object"),
+    ("cancel", "1", "cancel: the arguments must be a JSON object"),
     ("series_get", {"id": "7"}, "series_get: expected int, got str at $.id"),
     ("series_get", {"id": True}, "series_get: expected int, got bool at $.id"),
     ("series_get", {"id": 2**70}, "series_get: expected int <= 9223372036854775807 at $.id"),
@@ -118,6 +129,9 @@ def test_unknown_operation_is_code_2_and_names_the_known_ones(agent):
      "series_book: unknown argument 'klass'"),  # the wire says `class`; the Python name is not a second spelling
 ])
 def test_missing_or_mistyped_arguments_are_code_2(agent, op, args, words):
+    """One line naming the operation and the field's path. Wrong versions: the request converted non-strictly ("7"
+    taken for 7, true for 1); a field typed int where it is a Time (no range); `class` read as `klass`; a null
+    sent on as a value."""
     raw = Raw(agent.socket)
     assert words in error_of(raw.request(op, args), 2)
     still_serves(raw)

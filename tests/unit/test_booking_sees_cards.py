@@ -275,6 +275,7 @@ class TestTheBookOp:
     def test_the_result_carries_the_notes_beside_the_booking(self, service):
         from app.model import booking_to_wire
         from app.service.ops import OPS
+        from app.service.ops.bookings import Book
 
         class Service:  # the one thing the op asks of the service
             def __init__(self, rules):
@@ -284,9 +285,9 @@ class TestTheBookOp:
                 return self.rules
 
         rules = service(cards({0: [bobs()]}))
-        result = OPS["book"].handler(Service(rules), rules.me, start=NOW, end=NOW + H, count=1)
+        result = OPS["book"].handler(Service(rules), rules.me, Book(start=NOW, end=NOW + H, count=1))
         assert result == {**booking_to_wire(rules.get(result["id"])),
                           "notes": ["passed over card 0 (bob's processes, 9.0 GiB)"]}
         # Without notes the result is the booking as before, key for key.
-        clean = OPS["book"].handler(Service(rules), rules.me, start=NOW, end=NOW + H, cards=[2])
+        clean = OPS["book"].handler(Service(rules), rules.me, Book(start=NOW, end=NOW + H, cards=[2]))
         assert clean == booking_to_wire(rules.get(clean["id"]))

@@ -3,14 +3,18 @@ registered from app.service.ops agree with it, both ways."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgspec
+
+from app.errors import BoardError
 
 from app.operations import OPERATIONS
 from tests.unit.test_import_hygiene import loaded_after
 
 # The modules still on the older form (`@op(name, {required}, {optional})`, checked by hand): converting one takes it
 # off this list, and the older form goes with the last.
-OLDER_FORM = {"reads", "bookings"}
+OLDER_FORM: set[str] = set()
 
 
 def test_every_operation_in_the_table_registers_from_its_home_module_and_nothing_else_registers():
@@ -57,18 +61,49 @@ def test_the_flags_agree_an_operation_that_changes_bookings_is_never_resent():
     assert all(OPERATIONS[name].resend_safe for name in ("history", "report", "slots", "serve_list", "serve_logs"))
 
 
-def test_the_service_reloads_subscribers_and_moves_queued_bookings_up_as_the_table_says():
-    """The registered entry's flags are the table's, not a second copy. Wrong version: Op keeping its own
-    writes/frees from `@op`."""
-    from app.service.ops import OPS
+def test_subscribers_reload_after_exactly_the_operations_the_table_says_change_bookings(tmp_path):
+    """A real service on a SQLite file: the bookings' version (what open boards reload on) moves after an operation
+    that changes bookings and after no other. Wrong versions: Service.call bumping after every operation; the
+    registered entry keeping a flag of its own (`@op(..., writes=True)` on a read, or none on extend)."""
+    import os
+    import pwd
 
-    for name, entry in OPS.items():
-        assert (entry.changes_bookings, entry.frees) == (OPERATIONS[name].changes_bookings, OPERATIONS[name].frees)
+    from app.config import Config
+    from app.core.identity import Identity
+    from app.gpu import open_source
+    from app.gpu.fleet import Fleet
+    from app.service import Service
+    from tests.conftest import FROZEN_NOW
+
+    clock = lambda: FROZEN_NOW  # noqa: E731
+    service = Service(replace(Config(), db_path=tmp_path / "board.db"), Fleet(open_source(True, clock=clock), 1.0),
+                      clock=clock)
+    me = Identity(pwd.getpwuid(os.getuid()).pw_name, os.getuid(), True)
+    start, end = FROZEN_NOW + 3600, FROZEN_NOW + 7200
+    calls = [("plan", {"start": start, "end": end, "count": 1}), ("slots", {"start": start, "end": end}),
+             ("book", {"start": start, "end": end, "cards": [0]}), ("get", {"id": 1}), ("list", {}),
+             ("extend", {"id": 1, "add_seconds": 600}), ("history", {"seconds": 60}), ("cancel", {"id": 1}),
+             ("whoami", {}), ("series_get", {"id": 1})]
+    seen = []
+    try:
+        for op, args in calls:
+            before = service.hub.versions["bookings"]
+            try:
+                service.call(me, op, args)
+            except BoardError:  # series_get: no series 1; the version stays, as for any refused read
+                pass
+            seen.append((op, service.hub.versions["bookings"] != before))
+    finally:
+        service.close()
+    assert seen == [(op, OPERATIONS[op].changes_bookings) for op, _ in calls]
+    assert {op for op, moved in seen if moved} == {"book", "extend", "cancel"}
 
 
 def test_the_table_loads_nothing_and_the_socket_path_no_msgspec():
-    """Both sides import the table; the socket's quick path stays json and socket. Wrong versions: app.operations
-    importing dataclasses or typing's NamedTuple; app.client.socket importing the registry for its flags."""
+    """Both sides import the table, the socket client only when the service dropped a request; the socket's quick
+    path stays json and socket. Wrong versions: app.operations importing dataclasses or typing's NamedTuple;
+    app.client.socket importing the registry for its flags, or the table at module level."""
     before = loaded_after("import app")
     assert loaded_after("import app.operations") - before == {"__future__", "app.operations"}  # __future__: no code
-    assert not loaded_after("import app.client.socket") & {"msgspec", "app.service", "app.service.ops.registry"}
+    assert not loaded_after("import app.client.socket") & {"msgspec", "app.service", "app.service.ops.registry",
+                                                           "app.operations"}

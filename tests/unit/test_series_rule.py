@@ -244,7 +244,7 @@ def test_a_series_may_span_exactly_the_most_days():
 ])
 def test_a_date_is_read_from_1970_to_8999_where_the_services_times_reach(text, readable):
     """A series' days, a day on and a time zone away, must stay dates (Python's end with 9999): the service's
-    times run from 1970 to 9000 (app.service.ops.registry.TIME)."""
+    times run from 1970 to 9000 (app.service.ops.registry.Time)."""
     if readable:
         assert parse_date(text, "--to").isoformat() == text
     else:

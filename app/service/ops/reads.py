@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import resource
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from app.core.identity import Identity, lookup_user
 from app.errors import BadInput, BoardError
 from app.gpu.model import snapshot_to_wire
-from app.model import booking_to_wire
-from app.service.ops.registry import BOOL, INT, SPAN, STR, TIME, op
+from app.model import BookingWire, booking_to_wire
 from app.service.lastknown import listing as known_listing
 from app.service.lastknown import read_live, remember_window, unreachable
+from app.service.ops.registry import ById, Int, NoArguments, Request, Span, Time, op
 from app.service.status import status_document
 from app.store import bookings as rows
 from app.store import events
@@ -23,15 +23,32 @@ if TYPE_CHECKING:
 # -- who and what -------------------------------------------------------------------------------
 
 
-@op("whoami")
-def whoami(service: Service, me: Identity) -> dict:
+class Whoami(TypedDict):
+    user: str
+    uid: int
+    admin: bool
+    admin_group: str
+    transport: str
+    db: str | None  # the file, in process only: the socket never shows where it is
+
+
+@op("whoami", NoArguments)
+def whoami(service: Service, me: Identity, request: NoArguments) -> Whoami:
     return {"user": me.name, "uid": me.uid, "admin": me.is_admin, "admin_group": service.config.admin_group,
             "transport": service.transport,
             "db": str(service.config.db_path) if service.transport == "local" else None}
 
 
-@op("stats")
-def stats(service: Service, me: Identity) -> dict:
+class Stats(TypedDict):
+    fleet_reads: int
+    subscribers: int
+    registered: int
+    max_rss_kib: int
+    versions: dict[str, int]
+
+
+@op("stats", NoArguments)
+def stats(service: Service, me: Identity, request: NoArguments) -> Stats:
     """How the service is doing: GPU reads so far, subscribers, registered processes, its memory (for benchmarks)."""
     return {
         "fleet_reads": service.fleet.reads,
@@ -42,47 +59,72 @@ def stats(service: Service, me: Identity) -> dict:
     }
 
 
-@op("fleet")
-def fleet(service: Service, me: Identity) -> dict:
+@op("fleet", NoArguments)
+def fleet(service: Service, me: Identity, request: NoArguments) -> dict:
     return snapshot_to_wire(service.fleet_snapshot())
 
 
-@op("history", {"seconds": SPAN}, {"step": SPAN, "uuid": STR})
-def history(service: Service, me: Identity, seconds: int, step: int | None = None, uuid: str | None = None) -> dict:
+class History(Request, frozen=True):
+    seconds: Span
+    step: Span | None = None
+    uuid: str | None = None
+
+
+@op("history", History)
+def history(service: Service, me: Identity, request: History) -> dict[str, list]:
     """Per card uuid (or the one asked for), [taken_at, VRAM GiB, util %, temp °C, power W] every `step` seconds
     over the last `seconds`, oldest first: the service's recorded history (app.history.reply)."""
     from app.history.reply import history_reply  # start-up: only this operation loads the history reader
 
-    return history_reply(service.history, service.fleet, seconds, step, uuid)
+    return history_reply(service.history, service.fleet, request.seconds, request.step, request.uuid)
 
 
-@op("report", {"since_s": SPAN}, {"by": STR})
-def report(service: Service, me: Identity, since_s: int, by: str = "user") -> dict:
+class Report(Request, frozen=True):
+    since_s: Span
+    by: str = "user"
+
+
+@op("report", Report)
+def report(service: Service, me: Identity, request: Report) -> dict[str, Any]:
     """Booked GPU-hours against used ones per user, class, pool or card, and the seeds' verdicts (app.report)."""
     from app.report.gather import report_reply  # start-up: only this operation loads the report
 
     return report_reply(service.conn, service.history, service.config, service.fleet.latest().cards, service.clock(),
-                        since_s, by)
+                        request.since_s, request.by)
 
 
-@op("status")
-def status(service: Service, me: Identity) -> dict:
+@op("status", NoArguments)
+def status(service: Service, me: Identity, request: NoArguments) -> dict[str, Any]:
     """Every card with its state, current and next booking: the `board status --json` document, in epochs."""
     return status_document(service)
 
 
-@op("get", {"id": INT})
-def get(service: Service, me: Identity, id: int) -> dict:
-    return booking_to_wire(service.bookings(me).get(id))
+@op("get", ById)
+def get(service: Service, me: Identity, request: ById) -> BookingWire:
+    return booking_to_wire(service.bookings(me).get(request.id))
 
 
-@op("list", {}, {"start": TIME, "end": TIME, "user": STR, "mine": BOOL, "include_cancelled": BOOL})
-def listing(service: Service, me: Identity, start=None, end=None, user=None, mine=False, include_cancelled=False) -> dict:
-    """`{"bookings": [...]}`: those overlapping [start, end) (no start: the past too), of `user`, cancelled ones too
-    with `include_cancelled`; while a PostgreSQL database is unreachable, this host's as last read, with
-    `stale_since` (app.service.lastknown.listing)."""
-    if mine:
-        user = me.name
+class Listing(Request, frozen=True):
+    """Those overlapping [start, end) (no start: the past too), of `user` (`mine`: the caller), cancelled ones too
+    with `include_cancelled`."""
+    start: Time | None = None
+    end: Time | None = None
+    user: str | None = None
+    mine: bool = False
+    include_cancelled: bool = False
+
+
+class Listed(TypedDict, total=False):
+    bookings: list[BookingWire]
+    stale_since: float  # only while a PostgreSQL database is unreachable: when the bookings were last read
+
+
+@op("list", Listing)
+def listing(service: Service, me: Identity, request: Listing) -> Listed:
+    """`{"bookings": [...]}`: those the request asks for; while a PostgreSQL database is unreachable, this host's as
+    last read, with `stale_since` (app.service.lastknown.listing)."""
+    start, end, include_cancelled = request.start, request.end, request.include_cancelled
+    user = me.name if request.mine else request.user
     try:
         if user is not None and lookup_user(user) is None and not rows.listing(
                 service.conn, start=None, end=None, user=user, include_cancelled=True):
@@ -97,8 +139,21 @@ def listing(service: Service, me: Identity, start=None, end=None, user=None, min
     return {"bookings": [booking_to_wire(b) for b in found]}
 
 
-@op("window", {"start": TIME, "end": TIME})
-def window(service: Service, me: Identity, start: int, end: int) -> dict:
+class Window(Request, frozen=True):
+    start: Time
+    end: Time
+
+
+class Drawn(TypedDict, total=False):
+    version: int
+    now: float
+    upcoming: list[BookingWire]
+    in_window: list[BookingWire]
+    stale_since: float  # only while a PostgreSQL database is unreachable
+
+
+@op("window", Window)
+def window(service: Service, me: Identity, request: Window) -> Drawn:
     """What the board draws: bookings from now on, and those in the timeline's window; while a PostgreSQL database is
     unreachable, as last read, with `stale_since`."""
     now = service.clock()
@@ -106,25 +161,41 @@ def window(service: Service, me: Identity, start: int, end: int) -> dict:
     upcoming, stale_since = read_live(service, now)
     if stale_since is not None:  # the database away: the bookings as last read (app.service.lastknown)
         return {"version": version, "now": now, "upcoming": [booking_to_wire(b) for b in upcoming],
-                "in_window": [booking_to_wire(b) for b in service.known.between(start, end)],
+                "in_window": [booking_to_wire(b) for b in service.known.between(request.start, request.end)],
                 "stale_since": stale_since}
-    in_window = rows.live_between(service.conn, start, end)
+    in_window = rows.live_between(service.conn, request.start, request.end)
     remember_window(service, now, upcoming, in_window)
     return {"version": version, "now": now, "upcoming": [booking_to_wire(b) for b in upcoming],
             "in_window": [booking_to_wire(b) for b in in_window]}
 
 
-@op("all_bookings", {"since": TIME})
-def all_bookings(service: Service, me: Identity, since: int) -> list:
-    return [booking_to_wire(b) for b in rows.listing(service.conn, start=since, end=None, user=None, include_cancelled=True)]
+class Since(Request, frozen=True):
+    since: Time
+
+
+@op("all_bookings", Since)
+def all_bookings(service: Service, me: Identity, request: Since) -> list[BookingWire]:
+    return [booking_to_wire(b) for b in rows.listing(service.conn, start=request.since, end=None, user=None,
+                                                     include_cancelled=True)]
 
 
 # -- audit --------------------------------------------------------------------------------------
 
 
-@op("log", {}, {"limit": INT, "booking": INT})
-def log(service: Service, me: Identity, limit=50, booking=None) -> list:
-    if not 0 < limit <= 1_000_000:
-        raise BadInput(f"{limit} is not a count from 1 to 1000000")
+class Log(Request, frozen=True):
+    limit: Int = 50
+    booking: Int | None = None
+
+
+# An audit event on the wire: app.model.Event's fields (functional form, as app.model.BookingWire).
+EventWire = TypedDict("EventWire", {"id": int, "ts": int, "uid": int, "actor": str, "action": str,
+                                    "booking_id": int | None, "ok": bool, "details": dict[str, Any]})
+
+
+@op("log", Log)
+def log(service: Service, me: Identity, request: Log) -> list[EventWire]:
+    if not 0 < request.limit <= 1_000_000:
+        raise BadInput(f"{request.limit} is not a count from 1 to 1000000")
     return [{"id": e.id, "ts": e.ts, "uid": e.uid, "actor": e.actor, "action": e.action, "booking_id": e.booking_id,
-             "ok": e.ok, "details": e.details} for e in events.recent(service.conn, limit=limit, booking_id=booking)]
+             "ok": e.ok, "details": e.details}
+            for e in events.recent(service.conn, limit=request.limit, booking_id=request.booking)]

@@ -38,18 +38,24 @@ SPAN_HIGH = 28401840000  # 900 years
 
 Time = Annotated[int, msgspec.Meta(ge=TIME_LOW, le=TIME_HIGH, description="a time from 1970 to 9000, epoch seconds")]
 Span = Annotated[int, msgspec.Meta(ge=-SPAN_HIGH, le=SPAN_HIGH, description="a span of at most 900 years, seconds")]
-Int = Annotated[int, msgspec.Meta(ge=-(2**63) + 1, le=2**63 - 1, description="what SQLite's INTEGER holds")]
+Int = Annotated[int, msgspec.Meta(ge=-(2**63) + 1, le=2**63 - 1, description="a 64-bit integer, as SQLite holds")]
 
 
 class Request(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
               rename={"klass": "class", "first": "from"}):
     """An operation's arguments. The one place the wire's Python keywords are spelled: a field `klass` is `class`
-    on the wire, `first` is `from`. msgspec gives a subclass these settings, but mypy takes a subclass that does not
-    say `frozen=True` again for a mutable one: each request says it (a test checks they all do)."""
+    on the wire, `first` is `from`. msgspec gives a subclass these settings, but mypy does not: each request says
+    `frozen=True` again (mypy refuses a "non-frozen" subclass), and `kw_only=True` where its required fields follow
+    a base's defaulted ones."""
 
 
 class NoArguments(Request, frozen=True):
     """The request of an operation that takes none."""
+
+
+class ById(Request, frozen=True):
+    """The request of an operation on one row: a booking, a series, a server, a key."""
+    id: Int
 
 
 INT, STR, BOOL, LIST, DICT = int, str, bool, list, dict  # the older form's types, until every module is converted
@@ -148,8 +154,17 @@ def _meaning(request: type[Request], where: str) -> str | None:
     wire_name = where.removeprefix("$.")
     for info in msgspec.structs.fields(request):
         if info.encode_name == wire_name:
-            hint = get_type_hints(request, include_extras=True)[info.name]
-            return next((m.description for m in get_args(hint)[1:] if isinstance(m, msgspec.Meta)), None)
+            return _description(get_type_hints(request, include_extras=True)[info.name])
+    return None
+
+
+def _description(hint: Any) -> str | None:
+    """The Meta description in a type: Span, or Span | None."""
+    for part in get_args(hint):
+        if isinstance(part, msgspec.Meta):
+            return part.description
+        if (found := _description(part)) is not None:
+            return found
     return None
 
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from app.core.identity import Identity
 from app.model import BookingWire, booking_to_wire
-from app.service.ops.registry import Int, Request, op
+from app.service.ops.registry import ById, Int, Request, op
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -82,17 +82,13 @@ def series_book(service: Service, me: Identity, request: SeriesBook) -> OutcomeR
     return _outcome_wire(outcome)
 
 
-class SeriesId(Request, frozen=True):
-    id: Int
-
-
 class SeriesGot(TypedDict):
     series: SeriesWire
     bookings: list[BookingWire]
 
 
-@op("series_get", SeriesId)
-def series_get(service: Service, me: Identity, request: SeriesId) -> SeriesGot:
+@op("series_get", ById)
+def series_get(service: Service, me: Identity, request: ById) -> SeriesGot:
     series, found = _series(service, me, series_id=request.id).get(request.id)
     return {"series": _series_wire(series), "bookings": [booking_to_wire(b) for b in found]}
 
@@ -118,8 +114,8 @@ class SeriesCancelled(TypedDict):
     running: list[BookingWire]
 
 
-@op("series_cancel", SeriesId)
-def series_cancel(service: Service, me: Identity, request: SeriesId) -> SeriesCancelled:
+@op("series_cancel", ById)
+def series_cancel(service: Service, me: Identity, request: ById) -> SeriesCancelled:
     series, cancelled, running = _series(service, me, series_id=request.id).cancel(request.id)
     _tell_holder(service, me, series, "cancelled")
     return {"series": _series_wire(series), "cancelled": [booking_to_wire(b) for b in cancelled],
