@@ -22,7 +22,7 @@ from app.core.keys import fingerprint, key_hash, new_key
 from app.core.policy import class_refusal, may_use
 from app.errors import BadInput, Conflict, NotPermitted
 from app.service.audit import audit
-from app.service.ops.registry import Int, NoArguments, Request, Time, op
+from app.service.ops.registry import ById, Int, NoArguments, Request, Time, op
 from app.store import keys as rows
 from app.store.db import write
 
@@ -139,12 +139,8 @@ def key_list(service: Service, me: Identity, request: KeyList) -> list[KeyWire]:
     return [_public(k) for k in rows.listing(service.conn, uid=uid, live_at=None if every else int(service.clock()))]
 
 
-class KeyRevoke(Request, frozen=True):
-    id: Int
-
-
-@op("key_revoke", KeyRevoke)
-def key_revoke(service: Service, me: Identity, request: KeyRevoke) -> KeyWire:
+@op("key_revoke", ById)
+def key_revoke(service: Service, me: Identity, request: ById) -> KeyWire:
     id = request.id
     key = rows.get(service.conn, id)
     if key is None or (key["uid"] != me.uid and not me.is_admin):

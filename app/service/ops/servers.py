@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 import msgspec
 
 from app.core.identity import Identity
-from app.service.ops.registry import Int, Request, op
+from app.service.ops.registry import ById, Int, Request, op
 from app.service.servers import changed, light_rules, server_rules
 from app.store import bookings as rows
 
@@ -91,11 +91,6 @@ def serve_start(service: Service, me: Identity, request: ServeStart) -> Started:
         "model_dirs": list(service.config.llama.model_dirs),  # where the supervisor may open a file flag's file
         # The store the supervisor reports to in file mode: the SQLite file, or the PostgreSQL url.
         "db": (service.config.storage_url or str(service.config.db_path)) if service.transport == "local" else None}}
-
-
-class ById(Request, frozen=True):
-    """One server (serve_get, serve_key) or plan (serve_plan_cancel), by its id."""
-    id: Int
 
 
 @op("serve_get", ById)
