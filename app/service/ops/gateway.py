@@ -21,8 +21,8 @@ from app.core.identity import Identity
 from app.core.keys import fingerprint, key_hash, new_key
 from app.core.policy import class_refusal, may_use
 from app.errors import BadInput, Conflict, NotPermitted
-from app.service.audit import audit
 from app.service.ops.registry import ById, Int, NoArguments, Request, Time, op
+from app.service.rules.audit import audit
 from app.store import keys as rows
 from app.store.db import write
 

@@ -40,7 +40,7 @@ def notify_test(service: Service, me: Identity, request: NotifyTest) -> Queued:
     _admin(service, me, "board notify test")
     from app.notify import outbox  # start-up: a command in process loads pushes only for these operations
     from app.notify.formats import Message  # start-up: as above
-    from app.service.notify import deliverer  # start-up: as above
+    from app.service.box.notify import deliverer  # start-up: as above
 
     target = request.target
     settings = service.config.notify

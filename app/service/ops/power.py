@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Protocol, TypedDict, cast
 
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
-from app.service.audit import audit
 from app.service.ops.registry import Int, NoArguments, Request, op
+from app.service.rules.audit import audit
 
 if TYPE_CHECKING:
     from app.service import Service

@@ -9,10 +9,10 @@ from app.core.identity import Identity, lookup_user
 from app.errors import BadInput, BoardError
 from app.gpu.model import snapshot_to_wire
 from app.model import BookingWire, booking_to_wire
-from app.service.lastknown import listing as known_listing
-from app.service.lastknown import read_live, remember_window, unreachable
+from app.service.fleet.lastknown import listing as known_listing
+from app.service.fleet.lastknown import read_live, remember_window, unreachable
+from app.service.fleet.status import status_document
 from app.service.ops.registry import ById, Int, NoArguments, Request, Span, Time, op
-from app.service.status import status_document
 from app.store import bookings as rows
 from app.store import events
 
@@ -122,7 +122,7 @@ class Listed(TypedDict, total=False):
 @op("list", Listing)
 def listing(service: Service, me: Identity, request: Listing) -> Listed:
     """`{"bookings": [...]}`: those the request asks for; while a PostgreSQL database is unreachable, this host's as
-    last read, with `stale_since` (app.service.lastknown.listing)."""
+    last read, with `stale_since` (app.service.fleet.lastknown.listing)."""
     start, end, include_cancelled = request.start, request.end, request.include_cancelled
     user = me.name if request.mine else request.user
     try:
@@ -159,7 +159,7 @@ def window(service: Service, me: Identity, request: Window) -> Drawn:
     now = service.clock()
     version = service.hub.versions["bookings"]
     upcoming, stale_since = read_live(service, now)
-    if stale_since is not None:  # the database away: the bookings as last read (app.service.lastknown)
+    if stale_since is not None:  # the database away: the bookings as last read (app.service.fleet.lastknown)
         return {"version": version, "now": now, "upcoming": [booking_to_wire(b) for b in upcoming],
                 "in_window": [booking_to_wire(b) for b in service.known.between(request.start, request.end)],
                 "stale_since": stale_since}

@@ -1,4 +1,4 @@
-"""The standing slots' operations: book a series, look at it, extend it, cancel it (app.service.series)."""
+"""The standing slots' operations: book a series, look at it, extend it, cancel it (app.service.rules.series)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from app.service.ops.registry import ById, Int, Request, op
 
 if TYPE_CHECKING:
     from app.service import Service
-    from app.service.series import Outcome, SeriesService
+    from app.service.rules.series import Outcome, SeriesService
     from app.store.series import Series
 
 
@@ -34,7 +34,7 @@ class OutcomeReply(TypedDict):
 
 def _series(service: Service, me: Identity, host: str | None = None, series_id: int | None = None) -> SeriesService:
     """The series rules on `host`'s cards (default this host's), or on those of the host series `series_id` is on."""
-    from app.service.series import SeriesService  # start-up: booking commands do not load the series rules
+    from app.service.rules.series import SeriesService  # start-up: booking commands do not load the series rules
     from app.store.series import first_occurrence  # start-up: as above
 
     booking = first_occurrence(service.conn, series_id) if series_id is not None else None
@@ -74,7 +74,7 @@ class SeriesBook(Request, frozen=True):
 
 @op("series_book", SeriesBook)
 def series_book(service: Service, me: Identity, request: SeriesBook) -> OutcomeReply:
-    """Book a standing slot: every occurrence of the rule, all or nothing (app.service.series)."""
+    """Book a standing slot: every occurrence of the rule, all or nothing (app.service.rules.series)."""
     outcome = _series(service, me, request.host).book(
         cards=request.cards, every=request.every, start=request.start, until=request.until, first=request.first,
         last=request.to, klass=request.klass, note=request.note, skip_conflicts=request.skip_conflicts,

@@ -1,6 +1,6 @@
 """The llama-server operations: serve_start, serve_get, serve_list, serve_logs, serve_stop, serve_key.
 
-The rules are app.llama.service (ServerService), bound to the service by app.service.servers, which
+The rules are app.llama.service (ServerService), bound to the service by app.service.box.servers, which
 also supervises the registered servers behind the socket.
 """
 
@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 import msgspec
 
 from app.core.identity import Identity
+from app.service.box.servers import changed, light_rules, server_rules
 from app.service.ops.registry import ById, Int, Request, op
-from app.service.servers import changed, light_rules, server_rules
 from app.store import bookings as rows
 
 if TYPE_CHECKING:
     from app.llama.rows import Server, ServerWire
     from app.service import Service
-    from app.service.plans import PlanWire
+    from app.service.rules.plans import PlanWire
 
 
 def _wire(server: Server, me: Identity) -> ServerWire:
@@ -79,7 +79,7 @@ def serve_start(service: Service, me: Identity, request: ServeStart) -> Started:
     """Check and lease; returns the row and what the caller needs to launch it as itself (app.llama.launch)."""
     booking = request.booking
     if (held := rows.get(service.conn, booking)) is not None:
-        from app.service.hosts import refuse_remote  # start-up: only serve_start asks where the cards are
+        from app.service.fleet.hosts import refuse_remote  # start-up: only serve_start asks where the cards are
 
         refuse_remote(service, held)
     try:
@@ -173,7 +173,7 @@ def serve_key(service: Service, me: Identity, request: ById) -> ServerKey:
     return {"id": request.id, "key": light_rules(service, me).api_key(request.id)}
 
 
-# -- planned servers (app.service.plans) ----------------------------------------------------------
+# -- planned servers (app.service.rules.plans) ----------------------------------------------------------
 
 class ServePlan(ServerSpec, frozen=True):
     """A server spec for a booking or a series, one of them; a planned server leases a port when it starts."""
@@ -184,7 +184,7 @@ class ServePlan(ServerSpec, frozen=True):
 @op("serve_plan", ServePlan)
 def serve_plan(service: Service, me: Identity, request: ServePlan) -> PlanWire:
     """Attach a server spec to the caller's booking, or to every occurrence of their series."""
-    from app.service import plans  # start-up: plans load only for servers
+    from app.service.rules import plans  # start-up: plans load only for servers
 
     try:
         return plans.create(service, me, booking=request.booking, series=request.series,
@@ -200,7 +200,7 @@ class ServePlans(Request, frozen=True):
 @op("serve_plans", ServePlans)
 def serve_plans(service: Service, me: Identity, request: ServePlans) -> list[PlanWire]:
     """Live plans (everyone's: the team sees what will be served), with each one's next start; `all`: cancelled too."""
-    from app.service import plans  # start-up: plans load only for servers
+    from app.service.rules import plans  # start-up: plans load only for servers
     from app.store import plans as plan_rows  # start-up: plans load only for servers
 
     return [plans.plan_wire(service, p) for p in plan_rows.listing(service.conn, cancelled=request.all)]
@@ -209,7 +209,7 @@ def serve_plans(service: Service, me: Identity, request: ServePlans) -> list[Pla
 @op("serve_plan_cancel", ById)
 def serve_plan_cancel(service: Service, me: Identity, request: ById) -> PlanWire:
     """Cancel a plan (its holder or an admin): no further starts; a server it already started runs to its end."""
-    from app.service import plans  # start-up: plans load only for servers
+    from app.service.rules import plans  # start-up: plans load only for servers
 
     try:
         return plans.cancel(service, me, request.id)
