@@ -22,12 +22,12 @@ from app.errors import BadInput, BoardError
 from app.gpu import NoDriverError, open_source
 from app.gpu.fleet import Fleet
 from app.operations import OPERATIONS
-from app.service.box.processes import Registry
+from app.service.rules.audit import AGENT
+from app.service.rules.bookings import BookingService
 from app.service.door.hub import Hub
 from app.service.fleet.lastknown import Known, unreachable
 from app.service.ops.registry import lookup
-from app.service.rules.audit import AGENT
-from app.service.rules.bookings import BookingService
+from app.service.box.processes import Registry
 from app.store import bookings as rows
 from app.store.db import connect, is_postgres, storage_error
 

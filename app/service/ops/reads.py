@@ -11,8 +11,8 @@ from app.gpu.model import snapshot_to_wire
 from app.model import BookingWire, booking_to_wire
 from app.service.fleet.lastknown import listing as known_listing
 from app.service.fleet.lastknown import read_live, remember_window, unreachable
-from app.service.fleet.status import status_document
 from app.service.ops.registry import ById, Int, NoArguments, Request, Span, Time, op
+from app.service.fleet.status import status_document
 from app.store import bookings as rows
 from app.store import events
 

@@ -28,7 +28,7 @@ class SeriesWire(TypedDict):
 class OutcomeReply(TypedDict):
     series: SeriesWire
     bookings: list[BookingWire]
-    skipped: list[dict[str, Any]]  # occurrences passed over, or booked over the policy (app.service.series.Miss)
+    skipped: list[dict[str, Any]]  # occurrences passed over, or booked over the policy (app.service.rules.series.Miss)
     overridden: list[dict[str, Any]]
 
 
