@@ -8,7 +8,7 @@ import signal
 import socket
 import sqlite3
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, TypedDict, cast
 
 from app.store.db import MalformedRow, need, report_malformed
 
@@ -395,17 +395,54 @@ def update(conn: sqlite3.Connection, server_id: int, **fields: Any) -> None:
     conn.execute(f"UPDATE servers SET {', '.join(sets)} WHERE id = ?", [*args, server_id])
 
 
-def server_to_wire(server: Server) -> dict[str, Any]:
+class ServerWire(TypedDict):
+    """A Server as the operations return it: its fields but the API key, the tuples as lists (a test keeps the two
+    in step)."""
+    id: int
+    booking_id: int
+    user: str
+    uid: int
+    cards: list[int]
+    card_uuids: list[str]
+    model: str
+    alias: str | None
+    host: str
+    port: int
+    ctx: int | None
+    parallel: int | None
+    split_mode: str | None
+    metrics: bool
+    cmdline: list[str]
+    log_path: str
+    state: str
+    pid: int | None
+    pid_started: float | None
+    pgid: int | None
+    supervisor_pid: int | None
+    supervisor_started: float | None
+    supervisor_cmdline: list[str]
+    created_at: int
+    ready_at: int | None
+    ended_at: int | None
+    exit_code: int | None
+    exit_signal: int | None
+    reason: str | None
+    log_tail: list[str]
+    estimate: dict | None
+    measured: dict | None
+
+
+def server_to_wire(server: Server) -> ServerWire:
     """The row as the operations return it (JSON values); `server_from_wire` reads it back. Never the API key:
     `serve_key` gives it to those who may have it."""
     data = asdict(server)
     del data["api_key"]
     for name in ("cards", "card_uuids", "cmdline", "supervisor_cmdline", "log_tail"):
         data[name] = list(data[name])
-    return data
+    return cast(ServerWire, data)
 
 
-def server_from_wire(data: dict[str, Any]) -> Server:
+def server_from_wire(data: ServerWire | dict[str, Any]) -> Server:
     values = dict(data)
     for name in ("cards", "card_uuids", "cmdline", "supervisor_cmdline", "log_tail"):
         values[name] = tuple(values.get(name) or ())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any
+from typing import Any, TypedDict
 
 _KEY_COLUMNS = 'id, name, "user", uid, hash, fingerprint, models, class, created_at, expires_at, revoked_at'
 
@@ -85,7 +85,17 @@ def record_usage(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> Non
 _BY = {"user": '"user"', "key": "fingerprint", "model": "model"}
 
 
-def usage(conn: sqlite3.Connection, since: int, by: str) -> list[dict[str, Any]]:
+class UsageRow(TypedDict):
+    user: str  # "" where the rows summed differ
+    key: str  # the key's fingerprint
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    errors: int  # answered with a status of 400 or more
+
+
+def usage(conn: sqlite3.Connection, since: int, by: str) -> list[UsageRow]:
     """Sums since `since`, grouped `by` user, key or model (all three columns shown; the others are summed over
     and show as "" when they differ)."""
     group = _BY[by]

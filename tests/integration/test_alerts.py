@@ -18,6 +18,7 @@ from app.history.store import Sample
 from app.service import Service
 from app.service.box.alerts import alerts_pass
 from app.service.box.notify import deliverer
+from app.service.ops.alerts import Alert
 from tests.conftest import FROZEN_NOW, run_board, sqlite_only
 from tests.integration.test_notify import Clock, Receiver
 
@@ -372,6 +373,7 @@ class TestCli:
         assert everything.returncode == 0
         assert sorted((a["rule"], a["state"]) for a in json.loads(everything.stdout)) == \
             [("hot", "firing"), ("squatter", "resolved")]
+        assert {frozenset(a) for a in json.loads(everything.stdout)} == {frozenset(Alert.__annotations__)}  # as declared
         table = run_board("alerts", "--all", env=env)
         assert table.returncode == 0 and table.stdout.splitlines()[0].split() == ["STATE", "SINCE", "RULE", "ALERT"]
         assert "GPU 5 squatted by \\x1b[31meve" in table.stdout and "\x1b" not in table.stdout  # inert

@@ -265,21 +265,20 @@ def test_power_steps_change_the_simulated_fleet_are_for_admins_and_audited(tmp_p
     from app.gpu.fleet import Fleet
     from app.gpu.simulated import SimulatedSource
     from app.service import Service
-    from app.service.ops import OPS
     from app.store import events
 
     config = Config(db_path=tmp_path / "board.db", power=PowerSettings(limit_w=500.0))
     service = Service(config, Fleet(SimulatedSource(), config.refresh_seconds))
     root, member = Identity("root", 0, True), Identity("alice", 1001, False)
     with pytest.raises(NotPermitted, match="for admins"):
-        OPS["power_step"].handler(service, member, card=2, limit_w=500)
-    OPS["power_step"].handler(service, root, card=2, persistence=False)
-    OPS["power_step"].handler(service, root, card=2, limit_w=500)
+        service.call(member, "power_step", {"card": 2, "limit_w": 500})
+    service.call(root, "power_step", {"card": 2, "persistence": False})
+    service.call(root, "power_step", {"card": 2, "limit_w": 500})
     with pytest.raises(BadInput, match="card 2: the driver refused"):
-        OPS["power_step"].handler(service, root, card=2, limit_w=700)  # over the card's maximum
-    two = OPS["power"].handler(service, member)["cards"][2]
+        service.call(root, "power_step", {"card": 2, "limit_w": 700})  # over the card's maximum
+    two = service.call(member, "power", {})["cards"][2]
     assert (two["limit_w"], two["persistence"], two["drift"]) == (500.0, False, False)
-    assert OPS["power"].handler(service, member)["cards"][3]["drift"] is True
+    assert service.call(member, "power", {})["cards"][3]["drift"] is True
     audited = [(e.actor, e.action, e.ok) for e in reversed(events.recent(service.conn, limit=10))]
     assert audited == [("root", "power-persistence", True), ("root", "power-limit", True),
                        ("root", "power-limit", False)]  # the member's refusal is not a change: not audited
@@ -294,7 +293,6 @@ def test_without_cap_sys_admin_nvml_says_no_and_the_step_names_the_capability(tm
     from app.gpu.fleet import Fleet
     from app.gpu.nvml import NvmlSource
     from app.service import Service
-    from app.service.ops import OPS
     from tests.fakes.fake_pynvml import FakeGpu, FakePynvml
 
     fake = FakePynvml([FakeGpu()])
@@ -303,7 +301,7 @@ def test_without_cap_sys_admin_nvml_says_no_and_the_step_names_the_capability(tm
     config = Config(db_path=tmp_path / "board.db")
     service = Service(config, Fleet(NvmlSource(sysfs=tmp_path), config.refresh_seconds))
     with pytest.raises(NotPermitted, match="needs CAP_SYS_ADMIN"):
-        OPS["power_step"].handler(service, Identity("root", 0, True), card=0, limit_w=500)
+        service.call(Identity("root", 0, True), "power_step", {"card": 0, "limit_w": 500})
     assert fake.gpus[0].power_limit_mw == 575_000
 
 

@@ -7,8 +7,12 @@
 - Valid JSON that is not a time (start 1e300, -1e18, 2**62) or not Unicode text (a lone surrogate
   "\\ud800") is code 2, never code 1, for every operation; `subscribe` with kinds that are not names
   is a code-2 reply, not a dead thread.
+- The typed requests of the servers, keys, pushes, faults, alerts and power operations, sent by a member: a wrong
+  type, an unknown field, a value out of range is code 2 naming the operation and the field's path, and writes
+  nothing; a value at the edge of its range passes the door (to the next check: who asks, or what exists).
 
-Each test runs in process and through the real socket (the agent as the unit runs it; root needed).
+Each test runs in process and through the real socket (the agent as the unit runs it; root needed); the typed
+requests' tests as alice, a member, in a process of her own (tests/service/test_service_permissions.py's worlds).
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ import time
 import pytest
 
 from app.errors import BoardError
+from app.service.ops.registry import TIME_HIGH
 from app.store import bookings
 from tests.service.support import Raw
+from tests.service.test_service_permissions import opened_world
+from tests.users.conftest import unix_users  # noqa: F401 - the users, as tests/users has them
 
 HOUR = 3600
 ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m"  # a window title, clear screen, red
@@ -209,3 +216,105 @@ def test_subscribe_with_kinds_that_are_not_names_is_a_code_2_reply(agent, kinds)
     again = Raw(agent.socket)
     assert again.request("whoami")["ok"] is True
     assert "Traceback" not in agent.log_text()
+
+
+# -- the typed requests, sent by a member ---------------------------------------------------------
+
+RECORD = {"ts": 1, "status": 200, "prompt_tokens": 1, "completion_tokens": 1, "duration_ms": 1}
+INT64 = "9223372036854775807"
+ALICE_REFUSED = [
+    ("serve_start", {"booking": "1"}, "expected int, got str at $.booking"),
+    ("serve_start", {"booking": 1, "extra": ["--no-mmap", 7]}, "expected str, got int at $.extra[1]"),
+    ("serve_start", {"booking": 1, "port": 2**64}, f"expected int <= {INT64} at $.port"),
+    ("serve_start", {"booking": 1, "colour": "red"}, "unknown argument 'colour'"),
+    ("serve_get", {"id": 1.5}, "expected int, got float at $.id"),
+    ("serve_list", {"all": "yes"}, "expected bool, got str at $.all"),
+    ("serve_logs", {"id": 1, "lines": 100_001}, "expected int <= 100000 at $.lines (a count from 0 to 100000)"),
+    ("serve_logs", {"id": 1, "lines": -1}, "expected int >= 0 at $.lines"),
+    ("serve_stop", {"id": 1, "reason": 5}, "expected str | null, got int at $.reason"),
+    ("serve_key", {"id": 1, "key": "x"}, "unknown argument 'key'"),
+    ("serve_plan", {"booking": 1, "port": 8080}, "unknown argument 'port'"),  # a planned server leases one at start
+    ("serve_plan", {"series": 1, "fit": [1]}, "expected object | null, got array at $.fit"),
+    ("serve_plans", {"all": 1}, "expected bool, got int at $.all"),
+    ("serve_plan_cancel", {}, "missing argument 'id'"),
+    ("notify_test", {"target": ["chat"]}, "expected str | null, got array at $.target"),
+    ("notify_status", {"ids": [0]}, "expected int >= 1 at $.ids[0]"),
+    ("notify_status", {"ids": list(range(1, 102))}, "expected array of length <= 100 at $.ids"),
+    ("faults", {}, "missing argument 'since'"),
+    ("faults", {"since": -1}, "expected int >= 0 at $.since (a time from 1970 to 9000, epoch seconds)"),
+    ("faults", {"since": 0, "kind": 1}, "expected str | null, got int at $.kind"),
+    ("alerts", {"limit": 0}, "expected int >= 1 at $.limit (a count from 1 to 10000)"),
+    ("alerts", {"limit": 10_001}, "expected int <= 10000 at $.limit"),
+    ("key_new", {"class": 1}, "expected str | null, got int at $.class"),
+    ("key_new", {"klass": "batch"}, "unknown argument 'klass'"),  # the wire says `class`, and only that
+    ("key_new", {"models": "team-llm"}, "expected array | null, got str at $.models"),
+    ("key_new", {"expires": TIME_HIGH + 1}, f"expected int <= {TIME_HIGH} at $.expires"),
+    ("key_list", {"all": 0}, "expected bool, got int at $.all"),
+    ("key_revoke", {"id": "1"}, "expected int, got str at $.id"),
+    ("gateway_state", {"x": 1}, "unknown argument 'x'"),
+    ("gateway_usage", {"records": [{"ts": 1}]}, "object missing required field status at $.records[0]"),
+    ("gateway_usage", {"records": [{**RECORD, "cost": 1}]}, "object contains unknown field cost at $.records[0]"),
+    ("gateway_usage", {"records": [{**RECORD, "prompt_tokens": 2**53}]},
+     "expected int <= 9007199254740991 at $.records[0].prompt_tokens"),
+    ("gateway_usage", {"records": [RECORD] * 1001}, "expected array of length <= 1000 at $.records"),
+    ("usage", {"since": 2**62}, f"expected int <= {TIME_HIGH} at $.since"),
+    ("usage", {"by": ["user"]}, "expected str, got array at $.by"),
+    ("power", {"card": 0}, "unknown argument 'card'"),
+    ("power_step", {"card": 0, "limit_w": 500.5}, "expected int | null, got float at $.limit_w"),
+    ("power_step", {"card": True, "persistence": True}, "expected int, got bool at $.card"),
+]
+
+
+@pytest.fixture(scope="module", params=["local", "socket"])
+def world(request):
+    for made in opened_world(request, "board-checked-", 39000):
+        made.root.call("key_list")  # the database is made (in process, on first use)
+        yield made
+
+
+def written(world) -> tuple:
+    """What a refused request must leave as it was: the bookings and servers, keys, accounting, outbox, audit log."""
+    return (world.written(), world.mark(), *(world.rows(f"SELECT count(*) FROM {table}")
+                                            for table in ("api_keys", "gateway_usage", "outbox", "server_plans")))
+
+
+@pytest.mark.real_users
+def test_a_members_mistyped_unknown_or_out_of_range_argument_is_code_2_naming_its_path(world):
+    """Each of alice's requests is refused at the door with its operation and the field's path, and writes nothing.
+    Nearest wrong versions, each failing here: a bound dropped (serve_logs' lines, alerts' limit, an outbox id,
+    a record's count: the request passes to the next check); serve_plan's request taking serve_start's (port
+    accepted); key_new's request not a Request (`class` unchecked, unknown fields ignored); a usage record that
+    ignores unknown fields; an admin's operation (notify_status, power_step) that asks who calls before it checks
+    the request (code 4)."""
+    before = written(world)
+    for op, args, words in ALICE_REFUSED:
+        with pytest.raises(BoardError) as refused:
+            world["alice"].call(op, **args)
+        message = str(refused.value)
+        assert (refused.value.exit_code, message.startswith(f"{op}: "), words in message) == (2, True, True), message
+        assert "\n" not in message
+    assert written(world) == before
+
+
+ALICE_AT_THE_EDGES = [
+    ("serve_logs", {"id": 999_999, "lines": 100_000}, 2, "no server 999999"),
+    ("serve_logs", {"id": 999_999, "lines": 0}, 2, "no server 999999"),
+    ("notify_status", {"ids": [1, 2**63 - 1, *range(2, 100)]}, 4, "is for admins"),
+    ("power_step", {"card": 0, "limit_w": 500}, 4, "is for admins"),
+    ("gateway_usage", {"records": [RECORD] * 1000}, 4, "is the gateway's own operation"),
+    ("serve_plan_cancel", {"id": 2**63 - 1}, 2, f"no planned server {2**63 - 1}"),
+]
+
+
+@pytest.mark.real_users
+def test_a_members_request_at_the_edges_of_its_ranges_passes_the_door(world):
+    """At each bound the request is taken, and the next check answers: alerts and faults answer, an admin's or the
+    gateway's operation refuses alice for who she is (code 4), a server or plan that does not exist is named.
+    Wrong versions: a bound moved inwards (lines up to 99999, limit up to 9999, ids from 2, 999 records)."""
+    assert world["alice"].call("alerts", limit=1) == world["alice"].call("alerts", limit=10_000) == []
+    assert world["alice"].call("faults", since=TIME_HIGH)["faults"] == []
+    assert world["alice"].call("usage", since=0)["rows"] == []
+    for op, args, code, words in ALICE_AT_THE_EDGES:
+        with pytest.raises(BoardError) as refused:
+            world["alice"].call(op, **args)
+        assert (refused.value.exit_code, words in str(refused.value)) == (code, True), (op, str(refused.value))

@@ -23,6 +23,7 @@ from app.gpu.model import (THROTTLE_HW_SLOWDOWN, THROTTLE_IDLE, THROTTLE_SW_POWE
                            FleetSnapshot, GpuEvent, Topology)
 from app.gpu.simulated import SimulatedSource, load_scenario, parse_scenario
 from app.service import Service
+from app.service.ops.faults import FaultWire
 from app.gpu.fleet import Fleet
 from app.store import bookings as rows
 from app.store.db import connect, write
@@ -238,6 +239,7 @@ def test_simulated_faults_reach_the_table_through_the_service(tmp_path, clock):
         found = client.call("faults", since=0)
         assert found["counts"] == {"xid": 2, "oom": 1, "throttle": 1, "build": 0}
         assert [f["card"] for f in found["faults"]] == [2, 3, 0, 1]  # newest first; a spell by its start
+        assert {frozenset(f) for f in found["faults"]} == {frozenset(FaultWire.__annotations__)}  # as declared
         assert client.call("faults", since=0, kind="oom")["counts"] == {"oom": 1}
         with pytest.raises(BadInput, match="fault kind"):
             client.call("faults", since=0, kind="fire")

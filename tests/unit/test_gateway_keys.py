@@ -353,11 +353,15 @@ def test_a_record_sent_again_is_recorded_once_and_records_without_an_id_each(ser
     assert (total["requests"], total["prompt_tokens"]) == (5, 50)
 
 
-@pytest.mark.parametrize("request_id", ["x" * 65, "", 7, "a\nb", "é"])
-def test_a_request_id_that_is_not_the_gateways_is_refused_and_nothing_is_written(service, request_id):
+@pytest.mark.parametrize("request_id, words", [
+    ("x" * 65, "request is the gateway's id"), ("", "request is the gateway's id"),
+    ("a\nb", "request is the gateway's id"), ("é", "request is the gateway's id"),
+    (7, r"expected str \| null, got int at \$.records\[1\].request"),  # the type, at the door
+])
+def test_a_request_id_that_is_not_the_gateways_is_refused_and_nothing_is_written(service, request_id, words):
     """Wrong versions: no check (a member's text, or any length, in the table); the 64-character boundary moved."""
     record = {"ts": FROZEN_NOW, "status": 200, "prompt_tokens": 1, "completion_tokens": 1, "duration_ms": 1}
-    with pytest.raises(BadInput, match="request is the gateway's id"):
+    with pytest.raises(BadInput, match=words):
         service.call(GATEWAY, "gateway_usage", {"records": [{**record, "request": "ok-1"},
                                                             {**record, "request": request_id}]})
     assert service.conn.execute("SELECT count(*) FROM gateway_usage").fetchone()[0] == 0

@@ -100,6 +100,7 @@ def test_the_estimate_and_the_measured_figures_round_trip(one_server):
     server = rows.get(one_server, 1)
     assert server.measured == MEASURED
     assert rows.server_from_wire(json.loads(json.dumps(rows.server_to_wire(server)))) == server
+    assert set(rows.server_to_wire(server)) == set(rows.ServerWire.__annotations__)  # the declared reply is the real one
 
 
 @pytest.mark.parametrize("column, text", [

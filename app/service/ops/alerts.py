@@ -3,20 +3,37 @@ alert (a booking ending soon) only to its user. The rules and the engine are app
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, TypedDict, cast
+
+import msgspec
 
 from app.core.identity import Identity
-from app.errors import BadInput
-from app.service.ops.registry import BOOL, INT, op
+from app.service.ops.registry import Request, op
 
 if TYPE_CHECKING:
     from app.service import Service
 
 
-@op("alerts", {}, {"all": BOOL, "limit": INT})
-def alerts(service: Service, me: Identity, all: bool = False, limit: int = 200) -> list:
+class Alerts(Request, frozen=True):
+    all: bool = False  # the resolved ones too
+    limit: Annotated[int, msgspec.Meta(ge=1, le=10_000, description="a count from 1 to 10000")] = 200
+
+
+class Alert(TypedDict):
+    id: int
+    rule: str
+    subject: str
+    state: str  # firing or resolved
+    fired_at: int
+    resolved_at: int | None
+    last_seen: int
+    message: str
+    uid: int | None  # a per-user alert's user; None: the team's
+
+
+@op("alerts", Alerts)
+def alerts(service: Service, me: Identity, request: Alerts) -> list[Alert]:
     from app.alerts.engine import listing  # start-up: only this operation loads the alerts engine
 
-    if not 0 < limit <= 10_000:
-        raise BadInput("alerts: limit is from 1 to 10000")
-    return listing(service.conn, me, all=all, limit=limit)
+    # The engine reads the alerts table's columns: an Alert each.
+    return cast(list[Alert], listing(service.conn, me, all=request.all, limit=request.limit))

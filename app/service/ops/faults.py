@@ -5,12 +5,12 @@ Read-only, for any member: the faults concern the shared cards, not anyone's pri
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from app.core.identity import Identity
 from app.errors import BadInput
 from app.faults import store
-from app.service.ops.registry import STR, TIME, op
+from app.service.ops.registry import Request, Time, op
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -18,10 +18,36 @@ if TYPE_CHECKING:
 LIMIT = 10_000
 
 
-@op("faults", {"since": TIME}, {"kind": STR})
-def faults(service: Service, me: Identity, since: int, kind: str | None = None) -> dict:
+class Faults(Request, frozen=True):
+    since: Time
+    kind: str | None = None  # one of app.faults.store.KINDS; None: every kind
+
+
+class FaultWire(TypedDict):
+    """A recorded fault (app.faults.store.Fault) and its card's index where the fleet knows it."""
+    id: int
+    ts: int
+    card_uuid: str | None
+    kind: str
+    code: int | None
+    detail: str
+    duration_s: float | None
+    booking_id: int | None
+    user: str | None
+    card: int | None
+
+
+class FaultsReply(TypedDict):
+    since: int
+    counts: dict[str, int]  # by kind, over the same window
+    faults: list[FaultWire]  # newest first
+
+
+@op("faults", Faults)
+def faults(service: Service, me: Identity, request: Faults) -> FaultsReply:
     """The faults since `since` (epoch seconds), newest first, with the card's index where the fleet knows it,
     and the counts by kind over the same window."""
+    since, kind = request.since, request.kind
     if kind is not None and kind not in store.KINDS:
         raise BadInput(f"fault kind must be one of {', '.join(store.KINDS)}, not {kind[:20]!r}")
     kinds = None if kind is None else [kind]
@@ -29,4 +55,5 @@ def faults(service: Service, me: Identity, since: int, kind: str | None = None) 
     found = store.recent(service.conn, since, kinds, limit=LIMIT)
     counts = {k: store.count(service.conn, since, [k]) for k in (kinds or store.KINDS)}
     return {"since": since, "counts": counts,
-            "faults": [{**f.to_json(), "card": index.get(f.card_uuid)} for f in found]}
+            "faults": [cast(FaultWire, {**f.to_json(), "card": index.get(f.card_uuid) if f.card_uuid else None})
+                       for f in found]}

@@ -11,7 +11,9 @@ carries every server's API key and every key's hash.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypedDict
+
+import msgspec
 
 from app.config import CLASSES
 from app.core.identity import listed
@@ -19,8 +21,8 @@ from app.core.identity import Identity
 from app.core.keys import fingerprint, key_hash, new_key
 from app.core.policy import class_refusal, may_use
 from app.errors import BadInput, Conflict, NotPermitted
+from app.service.ops.registry import ById, Int, NoArguments, Request, Time, op
 from app.service.rules.audit import audit
-from app.service.ops.registry import BOOL, LIST, STR, TIME, op
 from app.store import keys as rows
 from app.store.db import write
 
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
     from app.service import Service
 
 MAX_BATCH = 1000  # accounting records per gateway_usage call
-_USAGE_INTS = ("ts", "status", "prompt_tokens", "completion_tokens", "duration_ms")
 
 
 def changed(service: Service) -> None:
@@ -41,25 +42,45 @@ def _gateway_only(service: Service, me: Identity, what: str) -> None:
         raise NotPermitted(f"{what} is the gateway's own operation (account {service.config.gateway.user})")
 
 
-def _public(key: dict) -> dict:
-    return {k: key[k] for k in ("id", "name", "user", "fingerprint", "models", "class", "created", "expires",
-                                "revoked")}
+# A key as its holder sees it (functional form: `class` is a keyword); never its hash.
+KeyWire = TypedDict("KeyWire", {
+    "id": int, "name": str, "user": str, "fingerprint": str, "models": list[str] | None, "class": str | None,
+    "created": int, "expires": int | None, "revoked": int | None})
 
 
-def _refuse(service: Service, me: Identity, holder: str, why: str) -> None:
+def _public(key: dict[str, Any]) -> KeyWire:
+    return {"id": key["id"], "name": key["name"], "user": key["user"], "fingerprint": key["fingerprint"],
+            "models": key["models"], "class": key["class"], "created": key["created"], "expires": key["expires"],
+            "revoked": key["revoked"]}
+
+
+def _refuse(service: Service, me: Identity, holder: str, why: str) -> NoReturn:
     """A key refused by rule ([classes], the cap): audited, then exit 4."""
     audit(service, me, "key_new", None, ok=False, details={"user": holder[:64], "why": why})
     raise NotPermitted(why)
 
 
-@op("key_new", {}, {"name": STR, "models": LIST, "class": STR, "expires": TIME, "user": STR})
-def key_new(service: Service, me: Identity, name: str = "", models=None, expires=None, user=None, **rest) -> dict:
+class KeyNew(Request, frozen=True):
+    name: str = ""  # at most 100 printable characters
+    models: list[str] | None = None  # the aliases it may use; None: any
+    klass: str | None = None  # None: the usual class of the holder's bookings, else batch, else the lowest they may use
+    expires: Time | None = None
+    user: str | None = None  # the holder, for admins; None: the caller
+
+
+# The new key, the key itself in this reply and nowhere else (functional form: `class` is a keyword).
+NewKey = TypedDict("NewKey", {
+    "id": int, "name": str, "key": str, "user": str, "models": list[str] | None, "class": str, "expires": int | None,
+    "fingerprint": str})
+
+
+@op("key_new", KeyNew)
+def key_new(service: Service, me: Identity, request: KeyNew) -> NewKey:
     """A new key for `me` (or, for admins, for `user`); the key itself is in this reply and nowhere else."""
-    klass = rest.get("class")
+    name, models, klass, expires, user = request.name, request.models, request.klass, request.expires, request.user
     if klass is not None and klass not in CLASSES:
         raise BadInput(f"class {klass[:20]!r}: use one of {', '.join(CLASSES)}")
-    if models is not None and (not models or not all(isinstance(m, str) and 0 < len(m) <= 200 and m.isprintable()
-                                                     for m in models)):
+    if models is not None and (not models or not all(0 < len(m) <= 200 and m.isprintable() for m in models)):
         raise BadInput("models is a list of model aliases, such as [\"team-llm\"]")
     if len(name) > 100 or not name.isprintable():
         raise BadInput("a key's name is at most 100 printable characters")
@@ -78,10 +99,11 @@ def key_new(service: Service, me: Identity, name: str = "", models=None, expires
     config = service.config
     if klass is None:  # the usual class of their bookings, else batch, else the lowest the holder may use
         usual = rows.usual_class(service.conn, uid)
-        klass = next((k for k in (usual, "batch", *reversed(CLASSES)) if k in CLASSES and may_use(config, k, holder)),
-                     None)
-        if klass is None:
+        chosen = next((k for k in (usual, "batch", *reversed(CLASSES)) if k in CLASSES and may_use(config, k, holder)),
+                      None)
+        if chosen is None:
             _refuse(service, me, holder, f"{holder} may use no class ([classes] in the service's config); ask an admin")
+        klass = chosen
     elif reason := class_refusal(config, klass, holder):
         _refuse(service, me, holder, reason)
     key = new_key()
@@ -105,15 +127,21 @@ def key_new(service: Service, me: Identity, name: str = "", models=None, expires
             "expires": expires, "fingerprint": fingerprint(hashed)}
 
 
-@op("key_list", {}, {"all": BOOL})
-def key_list(service: Service, me: Identity, all: bool = False) -> list:
+class KeyList(Request, frozen=True):
+    all: bool = False  # the revoked and expired ones too, and for admins everyone's
+
+
+@op("key_list", KeyList)
+def key_list(service: Service, me: Identity, request: KeyList) -> list[KeyWire]:
     """Your usable keys; with `all` also the revoked and expired ones, and for admins everyone's."""
-    uid = None if all and me.is_admin else me.uid
-    return [_public(k) for k in rows.listing(service.conn, uid=uid, live_at=None if all else int(service.clock()))]
+    every = request.all
+    uid = None if every and me.is_admin else me.uid
+    return [_public(k) for k in rows.listing(service.conn, uid=uid, live_at=None if every else int(service.clock()))]
 
 
-@op("key_revoke", {"id": int})
-def key_revoke(service: Service, me: Identity, id: int) -> dict:
+@op("key_revoke", ById)
+def key_revoke(service: Service, me: Identity, request: ById) -> KeyWire:
+    id = request.id
     key = rows.get(service.conn, id)
     if key is None or (key["uid"] != me.uid and not me.is_admin):
         raise BadInput(f"no key {id} of yours; see board key list")
@@ -124,11 +152,50 @@ def key_revoke(service: Service, me: Identity, id: int) -> dict:
     audit(service, me, "key_revoke", None, ok=True, details={"key": id, "fingerprint": key["fingerprint"],
                                                               "user": key["user"]})
     changed(service)
-    return _public(rows.get(service.conn, id))
+    revoked = rows.get(service.conn, id)
+    assert revoked is not None  # a key is never deleted
+    return _public(revoked)
 
 
-@op("gateway_state", {})
-def gateway_state(service: Service, me: Identity) -> dict:
+# -- the gateway's own operations -----------------------------------------------------------------
+
+class RoutedServer(TypedDict):
+    """A live server as the gateway routes to it (app.gateway.routing)."""
+    id: int
+    alias: str
+    api_key: str | None  # the server's own key, which the gateway sends it
+    url: str
+    parallel: int
+    user: str
+    booking: int
+    booking_end: int | None
+    cards: list[int]
+    state: str
+    host: str
+
+
+# A usable key as the gateway checks it: its hash, never the key (functional form: `class` is a keyword). Its class
+# is None where its holder may no longer use it.
+RoutedKey = TypedDict("RoutedKey", {
+    "id": int, "hash": str, "user": str, "models": list[str] | None, "class": str | None, "expires": int | None,
+    "revoked": int | None, "fingerprint": str})
+
+
+class TeamAlias(TypedDict):
+    owners: list[str]  # [gateway.team_aliases]: who may serve it
+    holders: list[str]  # the owners whose live servers serve it now
+
+
+class GatewayState(TypedDict):
+    now: int
+    servers: list[RoutedServer]
+    planned: list[dict[str, Any]]  # app.store.plans.planned_servers: alias, booking, start, end, user
+    keys: list[RoutedKey]
+    team_aliases: dict[str, TeamAlias]
+
+
+@op("gateway_state", NoArguments)
+def gateway_state(service: Service, me: Identity, request: NoArguments) -> GatewayState:
     """What the gateway routes by: the live servers (with their API keys), the planned ones, the usable keys."""
     _gateway_only(service, me, "gateway_state")
     from app.llama import rows as servers  # start-up: llama's modules load only for servers
@@ -138,7 +205,7 @@ def gateway_state(service: Service, me: Identity) -> dict:
     now = int(service.clock())
     conn = service.conn
     api_keys = dict(conn.execute("SELECT id, api_key FROM servers WHERE state IN ('starting', 'ready', 'stopping')"))
-    found = []
+    found: list[RoutedServer] = []
     for server in servers.live(conn):
         booking = bookings.get(conn, server.booking_id)
         host = "127.0.0.1" if server.host in ("0.0.0.0", "", "127.0.0.1", "localhost") else server.host
@@ -148,49 +215,79 @@ def gateway_state(service: Service, me: Identity) -> dict:
             "user": server.user, "booking": server.booking_id, "booking_end": booking.end if booking else None,
             "cards": list(server.cards), "state": server.state, "host": "local"})
     # A key made before [classes] kept its class from its holder waits after every class (None ranks last).
-    keys = [{"id": k["id"], "hash": k["hash"], "user": k["user"], "models": k["models"],
-             "class": k["class"] if may_use(service.config, k["class"], k["user"]) else None,
-             "expires": k["expires"], "revoked": k["revoked"], "fingerprint": k["fingerprint"]}
-            for k in rows.listing(conn, live_at=now)]
+    keys: list[RoutedKey] = [{"id": k["id"], "hash": k["hash"], "user": k["user"], "models": k["models"],
+                              "class": k["class"] if may_use(service.config, k["class"], k["user"]) else None,
+                              "expires": k["expires"], "revoked": k["revoked"], "fingerprint": k["fingerprint"]}
+                             for k in rows.listing(conn, live_at=now)]
     # The team aliases ([gateway.team_aliases]), each with its live servers' holders who may serve it: the router
     # routes such an alias to those holders' servers only, and any other alias to one holder's (routing.Router).
-    teams = {alias: {"owners": list(owners), "holders": sorted({s["user"] for s in found if s["alias"] == alias
-                                                                 and listed(owners, s["user"])})}
-             for alias, owners in service.config.gateway.team_aliases.items()}
+    teams: dict[str, TeamAlias] = {
+        alias: {"owners": list(owners), "holders": sorted({s["user"] for s in found if s["alias"] == alias
+                                                           and listed(owners, s["user"])})}
+        for alias, owners in service.config.gateway.team_aliases.items()}
     return {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys, "team_aliases": teams}
 
 
-@op("gateway_usage", {"records": LIST})
-def gateway_usage(service: Service, me: Identity, records: list) -> dict:
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)]  # a JSON number every reader takes whole
+
+
+class UsageRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """One request the gateway answered, as it reports it (app.store.keys.USAGE_FIELDS)."""
+    ts: Count
+    status: Count
+    prompt_tokens: Count
+    completion_tokens: Count
+    duration_ms: Count
+    key_id: Int | None = None
+    server_id: Int | None = None
+    ttft_ms: Int | None = None
+    fingerprint: str | None = None
+    user: str | None = None
+    model: str | None = None
+    request: str | None = None  # the gateway's id for the record, so that a batch sent twice is recorded once
+
+
+class GatewayUsage(Request, frozen=True):
+    records: Annotated[list[UsageRecord], msgspec.Meta(max_length=MAX_BATCH, description=f"at most {MAX_BATCH} records at once")]
+
+
+class Recorded(TypedDict):
+    recorded: int
+
+
+@op("gateway_usage", GatewayUsage)
+def gateway_usage(service: Service, me: Identity, request: GatewayUsage) -> Recorded:
     """A batch of accounting records from the gateway (app.store.keys.USAGE_FIELDS)."""
     _gateway_only(service, me, "gateway_usage")
-    if len(records) > MAX_BATCH:
-        raise BadInput(f"gateway_usage: at most {MAX_BATCH} records at once")
     clean = []
-    for record in records:
-        if not isinstance(record, dict):
-            raise BadInput("gateway_usage: each record is an object")
-        row = {f: record.get(f) for f in rows.USAGE_FIELDS}
-        for f in _USAGE_INTS:
-            if not isinstance(row[f], int) or isinstance(row[f], bool) or not 0 <= row[f] < 2**53:
-                raise BadInput(f"gateway_usage: {f} must be a whole number")
-        for f in ("fingerprint", "user", "model"):
-            row[f] = str(row[f] or "")[:200]
-        for f in ("key_id", "server_id", "ttft_ms"):
-            if not isinstance(row[f], int) or isinstance(row[f], bool):
-                row[f] = None
-        if row["request"] is not None and not (isinstance(row["request"], str) and 0 < len(row["request"]) <= 64
-                                               and row["request"].isascii() and row["request"].isprintable()):
+    for record in request.records:
+        if record.request is not None and not (0 < len(record.request) <= 64 and record.request.isascii()
+                                               and record.request.isprintable()):
             raise BadInput("gateway_usage: request is the gateway's id for the record, at most 64 printable characters")
+        row = {f: getattr(record, f) for f in rows.USAGE_FIELDS}
+        for f in ("fingerprint", "user", "model"):
+            row[f] = (row[f] or "")[:200]
         clean.append(row)
     with write(service.conn):
         rows.record_usage(service.conn, clean)
     return {"recorded": len(clean)}
 
 
-@op("usage", {}, {"since": TIME, "by": STR})
-def usage(service: Service, me: Identity, since: int = 0, by: str = "user") -> dict:
+class Usage(Request, frozen=True):
+    since: Time = 0
+    by: str = "user"  # user, key or model
+
+
+class UsageReply(TypedDict):
+    since: int
+    by: str
+    rows: list[rows.UsageRow]
+
+
+@op("usage", Usage)
+def usage(service: Service, me: Identity, request: Usage) -> UsageReply:
     """The gateway's requests and tokens since `since`, summed by user, key or model (everyone's, like report)."""
+    since, by = request.since, request.by
     if by not in ("user", "key", "model"):
         raise BadInput(f"by {by[:20]!r}: use user, key or model")
     return {"since": since, "by": by, "rows": rows.usage(service.conn, since, by)}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, TypedDict
+
+import msgspec
 
 from app.core.identity import Identity
 from app.core.text import inert
 from app.errors import BadInput, NotPermitted
-from app.service.ops.registry import LIST, STR, op
+from app.service.ops.registry import Request, op
 from app.store import events
 from app.store.db import write
 
@@ -22,8 +24,17 @@ def _admin(service: Service, me: Identity, what: str) -> None:
         raise NotPermitted(f"{what} is for admins (group {service.config.admin_group}): it posts to the team's chat")
 
 
-@op("notify_test", {}, {"target": STR})
-def notify_test(service: Service, me: Identity, target: str | None = None) -> dict:
+class NotifyTest(Request, frozen=True):
+    target: str | None = None  # one [[notify.targets]] name; None: each target
+
+
+class Queued(TypedDict):
+    ids: list[int]  # the outbox rows, for notify_status
+    wait_s: float  # how long the CLI waits for them
+
+
+@op("notify_test", NotifyTest)
+def notify_test(service: Service, me: Identity, request: NotifyTest) -> Queued:
     """Queue one test message to each target (or the named one), ahead of everything else; returns the ids to
     follow with notify_status. Without a delivery thread (the service in this process) it is sent here."""
     _admin(service, me, "board notify test")
@@ -31,6 +42,7 @@ def notify_test(service: Service, me: Identity, target: str | None = None) -> di
     from app.notify.formats import Message  # start-up: as above
     from app.service.box.notify import deliverer  # start-up: as above
 
+    target = request.target
     settings = service.config.notify
     names = [t.name for t in settings.targets]
     if not names:
@@ -54,16 +66,31 @@ def notify_test(service: Service, me: Identity, target: str | None = None) -> di
     return {"ids": ids, "wait_s": settings.timeout_s * (len(ids) + 1) + 30}
 
 
-@op("notify_status", {"ids": LIST})
-def notify_status(service: Service, me: Identity, ids: list) -> list:
+OutboxId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+
+
+class NotifyStatus(Request, frozen=True):
+    ids: Annotated[list[OutboxId], msgspec.Meta(max_length=100, description="a list of up to 100 outbox ids")]
+
+
+class Delivery(TypedDict):
+    id: int
+    target: str
+    where: str  # the target described, never its url
+    state: str
+    attempts: int
+    status: int | None  # the last HTTP status
+    error: str | None
+
+
+@op("notify_status", NotifyStatus)
+def notify_status(service: Service, me: Identity, request: NotifyStatus) -> list[Delivery]:
     """Where these outbox rows stand: state, attempts, the last HTTP status and error (never a url)."""
     _admin(service, me, "board notify status")
     from app.notify import outbox  # start-up: a command in process loads pushes only for these operations
     from app.notify.deliver import describe  # start-up: as above
 
-    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids) or len(ids) > 100:
-        raise BadInput("notify_status: ids is a list of up to 100 outbox ids")
     targets = {t.name: t for t in service.config.notify.targets}
     return [{"id": r.id, "target": r.target, "where": describe(targets[r.target]) if r.target in targets else r.target,
              "state": r.state, "attempts": r.attempts, "status": r.last_status, "error": r.last_error}
-            for r in outbox.rows(service.conn, ids)]
+            for r in outbox.rows(service.conn, request.ids)]

@@ -19,7 +19,7 @@ import os
 import pwd
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from app import wire
 from app.core.identity import Identity
@@ -60,7 +60,7 @@ def runner_uid(service: Service) -> int | None:
 # -- plans ---------------------------------------------------------------------------------------
 
 
-def create(service: Service, me: Identity, *, booking: int | None, series: int | None, spec: dict) -> dict:
+def create(service: Service, me: Identity, *, booking: int | None, series: int | None, spec: dict) -> PlanWire:
     """A plan for the caller's booking (not ended) or series; the spec checked as `serve start` checks it."""
     from app.llama import aliases  # start-up: llama's modules load only for servers
     from app.llama import command as cmd  # start-up: llama's modules load only for servers
@@ -123,7 +123,7 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
     return plan_wire(service, plan_rows.get(service.conn, plan_id))
 
 
-def cancel(service: Service, me: Identity, plan_id: int) -> dict:
+def cancel(service: Service, me: Identity, plan_id: int) -> PlanWire:
     plan = plan_rows.get(service.conn, plan_id)
     if plan is None:
         raise BadInput(f"no planned server {plan_id}; 'board serve plan --list' shows them")
@@ -137,7 +137,24 @@ def cancel(service: Service, me: Identity, plan_id: int) -> dict:
     return plan_wire(service, plan_rows.get(service.conn, plan_id))
 
 
-def plan_wire(service: Service, plan: plan_rows.Plan) -> dict[str, Any]:
+class PlanWire(TypedDict):
+    """A planned server as serve_plan, serve_plans and serve_plan_cancel return it."""
+    id: int
+    booking: int | None  # a booking's plan, or a series' (one of the two)
+    series: int | None
+    user: str
+    alias: str
+    model: str | None
+    ctx: int | None
+    parallel: int | None
+    created: int
+    cancelled: int | None
+    next_start: int | None  # its next occurrence's start; None: none is coming
+    next_booking: int | None
+    refused: dict[str, Any] | None  # why its latest start gave no server: {booking, error}
+
+
+def plan_wire(service: Service, plan: plan_rows.Plan) -> PlanWire:
     upcoming = plan_rows.upcoming(service.conn, int(service.clock()), plan_id=plan.id)
     return {"id": plan.id, "booking": plan.booking_id, "series": plan.series_id, "user": plan.user,
             "alias": plan.alias, "model": plan.spec.get("model"), "ctx": plan.spec.get("ctx"),
