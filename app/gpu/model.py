@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 # Link levels between two cards, as NVML's nvmlDeviceGetTopologyCommonAncestor reports them.
 # Lower is closer. Two cards under one PCIe switch are SINGLE or MULTIPLE; across CPU sockets SYSTEM.
@@ -158,8 +159,8 @@ WireCard = TypedDict("WireCard", {
     "pcie_rx_mib_s": float | None,
     "warnings": NotRequired[list[str]],  # HOT, FULL
     "users": NotRequired[list[str]],  # who runs processes on it, in first-seen order
-    "booking": NotRequired[dict[str, Any] | None],  # the booking holding it now (app.model.booking_to_wire)
-    "next_booking": NotRequired[dict[str, Any] | None],
+    "booking": NotRequired[Mapping[str, object] | None],  # the booking holding it now (app.model.BookingWire)
+    "next_booking": NotRequired[Mapping[str, object] | None],
     "processes": list[WireProcess],
     "host_down": NotRequired[bool],  # on a down host's cards only: its heartbeat is late
     "down_since": NotRequired[float],  # with host_down: its last heartbeat

@@ -10,25 +10,17 @@ from app.errors import BoardError
 from app.operations import OPERATIONS
 from tests.unit.test_import_hygiene import loaded_after
 
-# The modules still on the older form (`@op(name, {required}, {optional})`, checked by hand): converting one takes it
-# off this list, and the older form goes with the last.
-OLDER_FORM: set[str] = set()
-
-
 def test_every_operation_in_the_table_registers_from_its_home_module_and_nothing_else_registers():
     """Both ways: each table entry is registered by the module the table names (so the service, which imports only
-    that module, finds it), with a request type unless its module is on the older form; and every registered
-    operation is in the table. Wrong versions: an operation registered in another module than its home; one
-    registered and left out of the table; a converted module with an operation still on the older form."""
+    that module, finds it), with a request type; and every registered operation is in the table. Wrong versions: an
+    operation registered in another module than its home; one registered and left out of the table."""
     from app.service.ops import OPS
     from app.service.ops.registry import Request, lookup
 
     assert set(OPS) == set(OPERATIONS), sorted(set(OPS) ^ set(OPERATIONS))
     assert {name: entry.handler.__module__ for name, entry in OPS.items()} == \
         {name: f"app.service.ops.{entry.home}" for name, entry in OPERATIONS.items()}
-    typed = {name for name, entry in OPS.items() if entry.request is not None}
-    assert typed == {name for name, entry in OPERATIONS.items() if entry.home not in OLDER_FORM}
-    assert all(issubclass(OPS[name].request, Request) for name in typed)
+    assert all(issubclass(entry.request, Request) for entry in OPS.values())
     assert lookup("book") is OPS["book"]
     assert lookup("no_such_operation") is None and lookup(["book"]) is None
 

@@ -9,20 +9,13 @@ A request is a `Request` (a frozen msgspec Struct, no unknown fields), declared 
 (strict: no "7" for 7, no true for 1), and a ValidationError is BadInput (exit 2) naming the operation and the
 field's path. The handler gets the Service, the caller's Identity and the request, and returns the reply.
 
-Converting a module from the older form (`@op(name, {required}, {optional})`, the arguments as keywords):
-- a Request per operation, beside its handler: `class Cancel(Request, frozen=True)`, its fields typed `Time`,
-  `Span`, `Int` where the older form said TIME, SPAN, INT; `klass` where the wire says `class`, `first` for `from`
-  (Request renames both); defaults as the handler's were; a null on the wire is a field not given;
-- `@op(name, Cancel)` (the flags are the table's), the handler `(service, me, request: Cancel) -> Reply`, with a
-  TypedDict (or Struct) reply beside it;
-- the module off tests/unit/test_operations.py's OLDER_FORM; the older form goes once no module uses it.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Callable, TypeVar, get_args, get_type_hints, overload
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Callable, TypeVar, get_args, get_type_hints
 
 import msgspec
 
@@ -58,29 +51,11 @@ class ById(Request, frozen=True):
     id: Int
 
 
-INT, STR, BOOL, LIST, DICT = int, str, bool, list, dict  # the older form's types, until every module is converted
-
-
-@dataclass(frozen=True)
-class Whole:
-    """The older form's integer argument in [low, high]."""
-    low: int
-    high: int
-    what: str
-    __name__ = "int"
-
-
-TIME = Whole(TIME_LOW, TIME_HIGH, "a time from 1970 to 9000 (epoch seconds)")
-SPAN = Whole(-SPAN_HIGH, SPAN_HIGH, "a span of at most 900 years (seconds)")
-
-
 @dataclass(frozen=True)
 class Op:
     name: str
     handler: Callable[..., Any]
-    request: type[Request] | None = None  # None: the older form, checked by hand against required and optional
-    required: dict[str, Any] = field(default_factory=dict)  # the older form's: name -> INT, STR, ..., TIME, SPAN
-    optional: dict[str, Any] = field(default_factory=dict)
+    request: type[Request]
 
     @property
     def changes_bookings(self) -> bool:
@@ -91,14 +66,12 @@ class Op:
         return OPERATIONS[self.name].frees
 
     def check(self, args: Any) -> Any:
-        """The request (the older form: the arguments as keywords); a missing, unknown or mistyped argument is
-        BadInput (exit 2). A null is an argument not given, as it always was on this wire."""
+        """The request; a missing, unknown or mistyped argument is BadInput (exit 2). A null is an argument not
+        given, as it always was on this wire."""
         if args is None:
             args = {}
         if not isinstance(args, dict):
             raise BadInput(f"{self.name}: the arguments must be a JSON object")
-        if self.request is None:
-            return self._check_by_hand(args)
         try:
             return msgspec.convert({k: v for k, v in args.items() if v is not None}, self.request)
         except msgspec.ValidationError as error:
@@ -106,27 +79,7 @@ class Op:
 
     def run(self, service: Any, me: Identity, checked: Any) -> Any:
         """The handler's reply to the checked request."""
-        if self.request is None:
-            return self.handler(service, me, **checked)
         return self.handler(service, me, checked)
-
-    def _check_by_hand(self, args: dict) -> dict[str, Any]:
-        for name in self.required:
-            if args.get(name) is None:
-                raise BadInput(f"{self.name}: missing argument {name!r}")
-        known = {**self.required, **self.optional}
-        for name, value in args.items():
-            if name not in known:
-                raise BadInput(f"{self.name}: unknown argument {str(name)[:40]!r}")
-            kind = known[name]
-            whole = kind is INT or isinstance(kind, Whole)
-            if value is not None and (not isinstance(value, int if whole else kind) or (whole and isinstance(value, bool))):
-                raise BadInput(f"{self.name}: argument {name!r} must be {kind.__name__}")
-            if kind is INT and value is not None and not -(2**63) < value < 2**63:
-                raise BadInput(f"{self.name}: argument {name!r} is out of range")
-            if isinstance(kind, Whole) and value is not None and not kind.low <= value <= kind.high:
-                raise BadInput(f"{self.name}: argument {name!r} must be {kind.what}")
-        return {k: v for k, v in args.items() if v is not None}
 
 
 _MISSING = re.compile(r"Object missing required field `(.*)`")
@@ -183,36 +136,14 @@ def lookup(name: object) -> Op | None:
 
 
 R = TypeVar("R", bound=Request)
-H = TypeVar("H", bound=Callable[..., Any])
 
 
-@overload
 def op(name: str, request: type[R]) -> Callable[[Callable[[Any, Identity, R], Any]], Callable[[Any, Identity, R], Any]]:
-    ...
-
-
-@overload
-def op(name: str, request: dict[str, Any] | None = None, optional: dict[str, Any] | None = None) -> Callable[[H], H]:
-    ...
-
-
-def op(name: str, request: Any = None, optional: dict[str, Any] | None = None) -> Callable[[Any], Any]:
     """Register the handler of operation `name` (its facts are app.operations.OPERATIONS[name]) with the type of its
-    request; the older form gives dicts of the required and optional arguments instead."""
-    def register(handler: Callable[..., Any]) -> Callable[..., Any]:
-        if isinstance(request, type):
-            OPS[name] = Op(name, handler, request)
-        else:
-            OPS[name] = Op(name, handler, None, request or {}, optional or {})
+    request."""
+    def register(handler: Callable[[Any, Identity, R], Any]) -> Callable[[Any, Identity, R], Any]:
+        OPS[name] = Op(name, handler, request)
         return handler
 
     return register
 
-
-def card_list(value: list | None) -> list[int] | None:
-    """The older form's LIST argument that names cards: card numbers only."""
-    if value is None:
-        return None
-    if not all(isinstance(c, int) and not isinstance(c, bool) for c in value):
-        raise BadInput("cards must be a list of card numbers")
-    return value
