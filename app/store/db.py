@@ -10,12 +10,15 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from app.config import PostgresStore
 from app.errors import BadInput, BoardError, NotPermitted
 from app.store import schema
 from app.store.filesystem import network_filesystem
+
+if TYPE_CHECKING:
+    from app.store.pg import PgConnection
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -35,17 +38,14 @@ class BoardConnection(sqlite3.Connection):
     """A connection that remembers the file it opened, so a failed write can name it."""
 
     path: Path
+    fleet_host: str  # set by the service only (app.service): the host its audit events name; read with getattr
 
 
-def connect(path: Path | PostgresStore, *, create: bool = True) -> sqlite3.Connection:
+def connect(path: Path | PostgresStore, *, create: bool = True) -> BoardConnection:
     """Open the board database, creating and migrating it on first use: `path` is Config.store (or a SQLite file)."""
     if isinstance(path, PostgresStore):
-        from app.store import pg  # start-up: only a PostgreSQL store loads it (and psycopg)
-
-        try:
-            return pg.connect(path)  # type: ignore[return-value]
-        except sqlite3.Error as error:
-            raise storage_error(path, error) from None
+        # a PgConnection: it answers as sqlite3's does (app.store.pg), without being one
+        return connect_pg(path)  # type: ignore[return-value]
     path = Path(path)
     try:
         kind = network_filesystem(path)
@@ -81,6 +81,16 @@ def connect(path: Path | PostgresStore, *, create: bool = True) -> sqlite3.Conne
     except sqlite3.Error as error:
         raise storage_error(path, error) from None
     return conn
+
+
+def connect_pg(store: PostgresStore) -> PgConnection:
+    """Open a PostgreSQL store: where the code needs PostgreSQL's own parts (LISTEN, the database's clock)."""
+    from app.store import pg  # start-up: only a PostgreSQL store loads it (and psycopg)
+
+    try:
+        return pg.connect(store)
+    except sqlite3.Error as error:
+        raise storage_error(store, error) from None
 
 
 def _exists(path: Path) -> bool:
