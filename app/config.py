@@ -77,7 +77,7 @@ class EnforceSettings:
 
 @dataclass(frozen=True, slots=True)
 class MetricsSettings:
-    """`listen = "127.0.0.1:9400"`: the service serves Prometheus's /metrics there (app.service.metrics); unset: off."""
+    """`listen = "127.0.0.1:9400"`: the service serves Prometheus's /metrics there (app.service.box.metrics); unset: off."""
 
     listen: str | None = None
 

@@ -197,7 +197,7 @@ def status_text(found: dict, now: float) -> str:
 
 def stale_note(found: dict, now: float) -> str:
     """The line that says a reply (`status`, `list`) is the service's last read of the bookings: the database is
-    unreachable (app.service.lastknown)."""
+    unreachable (app.service.fleet.lastknown)."""
     from app.core.text import format_time
 
     return (f"bookings as of {format_time(found['stale_since'], now)}: the board database is unreachable;"

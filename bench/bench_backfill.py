@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from app.config import CLASSES, Config  # noqa: E402
 from app.core.identity import Identity  # noqa: E402
 from app.gpu import open_source  # noqa: E402
-from app.service.bookings import BookingService  # noqa: E402
+from app.service.rules.bookings import BookingService  # noqa: E402
 from app.store import bookings as rows  # noqa: E402
 from app.store.db import connect  # noqa: E402
 

@@ -6,6 +6,7 @@ Medians; the ratio is against that baseline. Target (issue 8, section 6): 2x or 
     sudo .venv/bin/python bench/bench_cli.py [--runs 30] [--group boardusers] [--breakdown]
     .venv/bin/python bench/bench_cli.py --file [--runs 30] [--breakdown]     # the old file mode (BOARD_DB), no root
     .venv/bin/python bench/bench_cli.py --file --against /tmp/old   # and another checkout's, in the same rounds
+    sudo .venv/bin/python bench/bench_cli.py --against /tmp/old     # the same through two agents, one each
 
 Socket mode needs root: it starts a throwaway agent as the user board, exactly as the unit does
 (bench/shared_install.py), and runs every case as alice through setpriv (the baseline too, so
@@ -16,6 +17,7 @@ and is cancelled afterwards, off the clock. The agent and its directory are gone
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -63,12 +65,14 @@ def report(wall: dict[str, list[float]], cpu: dict[str, list[float]], target: fl
 
 
 def run_cases(cases: dict, runs: int, env: dict, cwd: str | None = None, user: str | None = None,
-              after=None) -> tuple[dict, dict]:
+              after=None, envs: dict | None = None) -> tuple[dict, dict]:
+    """Each case `runs` times, interleaved; `envs` gives a case an environment of its own (another install's)."""
     wall: dict[str, list[float]] = {name: [] for name in cases}
     cpu: dict[str, list[float]] = {name: [] for name in cases}
     for n in range(runs):
         for name, argv in cases.items():  # interleaved, so machine noise hits every case alike
-            elapsed, used, out = timed(as_user(user, argv(n)) if user else argv(n), env, cwd)
+            case_env = (envs or {}).get(name, env)
+            elapsed, used, out = timed(as_user(user, argv(n)) if user else argv(n), case_env, cwd)
             wall[name].append(elapsed)
             cpu[name].append(used)
             if after is not None:
@@ -108,31 +112,37 @@ def compile_bytecode() -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "app")], check=True, stdout=subprocess.DEVNULL)
 
 
-def socket_mode(runs: int, group: str, user: str, breakdown: bool) -> None:
+def socket_mode(runs: int, group: str, user: str, breakdown: bool, against: Path | None = None) -> None:
     compile_bytecode()
-    with shared_install(group=group) as install:
-        env = install.environ(user)
-        board = str(BIN / "board")
-        install.run(user, "status", check=True)  # the first request opens (and migrates) the database: not timed
-        cases = {
-            "baseline: python3 -c 'import sqlite3'": lambda n: [sys.executable, "-c", "import sqlite3"],
-            "board status --json": lambda n: [board, "status", "--json"],
-            "board book 1 --for 10m --start +Nh": lambda n: [board, "book", "1", "--for", "10m", "--start",
-                                                             f"+{n + 1}h", "--json"],
-        }
+    checkouts = {"": BIN / "board"}
+    if against is not None:  # the other checkout's board and agent (its own venv), an install of its own
+        subprocess.run([str(against / ".venv" / "bin" / "python"), "-m", "compileall", "-q", str(against / "app")],
+                       check=True, stdout=subprocess.DEVNULL)
+        checkouts["against: "] = against / ".venv" / "bin" / "board"
+    with contextlib.ExitStack() as stack:
+        cases = {"baseline: python3 -c 'import sqlite3'": lambda n: [sys.executable, "-c", "import sqlite3"]}
+        envs, admins = {}, {}
+        for label, board_path in checkouts.items():
+            install = stack.enter_context(shared_install(group=group, board=board_path))
+            install.run(user, "status", check=True)  # the first request opens (and migrates) the database: not timed
+            board = str(board_path)
+            cases[f"{label}board status --json"] = lambda n, board=board: [board, "status", "--json"]
+            cases[f"{label}board book 1 --for 10m --start +Nh"] = lambda n, board=board: [
+                board, "book", "1", "--for", "10m", "--start", f"+{n + 1}h", "--json"]
+            envs.update({f"{label}board status --json": install.environ(user),
+                         f"{label}board book 1 --for 10m --start +Nh": install.environ(user)})
+            admins[f"{label}board book 1 --for 10m --start +Nh"] = stack.enter_context(
+                contextlib.closing(install.client()))  # root: cancels each booking after it is timed
+        env = next(iter(envs.values()))
         if breakdown:
             cases.update({name: (lambda code: lambda n: [sys.executable, "-c", code])(code)
                           for name, code in BREAKDOWN.items()})
-        admin = install.client()  # root: cancels each booking after it is timed, through the service
 
         def cancel(name: str, out: str) -> None:
-            if name.startswith("board book"):
-                admin.call("cancel", id=json.loads(out)["id"])
+            if name in admins:
+                admins[name].call("cancel", id=json.loads(out)["id"])
 
-        try:
-            wall, cpu = run_cases(cases, runs, env, str(install.root), user, cancel)
-        finally:
-            admin.close()
+        wall, cpu = run_cases(cases, runs, env, tempfile.gettempdir(), user, cancel, envs)
     print(f"{runs} runs each, interleaved, as {user} (setpriv) against a board agent on its socket:")
     report(wall, cpu, 2.0)
 
@@ -173,7 +183,8 @@ def main() -> None:
     parser.add_argument("--group", default=MEMBERS_GROUP, help=f"the members' group (default {MEMBERS_GROUP})")
     parser.add_argument("--user", default="alice", help="the member who runs the commands (default alice)")
     parser.add_argument("--file", action="store_true", help="file mode instead (BOARD_DB; no agent, no root)")
-    parser.add_argument("--against", type=Path, help="file mode: another checkout's board beside this one's")
+    parser.add_argument("--against", type=Path, help="another checkout's board beside this one's (its own venv; in"
+                        " socket mode its own install and agent)")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time the quick path's imports step by step (where the time goes; both modes)")
     args = parser.parse_args()
@@ -183,7 +194,7 @@ def main() -> None:
     if args.file:
         file_mode(args.runs, args.against, args.breakdown)
     else:
-        socket_mode(args.runs, args.group, args.user, args.breakdown)
+        socket_mode(args.runs, args.group, args.user, args.breakdown, args.against)
 
 
 if __name__ == "__main__":

@@ -54,10 +54,10 @@ class Run(NamedTuple):
 RUNS = (
     Run("locking", LOCKING, TESTS, RECORD_KEY, "mutants-locks"),
     # The fleet's heartbeat: its beat writes without the store's lock (`own`), and on PostgreSQL leaves waking the
-    # boards to the change feed; SQLite ignores the one and follows the chain's tail. The rest of app/service/hosts.py
+    # boards to the change feed; SQLite ignores the one and follows the chain's tail. The rest of app/service/fleet/hosts.py
     # is the rules' run's (on SQLite); these functions' mutants run here on both tiers.
-    Run("hosts", {"app/service/hosts.py": ("beat", "start_heartbeat")}, ("tests/service/test_fleet.py",),
-        "app/service/hosts: the heartbeat on PostgreSQL", "mutants-pg-hosts"),
+    Run("hosts", {"app/service/fleet/hosts.py": ("beat", "start_heartbeat")}, ("tests/service/test_fleet.py",),
+        "app/service/fleet/hosts: the heartbeat on PostgreSQL", "mutants-pg-hosts"),
 )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.config import Config, PostgresStore
-from app.service.bookings import BookingService
+from app.service.rules.bookings import BookingService
 from app.core.identity import Identity
 from app.gpu import open_source
 from app.store.db import connect

@@ -1,11 +1,11 @@
 """Alerts in the service: gather what the rules need, diff their findings against the firing rows, fire and resolve.
 
-`Engine.run` is one pass, on the database thread (the enforcer's pass calls it, through app.service.alerts). In one
+`Engine.run` is one pass, on the database thread (the enforcer's pass calls it, through app.service.box.alerts). In one
 transaction, which the caller holds:
 - a finding with no firing row fires (a new row); one with a firing row refreshes its `last_seen` and message;
 - a firing row with no finding is resolved;
 - the team chat gets each fire and resolve (the pass returns them as `Push`es, which the service's side,
-  app.service.alerts, puts in the outbox in the pass's own transaction), except
+  app.service.box.alerts, puts in the outbox in the pass's own transaction), except
   - a per-user alert (a booking ending soon): its holder alone hears of it, as a hub "notice" (their boards);
   - a repeat: the same rule and subject was pushed less than `[alerts] repeat_min` ago; it is recorded, not
     pushed, and neither is its resolve;
@@ -52,7 +52,7 @@ def quiet_at(now: float, quiet: tuple[int, int] | None, tz) -> bool:
 
 @dataclass(frozen=True)
 class Push:
-    """A message for the team's chat that a pass wants sent (app.service.notify.push makes it an outbox row)."""
+    """A message for the team's chat that a pass wants sent (app.service.box.notify.push makes it an outbox row)."""
 
     kind: str  # "alert.firing" or "alert.resolved"
     title: str

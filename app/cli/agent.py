@@ -1,6 +1,6 @@
 """`board agent`, `board doctor`, `board backup`, `board migrate`: running and looking after the board itself.
 
-`board agent` is the board service where the config names its socket (app.service.server). On a
+`board agent` is the board service where the config names its socket (app.service.door.server). On a
 database file one user owns it only keeps the rules when nobody is looking (a systemd service, or
 `--once` from cron), one enforcement pass at a time:
 - reconcile: servers whose processes are gone are marked crashed (their ports free up);
@@ -43,8 +43,8 @@ def cmd_agent(ctx) -> int:
                          " systemctl start board-agent, or setpriv --reuid board --regid board --init-groups"
                          " --inh-caps +kill --ambient-caps +kill board agent")
     from app.service import open_service
-    from app.service.files import secure_state
-    from app.service.server import log, run_agent
+    from app.service.box.files import secure_state
+    from app.service.door.server import log, run_agent
 
     os.umask(0o077)  # the database, its -wal and -shm are the service's alone
     for change in secure_state(ctx.config.db_path):

@@ -82,7 +82,7 @@ def cmd_list(ctx) -> int:
         raise BadInput(str(error)) from None
     listed = ctx.client.call("list", start=start, end=end, user=args.user, mine=args.mine, include_cancelled=args.all)
     found, stale_since = listed["bookings"], listed.get("stale_since")
-    if stale_since is not None:  # the database unreachable: the service's last read (app.service.lastknown)
+    if stale_since is not None:  # the database unreachable: the service's last read (app.service.fleet.lastknown)
         print(stale_note(listed, now.timestamp()), file=sys.stderr)
     if args.json:
         print_json({"bookings": [booking_json(b) for b in found],

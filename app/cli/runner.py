@@ -126,7 +126,7 @@ def _handle(line: bytes, path: str, environ, sock: socket.socket) -> None:
         log_path = launch.launch(server, grant, socket_path=path, environ=environ)
     except BoardError as error:
         _log(f"board runner: server {server.id} for booking {server.booking_id} ({server.user}): not started: {error}")
-        try:  # the reason goes on the server's row (app.service.plans.runner_registration)
+        try:  # the reason goes on the server's row (app.service.rules.plans.runner_registration)
             sock.sendall(encode({"event": "failed", "server": server.id, "reason": f"the runner: {error}"}))
         except OSError:
             pass

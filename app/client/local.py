@@ -53,7 +53,7 @@ class LocalClient:
         subscriber = self.service.hub.subscribe(kinds, self.me.uid)
         self._subscribers.append(subscriber)
         if self._watchers is None:
-            from app.service.watch import start_watchers  # start-up: a command that does not watch starts none
+            from app.service.box.watch import start_watchers  # start-up: a command that does not watch starts none
 
             self._watchers = start_watchers(self.service)
         try:

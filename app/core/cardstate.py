@@ -64,7 +64,7 @@ def fleet_status(
     down_since: float | None = None,
 ) -> tuple[CardStatus, ...]:
     """One CardStatus per card. `bookings`: live bookings that end after `now`, in start order. `host` and
-    `down_since`: the host the snapshot is from, and since when it is down (app.service.hosts)."""
+    `down_since`: the host the snapshot is from, and since when it is down (app.service.fleet.hosts)."""
     by_card: dict[str, list[Booking]] = {}
     for booking in bookings:
         for uuid in booking.card_uuids:

@@ -552,7 +552,7 @@ async def serve(gateway: Gateway, listen: str, ready: asyncio.Event | None = Non
 def run_gateway(config: Config, listen: str | None = None) -> int:
     """`board gateway`: serve until SIGTERM. It needs the service's socket ([service] socket): it has no database."""
     from app.client.socket import SocketClient
-    from app.service.server import raise_file_limit
+    from app.service.door.server import raise_file_limit
 
     if not config.service.socket:
         raise BadInput("[service] socket is not set: the gateway reaches the service only through its socket")

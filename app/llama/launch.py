@@ -1,6 +1,6 @@
 """The client's half of `serve start` and `serve stop`: launch the granted server as yourself, then watch its row.
 
-`serve_start` (app.service.servers) checks and leases, and returns the row plus what a launch
+`serve_start` (app.service.box.servers) checks and leases, and returns the row plus what a launch
 needs. The caller's own process then spawns the supervisor (app.llama.supervisor) as the
 caller, detached, with its stdio on the server's log:
 

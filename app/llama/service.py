@@ -1,6 +1,6 @@
 """llama-server rules: who may start and stop, port leases, how a server's life is recorded, booking end.
 
-One set of rules for both transports. The `serve_*` operations (app.service.servers) call these
+One set of rules for both transports. The `serve_*` operations (app.service.box.servers) call these
 methods on the service's connection; what differs is only how a process is reached:
 
 - **file mode** (`processes=None`: one user's own database, in process): the row's process
@@ -8,7 +8,7 @@ methods on the service's connection; what differs is only how a process is reach
   the user's own processes; stop signals the verified process group and waits, the log file beside
   the database is read, and the supervisor records its own reports by calling `supervised`,
   `ready`, `failed` and `ended` on its own connection.
-- **socket mode** (`processes` = the service's `Supervision`, app.service.servers): nothing in a
+- **socket mode** (`processes` = the service's `Supervision`, app.service.box.servers): nothing in a
   row is trusted. A server is alive while its registered supervisor's pidfd says so; stop sends
   SIGTERM through that pidfd (the service SIGKILLs after KILL_AFTER_S) and returns at once; the
   same `ready`/`failed`/`ended` are called by the service for the messages the supervisor sends.
@@ -54,7 +54,7 @@ WARN_BEFORE_END_S = 600
 
 
 class Processes(Protocol):
-    """How the socket service reaches servers: only through what the kernel told it (app.service.servers)."""
+    """How the socket service reaches servers: only through what the kernel told it (app.service.box.servers)."""
 
     def alive(self, server: Server) -> bool | None:
         """True while its registered supervisor runs, False once it has gone, None if it never registered."""

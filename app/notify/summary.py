@@ -1,6 +1,6 @@
 """The board summary pushed at `[notify] summary_at`: every card's VRAM, utilisation and holder, and what frees next.
 
-Built from the `status` operation's document (app.service.status), so it says what `board status` says.
+Built from the `status` operation's document (app.service.fleet.status), so it says what `board status` says.
 Times are wall-clock in the policy zone ([policy] timezone, else the service's), labelled with it in the
 title: a push goes to the whole team, in whatever zones they are.
 """

@@ -1,7 +1,7 @@
 """The board service: every rule behind one door, for a caller whose identity the transport vouches for.
 
 In process, the caller is the user who owns the database file; behind the socket
-(app.service.server) it is whoever the kernel says is at the other end (SO_PEERCRED).
+(app.service.door.server) it is whoever the kernel says is at the other end (SO_PEERCRED).
 Each operation is one entry in `app.service.ops.OPS`: its arguments, its handler, whether
 it writes. Results are plain JSON values, the same over both transports.
 """
@@ -20,12 +20,12 @@ from app.core.identity import Identity, lookup_user
 from app.errors import BadInput, BoardError
 from app.gpu import NoDriverError, open_source
 from app.gpu.fleet import Fleet
-from app.service.audit import AGENT
-from app.service.bookings import BookingService
-from app.service.hub import Hub
-from app.service.lastknown import Known, unreachable
+from app.service.rules.audit import AGENT
+from app.service.rules.bookings import BookingService
+from app.service.door.hub import Hub
+from app.service.fleet.lastknown import Known, unreachable
 from app.service.ops.registry import HOMES, lookup
-from app.service.processes import Registry
+from app.service.box.processes import Registry
 from app.store import bookings as rows
 from app.store.db import connect, is_postgres, storage_error
 
@@ -33,7 +33,7 @@ CALENDAR_PAST_S = 86400  # the calendar keeps bookings that ended up to a day be
 
 if TYPE_CHECKING:
     from app.history.store import HistoryStore
-    from app.service.servers import Supervision
+    from app.service.box.servers import Supervision
     from app.notify.deliver import Deliverer
 
 
@@ -54,24 +54,24 @@ class Service:
         self._local = threading.local()
         self._seeded = False
         self._servers_shown = False  # fleet_snapshot has shown llama-servers on the simulated cards
-        # Jobs and servers registered over the socket, by pidfd (app.service.processes), and the servers'
+        # Jobs and servers registered over the socket, by pidfd (app.service.box.processes), and the servers'
         # reports on top of that (`supervision`).
         self.processes = Registry()
         if transport == "socket":
             _ = self.supervision  # made before the socket's threads run, not by the first of them
-        self.runner = None  # the registered `board runner` (app.service.plans.Runner), which starts planned servers
+        self.runner = None  # the registered `board runner` (app.service.rules.plans.Runner), which starts planned servers
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
         self.notifier: Deliverer | None = None  # the delivery thread's, where the socket server runs one
         # On PostgreSQL: this host's clock minus the database's now(), in seconds, measured at start and every minute
-        # (app.service.watch; app.store.pg.clock_offset); None until measured. board doctor fails beyond a second.
+        # (app.service.box.watch; app.store.pg.clock_offset); None until measured. board doctor fails beyond a second.
         self.clock_offset: float | None = None
-        # The bookings as last read, for reads while a PostgreSQL database is unreachable (app.service.lastknown).
+        # The bookings as last read, for reads while a PostgreSQL database is unreachable (app.service.fleet.lastknown).
         self.known = Known()
 
     @functools.cached_property
     def supervision(self) -> Supervision:
-        """The servers' supervisors (app.service.servers.Supervision), made on first use."""
-        from app.service.servers import Supervision  # start-up: a booking command in process loads no servers
+        """The servers' supervisors (app.service.box.servers.Supervision), made on first use."""
+        from app.service.box.servers import Supervision  # start-up: a booking command in process loads no servers
 
         return Supervision(self.processes)
 
@@ -99,7 +99,7 @@ class Service:
                 seed_if_empty(conn, self.fleet.latest().cards)
                 self._seeded = True
             # The host whose service vouches for the actor, in each audit event; and whose cards those recorded
-            # before the fleet are (the agent claims them: app.service.hosts.beat).
+            # before the fleet are (the agent claims them: app.service.fleet.hosts.beat).
             conn.fleet_host = self.host
         return conn
 
@@ -148,7 +148,7 @@ class Service:
         if host is None or host == self.host:
             host, snapshot = self.host, self.fleet.latest()
         else:
-            from app.service.hosts import remote_host  # start-up: only a booking on another host reads the fleet
+            from app.service.fleet.hosts import remote_host  # start-up: only a booking on another host reads the fleet
 
             remote = remote_host(self, host)
             snapshot, down_since = remote.snapshot, remote.seen_at if remote.down else None
@@ -194,7 +194,7 @@ class Service:
                        stopping: threading.Event) -> threading.Thread:
         """The delivery thread (behind the socket): pushes go out over HTTP on it, and its outbox work runs through
         `run_db` (on the database thread). Until it runs, notify_test delivers in the caller's thread."""
-        from app.service.notify import deliverer  # start-up: a command in process sends no pushes
+        from app.service.box.notify import deliverer  # start-up: a command in process sends no pushes
 
         self.notifier = deliverer(self, run_db, log)
         thread = threading.Thread(target=self.notifier.run, args=(stopping,), name="board-notify", daemon=True)

@@ -1,4 +1,4 @@
-"""Booking rows: the SQL, and nothing else. Rules live in app.service.bookings."""
+"""Booking rows: the SQL, and nothing else. Rules live in app.service.rules.bookings."""
 
 from __future__ import annotations
 

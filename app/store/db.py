@@ -152,13 +152,13 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     cannot lift it for others) ends the write with StoreLocked, naming who holds it; for HELD_FOR_S after that, this
     connection's writes wait HELD_LOCK_TIMEOUT_MS at most, until one takes its locks.
 
-    On SQLite inside a transaction already (the service's group commit, app.service.writer) it is a savepoint of
+    On SQLite inside a transaction already (the service's group commit, app.service.door.writer) it is a savepoint of
     that transaction: an error rolls back to it, and only it, and passes through.
     """
     if is_postgres(conn):
         yield from _write_pg(conn, tuple(cards), user, savepoint, own)
         return
-    if conn.in_transaction:  # inside the service's group commit (app.service.writer): a savepoint of its transaction
+    if conn.in_transaction:  # inside the service's group commit (app.service.door.writer): a savepoint of its transaction
         with _nested(conn):
             if savepoint is not None:
                 _savepoint(conn, savepoint)
@@ -350,7 +350,7 @@ def _is_busy(error: sqlite3.OperationalError) -> bool:
 
 def data_version(conn: sqlite3.Connection) -> int:
     """Changes whenever another connection commits; cheap enough to poll every second (SQLite only: PostgreSQL's
-    changes are NOTIFY'd, app.service.watch)."""
+    changes are NOTIFY'd, app.service.box.watch)."""
     return conn.execute("PRAGMA data_version").fetchone()[0]
 
 

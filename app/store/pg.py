@@ -399,7 +399,7 @@ class PgConnection:
             self._conn.close()
 
     def fileno(self) -> int:
-        """The socket, to wait on for NOTIFY (app.service.watch)."""
+        """The socket, to wait on for NOTIFY (app.service.box.watch)."""
         return self._live().fileno()
 
     @property

@@ -9,7 +9,7 @@ Differences from SQLite's, on purpose:
 - ids are identity columns; `cards.rowid` is one too, since the calendar's query reads it (app.store.bookings);
 - no double booking is the database's own rule: booking_cards carries its booking's span (int8range) and
   whether it is live, kept in step by triggers, under `EXCLUDE USING gist (card_uuid WITH =, span WITH &&)`;
-- every change to bookings, servers and hosts NOTIFYs `board_changes` with its kind (app.service.watch listens);
+- every change to bookings, servers and hosts NOTIFYs `board_changes` with its kind (app.service.box.watch listens);
 - row-level security holds each host's role to its own host's rows (_V_FLEET_ROW_SECURITY);
 - ids are the database's alone: a host's role cannot choose one (_V_DATABASE_IDS).
 """
@@ -295,7 +295,7 @@ EXCEPTION WHEN others THEN
     RETURN NULL;
 END $$;
 
--- The change feed: each committed change to these tables wakes every host's service (app.service.watch).
+-- The change feed: each committed change to these tables wakes every host's service (app.service.box.watch).
 CREATE FUNCTION board_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('board_changes', TG_ARGV[0]);

@@ -1,5 +1,5 @@
 """Planned servers: the SQL for `server_plans` and `server_plan_runs`, and nothing else. Rules live in
-app.service.plans; `board runner` starts them (app.service.runner).
+app.service.rules.plans; `board runner` starts them (app.service.runner).
 
 A plan attaches a server spec (the `serve_start` options, JSON) to one booking or to every occurrence of a
 series. At each occurrence's start the service has the runner start it once; the run row remembers which

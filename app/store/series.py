@@ -1,4 +1,4 @@
-"""Series rows (standing slots): the SQL, and nothing else. Rules live in app.service.series.
+"""Series rows (standing slots): the SQL, and nothing else. Rules live in app.service.rules.series.
 
 A series row holds what was asked (`rule`, JSON: app.core.series.Rule plus cards, class and note);
 its occurrences are ordinary bookings that carry its id in `bookings.series_id`.

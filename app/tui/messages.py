@@ -18,7 +18,7 @@ class TelemetryRead(Message):
                  hosts: tuple[HostSnapshot, ...] = (), stale_since: float | None = None) -> None:
         super().__init__()
         self.snapshot = snapshot
-        # The database unreachable: the service's bookings are as it read them then (app.service.lastknown)
+        # The database unreachable: the service's bookings are as it read them then (app.service.fleet.lastknown)
         self.stale_since = stale_since
         self.host = host  # this host's name in the fleet ('' from a service that names none)
         self.hosts = hosts  # the other hosts' cards, as their services last published them
@@ -106,7 +106,7 @@ class ServersView:
     lines: tuple[ServerLine, ...]
     loaded_at: float
     error: str | None = None
-    planned: tuple[dict, ...] = ()  # serve_plans' plans with an occurrence ahead (app.service.plans.plan_wire)
+    planned: tuple[dict, ...] = ()  # serve_plans' plans with an occurrence ahead (app.service.rules.plans.plan_wire)
 
 
 class ServersLoaded(Message):

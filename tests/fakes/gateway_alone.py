@@ -13,7 +13,7 @@ import sys
 
 from app.config import Config, GatewaySettings
 from app.gateway.server import Gateway, serve
-from app.service.server import raise_file_limit
+from app.service.door.server import raise_file_limit
 from tests.unit.test_gateway_relay import FixedState
 
 

@@ -16,8 +16,8 @@ from app.gpu.fleet import Fleet
 from app.gpu.simulated import SimulatedSource, parse_scenario
 from app.history.store import Sample
 from app.service import Service
-from app.service.alerts import alerts_pass
-from app.service.notify import deliverer
+from app.service.box.alerts import alerts_pass
+from app.service.box.notify import deliverer
 from tests.conftest import FROZEN_NOW, run_board, sqlite_only
 from tests.integration.test_notify import Clock, Receiver
 
@@ -384,7 +384,7 @@ class TestCli:
 
 
 def test_the_enforcer_pass_evaluates_and_pushes(tmp_path, receiver):
-    from app.service.server import ServiceServer
+    from app.service.door.server import ServiceServer
 
     clock = Clock()
     service = make_service(tmp_path, clock, receiver, scenario={"cards": {"count": 2}, "faults": {"lost": [1]}})
@@ -396,7 +396,7 @@ def test_the_enforcer_pass_evaluates_and_pushes(tmp_path, receiver):
 
 
 def test_alerts_off_means_no_pass(tmp_path):
-    from app.service.server import ServiceServer
+    from app.service.door.server import ServiceServer
 
     service = make_service(tmp_path, Clock(), scenario={"cards": {"count": 2}, "faults": {"lost": [1]}}, enabled=False)
     server = ServiceServer(service, str(tmp_path / "sock"), log=lambda line: None)

@@ -21,7 +21,7 @@ from app.gpu import open_source
 from app.history.fleet import prune
 from app.history.sampler import Sampler, pusher_of
 from app.history.store import BUCKET_S, STATES, HistoryStore
-from app.service.hosts import beat
+from app.service.fleet.hosts import beat
 from app.store.pg import PgConnection
 from tests.conftest import Clock, postgresql_only, run_board
 

@@ -20,7 +20,7 @@ from app.notify import outbox
 from app.notify.formats import Message, body
 from app.service import Service
 from app.gpu.fleet import Fleet
-from app.service.notify import deliverer, push
+from app.service.box.notify import deliverer, push
 from tests.conftest import Clock, FROZEN_NOW, run_board
 
 ADMIN = Identity("root", 0, True)
@@ -312,7 +312,7 @@ class TestNeverBlocks:
     def test_operations_answer_while_a_receiver_hangs(self, tmp_path, receiver):
         """The delivery thread holds a request open at the receiver; meanwhile `status` and a push are answered
         on the database thread, and the push goes out once the receiver lets go."""
-        from app.service.server import ServiceServer
+        from app.service.door.server import ServiceServer
 
         service = make_service(tmp_path, [NotifyTarget("ops", "slack", receiver.url("slow"))], Clock(), timeout_s=WAIT_S)
         server = ServiceServer(service, str(tmp_path / "unused.sock"), log=lambda line: None)

@@ -19,7 +19,7 @@ from app.config import Config, FleetSettings, HistorySettings, PostgresStore
 from app.core.identity import Identity
 from app.errors import BoardError, Conflict, NotPermitted
 from app.gpu import open_source
-from app.service.hosts import beat
+from app.service.fleet.hosts import beat
 from app.store import hosts as host_rows
 from app.store import jobs
 from app.store.db import StoreError, connect, storage_error, write

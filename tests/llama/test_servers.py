@@ -307,7 +307,7 @@ class TestRefusals:
         fake_board.env["BOARD_LLAMA_SERVER"] = str(make_fake_server(fake_board.tmp_path, status=200))
         fake_board.ok("status")  # creates the database
         from app.config import Config
-        from app.service.bookings import BookingService
+        from app.service.rules.bookings import BookingService
         from app.core.identity import Identity
         from app.gpu import open_source
         from app.store.db import connect

@@ -75,7 +75,7 @@ def test_a_server_gets_each_cards_own_uuid_in_topology_order(tmp_path):
     from app.core.identity import Identity
     from app.gpu.model import CardReading
     from app.llama.service import ServerService
-    from app.service.bookings import BookingService
+    from app.service.rules.bookings import BookingService
     from app.store.db import connect
     from tests.conftest import FROZEN_NOW
 

@@ -4,8 +4,10 @@ Each iteration forks a few real writer processes that book 2, 4 or 8 cards (and 
 through BookingService as fast as they can, then SIGKILLs every one of them after a random delay.
 Half the writers run with an SQLite progress handler that yields the CPU every few hundred VM
 steps: the same statements, only slower, so that more kills land inside a transaction. Each
-writer reports through shared memory which statement it last started, so the test can count
-how many kills hit a booking half-way (after its INSERT, before its COMMIT returned).
+writer reports through shared memory which statement it last started; each kill waits for a
+point chosen at random (anywhere, in a transaction, after a booking's first write), so that the
+kills land inside transactions on a loaded machine too, and the test counts how many hit a
+booking half-way (after its INSERT, before its COMMIT returned).
 """
 
 from __future__ import annotations
@@ -22,10 +24,20 @@ import pytest
 from app.core.identity import Identity
 from app.store.db import connect
 from tests.conftest import FROZEN_NOW
-from tests.safety.writers import BEGUN, COMMITTING, CONFIG, WROTE, check, spawn
+from tests.safety.writers import BEGUN, COMMITTING, CONFIG, IDLE, WROTE, check, spawn
 
 ITERATIONS = int(os.environ.get("BOARD_CRASH_ITERATIONS", "200"))
 WRITERS = 3
+# What a kill waits for: any point, inside a transaction, after a booking's first write. Aimed rather than timed,
+# so that on a loaded machine (slow writers) the kills still land where the test means them to.
+AIMS = ((IDLE, BEGUN, WROTE, COMMITTING), (BEGUN, WROTE, COMMITTING), (WROTE, COMMITTING), (WROTE, COMMITTING))
+
+
+def wait_for(state, slot: int, states: tuple[int, ...], seconds: float = 2.0) -> None:
+    """Until the writer's last statement is one of `states`; a writer that never gets there is killed anyway."""
+    deadline = time.monotonic() + seconds
+    while state[slot] not in states and time.monotonic() < deadline:
+        time.sleep(0.0002)
 
 
 def test_kill_9_mid_booking_leaves_no_partial_booking_and_no_overlap(tmp_path):
@@ -46,6 +58,7 @@ def test_kill_9_mid_booking_leaves_no_partial_booking_and_no_overlap(tmp_path):
             time.sleep(0.001)
         time.sleep(rng.uniform(0.01, 0.04))
         for slot, pid in enumerate(pids):
+            wait_for(state, slot, rng.choice(AIMS))
             seen[state[slot]] = seen.get(state[slot], 0) + 1
             if state[slot] in (WROTE, COMMITTING):
                 mid_booking += 1
@@ -83,7 +96,7 @@ def test_a_writer_killed_at_a_chosen_point_leaves_nothing(tmp_path, point):
     pid = os.fork()
     if pid == 0:  # pragma: no cover
         try:
-            from app.service.bookings import BookingService
+            from app.service.rules.bookings import BookingService
             from app.gpu import open_source
 
             conn = connect(db_path)

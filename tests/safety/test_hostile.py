@@ -17,7 +17,7 @@ import unicodedata
 import pytest
 
 from app.config import Config
-from app.service.bookings import BookingService
+from app.service.rules.bookings import BookingService
 from app.core.identity import Identity
 from app.gpu import open_source
 from app.store.db import connect

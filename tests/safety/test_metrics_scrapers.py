@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 
-from app.service import metrics as metrics_module
-from app.service.metrics import MAX_SCRAPES
+from app.service.box import metrics as metrics_module
+from app.service.box.metrics import MAX_SCRAPES
 from tests.unit import test_metrics
 from tests.unit.test_metrics import close_ended, ended, half_open, scrape
 

@@ -43,7 +43,7 @@ def _trace(state, slot: int):
 
 def writer(db_path, seed: int, state, slot: int) -> None:
     """Runs in a forked child until it is killed."""
-    from app.service.bookings import BookingService
+    from app.service.rules.bookings import BookingService
     from app.gpu import open_source
 
     rng = random.Random(seed)

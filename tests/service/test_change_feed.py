@@ -1,5 +1,5 @@
 """On PostgreSQL other hosts' services write too: the agent LISTENs, and a booking another service commits reaches the
-agent's subscribers at once (app.service.watch), over the socket as in process (tests/unit/test_pg_store.py)."""
+agent's subscribers at once (app.service.box.watch), over the socket as in process (tests/unit/test_pg_store.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_a_booking_another_service_commits_reaches_the_agents_subscriber(make_ag
 
 
 def _wait_until_listening(url: str) -> None:
-    """Until the agent's listener has LISTENed and measured the clock (app.service.watch), which it does at once."""
+    """Until the agent's listener has LISTENed and measured the clock (app.service.box.watch), which it does at once."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:

@@ -21,7 +21,7 @@ from app.config import Config, FleetSettings, HistorySettings
 from app.core.identity import Identity
 from app.core.text import format_time
 from app.gpu import open_source
-from app.service.hosts import beat
+from app.service.fleet.hosts import beat
 from tests.service.support import BOARD, REPO, board_cli
 
 HOUR = 3600

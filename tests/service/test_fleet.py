@@ -18,7 +18,7 @@ from app.errors import BadInput, Conflict
 from app.gpu import open_source
 from app.core.text import format_time
 from app.output import status_text
-from app.service.hosts import BEAT_S, beat, remote_host, remote_hosts, start_heartbeat
+from app.service.fleet.hosts import BEAT_S, beat, remote_host, remote_hosts, start_heartbeat
 from app.store import hosts as host_rows
 from app.store.db import connect
 from tests.conftest import FROZEN_NOW, Clock, postgresql_only
@@ -186,7 +186,7 @@ def test_cli_a_card_on_a_host_that_is_down_is_refused_in_one_line_exit_3_unless_
 
 
 def test_the_boards_fleet_event_carries_the_other_hosts_cards_and_since_when_one_is_down(hosts, clock):
-    from app.service.watch import fleet_event
+    from app.service.box.watch import fleet_event
 
     gpu1 = hosts("gpu1")
     assert (fleet_event(gpu1.service)["host"], fleet_event(gpu1.service)["hosts"]) == ("gpu1", [])
@@ -241,7 +241,7 @@ def test_a_plan_for_another_hosts_booking_or_series_is_one_line_and_only_its_hos
     from types import SimpleNamespace
 
     from app.config import LlamaSettings
-    from app.service.plans import start_due
+    from app.service.rules.plans import start_due
     from app.store import plans as plan_rows
 
     binary = tmp_path / "llama-server"

@@ -22,7 +22,7 @@ import pytest
 from app import wire
 from app.client.socket import SocketClient
 from app.errors import BoardError
-from app.service.server import LINE_TIMEOUT_S
+from app.service.door.server import LINE_TIMEOUT_S
 from tests.agent_process import PRLIMIT, SETPRIV
 from tests.service.support import BOARD, SERVICE_USER, Raw, board_cli, check_reachable, ensure_outsider, run_as
 

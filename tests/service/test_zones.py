@@ -407,7 +407,7 @@ from app.client.local import LocalClient
 from app.config import Config, FleetSettings
 from app.core.identity import Identity
 from app.gpu import open_source
-from app.service.hosts import beat
+from app.service.fleet.hosts import beat
 
 seen = float(sys.argv[2])
 config = replace(Config(), db_path=Path(sys.argv[1]), fleet=FleetSettings(host="gpu2"))

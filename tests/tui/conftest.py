@@ -125,7 +125,7 @@ class FedBoard(BoardApp):
     def feed(self) -> None:
         """What the pollers post first: the fleet (the service's `fleet` event) with its recorded history, then the
         bookings and the alerts."""
-        from app.service.watch import fleet_event
+        from app.service.box.watch import fleet_event
 
         self.post_message(fleet_read(self.client, fleet_event(self.client.service), self.history_step))
         self.reload_bookings()
@@ -226,7 +226,7 @@ def second_host(seeded_db, tmp_path):
     from app.client.local import LocalClient
     from app.config import HistorySettings
     from app.gpu import open_source
-    from app.service.hosts import beat
+    from app.service.fleet.hosts import beat
     from tests.conftest import Clock
 
     from app.store.hosts import claim_cards

@@ -21,9 +21,9 @@ from app.errors import BadInput, Conflict, NotPermitted
 from app.llama import aliases
 from app.llama import rows as server_rows
 from app.llama.service import ServerService
-from app.service import plans
-from app.service.bookings import BookingService
-from app.service.series import SeriesService
+from app.service.rules import plans
+from app.service.rules.bookings import BookingService
+from app.service.rules.series import SeriesService
 from app.store import plans as plan_rows
 from app.store.db import write
 from tests.conftest import FROZEN_NOW, sqlite_only, worded  # Sunday 2026-11-29 15:30 UTC

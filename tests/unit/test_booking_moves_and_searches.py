@@ -13,7 +13,7 @@ from app.core import policy
 from app.core.identity import Identity
 from app.errors import BadInput, Conflict, NotPermitted
 from app.gpu.model import GpuProcess
-from app.service.bookings import BookingService
+from app.service.rules.bookings import BookingService
 from app.store import bookings as rows
 from app.store import events
 from tests.conftest import FROZEN_NOW, worded
@@ -126,7 +126,7 @@ class TestBackfill:
         """Five bookings queued one behind the other on the whole fleet all move up in the first round; a later
         round looks only at bookings before a mover in the order that end after the start it left (the others
         were searched with that time free already), so here it searches none: five searches, not ten."""
-        from app.service.bookings import BookingService
+        from app.service.rules.bookings import BookingService
 
         blocker = make_service("bob", 1002).create(cards=range(8), start=NOW, end=NOW + 10 * H)
         queued = [make_service(f"user{n}", 2000 + n).create(cards=range(8), start=NOW + 60, end=NOW + 60 + H,

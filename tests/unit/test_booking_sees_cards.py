@@ -9,7 +9,7 @@ from app.config import Config, Pool
 from app.core.identity import Identity
 from app.errors import Conflict
 from app.gpu.model import CardReading, GpuProcess
-from app.service.bookings import PAST_GRACE_SECONDS, BookingService
+from app.service.rules.bookings import PAST_GRACE_SECONDS, BookingService
 from tests.conftest import FROZEN_NOW, worded
 
 H = 3600

@@ -1,4 +1,4 @@
-"""Every window over the bookings (app.store.bookings, the calendar in memory, app.service.lastknown) at its edges: a
+"""Every window over the bookings (app.store.bookings, the calendar in memory, app.service.fleet.lastknown) at its edges: a
 booking that began before the window and runs through it is in it; one that ends exactly at the window's start and
 one that starts exactly at its end are not (half-open [start, end)). The SQL on both stores, the calendar in memory
 (SQLite's) and the bookings the service last read (while PostgreSQL is unreachable) give the same answer."""
@@ -11,7 +11,7 @@ import pytest
 
 from app.errors import BoardError
 from app.gpu.model import CardReading
-from app.service import lastknown
+from app.service.fleet import lastknown
 from app.store import bookings
 from app.store.db import connect, is_postgres, write
 from tests.conftest import FROZEN_NOW
@@ -110,7 +110,7 @@ def test_the_listing_and_the_calendar_say_the_same_of_the_window(conn, db_path, 
 
 def test_the_bookings_last_read_answer_a_window_as_the_database(conn, spans):
     """While a PostgreSQL database is unreachable the board's window and `list` answer from the bookings the service
-    last read (app.service.lastknown): for the same window, the same bookings as the SQL; `list`, this host's only.
+    last read (app.service.fleet.lastknown): for the same window, the same bookings as the SQL; `list`, this host's only.
 
     Wrong versions it fails on: `start >= window start` for `end > window start` in memory; `start <= end` at the
     end; the other host's booking listed as this host's."""

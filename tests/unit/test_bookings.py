@@ -111,7 +111,7 @@ class TestCreate:
     def test_lost_cards_are_refused_and_skipped(self, conn, make_service, fleet):
         from dataclasses import replace
 
-        from app.service.bookings import BookingService
+        from app.service.rules.bookings import BookingService
         from app.core.identity import Identity
 
         cards = [replace(c, lost=True) if c.index == 0 else c for c in fleet.cards]
@@ -370,7 +370,7 @@ class TestPlan:
         assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == before
 
     def test_next_free_reads_past_the_lookahead_when_the_next_day_is_full(self, make_service):
-        from app.service.bookings import LOOKAHEAD_SECONDS
+        from app.service.rules.bookings import LOOKAHEAD_SECONDS
 
         bob = make_service("bob", 1002, config=Config(policy=Policy(max_booking_hours=1000)))
         bob.create(cards=[0], start=NOW, end=NOW + LOOKAHEAD_SECONDS + 5 * H)
@@ -403,7 +403,7 @@ class TestBoundaries:
             service.create(cards=[1], start=NOW + 30 * 86400 + 1, end=NOW + 30 * 86400 + H)
 
     def test_the_past_grace_exactly(self, make_service):
-        from app.service.bookings import PAST_GRACE_SECONDS
+        from app.service.rules.bookings import PAST_GRACE_SECONDS
 
         service = make_service()
         assert service.create(cards=[0], start=NOW - PAST_GRACE_SECONDS, end=NOW + H).start == NOW - PAST_GRACE_SECONDS
@@ -414,7 +414,7 @@ class TestBoundaries:
         assert make_service().create(cards=[0], start=NOW, end=NOW + 1).end == NOW + 1
 
     def test_the_longest_note_exactly(self, make_service):
-        from app.service.bookings import MAX_NOTE_CHARS
+        from app.service.rules.bookings import MAX_NOTE_CHARS
 
         service = make_service()
         assert service.create(cards=[0], start=NOW, end=NOW + H, note="n" * MAX_NOTE_CHARS).note == "n" * MAX_NOTE_CHARS
@@ -596,7 +596,7 @@ class TestWording:
 
     def test_a_server_with_no_cards_names_none(self, conn, fleet):
         from app.core.identity import Identity
-        from app.service.bookings import BookingService
+        from app.service.rules.bookings import BookingService
 
         service = BookingService(conn, Identity("alice", 1001, False), Config(), [], fleet.topology, lambda: NOW)
         with pytest.raises(BadInput) as refused:
@@ -641,7 +641,7 @@ class TestWording:
         assert str(refused.value) == "you would hold 2 cards at once; the limit is 1; no start within 30 days works either"
 
     def test_a_writer_that_beats_the_check_is_a_conflict(self, make_service, conn, monkeypatch):
-        from app.service import bookings
+        from app.service.rules import bookings
 
         make_service("bob", 1002).create(cards=[0], start=NOW, end=NOW + H)
         # Another writer got in between the check and the insert: the store's overlap trigger refuses.
@@ -698,7 +698,7 @@ class TestOwnership:
 
     def test_running_jobs_refuse_a_move(self, conn, fleet):
         from app.core.identity import Identity
-        from app.service.bookings import BookingService
+        from app.service.rules.bookings import BookingService
 
         def service(name, uid, admin=False):
             return BookingService(conn, Identity(name, uid, admin), Config(), fleet.cards, fleet.topology,
@@ -804,7 +804,7 @@ class TestBackfillOnTwoHosts:
         from dataclasses import replace
 
         from app.core.identity import Identity
-        from app.service.bookings import BookingService
+        from app.service.rules.bookings import BookingService
 
         other = replace(fleet, cards=tuple(replace(c, uuid=f"B-{c.uuid}") for c in fleet.cards))
 

@@ -19,7 +19,7 @@ from app.errors import BadInput, Conflict, NotPermitted
 from app.gpu import open_source
 from app.gpu.fleet import Fleet
 from app.service import Service
-from app.service.enforce import WARN_BEFORE_END_S, enforce_once, is_over, run_booking
+from app.service.box.enforce import WARN_BEFORE_END_S, enforce_once, is_over, run_booking
 from app.store import events, jobs
 from app.store.db import write
 from tests.conftest import Clock, FROZEN_NOW

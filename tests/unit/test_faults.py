@@ -346,7 +346,7 @@ def test_a_job_that_exits_on_a_full_card_counts_and_one_on_a_roomy_card_does_not
     import os
     import subprocess
 
-    from app.service.enforce import enforce_once
+    from app.service.box.enforce import enforce_once
     from app.store import jobs
     from tests.unit.test_enforce import server_of
 

@@ -5,7 +5,7 @@ import pytest
 from app.config import Config, Pool, Policy
 from app.core.identity import Identity
 from app.errors import BadInput
-from app.service.bookings import BookingService
+from app.service.rules.bookings import BookingService
 from tests.conftest import FROZEN_NOW
 from tests.unit.test_booking_sees_cards import bobs, cards
 

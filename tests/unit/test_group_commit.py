@@ -1,4 +1,4 @@
-"""Group commit (app.service.writer): bookings that wait together share one transaction, each audited and refused on
+"""Group commit (app.service.door.writer): bookings that wait together share one transaction, each audited and refused on
 its own; a refusal rolls back to its own savepoint only. A real service on a real SQLite file, the simulated fleet."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from app.config import Config
 from app.core.identity import Identity
 from app.errors import Conflict
 from app.service import open_service
-from app.service.writer import MAX_GROUP, DatabaseThread
+from app.service.door.writer import MAX_GROUP, DatabaseThread
 from app.store import events
 from app.store.db import StoreError
 

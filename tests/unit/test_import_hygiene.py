@@ -23,7 +23,7 @@ def loaded_after(code: str) -> set[str]:
 
 
 def test_there_are_headless_modules_to_check():
-    assert {"app.cli", "app.service.bookings", "app.store.db", "app.gpu.nvml"} <= set(HEADLESS)
+    assert {"app.cli", "app.service.rules.bookings", "app.store.db", "app.gpu.nvml"} <= set(HEADLESS)
 
 
 @pytest.mark.parametrize("module", HEADLESS)
@@ -106,11 +106,11 @@ def test_file_mode_quick_commands_load_only_what_they_run(tmp_path):
         "    assert main(['list']) == 0\n"
     )
     loaded = loaded_after(code)
-    assert "app.service.bookings" in loaded  # the probe did run the commands in process
+    assert "app.service.rules.bookings" in loaded  # the probe did run the commands in process
     assert not loaded & {"argparse", "app.cli.fit", "app.cli.serve", "app.fit.estimate", "app.notify.deliver",
-                         "app.service.notify", "http.client", "app.history.store", "app.alerts.engine",
-                         "app.service.watch", "app.service.server", "app.llama.rows",
-                         "app.service.ops.servers", "app.service.servers", "app.service.ops.gateway", "app.core.keys",
+                         "app.service.box.notify", "http.client", "app.history.store", "app.alerts.engine",
+                         "app.service.box.watch", "app.service.door.server", "app.llama.rows",
+                         "app.service.ops.servers", "app.service.box.servers", "app.service.ops.gateway", "app.core.keys",
                          "app.service.ops.faults", "app.faults.store", "app.service.ops.series", "app.store.plans",
                          "logging", "random", "traceback"}
 

@@ -5,6 +5,7 @@ Every import counts: at module level, inside a function, under TYPE_CHECKING. No
 closes a cycle, between packages or inside one (importing a module also imports the packages above it). An import
 inside a function that would close one is there for start-up speed and says so (a `# start-up: ...` comment, on its
 line or heading its block), as the GPU backends are; otherwise it only hides the cycle, which wants fixing.
+Inside app/service the same holds one level down: its sub-packages have an order of their own (SERVICE_LEVELS).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -36,6 +38,16 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"cli"},  # the command line: the package app/cli/, one module per command group
     {"quick"},  # the console script: the hot commands' fast path, else the command line
     {"__main__"},  # python -m app
+))
+
+# Inside app/service, bottom to top, by sub-package (app/service/rules/, ...). The package itself (Service,
+# open_service) is everyone's own top-level package, importable from any of them. Peers import none of each other.
+SERVICE_LEVELS: tuple[frozenset[str], ...] = tuple(frozenset(level) for level in (
+    # a connection's parts (who is asking, lines against a deadline, what a handler gets of the agent); the hosts
+    {"conn", "fleet"},
+    {"rules"},  # bookings, series, planned servers, the audit trail
+    {"box"},  # watching the box: enforcement, registered processes, supervised servers, alerts, pushes, /metrics
+    {"door", "ops"},  # the socket, its events and database thread; the operations, run by name
 ))
 
 
@@ -127,17 +139,28 @@ def read_app(root: Path = APP) -> tuple[dict[str, str], set[str]]:
     return sources, packages
 
 
-def layer_of(name: str) -> int | None:
-    return next((i for i, layer in enumerate(LAYERS) if name in layer), None)
+def part(module: str) -> str | None:
+    """The level's name inside app/service: app.service.rules.plans -> rules; None outside it and for app.service."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["app", "service"] and len(parts) > 2 else None
 
 
-def upward(found: list[Import]) -> list[str]:
-    """Each import of a peer or of a higher layer, as a line that says where it is and what it breaks."""
+def layer_of(name: str, layers: tuple[frozenset[str], ...] = LAYERS) -> int | None:
+    return next((i for i, layer in enumerate(layers) if name in layer), None)
+
+
+def upward(found: list[Import], layers: tuple[frozenset[str], ...] = LAYERS,
+           name: Callable[[str], str | None] = top) -> list[str]:
+    """Each import of a peer or of a higher layer, as a line that says where it is and what it breaks. Inside
+    app/service: upward(found, SERVICE_LEVELS, part)."""
     wrong = []
     for i in found:
-        mine, theirs = top(i.importer), top(i.target)
-        if mine != theirs and not layer_of(theirs) < layer_of(mine):
-            why = f"{theirs} is above {mine}" if layer_of(theirs) > layer_of(mine) else f"{theirs} and {mine} are peers"
+        mine, theirs = name(i.importer), name(i.target)
+        if mine is None or theirs is None or mine == theirs:
+            continue
+        below, above = layer_of(theirs, layers), layer_of(mine, layers)
+        if below is None or above is None or not below < above:
+            why = f"{theirs} is above {mine}" if (below or 0) > (above or 0) else f"{theirs} and {mine} are peers"
             wrong.append(f"{i.importer} (line {i.line}) imports {i.target}: {why}")
     return wrong
 
@@ -243,6 +266,24 @@ def test_each_module_imports_only_its_own_package_and_the_layers_below(app):
     assert not wrong, "imports against the layers (tests/unit/test_layers.py: LAYERS):\n" + "\n".join(wrong)
 
 
+def test_every_module_of_the_service_is_in_one_sub_package_with_one_level(app):
+    """A module added flat to app/service, or a sub-package without a level, is named here."""
+    sources, _ = app
+    names = {part(m) for m in sources} - {None}
+    assert sorted(n for n in names if layer_of(n, SERVICE_LEVELS) is None) == [], "give each a level in SERVICE_LEVELS"
+    assert sorted(n for n in names if sum(n in level for level in SERVICE_LEVELS) > 1) == []
+    assert {"conn", "fleet", "rules", "box", "door", "ops"} <= names  # the walk sees all of app/service
+
+
+def test_each_service_module_imports_only_its_own_sub_package_and_the_levels_below(app):
+    """The door imports the handlers, never they the door: a rules module importing app.service.door.server, even
+    for a type, is named here, and so is one sub-package importing a peer (box and ops, rules and fleet)."""
+    _, found = app
+    wrong = upward(found, SERVICE_LEVELS, part)
+    assert not wrong, "imports against app/service's levels (tests/unit/test_layers.py: SERVICE_LEVELS):\n" + \
+        "\n".join(wrong)
+
+
 def test_no_import_at_module_level_closes_a_cycle(app):
     sources, found = app
     found_cycles = cycles(runtime_graph(found, set(sources)))
@@ -280,6 +321,21 @@ def test_an_upward_import_is_found_inside_a_function_and_under_type_checking():
 def test_peers_of_a_layer_do_not_import_each_other():
     _, found = made_up(history__sampler="from app.faults import store\n", faults__store="")
     assert upward(found) == ["app.history.sampler (line 1) imports app.faults.store: faults and history are peers"]
+
+
+def test_inside_the_service_an_upward_import_even_for_a_type_is_found_and_the_package_itself_is_free():
+    _, found = made_up(
+        service="from app.service.door.server import ServiceServer\n",
+        service__conn__agent="from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.service import Service\n",
+        service__rules__plans="from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from app.service.door.server import ServiceServer\n",
+        service__box__enforce="from app.service.rules import plans\nfrom app.service.box import servers\n"
+                              "from app.service.conn.agent import Agent\n",
+        service__box__servers="", service__ops__reads="from app.service.door import hub\n",
+        service__door__hub="", service__door__server="from app.service.box.enforce import enforce_once\n")
+    assert upward(found, SERVICE_LEVELS, part) == [
+        "app.service.rules.plans (line 3) imports app.service.door.server: door is above rules",
+        "app.service.ops.reads (line 1) imports app.service.door.hub: door and ops are peers"]
 
 
 def test_a_cycle_inside_a_package_through_its_init_is_found():

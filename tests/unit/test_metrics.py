@@ -24,8 +24,8 @@ from app.gpu import open_source
 from app.gpu.model import CardReading
 from app.service import Service
 from app.gpu.fleet import Fleet
-from app.service import metrics as metrics_module
-from app.service.metrics import MAX_SCRAPES, MetricsServer
+from app.service.box import metrics as metrics_module
+from app.service.box.metrics import MAX_SCRAPES, MetricsServer
 from tests.conftest import Clock, FROZEN_NOW
 
 H = 3600
@@ -218,7 +218,7 @@ class TestCounters:
     def test_alerts_fired_are_counted_by_rule(self, service, metrics):
         from app.alerts.engine import Engine
         from app.alerts.rules import Card, Inputs
-        from app.service.alerts import alerts_pass
+        from app.service.box.alerts import alerts_pass
 
         assert scrape(metrics)["board_alerts"] == []
         service.config = replace(service.config, alerts=replace(service.config.alerts, fire_after_s=0))  # at once

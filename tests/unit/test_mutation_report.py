@@ -133,10 +133,10 @@ def test_the_heartbeats_run_mutates_its_two_functions_against_the_fleets_tests_u
 
     hosts = next(run for run in mutation_locks.RUNS if run.name == "hosts")
     config = tomllib.loads(mutation_locks.narrowed((REPO / "pyproject.toml").read_text(), hosts))["tool"]["mutmut"]
-    assert config["only_mutate"] == ["app/service/hosts.py"]
+    assert config["only_mutate"] == ["app/service/fleet/hosts.py"]
     assert config["pytest_add_cli_args_test_selection"] == ["tests/service/test_fleet.py"]
-    assert mutation_locks.patterns(hosts) == ["app.service.hosts.x_beat__mutmut_*",
-                                              "app.service.hosts.x_start_heartbeat__mutmut_*"]
+    assert mutation_locks.patterns(hosts) == ["app.service.fleet.hosts.x_beat__mutmut_*",
+                                              "app.service.fleet.hosts.x_start_heartbeat__mutmut_*"]
     assert "def start_heartbeat(" in mutation_locks.source(REPO, hosts)
     assert len({run.record_key for run in mutation_locks.RUNS}) == len({run.work for run in mutation_locks.RUNS}) \
         == len(mutation_locks.RUNS)

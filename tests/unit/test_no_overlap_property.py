@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.config import Config, Policy
-from app.service.bookings import BookingService
+from app.service.rules.bookings import BookingService
 from app.errors import BoardError
 from app.core.identity import Identity
 from app.gpu import open_source

@@ -1,4 +1,4 @@
-"""Who is at the other end of the socket (app.service.peer): the kernel's SO_PEERCRED and SO_PEERGROUPS on a
+"""Who is at the other end of the socket (app.service.conn.peer): the kernel's SO_PEERCRED and SO_PEERGROUPS on a
 real socket, as they were when the peer connected, and the admin and member checks the service's door makes
 from them. (tests/users/test_identity_at_connect.py puts another user's process on a client's pid.)
 
@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from app.service.peer import SO_PEERGROUPS, Peer, _getsockopt_large, gid_of, identity_of, is_member, peer_of
+from app.service.conn.peer import SO_PEERGROUPS, Peer, _getsockopt_large, gid_of, identity_of, is_member, peer_of
 
 ADM = grp.getgrnam("adm").gr_gid
 TAPE = grp.getgrnam("tape").gr_gid

@@ -1,7 +1,7 @@
 """What bench/bench_fleet.py found on PostgreSQL, kept: the work a booking or a change costs, not its time.
 
-- The change feed's NOTIFY wakes the boards when another host writes (app.service.watch); the heartbeat does not
-  wake them a second time (app.service.hosts.start_heartbeat), which would make every open board load its window
+- The change feed's NOTIFY wakes the boards when another host writes (app.service.box.watch); the heartbeat does not
+  wake them a second time (app.service.fleet.hosts.start_heartbeat), which would make every open board load its window
   twice for each booking made elsewhere (the benchmark counts the events per booking).
 - A result's rows are read without psycopg building its column descriptions again for each row (app.store.pg.Cursor).
 - A booking on named cards makes 10 round trips to the database, not 14: BEGIN, its locks and its savepoint go in one
@@ -19,7 +19,7 @@ from app.client.local import LocalClient
 from app.config import Config, FleetSettings
 from app.core.identity import current_identity
 from app.gpu import open_source
-from app.service import hosts
+from app.service.fleet import hosts
 from app.store.db import connect
 
 

@@ -19,7 +19,7 @@ from app.client.local import LocalClient
 from app.config import Config, ConfigError, PostgresStore, load_config
 from app.core.identity import Identity, current_identity
 from app.errors import BadInput, BoardError, Conflict
-from app.service.bookings import BookingService
+from app.service.rules.bookings import BookingService
 from app.gpu import open_source
 from app.store import events, schema
 from app.store.db import StoreError, connect, write
@@ -574,9 +574,9 @@ def test_a_booking_made_by_one_service_reaches_a_subscriber_of_another(pg):
 
 
 def test_the_heartbeat_reads_the_bookings_again_only_when_the_audit_chain_moved(pg):
-    """The agent keeps the live bookings for while the database is away (app.service.lastknown): a beat with nothing
+    """The agent keeps the live bookings for while the database is away (app.service.fleet.lastknown): a beat with nothing
     audited since keeps what it read, as of now; a booking moves the chain's tail, and the next beat reads it."""
-    from app.service.lastknown import remember
+    from app.service.fleet.lastknown import remember
 
     config = Config(db_path=Config().db_path, storage_url=pg.url)
     client = LocalClient.on(config, open_source(True), current_identity(config.admin_group))

@@ -1,4 +1,4 @@
-"""Planned servers on a real SQLite file (app.service.plans, app.store.plans): a plan for a series covers each
+"""Planned servers on a real SQLite file (app.service.rules.plans, app.store.plans): a plan for a series covers each
 occurrence in turn, each is due once at its start, the gateway's planned list, and who may plan what.
 The runner starting one for real, as board-llama, is tests/llama/test_servers_service.py::TestPlannedServers."""
 
@@ -17,9 +17,9 @@ from app import wire
 from app.config import Config, LlamaSettings, Policy
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
-from app.service import plans
+from app.service.rules import plans
 from app.llama import rows as server_rows
-from app.service.series import SeriesService
+from app.service.rules.series import SeriesService
 from app.store import plans as plan_rows
 from app.store.db import malformed_rows, write
 from tests.conftest import FROZEN_NOW, sqlite_only  # Sunday 2026-11-29 15:30 UTC
@@ -353,7 +353,7 @@ class Agent:
         from app.gpu import open_source
         from app.gpu.fleet import Fleet
         from app.service import Service
-        from app.service.server import ServiceServer
+        from app.service.door.server import ServiceServer
         from tests.conftest import Clock
 
         self.user = pwd.getpwuid(os.geteuid())
@@ -376,8 +376,8 @@ class Agent:
 
     def register(self, request_id: int, *, uid: int, pid: int) -> tuple[threading.Thread, socket.socket, dict]:
         """A client of `uid` asks to register as the runner: its registration's thread, its end, the answer."""
-        from app.service.deadline import Lines
-        from app.service.peer import Peer
+        from app.service.conn.deadline import Lines
+        from app.service.conn.peer import Peer
 
         service_end, client_end = socket.socketpair()
         self.ends += [service_end, client_end]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from app.service.processes import Registry, RegistrationError, exited, owned_by
+from app.service.box.processes import Registry, RegistrationError, exited, owned_by
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

@@ -1,4 +1,4 @@
-"""Series rules on a frozen clock and a real SQLite file (app.service.series): policy zone, pools, overrides,
+"""Series rules on a frozen clock and a real SQLite file (app.service.rules.series): policy zone, pools, overrides,
 who may act, and what a cancel keeps. The same behaviour over both transports is in tests/service/test_series.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from app.config import ClassWindow, Config, Policy, Pool
 from app.errors import BadInput, Conflict, NotPermitted
-from app.service.series import SeriesService
+from app.service.rules.series import SeriesService
 from app.store import bookings as rows
 from app.store import events
 from app.store import series as store
@@ -432,7 +432,7 @@ def test_conflicts_are_counted_and_listed_up_to_ten(series, make_service, days):
         assert message.endswith("; and 1 more") == (days == 11) and "and 0 more" not in message
 
 
-# -- issue 19: setups that tell the right answer from a nearly right one (app.service.series' mutants) ----------
+# -- issue 19: setups that tell the right answer from a nearly right one (app.service.rules.series' mutants) ----------
 
 @pytest.fixture
 def utc_reader(set_tz):

@@ -20,7 +20,7 @@ from app.llama import rows
 from app.cli.serve import memory_cell
 from app.llama.rows import Server, check_estimate, check_measured
 from app.llama.service import ServerService
-from app.service.bookings import BookingService
+from app.service.rules.bookings import BookingService
 from app.store import schema
 from app.store.db import MalformedRow, connect, write
 from tests.conftest import FROZEN_NOW

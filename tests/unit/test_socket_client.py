@@ -1,6 +1,6 @@
 """The socket client against a scripted door: the windows the real service opens only now and then, held open.
 
-The real service's door (app/service/server.py `_refuse`) says why in one line and then closes without reading.
+The real service's door (app/service/door/server.py `_refuse`) says why in one line and then closes without reading.
 Between that line and the close, a client may already have sent its next request; these tests hold that window.
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 from app.client.socket import SocketClient
 from app.errors import NotPermitted
-from app.service.server import _answer
+from app.service.door.server import _answer
 
 REFUSAL = _answer(None, error=NotPermitted("no access to the board: ask an admin"))  # the door's own line
 WAIT_S = 5.0

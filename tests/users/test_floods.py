@@ -18,8 +18,8 @@ import sys
 import threading
 import time
 
-from app.service.metrics import MAX_SCRAPES
-from app.service.server import LINE_TIMEOUT_S
+from app.service.box.metrics import MAX_SCRAPES
+from app.service.door.server import LINE_TIMEOUT_S
 from tests.users.conftest import wait_for
 
 FLOODERS = 1500

@@ -1,5 +1,5 @@
 """The operations that book and change bookings: plan, find a slot, book, cancel, release, extend, reassign, move;
-and which booking a `board run` job runs under. The rules are app.service.bookings (BookingService)."""
+and which booking a `board run` job runs under. The rules are app.service.rules.bookings (BookingService)."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def move(service: Service, me: Identity, id: int, start: int, end: int, override
 def run(service: Service, me: Identity, booking=None, waiting=False) -> dict:
     """The booking a `board run` job may run under now: the caller's own, active one. Refusals are audited.
     `waiting` (`board run --wait`, before it waits): the caller's own booking, whether or not it has started."""
-    from app.service.enforce import run_booking  # start-up: only `board run` loads the enforcer
+    from app.service.box.enforce import run_booking  # start-up: only `board run` loads the enforcer
 
     if waiting and booking is None:
         raise BadInput("run: waiting needs the booking to wait for")

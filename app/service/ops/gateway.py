@@ -19,7 +19,7 @@ from app.core.identity import Identity
 from app.core.keys import fingerprint, key_hash, new_key
 from app.core.policy import class_refusal, may_use
 from app.errors import BadInput, Conflict, NotPermitted
-from app.service.audit import audit
+from app.service.rules.audit import audit
 from app.service.ops.registry import BOOL, LIST, STR, TIME, op
 from app.store import keys as rows
 from app.store.db import write

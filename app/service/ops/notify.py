@@ -29,7 +29,7 @@ def notify_test(service: Service, me: Identity, target: str | None = None) -> di
     _admin(service, me, "board notify test")
     from app.notify import outbox  # start-up: a command in process loads pushes only for these operations
     from app.notify.formats import Message  # start-up: as above
-    from app.service.notify import deliverer  # start-up: as above
+    from app.service.box.notify import deliverer  # start-up: as above
 
     settings = service.config.notify
     names = [t.name for t in settings.targets]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
-from app.service.audit import audit
+from app.service.rules.audit import audit
 from app.service.ops.registry import BOOL, INT, op
 
 if TYPE_CHECKING:

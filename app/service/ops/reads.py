@@ -10,9 +10,9 @@ from app.errors import BadInput, BoardError
 from app.gpu.model import snapshot_to_wire
 from app.model import booking_to_wire
 from app.service.ops.registry import BOOL, INT, SPAN, STR, TIME, op
-from app.service.lastknown import listing as known_listing
-from app.service.lastknown import read_live, remember_window, unreachable
-from app.service.status import status_document
+from app.service.fleet.lastknown import listing as known_listing
+from app.service.fleet.lastknown import read_live, remember_window, unreachable
+from app.service.fleet.status import status_document
 from app.store import bookings as rows
 from app.store import events
 
@@ -80,7 +80,7 @@ def get(service: Service, me: Identity, id: int) -> dict:
 def listing(service: Service, me: Identity, start=None, end=None, user=None, mine=False, include_cancelled=False) -> dict:
     """`{"bookings": [...]}`: those overlapping [start, end) (no start: the past too), of `user`, cancelled ones too
     with `include_cancelled`; while a PostgreSQL database is unreachable, this host's as last read, with
-    `stale_since` (app.service.lastknown.listing)."""
+    `stale_since` (app.service.fleet.lastknown.listing)."""
     if mine:
         user = me.name
     try:
@@ -104,7 +104,7 @@ def window(service: Service, me: Identity, start: int, end: int) -> dict:
     now = service.clock()
     version = service.hub.versions["bookings"]
     upcoming, stale_since = read_live(service, now)
-    if stale_since is not None:  # the database away: the bookings as last read (app.service.lastknown)
+    if stale_since is not None:  # the database away: the bookings as last read (app.service.fleet.lastknown)
         return {"version": version, "now": now, "upcoming": [booking_to_wire(b) for b in upcoming],
                 "in_window": [booking_to_wire(b) for b in service.known.between(start, end)],
                 "stale_since": stale_since}

@@ -1,4 +1,4 @@
-"""The standing slots' operations: book a series, look at it, extend it, cancel it (app.service.series)."""
+"""The standing slots' operations: book a series, look at it, extend it, cancel it (app.service.rules.series)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def _series(service: Service, me: Identity, host: str | None = None, series_id: int | None = None):
     """The series rules on `host`'s cards (default this host's), or on those of the host series `series_id` is on."""
-    from app.service.series import SeriesService  # start-up: booking commands do not load the series rules
+    from app.service.rules.series import SeriesService  # start-up: booking commands do not load the series rules
     from app.store.series import first_occurrence  # start-up: as above
 
     booking = first_occurrence(service.conn, series_id) if series_id is not None else None
@@ -43,7 +43,7 @@ def _tell_holder(service: Service, me: Identity, series, what: str) -> None:
     {"from": STR, "class": STR, "note": STR, "skip_conflicts": BOOL, "override_policy": BOOL, "host": STR}, writes=True)
 def series_book(service: Service, me: Identity, cards: list, every: str, start: str, until: str, to: str, note="",
                 skip_conflicts=False, override_policy=False, **rest) -> dict:
-    """Book a standing slot: every occurrence of the rule, all or nothing (app.service.series)."""
+    """Book a standing slot: every occurrence of the rule, all or nothing (app.service.rules.series)."""
     outcome = _series(service, me, rest.get("host")).book(
         cards=card_list(cards), every=every, start=start, until=until, first=rest.get("from"), last=to,
         klass=rest.get("class", "experiment"), note=note, skip_conflicts=skip_conflicts,

@@ -1,6 +1,6 @@
 """The llama-server operations: serve_start, serve_get, serve_list, serve_logs, serve_stop, serve_key.
 
-The rules are app.llama.service (ServerService), bound to the service by app.service.servers, which
+The rules are app.llama.service (ServerService), bound to the service by app.service.box.servers, which
 also supervises the registered servers behind the socket.
 """
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from app.core.identity import Identity
 from app.errors import BadInput
 from app.service.ops.registry import BOOL, DICT, INT, LIST, STR, op
-from app.service.servers import changed, light_rules, server_rules
+from app.service.box.servers import changed, light_rules, server_rules
 from app.store import bookings as rows
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def serve_start(service: Service, me: Identity, booking: int, extra=None, **opti
     if extra is not None and not all(isinstance(a, str) for a in extra):
         raise BadInput("serve_start: extra is a list of strings")
     if (held := rows.get(service.conn, booking)) is not None:
-        from app.service.hosts import refuse_remote  # start-up: only serve_start asks where the cards are
+        from app.service.fleet.hosts import refuse_remote  # start-up: only serve_start asks where the cards are
 
         refuse_remote(service, held)
     try:
@@ -111,7 +111,7 @@ def serve_key(service: Service, me: Identity, id: int) -> dict:
     return {"id": id, "key": light_rules(service, me).api_key(id)}
 
 
-# -- planned servers (app.service.plans) ----------------------------------------------------------
+# -- planned servers (app.service.rules.plans) ----------------------------------------------------------
 
 _PLAN = {k: v for k, v in _START.items() if k != "port"}  # a planned server leases a port when it starts
 
@@ -119,7 +119,7 @@ _PLAN = {k: v for k, v in _START.items() if k != "port"}  # a planned server lea
 @op("serve_plan", {}, {"booking": INT, "series": INT, **_PLAN}, writes=True)
 def serve_plan(service: Service, me: Identity, booking=None, series=None, extra=None, **options) -> dict:
     """Attach a server spec to the caller's booking, or to every occurrence of their series."""
-    from app.service import plans  # start-up: plans load only for servers
+    from app.service.rules import plans  # start-up: plans load only for servers
 
     if extra is not None and not all(isinstance(a, str) for a in extra):
         raise BadInput("serve_plan: extra is a list of strings")
@@ -132,7 +132,7 @@ def serve_plan(service: Service, me: Identity, booking=None, series=None, extra=
 @op("serve_plans", {}, {"all": BOOL})
 def serve_plans(service: Service, me: Identity, all=False) -> list:
     """Live plans (everyone's: the team sees what will be served), with each one's next start; `all`: cancelled too."""
-    from app.service import plans  # start-up: plans load only for servers
+    from app.service.rules import plans  # start-up: plans load only for servers
     from app.store import plans as plan_rows  # start-up: plans load only for servers
 
     return [plans.plan_wire(service, p) for p in plan_rows.listing(service.conn, cancelled=all)]
@@ -141,7 +141,7 @@ def serve_plans(service: Service, me: Identity, all=False) -> list:
 @op("serve_plan_cancel", {"id": INT}, writes=True)
 def serve_plan_cancel(service: Service, me: Identity, id: int) -> dict:
     """Cancel a plan (its holder or an admin): no further starts; a server it already started runs to its end."""
-    from app.service import plans  # start-up: plans load only for servers
+    from app.service.rules import plans  # start-up: plans load only for servers
 
     try:
         return plans.cancel(service, me, id)

@@ -17,7 +17,7 @@ from app.core.text import inert
 from app.errors import BadInput
 from app.model import Booking
 from app.gpu.model import FleetSnapshot, snapshot_from_wire, snapshot_to_wire
-from app.service.lastknown import remember, unreachable
+from app.service.fleet.lastknown import remember, unreachable
 from app.store import bookings as rows
 from app.store import events
 from app.store import hosts as host_rows
@@ -92,9 +92,9 @@ def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any]
     """The agent's heartbeat thread: about once a second, this host's beat (on the database thread, `run_db`, so
     that it never contends with the service's own writes) and, on SQLite, a look at the audit chain's tail, whose
     growth means another host's service changed bookings: this host's boards read them again. On PostgreSQL the
-    change feed's NOTIFY has already woken them (app.service.watch): a second wake up to a second later would only
+    change feed's NOTIFY has already woken them (app.service.box.watch): a second wake up to a second later would only
     make every open board load its window again (bench/bench_fleet.py). It also refreshes the bookings the service
-    serves while the database is unreachable (app.service.lastknown)."""
+    serves while the database is unreachable (app.service.fleet.lastknown)."""
     follow_tail = not isinstance(service.config.store, PostgresStore)
 
     def loop() -> None:

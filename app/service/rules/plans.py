@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from app import wire
 from app.core.identity import Identity
 from app.errors import BadInput, BoardError, Conflict, NotPermitted
-from app.service.audit import AGENT, audit
-from app.service.hosts import here, refuse_remote
+from app.service.rules.audit import AGENT, audit
+from app.service.fleet.hosts import here, refuse_remote
 from app.store import bookings as booking_rows
 from app.store import events
 from app.store import plans as plan_rows
@@ -35,9 +35,13 @@ if TYPE_CHECKING:
     import socket
 
     from app.service import Service
-    from app.service.deadline import Lines
-    from app.service.peer import Peer
-    from app.service.server import ServiceServer
+    from app.service.conn.agent import Agent
+    from app.service.conn.deadline import Lines
+    from app.service.conn.peer import Peer
+
+# service.runner changes under this: a runner registering and one going away. Registrations are rare, so one
+# lock serves every service in the process.
+_RUNNER_SLOT = threading.Lock()
 
 SPEC_KEYS = ("model", "ctx", "parallel", "split_mode", "tensor_split", "metrics", "alias", "host", "extra",
              "cache_type_k", "cache_type_v", "flash_attn", "fit")
@@ -168,22 +172,22 @@ class Runner:
                 return False
 
 
-def runner_registration(server: ServiceServer, conn: socket.socket, reader: Lines, peer: Peer, request_id: Any,
+def runner_registration(server: Agent, conn: socket.socket, reader: Lines, peer: Peer, request_id: Any,
                         args: dict) -> None:
     """`board runner` registers (kind "runner") and keeps the connection open; only [llama] runner_user's uid."""
     service = server.service
     if peer.uid != runner_uid(service):
-        server._reply(conn, request_id, error=NotPermitted(
+        server.reply(conn, request_id, error=NotPermitted(
             f"only the user {service.config.llama.runner_user} runs planned servers"))
         return
     runner = Runner(conn, peer.pid)
-    with server._lock:
+    with _RUNNER_SLOT:
         current = getattr(service, "runner", None)
         if current is not None and not current.gone:
-            server._reply(conn, request_id, error=NotPermitted("a runner is registered already"))
+            server.reply(conn, request_id, error=NotPermitted("a runner is registered already"))
             return
         service.runner = runner
-    server._reply(conn, request_id, {"runner": peer.pid})
+    server.reply(conn, request_id, {"runner": peer.pid})
     server.log(f"board agent: runner registered (pid {peer.pid})")
     service.wake_enforcer.set()  # an occurrence that is due now need not wait for the next pass
     try:
@@ -192,13 +196,13 @@ def runner_registration(server: ServiceServer, conn: socket.socket, reader: Line
     except OSError:
         pass
     runner.gone = True
-    with server._lock:
+    with _RUNNER_SLOT:
         if service.runner is runner:
             service.runner = None
     server.log(f"board agent: runner (pid {peer.pid}) went away")
 
 
-def _runner_said(server: ServiceServer, line: bytes) -> None:
+def _runner_said(server: Agent, line: bytes) -> None:
     """The runner's one report: a server it was told to start and could not (its supervisor never ran), so
     the row says why rather than, later, 'exit status unknown'. Only a `starting` row a plan started that no
     supervisor has registered for."""
@@ -227,7 +231,7 @@ def _runner_said(server: ServiceServer, line: bytes) -> None:
     server.database.submit(record).result()
 
 
-def start_due(server: ServiceServer) -> list[int]:
+def start_due(server: Agent) -> list[int]:
     """One pass: start the occurrences due now through the registered runner; returns the servers started.
     Without a runner nothing is recorded, so they start when one registers (while their booking lasts)."""
     from app.llama.rows import server_to_wire  # start-up: llama's modules load only for servers

@@ -1,15 +1,15 @@
 """`board agent`'s socket: accept members, learn who they are from the kernel, answer, push changes, enforce.
 
 The accepting thread decides at the door: who is at the other end (the kernel's record of the
-connecting process, app.service.peer), whether they are a member, and whether their uid's cap and
+connecting process, app.service.conn.peer), whether they are a member, and whether their uid's cap and
 the global cap have room. Only then does a connection get its thread; a refused one gets one line
 and is closed at once, unread. So a flood costs at most the caps' threads and files, and the caps
 leave room below the open-file limit for the database, pidfds and /metrics.
 
 A client that says nothing or reads nothing holds only its own thread, for a bounded time: each
-request line has one deadline for the whole line (app.service.deadline), each answer a send
+request line has one deadline for the whole line (app.service.conn.deadline), each answer a send
 timeout. Every operation runs on one database thread, in arrival order: the service is the only
-writer, so BEGIN IMMEDIATE never waits on anyone; bookings that wait together commit together (app.service.writer).
+writer, so BEGIN IMMEDIATE never waits on anyone; bookings that wait together commit together (app.service.door.writer).
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ from app.gpu.model import snapshot_to_wire
 from app.history.sampler import start_sampler
 from app.model import booking_to_wire
 from app.service import Service
-from app.service.audit import audit
-from app.service.deadline import Lines
-from app.service.hosts import start_heartbeat
-from app.service.enforce import enforce_once, run_booking
-from app.service.peer import Peer, identity_of, is_member, peer_of
-from app.service.processes import RegistrationError
-from app.service.plans import runner_registration
-from app.service.servers import adopt_servers, serve_registration
-from app.service.watch import start_watchers
-from app.service.writer import DatabaseThread
+from app.service.rules.audit import audit
+from app.service.conn.deadline import Lines
+from app.service.fleet.hosts import start_heartbeat
+from app.service.box.enforce import enforce_once, run_booking
+from app.service.conn.peer import Peer, identity_of, is_member, peer_of
+from app.service.box.processes import RegistrationError
+from app.service.rules.plans import runner_registration
+from app.service.box.servers import adopt_servers, serve_registration
+from app.service.box.watch import start_watchers
+from app.service.door.writer import DatabaseThread
 from app.store import events, jobs
 from app.store.db import write
 from app.store.pg import where as pg_where
@@ -54,7 +54,7 @@ from app.store.pg import where as pg_where
 SEND_TIMEOUT_S = 10.0  # an answer (or a stream's batch of events) goes out whole within this, or the line is closed
 LINE_TIMEOUT_S = 10.0  # a request line arrives whole within this of its first byte, or the line is closed
 # Open files the connections leave to the rest: the database's and history's files, the pidfds of registered
-# processes, the GPUs' device files, /metrics (at most app.service.metrics.MAX_SCRAPES) and the listeners.
+# processes, the GPUs' device files, /metrics (at most app.service.box.metrics.MAX_SCRAPES) and the listeners.
 FD_RESERVE = 128
 ACCEPT_BACKOFF_S = (0.05, 1.0)  # accept() failing (out of files): wait this long, doubling up to the second
 ACCEPT_LOG_EVERY_S = 60.0  # and say so in the log at most this often
@@ -78,7 +78,7 @@ class ServiceServer:
         self._listener: socket.socket | None = None
         self.max_connections = connection_cap(self.settings.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._accept_failures, self._accept_logged_at = 0, float("-inf")
-        self.alerts = Engine()  # the alerts' engine, run by each enforcement pass (app.service.alerts)
+        self.alerts = Engine()  # the alerts' engine, run by each enforcement pass (app.service.box.alerts)
         self.started_told_until: float | None = None  # bookings that started by then have been announced (enforce)
 
     # -- the socket ----------------------------------------------------------------------------
@@ -235,7 +235,7 @@ class ServiceServer:
                 if not line:
                     return
                 if len(line) > wire.MAX_MESSAGE:
-                    self._reply(conn, None, error=BadInput(f"a message is at most {wire.MAX_MESSAGE} bytes"))
+                    self.reply(conn, None, error=BadInput(f"a message is at most {wire.MAX_MESSAGE} bytes"))
                     return  # the rest of the line cannot be skipped reliably
                 request_id, error, message = None, None, None
                 try:
@@ -249,7 +249,7 @@ class ServiceServer:
                 except BadInput as refused:
                     error = refused
                 if error is not None:
-                    self._reply(conn, request_id, error=error)
+                    self.reply(conn, request_id, error=error)
                     continue
                 op = message.get("op")
                 if op == "subscribe":
@@ -258,7 +258,7 @@ class ServiceServer:
                     return self._register(conn, reader, peer, request_id, message.get("args") or {})
                 if me is None:  # once per connection: the passwd and group lookups are not free
                     me = identity_of(peer, self.service.config.admin_group)
-                self._reply(conn, request_id, *self._call(me, op, message.get("args")))
+                self.reply(conn, request_id, *self._call(me, op, message.get("args")))
         except OSError:  # the client went away, or ran out of time (TimeoutError)
             return
         finally:
@@ -275,18 +275,19 @@ class ServiceServer:
             self.log(f"{op}: unexpected {type(error).__name__}: {error}")
             return None, BoardError(f"the service failed on {str(op)[:40]}: {type(error).__name__}; see its log")
 
-    def _reply(self, conn: socket.socket, request_id: Any, result: Any = None, error: BoardError | None = None) -> None:
+    def reply(self, conn: socket.socket, request_id: Any, result: Any = None, error: BoardError | None = None) -> None:
+        """One answer on `conn`; the handlers it hands itself to (app.service.conn.agent) answer through it too."""
         conn.sendall(_answer(request_id, result, error))
 
     def _subscribe(self, conn: socket.socket, peer: Peer, request_id: Any, args: dict) -> None:
         kinds = args.get("kinds") if isinstance(args, dict) else None
         known = {"bookings", "servers", "fleet", "notice", "gateway"}
         if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) and k in known for k in kinds):
-            self._reply(conn, request_id, error=BadInput(f"subscribe: kinds is a list of {', '.join(sorted(known))}"))
+            self.reply(conn, request_id, error=BadInput(f"subscribe: kinds is a list of {', '.join(sorted(known))}"))
             return
         subscriber = self.service.hub.subscribe(kinds, peer.uid)
         try:
-            self._reply(conn, request_id, {"versions": dict(self.service.hub.versions)})
+            self.reply(conn, request_id, {"versions": dict(self.service.hub.versions)})
             if "gateway" in kinds:  # read gateway_state now: a change before this subscription is not missed
                 conn.sendall(wire.encode({"event": "gateway", "version": self.service.hub.versions["gateway"]}))
             if "fleet" in kinds and (snapshot := self.service.fleet.cached()) is not None:
@@ -305,13 +306,13 @@ class ServiceServer:
     def _register(self, conn: socket.socket, reader: Lines, peer: Peer, request_id: Any, args: dict) -> None:
         me = identity_of(peer, self.service.config.admin_group)
         kind = args.get("kind") if isinstance(args, dict) else None
-        if kind == "server":  # a llama-server supervisor: app.service.servers says how
+        if kind == "server":  # a llama-server supervisor: app.service.box.servers says how
             return serve_registration(self, conn, reader, peer, request_id, args)
-        if kind == "runner":  # `board runner`, which starts planned servers: app.service.plans
+        if kind == "runner":  # `board runner`, which starts planned servers: app.service.rules.plans
             return runner_registration(self, conn, reader, peer, request_id, args)
         booking_id = args.get("booking") if isinstance(args, dict) else None
         if kind != "job" or (booking_id is not None and (not isinstance(booking_id, int) or isinstance(booking_id, bool))):
-            self._reply(conn, request_id, error=BadInput("register: give kind \"job\" and an optional booking number,"
+            self.reply(conn, request_id, error=BadInput("register: give kind \"job\" and an optional booking number,"
                                                          " or kind \"server\" and the server id"))
             return
 
@@ -333,9 +334,9 @@ class ServiceServer:
         try:
             booking, entry = self.database.submit(admit).result()
         except BoardError as error:
-            self._reply(conn, request_id, error=error)
+            self.reply(conn, request_id, error=error)
             return
-        self._reply(conn, request_id, {"booking": booking_to_wire(booking), "registration": entry.id})
+        self.reply(conn, request_id, {"booking": booking_to_wire(booking), "registration": entry.id})
         try:
             while reader.readline(None):
                 pass  # nothing more is expected; the line stays open while the job lives
@@ -435,7 +436,7 @@ def run_agent(service: Service, path: str) -> int:
     server.bind()
     metrics = None
     if service.config.metrics.listen:  # Prometheus's /metrics; prometheus-client is loaded only then
-        from app.service.metrics import MetricsServer  # start-up: prometheus-client loads only with [metrics] listen
+        from app.service.box.metrics import MetricsServer  # start-up: prometheus-client loads only with [metrics] listen
 
         metrics = MetricsServer(service, log)
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,6 +1,6 @@
 """The alerts' pass in the service: the engine (app.alerts.engine) decides what fires and resolves, and this side
 puts the pushes it asks for in the outbox, in the pass's own transaction, and tells the holders of per-user
-alerts after it. The enforcer's pass runs it (app.service.enforce)."""
+alerts after it. The enforcer's pass runs it (app.service.box.enforce)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 from app.alerts.engine import Engine, gather
 from app.alerts.rules import Inputs
-from app.service.notify import push
+from app.service.box.notify import push
 from app.store.db import write
 
 if TYPE_CHECKING:
     from app.service import Service
-    from app.service.server import ServiceServer
+    from app.service.conn.agent import Agent
 
 
 def alerts_pass(service: Service, engine: Engine, inputs: Inputs | None = None, *,
@@ -32,9 +32,9 @@ def alerts_pass(service: Service, engine: Engine, inputs: Inputs | None = None, 
     return done.ids()
 
 
-def enforcer_alerts(server: ServiceServer) -> dict[str, list[int]]:
+def enforcer_alerts(server: Agent) -> dict[str, list[int]]:
     """The enforcer pass's hook: one pass of the server's engine, if alerts are on."""
     if not server.service.config.alerts.enabled:
         return {}
-    told = frozenset(f"booking:{e.booking_id}" for e in server.registry.live() if e.kind != "server" and e.warned)
+    told = frozenset(f"booking:{e.booking_id}" for e in server.service.processes.live() if e.kind != "server" and e.warned)
     return alerts_pass(server.service, server.alerts, told=told)

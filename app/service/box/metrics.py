@@ -15,7 +15,7 @@ Nothing here writes to the database.
 Anyone who can reach the port may connect, so the server is bounded: at most MAX_SCRAPES connections
 are served at once, each on a thread of a fixed pool and with REQUEST_TIMEOUT_S for its whole request
 (and as long again for the answer); more are closed at once, unread. However many connect, /metrics
-holds no more files than that, and the socket's caps leave room for them (app.service.server.FD_RESERVE).
+holds no more files than that, and the socket's caps leave room for them (app.service.door.server.FD_RESERVE).
 
 Counters for sources that do not exist yet (Xid, OOM, alerts, notify failures) are not exported as
 zeros: each comes with its section as a line in COUNTED (an audit action) or its own family in
@@ -42,7 +42,7 @@ from prometheus_client.registry import Collector
 from app.core.cardstate import BOOKED, FREE, IN_USE, LOST, SQUATTED, fleet_status
 from app.errors import BoardError
 from app.model import Booking
-from app.service.deadline import DeadlineStream
+from app.service.conn.deadline import DeadlineStream
 from app.store import bookings as rows
 from app.config import PostgresStore
 from app.store.db import BoardConnection, connect, is_postgres, storage_error

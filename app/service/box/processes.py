@@ -36,7 +36,7 @@ class Registration:
     term_sent_at: float | None = None
     warned: bool = False
     # Its booking as the enforcer last read it (a Booking, or None: gone), which enforces it while the database is
-    # unreachable; UNREAD until the first read (app.service.enforce).
+    # unreachable; UNREAD until the first read (app.service.box.enforce).
     known: object = UNREAD
     connected: bool = True
     done: bool = field(default=False)

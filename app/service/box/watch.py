@@ -51,12 +51,12 @@ def _fleet_loop(service: Service, stop: threading.Event) -> None:
 
 def fleet_event(service: Service) -> dict:
     """The `fleet` event: this host's snapshot, its name, and the other hosts' as their services last published them
-    (app.service.hosts), read at each refresh: a host that appears or falls silent reaches the boards with no
+    (app.service.fleet.hosts), read at each refresh: a host that appears or falls silent reaches the boards with no
     booking change. While a PostgreSQL database is unreachable, `stale_since` says since when the boards' bookings are
-    as last read (app.service.lastknown): their header shows it."""
-    from app.service.hosts import remote_hosts  # start-up: only a service with boards publishes the fleet
+    as last read (app.service.fleet.lastknown): their header shows it."""
+    from app.service.fleet.hosts import remote_hosts  # start-up: only a service with boards publishes the fleet
 
-    from app.service.lastknown import unreachable  # start-up: as above
+    from app.service.fleet.lastknown import unreachable  # start-up: as above
 
     snapshot = service.fleet_snapshot()
     event = {"snapshot": snapshot_to_wire(snapshot), "host": service.host}
@@ -114,7 +114,7 @@ def _listen_loop(service: Service, stop: threading.Event) -> None:
                 if note.payload in ("bookings", "servers"):
                     service.hub.changed(note.payload)
         except Exception as error:  # noqa: BLE001 - shown by the boards; the service keeps going and listens again
-            from app.service.lastknown import unreachable  # start-up: loaded by the service already
+            from app.service.fleet.lastknown import unreachable  # start-up: loaded by the service already
 
             if not unreachable(error):  # an unreachable database is the fleet event's stale marker, not an error
                 service.hub.publish("bookings", {"error": str(error)})

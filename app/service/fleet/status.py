@@ -1,6 +1,6 @@
 """The `board status --json` document: every card with its state, current and next booking, in epochs.
 
-The `status` operation answers with it, and the team's daily summary (app.service.notify) is made from it,
+The `status` operation answers with it, and the team's daily summary (app.service.box.notify) is made from it,
 so both say what `board status` says.
 """
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from app.core.cardstate import UNKNOWN_USER, CardStatus, fleet_status
 from app.model import booking_to_wire
-from app.service.lastknown import read_live
+from app.service.fleet.lastknown import read_live
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -20,8 +20,9 @@ def status_document(service: Service) -> dict:
     """Every card with its state, current and next booking: the `board status --json` document, in epochs. Each
     card carries its host; other hosts' cards follow this host's, as their services last published them, and a
     host whose heartbeat is late has `host_down` and `down_since` on its cards. While a PostgreSQL database is
-    unreachable: this host's cards only, with the bookings the service last read, and `stale_since` (app.service.lastknown)."""
-    from app.service.hosts import remote_hosts  # start-up: a leaf; status is the one read that asks the fleet
+    unreachable: this host's cards only, with the bookings the service last read, and `stale_since`
+    (app.service.fleet.lastknown)."""
+    from app.service.fleet.hosts import remote_hosts  # start-up: a leaf; status is the one read that asks the fleet
 
     snapshot = service.fleet_snapshot()
     now = service.clock()

@@ -25,7 +25,7 @@ from app.core.series import MAX_SPAN_DAYS, Rule, describe, local_date, make_rule
 from app.core.text import stamp_day
 from app.errors import BadInput, Conflict, NotPermitted
 from app.model import Booking
-from app.service.bookings import BookingService
+from app.service.rules.bookings import BookingService
 from app.store import bookings as rows
 from app.store import events
 from app.store import series as store

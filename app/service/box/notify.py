@@ -1,7 +1,7 @@
 """The service's side of pushes (app.notify): the call other parts use, the summary schedule and the delivery
 thread. The `notify_test` / `notify_status` operations are app.service.ops.notify.
 
-On the database thread, inside the caller's transaction if it has one (the alerts' pass, app.service.alerts):
+On the database thread, inside the caller's transaction if it has one (the alerts' pass, app.service.box.alerts):
 
     push(service, "alert.firing", "GPU 3 at 92 °C", lines=("held by alice",), fields=(("card", "3"),),
          key=f"alert:{alert_id}:firing")
@@ -17,7 +17,7 @@ from app.notify import outbox
 from app.notify.deliver import Deliverer
 from app.notify.formats import Message
 from app.notify.summary import due_slot, summary, zone
-from app.service.status import status_document
+from app.service.fleet.status import status_document
 
 if TYPE_CHECKING:
     from app.service import Service

@@ -8,7 +8,7 @@ The shape, one set of rules for both transports:
           │                                        the row, state `starting`, audited
           └─ spawns the supervisor as itself (app.llama.launch)
                    │
-                   ├─ socket: `register` kind "server" ──▶ ServiceServer._register ──▶ `serve_registration`
+                   ├─ socket: `register` kind "server" ──▶ the door's register ──▶ `serve_registration`
                    │    pid/uid from SO_PEERCRED, a pidfd (Registry.add); the connection stays open and carries
                    │    the supervisor's reports (ready, with the memory llama.cpp logged; failed; log lines;
                    │    exit), which call the same ServerService.ready/failed/ended as file mode
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 from app import wire
 from app.core.identity import Identity
 from app.errors import BadInput, BoardError, NotPermitted
-from app.service.audit import AGENT, audit
-from app.service.processes import RegistrationError, exited, owned_by, proc_pgid
-from app.service.plans import runner_uid
+from app.service.rules.audit import AGENT, audit
+from app.service.box.processes import RegistrationError, exited, owned_by, proc_pgid
+from app.service.rules.plans import runner_uid
 from app.store import bookings as booking_rows
 from app.store.plans import plan_of_server
 
@@ -46,10 +46,10 @@ if TYPE_CHECKING:
     from app.llama.rows import Server
     from app.llama.service import ServerService
     from app.service import Service
-    from app.service.deadline import Lines
-    from app.service.peer import Peer
-    from app.service.processes import Registration, Registry
-    from app.service.server import ServiceServer
+    from app.service.conn.agent import Agent
+    from app.service.conn.deadline import Lines
+    from app.service.conn.peer import Peer
+    from app.service.box.processes import Registration, Registry
 
 LOG_KEEP = 500  # lines of each server's log the service keeps in memory
 LINE_MAX = 1000
@@ -140,9 +140,9 @@ class Supervision:
             self.servers.pop(server_id, None)
 
 
-def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines, peer: Peer, request_id: Any,
+def serve_registration(server: Agent, conn: socket.socket, reader: Lines, peer: Peer, request_id: Any,
                        args: dict) -> None:
-    """A supervisor registers (ServiceServer._register, kind "server") and reports over this connection.
+    """A supervisor registers (the door's `register`, kind "server") and reports over this connection.
 
     Refused unless the peer (SO_PEERCRED) is the row's holder, the row is `starting`, the booking is
     active and no live supervisor holds the row already. A pid the supervisor claims for llama-server
@@ -154,7 +154,7 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
     """
     from app.llama import rows  # start-up: llama's modules load only for servers
     from app.llama.identity import capture  # start-up: llama's modules load only for servers
-    from app.service.peer import identity_of  # start-up: in process, nobody asks the kernel who is calling
+    from app.service.conn.peer import identity_of  # start-up: in process, nobody asks the kernel who is calling
 
     service = server.service
     me = identity_of(peer, service.config.admin_group)
@@ -163,7 +163,7 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
     if not _is_int(server_id) or (child_pid is not None and not _is_int(child_pid)) or (
             log_path is not None and not isinstance(log_path, str)) or not isinstance(resume, bool) or (
             api_key is not None and rows.check_api_key(api_key) is None):
-        server._reply(conn, request_id, error=BadInput("register: give kind \"server\", the server id, its pid"))
+        server.reply(conn, request_id, error=BadInput("register: give kind \"server\", the server id, its pid"))
         return
 
     def admit() -> tuple[Supervised, float]:
@@ -192,13 +192,13 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
     try:
         supervised, booking_end = server.database.submit(admit).result()
     except BoardError as error:
-        server._reply(conn, request_id, error=error)
+        server.reply(conn, request_id, error=error)
         return
     except Exception as error:  # noqa: BLE001 - logged; the supervisor hears a refusal and stops its server
         server.log(f"register server {server_id}: unexpected {type(error).__name__}: {error}")
-        server._reply(conn, request_id, error=BoardError(f"the service failed to register server {server_id}"))
+        server.reply(conn, request_id, error=BoardError(f"the service failed to register server {server_id}"))
         return
-    server._reply(conn, request_id, {"registration": supervised.entry.id, "server": server_id,
+    server.reply(conn, request_id, {"registration": supervised.entry.id, "server": server_id,
                                      "booking_end": booking_end})
 
     def report(message: dict) -> None:
@@ -236,7 +236,7 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
             server.database.submit(report, message).result()
     except OSError:
         pass
-    server.registry.disconnected(supervised.entry)
+    server.service.processes.disconnected(supervised.entry)
 
     # A closed connection: once the pidfd says the supervisor has exited, the row records how it ended.
     # (Checked on the database thread, where the enforcement's sweep may close the pidfd.) A supervisor
@@ -254,7 +254,7 @@ def serve_registration(server: ServiceServer, conn: socket.socket, reader: Lines
         time.sleep(0.02)
 
 
-def _admitted(server: ServiceServer, row: Server, booking, peer: Peer) -> Supervised:
+def _admitted(server: Agent, row: Server, booking, peer: Peer) -> Supervised:
     """A new supervisor for a `starting` row of the peer's, on its active booking."""
     from app.llama import rows  # start-up: llama's modules load only for servers
 
@@ -265,13 +265,13 @@ def _admitted(server: ServiceServer, row: Server, booking, peer: Peer) -> Superv
     if booking is None or booking.uid != row.uid or not booking.active(server.service.clock()):
         raise NotPermitted(f"booking {row.booking_id} is not yours and active now")
     try:
-        entry = server.registry.add("server", row.booking_id, peer.uid, peer.pid)
+        entry = server.service.processes.add("server", row.booking_id, peer.uid, peer.pid)
     except RegistrationError as error:
         raise NotPermitted(str(error)) from None
     return _watch(server, row.id, entry)
 
 
-def _resumed(server: ServiceServer, row: Server, booking, peer: Peer) -> Supervised:
+def _resumed(server: Agent, row: Server, booking, peer: Peer) -> Supervised:
     """The supervisor the row recorded, registering again: the same process (pid, start time, command line),
     the same uid, its row still live. A gap that spanned the booking's end is the enforcement's to act on."""
     from app.llama.identity import ProcessIdentity, check  # start-up: llama's modules load only for servers
@@ -288,29 +288,29 @@ def _resumed(server: ServiceServer, row: Server, booking, peer: Peer) -> Supervi
         current.entry.connected = True  # the registration adopt_servers made at start-up
         return current
     try:
-        entry = server.registry.add("server", row.booking_id, peer.uid, peer.pid, pgid=row.pgid)
+        entry = server.service.processes.add("server", row.booking_id, peer.uid, peer.pid, pgid=row.pgid)
     except RegistrationError as error:
         raise NotPermitted(str(error)) from None
     return _watch(server, row.id, entry)
 
 
-def _watch(server: ServiceServer, server_id: int, entry: Registration) -> Supervised:
+def _watch(server: Agent, server_id: int, entry: Registration) -> Supervised:
     try:
         return server.service.supervision.add(server_id, entry)
     except NotPermitted:
         os.close(entry.pidfd)
-        server.registry.entries.pop(entry.id, None)
+        server.service.processes.entries.pop(entry.id, None)
         raise
 
 
 def may_supervise(service: Service, row: Server, uid: int) -> bool:
-    """The holder's own processes supervise their servers; the runner (app.service.plans) those a plan started."""
+    """The holder's own processes supervise their servers; the runner (app.service.rules.plans) those a plan started."""
     if uid == row.uid:
         return True
     return uid == runner_uid(service) and plan_of_server(service.conn, row.id) is not None
 
 
-def adopt_servers(server: ServiceServer) -> list[int]:
+def adopt_servers(server: Agent) -> list[int]:
     """After a restart: take back the live servers whose recorded supervisor (pid, start time, command line)
     still runs, under a uid that may supervise it; their supervisors register again (`resume`) on their own.
     The rest are left to reconcile, which records them as gone. Returns the server ids adopted."""
@@ -330,14 +330,14 @@ def adopt_servers(server: ServiceServer) -> list[int]:
         if not may_supervise(service, row, uid):
             continue
         try:
-            entry = server.registry.add("server", row.booking_id, uid, row.supervisor_pid, pgid=row.pgid)
+            entry = server.service.processes.add("server", row.booking_id, uid, row.supervisor_pid, pgid=row.pgid)
         except RegistrationError:
             continue
         if check(recorded) != "match":  # checked again now that the pidfd pins the process
             os.close(entry.pidfd)
-            server.registry.entries.pop(entry.id, None)
+            server.service.processes.entries.pop(entry.id, None)
             continue
-        server.registry.disconnected(entry)
+        server.service.processes.disconnected(entry)
         try:
             _watch(server, row.id, entry)
         except NotPermitted:
@@ -371,7 +371,7 @@ def finish(service: Service, supervised: Supervised) -> None:
         changed(service)
 
 
-def enforce_servers(server: ServiceServer) -> dict[str, list[int]]:
+def enforce_servers(server: Agent) -> dict[str, list[int]]:
     """One pass (ServiceServer.enforce_once): ended supervisors finish their rows, servers whose booking
     ended are stopped (audited, as the agent), SIGKILL follows SIGTERM after KILL_AFTER_S, and rows
     that never registered within the launch grace become crashed."""
@@ -402,10 +402,10 @@ def enforce_servers(server: ServiceServer) -> dict[str, list[int]]:
             booking = booking_rows.get(service.conn, supervised.entry.booking_id)
             if booking is None or not booking.active(service.clock()):  # its row was final, its process not
                 supervised.term_sent_at = now
-                server.registry.signal(supervised.entry, signal.SIGTERM)
+                server.service.processes.signal(supervised.entry, signal.SIGTERM)
         elif not supervised.killed and now - supervised.term_sent_at >= KILL_AFTER_S:
             supervised.killed = True
-            sent = server.registry.signal(supervised.entry, signal.SIGKILL)
+            sent = server.service.processes.signal(supervised.entry, signal.SIGKILL)
             if sent:
                 audit(service, AGENT, "server-stop", supervised.entry.booking_id, ok=True,
                       details={"server": supervised.server_id, "signal": "SIGKILL", "pids": sent})

@@ -4,7 +4,7 @@ A job may run only on its caller's own booking, active now (`run_booking`; refus
 its booking is over (ended, cancelled, split away, moved to other cards or given to someone else), an
 enforcement pass (`enforce_once`) sends SIGTERM, then SIGKILL after [enforce] grace_s, or with
 run_jobs = "warn" only audits it. Ten minutes before the end the holder gets one notice.
-llama-servers have their own pass, app.service.servers.enforce_servers, run from the same one.
+llama-servers have their own pass, app.service.box.servers.enforce_servers, run from the same one.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from app.core.text import format_cards, relative, stamp_time
 from app.errors import BadInput, BoardError, NotPermitted
 from app.faults.oom import record_job_oom
 from app.model import Booking
-from app.service.alerts import enforcer_alerts
-from app.service.audit import AGENT, audit
-from app.service.hosts import refuse_remote
-from app.service.lastknown import unreachable
-from app.service.plans import start_due
-from app.service.processes import UNREAD
-from app.service.servers import enforce_servers
+from app.service.box.alerts import enforcer_alerts
+from app.service.rules.audit import AGENT, audit
+from app.service.fleet.hosts import refuse_remote
+from app.service.fleet.lastknown import unreachable
+from app.service.rules.plans import start_due
+from app.service.box.processes import UNREAD
+from app.service.box.servers import enforce_servers
 from app.store import bookings as rows
 from app.store import jobs
 from app.store.db import StoreLocked, write
 
 if TYPE_CHECKING:
     from app.service import Service
-    from app.service.server import ServiceServer
+    from app.service.conn.agent import Agent
 
 WARN_BEFORE_END_S = 600
 
@@ -72,15 +72,15 @@ def is_over(booking: Booking | None, entry, now: float) -> bool:
             or tuple(sorted(booking.card_uuids)) != tuple(sorted(entry.cards)))
 
 
-def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
-    """One pass for `server` (a ServiceServer: its service, registry and log); returns what it did, by entry id.
+def enforce_once(server: Agent) -> dict[str, list[int]]:
+    """One pass for `server` (the agent, app.service.conn.agent: its service and log); returns what it did, by entry id.
 
     While a PostgreSQL database is unreachable, the jobs are enforced from the bookings last read (each job's
     booking as this pass last read it, `Registration.known`): a job whose booking is live there runs on, one whose
     booking ended by then is stopped, its audit event left to the log. The passes that need the database (backfill,
     servers, planned servers, alerts) wait for it. So while a lock another session holds outlasts the lock timeout
     (StoreLocked): the jobs are read and stopped as ever; what needs the lock is logged and tried at the next pass."""
-    service, registry = server.service, server.registry
+    service, registry = server.service, server.service.processes
     done: dict[str, list[int]] = {"ended": [], "terminated": [], "killed": [], "warned": []}
     now = service.clock()
     away = False
@@ -145,7 +145,7 @@ def enforce_once(server: ServiceServer) -> dict[str, list[int]]:
     return done
 
 
-def _audit(server: ServiceServer, action: str, booking_id: int, details: dict) -> None:
+def _audit(server: Agent, action: str, booking_id: int, details: dict) -> None:
     """The agent's audit event for an enforcement; while the database is unreachable, said in the log instead
     (the signal has gone already: enforcement does not wait for the database)."""
     try:
@@ -156,7 +156,7 @@ def _audit(server: ServiceServer, action: str, booking_id: int, details: dict) -
         server.log(f"{action} of booking {booking_id} not audited: {error}")
 
 
-def _tell_started(server: ServiceServer, now: float) -> None:
+def _tell_started(server: Agent, now: float) -> None:
     """Each holder whose booking started since the last pass hears of it (their open boards toast it)."""
     since = server.started_told_until
     server.started_told_until = now

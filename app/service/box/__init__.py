@@ -1,0 +1,1 @@
+"""Watching the box: enforcement, registered processes, supervised servers, alerts, pushes, /metrics, watchers."""

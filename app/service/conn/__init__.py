@@ -1,0 +1,1 @@
+"""A connection's parts: who is at the other end (the kernel's word), its lines read against a deadline."""

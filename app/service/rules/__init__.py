@@ -1,0 +1,1 @@
+"""The rules behind the door: bookings, series, planned servers, and the audit trail they write."""
