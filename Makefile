@@ -50,20 +50,23 @@ uninstall:
 llama-server:
 	@scripts/build_llama_server.sh
 
-# The developer's loop (under 3 minutes): lint, the rules, the in-process service and the compact TUI snapshots.
+# The developer's loop (under 3 minutes): lint, the type checker against its baseline (scripts/typecheck.py), the rules,
+# the in-process service and the compact TUI snapshots.
 QUICK_TIERS := not real_users and not llama_server and not prometheus and not slow and not postgresql
 check: $(VENV)/.test
 	$(BIN)/ruff check .
+	$(BIN)/python scripts/typecheck.py
 	$(BIN)/python -m pytest -q -n auto -m "$(QUICK_TIERS)" tests/unit tests/service/test_behaviour.py \
 		tests/tui/test_tui_snapshots.py -k "not 120x40"
 
 # The whole suite: what is safe in parallel first (pytest-xdist), then the `serial` tests one at a time. More workers
-# than cores: most tests wait on processes and sockets. Lint first (seconds); a failed llama-server build,
-# Prometheus download or PostgreSQL install (the `postgresql` tier's throwaway clusters) stops here rather than
+# than cores: most tests wait on processes and sockets. Lint and the type checker first (seconds); a failed llama-server
+# build, Prometheus download or PostgreSQL install (the `postgresql` tier's throwaway clusters) stops here rather than
 # letting tests skip.
 WORKERS ?= 4
 test: $(VENV)/.test
 	$(BIN)/ruff check .
+	$(BIN)/python scripts/typecheck.py
 	scripts/install_postgresql.sh >/dev/null && \
 	server="$$(scripts/build_llama_server.sh)" && prometheus="$$(scripts/fetch_prometheus.sh)" && \
 	export BOARD_LLAMA_SERVER="$$server" BOARD_PROMETHEUS_DIR="$$prometheus" || exit; \

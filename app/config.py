@@ -1,4 +1,8 @@
-"""Settings: one root-owned TOML file plus environment overrides, read into typed dataclasses.
+"""Settings: one root-owned TOML file plus environment overrides, read into typed sections.
+
+Each section is a msgspec Struct, and ConfigFile is the file's shape: msgspec.convert checks every key's type on
+load, and a wrong one is one line naming the section, the key and the value (_wrong words it). What a type cannot
+say (zones, host:port, known classes, times of day) is checked next, section by section, in _checked.
 
 Precedence for the database path: --db, then BOARD_DB, then [storage] db in the config
 (BOARD_CONFIG, default /etc/board/board.toml), then /var/lib/board/board.db. A PostgreSQL store instead:
@@ -8,8 +12,10 @@ BOARD_DB_URL, then [storage] url (with an optional [storage] password_file).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+
+import msgspec
+from msgspec.structs import replace
 
 from app.config_file import ConfigError, read_config
 
@@ -17,8 +23,11 @@ DEFAULT_DB_PATH = Path("/var/lib/board/board.db")
 CLASSES = ("online", "batch", "finetune", "experiment")  # highest priority first
 
 
-@dataclass(frozen=True, slots=True)
-class ClassWindow:
+class Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A config section: its fields are the keys the file may set, with their types; any other key is refused."""
+
+
+class ClassWindow(Section, frozen=True):
     """A class is allowed in a pool only between `start` and `end` local time (wrapping midnight), and at weekends if set.
     app.core.policy alone decides what it allows."""
 
@@ -27,25 +36,29 @@ class ClassWindow:
     weekends: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class Pool:
+class PoolWindow(Section, frozen=True):
+    """A window as [pools.windows] writes it: `finetune = { hours = "19:00-09:00", weekends = true }`."""
+
+    hours: str
+    weekends: bool = True
+
+
+class Pool(Section, frozen=True):
     name: str
     cards: tuple[int, ...]
     classes: tuple[str, ...] = CLASSES
     max_hours: float | None = None
-    windows: dict[str, ClassWindow] = field(default_factory=dict)
+    windows: dict[str, ClassWindow] = {}
 
 
-@dataclass(frozen=True, slots=True)
-class Policy:
+class Policy(Section, frozen=True):
     max_booking_hours: float = 72.0
     max_ahead_days: float = 30.0
     max_cards_per_user: int = 8
     timezone: str | None = None  # windows are evaluated here; default the system's (the service's, not a client's)
 
 
-@dataclass(frozen=True, slots=True)
-class LlamaSettings:
+class LlamaSettings(Section, frozen=True):
     server_bin: str | None = None
     port_min: int = 8100
     port_max: int = 8199
@@ -57,8 +70,7 @@ class LlamaSettings:
     runner_user: str = "board-llama"  # the system user of `board runner`, which starts planned servers
 
 
-@dataclass(frozen=True, slots=True)
-class ServiceSettings:
+class ServiceSettings(Section, frozen=True):
     """The shared install: members reach the service on this socket instead of opening the database."""
 
     socket: str | None = None
@@ -68,15 +80,13 @@ class ServiceSettings:
     idle_timeout_s: float = 300.0  # a connection that sends no request for this long is closed
 
 
-@dataclass(frozen=True, slots=True)
-class EnforceSettings:
+class EnforceSettings(Section, frozen=True):
     grace_s: float = 60.0  # SIGTERM, then SIGKILL this long after, for jobs whose booking ended
     run_jobs: str = "stop"  # stop | warn
     interval_s: float = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class MetricsSettings:
+class MetricsSettings(Section, frozen=True):
     """`listen = "127.0.0.1:9400"`: the service serves Prometheus's /metrics there (app.service.box.metrics); unset: off."""
 
     listen: str | None = None
@@ -88,8 +98,7 @@ class MetricsSettings:
         return host.removeprefix("[").removesuffix("]"), int(port)
 
 
-@dataclass(frozen=True, slots=True)
-class FitSettings:
+class FitSettings(Section, frozen=True):
     """Memory accounting (board fit, book --model, serve start's check)."""
 
     overhead_mib: float = 500.0  # per card: the CUDA context and libraries' workspaces on an RTX 5090
@@ -97,8 +106,7 @@ class FitSettings:
     card_mib: float | None = None  # a card's memory; default what the fleet reports (32607 for an RTX 5090)
 
 
-@dataclass(frozen=True, slots=True)
-class BookingSettings:
+class BookingSettings(Section, frozen=True):
     """How booking words read: `tonight` starts at `night_start` (local time, HH:MM)."""
 
     night_start: str = "19:00"
@@ -108,8 +116,7 @@ class BookingSettings:
         return _hhmm(self.night_start)
 
 
-@dataclass(frozen=True, slots=True)
-class HistorySettings:
+class HistorySettings(Section, frozen=True):
     """What the service records of the cards (app.history): a sample every `sample_s`, raw for `raw_hours`,
     5-minute rollups for `rollup_days`. `db`: the history file; default beside the board's, <name>.history.db."""
 
@@ -120,8 +127,7 @@ class HistorySettings:
     db: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class FleetSettings:
+class FleetSettings(Section, frozen=True):
     """[fleet]: several hosts' services on one database (docs/configuration.md). `host`: this host's name in the
     fleet (default: the short hostname); a host whose heartbeat is older than `heartbeat_timeout_s` is HOST DOWN."""
 
@@ -129,15 +135,13 @@ class FleetSettings:
     heartbeat_timeout_s: float = 30.0
 
 
-@dataclass(frozen=True, slots=True)
-class ReportSettings:
+class ReportSettings(Section, frozen=True):
     """`board report`: a card in IN USE counts as used only at a mean utilisation of `busy_util` % or more."""
 
     busy_util: float = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class NotifyTarget:
+class NotifyTarget(Section, frozen=True):
     """Where pushes go (app.notify). The url holds the secret (a robot key, a webhook path): never logged or shown.
 
     The config is readable by every member, so `url_file` may name a file only the service reads instead;
@@ -145,8 +149,11 @@ class NotifyTarget:
 
     name: str
     type: str  # wecom | slack | webhook
-    url: str = field(default="", repr=False)
+    url: str = ""  # secret: __repr__ leaves it out
     url_file: str | None = None
+
+    def __repr__(self) -> str:
+        return f"NotifyTarget(name={self.name!r}, type={self.type!r}, url_file={self.url_file!r})"
 
     def address(self) -> str:
         """The url; from `url_file` if that is where it is (raises OSError or ValueError when it can't be used)."""
@@ -159,26 +166,24 @@ class NotifyTarget:
         return url
 
 
-def _web_address(url: object) -> bool:
+def _web_address(url: str) -> bool:
     from urllib.parse import urlsplit  # start-up: only a config with [[notify.targets]] parses urls
 
     try:
-        parts = urlsplit(url) if isinstance(url, str) else None
-        return parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname) and "\n" not in url
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and "\n" not in url
     except ValueError:
         return False
 
 
-@dataclass(frozen=True, slots=True)
-class NotifySettings:
+class NotifySettings(Section, frozen=True):
     targets: tuple[NotifyTarget, ...] = ()
     summary_at: tuple[str, ...] = ("09:00",)  # local times (policy zone) of the board summary
     timeout_s: float = 5.0  # per HTTP request
     max_attempts: int = 8  # then the message is given up
 
 
-@dataclass(frozen=True, slots=True)
-class AlertSettings:
+class AlertSettings(Section, frozen=True):
     """The alert rules' thresholds and windows (app.alerts.rules); `quiet` ("22:00-08:00", local time) holds the
     team-chat pushes back, `repeat_min` keeps a rule that fires again so soon from pushing again, and a finding
     fires only once it has held `fire_after_s` (a card squatted for the moment between a release and a rebook
@@ -206,8 +211,7 @@ class AlertSettings:
         return _hhmm(start), _hhmm(end)
 
 
-@dataclass(frozen=True, slots=True)
-class GatewaySettings:
+class GatewaySettings(Section, frozen=True):
     """[gateway]: `board gateway`, the team's OpenAI-compatible front door (docs/gateway.md)."""
     listen: str = "127.0.0.1:8080"
     user: str = "board-gateway"  # the only account (besides root) the service gives the servers' keys to
@@ -219,7 +223,7 @@ class GatewaySettings:
     log_bodies: bool = False
     # [gateway.team_aliases] alias = ["alice", "@serving"]: the aliases that several members serve, and who may
     # (users, and @groups' members). Any other alias has one holder at a time (app.llama.aliases).
-    team_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    team_aliases: dict[str, tuple[str, ...]] = {}
     # The old names this config used (max_concurrent_per_key, now max_concurrent_per_user): the gateway says so at start.
     _renamed: tuple[str, ...] = ()
     # The door's limits (app.gateway.connections): a stranger's idle or slow connections cannot hold its files
@@ -230,22 +234,37 @@ class GatewaySettings:
     max_connections_per_address: int = 256  # from one client address (a proxy in front is one address: raise it)
 
 
-@dataclass(frozen=True, slots=True)
-class PowerSettings:
+class PowerSettings(Section, frozen=True):
     """[power]: the limit every card should run at (the seeds cap 575 W cards at 500 W and lose about 5 % of decode
     speed), per-card overrides in [power.cards] ("3" = 450), and the pause between cards in `board power apply`
     (the seeds' staged power-on: one card at a time)."""
 
     limit_w: float | None = None
-    cards: dict[int, float] = field(default_factory=dict)
+    cards: dict[int, float] = {}
     pause_s: float = 2.0
 
     def policy_w(self, index: int) -> float | None:
         return self.cards.get(index, self.limit_w)
 
 
-@dataclass(frozen=True, slots=True)
-class PostgresStore:
+class StorageSettings(Section, frozen=True):
+    """[storage]: Config's db_path, storage_url and storage_password_file (env overrides apply there)."""
+
+    db: str = str(DEFAULT_DB_PATH)
+    url: str | None = None
+    password_file: str | None = None
+
+
+class AccessSettings(Section, frozen=True):
+    admin_group: str = "board-admin"
+
+
+class DisplaySettings(Section, frozen=True):
+    refresh_seconds: float = 1.0
+    hot_celsius: int = 90
+
+
+class PostgresStore(msgspec.Struct, frozen=True):
     """[storage] url: the board's store is this PostgreSQL database (a libpq URI), shared by every host's service.
     `password_file` holds the role's password (the reader's own file, mode 0600 or 0400); `host` names this host
     in the database's view (application_name) and in the one line an unreachable database gets."""
@@ -255,8 +274,42 @@ class PostgresStore:
     host: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Config:
+class Sections(Section, frozen=True):
+    """The sections that Config keeps as the file has them (ConfigFile adds the three it flattens)."""
+
+    labels: dict[int, str] = {}
+    service: ServiceSettings = ServiceSettings()
+    enforce: EnforceSettings = EnforceSettings()
+    booking: BookingSettings = BookingSettings()
+    report: ReportSettings = ReportSettings()
+    history: HistorySettings = HistorySettings()
+    fleet: FleetSettings = FleetSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    policy: Policy = Policy()
+    # [classes]: who may use a class (user names, @groups), for bookings and keys alike; a class not named: everyone.
+    classes: dict[str, tuple[str, ...]] = {}
+    pools: tuple[Pool, ...] = ()
+    llama: LlamaSettings = LlamaSettings()
+    fit: FitSettings = FitSettings()
+    gateway: GatewaySettings = GatewaySettings()
+    notify: NotifySettings = NotifySettings()
+    alerts: AlertSettings = AlertSettings()
+    power: PowerSettings = PowerSettings()
+
+
+class ConfigFile(Sections, frozen=True):
+    """The file's shape: one field per section. A key added to a section is typed, checked on load and (a test
+    sees to it) documented in docs/configuration.md."""
+
+    storage: StorageSettings = StorageSettings()
+    access: AccessSettings = AccessSettings()
+    display: DisplaySettings = DisplaySettings()
+
+
+class Config(Sections, frozen=True):
+    """The settings in use: the file's sections, with [storage], [access] and [display] flattened here and the
+    environment's overrides applied (load_config)."""
+
     path: Path | None = None  # the file it was read from, if any
     db_path: Path = DEFAULT_DB_PATH
     storage_url: str | None = None  # a PostgreSQL store ([storage] url, BOARD_DB_URL); None: SQLite at db_path
@@ -264,18 +317,6 @@ class Config:
     admin_group: str = "board-admin"
     refresh_seconds: float = 1.0
     hot_celsius: int = 90
-    labels: dict[int, str] = field(default_factory=dict)
-    policy: Policy = field(default_factory=Policy)
-    pools: tuple[Pool, ...] = ()
-    llama: LlamaSettings = field(default_factory=LlamaSettings)
-    service: ServiceSettings = field(default_factory=ServiceSettings)
-    enforce: EnforceSettings = field(default_factory=EnforceSettings)
-    metrics: MetricsSettings = field(default_factory=MetricsSettings)
-    fit: FitSettings = field(default_factory=FitSettings)
-    booking: BookingSettings = field(default_factory=BookingSettings)
-    history: HistorySettings = field(default_factory=HistorySettings)
-    # [classes]: who may use a class (user names, @groups), for bookings and keys alike; a class not named: everyone.
-    classes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def store(self) -> Path | PostgresStore:
@@ -289,12 +330,6 @@ class Config:
         if self.history.db:
             return Path(self.history.db).expanduser()
         return self.db_path.with_name(self.db_path.stem + ".history.db")
-    notify: NotifySettings = field(default_factory=NotifySettings)
-    alerts: AlertSettings = field(default_factory=AlertSettings)
-    report: ReportSettings = field(default_factory=ReportSettings)
-    gateway: GatewaySettings = field(default_factory=GatewaySettings)
-    power: PowerSettings = field(default_factory=PowerSettings)
-    fleet: FleetSettings = field(default_factory=FleetSettings)
 
     @property
     def fleet_host(self) -> str:
@@ -326,12 +361,202 @@ def _hhmm(text: str) -> int:
 
 
 def _from_toml(raw: dict, path: Path | None) -> Config:
-    known = {"storage", "access", "display", "policy", "pools", "llama", "labels", "service", "enforce", "fit", "booking",
-             "history", "metrics", "notify", "alerts", "report", "gateway", "power", "fleet", "classes"}
-    if unknown := set(raw) - known:
-        raise ValueError(f"unknown section(s) {', '.join(sorted(unknown))}")
-    storage, access, display = raw.get("storage", {}), raw.get("access", {}), raw.get("display", {})
-    policy = _build(Policy, raw.get("policy", {}), "[policy]")
+    table, renamed = _prepared(raw)
+    try:
+        file = msgspec.convert(table, ConfigFile, str_keys=True)
+    except msgspec.ValidationError as error:
+        raise ValueError(_wrong(str(error), table)) from None
+    file = _checked(file, renamed)
+    storage = file.storage
+    return Config(
+        path=path,
+        db_path=Path(storage.db),
+        storage_url=storage.url or None,
+        storage_password_file=Path(storage.password_file).expanduser() if storage.password_file else None,
+        admin_group=file.access.admin_group,
+        refresh_seconds=file.display.refresh_seconds,
+        hot_celsius=file.display.hot_celsius,
+        **{name: getattr(file, name) for name in Sections.__struct_fields__},
+    )
+
+
+def _prepared(raw: dict) -> tuple[dict, tuple[str, ...]]:
+    """The file's tables as ConfigFile takes them, and the old key names read as new ones: [gateway]'s old limit
+    renamed, a [[notify.targets]] without a name named after its type, [pools.windows]' hours read as minutes."""
+    table = dict(raw)
+    renamed: tuple[str, ...] = ()
+    gateway = table.get("gateway")
+    if isinstance(gateway, dict):
+        gateway = table["gateway"] = dict(gateway)
+        if "_renamed" in gateway:  # the loader's own field, never the file's
+            raise ValueError(_wrong("Object contains unknown field `_renamed` - at `$.gateway`", table))
+        if "max_concurrent_per_key" in gateway:  # its old name: a config written for per-key limits still loads
+            if "max_concurrent_per_user" in gateway:
+                raise ValueError("[gateway] max_concurrent_per_key is the old name of max_concurrent_per_user (now"
+                                 " counted across all of a member's keys); keep only max_concurrent_per_user")
+            gateway["max_concurrent_per_user"] = gateway.pop("max_concurrent_per_key")
+            renamed = ("max_concurrent_per_key",)
+    notify = table.get("notify")
+    if isinstance(notify, dict) and isinstance(notify.get("targets"), list):
+        targets = []
+        for number, entry in enumerate(notify["targets"], 1):
+            if isinstance(entry, dict) and not entry.get("name"):
+                kind = entry.get("type")
+                entry = {**entry, "name": kind if isinstance(kind, str) and kind else f"target {number}"}
+            targets.append(entry)
+        table["notify"] = {**notify, "targets": targets}
+    if isinstance(table.get("pools"), list):
+        table["pools"] = [_windows(entry, number, table) for number, entry in enumerate(table["pools"])]
+    return table, renamed
+
+
+def _windows(entry: object, number: int, table: dict) -> object:
+    """A [[pools]] entry with its windows as ClassWindows (hours "19:00-09:00" read as minutes of the day)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("windows"), dict):
+        return entry  # msgspec words what is wrong with it
+    windows = {}
+    for klass, window in entry["windows"].items():
+        if klass not in CLASSES:
+            raise ValueError(f"pool {entry.get('name')!r}: unknown class {str(klass)[:20]!r}")
+        at = ("pools", number, "windows", klass)
+        try:
+            hours = msgspec.convert(window, PoolWindow)
+        except msgspec.ValidationError as error:
+            raise ValueError(_wrong(str(error), table, at, PoolWindow)) from None
+        start, _, end = hours.hours.partition("-")
+        try:
+            windows[klass] = ClassWindow(_hhmm(start), _hhmm(end), hours.weekends)
+        except ValueError as error:
+            why = error if "outside" in str(error) else 'give local hours such as "19:00-09:00"'
+            raise ValueError(f"[[pools]] #{number + 1} windows.{klass}.hours is {hours.hours[:20]!r}; {why}") from None
+    return {**entry, "windows": windows}
+
+
+_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false", "array": "a list",
+          "object": "a table"}
+
+
+def _wrong(message: str, table: dict, at: tuple[str | int, ...] = (), root: type | None = None) -> str:
+    """msgspec's ValidationError in the config's words, one line: "Expected `float`, got `str` - at
+    `$.policy.max_booking_hours`" is `[policy] max_booking_hours: expected a number, got "12"`.
+
+    `at` and `root`: where in the file a part converted on its own (a pool's window) lies, and its type."""
+    import re
+    import types
+    import typing
+
+    what, _, where = message.partition(" - at `")
+    in_key = where.startswith("key` in `")
+    steps = list(at) + re.findall(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]", where.removeprefix("key` in `"))
+    path: list[str | int] = []
+    kind: object = ConfigFile
+    value: object = table
+    tables = 0  # how many of the steps name the array of tables an entry is in: [[pools]] #2
+    for number, step in enumerate(steps):
+        if number == len(at) and root is not None:
+            kind = root
+        name, index = step if isinstance(step, tuple) else (step, "") if isinstance(step, str) else ("", step)
+        hints = typing.get_type_hints(kind) if isinstance(kind, type) and issubclass(kind, msgspec.Struct) else {}
+        if name and hints:  # a field of a section
+            kind, value = hints.get(name), value.get(name) if isinstance(value, dict) else None
+        elif index == "..." or name:  # a key of a table such as [labels]: msgspec does not say which
+            name = name or _culprit(value, kind)
+            kind = typing.get_args(kind)[1]
+            value = value.get(name) if isinstance(value, dict) else None
+        else:
+            index = int(index)
+            kind = typing.get_args(kind)[0]
+            value = value[index] if isinstance(value, list) and index < len(value) else None
+            if tables == 0 and all(isinstance(p, str) for p in path) and _is_section(kind):
+                tables = len(path) + 1
+        if isinstance(kind, types.UnionType):  # X | None: X
+            kind = next(k for k in typing.get_args(kind) if k is not type(None))
+        path.append(name if name else index)
+    if root is not None and len(steps) == len(at):  # the error is at the part itself
+        kind = root
+    location = _location(path, tables)
+    if what.startswith("Object contains unknown field"):
+        unknown = what.split("`")[1]
+        if not path:
+            return (f"unknown section(s) {', '.join(sorted(set(table) - set(ConfigFile.__struct_fields__)))};"
+                    f" known sections: {', '.join(sorted(ConfigFile.__struct_fields__))}")
+        known = sorted(name for name in getattr(kind, "__struct_fields__", ()) if not name.startswith("_"))
+        return f"unknown key {unknown[:40]!r} in {location}; known keys: {', '.join(known)}"
+    if what.startswith("Object missing required field"):
+        return f"{location}: {what.split('`')[1]} is required"
+    expected = re.match(r"Expected `([^`]+)`, got `\w+`", what)
+    if expected is None:
+        return f"{location}: {what}"
+    words = " or ".join(_WORDS.get(t, t) for t in expected[1].split(" | ") if t != "null")
+    if in_key:
+        return f"{location}: expected {words} for a key, got {_shown(_culprit(value, kind))}"
+    shown = _shown(value)
+    if "url" in path and not isinstance(value, int | float):  # a notify target's url is a secret: not even in a list
+        shown = "a table" if isinstance(value, dict) else "a list" if isinstance(value, list) else "a date or time"
+    return f"{location}: expected {words}, got {shown}"
+
+
+def _culprit(table: object, kind: object) -> str:
+    """The key of `table` whose entry msgspec refused (the first, as msgspec stops at the first) as a `kind`."""
+    for key, value in table.items() if isinstance(table, dict) else ():
+        try:
+            msgspec.convert({key: value}, kind, str_keys=True)
+        except msgspec.ValidationError:
+            return key
+    return "?"
+
+
+def _is_section(kind: object) -> bool:
+    return isinstance(kind, type) and issubclass(kind, Section)
+
+
+def _location(path: list[str | int], tables: int) -> str:
+    """`[policy] max_booking_hours`, `[[pools]] #2 cards[0]`, `[gateway] team_aliases.team-llm[1]`."""
+    if not path:
+        return "the file"
+    if tables:
+        head = f"[[{'.'.join(str(p) for p in path[:tables - 1])}]] #{int(path[tables - 1]) + 1}"
+        rest = path[tables:]
+    else:
+        head, rest = f"[{path[0]}]", path[1:]
+    text = ""
+    for part in rest:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            bare = part and all(c.isascii() and (c.isalnum() or c in "-_") for c in part)
+            text += ("." if text else "") + (part if bare else _shown(part))
+    return f"{head} {text}" if text else head
+
+
+def _shown(value: object) -> str:
+    """A value as the file wrote it, near enough (JSON is TOML's syntax for these), and short."""
+    import json
+
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _checked(file: ConfigFile, renamed: tuple[str, ...]) -> ConfigFile:
+    """What a type cannot say, section by section; each raises a ValueError naming its section."""
+    _policy(file.policy)
+    _pools(file.pools)
+    _storage(file.storage)
+    _classes(file.classes)
+    _fleet(file.fleet)
+    _power(file.power)
+    _report(file.report)
+    _history(file.history)
+    _notify(file.notify)
+    _alerts(file.alerts)
+    _booking(file.booking)
+    _fit(file.fit)
+    _metrics(file.metrics)
+    _enforce(file.enforce)
+    return replace(file, gateway=_gateway(file.gateway, renamed))
+
+
+def _policy(policy: Policy) -> None:
     if policy.timezone:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # start-up: only a config that names a zone loads zoneinfo
 
@@ -340,70 +565,27 @@ def _from_toml(raw: dict, path: Path | None) -> Config:
         except (ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"[policy] timezone {policy.timezone!r} is not a known time zone,"
                              " such as 'Europe/Berlin'") from None
-    pools = []
-    for entry in raw.get("pools", []):
-        entry = dict(entry)
-        windows = {}
-        for klass, window in entry.pop("windows", {}).items():
-            if klass not in CLASSES:
-                raise ValueError(f"pool {entry.get('name')!r}: unknown class {klass!r}")
-            start, end = str(window["hours"]).split("-")
-            windows[klass] = ClassWindow(_hhmm(start), _hhmm(end), bool(window.get("weekends", True)))
-        classes = tuple(entry.pop("classes", CLASSES))
-        if bad := [c for c in classes if c not in CLASSES]:
-            raise ValueError(f"pool {entry.get('name')!r}: unknown class {bad[0]!r}")
-        entry.update(cards=tuple(int(c) for c in entry["cards"]), classes=classes, windows=windows)
-        pools.append(_build(Pool, entry, "[[pools]]"))
-    llama = dict(raw.get("llama", {}))
-    for key in ("allowed_hosts", "model_dirs"):
-        if key in llama:
-            llama[key] = tuple(llama[key])
-    url, password_file = storage.get("url"), storage.get("password_file")
-    if url is not None and (not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://"))):
+
+
+def _pools(pools: tuple[Pool, ...]) -> None:
+    for pool in pools:  # their windows' classes are checked as the windows are read (_windows)
+        if bad := [c for c in pool.classes if c not in CLASSES]:
+            raise ValueError(f"pool {pool.name!r}: unknown class {bad[0]!r}")
+
+
+def _storage(storage: StorageSettings) -> None:
+    if storage.url is not None and not storage.url.startswith(("postgresql://", "postgres://")):
         raise ValueError("[storage] url must be a PostgreSQL URI (postgresql://...)")
-    if password_file is not None and not isinstance(password_file, str):
-        raise ValueError("[storage] password_file must be a path")
-    return Config(
-        path=path,
-        db_path=Path(storage.get("db", DEFAULT_DB_PATH)),
-        storage_url=url or None,
-        storage_password_file=Path(password_file).expanduser() if password_file else None,
-        admin_group=str(access.get("admin_group", "board-admin")),
-        refresh_seconds=float(display.get("refresh_seconds", 1.0)),
-        hot_celsius=int(display.get("hot_celsius", 90)),
-        labels={int(k): str(v) for k, v in raw.get("labels", {}).items()},
-        policy=policy,
-        pools=tuple(pools),
-        llama=_build(LlamaSettings, llama, "[llama]"),
-        service=_build(ServiceSettings, raw.get("service", {}), "[service]"),
-        enforce=_enforce(raw.get("enforce", {})),
-        metrics=_metrics(raw.get("metrics", {})),
-        fit=_fit(raw.get("fit", {})),
-        booking=_booking(raw.get("booking", {})),
-        history=_history(raw.get("history", {})),
-        notify=_notify(raw.get("notify", {})),
-        alerts=_alerts(raw.get("alerts", {})),
-        report=_report(raw.get("report", {})),
-        gateway=_gateway(raw.get("gateway", {})),
-        power=_power(raw.get("power", {})),
-        fleet=_fleet(raw.get("fleet", {})),
-        classes=_classes(raw.get("classes", {})),
-    )
 
 
-def _classes(table: dict) -> dict[str, tuple[str, ...]]:
+def _classes(classes: dict[str, tuple[str, ...]]) -> None:
     """[classes] online = ["@serving", "alice"]: a class named here is for those users and groups' members alone."""
-    if not isinstance(table, dict):
-        raise ValueError("[classes] is a table of class = [users and @groups], such as online = [\"@serving\"]")
-    found = {}
-    for klass, who in table.items():
+    for klass, who in classes.items():
         if klass not in CLASSES:
             raise ValueError(f"[classes] {str(klass)[:20]!r} is not a class; use one of {', '.join(CLASSES)}")
-        if not isinstance(who, list) or not all(isinstance(w, str) and _account(w.removeprefix("@")) for w in who):
-            raise ValueError(f"[classes] {klass} is {repr(who)[:40]}; give a list of user names and @groups,"
+        if not all(_account(w.removeprefix("@")) for w in who):
+            raise ValueError(f"[classes] {klass} is {repr(list(who))[:40]}; give a list of user names and @groups,"
                              " such as [\"@serving\", \"alice\"]")
-        found[klass] = tuple(who)
-    return found
 
 
 def _account(name: str) -> bool:
@@ -414,65 +596,46 @@ def _account(name: str) -> bool:
 _HOST_NAME = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
 
 
-def _fleet(table: dict) -> FleetSettings:
-    settings = _build(FleetSettings, table, "[fleet]")
+def _fleet(settings: FleetSettings) -> None:
     host = settings.host
     # A host name is typed in card specs (gpu2:0-3): letters, digits, '-' and '_', never a ':' or a space.
-    if not isinstance(host, str) or len(host) > 63 or any(c not in _HOST_NAME for c in host):
+    if len(host) > 63 or any(c not in _HOST_NAME for c in host):
         raise ValueError(f"[fleet] host must be a short host name (letters, digits, '-', '_'), not {repr(host)[:40]}")
-    value = settings.heartbeat_timeout_s
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 30:
-        raise ValueError(f"[fleet] heartbeat_timeout_s must be more than 0 and at most 30, not {repr(value)[:20]}")
-    return settings
+    if not 0 < settings.heartbeat_timeout_s <= 30:
+        raise ValueError("[fleet] heartbeat_timeout_s must be more than 0 and at most 30,"
+                         f" not {repr(settings.heartbeat_timeout_s)[:20]}")
 
 
-def _gateway(table: dict) -> GatewaySettings:
-    table, renamed = dict(table), ()
-    if "max_concurrent_per_key" in table:  # its old name: a config written for per-key limits still loads
-        if "max_concurrent_per_user" in table:
-            raise ValueError("[gateway] max_concurrent_per_key is the old name of max_concurrent_per_user (now counted"
-                             " across all of a member's keys); keep only max_concurrent_per_user")
-        table["max_concurrent_per_user"], renamed = table.pop("max_concurrent_per_key"), ("max_concurrent_per_key",)
-    settings = replace(_build(GatewaySettings, table, "[gateway]"), _renamed=renamed)
+def _gateway(settings: GatewaySettings, renamed: tuple[str, ...]) -> GatewaySettings:
     host_port(settings.listen, "[gateway] listen", "0.0.0.0:8080")
-    if not isinstance(settings.user, str) or not settings.user:
+    if not settings.user:
         raise ValueError("[gateway] user is the gateway's account name, such as \"board-gateway\"")
-    if not isinstance(settings.log_bodies, bool):
-        raise ValueError("[gateway] log_bodies must be true or false")
     positive = ("max_body_mb", "max_concurrent_per_user", "max_keys_per_user", "head_timeout_s", "body_timeout_s",
                 "idle_timeout_s", "max_connections", "max_connections_per_address")
     for key in ("drain_s", "queue_timeout_s", *positive):
         value = getattr(settings, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (
-                key in positive and value <= 0):
+        if value < 0 or (key in positive and value <= 0):
             raise ValueError(f"[gateway] {key} must be a number more than 0, not {repr(value)[:20]}")
-    whole = ("max_concurrent_per_user", "max_keys_per_user", "max_connections", "max_connections_per_address")
-    for key in whole:
-        if getattr(settings, key) != int(getattr(settings, key)):
-            raise ValueError(f"[gateway] {key} must be a whole number, not {getattr(settings, key)!r}")
-    return replace(settings, **{key: int(getattr(settings, key)) for key in whole},
-                   team_aliases=_team_aliases(settings.team_aliases))
+    return replace(settings, _renamed=renamed, team_aliases=_team_aliases(settings.team_aliases))
 
 
 _ACCOUNT = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."
 
 
-def _team_aliases(table: object) -> dict[str, tuple[str, ...]]:
+def _team_aliases(table: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
     """[gateway.team_aliases]: alias = a list of user names and "@group"s, at least one."""
     example = '[gateway.team_aliases] team-llm = ["alice", "@serving"]'
-    if not isinstance(table, dict):
-        raise ValueError(f"[gateway] team_aliases is a table of alias = who may serve it, such as {example}")
     found = {}
     for alias, owners in table.items():
         where = f"[gateway.team_aliases] {alias[:40]!r}"
         if not (0 < len(alias) <= 200 and alias.isprintable()):
             raise ValueError(f"{where}: an alias is 1 to 200 printable characters")
-        if not isinstance(owners, list) or not owners:
+        if not owners:
             raise ValueError(f"{where} is a list of users and @groups who may serve it, such as {example}")
         for owner in owners:
-            name = owner.removeprefix("@") if isinstance(owner, str) else ""
+            name = owner.removeprefix("@")
             if not (0 < len(name) <= 64 and all(c in _ACCOUNT for c in name)):
-                raise ValueError(f"{where} has {str(owner)[:40]!r}; give user names and @groups, such as"
+                raise ValueError(f"{where} has {owner[:40]!r}; give user names and @groups, such as"
                                  " \"alice\" or \"@serving\"")
         found[alias] = tuple(dict.fromkeys(owners))
     return found
@@ -486,152 +649,100 @@ def host_port(listen: object, where: str, example: str) -> None:
         raise ValueError(f"{where} is {str(listen)[:40]!r}; give host:port, such as \"{example}\"")
 
 
-def _power(table: dict) -> PowerSettings:
-    settings = _build(PowerSettings, table, "[power]")
-
-    def watts(value, what: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 5000:
+def _power(settings: PowerSettings) -> None:
+    def watts(value: float, what: str) -> None:
+        if not 0 < value <= 5000:
             raise ValueError(f"[power] {what} is a number of watts, more than 0, not {repr(value)[:20]}")
-        return float(value)
 
-    cards = {}
-    if not isinstance(settings.cards, dict):
-        raise ValueError("[power] cards is a table of card = watts, such as [power.cards] 3 = 450")
-    for key, value in settings.cards.items():
-        if not str(key).isdigit():
-            raise ValueError(f"[power.cards] {str(key)[:20]!r} is not a card number")
-        cards[int(key)] = watts(value, f"cards.{key}")
-    pause = settings.pause_s
-    if isinstance(pause, bool) or not isinstance(pause, int | float) or not 0 <= pause <= 60:
-        raise ValueError(f"[power] pause_s is 0 to 60 seconds, not {repr(pause)[:20]}")
-    limit = None if settings.limit_w is None else watts(settings.limit_w, "limit_w")
-    return PowerSettings(limit_w=limit, cards=cards, pause_s=float(pause))
+    for index, value in settings.cards.items():
+        if index < 0:
+            raise ValueError(f"[power.cards] {str(index)[:20]!r} is not a card number")
+        watts(value, f"cards.{index}")
+    if not 0 <= settings.pause_s <= 60:
+        raise ValueError(f"[power] pause_s is 0 to 60 seconds, not {repr(settings.pause_s)[:20]}")
+    if settings.limit_w is not None:
+        watts(settings.limit_w, "limit_w")
 
 
-def _report(table: dict) -> ReportSettings:
-    settings = _build(ReportSettings, table, "[report]")
-    value = settings.busy_util
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
-        raise ValueError(f"[report] busy_util is a percentage, 0 to 100, not {repr(value)[:20]}")
-    return settings
+def _report(settings: ReportSettings) -> None:
+    if not 0 <= settings.busy_util <= 100:
+        raise ValueError(f"[report] busy_util is a percentage, 0 to 100, not {repr(settings.busy_util)[:20]}")
 
 
-def _history(table: dict) -> HistorySettings:
-    settings = _build(HistorySettings, table, "[history]")
-    if not isinstance(settings.enabled, bool):
-        raise ValueError("[history] enabled must be true or false")
+def _history(settings: HistorySettings) -> None:
     for key in ("sample_s", "raw_hours", "rollup_days"):
         value = getattr(settings, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if value <= 0:
             raise ValueError(f"[history] {key} must be a number more than 0, not {repr(value)[:20]}")
     if settings.sample_s > 300:
         raise ValueError("[history] sample_s is at most 300 (one sample in each 5-minute rollup)")
-    if settings.db is not None and not isinstance(settings.db, str):
-        raise ValueError("[history] db must be a path")
-    return settings
 
 
 NOTIFY_TYPES = ("wecom", "slack", "webhook")
 
 
-def _notify(table: dict) -> NotifySettings:
+def _notify(settings: NotifySettings) -> None:
     """[notify] and its [[notify.targets]]. Messages name a target by its name and type, never by its url."""
-    table = dict(table)
-    targets = []
-    for number, entry in enumerate(table.pop("targets", []), 1):
-        entry = dict(entry)
-        kind = entry.get("type")
-        name = str(entry.get("name") or (kind if isinstance(kind, str) else f"target {number}"))
-        where = f"[[notify.targets]] {name!r}"
-        if unknown := sorted(set(entry) - {"name", "type", "url", "url_file"}):
-            raise ValueError(f"unknown key {unknown[0][:40]!r} in {where}; known keys: name, type, url, url_file")
-        if kind not in NOTIFY_TYPES:
-            raise ValueError(f"{where}: type is {str(kind)[:20]!r}; use one of {', '.join(NOTIFY_TYPES)}")
-        url, url_file = entry.get("url"), entry.get("url_file")
-        if (url is None) == (url_file is None):
+    names: set[str] = set()
+    for target in settings.targets:
+        where = f"[[notify.targets]] {target.name!r}"
+        if target.type not in NOTIFY_TYPES:
+            raise ValueError(f"{where}: type is {target.type[:20]!r}; use one of {', '.join(NOTIFY_TYPES)}")
+        if bool(target.url) == (target.url_file is not None):
             raise ValueError(f"{where}: give url, or url_file (a file only the service reads), not both")
-        if url is not None and not _web_address(url):
+        if target.url and not _web_address(target.url):
             raise ValueError(f"{where}: url must be an http:// or https:// address")  # it is secret: not quoted
-        if url_file is not None and not (isinstance(url_file, str) and os.path.isabs(url_file)):
+        if target.url_file is not None and not os.path.isabs(target.url_file):
             raise ValueError(f"{where}: url_file must be an absolute path")
-        if any(t.name == name for t in targets):
+        if target.name in names:
             raise ValueError(f"{where}: two targets have this name; give each its own name")
-        targets.append(NotifyTarget(name, kind, url or "", url_file))
-    settings = _build(NotifySettings, table, "[notify]")
-    at = settings.summary_at
-    if not isinstance(at, list | tuple) or not all(isinstance(t, str) for t in at):
-        raise ValueError("[notify] summary_at is a list of times of day such as [\"09:00\"]")
-    for text in at:
+        names.add(target.name)
+    for text in settings.summary_at:
         hours, colon, minutes = text.strip().partition(":")
         if not (colon and hours.isascii() and hours.isdigit() and minutes.isascii() and minutes.isdigit()
                 and int(hours) < 24 and int(minutes) < 60 and len(minutes) == 2):
             raise ValueError(f"[notify] summary_at has {text[:20]!r}; give times of day such as \"09:00\"")
     for key in ("timeout_s", "max_attempts"):
-        value = getattr(settings, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if getattr(settings, key) <= 0:
             raise ValueError(f"[notify] {key} must be a number more than 0")
-    return replace(settings, targets=tuple(targets), summary_at=tuple(at), max_attempts=int(settings.max_attempts))
 
 
-def _alerts(table: dict) -> AlertSettings:
-    settings = _build(AlertSettings, table, "[alerts]")
-    if not isinstance(settings.enabled, bool):
-        raise ValueError("[alerts] enabled must be true or false")
-    for f in fields(AlertSettings):
-        value = getattr(settings, f.name)
-        if f.name in ("enabled", "quiet"):
+def _alerts(settings: AlertSettings) -> None:
+    for name in AlertSettings.__struct_fields__:
+        if name in ("enabled", "quiet"):
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ValueError(f"[alerts] {f.name} must be a number, 0 or more, not {repr(value)[:20]}")
+        if (value := getattr(settings, name)) < 0:
+            raise ValueError(f"[alerts] {name} must be a number, 0 or more, not {repr(value)[:20]}")
     if settings.quiet is not None:
         try:
             settings.quiet_minutes()
-        except (AttributeError, ValueError):
-            raise ValueError(f"[alerts] quiet is {str(settings.quiet)[:20]!r}; give local hours such as"
+        except ValueError:
+            raise ValueError(f"[alerts] quiet is {settings.quiet[:20]!r}; give local hours such as"
                              " \"22:00-08:00\"") from None
-    return settings
 
 
-def _booking(table: dict) -> BookingSettings:
-    settings = _build(BookingSettings, table, "[booking]")
+def _booking(settings: BookingSettings) -> None:
     night = settings.night_start
-    hours, colon, minutes = night.strip().partition(":") if isinstance(night, str) else ("", "", "")
+    hours, colon, minutes = night.strip().partition(":")
     digits = colon and (hours + minutes).isascii() and hours.isdigit() and minutes.isdigit() and len(minutes) == 2
     if not (digits and int(hours) < 24 and int(minutes) < 60):
-        raise ValueError(f"[booking] night_start is {str(night)[:20]!r}; give a time of day such as \"19:00\"")
-    return settings
+        raise ValueError(f"[booking] night_start is {night[:20]!r}; give a time of day such as \"19:00\"")
 
 
-def _fit(table: dict) -> FitSettings:
-    settings = _build(FitSettings, table, "[fit]")
-    for key, value in table.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"[fit] {key} must be a number, not {str(value)[:20]!r}")
+def _fit(settings: FitSettings) -> None:
     if not 0 < settings.max_fill <= 1:
         raise ValueError(f"[fit] max_fill is {settings.max_fill}; give a share of the card from 0 to 1, such as 0.9")
     if settings.overhead_mib < 0 or (settings.card_mib is not None and settings.card_mib <= 0):
         raise ValueError("[fit] overhead_mib must be 0 or more, and card_mib more than 0")
-    return settings
 
 
-def _metrics(table: dict) -> MetricsSettings:
-    settings = _build(MetricsSettings, table, "[metrics]")
+def _metrics(settings: MetricsSettings) -> None:
     if settings.listen is not None:
         host_port(settings.listen, "[metrics] listen", "127.0.0.1:9400")
-    return settings
 
 
-def _enforce(table: dict) -> EnforceSettings:
-    settings = _build(EnforceSettings, table, "[enforce]")
+def _enforce(settings: EnforceSettings) -> None:
     if settings.run_jobs not in ("stop", "warn"):
         raise ValueError(f"[enforce] run_jobs is {settings.run_jobs!r}; use \"stop\" or \"warn\"")
     if settings.grace_s < 0:
         raise ValueError("[enforce] grace_s must be 0 or more seconds")
-    return settings
-
-
-def _build(cls, table: dict, section: str):
-    names = {f.name for f in fields(cls) if not f.name.startswith("_")}  # _fields are the loader's, never the file's
-    if unknown := sorted(set(table) - names):
-        raise ValueError(f"unknown key {unknown[0]!r} in {section}; known keys: {', '.join(sorted(names))}")
-    return cls(**table)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from dataclasses import replace
 from datetime import date, datetime, timedelta
 from pathlib import Path
+
+from msgspec.structs import replace
 
 from typing import Iterable, Sequence
 
@@ -77,7 +78,7 @@ def standing_plan(now: float, days: int = 7) -> list[tuple[str, tuple[int, ...],
     (user, cards, start, end, class, note): bob's TP4 online service 09:00-19:00 on weekdays, alice's
     finetune every weeknight, and one finetune from Friday 19:00 to Monday 09:00. Prod is never idle."""
     today = datetime.fromtimestamp(now).date()
-    plan = []
+    plan: list[tuple[str, tuple[int, ...], int, int, str, str]] = []
     for n in range(-3, days + 1):  # three days back: last Friday's weekend booking still covers a Monday morning
         day = today + timedelta(days=n)
         if day.weekday() >= 5:
@@ -110,15 +111,15 @@ def seed_if_empty(
         rows.sync_cards(conn, cards, now)
         uuid = {c.index: c.uuid for c in cards}
         for user, wanted, start, end, klass, note in found:
-            cards = tuple(c for c in wanted if c in uuid)
-            if not cards:
+            held = tuple(c for c in wanted if c in uuid)
+            if not held:
                 continue
             booking_id = rows.insert(
-                conn, user=user, uid=demo_uid(user), uuids=[uuid[c] for c in cards], start=start,
+                conn, user=user, uid=demo_uid(user), uuids=[uuid[c] for c in held], start=start,
                 end=end, klass=klass, note=note, request=None, now=now, created_by=0,
             )
             events.record(conn, ts=now, uid=0, actor="demo", action="create", booking_id=booking_id, ok=True,
-                          details={"cards": list(cards), "seeded": True})
+                          details={"cards": list(held), "seeded": True})
     return True
 
 

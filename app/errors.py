@@ -1,11 +1,15 @@
 """Errors a user can act on. Each carries the CLI's documented exit code and a one-line message."""
 
+from __future__ import annotations
+
+from collections.abc import Callable  # loaded at start-up already: the quick path pays nothing
+
 
 class BoardError(Exception):
     exit_code = 1
     # A refusal's second half (the earliest start that works) is worded only when the message is shown: the socket
     # client sets `rest` to a function that asks the service for it (op `earliest`), and the first str() calls it.
-    rest = None
+    rest: Callable[[], str | None] | None = None
 
     def __str__(self) -> str:
         if self.rest is not None:

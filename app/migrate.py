@@ -152,9 +152,9 @@ def _copy(src, dst, tables: list[str], counts: dict[str, int], broken: int | Non
             if not counts[table] == done[table] == there:
                 raise BoardError(f"{table}: {counts[table]:,} rows in the source, {there:,} on {place} after the copy;"
                                  " nothing was written")
-        if (copied := events.first_broken(dst)) != broken:
+        if (copied_break := events.first_broken(dst)) != broken:
             said = "intact" if broken is None else f"broken at event {broken}"
-            raise BoardError(f"the copied audit chain breaks at event {copied} on {place}, but the source's is {said};"
+            raise BoardError(f"the copied audit chain breaks at event {copied_break} on {place}, but the source's is {said};"
                              " nothing was written")
         raw.execute("COMMIT")
     except psycopg.errors.InsufficientPrivilege as error:

@@ -12,6 +12,7 @@ same handler.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from types import SimpleNamespace
@@ -62,9 +63,10 @@ def parse(argv: list[str]) -> SimpleNamespace | None:
         name, equals, value = word.partition("=")
         if name in options:
             if not equals:
-                value = next(words, None)
-                if value is None or value.startswith("-"):
+                following = next(words, None)
+                if following is None or following.startswith("-"):
                     return None
+                value = following
             values[options[name]] = value
             seen.add(options[name])
             continue
@@ -84,11 +86,8 @@ def parse(argv: list[str]) -> SimpleNamespace | None:
 
 def handler(command: str):
     """The quick command's handler: the very function the full parser runs for it."""
-    if command in ("status", "whoami"):
-        from app.cli import status as home
-    else:
-        from app.cli import bookings as home
-    return getattr(home, f"cmd_{command}")
+    home = "app.cli.status" if command in ("status", "whoami") else "app.cli.bookings"
+    return getattr(importlib.import_module(home), f"cmd_{command}")
 
 
 def shared_socket(environ) -> str | None:

@@ -31,7 +31,8 @@ def decode(line: bytes | str) -> dict:
     if not isinstance(message, dict):
         raise ValueError("a message is one JSON object")
     # Only a \u escape can make a lone surrogate (the bytes are UTF-8), so most lines skip the walk.
-    if (b"\\u" if isinstance(line, bytes) else "\\u") in line and not _unicode(message):
+    escaped = b"\\u" in line if isinstance(line, bytes) else "\\u" in line
+    if escaped and not _unicode(message):
         raise ValueError("a message's text has a lone surrogate (\\ud800-\\udfff), which is not Unicode text")
     return message
 

@@ -165,6 +165,7 @@ class Engine:
             id = conn.execute("INSERT INTO alerts (rule, subject, state, fired_at, last_seen, message, uid)"
                               " VALUES (?, ?, 'firing', ?, ?, ?, ?)",
                               (f.rule, f.subject, int(now), int(now), f.message, f.uid)).lastrowid
+            assert id is not None  # an INSERT that ran numbers its row
             done.fired.append(id)
             if f.uid is not None:
                 if f.subject not in told:

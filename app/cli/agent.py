@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -131,7 +131,8 @@ def cmd_doctor(ctx) -> int:
     config = ctx.config
     from app.cli.cards import hardware_checks
 
-    checks = service_checks(config)
+    service = service_checks(config)
+    checks: Iterator[tuple[bool | None, str]] = service  # None: a warning
     if ctx.demo is not None:  # the demo runs in-process on a database of the member's own: no shared install here
         checks = iter([(True, f"the demo's database {config.db_path} is yours alone (board --demo): the shared"
                               " install's checks (its directory and files, the admin group, the service) do not apply")])
@@ -139,10 +140,10 @@ def cmd_doctor(ctx) -> int:
         from app.store.pg_doctor import doctor as pg_doctor
         from app.store.setup import admin_group_check
 
-        checks = pg_doctor(config.store, extra=itertools.chain([admin_group_check(config.admin_group)], checks))
+        checks = pg_doctor(config.store, extra=itertools.chain([admin_group_check(config.admin_group)], service))
     elif not config.storage_url and (not config.service.socket or os.geteuid() == 0):
         # members cannot see the service's files, root can
-        checks = doctor(config.db_path, config.admin_group, extra=checks)
+        checks = doctor(config.db_path, config.admin_group, extra=service)
     problems = 0
     for ok, line in itertools.chain(checks, hardware_checks(ctx)):
         problems += ok is False

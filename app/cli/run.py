@@ -42,8 +42,10 @@ def cmd_run(ctx) -> int:
     uuids = ",".join(booking["card_uuids"])
     if args.docker is not None:
         return run_container(ctx, booking, args.docker, command)
+    end = iso(booking["end"])
+    assert end is not None  # every booking ends
     env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=uuids, NVIDIA_VISIBLE_DEVICES=uuids,
-               BOARD_BOOKING_ID=str(booking["id"]), BOARD_BOOKING_END=iso(booking["end"]))
+               BOARD_BOOKING_ID=str(booking["id"]), BOARD_BOOKING_END=end)
     sys.stdout.flush()
     try:
         os.execvpe(command[0], command, env)

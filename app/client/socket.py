@@ -14,6 +14,11 @@ from app import wire
 from app.client.stamps import receive
 from app.errors import BoardError, ServiceDown, error_for
 
+TYPE_CHECKING = False  # typing stays off the quick path; the type checker takes this name as True
+if TYPE_CHECKING:
+    from io import BufferedReader
+    from typing import Any
+
 DOWN = "the board service is not running (systemctl status board-agent)"
 # Reads are safe to send again after the service restarted; a write may have landed before it died.
 READS = frozenset({"whoami", "fleet", "status", "plan", "next_free", "get", "list", "window", "all_bookings", "log",
@@ -42,7 +47,7 @@ class SocketClient:
     def __init__(self, path: str, timeout: float = 30.0) -> None:
         self.path, self.timeout = path, timeout
         self._sock: socket.socket | None = None
-        self._reader = None
+        self._reader: BufferedReader | None = None
         self._next_id = 0
         self._closed = False
         self._lock = threading.Lock()  # the board calls from more than one thread; one request at a time per line
@@ -68,7 +73,7 @@ class SocketClient:
             raise ServiceDown(f"{DOWN}: {error.strerror or error}") from None
         return sock
 
-    def _send(self, sock: socket.socket, reader, op: str, args: dict) -> dict:
+    def _send(self, sock: socket.socket, reader: BufferedReader, op: str, args: dict) -> dict:
         self._next_id += 1
         try:
             sock.sendall(wire.encode({"v": wire.VERSION, "id": self._next_id, "op": op, "args": args}))
@@ -88,7 +93,7 @@ class SocketClient:
             raise ConnectionResetError("the service closed the connection")
         return receive(line)
 
-    def call(self, op: str, **args: object) -> object:
+    def call(self, op: str, **args: object) -> Any:  # the reply's JSON value, as LocalClient.call
         with self._lock:
             reply = self._call(op, args)
         if reply.get("ok"):
@@ -102,7 +107,7 @@ class SocketClient:
     def _call(self, op: str, args: dict) -> dict:
         for attempt in (1, 2):
             try:
-                if self._sock is None:
+                if self._sock is None or self._reader is None:  # set and dropped together
                     self._sock = self.connect()
                     self._reader = self._sock.makefile("rb")
                 reply = self._send(self._sock, self._reader, op, args)
@@ -120,7 +125,7 @@ class SocketClient:
                                       " 'board list --mine' before trying again") from None
         return reply
 
-    def stream(self, op: str, args: dict) -> tuple[socket.socket, object, object]:
+    def stream(self, op: str, args: dict) -> tuple[socket.socket, BufferedReader, Any]:
         """A connection of its own for a stream (subscribe, register): (socket, reader, the first reply's result)."""
         sock = self.connect()
         sock.settimeout(None)

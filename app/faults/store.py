@@ -43,11 +43,13 @@ def record(conn: sqlite3.Connection, *, ts: float, kind: str, card_uuid: str | N
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (int(ts), card_uuid, kind, code, detail[:500], duration_s, booking_id, user),
     )
-    return int(cursor.lastrowid)
+    assert cursor.lastrowid is not None  # an INSERT that ran numbers its row
+    return cursor.lastrowid
 
 
-def _where(since: float, kinds: Iterable[str] | None, card_uuid: str | None) -> tuple[str, list]:
-    clauses, args = ["ts >= ?"], [int(since)]
+def _where(since: float, kinds: Iterable[str] | None, card_uuid: str | None) -> tuple[str, list[int | str]]:
+    clauses: list[str] = ["ts >= ?"]
+    args: list[int | str] = [int(since)]
     if kinds is not None:
         kinds = list(kinds)
         clauses.append(f"kind IN ({','.join('?' * len(kinds))})")

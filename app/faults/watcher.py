@@ -11,7 +11,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.faults import store
 from app.faults.oom import oom_line
@@ -41,7 +41,7 @@ def holder_at(conn, card_uuid: str | None, ts: float) -> tuple[int | None, str |
 
 def record_all(conn, events: Iterable[GpuEvent] = (), spells: Iterable[Spell] = ()) -> list[int]:
     """Write the events and spells as faults, with the booking that held the card then; their ids."""
-    rows = []
+    rows: list[dict[str, Any]] = []  # store.record's keywords
     for event in events:
         if event.kind == "xid":
             rows.append(dict(ts=event.ts, kind="xid", card_uuid=event.uuid, code=event.code,

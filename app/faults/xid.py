@@ -29,5 +29,9 @@ MEANINGS = {
 }
 
 
-def meaning(code: int) -> str:
-    return MEANINGS.get(code, "see NVIDIA's Xid table")
+UNKNOWN = "see NVIDIA's Xid table"
+
+
+def meaning(code: int | None) -> str:
+    """What the Xid means; a code not in MEANINGS, or none (GpuEvent.code is optional), points to the table."""
+    return MEANINGS.get(code, UNKNOWN) if code is not None else UNKNOWN

@@ -170,7 +170,7 @@ def read_model(path: str | os.PathLike) -> Model:
         head_k=head_k, head_v=head_v, swa=swa, n_swa=n_swa, n_expert=n_expert,
         n_expert_used=count(f"{arch}.expert_used_count", 0), layer_bytes=tuple(layer_bytes),
         output_bytes=output_bytes, input_bytes=input_bytes, tied_output=not has_output, tensor_bytes=tensor_bytes,
-        weight_type=max(type_bytes, key=type_bytes.get) if type_bytes else "F32",
+        weight_type=max(type_bytes, key=type_bytes.__getitem__) if type_bytes else "F32",
     )
 
 
@@ -202,8 +202,7 @@ def _per_layer(n_layer: int):
 def _sliding_window(arch: str, n_layer: int, count) -> tuple[tuple[bool, ...], int]:
     """Which layers attend to a sliding window, as llama.cpp's load_swa_pattern decides."""
     rule = KNOWN_ARCHITECTURES[arch]
-    n_swa = count(f"{arch}.attention.sliding_window", rule[1]) if rule else 0
-    if n_swa == 0:
+    if rule is None or (n_swa := count(f"{arch}.attention.sliding_window", rule[1])) == 0:
         return (False,) * n_layer, 0
     pattern = count(f"{arch}.attention.sliding_window_pattern", rule[0], layers=True)
     if isinstance(pattern, list):

@@ -34,9 +34,10 @@ def for_booking(path: str, settings: Settings, bounds: dict, *, count: int | Non
     elif count is not None:
         n = count
     else:
-        n = fit(model, settings, **bounds).smallest_fit
-        if n is None:
+        smallest = fit(model, settings, **bounds).smallest_fit
+        if smallest is None:
             raise _refusal(model, settings, place(model, settings, 8, **bounds), bounds, "book")
+        n = smallest
     placement = place(model, settings, n, **bounds)
     if not placement.fits:
         raise _refusal(model, settings, placement, bounds, "book")

@@ -351,7 +351,8 @@ class SimulatedSource:
             sm_clock_mhz=sm_clock,
             throttle_reasons=throttle,
         )
-        blanked = {FIELDS[f]: () if f == "processes" else None for i, f in self.scenario.field_errors if i == index}
+        blanked: dict[str, Any] = {FIELDS[f]: () if f == "processes" else None
+                                   for i, f in self.scenario.field_errors if i == index}
         return replace(reading, **blanked)
 
 

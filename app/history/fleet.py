@@ -13,6 +13,7 @@ On SQLite nothing of this runs: the history file is the only place.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from typing import Callable
 
@@ -84,12 +85,12 @@ def prune(conn, host: str, before: int) -> int:
 class Pusher:
     """`run(stop)` is the thread's loop; `wake` (set by the sampler after each roll-up) makes it push at once."""
 
-    def __init__(self, history: HistoryStore, connect: Callable[[], object], host: str, *, rollup_days: float,
+    def __init__(self, history: HistoryStore, connect: Callable[[], sqlite3.Connection], host: str, *, rollup_days: float,
                  clock: Callable[[], float], log: Callable[[str], None] = print) -> None:
         self.history, self.connect, self.host, self.log = history, connect, host, log
         self.rollup_days, self.clock = rollup_days, clock
         self.wake = threading.Event()
-        self._conn = None
+        self._conn: sqlite3.Connection | None = None  # app.store.db.connect's: PostgreSQL's behind sqlite3's face
 
     def step(self) -> int:
         """Catch up once (opening the connection on first use); raises what the database said."""

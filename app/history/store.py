@@ -480,15 +480,18 @@ def _merge(a: Point, b: Point) -> Point:
     def span(x: Span, y: Span) -> Span:
         if x.mean is None or y.mean is None:
             return x if y.mean is None else y
+        # A span with a mean has its least and most.
+        assert x.min is not None and y.min is not None and x.max is not None and y.max is not None
         return Span(min(x.min, y.min), (x.mean * a.n + y.mean * b.n) / (a.n + b.n), max(x.max, y.max))
 
-    return Point(a.ts, *(span(getattr(a, m), getattr(b, m)) for m in METRICS), n=a.n + b.n)
+    vram, util, temp, power, sm = (span(getattr(a, m), getattr(b, m)) for m in METRICS)
+    return Point(a.ts, vram, util, temp, power, sm, n=a.n + b.n)
 
 
 def _point(row) -> Point:
     values = list(row[1:-1])
-    spans = [Span(*values[i:i + 3]) for i in range(0, len(values), 3)]
-    return Point(int(row[0]), *spans, n=int(row[-1]))
+    vram, util, temp, power, sm = (Span(*values[i:i + 3]) for i in range(0, len(values), 3))
+    return Point(int(row[0]), vram, util, temp, power, sm, n=int(row[-1]))
 
 
 def _roll(raw: Iterable[tuple], squatters: Iterable[tuple]) -> tuple[list[dict], list[dict]]:
@@ -496,26 +499,26 @@ def _roll(raw: Iterable[tuple], squatters: Iterable[tuple]) -> tuple[list[dict],
     groups: dict[int, list[tuple]] = {}
     for row in raw:
         groups.setdefault(_bucket_id(_ts(row[0]), row[0] & CARD_MASK), []).append(row)
-    rollups = []
+    rollups: list[dict] = []
     lost = STATES.index(LOST)
     for key, rows in groups.items():
         # Columns: id, dt, state, booking, vram, util, temp, power, power_limit, sm, throttle, pcie
         states = [r[2] for r in rows]
         # dt, not the seconds: 10 takes a byte, 300 two (a year of rollups is 841 k rows).
-        row = {"id": key, "n": len(rows), "dt": _round(sum(r[1] for r in rows) / len(rows)),
-               "state": max(sorted(set(states)), key=states.count),
-               "n_throttled": sum(1 for r in rows if r[10] and r[10] & THROTTLE_THERMAL),
-               "throttle": _or(r[10] for r in rows)}
+        rollup = {"id": key, "n": len(rows), "dt": _round(sum(r[1] for r in rows) / len(rows)),
+                  "state": max(sorted(set(states)), key=states.count),
+                  "n_throttled": sum(1 for r in rows if r[10] and r[10] & THROTTLE_THERMAL),
+                  "throttle": _or(r[10] for r in rows)}
         pcie = [r[11] for r in rows if r[11] is not None and r[2] != lost]
         if pcie:
-            row["pcie_mean"] = _round(sum(pcie) / len(pcie))
+            rollup["pcie_mean"] = _round(sum(pcie) / len(pcie))
         for metric, column in zip(METRICS, (4, 5, 6, 7, 9)):
             values = [r[column] for r in rows if r[column] is not None and r[2] != lost]
             if values:
                 least = min(values)
-                row |= {f"{metric}_min": least, f"{metric}_mean_d": _round(sum(values) / len(values)) - least,
-                        f"{metric}_max_d": max(values) - least}
-        rollups.append(row)
+                rollup |= {f"{metric}_min": least, f"{metric}_mean_d": _round(sum(values) / len(values)) - least,
+                           f"{metric}_max_d": max(values) - least}
+        rollups.append(rollup)
     squats: dict[tuple[int, str], int] = {}
     for key, user in squatters:
         sample = key >> SLOT_BITS

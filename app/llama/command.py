@@ -119,7 +119,7 @@ def check_extra(extra: Sequence[str], model_dirs: Sequence[str] = ()) -> list[st
     return checked
 
 
-def _file_argument(flag: str, path: str, dirs: Sequence[str]) -> None:
+def _file_argument(flag: str, path: str, dirs: list[str]) -> None:
     where = ", ".join(dirs) or "none configured"
     if not dirs:
         raise BadInput(f"extra argument {flag} takes a file under [llama] model_dirs, and none is configured")

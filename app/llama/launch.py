@@ -100,7 +100,7 @@ def plan(client, *, booking: int | None = None, series: int | None = None, fit_l
 
 def _fit(options: dict, request: dict, limits: Mapping, cards: int, force: bool, command: str = "serve start") -> dict:
     """The settings the estimate was made for (so the server runs exactly those) and the estimate itself."""
-    flash = {"on": True, "off": False}.get(options.get("flash_attn"))
+    flash = {"on": True, "off": False}.get(options.get("flash_attn", ""))
     settings = settings_of(request, ctx=options.get("ctx"), parallel=options.get("parallel"),
                            cache_type_k=options.get("cache_type_k"), cache_type_v=options.get("cache_type_v"),
                            flash_attn=flash)

@@ -21,7 +21,8 @@ import json
 import math
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 # "<buffer> <kind> buffer size = <MiB> MiB". A destructor's "compute buffer size is ..." check does not match.
 # The name's length is bounded so that a long run of non-blanks (a prompt at -lv 4) costs linear time, not quadratic.
@@ -98,10 +99,10 @@ class Measured:
         """A JSON-ready dict, MiB rounded to two decimals (the log's own precision)."""
         return {
             "source": self.source,
-            "devices": {name: _rounded(memory, DeviceMemory) for name, memory in self.devices.items()},
+            "devices": {name: _rounded(memory) for name, memory in self.devices.items()},
             "kv_cells": self.kv_cells,
             "kv_seqs": self.kv_seqs,
-            "kv_caches": [_rounded(cache, KvCache) for cache in self.kv_caches],
+            "kv_caches": [_rounded(cache) for cache in self.kv_caches],
             "n_ctx": self.n_ctx,
             "n_ctx_seq": self.n_ctx_seq,
         }
@@ -141,7 +142,7 @@ def read_memory(lines: Iterable[str]) -> Measured | None:
         elif text is not None:
             state.feed(text)
     figures = dict(state.figures)
-    context = {"kv_cells": max((c.cells for c in state.caches), default=None),
+    context: dict[str, Any] = {"kv_cells": max((c.cells for c in state.caches), default=None),
                "kv_seqs": max((c.seqs for c in state.caches), default=None),
                "kv_caches": tuple(state.caches), "n_ctx": state.n_ctx.get("n_ctx"), "n_ctx_seq": state.n_ctx.get("n_ctx_seq")}
     if figures and (state.saw_compute or breakdown is None):
@@ -222,9 +223,9 @@ def _breakdown(data: object) -> dict[str, DeviceMemory] | None:
     return devices or None
 
 
-def _rounded(item: object, kind: type) -> dict:
+def _rounded(item: DeviceMemory | KvCache) -> dict:
     return {key: round(value, 2) if isinstance(value, float) else value
-            for key, value in ((key, getattr(item, key)) for key in kind.__dataclass_fields__)}
+            for key, value in ((f.name, getattr(item, f.name)) for f in fields(item))}
 
 
 def _number(value: object) -> float:

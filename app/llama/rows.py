@@ -255,7 +255,8 @@ def listing(
     fleet_host: str | None = None, limit: int | None = None,
 ) -> list[Server]:
     """Newest first. `fleet_host`: only the servers on that [fleet] host's cards (and rows from before the fleet)."""
-    clauses, args = [], []
+    clauses: list[str] = []
+    args: list[int | str] = []
     if live_only:
         clauses.append(f"state IN ({','.join('?' * len(LIVE_STATES))})")
         args.extend(LIVE_STATES)
@@ -317,6 +318,7 @@ def insert(
          parallel, split_mode, int(metrics), json.dumps(list(cmdline)), STARTING, now,
          json.dumps(estimate) if estimate is not None else None, fleet_host),
     )
+    assert cursor.lastrowid is not None  # an INSERT that ran numbers its row
     return cursor.lastrowid
 
 

@@ -131,9 +131,7 @@ class ServerService:
         server, so in file mode the caller's own process launches it the same way."""
         settings = self.config.llama
         binary = find_server_bin(settings, self.environ)
-        booking = booking_rows.get(self.conn, booking_id)
-        if booking is None:
-            raise BadInput(f"no booking {booking_id}; 'board list --mine' shows your bookings")
+        booking = self._booking(booking_id)
         request = readable(booking.request)  # a row stored before requests were checked may hold anything
         details = {"model": model, "port": port}
         self._audited_check("server-start", booking_id, details, lambda: self._may_start(booking, int(self.clock())))
@@ -183,6 +181,12 @@ class ServerService:
                                                      extra=extra)), audit={"fit": estimate} if estimate else {})
         return self.get(server_id)
 
+    def _booking(self, booking_id: int) -> Booking:
+        booking = booking_rows.get(self.conn, booking_id)
+        if booking is None:
+            raise BadInput(f"no booking {booking_id}; 'board list --mine' shows your bookings")
+        return booking
+
     def _may_start(self, booking: Booking, now: int) -> None:
         if booking.uid != self.me.uid:
             raise NotPermitted(f"booking {booking.id} belongs to {booking.user}; only its holder can start a server on it")
@@ -218,7 +222,7 @@ class ServerService:
             values = fields(port)
             try:
                 with write(self.conn):
-                    booking = booking_rows.get(self.conn, booking_id)
+                    booking = self._booking(booking_id)
                     self._may_start(booking, now)  # again, under the write lock
                     self._may_hold(booking, values["alias"], now, False)
                     server_id = rows.insert(self.conn, now=now, **values)
@@ -361,12 +365,12 @@ class ServerService:
                 return self._wait_final(server, KILL_AFTER_S + 5) if wait else server
             return self._reconcile_one(self.get(server.id))  # it went away on its own just now
         if wait:
-            self._wait_group(server)
+            self._wait_group(server.pgid)
             self._finish_stop(server)
         return self.get(server.id)
 
-    def _wait_group(self, server: Server) -> None:
-        """Wait until the group is empty; SIGKILL whatever is left a little after KILL_AFTER_S.
+    def _wait_group(self, pgid: int) -> None:
+        """Wait until the server's group is empty; SIGKILL whatever is left a little after KILL_AFTER_S.
 
         The supervisor SIGKILLs llama-server itself at KILL_AFTER_S and records the exit status; the
         group SIGKILL here comes a moment later, for a supervisor that could not. It needs no second
@@ -376,12 +380,12 @@ class ServerService:
         deadline = time.monotonic() + KILL_AFTER_S + SUPERVISOR_GRACE_S
         killed = False
         delay = 0.005
-        while group_members(server.pgid):
+        while group_members(pgid):
             if time.monotonic() >= deadline:
                 if killed:
                     return  # unkillable (D state); the row still says stopping, and reconcile will finish it
                 try:
-                    os.killpg(server.pgid, signal.SIGKILL)
+                    os.killpg(pgid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
                 killed, deadline = True, time.monotonic() + 5
@@ -469,7 +473,7 @@ class ServerService:
         its supervisor sent (the service never opens a path from a row)."""
         if not server.live and server.log_tail and not self.own_files:
             return list(server.log_tail)[-lines:]
-        if self.own_files:
+        if self.processes is None:  # own_files
             return logs.tail(server.log_path, lines, max_bytes=max(64 * 1024, lines * 512)) if server.log_path else []
         return self.processes.lines(server)[-lines:] if lines else []
 

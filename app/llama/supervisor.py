@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
 
     launched_at = time.monotonic()
     log_start = _size(opts["log"])  # the log may hold an earlier server's lines (it is appended to)
-    api_key, passed = _new_key(), []
+    api_key = _new_key()
+    passed: list[int] = []
     try:
         command, passed = _hand_over(command, [d for d in opts.get("model-dirs", "").split("\n") if d])
         key_in = _key_pipe(api_key)
@@ -183,7 +184,8 @@ def _hand_over(command: list[str], model_dirs: list[str]) -> tuple[list[str], li
     except flags.Refused as refused:
         raise _Refused(str(refused)) from None
     dirs = [os.path.realpath(d) for d in model_dirs if os.path.isabs(d)]
-    line, fds = [command[0]], []
+    line = [command[0]]
+    fds: list[int] = []
     try:
         for flag, values in pairs:
             if flag in flags.FILES:
@@ -216,6 +218,7 @@ def _open_under(flag: str, path: str, dirs: list[str], fds: list[int], stat) -> 
 def _supervise(opts, command, child, launch_error, launched_at, stop, log_start, api_key) -> int:
     # Everything below may be slow to import; the server is already loading.
     try:
+        reporter: _SocketReporter | _DatabaseReporter
         if "socket" in opts:
             reporter = _SocketReporter(opts, child, api_key)
         else:

@@ -18,10 +18,13 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from app.core.cardstate import BOOKED, IN_USE, LOST
 from app.errors import BadInput
+
+if TYPE_CHECKING:
+    from app.model import Booking
 
 BY = ("user", "class", "pool", "card")
 WEEK = 7 * 86400
@@ -64,6 +67,7 @@ class _Group:
     def row(self, key: str) -> dict:
         hours = 3600.0
         booked = self.booked / hours
+        mean, p90 = _mean(self.waits), _p90(self.waits)  # None when there is no wait
         return {
             "key": key, "bookings": len(self.bookings),
             "booked_h": round(booked, 2), "used_h": round(self.used / hours, 2), "idle_h": round(self.idle / hours, 2),
@@ -72,8 +76,8 @@ class _Group:
             "idle_pct": round(100 * self.idle / self.booked, 1) if self.booked else None,
             "util_mean_pct": round(self.util_sum / self.util_s, 1) if self.util_s else None,
             "wait_n": len(self.waits),
-            "wait_mean_min": None if not self.waits else round(_mean(self.waits) / 60, 1),
-            "wait_p90_min": None if not self.waits else round(_p90(self.waits) / 60, 1),
+            "wait_mean_min": None if mean is None else round(mean / 60, 1),
+            "wait_p90_min": None if p90 is None else round(p90 / 60, 1),
         }
 
 
@@ -107,7 +111,7 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
         return cards.get(uuid, uuid)
 
     # Booked hours, and who held which card when (for the rollups).
-    held: dict[str, list[tuple[int, int, object]]] = {}
+    held: dict[str, list[tuple[int, int, Booking]]] = {}
     for b in bookings:
         for uuid in b.card_uuids:
             held.setdefault(uuid, []).append((b.start, b.end, b))
@@ -135,9 +139,10 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
             i -= 1
         return None
 
-    def shares(uuid: str, ts: int, span: int) -> list[tuple[object, float]]:
+    def shares(uuid: str, ts: int, span: int) -> list[tuple[Booking | None, float]]:
         """(booking or None, share) over [ts, ts + span): each booking's part of it, and no one's for the rest."""
-        spans, found, rest = held.get(uuid) or (), [], 1.0
+        spans, rest = held.get(uuid) or [], 1.0
+        found: list[tuple[Booking | None, float]] = []
         i = bisect.bisect_left(starts.get(uuid, ()), ts + span) - 1
         while i >= 0 and spans[i][1] > ts:  # on one card the ends are in the starts' order
             s, e, b = spans[i]
@@ -163,8 +168,8 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
         if util is not None:
             fleet_s += seconds
             fleet_util += util * seconds
-        total = memory_total.get(uuid)
-        if total and r.get("vram_max") is not None and r["vram_max"] >= VRAM_PCT / 100 * total:
+        card_mib = memory_total.get(uuid)
+        if card_mib and r.get("vram_max") is not None and r["vram_max"] >= VRAM_PCT / 100 * card_mib:
             vram_s[uuid] = vram_s.get(uuid, 0) + seconds
         if r.get("temp_max") is not None and r["temp_max"] >= HOT_C:
             hot_s[uuid] = hot_s.get(uuid, 0) + seconds
@@ -254,10 +259,11 @@ def _verdicts(bookings, faults, *, now, since_s, util, waits, idle_by_user, vram
     queued_now, queued_before = waiting_at(bookings, now), waiting_at(bookings, now - WEEK)
     recent = [b.start - b.requested_at for b in bookings if b.requested_at and now - WEEK < b.start <= now]
     earlier = [b.start - b.requested_at for b in bookings if b.requested_at and now - 2 * WEEK < b.start <= now - WEEK]
-    rising = bool(recent and earlier and _mean(recent) > _mean(earlier))
+    mean_recent, mean_earlier = _mean(recent), _mean(earlier)
+    rising = mean_recent is not None and mean_earlier is not None and mean_recent > mean_earlier
     growing = queued_now > queued_before or rising
     queue = (f"{queued_now} waiting now against {queued_before} a week ago; mean wait "
-             f"{_minutes(_mean(recent))} this week against {_minutes(_mean(earlier))} the week before")
+             f"{_minutes(mean_recent)} this week against {_minutes(mean_earlier)} the week before")
     high = util is not None and util > UTIL_HIGH and growing
     verdict("utilisation_high", high, None if util is None else round(util, 1), UTIL_HIGH,
             (f"utilisation {util:.0f} % {span} (> {UTIL_HIGH} %) with a growing queue ({queue}): buy cards or cap"

@@ -103,7 +103,8 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
             squats.extend({"ts": s["ts"], "uuid": s["uuid"], "user": u["user"], "n": 1} for u in s["users"] if u["squat"])
     for card in cards_now:
         cards[card.uuid] = str(card.index)
-        memory_total.setdefault(card.uuid, card.memory_total_mib)
+        if card.memory_total_mib:  # as fleet_cards: a card that cannot say has no figure (None or 0 read alike)
+            memory_total.setdefault(card.uuid, card.memory_total_mib)
     if fleet:  # summed in the database, with the VRAM each card is judged by (so: once memory_total is whole)
         rollups[:0] = fleet_sums(conn, start, {config.fleet_host: local_from}, now, bookings, config.report.busy_util,
                                  memory_total)
@@ -356,22 +357,23 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
         return -(-(ts - EPOCH) // BUCKET_S)
 
     lo, hi = bucket(start), bucket(end)  # buckets starting in [start, end)
-    held, parts = [], []
+    held: list[tuple[int, int, int, int]] = []  # (card, first bucket, last bucket, booking): report_held's rows
+    parts: list[tuple[int, int, float]] = []  # (bucket << CARD_BITS | card, booking, share): report_parts' rows
     for b in bookings:
         first, last = max(lo, bucket(b.start)), min(hi, (b.end - EPOCH) // BUCKET_S)  # the buckets wholly inside
-        shared = []
+        partial = []
         for k in sorted({(b.start - EPOCH) // BUCKET_S, (b.end - 1 - EPOCH) // BUCKET_S}):
             begin = k * BUCKET_S + EPOCH
             part = min(b.end, begin + BUCKET_S) - max(b.start, begin)
             if lo <= k < hi and 0 < part < BUCKET_S:
-                shared.append((k, part / BUCKET_S))
+                partial.append((k, part / BUCKET_S))
         for uuid in b.card_uuids:
             card = cards.get(uuid)
             if card is None:
                 continue
             if last > first:
                 held.append((card, first, last, b.id))
-            parts.extend(((k << CARD_BITS) | card, b.id, share) for k, share in shared)
+            parts.extend(((k << CARD_BITS) | card, b.id, share) for k, share in partial)
     # Each card's VRAM in the SQL itself: a join per rollup would cost more than the sums.
     memory = " ".join(f"WHEN {int(card)} THEN {int(total)}" for card, total in
                       db.execute("SELECT id, memory_total FROM cards WHERE memory_total IS NOT NULL"))
@@ -390,8 +392,8 @@ def summed_rollups(store, start: int, end: int, bookings, busy_util: float) -> l
         db.executemany("INSERT OR IGNORE INTO temp.report_held VALUES (?, ?, ?, ?)", held)
         db.executemany("INSERT INTO temp.report_parts VALUES (?, ?, ?)", parts)
         db.executemany("INSERT INTO temp.report_ranges VALUES (?, ?, ?)", ranges)
-        for row in db.execute(WHOLE.format(memory=memory), [busy_util]):
-            _add(summed, *row)
+        for sums_row in db.execute(WHOLE.format(memory=memory), [busy_util]):
+            _add(summed, *sums_row)
         whole = [(k, *summed[k]) for k in sorted(summed)]  # in key order, as GROUP BY gives them
         shared = db.execute(PARTS.format(memory=memory), [busy_util]).fetchall()
     finally:

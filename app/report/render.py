@@ -52,9 +52,9 @@ def table(doc: dict) -> str:
         out += ["", "Multi-card bookings: PCIe link utilisation over their busy time (traffic against the links'"
                     " capacity, not measured communication time)"]
         for g in doc["tp"]:
-            line = (f"#{g['booking']} {inert(g['user'], 16)} cards {g['cards']}: {g['link_util_pct']:g} % of the links"
+            said = (f"#{g['booking']} {inert(g['user'], 16)} cards {g['cards']}: {g['link_util_pct']:g} % of the links"
                     f" over {g['busy_h']:g} busy h")
-            out.append(f"{'!!' if g['over'] else 'ok'}  {line}" + (f"; {g['advice']}" if g["over"] else ""))
+            out.append(f"{'!!' if g['over'] else 'ok'}  {said}" + (f"; {g['advice']}" if g["over"] else ""))
     return "\n".join(out)
 
 

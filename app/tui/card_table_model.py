@@ -21,8 +21,7 @@ OVER_MARGIN = 0.05
 def requested_mib(booking: Booking | None, uuid: str) -> float | None:
     """The VRAM the booking's request estimated for this card (request["per_card_mib"], one per card in
     the booking's card order), or None. The request is what the booker sent: anything malformed is None."""
-    request = booking.request if booking is not None else None
-    if not isinstance(request, dict) or uuid not in booking.card_uuids:
+    if booking is None or not isinstance(request := booking.request, dict) or uuid not in booking.card_uuids:
         return None
     per_card = request.get("per_card_mib")
     if not isinstance(per_card, list) or len(per_card) != len(booking.card_uuids):
@@ -47,7 +46,7 @@ def holder_mib(reading: CardReading, booking: Booking) -> int | None:
 
 def over_request(reading: CardReading, booking: Booking | None) -> bool:
     requested = requested_mib(booking, reading.uuid)
-    if requested is None:
+    if requested is None or booking is None:  # (no booking: nothing requested)
         return False
     used = holder_mib(reading, booking)
     return used is not None and used > requested * (1 + OVER_MARGIN)
@@ -122,7 +121,7 @@ def cell_parts(s: CardStatus, now: float, *, me: str, wide: bool, with_requests:
     if wide:
         figures = " " + (NA if used is None else f"{gib(used)}/{gib(total)}")
     else:
-        figures = " " + (NA if fraction is None else f"{used / 1024:.0f}/{total / 1024:.0f}")
+        figures = " " + (NA if used is None or not total else f"{used / 1024:.0f}/{total / 1024:.0f}")
     vram = [(bar(fraction, 7 if with_requests else 8 if wide else 5), level), (figures, "")]
     requested = requested_mib(s.booking, r.uuid) if with_requests else None
     if requested is not None:

@@ -8,13 +8,20 @@ come from the .tcss files and widgets' DEFAULT_CSS.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 
 from app.core.text import format_duration, inert
+
+if TYPE_CHECKING:
+    from textual.widgets import DataTable
+
+T = TypeVar("T")
 
 NA = "n/a"
 
@@ -97,8 +104,11 @@ def level_style(fraction: float | None, warn: float, danger: float) -> str:
     return "ok"
 
 
-def cursor_key(table) -> str | None:
-    """The row key under a DataTable's cursor, or None when the table is empty."""
+def under_cursor(table: DataTable, rows: Mapping[str, T]) -> T | None:
+    """What `rows` holds for the row key under a DataTable's cursor; None when the table is empty."""
     if table.row_count == 0 or table.cursor_row < 0:
         return None
-    return table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+    from textual.coordinate import Coordinate  # here: the models import this module without textual
+
+    key = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
+    return rows.get(key) if key is not None else None

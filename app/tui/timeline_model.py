@@ -141,9 +141,8 @@ class TimelineModel:
 
     def pool_of(self, row: int) -> Pool | None:
         """The pool a card row belongs to, if any."""
-        if 0 <= row < len(self.row_pool) and self.row_pool[row] is not None:
-            return self.pools[self.row_pool[row]]
-        return None
+        pool = self.row_pool[row] if 0 <= row < len(self.row_pool) else None
+        return self.pools[pool] if pool is not None else None
 
     # -- data ----------------------------------------------------------------------------------
 

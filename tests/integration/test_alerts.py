@@ -278,7 +278,7 @@ class TestFromTheFleet:
     def test_a_squatting_container_is_named_and_a_drifted_power_limit_fires(self, tmp_path):
         """Issue 23: the container comes from the process (its cgroup on NVML, the scenario here); the policy from
         [power], against the simulated card's limit."""
-        from dataclasses import replace
+        from msgspec.structs import replace
 
         from app.config import PowerSettings
 

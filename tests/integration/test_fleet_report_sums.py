@@ -7,9 +7,9 @@ unknown), written to the store as a host's pusher writes them. The `postgresql` 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
+from msgspec import structs
 
 from app.config import Config, FleetSettings
 from app.history.fleet import push
@@ -25,7 +25,7 @@ def fleet_store(tmp_path, store):
     """(a connection as host gpu1's, the bookings): the schedule's rollups in the store as host gpu2's."""
     history = HistoryStore(tmp_path / "gpu2.history.db")
     bookings = _year(history)
-    conn = PgConnection(replace(store, host="gpu1"))
+    conn = PgConnection(structs.replace(store, host="gpu1"))
     assert push(history, conn, "gpu2") > 0
     history.close()
     yield conn, bookings
@@ -94,7 +94,7 @@ def test_the_report_moves_sums_from_the_store_not_its_rollups(fleet_store, tmp_p
     (count,) = conn.execute("SELECT count(*) FROM rollups").fetchone()
     assert count == DAYS * 86400 // BUCKET_S * len(UUIDS)  # 10,368
     counted = Counted(conn)
-    config = replace(Config(), fleet=FleetSettings(host="gpu1"))
+    config = Config(fleet=FleetSettings(host="gpu1"))
     doc = report_reply(counted, HistoryStore(tmp_path / "absent.history.db"), config, [], NOW, DAYS * 86400, "card")
     assert {r["key"] for r in doc["rows"]} == set(UUIDS) and doc["total"]["util_mean_pct"] is not None
     # per card, state and what the verdicts test (no bookings here), and the store's cards and marks: not 10,368

@@ -10,9 +10,9 @@ import csv
 import io
 import json
 import time
-from dataclasses import replace
 
 import pytest
+from msgspec import structs
 
 from app.client.local import LocalClient
 from app.config import Config, FleetSettings, HistorySettings, PostgresStore
@@ -37,7 +37,7 @@ def fleet(tmp_path, store):
 
     def make(name: str):
         history = tmp_path / f"{name}.history.db"
-        config = replace(Config(), db_path=tmp_path / "board.db", storage_url=store.url, refresh_seconds=0,
+        config = Config(db_path=tmp_path / "board.db", storage_url=store.url, refresh_seconds=0,
                          history=HistorySettings(db=str(history), sample_s=10),
                          fleet=FleetSettings(host=name))
         client = LocalClient.on(config, open_source(True, clock=clock, host=name), ALICE, clock=clock)
@@ -148,7 +148,7 @@ def test_sampling_goes_on_while_the_database_is_paused_and_the_rollups_catch_up(
 def test_migrate_copies_the_history_files_rollups_tagged_with_this_host(tmp_path, pg_cluster):
     clock = Clock(time.time() // BUCKET_S * BUCKET_S - 3600)
     history = tmp_path / "elsewhere.history.db"
-    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0,
+    config = Config(db_path=tmp_path / "board.db", refresh_seconds=0,
                      history=HistorySettings(db=str(history)), fleet=FleetSettings(host="gpu7"))
     client = LocalClient.on(config, open_source(True, clock=clock, host="gpu7"), ALICE, clock=clock)
     try:
@@ -201,7 +201,7 @@ def test_pruning_a_hosts_rollups_keeps_the_bucket_at_the_cut_and_every_other_hos
 
     Wrong versions it fails on: `ts <= before` (the bucket at the cut goes); `ts < before` for the rollups but not the
     squats; another host's rows deleted with this host's."""
-    conn = PgConnection(replace(store, host="gpu1"))
+    conn = PgConnection(structs.replace(store, host="gpu1"))
     cut = 1_795_966_200 // BUCKET_S * BUCKET_S
     buckets = (cut - BUCKET_S, cut, cut + BUCKET_S)
     conn.execute("BEGIN")

@@ -9,7 +9,6 @@ existing rows out of an UPDATE or DELETE (none changed): both are checked."""
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import replace
 
 import psycopg
 import pytest
@@ -44,7 +43,7 @@ def hosts(roles, tmp_path):
     made: list[LocalClient] = []
 
     def make(name: str, me: Identity = ALICE) -> LocalClient:
-        config = replace(Config(), db_path=tmp_path / "board.db", storage_url=roles.url(roles.roles[name]),
+        config = Config(db_path=tmp_path / "board.db", storage_url=roles.url(roles.roles[name]),
                          history=HistorySettings(db=str(tmp_path / f"{name}.history.db")), fleet=FleetSettings(host=name))
         client = LocalClient.on(config, open_source(True, clock=clock, host=name), me, clock=clock)
         made.append(client)

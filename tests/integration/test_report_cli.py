@@ -98,7 +98,7 @@ def test_the_op_on_the_sampled_simulated_fleet(tmp_path):
     clock = [float(FROZEN_NOW // BUCKET_S * BUCKET_S)]
     start = int(clock[0])
     fleet = replace(DEFAULT_FLEET, processes=((2, GpuProcess(200, 5000, "bob", demo_uid("bob"), "python x.py")),))
-    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0,
+    config = Config(db_path=tmp_path / "board.db", refresh_seconds=0,
                      history=HistorySettings(sample_s=10, raw_hours=1, rollup_days=2))
     source = SimulatedSource(fleet, clock=lambda: clock[0])
     alice = LocalClient.on(config, source, Identity("alice", demo_uid("alice"), False), clock=lambda: clock[0])
@@ -132,7 +132,7 @@ def test_multi_card_bookings_get_their_pcie_link_utilisation_and_the_wide_one_is
 
     clock = [float(FROZEN_NOW // BUCKET_S * BUCKET_S)]
     start = int(clock[0])
-    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0,
+    config = Config(db_path=tmp_path / "board.db", refresh_seconds=0,
                      history=HistorySettings(sample_s=10, raw_hours=1, rollup_days=2))
     source = SimulatedSource(clock=lambda: clock[0])
     me = LocalClient.on(config, source, Identity("alice", demo_uid("alice"), False), clock=lambda: clock[0])
@@ -181,7 +181,7 @@ def test_the_tp_advice_names_only_groups_smaller_than_the_one_flagged(cards, sma
 def test_a_group_of_light_traffic_is_not_flagged(tmp_path):
     clock = [float(FROZEN_NOW // BUCKET_S * BUCKET_S)]
     start = int(clock[0])
-    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0,
+    config = Config(db_path=tmp_path / "board.db", refresh_seconds=0,
                      history=HistorySettings(sample_s=10, raw_hours=1, rollup_days=2))
     source = SimulatedSource(clock=lambda: clock[0])
     bob = LocalClient.on(config, source, Identity("bob", demo_uid("bob"), False), clock=lambda: clock[0])
@@ -204,7 +204,7 @@ def test_a_booking_an_admin_moved_away_is_idle_no_longer_than_booked(tmp_path):
     125 %), and the piece that carries on from now waited nothing (it said 6 min: the original's request time)."""
     clock = [float(FROZEN_NOW // BUCKET_S * BUCKET_S)]
     start = int(clock[0])
-    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0,
+    config = Config(db_path=tmp_path / "board.db", refresh_seconds=0,
                      history=HistorySettings(sample_s=10, raw_hours=1, rollup_days=2))
     source = SimulatedSource(replace(DEFAULT_FLEET, processes=()), clock=lambda: clock[0])
     alice = LocalClient.on(config, source, Identity("alice", demo_uid("alice"), False), clock=lambda: clock[0])

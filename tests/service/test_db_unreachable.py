@@ -11,7 +11,6 @@ import subprocess
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import datetime
 
 import pytest
@@ -155,7 +154,7 @@ def test_reads_of_this_host_answer_from_the_last_state_marked_stale_and_the_mark
 
 def test_list_answers_from_the_last_state_for_this_hosts_cards_and_refuses_what_is_not_kept(gpu1, pg_cluster,
                                                                                              tmp_path):
-    config = replace(Config(), db_path=tmp_path / "board.db", storage_url=gpu1.storage_url,
+    config = Config(db_path=tmp_path / "board.db", storage_url=gpu1.storage_url,
                      history=HistorySettings(db=str(tmp_path / "gpu2.history.db")), fleet=FleetSettings(host="gpu2"))
     gpu2 = LocalClient.on(config, open_source(True, host="gpu2"), Identity("alice", 50001, False))
     beat(gpu2.service)  # gpu2's cards in the store, as its agent writes them

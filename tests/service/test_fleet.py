@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-from dataclasses import replace
 
 import pytest
 
@@ -40,7 +39,7 @@ def hosts(tmp_path, clock):
     made: list[LocalClient] = []
 
     def make(name: str, me: Identity = ALICE, **settings) -> LocalClient:
-        config = replace(Config(), **settings, db_path=tmp_path / "board.db",
+        config = Config(**settings, db_path=tmp_path / "board.db",
                          history=HistorySettings(db=str(tmp_path / f"{name}.history.db")),
                          fleet=FleetSettings(host=name, heartbeat_timeout_s=TIMEOUT_S))
         client = LocalClient.on(config, open_source(True, clock=clock, host=name), me, clock=clock)
@@ -171,7 +170,7 @@ def test_cli_a_card_on_a_host_that_is_down_is_refused_in_one_line_exit_3_unless_
     env = {"BOARD_CONFIG": str(config), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1",
            "HOME": str(tmp_path), "TZ": "UTC"}
     silent = Clock(time.time() - HOUR)  # gpu2's service last beat an hour ago
-    gpu2 = LocalClient.on(replace(Config(), db_path=tmp_path / "board.db", fleet=FleetSettings(host="gpu2")),
+    gpu2 = LocalClient.on(Config(db_path=tmp_path / "board.db", fleet=FleetSettings(host="gpu2")),
                           open_source(True, clock=silent, host="gpu2"), BOB, clock=silent)
     try:
         beat(gpu2.service)
@@ -448,7 +447,7 @@ def pg_hosts(tmp_path, clock, store):
     made: list[LocalClient] = []
 
     def make(name: str, me: Identity = ALICE) -> LocalClient:
-        config = replace(Config(), db_path=tmp_path / "board.db", storage_url=store.url,
+        config = Config(db_path=tmp_path / "board.db", storage_url=store.url,
                          history=HistorySettings(db=str(tmp_path / f"{name}.history.db")),
                          fleet=FleetSettings(host=name, heartbeat_timeout_s=TIMEOUT_S))
         client = LocalClient.on(config, open_source(True, clock=clock, host=name), me, clock=clock)
@@ -727,7 +726,7 @@ def test_cli_serve_plan_for_another_hosts_booking_is_one_line_exit_2_planning_no
     env = {"BOARD_CONFIG": str(config), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1",
            "HOME": str(tmp_path)}
     # gpu2's service on the same database file: its heartbeat makes its cards known on gpu1
-    gpu2 = LocalClient.on(replace(Config(), db_path=tmp_path / "board.db", fleet=FleetSettings(host="gpu2"),
+    gpu2 = LocalClient.on(Config(db_path=tmp_path / "board.db", fleet=FleetSettings(host="gpu2"),
                                   history=HistorySettings(db=str(tmp_path / "gpu2.history.db"))),
                           open_source(True, host="gpu2"), BOB)
     beat(gpu2.service)

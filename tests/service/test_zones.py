@@ -410,7 +410,7 @@ from app.gpu import open_source
 from app.service.fleet.hosts import beat
 
 seen = float(sys.argv[2])
-config = replace(Config(), db_path=Path(sys.argv[1]), fleet=FleetSettings(host="gpu2"))
+config = Config(db_path=Path(sys.argv[1]), fleet=FleetSettings(host="gpu2"))
 gpu2 = LocalClient.on(config, open_source(True, clock=lambda: seen, host="gpu2"), Identity("board", 0, False),
                       clock=lambda: seen)
 beat(gpu2.service)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from msgspec import structs
 
 from app.config import Config, FleetSettings
 from app.core.identity import Identity
@@ -139,9 +140,9 @@ def make_app(seeded_db):
 
     def make(identity: Identity = ALICE, source=None, clock=frozen, config: Config | None = None, db_path=None,
              live: bool = False):
-        config = replace(config or Config(), db_path=db_path or seeded_db)
+        config = structs.replace(config or Config(), db_path=db_path or seeded_db)
         if not live:  # telemetry comes when the test posts it: an hour's refresh keeps the board from calling it stalled
-            config = replace(config, refresh_seconds=3600.0)
+            config = structs.replace(config, refresh_seconds=3600.0)
         return (BoardApp if live else FedBoard)(
             LocalClient.on(config, source or simulated(clock=clock), identity, clock=clock),
             identity=identity,
@@ -214,7 +215,7 @@ async def ready(pilot) -> None:
 
 # -- two hosts on one database --------------------------------------------------------------------------------
 
-GPU1 = replace(Config(), fleet=FleetSettings(host="gpu1", heartbeat_timeout_s=30.0))  # the board's host
+GPU1 = Config(fleet=FleetSettings(host="gpu1", heartbeat_timeout_s=30.0))  # the board's host
 BOB = Identity("bob", demo_uid("bob"), False)
 
 
@@ -238,8 +239,8 @@ def second_host(seeded_db, tmp_path):
 
     def make(down: bool = False):
         clock = Clock(FROZEN_NOW - 120 if down else FROZEN_NOW)
-        config = replace(GPU1, db_path=seeded_db, history=HistorySettings(db=str(tmp_path / "gpu2.history.db")),
-                         fleet=replace(GPU1.fleet, host="gpu2"))
+        config = structs.replace(GPU1, db_path=seeded_db, history=HistorySettings(db=str(tmp_path / "gpu2.history.db")),
+                         fleet=structs.replace(GPU1.fleet, host="gpu2"))
         client = LocalClient.on(config, open_source(True, clock=clock, host="gpu2"), BOB, clock=clock)
         made.append(client)
         beat(client.service)

@@ -4,11 +4,11 @@ among the upcoming ones, labels abbreviated at 80x24 (in full in `board status`)
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
+from msgspec import structs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
@@ -78,7 +78,7 @@ class TestPoolsOnTheTimeline:
                              "Fri 21"]
 
     async def test_pool_cards_and_their_rules_row_are_shaded_alike_and_apart_from_other_pools(self, make_app):
-        config = replace(DEMO, pools=(DEMO.pools[0],))  # prod only: cards 4-7 are in no pool
+        config = structs.replace(DEMO, pools=(DEMO.pools[0],))  # prod only: cards 4-7 are in no pool
         app = make_app(config=config)
         async with app.run_test(size=(80, 24)) as pilot:
             await ready(pilot)
@@ -227,7 +227,7 @@ class TestUpcoming:
 
 class TestLabels:
     async def test_at_80x24_labels_are_abbreviated_and_the_holder_column_stays(self, make_app):
-        app = make_app(config=replace(DEMO, labels=LABELS))
+        app = make_app(config=structs.replace(DEMO, labels=LABELS))
         async with app.run_test(size=(80, 24)) as pilot:
             await ready(pilot)
             cards = app.board.card_table
@@ -240,7 +240,7 @@ class TestLabels:
             assert labels == [f"{n} rac…1{n}".ljust(timeline.model.label_width) for n in range(8)]
 
     async def test_at_a_wide_size_labels_get_more_room(self, make_app):
-        app = make_app(config=replace(DEMO, labels=LABELS))
+        app = make_app(config=structs.replace(DEMO, labels=LABELS))
         async with app.run_test(size=(140, 40)) as pilot:
             await ready(pilot)
             timeline = app.board.timeline

@@ -7,9 +7,9 @@ and look at the SVGs (rsvg-convert -o x.png file.svg) before committing them.
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
+from msgspec import structs
 
 from app.config import Config
 from app.demo import demo_config
@@ -149,7 +149,7 @@ class TestLabels:
     @SIZES
     def test_long_labels_are_abbreviated_and_the_holder_column_stays(self, snap_compare, make_app, size):
         labels = {i: f"rack-A slot {i} SN-7731{i}" for i in range(8)}
-        assert snap_compare(make_app(config=replace(DEMO, labels=labels)), terminal_size=size, run_before=ready)
+        assert snap_compare(make_app(config=structs.replace(DEMO, labels=labels)), terminal_size=size, run_before=ready)
 
 
 class TestFleet:

@@ -5,9 +5,9 @@ read, and the marker goes once the database is back (issue 21, §2)."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import pytest
+from msgspec import structs
 
 from app.tui.widgets.header import BoardHeader
 from tests.tui.conftest import GPU1, ready, wait_for
@@ -22,7 +22,7 @@ def _header(app) -> str:
 async def test_the_header_says_since_when_the_database_is_unreachable_and_clears_when_it_is_back(make_app,
                                                                                                 pg_cluster):
     url = pg_cluster.fresh_database()
-    app = make_app(config=replace(GPU1, storage_url=url))
+    app = make_app(config=structs.replace(GPU1, storage_url=url))
     now = int(app.clock())
     made = app.client.call("book", cards=[2], start=now, end=now + 3600, note="before")
     async with app.run_test(size=(80, 24)) as pilot:

@@ -3,9 +3,9 @@ pushes, holds back and lists, where `make mutation` found a nearly right engine 
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
+from msgspec import structs
 
 from app.alerts.engine import Engine, Pass, Push, gather, listing, quiet_at
 from app.alerts.rules import Card, Crash, Ending, Inputs
@@ -345,6 +345,6 @@ class TestGather:
         history = HistoryStore(tmp_path / "board.history.db")
         history.add([Sample(ts, "GPU-0", BOOKED, 10, util=util, booking=10)
                      for ts, util in ((now - 3601, 90), (now - 3600, 10), (now, 20))])
-        config = replace(self.settings(tmp_path), alerts=AlertSettings(window_min=60))
+        config = structs.replace(self.settings(tmp_path), alerts=AlertSettings(window_min=60))
         inputs = gather(conn, FleetSnapshot(now, True, readings, Topology()), history, config, now)
         assert (inputs.util_mean, inputs.cards[0].idle_booked_since) == (15, now - 3600)

@@ -240,10 +240,10 @@ def test_the_config_reads_team_aliases(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ('[gateway]\nteam_aliases = ["alice"]\n', r"\[gateway\] team_aliases is a table of alias = who may serve it"),
-    ('[gateway.team_aliases]\nteam = "alice"\n', r"\[gateway.team_aliases\] 'team' is a list of users and @groups"),
+    ('[gateway]\nteam_aliases = ["alice"]\n', r'\[gateway\] team_aliases: expected a table, got \["alice"\]$'),
+    ('[gateway.team_aliases]\nteam = "alice"\n', r'\[gateway\] team_aliases.team: expected a list, got "alice"$'),
     ('[gateway.team_aliases]\nteam = []\n', r"\[gateway.team_aliases\] 'team' is a list of users and @groups"),
-    ('[gateway.team_aliases]\nteam = [1001]\n', r"'team' has '1001'; give user names and @groups"),
+    ('[gateway.team_aliases]\nteam = [1001]\n', r"\[gateway\] team_aliases.team\[0\]: expected a string, got 1001$"),
     ('[gateway.team_aliases]\nteam = ["@"]\n', r"'team' has '@'; give user names and @groups"),
     ('[gateway.team_aliases]\nteam = ["al ice"]\n', r"'team' has 'al ice'"),
     ('[gateway.team_aliases]\n"" = ["alice"]\n', r"an alias is 1 to 200 printable characters"),

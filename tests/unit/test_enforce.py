@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -42,7 +41,7 @@ def clock():
 
 
 def make_service(tmp_path, clock, run_jobs: str = "stop") -> Service:
-    config = replace(Config(), db_path=tmp_path / "board.db", enforce=EnforceSettings(grace_s=GRACE_S, run_jobs=run_jobs))
+    config = Config(db_path=tmp_path / "board.db", enforce=EnforceSettings(grace_s=GRACE_S, run_jobs=run_jobs))
     return Service(config, Fleet(open_source(True, clock=clock), 1.0), clock=clock)
 
 
@@ -438,7 +437,7 @@ def test_a_service_reconciles_and_stops_only_its_own_hosts_servers(tmp_path, clo
     from app.llama import rows
     from app.llama.service import ServerService
 
-    config = replace(Config(), db_path=tmp_path / "board.db", fleet=FleetSettings(host="gpu1"))
+    config = Config(db_path=tmp_path / "board.db", fleet=FleetSettings(host="gpu1"))
     service = Service(config, Fleet(open_source(True, clock=clock), 1.0), clock=clock)
     conn = service.conn
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

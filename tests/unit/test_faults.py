@@ -6,7 +6,6 @@ from __future__ import annotations
 import sqlite3
 import sys
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -49,7 +48,7 @@ def clock():
 
 
 def make_service(tmp_path, source, clock) -> Service:
-    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0)
+    config = Config(db_path=tmp_path / "board.db", refresh_seconds=0)
     return Service(config, Fleet(source, 0, clock=clock), clock=clock)
 
 

@@ -77,7 +77,7 @@ async def upstream():
 
 
 async def start_gateway(upstream: Upstream, **settings):
-    made = Gateway(Config(gateway=replace(GatewaySettings(), **settings)), FixedState(upstream.url, parallel=64))
+    made = Gateway(Config(gateway=GatewaySettings(**settings)), FixedState(upstream.url, parallel=64))
     app_before = made.app
 
     def app_with_extra():  # a route added after the door was written: keyed like the others
@@ -465,10 +465,13 @@ class TestSettings:
         defaults = GatewaySettings()
         assert (defaults.head_timeout_s, defaults.body_timeout_s, defaults.idle_timeout_s, defaults.max_connections,
                 defaults.max_connections_per_address) == (10, 60, 30, 4096, 256)
-        for name, value in (("head_timeout_s", "0"), ("max_connections", "-1"), ("max_connections_per_address", "0"),
-                            ("idle_timeout_s", '"30"'), ("body_timeout_s", "true")):
+        for name, value in (("head_timeout_s", "0"), ("max_connections", "-1"), ("max_connections_per_address", "0")):
             path.write_text(f"[gateway]\n{name} = {value}\n")
             with pytest.raises(ConfigError, match=f"\\[gateway\\] {name} must be a number more than 0"):
+                load_config(environ={"BOARD_CONFIG": str(path)})
+        for name, value in (("idle_timeout_s", '"30"'), ("body_timeout_s", "true")):
+            path.write_text(f"[gateway]\n{name} = {value}\n")
+            with pytest.raises(ConfigError, match=f"\\[gateway\\] {name}: expected a number, got {value}$"):
                 load_config(environ={"BOARD_CONFIG": str(path)})
 
 
@@ -1075,7 +1078,7 @@ async def test_more_than_a_hundred_requests_in_flight_all_reach_the_upstream_at_
     """The upstream connections are bounded by max_connections (4096 by default), not by aiohttp's default pool of
     100: a 101st request in flight goes upstream at once. Wrong version: the pool's default limit (the 101st waits
     for one of the first hundred to end)."""
-    made = Gateway(Config(gateway=replace(GatewaySettings(), max_concurrent_per_user=1000)),
+    made = Gateway(Config(gateway=GatewaySettings(max_concurrent_per_user=1000)),
                    FixedState(upstream.url, parallel=200))
     runner, site = await open_site(made, "127.0.0.1:0")
     conns = []

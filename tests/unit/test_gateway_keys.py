@@ -230,7 +230,7 @@ NOBODYS = "@board-tests-no-such-group"  # a group nobody is in: only the names l
 
 
 def with_config(service, **changes):
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     service.config = replace(service.config, **changes)
     return service
@@ -332,7 +332,7 @@ def test_keys_an_admin_issues_for_an_account_are_apart_from_the_cap_and_an_admin
 
 
 def replace_gateway(service, **changes):
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     return replace(service.config.gateway, **changes)
 

@@ -10,9 +10,9 @@ import os
 import signal
 import threading
 import urllib.request
-from dataclasses import replace
 
 import pytest
+from msgspec import structs
 
 import app.gateway.server
 from app.config import Config, GatewaySettings, ServiceSettings
@@ -110,7 +110,7 @@ def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(mon
     Socket.made = []
     path = str(tmp_path / "board.sock")
     config = Config(service=ServiceSettings(socket=path),
-                    gateway=replace(GatewaySettings(), listen="127.0.0.1:8090", log_bodies=True, max_connections=8,
+                    gateway=GatewaySettings(listen="127.0.0.1:8090", log_bodies=True, max_connections=8,
                                     max_connections_per_address=3))
     rc, opened, health, umask = serve_once(monkeypatch, config, "127.0.0.1:8089")
     err = capsys.readouterr().err
@@ -122,7 +122,7 @@ def test_the_gateway_serves_on_the_services_socket_until_sigterm_and_says_so(mon
             " 3 per address\n") in err
     assert "LimitNOFILE" not in err and "max_concurrent_per_key" not in err and err.endswith("board gateway: stopping\n")
 
-    lowered = replace(config, gateway=replace(config.gateway, log_bodies=False, max_connections=1 << 40,
+    lowered = structs.replace(config, gateway=structs.replace(config.gateway, log_bodies=False, max_connections=1 << 40,
                                               _renamed=("max_concurrent_per_key",), max_concurrent_per_user=5))
     rc, opened, health, umask = serve_once(monkeypatch, lowered, None)
     err = capsys.readouterr().err

@@ -47,7 +47,7 @@ def clock():
 
 @pytest.fixture
 def client(tmp_path, clock):
-    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0,
+    config = Config(db_path=tmp_path / "board.db", refresh_seconds=0,
                      history=HistorySettings(sample_s=10, raw_hours=1, rollup_days=2))
     source = SimulatedSource(SCENARIO, clock=lambda: clock[0])
     made = LocalClient.on(config, source, ALICE, clock=lambda: clock[0])
@@ -160,7 +160,7 @@ def test_real_gpus_get_only_what_the_store_holds(tmp_path, monkeypatch, clock):
     fake = FakePynvml([FakeGpu(uuid="GPU-real-0", memory_used=4096 * 1024 * 1024, power_mw=123_400,
                                sm_clock_mhz=1950, clocks_event_reasons=THROTTLE_SW_THERMAL)])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    config = replace(Config(), db_path=tmp_path / "board.db", refresh_seconds=0)
+    config = Config(db_path=tmp_path / "board.db", refresh_seconds=0)
     service = Service(config, Fleet(NvmlSource(clock=lambda: clock[0]), 0), clock=lambda: clock[0])
     client = LocalClient(service, ALICE)
     try:
@@ -178,7 +178,7 @@ def test_the_quick_path_and_a_disabled_history_start_no_sampler(tmp_path):
     from app.service import Service
     from app.gpu.fleet import Fleet
 
-    config = replace(Config(), db_path=tmp_path / "board.db", history=HistorySettings(enabled=False))
+    config = Config(db_path=tmp_path / "board.db", history=HistorySettings(enabled=False))
     service = Service(config, Fleet(SimulatedSource(), 1))
     assert start_sampler(service.fleet, service.history, service.config, service.clock) is None
     assert not (tmp_path / "board.history.db").exists()

@@ -15,6 +15,7 @@ import urllib.request
 from dataclasses import replace
 
 import pytest
+from msgspec import structs
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import Config, ConfigError, MetricsSettings, Pool, load_config
@@ -221,7 +222,7 @@ class TestCounters:
         from app.service.box.alerts import alerts_pass
 
         assert scrape(metrics)["board_alerts"] == []
-        service.config = replace(service.config, alerts=replace(service.config.alerts, fire_after_s=0))  # at once
+        service.config = structs.replace(service.config, alerts=structs.replace(service.config.alerts, fire_after_s=0))  # at once
         engine, hot, cool = Engine(), Card(7, "GPU-7", "FREE", temp_c=95), Card(7, "GPU-7", "FREE", temp_c=50)
         for cards in ((hot, Card(3, "GPU-3", "LOST")), (cool,), (hot,)):  # hot fires twice, lost once
             alerts_pass(service, engine, Inputs(FROZEN_NOW, cards=cards))
@@ -292,7 +293,7 @@ class TestExposition:
 
     def test_a_card_with_no_name_no_pool_and_missing_readings_exports_what_it_has(self, service, metrics):
         """Empty labels rather than made-up ones; a reading NVML did not give is no sample, the others are."""
-        service.config = replace(service.config, pools=(Pool("prod", (0, 1, 2, 3)),))  # card 5 in no pool
+        service.config = structs.replace(service.config, pools=(Pool("prod", (0, 1, 2, 3)),))  # card 5 in no pool
         snapshot = service.fleet.latest()
         bare = replace(snapshot.cards[5], name=None, utilization_pct=None, sm_clock_mhz=None)
         service.fleet._latest = replace(snapshot, cards=(*snapshot.cards[:5], bare, *snapshot.cards[6:]))
@@ -377,10 +378,10 @@ class TestScraping:
         assert value(card(scrape(metrics)["board_gpu_state"], 4), state="free", holder="") == 1.0
 
     def test_a_database_it_cannot_read_is_a_503_and_one_line_in_the_log(self, service, tmp_path):
-        gone = replace(service.config, db_path=tmp_path / "missing" / "board.db")
+        gone = structs.replace(service.config, db_path=tmp_path / "missing" / "board.db")
         said = f"/metrics: no access to the board database {gone.db_path}: "  # SQLite's own error, told as for a user
         if service.config.storage_url:  # PostgreSQL: a database that does not answer
-            gone = replace(gone, storage_url="postgresql:///board?host=/nonexistent/board-test&user=postgres")
+            gone = structs.replace(gone, storage_url="postgresql:///board?host=/nonexistent/board-test&user=postgres")
             said = "the board database is unreachable"
         broken = Service(gone, service.fleet, clock=service.clock)
         logged: list[str] = []
@@ -398,13 +399,13 @@ class TestScraping:
         assert "\n" not in logged[-1] and "Traceback" not in logged[-1]
 
     def test_a_port_in_use_is_one_line(self, service, metrics):
-        taken = replace(service.config, metrics=MetricsSettings(f"127.0.0.1:{metrics.port}"))
+        taken = structs.replace(service.config, metrics=MetricsSettings(f"127.0.0.1:{metrics.port}"))
         with pytest.raises(BoardError, match=rf"^can't serve /metrics on 127.0.0.1:{metrics.port} \(Address already in use\);"
                                              r" free the port or change \[metrics\] listen$"):
             MetricsServer(Service(taken, service.fleet), print)
 
     def test_an_ipv6_listen_address_serves_over_ipv6(self, service):
-        ipv6 = replace(service.config, metrics=MetricsSettings("[::1]:0"))
+        ipv6 = structs.replace(service.config, metrics=MetricsSettings("[::1]:0"))
         server = MetricsServer(Service(ipv6, service.fleet, clock=service.clock), print)
         try:
             with urllib.request.urlopen(f"http://[::1]:{server.port}/metrics", timeout=10) as response:
@@ -487,11 +488,17 @@ class TestConfig:
         assert load_config(environ={"BOARD_CONFIG": str(path)}).metrics.address == ("::1", 9400)
 
     @pytest.mark.parametrize("listen", ["9400", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", "127.0.0.1:http", ":9400",
-                                        "127.0.0.1:94 00", 9400])
+                                        "127.0.0.1:94 00"])
     def test_a_bad_address_is_one_line(self, tmp_path, listen):
         path = tmp_path / "board.toml"
         path.write_text(f"[metrics]\nlisten = {listen!r}\n".replace("'", '"'))
         with pytest.raises(ConfigError, match=r"\[metrics\] listen is .*; give host:port, such as \"127.0.0.1:9400\"$"):
+            load_config(environ={"BOARD_CONFIG": str(path)})
+
+    def test_a_listen_that_is_not_a_string_is_named_by_its_type(self, tmp_path):
+        path = tmp_path / "board.toml"
+        path.write_text("[metrics]\nlisten = 9400\n")
+        with pytest.raises(ConfigError, match=r"\[metrics\] listen: expected a string, got 9400$"):
             load_config(environ={"BOARD_CONFIG": str(path)})
 
     def test_an_unknown_key_is_named(self, tmp_path):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from msgspec import structs
 
 from app.config import Config, NotifySettings, NotifyTarget
 from app.notify import outbox
@@ -38,7 +38,7 @@ def waits_with(tmp_path, now: float, next_at: int | None, run_db=None, log=None)
     settings = NotifySettings(targets=(TARGET,))
     if next_at is not None:
         outbox.enqueue(conn, settings, Message("test", 1, "t"), now=next_at)
-    config = replace(Config(), notify=settings)
+    config = Config(notify=settings)
     stopping = threading.Event()
     deliverer = Deliverer(config, lambda: now, run_db or (lambda fn: fn()), lambda: conn, log=log or print,
                           send=lambda *a: None)
@@ -205,7 +205,7 @@ def test_an_enqueue_to_every_target_commits_whole_or_not_at_all(tmp_path):
     conn = connect(tmp_path / "board.db")
     conn.execute("CREATE TRIGGER refuse_b BEFORE INSERT ON outbox WHEN NEW.target = 'b'"
                   " BEGIN SELECT RAISE(ABORT, 'refused'); END")
-    settings = NotifySettings(targets=(replace(TARGET, name="a"), replace(TARGET, name="b")))
+    settings = NotifySettings(targets=(structs.replace(TARGET, name="a"), structs.replace(TARGET, name="b")))
     with pytest.raises(sqlite3.IntegrityError, match="refused"):
         outbox.enqueue(conn, settings, Message("alert.firing", 1, "hot"), now=100)
     assert conn.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0

@@ -97,7 +97,7 @@ class TestConfig:
          '[[notify.targets]]\ntype = "slack"\nurl = "https://b.example/SEKRIT"\n', "two targets have this name"),
         ('[[notify.targets]]\ntype = "slack"\nurl = "https://a.example/SEKRIT"\nkey = "SEKRIT"\n', "unknown key 'key'"),
         ('[notify]\nsummary_at = ["9am"]\n', "summary_at has '9am'"),
-        ('[notify]\nsummary_at = "09:00"\n', "summary_at is a list"),
+        ('[notify]\nsummary_at = "09:00"\n', '[notify] summary_at: expected a list, got "09:00"'),
         ('[notify]\ntimeout_s = 0\n', "timeout_s must be a number more than 0"),
         ('[notify]\nretries = 3\n', "unknown key 'retries' in [notify]"),
     ])

@@ -13,7 +13,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import replace
 
 from app.client.local import LocalClient
 from app.config import Config, FleetSettings
@@ -27,7 +26,7 @@ def test_on_postgresql_the_heartbeat_leaves_another_hosts_booking_to_the_notify(
     monkeypatch.setattr(hosts, "BEAT_S", 0.05)
     url = pg_cluster.fresh_database()
     me = current_identity(Config().admin_group)
-    made = {name: LocalClient.on(replace(Config(storage_url=url), fleet=FleetSettings(host=name)),
+    made = {name: LocalClient.on(Config(storage_url=url, fleet=FleetSettings(host=name)),
                                  open_source(True, host=name), me) for name in ("gpu1", "gpu2")}
     gpu1, gpu2 = made["gpu1"], made["gpu2"]
     subscriber = gpu1.service.hub.subscribe(("bookings",))  # the hub alone: no listener runs in this process
@@ -76,7 +75,7 @@ def test_a_booking_on_named_cards_is_ten_round_trips(pg_cluster, monkeypatch):
     import psycopg
 
     me = current_identity(Config().admin_group)
-    client = LocalClient.on(replace(Config(storage_url=pg_cluster.fresh_database()), fleet=FleetSettings(host="gpu1")),
+    client = LocalClient.on(Config(storage_url=pg_cluster.fresh_database(), fleet=FleetSettings(host="gpu1")),
                             open_source(True, host="gpu1"), me)
     start = (int(time.time()) // 3600 + 24) * 3600
     client.call("book", cards=[0], start=start, end=start + 3600)  # the cards' rows are written by the first

@@ -182,7 +182,7 @@ def test_a_window_that_wraps_midnight(start, end, allowed):
 
 
 def test_windows_are_read_in_the_configured_zone_whatever_the_process_zone():
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     # 20:00-23:00 UTC is 04:00-07:00 the next morning in Shanghai: inside the night window there, not in UTC.
     start, end = at("2026-12-01T20:00"), at("2026-12-01T23:00")

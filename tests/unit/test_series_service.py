@@ -529,7 +529,7 @@ def test_a_hand_broken_rule_quotes_at_most_60_characters_of_what_is_wrong(series
 def test_a_series_extends_only_in_a_class_its_holder_may_still_use(series, conn):
     """[classes] changed after bob's online series was booked: its extension, even by an admin, is bob's and refused
     in one line; an admin's --override-policy takes it, each occurrence marked as overridden."""
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     made = series(name="bob", uid=1002).book(cards=[4], klass="online", every="day", start="9:00", until="10:00",
                                              first="2026-12-07", last="2026-12-08")

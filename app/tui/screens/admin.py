@@ -18,14 +18,15 @@ from textual.widgets import DataTable, Footer, Static
 from app.errors import BoardError, NotPermitted
 from app.core.text import cards_text, format_cards, inert
 from app.model import Booking
-from app.tui.render import TIME_WIDTH, cursor_key, short_time, untrusted
+from app.tui.node import BoardNode
+from app.tui.render import TIME_WIDTH, short_time, under_cursor, untrusted
 from app.tui.screens.confirm import ConfirmModal, ReassignModal, describe
 from app.tui.widgets.header import BoardHeader
 
 PAST_SECONDS = 86400
 
 
-class AdminScreen(Screen):
+class AdminScreen(BoardNode, Screen):
     DEFAULT_CSS = """
     AdminScreen .section { height: 1; padding: 0 1; text-style: bold; background: $error-muted; }
     AdminScreen #all-bookings { height: 1fr; }
@@ -109,7 +110,7 @@ class AdminScreen(Screen):
             )
 
     def selected(self) -> Booking | None:
-        return self.bookings.get(cursor_key(self.query_one("#all-bookings", DataTable)))
+        return under_cursor(self.query_one("#all-bookings", DataTable), self.bookings)
 
     @work(exit_on_error=False)
     async def action_cancel(self) -> None:

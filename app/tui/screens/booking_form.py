@@ -13,7 +13,7 @@ that are too small are refused in the form. The booking stores the request and i
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from rich.text import Text
@@ -33,6 +33,7 @@ from app.core.parse import parse_card_spec, parse_span
 from app.core.text import host_cards, inert
 from app.fit.estimate import Settings
 from app.tui.backend import Backend, Booked, BookingRequest, ModelAsk, Sizing
+from app.tui.node import BoardNode
 from app.tui.render import duration, full_time, short_time
 
 VALIDATE_DELAY = 0.15
@@ -64,12 +65,13 @@ def parse_model(model: str, ctx: str, parallel: str) -> ModelAsk | None:
     """The model fields -> what to size, or None when no model is given (ctx and parallel are then ignored)."""
     if not model.strip():
         return None
-    values = {}
+    settings = Settings()
     if ctx.strip():
-        values["ctx"] = _whole(ctx, "the context is a number of tokens, such as 4096 or 32768")
+        settings = replace(settings, ctx=_whole(ctx, "the context is a number of tokens, such as 4096 or 32768"))
     if parallel.strip():
-        values["parallel"] = _whole(parallel, "parallel is how many requests the server serves at once: 1 or more")
-    return ModelAsk(model.strip(), Settings(**values))
+        settings = replace(settings, parallel=_whole(
+            parallel, "parallel is how many requests the server serves at once: 1 or more"))
+    return ModelAsk(model.strip(), settings)
 
 
 def parse_form(
@@ -77,8 +79,8 @@ def parse_form(
     model: str = "", ctx: str = "", parallel: str = "", night_start: int | None = None, or_later: bool = False,
 ) -> BookingRequest:
     """The form's fields -> a request, or BadInput with the one line to show; the times read as the CLI's do."""
-    host, chosen = parse_card_spec(cards) if cards.strip() else (None, None)  # 'gpu2:0-3': another host's
-    chosen = tuple(chosen) if chosen is not None else None
+    host, listed = parse_card_spec(cards) if cards.strip() else (None, None)  # 'gpu2:0-3': another host's
+    chosen = tuple(listed) if listed is not None else None
     number = None
     if count.strip():
         if not (count.strip().isascii() and count.strip().isdigit()) or int(count.strip()) < 1:
@@ -107,7 +109,7 @@ class Tick(Checkbox):
         super().watch_value()
 
 
-class BookingModal(ModalScreen[Booked | None]):
+class BookingModal(BoardNode, ModalScreen[Booked | None]):
     """Returns the new booking with the service's notes on its cards, or None when dismissed with Escape."""
 
     DEFAULT_CSS = """

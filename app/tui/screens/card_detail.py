@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Footer, Sparkline, Static
 from app.core.text import format_cards, format_elapsed, host_cards
 from app.errors import BoardError
 from app.core.cardstate import CardStatus
+from app.tui.node import BoardNode
 from app.tui.render import NA, TIME_WIDTH, gib, short_time, untrusted
 from app.tui.messages import ServersView
 from app.tui.screens.servers import memory_text
@@ -72,7 +73,7 @@ def topology_text(snapshot, index: int) -> Text | None:
     return Text("topology: " + " · ".join(parts), "dim")
 
 
-class CardDetailScreen(Screen):
+class CardDetailScreen(BoardNode, Screen):
     DEFAULT_CSS = """
     CardDetailScreen #title { height: 1; padding: 0 1; text-style: bold; background: $primary-muted; }
     CardDetailScreen #facts { height: auto; padding: 0 1; }

@@ -17,6 +17,7 @@ from app.errors import BadInput, BoardError
 from app.core.text import cards_text, format_cards, inert
 from app.core.timeparse import TimeInputError, parse_duration, parse_end
 from app.model import Booking
+from app.tui.node import BoardNode
 from app.tui.render import NOTICE_MARK, duration, short_time
 
 MODAL_CSS = """
@@ -53,7 +54,7 @@ def describe(booking: Booking, now: float, here: str = "") -> Text:
     return text
 
 
-class ConfirmModal(ModalScreen[bool]):
+class ConfirmModal(BoardNode, ModalScreen[bool]):
     """Yes or no. Enter or y confirms; Escape or n declines."""
 
     DEFAULT_CSS = MODAL_CSS.format(name="ConfirmModal")
@@ -88,7 +89,7 @@ class ConfirmModal(ModalScreen[bool]):
 ResultType = TypeVar("ResultType")
 
 
-class FormModal(ModalScreen[ResultType]):
+class FormModal(BoardNode, ModalScreen[ResultType]):
     """A small form: Enter or the `yes` button submits (`_submitted`), Escape or any other button closes it."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]

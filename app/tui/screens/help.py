@@ -11,9 +11,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from app.tui.keys import KEYS
+from app.tui.node import BoardNode
 
 
-class HelpModal(ModalScreen[None]):
+class HelpModal(BoardNode, ModalScreen[None]):
     DEFAULT_CSS = """
     HelpModal { align: center middle; }
     HelpModal > VerticalScroll {

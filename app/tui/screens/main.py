@@ -11,6 +11,7 @@ from textual.widgets import Footer, Static
 
 from app.core.policy import policy_zone, pool_rules
 from app.core.text import cards_text, host_cards, inert
+from app.tui.node import BoardNode
 from app.tui.render import duration, short_time
 from app.tui.screens.confirm import describe
 from app.tui.card_table_model import WIDE_MIN_WIDTH
@@ -20,7 +21,7 @@ from app.tui.widgets.timeline import Timeline
 from app.tui.widgets.upcoming import UpcomingTable
 
 
-class BoardScreen(Screen):
+class BoardScreen(BoardNode, Screen):
     DEFAULT_CSS = """
     BoardScreen { layout: vertical; }
     BoardScreen #detail { height: 1; padding: 0 1; background: $panel; color: $foreground; }
@@ -116,12 +117,12 @@ class BoardScreen(Screen):
             return describe(booking, now, self.app.fleet_host)
         if selection:
             cards, start, _ = selection
-            cards = host_cards(cards, model.selected_host() or "")
+            named = host_cards(cards, model.selected_host() or "")
             pool = model.pool_of(model.cursor[0])
             if pool is not None:  # the rules before the booking, not in its refusal
-                return Text(f"card {cards} free at {short_time(start, now)} · "
+                return Text(f"card {named} free at {short_time(start, now)} · "
                             f"{inert(pool.name, 20)}: {pool_rules(pool)} · b books")
-            return Text(f"card {cards} free at {short_time(start, now)} · "
+            return Text(f"card {named} free at {short_time(start, now)} · "
                         f"shift+arrows or drag to select · b books")
         return None
 

@@ -12,12 +12,13 @@ from textual.widgets import DataTable, Footer, Static
 from app.core.text import host_cards
 from app.errors import BoardError
 from app.model import Booking
-from app.tui.render import NOTICE_MARK, TIME_WIDTH, cursor_key, duration, short_time, untrusted
+from app.tui.node import BoardNode
+from app.tui.render import NOTICE_MARK, TIME_WIDTH, duration, short_time, under_cursor, untrusted
 from app.tui.screens.confirm import ConfirmModal, ExtendModal, describe
 from app.tui.widgets.header import BoardHeader
 
 
-class MyBookingsScreen(Screen):
+class MyBookingsScreen(BoardNode, Screen):
     DEFAULT_CSS = """
     MyBookingsScreen #title { height: 1; padding: 0 1; text-style: bold; background: $primary-muted; }
     MyBookingsScreen DataTable { height: 1fr; }
@@ -33,8 +34,7 @@ class MyBookingsScreen(Screen):
     def compose(self) -> ComposeResult:
         yield BoardHeader()
         yield Static(Text("My bookings"), id="title")
-        table = DataTable(cursor_type="row", id="mine")
-        yield table
+        yield DataTable(cursor_type="row", id="mine")
         yield Static("", id="empty")
         yield Footer()
 
@@ -85,7 +85,7 @@ class MyBookingsScreen(Screen):
 
     def selected(self) -> Booking | None:
         bookings = {str(b.id): b for b in self.mine()}
-        return bookings.get(cursor_key(self.query_one(DataTable)))
+        return under_cursor(self.query_one(DataTable), bookings)
 
     def action_cancel(self) -> None:
         self._confirm_and_run("cancel")

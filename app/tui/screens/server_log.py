@@ -31,7 +31,9 @@ class ServerLog(Log):
         if self._stop is not None:
             self._stop.set()
 
-    def _update_size(self, updates: int, lines: list[str]) -> None:
+    # Log's is a thread worker (@work types it as returning a Worker); this one runs in place on purpose, and Log
+    # ignores what it returns.
+    def _update_size(self, updates: int, lines: list[str]) -> None:  # type: ignore[override]
         """The width of new lines, measured here rather than in Log's thread worker: that worker calls back into
         the app, and when the board quits while a line arrives it finds no app and fails the exit (WorkerFailed).
         A followed log brings a few lines at a time, so measuring them in place costs nothing."""

@@ -150,7 +150,8 @@ class StartServerModal(FormModal[StartRequest | None]):
         self._show_vram()
 
     def _show_vram(self) -> None:
-        booking = self.bookings.get(self.query_one("#booking", Select).value)
+        chosen = self.query_one("#booking", Select).value  # Select.BLANK when none is chosen
+        booking = self.bookings.get(chosen) if isinstance(chosen, int) else None
         fleet = self.app.fleet
         text = Text()
         if booking is not None:

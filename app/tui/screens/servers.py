@@ -32,8 +32,9 @@ from app.llama import rows
 from app.llama.rows import Server
 from app.model import Booking
 from app.tui.messages import ServerLine, ServersView
+from app.tui.node import BoardNode
 from app.tui.pollers import own_client
-from app.tui.render import cursor_key, duration, untrusted
+from app.tui.render import duration, under_cursor, untrusted
 from app.tui.screens.confirm import ConfirmModal
 from app.tui.screens.server_log import ServerLog
 from app.tui.screens.server_start import StartServerModal, find_models, parse_start  # noqa: F401 - re-exported
@@ -58,7 +59,7 @@ def memory_text(server: Server, card: int | None = None) -> str | None:
     where, memory, estimate = "memory", measured, sum(per_card) if per_card else None
     place = server.cards.index(card) if card in server.cards else None
     device = measured.devices.get(f"CUDA{place}") if measured is not None and place is not None else None
-    if device is not None:
+    if device is not None and place is not None:  # (a device is found only at a place)
         where, memory = "memory on this card", device
         estimate = per_card[place] if per_card and place < len(per_card) else None
     used = "measured -" if memory is None else (
@@ -107,7 +108,7 @@ COLUMNS = (("id", "#", 4), ("state", "STATE", 9), ("model", "MODEL", 24), ("user
            ("cards", "CARDS", 9), ("port", "PORT", 6), ("uptime", "UPTIME", 8), ("tps", "TOK/S", 7))
 
 
-class ServersScreen(Screen):
+class ServersScreen(BoardNode, Screen):
     DEFAULT_CSS = """
     ServersScreen #title { height: 1; padding: 0 1; text-style: bold; background: $primary-muted; }
     ServersScreen #servers { height: 1fr; min-height: 5; }
@@ -176,7 +177,7 @@ class ServersScreen(Screen):
 
     def selected(self) -> Server | None:
         by_id = {str(line.server.id): line.server for line in self.lines()}
-        return by_id.get(cursor_key(self.query_one(DataTable)))
+        return under_cursor(self.query_one(DataTable), by_id)
 
     def _show_detail(self) -> None:
         detail = self.query_one("#detail", Static)

@@ -18,7 +18,7 @@ from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding
-from textual.geometry import Region, Size
+from textual.geometry import Region, Size, Spacing
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -27,6 +27,7 @@ from textual.strip import Strip
 from app.core.cardstate import CardStatus
 from app.core.text import inert
 from app.tui.card_table_model import WIDE_MIN_WIDTH, cell_parts, host_groups, table_columns, wants_requests
+from app.tui.node import BoardNode
 
 PADDING = 1  # blank cells either side of each column, as DataTable's cell_padding
 
@@ -56,7 +57,7 @@ class Cell:
         return [*cropped, Segment("…", cropped[-1].style if cropped else None)]
 
 
-class CardTable(ScrollView, can_focus=True):
+class CardTable(BoardNode, ScrollView, can_focus=True):
     """Columns differ between the compact (80 columns) and wide layouts; `show` picks by width."""
 
     DEFAULT_CSS = """
@@ -169,8 +170,9 @@ class CardTable(ScrollView, can_focus=True):
         uuids = [s.reading.uuid for s in statuses]
         display: list[int | str] = list(range(len(statuses)))
         if (hosts := host_groups(statuses)) is not None:
-            display = [line for host in hosts for line in
-                       (host, *(n for n, s in enumerate(statuses) if s.host == host))]
+            display = []
+            for host in hosts:  # its heading, then its cards
+                display += [host, *(n for n, s in enumerate(statuses) if s.host == host)]
         if layout != self._layout:
             self._columns = table_columns(statuses, wide, width, requested)
             self._layout, self._rows, self._row_styles = layout, [], {}
@@ -248,14 +250,15 @@ class CardTable(ScrollView, can_focus=True):
         super().watch_scroll_x(old, new)
 
     def render_line(self, y: int) -> Strip:
-        row: int | str = -1
+        row = -1
         if y >= self.header_height:
             at = y - self.header_height + int(self.scroll_y)
             if at >= len(self._display):
                 return Strip.blank(self.size.width, self.rich_style)
-            row = self._display[at]
-            if isinstance(row, str):
-                return self._heading(row)
+            shown = self._display[at]
+            if isinstance(shown, str):
+                return self._heading(shown)
+            row = shown
         line = self._lines.get(row)
         if line is None:
             line = self._lines[row] = self._build_line(row)
@@ -320,7 +323,7 @@ class CardTable(ScrollView, can_focus=True):
         if self._rows:
             line = self._line_of[new]
             above = 2 if line and isinstance(self._display[line - 1], str) else 1  # the header; and a host's heading
-            self.scroll_to_region(Region(0, 1 + line, 1, 1), spacing=(above, 0, 0, 0), force=True)
+            self.scroll_to_region(Region(0, 1 + line, 1, 1), spacing=Spacing(above, 0, 0, 0), force=True)
             self.post_message(self.RowHighlighted(self, new, self._rows[new]))
 
     def move_cursor(self, *, row: int) -> None:

@@ -8,10 +8,11 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from app.tui.node import BoardNode
 from app.tui.render import local, untrusted
 
 
-class BoardHeader(Widget):
+class BoardHeader(BoardNode, Widget):
     DEFAULT_CSS = """
     BoardHeader {
         dock: top;

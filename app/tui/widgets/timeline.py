@@ -12,7 +12,7 @@ moves rebuild only the lines they touch.
 
 from __future__ import annotations
 
-from datetime import tzinfo
+from datetime import date, tzinfo
 from typing import Sequence
 
 from rich.cells import set_cell_size
@@ -199,8 +199,9 @@ class Timeline(Widget, can_focus=True):
         card = model.rows[row]
         cells = model.grid[row]
         now_col = model.column_of(model.now)
-        selection = model.selection()
-        in_selection = selection is not None and selection[0] <= row <= selection[1]
+        selection = model.selection()  # (first row, last row, first column, last column)
+        # The selection's columns, where it covers this row.
+        selected_span = selection[2:] if selection is not None and selection[0] <= row <= selection[1] else None
         cursor_col = model.cursor[1] if model.cursor[0] == row and self.has_focus else -1
         base = self.rich_style
         pool = model.row_pool[row] if row < len(model.row_pool) else None
@@ -214,7 +215,7 @@ class Timeline(Widget, can_focus=True):
         def overlay(c: int) -> int:  # 0 none, 1 the now column, 2 selected, 3 the cursor
             if c == cursor_col:
                 return 3
-            if in_selection and selection[2] <= c <= selection[3]:
+            if selected_span is not None and selected_span[0] <= c <= selected_span[1]:
                 return 2
             return 1 if c == now_col else 0
 
@@ -286,7 +287,7 @@ class Timeline(Widget, can_focus=True):
         bottom = [" "] * width
         top_styles: dict[int, Style] = {}
         # Day labels where the local date changes, and at the left edge if it fits before the next one.
-        starts: list[tuple[int, object]] = []
+        starts: list[tuple[int, date]] = []
         previous = None
         for c in range(columns):
             day = local(model.column_time(c)).date()
