@@ -41,9 +41,14 @@ def version(text: str | None) -> tuple[int, ...] | None:
     if not text:
         return None
     try:
-        return tuple(int(part) for part in text.strip().split("."))
+        return _dotted(text.strip())
     except ValueError:
         return None
+
+
+def _dotted(text: str) -> tuple[int, ...]:
+    """ "570.86.15" -> (570, 86, 15); ValueError for what is not a dotted number (MINIMUMS' versions all are)."""
+    return tuple(int(part) for part in text.split("."))
 
 
 def card_list(indexes: Iterable[int]) -> str:
@@ -77,11 +82,11 @@ def driver_checks(snapshot: FleetSnapshot) -> list[Check]:
             checks.append((None, f"{cards}: not in board's table of minimums; check NVIDIA's CUDA release notes"))
             continue
         ok = True
-        if driver is not None and driver < version(need.driver):
+        if driver is not None and driver < _dotted(need.driver):
             ok = False
             checks.append((False, f"driver {snapshot.driver_version} is too old for {cards}: it needs {need.driver}"
                                   f" or newer; install the {need.driver} driver (or newer) and reboot"))
-        if cuda is not None and cuda < version(need.cuda):
+        if cuda is not None and cuda < _dotted(need.cuda):
             ok = False
             checks.append((False, f"CUDA {snapshot.cuda_version} (what the driver supports) is too old for {cards}: it"
                                   f" needs {need.cuda}; install driver {need.driver}+ and CUDA toolkit {need.cuda}+, then"
@@ -125,7 +130,7 @@ def link_checks(cards: Sequence[CardReading]) -> list[Check]:
 
 def cuda_indexes(cards: Sequence[CardReading]) -> dict[int, int]:
     """Card index -> CUDA device number in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID, which board run sets)."""
-    ordered = sorted((c for c in cards if c.pci_bus_id), key=lambda c: c.pci_bus_id.lower())
+    ordered = sorted((c for c in cards if c.pci_bus_id), key=lambda c: (c.pci_bus_id or "").lower())
     return {card.index: n for n, card in enumerate(ordered)}
 
 

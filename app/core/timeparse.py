@@ -145,7 +145,9 @@ def _wall(d: date, h: int, m: int, s: int, now: datetime, notes: Notes | None = 
 
 def _offset(moment: datetime) -> str:
     """'+02:00': the offset as --start reads it after a time."""
-    minutes = int(moment.utcoffset().total_seconds()) // 60
+    offset = moment.utcoffset()
+    assert offset is not None  # `moment` is aware: _wall's instants are
+    minutes = int(offset.total_seconds()) // 60
     return f"{'-' if minutes < 0 else '+'}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 

@@ -11,7 +11,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.faults import store
 from app.faults.oom import oom_line
@@ -21,6 +21,9 @@ from app.gpu.fleet import Fleet
 from app.gpu.model import GpuEvent
 from app.store import bookings as booking_rows
 from app.store.db import connect, write
+
+if TYPE_CHECKING:
+    from app.config import PostgresStore
 
 WAIT_S = 0.5
 OBSERVE_S = 5.0
@@ -61,8 +64,8 @@ def record_all(conn, events: Iterable[GpuEvent] = (), spells: Iterable[Spell] = 
 class FaultWatcher:
     """`run(stop)` is the loop; `step` is one turn and `close` records the spells still on, for tests with a clock."""
 
-    def __init__(self, fleet: Fleet, db_path: Path, clock: Callable[[], float], *, log: Callable[[str], None] = print,
-                 wait_s: float = WAIT_S, observe_s: float = OBSERVE_S) -> None:
+    def __init__(self, fleet: Fleet, db_path: Path | PostgresStore, clock: Callable[[], float], *,
+                 log: Callable[[str], None] = print, wait_s: float = WAIT_S, observe_s: float = OBSERVE_S) -> None:
         self.fleet, self.db_path, self.clock = fleet, db_path, clock
         self.log, self.wait_s, self.observe_s = log, wait_s, observe_s
         self.tracker = ThrottleTracker()
@@ -117,7 +120,7 @@ class FaultWatcher:
                 self._conn.close()
 
 
-def start_watcher(fleet: Fleet, db_path: Path, clock: Callable[[], float], *,
+def start_watcher(fleet: Fleet, db_path: Path | PostgresStore, clock: Callable[[], float], *,
                   log: Callable[[str], None] = print) -> tuple[threading.Event, threading.Thread]:
     """Start the watcher thread; set the event and join the thread to stop it (it records open spells first)."""
     stop = threading.Event()

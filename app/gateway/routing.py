@@ -51,7 +51,7 @@ class _Waiter:
     seq: int  # arrival: first come within one member
     user: str
     alias: str
-    future: asyncio.Future
+    future: asyncio.Future[Upstream]
 
 
 class Router:

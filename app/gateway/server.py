@@ -65,7 +65,7 @@ class Meter:
     """The tokens in an answer: llama-server's `usage` (or `timings`), streamed (SSE lines) or not; with the
     upstream's status, the time to its first byte and whether it was relayed whole. Made by the handler, so what was
     metered is accounted even when the client leaves (the handler is cancelled) after the last byte."""
-    streamed: bool
+    streamed: bool | None  # None: a non-streamed answer too large to parse, its tokens unknown
     prompt: int = 0
     completion: int = 0
     status: int | None = None
@@ -89,7 +89,7 @@ class Meter:
         *lines, rest = self._buffer.split(b"\n")
         if len(rest) > LINE_LIMIT:  # an endless line is not kept
             self.overlong = True
-            rest = b""
+            rest = bytearray()
         self._buffer = bytearray(rest)
         for line in lines:
             data = _data(line)
@@ -106,7 +106,7 @@ class Meter:
         elif self.streamed and (data := _data(bytes(self._buffer))) is not None and data.startswith(b"{"):
             self._take(data)
 
-    def _take(self, text: bytes) -> None:
+    def _take(self, text: bytes | bytearray) -> None:
         try:
             doc = json.loads(text)
         except ValueError:
@@ -167,7 +167,7 @@ class Gateway:
         self.pending: list[dict] = []
         # Each record's id, unique across the gateway's restarts: the service records a batch sent twice once.
         self._boot, self._requests = secrets.token_hex(8), itertools.count(1)
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession  # opened in _start: aiohttp's session wants the running loop
         self.stopping = threading.Event()
         open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.max_connections = settings.max_connections if open_files == resource.RLIM_INFINITY else \
@@ -376,7 +376,7 @@ class Gateway:
             return response
         except asyncio.CancelledError:
             # The client left: its upstream request was closed with it, unless it had the whole answer already.
-            if meter is not None and meter.done:
+            if meter is not None and meter.done and meter.status is not None:  # done: its status came first
                 meter.finish()
                 status = meter.status
             else:
@@ -408,9 +408,11 @@ class Gateway:
         headers["Accept-Encoding"] = "identity"  # relayed and metered as it comes, with no Content-Encoding passed on
         if server.api_key:
             headers["Authorization"] = f"Bearer {server.api_key}"
+        resource = request.match_info.route.resource
+        assert resource is not None  # relay is reached only through the routes Gateway.app added
         try:
             # The route's own path, never the client's: the door let through only exact route paths, and no query
-            upstream = await self.session.request(request.method, server.url + request.match_info.route.resource.canonical,
+            upstream = await self.session.request(request.method, server.url + resource.canonical,
                                                   data=body or None, headers=headers)
         except (aiohttp.ClientError, OSError) as error:
             if isinstance(error, aiohttp.ClientConnectorError):  # nothing listens: out of the routing at once
@@ -479,7 +481,7 @@ class Gateway:
                  f" tokens={prompt}+{completion} {duration * 1000:.0f}ms")
 
 
-def _data(line: bytes) -> bytes | None:
+def _data(line: bytes | bytearray) -> bytes | bytearray | None:
     """An SSE line's data, or None for another field: "data:" and the one space after it that the format allows to
     leave out (`data:{...}`)."""
     if not line.startswith(b"data:"):
@@ -513,6 +515,7 @@ class WatchedSite(web.TCPSite):
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
+        assert self._runner.server is not None  # as TCPSite.start: the runner was set up first
         self._server = await asyncio.get_running_loop().create_server(
             self.connections.wrap(self._runner.server), self._host, self._port, backlog=self._backlog,
             reuse_address=self._reuse_address)

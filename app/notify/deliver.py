@@ -104,7 +104,7 @@ class Deliverer:
     def __init__(self, config: Config, clock: Callable[[], float], run_db: Callable[[Callable[[], Any]], Any],
                  conn: Callable[[], Any], *, log: Callable[[str], None] = print,
                  send: Callable[[NotifyTarget, bytes, float], Outcome] = send,
-                 before: Callable[[], None] | None = None) -> None:
+                 before: Callable[[], object] | None = None) -> None:
         self.config, self.clock, self.run_db, self.conn, self.log = config, clock, run_db, conn, log
         self.send, self.before = send, before
         self.wake = threading.Event()

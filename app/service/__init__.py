@@ -35,6 +35,7 @@ CALENDAR_PAST_S = 86400  # the calendar keeps bookings that ended up to a day be
 
 if TYPE_CHECKING:
     from app.history.store import HistoryStore
+    from app.service.rules.plans import Runner
     from app.service.box.servers import Supervision
     from app.notify.deliver import Deliverer
 
@@ -61,7 +62,7 @@ class Service:
         self.processes = Registry()
         if transport == "socket":
             _ = self.supervision  # made before the socket's threads run, not by the first of them
-        self.runner = None  # the registered `board runner` (app.service.rules.plans.Runner), which starts planned servers
+        self.runner: Runner | None = None  # the registered `board runner`, which starts planned servers
         self.wake_enforcer = threading.Event()  # set after a change that leaves work to stop (a forced move)
         self.notifier: Deliverer | None = None  # the delivery thread's, where the socket server runs one
         # On PostgreSQL: this host's clock minus the database's now(), in seconds, measured at start and every minute
@@ -160,9 +161,10 @@ class Service:
         if self.transport == "socket":
             rules.word_refusals = False  # the client asks for a refusal's second half (op earliest) when it shows it
             rules.sole_writer = not is_postgres(self.conn)  # the agent alone writes its SQLite file
-        rules.told = getattr(self._local, "told", None)
-        if rules.told is None:
-            rules.told = self._local.told = []
+        told = getattr(self._local, "told", None)
+        if told is None:
+            told = self._local.told = []
+        rules.told = told
         return rules
 
     def fleet_snapshot(self):

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from app.gpu.model import CardReading
 from app.model import Booking
-from app.store.db import MalformedRow, need, need_json_object, report_malformed
+from app.store.db import MalformedRow, inserted_id, need, need_json_object, report_malformed
 
 
 # LEFT JOINs, so that a booking whose card rows a hand edit broke is reported rather than silently dropped.
@@ -120,7 +120,8 @@ def live_between(conn: sqlite3.Connection, start: int, end: int, *, user: str | 
 def listing(
     conn: sqlite3.Connection, *, start: int | None, end: int | None, user: str | None, include_cancelled: bool
 ) -> list[Booking]:
-    clauses, args = [], []
+    clauses: list[str] = []
+    args: list[int | str] = []
     if not include_cancelled:
         clauses.append("b.status = 'booked'")
     if start is not None:
@@ -194,7 +195,7 @@ def insert(
         (user, uid, start, end, klass, note, json.dumps(request) if request else None, now, created_by,
          start if requested_at is None else requested_at, queued, series_id),
     )
-    booking_id = cursor.lastrowid
+    booking_id = inserted_id(cursor)
     conn.executemany(
         "INSERT INTO booking_cards (card_uuid, booking_id) VALUES (?, ?)", [(u, booking_id) for u in uuids]
     )

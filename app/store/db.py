@@ -10,12 +10,15 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from app.config import PostgresStore
 from app.errors import BadInput, BoardError, NotPermitted
 from app.store import schema
 from app.store.filesystem import network_filesystem
+
+if TYPE_CHECKING:
+    from app.store.pg import PgConnection
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -35,17 +38,14 @@ class BoardConnection(sqlite3.Connection):
     """A connection that remembers the file it opened, so a failed write can name it."""
 
     path: Path
+    fleet_host: str  # set by the service only (app.service): the host its audit events name; read with getattr
 
 
-def connect(path: Path | PostgresStore, *, create: bool = True) -> sqlite3.Connection:
+def connect(path: Path | PostgresStore, *, create: bool = True) -> BoardConnection:
     """Open the board database, creating and migrating it on first use: `path` is Config.store (or a SQLite file)."""
     if isinstance(path, PostgresStore):
-        from app.store import pg  # start-up: only a PostgreSQL store loads it (and psycopg)
-
-        try:
-            return pg.connect(path)  # type: ignore[return-value]
-        except sqlite3.Error as error:
-            raise storage_error(path, error) from None
+        # a PgConnection: it answers as sqlite3's does (app.store.pg), without being one
+        return connect_pg(path)  # type: ignore[return-value]
     path = Path(path)
     try:
         kind = network_filesystem(path)
@@ -81,6 +81,16 @@ def connect(path: Path | PostgresStore, *, create: bool = True) -> sqlite3.Conne
     except sqlite3.Error as error:
         raise storage_error(path, error) from None
     return conn
+
+
+def connect_pg(store: PostgresStore) -> PgConnection:
+    """Open a PostgreSQL store: where the code needs PostgreSQL's own parts (LISTEN, the database's clock)."""
+    from app.store import pg  # start-up: only a PostgreSQL store loads it (and psycopg)
+
+    try:
+        return pg.connect(store)
+    except sqlite3.Error as error:
+        raise storage_error(store, error) from None
 
 
 def _exists(path: Path) -> bool:
@@ -232,14 +242,23 @@ def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | N
         conn.chain_unlocked = False
 
 
+def inserted_id(cursor: sqlite3.Cursor) -> int:
+    """The id of the row the INSERT on `cursor` added: sqlite3's lastrowid, or the `RETURNING id` that app.store.pg
+    adds to an INSERT into one of its _ID_TABLES."""
+    row_id = cursor.lastrowid
+    assert row_id is not None  # an INSERT that ran: every table the store inserts into numbers its rows
+    return row_id
+
+
 def lock_chain(conn: sqlite3.Connection, then: str) -> list | None:
     """Before an append to the audit chain (app.store.events.record): in a PostgreSQL write on named cards, take the
     chain's own lock now, the last of the write's locks, so that the tail read next is the latest one committed.
     `then`: a statement without parameters (the tail's read) sent in the same round trip, right after the lock;
     its rows, or None when no lock was taken here (then the caller runs it)."""
     if getattr(conn, "chain_unlocked", False):
-        from app.store.pg import CHAIN_LOCK  # start-up: only a PostgreSQL store gets here
+        from app.store.pg import CHAIN_LOCK, PgConnection  # start-up: only a PostgreSQL store gets here
 
+        assert isinstance(conn, PgConnection)  # the one connection with a chain to unlock
         rows = _lock(conn, f"SELECT pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]}); {then}", [CHAIN_LOCK])
         conn.chain_unlocked = False
         return rows
@@ -339,7 +358,7 @@ def _decode_text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def storage_error(path: Path, error: BaseException) -> BoardError:
+def storage_error(path: Path | PostgresStore, error: BaseException) -> BoardError:
     """The one-line error a user sees for a SQLite failure on the database at `path`.
 
     A full disk, a read-only database or filesystem, a symlink loop and a damaged file each say so;
@@ -512,7 +531,8 @@ def need(value: object, kind: type | tuple[type, ...], column: str) -> None:
 
 def need_json_object(value: object, column: str) -> dict:
     """The JSON object stored as text in `column`; MalformedRow when it is not text, not JSON or not an object."""
-    need(value, str, column)
+    if not isinstance(value, str):  # as need(value, str, column) says it
+        raise MalformedRow(f"{column} is {_describe(value)}")
     try:
         decoded = json.loads(value)
     except ValueError:

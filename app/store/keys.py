@@ -10,6 +10,8 @@ import json
 import sqlite3
 from typing import Any, TypedDict
 
+from app.store.db import inserted_id
+
 _KEY_COLUMNS = 'id, name, "user", uid, hash, fingerprint, models, class, created_at, expires_at, revoked_at'
 
 
@@ -30,7 +32,7 @@ def insert(conn: sqlite3.Connection, *, name: str, user: str, uid: int, hashed: 
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (name, user, uid, hashed, fingerprint, json.dumps(models) if models is not None else None, klass, now,
          created_by, expires_at))
-    return cursor.lastrowid
+    return inserted_id(cursor)
 
 
 def get(conn: sqlite3.Connection, key_id: int) -> dict[str, Any] | None:

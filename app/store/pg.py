@@ -91,6 +91,7 @@ def _mapped(error: Exception, who: str = "") -> sqlite3.Error:
     """psycopg's error as the sqlite3 error the store's code expects, its SQLSTATE kept; `who` (the role and host)
     goes into a refusal of a privilege or of row-level security (42501), which app.store.db says as not permitted."""
     state = getattr(error, "sqlstate", None) or ""
+    kind: type[PgIntegrityError | PgDataError | PgOperationalError | PgDatabaseError]
     if state.startswith("23") or state == "P0001":  # constraints, and the schema's triggers' RAISE (as SQLite's)
         kind = PgIntegrityError
     elif state.startswith("22"):
@@ -283,10 +284,10 @@ class PgConnection:
         import psycopg  # start-up: only a PostgreSQL store loads the driver
 
         password = _password(self.store.password_file)
+        given: dict[str, Any] = {"password": password} if password is not None else {}
         try:
             conn = psycopg.connect(self.store.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                   application_name=f"board {self.store.host}"[:63],
-                                   **({"password": password} if password is not None else {}))
+                                   application_name=f"board {self.store.host}"[:63], **given)
         except psycopg.OperationalError as error:
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)

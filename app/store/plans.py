@@ -14,7 +14,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from app.store.db import MalformedRow, need, need_json_object, report_malformed
+from app.store.db import MalformedRow, inserted_id, need, need_json_object, report_malformed
 
 LIVE_SERVER_STATES = ("starting", "ready", "stopping")  # app.llama.rows.LIVE_STATES (the store may not import it)
 
@@ -57,7 +57,7 @@ def insert(conn: sqlite3.Connection, *, booking_id: int | None, series_id: int |
     cursor = conn.execute(
         'INSERT INTO server_plans (booking_id, series_id, "user", uid, alias, spec, created_at)'
         " VALUES (?, ?, ?, ?, ?, ?, ?)", (booking_id, series_id, user, uid, alias, json.dumps(spec, sort_keys=True), now))
-    return cursor.lastrowid
+    return inserted_id(cursor)
 
 
 def get(conn: sqlite3.Connection, plan_id: int) -> Plan | None:

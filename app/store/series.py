@@ -13,7 +13,7 @@ from typing import Any
 
 from app.model import Booking
 from app.store import bookings as rows
-from app.store.db import MalformedRow, need, need_json_object, report_malformed
+from app.store.db import MalformedRow, inserted_id, need, need_json_object, report_malformed
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,7 @@ class Series:
 def insert(conn: sqlite3.Connection, *, user: str, uid: int, rule: dict[str, Any], now: int) -> int:
     cursor = conn.execute('INSERT INTO series ("user", uid, rule, created_at) VALUES (?, ?, ?, ?)',
                           (user, uid, json.dumps(rule, sort_keys=True), now))
-    return cursor.lastrowid
+    return inserted_id(cursor)
 
 
 def get(conn: sqlite3.Connection, series_id: int) -> Series | None:

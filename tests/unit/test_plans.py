@@ -657,3 +657,16 @@ def test_a_due_start_goes_to_the_runner_with_its_grant_and_a_runner_gone_gets_no
                              for p, s in zip((plan, solo), tuesdays)]
     assert passes.at(wednesday.start) == []
     assert [b for _, b in plan_rows.due(conn, wednesday.start)] == [wednesday.id]  # left for the next runner
+
+
+@sqlite_only  # a hand edit of SQLite's loose types
+def test_a_series_whose_first_occurrence_was_edited_by_hand_is_planned_not_a_crash(service, weekdays, conn):
+    """The host check reads the series' first occurrence; a row edited by hand reads as None (reported, skipped), and
+    that None went on to refuse_remote: AttributeError, exit 1 "unexpected". Wrong versions this fails on: the unread
+    None passed on (the crash), the plan refused for a row nobody can read."""
+    monday = weekdays[0]
+    with write(conn):
+        conn.execute("UPDATE bookings SET request = '[1, 2]' WHERE id = ?", (monday.id,))
+    plan = plans.create(service, ALICE, booking=None, series=monday.series_id,
+                        spec={"model": f"{MODELS}/qwen.gguf", "alias": "team"})
+    assert plan["series"] == monday.series_id and plan_rows.get(conn, plan["id"]) is not None

@@ -117,7 +117,7 @@ def enforce_once(server: Agent) -> dict[str, list[int]]:
             if entry.known is UNREAD:  # registered and not read since: nothing known to stop it for
                 continue
             booking = entry.known
-        if not is_over(booking, entry, now):
+        if booking is not None and not is_over(booking, entry, now):
             if booking.end - now <= WARN_BEFORE_END_S and not entry.warned:
                 entry.warned = True
                 minutes = max(1, int(booking.end - now + 59) // 60)

@@ -145,8 +145,8 @@ class BoardCollector(Collector):
             counter = CounterMetricFamily(name, text, labels=[label] if label else None)
             totals = view.counts.get(name, {})
             if label:
-                for value, total in sorted(totals.items()):
-                    counter.add_metric([value], total)
+                for label_value, total in sorted(totals.items()):
+                    counter.add_metric([label_value], total)
             else:
                 counter.add_metric([], totals.get("", 0))
             yield counter
@@ -294,12 +294,12 @@ class MetricsServer:
         host, port = service.config.metrics.address
         server_class = type("_Server", (_Server,), {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
         try:
-            self.httpd = make_server(host, port, self._app(make_wsgi_app(self.registry)), server_class,
-                                     handler_class=_Handler)
+            self.httpd: _Server = make_server(host, port, self._app(make_wsgi_app(self.registry)), server_class,
+                                              handler_class=_Handler)
         except OSError as error:
             raise BoardError(f"can't serve /metrics on {service.config.metrics.listen} ({error.strerror or error});"
                              " free the port or change [metrics] listen") from None
-        self.port = self.httpd.server_address[1]
+        self.port: int = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="board-metrics", daemon=True)
         self.thread.start()
 

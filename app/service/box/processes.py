@@ -17,8 +17,17 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final, Literal
 
-UNREAD = "unread"
+from app.model import Booking
+
+
+class _Unread(Enum):
+    UNREAD = "unread"
+
+
+UNREAD: Final = _Unread.UNREAD  # a Registration's booking before the enforcer's first read
 
 
 @dataclass
@@ -37,7 +46,7 @@ class Registration:
     warned: bool = False
     # Its booking as the enforcer last read it (a Booking, or None: gone), which enforces it while the database is
     # unreachable; UNREAD until the first read (app.service.box.enforce).
-    known: object = UNREAD
+    known: Booking | None | Literal[_Unread.UNREAD] = UNREAD
     connected: bool = True
     done: bool = field(default=False)
 

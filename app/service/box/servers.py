@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from app import wire
 from app.core.identity import Identity
@@ -179,6 +179,7 @@ def serve_registration(server: Agent, conn: socket.socket, reader: Lines, peer: 
             audit(service, me, "server-register", row.booking_id, ok=False,
                   details={"server": server_id, "pid": peer.pid, "refused": str(refusal)})
             raise
+        assert booking is not None  # _admitted and _resumed refuse a row without one
         if resume:
             log.info(f"server {server_id} ({row.user}, port {row.port}): its supervisor registered again")
             return supervised, booking.end
@@ -416,7 +417,7 @@ def enforce_servers(server: Agent) -> dict[str, list[int]]:
     return done
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and -(2**63) < value < 2**63
 
 

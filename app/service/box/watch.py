@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 from app.config import PostgresStore
 from app.errors import BoardError
 from app.gpu.model import hosts_to_wire, snapshot_to_wire
-from app.store.db import connect, data_version
+from app.store.db import connect, connect_pg, data_version
 
 if TYPE_CHECKING:
     from app.service import Service
+    from app.store.pg import PgConnection
 
 DB_POLL_SECONDS = 1.0
 LISTEN_RETRY_SECONDS = 1.0  # after the database went away: the connection backs off by itself beyond this
@@ -91,7 +92,9 @@ def _listen_loop(service: Service, stop: threading.Event) -> None:
     (Service.clock_offset): bookings are absolute times, so hosts must agree on now."""
     from app.store.pg import CHANNEL, clock_offset  # start-up: only a PostgreSQL store loads it
 
-    conn = None
+    store = service.config.store
+    assert isinstance(store, PostgresStore)  # start_watchers starts this loop for one only
+    conn: PgConnection | None = None
     checked = float("-inf")
     while not stop.is_set():
         try:
@@ -102,7 +105,7 @@ def _listen_loop(service: Service, stop: threading.Event) -> None:
                 service.hub.changed("bookings")
                 service.hub.changed("servers")
             if conn is None:
-                conn = connect(service.config.store)
+                conn = connect_pg(store)
                 conn.execute(f"LISTEN {CHANNEL}")
                 service.clock_offset = clock_offset(conn)
                 checked = time.monotonic()

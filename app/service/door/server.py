@@ -78,7 +78,7 @@ class ServiceServer:
 
     # -- the socket ----------------------------------------------------------------------------
 
-    def bind(self) -> None:
+    def bind(self) -> socket.socket:
         """Create the socket 0660, group [service] group; a stale socket file is replaced, anything else refused."""
         try:
             info = os.lstat(self.path)
@@ -110,11 +110,11 @@ class ServiceServer:
         os.chown(self.path, -1, gid, follow_symlinks=False)
         listener.listen(128)
         self._listener = listener
+        return listener
 
     def serve_forever(self) -> None:
         service = self.service
-        if self._listener is None:
-            self.bind()
+        listener = self.bind() if self._listener is None else self._listener
         self.database.submit(self.adopt_jobs).result()
         self.database.submit(adopt_servers, self).result()
         watchers = start_watchers(service)
@@ -131,12 +131,12 @@ class ServiceServer:
         # Xid events and throttling spells
         faults, faults_thread = start_watcher(service.fleet, service.config.store, service.clock,
                                               log=logging.getLogger("app.faults").warning)
-        self._listener.settimeout(0.5)
+        listener.settimeout(0.5)
         try:
             backoff = 0.0
             while not self.stopping.is_set():
                 try:
-                    conn, _ = self._listener.accept()
+                    conn, _ = listener.accept()
                 except socket.timeout:
                     continue
                 except OSError as error:  # EMFILE, ENFILE, ENOBUFS: the connection waits in the backlog meanwhile
@@ -154,7 +154,7 @@ class ServiceServer:
                 history.set()
             faults.set()
             faults_thread.join(timeout=5)  # it records the throttling still on before it goes
-            self._listener.close()
+            listener.close()
             try:
                 os.unlink(self.path)
             except OSError:
@@ -239,7 +239,8 @@ class ServiceServer:
                 if len(line) > wire.MAX_MESSAGE:
                     self.reply(conn, None, error=BadInput(f"a message is at most {wire.MAX_MESSAGE} bytes"))
                     return  # the rest of the line cannot be skipped reliably
-                request_id, error, message = None, None, None
+                request_id, error = None, None
+                message: dict[str, Any] = {}  # the request, once its line decodes
                 try:
                     message = wire.decode(line)
                     request_id = message.get("id")

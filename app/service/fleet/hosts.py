@@ -100,13 +100,17 @@ def start_heartbeat(service: Service, run_db: Callable[[Callable[[], Any]], Any]
     log = logging.getLogger(__name__)
     follow_tail = not isinstance(service.config.store, PostgresStore)
 
+    def beat_and_tail() -> int | None:
+        beat(service)
+        remember(service)
+        return events.tail(service.conn) if follow_tail else None
+
     def loop() -> None:
         tail = None
         away = False  # the database is unreachable: said once when it goes, once when it is back
         while not stopping.is_set():
             try:
-                latest = run_db(lambda: (beat(service), remember(service),
-                                         events.tail(service.conn) if follow_tail else None)[2])
+                latest = run_db(beat_and_tail)
             except Exception as error:  # noqa: BLE001 - a service must outlive one bad beat
                 if stopping.is_set():  # (the database thread is gone once it stops)
                     pass

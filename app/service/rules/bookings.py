@@ -12,7 +12,7 @@ import os
 import sqlite3
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypedDict, TypeVar, cast
 
 from app.config import CLASSES, Config
 from app.core import policy
@@ -47,6 +47,18 @@ class Plan:
     start: int
     end: int
     notes: tuple[str, ...] = ()  # one line each: cards passed over or taken despite what runs on them now
+
+
+class _Search(TypedDict):
+    """What `_earliest` looks for: `_plan`'s request, which a refusal carries (`_retry`)."""
+
+    cards: tuple[int, ...] | None
+    count: int | None
+    klass: str
+    start: int
+    duration: int
+    excluding: int | None
+    user: str | None
 
 
 def _worded(method):
@@ -153,8 +165,8 @@ class BookingService:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
         policy.check_span(self.config, start=start, end=end, now=now)  # no other start helps with these
         down = self._host_down(chosen, start, now, force)  # refuses one that starts now; a note for any other
-        search = dict(cards=chosen, count=count, klass=klass, start=start, duration=end - start, excluding=excluding,
-                      user=user)
+        search = _Search(cards=chosen, count=count, klass=klass, start=start, duration=end - start, excluding=excluding,
+                         user=user)
         try:
             plan = self._plan_at(chosen, count, klass, start, end - start, now, excluding, user=user)
         except (Conflict, NotPermitted) as refused:
@@ -194,6 +206,7 @@ class BookingService:
                 notes = [f"card {i} has {self._whose(found, named=True)} now"
                          for i in chosen if (found := self._foreign(self.cards[i], i in mine))]
         else:
+            assert count is not None  # no cards named: a group size (_plan checked it)
             chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy)
         if held is None:
             held = rows.live_between(self.conn, start, end, user=user or self.me.name)
@@ -228,8 +241,12 @@ class BookingService:
                     break
                 # Cheap first: a start where the cards (or enough cards) are taken cannot work, whatever the rules.
                 wanted = (candidate, candidate + duration)
-                if (not is_free(busy, cards, wanted) if cards is not None
-                        else sum(is_free(busy, (i,), wanted) for i in self.cards) < count):
+                if cards is not None:
+                    taken = not is_free(busy, cards, wanted)
+                else:
+                    assert count is not None  # no cards named: a group size (_plan checked it)
+                    taken = sum(is_free(busy, (i,), wanted) for i in self.cards) < count
+                if taken:
                     continue
                 try:
                     return self._plan_at(cards, count, klass, candidate, duration, now, excluding, busy, held, now_slot)
@@ -600,7 +617,7 @@ class BookingService:
             events.record(self.conn, ts=now, uid=os.getuid(), actor="board", action="backfill", booking_id=booking.id,
                           ok=True, details={"old_start": booking.start, "old_cards": list(booking.cards),
                                             "start": plan.start, "end": plan.end, "cards": list(plan.cards)})
-            after = rows.get(self.conn, booking.id)
+            after = self.get(booking.id)
             self.told.append((booking.uid, f"booking {booking.id} was {what}: now {stamp_when(plan.start, now)}"
                                             f" on cards {format_cards(plan.cards)}"))
             moved.append((booking, after))
@@ -659,7 +676,7 @@ class BookingService:
             raise Conflict(f"the cards were just booked by someone else; try again ({error})") from None
         if refusal is not None:
             raise refusal
-        return result
+        return cast(T, result)  # no refusal: change(now) returned it
 
     def _running(self, booking_id: int) -> list[str]:
         """What runs on the booking's cards and would lose them if it moved, for people: 'server 3', 'job 4711'."""

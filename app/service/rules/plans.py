@@ -19,7 +19,7 @@ import os
 import pwd
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 from app import wire
 from app.core.identity import Identity
@@ -78,15 +78,18 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
         if found.status != "booked" or found.end <= now:
             raise BadInput(f"booking {booking} is {'cancelled' if found.status != 'booked' else 'over'}")
         refuse_remote(service, found, "plan")
-        cards = len(found.cards)
+        cards: int | None = len(found.cards)
     else:
+        assert series is not None  # one of the two: checked first
+        found = None
         found_series = series_rows.get(service.conn, series)
         if found_series is None:
             raise BadInput(f"no series {series}; 'board series list' shows them")
         if found_series.uid != me.uid:
             _refused(service, me, None, NotPermitted(f"series {series} belongs to {found_series.user}"))
-        if (first := series_rows.first_occurrence(service.conn, series)) is not None:
-            refuse_remote(service, booking_rows.get(service.conn, first), "plan")
+        first = series_rows.first_occurrence(service.conn, series)
+        if first is not None and (occurrence := booking_rows.get(service.conn, first)) is not None:
+            refuse_remote(service, occurrence, "plan")
         cards = len(found_series.rule.get("cards") or []) or None
     model = spec.get("model")
     if not model:
@@ -109,9 +112,12 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
     # that two plans cannot both take it.
     try:
         with write(service.conn):
-            spans = ([(found.start, found.end)] if booking is not None else
-                     [(b.start, b.end) for b in series_rows.occurrences(service.conn, series)
-                      if b.status == "booked" and b.end > now])
+            if found is not None:
+                spans = [(found.start, found.end)]
+            else:
+                assert series is not None  # a series' plan: one of the two, checked first
+                spans = [(b.start, b.end) for b in series_rows.occurrences(service.conn, series)
+                         if b.status == "booked" and b.end > now]
             aliases.check(service.conn, service.config, user=me.name, uid=me.uid, alias=alias, spans=spans, now=now,
                           defaulted=not spec.get("alias"))
             plan_id = plan_rows.insert(service.conn, booking_id=booking, series_id=series, user=me.name, uid=me.uid,
@@ -120,7 +126,7 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
                           ok=True, details={"plan": plan_id, "series": series, "model": model, "alias": alias})
     except (NotPermitted, Conflict) as refusal:
         _refused(service, me, booking, refusal)
-    return plan_wire(service, plan_rows.get(service.conn, plan_id))
+    return _plan_wire_of(service, plan_id)
 
 
 def cancel(service: Service, me: Identity, plan_id: int) -> PlanWire:
@@ -134,7 +140,14 @@ def cancel(service: Service, me: Identity, plan_id: int) -> PlanWire:
         plan_rows.cancel(service.conn, plan_id, now)
         events.record(service.conn, ts=now, uid=me.uid, actor=me.name, action="server-plan-cancel",
                       booking_id=plan.booking_id, ok=True, details={"plan": plan_id})
-    return plan_wire(service, plan_rows.get(service.conn, plan_id))
+    return _plan_wire_of(service, plan_id)
+
+
+def _plan_wire_of(service: Service, plan_id: int) -> PlanWire:
+    """The plan as a change just left it (a change never deletes one)."""
+    plan = plan_rows.get(service.conn, plan_id)
+    assert plan is not None  # the change's own row, just written
+    return plan_wire(service, plan)
 
 
 class PlanWire(TypedDict):
@@ -164,7 +177,7 @@ def plan_wire(service: Service, plan: plan_rows.Plan) -> PlanWire:
             "refused": plan_rows.last_refusal(service.conn, plan.id)}  # why its latest start gave no server
 
 
-def _refused(service: Service, me: Identity, booking_id: int | None, refusal: BoardError) -> None:
+def _refused(service: Service, me: Identity, booking_id: int | None, refusal: BoardError) -> NoReturn:
     audit(service, me, "server-plan", booking_id, ok=False, details={"refused": str(refusal)})
     raise refusal
 
