@@ -52,6 +52,8 @@ def run_mypy(repo: Path) -> list[Error]:
                           capture_output=True, text=True)
     errors = []
     for line in done.stdout.splitlines():
+        if not line.strip():  # a clean run prints one empty line
+            continue
         try:
             found = json.loads(line)
         except ValueError:
@@ -112,7 +114,7 @@ def check(errors: list[Error], baseline: Counter[str], baseline_name: str) -> in
     if waiting:
         print("not at 0 yet (ZERO_PACKAGES): " + ", ".join(f"{name} {count}" for name, count in sorted(waiting.items())))
     if not failed:
-        print(f"mypy: {len(errors)} errors, each in {baseline_name}")
+        print(f"mypy: {len(errors)} errors, each in {baseline_name}" if errors else "mypy: 0 errors")
     return 1 if failed else 0
 
 

@@ -42,6 +42,13 @@ def baseline(repo: Path) -> list[str]:
     return (repo / "tests" / "mypy-baseline.txt").read_text().splitlines()
 
 
+def test_a_clean_tree_and_an_empty_baseline_pass(repo, capsys):
+    """No error at all: mypy's JSON output is one empty line. Wrong version: that line read as a crash."""
+    (repo / "tests" / "mypy-baseline.txt").write_text("")
+    assert run(repo) == 0
+    assert "mypy: 0 errors" in capsys.readouterr().out
+
+
 def test_a_new_error_fails_as_mypy_prints_it(repo, capsys):
     """Wrong versions: errors matched with their line numbers (an edit above one churns the baseline), a new error
     passed because another one like it in another file is in the baseline, a count compared instead of the lines."""
