@@ -544,3 +544,24 @@ async def test_a_full_tie_goes_to_the_oldest_server_whatever_order_the_state_lis
     r = router([server(7, parallel=2), server(3, parallel=2), server(5, parallel=2)])
     k = key(1)
     assert [(await r.admit("m", k)).id for _ in range(6)] == [3, 5, 7, 3, 5, 7]
+
+
+def test_every_field_the_service_routes_reaches_the_gateways_upstream():
+    """The service's RoutedServer (gateway_state's servers) and the gateway's Upstream are the two sides of one wire:
+    each routed field, given a value of its own, arrives on the Upstream as sent. Wrong versions: a field added to
+    RoutedServer and never read by Router.update; one read under another key (api_key from "key"); a default
+    (host "local") kept over the value sent."""
+    from dataclasses import fields
+
+    from app.gateway.routing import Upstream
+    from app.service.ops.gateway import RoutedServer
+
+    assert set(RoutedServer.__annotations__) == {f.name for f in fields(Upstream)} - {"outstanding"}
+    sent = {"id": 7, "alias": "m7", "api_key": "sk-server-7", "url": "http://127.0.0.1:9007", "parallel": 3,
+            "user": "alice", "booking": 70, "booking_end": NOW + 5000, "cards": [2, 5], "state": "ready",
+            "host": "gpu2"}
+    assert set(sent) == set(RoutedServer.__annotations__)
+    r = Router(30.0, 5.0, 8, lambda: NOW)
+    r.update({"servers": [sent], "keys": []})
+    upstream = r.servers[7]
+    assert {name: getattr(upstream, name) for name in sent} == sent
