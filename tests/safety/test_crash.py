@@ -59,10 +59,10 @@ def test_kill_9_mid_booking_leaves_no_partial_booking_and_no_overlap(tmp_path):
         time.sleep(rng.uniform(0.01, 0.04))
         for slot, pid in enumerate(pids):
             wait_for(state, slot, rng.choice(AIMS))
-            seen[state[slot]] = seen.get(state[slot], 0) + 1
-            if state[slot] in (WROTE, COMMITTING):
-                mid_booking += 1
+            last = state[slot]  # read once: the writer runs on while it is counted
             os.kill(pid, signal.SIGKILL)
+            seen[last] = seen.get(last, 0) + 1
+            mid_booking += last in (WROTE, COMMITTING)
             kills += 1
             if rng.random() < 0.5:
                 time.sleep(rng.uniform(0, 0.004))  # let the others run on past their first victim
