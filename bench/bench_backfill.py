@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent

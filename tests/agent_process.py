@@ -21,6 +21,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from msgspec import structs
+
 from app.gpu.simulated import DEFAULT_FLEET, load_scenario
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,7 +39,7 @@ def team_fleet(path: Path) -> Path:
     """Write the default simulated fleet as a scenario at `path`, each process under the uid its user has on this
     machine (its user name alone where no such user exists): the demo team's made-up uids (1001, 1002) may be other
     users' here, and alice's simulated training must be alice's whatever uid useradd gave her."""
-    processes = tuple((index, replace(process, uid=_uid(process.user))) for index, process in DEFAULT_FLEET.processes)
+    processes = tuple((index, structs.replace(process, uid=_uid(process.user))) for index, process in DEFAULT_FLEET.processes)
     lines = ["[cards]", f"count = {len(DEFAULT_FLEET.cards)}",
              f"switches = {len({card.switch for card in DEFAULT_FLEET.cards})}", "",
              "[faults]", f"hot = {sorted(DEFAULT_FLEET.hot)}", ""]

@@ -77,6 +77,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from msgspec import structs
+
 from app.gpu.model import (
     LINK_MULTIPLE,
     LINK_SYSTEM,
@@ -223,7 +225,7 @@ class SimulatedSource:
                                + [(born + at, "oom", card, None) for card, at in scenario.ooms])
         for index, process in scenario.processes:
             if process.user is not None and process.started_at is None:  # a hidden PID has no known start
-                process = replace(process, started_at=born - _age(process.pid))
+                process = structs.replace(process, started_at=born - _age(process.pid))
             self._processes[index] = self._processes.get(index, ()) + (process,)
         self._extra: dict[int, tuple[GpuProcess, ...]] = {}
         # What board power apply changes: the limits and persistence mode, per card.
@@ -315,7 +317,7 @@ class SimulatedSource:
             compute_capability=spec.compute_capability,
         )
         if index in self.scenario.lost:
-            return replace(static, lost=True)
+            return structs.replace(static, lost=True)
         phase = 1.7 * index  # so that the cards do not move in lockstep
         utilization = round(55 + 40 * math.sin(now / 17 + phase)) if processes else 0  # 15..95
         if index in self.scenario.hot:
@@ -339,7 +341,7 @@ class SimulatedSource:
         tx = utilization * (TRAFFIC_SPLIT_MIB_S if split else TRAFFIC_ALONE_MIB_S)
         capacity = link_capacity_mib_s(spec.pcie_gen, spec.pcie_width) or tx
         tx = min(tx, 0.9 * capacity)  # a narrow link carries less, not more than it can
-        reading = replace(
+        reading = structs.replace(
             static,
             pcie_tx_mib_s=round(tx, 1),
             pcie_rx_mib_s=round(0.9 * tx, 1),
@@ -353,7 +355,7 @@ class SimulatedSource:
         )
         blanked: dict[str, Any] = {FIELDS[f]: () if f == "processes" else None
                                    for i, f in self.scenario.field_errors if i == index}
-        return replace(reading, **blanked)
+        return structs.replace(reading, **blanked)
 
 
 # -- scenario files -------------------------------------------------------------------------

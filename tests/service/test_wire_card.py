@@ -5,9 +5,8 @@ on one database file with a clock the test moves, the other one down, so that ev
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pytest
+from msgspec import structs
 
 from app.client.local import LocalClient
 from app.config import Config, FleetSettings, HistorySettings
@@ -61,8 +60,8 @@ def flat(card: dict) -> dict:
 def test_the_wire_card_carries_every_field_of_the_reading_and_of_its_processes():
     """Wrong versions: a field added to CardReading (or GpuProcess) and not to WireCard (or WireProcess); a name in
     a LEAVES_OUT list that is no field of the card (a typo leaves the real field shown)."""
-    assert CARD - FLEET_LEAVES_OUT == {f.name for f in fields(CardReading)}
-    assert PROCESS == {f.name for f in fields(GpuProcess)}
+    assert CARD - FLEET_LEAVES_OUT == {f.name for f in structs.fields(CardReading)}
+    assert PROCESS == {f.name for f in structs.fields(GpuProcess)}
     assert FLEET_LEAVES_OUT | STATUS_LEAVES_OUT | set(STATUS_NESTS) | STATUS_JSON_LEAVES_OUT <= CARD
     assert STATUS_PROCESS_LEAVES_OUT <= PROCESS
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from msgspec import structs
 
 from app.core.cardstate import fleet_status
 from app.gpu.model import CardReading, GpuProcess
@@ -52,8 +53,8 @@ class TestColumns:
         assert requests["vram"] == 26 and requests["users"] == dict((k, w) for k, _, w in wide)["users"] - 6
 
     def test_a_mixed_fleet_names_each_cards_model(self):
-        cards = (replace(FLEET.cards[0], name="NVIDIA H100"), *FLEET.cards[1:])
-        mixed = fleet_status(replace(FLEET, cards=cards), (), FROZEN_NOW)
+        cards = (structs.replace(FLEET.cards[0], name="NVIDIA H100"), *FLEET.cards[1:])
+        mixed = fleet_status(structs.replace(FLEET, cards=cards), (), FROZEN_NOW)
         assert "gpu" in [key for key, _, _ in table_columns(mixed, wide=True, width=140)]
         assert "gpu" not in [key for key, _, _ in table_columns(statuses(), wide=True, width=140)]
 
@@ -93,7 +94,7 @@ class TestCells:
         assert (cells["state"], cells["holder"], cells["next"]) == ("FREE", "-", "-")
         reading = status.reading
         assert cells["util"] == f"{reading.utilization_pct}%" and cells["temp"] == f"{reading.temperature_c}°"
-        unknown = replace(status, reading=replace(reading, utilization_pct=None, power_w=None))
+        unknown = replace(status, reading=structs.replace(reading, utilization_pct=None, power_w=None))
         parts = cell_parts(unknown, FROZEN_NOW, me="alice", wide=True)
         assert parts["util"] == ((("n/a", "cards--na"),), "right") and plain(parts)["power"] == "n/a"
 

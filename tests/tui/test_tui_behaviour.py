@@ -7,6 +7,7 @@ import sqlite3
 import time
 from dataclasses import replace
 
+from msgspec import structs
 from textual.widgets import Checkbox, Input, Static
 from textual.widgets._toast import Toast
 
@@ -801,9 +802,9 @@ class TestCardTable:
             def moved(i, s):
                 r = s.reading
                 if i == jumps:
-                    return replace(s, reading=replace(r, utilization_pct=util))
+                    return replace(s, reading=structs.replace(r, utilization_pct=util))
                 if i == creeps:
-                    return replace(s, reading=replace(r, power_w=r.power_w + 2))
+                    return replace(s, reading=structs.replace(r, power_w=r.power_w + 2))
                 return s
 
             table.show([moved(i, s) for i, s in enumerate(statuses)], app.clock())

@@ -4,7 +4,7 @@ free, earliest), and what a refusal suggests instead. Times read in UTC: FROZEN_
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from msgspec.structs import replace
 
 import pytest
 

@@ -1,7 +1,7 @@
 """Booking sees the cards (issue 10, section 4): a slot that starts now passes over cards with another
 user's processes and HOT cards, and says so; named cards are booked with a note."""
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 import pytest
 

@@ -19,7 +19,7 @@ NOW = FROZEN_NOW
 def fleet(fleet):
     """The default fleet, idle and cool: these rules are the calendar's; what runs on the cards now is
     test_booking_sees_cards.py's."""
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     return replace(fleet, cards=tuple(replace(c, processes=(), temperature_c=40) for c in fleet.cards))
 
@@ -109,7 +109,7 @@ class TestCreate:
         assert make_service("bob", 1002).create(cards=[0], start=NOW + H, end=NOW + 2 * H).start == NOW + H
 
     def test_lost_cards_are_refused_and_skipped(self, conn, make_service, fleet):
-        from dataclasses import replace
+        from msgspec.structs import replace
 
         from app.service.rules.bookings import BookingService
         from app.core.identity import Identity
@@ -801,7 +801,7 @@ class TestBackfillOnTwoHosts:
     """Each host's service moves only its own host's queue (the fleet: one database, a service per host)."""
 
     def test_a_queued_booking_on_another_host_is_left_to_it_and_the_rest_still_move(self, conn, fleet):
-        from dataclasses import replace
+        from msgspec.structs import replace
 
         from app.core.identity import Identity
         from app.service.rules.bookings import BookingService

@@ -12,7 +12,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import replace
 
 import pytest
 from msgspec import structs
@@ -22,7 +21,6 @@ from app.config import Config, ConfigError, MetricsSettings, Pool, load_config
 from app.core.identity import Identity
 from app.errors import BoardError, Conflict, NotPermitted
 from app.gpu import open_source
-from app.gpu.model import CardReading
 from app.service import Service
 from app.gpu.fleet import Fleet
 from app.service.box import metrics as metrics_module
@@ -122,18 +120,16 @@ class TestCards:
 
     def test_a_lost_card_reports_its_state_and_no_made_up_values(self, service, metrics):
         snapshot = service.fleet.latest()
-        lost = replace(snapshot.cards[5], lost=True)
-        service.fleet._latest = replace(snapshot, cards=(*snapshot.cards[:5], lost, *snapshot.cards[6:]))
+        lost = structs.replace(snapshot.cards[5], lost=True)
+        service.fleet._latest = structs.replace(snapshot, cards=(*snapshot.cards[:5], lost, *snapshot.cards[6:]))
         got = scrape(metrics)
         assert value(card(got["board_gpu_state"], 5), state="lost") == 1.0
         assert card(got["board_gpu_memory_used_bytes"], 5) == [] and len(got["board_gpu_memory_used_bytes"]) == 7
 
     def test_the_sm_clock_when_the_readings_carry_it(self, service, metrics):
-        if "sm_clock_mhz" not in CardReading.__dataclass_fields__:
-            pytest.skip("CardReading has no sm_clock_mhz yet: the history (issue 12, section 1) adds it")
         snapshot = service.fleet.latest()
-        cards = tuple(replace(c, sm_clock_mhz=2000 + c.index) for c in snapshot.cards)
-        service.fleet._latest = replace(snapshot, cards=cards)
+        cards = tuple(structs.replace(c, sm_clock_mhz=2000 + c.index) for c in snapshot.cards)
+        service.fleet._latest = structs.replace(snapshot, cards=cards)
         got = scrape(metrics)
         assert card(got["board_gpu_sm_clock_hertz"], 6)[0].value == 2006e6
 
@@ -279,7 +275,8 @@ class TestExposition:
             ("oom", "Out-of-memory exits: llama-servers and board run jobs (app.faults)."),
             ("notify_failures", "Pushes that failed: each failed try, and the messages given up after the last try."))
         snapshot = service.fleet.latest()
-        service.fleet._latest = replace(snapshot, cards=tuple(replace(c, sm_clock_mhz=2000) for c in snapshot.cards))
+        clocked = tuple(structs.replace(c, sm_clock_mhz=2000) for c in snapshot.cards)
+        service.fleet._latest = structs.replace(snapshot, cards=clocked)
         found = [line for line in exposition(metrics) if line.startswith("#")]
         expected = []
         for name, text in gauges:
@@ -295,8 +292,8 @@ class TestExposition:
         """Empty labels rather than made-up ones; a reading NVML did not give is no sample, the others are."""
         service.config = structs.replace(service.config, pools=(Pool("prod", (0, 1, 2, 3)),))  # card 5 in no pool
         snapshot = service.fleet.latest()
-        bare = replace(snapshot.cards[5], name=None, utilization_pct=None, sm_clock_mhz=None)
-        service.fleet._latest = replace(snapshot, cards=(*snapshot.cards[:5], bare, *snapshot.cards[6:]))
+        bare = structs.replace(snapshot.cards[5], name=None, utilization_pct=None, sm_clock_mhz=None)
+        service.fleet._latest = structs.replace(snapshot, cards=(*snapshot.cards[:5], bare, *snapshot.cards[6:]))
         five = f'{{booking_id="",class="",holder="",index="5",name="",pool="",uuid="{bare.uuid}"}}'
         lines = exposition(metrics)
         samples = [(line.split(" ")[0], float(line.split(" ")[1])) for line in lines if 'index="5"' in line]
