@@ -244,14 +244,13 @@ def bench_writers(cluster: Cluster, fleet: list[Agent], url: str, args: argparse
 def rules_alone(url: str, base: int, bookings: int) -> dict:
     """The same bookings through Service.call in this process, one after the other, as a fourth service on gpu1's
     cards: the most one writer can do, with its round trips to the database counted."""
-    from dataclasses import replace
 
     from app.client.local import LocalClient
     from app.config import Config, FleetSettings, Policy
     from app.core.identity import Identity
     from app.gpu import open_source
 
-    config = replace(Config(storage_url=url), fleet=FleetSettings(host="gpu1"), policy=Policy(**POLICY))
+    config = Config(storage_url=url, fleet=FleetSettings(host="gpu1"), policy=Policy(**POLICY))
     client = LocalClient.on(config, open_source(True, host="gpu1"), Identity("alice", 1001, False))
     conn = client.service.conn
     from app.store.pg import CHAIN_LOCK

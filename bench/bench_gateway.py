@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import socket
 import statistics
@@ -102,14 +103,13 @@ class FixedState:
 
 
 def run_gateway(port: int, upstream: str, parallel: int) -> None:
-    from dataclasses import replace
 
     from app.config import Config, GatewaySettings
     from app.gateway import server
 
-    server.log = lambda message: None  # one line per request would measure the journal, not the relay
+    logging.disable(logging.INFO)  # one line per request would measure the journal, not the relay
     config = Config(gateway=GatewaySettings(max_concurrent_per_user=100_000, queue_timeout_s=600))
-    gateway = server.Gateway(replace(config), FixedState(upstream, parallel))
+    gateway = server.Gateway(config, FixedState(upstream, parallel))
     asyncio.run(server.serve(gateway, f"127.0.0.1:{port}"))
 
 

@@ -220,7 +220,12 @@ def test_the_agent_names_the_store_it_serves_on(store, make_agent):
     agent = make_agent(storage_url=url, start=False)
     agent.program = [sys.executable, "-m", "app"]  # this checkout's app (cwd), not the console script's install
     agent.start()
-    [line] = [line for line in agent.log_text().splitlines() if "board agent: serving" in line]
+    # It answers once its socket listens, which can be a moment before that line is written.
+    deadline = time.monotonic() + 30
+    while not (lines := [line for line in agent.log_text().splitlines() if "board agent: serving" in line]):
+        assert time.monotonic() < deadline, agent.log_text()
+        time.sleep(0.05)
+    [line] = lines
     if url:
         from app.store.pg import where
 
