@@ -12,7 +12,6 @@ same handler.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from types import SimpleNamespace
@@ -86,8 +85,14 @@ def parse(argv: list[str]) -> SimpleNamespace | None:
 
 def handler(command: str):
     """The quick command's handler: the very function the full parser runs for it."""
-    home = "app.cli.status" if command in ("status", "whoami") else "app.cli.bookings"
-    return getattr(importlib.import_module(home), f"cmd_{command}")
+    # from-imports, not importlib: that package (and warnings) would be the quick path's only use of it
+    if command in ("status", "whoami"):
+        from app.cli import status
+
+        return getattr(status, f"cmd_{command}")
+    from app.cli import bookings
+
+    return getattr(bookings, f"cmd_{command}")
 
 
 def shared_socket(environ) -> str | None:
