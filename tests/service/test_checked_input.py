@@ -253,7 +253,10 @@ ALICE_REFUSED = [
     ("key_revoke", {"id": "1"}, "expected int, got str at $.id"),
     ("gateway_state", {"x": 1}, "unknown argument 'x'"),
     ("gateway_usage", {"records": [{"ts": 1}]}, "object missing required field status at $.records[0]"),
-    ("gateway_usage", {"records": [{**RECORD, "cost": 1}]}, "object contains unknown field cost at $.records[0]"),
+    ("gateway_usage", {"records": [{**RECORD, "cost": 1}]}, "unknown argument 'cost' at $.records[0]"),
+    # a field's name is the sender's: cut to 40 characters and shown inert, nested as at the top
+    ("gateway_usage", {"records": [{**RECORD, "\x1b[2J" + "x" * 5000: 1}]},
+     "unknown argument '\\x1b[2J" + "x" * 36 + "' at $.records[0]"),
     ("gateway_usage", {"records": [{**RECORD, "prompt_tokens": 2**53}]},
      "expected int <= 9007199254740991 at $.records[0].prompt_tokens"),
     ("gateway_usage", {"records": [RECORD] * 1001}, "expected array of length <= 1000 at $.records"),
@@ -284,8 +287,8 @@ def test_a_members_mistyped_unknown_or_out_of_range_argument_is_code_2_naming_it
     Nearest wrong versions, each failing here: a bound dropped (serve_logs' lines, alerts' limit, an outbox id,
     a record's count: the request passes to the next check); serve_plan's request taking serve_start's (port
     accepted); key_new's request not a Request (`class` unchecked, unknown fields ignored); a usage record that
-    ignores unknown fields; an admin's operation (notify_status, power_step) that asks who calls before it checks
-    the request (code 4)."""
+    ignores unknown fields; a nested unknown field's name echoed whole and raw; an admin's operation
+    (notify_status, power_step) that asks who calls before it checks the request (code 4)."""
     before = written(world)
     for op, args, words in ALICE_REFUSED:
         with pytest.raises(BoardError) as refused:

@@ -93,8 +93,8 @@ def refusal(name: str, request: type[Request], error: str) -> str:
     where = where.removesuffix("`")
     if not where and (missing := _MISSING.fullmatch(what)):
         return f"{name}: missing argument {missing[1]!r}"
-    if not where and (unknown := _UNKNOWN.fullmatch(what)):
-        return f"{name}: unknown argument {unknown[1][:40]!r}"
+    if unknown := _UNKNOWN.fullmatch(what):  # at any depth: the name is the sender's, so cut and made inert
+        return f"{name}: unknown argument {unknown[1][:40]!r}{f' at {where}' if where else ''}"
     if not where and what.startswith("Expected `object`"):
         return f"{name}: the arguments must be a JSON object"
     line = f"{name}: {what[:1].lower()}{what[1:].replace('`', '')}{f' at {where}' if where else ''}"
