@@ -56,6 +56,35 @@ class Policy(Section, frozen=True):
     max_ahead_days: float = 30.0
     max_cards_per_user: int = 8
     timezone: str | None = None  # windows are evaluated here; default the system's (the service's, not a client's)
+    fair_share_half_life_days: float = 7.0  # a project's past use counts half after this long (the queue's order)
+    idle_release_after_min: float | None = None  # a booking idle this long is given back; None: never
+    idle_util_pct: float = 10.0  # at or under this utilisation, with none of its holder's processes, a card is idle
+    idle_release_notice_min: float = 10.0  # the holder is told this long before an idle booking is released
+    idle_release_grace_min: float = 30.0  # a booking is never released in its first minutes
+
+
+class ProjectAllocation(Section, frozen=True):
+    """Cards a project holds on a schedule ([[projects.allocations]]): only its members book them in those hours."""
+
+    cards: tuple[int, ...] = ()
+    pool: str | None = None  # or a [[pools]] entry's cards
+    hours: str = "00:00-24:00"  # local hours (the policy zone), wrapping midnight: "19:00-09:00"
+    days: str = "mon-sun"  # the days a window starts on: "mon-fri", "sat,sun"
+
+
+class Project(Section, frozen=True):
+    """[[projects]]: who books for it, what they may use, and what it may spend (app.core.projects)."""
+
+    name: str
+    members: tuple[str, ...]  # user names and @groups
+    classes: tuple[str, ...] = CLASSES
+    allocations: tuple[ProjectAllocation, ...] = ()
+    gpu_hours: float | None = None  # booked card-hours per period; None: no budget
+    period: str = "month"  # month | week: when the budget starts again (local midnight, the policy zone)
+    tokens_per_day: int | None = None  # through the gateway, prompt and completion together
+    rpm: int | None = None  # gateway requests a minute, the project's keys together
+    tpm: int | None = None  # gateway tokens a minute, the project's keys together
+    share: float = 1.0  # its weight in fair share
 
 
 class LlamaSettings(Section, frozen=True):
@@ -232,6 +261,8 @@ class GatewaySettings(Section, frozen=True):
     idle_timeout_s: float = 30.0  # a connection with no request in progress is closed after this
     max_connections: int = 4096  # at once, everyone's; lowered at start where the open-file limit is too low
     max_connections_per_address: int = 256  # from one client address (a proxy in front is one address: raise it)
+    key_rpm: int | None = None  # requests a minute per key; None: no limit
+    key_tpm: int | None = None  # tokens a minute per key (prompt and completion); None: no limit
 
 
 class PowerSettings(Section, frozen=True):
@@ -289,6 +320,7 @@ class Sections(Section, frozen=True):
     # [classes]: who may use a class (user names, @groups), for bookings and keys alike; a class not named: everyone.
     classes: dict[str, tuple[str, ...]] = {}
     pools: tuple[Pool, ...] = ()
+    projects: tuple[Project, ...] = ()  # none: one implicit project that every member books for
     llama: LlamaSettings = LlamaSettings()
     fit: FitSettings = FitSettings()
     gateway: GatewaySettings = GatewaySettings()
@@ -541,6 +573,7 @@ def _checked(file: ConfigFile, renamed: tuple[str, ...]) -> ConfigFile:
     """What a type cannot say, section by section; each raises a ValueError naming its section."""
     _policy(file.policy)
     _pools(file.pools)
+    _projects(file.projects, file.pools)
     _storage(file.storage)
     _classes(file.classes)
     _fleet(file.fleet)
@@ -556,7 +589,93 @@ def _checked(file: ConfigFile, renamed: tuple[str, ...]) -> ConfigFile:
     return replace(file, gateway=_gateway(file.gateway, renamed))
 
 
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+PERIODS = ("month", "week")
+
+
+def parse_hours(text: str) -> tuple[int, int]:
+    """"09:00-19:00" as minutes of the day (start, end); an end at or before the start wraps past midnight."""
+    start, dash, end = text.strip().partition("-")
+    if not dash:
+        raise ValueError(text)
+    minutes = []
+    for part in (start, end):
+        hours, colon, mins = part.strip().partition(":")
+        if not (colon and hours.isascii() and hours.isdigit() and mins.isascii() and mins.isdigit() and len(mins) == 2):
+            raise ValueError(text)
+        value = int(hours) * 60 + int(mins)
+        if int(mins) >= 60 or value > 24 * 60:
+            raise ValueError(text)
+        minutes.append(value)
+    return minutes[0], minutes[1]
+
+
+def parse_days(text: str) -> frozenset[int]:
+    """"mon-fri", "sat,sun", "mon,wed-fri" as weekday numbers (Monday 0)."""
+    found: set[int] = set()
+    for part in text.lower().replace(" ", "").split(","):
+        first, dash, last = part.partition("-")
+        if first not in DAYS or (dash and last not in DAYS):
+            raise ValueError(text)
+        a, b = DAYS.index(first), DAYS.index(last) if dash else DAYS.index(first)
+        found.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(0, b + 1)])
+    return frozenset(found)
+
+
+_PROJECT_NAME = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."
+
+
+def _projects(projects: tuple[Project, ...], pools: tuple[Pool, ...]) -> None:
+    """[[projects]]: a name a member types (--project), members, known classes, allocations that parse, positive
+    budgets and limits."""
+    names: set[str] = set()
+    for number, project in enumerate(projects, 1):
+        where = f"[[projects]] #{number}"
+        if not (0 < len(project.name) <= 40 and all(c in _PROJECT_NAME for c in project.name)):
+            raise ValueError(f"{where}: name is {project.name[:40]!r}; give 1 to 40 letters, digits, '-', '_' or '.'")
+        where = f"[[projects]] {project.name!r}"
+        if project.name in names:
+            raise ValueError(f"{where}: two projects have this name; give each its own name")
+        names.add(project.name)
+        if not project.members or not all(_account(m.removeprefix("@")) for m in project.members):
+            raise ValueError(f"{where}: members is a list of user names and @groups, such as [\"alice\", \"@ml\"]")
+        if not project.classes or any(c not in CLASSES for c in project.classes):
+            raise ValueError(f"{where}: classes must name one or more of {', '.join(CLASSES)}")
+        if project.period not in PERIODS:
+            raise ValueError(f"{where}: period is {project.period[:20]!r}; use \"month\" or \"week\"")
+        for key in ("gpu_hours", "tokens_per_day", "rpm", "tpm", "share"):
+            value = getattr(project, key)
+            if value is not None and not value > 0:
+                raise ValueError(f"{where}: {key} must be a number more than 0, not {repr(value)[:20]}")
+        for allocation in project.allocations:
+            if (allocation.pool is None) == (not allocation.cards):
+                raise ValueError(f"{where}: an allocation names cards or a pool, one of them")
+            if allocation.pool is not None and allocation.pool not in {pool.name for pool in pools}:
+                raise ValueError(f"{where}: an allocation names pool {allocation.pool[:40]!r}, which [[pools]] has not")
+            if any(card < 0 for card in allocation.cards):
+                raise ValueError(f"{where}: an allocation's cards are card numbers, 0 or more")
+            try:
+                parse_hours(allocation.hours)
+            except ValueError:
+                raise ValueError(f"{where}: an allocation's hours are {allocation.hours[:20]!r}; give local hours such"
+                                 " as \"09:00-19:00\"") from None
+            try:
+                parse_days(allocation.days)
+            except ValueError:
+                raise ValueError(f"{where}: an allocation's days are {allocation.days[:20]!r}; give days such as"
+                                 " \"mon-fri\" or \"sat,sun\"") from None
+
+
 def _policy(policy: Policy) -> None:
+    if not policy.fair_share_half_life_days > 0:
+        raise ValueError("[policy] fair_share_half_life_days must be a number more than 0")
+    if policy.idle_release_after_min is not None and not policy.idle_release_after_min > 0:
+        raise ValueError("[policy] idle_release_after_min must be a number of minutes more than 0 (leave it out: off)")
+    if not 0 <= policy.idle_util_pct <= 100:
+        raise ValueError(f"[policy] idle_util_pct is a percentage, 0 to 100, not {repr(policy.idle_util_pct)[:20]}")
+    for key in ("idle_release_notice_min", "idle_release_grace_min"):
+        if getattr(policy, key) < 0:
+            raise ValueError(f"[policy] {key} must be a number of minutes, 0 or more")
     if policy.timezone:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # start-up: only a config that names a zone loads zoneinfo
 
@@ -612,6 +731,9 @@ def _gateway(settings: GatewaySettings, renamed: tuple[str, ...]) -> GatewaySett
         raise ValueError("[gateway] user is the gateway's account name, such as \"board-gateway\"")
     positive = ("max_body_mb", "max_concurrent_per_user", "max_keys_per_user", "head_timeout_s", "body_timeout_s",
                 "idle_timeout_s", "max_connections", "max_connections_per_address")
+    for key in ("key_rpm", "key_tpm"):
+        if (value := getattr(settings, key)) is not None and value <= 0:
+            raise ValueError(f"[gateway] {key} must be a number more than 0 (leave it out: no limit), not {value}")
     for key in ("drain_s", "queue_timeout_s", *positive):
         value = getattr(settings, key)
         if value < 0 or (key in positive and value <= 0):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,7 @@ class Booking:
     series_id: int | None = None
     notice: str | None = None  # the latest change someone else made (an admin, the backfill), for the holder
     host: str = ""  # the host its cards are on ([fleet] host); '' before the fleet claimed them
+    project: str = ""  # the [[projects]] entry it is for; '' on a board without projects (app.core.projects)
 
     def active(self, now: float) -> bool:
         return self.status == "booked" and self.start <= now < self.end
@@ -50,17 +51,21 @@ BookingWire = TypedDict("BookingWire", {
     "id": int, "user": str, "uid": int, "cards": list[int], "card_uuids": list[str], "start": int, "end": int,
     "class": str, "note": str, "status": str, "request": dict[str, Any] | None, "created_at": int,
     "requested_at": int, "queued": str | None, "series_id": int | None, "notice": str | None, "host": str,
+    "project": NotRequired[str],  # only on a board with [[projects]]: without, the shape is as it always was
 })
 
 
 def booking_to_wire(booking: Booking) -> BookingWire:
-    return {
+    wire: BookingWire = {
         "id": booking.id, "user": booking.user, "uid": booking.uid, "cards": list(booking.cards),
         "card_uuids": list(booking.card_uuids), "start": booking.start, "end": booking.end,
         "class": booking.klass, "note": booking.note, "status": booking.status, "request": booking.request,
         "created_at": booking.created_at, "requested_at": booking.requested_at, "queued": booking.queued,
         "series_id": booking.series_id, "notice": booking.notice, "host": booking.host,
     }
+    if booking.project:
+        wire["project"] = booking.project
+    return wire
 
 
 def booking_from_wire(data: dict[str, Any]) -> Booking:
@@ -69,5 +74,5 @@ def booking_from_wire(data: dict[str, Any]) -> Booking:
         card_uuids=tuple(data["card_uuids"]), start=data["start"], end=data["end"], klass=data["class"],
         note=data["note"], status=data["status"], request=data.get("request"), created_at=data.get("created_at", 0),
         requested_at=data.get("requested_at", 0), queued=data.get("queued"), series_id=data.get("series_id"),
-        notice=data.get("notice"), host=data.get("host", ""),
+        notice=data.get("notice"), host=data.get("host", ""), project=data.get("project", ""),
     )

@@ -23,10 +23,10 @@ QUICK: dict[str, tuple[frozenset, dict, tuple | None, dict]] = {
     "book": (
         frozenset({"--json", "--asap", "--or-later"}),
         {"--cards": "cards", "--start": "start", "--for": "duration", "--until": "until", "--class": "klass",
-         "--note": "note"},
+         "--note": "note", "--project": "project"},
         ("count", "card_count"),
         {"cards": None, "start": "now", "duration": None, "until": None, "klass": "experiment", "note": "",
-         "count": None},
+         "count": None, "project": None},
     ),
     "list": (
         frozenset({"--json", "--mine", "--all"}),

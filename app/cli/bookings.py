@@ -59,6 +59,7 @@ def cmd_book(ctx) -> int:
         "book", cards=cards, count=count, start=start, end=end, note=args.note, request=request,
         **{"class": args.klass}, **({"or_later": True} if or_later else {}), **({"host": spec["host"]} if "host" in spec else {}),
         **({"force": True} if getattr(args, "force", False) else {}),  # the quick parser has no --force
+        **({"project": args.project} if args.project else {}),
     )
     print_booking(booking, "booked", args.json, here=ctx.config.fleet_host)
     from app.core.text import inert  # notes name other users and their processes
@@ -210,7 +211,7 @@ def cmd_book_series(ctx) -> int:
     result = ctx.client.call(
         "series_book", **card_spec(args.cards), every=args.every, start=start, until=until,
         to=series_date(args.to_date, "--to", now), note=args.note, skip_conflicts=args.skip_conflicts,
-        override_policy=args.override_policy,
+        override_policy=args.override_policy, **({"project": args.project} if args.project else {}),
         **{"class": args.klass, "from": series_date(args.from_date, "--from", now) if args.from_date else None},
     )
     print_series(result, "booked", args.json)
@@ -292,8 +293,11 @@ def add_book(command) -> None:
                             " up by itself when time frees earlier")
     later.add_argument("--or-later", action="store_true",
                        help="as --asap: start at --start or, if that is taken or refused, the earliest start after")
+    p.add_argument("--project", metavar="NAME",
+                   help="the project it is for, when you are in several ('board projects' lists them)")
     p.add_argument("--force", action="store_true",
-                   help="book the named cards (--cards gpu2:0) now even though their host is down (HOST DOWN)")
+                   help="book the named cards (--cards gpu2:0) now even though their host is down (HOST DOWN);"
+                        " an admin's booking past its project's budget (audited)")
     p.add_argument("--model", metavar="M.gguf", help="size the booking from this model (with --ctx, --parallel): "
                                                        "picks the smallest group of cards that fits, and stores the request")
     add_request_options(p)

@@ -28,8 +28,15 @@ def class_refusal(config: Config, klass: str, user: str) -> str | None:
     return f"{user} may not use class {klass}: it is for {who} ([classes] in the service's config); {instead}"
 
 
-def card_refusal(config: Config, card: int, klass: str, start: int, end: int, tz: tzinfo | None = None) -> str | None:
-    """Why `card` may not carry a `klass` booking over [start, end), or None when it may."""
+def card_refusal(config: Config, card: int, klass: str, start: int, end: int, tz: tzinfo | None = None,
+                 project: str | None = None) -> str | None:
+    """Why `card` may not carry a `klass` booking over [start, end), or None when it may. With `project`, another
+    project's allocation of the card refuses it too."""
+    if project is not None and config.projects:
+        from app.core.projects import allocation_refusal  # start-up: only a board with projects
+
+        if reason := allocation_refusal(config, project, (card,), start, end, tz or policy_zone(config)):
+            return reason
     for pool in config.pools:
         if card not in pool.cards:
             continue
@@ -56,12 +63,14 @@ def check(
     now: int,
     held: Sequence[tuple[int, int, int]],
     tz: tzinfo | None = None,
+    project: str | None = None,
 ) -> None:
-    """Raise NotPermitted naming the first rule the booking breaks. `held`: the user's other live (start, end, n_cards)."""
+    """Raise NotPermitted naming the first rule the booking breaks. `held`: the user's other live (start, end, n_cards).
+    `project`: what it is for, whose allocations it may use."""
     check_span(config, start=start, end=end, now=now)
     policy = config.policy
     for card in cards:
-        if reason := card_refusal(config, card, klass, start, end, tz):
+        if reason := card_refusal(config, card, klass, start, end, tz, project):
             raise NotPermitted(f"card {card}: {reason}")
     peak = _peak_cards(held, start, end) + len(cards)
     if peak > policy.max_cards_per_user:
@@ -83,10 +92,14 @@ def window_opens(config: Config, klass: str, start: int, end: int, tz: tzinfo | 
     """The instants in [start, end) when some pool's window for `klass` opens (a weekend-wide window: each
     Saturday's midnight). Besides booking ends, these are the only starts where a refusal can turn into a yes."""
     windows = [w for pool in config.pools if (w := pool.windows.get(klass)) is not None]
-    if not windows:
+    if not windows and not config.projects:
         return []
     tz = tz or policy_zone(config)
     found: set[int] = set()
+    if config.projects:  # where an allocation ends, its cards come free for everyone else
+        from app.core.projects import allocation_opens  # start-up: only a board with projects
+
+        found.update(allocation_opens(config, start, end, tz))
     day = datetime.fromtimestamp(start, tz).replace(hour=0, minute=0, second=0, microsecond=0)
     while day.timestamp() < end:
         for window in windows:

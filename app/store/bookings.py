@@ -17,7 +17,7 @@ from app.store.db import MalformedRow, inserted_id, need, need_json_object, repo
 # LEFT JOINs, so that a booking whose card rows a hand edit broke is reported rather than silently dropped.
 _SELECT = """
 SELECT b.id, b."user", b.uid, b.starts_at, b.ends_at, b.class, b.note, b.status, b.request, b.created_at,
-       b.requested_at, b.queued, b.series_id, b.notice, {cards}, max(c.host)
+       b.requested_at, b.queued, b.series_id, b.notice, {cards}, max(c.host), b.project
 FROM bookings AS b
 LEFT JOIN booking_cards AS bc ON bc.booking_id = b.id
 LEFT JOIN cards AS c ON c.uuid = bc.card_uuid
@@ -48,10 +48,10 @@ def _booking(row, here: str = "") -> Booking:
 
 def _decode(row, here: str = "") -> Booking:
     (id_, user, uid, start, end, klass, note, status, request, created_at, requested_at, queued, series_id, notice, cards,
-     host) = row
+     host, project) = row
     for value, kind, column in ((user, str, "user"), (uid, int, "uid"), (start, int, "starts_at"),
                                 (end, int, "ends_at"), (klass, str, "class"), (note, str, "note"),
-                                (status, str, "status"), (created_at, int, "created_at")):
+                                (status, str, "status"), (created_at, int, "created_at"), (project, str, "project")):
         need(value, kind, column)
     if status not in _STATUSES:
         raise MalformedRow(f"status is {ascii(status)[:40]}, not booked or cancelled")
@@ -76,7 +76,7 @@ def _decode(row, here: str = "") -> Booking:
         id=id_, user=user, uid=uid, start=start, end=end, klass=klass, note=note, status=status,
         request=request or None, created_at=created_at, requested_at=requested_at if requested_at is not None else start,
         queued=queued, series_id=series_id, notice=notice if isinstance(notice, str) else None,
-        cards=tuple(p[0] for p in pairs), card_uuids=tuple(p[1] for p in pairs), host=host or here,
+        cards=tuple(p[0] for p in pairs), card_uuids=tuple(p[1] for p in pairs), host=host or here, project=project,
     )
 
 
@@ -187,13 +187,13 @@ def first_conflict(
 def insert(
     conn: sqlite3.Connection, *, user: str, uid: int, uuids: Iterable[str], start: int, end: int, klass: str,
     note: str, request: dict | None, now: int, created_by: int, requested_at: int | None = None,
-    queued: str | None = None, series_id: int | None = None,
+    queued: str | None = None, series_id: int | None = None, project: str = "",
 ) -> int:
     cursor = conn.execute(
         'INSERT INTO bookings ("user", uid, starts_at, ends_at, class, note, request, created_at, created_by,'
-        " requested_at, queued, series_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " requested_at, queued, series_id, project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (user, uid, start, end, klass, note, json.dumps(request) if request else None, now, created_by,
-         start if requested_at is None else requested_at, queued, series_id),
+         start if requested_at is None else requested_at, queued, series_id, project),
     )
     booking_id = inserted_id(cursor)
     conn.executemany(

@@ -495,6 +495,13 @@ ALTER TABLE gateway_usage ADD COLUMN request TEXT;
 CREATE UNIQUE INDEX gateway_usage_once ON gateway_usage(request) WHERE request IS NOT NULL;
 """
 
+# app.store.schema's _V_PROJECTS: what each booking, key and accounting record is for.
+_V_PROJECTS = """
+ALTER TABLE bookings ADD COLUMN project TEXT NOT NULL DEFAULT '';
+ALTER TABLE api_keys ADD COLUMN project TEXT NOT NULL DEFAULT '';
+ALTER TABLE gateway_usage ADD COLUMN project TEXT NOT NULL DEFAULT '';
+"""
+
 PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS, _V_FLEET_ROW_SECURITY, _V_PINNED_SEARCH_PATH, _V_DATABASE_IDS,
-                            _V_USAGE_ONCE]
+                            _V_USAGE_ONCE, _V_PROJECTS]
 PG_LATEST = len(PG_MIGRATIONS)

@@ -368,8 +368,17 @@ ALTER TABLE gateway_usage ADD COLUMN request TEXT;
 CREATE UNIQUE INDEX gateway_usage_once ON gateway_usage(request) WHERE request IS NOT NULL;
 """
 
+# Projects ([[projects]], app.core.projects): a booking, a key and an accounting record carry the project
+# they are for (a series keeps it in its rule); '' is the implicit one of a board without projects. A server's is its booking's.
+_V_PROJECTS = """
+ALTER TABLE bookings ADD COLUMN project TEXT NOT NULL DEFAULT '';
+ALTER TABLE api_keys ADD COLUMN project TEXT NOT NULL DEFAULT '';
+ALTER TABLE gateway_usage ADD COLUMN project TEXT NOT NULL DEFAULT '';
+"""
+
 MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SERVER_KEYS, _V_GATEWAY_KEYS, _V_FAULT_BUILD,
-                         _V_SERVER_PLANS, _V_FLEET_HOSTS, _V_FLEET_ROW_HOSTS, _V_USAGE_ONCE]
+                         _V_SERVER_PLANS, _V_FLEET_HOSTS, _V_FLEET_ROW_HOSTS, _V_USAGE_ONCE,
+                         _V_PROJECTS]
 LATEST = len(MIGRATIONS)
 
 

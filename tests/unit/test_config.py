@@ -174,6 +174,7 @@ EXPECTED = {int: "an integer", float: "a number", str: "a string", bool: "true o
 WRONG = {int: ("12", True), float: ("12", True), str: (12,), bool: ("yes", 1), tuple: ("x",), dict: ("x",)}
 # [[pools]] and [[notify.targets]]: a good entry first, then one with the wrong key (so the line says #2).
 ENTRIES = {"pools": ({"name": "a", "cards": [0]}, {"name": "b", "cards": [1]}),
+           "projects": ({"name": "a", "members": ["alice"]}, {"name": "b", "members": ["bob"]}),
            "notify": ({"type": "slack", "url": "https://hooks.example/a"}, {"type": "slack", "url": "https://hooks.example/b"})}
 
 
@@ -291,8 +292,9 @@ def test_every_section_and_key_has_a_case():
     ('[classes]\nonline = ["alice"]\nbatch = [3]\n', "[classes] batch[0]: expected a string, got 3"),
     ('[[notify.targets]]\ntype = "slack"\nurl = ["https://hooks.example/SEKRIT"]\n',
      "[[notify.targets]] #1 url: expected a string, got a list"),
-    ('[policy]\nnote = "' + "x" * 60 + '"\n', "unknown key 'note' in [policy]; known keys: max_ahead_days,"
-     " max_booking_hours, max_cards_per_user, timezone"),
+    ('[policy]\nnote = "' + "x" * 60 + '"\n', "unknown key 'note' in [policy]; known keys:"
+     " fair_share_half_life_days, idle_release_after_min, idle_release_grace_min, idle_release_notice_min,"
+     " idle_util_pct, max_ahead_days, max_booking_hours, max_cards_per_user, timezone"),
     ('[policy]\ntimezone = "' + "x" * 60 + '"\n', "[policy] timezone 'x" + "x" * 59 + "' is not a known time zone,"
      " such as 'Europe/Berlin'"),
     ('[llama]\nmodel_dirs = ["/models", "' + "m" * 60 + '"]\nallowed_hosts = "' + "h" * 60 + '"\n',

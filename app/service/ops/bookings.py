@@ -15,11 +15,13 @@ if TYPE_CHECKING:
 
 
 class Which(Request, frozen=True):
-    """Which cards: named, or a count of any; of which class; on which host (default this host's)."""
+    """Which cards: named, or a count of any; of which class; on which host (default this host's); for which project
+    (default the caller's only one)."""
     cards: list[int] | None = None
     count: Int | None = None
     klass: str = "experiment"
     host: str | None = None
+    project: str | None = None
 
 
 class Plan(Which, frozen=True, kw_only=True):
@@ -39,7 +41,8 @@ class Planned(TypedDict):
 @op("plan", Plan)
 def plan(service: Service, me: Identity, request: Plan) -> Planned:
     found = service.bookings(me, request.host).plan(cards=request.cards, count=request.count, start=request.start,
-                                                    end=request.end, klass=request.klass, or_later=request.or_later)
+                                                    end=request.end, klass=request.klass, or_later=request.or_later,
+                                                    project=request.project)
     return {"cards": list(found.cards), "uuids": list(found.uuids), "start": found.start, "end": found.end,
             "notes": list(found.notes)}
 
@@ -59,12 +62,13 @@ def next_free(service: Service, me: Identity, request: NextFree) -> FreeFrom:
     rules, start, end = service.bookings(me, request.host), request.start, request.end
     if request.cards is not None:
         chosen = sorted(set(request.cards))
-        found = rules.next_free(chosen, start, end - start, klass=request.klass)
+        found = rules.next_free(chosen, start, end - start, klass=request.klass, project=request.project)
         if found is None:
             raise Conflict(f"no start within {service.config.policy.max_ahead_days:g} days works for cards"
                            f" {','.join(map(str, chosen))}; try other cards or a shorter slot")
         return {"cards": chosen, "start": found}
-    planned = rules.plan(count=request.count, start=start, end=end, klass=request.klass, or_later=True)
+    planned = rules.plan(count=request.count, start=start, end=end, klass=request.klass, or_later=True,
+                         project=request.project)
     return {"cards": list(planned.cards), "start": planned.start}
 
 
@@ -89,7 +93,8 @@ def earliest(service: Service, me: Identity, request: Earliest) -> Words:
     if request.duration <= 0:
         raise BadInput("earliest: the duration must be positive")
     search = {"cards": request.cards, "count": request.count, "class": request.klass, "start": request.start,
-              "duration": request.duration, "excluding": request.excluding, "user": request.user}
+              "duration": request.duration, "excluding": request.excluding, "user": request.user,
+              "project": request.project}
     return {"words": service.bookings(me, request.host).earliest_words(search)}
 
 
@@ -99,6 +104,7 @@ class Slots(Request, frozen=True):
     count: Int = 1
     klass: str = "experiment"
     limit: Int = 3
+    project: str | None = None
 
 
 class Slot(TypedDict):
@@ -118,7 +124,7 @@ def slots(service: Service, me: Identity, request: Slots) -> SlotsFound:
     if not 1 <= request.limit <= 10:
         raise BadInput("slots: limit is 1 to 10")
     found = service.bookings(me).options(request.count, request.klass, request.start, request.end - request.start,
-                                         request.limit)
+                                         request.limit, request.project)
     return {"slots": [{"cards": list(p.cards), "start": p.start, "end": p.end, "free_until": until}
                       for p, until in found]}
 
@@ -152,9 +158,10 @@ def book(service: Service, me: Identity, request: Book) -> Booked:
         wanted = check(wanted)
     if request.checked:  # the form's path: a request that fails the check writes nothing at all, not even an audit row
         rules.plan(cards=cards, count=count, start=request.start, end=request.end, klass=request.klass,
-                   or_later=request.or_later, force=request.force)
+                   or_later=request.or_later, force=request.force, project=request.project)
     booking, notes = rules.book(cards=cards, count=count, start=request.start, end=request.end, klass=request.klass,
-                                note=request.note, request=wanted, or_later=request.or_later, force=request.force)
+                                note=request.note, request=wanted, or_later=request.or_later, force=request.force,
+                                project=request.project)
     reply: Booked = {**booking_to_wire(booking)}
     if notes:
         reply["notes"] = list(notes)

@@ -70,6 +70,7 @@ class SeriesBook(Request, frozen=True):
     skip_conflicts: bool = False
     override_policy: bool = False
     host: str | None = None  # where the cards are (default this host's)
+    project: str | None = None
 
 
 @op("series_book", SeriesBook)
@@ -78,7 +79,7 @@ def series_book(service: Service, me: Identity, request: SeriesBook) -> OutcomeR
     outcome = _series(service, me, request.host).book(
         cards=request.cards, every=request.every, start=request.start, until=request.until, first=request.first,
         last=request.to, klass=request.klass, note=request.note, skip_conflicts=request.skip_conflicts,
-        override_policy=request.override_policy)
+        override_policy=request.override_policy, project=request.project)
     return _outcome_wire(outcome)
 
 

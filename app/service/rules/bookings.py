@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence, TypedDict, TypeVar, cast
 
 from app.config import CLASSES, Config
-from app.core import policy
+from app.core import policy, projects
 from app.errors import BadInput, BoardError, Conflict, NotPermitted, error_for
 from app.core.hardware import group_crossing
 from app.core.identity import Identity, lookup_user
@@ -47,6 +47,7 @@ class Plan:
     start: int
     end: int
     notes: tuple[str, ...] = ()  # one line each: cards passed over or taken despite what runs on them now
+    project: str = projects.IMPLICIT  # what it is for ([[projects]])
 
 
 class _Search(TypedDict):
@@ -59,6 +60,7 @@ class _Search(TypedDict):
     duration: int
     excluding: int | None
     user: str | None
+    project: str
 
 
 def _worded(method):
@@ -82,10 +84,11 @@ def _worded(method):
 
 
 def _retry(error: BoardError, *, cards: Sequence[int] | None, count: int | None, klass: str, start: int,
-           duration: int, excluding: int | None = None, user: str | None = None) -> BoardError:
+           duration: int, excluding: int | None = None, user: str | None = None,
+           project: str = projects.IMPLICIT) -> BoardError:
     """Mark a refusal with the search that finds a start that works instead: the `earliest` operation's arguments."""
     search = {"cards": list(cards) if cards is not None else None, "count": count, "class": klass, "start": start,
-              "duration": duration, "excluding": excluding, "user": user}
+              "duration": duration, "excluding": excluding, "user": user, "project": project or None}
     error.earliest = {k: v for k, v in search.items() if v is not None}  # type: ignore[attr-defined]
     return error
 
@@ -146,16 +149,19 @@ class BookingService:
         excluding: int | None = None,
         user: str | None = None,
         force: bool = False,
+        project: str | None = None,
     ) -> Plan:
         """Check a booking against every rule without writing; raises the error `create` would.
         `user`: whose limit on cards at once applies (default the caller's: an admin may act for a holder).
-        `force`: named cards on a host that is down may start now (`_host_down`).
+        `force`: named cards on a host that is down may start now (`_host_down`); an admin's booking may pass its
+        project's budget. `project`: what it is for (--project), default the holder's only project.
 
         It starts at `start` or not at all, unless `or_later`: then at the earliest start from `start` on
         that every rule accepts."""
         now = int(self.clock())
         klass = self._check_class(klass)
         self._check_access(klass, user)
+        project = self._check_project(project, klass, user)
         if start < now - PAST_GRACE_SECONDS:
             raise BadInput(f"the start {stamp_time(start, now)} is in the past; pick a start from now on")
         if end <= start:
@@ -166,9 +172,10 @@ class BookingService:
         policy.check_span(self.config, start=start, end=end, now=now)  # no other start helps with these
         down = self._host_down(chosen, start, now, force)  # refuses one that starts now; a note for any other
         search = _Search(cards=chosen, count=count, klass=klass, start=start, duration=end - start, excluding=excluding,
-                         user=user)
+                         user=user, project=project)
         try:
-            plan = self._plan_at(chosen, count, klass, start, end - start, now, excluding, user=user)
+            plan = self._plan_at(chosen, count, klass, start, end - start, now, excluding, user=user, project=project,
+                                 over_budget=force and self.me.is_admin)
         except (Conflict, NotPermitted) as refused:
             if not or_later:
                 raise _retry(refused, **search) from None
@@ -183,18 +190,20 @@ class BookingService:
     def _plan_at(
         self, cards: tuple[int, ...] | None, count: int | None, klass: str, start: int, duration: int, now: int,
         excluding: int | None, busy: dict | None = None, held: list[Booking] | None = None,
-        now_slot: bool | None = None, user: str | None = None,
+        now_slot: bool | None = None, user: str | None = None, project: str = projects.IMPLICIT,
+        over_budget: bool = False,
     ) -> Plan:
         """The booking at exactly `start`, or the refusal that names the rule (NotPermitted) or the holder (Conflict).
 
-        `busy` and `held` (the caller's live bookings), when given, save the reads: `_earliest` tries many starts."""
+        `busy` and `held` (the caller's live bookings), when given, save the reads: `_earliest` tries many starts.
+        `over_budget`: an admin's forced booking passes its project's budget."""
         end = start + duration
         if now_slot is None:  # what runs on the cards now says nothing about a slot that starts later
             now_slot = start <= now + PAST_GRACE_SECONDS
         notes: list[str] = []
         if cards is not None:
             for card in cards:
-                if reason := policy.card_refusal(self.config, card, klass, start, end):
+                if reason := policy.card_refusal(self.config, card, klass, start, end, project=project):
                     raise NotPermitted(f"card {card}: {reason}")
             if busy is None:
                 self._check_free(cards, start, end, excluding)
@@ -207,18 +216,20 @@ class BookingService:
                          for i in chosen if (found := self._foreign(self.cards[i], i in mine))]
         else:
             assert count is not None  # no cards named: a group size (_plan checked it)
-            chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy)
+            chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy, project)
         if held is None:
             held = rows.live_between(self.conn, start, end, user=user or self.me.name)
         spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
-        policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=spans)
+        policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=spans, project=project)
+        if note := self._check_budget(project, start, end, len(chosen), excluding, over_budget):
+            notes.append(note)
         if len(chosen) > 1 and (crossing := group_crossing(self.topology, list(self.cards.values()), chosen)):
             notes.append(crossing)  # the group works, but its cards talk through the CPU
-        return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end, tuple(notes))
+        return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end, tuple(notes), project)
 
     def _earliest(
         self, *, cards: tuple[int, ...] | None, count: int | None, klass: str, start: int, duration: int,
-        excluding: int | None = None, user: str | None = None,
+        excluding: int | None = None, user: str | None = None, project: str = projects.IMPLICIT,
     ) -> Plan | None:
         """The earliest booking from `start` on, within how far ahead a booking may start, that every rule accepts.
 
@@ -249,7 +260,8 @@ class BookingService:
                 if taken:
                     continue
                 try:
-                    return self._plan_at(cards, count, klass, candidate, duration, now, excluding, busy, held, now_slot)
+                    return self._plan_at(cards, count, klass, candidate, duration, now, excluding, busy, held, now_slot,
+                                         project=project)
                 except (Conflict, NotPermitted):
                     continue
         return None
@@ -263,7 +275,7 @@ class BookingService:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
         found = self._earliest(cards=cards, count=count, klass=self._check_class(search.get("class", "experiment")),
                                start=search["start"], duration=search["duration"], excluding=search.get("excluding"),
-                               user=search.get("user"))
+                               user=search.get("user"), project=search.get("project") or projects.IMPLICIT)
         now = self.clock()
         if found is None:
             return f"no start within {self.config.policy.max_ahead_days:g} days works either"
@@ -272,12 +284,14 @@ class BookingService:
         said = f"{'card' if len(found.cards) == 1 else 'cards'} {format_cards(found.cards)}"
         return f"the earliest start that works: {stamp_when(found.start, now)} on {said} (--or-later takes it)"
 
-    def options(self, count: int, klass: str, start: int, duration: int, limit: int = 3) -> list[tuple[Plan, int | None]]:
+    def options(self, count: int, klass: str, start: int, duration: int, limit: int = 3,
+                project: str | None = None) -> list[tuple[Plan, int | None]]:
         """The earliest slots, each on a different group of `count` cards, where every rule lets a `klass`
         booking of `duration` start; with each, when its cards stop being free (None: not within a day
         past the slot). Candidate starts are `start`, each moment a booking on some card ends, and each
         moment a pool's window opens."""
         self._check_access(self._check_class(klass))
+        chosen = self._check_project(project, klass)
         if count not in GROUP_SIZES:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
         now = int(self.clock())
@@ -290,7 +304,7 @@ class BookingService:
                 break
             try:
                 policy.check_span(self.config, start=candidate, end=candidate + duration, now=now)
-                plan = self._plan_at(None, count, klass, candidate, duration, now, None)
+                plan = self._plan_at(None, count, klass, candidate, duration, now, None, project=chosen)
             except (Conflict, NotPermitted):
                 continue
             busy = self._busy_by_index(plan.end, plan.end + LOOKAHEAD_SECONDS, None)
@@ -301,12 +315,13 @@ class BookingService:
         return found
 
     def next_free(self, cards: Sequence[int], start: int, duration: int, excluding: int | None = None,
-                  klass: str = "experiment") -> int | None:
+                  klass: str = "experiment", project: str | None = None) -> int | None:
         """The earliest start at or after `start` where `cards` are free for `duration` and the rules let
         the caller book them; None when none is, within how far ahead a booking may start."""
         self._check_access(self._check_class(klass))
+        chosen = self._check_project(project, klass)
         found = self._earliest(cards=self._check_cards(cards), count=None, klass=klass, start=start,
-                               duration=duration, excluding=excluding)
+                               duration=duration, excluding=excluding, project=chosen)
         return found.start if found is not None else None
 
     # -- changes -------------------------------------------------------------------------------
@@ -328,15 +343,18 @@ class BookingService:
         request: dict[str, Any] | None = None,
         or_later: bool = False,
         force: bool = False,
+        project: str | None = None,
     ) -> tuple[Booking, tuple[str, ...]]:
         """Create a booking; also returns the notes on what runs on the cards now (Plan.notes).
 
         `or_later`: take the earliest start from `start` on that works, and join the queue: the booking
         moves earlier by itself when time frees up (`backfill`). `force`: named cards on a host that is down
-        (`_host_down`)."""
+        (`_host_down`), or an admin's booking past its project's budget. `project`: --project."""
         note = self._check_note(note)
-        details = {"cards": list(cards) if cards is not None else None, "count": count, "start": start,
-                   "end": end, "class": klass, "note": note}
+        details: dict[str, Any] = {"cards": list(cards) if cards is not None else None, "count": count, "start": start,
+                                   "end": end, "class": klass, "note": note}
+        if project:
+            details["project"] = project
         if or_later:
             details["or_later"] = True
         if force:
@@ -349,7 +367,7 @@ class BookingService:
         if (cards is None or or_later) and not self.sole_writer:
             try:
                 hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
-                                  force=force)
+                                  force=force, project=project)
             except BoardError:
                 pass  # the planning inside the lock raises it again, and audits it
 
@@ -360,13 +378,14 @@ class BookingService:
             plan = None
             if hint is not None:
                 try:
-                    plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass, force=force)
+                    plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass, force=force,
+                                      project=project)
                     notes = hint.notes  # why the count picked these cards
                 except Conflict:
                     pass
             if plan is None:
                 plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
-                                  force=force)
+                                  force=force, project=project)
                 notes = plan.notes
             rows.sync_cards(self.conn, self.cards.values(), now, self.host)
             wanted = min(max(start, now), plan.start)
@@ -375,13 +394,18 @@ class BookingService:
                 klass=klass, note=note, request=request, now=now, created_by=self.me.uid, requested_at=wanted,
                 # It waits only if it starts later than asked: a booking never moves earlier than that.
                 queued=("cards" if cards is None else "time") if or_later and plan.start > wanted else None,
+                project=plan.project,
             )
             details.update(cards=list(plan.cards), start=plan.start, end=plan.end)
+            if plan.project:
+                details["project"] = plan.project
             return booking_id
 
         # Cards named: on PostgreSQL the write locks only them and the caller's limits, so bookings on other cards
         # run alongside (app.store.db.write); cards the rules pick, from any of them, lock the whole store.
         uuids = tuple(self.cards[i].uuid for i in cards if i in self.cards) if cards is not None else ()
+        if self._budgeted(project):
+            uuids = ()  # a budget is read across the project's bookings on any card: the whole store is locked
         return self._audited("create", None, details, change, cards=uuids, user=self.me.name), notes
 
     def cancel(self, booking_id: int) -> Booking:
@@ -415,7 +439,8 @@ class BookingService:
             held = [(b.start, b.end, len(b.cards))
                     for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
             policy.check(self.config, cards=booking.cards, klass=booking.klass, start=booking.start, end=end,
-                         now=min(now, booking.start), held=held)
+                         now=min(now, booking.start), held=held, project=booking.project)
+            self._check_budget(booking.project, booking.start, end, len(booking.cards), booking_id)
             details["old_end"] = booking.end
             rows.set_times(self.conn, booking_id, booking.start, end)
             self._tell(booking, f"extended to {stamp_time(end, now)} by admin {self.me.name}")
@@ -447,7 +472,8 @@ class BookingService:
                 held = [(b.start, b.end, len(b.cards))
                         for b in rows.live_between(self.conn, start, end, user=booking.user) if b.id != booking_id]
                 policy.check(self.config, cards=booking.cards, klass=booking.klass, start=start, end=end,
-                             now=min(now, start), held=held)
+                             now=min(now, start), held=held, project=booking.project)
+                self._check_budget(booking.project, start, end, len(booking.cards), booking_id)
             details.update(old_start=booking.start, old_end=booking.end)
             rows.set_times(self.conn, booking_id, start, end)
             if booking.queued:  # an admin set its time: the backfill must not move it back
@@ -492,12 +518,20 @@ class BookingService:
                 owner = found
                 details["user"] = owner[0]
                 self._check_access(booking.klass, owner[0])  # the new holder may hold its class ([classes])
+                if (project := projects.named(self.config, booking.project)) and project not in projects.of(
+                        self.config, owner[0]):
+                    raise NotPermitted(f"{owner[0]} is not a member of project {project.name}, which booking"
+                                       f" {booking_id} is for; give it to a member ({', '.join(project.members)})")
             chosen = booking.cards
             if cards is not None:
                 chosen = self._check_cards(cards)
                 if len(chosen) != len(booking.cards):
                     raise BadInput(f"booking {booking_id} has {len(booking.cards)} card(s); give as many")
                 details["cards"] = list(chosen)
+                begin = max(booking.start, now)
+                if reason := projects.allocation_refusal(self.config, booking.project, chosen, begin, booking.end,
+                                                         policy.policy_zone(self.config)):
+                    raise NotPermitted(reason)
             moving, giving = chosen != booking.cards, owner != (booking.user, booking.uid)
             running = self._running(booking_id) if moving or giving else []
             doing = "move the booking" if moving else f"give the booking to {owner[0]}"
@@ -550,6 +584,7 @@ class BookingService:
                         self.conn, user=owner[0], uid=owner[1], uuids=uuids, start=now, end=booking.end,
                         klass=booking.klass, note=booking.note, request=booking.request, now=now,
                         created_by=self.me.uid, requested_at=now,  # it carries on from now: no wait to count
+                        project=booking.project,
                     )
                     details.update(split_at=now, from_booking=booking_id, to_booking=result)
                     what += f" (from now on booking {result})"
@@ -603,7 +638,8 @@ class BookingService:
             if cards is not None and any(i not in self.cards for i in cards):
                 continue  # its cards are not in this view of the fleet: leave it be
             plan = holder._earliest(cards=cards, count=None if cards else len(booking.cards), klass=booking.klass,
-                                    start=wanted, duration=booking.end - booking.start, excluding=booking.id)
+                                    start=wanted, duration=booking.end - booking.start, excluding=booking.id,
+                                    project=booking.project)
             if plan is None or plan.start >= booking.start:
                 continue
             if plan.cards != booking.cards:  # off the old cards first: they may be taken at the new time
@@ -710,6 +746,45 @@ class BookingService:
         if reason := policy.class_refusal(self.config, klass, holder or self.me.name):
             raise NotPermitted(reason)
 
+    def _check_project(self, asked: str | None, klass: str, holder: str | None = None) -> str:
+        """The project a booking is for (app.core.projects.choose), refused when it may not use `klass`."""
+        project = projects.choose(self.config, holder or self.me.name, asked)
+        if reason := projects.class_refusal(self.config, project, klass):
+            raise NotPermitted(reason)
+        return project
+
+    def _budgeted(self, project: str | None) -> bool:
+        """Whether a booking for `project` (None: the holder's only one) is held to a budget: the check reads every
+        booking of its project."""
+        return any(p.gpu_hours is not None and project in (None, p.name) for p in self.config.projects)
+
+    def _check_budget(self, project: str, start: int, end: int, count: int, excluding: int | None,
+                      over: bool = False) -> str | None:
+        """NotPermitted when `count` cards over [start, end) would take `project` past its GPU-hour budget in a period
+        they meet; `over` (an admin's --force) lets it pass, and the note returned says by how much."""
+        found = projects.named(self.config, project)
+        if found is None or found.gpu_hours is None:
+            return None
+        tz = policy.policy_zone(self.config)
+        now = int(self.clock())
+        at = start
+        while at < end:
+            first, reset = projects.period(found, at, tz)
+            theirs = [b for b in rows.live_between(self.conn, first, reset) if b.project == project and b.id != excluding]
+            used = projects.card_seconds(theirs, first, min(now, reset)) if now > first else 0
+            ahead = projects.card_seconds(theirs, max(now, first), reset) if now < reset else 0
+            wanted = (min(end, reset) - max(start, first)) * count
+            budget = found.gpu_hours * 3600
+            if used + ahead + wanted > budget:
+                words = (f"project {project}'s budget is {found.gpu_hours:g} GPU-hours a {found.period}:"
+                         f" {used / 3600:.1f} h used and {ahead / 3600:.1f} h booked ahead, this booking needs"
+                         f" {wanted / 3600:.1f} h; it resets {stamp_when(reset, now)}")
+                if not over:
+                    raise NotPermitted(f"{words}; book less, or ask an admin")
+                return f"past the budget (admin --force): {words}"
+            at = reset
+        return None
+
     def _check_note(self, note: str) -> str:
         if len(note) > MAX_NOTE_CHARS:
             raise BadInput(f"the note is {len(note)} characters; keep it to {MAX_NOTE_CHARS}")
@@ -733,7 +808,7 @@ class BookingService:
 
     def _pick(
         self, count: int, klass: str, start: int, duration: int, now: int, now_slot: bool, excluding: int | None,
-        busy: dict | None,
+        busy: dict | None, project: str = projects.IMPLICIT,
     ) -> tuple[tuple[int, ...], list[str]]:
         """The best-connected `count` cards free at exactly `start`, and notes on the cards passed over.
 
@@ -742,7 +817,8 @@ class BookingService:
         user's processes, and HOT cards while a cooler group is free."""
         end = start + duration
         refusals = {i: f"card {i} is lost (fell off the bus)" if c.lost
-                    else policy.card_refusal(self.config, i, klass, start, end) for i, c in sorted(self.cards.items())}
+                    else policy.card_refusal(self.config, i, klass, start, end, project=project)
+                    for i, c in sorted(self.cards.items())}
         eligible = [i for i, reason in refusals.items() if reason is None]
         if len(eligible) < count:
             reasons = "; ".join(dict.fromkeys(reason for reason in refusals.values() if reason is not None))
@@ -760,7 +836,7 @@ class BookingService:
         why = {i: self._whose(procs) for i, procs in foreign.items() if is_free(busy, (i,), (start, end))}
         # A LOST card the rules would otherwise take is passed over too, and said so.
         why.update({i: "LOST: fell off the bus" for i, c in self.cards.items() if c.lost and is_free(busy, (i,), (start, end))
-                    and policy.card_refusal(self.config, i, klass, start, end) is None})
+                    and policy.card_refusal(self.config, i, klass, start, end, project=project) is None})
         passed = [f"card {i} ({why[i]})" for i in sorted(why)]
         if chosen is None:
             if searching:

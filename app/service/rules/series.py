@@ -85,8 +85,10 @@ class SeriesService:
         note: str = "",
         skip_conflicts: bool = False,
         override_policy: bool = False,
+        project: str | None = None,
     ) -> Outcome:
-        """Book every occurrence of the rule from `first` (default today) to `last` (dates, inclusive)."""
+        """Book every occurrence of the rule from `first` (default today) to `last` (dates, inclusive), for `project`
+        (default the caller's only one)."""
         now = int(self.clock())
         today = local_date(now, self.tz)
         first_day = parse_date(first, "--from") if first is not None else today
@@ -98,7 +100,7 @@ class SeriesService:
         note = self.rules._check_note(note)
         spans = self._ahead(rule, now)
         stored = {**rule.to_json(), "cards": sorted(set(cards)), "class": klass, "note": note,
-                  "zone": self.config.policy.timezone}
+                  "zone": self.config.policy.timezone, **({"project": project} if project else {})}
         details: dict[str, Any] = {"rule": stored, "skip_conflicts": skip_conflicts, "override_policy": override_policy}
 
         def change(now: int) -> int:
@@ -106,9 +108,14 @@ class SeriesService:
             owner = (self.me.name, self.me.uid)
             if not override_policy:  # one line rather than one per occurrence (_check would refuse each)
                 self.rules._check_access(klass, owner[0])
-            free, skipped, overridden = self._check(chosen, klass, spans, skip_conflicts, override_policy, owner[0])
+            chosen_project = self.rules._check_project(project, klass, owner[0])
+            if chosen_project:
+                stored["project"] = chosen_project
+            free, skipped, overridden = self._check(chosen, klass, spans, skip_conflicts, override_policy, owner[0],
+                                                    chosen_project)
             series_id = store.insert(self.conn, user=owner[0], uid=owner[1], rule=stored, now=now)
-            booked = self._insert(series_id, owner, chosen, klass, note, free, overridden, now)
+            booked = self._insert(series_id, owner, chosen, klass, note, free, overridden, now, chosen_project,
+                                  override_policy)
             details.update(series_id=series_id, bookings=booked, skipped=[m.to_wire() for m in skipped],
                            overridden=[m.to_wire() for m in overridden])
             return series_id
@@ -140,8 +147,10 @@ class SeriesService:
             owner = (series.user, series.uid)  # an admin's extension is still the holder's
             if not override_policy:
                 self.rules._check_access(klass, owner[0])
-            free, skipped, overridden = self._check(chosen, klass, spans, skip_conflicts, override_policy, owner[0])
-            booked = self._insert(series_id, owner, chosen, klass, note, free, overridden, now)
+            project = series.rule.get("project") or ""
+            free, skipped, overridden = self._check(chosen, klass, spans, skip_conflicts, override_policy, owner[0],
+                                                    project)
+            booked = self._insert(series_id, owner, chosen, klass, note, free, overridden, now, project, override_policy)
             store.set_rule(self.conn, series_id, {**series.rule, "to": new_last.isoformat()})
             details.update(old_to=rule.last.isoformat(), bookings=booked, skipped=[m.to_wire() for m in skipped],
                            overridden=[m.to_wire() for m in overridden])
@@ -179,7 +188,8 @@ class SeriesService:
     # -- helpers -------------------------------------------------------------------------------
 
     def _check(
-        self, cards: tuple[int, ...], klass: str, spans: list[tuple[int, int]], skip: bool, override: bool, user: str
+        self, cards: tuple[int, ...], klass: str, spans: list[tuple[int, int]], skip: bool, override: bool, user: str,
+        project: str,
     ) -> tuple[list[tuple[int, int]], list[Miss], list[Miss]]:
         """(the occurrences to book, the conflicts skipped, the policy refusals overridden); raises when the
         policy refuses any (NotPermitted, unless overridden) or any conflicts (Conflict, unless skipped).
@@ -192,7 +202,7 @@ class SeriesService:
         overridden: list[Miss] = []
         for start, end in spans:
             try:
-                self.rules._plan(cards=cards, start=start, end=end, klass=klass, user=user)
+                self.rules._plan(cards=cards, start=start, end=end, klass=klass, user=user, project=project or None)
             except Conflict as taken:
                 conflicts.append(Miss(start, end, str(taken)))
                 continue
@@ -219,16 +229,18 @@ class SeriesService:
         return free, conflicts, overridden
 
     def _insert(self, series_id: int, owner: tuple[str, int], cards: tuple[int, ...], klass: str, note: str,
-                free: list[tuple[int, int]], overridden: list[Miss], now: int) -> list[int]:
-        """One booking per free occurrence, each with its own create event (naming the rule it overrode, if any)."""
+                free: list[tuple[int, int]], overridden: list[Miss], now: int, project: str, override: bool) -> list[int]:
+        """One booking per free occurrence, each with its own create event (naming the rule it overrode, if any).
+        Each is held to its project's budget with the ones before it booked: all of them together must fit."""
         rows.sync_cards(self.conn, self.rules.cards.values(), now, self.rules.host)
         uuids = [self.rules.cards[i].uuid for i in cards]
         broken = {m.start: m.reason for m in overridden}
         booked = []
         for start, end in free:
+            self.rules._check_budget(project, start, end, len(cards), None, over=override)
             booking_id = rows.insert(self.conn, user=owner[0], uid=owner[1], uuids=uuids, start=start, end=end,
                                      klass=klass, note=note, request=None, now=now, created_by=self.me.uid,
-                                     series_id=series_id)
+                                     series_id=series_id, project=project)
             event = {"cards": list(cards), "start": start, "end": end, "class": klass, "note": note,
                      "series_id": series_id}
             if start in broken:
