@@ -594,7 +594,8 @@ PERIODS = ("month", "week")
 
 
 def parse_hours(text: str) -> tuple[int, int]:
-    """"09:00-19:00" as minutes of the day (start, end); an end at or before the start wraps past midnight."""
+    """"09:00-19:00" as minutes of the day (start, end); an end at or before the start wraps past midnight. A window
+    opens before 24:00: one that opened at 24:00 would open on the next day, which its days do not name."""
     start, dash, end = text.strip().partition("-")
     if not dash:
         raise ValueError(text)
@@ -607,11 +608,13 @@ def parse_hours(text: str) -> tuple[int, int]:
         if int(mins) >= 60 or value > 24 * 60:
             raise ValueError(text)
         minutes.append(value)
+    if minutes[0] == 24 * 60:
+        raise ValueError(text)
     return minutes[0], minutes[1]
 
 
 def parse_days(text: str) -> frozenset[int]:
-    """"mon-fri", "sat,sun", "mon,wed-fri" as weekday numbers (Monday 0)."""
+    """"mon-fri", "sat,sun", "mon,wed-fri" as weekday numbers (Monday 0); "fri-mon" wraps the week."""
     found: set[int] = set()
     for part in text.lower().replace(" ", "").split(","):
         first, dash, last = part.partition("-")
@@ -623,47 +626,69 @@ def parse_days(text: str) -> frozenset[int]:
 
 
 _PROJECT_NAME = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."
+WEEK_MINUTES = 7 * 24 * 60
 
 
 def _projects(projects: tuple[Project, ...], pools: tuple[Pool, ...]) -> None:
-    """[[projects]]: a name a member types (--project), members, known classes, allocations that parse, positive
-    budgets and limits."""
-    names: set[str] = set()
+    """[[projects]]: a name a member types (--project), members, known classes, allocations that parse and hold no
+    card for two projects at once, positive budgets and limits. Each line names the entry (#N, as a type error's
+    does, and its name) and the key."""
+    names: dict[str, int] = {}
+    held: list[tuple[str, str, frozenset[int], list[tuple[int, int]]]] = []  # (where, project, cards, week minutes)
+    pool_cards = {pool.name: pool.cards for pool in pools}
     for number, project in enumerate(projects, 1):
         where = f"[[projects]] #{number}"
-        if not (0 < len(project.name) <= 40 and all(c in _PROJECT_NAME for c in project.name)):
-            raise ValueError(f"{where}: name is {project.name[:40]!r}; give 1 to 40 letters, digits, '-', '_' or '.'")
-        where = f"[[projects]] {project.name!r}"
+        # A name starts with a letter or digit: "--project -x" would read as an option.
+        if not (0 < len(project.name) <= 40 and all(c in _PROJECT_NAME for c in project.name)
+                and project.name[0].isalnum()):
+            raise ValueError(f"{where} name is {project.name[:40]!r}; give 1 to 40 letters, digits, '-', '_' or '.',"
+                             " starting with a letter or digit")
         if project.name in names:
-            raise ValueError(f"{where}: two projects have this name; give each its own name")
-        names.add(project.name)
+            raise ValueError(f"{where} name {project.name!r} is #{names[project.name]}'s too; give each project its"
+                             " own name")
+        names[project.name] = number
+        where = f"{where} ({project.name})"
         if not project.members or not all(_account(m.removeprefix("@")) for m in project.members):
-            raise ValueError(f"{where}: members is a list of user names and @groups, such as [\"alice\", \"@ml\"]")
-        if not project.classes or any(c not in CLASSES for c in project.classes):
-            raise ValueError(f"{where}: classes must name one or more of {', '.join(CLASSES)}")
+            raise ValueError(f"{where} members is {repr(list(project.members))[:40]}; give a list of user names and"
+                             " @groups, such as [\"alice\", \"@ml\"]")
+        if not project.classes or (bad := [c for c in project.classes if c not in CLASSES]):
+            shown = repr(bad[0])[:20] if project.classes else "empty"
+            raise ValueError(f"{where} classes: {shown} is not a class; name one or more of {', '.join(CLASSES)}")
         if project.period not in PERIODS:
-            raise ValueError(f"{where}: period is {project.period[:20]!r}; use \"month\" or \"week\"")
+            raise ValueError(f"{where} period is {project.period[:20]!r}; use \"month\" or \"week\"")
         for key in ("gpu_hours", "tokens_per_day", "rpm", "tpm", "share"):
             value = getattr(project, key)
-            if value is not None and not value > 0:
-                raise ValueError(f"{where}: {key} must be a number more than 0, not {repr(value)[:20]}")
-        for allocation in project.allocations:
+            if value is not None and not 0 < value < float("inf"):  # NaN and inf: no budget anyone can read
+                raise ValueError(f"{where} {key} must be a number more than 0, not {repr(value)[:20]}")
+        for index, allocation in enumerate(project.allocations, 1):
+            at = f"{where} allocations #{index}"
             if (allocation.pool is None) == (not allocation.cards):
-                raise ValueError(f"{where}: an allocation names cards or a pool, one of them")
-            if allocation.pool is not None and allocation.pool not in {pool.name for pool in pools}:
-                raise ValueError(f"{where}: an allocation names pool {allocation.pool[:40]!r}, which [[pools]] has not")
+                raise ValueError(f"{at}: give cards or a pool, not {'both' if allocation.cards else 'neither'}")
+            if allocation.pool is not None and allocation.pool not in pool_cards:
+                known = f"the pools are {', '.join(pool_cards)}" if pool_cards else "there are no [[pools]]"
+                raise ValueError(f"{at} pool {allocation.pool[:40]!r} is not a [[pools]] name; {known}")
             if any(card < 0 for card in allocation.cards):
-                raise ValueError(f"{where}: an allocation's cards are card numbers, 0 or more")
+                raise ValueError(f"{at} cards are card numbers, 0 or more")
             try:
-                parse_hours(allocation.hours)
+                first, last = parse_hours(allocation.hours)
             except ValueError:
-                raise ValueError(f"{where}: an allocation's hours are {allocation.hours[:20]!r}; give local hours such"
-                                 " as \"09:00-19:00\"") from None
+                raise ValueError(f"{at} hours is {allocation.hours[:20]!r}; give local hours such as"
+                                 " \"09:00-19:00\" or \"19:00-09:00\"") from None
             try:
-                parse_days(allocation.days)
+                days = parse_days(allocation.days)
             except ValueError:
-                raise ValueError(f"{where}: an allocation's days are {allocation.days[:20]!r}; give days such as"
-                                 " \"mon-fri\" or \"sat,sun\"") from None
+                raise ValueError(f"{at} days is {allocation.days[:20]!r}; give days such as \"mon-fri\" or"
+                                 " \"sat,sun\"") from None
+            cards = frozenset(pool_cards[allocation.pool] if allocation.pool is not None else allocation.cards)
+            length = (last - first) % 1440 or 1440
+            week = [(day * 1440 + first, day * 1440 + first + length) for day in days]
+            week += [(a - WEEK_MINUTES, b - WEEK_MINUTES) for a, b in week if b > WEEK_MINUTES]  # Sunday night
+            for other, owner, taken, minutes in held:
+                if owner != project.name and cards & taken and any(a < d and c < b for a, b in week for c, d in minutes):
+                    both = ",".join(map(str, sorted(cards & taken)))
+                    raise ValueError(f"{at} holds cards {both} in hours that {other} holds them too; give each card to"
+                                     " one project at a time")
+            held.append((at, project.name, cards, week))
 
 
 def _policy(policy: Policy) -> None:

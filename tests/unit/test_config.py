@@ -307,3 +307,82 @@ def test_the_line_names_where_in_the_file(tmp_path, monkeypatch, capsys, text, l
     code, err = board_status(tmp_path, monkeypatch, capsys, text)
     assert (code, err) == (2, f"board: bad config {tmp_path / 'board.toml'}: {line}\n")
     assert "SEKRIT" not in err
+
+
+_A = '[[projects]]\nname = "a"\nmembers = ["alice"]\n'
+_POOL = '[[pools]]\nname = "tp4"\ncards = [4, 5, 6, 7]\n'
+
+
+@pytest.mark.parametrize("text, line", [
+    (_A + _A, "[[projects]] #2 name 'a' is #1's too; give each project its own name"),
+    ('[[projects]]\nname = "a"\nmembers = ["alice"]\nclasses = ["online", "vip"]\n',
+     "[[projects]] #1 (a) classes: 'vip' is not a class; name one or more of online, batch, finetune, experiment"),
+    ('[[projects]]\nname = "a"\nmembers = ["alice"]\nclasses = []\n',
+     "[[projects]] #1 (a) classes: empty is not a class; name one or more of online, batch, finetune, experiment"),
+    ('[[projects]]\nname = "a"\nmembers = []\n', "[[projects]] #1 (a) members is []; give a list of user names and"
+     ' @groups, such as ["alice", "@ml"]'),
+    ('[[projects]]\nname = "a"\nmembers = ["al ice"]\n', "[[projects]] #1 (a) members is ['al ice']; give a list"),
+    ('[[projects]]\nname = "a"\nmembers = ["@"]\n', "[[projects]] #1 (a) members is ['@']; give a list"),
+    (_A + 'period = "day"\n', "[[projects]] #1 (a) period is 'day'; use \"month\" or \"week\""),
+    (_A + 'period = "Month"\n', "[[projects]] #1 (a) period is 'Month'; use \"month\" or \"week\""),
+    (_A + "gpu_hours = 0\n", "[[projects]] #1 (a) gpu_hours must be a number more than 0, not 0"),
+    (_A + "gpu_hours = -5.0\n", "[[projects]] #1 (a) gpu_hours must be a number more than 0, not -5.0"),
+    (_A + "gpu_hours = nan\n", "[[projects]] #1 (a) gpu_hours must be a number more than 0, not nan"),
+    (_A + "gpu_hours = inf\n", "[[projects]] #1 (a) gpu_hours must be a number more than 0, not inf"),
+    (_A + "share = 0.0\n", "[[projects]] #1 (a) share must be a number more than 0, not 0.0"),
+    (_A + "share = inf\n", "[[projects]] #1 (a) share must be a number more than 0, not inf"),
+    (_A + "tokens_per_day = 0\n", "[[projects]] #1 (a) tokens_per_day must be a number more than 0, not 0"),
+    (_A + "rpm = -1\n", "[[projects]] #1 (a) rpm must be a number more than 0, not -1"),
+    (_A + "tpm = 0\n", "[[projects]] #1 (a) tpm must be a number more than 0, not 0"),
+    (_POOL + _A + '[[projects.allocations]]\ncards = [4]\npool = "tp4"\n',
+     "[[projects]] #1 (a) allocations #1: give cards or a pool, not both"),
+    (_A + '[[projects.allocations]]\nhours = "09:00-19:00"\n',
+     "[[projects]] #1 (a) allocations #1: give cards or a pool, not neither"),
+    (_POOL + _A + '[[projects.allocations]]\npool = "tp4"\n[[projects.allocations]]\npool = "tp8"\n',
+     "[[projects]] #1 (a) allocations #2 pool 'tp8' is not a [[pools]] name; the pools are tp4"),
+    (_A + '[[projects.allocations]]\npool = "tp4"\n',
+     "[[projects]] #1 (a) allocations #1 pool 'tp4' is not a [[pools]] name; there are no [[pools]]"),
+    (_A + '[[projects.allocations]]\ncards = [-1]\n', "[[projects]] #1 (a) allocations #1 cards are card numbers"),
+    *[(_A + f'[[projects.allocations]]\ncards = [4]\nhours = "{hours}"\n',
+       f"[[projects]] #1 (a) allocations #1 hours is '{hours}'; give local hours such as \"09:00-19:00\" or"
+       " \"19:00-09:00\"") for hours in ("25:00-09:00", "9-17", "09:00", "24:00-09:00", "09:60-10:00")],
+    *[(_A + f'[[projects.allocations]]\ncards = [4]\ndays = "{days}"\n',
+       f"[[projects]] #1 (a) allocations #1 days is '{days}'; give days such as \"mon-fri\" or \"sat,sun\"")
+      for days in ("monday", "mon-", "", "mon;tue")],
+    ('[[projects]]\nname = "\\u001b[31mred"\nmembers = ["alice"]\n',
+     "[[projects]] #1 name is '\\x1b[31mred'; give 1 to 40 letters, digits, '-', '_' or '.', starting with a letter"
+     " or digit"),
+    ('[[projects]]\nname = "[bold]x[/bold]"\nmembers = ["alice"]\n', "[[projects]] #1 name is '[bold]x[/bold]';"),
+    ('[[projects]]\nname = ""\nmembers = ["alice"]\n', "[[projects]] #1 name is ''; give 1 to 40"),
+    ('[[projects]]\nname = "-x"\nmembers = ["alice"]\n', "[[projects]] #1 name is '-x'; give 1 to 40"),
+    ('[[projects]]\nname = "' + "p" * 41 + '"\nmembers = ["alice"]\n', "[[projects]] #1 name is '" + "p" * 40 + "';"),
+    # Two projects holding one card in hours that meet: each would refuse the other's members there.
+    (_A + '[[projects.allocations]]\ncards = [4, 5]\nhours = "09:00-19:00"\ndays = "mon-fri"\n'
+     '[[projects]]\nname = "b"\nmembers = ["bob"]\n[[projects.allocations]]\ncards = [5, 6]\nhours = "18:00-20:00"\n'
+     'days = "fri"\n', "[[projects]] #2 (b) allocations #1 holds cards 5 in hours that [[projects]] #1 (a) allocations"
+     " #1 holds them too; give each card to one project at a time"),
+    (_POOL + _A + '[[projects.allocations]]\ncards = [7]\nhours = "22:00-02:00"\ndays = "sun"\n'
+     '[[projects]]\nname = "b"\nmembers = ["bob"]\n[[projects.allocations]]\npool = "tp4"\nhours = "01:00-03:00"\n'
+     'days = "mon"\n', "[[projects]] #2 (b) allocations #1 holds cards 7 in hours that [[projects]] #1 (a)"
+     " allocations #1 holds them too"),  # Sunday night into Monday: across the week's end
+])
+def test_a_bad_project_is_one_line_naming_the_entry_and_the_key(tmp_path, monkeypatch, capsys, text, line):
+    """The real command line, exit 2, nothing written. Nearest wrong versions: a duplicate name taken (--project
+    would pick the first), an unknown class or pool taken, an allocation with both cards and a pool (or neither)
+    taken, hours past 24:00 or a start of 24:00 taken, a budget of 0, NaN or inf taken (NaN passes `value <= 0`),
+    a name with an escape printed raw, two projects holding one card at once, the entry's number left out."""
+    code, err = board_status(tmp_path, monkeypatch, capsys, text)
+    prefix = f"board: bad config {tmp_path / 'board.toml'}: "
+    assert code == 2 and err.startswith(prefix + line) and err.count("\n") == 1 and "\x1b" not in err, err
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["board.toml"]
+
+
+def test_projects_that_share_a_card_at_different_hours_or_days_load(tmp_path):
+    """The nearest wrong version of the overlap check: any shared card refused, whatever the hours."""
+    text = (_A + '[[projects.allocations]]\ncards = [4, 5]\nhours = "09:00-19:00"\ndays = "mon-fri"\n'
+            '[[projects]]\nname = "b"\nmembers = ["bob"]\n[[projects.allocations]]\ncards = [4, 5]\n'
+            'hours = "19:00-09:00"\ndays = "mon-fri"\n[[projects.allocations]]\ncards = [5]\ndays = "sat,sun"\n')
+    path = tmp_path / "board.toml"
+    path.write_text(text)
+    config = load_config(environ={"BOARD_CONFIG": str(path)})
+    assert [p.name for p in config.projects] == ["a", "b"] and len(config.projects[1].allocations) == 2
