@@ -30,6 +30,7 @@ from app.store.db import write
 
 MAX_NOTE_CHARS = 500
 PAST_GRACE_SECONDS = 60
+OVER_BUDGET = "past the budget (admin --force): "  # the note (and the audit's over_budget) of a forced booking
 # Slot searches first read the calendar this far past the wanted slot, and all of it only when that
 # finds nothing: a full calendar is a long read to hold the write lock for.
 LOOKAHEAD_SECONDS = 86400
@@ -48,6 +49,7 @@ class Plan:
     end: int
     notes: tuple[str, ...] = ()  # one line each: cards passed over or taken despite what runs on them now
     project: str = projects.IMPLICIT  # what it is for ([[projects]])
+    over_budget: str | None = None  # an admin's --force took it past its project's budget: by how much (audited)
 
 
 class _Search(TypedDict):
@@ -221,11 +223,11 @@ class BookingService:
             held = rows.live_between(self.conn, start, end, user=user or self.me.name)
         spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
         policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=spans, project=project)
-        if note := self._check_budget(project, start, end, len(chosen), excluding, over_budget):
-            notes.append(note)
+        if over := self._check_budget(project, [(start, end)], len(chosen), excluding, over_budget):
+            notes.append(over)
         if len(chosen) > 1 and (crossing := group_crossing(self.topology, list(self.cards.values()), chosen)):
             notes.append(crossing)  # the group works, but its cards talk through the CPU
-        return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end, tuple(notes), project)
+        return Plan(chosen, tuple(self.cards[i].uuid for i in chosen), start, end, tuple(notes), project, over)
 
     def _earliest(
         self, *, cards: tuple[int, ...] | None, count: int | None, klass: str, start: int, duration: int,
@@ -234,13 +236,16 @@ class BookingService:
         """The earliest booking from `start` on, within how far ahead a booking may start, that every rule accepts.
 
         A slot can only open at `start`, where some booking ends (cards come free, the caller's own count
-        drops) or where a pool's window opens; each of those is tried in turn."""
+        drops), where a pool's window opens or an allocation closes, or where the project's budget resets; each of
+        those is tried in turn."""
         now = int(self.clock())
         horizon = now + int(self.config.policy.max_ahead_days * 86400)
         # Asked for now, the cards with someone else's processes stay out of every later start too:
         # nobody knows when those processes end.
         now_slot = start <= now + PAST_GRACE_SECONDS
         opens = policy.window_opens(self.config, klass, start, horizon + 1)
+        if (budgeted := projects.named(self.config, project)) is not None and budgeted.gpu_hours is not None:
+            opens += projects.resets(budgeted, start, horizon + 1, policy.policy_zone(self.config))  # hours come back
         # The next day past the slot first, all of the calendar only when that finds nothing: a full
         # calendar is a long read, and this may run under the write lock.
         for until in (start + duration + LOOKAHEAD_SECONDS, None):
@@ -399,6 +404,8 @@ class BookingService:
             details.update(cards=list(plan.cards), start=plan.start, end=plan.end)
             if plan.project:
                 details["project"] = plan.project
+            if plan.over_budget:
+                details["over_budget"] = plan.over_budget
             return booking_id
 
         # Cards named: on PostgreSQL the write locks only them and the caller's limits, so bookings on other cards
@@ -440,7 +447,7 @@ class BookingService:
                     for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
             policy.check(self.config, cards=booking.cards, klass=booking.klass, start=booking.start, end=end,
                          now=min(now, booking.start), held=held, project=booking.project)
-            self._check_budget(booking.project, booking.start, end, len(booking.cards), booking_id)
+            self._check_budget(booking.project, [(booking.start, end)], len(booking.cards), booking_id)
             details["old_end"] = booking.end
             rows.set_times(self.conn, booking_id, booking.start, end)
             self._tell(booking, f"extended to {stamp_time(end, now)} by admin {self.me.name}")
@@ -473,7 +480,7 @@ class BookingService:
                         for b in rows.live_between(self.conn, start, end, user=booking.user) if b.id != booking_id]
                 policy.check(self.config, cards=booking.cards, klass=booking.klass, start=start, end=end,
                              now=min(now, start), held=held, project=booking.project)
-                self._check_budget(booking.project, start, end, len(booking.cards), booking_id)
+                self._check_budget(booking.project, [(start, end)], len(booking.cards), booking_id)
             details.update(old_start=booking.start, old_end=booking.end)
             rows.set_times(self.conn, booking_id, start, end)
             if booking.queued:  # an admin set its time: the backfill must not move it back
@@ -758,31 +765,34 @@ class BookingService:
         booking of its project."""
         return any(p.gpu_hours is not None and project in (None, p.name) for p in self.config.projects)
 
-    def _check_budget(self, project: str, start: int, end: int, count: int, excluding: int | None,
-                      over: bool = False) -> str | None:
-        """NotPermitted when `count` cards over [start, end) would take `project` past its GPU-hour budget in a period
-        they meet; `over` (an admin's --force) lets it pass, and the note returned says by how much."""
+    def _check_budget(self, project: str, spans: Sequence[tuple[int, int]], count: int, excluding: int | None,
+                      over: bool = False, what: str = "booking") -> str | None:
+        """NotPermitted when `count` cards over `spans` (a booking's one, a series' occurrences together) would take
+        `project` past its GPU-hour budget in a period they meet; `over` (an admin's --force) lets it pass, and the
+        note returned says by how much. Used: booked hours before now; booked ahead: from now to the reset."""
         found = projects.named(self.config, project)
-        if found is None or found.gpu_hours is None:
+        if found is None or found.gpu_hours is None or not spans:
             return None
         tz = policy.policy_zone(self.config)
         now = int(self.clock())
-        at = start
-        while at < end:
+        budget = found.gpu_hours * 3600
+        at, last = min(start for start, _ in spans), max(end for _, end in spans)
+        while at < last:  # each period the spans meet, on its own budget
             first, reset = projects.period(found, at, tz)
+            wanted = sum(max(0, min(end, reset) - max(start, first)) for start, end in spans) * count
+            at = reset
+            if not wanted:
+                continue
             theirs = [b for b in rows.live_between(self.conn, first, reset) if b.project == project and b.id != excluding]
             used = projects.card_seconds(theirs, first, min(now, reset)) if now > first else 0
             ahead = projects.card_seconds(theirs, max(now, first), reset) if now < reset else 0
-            wanted = (min(end, reset) - max(start, first)) * count
-            budget = found.gpu_hours * 3600
             if used + ahead + wanted > budget:
                 words = (f"project {project}'s budget is {found.gpu_hours:g} GPU-hours a {found.period}:"
-                         f" {used / 3600:.1f} h used and {ahead / 3600:.1f} h booked ahead, this booking needs"
+                         f" {used / 3600:.1f} h used and {ahead / 3600:.1f} h booked ahead, this {what} needs"
                          f" {wanted / 3600:.1f} h; it resets {stamp_when(reset, now)}")
                 if not over:
                     raise NotPermitted(f"{words}; book less, or ask an admin")
-                return f"past the budget (admin --force): {words}"
-            at = reset
+                return f"{OVER_BUDGET}{words}"
         return None
 
     def _check_note(self, note: str) -> str:

@@ -231,13 +231,13 @@ class SeriesService:
     def _insert(self, series_id: int, owner: tuple[str, int], cards: tuple[int, ...], klass: str, note: str,
                 free: list[tuple[int, int]], overridden: list[Miss], now: int, project: str, override: bool) -> list[int]:
         """One booking per free occurrence, each with its own create event (naming the rule it overrode, if any).
-        Each is held to its project's budget with the ones before it booked: all of them together must fit."""
+        All of them together are held to their project's budget (one line for the series, never one occurrence's)."""
         rows.sync_cards(self.conn, self.rules.cards.values(), now, self.rules.host)
         uuids = [self.rules.cards[i].uuid for i in cards]
         broken = {m.start: m.reason for m in overridden}
+        self.rules._check_budget(project, free, len(cards), None, over=override, what="series")
         booked = []
         for start, end in free:
-            self.rules._check_budget(project, start, end, len(cards), None, over=override)
             booking_id = rows.insert(self.conn, user=owner[0], uid=owner[1], uuids=uuids, start=start, end=end,
                                      klass=klass, note=note, request=None, now=now, created_by=self.me.uid,
                                      series_id=series_id, project=project)
