@@ -95,7 +95,8 @@ def test_a_member_of_two_must_pick_and_a_non_member_may_not_name_a_project(as_):
 def test_the_twentieth_hour_is_accepted_and_the_twenty_first_refused_naming_budget_use_and_reset(as_, conn):
     """19 card-hours booked ahead (a 2-card booking of 4 h and 11 h on one card), then the 20th hour fits exactly and
     the 21st is refused. Nearest wrong versions: the boundary by one hour (`>=` for `>`, a booking that fills the
-    budget exactly refused), the cards not multiplied in (a 2-card booking counted once), the reset a day off."""
+    budget exactly refused), the cards not multiplied in (a 2-card booking counted once), the reset a day off, the
+    next start that works not the reset (a search that never tries it finds a booking's end instead)."""
     bob = as_("bob")
     bob.create(cards=[0, 1], start=NOW + H, end=NOW + 5 * H)  # 8 card-hours
     bob.create(cards=[2], start=NOW + 24 * H, end=NOW + 35 * H)  # 11
@@ -129,18 +130,22 @@ def test_used_is_what_has_run_this_period_and_booked_is_what_is_ahead(as_):
 
 
 def test_a_booking_across_the_reset_is_held_to_each_periods_budget(as_):
-    """A booking from Dec 31 22:00 to Jan 1 02:00 needs 2 h of December and 2 h of January. Nearest wrong versions:
-    all of it charged to the period it starts in, the next period never checked (the loop stops after one), the
-    reset a day off (Jan 1's hours counted in December)."""
+    """18 h booked in December and 18 h in January; a booking from Dec 31 23:00 to Jan 1 03:00 needs 1 h of December
+    (19: fits) and 3 h of January (21: refused, naming January's reset). Nearest wrong versions: all of it charged to
+    the period it starts in (22 h of December), the next period never checked (the loop stops after one), the reset
+    a day off (Jan 1's hours counted in December)."""
     bob = as_("bob", now=utc("2026-12-30 00:00"))
     bob.create(cards=[0], start=utc("2026-12-30 00:00"), end=utc("2026-12-30 18:00"))  # December: 18 h
-    bob.create(cards=[1], start=utc("2027-01-01 02:00"), end=utc("2027-01-01 20:00"))  # January: 18 h
-    assert bob.create(cards=[2], start=utc("2026-12-31 22:00"), end=utc("2027-01-01 00:00")).project == "B"  # 20
+    bob.create(cards=[1], start=utc("2027-01-01 03:00"), end=utc("2027-01-01 21:00"))  # January: 18 h
     with pytest.raises(NotPermitted) as refused:
-        bob.create(cards=[3, 4], start=utc("2027-01-01 00:00"), end=utc("2027-01-01 01:30"))
+        bob.create(cards=[2], start=utc("2026-12-31 23:00"), end=utc("2027-01-01 03:00"))
     assert refusal(refused).startswith("project B's budget is 20 GPU-hours a month: 0.0 h used and 18.0 h booked ahead,"
                                        " this booking needs 3.0 h; it resets 2027-02-01 00:00 (in 33 days);")
-    assert bob.create(cards=[3], start=utc("2027-01-01 00:00"), end=utc("2027-01-01 02:00")).project == "B"
+    assert bob.create(cards=[2], start=utc("2026-12-31 23:00"), end=utc("2027-01-01 01:00")).project == "B"  # 19, 19
+    assert bob.create(cards=[3], start=utc("2026-12-31 22:00"), end=utc("2026-12-31 23:00")).project == "B"  # 20, 19
+    assert bob.create(cards=[3], start=utc("2027-01-01 00:00"), end=utc("2027-01-01 01:00")).project == "B"  # 20, 20
+    with pytest.raises(NotPermitted, match=r"^project B's budget .* 0\.0 h used and 20\.0 h booked ahead"):
+        bob.create(cards=[4], start=utc("2026-12-31 21:00"), end=utc("2026-12-31 22:00"))
 
 
 def test_a_cancelled_booking_gives_its_hours_back(as_):
