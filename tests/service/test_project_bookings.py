@@ -77,9 +77,12 @@ def world(request):
 
 
 @pytest.fixture(autouse=True)
-def clean(world):
-    """After each test root cancels every booking ahead, so the next starts with the budgets whole."""
+def clean(request):
+    """After each test in a world root cancels every booking ahead, so the next starts with the budgets whole."""
     yield
+    if "world" not in request.fixturenames:
+        return
+    world = request.getfixturevalue("world")
     for booking in world.root.call("list", start=int(time.time()))["bookings"]:
         world.root.call("cancel", id=booking["id"])
 
@@ -214,3 +217,74 @@ def test_the_refusals_through_the_real_command_line_are_one_line_and_exit_4(worl
     assert (result.returncode, result.stdout, result.stderr.count("\n")) == (4, "", 1)
     assert result.stderr.startswith("board: project B's budget is 20 GPU-hours a month: 0.0 h used and 20.0 h booked"
                                     " ahead, this booking needs 2.0 h; it resets ")
+
+
+# -- the budget under a race, on PostgreSQL -------------------------------------------------------------------------
+
+RACER = """
+import json, sys
+from app.client.local import LocalClient
+from app.config import load_config
+from app.core.identity import Identity
+from app.errors import BoardError
+from app.service import open_service
+service = open_service(load_config(environ={"BOARD_CONFIG": sys.argv[1]}), demo=None, environ={"BOARD_SIMULATE": "1"})
+client = LocalClient(service, Identity(sys.argv[2], int(sys.argv[3]), False))  # two members: no lock of one user's
+client.call("list")  # connected, the fleet read: the race is the booking alone
+print("ready", flush=True)
+for line in sys.stdin:
+    try:
+        reply = {"result": client.call("book", **json.loads(line))}
+    except BoardError as error:
+        reply = {"code": error.exit_code, "message": str(error)}
+    print(json.dumps(reply), flush=True)
+"""
+
+
+def test_two_processes_racing_for_a_budgets_last_hours_on_postgresql_one_wins(pg_cluster, tmp_path):
+    """Two services (processes, connections) on one PostgreSQL store, two members of B each booking 2 h on a card of
+    their own when 18 of 20 are booked, told to go at once: exactly one wins, the other is refused naming the budget;
+    five rounds. Nearest wrong version: a booking on named cards taking only its cards' and its holder's locks (as
+    one without a budget may), so both read 18 h before either writes."""
+    import json
+    import subprocess
+    import sys
+
+    from app.client.local import LocalClient
+    from app.config import load_config
+    from tests.service.support import REPO
+
+    url = pg_cluster.fresh_database()
+    try:
+        config = tmp_path / "board.toml"
+        config.write_text(f'[storage]\ndb = "{tmp_path / "board.db"}"\nurl = "{url}"\n'
+                          + PROJECTS.replace('members = ["bob", "@', 'members = ["root", "racer1", "racer2", "@'))
+        me = LocalClient.open(load_config(environ={"BOARD_CONFIG": str(config)}), demo=None,
+                              environ={"BOARD_SIMULATE": "1"})
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(config), f"racer{n}", str(60000 + n)],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO) for n in (1, 2)]
+        try:
+            assert [r.stdout.readline() for r in racers] == ["ready\n"] * 2
+            for day in range(5):
+                first = me.call("book", cards=[0], start=at(0, day=day), end=at(18, day=day), project="B")
+                for card, racer in zip((1, 2), racers):
+                    racer.stdin.write(json.dumps({"cards": [card], "start": at(20, day=day),
+                                                  "end": at(22, day=day), "project": "B"}) + "\n")
+                for racer in racers:
+                    racer.stdin.flush()
+                replies = [json.loads(r.stdout.readline()) for r in racers]
+                won = [r["result"] for r in replies if "result" in r]
+                lost = [r for r in replies if "code" in r]
+                assert len(won) == 1 and len(lost) == 1, replies
+                assert lost[0]["code"] == 4 and lost[0]["message"].startswith(
+                    "project B's budget is 20 GPU-hours a month: 0.0 h used and 20.0 h booked ahead, this booking"
+                    " needs 2.0 h"), lost
+                for booking in (first, *won):
+                    me.call("cancel", id=booking["id"])
+        finally:
+            for racer in racers:
+                racer.stdin.close()
+                racer.wait(timeout=30)
+            me.close()
+    finally:
+        pg_cluster.drop(url)
