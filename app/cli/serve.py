@@ -135,6 +135,7 @@ def add_parser(command, common) -> None:
     a.add_argument("--cache-type-v", help="V cache type (a quantised one needs flash attention)")
     a.add_argument("--flash-attn", choices=("on", "off"), help="flash attention (default on)")
     a.add_argument("--force", action="store_true", help="plan it even if board's estimate says it does not fit")
+    a.add_argument("--project", metavar="NAME", help="the project it serves: its booking's, the only one it may name")
 
     a = action("key", cmd_key, "a server's own API key (its holder and admins): send it as 'Authorization: Bearer KEY'",
                json_flag=True)
@@ -370,7 +371,7 @@ def cmd_plan(ctx) -> int:
     plan = launch.plan(client, booking=args.booking, series=args.series, fit_limits=limits(ctx.config),
                        force=args.force, model=args.model, ctx=args.ctx, parallel=args.parallel, alias=args.alias,
                        split_mode=args.split_mode, metrics=args.metrics or None, cache_type_k=args.cache_type_k,
-                       cache_type_v=args.cache_type_v, flash_attn=args.flash_attn)
+                       cache_type_v=args.cache_type_v, flash_attn=args.flash_attn, project=args.project)
     if args.json:
         print_json(plan)
     else:

@@ -219,6 +219,37 @@ def test_the_refusals_through_the_real_command_line_are_one_line_and_exit_4(worl
                                     " ahead, this booking needs 2.0 h; it resets ")
 
 
+# -- a board without [[projects]] ------------------------------------------------------------------------------------
+
+NO_PROJECTS = "this board has no projects, so there is no project 'X'; leave out --project"
+
+
+def test_without_projects_naming_one_is_exit_2_in_one_line_and_nothing_else_changes(client, cli):
+    """The default config (no [[projects]]), both transports and stores, the real command line: book (the quick
+    path), a series and the slot searches refuse --project as bad input, writing nothing, not even an audit row; the
+    same booking without it is the old shape (no "project" on the wire). Nearest wrong versions: --project ignored
+    (the booking made as if it counted for something), refused by rule (exit 4) with an audit row, a booking's wire
+    growing a "project": "" for every old client."""
+    from tests.service.test_behaviour import BOOKING_KEYS, everything, events_of, tomorrow
+
+    start = tomorrow()
+    before, events_before = everything(client), events_of(client)
+    for args in (["book", "--cards", "0", "--start", "tomorrow 10:00", "--for", "1h", "--project", "X"],
+                 ["book", "2", "--asap", "--for", "1h", "--project", "X"],
+                 ["book", "--cards", "0", "--every", "day", "--start", "10:00", "--until", "11:00", "--to",
+                  datetime.fromtimestamp(start + 3 * 86400, timezone.utc).date().isoformat(), "--project", "X"]):
+        assert cli(*args) == (2, "", f"board: {NO_PROJECTS}\n"), args
+    for op, args in (("plan", {"count": 1, "start": start, "end": start + HOUR}),
+                     ("next_free", {"cards": [0], "start": start, "end": start + HOUR}),
+                     ("slots", {"count": 1, "start": start, "end": start + HOUR})):
+        with pytest.raises(BadInput) as refused:
+            client.call(op, **args, project="X")
+        assert str(refused.value) == NO_PROJECTS and refused.value.exit_code == 2
+    assert everything(client) == before and events_of(client) == events_before
+    booking = client.call("book", cards=[0], start=start, end=start + HOUR)
+    assert set(booking) == BOOKING_KEYS and "project" not in booking
+
+
 # -- the budget under a race, on PostgreSQL -------------------------------------------------------------------------
 
 RACER = """

@@ -87,6 +87,28 @@ def test_only_the_holder_plans_and_cancels_and_the_model_lies_in_model_dirs(serv
     assert refusals == 2
 
 
+def test_a_plan_serves_its_bookings_project_and_project_may_name_only_that_one(service, weekdays, make_service, conn):
+    """--project on serve plan: its booking's (or series') project, or exit 2 in one line, nothing written. Nearest
+    wrong versions: --project ignored (a plan claiming another project), a board without projects taking any name."""
+    from app.config import Project
+
+    config = Config(policy=CONFIG.policy, llama=CONFIG.llama,
+                    projects=(Project(name="A", members=("alice",)), Project(name="B", members=("alice",))))
+    booking = make_service(config=config).create(cards=[5], start=FROZEN_NOW + 3600, end=FROZEN_NOW + 7200,
+                                                 project="A")
+    spec = {"model": f"{MODELS}/qwen.gguf"}
+    plans_before = conn.execute("SELECT count(*) FROM server_plans").fetchone()
+    with pytest.raises(BadInput) as refused:
+        plans.create(service, ALICE, booking=booking.id, series=None, spec=spec, project="B")
+    assert str(refused.value) == (f"booking {booking.id} is for project A, not 'B': a planned server serves its"
+                                  " booking's project; leave out --project") and refused.value.exit_code == 2
+    with pytest.raises(BadInput, match=rf"^series {weekdays[0].series_id} is for no project, not '\\x1b\[2J':"):
+        plans.create(service, ALICE, booking=None, series=weekdays[0].series_id, spec=spec, project="\x1b[2J")
+    assert conn.execute("SELECT count(*) FROM server_plans").fetchone() == plans_before
+    assert plans.create(service, ALICE, booking=booking.id, series=None, spec=spec, project="A")["booking"] == booking.id
+    assert plans.create(service, ALICE, booking=weekdays[1].id, series=None, spec=spec)["booking"] == weekdays[1].id
+
+
 SPEC = {"parallel": 8, "model": f"{MODELS}/qwen.gguf", "alias": "team"}  # not in key order
 
 

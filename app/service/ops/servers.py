@@ -179,6 +179,7 @@ class ServePlan(ServerSpec, frozen=True):
     """A server spec for a booking or a series, one of them; a planned server leases a port when it starts."""
     booking: Int | None = None
     series: Int | None = None
+    project: str | None = None  # --project: a plan serves its booking's project, so only that one
 
 
 @op("serve_plan", ServePlan)
@@ -188,7 +189,7 @@ def serve_plan(service: Service, me: Identity, request: ServePlan) -> PlanWire:
 
     try:
         return plans.create(service, me, booking=request.booking, series=request.series,
-                            spec=request.given("booking", "series"))
+                            spec=request.given("booking", "series", "project"), project=request.project)
     finally:
         changed(service)
 

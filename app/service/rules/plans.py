@@ -60,8 +60,10 @@ def runner_uid(service: Service) -> int | None:
 # -- plans ---------------------------------------------------------------------------------------
 
 
-def create(service: Service, me: Identity, *, booking: int | None, series: int | None, spec: dict) -> PlanWire:
-    """A plan for the caller's booking (not ended) or series; the spec checked as `serve start` checks it."""
+def create(service: Service, me: Identity, *, booking: int | None, series: int | None, spec: dict,
+           project: str | None = None) -> PlanWire:
+    """A plan for the caller's booking (not ended) or series; the spec checked as `serve start` checks it. A server
+    serves its booking's project: `project` (--project), when given, must be that one."""
     from app.llama import aliases  # start-up: llama's modules load only for servers
     from app.llama import command as cmd  # start-up: llama's modules load only for servers
     from app.llama.service import checked_estimate  # start-up: llama's modules load only for servers
@@ -79,6 +81,7 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
             raise BadInput(f"booking {booking} is {'cancelled' if found.status != 'booked' else 'over'}")
         refuse_remote(service, found, "plan")
         cards: int | None = len(found.cards)
+        serves, what = found.project, f"booking {booking}"
     else:
         assert series is not None  # one of the two: checked first
         found = None
@@ -91,6 +94,11 @@ def create(service: Service, me: Identity, *, booking: int | None, series: int |
         if first is not None and (occurrence := booking_rows.get(service.conn, first)) is not None:
             refuse_remote(service, occurrence, "plan")
         cards = len(found_series.rule.get("cards") or []) or None
+        serves, what = found_series.rule.get("project") or "", f"series {series}"
+    if project is not None and project != serves:
+        held = f"is for project {serves}" if serves else "is for no project"
+        raise BadInput(f"{what} {held}, not {project[:40]!r}: a planned server serves its booking's project; leave"
+                       " out --project")
     model = spec.get("model")
     if not model:
         raise BadInput("serve plan: say which model: --model PATH.gguf")
