@@ -76,14 +76,12 @@ def world(request):
         yield made
 
 
-@pytest.fixture(autouse=True)
-def clean(request):
-    """After each test in a world root cancels every booking ahead, so the next starts with the budgets whole."""
-    yield
-    if "world" not in request.fixturenames:
-        return
-    world = request.getfixturevalue("world")
-    for booking in world.root.call("list", start=int(time.time()))["bookings"]:
+@pytest.fixture
+def members(world):
+    """The module's world; after the test root cancels every booking ahead, so the next has its budgets whole."""
+    yield world
+    ahead = world.root.call("list", start=int(time.time()))["bookings"]
+    for booking in ahead:
         world.root.call("cancel", id=booking["id"])
 
 
@@ -103,115 +101,115 @@ def refused_alike(world, user: str, action: str, error, call, booking_id=None) -
     return message
 
 
-def test_a_member_of_b_booking_online_is_refused_naming_the_class_and_who_may(world):
+def test_a_member_of_b_booking_online_is_refused_naming_the_class_and_who_may(members):
     """Nearest wrong versions: the project's classes never checked, the project that may left unnamed, a count or an
     --asap booking let through where named cards are refused."""
     for how in ({"cards": [0]}, {"count": 1}, {"count": 1, "or_later": True}):
-        said = refused_alike(world, "bob", "create", NotPermitted, lambda: world["bob"].call(
+        said = refused_alike(members, "bob", "create", NotPermitted, lambda: members["bob"].call(
             "book", **how, start=at(20), end=at(21), **{"class": "online"}))
         assert said == "project B may not use class online (project A may); its classes are experiment"
-    assert book(world, "alice", [0], at(20), 1, **{"class": "online"})["project"] == "A"
+    assert book(members, "alice", [0], at(20), 1, **{"class": "online"})["project"] == "A"
 
 
-def test_bs_twentieth_hour_is_accepted_and_its_twenty_first_refused_naming_the_budget_and_the_reset(world):
+def test_bs_twentieth_hour_is_accepted_and_its_twenty_first_refused_naming_the_budget_and_the_reset(members):
     """19 card-hours (a 2-card booking of 4 h, 11 h on one card), the 20th fits exactly, the 21st is refused.
     Nearest wrong versions: the boundary by one hour, used and booked swapped, the cards not multiplied in, the reset
     a day off (Jan 31 or Feb 2), another project's hours counted in B's."""
-    book(world, "bob", [0, 1], at(20), 4)
-    book(world, "bob", [2], at(0, day=1), 11)
-    book(world, "alice", [3], at(0, day=1), 30, **{"class": "batch"})  # A's: not B's budget
-    assert book(world, "bob", [3], at(12, day=2), 1)["project"] == "B"
-    said = refused_alike(world, "bob", "create", NotPermitted, lambda: book(world, "bob", [3], at(13, day=2), 1))
+    book(members, "bob", [0, 1], at(20), 4)
+    book(members, "bob", [2], at(0, day=1), 11)
+    book(members, "alice", [3], at(0, day=1), 30, **{"class": "batch"})  # A's: not B's budget
+    assert book(members, "bob", [3], at(12, day=2), 1)["project"] == "B"
+    said = refused_alike(members, "bob", "create", NotPermitted, lambda: book(members, "bob", [3], at(13, day=2), 1))
     assert re.fullmatch(re.escape("project B's budget is 20 GPU-hours a month: 0.0 h used and 20.0 h booked ahead,"
                                   " this booking needs 1.0 h; ") + RESETS + "; book less, or ask an admin; .*", said)
 
 
-def test_as_allocation_refuses_bs_named_cards_and_a_count_takes_other_cards_and_as_member_books_it(world):
+def test_as_allocation_refuses_bs_named_cards_and_a_count_takes_other_cards_and_as_member_books_it(members):
     """Nearest wrong versions: the allocation applied to named cards only (a count of 4 takes cards 4-7), the
     allocation refusing its own project, its end inclusive (B's booking from 19:00 refused)."""
-    said = refused_alike(world, "bob", "create", NotPermitted, lambda: book(world, "bob", [4], at(10), 1))
+    said = refused_alike(members, "bob", "create", NotPermitted, lambda: book(members, "bob", [4], at(10), 1))
     assert said.startswith("card 4: project A's allocation (mon-fri 09:00-19:00 UTC); pick other cards or a time"
                            " outside it; ")
-    assert world["bob"].call("book", count=4, start=at(10), end=at(11))["cards"] == [0, 1, 2, 3]
-    said = refused_alike(world, "bob", "create", Conflict, lambda: world["bob"].call(
+    assert members["bob"].call("book", count=4, start=at(10), end=at(11))["cards"] == [0, 1, 2, 3]
+    said = refused_alike(members, "bob", "create", Conflict, lambda: members["bob"].call(
         "book", count=4, start=at(10), end=at(11)))
     assert said.startswith("no 4 cards are free for an experiment booking at ")  # 4-7 free, but not his
-    assert book(world, "bob", [4], at(19), 1)["cards"] == [4]
-    assert book(world, "alice", [4, 5, 6, 7], at(10), 2, **{"class": "online"})["cards"] == [4, 5, 6, 7]
+    assert book(members, "bob", [4], at(19), 1)["cards"] == [4]
+    assert book(members, "alice", [4, 5, 6, 7], at(10), 2, **{"class": "online"})["cards"] == [4, 5, 6, 7]
 
 
-def test_an_admins_force_passes_the_budget_and_is_audited_and_a_members_force_does_not(world):
+def test_an_admins_force_passes_the_budget_and_is_audited_and_a_members_force_does_not(members):
     """Nearest wrong versions: the admin check dropped (bob's --force passes), the forced booking not audited as
     past the budget."""
-    book(world, "bob", [0], at(0), 20)
-    said = refused_alike(world, "bob", "create", NotPermitted, lambda: book(world, "bob", [1], at(0), 1, force=True))
+    book(members, "bob", [0], at(0), 20)
+    said = refused_alike(members, "bob", "create", NotPermitted, lambda: book(members, "bob", [1], at(0), 1, force=True))
     assert said.startswith("project B's budget is 20 GPU-hours a month: 0.0 h used and 20.0 h booked ahead")
     with pytest.raises(BadInput, match=r"^carol is in projects A, B; pick one with --project$"):
-        book(world, "carol", [1], at(0), 1, force=True)
-    mark = world.mark()
-    forced = book(world, "carol", [1], at(0), 2, force=True, project="B")
+        book(members, "carol", [1], at(0), 1, force=True)
+    mark = members.mark()
+    forced = book(members, "carol", [1], at(0), 2, force=True, project="B")
     assert (forced["user"], forced["project"]) == ("carol", "B")
     assert any(note.startswith("past the budget (admin --force): project B's budget is 20 GPU-hours a month: 0.0 h"
                                " used and 20.0 h booked ahead, this booking needs 2.0 h") for note in forced["notes"])
-    [event] = world.events_since(mark)
+    [event] = members.events_since(mark)
     assert event[:5] == ("carol", uid("carol"), "create", forced["id"], True)
     assert event[5]["force"] is True and event[5]["project"] == "B"
     assert event[5]["over_budget"].startswith("past the budget (admin --force): project B's budget")
 
 
-def test_extend_move_and_reassign_past_the_budget_into_the_allocation_or_to_a_non_member_are_refused(world):
+def test_extend_move_and_reassign_past_the_budget_into_the_allocation_or_to_a_non_member_are_refused(members):
     """Nearest wrong versions: the budget checked on booking only (an extend or a move takes B past it), a move or a
     reassign onto cards in A's hours let through, a reassign to a non-member of the booking's project let through."""
-    first = book(world, "bob", [0], at(0), 10)
-    late = book(world, "bob", [4], at(19), 2)  # A's cards, after A's hours
-    said = refused_alike(world, "bob", "extend", NotPermitted,
-                         lambda: world["bob"].call("extend", id=first["id"], end=at(20)), first["id"])
+    first = book(members, "bob", [0], at(0), 10)
+    late = book(members, "bob", [4], at(19), 2)  # A's cards, after A's hours
+    said = refused_alike(members, "bob", "extend", NotPermitted,
+                         lambda: members["bob"].call("extend", id=first["id"], end=at(20)), first["id"])
     assert said.startswith("project B's budget is 20 GPU-hours a month: 0.0 h used and 2.0 h booked ahead, this"
                            " booking needs 20.0 h")
-    said = refused_alike(world, "carol", "move", NotPermitted,
-                         lambda: world["carol"].call("move", id=first["id"], start=at(1), end=at(21)), first["id"])
+    said = refused_alike(members, "carol", "move", NotPermitted,
+                         lambda: members["carol"].call("move", id=first["id"], start=at(1), end=at(21)), first["id"])
     assert said.startswith("project B's budget is 20 GPU-hours a month")
-    said = refused_alike(world, "carol", "move", NotPermitted,
-                         lambda: world["carol"].call("move", id=late["id"], start=at(17), end=at(19)), late["id"])
+    said = refused_alike(members, "carol", "move", NotPermitted,
+                         lambda: members["carol"].call("move", id=late["id"], start=at(17), end=at(19)), late["id"])
     assert said.startswith("card 4: project A's allocation (mon-fri 09:00-19:00 UTC)")
-    said = refused_alike(world, "carol", "reassign", NotPermitted,
-                         lambda: world["carol"].call("reassign", id=first["id"], user="alice"), first["id"])
+    said = refused_alike(members, "carol", "reassign", NotPermitted,
+                         lambda: members["carol"].call("reassign", id=first["id"], user="alice"), first["id"])
     assert said == (f"alice is not a member of project B, which booking {first['id']} is for; give it to a member"
                     f" (bob, @{ADMIN_GROUP})")
-    early = book(world, "bob", [1], at(10), 1)
-    said = refused_alike(world, "carol", "reassign", NotPermitted,
-                         lambda: world["carol"].call("reassign", id=early["id"], cards=[5]), early["id"])
+    early = book(members, "bob", [1], at(10), 1)
+    said = refused_alike(members, "carol", "reassign", NotPermitted,
+                         lambda: members["carol"].call("reassign", id=early["id"], cards=[5]), early["id"])
     assert said.startswith("project A's allocation (mon-fri 09:00-19:00 UTC); pick other cards")
-    assert world["bob"].call("extend", id=first["id"], end=at(17))["end"] == at(17)  # 17 + 2 + 1 = 20
-    assert world["carol"].call("reassign", id=first["id"], user="carol")["user"] == "carol"
+    assert members["bob"].call("extend", id=first["id"], end=at(17))["end"] == at(17)  # 17 + 2 + 1 = 20
+    assert members["carol"].call("reassign", id=first["id"], user="carol")["user"] == "carol"
 
 
-def test_a_series_whose_occurrences_together_pass_the_budget_is_refused_whole(world):
+def test_a_series_whose_occurrences_together_pass_the_budget_is_refused_whole(members):
     """Eleven evenings of 2 h: 22 h, each alone within 20. Nearest wrong versions: each occurrence checked alone
     (all booked), the first ten booked and the eleventh dropped."""
     rule = {"cards": [0], "every": "day", "start": "20:00", "until": "22:00", "from": MONDAY.isoformat()}
     last = date.fromordinal(MONDAY.toordinal() + 10).isoformat()
-    series_rows = world.rows("SELECT count(*) FROM series")
-    said = refused_alike(world, "bob", "series", NotPermitted, lambda: world["bob"].call("series_book", **rule, to=last))
+    series_rows = members.rows("SELECT count(*) FROM series")
+    said = refused_alike(members, "bob", "series", NotPermitted, lambda: members["bob"].call("series_book", **rule, to=last))
     assert re.fullmatch(re.escape("project B's budget is 20 GPU-hours a month: 0.0 h used and 0.0 h booked ahead, this"
                                   " series needs 22.0 h; ") + RESETS + "; book less, or ask an admin", said)
-    assert world.rows("SELECT count(*) FROM series") == series_rows
-    ten = world["bob"].call("series_book", **rule, to=date.fromordinal(MONDAY.toordinal() + 9).isoformat())
+    assert members.rows("SELECT count(*) FROM series") == series_rows
+    ten = members["bob"].call("series_book", **rule, to=date.fromordinal(MONDAY.toordinal() + 9).isoformat())
     assert len(ten["bookings"]) == 10 and {b["project"] for b in ten["bookings"]} == {"B"}
-    world.root.call("series_cancel", id=ten["series"]["id"])
+    members.root.call("series_cancel", id=ten["series"]["id"])
 
 
 @pytest.mark.parametrize("world", ["socket"], indirect=True)
-def test_the_refusals_through_the_real_command_line_are_one_line_and_exit_4(world):
+def test_the_refusals_through_the_real_command_line_are_one_line_and_exit_4(members):
     """bob's own `board book` (the quick path) against the agent: the class and the budget, exit 4, one line on
     stderr, nothing on stdout."""
-    env = {"BOARD_CONFIG": str(world.agent.config), "TZ": "UTC", "PATH": "/usr/bin:/bin", "HOME": "/"}
+    env = {"BOARD_CONFIG": str(members.agent.config), "TZ": "UTC", "PATH": "/usr/bin:/bin", "HOME": "/"}
     start = datetime.fromtimestamp(at(20), timezone.utc).strftime("%Y-%m-%d %H:%M")
     result = run_as("bob", "env", *(f"{k}={v}" for k, v in env.items()), str(BOARD), "book", "--cards", "0", "--start",
                     start, "--for", "2h", "--class", "online")
     assert (result.returncode, result.stdout) == (4, "")
     assert result.stderr == "board: project B may not use class online (project A may); its classes are experiment\n"
-    book(world, "bob", [1], at(0), 20)
+    book(members, "bob", [1], at(0), 20)
     result = run_as("bob", "env", *(f"{k}={v}" for k, v in env.items()), str(BOARD), "book", "--cards", "0", "--start",
                     start, "--for", "2h")
     assert (result.returncode, result.stdout, result.stderr.count("\n")) == (4, "", 1)
