@@ -217,20 +217,24 @@ def test_a_search_for_a_later_start_finds_the_allocations_end(as_):
 
 def test_extend_and_move_past_the_budget_or_into_the_allocation_are_refused(as_, conn):
     """Nearest wrong versions: the budget checked on create only (an extend takes B to 25 h), the booking's own
-    hours counted twice (an extend within the budget refused), an admin's move skipping the allocation."""
+    hours counted twice (an extend within the budget refused), an admin's move or a member's extend skipping the
+    allocation."""
     bob = as_("bob")
     first = bob.create(cards=[0], start=NOW + H, end=NOW + 11 * H)  # 10 h
     second = bob.create(cards=[4], start=utc("2026-12-07 19:00"), end=utc("2026-12-07 21:00"))  # 2 h, outside A's
+    morning = bob.create(cards=[5], start=utc("2026-12-07 08:00"), end=utc("2026-12-07 09:00"))  # 1 h, before A's
     before = written(conn)
-    with pytest.raises(NotPermitted, match=r"^project B's budget is 20 GPU-hours a month: 0\.0 h used and 2\.0 h"
+    with pytest.raises(NotPermitted, match=r"^project B's budget is 20 GPU-hours a month: 0\.0 h used and 3\.0 h"
                                            r" booked ahead, this booking needs 19\.0 h"):
         bob.extend(first.id, NOW + 20 * H)
     with pytest.raises(NotPermitted, match=r"^project B's budget .* this booking needs 21\.0 h"):
         as_("carol").move(first.id, NOW + H, NOW + 22 * H)
     with pytest.raises(NotPermitted, match=r"^card 4: project A's allocation \(mon-fri 09:00-19:00 UTC\)"):
         as_("carol").move(second.id, utc("2026-12-07 17:00"), utc("2026-12-07 19:00"))
+    with pytest.raises(NotPermitted, match=r"^card 5: project A's allocation \(mon-fri 09:00-19:00 UTC\)"):
+        bob.extend(morning.id, utc("2026-12-07 09:30"))  # into A's hours
     assert written(conn) == before
-    assert bob.extend(first.id, NOW + 19 * H).end == NOW + 19 * H  # 18 + 2 = 20: the boundary
+    assert bob.extend(first.id, NOW + 18 * H).end == NOW + 18 * H  # 17 + 2 + 1 = 20: the boundary
     moved = as_("carol").move(second.id, utc("2026-12-07 20:00"), utc("2026-12-07 22:00"), override_policy=False)
     assert moved.start == utc("2026-12-07 20:00")
 
