@@ -148,6 +148,16 @@ def test_a_booking_across_the_reset_is_held_to_each_periods_budget(as_):
         bob.create(cards=[4], start=utc("2026-12-31 21:00"), end=utc("2026-12-31 22:00"))
 
 
+def test_over_the_budget_the_first_slot_offered_is_at_the_reset(as_):
+    """`board book --asap` and the form's slots: the earliest start is the reset's midnight. Nearest wrong version:
+    the reset not among the starts tried (the first offered is Jan 1 19:00, where A's allocation closes)."""
+    bob = as_("bob")
+    bob.create(cards=[0], start=NOW + H, end=NOW + 21 * H)
+    [(slot, _), *_] = bob.options(1, "experiment", NOW + H, H)
+    assert slot.start == utc("2027-01-01 00:00") and slot.project == "B"
+    assert bob.create(count=1, start=NOW + H, end=NOW + 2 * H, or_later=True).start == utc("2027-01-01 00:00")
+
+
 def test_a_cancelled_booking_gives_its_hours_back(as_):
     bob = as_("bob")
     big = bob.create(cards=[0], start=NOW + H, end=NOW + 21 * H)

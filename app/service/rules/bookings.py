@@ -243,9 +243,7 @@ class BookingService:
         # Asked for now, the cards with someone else's processes stay out of every later start too:
         # nobody knows when those processes end.
         now_slot = start <= now + PAST_GRACE_SECONDS
-        opens = policy.window_opens(self.config, klass, start, horizon + 1)
-        if (budgeted := projects.named(self.config, project)) is not None and budgeted.gpu_hours is not None:
-            opens += projects.resets(budgeted, start, horizon + 1, policy.policy_zone(self.config))  # hours come back
+        opens = self._opens(klass, start, horizon + 1, project)
         # The next day past the slot first, all of the calendar only when that finds nothing: a full
         # calendar is a long read, and this may run under the write lock.
         for until in (start + duration + LOOKAHEAD_SECONDS, None):
@@ -271,6 +269,15 @@ class BookingService:
                     continue
         return None
 
+    def _opens(self, klass: str, start: int, end: int, project: str) -> list[int]:
+        """Besides booking ends, the starts in [start, end) where a refusal can turn into a yes: where a pool's window
+        opens or an allocation closes (policy.window_opens), and where `project`'s budget resets (its hours come
+        back); in order."""
+        opens = policy.window_opens(self.config, klass, start, end)
+        if (budgeted := projects.named(self.config, project)) is not None and budgeted.gpu_hours is not None:
+            opens += projects.resets(budgeted, start, end, policy.policy_zone(self.config))
+        return sorted(opens)
+
     def earliest_words(self, search: dict[str, Any]) -> str:
         """A refusal's second half, for its search (`_retry`'s: the `earliest` operation's arguments): the earliest
         start that works, or that none does."""
@@ -294,7 +301,7 @@ class BookingService:
         """The earliest slots, each on a different group of `count` cards, where every rule lets a `klass`
         booking of `duration` start; with each, when its cards stop being free (None: not within a day
         past the slot). Candidate starts are `start`, each moment a booking on some card ends, and each
-        moment a pool's window opens."""
+        moment `_opens` names."""
         self._check_access(self._check_class(klass))
         chosen = self._check_project(project, klass)
         if count not in GROUP_SIZES:
@@ -302,7 +309,7 @@ class BookingService:
         now = int(self.clock())
         horizon = start + int(self.config.policy.max_ahead_days * 86400)
         ends = sorted({b.end for b in rows.live_between(self.conn, start, horizon) if b.end > start})[:MAX_CANDIDATES]
-        opens = policy.window_opens(self.config, klass, start, horizon + 1)[:MAX_CANDIDATES]  # a start may be at the horizon
+        opens = self._opens(klass, start, horizon + 1, chosen)[:MAX_CANDIDATES]  # a start may be at the horizon
         found: list[tuple[Plan, int | None]] = []
         for candidate in sorted({start, *ends, *opens}):
             if len(found) == limit:
