@@ -660,24 +660,24 @@ def _projects(projects: tuple[Project, ...], pools: tuple[Pool, ...]) -> None:
             value = getattr(project, key)
             if value is not None and not 0 < value < float("inf"):  # NaN and inf: no budget anyone can read
                 raise ValueError(f"{where} {key} must be a number more than 0, not {repr(value)[:20]}")
-        for index, allocation in enumerate(project.allocations, 1):
-            at = f"{where} allocations #{index}"
+        for index, allocation in enumerate(project.allocations):
+            at = f"{where} allocations[{index}]"  # a list's item by index, as a type error names it
             if (allocation.pool is None) == (not allocation.cards):
-                raise ValueError(f"{at}: give cards or a pool, not {'both' if allocation.cards else 'neither'}")
+                raise ValueError(f"{at}: give cards or a pool, {'not both' if allocation.cards else 'one of them'}")
             if allocation.pool is not None and allocation.pool not in pool_cards:
                 known = f"the pools are {', '.join(pool_cards)}" if pool_cards else "there are no [[pools]]"
-                raise ValueError(f"{at} pool {allocation.pool[:40]!r} is not a [[pools]] name; {known}")
+                raise ValueError(f"{at}.pool {allocation.pool[:40]!r} is not a [[pools]] name; {known}")
             if any(card < 0 for card in allocation.cards):
-                raise ValueError(f"{at} cards are card numbers, 0 or more")
+                raise ValueError(f"{at}.cards are card numbers, 0 or more")
             try:
                 first, last = parse_hours(allocation.hours)
             except ValueError:
-                raise ValueError(f"{at} hours is {allocation.hours[:20]!r}; give local hours such as"
+                raise ValueError(f"{at}.hours is {allocation.hours[:20]!r}; give local hours such as"
                                  " \"09:00-19:00\" or \"19:00-09:00\"") from None
             try:
                 days = parse_days(allocation.days)
             except ValueError:
-                raise ValueError(f"{at} days is {allocation.days[:20]!r}; give days such as \"mon-fri\" or"
+                raise ValueError(f"{at}.days is {allocation.days[:20]!r}; give days such as \"mon-fri\" or"
                                  " \"sat,sun\"") from None
             cards = frozenset(pool_cards[allocation.pool] if allocation.pool is not None else allocation.cards)
             length = (last - first) % 1440 or 1440

@@ -335,19 +335,19 @@ _POOL = '[[pools]]\nname = "tp4"\ncards = [4, 5, 6, 7]\n'
     (_A + "rpm = -1\n", "[[projects]] #1 (a) rpm must be a number more than 0, not -1"),
     (_A + "tpm = 0\n", "[[projects]] #1 (a) tpm must be a number more than 0, not 0"),
     (_POOL + _A + '[[projects.allocations]]\ncards = [4]\npool = "tp4"\n',
-     "[[projects]] #1 (a) allocations #1: give cards or a pool, not both"),
+     "[[projects]] #1 (a) allocations[0]: give cards or a pool, not both"),
     (_A + '[[projects.allocations]]\nhours = "09:00-19:00"\n',
-     "[[projects]] #1 (a) allocations #1: give cards or a pool, not neither"),
+     "[[projects]] #1 (a) allocations[0]: give cards or a pool, one of them"),
     (_POOL + _A + '[[projects.allocations]]\npool = "tp4"\n[[projects.allocations]]\npool = "tp8"\n',
-     "[[projects]] #1 (a) allocations #2 pool 'tp8' is not a [[pools]] name; the pools are tp4"),
+     "[[projects]] #1 (a) allocations[1].pool 'tp8' is not a [[pools]] name; the pools are tp4"),
     (_A + '[[projects.allocations]]\npool = "tp4"\n',
-     "[[projects]] #1 (a) allocations #1 pool 'tp4' is not a [[pools]] name; there are no [[pools]]"),
-    (_A + '[[projects.allocations]]\ncards = [-1]\n', "[[projects]] #1 (a) allocations #1 cards are card numbers"),
+     "[[projects]] #1 (a) allocations[0].pool 'tp4' is not a [[pools]] name; there are no [[pools]]"),
+    (_A + '[[projects.allocations]]\ncards = [-1]\n', "[[projects]] #1 (a) allocations[0].cards are card numbers"),
     *[(_A + f'[[projects.allocations]]\ncards = [4]\nhours = "{hours}"\n',
-       f"[[projects]] #1 (a) allocations #1 hours is '{hours}'; give local hours such as \"09:00-19:00\" or"
+       f"[[projects]] #1 (a) allocations[0].hours is '{hours}'; give local hours such as \"09:00-19:00\" or"
        " \"19:00-09:00\"") for hours in ("25:00-09:00", "9-17", "09:00", "24:00-09:00", "09:60-10:00")],
     *[(_A + f'[[projects.allocations]]\ncards = [4]\ndays = "{days}"\n',
-       f"[[projects]] #1 (a) allocations #1 days is '{days}'; give days such as \"mon-fri\" or \"sat,sun\"")
+       f"[[projects]] #1 (a) allocations[0].days is '{days}'; give days such as \"mon-fri\" or \"sat,sun\"")
       for days in ("monday", "mon-", "", "mon;tue")],
     ('[[projects]]\nname = "\\u001b[31mred"\nmembers = ["alice"]\n',
      "[[projects]] #1 name is '\\x1b[31mred'; give 1 to 40 letters, digits, '-', '_' or '.', starting with a letter"
@@ -356,15 +356,20 @@ _POOL = '[[pools]]\nname = "tp4"\ncards = [4, 5, 6, 7]\n'
     ('[[projects]]\nname = ""\nmembers = ["alice"]\n', "[[projects]] #1 name is ''; give 1 to 40"),
     ('[[projects]]\nname = "-x"\nmembers = ["alice"]\n', "[[projects]] #1 name is '-x'; give 1 to 40"),
     ('[[projects]]\nname = "' + "p" * 41 + '"\nmembers = ["alice"]\n', "[[projects]] #1 name is '" + "p" * 40 + "';"),
+    # What a type says, the generic path's words, in the same notation (an allocation by its index from 0).
+    (_A + '[[projects.allocations]]\ncards = [4]\nhour = "09:00-10:00"\n',
+     "unknown key 'hour' in [[projects]] #1 allocations[0]; known keys: cards, days, hours, pool"),
+    (_A + '[[projects.allocations]]\ncards = "4"\n', '[[projects]] #1 allocations[0].cards: expected a list, got "4"'),
+    ('[[projects]]\nmembers = ["alice"]\n', "[[projects]] #1: name is required"),
     # Two projects holding one card in hours that meet: each would refuse the other's members there.
     (_A + '[[projects.allocations]]\ncards = [4, 5]\nhours = "09:00-19:00"\ndays = "mon-fri"\n'
      '[[projects]]\nname = "b"\nmembers = ["bob"]\n[[projects.allocations]]\ncards = [5, 6]\nhours = "18:00-20:00"\n'
-     'days = "fri"\n', "[[projects]] #2 (b) allocations #1 holds cards 5 in hours that [[projects]] #1 (a) allocations"
-     " #1 holds them too; give each card to one project at a time"),
+     'days = "fri"\n', "[[projects]] #2 (b) allocations[0] holds cards 5 in hours that [[projects]] #1 (a) allocations"
+     "[0] holds them too; give each card to one project at a time"),
     (_POOL + _A + '[[projects.allocations]]\ncards = [7]\nhours = "22:00-02:00"\ndays = "sun"\n'
      '[[projects]]\nname = "b"\nmembers = ["bob"]\n[[projects.allocations]]\npool = "tp4"\nhours = "01:00-03:00"\n'
-     'days = "mon"\n', "[[projects]] #2 (b) allocations #1 holds cards 7 in hours that [[projects]] #1 (a)"
-     " allocations #1 holds them too"),  # Sunday night into Monday: across the week's end
+     'days = "mon"\n', "[[projects]] #2 (b) allocations[0] holds cards 7 in hours that [[projects]] #1 (a)"
+     " allocations[0] holds them too"),  # Sunday night into Monday: across the week's end
 ])
 def test_a_bad_project_is_one_line_naming_the_entry_and_the_key(tmp_path, monkeypatch, capsys, text, line):
     """The real command line, exit 2, nothing written. Nearest wrong versions: a duplicate name taken (--project
