@@ -149,12 +149,12 @@ def test_an_admins_force_passes_the_budget_and_is_audited_and_a_members_force_do
     mark = members.mark()
     forced = book(members, "carol", [1], at(0), 2, force=True, project="B")
     assert (forced["user"], forced["project"]) == ("carol", "B")
-    assert any(note.startswith("past the budget (admin --force): project B's budget is 20 GPU-hours a month: 0.0 h"
+    assert any(note.startswith("past the budget by an admin: project B's budget is 20 GPU-hours a month: 0.0 h"
                                " used and 20.0 h booked ahead, this booking needs 2.0 h") for note in forced["notes"])
     [event] = members.events_since(mark)
     assert event[:5] == ("carol", uid("carol"), "create", forced["id"], True)
     assert event[5]["force"] is True and event[5]["project"] == "B"
-    assert event[5]["over_budget"].startswith("past the budget (admin --force): project B's budget")
+    assert event[5]["over_budget"].startswith("past the budget by an admin: project B's budget")
 
 
 def test_extend_move_and_reassign_past_the_budget_into_the_allocation_or_to_a_non_member_are_refused(members):

@@ -177,7 +177,7 @@ def test_an_admins_force_passes_the_budget_and_is_audited_a_members_force_does_n
     assert written(conn) == before
     booking, notes = as_("carol").book(cards=[1], start=NOW + H, end=NOW + 3 * H, force=True, project="B")
     assert booking.project == "B" and booking.user == "carol"
-    said = ("past the budget (admin --force): project B's budget is 20 GPU-hours a month: 0.0 h used and 20.0 h booked"
+    said = ("past the budget by an admin: project B's budget is 20 GPU-hours a month: 0.0 h used and 20.0 h booked"
             f" ahead, this booking needs 2.0 h; it resets {RESET}")
     assert [worded(n) for n in notes] == [said]
     [event] = events.recent(conn, booking_id=booking.id)
@@ -289,6 +289,19 @@ def test_a_series_that_together_passes_the_budget_is_refused_whole_and_writes_no
         "the policy refuses the occurrence, so nothing was booked: project B's budget is 20 GPU-hours a month: 0.0 h"
         " used and 20.0 h booked ahead, this booking needs 2.0 h; it resets 2027-01-01 00:00 (in 25 days); book less,"
         " or ask an admin (Sun 2026-12-20 20:00); admins may pass --override-policy")
+
+
+def test_an_admins_series_past_the_budget_with_override_policy_is_booked_and_audited(as_, conn):
+    """carol (admin, in B) overrides the budget for a series: booked, and the series' event says by how much.
+    Nearest wrong version: the override passing silently (the audit says only override_policy)."""
+    outcome = SeriesService(as_("carol")).book(cards=[0], every="day", start="20:00", until="22:00",
+                                               first="2026-12-08", last="2026-12-18", project="B",
+                                               override_policy=True)
+    assert len(outcome.booked) == 11
+    [event] = [e for e in events.recent(conn) if e.action == "series"]
+    assert worded(event.details["over_budget"]) == (
+        "past the budget by an admin: project B's budget is 20 GPU-hours a month: 0.0 h used and 0.0 h booked"
+        f" ahead, this series needs 22.0 h; it resets {RESET}")
 
 
 def test_a_series_across_the_reset_counts_each_period_apart(as_):

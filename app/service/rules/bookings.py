@@ -30,7 +30,7 @@ from app.store.db import write
 
 MAX_NOTE_CHARS = 500
 PAST_GRACE_SECONDS = 60
-OVER_BUDGET = "past the budget (admin --force): "  # the note (and the audit's over_budget) of a forced booking
+OVER_BUDGET = "past the budget by an admin: "  # the note and the audit's over_budget: --force, --override-policy
 # Slot searches first read the calendar this far past the wanted slot, and all of it only when that
 # finds nothing: a full calendar is a long read to hold the write lock for.
 LOOKAHEAD_SECONDS = 86400

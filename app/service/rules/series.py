@@ -115,7 +115,7 @@ class SeriesService:
                                                     chosen_project)
             series_id = store.insert(self.conn, user=owner[0], uid=owner[1], rule=stored, now=now)
             booked = self._insert(series_id, owner, chosen, klass, note, free, overridden, now, chosen_project,
-                                  override_policy)
+                                  override_policy, details)
             details.update(series_id=series_id, bookings=booked, skipped=[m.to_wire() for m in skipped],
                            overridden=[m.to_wire() for m in overridden])
             return series_id
@@ -150,7 +150,8 @@ class SeriesService:
             project = series.rule.get("project") or ""
             free, skipped, overridden = self._check(chosen, klass, spans, skip_conflicts, override_policy, owner[0],
                                                     project)
-            booked = self._insert(series_id, owner, chosen, klass, note, free, overridden, now, project, override_policy)
+            booked = self._insert(series_id, owner, chosen, klass, note, free, overridden, now, project, override_policy,
+                                  details)
             store.set_rule(self.conn, series_id, {**series.rule, "to": new_last.isoformat()})
             details.update(old_to=rule.last.isoformat(), bookings=booked, skipped=[m.to_wire() for m in skipped],
                            overridden=[m.to_wire() for m in overridden])
@@ -229,13 +230,16 @@ class SeriesService:
         return free, conflicts, overridden
 
     def _insert(self, series_id: int, owner: tuple[str, int], cards: tuple[int, ...], klass: str, note: str,
-                free: list[tuple[int, int]], overridden: list[Miss], now: int, project: str, override: bool) -> list[int]:
+                free: list[tuple[int, int]], overridden: list[Miss], now: int, project: str, override: bool,
+                details: dict[str, Any]) -> list[int]:
         """One booking per free occurrence, each with its own create event (naming the rule it overrode, if any).
-        All of them together are held to their project's budget (one line for the series, never one occurrence's)."""
+        All of them together are held to their project's budget (one line for the series, never one occurrence's);
+        an admin's --override-policy past it is in the series' event (`details`)."""
         rows.sync_cards(self.conn, self.rules.cards.values(), now, self.rules.host)
         uuids = [self.rules.cards[i].uuid for i in cards]
         broken = {m.start: m.reason for m in overridden}
-        self.rules._check_budget(project, free, len(cards), None, over=override, what="series")
+        if over := self.rules._check_budget(project, free, len(cards), None, over=override, what="series"):
+            details["over_budget"] = over
         booked = []
         for start, end in free:
             booking_id = rows.insert(self.conn, user=owner[0], uid=owner[1], uuids=uuids, start=start, end=end,
