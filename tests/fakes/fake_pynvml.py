@@ -136,6 +136,7 @@ class FakeGpu:
     utilization: int = 0
     temperature: int = 40
     power_mw: int = 30_000
+    energy_mj: int = 1_000_000  # the total energy counter, millijoules since the driver loaded
     power_limit_mw: int = 575_000
     power_default_mw: int = 575_000
     power_min_mw: int = 400_000
@@ -259,6 +260,9 @@ class FakePynvml(types.ModuleType):
 
     def nvmlDeviceGetPowerUsage(self, handle):
         return self._enter("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return self._enter("nvmlDeviceGetTotalEnergyConsumption", handle).energy_mj
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle):
         return self._enter("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw
