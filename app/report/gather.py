@@ -12,6 +12,7 @@ from app.config import Config
 from app.errors import BadInput
 from app.faults import store as fault_rows
 from app.gpu.model import CardReading
+from app.history.energy import energy_report
 from app.history.store import (BUCKET_S, CARD_BITS, CARD_MASK, DAY_BUCKETS, EPOCH, SLOT_BITS, STATES, SUM_BITS,
                                HistoryStore, _bucket_id)
 from app.report.compute import HOT_C, MAX_SINCE, VRAM_PCT, compute
@@ -133,6 +134,8 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
         doc["tp"] += fleet_tp_links(conn, bookings, readings, config.fleet_host, start, now, config.report.busy_util)
         order = {b.id: i for i, b in enumerate(bookings)}
         doc["tp"].sort(key=lambda g: order[g["booking"]])
+    # What the bookings' cards drew while they held them (this host's history file).
+    doc["energy"] = energy_report(history, bookings, start, now, projects=bool(config.projects))
     return doc
 
 

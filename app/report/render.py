@@ -46,6 +46,7 @@ def table(doc: dict) -> str:
         out.extend(f"  {inert(str(t['user']), 32)}: {t['requests']} requests, {t['prompt_tokens']} prompt and"
                    f" {t['completion_tokens']} completion tokens" for t in doc["tokens"])
         out.append("")
+    out.extend(_energy_lines(doc))
     for v in doc["verdicts"]:
         out.append(f"{'!!' if v['fires'] else 'ok'}  {inert(v['message'], 400)}")
     if doc.get("tp"):
@@ -56,6 +57,20 @@ def table(doc: dict) -> str:
                     f" over {g['busy_h']:g} busy h")
             out.append(f"{'!!' if g['over'] else 'ok'}  {said}" + (f"; {g['advice']}" if g["over"] else ""))
     return "\n".join(out)
+
+
+def _energy_lines(doc: dict) -> list[str]:
+    """What the bookings' cards drew, per user and per project, each saying whether NVML's counter measured it or the
+    power samples estimated it (app.history.energy)."""
+    energy = doc.get("energy")
+    if not energy or energy["total"]["source"] is None:
+        return []
+    out = [f"Energy on the booked cards: {energy['total']['kwh']:.3f} kWh ({energy['total']['source']})"]
+    for key, heading in (("users", "user"), ("projects", "project")):
+        for row in energy.get(key, ()):
+            name = inert(str(row[heading]), 32) or "(no project)"
+            out.append(f"  {heading} {name}: {row['kwh']:.3f} kWh ({row['source']})")
+    return [*out, ""]
 
 
 def to_csv(doc: dict) -> str:

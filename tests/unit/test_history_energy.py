@@ -283,3 +283,34 @@ class TestSources:
             assert 15 * 39 * STEP < totals[("ml", "alice")] < 600 * 39 * STEP  # J: between idle and the limit
         finally:
             client.close()
+
+
+class TestReport:
+    def test_board_report_carries_each_users_kwh_from_the_sampled_simulated_fleet(self, tmp_path):
+        """The report operation on a service whose sampler recorded alice's two booked cards (their counters) while
+        bob held none: her kWh, its source and the total; the table says it. Wrong versions: free cards' energy
+        in the total, the report's window ignored (the booking's whole day), projects listed without [[projects]]."""
+        from app.client.local import LocalClient
+        from app.core.identity import Identity
+        from app.gpu.simulated import demo_uid
+        from app.report.render import table
+
+        clock = [float(S)]
+        config = Config(db_path=tmp_path / "board.db", refresh_seconds=0, history=HistorySettings(sample_s=STEP))
+        client = LocalClient.on(config, SimulatedSource(DEFAULT_FLEET, clock=lambda: clock[0]),
+                                Identity("alice", demo_uid("alice"), False), clock=lambda: clock[0])
+        try:
+            client.call("book", cards=[0, 1], start=S, end=S + 86400)
+            service = client.service
+            sampler = Sampler(service.fleet, service.history, config, service.clock)
+            for _ in range(360 * 2):  # two hours
+                sampler.sample_once()
+                clock[0] += STEP
+            uuids = [c.uuid for c in service.fleet.latest().cards]
+            expected = cards_energy(service.history, uuids[:2], clock[0] - 3600, clock[0])
+            doc = client.call("report", since_s=3600, by="user")
+        finally:
+            client.close()
+        assert expected.source == COUNTER and 0 < expected.kwh < 2 * 0.6  # under two cards at their 575 W limit
+        assert doc["energy"] == {"users": [{"user": "alice", **expected.to_wire()}], "total": expected.to_wire()}
+        assert f"user alice: {expected.kwh:.3f} kWh (counter)" in table(doc)

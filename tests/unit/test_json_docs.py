@@ -46,7 +46,7 @@ NOT_RUN = {
 # Objects of an example the demo prints none of (an empty list): their keys go unchecked, and this says so.
 UNSEEN = {
     "board serve list --json": {"servers[]", "servers[].estimate", "planned[]"},
-    "board report --json": {"tokens[]", "tp[]"},
+    "board report --json": {"tokens[]", "tp[]", "energy.users[]"},
     "board usage --json": {"rows[]"},
 }
 
