@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from app.core.cardstate import LOST
-from app.history.store import (BUCKET_S, CARD_BITS, CARD_MASK, EPOCH, STATES, HistoryStore, _bucket_id, _rowid, _ts,
-                               interval_mj)
+from app.history.store import (BUCKET_S, CARD_BITS, CARD_MASK, GAP_SAMPLES, STATES, HistoryStore, _bucket_id, _rowid,
+                               _ts)
 from app.model import Booking
 
 J_PER_KWH = 3_600_000
@@ -54,77 +54,96 @@ NOTHING = Energy()
 
 def cards_energy(store: HistoryStore, uuids: Iterable[str], start: float, end: float) -> Energy:
     """What the cards `uuids` drew over [start, end); a card the history has never seen adds nothing."""
-    if not store.path.exists() or end <= start:
-        return NOTHING
-    cards = store.cards()
-    counters = {id for id, in store.conn.execute("SELECT id FROM cards WHERE counter = 1")}
-    total = NOTHING
-    for uuid in uuids:
-        card = cards.get(uuid)
-        if card is not None:
-            total += _card_energy(store, card, card in counters, int(start), int(end))
-    return total
+    return _Reader(store).energy(uuids, start, end)
 
 
-def _card_energy(store: HistoryStore, card: int, counter: bool, start: int, end: int) -> Energy:
-    # Raw samples where they are kept, from the first whole bucket after the oldest (the bucket it starts in was
-    # pruned in part): the rollups before that.
-    oldest = store.conn.execute("SELECT min(id) FROM samples").fetchone()[0]
-    rolled_to = store.rolled_to()
-    if oldest is None:
-        raw_from = end  # rollups only
-    elif rolled_to is None:
-        raw_from = start  # nothing rolled up yet: the raw samples are all there is
-    else:
-        raw_from = min(-(-_ts(oldest) // BUCKET_S) * BUCKET_S, rolled_to)
-    total = NOTHING
-    if start < raw_from:
-        total += _rolled(store, card, counter, start, min(end, raw_from))
-    if end > raw_from:
-        total += _raw(store, card, max(start, raw_from), end)
-    return total
+class _Reader:
+    """One read of the history file's cards and where its raw samples begin, for many windows (a report's)."""
+
+    def __init__(self, store: HistoryStore) -> None:
+        self.store = store
+        self.cards: dict[str, int] = {}
+        self.counters: set[int] = set()
+        self.raw_from = float("inf")  # raw samples from here on, the rollups before
+        if not store.path.exists():
+            return
+        conn = store.conn
+        self.cards = store.cards()
+        self.counters = {id for id, in conn.execute("SELECT id FROM cards WHERE counter = 1")}
+        oldest = conn.execute("SELECT min(id) FROM samples").fetchone()[0]
+        rolled_to = store.rolled_to()
+        if oldest is not None:
+            # From the first whole bucket after the oldest raw sample (the bucket it is in was pruned in part); where
+            # nothing is rolled up yet, the raw samples are all there is.
+            raw_from = -(-_ts(oldest) // BUCKET_S) * BUCKET_S
+            self.raw_from = float("-inf") if rolled_to is None else min(raw_from, rolled_to)
+
+    def energy(self, uuids: Iterable[str], start: float, end: float) -> Energy:
+        return self.energies([(uuids, start, end)])[0]
+
+    def energies(self, windows: list[tuple[Iterable[str], float, float]]) -> list[Energy]:
+        """What each window's cards drew over it: the rollups' part window by window, the raw samples' part of all of
+        them in one pass (RAW)."""
+        found = [NOTHING] * len(windows)
+        raw: list[tuple[int, int, int, int]] = []  # (window, card, from, to) as rowids
+        for i, (uuids, start, end) in enumerate(windows):
+            start, end = int(start), int(end)
+            for uuid in uuids:
+                card = self.cards.get(uuid)
+                if card is None or end <= start:
+                    continue
+                if start < self.raw_from:
+                    found[i] += self._rolled(card, start, int(min(end, self.raw_from)))
+                if end > self.raw_from:
+                    raw.append((i, card, _rowid(int(max(start, self.raw_from)), card), _rowid(end, card)))
+        if raw:
+            conn = self.store.conn
+            conn.execute("CREATE TEMP TABLE IF NOT EXISTS energy_windows (k INTEGER, card INTEGER, lo INTEGER,"
+                         " hi INTEGER)")
+            conn.execute("DELETE FROM temp.energy_windows")
+            conn.executemany("INSERT INTO temp.energy_windows VALUES (?, ?, ?, ?)", raw)
+            for i, counted, sampled in conn.execute(RAW, [max(hi for *_, hi in raw)]):
+                source = SAMPLED if sampled is not None else COUNTER if counted is not None else None
+                found[i] += Energy((counted or 0) + (sampled or 0), source)
+        return found
+
+    def _rolled(self, card: int, start: int, end: int) -> Energy:
+        """The whole buckets summed in SQL (a month's booking is 8,640 of them), the one or two it cuts by share."""
+        conn, joules, seen = self.store.conn, 0.0, 0
+        power = f"FROM rollups WHERE (id & {CARD_MASK}) = ? AND power_min IS NOT NULL"
+        first, last = -(-start // BUCKET_S) * BUCKET_S, end // BUCKET_S * BUCKET_S  # the whole buckets' span
+        if last > first:
+            whole, count = conn.execute(f"SELECT sum(n * dt * (power_min + power_mean_d)), count(*) {power}"
+                                        " AND id >= ? AND id < ?",
+                                        [card, _bucket_id(first, 0), _bucket_id(last, 0)]).fetchone()
+            joules, seen = whole or 0.0, count
+        for bucket in {b for b in (start // BUCKET_S * BUCKET_S, last) if b < end and b + BUCKET_S > start
+                       and not (first <= b and b + BUCKET_S <= last)}:
+            row = conn.execute(f"SELECT n * dt * (power_min + power_mean_d) {power} AND id = ?",
+                               [card, _bucket_id(bucket, card)]).fetchone()
+            if row is not None:
+                joules += row[0] * (min(end, bucket + BUCKET_S) - max(start, bucket)) / BUCKET_S
+                seen += 1
+        return Energy(joules, (COUNTER if card in self.counters else SAMPLED) if seen else None)
 
 
-def _rolled(store: HistoryStore, card: int, counter: bool, start: int, end: int) -> Energy:
-    joules, seen = 0.0, False
-    for key, seconds, watts in store.conn.execute(
-            f"SELECT id, n * dt, power_min + power_mean_d FROM rollups WHERE id >= ? AND id < ?"
-            f" AND (id & {CARD_MASK}) = ? AND power_min IS NOT NULL",
-            [_bucket_id(start, 0), _bucket_id(end - 1, 0) + (1 << CARD_BITS), card]):
-        bucket = (key >> CARD_BITS) * BUCKET_S + EPOCH
-        share = (min(end, bucket + BUCKET_S) - max(start, bucket)) / BUCKET_S
-        if share > 0:
-            joules += watts * seconds * share
-            seen = True
-    return Energy(joules, (COUNTER if counter else SAMPLED) if seen else None)
-
-
-def _raw(store: HistoryStore, card: int, start: int, end: int) -> Energy:
-    conn = store.conn
-    # A lost card's power is no reading (the driver's last word, if anything).
-    columns, where = f"id, dt, CASE WHEN state != {STATES.index(LOST)} THEN power END, energy", f"(id & {CARD_MASK}) = ?"
-    # The card's sample before the window: the other end of the first sample's stretch.
-    before = conn.execute(f"SELECT {columns} FROM samples WHERE id < ? AND {where} ORDER BY id DESC LIMIT 1",
-                          [_rowid(start, 0), card]).fetchone()
-    counted = sampled = 0.0
-    seen = set()
-    for key, dt, power, joules in conn.execute(
-            f"SELECT {columns} FROM samples WHERE id >= ? AND id < ? AND {where} ORDER BY id",
-            [_rowid(start, 0), _rowid(end, 0), card]):
-        if joules is not None:
-            counted += joules
-            seen.add(COUNTER)
-        elif before is not None and (found := interval_mj((_ts(before[0]), before[2], None),
-                                                          (_ts(key), power, None), dt)) is not None:
-            sampled += found[0] / 1000
-            seen.add(SAMPLED)
-        before = (key, dt, power, joules)
-    return Energy(counted + sampled, SAMPLED if SAMPLED in seen else (COUNTER if seen else None))
+# The raw samples' part of each window in temp.energy_windows (k, card, lo, hi: rowids), in one pass over the raw
+# samples before the last `hi`: the J the counter counted, and the power samples' trapezoids where it did not
+# (app.history.store.interval_mj's rule, in SQL: a stretch counts GAP_SAMPLES samples' time at most, a LOST card's
+# power is no reading). A sample's stretch reaches back to its card's previous sample, in the window or not.
+RAW = f"""
+    WITH s AS (SELECT id, id & {CARD_MASK} AS card, dt, energy, CASE WHEN state != {STATES.index(LOST)} THEN power END AS p
+               FROM samples WHERE id < ?),
+         t AS MATERIALIZED (SELECT id, card, energy, CASE WHEN energy IS NULL THEN (lag(p) OVER w + p) / 2.0
+                   * min((id - lag(id) OVER w) >> {CARD_BITS}, {GAP_SAMPLES} * max(1, dt)) END AS sampled
+               FROM s WINDOW w AS (PARTITION BY card ORDER BY id))
+    SELECT e.k, sum(t.energy), sum(t.sampled)
+    FROM temp.energy_windows e CROSS JOIN t WHERE t.card = e.card AND t.id >= e.lo AND t.id < e.hi GROUP BY e.k"""
 
 
 def booking_energy(store: HistoryStore, booking: Booking, start: float, end: float) -> Energy:
     """What the booking's cards drew while it held them, within [start, end)."""
-    return cards_energy(store, booking.card_uuids, max(start, booking.start), min(end, booking.end))
+    return _Reader(store).energy(booking.card_uuids, max(start, booking.start), min(end, booking.end))
 
 
 def energy_by(store: HistoryStore, bookings: Iterable[Booking], start: float, end: float,
@@ -134,8 +153,9 @@ def energy_by(store: HistoryStore, bookings: Iterable[Booking], start: float, en
 
 
 def _each(store: HistoryStore, bookings: Iterable[Booking], start: float, end: float) -> list[tuple[Booking, Energy]]:
-    return [(b, booking_energy(store, b, start, end)) for b in bookings
-            if b.status == "booked" and b.end > start and b.start < end]
+    held = [b for b in bookings if b.status == "booked" and b.end > start and b.start < end]
+    found = _Reader(store).energies([(b.card_uuids, max(start, b.start), min(end, b.end)) for b in held])
+    return list(zip(held, found))
 
 
 def _summed(each: list[tuple[Booking, Energy]], key: str) -> dict[str, Energy]:
