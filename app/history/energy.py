@@ -1,15 +1,15 @@
 """Energy on the bill: kWh over a window of cards, per booking, per user and per project, from the history file.
 
-What a stretch of a card's time drew, by what the history holds for it (app.history.store):
-- a raw sample whose `energy` is set: the J that NVML's energy counter counted since the card's previous sample
-  ("counter"); a counter that went down (the driver reloaded) left it unset;
-- any other raw sample: the trapezoid of its power and the previous sample's ("sampled");
-- a stretch only the rollups still hold (older than [history] raw_hours): the bucket's mean power over its seconds,
-  the counter's mean where the card has a counter ("counter"), else the samples' ("sampled"); a bucket the window
-  holds in part counts in proportion.
-A gap between two samples (the service was down) counts as GAP_SAMPLES samples at most, at the stretch's mean power:
+Read as the report reads the history: the 5-minute rollups up to where they end, the raw samples after (minutes).
+- A rollup: its mean power over its seconds; the counter's mean where all its samples had one (app.history.store),
+  else the samples' mean. Its source is its card's: "counter" where the card has NVML's energy counter. A bucket
+  the window holds in part counts in proportion.
+- A raw sample whose `energy` is set: the J that NVML's energy counter counted since the card's previous sample
+  ("counter"); a counter that went down (the driver reloaded) left it unset.
+- Any other raw sample: the trapezoid of its power and the previous sample's ("sampled").
+A gap between two samples (the service stalled) counts as GAP_SAMPLES samples at most, at the stretch's mean power:
 an hour without samples is never an hour at full power. A sample counts in the window that holds its time, as the
-rest of the history does; the energy it carries is the stretch that ends there.
+rest of the history does; the energy it carries is the stretch that ends there. A LOST card draws nothing.
 
 A result says "counter" when all of it was counted by the counter, "sampled" when any of it came from power samples.
 Core: no Textual, no service.
@@ -21,11 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from app.core.cardstate import LOST
-from app.history.store import (BUCKET_S, CARD_BITS, CARD_MASK, GAP_SAMPLES, STATES, HistoryStore, _bucket_id, _rowid,
-                               _ts)
+from app.history.store import (BUCKET_S, CARD_BITS, CARD_MASK, GAP_SAMPLES, STATES, HistoryStore, _bucket_id, _rowid)
 from app.model import Booking
 
 J_PER_KWH = 3_600_000
+LOOK_BACK_S = 3600
 COUNTER, SAMPLED = "counter", "sampled"
 
 
@@ -70,13 +70,11 @@ class _Reader:
         conn = store.conn
         self.cards = store.cards()
         self.counters = {id for id, in conn.execute("SELECT id FROM cards WHERE counter = 1")}
-        oldest = conn.execute("SELECT min(id) FROM samples").fetchone()[0]
+        # As the report reads them: the rollups up to where they end, the raw samples (minutes of them) after; where
+        # nothing is rolled up yet, the raw samples are all there is.
         rolled_to = store.rolled_to()
-        if oldest is not None:
-            # From the first whole bucket after the oldest raw sample (the bucket it is in was pruned in part); where
-            # nothing is rolled up yet, the raw samples are all there is.
-            raw_from = -(-_ts(oldest) // BUCKET_S) * BUCKET_S
-            self.raw_from = float("-inf") if rolled_to is None else min(raw_from, rolled_to)
+        if conn.execute("SELECT 1 FROM samples LIMIT 1").fetchone() is not None:
+            self.raw_from = float("-inf") if rolled_to is None else rolled_to
 
     def energy(self, uuids: Iterable[str], start: float, end: float) -> Energy:
         return self.energies([(uuids, start, end)])[0]
@@ -102,7 +100,8 @@ class _Reader:
                          " hi INTEGER)")
             conn.execute("DELETE FROM temp.energy_windows")
             conn.executemany("INSERT INTO temp.energy_windows VALUES (?, ?, ?, ?)", raw)
-            for i, counted, sampled in conn.execute(RAW, [max(hi for *_, hi in raw)]):
+            lo = min(lo for _, _, lo, _ in raw) - (LOOK_BACK_S << CARD_BITS)
+            for i, counted, sampled in conn.execute(RAW, [lo, max(hi for *_, hi in raw)]):
                 source = SAMPLED if sampled is not None else COUNTER if counted is not None else None
                 found[i] += Energy((counted or 0) + (sampled or 0), source)
         return found
@@ -130,10 +129,11 @@ class _Reader:
 # The raw samples' part of each window in temp.energy_windows (k, card, lo, hi: rowids), in one pass over the raw
 # samples before the last `hi`: the J the counter counted, and the power samples' trapezoids where it did not
 # (app.history.store.interval_mj's rule, in SQL: a stretch counts GAP_SAMPLES samples' time at most, a LOST card's
-# power is no reading). A sample's stretch reaches back to its card's previous sample, in the window or not.
+# power is no reading). A sample's stretch reaches back to its card's previous sample, in the window or not (up to
+# LOOK_BACK_S before it).
 RAW = f"""
     WITH s AS (SELECT id, id & {CARD_MASK} AS card, dt, energy, CASE WHEN state != {STATES.index(LOST)} THEN power END AS p
-               FROM samples WHERE id < ?),
+               FROM samples WHERE id >= ? AND id < ?),
          t AS MATERIALIZED (SELECT id, card, energy, CASE WHEN energy IS NULL THEN (lag(p) OVER w + p) / 2.0
                    * min((id - lag(id) OVER w) >> {CARD_BITS}, {GAP_SAMPLES} * max(1, dt)) END AS sampled
                FROM s WINDOW w AS (PARTITION BY card ORDER BY id))

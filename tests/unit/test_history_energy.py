@@ -146,6 +146,14 @@ class TestBookingEnergy:
         half = booking(2, "bob", (A,), start=S + BUCKET_S // 2, end=S + BUCKET_S)  # half of one bucket at 300 W
         assert booking_energy(store, half, 0, now).joules == pytest.approx(300 * 150)
 
+    def test_a_booking_half_rolled_up_is_neither_counted_twice_nor_lost(self, store):
+        """Its first hour in rollups, its second still raw (as the report reads them). Wrong versions: both read for
+        the first hour (1.8 kWh), or the raw samples skipped where rollups end (0.6)."""
+        record(store, {A: True, B: False})
+        store.roll_up(S + 3600)
+        assert store.rolled_to() == S + 3600
+        assert booking_energy(store, booking(1, "alice", (A, B)), S, E).kwh == pytest.approx(1.2, abs=1e-9)
+
     def test_the_rollups_keep_the_counters_mean_power_not_the_samples(self, store):
         """The card drew 400 W between samples that read 300 W: the counter knows, and so do the rollups. Wrong
         version: the bucket's power mean from its samples (0.6 kWh after the roll-up, 0.8 before)."""
