@@ -61,9 +61,11 @@ def add_parser(command, common) -> None:
     a.add_argument("id", type=int, metavar="ID")
     a.add_argument("--json", action="store_true", help="print JSON")
 
-    p = command("usage", cmd_usage, "the gateway's requests and tokens per user, key or model", json_flag=True)
+    p = command("usage", cmd_usage, "the gateway's requests and tokens per user, key, model or project",
+                json_flag=True)
     p.add_argument("--since", type=_age, default=7 * 86400, metavar="AGE", help="how far back: 12h, 7d (default 7d)")
-    p.add_argument("--by", choices=("user", "key", "model"), default="user", help="group by (default user)")
+    p.add_argument("--by", choices=("user", "key", "model", "project"), default="user",
+                   help="group by (default user; project on a board with [[projects]])")
 
     p = daemon(command("gateway", cmd_gateway, "run the OpenAI-compatible gateway (its unit runs it as board-gateway)"))
     p.add_argument("--listen", metavar="HOST:PORT", help="instead of [gateway] listen")
@@ -138,10 +140,12 @@ def cmd_usage(ctx) -> int:
     if ctx.args.json:
         print_json({"since": iso(doc["since"]), "by": doc["by"], "rows": doc["rows"]})
         return EXIT_OK
-    rows = [["USER", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "ERRORS"]]
+    by_project = doc["by"] == "project"  # a column of its own, first: the others are summed over
+    rows = [["PROJECT"] * by_project + ["USER", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "ERRORS"]]
     for r in doc["rows"]:
-        rows.append([inert(r["user"], 32) or "*", r["key"] or "*", inert(r["model"], 60) or "*", str(r["requests"]),
-                     str(r["prompt_tokens"]), str(r["completion_tokens"]), str(r["errors"])])
+        rows.append([inert(r["project"], 40) or "(none)"] * by_project
+                    + [inert(r["user"], 32) or "*", r["key"] or "*", inert(r["model"], 60) or "*", str(r["requests"]),
+                       str(r["prompt_tokens"]), str(r["completion_tokens"]), str(r["errors"])])
     print(table(rows) if len(rows) > 1 else "no requests through the gateway in that time")
     return EXIT_OK
 

@@ -143,7 +143,7 @@ def allocation_opens(config: Config, start: int, end: int, tz: tzinfo | None) ->
 def period(project: Project, now: float, tz: tzinfo | None) -> tuple[int, int]:
     """The budget period holding `now`: (its start, its reset), local midnights of the policy zone; a week starts on
     Monday, a month on the 1st."""
-    today = datetime.fromtimestamp(now, tz).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = midnight(now, tz)
     if project.period == "week":
         first = today - timedelta(days=today.weekday())
         after = first + timedelta(days=7)
@@ -151,6 +151,11 @@ def period(project: Project, now: float, tz: tzinfo | None) -> tuple[int, int]:
         first = today.replace(day=1)
         after = (first + timedelta(days=32)).replace(day=1)
     return int(first.timestamp()), int(after.timestamp())  # naive: the system's zone, as policy_zone's None means
+
+
+def midnight(now: float, tz: tzinfo | None) -> datetime:
+    """The local midnight (the policy zone) that begins `now`'s day: where a day's token budget starts."""
+    return datetime.fromtimestamp(now, tz).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def card_seconds(bookings: Iterable[Booking], start: int, end: int) -> int:
@@ -163,3 +168,10 @@ def card_seconds(bookings: Iterable[Booking], start: int, end: int) -> int:
         if overlap > 0:
             total += overlap * len(booking.cards)
     return total
+
+
+def spent(bookings: Iterable[Booking], project: str, start: int, reset: int, now: float) -> tuple[int, int]:
+    """`project`'s booked card-seconds in the period [start, reset): (used, before `now`; ahead, from `now` on).
+    `bookings` may hold other projects' and cancelled ones: they count for nothing."""
+    theirs = [b for b in bookings if b.project == project]
+    return card_seconds(theirs, start, min(int(now), reset)), card_seconds(theirs, max(int(now), start), reset)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from app.store.db import inserted_id
 
@@ -84,7 +84,7 @@ def record_usage(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> Non
                      " ON CONFLICT DO NOTHING", [tuple(r.get(f) for f in USAGE_FIELDS) for r in records])
 
 
-_BY = {"user": '"user"', "key": "fingerprint", "model": "model"}
+_BY = {"user": '"user"', "key": "fingerprint", "model": "model", "project": "project"}
 
 
 class UsageRow(TypedDict):
@@ -95,11 +95,12 @@ class UsageRow(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     errors: int  # answered with a status of 400 or more
+    project: NotRequired[str]  # by project only: the [[projects]] entry its key is for ('' for none)
 
 
 def usage(conn: sqlite3.Connection, since: int, by: str) -> list[UsageRow]:
-    """Sums since `since`, grouped `by` user, key or model (all three columns shown; the others are summed over
-    and show as "" when they differ)."""
+    """Sums since `since`, grouped `by` user, key, model or project (user, key and model shown; those not grouped by
+    are summed over and show as "" when they differ; by project, each row names it)."""
     group = _BY[by]
     rows = conn.execute(
         f"SELECT {group}, CASE WHEN COUNT(DISTINCT \"user\") = 1 THEN MIN(\"user\") ELSE '' END,"
@@ -108,8 +109,14 @@ def usage(conn: sqlite3.Connection, since: int, by: str) -> list[UsageRow]:
         " COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END)"
         f" FROM gateway_usage WHERE ts >= ? GROUP BY {group} ORDER BY SUM(prompt_tokens + completion_tokens) DESC,"
         f" {group}", (since,))
-    return [{"user": user, "key": key, "model": model, "requests": n, "prompt_tokens": p or 0,
-             "completion_tokens": c or 0, "errors": e or 0} for _, user, key, model, n, p, c, e in rows]
+    found: list[UsageRow] = []
+    for value, user, key, model, n, p, c, e in rows:
+        row: UsageRow = {"user": user, "key": key, "model": model, "requests": n, "prompt_tokens": p or 0,
+                         "completion_tokens": c or 0, "errors": e or 0}
+        if by == "project":
+            row["project"] = value
+        found.append(row)
+    return found
 
 
 def tokens_by_user(conn: sqlite3.Connection, since: int, until: int) -> dict[str, tuple[int, int, int]]:
@@ -117,3 +124,10 @@ def tokens_by_user(conn: sqlite3.Connection, since: int, until: int) -> dict[str
     return {user: (n, p or 0, c or 0) for user, n, p, c in conn.execute(
         'SELECT "user", COUNT(*), SUM(prompt_tokens), SUM(completion_tokens) FROM gateway_usage'
         ' WHERE ts >= ? AND ts < ? GROUP BY "user"', (since, until))}
+
+
+def tokens_by_project(conn: sqlite3.Connection, since: int) -> dict[str, int]:
+    """project -> prompt and completion tokens through the gateway since `since` (`board projects`' tokens today)."""
+    return {project: (p or 0) + (c or 0) for project, p, c in conn.execute(
+        "SELECT project, SUM(prompt_tokens), SUM(completion_tokens) FROM gateway_usage WHERE ts >= ? GROUP BY project",
+        (since,))}

@@ -275,7 +275,7 @@ def gateway_usage(service: Service, me: Identity, request: GatewayUsage) -> Reco
 
 class Usage(Request, frozen=True):
     since: Time = 0
-    by: str = "user"  # user, key or model
+    by: str = "user"  # user, key, model, or project on a board with [[projects]]
 
 
 class UsageReply(TypedDict):
@@ -286,8 +286,12 @@ class UsageReply(TypedDict):
 
 @op("usage", Usage)
 def usage(service: Service, me: Identity, request: Usage) -> UsageReply:
-    """The gateway's requests and tokens since `since`, summed by user, key or model (everyone's, like report)."""
+    """The gateway's requests and tokens since `since`, summed by user, key, model or project (everyone's, like
+    report)."""
     since, by = request.since, request.by
-    if by not in ("user", "key", "model"):
-        raise BadInput(f"by {by[:20]!r}: use user, key or model")
+    if by == "project" and not service.config.projects:
+        raise BadInput("this board has no projects ([[projects]]), so usage is not kept by project; use --by user,"
+                       " key or model")
+    if by not in ("user", "key", "model", "project"):
+        raise BadInput(f"by {by[:20]!r}: use user, key, model or project")
     return {"since": since, "by": by, "rows": rows.usage(service.conn, since, by)}

@@ -770,9 +770,8 @@ class BookingService:
         at = start
         while at < end:
             first, reset = projects.period(found, at, tz)
-            theirs = [b for b in rows.live_between(self.conn, first, reset) if b.project == project and b.id != excluding]
-            used = projects.card_seconds(theirs, first, min(now, reset)) if now > first else 0
-            ahead = projects.card_seconds(theirs, max(now, first), reset) if now < reset else 0
+            others = [b for b in rows.live_between(self.conn, first, reset) if b.id != excluding]
+            used, ahead = projects.spent(others, project, first, reset, now)
             wanted = (min(end, reset) - max(start, first)) * count
             budget = found.gpu_hours * 3600
             if used + ahead + wanted > budget:
