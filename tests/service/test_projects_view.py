@@ -6,6 +6,7 @@ the past), the real CLI's handlers on the same service; and the real agent throu
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -14,6 +15,7 @@ import pytest
 from app.client.local import LocalClient
 from app.config import load_config
 from app.core.identity import Identity
+from app.errors import BadInput
 from app.history.store import Sample
 from app.output import booking_json, booking_line
 from app.gpu import open_source
@@ -250,3 +252,69 @@ def test_a_booking_line_names_its_project_beside_the_holder(board):
     assert booking_json(booking)["project"] == "A"
     bare = {k: v for k, v in booking.items() if k != "project"}
     assert "project" not in booking_line(bare, FROZEN_NOW) and "project" not in booking_json(bare)
+
+
+# -- a board without projects, and the real agent ------------------------------------------------------------------
+
+
+def test_a_board_without_projects_keeps_its_old_shapes(client, cli):
+    """Through either transport, no [[projects]]: `board projects` says so in one line (exit 0, an empty list in
+    JSON); a booking, its line, the report and `usage` are as they always were; `usage --by project` is one line,
+    exit 2. Wrong versions: `project: ""` on the wire or in --json; "(project )" in a line; a `projects` key or
+    section in the report; usage grouped by an empty project instead of refused."""
+    from app.service.ops.projects import NO_PROJECTS
+    from tests.service.test_behaviour import tomorrow
+
+    assert cli("projects") == (0, NO_PROJECTS + "\n", "")
+    rc, out, err = cli("projects", "--json")
+    assert rc == 0 and err == "" and (json.loads(out)["projects"], json.loads(out)["note"]) == ([], NO_PROJECTS)
+    start = tomorrow()
+    made = client.call("book", cards=[3], start=start, end=start + H)
+    assert "project" not in made and "project" not in client.call("get", id=made["id"])
+    rc, out, err = cli("list")
+    line = next(line for line in out.splitlines() if line.startswith(f"#{made['id']} "))
+    assert rc == 0 and "project" not in line, line
+    rc, out, err = cli("list", "--json")
+    assert rc == 0 and all("project" not in b for b in json.loads(out)["bookings"])
+    rc, out, err = cli("report", "--since", "7d", "--json")
+    assert rc == 0 and "projects" not in json.loads(out)
+    rc, out, err = cli("report", "--since", "7d")
+    assert rc == 0 and "Per project" not in out
+    rc, out, err = cli("usage", "--by", "project")
+    assert (rc, out) == (2, "") and err == ("board: this board has no projects ([[projects]]), so usage is not kept by"
+                                            " project; use --by user, key or model\n")
+    with pytest.raises(BadInput, match="no projects"):
+        client.call("usage", by="project")
+
+
+@pytest.mark.real_users
+def test_through_the_agents_socket_a_member_sees_her_projects_use_and_her_bookings_name_it(make_agent):
+    """The real agent with A and B (root, the CLI's caller here, a member of A): `board book` books for A without
+    --project and its confirmation and `board list` name it; `board projects --json` has its booked hours (those
+    before the reset) and the shape docs/json.md shows. Wrong versions: the booking not tagged with the caller's only
+    project; the hours of another project; a key printed and not documented (or the other way)."""
+    from tests.service.support import board_cli
+    from tests.unit.test_json_docs import Reader, example, mismatches
+
+    agent = make_agent(start=False)
+    with open(agent.config, "a") as config:
+        config.write(PROJECTS.replace('members = ["alice", "carol"]', 'members = ["root", "alice"]'))
+    agent.start()
+    env = {"BOARD_CONFIG": str(agent.config)}
+    rc, out, err = board_cli("book", "--cards", "4,5", "--start", "+1h", "--for", "1h", "--class", "batch", env=env)
+    assert rc == 0, err
+    assert re.match(r"booked #\d+ +root \(project A\) cards 4,5 ", out), out
+    rc, out, err = board_cli("list", env=env)
+    assert rc == 0 and "root (project A) cards 4,5" in out, out
+    rc, out, err = board_cli("projects", "--json", env=env)
+    assert rc == 0, err
+    doc = json.loads(out)
+    (booking,) = agent.client().call("list")["bookings"]
+    reset = int(datetime.fromisoformat(doc["projects"][0]["resets_at"]).timestamp())
+    ahead = round(2 * max(0, min(booking["end"], reset) - booking["start"]) / H, 2)
+    assert [(p["name"], p["used_hours"], p["booked_hours"], p["mine"]) for p in doc["projects"]] == [
+        ("A", 0.0, ahead, True), ("B", 0.0, 0.0, False)]
+    shape = Reader(example("json.md", "`board projects --json` prints one object:")).shape()
+    assert mismatches(shape, doc, "", set()) == []
+    rc, out, err = board_cli("projects", env=env)
+    assert rc == 0 and out.splitlines()[-1] == "your projects: A", out
