@@ -318,3 +318,21 @@ def test_through_the_agents_socket_a_member_sees_her_projects_use_and_her_bookin
     assert mismatches(shape, doc, "", set()) == []
     rc, out, err = board_cli("projects", env=env)
     assert rc == 0 and out.splitlines()[-1] == "your projects: A", out
+
+
+def test_what_is_left_is_what_the_budget_lets_a_member_book(board):
+    """`remaining_hours` and the budget's refusal count alike: B has 13.0 h left at FROZEN_NOW, so bob books 13 h
+    and then not half an hour more (exit 4, the one line naming the budget, use and reset). Wrong versions: the view
+    or the check counting another project's hours, the cancelled ones, or the December ones."""
+    from app.errors import NotPermitted
+
+    the_month(board)
+    bob = board.as_("bob")
+    assert bob.call("projects")["projects"][1]["remaining_hours"] == 13.0
+    book(bob, [7], "2026-11-29 17:00", "2026-11-30 06:00", "experiment")
+    assert bob.call("projects")["projects"][1]["remaining_hours"] == 0.0
+    with pytest.raises(NotPermitted) as refused:
+        book(bob, [7], "2026-11-30 06:00", "2026-11-30 06:30", "experiment")
+    assert str(refused.value).startswith(
+        "project B's budget is 20 GPU-hours a month: 6.0 h used and 14.0 h booked ahead, this booking needs 0.5 h;"
+        " it resets Tue 00:00 (in 32 h); book less, or ask an admin;"), str(refused.value)
