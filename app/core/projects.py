@@ -153,6 +153,16 @@ def period(project: Project, now: float, tz: tzinfo | None) -> tuple[int, int]:
     return int(first.timestamp()), int(after.timestamp())  # naive: the system's zone, as policy_zone's None means
 
 
+def resets(project: Project, start: int, end: int, tz: tzinfo | None) -> list[int]:
+    """Where `project`'s budget periods start again within (start, end]."""
+    found = []
+    at = period(project, start, tz)[1]
+    while at <= end:
+        found.append(at)
+        at = period(project, at, tz)[1]
+    return found
+
+
 def midnight(now: float, tz: tzinfo | None) -> datetime:
     """The local midnight (the policy zone) that begins `now`'s day: where a day's token budget starts."""
     return datetime.fromtimestamp(now, tz).replace(hour=0, minute=0, second=0, microsecond=0)
