@@ -76,18 +76,19 @@ class Board:
         return rc, out, err
 
 
-def make_board(tmp_path, text: str, now: float) -> Board:
+def make_board(tmp_path, text: str, now: float, url: str | None = None) -> Board:
+    """The service on PROJECTS (or `text`) at `now`: its SQLite file in tmp_path, or the PostgreSQL database `url`."""
     path = tmp_path / "board.toml"
-    path.write_text(f'[storage]\ndb = "{tmp_path / "board.db"}"\n' + text)
+    path.write_text(f'[storage]\ndb = "{tmp_path / "board.db"}"\n' + (f'url = "{url}"\n' if url else "") + text)
     config = load_config(environ={"BOARD_CONFIG": str(path)})
     clock = Clock(now)
     return Board(Service(config, Fleet(open_source(True, clock=clock), 1.0), clock=clock), clock)
 
 
 @pytest.fixture
-def board(tmp_path, set_tz):
+def board(tmp_path, set_tz, store):
     set_tz("UTC")
-    made = make_board(tmp_path, PROJECTS, utc("2026-10-31 20:00"))
+    made = make_board(tmp_path, PROJECTS, utc("2026-10-31 20:00"), getattr(store, "url", None))
     yield made
     made.service.close()
 
