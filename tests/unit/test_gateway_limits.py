@@ -1,15 +1,25 @@
 """The gateway's budgets and rate limits (app.gateway.limits) on a pinned clock: a project's tokens a day up to the
-policy zone's midnight, requests and tokens a minute per key and per project in a sliding window, and what counts.
-Through the gateway's HTTP door with the openai client: tests/unit/test_gateway_limits_relay.py; end to end with the
-real service and llama-server: tests/llama/test_gateway_budgets.py."""
+policy zone's midnight, requests and tokens a minute per key and per project in a sliding window, and what counts;
+then through the gateway in process (TestGateway: its HTTP door, an upstream that reports usage, the official
+`openai` client, the same pinned clock). End to end with the real service and llama-server:
+tests/llama/test_gateway_budgets.py."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from app.config import Config, GatewaySettings, Policy, Project
 from app.gateway.limits import Limits
 from app.gateway.routing import Refused
+from app.gateway.server import Gateway
+from tests.unit.test_gateway_relay import KEY, FixedState
+
+openai = pytest.importorskip("openai")
 
 # Sat 2026-12-05 22:30 in Berlin (21:30 UTC): Berlin's midnight is 1 h 30 min away, UTC's 2 h 30 min.
 BERLIN_2230 = 1796506200
@@ -221,3 +231,114 @@ def test_a_board_without_projects_or_key_limits_counts_nothing_and_refuses_nothi
         made.admit(implicit)
         made.spend(implicit, 10**6)
     assert (made.keys, made.project_windows, made.spent) == ({}, {}, {})
+
+
+# -- through the gateway --------------------------------------------------------------------------------------------
+
+@contextlib.asynccontextmanager
+async def gateway(clock: Clock, project: str = "A", *, projects: tuple[Project, ...] | None = None, **settings):
+    """The gateway in process on `clock`, its one key (bob's) for `project`, before an upstream whose every answer
+    used 11 + 4 tokens: (an AsyncOpenAI client with that key, the gateway, the state with its accounting)."""
+    async def chat(request):
+        return web.json_response({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}})
+
+    upstream_app = web.Application()
+    upstream_app.router.add_post("/v1/chat/completions", chat)
+    upstream = TestServer(upstream_app)
+    await upstream.start_server()
+    state = FixedState(str(upstream.make_url("")).rstrip("/"))
+    state.state["keys"][0]["project"] = project
+    if projects is None:
+        projects = (Project(name="A", members=("bob",), tokens_per_day=40),)
+    config = Config(gateway=GatewaySettings(**settings), policy=Policy(timezone="Europe/Berlin"), projects=projects)
+    made = Gateway(config, state, clock=clock)
+    client = TestClient(TestServer(made.app()))
+    await client.start_server()
+    try:
+        while not made.router.known:
+            await asyncio.sleep(0.01)
+        yield openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key=KEY, max_retries=0, timeout=30), \
+            made, state
+    finally:
+        await client.close()
+        await upstream.close()
+
+
+async def chat(client, model: str = "m"):
+    return await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+
+
+async def rate_limited(client) -> openai.RateLimitError:
+    with pytest.raises(openai.RateLimitError) as caught:
+        await chat(client)
+    return caught.value
+
+
+class TestGateway:
+    async def test_a_keys_nth_request_in_the_minute_passes_the_next_is_429_with_retry_after_and_a_new_minute_passes(
+            self):
+        """key_rpm 3 (its project without limits): three answered at +0, +10, +20; the 4th at +30 is the openai
+        client's RateLimitError, OpenAI's error shape, Retry-After 30 (the +0 one leaves at +60); at +60 one passes.
+        Wrong versions: the gateway's limits on another clock than its own (time.time: nothing passes at "+60"),
+        Retry-After missing or a whole minute, the limit not read from [gateway] key_rpm."""
+        clock = Clock(BERLIN_2230)
+        async with gateway(clock, "B", projects=(Project(name="B", members=("bob",)),), key_rpm=3) as (client, _, _):
+            for at in (0, 10, 20):
+                clock.now = BERLIN_2230 + at
+                assert (await chat(client)).usage.total_tokens == 15
+            clock.now = BERLIN_2230 + 30
+            error = await rate_limited(client)
+            assert error.response.status_code == 429 and error.response.headers["Retry-After"] == "30"
+            assert error.body == {"message": "key fp made 3 requests in the last minute, the most [gateway] key_rpm"
+                                             " lets through; try again in 30 s", "type": "rate_limit_exceeded",
+                                  "code": "key_requests_per_minute"}
+            clock.now = BERLIN_2230 + 60
+            await chat(client)
+
+    async def test_a_projects_spent_day_is_429_with_retry_after_at_the_policy_zones_midnight(self):
+        """Project A's 40 tokens a day: three answers (15 each, counted as each ends, before any flush) pass, 45
+        tokens: the 4th is refused with Retry-After 5400 (Berlin's midnight from 22:30 there); at midnight it passes.
+        Each answer's accounting record carries the project.
+        Wrong versions: tokens counted only once flushed to the service (a 4th passes), Retry-After to UTC's
+        midnight (9000), the record without its project."""
+        clock = Clock(BERLIN_2230)
+        async with gateway(clock) as (client, made, state):
+            for _ in range(3):
+                await chat(client)
+            assert state.usage == []  # nothing flushed yet
+            error = await rate_limited(client)
+            assert error.response.headers["Retry-After"] == str(BERLIN_MIDNIGHT - BERLIN_2230)
+            assert error.code == "project_tokens_per_day" and error.type == "rate_limit_exceeded"
+            clock.now = BERLIN_MIDNIGHT
+            await chat(client)
+            await made._flush()
+            assert [(r["project"], r["status"]) for r in state.usage] == [("A", 200)] * 3 + [("A", 429), ("A", 200)]
+
+    async def test_a_keys_tokens_a_minute_are_enforced_and_a_refused_or_unrouted_request_counts_nothing(self):
+        """key_tpm 30 and key_rpm 3: a request for a model no one serves (404) and the requests refused 429 count
+        toward neither limit; two answers (30 tokens) make the next 429 (tokens), which at +60 passes again.
+        Wrong versions: the 404 counted as a request (the 3rd answer refused by rpm), a refusal's tokens (0) or
+        request counted, tpm off by one (30 let through)."""
+        clock = Clock(BERLIN_2230)
+        async with gateway(clock, key_tpm=30, key_rpm=3) as (client, _, _):
+            with pytest.raises(openai.NotFoundError):
+                await chat(client, model="nobody-serves-this")
+            await chat(client)
+            await chat(client)
+            assert (await rate_limited(client)).code == "key_tokens_per_minute"
+            assert (await rate_limited(client)).code == "key_tokens_per_minute"
+            clock.now = BERLIN_2230 + 60
+            await chat(client)
+
+    async def test_a_board_without_projects_or_limits_answers_as_before(self):
+        """No [[projects]], no key limits: fifty requests at one instant all pass, and the records are as before (no
+        "project").
+        Wrong version: a limit applied with none configured, "project": "" added to every record."""
+        clock = Clock(BERLIN_2230)
+        async with gateway(clock, "", projects=()) as (client, made, state):
+            for _ in range(50):
+                await chat(client)
+            await made._flush()
+            assert len(state.usage) == 50 and not any("project" in r for r in state.usage)
