@@ -183,25 +183,33 @@ def key(id_, user, project="", klass="batch"):
             "revoked": None, "fingerprint": f"fp{id_}", "project": project}
 
 
+async def served(dave: dict, sent: list[tuple[str, dict]], tokens: dict[str, int]) -> list[str]:
+    """dave holds the one slot while `sent` queue; then each, as it is served, releases with its member's tokens:
+    the order in which they got the slot."""
+    r = router([server(1)], queue_timeout_s=30)
+    crowd = Crowd(r)
+    crowd.send("dave", dave)
+    await settle()
+    for name, k in sent:
+        crowd.send(name, k)
+    await settle()
+    while crowd.holding:
+        held, k = crowd.holding.pop(0)
+        r.release(held, k, tokens.get(k["user"], 0))
+        await settle()
+    await crowd.close()
+    return crowd.served
+
+
 async def test_members_of_one_project_alternate_whatever_keys_they_use_and_whatever_tokens_they_spend():
     """bob sends from two keys and spends 1000 tokens a request, carol 10 from one: they take turns, because tokens
     count against the project, never a member within it.
     Wrong versions: round-robin by key (bob's second key, never served, goes before carol); fair share by member
     (carol's cheaper requests all first)."""
-    r = router([server(1)], queue_timeout_s=30)
-    crowd = Crowd(r)
-    crowd.send("dave", key(9, "dave", "A"))
-    await settle()
     bob1, bob2, carol = key(1, "bob", "A"), key(2, "bob", "A"), key(3, "carol", "A")
-    for name, k in (("bob1", bob1), ("bob2", bob2), ("carol1", carol), ("bob3", bob1), ("carol2", carol)):
-        crowd.send(name, k)
-    await settle()
-    while crowd.holding:
-        held, k = crowd.holding.pop(0)
-        r.release(held, k, 1_000 if k["user"] == "bob" else 10)
-        await settle()
-    assert crowd.served == ["dave", "bob1", "carol1", "bob2", "carol2", "bob3"]
-    await crowd.close()
+    sent = [("bob1", bob1), ("bob2", bob2), ("carol1", carol), ("bob3", bob1), ("carol2", carol)]
+    assert await served(key(9, "dave", "A"), sent, {"bob": 1_000, "carol": 10}) == [
+        "dave", "bob1", "carol1", "bob2", "carol2", "bob3"]
 
 
 async def test_the_router_counts_a_finished_requests_tokens_against_its_keys_project_before_the_next_is_served():
@@ -231,23 +239,11 @@ async def test_without_projects_tokens_change_nothing_the_order_is_class_then_tu
     """Keys without a project (a board without [[projects]], or a service that does not send it yet) are all in
     the implicit project: the order is today's, whoever spends what.
     Wrong versions: fair share by member; a key without "project" refused or its None taken for a project of its own."""
-    r = router([server(1)], queue_timeout_s=30)
-    crowd = Crowd(r)
-    dave = key(9, "dave")
-    crowd.send("dave", dave)
-    await settle()
     bob, carol = key(1, "bob"), {**key(2, "carol"), "project": None}
     del bob["project"]
-    for name, k in (("bob1", bob), ("bob2", bob), ("carol1", carol), ("carol2", carol), ("erin", key(3, "erin", "",
-                                                                                                     "online"))):
-        crowd.send(name, k)
-    await settle()
-    while crowd.holding:
-        held, k = crowd.holding.pop(0)
-        r.release(held, k, 10_000 if k["user"] == "bob" else 1)
-        await settle()
-    assert crowd.served == ["dave", "erin", "bob1", "carol1", "bob2", "carol2"]
-    await crowd.close()
+    sent = [("bob1", bob), ("bob2", bob), ("carol1", carol), ("carol2", carol), ("erin", key(3, "erin", "", "online"))]
+    assert await served(key(9, "dave"), sent, {"bob": 10_000, "carol": 1}) == [
+        "dave", "erin", "bob1", "carol1", "bob2", "carol2"]
 
 
 async def test_the_wait_past_queue_timeout_is_still_429_and_leaves_the_order_whole():
