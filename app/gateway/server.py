@@ -162,7 +162,9 @@ class Gateway:
     def __init__(self, config: Config, client) -> None:
         settings = config.gateway
         self.config, self.settings, self.client = config, settings, client
-        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_user, time.time)
+        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_user, time.time,
+                             shares={p.name: p.share for p in config.projects},
+                             half_life_s=config.policy.fair_share_half_life_days * 86400)
         self.metrics = Metrics()
         self.pending: list[dict] = []
         # Each record's id, unique across the gateway's restarts: the service records a batch sent twice once.
@@ -359,12 +361,12 @@ class Gateway:
                               "invalid_request_error", "model_required")
             self.router.authorise(self._hash(request), model)
             server = await self.router.admit(model, key)
+            meter = Meter(streamed=False)
             try:
-                meter = Meter(streamed=False)
                 response, status = await self._forward(request, server, body, started, meter)
                 return response
             finally:
-                self.router.release(server, key)
+                self.router.release(server, key, meter.prompt + meter.completion)
         except Refused as refused:
             status = refused.status
             response = error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)
