@@ -160,6 +160,16 @@ def day(now: float, tz: tzinfo | None) -> tuple[int, int]:
     return int(today.timestamp()), int((today + timedelta(days=1)).timestamp())
 
 
+def resets(project: Project, start: int, end: int, tz: tzinfo | None) -> list[int]:
+    """Where `project`'s budget periods start again within (start, end]."""
+    found = []
+    at = period(project, start, tz)[1]
+    while at <= end:
+        found.append(at)
+        at = period(project, at, tz)[1]
+    return found
+
+
 def card_seconds(bookings: Iterable[Booking], start: int, end: int) -> int:
     """Booked card-seconds of `bookings` within [start, end): what the calendar holds, cancelled bookings left out."""
     total = 0

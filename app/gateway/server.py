@@ -163,7 +163,9 @@ class Gateway:
     def __init__(self, config: Config, client, clock=time.time) -> None:
         settings = config.gateway
         self.config, self.settings, self.client, self.clock = config, settings, client, clock
-        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_user, clock)
+        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_user, clock,
+                             shares={p.name: p.share for p in config.projects},
+                             half_life_s=config.policy.fair_share_half_life_days * 86400)
         self.limits = Limits(config, clock)
         self.metrics = Metrics()
         self.pending: list[dict] = []
@@ -370,12 +372,12 @@ class Gateway:
             except BaseException:  # refused after all, or the client left: the request counts nothing
                 self.limits.cancel(admitted)
                 raise
+            meter = Meter(streamed=False)
             try:
-                meter = Meter(streamed=False)
                 response, status = await self._forward(request, server, body, started, meter)
                 return response
             finally:
-                self.router.release(server, key)
+                self.router.release(server, key, meter.prompt + meter.completion)
         except Refused as refused:
             status = refused.status
             response = error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)

@@ -241,6 +241,8 @@ class BookingService:
         # nobody knows when those processes end.
         now_slot = start <= now + PAST_GRACE_SECONDS
         opens = policy.window_opens(self.config, klass, start, horizon + 1)
+        if (budgeted := projects.named(self.config, project)) is not None and budgeted.gpu_hours is not None:
+            opens += projects.resets(budgeted, start, horizon, policy.policy_zone(self.config))  # the budget is new
         # The next day past the slot first, all of the calendar only when that finds nothing: a full
         # calendar is a long read, and this may run under the write lock.
         for until in (start + duration + LOOKAHEAD_SECONDS, None):
