@@ -10,19 +10,14 @@ tests/unit/test_gateway_limits.py.
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from tests.llama.test_gateway import ALIAS, Team, wait_for
-from tests.llama.test_servers_service import SharedBoard
-from tests.ports import port_range
-from tests.service.support import check_reachable, needs_root
-from tests.shared_install import read_rows, scratch_dir
-from tests.unix_users import GATEWAY_USER, MEMBERS_GROUP, ensure_system_user, ensure_unix_users
+from tests.llama.test_gateway import ALIAS, running_team, wait_for
+from tests.shared_install import read_rows
 
 openai = pytest.importorskip("openai")
 
@@ -32,36 +27,12 @@ ZONE = ZoneInfo("Asia/Tokyo")
 
 @pytest.fixture(scope="module")
 def team(llama_server, tiny_model):
-    needs_root()
-    ensure_unix_users()
-    ensure_system_user(GATEWAY_USER, MEMBERS_GROUP)
-    for name in ("board", "alice", GATEWAY_USER):
-        check_reachable(name)
-    root = scratch_dir("board-gateway-budgets-")
-    board = SharedBoard(root, llama_server, tiny_model)
-    team = Team(board, root)
-    team.port = port_range("gateway", 10)[1]  # beside test_gateway.py's, should both modules' gateways be up
-    team.url = f"http://127.0.0.1:{team.port}"
-    config = board.agent.config
-    config.write_text(config.read_text() + f'\n[policy]\ntimezone = "Asia/Tokyo"\n\n'
-                                           f'[gateway]\nlisten = "127.0.0.1:{team.port}"\nkey_rpm = 3\n\n'
-                                           '[[projects]]\nname = "A"\nmembers = ["alice"]\ntokens_per_day = 1\n\n'
-                                           '[[projects]]\nname = "B"\nmembers = ["bob", "carol"]\n')
-    board.agent.start()
-    team.server = team.serve("alice", 2)
-    team.start_gateway()
-    assert wait_for(lambda: ALIAS in team.models()["models"]), team.log.read_text()
-    yield team
-    try:
-        if team.gateway is not None:
-            from tests import agent_process
-
-            assert agent_process.stop(team.gateway) == 0, team.log.read_text()
-        for server in board.json("carol", "serve", "list")["servers"]:
-            board.run("carol", "serve", "stop", str(server["id"]))
-    finally:
-        board.agent.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    with running_team(llama_server, tiny_model, '\n[policy]\ntimezone = "Asia/Tokyo"\n\n'
+                                                '[gateway]\nlisten = "{listen}"\nkey_rpm = 3\n\n'
+                                                '[[projects]]\nname = "A"\nmembers = ["alice"]\ntokens_per_day = 1\n\n'
+                                                '[[projects]]\nname = "B"\nmembers = ["bob", "carol"]\n',
+                      port=2) as team:  # beside test_gateway.py's two gateways, should both modules' be up
+        yield team
 
 
 def ask(client):
