@@ -51,6 +51,8 @@ def add_parser(command, common) -> None:
                         " bookings, else batch")
     a.add_argument("--expires", type=_expires, metavar="AGE", help="it stops working after this: 90d, 12h")
     a.add_argument("--user", metavar="NAME", help="admins: a key for this account (a service account)")
+    a.add_argument("--project", metavar="NAME",
+                   help="the project its requests count against ([[projects]]); default: the holder's only one")
     a.add_argument("--json", action="store_true", help="print JSON")
     a = actions.add_parser("list", help="your keys (fingerprints, never the keys)", parents=[common])
     a.set_defaults(handler=cmd_key_list)
@@ -92,12 +94,13 @@ def cmd_key_new(ctx) -> int:
         raise BadInput(f"--models: {error}") from None
     expires = int(time.time()) + args.expires if args.expires else None
     key = ctx.client.call("key_new", name=args.name, models=models, expires=expires, user=args.user,
-                          **{"class": args.klass})
+                          project=args.project, **{"class": args.klass})
     if args.json:
         print_json(_key_json(key))
         return EXIT_OK
     print(key["key"])
-    print(f"key {key['id']} ({key['fingerprint']}) for {key['user']}, class {key['class']},"
+    project = f", project {key['project']}" if key.get("project") else ""
+    print(f"key {key['id']} ({key['fingerprint']}) for {key['user']}{project}, class {key['class']},"
           f" models: {', '.join(key['models']) if key['models'] else 'all'},"
           f" expires: {iso(key['expires']) or 'never'}. It is shown only now: keep it.")
     return EXIT_OK
@@ -113,11 +116,13 @@ def cmd_key_list(ctx) -> int:
     if not keys:
         print("no keys; make one with: board key new")
         return EXIT_OK
-    rows = [["ID", "FINGERPRINT", "USER", "NAME", "CLASS", "MODELS", "EXPIRES", "REVOKED"]]
+    projects = any("project" in k for k in keys)  # the column only where some key is for a named project
+    rows = [["ID", "FINGERPRINT", "USER", *(["PROJECT"] if projects else []), "NAME", "CLASS", "MODELS", "EXPIRES",
+             "REVOKED"]]
     for k in keys:
-        rows.append([str(k["id"]), k["fingerprint"], inert(k["user"], 32), inert(k["name"], 40), k["class"],
-                     inert(",".join(k["models"]), 60) if k["models"] else "all", iso(k["expires"]) or "never",
-                     iso(k["revoked"]) or ""])
+        rows.append([str(k["id"]), k["fingerprint"], inert(k["user"], 32), *([k.get("project", "")] if projects else []),
+                     inert(k["name"], 40), k["class"], inert(",".join(k["models"]), 60) if k["models"] else "all",
+                     iso(k["expires"]) or "never", iso(k["revoked"]) or ""])
     print(table(rows))
     return EXIT_OK
 

@@ -153,6 +153,13 @@ def period(project: Project, now: float, tz: tzinfo | None) -> tuple[int, int]:
     return int(first.timestamp()), int(after.timestamp())  # naive: the system's zone, as policy_zone's None means
 
 
+def day(now: float, tz: tzinfo | None) -> tuple[int, int]:
+    """The day holding `now`: (its local midnight, the next one) in the policy zone; a token budget's day (23 or 25
+    hours across a DST change)."""
+    today = datetime.fromtimestamp(now, tz).replace(hour=0, minute=0, second=0, microsecond=0)
+    return int(today.timestamp()), int((today + timedelta(days=1)).timestamp())
+
+
 def resets(project: Project, start: int, end: int, tz: tzinfo | None) -> list[int]:
     """Where `project`'s budget periods start again within (start, end]."""
     found = []

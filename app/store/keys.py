@@ -12,26 +12,27 @@ from typing import Any, NotRequired, TypedDict
 
 from app.store.db import inserted_id
 
-_KEY_COLUMNS = 'id, name, "user", uid, hash, fingerprint, models, class, created_at, expires_at, revoked_at'
+_KEY_COLUMNS = 'id, name, "user", uid, hash, fingerprint, models, class, created_at, expires_at, revoked_at, project'
 
 
 def _key(row) -> dict[str, Any]:
-    id_, name, user, uid, hashed, fp, models, klass, created, expires, revoked = row
+    id_, name, user, uid, hashed, fp, models, klass, created, expires, revoked, project = row
     try:
         models = json.loads(models) if models else None
     except ValueError:
         models = []  # a hand-edited row opens nothing rather than everything
     return {"id": id_, "name": name, "user": user, "uid": uid, "hash": hashed, "fingerprint": fp, "models": models,
-            "class": klass, "created": created, "expires": expires, "revoked": revoked}
+            "class": klass, "created": created, "expires": expires, "revoked": revoked, "project": project}
 
 
 def insert(conn: sqlite3.Connection, *, name: str, user: str, uid: int, hashed: str, fingerprint: str,
-           models: list[str] | None, klass: str, now: int, created_by: int, expires_at: int | None) -> int:
+           models: list[str] | None, klass: str, now: int, created_by: int, expires_at: int | None,
+           project: str = "") -> int:
     cursor = conn.execute(
-        'INSERT INTO api_keys (name, "user", uid, hash, fingerprint, models, class, created_at, created_by, expires_at)'
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        'INSERT INTO api_keys (name, "user", uid, hash, fingerprint, models, class, created_at, created_by, expires_at,'
+        " project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (name, user, uid, hashed, fingerprint, json.dumps(models) if models is not None else None, klass, now,
-         created_by, expires_at))
+         created_by, expires_at, project))
     return inserted_id(cursor)
 
 
@@ -73,7 +74,7 @@ def usual_class(conn: sqlite3.Connection, uid: int) -> str | None:
 
 
 USAGE_FIELDS = ("ts", "key_id", "fingerprint", "user", "model", "server_id", "status", "prompt_tokens",
-                "completion_tokens", "ttft_ms", "duration_ms", "request")
+                "completion_tokens", "ttft_ms", "duration_ms", "request", "project")
 
 
 def record_usage(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> None:
@@ -81,7 +82,8 @@ def record_usage(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> Non
     sent again because its reply was lost)."""
     columns = ", ".join(f'"{f}"' for f in USAGE_FIELDS)  # quoted: "user" is a keyword in PostgreSQL
     conn.executemany(f"INSERT INTO gateway_usage ({columns}) VALUES ({', '.join('?' * len(USAGE_FIELDS))})"
-                     " ON CONFLICT DO NOTHING", [tuple(r.get(f) for f in USAGE_FIELDS) for r in records])
+                     " ON CONFLICT DO NOTHING", [tuple(r.get(f, "" if f == "project" else None) for f in USAGE_FIELDS)
+                                                      for r in records])  # no project: the implicit one
 
 
 _BY = {"user": '"user"', "key": "fingerprint", "model": "model", "project": "project"}
@@ -117,6 +119,13 @@ def usage(conn: sqlite3.Connection, since: int, by: str) -> list[UsageRow]:
             row["project"] = value
         found.append(row)
     return found
+
+
+def tokens_by_project(conn: sqlite3.Connection, since: int) -> dict[str, int]:
+    """project -> prompt and completion tokens since `since`: what the gateway's token budgets count."""
+    return {project: total or 0 for project, total in conn.execute(
+        "SELECT project, SUM(prompt_tokens + completion_tokens) FROM gateway_usage WHERE ts >= ? GROUP BY project",
+        (since,))}
 
 
 def tokens_by_user(conn: sqlite3.Connection, since: int, until: int) -> dict[str, tuple[int, int, int]]:
