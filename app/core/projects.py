@@ -143,7 +143,7 @@ def allocation_opens(config: Config, start: int, end: int, tz: tzinfo | None) ->
 def period(project: Project, now: float, tz: tzinfo | None) -> tuple[int, int]:
     """The budget period holding `now`: (its start, its reset), local midnights of the policy zone; a week starts on
     Monday, a month on the 1st."""
-    today = midnight(now, tz)
+    today = datetime.fromtimestamp(now, tz).replace(hour=0, minute=0, second=0, microsecond=0)
     if project.period == "week":
         first = today - timedelta(days=today.weekday())
         after = first + timedelta(days=7)
@@ -168,11 +168,6 @@ def resets(project: Project, start: int, end: int, tz: tzinfo | None) -> list[in
         found.append(at)
         at = period(project, at, tz)[1]
     return found
-
-
-def midnight(now: float, tz: tzinfo | None) -> datetime:
-    """The local midnight (the policy zone) that begins `now`'s day: where a day's token budget starts."""
-    return datetime.fromtimestamp(now, tz).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def card_seconds(bookings: Iterable[Booking], start: int, end: int) -> int:

@@ -133,10 +133,3 @@ def tokens_by_user(conn: sqlite3.Connection, since: int, until: int) -> dict[str
     return {user: (n, p or 0, c or 0) for user, n, p, c in conn.execute(
         'SELECT "user", COUNT(*), SUM(prompt_tokens), SUM(completion_tokens) FROM gateway_usage'
         ' WHERE ts >= ? AND ts < ? GROUP BY "user"', (since, until))}
-
-
-def tokens_by_project(conn: sqlite3.Connection, since: int) -> dict[str, int]:
-    """project -> prompt and completion tokens through the gateway since `since` (`board projects`' tokens today)."""
-    return {project: (p or 0) + (c or 0) for project, p, c in conn.execute(
-        "SELECT project, SUM(prompt_tokens), SUM(completion_tokens) FROM gateway_usage WHERE ts >= ? GROUP BY project",
-        (since,))}

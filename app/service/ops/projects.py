@@ -64,7 +64,7 @@ def projects_reply(service: Service, me: Identity, request: NoArguments) -> Proj
     periods = {p.name: projects.period(p, now, tz) for p in config.projects}
     # One read over every project's period
     booked = rows.live_between(service.conn, min(s for s, _ in periods.values()), max(r for _, r in periods.values()))
-    tokens = key_rows.tokens_by_project(service.conn, int(projects.midnight(now, tz).timestamp()))
+    tokens = key_rows.tokens_by_project(service.conn, projects.day(now, tz)[0])
     found: list[ProjectWire] = []
     for project in config.projects:
         start, reset = periods[project.name]
