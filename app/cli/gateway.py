@@ -143,7 +143,8 @@ def cmd_usage(ctx) -> int:
 
     doc = ctx.client.call("usage", since=max(0, int(time.time()) - ctx.args.since), by=ctx.args.by)
     if ctx.args.json:
-        print_json({"since": iso(doc["since"]), "by": doc["by"], "rows": doc["rows"]})
+        print_json({"since": iso(doc["since"]), "by": doc["by"], "rows": doc["rows"],
+                    **({"energy": doc["energy"]} if "energy" in doc else {})})
         return EXIT_OK
     by_project = doc["by"] == "project"  # a column of its own, first: the others are summed over
     rows = [["PROJECT"] * by_project + ["USER", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "ERRORS"]]
@@ -152,6 +153,10 @@ def cmd_usage(ctx) -> int:
                     + [inert(r["user"], 32) or "*", r["key"] or "*", inert(r["model"], 60) or "*", str(r["requests"]),
                        str(r["prompt_tokens"]), str(r["completion_tokens"]), str(r["errors"])])
     print(table(rows) if len(rows) > 1 else "no requests through the gateway in that time")
+    if doc.get("energy"):  # by user or project: what their bookings' cards drew (app.history.energy)
+        print("\nEnergy on the booked cards:")
+        for e in doc["energy"]:
+            print(f"  {inert(e[doc['by']], 40) or '(none)'}: {e['kwh']:.3f} kWh ({e['source']})")
     return EXIT_OK
 
 

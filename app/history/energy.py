@@ -166,17 +166,23 @@ def _summed(each: list[tuple[Booking, Energy]], key: str) -> dict[str, Energy]:
     return found
 
 
+def energy_rows(store: HistoryStore, bookings: Iterable[Booking], start: float, end: float, key: str) -> list[dict]:
+    """The live bookings' energy within [start, end) by `key` ("user" or "project"), most first, as the wire carries
+    it: [{key: name, "kwh", "source"}], a name whose cards the history never saw left out."""
+    return _listed(_each(store, bookings, start, end), key)
+
+
+def _listed(each: list[tuple[Booking, Energy]], key: str) -> list[dict]:
+    found = _summed(each, key)
+    return [{key: name, **energy.to_wire()} for name, energy in
+            sorted(found.items(), key=lambda item: (-item[1].joules, item[0])) if energy.source is not None]
+
+
 def energy_report(store: HistoryStore, bookings: Iterable[Booking], start: float, end: float, *,
                   projects: bool) -> dict:
     """`board report`'s energy: kWh per user (most first) and, where the config has [[projects]], per project, and
     the total, each with its source; what the bookings' cards drew while they held them, within [start, end)."""
     each = _each(store, bookings, start, end)
-
-    def listed(key: str) -> list[dict]:
-        found = _summed(each, key)
-        return [{key: name, **energy.to_wire()} for name, energy in
-                sorted(found.items(), key=lambda item: (-item[1].joules, item[0])) if energy.source is not None]
-
     total = sum((energy for _, energy in each), NOTHING)
-    return {"users": listed("user"), **({"projects": listed("project")} if projects else {}),
+    return {"users": _listed(each, "user"), **({"projects": _listed(each, "project")} if projects else {}),
             "total": total.to_wire()}

@@ -322,3 +322,39 @@ class TestReport:
         assert expected.source == COUNTER and 0 < expected.kwh < 2 * 0.6  # under two cards at their 575 W limit
         assert doc["energy"] == {"users": [{"user": "alice", **expected.to_wire()}], "total": expected.to_wire()}
         assert f"user alice: {expected.kwh:.3f} kWh (counter)" in table(doc)
+
+    def test_board_usage_by_project_and_by_user_carries_kwh_and_by_key_none(self, tmp_path):
+        """alice books card 0 for project ml, bob card 1 for web; the sampler records them. Wrong versions: a
+        project's kWh from the other's card, usage's window ignored, energy by key (it is a booking's, not a key's)."""
+        from app.client.local import LocalClient
+        from app.config import Project
+        from app.core.identity import Identity
+        from app.gpu.simulated import demo_uid
+
+        clock = [float(S)]
+        config = Config(db_path=tmp_path / "board.db", refresh_seconds=0, history=HistorySettings(sample_s=STEP),
+                        projects=(Project("ml", ("alice",)), Project("web", ("bob",))))
+        source = SimulatedSource(DEFAULT_FLEET, clock=lambda: clock[0])
+        alice = LocalClient.on(config, source, Identity("alice", demo_uid("alice"), False), clock=lambda: clock[0])
+        try:
+            service = alice.service
+            alice.call("book", cards=[0], start=S, end=S + 86400)
+            service.call(Identity("bob", demo_uid("bob"), False), "book",
+                         {"cards": [1], "start": S, "end": S + 86400})
+            sampler = Sampler(service.fleet, service.history, config, service.clock)
+            for _ in range(120):
+                sampler.sample_once()
+                clock[0] += STEP
+            uuids = [c.uuid for c in service.fleet.latest().cards]
+            since = S + 600  # the last 10 minutes of the 20
+            mine = {p: cards_energy(service.history, [uuids[i]], since, clock[0]) for i, p in ((0, "ml"), (1, "web"))}
+            by_project = alice.call("usage", since=since, by="project")
+            by_user = alice.call("usage", since=since, by="user")
+            by_key = alice.call("usage", since=since, by="key")
+        finally:
+            alice.close()
+        assert sorted(by_project["energy"], key=lambda e: e["project"]) == [
+            {"project": p, **mine[p].to_wire()} for p in ("ml", "web")]
+        assert {e["user"]: e["kwh"] for e in by_user["energy"]} == {"alice": mine["ml"].to_wire()["kwh"],
+                                                                     "bob": mine["web"].to_wire()["kwh"]}
+        assert "energy" not in by_key

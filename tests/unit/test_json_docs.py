@@ -48,7 +48,7 @@ NOT_RUN = {
 UNSEEN = {
     "board serve list --json": {"servers[]", "servers[].estimate", "planned[]"},
     "board report --json": {"tokens[]", "tp[]", "energy.users[]"},
-    "board usage --json": {"rows[]"},
+    "board usage --json": {"rows[]", "energy[]"},
     # the demo has no [[projects]]: tests/service/test_projects_view.py holds a board's with projects to the example
     "board projects --json": {"projects[]", "projects[].allocations[]"},
 }

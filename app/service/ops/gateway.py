@@ -27,6 +27,7 @@ from app.core.policy import class_refusal, may_use, policy_zone
 from app.errors import BadInput, Conflict, NotPermitted
 from app.service.ops.registry import ById, Int, NoArguments, Request, Time, op
 from app.service.rules.audit import audit
+from app.store import bookings as booking_rows
 from app.store import keys as rows
 from app.store.db import write
 
@@ -314,6 +315,8 @@ class UsageReply(TypedDict):
     since: int
     by: str
     rows: list[rows.UsageRow]
+    # By user or project: what their bookings' cards drew in the same time (app.history.energy).
+    energy: NotRequired[list[dict]]
 
 
 @op("usage", Usage)
@@ -326,4 +329,11 @@ def usage(service: Service, me: Identity, request: Usage) -> UsageReply:
                        " key or model")
     if by not in ("user", "key", "model", "project"):
         raise BadInput(f"by {by[:20]!r}: use user, key, model or project")
-    return {"since": since, "by": by, "rows": rows.usage(service.conn, since, by)}
+    found: UsageReply = {"since": since, "by": by, "rows": rows.usage(service.conn, since, by)}
+    if by in ("user", "project"):
+        from app.history.energy import energy_rows  # start-up: only usage by user or project reads the history
+
+        now = int(service.clock())
+        found["energy"] = energy_rows(service.history, booking_rows.live_between(service.conn, since, now), since, now,
+                                      by)
+    return found
