@@ -10,6 +10,8 @@ field names. tests/unit/test_gpu_nvml.py checks it against the installed module.
 
 Faults: `FakeGpu.errors["nvmlDeviceGetTemperature"] = fake.NVMLError_NotSupported`,
 `FakeGpu.lost = True` (every call on it raises GpuIsLost), `fake.init_error = ...`.
+Energy: `FakeGpu.energy_mj` is the total energy counter (a test moves it); a card without one:
+`FakeGpu.errors["nvmlDeviceGetTotalEnergyConsumption"] = fake.NVMLError_NotSupported`.
 Xid events: `fake.inject_xid(index, code)` wakes a waiting `nvmlEventSetWait_v2` on a set the card registered with;
 `FakeGpu.errors["nvmlDeviceRegisterEvents"] = fake.NVMLError_NotSupported` makes a card refuse events.
 """
