@@ -57,18 +57,20 @@ class Board:
         now = int(self.clock.now)
         return self.call(me, "book", cards=list(cards), start=now, end=now + int(hours * 3600))["id"]
 
-    def at(self, offset_s: float) -> dict:
-        """The clock at FROZEN_NOW + offset_s: one sample of the cards, then one enforcement pass."""
+    def at(self, offset_s: float, sample: bool = True) -> dict:
+        """The clock at FROZEN_NOW + offset_s: one sample of the cards (unless the sampler is down), then one
+        enforcement pass."""
         self.clock.now = FROZEN_NOW + offset_s
-        self.sampler.sample_once()
+        if sample:
+            self.sampler.sample_once()
         done = self.server.database.submit(self.server.enforce_once).result()
         self.passes.append(done)
         return done
 
-    def minutes(self, first: int, last: int) -> None:
+    def minutes(self, first: int, last: int, sample: bool = True) -> None:
         """A pass at each whole minute from `first` to `last`, both included."""
         for minute in range(first, last + 1):
-            self.at(minute * 60)
+            self.at(minute * 60, sample)
 
     def happened(self, what: str) -> list[int]:
         return [b for done in self.passes for b in done.get(what, [])]
@@ -249,7 +251,25 @@ def test_a_board_run_job_keeps_its_booking(make):
         job.wait()
     board.minutes(61, 61)  # the pass sweeps the ended job; idle on the cards since minute 0: told now
     assert board.happened("idle_told") == [booking]
-    board.minutes(62, 71)
+    board.minutes(62, 70)  # long past the limit, but the holder has the whole notice
+    assert board.happened("idle_released") == []
+    board.minutes(71, 71)
+    assert board.happened("idle_released") == [booking]
+
+
+def test_a_gap_in_the_history_is_not_idle_time(make):
+    """The sampler down from minute 6 to 25 (nobody saw what ran): the idle run starts again when it is back, so
+    told at 46, released at 56.
+    Wrong version it fails on: a gap between samples (or since the newest) counted as idle."""
+    board = make()
+    booking = board.book()
+    board.minutes(0, 5)
+    board.minutes(6, 25, sample=False)
+    board.minutes(26, 45)
+    assert board.happened("idle_told") == []
+    board.minutes(46, 55)
+    assert board.happened("idle_told") == [booking] and board.happened("idle_released") == []
+    board.minutes(56, 56)
     assert board.happened("idle_released") == [booking]
 
 

@@ -61,7 +61,7 @@ def release_pass(server: Agent) -> dict[str, list[int]]:
     # The samples of the limit and a little, and back to the oldest run told of: a run longer than the samples read
     # would seem to start later at each pass.
     back_to = min([now - after - 2 * service.config.history.sample_s - 60, *(since for since, _ in told_of.values())])
-    since = idle_since(service, [b for b in live if now - b.start >= max(grace, after) - notice], now, back_to)
+    since = idle_since(service, [b for b in live if now - b.start >= after - notice], now, back_to)
     released = False
     for booking in live:
         told = told_of.get(booking.id)
