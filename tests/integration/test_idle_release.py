@@ -22,6 +22,7 @@ from app.gpu.simulated import SimulatedSource, parse_scenario
 from app.history.sampler import Sampler
 from app.service import Service
 from app.service.box.idle import idle_card
+from app.service.box.metrics import BoardCollector
 from app.service.door.server import ServiceServer
 from app.store import events
 from tests.conftest import FROZEN_NOW, Clock
@@ -105,7 +106,7 @@ def make(tmp_path):
 
 def test_an_idle_booking_is_told_then_released_and_the_queue_moves_up(make):
     """Idle from its start (its first sample at minute 0): told at minute 20 exactly, released at 30 exactly, its
-    past kept, audited as the board's with why; bob's queued booking behind it moves up.
+    past kept, audited as the board's with why (and counted on /metrics); bob's queued booking behind it moves up.
     Wrong versions it fails on: the notice skipped (released with no notice, or none in the chat); off by one on
     the minute boundary (told at 19:59 or released at 29:59, or a minute late); released without the backfill."""
     board = make()
@@ -139,6 +140,8 @@ def test_an_idle_booking_is_told_then_released_and_the_queue_moves_up(make):
                                " at most 10 % busy)"
     assert board.pushes()[-1] == ("idle.released", f"booking {booking} of alice on cards 0,1 released: idle for 30 min")
     assert board.booking(queued["id"])["start"] == int(FROZEN_NOW) + 1800  # the queue moved up into the time
+    counted = {family.name: family.samples for family in BoardCollector(board.service).collect()}
+    assert [s.value for s in counted["board_idle_releases"]] == [1]  # /metrics counts it from the audit log
 
 
 @pytest.mark.parametrize("process, released", [(ALICE_PROCESS, False), (CONTAINER_PROCESS, False),
