@@ -25,6 +25,7 @@ from app.service.box.idle import idle_card
 from app.service.box.metrics import BoardCollector
 from app.service.door.server import ServiceServer
 from app.store import events
+from app.store.db import write
 from tests.conftest import FROZEN_NOW, Clock
 
 ALICE = Identity("alice", 1001, False)
@@ -37,11 +38,12 @@ AFTER, NOTICE = 30, 10
 class Board:
     """The agent (Service + ServiceServer, on the database thread), its sampler, and the test's clock."""
 
-    def __init__(self, tmp_path, **policy) -> None:
+    def __init__(self, tmp_path, store, **policy) -> None:
         self.clock = Clock(FROZEN_NOW)
         settings = {"idle_release_after_min": AFTER, "idle_release_notice_min": NOTICE, "idle_release_grace_min": 0,
                     **policy}
-        config = Config(db_path=tmp_path / "board.db", policy=Policy(timezone="UTC", **settings),
+        config = Config(db_path=tmp_path / "board.db", storage_url=getattr(store, "url", None),
+                        policy=Policy(timezone="UTC", **settings),
                         history=HistorySettings(sample_s=60), alerts=AlertSettings(enabled=False),
                         notify=NotifySettings(targets=(NotifyTarget("chat", "webhook", "http://127.0.0.1:9/hook"),)))
         self.source = SimulatedSource(parse_scenario({"cards": {"count": 4}}), clock=self.clock)
@@ -92,11 +94,12 @@ class Board:
 
 
 @pytest.fixture
-def make(tmp_path):
+def make(tmp_path, store):
+    """make(**policy): a Board on SQLite, or on a fresh PostgreSQL database."""
     made: list[Board] = []
 
     def board(**policy) -> Board:
-        made.append(Board(tmp_path, **policy))
+        made.append(Board(tmp_path, store, **policy))
         return made[-1]
 
     yield board
@@ -226,7 +229,7 @@ def test_a_live_server_keeps_its_booking(make, monkeypatch):
     monkeypatch.setattr("app.llama.service.LAUNCH_GRACE_S", 10**9)
     board = make()
     booking = board.book()
-    with board.service.conn:
+    with write(board.service.conn):
         board.service.conn.execute(
             'INSERT INTO servers (booking_id, "user", uid, cards, card_uuids, model, host, port, cmdline, state,'
             " created_at) VALUES (?, 'alice', 1001, '[0, 1]', '[]', '/m.gguf', '127.0.0.1', 8100, '[]', 'starting', ?)",
