@@ -199,6 +199,18 @@ def test_busy_after_the_notice_withdraws_it_and_the_clock_restarts(make):
     assert board.happened("idle_released") == [booking]
 
 
+def test_a_process_the_cards_show_now_counts_before_the_next_sample(make):
+    """Told at 20; the holder starts work at 29:40 and the pass at 30:00 comes before the sampler's next sample: the
+    cards' readings now keep the booking.
+    Wrong version it fails on: only the history asked (released on a sample up to [history] sample_s old)."""
+    board = make()
+    booking = board.book()
+    board.minutes(0, 29)
+    board.source.set_extra_processes({1: (ALICE_PROCESS,)})
+    board.at(30 * 60, sample=False)
+    assert board.happened("idle_released") == [] and board.happened("idle_withdrawn") == [booking]
+
+
 def test_never_in_its_first_grace_minutes(make):
     """Grace 45 minutes, longer than the 30-minute limit: idle from its start, told at 35, released at 45.
     Wrong versions it fails on: the grace ignored (released at 30); the notice given without the grace (at 20)."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Iterable
 from app.alerts.engine import run_since
 from app.core.cardstate import LOST, UNKNOWN_USER
 from app.core.identity import Identity
-from app.core.text import format_cards, stamp_time
+from app.core.text import cards_text, stamp_time
 from app.model import Booking
 from app.service.box.notify import push
 from app.store import bookings as rows
@@ -119,7 +119,7 @@ def idle_since(service: Service, bookings: list[Booking], now: float, back_to: f
 def _tell(service: Service, booking: Booking, since: float, release_at: float, now: float) -> None:
     """The notice: on the booking, to the holder's boards, and to the team's chat (once per idle run)."""
     minutes = max(1, int(release_at - now + 59) // 60)
-    cards = f"{'card' if len(booking.cards) == 1 else 'cards'} {format_cards(booking.cards)}"
+    cards = cards_text(booking.cards)
     with write(service.conn):
         rows.set_notice(service.conn, booking.id, f"idle since {stamp_time(since, now)}: released at"
                                                   f" {stamp_time(release_at, now)} unless used")
@@ -146,7 +146,7 @@ def _withdraw(service: Service, booking: Booking) -> None:
 def _release(service: Service, booking: Booking, since: float, now: float) -> None:
     """End it now, its past kept, audited with why; its holder and the chat told."""
     policy = service.config.policy
-    cards = f"{'card' if len(booking.cards) == 1 else 'cards'} {format_cards(booking.cards)}"
+    cards = cards_text(booking.cards)
     idle_min = int(now - since) // 60
     details = {"idle_since": int(since), "idle_min": idle_min, "idle_util_pct": policy.idle_util_pct,
                "cards": list(booking.cards), "end": booking.end}
