@@ -191,9 +191,10 @@ class TimelineModel:
         pool_of = {card: n for n, pool in reversed(list(enumerate(self.pools))) for card in pool.cards}
         self.row_pool = [pool_of.get(r.index) if r.host is None else None for r in rows]  # pools: this host's cards
         self.pool_rows = sorted(p for p in set(self.row_pool) if p is not None)
-        here = {r.index for r in rows if r.host is None}  # allocations name this host's cards
-        self.project_rows = [p.name for p in (self.projects.projects if self.projects else ())
-                             if here & {c for a in p.allocations for c in allocation_cards(self.projects, a)}]
+        config = self.projects or Config()
+        ours = {r.index for r in rows if r.host is None}  # allocations name this host's cards
+        self.project_rows = [p.name for p in config.projects
+                             if ours & {c for a in p.allocations for c in allocation_cards(config, a)}]
         self.cursor = (min(self.cursor[0], max(0, len(rows) - 1)), self.cursor[1])
         self.rebuild()
         return True
