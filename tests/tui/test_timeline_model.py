@@ -219,7 +219,7 @@ class TestAllocations:
 
         config = self.config(
             self.project("A", Allocation(pool="prod", hours="09:00-19:00", days="mon-fri")),
-            self.project("B", Allocation(cards=(6, 7), hours="18:00-22:00", days="sun")),
+            self.project("B", Allocation(cards=(6, 7, 9), hours="18:00-22:00", days="sun")),  # no card 9 here
             self.project("C"),  # no allocation: no row
             self.project("D", Allocation(cards=(9,))),  # no such card here: no row
             *projects)
@@ -230,7 +230,8 @@ class TestAllocations:
 
     def test_each_window_holds_its_cards_rows_over_its_hours_and_no_others(self):
         """Wrong versions: the closing column held too (19:00 on Monday is column 47's end, 22:00 Sunday column 17's
-        start), the opening one not; every card row shaded; a weekday window drawn on Sunday."""
+        start), the opening one not; every card row shaded; a weekday window drawn on Sunday; a card the fleet
+        has not (9) said to be held."""
         timeline = self.held()
         assert timeline.project_rows == ["A", "B"]
         a = [c for c in range(48) if (h := timeline.held_at(0, c)) is not None and h.project == "A"]
