@@ -147,8 +147,9 @@ def cell_parts(s: CardStatus, now: float, *, me: str, wide: bool, with_requests:
     if s.booking:
         mine = "cards--mine" if s.booking.user == me else ""
         until = f"→ {when(s.booking.end, now)}" if wide else f"→{when(s.booking.end, now)}"
-        cells["holder"] = (_named_time(holder(s.booking, None), " " if wide else "", until, HOLDER_WIDTH[wide], mine),
-                           "left")
+        gap = " " if wide else ""
+        name = holder(s.booking, max(1, HOLDER_WIDTH[wide] - len(gap) - len(until)))  # its project gives way first
+        cells["holder"] = (_named_time(name, gap, until, HOLDER_WIDTH[wide], mine), "left")
     else:
         cells["holder"] = ((("-", "cards--muted"),), "left")
     if s.next_booking:

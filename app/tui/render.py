@@ -35,8 +35,12 @@ def untrusted(text: str | None, limit: int | None = None, style: Style | str = "
 
 def holder(booking: Booking, limit: int | None = 16) -> str:
     """'alice', or 'alice·A' on a board with projects (the booking's project beside its holder), inert, in at most
-    `limit` characters. A board without projects has no booking with a project: its names read as they always did."""
-    return inert(f"{booking.user}·{booking.project}" if booking.project else booking.user, limit)
+    `limit` characters: the project gives way first ('alice·res…'), then goes ('alice'), before the name does. A board
+    without projects has no booking with a project: its names read as they always did."""
+    both = inert(f"{booking.user}·{booking.project}", limit)
+    if not booking.project or (limit is not None and both.endswith("…") and len(inert(booking.user)) + 3 > limit):
+        return inert(booking.user, limit)
+    return both
 
 
 def abbreviate(text: str, width: int) -> str:

@@ -176,8 +176,10 @@ class TimelineModel:
                  for card, host in zip(cards, hosts)]
         widest = max((cell_len(f"{host_cards([c.index], host or mine)} {name}".rstrip()) for c, host, name in named),
                      default=1)
-        pool_names = max((cell_len(inert(self.pools[p].name)) for p in self._pools_of(local)), default=0)
-        width = max(3, min(12 if wide else 9, max(widest, min(pool_names, 8)) + 1))
+        project_rows = self._projects_holding(local)
+        band_names = max((cell_len(inert(name)) for name in (*(self.pools[p].name for p in self._pools_of(local)),
+                                                               *project_rows)), default=0)
+        width = max(3, min(12 if wide else 9, max(widest, min(band_names, 8)) + 1))
         rows = []
         for card, host, name in named:
             index = host_cards([card.index], host or mine)
@@ -191,13 +193,17 @@ class TimelineModel:
         pool_of = {card: n for n, pool in reversed(list(enumerate(self.pools))) for card in pool.cards}
         self.row_pool = [pool_of.get(r.index) if r.host is None else None for r in rows]  # pools: this host's cards
         self.pool_rows = sorted(p for p in set(self.row_pool) if p is not None)
-        config = self.projects or Config()
-        ours = {r.index for r in rows if r.host is None}  # allocations name this host's cards
-        self.project_rows = [p.name for p in config.projects
-                             if ours & {c for a in p.allocations for c in allocation_cards(config, a)}]
+        self.project_rows = project_rows
         self.cursor = (min(self.cursor[0], max(0, len(rows) - 1)), self.cursor[1])
         self.rebuild()
         return True
+
+    def _projects_holding(self, cards: Sequence[CardReading]) -> list[str]:
+        """The projects whose allocations hold some of `cards` (this host's: allocations name its cards)."""
+        config = self.projects or Config()
+        indexes = {c.index for c in cards}
+        return [p.name for p in config.projects
+                if indexes & {c for a in p.allocations for c in allocation_cards(config, a)}]
 
     def _pools_of(self, cards: Sequence[CardReading]) -> set[int]:
         indexes = {c.index for c in cards}

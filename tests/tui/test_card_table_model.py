@@ -147,3 +147,15 @@ class TestProjects:
         status = statuses(replace(booked(4, user="al"), project="\x1b[b"))[4]
         assert cell_parts(status, FROZEN_NOW, me="bob", wide=True)["holder"][0] == (("al·\\x1b[b ", ""),
                                                                                   ("→ 18:30", ""))
+
+    def test_the_project_gives_way_before_the_holders_name(self):
+        """Wrong versions: 'alic…' (the name cut for a project that does not fit anyway), 'alice·…'."""
+        from app.tui.render import holder
+
+        b = replace(booked(4, user="alice"), project="research")
+        assert [holder(b, limit) for limit in (None, 14, 10, 8, 7, 5, 4)] == [
+            "alice·research", "alice·research", "alice·res…", "alice·r…", "alice", "alice", "ali…"]
+
+    def test_in_the_holder_column_the_project_goes_before_the_name_is_cut(self):
+        status = statuses(replace(booked(4, user="alice", end=FROZEN_NOW + 86400), project="research"))[4]
+        assert plain(cell_parts(status, FROZEN_NOW, me="bob", wide=True))["holder"] == "alice → Mon 15:30"

@@ -58,7 +58,7 @@ class Timeline(Widget, can_focus=True):
     Timeline > .timeline--pool-a { background: $secondary 15%; }
     Timeline > .timeline--pool-b { background: $accent 12%; }
     Timeline > .timeline--held-a { background: $success 16%; }
-    Timeline > .timeline--held-b { background: $warning 14%; }
+    Timeline > .timeline--held-b { background: $error 14%; }
     Timeline > .timeline--rule { color: $text-muted; }
     Timeline > .timeline--rule-edge { color: $foreground; text-style: bold; }
     Timeline > .timeline--rule-online { color: $error-lighten-1; }
