@@ -81,6 +81,19 @@ class TestProjectsOnTheBoard:
             await wait_for(pilot, lambda: str(detail.render()).startswith("#2 "))
             assert str(detail.render()).startswith("#2 bob · project A · card 2 · ")
 
+    async def test_the_admin_list_names_each_bookings_project_beside_its_holder(self, make_app, projects_db):
+        from tests.tui.conftest import ERIN_ADMIN
+        from app.tui.screens.admin import AdminScreen
+
+        app = make_app(identity=ERIN_ADMIN, config=PROJECTS, db_path=projects_db)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            await pilot.press("a")
+            await wait_for(pilot, lambda: isinstance(app.screen, AdminScreen) and len(app.screen.bookings) >= 6)
+            table = app.screen.query_one("#all-bookings")
+            users = {str(table.get_row(key)[0]): str(table.get_row(key)[1]) for key in table.rows}
+            assert (users["2"], users["3"], users["4"]) == ("bob·A", "carol·B", "erin")
+
     @pytest.mark.parametrize("size", [(120, 40)], ids=["120x40"])
     def test_markup_in_project_and_member_names_is_inert(self, snap_compare, make_app, tmp_path, size):
         """A project name and a holder with markup, escapes and bidi characters, on the timeline's project row, the
