@@ -134,8 +134,7 @@ class TestBookingFormProjects:
     @SIZES
     def test_the_form_asks_which_project_and_shows_its_budget(self, snap_compare, make_app, projects_db, size):
         async def form(pilot):
-            screen = await open_form(pilot)
-            screen.query_one("#project", Select).value = "B"
+            screen = await open_form(pilot)  # on B: A may not use experiment
             await wait_for(pilot, lambda: "needs" in str(screen.query_one("#budget", Static).render()))
 
         assert snap_compare(make_app(config=PROJECTS, db_path=projects_db), terminal_size=size, run_before=form)
@@ -144,13 +143,16 @@ class TestBookingFormProjects:
             self, make_app, projects_db):
         """The line for the chosen project, from its period's bookings only (wrong versions: October's hours
         counted, booked hours left out of what is left, another project's bookings counted, the line not following
-        the choice), what this booking needs once the service accepts it, and the project sent with `book`."""
+        the choice, the choice opening on a project that may not use the class), what this booking needs once the
+        service accepts it, and the project sent with `book`."""
         app = make_app(config=PROJECTS, db_path=projects_db)
         async with app.run_test(size=(120, 40)) as pilot:
             form = await open_form(pilot)
             budget = form.query_one("#budget", Static)
             assert [str(option[0]) for option in form.query_one("#project", Select)._options] == ["A", "B"]
-            # A first: its classes have no experiment, so the service refuses, and the line has no booking's share.
+            # It opens on B, her first project that may use the form's class (experiment); A may not.
+            await wait_for(pilot, lambda: str(budget.render()) == f"{B_LINE} · this booking needs 2.0 h")
+            form.query_one("#project", Select).value = "A"  # the service refuses: no share of A's budget to show
             await wait_for(pilot, lambda: form.error is not None and "class experiment" in form.error)
             await wait_for(pilot, lambda: str(budget.render()) == A_LINE)
             form.query_one("#project", Select).value = "B"

@@ -216,7 +216,7 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
                 yield Select([(c, c) for c in CLASSES], value=d.klass, allow_blank=False, id="klass", compact=True)
                 if len(self.projects) > 1:  # a member of one needs no choice (board book --project's rule)
                     yield Label("project", classes="or")
-                    yield Select([(Text(inert(p, 40)), p) for p in self.projects], value=self.projects[0],
+                    yield Select([(Text(inert(p, 40)), p) for p in self.projects], value=self._first_project(d.klass),
                                  allow_blank=False, id="project", compact=True)
             if self.projects:
                 yield Static("", id="budget")
@@ -245,6 +245,11 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
     def projects(self) -> list[str]:
         """The projects the member books for, in the config's order ([] on a board without projects)."""
         return [p.name for p in of(self.app.config, self.app.identity.name)]
+
+    def _first_project(self, klass: str) -> str:
+        """What the choice opens on: the member's first project that may use the form's class, else their first."""
+        config = self.app.config
+        return next((p.name for p in of(config, self.app.identity.name) if klass in p.classes), self.projects[0])
 
     def project(self) -> str | None:
         """The chosen project: the member's pick, or their only one; None on a board without projects (or for a
