@@ -17,8 +17,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 from app.config import Config
 from app.errors import BadInput, BoardError, NotPermitted
-from app.core.policy import policy_zone
-from app.core.projects import card_seconds, of, period
 from app.core.text import inert
 from app.fit.estimate import Placement, Settings, place
 from app.fit.gguf_model import Model, read_model
@@ -349,27 +347,9 @@ class Backend:
 
     # -- projects ------------------------------------------------------------------------------
 
-    async def budgets(self, config: Config, user: str) -> dict[str, Budget]:
-        """Each project's budget this period, by name ({} on a board without projects). Reckoned here from the
-        config and the period's bookings, as the service's budget check counts them (BookingService._check_budget)
-        until the `projects` operation answers it: this is the one place to switch."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._budgets, config, user)
-
-    def _budgets(self, config: Config, user: str) -> dict[str, Budget]:
-        if not config.projects:
-            return {}
-        now, tz = int(self.clock()), policy_zone(config)
-        periods = {p.name: period(p, now, tz) for p in config.projects}
-        found = [booking_from_wire(b) for b in self._call(
-            "list", start=min(s for s, _ in periods.values()), end=max(r for _, r in periods.values()))["bookings"]]
-        mine = {p.name for p in of(config, user)}
-        budgets = {}
-        for project in config.projects:
-            start, reset = periods[project.name]
-            theirs = [b for b in found if b.project == project.name]
-            used = card_seconds(theirs, start, min(now, reset)) / 3600
-            booked = card_seconds(theirs, max(now, start), reset) / 3600
-            left = None if project.gpu_hours is None else project.gpu_hours - used - booked
-            budgets[project.name] = Budget(project.name, project.gpu_hours, project.period, used, booked, left, reset,
-                                           project.name in mine)
-        return budgets
+    async def budgets(self) -> dict[str, Budget]:
+        """Each project's budget this period, by name, as the `projects` operation answers ({} on a board without
+        projects)."""
+        reply = await self.call("projects")
+        return {p["name"]: Budget(p["name"], p["gpu_hours"], p["period"], p["used_hours"], p["booked_hours"],
+                                  p["remaining_hours"], p["resets_at"], p["mine"]) for p in reply["projects"]}

@@ -260,7 +260,7 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
 
     @work(exclusive=True, group="budgets", exit_on_error=False)
     async def _load_budgets(self) -> None:
-        self.budgets = await self.backend.budgets(self.app.config, self.app.identity.name)
+        self.budgets = await self.backend.budgets()
         self.show_budget()
 
     def show_budget(self) -> None:
