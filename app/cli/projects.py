@@ -42,14 +42,14 @@ def projects_text(doc: dict) -> str:
     if not doc["projects"]:
         return doc["note"]
     now = doc["now"]
-    lines = [["PROJECT", "MEMBERS", "CLASSES", "BUDGET", "USED", "BOOKED", "LEFT", "RESETS", "TOKENS TODAY"]]
+    lines = [["PROJECT", "MEMBERS", "CLASSES", "BUDGET", "USED", "BOOKED", "LEFT", "RESETS", "TOKENS TODAY", "KWH"]]
     for p in doc["projects"]:
         budget = "-" if p["gpu_hours"] is None else f"{p['gpu_hours']:g} h/{p['period']}"
         left = "-" if p["remaining_hours"] is None else f"{p['remaining_hours']:.1f} h"
         tokens = str(p["tokens_today"]) + (f"/{p['tokens_per_day']}" if p["tokens_per_day"] is not None else "")
         lines.append([inert(p["name"], 40), inert(",".join(p["members"]), 40), ",".join(p["classes"]), budget,
                       f"{p['used_hours']:.1f} h", f"{p['booked_hours']:.1f} h", left,
-                      format_time(p["resets_at"], now), tokens])
+                      format_time(p["resets_at"], now), tokens, f"{p['energy_kwh']:.1f}"])
     out = [table(lines)]
     for p in doc["projects"]:
         for a in p["allocations"]:

@@ -150,10 +150,12 @@ def test_projects_json_shows_each_projects_used_and_booked_hours_this_period_exa
         {"name": "A", "members": ["alice", "carol"], "classes": ["online", "batch"],
          "allocations": [{"cards": [0, 1, 2, 3], "pool": None, "hours": "09:00-19:00", "days": "mon-fri"}],
          "gpu_hours": 100.0, **month, "used_hours": 5.0, "booked_hours": 4.0, "remaining_hours": 91.0,
-         "tokens_per_day": 50000, "tokens_today": 300, "rpm": 60, "tpm": 20000, "share": 2.0, "mine": True},
+         "tokens_per_day": 50000, "tokens_today": 300, "energy_kwh": 0.0, "energy_source": None, "rpm": 60,
+         "tpm": 20000, "share": 2.0, "mine": True},
         {"name": "B", "members": ["bob", "carol"], "classes": ["experiment"], "allocations": [],
          "gpu_hours": 20.0, **month, "used_hours": 6.0, "booked_hours": 1.0, "remaining_hours": 13.0,
-         "tokens_per_day": None, "tokens_today": 15, "rpm": None, "tpm": None, "share": 1.0, "mine": False},
+         "tokens_per_day": None, "tokens_today": 15, "energy_kwh": 0.0, "energy_source": None, "rpm": None,
+         "tpm": None, "share": 1.0, "mine": False},
     ]
     assert [p["mine"] for p in board.as_("carol").call("projects")["projects"]] == [True, True]
     assert [p["mine"] for p in board.as_("dave").call("projects")["projects"]] == [False, False]
@@ -168,10 +170,11 @@ def test_the_table_a_line_per_allocation_and_whose_projects(board, capsys):
     rc, out, err = board.cli("alice", "projects", capsys=capsys)
     assert (rc, err) == (0, "")
     assert [line.split() for line in out.splitlines()] == [
-        ["PROJECT", "MEMBERS", "CLASSES", "BUDGET", "USED", "BOOKED", "LEFT", "RESETS", "TOKENS", "TODAY"],
+        ["PROJECT", "MEMBERS", "CLASSES", "BUDGET", "USED", "BOOKED", "LEFT", "RESETS", "TOKENS", "TODAY", "KWH"],
         ["A", "alice,carol", "online,batch", "100", "h/month", "5.0", "h", "4.0", "h", "91.0", "h", "Tue", "00:00",
-         "300/50000"],
-        ["B", "bob,carol", "experiment", "20", "h/month", "6.0", "h", "1.0", "h", "13.0", "h", "Tue", "00:00", "15"],
+         "300/50000", "0.0"],
+        ["B", "bob,carol", "experiment", "20", "h/month", "6.0", "h", "1.0", "h", "13.0", "h", "Tue", "00:00", "15",
+         "0.0"],
         ["A", "holds", "cards", "0,1,2,3", "mon-fri", "09:00-19:00", "UTC"],
         ["your", "projects:", "A"],
     ]
@@ -337,3 +340,25 @@ def test_what_is_left_is_what_the_budget_lets_a_member_book(board):
     assert str(refused.value).startswith(
         "project B's budget is 20 GPU-hours a month: 6.0 h used and 14.0 h booked ahead, this booking needs 0.5 h;"
         " it resets Tue 00:00 (in 32 h); book less, or ask an admin;"), str(refused.value)
+
+
+def test_each_project_is_billed_the_energy_its_bookings_cards_drew_this_period(board, capsys):
+    """`energy_kwh`: the sampled power of a project's booked cards within its bookings, from the period's start to now.
+    Card 4 (A's booking 16-18 on the 26th) draws 300 W for those 2 h: 0.6 kWh; card 6 (B's, 16-19) 200 W for 3 h:
+    0.6 kWh, plus 100 W on card 6 from 19:05, after B's booking ended, billed to nobody (a sample stands for the
+    stretch since its card's previous one, so the samples start at 15:55). Wrong versions: W taken for kW
+    (600); the power outside a booking billed to its project (B 0.7); one project billed another's card (A 1.2)."""
+    the_month(board)
+    history = board.service.history
+    samples = []
+    for card, watts, first, last in ((4, 300, "15:55", "18:00"), (6, 200, "15:55", "19:00"), (6, 100, "19:05", "20:00")):
+        uuid = f"GPU-5090sim-0000-0000-0000-{card:012d}"
+        history.card_id(uuid, card, "RTX 5090", 32607)
+        for t in range(utc(f"2026-11-26 {first}"), utc(f"2026-11-26 {last}") + 1, 300):  # a sample at each end too
+            samples.append(Sample(ts=t, uuid=uuid, state="BOOKED", dt=300, power=watts))
+    history.add(samples)
+    doc = board.as_("bob").call("projects")
+    found = {p["name"]: (p["energy_kwh"], p["energy_source"]) for p in doc["projects"]}
+    assert found == {"A": (0.6, "sampled"), "B": (0.6, "sampled")}
+    rc, out, err = board.cli("bob", "projects", capsys=capsys)
+    assert (rc, err) == (0, "") and [line.split()[-1] for line in out.splitlines()[1:3]] == ["0.6", "0.6"]

@@ -41,6 +41,8 @@ class ProjectWire(TypedDict):
     remaining_hours: float | None  # the budget less both (below 0 where an admin forced past it); None: no budget
     tokens_per_day: int | None
     tokens_today: int  # through the gateway since local midnight (the policy zone)
+    energy_kwh: float  # what its bookings' cards drew from the period's start to now (app.history.energy)
+    energy_source: str | None  # "counter" (NVML's), "sampled" (the sampled power), None: the history has nothing
     rpm: int | None
     tpm: int | None
     share: float
@@ -65,6 +67,7 @@ def projects_reply(service: Service, me: Identity, request: NoArguments) -> Proj
     # One read over every project's period
     booked = rows.live_between(service.conn, min(s for s, _ in periods.values()), max(r for _, r in periods.values()))
     tokens = key_rows.tokens_by_project(service.conn, projects.day(now, tz)[0])
+    energy = _energy(service, booked, {start for start, _ in periods.values()}, now)
     found: list[ProjectWire] = []
     for project in config.projects:
         start, reset = periods[project.name]
@@ -77,10 +80,21 @@ def projects_reply(service: Service, me: Identity, request: NoArguments) -> Proj
             "used_hours": _hours(used), "booked_hours": _hours(ahead),
             "remaining_hours": None if project.gpu_hours is None else round(project.gpu_hours - _hours(used + ahead), 2),
             "tokens_per_day": project.tokens_per_day, "tokens_today": tokens.get(project.name, 0),
+            "energy_kwh": round(energy[start][project.name].kwh, 3) if project.name in energy.get(start, {}) else 0.0,
+            "energy_source": energy[start][project.name].source if project.name in energy.get(start, {}) else None,
             "rpm": project.rpm, "tpm": project.tpm, "share": project.share,
             "mine": project in projects.of(config, me.name),
         })
     return {"now": now, "zone": zone_name(tz), "projects": found, "note": None}
+
+
+def _energy(service: Service, booked: list, starts: set[int], now: int) -> dict[int, dict]:
+    """Each period start's energy by project, from it to now: a week's projects and a month's start apart."""
+    if not service.config.history.enabled:
+        return {}
+    from app.history.energy import energy_by  # start-up: only this read and the report load the energy reader
+
+    return {start: energy_by(service.history, booked, start, now, "project") for start in starts}
 
 
 def _hours(card_seconds: int) -> float:
