@@ -93,7 +93,7 @@ def fleet_status(
 # traffic nested as `pcie`, and each process but its uid and start (docs/json.md#cards-board-status).
 STATUS_LEAVES_OUT = frozenset({"lost", "sm_clock_mhz", "throttle_reasons", "serial", "slot", "numa_node", "pcie_gen",
                                "pcie_width", "pcie_max_gen", "pcie_max_width", "behind_chipset", "power_default_w",
-                               "power_max_w", "persistence", "compute_capability"})
+                               "power_max_w", "persistence", "compute_capability", "energy_mj"})
 STATUS_NESTS = {"pcie_tx_mib_s": ("pcie", "tx_mib_s"), "pcie_rx_mib_s": ("pcie", "rx_mib_s")}
 STATUS_PROCESS_LEAVES_OUT = frozenset({"uid", "started_at"})
 _STATUS_SHOWS = tuple((key, STATUS_NESTS.get(key)) for key in WireCard.__annotations__ if key not in STATUS_LEAVES_OUT)

@@ -83,6 +83,9 @@ class CardReading(msgspec.Struct, frozen=True):
     power_max_w: float | None = None
     persistence: bool | None = None
     compute_capability: str | None = None  # "12.0" for Blackwell consumer cards (sm_120)
+    # NVML's total energy counter: millijoules since the driver loaded (it starts again at a reload); None where the
+    # card has none (NotSupported before Volta, on some GeForce), and the history integrates the power instead.
+    energy_mj: int | None = None
 
 
 class GpuEvent(msgspec.Struct, frozen=True):
@@ -176,6 +179,7 @@ WireCard = TypedDict("WireCard", {
     "power_max_w": float | None,
     "persistence": bool | None,
     "compute_capability": str | None,
+    "energy_mj": int | None,  # NVML's total energy counter, millijoules since the driver loaded
 })
 
 # What the `fleet` operation and event leave out of a card: who is on it, which the board works out from its own
@@ -205,6 +209,7 @@ def card_to_wire(card: CardReading) -> WireCard:
         "pcie_width": card.pcie_width, "pcie_max_gen": card.pcie_max_gen, "pcie_max_width": card.pcie_max_width,
         "behind_chipset": card.behind_chipset, "power_default_w": card.power_default_w,
         "power_max_w": card.power_max_w, "persistence": card.persistence, "compute_capability": card.compute_capability,
+        "energy_mj": card.energy_mj,
     }
 
 

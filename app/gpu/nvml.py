@@ -259,6 +259,9 @@ class NvmlSource:
         tx_kib = self._field(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_TX_BYTES)
         rx_kib = self._field(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_RX_BYTES)
         persistence = self._field(nv.nvmlDeviceGetPersistenceMode, handle)
+        # Millijoules since the driver loaded (Volta and later); NotSupported elsewhere reads None, and the history
+        # integrates the power samples instead.
+        energy_mj = self._field(nv.nvmlDeviceGetTotalEnergyConsumption, handle)
         return dict(
             memory_used_mib=None if memory is None else memory.used // _MIB,
             utilization_pct=None if utilization is None else utilization.gpu,
@@ -273,6 +276,7 @@ class NvmlSource:
             pcie_tx_mib_s=None if tx_kib is None else round(tx_kib / 1024, 1),  # NVML says KB/s (KiB: 1024 bytes)
             pcie_rx_mib_s=None if rx_kib is None else round(rx_kib / 1024, 1),
             persistence=None if persistence is None else persistence == nv.NVML_FEATURE_ENABLED,
+            energy_mj=None if energy_mj is None else int(energy_mj),
         )
 
     def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:

@@ -71,6 +71,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -118,6 +119,7 @@ FIELDS = {
     "processes": "processes",
     "sm_clock": "sm_clock_mhz",
     "throttle_reasons": "throttle_reasons",
+    "energy": "energy_mj",  # a card without NVML's energy counter (before Volta): the history integrates the power
 }
 
 SM_BOOST_MHZ = 2407  # an RTX 5090's boost clock
@@ -231,6 +233,9 @@ class SimulatedSource:
         # What board power apply changes: the limits and persistence mode, per card.
         self._limits = {i: card.power_limit_w for i, card in enumerate(scenario.cards)}
         self._persistence = dict.fromkeys(range(len(scenario.cards)), True)
+        # NVML's energy counter, integrated from each card's own power between reads (trapezoids): (when, W, mJ).
+        self._energy: dict[int, tuple[float, float, float]] = {}
+        self._energy_lock = threading.Lock()  # two threads reading at once must not count one stretch twice
         cards = scenario.cards
         self._topology = Topology(
             {
@@ -289,6 +294,16 @@ class SimulatedSource:
     def _all_processes(self) -> dict[int, tuple[GpuProcess, ...]]:
         extra = self._extra
         return {i: self._processes.get(i, ()) + extra.get(i, ()) for i in range(len(self.scenario.cards))}
+
+    def _count_energy(self, index: int, now: float, watts: float) -> int:
+        """The card's energy counter at `now`, in mJ: the last reading's plus the trapezoid since it (a clock that
+        went back adds nothing). A card's counter starts at 0 when the source does, as NVML's at the driver's load."""
+        with self._energy_lock:
+            at, before, total = self._energy.get(index, (now, watts, 0.0))
+            if now >= at:
+                total += (before + watts) / 2 * (now - at) * 1000
+                self._energy[index] = (now, watts, total)
+            return int(total)
 
     def _uuid(self, index: int) -> str:
         return f"{self._uuid_prefix}-{index:012d}"
@@ -352,6 +367,7 @@ class SimulatedSource:
             processes=processes,
             sm_clock_mhz=sm_clock,
             throttle_reasons=throttle,
+            energy_mj=self._count_energy(index, now, round(power, 1)),
         )
         blanked: dict[str, Any] = {FIELDS[f]: () if f == "processes" else None
                                    for i, f in self.scenario.field_errors if i == index}

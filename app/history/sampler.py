@@ -47,7 +47,8 @@ def sample_fleet(live: list[Booking], config: Config, snapshot: FleetSnapshot, n
             util=r.utilization_pct, temp=r.temperature_c, power=_whole(r.power_w), power_limit=_whole(r.power_limit_w),
             sm=r.sm_clock_mhz, throttle=r.throttle_reasons, pcie=_pcie(r),
             booking=status.booking.id if status.booking else None,
-            holder=status.booking.user if status.booking else None, users=tuple(users.items())))
+            holder=status.booking.user if status.booking else None, users=tuple(users.items()),
+            energy_mj=r.energy_mj, project=status.booking.project if status.booking else None))
     return found
 
 

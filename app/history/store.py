@@ -16,7 +16,12 @@ The budget is 50 MB for 8 cards and a year (841 k rollups), so the rows are lean
   squatted it in `squats`, counted per sample;
 - `sample_view` and `rollup_view` give ts, card, the state's name, and min/mean/max;
 - `day_sums` sums each finished day's rollups per card, stretch and what the report tests (its state, and busy,
-  VRAM at 90 %, 92 °C), so a year's report reads ~10^4 rows, not 841 k (see `summarise`).
+  VRAM at 90 %, 92 °C), so a year's report reads ~10^4 rows, not 841 k (see `summarise`);
+- energy (app.history.energy), in the budget: a sample keeps the J that NVML's energy counter counted since the card's
+  previous sample (`energy`; NULL where the card has no counter, or it started again); elsewhere the power samples
+  answer. A rollup's power mean is its counted energy over its seconds where every sample of it has one (else the
+  samples' mean), so a booking from last month still has its kWh; `cards.counter` says whose came from a counter.
+  `energy_totals` adds up the J on each holder's (project, user) cards, never pruned: Prometheus's counter.
 A card's id is its row in `cards` (by UUID), so a swapped card starts its own history.
 
 Each connection belongs to one thread (sqlite-utils refuses others); `HistoryStore.db` opens one per thread.
@@ -29,6 +34,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
+from urllib.parse import quote
 
 from app.core.cardstate import BOOKED, FREE, IN_USE, LOST, SQUATTED
 from app.gpu.model import THROTTLE_THERMAL
@@ -44,9 +50,16 @@ PRUNE_CHUNK_S = 3600  # one transaction deletes at most an hour of raw samples
 ROLLUP_BATCH = 12  # one transaction rolls up at most an hour of buckets
 DAY_BUCKETS = 86400 // BUCKET_S
 HOT_C, VRAM_PCT = 92, 90  # the report's heat and VRAM verdicts (app.report.compute keeps them too)
-SCHEMA = 1  # meta `schema`: raise it when _create adds to a file; a file at it is read as it is
+SCHEMA = 2  # meta `schema`: raise it when _create adds to a file; a file at it is read as it is
 ROLLUP_COLUMNS = ("n", "dt", "state", "n_throttled", "throttle",
                   *(f"{m}_{part}" for m in METRICS for part in ("min", "mean_d", "max_d")), "pcie_mean")
+# A gap between two samples of a card (the service was down, a read stalled) counts as this many samples' time at
+# most, at the mean power the counter (or the two power samples) give: an hour without samples is not an hour at full
+# power.
+GAP_SAMPLES = 2
+# What `_roll` reads of a sample, by position (named: a file's columns are in the order they were added).
+RAW_COLUMNS = ("id", "dt", "state", "booking", "vram", "util", "temp", "power", "power_limit", "sm", "throttle", "pcie",
+               "energy")
 SUMMARISE_DAYS = 7  # days one `summarise` call sums at most (a year's old file is backfilled a week a minute)
 
 
@@ -69,6 +82,8 @@ class Sample:
     booking: int | None = None  # the booking holding the card (raw samples; for rollups, see the bookings)
     holder: str | None = None  # that booking's user: anyone else's process is squatting
     users: tuple[tuple[str, int | None], ...] = ()  # (user, VRAM MiB) per user with processes on the card
+    energy_mj: int | None = None  # NVML's energy counter (mJ since the driver loaded); None where the card has none
+    project: str | None = None  # the holding booking's project ('' on a board without projects)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +132,8 @@ class HistoryStore:
         self.path = Path(path)
         self._local = threading.local()
         self._card_ids: dict[str, int] = {}
+        self._last: dict[int, tuple[int, int | None, int | None]] = {}  # card -> its last sample's (ts, W, mJ)
+        self._counters: set[int] = set()  # cards marked as having the energy counter, by this instance
         self._ready = False
 
     # -- connections and tables ------------------------------------------------------------------
@@ -194,6 +211,12 @@ class HistoryStore:
             # A file from before PCIe traffic was kept (issue 23) gains the columns, last, as a new file has them.
             if "pcie" not in db["samples"].columns_dict:
                 db["samples"].add_column("pcie", int)
+            # Energy (schema 2): J the counter counted since the card's previous sample; an older file gains it
+            # empty (its energy is its power samples').
+            if "energy" not in db["samples"].columns_dict:
+                db["samples"].add_column("energy", int)
+            if "counter" not in db["cards"].columns_dict:
+                db["cards"].add_column("counter", int)  # 1: the card has NVML's energy counter
             db["sample_users"].create({"id": int, "user": str, "vram": int, "squat": int}, pk="id", if_not_exists=True)
             columns: dict[str, type] = {"id": int, "n": int, "dt": int, "state": int, "n_throttled": int,
                                         "throttle": int}
@@ -203,6 +226,8 @@ class HistoryStore:
             # PCIe traffic: the mean alone (what a TP group's share of its links needs), to stay in the budget.
             if "pcie_mean" not in db["rollups"].columns_dict:
                 db["rollups"].add_column("pcie_mean", int)
+            db["energy_totals"].create({"project": str, "user": str, "mj": int}, pk=("project", "user"),
+                                       if_not_exists=True)
             db["squats"].create({"id": int, "user": str, "n": int}, pk="id", if_not_exists=True)
             # Added to older files empty: their days are summed later (`summarise`); until then a report reads
             # their rollups, so nothing is lost or counted twice.
@@ -254,18 +279,37 @@ class HistoryStore:
         second) is kept as it was."""
         db = self.db
         rows, users = [], []
+        totals: dict[tuple[str, str], int] = {}  # (project, user) -> mJ on the cards their bookings hold
         for s in samples:
             card = self.card_id(s.uuid)
             key = _rowid(s.ts, card)
+            power, counter = (None, None) if s.state == LOST else (s.power, s.energy_mj)
+            before = self._last.get(card)  # after a restart none: the first stretch is its power samples'
+            energy = None if before is None else interval_mj(before, (s.ts, power, counter), s.dt)
+            if counter is not None and card not in self._counters:
+                db.execute("UPDATE cards SET counter = 1 WHERE id = ?", [card])
+                self._counters.add(card)
             rows.append({"id": key, "dt": s.dt, "state": STATES.index(s.state), "booking": s.booking,
                          "vram": s.vram, "util": s.util, "temp": s.temp, "power": s.power,
-                         "power_limit": s.power_limit, "sm": s.sm, "throttle": s.throttle, "pcie": s.pcie})
+                         "power_limit": s.power_limit, "sm": s.sm, "throttle": s.throttle, "pcie": s.pcie,
+                         "energy": None if energy is None or energy[1] else _round(energy[0] / 1000)})
+            self._last[card] = (s.ts, power, counter)
+            if energy is not None and s.booking is not None and s.holder is not None:
+                held = (s.project or "", s.holder)
+                totals[held] = totals.get(held, 0) + energy[0]
             for slot, (user, vram) in enumerate(s.users[:1 << SLOT_BITS]):
                 squat = s.state == SQUATTED and user != s.holder
                 users.append({"id": key << SLOT_BITS | slot, "user": user, "vram": vram, "squat": int(squat)})
         with db.atomic():
             db["samples"].insert_all(rows, ignore=True)
             db["sample_users"].insert_all(users, ignore=True)
+            for (project, user), mj in totals.items():
+                db.execute('INSERT INTO energy_totals (project, "user", mj) VALUES (?, ?, ?)'
+                           " ON CONFLICT (project, \"user\") DO UPDATE SET mj = mj + excluded.mj", [project, user, mj])
+
+    def energy_totals(self) -> dict[tuple[str, str], float]:
+        """Joules on the cards each (project, user)'s bookings held, since the file began: never pruned (a counter)."""
+        return energy_totals(self.path)
 
     def roll_up(self, now: float, *, batches: int | None = None) -> int:
         """Roll the finished 5-minute buckets into `rollups`, an hour of buckets per transaction; returns how
@@ -288,7 +332,7 @@ class HistoryStore:
                 return done
             stop = min(end, mark + ROLLUP_BATCH * BUCKET_S)
             with db.atomic():
-                raw = db.execute("SELECT * FROM samples WHERE id >= ? AND id < ? ORDER BY id",
+                raw = db.execute(f"SELECT {', '.join(RAW_COLUMNS)} FROM samples WHERE id >= ? AND id < ? ORDER BY id",
                                  [_rowid(mark, 0), _rowid(stop, 0)]).fetchall()
                 squatters = db.execute("SELECT id, user FROM sample_users WHERE squat AND id >= ? AND id < ?",
                                        [_rowid(mark, 0) << SLOT_BITS, _rowid(stop, 0) << SLOT_BITS]).fetchall()
@@ -469,6 +513,42 @@ class HistoryStore:
         return self._meta("rolled_to")
 
 
+def energy_totals(path: Path) -> dict[tuple[str, str], float]:
+    """The file's `energy_totals` in J, read on a read-only connection of its own (for /metrics, on any thread):
+    empty where the file or the table is not there yet."""
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=10.0)
+    except sqlite3.Error:
+        return {}
+    try:
+        return {(project, user): mj / 1000 for project, user, mj in
+                conn.execute('SELECT project, "user", mj FROM energy_totals')}
+    except sqlite3.OperationalError:  # a file from before energy (schema 1): the sampler adds the table
+        return {}
+    finally:
+        conn.close()
+
+
+def interval_mj(before: tuple[int, int | None, int | None], now: tuple[int, int | None, int | None],
+                dt: int) -> tuple[int, bool] | None:
+    """The energy of a card between two of its samples, each (ts, power W, counter mJ): (mJ, whether it came from the
+    power samples), or None when neither the counter nor the power answers for both.
+
+    The counter's difference where both have it and it did not go down (it starts again at 0 when the driver
+    reloads: that stretch falls back to the power); else the trapezoid of the two powers. A gap longer than
+    GAP_SAMPLES samples counts that long, at the stretch's mean power."""
+    (t0, p0, c0), (t1, p1, c1) = before, now
+    gap = t1 - t0
+    if gap <= 0:
+        return None
+    counted = min(gap, GAP_SAMPLES * max(1, dt))
+    if c0 is not None and c1 is not None and c1 >= c0:
+        return round((c1 - c0) * counted / gap), False
+    if p0 is not None and p1 is not None:
+        return round((p0 + p1) / 2 * counted * 1000), True
+    return None
+
+
 def _query(conn: sqlite3.Connection, sql: str, args: Sequence) -> Iterable[dict]:
     """Rows as dicts (sqlite-utils' `query`, on a plain connection)."""
     cursor = conn.execute(sql, args)
@@ -502,7 +582,7 @@ def _roll(raw: Iterable[tuple], squatters: Iterable[tuple]) -> tuple[list[dict],
     rollups: list[dict] = []
     lost = STATES.index(LOST)
     for key, rows in groups.items():
-        # Columns: id, dt, state, booking, vram, util, temp, power, power_limit, sm, throttle, pcie
+        # Columns: RAW_COLUMNS
         states = [r[2] for r in rows]
         # dt, not the seconds: 10 takes a byte, 300 two (a year of rollups is 841 k rows).
         rollup = {"id": key, "n": len(rows), "dt": _round(sum(r[1] for r in rows) / len(rows)),
@@ -518,6 +598,10 @@ def _roll(raw: Iterable[tuple], squatters: Iterable[tuple]) -> tuple[list[dict],
                 least = min(values)
                 rollup |= {f"{metric}_min": least, f"{metric}_mean_d": _round(sum(values) / len(values)) - least,
                            f"{metric}_max_d": max(values) - least}
+        counted = [r[12] for r in rows if r[12] is not None]
+        if counted and len(counted) == len(rows) and "power_min" in rollup:
+            # The counter's mean power over the bucket, not the samples': what its energy is read back from.
+            rollup["power_mean_d"] = _round(sum(counted) / sum(r[1] for r in rows)) - rollup["power_min"]
         rollups.append(rollup)
     squats: dict[tuple[int, str], int] = {}
     for key, user in squatters:

@@ -12,6 +12,7 @@ from app.config import Config
 from app.errors import BadInput
 from app.faults import store as fault_rows
 from app.gpu.model import CardReading
+from app.history.energy import energy_report
 from app.history.store import (BUCKET_S, CARD_BITS, CARD_MASK, DAY_BUCKETS, EPOCH, SLOT_BITS, STATES, SUM_BITS,
                                HistoryStore, _bucket_id)
 from app.report.compute import HOT_C, MAX_SINCE, VRAM_PCT, compute
@@ -122,7 +123,8 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
     if len(set(hosts.values())) > 1:  # the fleet: each card named with its host, as --cards names them
         cards = {uuid: f"{hosts[uuid]}:{name}" for uuid, name in cards.items()}
     doc = compute(bookings, rollups, squats, faults, now=now, since_s=since_s, by=by,
-                  busy_util=config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total, hosts=hosts)
+                  busy_util=config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total, hosts=hosts,
+                  projects=bool(config.projects))
     # The gateway's requests and tokens per user in the same window (board usage has them by key and model).
     doc["tokens"] = [{"user": user, "requests": n, "prompt_tokens": p, "completion_tokens": c}
                      for user, (n, p, c) in sorted(key_rows.tokens_by_user(conn, start, now).items(),
@@ -133,6 +135,8 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
         doc["tp"] += fleet_tp_links(conn, bookings, readings, config.fleet_host, start, now, config.report.busy_util)
         order = {b.id: i for i, b in enumerate(bookings)}
         doc["tp"].sort(key=lambda g: order[g["booking"]])
+    # What the bookings' cards drew while they held them (this host's history file).
+    doc["energy"] = energy_report(history, bookings, start, now, projects=bool(config.projects))
     return doc
 
 

@@ -21,31 +21,40 @@ def _cell(value, form: str) -> str:
     return "-" if value is None else form.format(value)
 
 
-def table(doc: dict) -> str:
-    """Aligned: names left, figures right, a rule and the totals row under them, then the verdicts."""
-    heading = [doc["by"].upper()] + [h for _, h, _ in COLUMNS]
-    body = [[inert(str(r["key"]), 32)] + [_cell(r[f], form) for f, _, form in COLUMNS] for r in doc["rows"]]
-    total = ["TOTAL"] + [_cell(doc["total"][f], form) for f, _, form in COLUMNS]
-    widths = [max(len(line[i]) for line in [heading, *body, total]) for i in range(len(heading))]
+def _aligned(by: str, rows: list[dict], total: dict | None = None) -> list[str]:
+    """The rows' lines: names left, figures right; with `total`, a rule and the totals row under them."""
+    heading = [by.upper()] + [h for _, h, _ in COLUMNS]
+    body = [[inert(str(r["key"]), 32)] + [_cell(r[f], form) for f, _, form in COLUMNS] for r in rows]
+    ending = [] if total is None else [["TOTAL"] + [_cell(total[f], form) for f, _, form in COLUMNS]]
+    widths = [max(len(line[i]) for line in [heading, *body, *ending]) for i in range(len(heading))]
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
+    out = [line(heading), *(line(cells) for cells in body)]
+    if not body:
+        out.append("(no bookings or history in this window)")
+    if ending:
+        out += ["  ".join("-" * w for w in widths), line(ending[0])]
+    return out
+
+
+def table(doc: dict) -> str:
+    """The groups' table with its totals row, the projects' (a board with [[projects]]), then the verdicts."""
     days = doc['days']
     out = [f"Booked against used, {days:g} day{'' if days == 1 else 's'} to now"
            f" (used: IN USE at {doc['busy_util_pct']:g} % or more)", ""]
-    out.append(line(heading))
-    out.extend(line(cells) for cells in body)
-    if not body:
-        out.append("(no bookings or history in this window)")
-    out.append("  ".join("-" * w for w in widths))
-    out.append(line(total))
+    out += _aligned(doc["by"], doc["rows"], doc["total"])
     out.append("")
+    if "projects" in doc:
+        out += ["Per project (booked: the calendar's card-hours; board projects has each budget):", *_aligned(
+            "project", doc["projects"]), ""]
     if doc.get("tokens"):
         out.append("Tokens through the gateway (board usage has them by key and model):")
         out.extend(f"  {inert(str(t['user']), 32)}: {t['requests']} requests, {t['prompt_tokens']} prompt and"
                    f" {t['completion_tokens']} completion tokens" for t in doc["tokens"])
         out.append("")
+    out.extend(_energy_lines(doc))
     for v in doc["verdicts"]:
         out.append(f"{'!!' if v['fires'] else 'ok'}  {inert(v['message'], 400)}")
     if doc.get("tp"):
@@ -56,6 +65,20 @@ def table(doc: dict) -> str:
                     f" over {g['busy_h']:g} busy h")
             out.append(f"{'!!' if g['over'] else 'ok'}  {said}" + (f"; {g['advice']}" if g["over"] else ""))
     return "\n".join(out)
+
+
+def _energy_lines(doc: dict) -> list[str]:
+    """What the bookings' cards drew, per user and per project, each saying whether NVML's counter measured it or the
+    power samples estimated it (app.history.energy)."""
+    energy = doc.get("energy")
+    if not energy or energy["total"]["source"] is None:
+        return []
+    out = [f"Energy on the booked cards: {energy['total']['kwh']:.3f} kWh ({energy['total']['source']})"]
+    for key, heading in (("users", "user"), ("projects", "project")):
+        for row in energy.get(key, ()):
+            name = inert(str(row[heading]), 32) or "(no project)"
+            out.append(f"  {heading} {name}: {row['kwh']:.3f} kWh ({row['source']})")
+    return [*out, ""]
 
 
 def to_csv(doc: dict) -> str:

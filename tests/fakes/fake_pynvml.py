@@ -10,6 +10,8 @@ field names. tests/unit/test_gpu_nvml.py checks it against the installed module.
 
 Faults: `FakeGpu.errors["nvmlDeviceGetTemperature"] = fake.NVMLError_NotSupported`,
 `FakeGpu.lost = True` (every call on it raises GpuIsLost), `fake.init_error = ...`.
+Energy: `FakeGpu.energy_mj` is the total energy counter (a test moves it); a card without one:
+`FakeGpu.errors["nvmlDeviceGetTotalEnergyConsumption"] = fake.NVMLError_NotSupported`.
 Xid events: `fake.inject_xid(index, code)` wakes a waiting `nvmlEventSetWait_v2` on a set the card registered with;
 `FakeGpu.errors["nvmlDeviceRegisterEvents"] = fake.NVMLError_NotSupported` makes a card refuse events.
 """
@@ -136,6 +138,7 @@ class FakeGpu:
     utilization: int = 0
     temperature: int = 40
     power_mw: int = 30_000
+    energy_mj: int = 1_000_000  # the total energy counter, millijoules since the driver loaded
     power_limit_mw: int = 575_000
     power_default_mw: int = 575_000
     power_min_mw: int = 400_000
@@ -259,6 +262,9 @@ class FakePynvml(types.ModuleType):
 
     def nvmlDeviceGetPowerUsage(self, handle):
         return self._enter("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return self._enter("nvmlDeviceGetTotalEnergyConsumption", handle).energy_mj
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle):
         return self._enter("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw

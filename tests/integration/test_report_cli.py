@@ -49,7 +49,8 @@ def test_the_cli_json_table_and_csv(files):
     result = run_board("report", "--since", "1d", "--json", env=files)
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc) == {"by", "since", "until", "days", "busy_util_pct", "rows", "total", "verdicts", "tokens", "tp"}
+    assert set(doc) == {"by", "since", "until", "days", "busy_util_pct", "rows", "total", "verdicts", "tokens", "tp",
+                        "energy"}
     assert doc["tp"] == []  # one card: no TP group to measure
     (alice,) = doc["rows"]
     assert (alice["key"], alice["booked_h"], alice["used_h"], alice["idle_h"], alice["idle_pct"]) == \

@@ -17,7 +17,7 @@ import pytest
 from msgspec import structs
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.config import Config, ConfigError, MetricsSettings, Pool, load_config
+from app.config import Config, ConfigError, HistorySettings, MetricsSettings, Pool, load_config
 from app.core.identity import Identity
 from app.errors import BoardError, Conflict, NotPermitted
 from app.gpu import open_source
@@ -246,6 +246,42 @@ class TestCounters:
         found = {s.labels["outcome"]: s.value for s in scrape(metrics)["board_notify_failures"]}
         assert found == {"failed_try": 3, "given_up": 1}
 
+    def test_energy_is_a_counter_in_joules_by_project_and_user_from_the_history(self, service, metrics):
+        """The sampler's totals (app.history.store energy_totals), parsed as Prometheus reads them. Wrong versions: mJ
+        exported as J (x1000), kWh (/3.6e6), a label missing or swapped, a free card's energy billed to someone."""
+        from app.core.cardstate import BOOKED, FREE
+        from app.history.store import HistoryStore, Sample
+
+        history = HistoryStore(service.config.history_path)
+        t = FROZEN_NOW
+        for ts, energy_mj in ((t, 0), (t + 10, 3_000_000), (t + 20, 6_000_000)):
+            history.add([Sample(ts, "GPU-x", BOOKED, 10, power=300, energy_mj=energy_mj, booking=1, holder="alice",
+                                project="ml"),
+                         Sample(ts, "GPU-y", BOOKED, 10, power=200, booking=2, holder="bob", project=""),
+                         Sample(ts, "GPU-z", FREE, 10, power=500, energy_mj=energy_mj)])
+        history.close()
+        metrics.collector.clock = lambda: 60.0  # the view read again
+        lines = [line for line in exposition(metrics) if line.startswith("board_energy_joules")]
+        assert lines == ['board_energy_joules_total{project="",user="bob"} 4000.0',
+                         'board_energy_joules_total{project="ml",user="alice"} 6000.0']
+        found = scrape(metrics)["board_energy_joules"]  # prometheus_client's parser: a counter's family
+        assert {(s.name, s.labels["project"], s.labels["user"], s.value) for s in found} == {
+            ("board_energy_joules_total", "ml", "alice", 6000.0), ("board_energy_joules_total", "", "bob", 4000.0)}
+
+    def test_no_energy_counter_without_the_history(self, tmp_path, store):
+        """[history] off: no sampler counts energy, so no family (not zeros)."""
+        config = Config(db_path=tmp_path / "board.db", storage_url=getattr(store, "url", None),
+                        metrics=MetricsSettings("127.0.0.1:0"), history=HistorySettings(enabled=False))
+        clock = Clock(FROZEN_NOW)
+        made = Service(config, Fleet(open_source(True, clock=clock), 1.0, clock=lambda: 0.0), clock=clock)
+        made.conn.execute("SELECT 1")
+        server = MetricsServer(made, lambda line: None)
+        try:
+            assert "board_energy_joules" not in scrape(server)
+        finally:
+            server.close()
+            made.close()
+
 
 def exposition(server: MetricsServer) -> list[str]:
     """The exposition's board_ lines as Prometheus reads them (the process_ families are the library's)."""
@@ -270,9 +306,12 @@ class TestExposition:
             ("bookings_refused", "Booking requests refused, by reason: conflict (the time is taken) or policy (a rule)."),
             ("backfill_moves", "Queued bookings moved earlier by the backfill."),
             ("server_crashes", "llama-servers that exited without being stopped."),
+            ("idle_releases", "Bookings given back for being idle ([policy] idle_release_after_min)."),
             ("alerts", "Alerts fired (app.alerts), by rule."),
             ("xid_errors", "Critical Xid errors NVML reported (app.faults), by code."),
             ("oom", "Out-of-memory exits: llama-servers and board run jobs (app.faults)."),
+            ("energy_joules", "Energy the cards drew while bookings held them, by project ('' without [[projects]])"
+                              " and holder: NVML's energy counter where the card has one, else the power samples."),
             ("notify_failures", "Pushes that failed: each failed try, and the messages given up after the last try."))
         snapshot = service.fleet.latest()
         clocked = tuple(structs.replace(c, sm_clock_mhz=2000) for c in snapshot.cards)

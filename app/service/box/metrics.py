@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 
 from app.core.cardstate import BOOKED, FREE, IN_USE, LOST, SQUATTED, fleet_status
 from app.errors import BoardError
+from app.history.store import energy_totals
 from app.model import Booking
 from app.service.conn.deadline import DeadlineStream
 from app.store import bookings as rows
@@ -56,6 +57,8 @@ REQUEST_TIMEOUT_S = 10.0  # a scraper sends its whole request within this, or it
 MAX_SCRAPES = 16  # connections served at once, each a thread and a file; more are closed at once
 MIB = 1024 * 1024
 STATES = {FREE: "free", BOOKED: "booked", IN_USE: "in_use", SQUATTED: "squatted", LOST: "lost"}
+ENERGY_HELP = ("Energy the cards drew while bookings held them, by project ('' without [[projects]]) and holder:"
+               " NVML's energy counter where the card has one, else the power samples.")
 CARD_LABELS = ("uuid", "index", "name", "pool", "holder", "class", "booking_id")
 
 # The counters that the audit log carries: (metric, help, which events, the label's name, the details key it is read
@@ -69,6 +72,8 @@ COUNTED = (
      "action IN ('create', 'series', 'series_extend') AND ok = 0", "reason", "refused_by"),
     ("board_backfill_moves", "Queued bookings moved earlier by the backfill.", "action = 'backfill' AND ok = 1", None, None),
     ("board_server_crashes", "llama-servers that exited without being stopped.", "action = 'server-crash'", None, None),
+    ("board_idle_releases", "Bookings given back for being idle ([policy] idle_release_after_min).",
+     "action = 'idle_release' AND ok = 1", None, None),
 )
 
 
@@ -84,6 +89,7 @@ class View:
     read_at: float = float("-inf")
     alerts: dict[str, int] = field(default_factory=dict)  # rule -> alerts fired (rows are kept: a counter)
     faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, Xid code or "") -> faults (rows are kept)
+    energy: dict[tuple[str, str], float] | None = None  # (project, user) -> J on their bookings' cards; None: no history
 
 
 class BoardCollector(Collector):
@@ -162,6 +168,11 @@ class BoardCollector(Collector):
         yield xid
         yield CounterMetricFamily("board_oom", "Out-of-memory exits: llama-servers and board run jobs (app.faults).",
                                   value=sum(n for (kind, _), n in view.faults.items() if kind == "oom"))
+        if view.energy is not None:  # with [history] on: the sampler counts it (app.history.store's energy_totals)
+            energy = CounterMetricFamily("board_energy_joules", ENERGY_HELP, labels=["project", "user"])
+            for (project, user), joules in sorted(view.energy.items()):
+                energy.add_metric([project, user], joules)
+            yield energy
         notifier = self.service.notifier
         if notifier is not None:  # only where the socket service delivers; in memory: a restart resets it
             failures = CounterMetricFamily("board_notify_failures", "Pushes that failed: each failed try, and the"
@@ -206,8 +217,10 @@ class BoardCollector(Collector):
                 "SELECT kind, code, count(*) FROM faults WHERE kind IN ('xid', 'oom') GROUP BY 1, 2")}
         finally:
             conn.execute("COMMIT")
+        config = self.service.config
+        energy = energy_totals(config.history_path) if config.history.enabled else None
         self.reads += 1
-        return View(live, queued, counts, cursor, version, self.clock(), alerts, faults)
+        return View(live, queued, counts, cursor, version, self.clock(), alerts, faults, energy)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None and isinstance(self.service.config.store, PostgresStore):

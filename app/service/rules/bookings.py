@@ -275,7 +275,7 @@ class BookingService:
         back); in order."""
         opens = policy.window_opens(self.config, klass, start, end)
         if (budgeted := projects.named(self.config, project)) is not None and budgeted.gpu_hours is not None:
-            opens += projects.resets(budgeted, start, end, policy.policy_zone(self.config))
+            opens += projects.resets(budgeted, start, end - 1, policy.policy_zone(self.config))  # (start, end)
         return sorted(opens)
 
     def earliest_words(self, search: dict[str, Any]) -> str:
@@ -790,9 +790,8 @@ class BookingService:
             at = reset
             if not wanted:
                 continue
-            theirs = [b for b in rows.live_between(self.conn, first, reset) if b.project == project and b.id != excluding]
-            used = projects.card_seconds(theirs, first, min(now, reset)) if now > first else 0
-            ahead = projects.card_seconds(theirs, max(now, first), reset) if now < reset else 0
+            others = [b for b in rows.live_between(self.conn, first, reset) if b.id != excluding]
+            used, ahead = projects.spent(others, project, first, reset, now)
             if used + ahead + wanted > budget:
                 words = (f"project {project}'s budget is {found.gpu_hours:g} GPU-hours a {found.period}:"
                          f" {used / 3600:.1f} h used and {ahead / 3600:.1f} h booked ahead, this {what} needs"
