@@ -158,6 +158,21 @@ def test_over_the_budget_the_first_slot_offered_is_at_the_reset(as_):
     assert bob.create(count=1, start=NOW + H, end=NOW + 2 * H, or_later=True).start == utc("2027-01-01 00:00")
 
 
+def test_a_queued_booking_moves_up_only_as_far_as_the_budget_allows(as_):
+    """Over the budget, --asap waits at the reset; the backfill leaves it there while the month is full and moves
+    it up once hours come back (to exactly the budget). Nearest wrong version: the queue's search skipping the
+    budget (it moves into the full month at once)."""
+    bob = as_("bob")
+    full = bob.create(cards=[0], start=NOW + H, end=NOW + 21 * H)
+    waiting = bob.create(count=1, start=NOW + H, end=NOW + 2 * H, or_later=True)
+    assert (waiting.start, waiting.queued) == (utc("2027-01-01 00:00"), "cards")
+    assert bob.backfill() == []
+    bob.cancel(full.id)
+    bob.create(cards=[0], start=NOW + 3 * H, end=NOW + 22 * H)  # 19 h: one left
+    [(before, after)] = bob.backfill()
+    assert (before.id, after.start, after.end) == (waiting.id, NOW + H, NOW + 2 * H)
+
+
 def test_a_cancelled_booking_gives_its_hours_back(as_):
     bob = as_("bob")
     big = bob.create(cards=[0], start=NOW + H, end=NOW + 21 * H)
