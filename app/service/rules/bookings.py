@@ -787,7 +787,7 @@ class BookingService:
         while at < last:  # each period the spans meet, on its own budget
             first, reset = projects.period(found, at, tz)
             wanted = sum(max(0, min(end, reset) - max(start, first)) for start, end in spans) * count
-            at = reset
+            at = max(reset, at + 1)  # always forward, whatever a period's arithmetic says
             if not wanted:
                 continue
             others = [b for b in rows.live_between(self.conn, first, reset) if b.id != excluding]
