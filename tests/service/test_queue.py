@@ -239,6 +239,31 @@ def test_wait_sees_a_cancel_while_it_waits_and_gives_up_after_the_timeout(client
                        sleep=lambda s: clock.__setitem__(0, clock[0] + s), progress=progress)
 
 
+def test_get_and_wait_say_a_queued_bookings_place_and_why(client):
+    """A waiting booking's `get` has its place in its class's queue and why, and `board wait` prints it; a booking
+    not waiting has none. Without [[projects]] every booking stands equal: first come (app.core.fairshare). Wrong
+    versions: the place counted across classes (3rd), the online one that goes first left unsaid, a place on a
+    booking that waits for nothing."""
+    import io
+
+    from app.client.wait import wait_for_start
+
+    start = tomorrow()
+    blocker = client.call("book", count=8, start=start, end=start + HOUR)
+    client.call("book", count=8, start=start, end=start + HOUR, or_later=True)
+    second = client.call("book", count=8, start=start, end=start + HOUR, or_later=True)
+    client.call("book", count=8, start=start, end=start + HOUR, or_later=True, **{"class": "online"})
+    said = "2nd of 2 in the experiment queue: first come; 1 waiting online booking goes first"
+    assert client.call("get", id=second["id"])["place"] == said
+    assert "place" not in client.call("get", id=blocker["id"])
+    clock = [time.time()]
+    progress = io.StringIO()
+    with pytest.raises(Conflict, match=f"booking {second['id']} has not started"):
+        wait_for_start(client, second["id"], timeout=60, clock=lambda: clock[0],
+                       sleep=lambda s: clock.__setitem__(0, clock[0] + s), progress=progress)
+    assert progress.getvalue().count(f"; {said}\n") == 1
+
+
 def test_run_wait_starts_the_command_when_the_booking_starts(cli, client):
     soon = int(time.time()) + 3
     booking = client.call("book", cards=[7], start=soon, end=soon + HOUR)

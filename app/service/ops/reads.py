@@ -99,9 +99,18 @@ def status(service: Service, me: Identity, request: NoArguments) -> dict[str, An
     return status_document(service)
 
 
+class Got(BookingWire, total=False):
+    place: str  # a waiting booking's place in its queue and why ("2nd of 3 in the batch queue: ..."): board wait
+
+
 @op("get", ById)
-def get(service: Service, me: Identity, request: ById) -> BookingWire:
-    return booking_to_wire(service.bookings(me).get(request.id))
+def get(service: Service, me: Identity, request: ById) -> Got:
+    rules = service.bookings(me)
+    booking = rules.get(request.id)
+    got: Got = {**booking_to_wire(booking)}
+    if (place := rules.queue_place(booking)) is not None:
+        got["place"] = place
+    return got
 
 
 class Listing(Request, frozen=True):
