@@ -239,11 +239,11 @@ def test_wait_sees_a_cancel_while_it_waits_and_gives_up_after_the_timeout(client
                        sleep=lambda s: clock.__setitem__(0, clock[0] + s), progress=progress)
 
 
-def test_get_and_wait_say_a_queued_bookings_place_and_why(client):
-    """A waiting booking's `get` has its place in its class's queue and why, and `board wait` prints it; a booking
-    not waiting has none. Without [[projects]] every booking stands equal: first come (app.core.fairshare). Wrong
-    versions: the place counted across classes (3rd), the online one that goes first left unsaid, a place on a
-    booking that waits for nothing."""
+def test_get_list_and_wait_say_a_queued_bookings_place_and_why(client, cli):
+    """A waiting booking's `get` and `list` have its place in its class's queue and why; `board wait` and `board
+    list` print it; a booking not waiting has none. Without [[projects]] every booking stands equal: first come
+    (app.core.fairshare). Wrong versions: the place counted across classes (3rd), the online one that goes first
+    left unsaid, a place on a booking that waits for nothing (not queued, or queued at the start it asked for)."""
     import io
 
     from app.client.wait import wait_for_start
@@ -252,16 +252,24 @@ def test_get_and_wait_say_a_queued_bookings_place_and_why(client):
     blocker = client.call("book", count=8, start=start, end=start + HOUR)
     client.call("book", count=8, start=start, end=start + HOUR, or_later=True)
     second = client.call("book", count=8, start=start, end=start + HOUR, or_later=True)
-    client.call("book", count=8, start=start, end=start + HOUR, or_later=True, **{"class": "online"})
+    online = client.call("book", count=8, start=start, end=start + HOUR, or_later=True, **{"class": "online"})
     said = "2nd of 2 in the experiment queue: first come; 1 waiting online booking goes first"
     assert client.call("get", id=second["id"])["place"] == said
     assert "place" not in client.call("get", id=blocker["id"])
+    listed = {b["id"]: b.get("place") for b in client.call("list")["bookings"]}
+    assert listed[second["id"]] == said and listed[blocker["id"]] is None
+    rc, out, err = cli("list")
+    line = next(line for line in out.splitlines() if line.startswith(f"#{second['id']} "))
+    assert rc == 0 and line.endswith(f"  experiment  queued ({said})"), line
     clock = [time.time()]
     progress = io.StringIO()
     with pytest.raises(Conflict, match=f"booking {second['id']} has not started"):
         wait_for_start(client, second["id"], timeout=60, clock=lambda: clock[0],
                        sleep=lambda s: clock.__setitem__(0, clock[0] + s), progress=progress)
     assert progress.getvalue().count(f"; {said}\n") == 1
+    client.call("cancel", id=blocker["id"])  # online moves up to the start it asked for: it waits for nothing now
+    assert client.call("get", id=online["id"])["start"] == start and "place" not in client.call("get", id=online["id"])
+    assert client.call("get", id=second["id"])["place"] == "2nd of 2 in the experiment queue: first come"
 
 
 def test_run_wait_starts_the_command_when_the_booking_starts(cli, client):

@@ -125,41 +125,34 @@ class TestBackfillOrder:
         moved = make_service("root", 0, admin=True, config=config).backfill()
         return [(queued[after.id], after.start) for _, after in moved]
 
+    def race(self, make_service, config, a, b, first):
+        """A's and B's past use (cards, days ago, hours, first card), then alice for A and carol for B ask for card 0,
+        `first` of them first: who moves up first, who second (each an hour, from a minute from now)."""
+        self.past(make_service, "alice", "A", config, *a)
+        self.past(make_service, "bob", "B", config, *b)
+        asks = {"alice": ("alice", "A", "batch"), "carol": ("carol", "B", "batch")}
+        moves = self.queue(make_service, config, asks[first], *(ask for user, ask in asks.items() if user != first))
+        assert [start for _, start in moves] == [NOW + 60, NOW + 60 + H]
+        return [user for user, _ in moves]
+
     def test_the_project_far_over_its_share_waits_behind_the_one_under_it(self, make_service):
-        """The issue's case: A used 96 card-hours yesterday, B 12 the day before; A asked first. B's booking goes first, A's after
-        it. Wrong versions: first come before the standing (A first), standings left out of the order."""
-        config = two()
-        self.past(make_service, "alice", "A", config, cards=8, days_ago=1, hours=12)
-        self.past(make_service, "bob", "B", config, cards=1, days_ago=2, hours=12)
-        assert self.queue(make_service, config, ("alice", "A", "batch"), ("carol", "B", "batch")) == [
-            ("carol", NOW + 60), ("alice", NOW + 60 + H)]
+        """The issue's case: A used 96 card-hours yesterday, B 12 the day before; A asked first. B's booking goes
+        first, A's after it. Wrong versions: first come before the standing (A first), standings left out."""
+        assert self.race(make_service, two(), (8, 1, 12), (1, 2, 12), first="alice") == ["carol", "alice"]
 
-    def test_use_decays(self, make_service):
-        """A used 192 card-hours five weeks ago (five half-lives: about 6 h now), B 10 card-hours two days ago (about
-        8.2 h now); B asked first. A goes first. Wrong version: use not decayed (192 against 10: B first)."""
-        config = two()
-        self.past(make_service, "alice", "A", config, cards=8, days_ago=35, hours=24)
-        self.past(make_service, "bob", "B", config, cards=1, days_ago=2, hours=10)
-        assert self.queue(make_service, config, ("carol", "B", "batch"), ("alice", "A", "batch")) == [
-            ("alice", NOW + 60), ("carol", NOW + 60 + H)]
-
-    def test_the_half_life_is_the_configured_one(self, make_service):
-        """The same use with a 60-day half-life: A's old run now outweighs B's (about 128 h against 10), so B goes
-        first. Wrong version: the half-life fixed at 7 days, or read in other units."""
-        config = two(half_life_days=60)
-        self.past(make_service, "alice", "A", config, cards=8, days_ago=35, hours=24)
-        self.past(make_service, "bob", "B", config, cards=1, days_ago=2, hours=10)
-        assert self.queue(make_service, config, ("alice", "A", "batch"), ("carol", "B", "batch")) == [
-            ("carol", NOW + 60), ("alice", NOW + 60 + H)]
+    @pytest.mark.parametrize(("half_life_days", "order"), [(7, ["alice", "carol"]), (60, ["carol", "alice"])])
+    def test_use_decays_by_the_configured_half_life(self, make_service, half_life_days, order):
+        """A used 192 card-hours five weeks ago, B 10 card-hours two days ago; B asked first. With the default 7-day
+        half-life A's is five half-lives old (about 6 h now against B's 8.2): A goes first. With a 60-day half-life
+        A's weighs about 128 h: B goes first. Wrong versions: use not decayed (192 against 10: B first), the half-life
+        fixed at 7 days or read in other units."""
+        assert self.race(make_service, two(half_life_days=half_life_days), (8, 35, 24), (1, 2, 10),
+                         first="carol") == order
 
     def test_a_bigger_share_lets_more_use_go_first(self, make_service):
         """A used 30 card-hours with share 4 (7.5 against its share), B 12 with share 1; B asked first. A goes first.
         Wrong versions: the share multiplied (120 against 12) or ignored (30 against 12): B first."""
-        config = two(share_a=4)
-        self.past(make_service, "alice", "A", config, cards=5, days_ago=1, hours=6)
-        self.past(make_service, "bob", "B", config, cards=1, days_ago=1, hours=12, first=5)
-        assert self.queue(make_service, config, ("carol", "B", "batch"), ("alice", "A", "batch")) == [
-            ("alice", NOW + 60), ("carol", NOW + 60 + H)]
+        assert self.race(make_service, two(share_a=4), (5, 1, 6), (1, 1, 12, 5), first="carol") == ["alice", "carol"]
 
     @pytest.mark.parametrize("first", ["alice", "carol"])
     def test_equal_standings_go_first_come(self, make_service, first):
@@ -193,20 +186,22 @@ class TestBackfillOrder:
         assert [(after.id, after.start) for _, after in moved] == [(first.id, NOW + 60), (second.id, NOW + 60 + H)]
 
     def test_wait_words_say_the_place_and_why(self, make_service):
-        """What `board wait` prints for each waiting booking (BookingService.queue_place, the `get` reply's place)."""
+        """What `board wait` prints for each waiting booking (BookingService.queue_places: the place in the `get` and
+        `list` replies); the blocker waits for nothing."""
         config = two(share_a=2)
         self.past(make_service, "alice", "A", config, cards=8, days_ago=1, hours=12)
         bob = make_service("bob", uid("bob"), config=config)
-        bob.create(cards=[0], start=NOW, end=NOW + 2 * H, project="B")
+        blocker = bob.create(cards=[0], start=NOW, end=NOW + 2 * H, project="B")
         a = make_service("alice", uid("alice"), config=config).create(
             cards=[0], start=NOW + 60, end=NOW + 60 + H, klass="batch", or_later=True, project="A")
         b = make_service("carol", uid("carol"), config=config).create(
             cards=[0], start=NOW + 60, end=NOW + 60 + H, klass="batch", or_later=True, project="B")
         # A: 8 cards from a day ago for 12 h, 8 * 168 / ln 2 * (2 ** (-0.5/7) - 2 ** (-1/7)) = 89.1 h, over share 2
-        assert bob.queue_place(bob.get(b.id)) == (
+        assert bob.queue_places([bob.get(b.id)])[b.id] == (
             "1st of 2 in the batch queue: project B (used 0.0 h against share 1, decayed) goes before project A"
             " (89.1 h against share 2); then first come")
-        assert bob.queue_place(bob.get(a.id)).startswith("2nd of 2 in the batch queue: ")
+        places = bob.queue_places([bob.get(a.id), bob.get(b.id), bob.get(blocker.id)])
+        assert sorted(places) == [a.id, b.id] and places[a.id].startswith("2nd of 2 in the batch queue: ")
 
 
 USERS = {"alice": 1001, "bob": 1002, "carol": 1003}

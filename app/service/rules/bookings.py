@@ -669,15 +669,16 @@ class BookingService:
         standing = fairshare.standings(self.config, past, now)
         return sorted(waiting, key=functools.partial(fairshare.queue_order, standing=standing)), standing
 
-    def queue_place(self, booking: Booking) -> str | None:
-        """Where a waiting booking is in its queue and why (`board wait`), or None for one not waiting."""
+    def queue_places(self, bookings: Sequence[Booking]) -> dict[int, str]:
+        """Where each waiting booking of `bookings` is in its queue and why (`board wait`, `board list`), by id: one
+        read of the queue, none where none of them waits."""
         now = int(self.clock())
-        if not booking.queued or booking.status != "booked" or booking.start <= now:
-            return None
-        waiting, standing = self._queue(now)
-        if all(b.id != booking.id for b in waiting):
-            return None
-        return fairshare.place(booking, waiting, standing, self.config)
+        asked = {b.id for b in bookings if b.queued and b.status == "booked" and b.start > max(now, b.requested_at)}
+        if not asked:
+            return {}
+        queue, standing = self._queue(now)
+        waiting = [b for b in queue if b.start > max(now, b.requested_at)]  # at its asked start: it waits for nothing
+        return {b.id: fairshare.place(b, waiting, standing, self.config) for b in waiting if b.id in asked}
 
     # -- helpers -------------------------------------------------------------------------------
 
