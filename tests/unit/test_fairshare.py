@@ -110,15 +110,17 @@ class TestBackfillOrder:
             cards=range(first, first + cards), start=then, end=then + hours * H, project=project)
 
     def queue(self, make_service, config, *who):
-        """Bob blocks card 0 for two hours; each of `who` ((user, project, class)) then asks for it an hour from a
-        minute from now, in that order (first come), and joins the queue behind it; bob cancels. Returns the
-        backfill's moves as (user, new start), in the order it made them."""
+        """Bob blocks card 0 for two hours; each of `who` ((user, project, class)) then asks for it for an hour, the
+        first from a minute from now, the next from two (first come: the earlier asked start), and joins the queue
+        behind it; bob cancels. Returns the backfill's moves as (user, new start), in the order it made them: the
+        first asker first is [(first, NOW + 60), (second, NOW + 60 + H)], the second first is [(second, NOW + 120),
+        (first, NOW + 120 + H)] (the freed two hours fit one at its asked start, then the other after it)."""
         bob = make_service("bob", uid("bob"), config=config)
         blocker = bob.create(cards=[0], start=NOW, end=NOW + 2 * H, project="B" if config.projects else None)
         queued = {}
-        for user, project, klass in who:
+        for n, (user, project, klass) in enumerate(who, 1):
             made = make_service(user, uid(user), config=config).create(
-                cards=[0], start=NOW + 60, end=NOW + 60 + H, klass=klass, or_later=True, project=project)
+                cards=[0], start=NOW + 60 * n, end=NOW + 60 * n + H, klass=klass, or_later=True, project=project)
             assert made.queued == "time" and made.start >= NOW + 2 * H
             queued[made.id] = user
         bob.cancel(blocker.id)
@@ -127,20 +129,20 @@ class TestBackfillOrder:
 
     def race(self, make_service, config, a, b, first):
         """A's and B's past use (cards, days ago, hours, first card), then alice for A and carol for B ask for card 0,
-        `first` of them first: who moves up first, who second (each an hour, from a minute from now)."""
+        `first` of them first (queue)."""
         self.past(make_service, "alice", "A", config, *a)
         self.past(make_service, "bob", "B", config, *b)
         asks = {"alice": ("alice", "A", "batch"), "carol": ("carol", "B", "batch")}
-        moves = self.queue(make_service, config, asks[first], *(ask for user, ask in asks.items() if user != first))
-        assert [start for _, start in moves] == [NOW + 60, NOW + 60 + H]
-        return [user for user, _ in moves]
+        return self.queue(make_service, config, asks[first], *(ask for user, ask in asks.items() if user != first))
 
     def test_the_project_far_over_its_share_waits_behind_the_one_under_it(self, make_service):
         """The issue's case: A used 96 card-hours yesterday, B 12 the day before; A asked first. B's booking goes
         first, A's after it. Wrong versions: first come before the standing (A first), standings left out."""
-        assert self.race(make_service, two(), (8, 1, 12), (1, 2, 12), first="alice") == ["carol", "alice"]
+        assert self.race(make_service, two(), (8, 1, 12), (1, 2, 12), first="alice") == [
+            ("carol", NOW + 120), ("alice", NOW + 120 + H)]
 
-    @pytest.mark.parametrize(("half_life_days", "order"), [(7, ["alice", "carol"]), (60, ["carol", "alice"])])
+    @pytest.mark.parametrize(("half_life_days", "order"), [(7, [("alice", NOW + 120), ("carol", NOW + 120 + H)]),
+                                                            (60, [("carol", NOW + 60), ("alice", NOW + 60 + H)])])
     def test_use_decays_by_the_configured_half_life(self, make_service, half_life_days, order):
         """A used 192 card-hours five weeks ago, B 10 card-hours two days ago; B asked first. With the default 7-day
         half-life A's is five half-lives old (about 6 h now against B's 8.2): A goes first. With a 60-day half-life
@@ -152,7 +154,8 @@ class TestBackfillOrder:
     def test_a_bigger_share_lets_more_use_go_first(self, make_service):
         """A used 30 card-hours with share 4 (7.5 against its share), B 12 with share 1; B asked first. A goes first.
         Wrong versions: the share multiplied (120 against 12) or ignored (30 against 12): B first."""
-        assert self.race(make_service, two(share_a=4), (5, 1, 6), (1, 1, 12, 5), first="carol") == ["alice", "carol"]
+        assert self.race(make_service, two(share_a=4), (5, 1, 6), (1, 1, 12, 5), first="carol") == [
+            ("alice", NOW + 120), ("carol", NOW + 120 + H)]
 
     @pytest.mark.parametrize("first", ["alice", "carol"])
     def test_equal_standings_go_first_come(self, make_service, first):
@@ -168,7 +171,7 @@ class TestBackfillOrder:
         config = two()
         self.past(make_service, "alice", "A", config, cards=8, days_ago=1, hours=12)
         assert self.queue(make_service, config, ("carol", "B", "batch"), ("alice", "A", "online")) == [
-            ("alice", NOW + 60), ("carol", NOW + 60 + H)]
+            ("alice", NOW + 120), ("carol", NOW + 120 + H)]
 
     def test_without_projects_the_order_is_first_come_though_the_bookings_name_projects(self, make_service, conn):
         """Bookings made for A and B, then [[projects]] taken out of the config: A's huge past use counts for
