@@ -28,20 +28,20 @@ def lookback(config: Config, now: int) -> int:
     return int(now - LOOKBACK_HALF_LIVES * half_life_s(config))
 
 
-def decayed_use(bookings: Iterable[Booking], now: float, half_life: float) -> dict[str, float]:
-    """Each project's decayed card-seconds at `now`: the integral of cards held over each booking's span up to `now`,
-    weighted 2 ** -(age / half_life). Exact: over [s, e] the weight integrates to
-    half_life / ln 2 * (2 ** -((now - e) / half_life) - 2 ** -((now - s) / half_life)). Cancelled bookings and
-    time after `now` count nothing."""
+def decayed_use(spans: Iterable[tuple[str, int, int, int]], now: float, half_life: float) -> dict[str, float]:
+    """Each project's decayed card-seconds at `now`, from the live bookings' (project, start, end, cards)
+    (app.store.bookings.card_spans): the integral of the cards held up to `now`, weighted 2 ** -(age / half_life).
+    Exact: over [s, e] the weight integrates to half_life / ln 2 * (2 ** -((now - e) / half_life) -
+    2 ** -((now - s) / half_life)). Time after `now` counts nothing."""
     rate = math.log(2) / half_life
     use: dict[str, float] = {}
-    for booking in bookings:
-        end = min(booking.end, now)
-        if booking.status != "booked" or end <= booking.start:
+    for project, start, end, cards in spans:
+        until = min(end, now)
+        if until <= start:
             continue
         # expm1 keeps a short span exact where the difference of two near-equal powers would lose it
-        weight = math.exp(-rate * (now - end)) * -math.expm1(-rate * (end - booking.start)) / rate
-        use[booking.project] = use.get(booking.project, 0.0) + weight * len(booking.cards)
+        weight = math.exp(-rate * (now - until)) * -math.expm1(-rate * (until - start)) / rate
+        use[project] = use.get(project, 0.0) + weight * cards
     return use
 
 
@@ -51,12 +51,12 @@ def share(config: Config, project: str) -> float:
     return found.share if found is not None else 1.0
 
 
-def standings(config: Config, bookings: Iterable[Booking], now: float) -> dict[str, float]:
-    """Each project's decayed use over its share: the lower, the sooner its waiting bookings go. Empty on a board
-    without [[projects]], where every booking stands equal."""
+def standings(config: Config, spans: Iterable[tuple[str, int, int, int]], now: float) -> dict[str, float]:
+    """Each project's decayed use (decayed_use) over its share: the lower, the sooner its waiting bookings go. Empty
+    on a board without [[projects]], where every booking stands equal."""
     if not config.projects:
         return {}
-    return {name: used / share(config, name) for name, used in decayed_use(bookings, now, half_life_s(config)).items()}
+    return {name: used / share(config, name) for name, used in decayed_use(spans, now, half_life_s(config)).items()}
 
 
 _RANK = {klass: i for i, klass in enumerate(CLASSES)}

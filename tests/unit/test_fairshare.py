@@ -16,10 +16,9 @@ DAY = 86400
 NOW = 1795966200  # tests.conftest.FROZEN_NOW
 
 
-def booking(project: str, start: int, end: int, cards: int = 1, status: str = "booked", id: int = 1,
-            klass: str = "batch", requested_at: int = 0) -> Booking:
-    return Booking(id=id, user="u", uid=1, cards=tuple(range(cards)), card_uuids=(), start=start, end=end, klass=klass,
-                   note="", status=status, requested_at=requested_at, project=project)
+def booking(project: str, start: int, end: int, id: int = 1, klass: str = "batch") -> Booking:
+    return Booking(id=id, user="u", uid=1, cards=(0,), card_uuids=(), start=start, end=end, klass=klass, note="",
+                   status="booked", project=project)
 
 
 def two(share_a: float = 1.0, share_b: float = 1.0, half_life_days: float = 7.0) -> Config:
@@ -31,14 +30,10 @@ class TestDecayedUse:
     def test_a_hand_computed_case_with_a_one_day_half_life(self):
         """Two cards from 2 days ago to 1 day ago, half-life 1 day: the weight runs from 1/4 to 1/2, and integrates
         to 86400 / ln 2 * (1/2 - 1/4) a card, 62324.4 card-seconds for the two. One card from a day ago on, still
-        running: only the day up to now counts, 86400 / ln 2 * (1 - 1/2) = 62324.4. A cancelled booking counts
-        nothing. Wrong versions: usage not decayed (2 * 86400 + 86400 = 259200), the rate 1/half-life instead of
-        ln 2/half-life (48320.4 a card-day), the future part counted, a cancelled booking counted."""
-        use = fairshare.decayed_use([
-            booking("A", NOW - 2 * DAY, NOW - DAY, cards=2),
-            booking("B", NOW - DAY, NOW + DAY),
-            booking("B", NOW - DAY, NOW, cards=8, status="cancelled"),
-        ], NOW, DAY)
+        running: only the day up to now counts, 86400 / ln 2 * (1 - 1/2) = 62324.4. Wrong versions: usage not
+        decayed (2 * 86400 + 86400 = 259200), the rate 1/half-life instead of ln 2/half-life (48320.4 a card-day),
+        the future part counted."""
+        use = fairshare.decayed_use([("A", NOW - 2 * DAY, NOW - DAY, 2), ("B", NOW - DAY, NOW + DAY, 1)], NOW, DAY)
         assert use == {"A": pytest.approx(62324.43, abs=0.01), "B": pytest.approx(62324.43, abs=0.01)}
         assert use["A"] == pytest.approx(DAY / (2 * math.log(2)), rel=1e-12)
 
@@ -49,14 +44,14 @@ class TestDecayedUse:
         config = two()
         assert fairshare.half_life_s(config) == 7 * DAY
         now, end = NOW, NOW
-        hours = [fairshare.decayed_use([booking("A", end - k * 7 * DAY - H, end - k * 7 * DAY)], now,
+        hours = [fairshare.decayed_use([("A", end - k * 7 * DAY - H, end - k * 7 * DAY, 1)], now,
                                        fairshare.half_life_s(config))["A"] / H for k in range(3)]
         assert hours == [pytest.approx(0.997940, abs=1e-6), pytest.approx(0.498970, abs=1e-6),
                          pytest.approx(0.249485, abs=1e-6)]
 
     def test_a_short_span_stays_exact(self):
         """One card-second a half-life ago weighs 1/2 (expm1: the difference of two near-equal powers loses it)."""
-        use = fairshare.decayed_use([booking("A", NOW - 7 * DAY - 1, NOW - 7 * DAY)], NOW, 7 * DAY)["A"]
+        use = fairshare.decayed_use([("A", NOW - 7 * DAY - 1, NOW - 7 * DAY, 1)], NOW, 7 * DAY)["A"]
         assert use == pytest.approx(0.5, rel=1e-6)
 
 
@@ -64,7 +59,7 @@ class TestStandings:
     def test_standing_is_use_over_share(self):
         """A: 2 card-days a week ago, share 4; B: 1 card-day a week ago, share 1. A used twice B's but has four
         times its share: it stands at half B's. Wrong version: the share multiplied (A at 8 times B's), ignored."""
-        past = [booking("A", NOW - 8 * DAY, NOW - 7 * DAY, cards=2), booking("B", NOW - 8 * DAY, NOW - 7 * DAY)]
+        past = [("A", NOW - 8 * DAY, NOW - 7 * DAY, 2), ("B", NOW - 8 * DAY, NOW - 7 * DAY, 1)]
         stood = fairshare.standings(two(share_a=4), past, NOW)
         b = fairshare.decayed_use(past, NOW, 7 * DAY)["B"]
         assert stood == {"A": pytest.approx(b / 2), "B": pytest.approx(b)}
@@ -72,10 +67,10 @@ class TestStandings:
 
     def test_a_board_without_projects_has_no_standings(self):
         """Bookings still carry the projects of a config that had them; without [[projects]] now, all stand equal."""
-        assert fairshare.standings(Config(), [booking("A", NOW - DAY, NOW, cards=8)], NOW) == {}
+        assert fairshare.standings(Config(), [("A", NOW - DAY, NOW, 8)], NOW) == {}
 
     def test_a_project_no_longer_configured_weighs_one(self):
-        stood = fairshare.standings(two(share_a=2), [booking("gone", NOW - 7 * DAY - H, NOW - 7 * DAY)], NOW)
+        stood = fairshare.standings(two(share_a=2), [("gone", NOW - 7 * DAY - H, NOW - 7 * DAY, 1)], NOW)
         assert stood["gone"] == pytest.approx(0.498970 * H, abs=0.01)
 
 
@@ -136,8 +131,11 @@ class TestBackfillOrder:
         return self.queue(make_service, config, asks[first], *(ask for user, ask in asks.items() if user != first))
 
     def test_the_project_far_over_its_share_waits_behind_the_one_under_it(self, make_service):
-        """The issue's case: A used 96 card-hours yesterday, B 12 the day before; A asked first. B's booking goes
-        first, A's after it. Wrong versions: first come before the standing (A first), standings left out."""
+        """The issue's case: A used 96 card-hours yesterday, B 12 the day before (and cancelled 192 more a week ago,
+        which count nothing); A asked first. B's booking goes first, A's after it. Wrong versions: first come before
+        the standing (A first), standings left out, a cancelled booking counted."""
+        bob = make_service("bob", uid("bob"), config=two(), now=NOW - 8 * DAY)
+        bob.cancel(bob.create(cards=range(8), start=NOW - 7 * DAY, end=NOW - 6 * DAY, project="B").id)
         assert self.race(make_service, two(), (8, 1, 12), (1, 2, 12), first="alice") == [
             ("carol", NOW + 120), ("alice", NOW + 120 + H)]
 

@@ -664,7 +664,7 @@ class BookingService:
         """The waiting bookings in the queue's order, and each project's standing (one read of the past use, and only
         on a board with [[projects]] and a queue): what a backfill round and `queue_place` go by."""
         waiting = rows.queued(self.conn, now)
-        past = rows.live_between(self.conn, fairshare.lookback(self.config, now), now) \
+        past = rows.card_spans(self.conn, fairshare.lookback(self.config, now), now) \
             if waiting and self.config.projects else []
         standing = fairshare.standings(self.config, past, now)
         return sorted(waiting, key=functools.partial(fairshare.queue_order, standing=standing)), standing
