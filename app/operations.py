@@ -100,6 +100,8 @@ OPERATIONS: dict[str, Operation] = {
     "gateway_state": _read("gateway", "what the gateway routes by: servers, plans, usable keys"),
     "gateway_usage": _change("gateway", "a batch of the gateway's accounting records"),
     "usage": _read("gateway", "the gateway's requests and tokens summed by user, key or model"),
+    # projects: what each project has and spends
+    "projects": _read("projects", "each project's members, classes, allocations, budget, and use this period"),
     # power: the cards' power limits
     "power": _read("power", "each card's power limit against the policy"),
     "power_step": _change("power", "one step of board power apply: persistence mode or a card's limit"),

@@ -44,6 +44,7 @@ def booking_json(booking: dict | None) -> dict | None:
         "series_id": booking.get("series_id"),
         "notice": booking.get("notice"),
         **({"request": booking["request"]} if booking.get("request") else {}),
+        **({"project": booking["project"]} if booking.get("project") else {}),  # a board with [[projects]] only
     }
 
 
@@ -90,8 +91,10 @@ def booking_line(booking: dict, now: float | None = None, here: str | None = Non
     notice = f"  ({inert(booking['notice'], 80)})" if booking.get("notice") else ""
     series = f" (series {booking['series_id']})" if booking.get("series_id") else ""
     cards = _host_prefix(booking, here) + format_cards(booking["cards"])
+    # the project beside the holder: only a board with [[projects]] has one on the wire
+    holder = inert(booking["user"], 16) + (f" (project {inert(project, 40)})" if (project := booking.get("project")) else "")
     return (
-        f"#{booking['id']:<5} {inert(booking['user'], 16):<16} cards {cards:<15}"
+        f"#{booking['id']:<5} {holder:<16} cards {cards:<15}"
         f" {when(booking['start'])} → {when(booking['end'])}  {booking['class']}{series}{state}{queued}{notice}{asked}{note}"
     )
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO))
 os.environ["TZ"] = "UTC"
 time.tzset()
 
-from app.config import Config  # noqa: E402
+from app.config import Config, Project, ProjectAllocation  # noqa: E402
 from app.core.identity import Identity  # noqa: E402
 from app.demo import demo_config, seed_if_empty  # noqa: E402
 from app.gpu.simulated import SimulatedSource  # noqa: E402
@@ -42,14 +42,29 @@ def settled(app) -> bool:
                                                                                       timeline.view_end)
 
 
-async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=None) -> None:
+# The two kinds of work as projects: the business group holds prod 09-19 on weekdays for its online service,
+# research holds lab's cards 6-7 overnight; each demo booking is its holder's project's.
+PROJECTS = (
+    Project("business", ("bob",), classes=("online", "batch"), gpu_hours=400.0,
+            allocations=(ProjectAllocation(pool="prod", hours="09:00-19:00", days="mon-fri"),)),
+    Project("research", ("alice", "carol", "dave", "erin", "frank"), classes=("batch", "finetune", "experiment"),
+            gpu_hours=600.0, allocations=(ProjectAllocation(cards=(6, 7), hours="20:00-08:00"),)),
+)
+
+
+async def shoot(name: str, keys: tuple[str, ...], size: tuple[int, int], until=None,
+                projects: tuple[Project, ...] = ()) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "board.db"
         source = SimulatedSource(clock=frozen)
         conn = connect(db)
         seed_if_empty(conn, source.read().cards, now=NOW)
+        with conn:
+            for project in projects:
+                for member in project.members:
+                    conn.execute("UPDATE bookings SET project = ? WHERE user = ?", (project.name, member))
         conn.close()
-        alice, config = Identity("alice", 2000, False), demo_config(Config(db_path=db))
+        alice, config = Identity("alice", 2000, False), demo_config(Config(db_path=db, projects=projects))
         app = BoardApp(LocalClient.on(config, source, alice, clock=frozen), identity=alice, config=config,
                        clock=frozen, host="gpu-box", history_step=5.0)
         async with app.run_test(size=size) as pilot:
@@ -84,6 +99,7 @@ async def main() -> None:
                     app.screen.query_one("#message").render()))
     await shoot("card-detail", ("enter",), (120, 40),
                 until=lambda app: isinstance(app.screen, CardDetailScreen) and app.screen.points is not None)
+    await shoot("board-projects", (), (120, 40), projects=PROJECTS)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Callable, Collection
 
 from app.alerts.rules import Card, Crash, Ending, Inputs, evaluate
 from app.config import Config
@@ -120,18 +121,30 @@ def _history(history: HistoryStore, config: Config, now: float,
     window = [s["util"] for s in samples if s["ts"] >= now - settings.window_min * 60 and s["state"] != "LOST"
               and s["util"] is not None]
     util = sum(window) / len(window) if window else None
+    return util, run_since(samples, booked, lambda s: s["state"] == BOOKED)
+
+
+def run_since(samples: list[dict], uuids: Collection[str], holds: Callable[[dict], bool], *,
+              now: float | None = None, max_gap_s: float | None = None) -> dict[str, float]:
+    """For each card of `uuids`, the start of its newest unbroken run of `samples` (oldest first) for which `holds`,
+    under one booking: the idle-booked alert's (holds: BOOKED) and the idle release's (app.service.box.idle). With
+    `max_gap_s`, a gap longer than it between two samples, or between the newest and `now`, breaks the run: the
+    sampler was down, and nobody saw what ran meanwhile."""
     since: dict[str, float] = {}
     holding: dict[str, int | None] = {}  # the booking of each card's newest sample
+    after: dict[str, float] = {}  # the sample seen last (newer) of each card, or `now`
     broken: set[str] = set()
-    for s in reversed(samples):  # newest first: walk back while the card stays BOOKED under one booking
+    for s in reversed(samples):  # newest first: walk back while the card's run holds under one booking
         uuid = s["uuid"]
-        if uuid not in booked or uuid in broken:
+        if uuid not in uuids or uuid in broken:
             continue
-        if s["state"] != BOOKED or holding.setdefault(uuid, s["booking"]) != s["booking"]:
+        later = after.get(uuid, now)
+        gap = max_gap_s is not None and later is not None and later - s["ts"] > max_gap_s
+        if gap or not holds(s) or holding.setdefault(uuid, s["booking"]) != s["booking"]:
             broken.add(uuid)
             continue
-        since[uuid] = s["ts"]
-    return util, since
+        since[uuid] = after[uuid] = s["ts"]
+    return since
 
 
 class Engine:

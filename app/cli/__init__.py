@@ -15,6 +15,7 @@ Where each command lives (its handler and its part of the parser):
   faults.py     faults
   alerts.py     alerts
   report.py     report
+  projects.py   projects (what each project has and spends)
   agent.py      agent, doctor, backup, migrate
   gateway.py    key new|list|revoke, usage, gateway (the OpenAI-compatible front door)
   runner.py     runner (planned servers, as the system user board-llama)
@@ -50,8 +51,8 @@ def cmd_board(ctx) -> int:
 def build_parser():
     import argparse
 
-    from app.cli import (admin, agent, alerts, bookings, cards, faults, fit, gateway, notify, power, report, run,
-                         runner, serve, status)
+    from app.cli import (admin, agent, alerts, bookings, cards, faults, fit, gateway, notify, power, projects, report,
+                         run, runner, serve, status)
     from app.cli.arguments import Parser
 
     common = Parser(add_help=False)
@@ -103,6 +104,7 @@ def build_parser():
     faults.add_parser(command)
     alerts.add_parser(command)
     report.add_parser(command)
+    projects.add_parser(command)
     gateway.add_parser(command, common)
     agent.add_agent(command)
     runner.add_runner(command)

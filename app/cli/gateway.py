@@ -51,6 +51,8 @@ def add_parser(command, common) -> None:
                         " bookings, else batch")
     a.add_argument("--expires", type=_expires, metavar="AGE", help="it stops working after this: 90d, 12h")
     a.add_argument("--user", metavar="NAME", help="admins: a key for this account (a service account)")
+    a.add_argument("--project", metavar="NAME",
+                   help="the project its requests count against ([[projects]]); default: the holder's only one")
     a.add_argument("--json", action="store_true", help="print JSON")
     a = actions.add_parser("list", help="your keys (fingerprints, never the keys)", parents=[common])
     a.set_defaults(handler=cmd_key_list)
@@ -61,9 +63,11 @@ def add_parser(command, common) -> None:
     a.add_argument("id", type=int, metavar="ID")
     a.add_argument("--json", action="store_true", help="print JSON")
 
-    p = command("usage", cmd_usage, "the gateway's requests and tokens per user, key or model", json_flag=True)
+    p = command("usage", cmd_usage, "the gateway's requests and tokens per user, key, model or project",
+                json_flag=True)
     p.add_argument("--since", type=_age, default=7 * 86400, metavar="AGE", help="how far back: 12h, 7d (default 7d)")
-    p.add_argument("--by", choices=("user", "key", "model"), default="user", help="group by (default user)")
+    p.add_argument("--by", choices=("user", "key", "model", "project"), default="user",
+                   help="group by (default user; project on a board with [[projects]])")
 
     p = daemon(command("gateway", cmd_gateway, "run the OpenAI-compatible gateway (its unit runs it as board-gateway)"))
     p.add_argument("--listen", metavar="HOST:PORT", help="instead of [gateway] listen")
@@ -90,12 +94,13 @@ def cmd_key_new(ctx) -> int:
         raise BadInput(f"--models: {error}") from None
     expires = int(time.time()) + args.expires if args.expires else None
     key = ctx.client.call("key_new", name=args.name, models=models, expires=expires, user=args.user,
-                          **{"class": args.klass})
+                          project=args.project, **{"class": args.klass})
     if args.json:
         print_json(_key_json(key))
         return EXIT_OK
     print(key["key"])
-    print(f"key {key['id']} ({key['fingerprint']}) for {key['user']}, class {key['class']},"
+    project = f", project {key['project']}" if key.get("project") else ""
+    print(f"key {key['id']} ({key['fingerprint']}) for {key['user']}{project}, class {key['class']},"
           f" models: {', '.join(key['models']) if key['models'] else 'all'},"
           f" expires: {iso(key['expires']) or 'never'}. It is shown only now: keep it.")
     return EXIT_OK
@@ -111,11 +116,13 @@ def cmd_key_list(ctx) -> int:
     if not keys:
         print("no keys; make one with: board key new")
         return EXIT_OK
-    rows = [["ID", "FINGERPRINT", "USER", "NAME", "CLASS", "MODELS", "EXPIRES", "REVOKED"]]
+    projects = any("project" in k for k in keys)  # the column only where some key is for a named project
+    rows = [["ID", "FINGERPRINT", "USER", *(["PROJECT"] if projects else []), "NAME", "CLASS", "MODELS", "EXPIRES",
+             "REVOKED"]]
     for k in keys:
-        rows.append([str(k["id"]), k["fingerprint"], inert(k["user"], 32), inert(k["name"], 40), k["class"],
-                     inert(",".join(k["models"]), 60) if k["models"] else "all", iso(k["expires"]) or "never",
-                     iso(k["revoked"]) or ""])
+        rows.append([str(k["id"]), k["fingerprint"], inert(k["user"], 32), *([k.get("project", "")] if projects else []),
+                     inert(k["name"], 40), k["class"], inert(",".join(k["models"]), 60) if k["models"] else "all",
+                     iso(k["expires"]) or "never", iso(k["revoked"]) or ""])
     print(table(rows))
     return EXIT_OK
 
@@ -138,10 +145,12 @@ def cmd_usage(ctx) -> int:
     if ctx.args.json:
         print_json({"since": iso(doc["since"]), "by": doc["by"], "rows": doc["rows"]})
         return EXIT_OK
-    rows = [["USER", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "ERRORS"]]
+    by_project = doc["by"] == "project"  # a column of its own, first: the others are summed over
+    rows = [["PROJECT"] * by_project + ["USER", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "ERRORS"]]
     for r in doc["rows"]:
-        rows.append([inert(r["user"], 32) or "*", r["key"] or "*", inert(r["model"], 60) or "*", str(r["requests"]),
-                     str(r["prompt_tokens"]), str(r["completion_tokens"]), str(r["errors"])])
+        rows.append([inert(r["project"], 40) or "(none)"] * by_project
+                    + [inert(r["user"], 32) or "*", r["key"] or "*", inert(r["model"], 60) or "*", str(r["requests"]),
+                       str(r["prompt_tokens"]), str(r["completion_tokens"]), str(r["errors"])])
     print(table(rows) if len(rows) > 1 else "no requests through the gateway in that time")
     return EXIT_OK
 

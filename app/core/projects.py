@@ -153,6 +153,23 @@ def period(project: Project, now: float, tz: tzinfo | None) -> tuple[int, int]:
     return int(first.timestamp()), int(after.timestamp())  # naive: the system's zone, as policy_zone's None means
 
 
+def day(now: float, tz: tzinfo | None) -> tuple[int, int]:
+    """The day holding `now`: (its local midnight, the next one) in the policy zone; a token budget's day (23 or 25
+    hours across a DST change)."""
+    today = datetime.fromtimestamp(now, tz).replace(hour=0, minute=0, second=0, microsecond=0)
+    return int(today.timestamp()), int((today + timedelta(days=1)).timestamp())
+
+
+def resets(project: Project, start: int, end: int, tz: tzinfo | None) -> list[int]:
+    """Where `project`'s budget periods start again within (start, end]."""
+    found = []
+    at = period(project, start, tz)[1]
+    while at <= end:
+        found.append(at)
+        at = period(project, at, tz)[1]
+    return found
+
+
 def card_seconds(bookings: Iterable[Booking], start: int, end: int) -> int:
     """Booked card-seconds of `bookings` within [start, end): what the calendar holds, cancelled bookings left out."""
     total = 0
@@ -163,3 +180,10 @@ def card_seconds(bookings: Iterable[Booking], start: int, end: int) -> int:
         if overlap > 0:
             total += overlap * len(booking.cards)
     return total
+
+
+def spent(bookings: Iterable[Booking], project: str, start: int, reset: int, now: float) -> tuple[int, int]:
+    """`project`'s booked card-seconds in the period [start, reset): (used, before `now`; ahead, from `now` on).
+    `bookings` may hold other projects' and cancelled ones: they count for nothing."""
+    theirs = [b for b in bookings if b.project == project]
+    return card_seconds(theirs, start, min(int(now), reset)), card_seconds(theirs, max(int(now), start), reset)

@@ -7,13 +7,14 @@ a server on another host is one more target (its `host` field) when the fleet co
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from app.core.keys import class_rank
+from app.core.projects import IMPLICIT
+from app.gateway.waiting import Usage, WaitQueue, Waiter
 
 logger = logging.getLogger(__name__)
 
@@ -45,17 +46,11 @@ class Upstream:
         return self.booking_end is not None and self.booking_end - now <= drain_s
 
 
-@dataclass(eq=False)
-class _Waiter:
-    rank: int  # the key's class (class_rank): a better class is served first
-    seq: int  # arrival: first come within one member
-    user: str
-    alias: str
-    future: asyncio.Future[Upstream]
-
-
 class Router:
-    def __init__(self, drain_s: float, queue_timeout_s: float, max_per_user: int, clock) -> None:
+    def __init__(self, drain_s: float, queue_timeout_s: float, max_per_user: int, clock,
+                 shares: Mapping[str, float] | None = None, half_life_s: float = 7 * 86400.0) -> None:
+        """`shares`: each project's fair-share weight ([[projects]] share); `half_life_s`: how fast a project's
+        tokens stop counting against it ([policy] fair_share_half_life_days)."""
         self.drain_s, self.queue_timeout_s, self.max_per_user, self.clock = drain_s, queue_timeout_s, max_per_user, clock
         self.servers: dict[int, Upstream] = {}  # the ready servers the gateway routes to
         self.shut_out: dict[int, Upstream] = {}  # ready servers under an alias another member holds: never routed
@@ -67,12 +62,7 @@ class Router:
         self.down: set[int] = set()  # servers that refused a connection: not routed until their /health answers
         # A member's requests admitted or waiting, across all their keys: keys are cheap, members are not.
         self.in_flight: dict[str, int] = {}
-        self._waiting: list[_Waiter] = []
-        self._seq = itertools.count()
-        # user -> alias -> when a request of theirs last got a slot of that model (a count, not a time): among the
-        # members waiting in one class, the one served longest ago goes next. Dropped when they have nothing in flight.
-        self._served: dict[str, dict[str, int]] = {}
-        self._turns = itertools.count()
+        self.queue = WaitQueue(Usage(half_life_s, shares or {}))  # requests waiting for a slot, in the order served
 
     # -- the service's view --------------------------------------------------------------------
 
@@ -193,9 +183,9 @@ class Router:
                        "model_not_found")
 
     async def admit(self, model: str, key: dict) -> Upstream:
-        """A server with a free slot for this request, waiting in class order, then round-robin across members, then
-        first come, up to queue_timeout_s; Refused when no one serves the model, the member is at their cap, or the
-        wait runs out. Release it after."""
+        """A server with a free slot for this request, waiting in app.gateway.waiting's order (class, the project's
+        fair share, round-robin across members, first come) up to queue_timeout_s; Refused when no one serves the
+        model, the member is at their cap, or the wait runs out. Release it after."""
         if not self._targets(model):
             raise self._unserved(model)
         user = key["user"]
@@ -205,14 +195,13 @@ class Router:
                           "rate_limit_exceeded", "too_many_requests_per_user", retry_after=1)
         self.in_flight[user] = self.in_flight.get(user, 0) + 1
         try:
-            ahead = any(w.alias == model for w in self._waiting)  # those waiting already go first
+            ahead = self.queue.waiting(model)  # those waiting already go first
             server = None if ahead else self._free(model)
             if server is not None:
                 self._hand(server, user, model)
                 return server
-            waiter = _Waiter(class_rank(key.get("class")), next(self._seq), user, model,
-                             asyncio.get_running_loop().create_future())
-            self._waiting.append(waiter)
+            waiter = self.queue.push(class_rank(key.get("class")), project_of(key), user, model,
+                                     asyncio.get_running_loop().create_future())
             try:
                 server = await asyncio.wait_for(asyncio.shield(waiter.future), self.queue_timeout_s)
             except asyncio.TimeoutError:
@@ -228,9 +217,11 @@ class Router:
             self._done(user)
             raise
 
-    def release(self, server: Upstream, key: dict) -> None:
+    def release(self, server: Upstream, key: dict, tokens: int = 0) -> None:
+        """The request's slot is free again; its `tokens` (prompt and completion) count against its project's share."""
         server.outstanding -= 1
         self._done(key["user"])
+        self.queue.charged(project_of(key), tokens, self.clock())
         self._dispatch()
 
     def up(self, server_id: int) -> None:
@@ -240,12 +231,12 @@ class Router:
 
     def waiting(self) -> int:
         """Requests waiting for a slot now (the gateway's /metrics shows it)."""
-        return sum(not w.future.done() for w in self._waiting)
+        return len(self.queue)
 
     def _hand(self, server: Upstream, user: str, alias: str) -> None:
         """A slot of `server` is the user's request's from now: counted, and their turn on the model marked."""
         server.outstanding += 1
-        self._served.setdefault(user, {})[alias] = next(self._turns)
+        self.queue.served(user, alias)
 
     def _done(self, user: str) -> None:
         left = self.in_flight.get(user, 1) - 1
@@ -253,35 +244,28 @@ class Router:
             self.in_flight[user] = left
         else:
             self.in_flight.pop(user, None)
-            self._served.pop(user, None)  # nothing in flight: they come back as new, and the map stays small
+            self.queue.gone(user)  # nothing in flight: they come back as new
 
-    def _forget(self, waiter: _Waiter) -> None:
+    def _forget(self, waiter: Waiter) -> None:
         """A waiter that gave up (timed out, or its client left): out of the queue; a slot it was handed goes on."""
-        if waiter in self._waiting:
-            self._waiting.remove(waiter)
-        elif waiter.future.done() and not waiter.future.cancelled():
+        if self.queue.remove(waiter):
+            return
+        if waiter.future.done() and not waiter.future.cancelled():
             server = waiter.future.result()
             server.outstanding -= 1
             self._dispatch()
 
-    def _order(self, waiter: _Waiter) -> tuple[int, int, int]:
-        """Who goes next for a model's free slot: the best class; in it, the member whose request got one of the
-        model's slots longest ago (never: first), so one member's crowd takes turns with the others; then first come."""
-        return waiter.rank, self._served.get(waiter.user, {}).get(waiter.alias, -1), waiter.seq
-
     def _dispatch(self) -> None:
-        """Hand free slots to the waiters, in _order (per model: a model whose slots are full holds back no other)."""
-        self._waiting = [w for w in self._waiting if not w.future.done()]
-        blocked: set[str] = set()
-        while True:
-            waiting = [w for w in self._waiting if w.alias not in blocked]
-            if not waiting:
-                return
-            waiter = min(waiting, key=self._order)
-            server = self._free(waiter.alias)
-            if server is None:
-                blocked.add(waiter.alias)
-                continue
-            self._waiting.remove(waiter)
-            self._hand(server, waiter.user, waiter.alias)  # the waiter's from now: _forget gives it back if it has left
-            waiter.future.set_result(server)
+        """Hand free slots to the waiters, in the queue's order (per model: a model whose slots are full holds back
+        no other)."""
+        for alias in self.queue.aliases():
+            while self.queue.waiting(alias) and (server := self._free(alias)) is not None:
+                waiter = self.queue.pop(alias)
+                assert waiter is not None  # one waits for alias
+                self._hand(server, waiter.user, alias)  # the waiter's from now: _forget gives it back if it has left
+                waiter.future.set_result(server)
+
+
+def project_of(key: dict) -> str:
+    """The key's project (gateway_state's keys carry it); IMPLICIT for a key of a board without [[projects]]."""
+    return key.get("project") or IMPLICIT

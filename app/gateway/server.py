@@ -30,6 +30,7 @@ from app.core.keys import key_hash
 from app.core.text import inert
 from app.errors import BadInput, BoardError
 from app.gateway.connections import BACKLOG, Connections, connection_cap
+from app.gateway.limits import Limits
 from app.gateway.routing import Refused, Router, Upstream
 
 FLUSH_S = 1.0
@@ -159,10 +160,13 @@ class Metrics:
 
 
 class Gateway:
-    def __init__(self, config: Config, client) -> None:
+    def __init__(self, config: Config, client, clock=time.time) -> None:
         settings = config.gateway
-        self.config, self.settings, self.client = config, settings, client
-        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_user, time.time)
+        self.config, self.settings, self.client, self.clock = config, settings, client, clock
+        self.router = Router(settings.drain_s, settings.queue_timeout_s, settings.max_concurrent_per_user, clock,
+                             shares={p.name: p.share for p in config.projects},
+                             half_life_s=config.policy.fair_share_half_life_days * 86400)
+        self.limits = Limits(config, clock)
         self.metrics = Metrics()
         self.pending: list[dict] = []
         # Each record's id, unique across the gateway's restarts: the service records a batch sent twice once.
@@ -220,7 +224,7 @@ class Gateway:
                 log.warning(f"board gateway: cannot read the service's state: {error}")
                 return
             try:
-                loop.call_soon_threadsafe(self.router.update, state)
+                loop.call_soon_threadsafe(self._update, state)
             except RuntimeError:  # the gateway stopped (its loop closed) while the state was being read
                 return
 
@@ -234,6 +238,10 @@ class Gateway:
             elif kind == "down":
                 log.warning(f"board gateway: lost the service ({event.get('message')}); routing on the last state"
                             " until it is back")
+
+    def _update(self, state: dict) -> None:
+        self.router.update(state)
+        self.limits.seed(state.get("tokens_today"))
 
     async def _flush_loop(self) -> None:
         while True:
@@ -358,13 +366,18 @@ class Gateway:
                 raise Refused(400, "say which model: the request's \"model\" field (GET /v1/models lists them)",
                               "invalid_request_error", "model_required")
             self.router.authorise(self._hash(request), model)
-            server = await self.router.admit(model, key)
+            admitted = self.limits.admit(key)  # Refused 429 over a budget or a rate limit
             try:
-                meter = Meter(streamed=False)
+                server = await self.router.admit(model, key)
+            except BaseException:  # refused after all, or the client left: the request counts nothing
+                self.limits.cancel(admitted)
+                raise
+            meter = Meter(streamed=False)
+            try:
                 response, status = await self._forward(request, server, body, started, meter)
                 return response
             finally:
-                self.router.release(server, key)
+                self.router.release(server, key, meter.prompt + meter.completion)
         except Refused as refused:
             status = refused.status
             response = error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)
@@ -464,6 +477,7 @@ class Gateway:
         prompt, completion = (meter.prompt, meter.completion) if meter else (0, 0)
         ttft = meter.ttft if meter else None
         if key is not None:
+            self.limits.spend(key, prompt + completion)
             self.metrics.prompt.labels(user, known).inc(prompt)
             self.metrics.completion.labels(user, known).inc(completion)
             self.metrics.latency.labels(known).observe(duration)
@@ -471,11 +485,12 @@ class Gateway:
                 self.metrics.ttft.labels(known).observe(ttft)
             if len(self.pending) < MAX_PENDING:
                 self.pending.append({
-                    "ts": int(time.time()), "key_id": key["id"], "fingerprint": key["fingerprint"], "user": user,
+                    "ts": int(self.clock()), "key_id": key["id"], "fingerprint": key["fingerprint"], "user": user,
                     "model": known, "server_id": server.id if server else None, "status": status,
                     "prompt_tokens": prompt, "completion_tokens": completion,
                     "ttft_ms": round(ttft * 1000) if ttft is not None else None, "duration_ms": round(duration * 1000),
-                    "request": f"{self._boot}-{next(self._requests)}"})
+                    "request": f"{self._boot}-{next(self._requests)}",
+                    **({"project": key["project"]} if key.get("project") else {})})  # a board without projects: as before
         log.info(f"board gateway: {request.method} {request.path} {status} model={known or '-'} user={user or '-'}"
                  f" key={key['fingerprint'] if key else '-'} server={server.id if server else '-'}"
                  f" tokens={prompt}+{completion} {duration * 1000:.0f}ms")

@@ -64,6 +64,17 @@ class _Group:
         self.waits: list[float] = []
         self.bookings: set[int] = set()
 
+    def charge(self, part: float, state: str, busy: bool | None, util: float | None, held: bool) -> None:
+        """A rollup's `part` seconds: used or idle where a booking `held` the card, and the utilisation."""
+        if held:  # used and idle are a booking's; a card's utilisation is all its time
+            if state == IN_USE and busy:
+                self.used += part
+            elif state == BOOKED:
+                self.idle += part
+        if util is not None:
+            self.util_s += part
+            self.util_sum += util * part
+
     def row(self, key: str) -> dict:
         hours = 3600.0
         booked = self.booked / hours
@@ -84,10 +95,12 @@ class _Group:
 def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict], faults: Iterable[dict], *,
             now: int, since_s: int, by: str = "user", busy_util: float = 10.0,
             pools: dict[str, str] | None = None, cards: dict[str, str] | None = None,
-            memory_total: dict[str, int] | None = None, hosts: dict[str, str] | None = None) -> dict:
+            memory_total: dict[str, int] | None = None, hosts: dict[str, str] | None = None,
+            projects: bool = False) -> dict:
     """The report's document (the `--json` shape, docs/json.md, "The accounting report"). `pools`: card uuid -> pool name(s);
     `cards`: uuid -> its name in the table (e.g. "3", or "gpu2:3" in a fleet); `memory_total`: uuid -> MiB, for the VRAM
-    verdict; `hosts`: uuid -> its host, which each row of `by` card carries."""
+    verdict; `hosts`: uuid -> its host, which each row of `by` card carries; `projects` (a board with [[projects]]): a
+    row per project too, under "projects"."""
     if by not in BY:
         raise BadInput(f"--by {by[:20]!r}: one of {', '.join(BY)}")
     pools, cards, memory_total = pools or {}, cards or {}, memory_total or {}
@@ -100,6 +113,13 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
         if found is None:
             found = groups[key] = _Group()
         return found
+
+    # Per project as well ([[projects]]): the same figures, whatever `by` groups the rows by.
+    per_project: dict[str, _Group] | None = {} if projects else None
+
+    def project_group(booking) -> _Group:
+        assert per_project is not None
+        return per_project.setdefault(booking.project or NONE, _Group())
 
     def key_of(booking, uuid: str) -> str:
         if by == "user":
@@ -117,9 +137,9 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
             held.setdefault(uuid, []).append((b.start, b.end, b))
             overlap = min(b.end, now) - max(b.start, start)
             if overlap > 0:
-                g = group(key_of(b, uuid))
-                g.booked += overlap
-                g.bookings.add(b.id)
+                for g in (group(key_of(b, uuid)), *([project_group(b)] if per_project is not None else [])):
+                    g.booked += overlap
+                    g.bookings.add(b.id)
     for spans in held.values():
         spans.sort(key=lambda x: x[0])
     starts = {uuid: [s for s, _, _ in spans] for uuid, spans in held.items()}
@@ -185,15 +205,9 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
                     pair[0] += part
             elif by in ("user", "class"):
                 continue  # an unbooked card's hours belong to no one (squats are counted below)
-            g = group(key_of(b, uuid))
-            if b is not None:  # used and idle are a booking's; a card's utilisation is all its time
-                if state == IN_USE and busy:
-                    g.used += part
-                elif state == BOOKED:
-                    g.idle += part
-            if util is not None:
-                g.util_s += part
-                g.util_sum += util * part
+            group(key_of(b, uuid)).charge(part, state, busy, util, b is not None)
+            if b is not None and per_project is not None:
+                project_group(b).charge(part, state, busy, util, True)
 
     for s in squats:
         seconds = s["seconds"] if "seconds" in s else s["n"] * dt.get((s["ts"], s["uuid"]), 10.0)
@@ -212,6 +226,8 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
             keys = {key_of(b, uuid) for uuid in b.card_uuids} if by in ("pool", "card") else {key_of(b, "")}
             for key in keys:
                 group(key).waits.append(wait)
+            if per_project is not None:
+                project_group(b).waits.append(wait)
 
     rows = sorted((g.row(k) for k, g in groups.items()), key=lambda r: (-r["booked_h"], r["key"]))
     if by == "card":
@@ -226,8 +242,11 @@ def compute(bookings: Iterable, rollups: Iterable[dict], squats: Iterable[dict],
     total_row = total.row("total")
     verdicts = _verdicts(bookings, faults, now=now, since_s=since_s, util=(fleet_util / fleet_s if fleet_s else None),
                          waits=all_waits, idle_by_user=idle_by_user, vram_s=vram_s, hot_s=hot_s, cards=cards)
-    return {"by": by, "since": start, "until": now, "days": round(since_s / 86400, 2), "busy_util_pct": busy_util,
-            "rows": rows, "total": total_row, "verdicts": verdicts}
+    doc = {"by": by, "since": start, "until": now, "days": round(since_s / 86400, 2), "busy_util_pct": busy_util,
+           "rows": rows, "total": total_row, "verdicts": verdicts}
+    if per_project is not None:
+        doc["projects"] = sorted((g.row(k) for k, g in per_project.items()), key=lambda r: (-r["booked_h"], r["key"]))
+    return doc
 
 
 def waiting_at(bookings: Iterable, t: int) -> int:

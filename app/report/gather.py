@@ -122,7 +122,8 @@ def report_reply(conn: sqlite3.Connection, history: HistoryStore, config: Config
     if len(set(hosts.values())) > 1:  # the fleet: each card named with its host, as --cards names them
         cards = {uuid: f"{hosts[uuid]}:{name}" for uuid, name in cards.items()}
     doc = compute(bookings, rollups, squats, faults, now=now, since_s=since_s, by=by,
-                  busy_util=config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total, hosts=hosts)
+                  busy_util=config.report.busy_util, pools=pools, cards=cards, memory_total=memory_total, hosts=hosts,
+                  projects=bool(config.projects))
     # The gateway's requests and tokens per user in the same window (board usage has them by key and model).
     doc["tokens"] = [{"user": user, "requests": n, "prompt_tokens": p, "completion_tokens": c}
                      for user, (n, p, c) in sorted(key_rows.tokens_by_user(conn, start, now).items(),

@@ -21,26 +21,34 @@ def _cell(value, form: str) -> str:
     return "-" if value is None else form.format(value)
 
 
-def table(doc: dict) -> str:
-    """Aligned: names left, figures right, a rule and the totals row under them, then the verdicts."""
-    heading = [doc["by"].upper()] + [h for _, h, _ in COLUMNS]
-    body = [[inert(str(r["key"]), 32)] + [_cell(r[f], form) for f, _, form in COLUMNS] for r in doc["rows"]]
-    total = ["TOTAL"] + [_cell(doc["total"][f], form) for f, _, form in COLUMNS]
-    widths = [max(len(line[i]) for line in [heading, *body, total]) for i in range(len(heading))]
+def _aligned(by: str, rows: list[dict], total: dict | None = None) -> list[str]:
+    """The rows' lines: names left, figures right; with `total`, a rule and the totals row under them."""
+    heading = [by.upper()] + [h for _, h, _ in COLUMNS]
+    body = [[inert(str(r["key"]), 32)] + [_cell(r[f], form) for f, _, form in COLUMNS] for r in rows]
+    ending = [] if total is None else [["TOTAL"] + [_cell(total[f], form) for f, _, form in COLUMNS]]
+    widths = [max(len(line[i]) for line in [heading, *body, *ending]) for i in range(len(heading))]
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
+    out = [line(heading), *(line(cells) for cells in body)]
+    if not body:
+        out.append("(no bookings or history in this window)")
+    if ending:
+        out += ["  ".join("-" * w for w in widths), line(ending[0])]
+    return out
+
+
+def table(doc: dict) -> str:
+    """The groups' table with its totals row, the projects' (a board with [[projects]]), then the verdicts."""
     days = doc['days']
     out = [f"Booked against used, {days:g} day{'' if days == 1 else 's'} to now"
            f" (used: IN USE at {doc['busy_util_pct']:g} % or more)", ""]
-    out.append(line(heading))
-    out.extend(line(cells) for cells in body)
-    if not body:
-        out.append("(no bookings or history in this window)")
-    out.append("  ".join("-" * w for w in widths))
-    out.append(line(total))
+    out += _aligned(doc["by"], doc["rows"], doc["total"])
     out.append("")
+    if "projects" in doc:
+        out += ["Per project (booked: the calendar's card-hours; board projects has each budget):", *_aligned(
+            "project", doc["projects"]), ""]
     if doc.get("tokens"):
         out.append("Tokens through the gateway (board usage has them by key and model):")
         out.extend(f"  {inert(str(t['user']), 32)}: {t['requests']} requests, {t['prompt_tokens']} prompt and"

@@ -8,30 +8,31 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from app.store.db import inserted_id
 
-_KEY_COLUMNS = 'id, name, "user", uid, hash, fingerprint, models, class, created_at, expires_at, revoked_at'
+_KEY_COLUMNS = 'id, name, "user", uid, hash, fingerprint, models, class, created_at, expires_at, revoked_at, project'
 
 
 def _key(row) -> dict[str, Any]:
-    id_, name, user, uid, hashed, fp, models, klass, created, expires, revoked = row
+    id_, name, user, uid, hashed, fp, models, klass, created, expires, revoked, project = row
     try:
         models = json.loads(models) if models else None
     except ValueError:
         models = []  # a hand-edited row opens nothing rather than everything
     return {"id": id_, "name": name, "user": user, "uid": uid, "hash": hashed, "fingerprint": fp, "models": models,
-            "class": klass, "created": created, "expires": expires, "revoked": revoked}
+            "class": klass, "created": created, "expires": expires, "revoked": revoked, "project": project}
 
 
 def insert(conn: sqlite3.Connection, *, name: str, user: str, uid: int, hashed: str, fingerprint: str,
-           models: list[str] | None, klass: str, now: int, created_by: int, expires_at: int | None) -> int:
+           models: list[str] | None, klass: str, now: int, created_by: int, expires_at: int | None,
+           project: str = "") -> int:
     cursor = conn.execute(
-        'INSERT INTO api_keys (name, "user", uid, hash, fingerprint, models, class, created_at, created_by, expires_at)'
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        'INSERT INTO api_keys (name, "user", uid, hash, fingerprint, models, class, created_at, created_by, expires_at,'
+        " project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (name, user, uid, hashed, fingerprint, json.dumps(models) if models is not None else None, klass, now,
-         created_by, expires_at))
+         created_by, expires_at, project))
     return inserted_id(cursor)
 
 
@@ -73,7 +74,7 @@ def usual_class(conn: sqlite3.Connection, uid: int) -> str | None:
 
 
 USAGE_FIELDS = ("ts", "key_id", "fingerprint", "user", "model", "server_id", "status", "prompt_tokens",
-                "completion_tokens", "ttft_ms", "duration_ms", "request")
+                "completion_tokens", "ttft_ms", "duration_ms", "request", "project")
 
 
 def record_usage(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> None:
@@ -81,10 +82,11 @@ def record_usage(conn: sqlite3.Connection, records: list[dict[str, Any]]) -> Non
     sent again because its reply was lost)."""
     columns = ", ".join(f'"{f}"' for f in USAGE_FIELDS)  # quoted: "user" is a keyword in PostgreSQL
     conn.executemany(f"INSERT INTO gateway_usage ({columns}) VALUES ({', '.join('?' * len(USAGE_FIELDS))})"
-                     " ON CONFLICT DO NOTHING", [tuple(r.get(f) for f in USAGE_FIELDS) for r in records])
+                     " ON CONFLICT DO NOTHING", [tuple(r.get(f, "" if f == "project" else None) for f in USAGE_FIELDS)
+                                                      for r in records])  # no project: the implicit one
 
 
-_BY = {"user": '"user"', "key": "fingerprint", "model": "model"}
+_BY = {"user": '"user"', "key": "fingerprint", "model": "model", "project": "project"}
 
 
 class UsageRow(TypedDict):
@@ -95,11 +97,12 @@ class UsageRow(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     errors: int  # answered with a status of 400 or more
+    project: NotRequired[str]  # by project only: the [[projects]] entry its key is for ('' for none)
 
 
 def usage(conn: sqlite3.Connection, since: int, by: str) -> list[UsageRow]:
-    """Sums since `since`, grouped `by` user, key or model (all three columns shown; the others are summed over
-    and show as "" when they differ)."""
+    """Sums since `since`, grouped `by` user, key, model or project (user, key and model shown; those not grouped by
+    are summed over and show as "" when they differ; by project, each row names it)."""
     group = _BY[by]
     rows = conn.execute(
         f"SELECT {group}, CASE WHEN COUNT(DISTINCT \"user\") = 1 THEN MIN(\"user\") ELSE '' END,"
@@ -108,8 +111,21 @@ def usage(conn: sqlite3.Connection, since: int, by: str) -> list[UsageRow]:
         " COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END)"
         f" FROM gateway_usage WHERE ts >= ? GROUP BY {group} ORDER BY SUM(prompt_tokens + completion_tokens) DESC,"
         f" {group}", (since,))
-    return [{"user": user, "key": key, "model": model, "requests": n, "prompt_tokens": p or 0,
-             "completion_tokens": c or 0, "errors": e or 0} for _, user, key, model, n, p, c, e in rows]
+    found: list[UsageRow] = []
+    for value, user, key, model, n, p, c, e in rows:
+        row: UsageRow = {"user": user, "key": key, "model": model, "requests": n, "prompt_tokens": p or 0,
+                         "completion_tokens": c or 0, "errors": e or 0}
+        if by == "project":
+            row["project"] = value
+        found.append(row)
+    return found
+
+
+def tokens_by_project(conn: sqlite3.Connection, since: int) -> dict[str, int]:
+    """project -> prompt and completion tokens since `since`: what the gateway's token budgets count."""
+    return {project: total or 0 for project, total in conn.execute(
+        "SELECT project, SUM(prompt_tokens + completion_tokens) FROM gateway_usage WHERE ts >= ? GROUP BY project",
+        (since,))}
 
 
 def tokens_by_user(conn: sqlite3.Connection, since: int, until: int) -> dict[str, tuple[int, int, int]]:

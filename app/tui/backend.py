@@ -11,6 +11,7 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from datetime import datetime, tzinfo
 from functools import partial
 from typing import Any, Callable, Iterable, Sequence
 
@@ -52,11 +53,13 @@ class BookingRequest:
     record: dict | None = None
     or_later: bool = False  # the earliest start from `start` on, and the queue (book --or-later)
     host: str | None = None  # the host the cards are on (the form's 'gpu2:0-3'); None: this host
+    project: str | None = None  # the project it is for ([[projects]]); None: the service's choice (board book's)
 
     def args(self) -> dict[str, Any]:
         return {"cards": list(self.cards) if self.cards is not None else None, "count": self.count,
                 "start": self.start, "end": self.end, "class": self.klass,
-                **({"host": self.host} if self.host is not None else {})}
+                **({"host": self.host} if self.host is not None else {}),
+                **({"project": self.project} if self.project is not None else {})}
 
     def plan_args(self) -> dict[str, Any]:
         return {**self.args(), **({"or_later": True} if self.or_later else {})}
@@ -164,6 +167,33 @@ def _later_part(name: str) -> bool:
     stem = name[: -len(".gguf")]
     part, _, rest = stem.rpartition("-of-")
     return bool(part) and rest.isdigit() and part[-5:].isdigit() and int(part[-5:]) > 1
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A project's GPU-hour budget this period, as the `projects` operation answers for each project: the hours used
+    (before now) and booked ahead (now to the reset), what is left (None: no budget), when it resets, and whether
+    the caller is a member."""
+
+    project: str
+    gpu_hours: float | None
+    period: str  # month | week
+    used_hours: float
+    booked_hours: float
+    remaining_hours: float | None
+    resets_at: int
+    mine: bool
+
+    def line(self, tz: tzinfo | None) -> str:
+        """'B: 6.5 of 20 GPU-hours left this month, resets 1 Dec' (the reset's date in the policy zone `tz`)."""
+        name = inert(self.project, 40)
+        if self.gpu_hours is None or self.remaining_hours is None:
+            return f"{name}: no GPU-hour budget"
+        reset = datetime.fromtimestamp(self.resets_at, tz)
+        when = f"resets {reset.day} {reset:%b}"
+        if self.remaining_hours < 0:  # past it (an admin's --force)
+            return f"{name}: {-self.remaining_hours:.1f} GPU-hours over its {self.gpu_hours:g} this {self.period}, {when}"
+        return f"{name}: {self.remaining_hours:.1f} of {self.gpu_hours:g} GPU-hours left this {self.period}, {when}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,3 +344,12 @@ class Backend:
 
     async def audit_log(self, limit: int = 200) -> list[Event]:
         return [Event(**e) for e in await self.call("log", limit=limit)]
+
+    # -- projects ------------------------------------------------------------------------------
+
+    async def budgets(self) -> dict[str, Budget]:
+        """Each project's budget this period, by name, as the `projects` operation answers ({} on a board without
+        projects)."""
+        reply = await self.call("projects")
+        return {p["name"]: Budget(p["name"], p["gpu_hours"], p["period"], p["used_hours"], p["booked_hours"],
+                                  p["remaining_hours"], p["resets_at"], p["mine"]) for p in reply["projects"]}

@@ -10,7 +10,7 @@ from app.core.cardstate import BOOKED, FREE, FULL, HOT, IN_USE, LOST, SQUATTED, 
 from app.core.text import inert
 from app.gpu.model import CardReading
 from app.model import Booking
-from app.tui.render import NA, abbreviate, bar, gib, level_style, local, short_time
+from app.tui.render import NA, abbreviate, bar, gib, holder, level_style, local, short_time
 
 STATE_CLASS = {FREE: "free", BOOKED: "booked", IN_USE: "in-use", SQUATTED: "squatted", LOST: "lost"}
 WIDE_MIN_WIDTH = 110
@@ -147,7 +147,9 @@ def cell_parts(s: CardStatus, now: float, *, me: str, wide: bool, with_requests:
     if s.booking:
         mine = "cards--mine" if s.booking.user == me else ""
         until = f"→ {when(s.booking.end, now)}" if wide else f"→{when(s.booking.end, now)}"
-        cells["holder"] = (_named_time(s.booking.user, " " if wide else "", until, HOLDER_WIDTH[wide], mine), "left")
+        gap = " " if wide else ""
+        name = holder(s.booking, max(1, HOLDER_WIDTH[wide] - len(gap) - len(until)))  # its project gives way first
+        cells["holder"] = (_named_time(name, gap, until, HOLDER_WIDTH[wide], mine), "left")
     else:
         cells["holder"] = ((("-", "cards--muted"),), "left")
     if s.next_booking:
@@ -165,7 +167,8 @@ def cell_parts(s: CardStatus, now: float, *, me: str, wide: bool, with_requests:
 
 
 def _named_time(user: str, gap: str, time_text: str, width: int, style: str) -> tuple:
-    """A user and a time in `width` cells: the name gives way ('aud4_alic…→06:00'), never the time."""
+    """A user (the holder's 'alice·A' with the project) and a time in `width` cells: the name gives way
+    ('aud4_alic…→06:00'), never the time."""
     name = inert(user, max(1, width - len(gap) - len(time_text)))
     return (name + gap, style), (time_text, "")
 

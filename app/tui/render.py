@@ -21,6 +21,8 @@ from app.core.text import format_duration, inert
 if TYPE_CHECKING:
     from textual.widgets import DataTable
 
+    from app.model import Booking
+
 T = TypeVar("T")
 
 NA = "n/a"
@@ -29,6 +31,16 @@ NA = "n/a"
 def untrusted(text: str | None, limit: int | None = None, style: Style | str = "") -> Text:
     """Another user's text as inert plain Text (control, bidi and zero-width characters made visible)."""
     return Text(inert(text or "", limit), style=style, no_wrap=True, overflow="ellipsis")
+
+
+def holder(booking: Booking, limit: int | None = 16) -> str:
+    """'alice', or 'alice·A' on a board with projects (the booking's project beside its holder), inert, in at most
+    `limit` characters: the project gives way first ('alice·res…'), then goes ('alice'), before the name does. A board
+    without projects has no booking with a project: its names read as they always did."""
+    both = inert(f"{booking.user}·{booking.project}", limit)
+    if not booking.project or (limit is not None and both.endswith("…") and len(inert(booking.user)) + 3 > limit):
+        return inert(booking.user, limit)
+    return both
 
 
 def abbreviate(text: str, width: int) -> str:

@@ -4,7 +4,7 @@ app.tui.widgets.timeline draws it and turns keys and clicks into calls here.
 
 `set_bookings` paints an owner grid (row x column -> booking) once per data change, so the widget's repaint
 is a lookup. What a pool takes in a column is the policy's answer (app.core.policy.open_classes), never a
-reckoning of its own.
+reckoning of its own; which project's allocation holds a card in a column is app.core.projects.allocation_spans'.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from typing import Sequence
 
 from rich.cells import cell_len
 
-from app.config import CLASSES, Pool
+from app.config import CLASSES, Config, Pool
+from app.core.ical import card_ranges
 from app.core.policy import open_classes
+from app.core.projects import Held, allocation_cards, allocation_spans
 from app.core.text import host_cards, inert
 from app.gpu.model import CardReading
 from app.model import Booking
-from app.tui.render import NOTICE_MARK, abbreviate, local
+from app.tui.render import NOTICE_MARK, abbreviate, holder, local
 
 DAY = 86400
 
@@ -101,14 +103,28 @@ def rule_words(pool: Pool, allowed: tuple[str, ...], room: int) -> list[tuple[st
     return []
 
 
+def held_words(cards: tuple[int, ...], room: int) -> str:
+    """What a project's row says over its allocation's hours, in the longest form that fits `room` cells:
+    'holds cards 0-3', then 'cards 0-3', then '0-3'; none fits (or no cards held there): ''."""
+    if not cards:
+        return ""
+    ranges = card_ranges(cards)
+    return next((text for text in (f"holds cards {ranges}", f"cards {ranges}", ranges) if len(text) <= room), "")
+
+
 class TimelineModel:
     """The cards, the bookings in view, the zoom and the window of time, the cursor and the selection."""
 
-    def __init__(self, me: str, now: float, *, pools: Sequence[Pool] = (), zone: tzinfo | None = None) -> None:
+    def __init__(self, me: str, now: float, *, pools: Sequence[Pool] = (), zone: tzinfo | None = None,
+                 projects: Config | None = None) -> None:
         self.me = me
         self.now = now
         self.pools = tuple(pools)
-        self.zone = zone  # where the pools' windows are read (app.core.policy.policy_zone)
+        self.zone = zone  # where the pools' and the allocations' windows are read (app.core.policy.policy_zone)
+        self.projects = projects  # the config whose [[projects]] allocations are drawn; None: no projects
+        self.project_rows: list[str] = []  # the projects holding some of this host's cards: one row each
+        self.held: list[list[Held | None]] = []  # per card row, per column: the allocation window holding it
+        self.holding: list[list[tuple[int, ...]]] = []  # per project row, per column: the cards it holds
         self.rows: list[Row] = []
         self.row_pool: list[int | None] = []  # each card row's pool, an index into pools
         self.pool_rows: list[int] = []  # the pools with cards in the fleet, one rules row each
@@ -160,8 +176,10 @@ class TimelineModel:
                  for card, host in zip(cards, hosts)]
         widest = max((cell_len(f"{host_cards([c.index], host or mine)} {name}".rstrip()) for c, host, name in named),
                      default=1)
-        pool_names = max((cell_len(inert(self.pools[p].name)) for p in self._pools_of(local)), default=0)
-        width = max(3, min(12 if wide else 9, max(widest, min(pool_names, 8)) + 1))
+        project_rows = self._projects_holding(local)
+        band_names = max((cell_len(inert(name)) for name in (*(self.pools[p].name for p in self._pools_of(local)),
+                                                               *project_rows)), default=0)
+        width = max(3, min(12 if wide else 9, max(widest, min(band_names, 8)) + 1))
         rows = []
         for card, host, name in named:
             index = host_cards([card.index], host or mine)
@@ -175,9 +193,17 @@ class TimelineModel:
         pool_of = {card: n for n, pool in reversed(list(enumerate(self.pools))) for card in pool.cards}
         self.row_pool = [pool_of.get(r.index) if r.host is None else None for r in rows]  # pools: this host's cards
         self.pool_rows = sorted(p for p in set(self.row_pool) if p is not None)
+        self.project_rows = project_rows
         self.cursor = (min(self.cursor[0], max(0, len(rows) - 1)), self.cursor[1])
         self.rebuild()
         return True
+
+    def _projects_holding(self, cards: Sequence[CardReading]) -> list[str]:
+        """The projects whose allocations hold some of `cards` (this host's: allocations name its cards)."""
+        config = self.projects or Config()
+        indexes = {c.index for c in cards}
+        return [p.name for p in config.projects
+                if indexes & {c for a in p.allocations for c in allocation_cards(config, a)}]
 
     def _pools_of(self, cards: Sequence[CardReading]) -> set[int]:
         indexes = {c.index for c in cards}
@@ -218,6 +244,40 @@ class TimelineModel:
         self.grid = grid
         self.allowed = [[open_classes(self.pools[p], start + c * step, start + (c + 1) * step, self.zone)
                          for c in range(columns)] for p in self.pool_rows]
+        self._hold(start, end)
+
+    def _hold(self, start: int, end: int) -> None:
+        """Which allocation window holds each (card row, column) it meets, and what each project row holds per
+        column. A cell two windows meet is the first's (by start); a booking drawn there covers it."""
+        columns, step = self.zoom.columns, self.zoom.step
+        self.held = [[None] * columns for _ in self.rows]
+        self.holding = [[()] * columns for _ in self.project_rows]
+        if not self.project_rows or self.projects is None:
+            return
+        rows_of: dict[int, list[int]] = {}
+        for i, r in enumerate(self.rows):
+            if r.host is None:
+                rows_of.setdefault(r.index, []).append(i)
+        for held in allocation_spans(self.projects, start, end, self.zone):
+            if held.project not in self.project_rows:
+                continue
+            c0 = max(0, (held.start - start) // step)
+            c1 = min(columns, -(-(held.end - start) // step))
+            line = self.holding[self.project_rows.index(held.project)]
+            for c in range(c0, c1):
+                line[c] = tuple(sorted({*line[c], *(card for card in held.cards if card in rows_of)}))
+            for card in held.cards:
+                for row in rows_of.get(card, ()):
+                    cells = self.held[row]
+                    for c in range(c0, c1):
+                        if cells[c] is None:
+                            cells[c] = held
+
+    def held_at(self, row: int, column: int) -> Held | None:
+        """The allocation window that holds the card of `row` in `column`, if any."""
+        if 0 <= row < len(self.held) and 0 <= column < len(self.held[row]):
+            return self.held[row][column]
+        return None
 
     def booking_at(self, row: int, column: int) -> Booking | None:
         if 0 <= row < len(self.grid) and 0 <= column < len(self.grid[row]):
@@ -228,7 +288,7 @@ class TimelineModel:
         """The user on the top row of a block; lower rows of the same booking stay blank, so it reads as one."""
         if row > 0 and self.grid[row - 1][column] is booking:
             return ""
-        label = inert(booking.user, 16)
+        label = holder(booking)
         if booking.notice:  # someone else changed it: the detail line below says what
             label = f"{NOTICE_MARK} {label}"
         if len(booking.cards) > 1:

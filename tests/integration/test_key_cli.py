@@ -58,3 +58,39 @@ def test_refusals_are_one_line_and_write_nothing(board, args, code, says):
     assert result.stderr.count("\n") == 1
     if board.db.exists():
         assert sqlite3.connect(board.db).execute("SELECT COUNT(*) FROM api_keys").fetchone()[0] == 0
+
+
+@pytest.fixture
+def projects_board(tmp_path):
+    """File mode as this account (root), under a config whose project R (root's, experiment only) and S (another
+    account's) are the board's projects."""
+    config = tmp_path / "config.toml"
+    config.write_text('[[projects]]\nname = "R"\nmembers = ["root"]\nclasses = ["experiment"]\n\n'
+                      '[[projects]]\nname = "S"\nmembers = ["someone-else"]\n')
+    env = {"BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC", "BOARD_CONFIG": str(config)}
+
+    def run(*args: str):
+        return run_board(*args, env=env)
+
+    run.db = tmp_path / "board.db"
+    return run
+
+
+def test_a_key_for_a_project_is_listed_with_it_and_one_out_of_the_projects_rules_is_refused_exit_4(projects_board):
+    """root's key is for R (its only project) with R's class; key list shows a PROJECT column. A key for S (not a
+    member) or of a class R may not use is refused: exit 4, one line naming the rule, nothing written.
+    Wrong versions: exit 2 for a rule's refusal, a traceback, a key written before the check."""
+    for args, says in ((("--project", "S"), "root is not a member of project S (members: someone-else); their"
+                                            " projects: R"),
+                       (("--class", "online"), "project R may not use class online (project S may); its classes are"
+                                               " experiment")):
+        refused = projects_board("key", "new", *args)
+        assert refused.returncode == 4 and refused.stderr.count("\n") == 1 and says in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    if projects_board.db.exists():
+        assert sqlite3.connect(projects_board.db).execute("SELECT COUNT(*) FROM api_keys").fetchone()[0] == 0
+    made = projects_board("key", "new")
+    assert made.returncode == 0 and ", project R, class experiment," in made.stdout, made.stderr
+    header, row = projects_board("key", "list").stdout.splitlines()[:2]
+    assert header.split()[:4] == ["ID", "FINGERPRINT", "USER", "PROJECT"] and row.split()[3] == "R"
+    assert json.loads(projects_board("key", "list", "--json").stdout)[0]["project"] == "R"

@@ -9,6 +9,7 @@ module: starting llama-servers is the slow part.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -114,8 +115,10 @@ class Team:
                                               " FROM gateway_usage ORDER BY id")
 
 
-@pytest.fixture(scope="module")
-def team(llama_server, tiny_model):
+@contextlib.contextmanager
+def running_team(llama_server, tiny_model, config: str, port: int = 0):
+    """The shared install with `config` added (`{listen}`: the gateway's address, the `port`th of the gateway's
+    band, from 0), alice's server `team-llm` on card 2 and the gateway in front of it; all stopped after."""
     needs_root()
     ensure_unix_users()
     ensure_system_user(GATEWAY_USER, MEMBERS_GROUP)
@@ -124,10 +127,9 @@ def team(llama_server, tiny_model):
     root = scratch_dir("board-gateway-")
     board = SharedBoard(root, llama_server, tiny_model)
     team = Team(board, root)
-    config = board.agent.config
-    config.write_text(config.read_text() + f'\n[gateway]\nlisten = "127.0.0.1:{team.port}"\nmax_body_mb = 1\n'
-                                           f'queue_timeout_s = 20\n[gateway.team_aliases]\n'
-                                           f'{TEAM_ALIAS} = ["alice", "@{ADMIN_GROUP}"]\n')
+    team.port = port_range("gateway", 10)[0] + port
+    team.url = f"http://127.0.0.1:{team.port}"
+    board.agent.config.write_text(board.agent.config.read_text() + config.replace("{listen}", f"127.0.0.1:{team.port}"))
     board.agent.start()
     team.server = team.serve("alice", 2)
     team.start_gateway()
@@ -141,6 +143,14 @@ def team(llama_server, tiny_model):
     finally:
         board.agent.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def team(llama_server, tiny_model):
+    with running_team(llama_server, tiny_model, f'\n[gateway]\nlisten = "{{listen}}"\nmax_body_mb = 1\n'
+                                                f'queue_timeout_s = 20\n[gateway.team_aliases]\n'
+                                                f'{TEAM_ALIAS} = ["alice", "@{ADMIN_GROUP}"]\n') as team:
+        yield team
 
 
 @pytest.fixture(autouse=True)

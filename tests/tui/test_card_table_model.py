@@ -127,3 +127,35 @@ def test_over_the_request(request_, holder_mib, over):
                  GpuProcess(3, 5000, "bob", 1002, ""), GpuProcess(4, None, "alice", 1001, ""))
     reading = CardReading(index=4, uuid="GPU-4", memory_total_mib=32607, processes=processes)
     assert over_request(reading, booking) is over
+
+
+class TestProjects:
+    def test_the_holder_carries_the_bookings_project_and_gives_way_with_the_name(self):
+        """The project beside the holder on a board with projects ('alice·A'); a booking without one (a board without
+        projects) reads as it always did. Wrong versions: the project left out, or shown for the implicit project
+        ('alice·'), or the time cut before the name."""
+        status = statuses(replace(booked(4, user="alice"), project="A"))[4]
+        assert plain(cell_parts(status, FROZEN_NOW, me="bob", wide=False))["holder"] == "alice·A→18:30"
+        assert plain(cell_parts(status, FROZEN_NOW, me="bob", wide=True))["holder"] == "alice·A → 18:30"
+        plain_board = statuses(booked(4, user="alice"))[4]
+        assert plain(cell_parts(plain_board, FROZEN_NOW, me="bob", wide=False))["holder"] == "alice→18:30"
+        long = statuses(replace(booked(4, user="aud4_alice"), project="finetuning"))[4]
+        assert plain(cell_parts(long, FROZEN_NOW, me="bob", wide=False))["holder"] == "aud4_a…→18:30"
+
+    def test_a_project_with_markup_and_escapes_is_inert(self):
+        """Wrong version: the project appended raw after the inert name (its escape reaches the terminal)."""
+        status = statuses(replace(booked(4, user="al"), project="\x1b[b"))[4]
+        assert cell_parts(status, FROZEN_NOW, me="bob", wide=True)["holder"][0] == (("al·\\x1b[b ", ""),
+                                                                                  ("→ 18:30", ""))
+
+    def test_the_project_gives_way_before_the_holders_name(self):
+        """Wrong versions: 'alic…' (the name cut for a project that does not fit anyway), 'alice·…'."""
+        from app.tui.render import holder
+
+        b = replace(booked(4, user="alice"), project="research")
+        assert [holder(b, limit) for limit in (None, 14, 10, 8, 7, 5, 4)] == [
+            "alice·research", "alice·research", "alice·res…", "alice·r…", "alice", "alice", "ali…"]
+
+    def test_in_the_holder_column_the_project_goes_before_the_name_is_cut(self):
+        status = statuses(replace(booked(4, user="alice", end=FROZEN_NOW + 86400), project="research"))[4]
+        assert plain(cell_parts(status, FROZEN_NOW, me="bob", wide=True))["holder"] == "alice → Mon 15:30"

@@ -5,7 +5,7 @@ import sys
 
 from tests.conftest import REPO
 
-NAMES = ["board", "board-80x24", "booking-form", "card-detail", "timeline-week"]
+NAMES = ["board", "board-80x24", "board-projects", "booking-form", "card-detail", "timeline-week"]
 
 
 def test_make_screenshots_reproduces_the_committed_pictures(tmp_path):

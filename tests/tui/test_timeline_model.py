@@ -196,3 +196,74 @@ def test_with_another_hosts_cards_every_row_names_its_host():
                                                           ("gpu2:1", "gpu2")]  # the host of a row is still None here
     timeline.set_cards(CARDS[:2] * 2, {0: "rack-A"}, hosts=[None, None, "gpu2", "gpu2"], here="gpu1")
     assert timeline.rows[0].label == "gpu1:0" and timeline.label_width == 9  # the host before the label
+
+
+class TestAllocations:
+    """A project's allocation windows ([[projects]], app.core.projects.allocation_spans) on the grid: which card
+    rows they hold in which columns, and the projects' rows. The day view opens Sunday 13:30 (UTC) for 24 h."""
+
+    @staticmethod
+    def config(*projects):
+        from app.config import Config
+
+        return Config(pools=(Pool("prod", (0, 1, 2, 3)),), projects=projects)
+
+    @staticmethod
+    def project(name: str, *allocations, members=("alice",)):
+        from app.config import Project
+
+        return Project(name, members, allocations=tuple(allocations))
+
+    def held(self, *projects) -> TimelineModel:
+        from app.config import ProjectAllocation as Allocation
+
+        config = self.config(
+            self.project("A", Allocation(pool="prod", hours="09:00-19:00", days="mon-fri")),
+            self.project("B", Allocation(cards=(6, 7, 9), hours="18:00-22:00", days="sun")),  # no card 9 here
+            self.project("C"),  # no allocation: no row
+            self.project("D", Allocation(cards=(9,))),  # no such card here: no row
+            *projects)
+        timeline = TimelineModel("alice", FROZEN_NOW, projects=config)
+        timeline.set_cards(CARDS)
+        timeline.set_bookings(())
+        return timeline
+
+    def test_each_window_holds_its_cards_rows_over_its_hours_and_no_others(self):
+        """Wrong versions: the closing column held too (19:00 on Monday is column 47's end, 22:00 Sunday column 17's
+        start), the opening one not; every card row shaded; a weekday window drawn on Sunday; a card the fleet
+        has not (9) said to be held."""
+        timeline = self.held()
+        assert timeline.project_rows == ["A", "B"]
+        a = [c for c in range(48) if (h := timeline.held_at(0, c)) is not None and h.project == "A"]
+        assert a == list(range(39, 48))  # Monday 09:00 to the view's end, 13:30
+        assert [c for c in range(48) if timeline.held_at(6, c) is not None] == list(range(9, 17))  # Sunday 18-22
+        assert all(timeline.held_at(r, c) is None for r in (4, 5) for c in range(48))
+        assert {timeline.held_at(r, 40).project for r in range(4)} == {"A"}
+        assert timeline.holding[0][39] == (0, 1, 2, 3) and timeline.holding[0][38] == ()
+        assert timeline.holding[1][9] == (6, 7) and timeline.holding[1][17] == ()
+
+    def test_a_booking_on_held_cells_is_drawn_over_them(self):
+        timeline = self.held()
+        b = booking(1, (6,), FROZEN_NOW + 3 * HOUR, FROZEN_NOW + 4 * HOUR)  # 18:30-19:30, in B's window
+        timeline.set_bookings((b,))
+        assert timeline.booking_at(6, 10) is b and timeline.held_at(6, 10).project == "B"
+
+    def test_a_board_without_projects_has_no_project_rows_and_nothing_held(self):
+        timeline = model()
+        assert timeline.project_rows == [] and all(h is None for row in timeline.held for h in row)
+
+    def test_another_hosts_card_of_the_same_index_is_not_held(self):
+        """Allocations name this host's cards: gpu2's card 0 is not project A's."""
+        timeline = TimelineModel("alice", FROZEN_NOW, projects=self.held().projects)
+        timeline.set_cards([*CARDS, CARDS[0]], hosts=[*[None] * 8, "gpu2"], here="gpu1")
+        timeline.set_bookings(())
+        assert timeline.held_at(0, 40) is not None and timeline.held_at(8, 40) is None
+
+
+def test_held_words_shorten_to_fit():
+    from app.tui.timeline_model import held_words
+
+    cards = (0, 1, 2, 3, 6)
+    assert [held_words(cards, room) for room in (30, 17, 16, 11, 10, 5, 4)] == [
+        "holds cards 0-3,6", "holds cards 0-3,6", "cards 0-3,6", "cards 0-3,6", "0-3,6", "0-3,6", ""]
+    assert held_words((), 30) == ""

@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from app.config import Config
+from app.config import Config, Policy, Project
 from app.core.identity import Identity
 from app.core.keys import MAX_MODELS, class_rank, fingerprint, key_hash, new_key, parse_models
 from app.errors import BadInput, Conflict, NotPermitted
@@ -422,3 +422,82 @@ def test_a_refused_keys_audit_names_its_holder_by_the_first_64_characters(servic
     with pytest.raises(NotPermitted):
         service.call(long, "key_new", {})
     assert events_of(service, "key_new")[-1][2]["user"] == "m" * 64
+
+
+PROJECTS = (Project(name="A", members=("alice", "bob", "root"), classes=("online", "batch"), tokens_per_day=1000),
+            Project(name="B", members=("bob", "@no-such-group-here"), classes=("experiment",)))
+
+
+@pytest.fixture
+def projects(tmp_path, store):
+    """A service whose config has projects A (alice, bob, root; online and batch) and B (bob; experiment only),
+    its day the UTC day (FROZEN_NOW is 15:30 UTC)."""
+    config = Config(db_path=tmp_path / "board.db", storage_url=getattr(store, "url", None), projects=PROJECTS,
+                    policy=Policy(timezone="UTC"))
+    made = Service(config, Fleet(open_source(True, clock=lambda: FROZEN_NOW), 1.0), clock=lambda: FROZEN_NOW)
+    yield made
+    made.close()
+
+
+class TestKeysOfProjects:
+    def test_a_key_is_for_the_members_only_project_or_the_one_they_name_and_lists_with_it(self, projects):
+        """alice (A only) needs no --project; bob (A and B) names one, and its class is one B may use; an admin's
+        key for an account is the account's project. The key's project is in key_new's reply, key_list and
+        gateway_state.
+        Wrong versions: the project not written (key_list without it), the admin's project taken for the
+        account's, the default class one the project may not use (bob's B key defaulting to batch)."""
+        alice = projects.call(ALICE, "key_new", {})
+        assert (alice["project"], alice["class"]) == ("A", "batch")
+        bobs = projects.call(BOB, "key_new", {"project": "B"})
+        assert (bobs["project"], bobs["class"]) == ("B", "experiment")
+        roots = projects.call(ADMIN, "key_new", {"user": "root"})
+        assert roots["project"] == "A"
+        assert [(k["user"], k["project"]) for k in projects.call(ADMIN, "key_list", {"all": True})] == [
+            ("root", "A"), ("bob", "B"), ("alice", "A")]
+        state = projects.call(GATEWAY, "gateway_state", {})
+        assert {k["user"]: k["project"] for k in state["keys"]} == {"alice": "A", "bob": "B", "root": "A"}
+
+    @pytest.mark.parametrize("who, args, error, says", [
+        (ALICE, {"project": "B"}, NotPermitted, "alice is not a member of project B (members: bob,"
+                                                " @no-such-group-here); their projects: A"),
+        (BOB, {"project": "B", "class": "online"}, NotPermitted,
+         "project B may not use class online (project A may); its classes are experiment"),
+        (BOB, {}, BadInput, "bob is in projects A, B; pick one with --project"),
+        (ALICE, {"project": "C"}, BadInput, "no project 'C'; the projects are A, B ('board projects' shows them)"),
+        (ADMIN, {"user": "root", "project": "B"}, NotPermitted, "root is not a member of project B"),
+    ])
+    def test_a_key_for_a_project_one_is_not_in_or_a_class_it_may_not_use_is_refused_and_nothing_written(
+            self, projects, who, args, error, says):
+        """Refused, one line naming what and who may; nothing written.
+        Wrong versions: no membership check (alice's key for B made), the project's classes not checked, an admin's
+        own membership checked instead of the account's."""
+        with pytest.raises(error) as refused:
+            projects.call(who, "key_new", args)
+        assert str(refused.value).startswith(says) and "\n" not in str(refused.value)
+        assert projects.conn.execute("SELECT COUNT(*) FROM api_keys").fetchone()[0] == 0
+
+    def test_usage_records_carry_their_project_and_the_gateway_is_told_todays_tokens_per_project(self, projects):
+        """gateway_usage stores each record's project; gateway_state's tokens_today sums prompt and completion
+        tokens per project since the policy zone's midnight (15:30 UTC: 15.5 h back), a record at 23:59 yesterday
+        left out.
+        Wrong versions: the project dropped (all under ""), yesterday's records counted, completion tokens left out."""
+        record = {"ts": FROZEN_NOW - 60, "status": 200, "prompt_tokens": 10, "completion_tokens": 5, "duration_ms": 1}
+        midnight = FROZEN_NOW - 15 * 3600 - 1800
+        projects.call(GATEWAY, "gateway_usage", {"records": [
+            {**record, "project": "A"}, {**record, "project": "A", "ts": midnight},
+            {**record, "project": "A", "ts": midnight - 1}, {**record, "project": "B", "prompt_tokens": 1}, record]})
+        assert [r[0] for r in projects.conn.execute("SELECT project FROM gateway_usage ORDER BY id")] == [
+            "A", "A", "A", "B", ""]
+        assert projects.call(GATEWAY, "gateway_state", {})["tokens_today"] == {
+            "since": midnight, "projects": {"A": 30, "B": 6, "": 15}}
+
+
+def test_a_board_without_projects_keeps_its_key_shapes_and_refuses_a_project(service):
+    """No [[projects]]: key_new's reply and key_list carry no "project"; --project is bad input; gateway_state's
+    tokens_today names no project.
+    Wrong versions: "project": "" on the wire (a changed shape), --project accepted and ignored."""
+    made = service.call(ALICE, "key_new", {})
+    assert "project" not in made and "project" not in service.call(ALICE, "key_list", {})[0]
+    with pytest.raises(BadInput, match="this board has no projects, so there is no project 'A'; leave out --project"):
+        service.call(ALICE, "key_new", {"project": "A"})
+    assert service.call(GATEWAY, "gateway_state", {})["tokens_today"]["projects"] == {}

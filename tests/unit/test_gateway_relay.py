@@ -54,9 +54,10 @@ class FixedState:
 
 
 @contextlib.asynccontextmanager
-async def opened(state, **settings):
-    """A gateway on `state`, listening for a test client, once it has read the state: (client, gateway)."""
-    made = Gateway(Config(gateway=GatewaySettings(**settings)), state)
+async def opened(state, config: Config | None = None, **settings):
+    """A gateway on `state` (and `config`, else one of these [gateway] settings), listening for a test client, once
+    it has read the state: (client, gateway)."""
+    made = Gateway(config or Config(gateway=GatewaySettings(**settings)), state)
     client = TestClient(TestServer(made.app()))
     await client.start_server()
     try:

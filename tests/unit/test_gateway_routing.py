@@ -57,7 +57,7 @@ async def test_full_slots_admit_online_before_batch_then_first_come():
     tasks = [asyncio.create_task(wait(k)) for k in (key(2, "batch"), key(3, "experiment"), key(4, "online"),
                                                    key(5, "online"))]
     await settle()
-    assert order == [] and len(r._waiting) == 4
+    assert order == [] and r.waiting() == 4
     for n, expected in enumerate((4, 5, 2, 3), 1):
         r.release(r.servers[1], held)
         held = key(expected)
@@ -73,7 +73,7 @@ async def test_a_wait_past_queue_timeout_is_429_with_retry_after_and_gives_no_sl
     with pytest.raises(Refused) as refused:
         await r.admit("m", key(2))
     assert refused.value.status == 429 and refused.value.retry_after >= 1 and "busy" in refused.value.message
-    assert r.servers[1].outstanding == 1 and r._waiting == [] and 2 not in r.in_flight
+    assert r.servers[1].outstanding == 1 and r.waiting() == 0 and 2 not in r.in_flight
 
 
 async def test_a_client_that_leaves_the_queue_is_forgotten():
@@ -84,7 +84,7 @@ async def test_a_client_that_leaves_the_queue_is_forgotten():
     waiting.cancel()
     await settle()
     r.release(held, key(1))
-    assert r.servers[1].outstanding == 0 and r._waiting == [] and r.in_flight == {}
+    assert r.servers[1].outstanding == 0 and r.waiting() == 0 and r.in_flight == {}
 
 
 async def test_the_per_member_cap_counts_every_key_of_theirs():
@@ -255,7 +255,7 @@ async def test_the_per_member_cap_in_full_counts_each_request_until_it_is_releas
     assert (await refused_admit(r, "m", k))[2] == "too_many_requests_per_user"  # b and c are in flight
     r.release(b, k)
     r.release(c, k)
-    assert r.in_flight == {} and r.servers[1].outstanding == 0 and r._served == {}
+    assert r.in_flight == {} and r.servers[1].outstanding == 0 and r.queue.turns == {}
 
 
 async def test_a_wait_past_queue_timeout_in_full():
@@ -331,7 +331,7 @@ async def test_a_client_that_leaves_just_as_it_is_handed_a_slot_gives_it_to_the_
     r.release(held, key(1))
     await settle()
     assert leaving.cancelled() and handed(staying) == 1
-    assert r.servers[1].outstanding == 1 and r.in_flight == {"u3": 1} and r._waiting == []
+    assert r.servers[1].outstanding == 1 and r.in_flight == {"u3": 1} and r.waiting() == 0
 
 
 def test_a_state_carries_each_ready_servers_fields_with_defaults_for_the_optional_ones():
@@ -393,7 +393,7 @@ async def test_a_member_who_comes_later_is_served_before_the_rest_of_anothers_cr
         await crowd.release_first()
     assert crowd.served == ["bob", "carol"] + ["bob"] * 8
     await crowd.release_first()
-    assert r.in_flight == {} and r._served == {} and r.servers[1].outstanding == 0
+    assert r.in_flight == {} and r.queue.turns == {} and r.servers[1].outstanding == 0
     await crowd.close()
 
 

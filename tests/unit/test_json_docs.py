@@ -37,6 +37,7 @@ EXAMPLES = [
     ("json.md", "`board serve list --json`:", ("serve", "list", "--json")),
     ("json.md", "`board serve plan --list --json`", ("serve", "plan", "--list", "--json")),
     ("json.md", "`board report --json` prints one object:", ("report", "--json")),
+    ("json.md", "`board projects --json` prints one object:", ("projects", "--json")),
     ("gateway.md", "`board usage [--since 7d] [--by user|key|model] [--json]` sums them:", ("usage", "--json")),
 ]
 # The `--json`s json.md names that the demo cannot print.
@@ -48,6 +49,8 @@ UNSEEN = {
     "board serve list --json": {"servers[]", "servers[].estimate", "planned[]"},
     "board report --json": {"tokens[]", "tp[]"},
     "board usage --json": {"rows[]"},
+    # the demo has no [[projects]]: tests/service/test_projects_view.py holds a board's with projects to the example
+    "board projects --json": {"projects[]", "projects[].allocations[]"},
 }
 
 

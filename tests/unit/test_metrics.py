@@ -270,6 +270,7 @@ class TestExposition:
             ("bookings_refused", "Booking requests refused, by reason: conflict (the time is taken) or policy (a rule)."),
             ("backfill_moves", "Queued bookings moved earlier by the backfill."),
             ("server_crashes", "llama-servers that exited without being stopped."),
+            ("idle_releases", "Bookings given back for being idle ([policy] idle_release_after_min)."),
             ("alerts", "Alerts fired (app.alerts), by rule."),
             ("xid_errors", "Critical Xid errors NVML reported (app.faults), by code."),
             ("oom", "Out-of-memory exits: llama-servers and board run jobs (app.faults)."),

@@ -5,6 +5,7 @@ its booking is over (ended, cancelled, split away, moved to other cards or given
 enforcement pass (`enforce_once`) sends SIGTERM, then SIGKILL after [enforce] grace_s, or with
 run_jobs = "warn" only audits it. Ten minutes before the end the holder gets one notice.
 llama-servers have their own pass, app.service.box.servers.enforce_servers, run from the same one.
+Idle bookings are given back ([policy] idle_release_after_min) by app.service.box.idle.release_pass, from it too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from app.service.rules.audit import AGENT, audit
 from app.service.fleet.hosts import refuse_remote
 from app.service.fleet.lastknown import unreachable
 from app.service.rules.plans import start_due
+from app.service.box.idle import release_pass
 from app.service.box.processes import UNREAD
 from app.service.box.servers import enforce_servers
 from app.store import bookings as rows
@@ -81,7 +83,7 @@ def enforce_once(server: Agent) -> dict[str, list[int]]:
     While a PostgreSQL database is unreachable, the jobs are enforced from the bookings last read (each job's
     booking as this pass last read it, `Registration.known`): a job whose booking is live there runs on, one whose
     booking ended by then is stopped, its audit event left to the log. The passes that need the database (backfill,
-    servers, planned servers, alerts) wait for it. So while a lock another session holds outlasts the lock timeout
+    servers, planned servers, idle release, alerts) wait for it. So while a lock another session holds outlasts the lock timeout
     (StoreLocked): the jobs are read and stopped as ever; what needs the lock is logged and tried at the next pass."""
     service, registry = server.service, server.service.processes
     done: dict[str, list[int]] = {"ended": [], "terminated": [], "killed": [], "warned": []}
@@ -99,6 +101,7 @@ def enforce_once(server: Agent) -> dict[str, list[int]]:
         _tell_started(server, now)
         done.update(enforce_servers(server))
         done["planned_started"] = start_due(server)
+        done.update(release_pass(server))  # after the servers' pass: a server that just ended is seen ended
     except BoardError as error:
         if isinstance(error, StoreLocked):  # another session holds a lock for long: the jobs' enforcement goes on
             log.warning(f"enforcement pass: {error}")

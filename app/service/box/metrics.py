@@ -69,6 +69,8 @@ COUNTED = (
      "action IN ('create', 'series', 'series_extend') AND ok = 0", "reason", "refused_by"),
     ("board_backfill_moves", "Queued bookings moved earlier by the backfill.", "action = 'backfill' AND ok = 1", None, None),
     ("board_server_crashes", "llama-servers that exited without being stopped.", "action = 'server-crash'", None, None),
+    ("board_idle_releases", "Bookings given back for being idle ([policy] idle_release_after_min).",
+     "action = 'idle_release' AND ok = 1", None, None),
 )
 
 

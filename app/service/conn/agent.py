@@ -26,6 +26,7 @@ class Runs(Protocol):
 
 class Agent(Protocol):
     started_told_until: float | None  # bookings that started by then have been announced (app.service.box.enforce)
+    idle_told: dict[int, tuple[float, float]]  # booking id -> (idle since, released at): told (app.service.box.idle)
 
     @property
     def service(self) -> Service: ...

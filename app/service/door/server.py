@@ -74,6 +74,7 @@ class ServiceServer:
         self.max_connections = connection_cap(self.settings.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._accept_failures, self._accept_logged_at = 0, float("-inf")
         self.alerts = Engine()  # the alerts' engine, run by each enforcement pass (app.service.box.alerts)
+        self.idle_told: dict[int, tuple[float, float]] = {}  # idle bookings told of (app.service.box.idle)
         self.started_told_until: float | None = None  # bookings that started by then have been announced (enforce)
 
     # -- the socket ----------------------------------------------------------------------------

@@ -3,15 +3,18 @@ its accounting (gateway_usage, and usage for people).
 
 A member issues their own keys: the service knows who asks from the kernel (SO_PEERCRED), so no master key is
 needed; admins may issue keys for other accounts (service accounts). Only a key's hash and fingerprint are kept.
-A key's class is one its holder may use ([classes]), and a member holds at most [gateway] max_keys_per_user live
-keys they issued themselves; keys an admin issues for an account are apart (the admin chose to, and it is audited).
+A key is for one project (--project, else the holder's only one; an admin's key for an account is that account's),
+and its requests count against that project's limits (app.gateway.limits). Its class is one its holder may use
+([classes]) and its project may use ([[projects]] classes), and a member holds at most [gateway] max_keys_per_user
+live keys they issued themselves; keys an admin issues for an account are apart (the admin chose to, and it is
+audited).
 gateway_state and gateway_usage answer only the gateway's account ([gateway] user) or root: gateway_state
 carries every server's API key and every key's hash.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, NotRequired, TypedDict
 
 import msgspec
 
@@ -19,7 +22,8 @@ from app.config import CLASSES
 from app.core.identity import listed
 from app.core.identity import Identity
 from app.core.keys import fingerprint, key_hash, new_key
-from app.core.policy import class_refusal, may_use
+from app.core import projects
+from app.core.policy import class_refusal, may_use, policy_zone
 from app.errors import BadInput, Conflict, NotPermitted
 from app.service.ops.registry import ById, Int, NoArguments, Request, Time, op
 from app.service.rules.audit import audit
@@ -42,16 +46,20 @@ def _gateway_only(service: Service, me: Identity, what: str) -> None:
         raise NotPermitted(f"{what} is the gateway's own operation (account {service.config.gateway.user})")
 
 
-# A key as its holder sees it (functional form: `class` is a keyword); never its hash.
+# A key as its holder sees it (functional form: `class` is a keyword); never its hash. "project" only where it is
+# not the implicit one: a board without projects keeps its old shape.
 KeyWire = TypedDict("KeyWire", {
     "id": int, "name": str, "user": str, "fingerprint": str, "models": list[str] | None, "class": str | None,
-    "created": int, "expires": int | None, "revoked": int | None})
+    "created": int, "expires": int | None, "revoked": int | None, "project": NotRequired[str]})
 
 
 def _public(key: dict[str, Any]) -> KeyWire:
-    return {"id": key["id"], "name": key["name"], "user": key["user"], "fingerprint": key["fingerprint"],
-            "models": key["models"], "class": key["class"], "created": key["created"], "expires": key["expires"],
-            "revoked": key["revoked"]}
+    wire: KeyWire = {"id": key["id"], "name": key["name"], "user": key["user"], "fingerprint": key["fingerprint"],
+                     "models": key["models"], "class": key["class"], "created": key["created"],
+                     "expires": key["expires"], "revoked": key["revoked"]}
+    if key["project"]:
+        wire["project"] = key["project"]
+    return wire
 
 
 def _refuse(service: Service, me: Identity, holder: str, why: str) -> NoReturn:
@@ -66,12 +74,14 @@ class KeyNew(Request, frozen=True):
     klass: str | None = None  # None: the usual class of the holder's bookings, else batch, else the lowest they may use
     expires: Time | None = None
     user: str | None = None  # the holder, for admins; None: the caller
+    project: str | None = None  # the project it is for ([[projects]]); None: the holder's only one
 
 
-# The new key, the key itself in this reply and nowhere else (functional form: `class` is a keyword).
+# The new key, the key itself in this reply and nowhere else (functional form: `class` is a keyword); "project" as
+# in KeyWire.
 NewKey = TypedDict("NewKey", {
     "id": int, "name": str, "key": str, "user": str, "models": list[str] | None, "class": str, "expires": int | None,
-    "fingerprint": str})
+    "fingerprint": str, "project": NotRequired[str]})
 
 
 @op("key_new", KeyNew)
@@ -97,14 +107,19 @@ def key_new(service: Service, me: Identity, request: KeyNew) -> NewKey:
             raise BadInput(f"no account named {user[:40]!r}")
         holder, uid = found
     config = service.config
-    if klass is None:  # the usual class of their bookings, else batch, else the lowest the holder may use
+    try:  # the holder's project: an admin's key for an account is that account's
+        project = projects.choose(config, holder, request.project)
+    except NotPermitted as error:
+        _refuse(service, me, holder, str(error))
+    if klass is None:  # the usual class of their bookings, else batch, else the lowest the holder and project may use
         usual = rows.usual_class(service.conn, uid)
-        chosen = next((k for k in (usual, "batch", *reversed(CLASSES)) if k in CLASSES and may_use(config, k, holder)),
-                      None)
+        chosen = next((k for k in (usual, "batch", *reversed(CLASSES)) if k in CLASSES and may_use(config, k, holder)
+                       and projects.class_refusal(config, project, k) is None), None)
         if chosen is None:
-            _refuse(service, me, holder, f"{holder} may use no class ([classes] in the service's config); ask an admin")
+            rules = f"[classes], project {project}'s classes" if project else "[classes]"
+            _refuse(service, me, holder, f"{holder} may use no class ({rules} in the service's config); ask an admin")
         klass = chosen
-    elif reason := class_refusal(config, klass, holder):
+    elif reason := class_refusal(config, klass, holder) or projects.class_refusal(config, project, klass):
         _refuse(service, me, holder, reason)
     key = new_key()
     hashed = key_hash(key)
@@ -116,15 +131,19 @@ def key_new(service: Service, me: Identity, request: KeyNew) -> NewKey:
         else:
             key_id = rows.insert(service.conn, name=name, user=holder, uid=uid, hashed=hashed,
                                  fingerprint=fingerprint(hashed), models=models, klass=klass, now=now,
-                                 created_by=me.uid, expires_at=expires)
+                                 created_by=me.uid, expires_at=expires, project=project)
     if key_id is None:
         _refuse(service, me, holder, f"{holder} has {held} live keys, the most a member may hold ([gateway]"
                                      " max_keys_per_user); revoke one first (board key list, board key revoke ID)")
-    audit(service, me, "key_new", None, ok=True,
-          details={"key": key_id, "fingerprint": fingerprint(hashed), "user": holder, "class": klass})
+    audit(service, me, "key_new", None, ok=True, details={
+        "key": key_id, "fingerprint": fingerprint(hashed), "user": holder, "class": klass,
+        **({"project": project} if project else {})})
     changed(service)
-    return {"id": key_id, "name": name, "key": key, "user": holder, "models": models, "class": klass,
-            "expires": expires, "fingerprint": fingerprint(hashed)}
+    made: NewKey = {"id": key_id, "name": name, "key": key, "user": holder, "models": models, "class": klass,
+                    "expires": expires, "fingerprint": fingerprint(hashed)}
+    if project:
+        made["project"] = project
+    return made
 
 
 class KeyList(Request, frozen=True):
@@ -175,10 +194,10 @@ class RoutedServer(TypedDict):
 
 
 # A usable key as the gateway checks it: its hash, never the key (functional form: `class` is a keyword). Its class
-# is None where its holder may no longer use it.
+# is None where its holder may no longer use it; its project is the one whose limits its requests count against.
 RoutedKey = TypedDict("RoutedKey", {
     "id": int, "hash": str, "user": str, "models": list[str] | None, "class": str | None, "expires": int | None,
-    "revoked": int | None, "fingerprint": str})
+    "revoked": int | None, "fingerprint": str, "project": str})
 
 
 class TeamAlias(TypedDict):
@@ -192,6 +211,14 @@ class GatewayState(TypedDict):
     planned: list[dict[str, Any]]  # app.store.plans.planned_servers: alias, booking, start, end, user
     keys: list[RoutedKey]
     team_aliases: dict[str, TeamAlias]
+    # Each project's tokens through the gateway since `since`, the policy zone's last midnight (recorded ones: the
+    # gateway adds what it counted since, app.gateway.limits). Empty on a board without projects.
+    tokens_today: TokensToday
+
+
+class TokensToday(TypedDict):
+    since: int
+    projects: dict[str, int]
 
 
 @op("gateway_state", NoArguments)
@@ -217,7 +244,8 @@ def gateway_state(service: Service, me: Identity, request: NoArguments) -> Gatew
     # A key made before [classes] kept its class from its holder waits after every class (None ranks last).
     keys: list[RoutedKey] = [{"id": k["id"], "hash": k["hash"], "user": k["user"], "models": k["models"],
                               "class": k["class"] if may_use(service.config, k["class"], k["user"]) else None,
-                              "expires": k["expires"], "revoked": k["revoked"], "fingerprint": k["fingerprint"]}
+                              "expires": k["expires"], "revoked": k["revoked"], "fingerprint": k["fingerprint"],
+                              "project": k["project"]}
                              for k in rows.listing(conn, live_at=now)]
     # The team aliases ([gateway.team_aliases]), each with its live servers' holders who may serve it: the router
     # routes such an alias to those holders' servers only, and any other alias to one holder's (routing.Router).
@@ -225,7 +253,10 @@ def gateway_state(service: Service, me: Identity, request: NoArguments) -> Gatew
         alias: {"owners": list(owners), "holders": sorted({s["user"] for s in found if s["alias"] == alias
                                                            and listed(owners, s["user"])})}
         for alias, owners in service.config.gateway.team_aliases.items()}
-    return {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys, "team_aliases": teams}
+    since = projects.day(now, policy_zone(service.config))[0]
+    spent = rows.tokens_by_project(conn, since) if service.config.projects else {}
+    return {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys, "team_aliases": teams,
+            "tokens_today": {"since": since, "projects": spent}}
 
 
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)]  # a JSON number every reader takes whole
@@ -245,6 +276,7 @@ class UsageRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     user: str | None = None
     model: str | None = None
     request: str | None = None  # the gateway's id for the record, so that a batch sent twice is recorded once
+    project: str = ""  # the key's project ("" on a board without projects)
 
 
 class GatewayUsage(Request, frozen=True):
@@ -265,7 +297,7 @@ def gateway_usage(service: Service, me: Identity, request: GatewayUsage) -> Reco
                                                and record.request.isprintable()):
             raise BadInput("gateway_usage: request is the gateway's id for the record, at most 64 printable characters")
         row = {f: getattr(record, f) for f in rows.USAGE_FIELDS}
-        for f in ("fingerprint", "user", "model"):
+        for f in ("fingerprint", "user", "model", "project"):
             row[f] = (row[f] or "")[:200]
         clean.append(row)
     with write(service.conn):
@@ -275,7 +307,7 @@ def gateway_usage(service: Service, me: Identity, request: GatewayUsage) -> Reco
 
 class Usage(Request, frozen=True):
     since: Time = 0
-    by: str = "user"  # user, key or model
+    by: str = "user"  # user, key, model, or project on a board with [[projects]]
 
 
 class UsageReply(TypedDict):
@@ -286,8 +318,12 @@ class UsageReply(TypedDict):
 
 @op("usage", Usage)
 def usage(service: Service, me: Identity, request: Usage) -> UsageReply:
-    """The gateway's requests and tokens since `since`, summed by user, key or model (everyone's, like report)."""
+    """The gateway's requests and tokens since `since`, summed by user, key, model or project (everyone's, like
+    report)."""
     since, by = request.since, request.by
-    if by not in ("user", "key", "model"):
-        raise BadInput(f"by {by[:20]!r}: use user, key or model")
+    if by == "project" and not service.config.projects:
+        raise BadInput("this board has no projects ([[projects]]), so usage is not kept by project; use --by user,"
+                       " key or model")
+    if by not in ("user", "key", "model", "project"):
+        raise BadInput(f"by {by[:20]!r}: use user, key, model or project")
     return {"since": since, "by": by, "rows": rows.usage(service.conn, since, by)}

@@ -241,6 +241,8 @@ class BookingService:
         # nobody knows when those processes end.
         now_slot = start <= now + PAST_GRACE_SECONDS
         opens = policy.window_opens(self.config, klass, start, horizon + 1)
+        if (budgeted := projects.named(self.config, project)) is not None and budgeted.gpu_hours is not None:
+            opens += projects.resets(budgeted, start, horizon, policy.policy_zone(self.config))  # the budget is new
         # The next day past the slot first, all of the calendar only when that finds nothing: a full
         # calendar is a long read, and this may run under the write lock.
         for until in (start + duration + LOOKAHEAD_SECONDS, None):
@@ -791,9 +793,8 @@ class BookingService:
         at = start
         while at < end:
             first, reset = projects.period(found, at, tz)
-            theirs = [b for b in rows.live_between(self.conn, first, reset) if b.project == project and b.id != excluding]
-            used = projects.card_seconds(theirs, first, min(now, reset)) if now > first else 0
-            ahead = projects.card_seconds(theirs, max(now, first), reset) if now < reset else 0
+            others = [b for b in rows.live_between(self.conn, first, reset) if b.id != excluding]
+            used, ahead = projects.spent(others, project, first, reset, now)
             wanted = (min(end, reset) - max(start, first)) * count
             budget = found.gpu_hours * 3600
             if used + ahead + wanted > budget:

@@ -19,7 +19,7 @@ from app.errors import BoardError, NotPermitted
 from app.core.text import cards_text, format_cards, inert
 from app.model import Booking
 from app.tui.node import BoardNode
-from app.tui.render import TIME_WIDTH, short_time, under_cursor, untrusted
+from app.tui.render import TIME_WIDTH, holder, short_time, under_cursor, untrusted
 from app.tui.screens.confirm import ConfirmModal, ReassignModal, describe
 from app.tui.widgets.header import BoardHeader
 
@@ -86,7 +86,7 @@ class AdminScreen(BoardNode, Screen):
             state = "cancelled" if b.status == "cancelled" else ("ACTIVE" if b.active(now) else
                                                                   ("ended" if b.end <= now else "upcoming"))
             table.add_row(
-                Text(str(b.id)), untrusted(b.user, 12), Text(format_cards(b.cards)), Text(short_time(b.start, now)),
+                Text(str(b.id)), untrusted(holder(b, 12), 12), Text(format_cards(b.cards)), Text(short_time(b.start, now)),
                 Text(short_time(b.end, now)), Text(b.klass), Text(state, "dim" if state in ("cancelled", "ended") else ""),
                 untrusted(b.note, 80), key=str(b.id),
             )

@@ -8,6 +8,10 @@ With a model (a .gguf, completed from [llama] model_dirs), a context and a paral
 form sizes the booking by memory (app.fit, on the backend's own thread): a live line shows the
 fullest card's MiB and the fit; no count books the smallest group that fits, and a count or cards
 that are too small are refused in the form. The booking stores the request and its estimate.
+
+On a board with projects ([[projects]]) a member of several picks one beside the class, and a line under them says
+what is left of the chosen project's GPU-hour budget this period, and what this booking needs of it. A board
+without projects shows neither.
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ from textual.timer import Timer
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from app.config import CLASSES
+from app.core.policy import policy_zone
+from app.core.projects import of
 from app.core.slots import GROUP_SIZES
 from app.errors import BadInput, BoardError
 from app.core.parse import parse_card_spec, parse_span
 from app.core.text import host_cards, inert
 from app.fit.estimate import Settings
-from app.tui.backend import Backend, Booked, BookingRequest, ModelAsk, Sizing
+from app.tui.backend import Backend, Booked, BookingRequest, Budget, ModelAsk, Sizing
 from app.tui.node import BoardNode
 from app.tui.render import duration, full_time, short_time
 
@@ -77,6 +83,7 @@ def parse_model(model: str, ctx: str, parallel: str) -> ModelAsk | None:
 def parse_form(
     cards: str, count: str, start: str, length: str, until: str, klass: str, note: str, now: float,
     model: str = "", ctx: str = "", parallel: str = "", night_start: int | None = None, or_later: bool = False,
+    project: str | None = None,
 ) -> BookingRequest:
     """The form's fields -> a request, or BadInput with the one line to show; the times read as the CLI's do."""
     host, listed = parse_card_spec(cards) if cards.strip() else (None, None)  # 'gpu2:0-3': another host's
@@ -96,7 +103,8 @@ def parse_form(
     begin, end = parse_span(start.strip() or "now", length if length.strip() else None,
                             until if until.strip() else None, datetime.fromtimestamp(now).astimezone(),
                             how_long="say how long: a duration such as 3h, or an end such as 18:00", night_start=night_start)
-    return BookingRequest(chosen, number, begin, end, klass, note, model=ask, or_later=or_later, host=host)
+    return BookingRequest(chosen, number, begin, end, klass, note, model=ask, or_later=or_later, host=host,
+                          project=project)
 
 
 class Tick(Checkbox):
@@ -137,6 +145,9 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
     BookingModal #end { width: 1fr; }
     BookingModal #or-later { width: auto; margin-left: 1; }
     BookingModal Select { width: 24; }
+    BookingModal #project { width: 1fr; }
+    BookingModal #budget { height: auto; margin-bottom: 1; color: $text-muted; }
+    BookingModal.-short #budget { margin-bottom: 0; }
     BookingModal #message { height: auto; min-height: 2; margin-bottom: 1; }
     BookingModal #message.-error { color: $error; text-style: bold; }
     BookingModal #message.-ok { color: $success; }
@@ -165,6 +176,8 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
         # presses Book (issue 31 §8); `_opening` is the fields as they opened.
         self._opening: tuple | None = None
         self._pressed = False
+        self.budgets: dict[str, Budget] | None = None  # each project's budget this period, once loaded
+        self._needs: float | None = None  # the GPU-hours the last plan takes, for the budget line
 
     def compose(self) -> ComposeResult:
         d, now = self.draft, self.backend.clock()
@@ -201,6 +214,12 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
             with Horizontal():
                 yield Label("Class", classes="field")
                 yield Select([(c, c) for c in CLASSES], value=d.klass, allow_blank=False, id="klass", compact=True)
+                if len(self.projects) > 1:  # a member of one needs no choice (board book --project's rule)
+                    yield Label("project", classes="or")
+                    yield Select([(Text(inert(p, 40)), p) for p in self.projects], value=self._first_project(d.klass),
+                                 allow_blank=False, id="project", compact=True)
+            if self.projects:
+                yield Static("", id="budget")
             with Horizontal():
                 yield Label("Note", classes="field")
                 yield Input(d.note, placeholder="what it is for", id="note", compact=True)
@@ -219,6 +238,41 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
         dirs = self.app.config.llama.model_dirs
         if dirs:
             self._list_models(tuple(dirs))
+        if self.projects:
+            self._load_budgets()
+
+    @property
+    def projects(self) -> list[str]:
+        """The projects the member books for, in the config's order ([] on a board without projects)."""
+        return [p.name for p in of(self.app.config, self.app.identity.name)]
+
+    def _first_project(self, klass: str) -> str:
+        """What the choice opens on: the member's first project that may use the form's class, else their first."""
+        config = self.app.config
+        return next((p.name for p in of(config, self.app.identity.name) if klass in p.classes), self.projects[0])
+
+    def project(self) -> str | None:
+        """The chosen project: the member's pick, or their only one; None on a board without projects (or for a
+        member of none: the service says why)."""
+        for chosen in self.query("#project").results(Select):
+            return str(chosen.value)
+        return self.projects[0] if self.projects else None
+
+    @work(exclusive=True, group="budgets", exit_on_error=False)
+    async def _load_budgets(self) -> None:
+        self.budgets = await self.backend.budgets()
+        self.show_budget()
+
+    def show_budget(self) -> None:
+        """The chosen project's budget line: what is left this period, and what the form's booking needs of it."""
+        project = self.project()
+        budget = self.budgets.get(project) if self.budgets is not None and project is not None else None
+        if budget is None:
+            return
+        line = budget.line(policy_zone(self.app.config))
+        if self._needs is not None and budget.gpu_hours is not None:
+            line += f" · this booking needs {self._needs:.1f} h"
+        self.query_one("#budget", Static).update(Text(line))
 
     def _model_placeholder(self) -> str:
         dirs = self.app.config.llama.model_dirs
@@ -237,7 +291,7 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
         return self.query_one(f"#{name}", Input).value
 
     def _fields(self) -> tuple:
-        return (tuple(i.value for i in self.query(Input)), self.query_one("#klass", Select).value,
+        return (tuple(i.value for i in self.query(Input)), tuple(s.value for s in self.query(Select)),
                 self.query_one("#or-later", Checkbox).value)
 
     def request(self) -> BookingRequest:
@@ -247,7 +301,7 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
             self._value("end"), str(klass), self._value("note"), self.backend.clock(),
             self._value("model"), self._value("ctx"), self._value("parallel"),
             night_start=self.app.config.booking.night_start_minute,
-            or_later=self.query_one("#or-later", Checkbox).value,
+            or_later=self.query_one("#or-later", Checkbox).value, project=self.project(),
         )
 
     def show_fit(self, text: str, state: str) -> None:
@@ -258,6 +312,9 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
 
     def show_error(self, message: str) -> None:
         self.error = message
+        if self.projects:  # nothing planned: the budget line without this booking's share
+            self._needs = None
+            self.show_budget()
         widget = self.query_one("#message", Static)
         if not self._pressed and self._fields() == self._opening:  # nothing asked yet: say it, calmly
             widget.set_classes("-calm")
@@ -314,6 +371,9 @@ class BookingModal(BoardNode, ModalScreen[Booked | None]):
             return
         if generation == self._generation:
             now = self.backend.clock()
+            if self.projects:
+                self._needs = len(plan.cards) * (plan.end - plan.start) / 3600
+                self.show_budget()
             self.show_ok(
                 f"{'card' if len(plan.cards) == 1 else 'cards'} {host_cards(plan.cards, request.host or '')} · "
                 f"{short_time(plan.start, now)} → {short_time(plan.end, now)} ({duration(plan.end - plan.start)})"

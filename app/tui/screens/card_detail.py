@@ -133,8 +133,10 @@ class CardDetailScreen(BoardNode, Screen):
                                   ("elapsed", "ELAPSED", 8), ("command", "COMMAND", None)):
             processes.add_column(label, key=key, width=width)
         bookings = self.query_one("#bookings", DataTable)
-        for key, label, width in (("id", "#", 5), ("user", "USER", 12), ("cards", "CARDS", 8), ("start", "START", TIME_WIDTH),
-                                  ("end", "END", TIME_WIDTH), ("class", "CLASS", 10), ("note", "NOTE", None)):
+        projects = [("project", "PROJECT", 10)] if app.config.projects else []  # a board with [[projects]]
+        for key, label, width in (("id", "#", 5), ("user", "USER", 12), *projects, ("cards", "CARDS", 8),
+                                  ("start", "START", TIME_WIDTH), ("end", "END", TIME_WIDTH), ("class", "CLASS", 10),
+                                  ("note", "NOTE", None)):
             bookings.add_column(label, key=key, width=width)
         self.update_all()
         self.update_servers(app.servers_view)
@@ -279,9 +281,10 @@ class CardDetailScreen(BoardNode, Screen):
             if self.uuid not in b.card_uuids or b.id in seen or b.end <= now - 86400:
                 continue
             seen.add(b.id)
+            project = [untrusted(b.project, 10)] if self.app.config.projects else []
             table.add_row(
-                Text(str(b.id)), untrusted(b.user, 12), Text(format_cards(b.cards)), Text(short_time(b.start, now)),
-                Text(short_time(b.end, now)), Text(b.klass), untrusted(b.note, 80),
+                Text(str(b.id)), untrusted(b.user, 12), *project, Text(format_cards(b.cards)),
+                Text(short_time(b.start, now)), Text(short_time(b.end, now)), Text(b.klass), untrusted(b.note, 80),
             )
         if not seen:
-            table.add_row(Text(""), Text("no bookings", "dim"), Text(""), Text(""), Text(""), Text(""), Text(""))
+            table.add_row(Text(""), Text("no bookings", "dim"), *[Text("")] * (len(table.columns) - 2))

@@ -40,10 +40,12 @@ MODAL_CSS = """
 
 
 def describe(booking: Booking, now: float, here: str = "") -> Text:
-    """'#12 alice · cards 0,1 · 14:00 → 20:00 · finetune · note' with the user's text inert; a booking on another
-    host than `here` names its cards 'gpu2:0,1'."""
+    """'#12 alice · cards 0,1 · 14:00 → 20:00 · finetune · note' with the user's text inert ('#12 alice · project A
+    · cards ...' on a board with projects); a booking on another host than `here` names its cards 'gpu2:0,1'."""
     text = Text(f"#{booking.id} ")
     text.append(inert(booking.user, 16) + " ", "bold")  # the space in its run: see card_table's holder
+    if booking.project:  # a board with projects: whose budget it is
+        text.append(f"· project {inert(booking.project, 24)} ")
     text.append(f"· {cards_text(booking.cards, booking.host, here)}"
                 f" · {short_time(booking.start, now)} → {short_time(booking.end, now)} · {booking.klass}")
     if booking.note:

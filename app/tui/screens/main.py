@@ -43,7 +43,8 @@ class BoardScreen(BoardNode, Screen):
         app = self.app
         yield BoardHeader(id="header")
         yield CardTable(app.identity.name, id="cards")
-        yield Timeline(app.identity.name, app.clock(), pools=app.config.pools, zone=policy_zone(app.config), id="timeline")
+        yield Timeline(app.identity.name, app.clock(), pools=app.config.pools, zone=policy_zone(app.config),
+                       projects=app.config, id="timeline")
         yield Static("", id="detail")
         yield Static(Text("Active and upcoming bookings"), id="upcoming-title")
         yield UpcomingTable(app.identity.name, id="upcoming")
@@ -118,6 +119,10 @@ class BoardScreen(BoardNode, Screen):
         if selection:
             cards, start, _ = selection
             named = host_cards(cards, model.selected_host() or "")
+            held = model.held_at(*model.cursor)
+            if held is not None:  # whose the card is over these hours, before a refusal says so
+                return Text(f"card {named} free at {short_time(start, now)} · {inert(held.words(model.zone), 120)}"
+                            " · b books")
             pool = model.pool_of(model.cursor[0])
             if pool is not None:  # the rules before the booking, not in its refusal
                 return Text(f"card {named} free at {short_time(start, now)} · "

@@ -2,7 +2,8 @@
 
 The pools' rules are drawn too, so nobody learns them by being refused: each pool's cards are shaded
 alike, and under the time axis one row per pool says which classes it takes in each stretch of time,
-with a mark where a class window opens or closes.
+with a mark where a class window opens or closes. A project's allocation ([[projects]]) is drawn the same way:
+its cards' free cells shaded over its hours, and one row per project saying which cards it holds when.
 
 What is where is the model's (app.tui.timeline_model: the grid, the zoom, the cursor, the selection);
 this widget draws it and turns keys and clicks into calls on it. Built for thousands of bookings: each
@@ -13,7 +14,7 @@ moves rebuild only the lines they touch.
 from __future__ import annotations
 
 from datetime import date, tzinfo
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from rich.cells import set_cell_size
 from rich.segment import Segment
@@ -25,15 +26,17 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from app.config import CLASSES, Pool
+from app.config import CLASSES, Config, Pool
 from app.core.text import inert
 from app.gpu.model import CardReading
 from app.model import Booking
 from app.tui.render import abbreviate, local
-from app.tui.timeline_model import DAY, ZOOMS, Moved, Row, TimelineModel, rule_words
+from app.tui.timeline_model import DAY, ZOOMS, Moved, Row, TimelineModel, held_words, rule_words
 
 AXIS_ROWS = 2
 POOL_SHADES = ("pool-a", "pool-b")  # alternate, so neighbouring pools part
+HELD_SHADES = ("held-a", "held-b")  # a project's allocation, apart from the pools' shades and each other's
+V = TypeVar("V")
 
 
 class Timeline(Widget, can_focus=True):
@@ -54,6 +57,8 @@ class Timeline(Widget, can_focus=True):
     Timeline > .timeline--now { color: $error; text-style: bold; }
     Timeline > .timeline--pool-a { background: $secondary 15%; }
     Timeline > .timeline--pool-b { background: $accent 12%; }
+    Timeline > .timeline--held-a { background: $success 16%; }
+    Timeline > .timeline--held-b { background: $error 14%; }
     Timeline > .timeline--rule { color: $text-muted; }
     Timeline > .timeline--rule-edge { color: $foreground; text-style: bold; }
     Timeline > .timeline--rule-online { color: $error-lighten-1; }
@@ -68,7 +73,7 @@ class Timeline(Widget, can_focus=True):
         "timeline--past", "timeline--online", "timeline--batch", "timeline--finetune", "timeline--experiment",
         "timeline--mine", "timeline--now", "timeline--selection", "timeline--cursor", "timeline--pool-a",
         "timeline--pool-b", "timeline--rule", "timeline--rule-edge", "timeline--rule-online", "timeline--rule-batch",
-        "timeline--rule-finetune", "timeline--rule-experiment",
+        "timeline--rule-finetune", "timeline--rule-experiment", "timeline--held-a", "timeline--held-b",
     }
     BINDINGS = [
         Binding("left", "move(0, -1)", "Earlier", show=False),
@@ -96,9 +101,9 @@ class Timeline(Widget, can_focus=True):
             self.booking, self.card, self.start, self.end = booking, card, start, end
 
     def __init__(self, me: str, now: float, *, pools: Sequence[Pool] = (), zone: tzinfo | None = None,
-                 id: str | None = None) -> None:
+                 projects: Config | None = None, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.model = TimelineModel(me, now, pools=pools, zone=zone)
+        self.model = TimelineModel(me, now, pools=pools, zone=zone, projects=projects)
         self._lines: dict[int, Strip] = {}  # card row -> strip, built lazily
         self._axis: list[Strip] | None = None
         self._styles: dict[str, Style] = {}
@@ -112,8 +117,8 @@ class Timeline(Widget, can_focus=True):
 
     @property
     def axis_rows(self) -> int:
-        """The time axis and the pools' rules rows above the cards."""
-        return AXIS_ROWS + len(self.model.pool_rows)
+        """The time axis, the pools' rules rows and the projects' rows above the cards."""
+        return AXIS_ROWS + len(self.model.pool_rows) + len(self.model.project_rows)
 
     @property
     def visible_rows(self) -> int:
@@ -183,7 +188,8 @@ class Timeline(Widget, can_focus=True):
             self._axis = None
         if y < self.axis_rows:
             if self._axis is None:
-                self._axis = self._build_axis() + [self._build_rules(n) for n in range(len(self.model.pool_rows))]
+                self._axis = [*self._build_axis(), *(self._build_rules(n) for n in range(len(self.model.pool_rows))),
+                              *(self._build_holds(n) for n in range(len(self.model.project_rows)))]
             return self._axis[y]
         row = y - self.axis_rows + self.model.row_offset
         if row >= len(self.model.rows):
@@ -206,6 +212,7 @@ class Timeline(Widget, can_focus=True):
         base = self.rich_style
         pool = model.row_pool[row] if row < len(model.row_pool) else None
         shade = self._style(POOL_SHADES[model.pool_rows.index(pool) % 2]) if pool is not None else Style()
+        held = model.held[row] if row < len(model.held) else [None] * len(cells)
         label_style = base + self._style("label-lost" if card.lost else "label") + shade
         segments = [Segment(set_cell_size(card.label, lw - 1), label_style), Segment(" ", base)]
         free, past, now_style = self._style("free") + shade, self._style("past"), self._overlay("now")
@@ -222,14 +229,17 @@ class Timeline(Widget, can_focus=True):
         column = 0
         block_start, block_text = 0, ""
         while column < columns:
-            owner, kind, is_past = cells[column], overlay(column), column < now_col
+            owner, kind, is_past, window = cells[column], overlay(column), column < now_col, held[column]
             end = column + 1
-            # A run: the same owner (by identity), overlay and past/future on every column of it.
-            while end < columns and cells[end] is owner and overlay(end) == kind and (end < now_col) == is_past:
+            # A run: the same owner (by identity), overlay, past/future and allocation window on every column of it.
+            while (end < columns and cells[end] is owner and overlay(end) == kind and (end < now_col) == is_past
+                   and held[end] is window):
                 end += 1
             span = (end - column) * cw
             if owner is None:
                 style = base + (past if is_past else free)
+                if window is not None and not is_past:  # a project's allocation: its hours, shaded as its row
+                    style += self._style(HELD_SHADES[model.project_rows.index(window.project) % 2])
                 text = ("·" + " " * (cw - 1)) * (end - column)
             else:
                 style = base + self._style(owner.klass if owner.klass in CLASSES else "experiment")
@@ -354,36 +364,63 @@ class Timeline(Widget, can_focus=True):
         """A pool's rules row: the pool's name, then the classes it takes in each stretch of time. A "▏"
         marks where a window opens or closes; the names shorten (finetune, ft, f) to fit their stretch."""
         model = self.model
-        width, cw, lw = self.size.width, self.cell_width, model.label_width
         pool = model.pools[model.pool_rows[n]]
         allowed = model.allowed[n] if n < len(model.allowed) else []
-        columns = len(allowed)
+        return self._build_band(pool.name, self._style(POOL_SHADES[n % 2]), allowed,
+                                lambda classes, room: self._rule_words(pool, classes, room))
+
+    def _build_holds(self, n: int) -> Strip:
+        """A project's row: its name, then over its allocation's hours the cards it holds ('holds cards 0-3'),
+        shaded as those cards' cells are."""
+        model = self.model
+        shade = self._style(HELD_SHADES[n % 2])
+        held = self.rich_style + self._style("rule") + shade
+
+        def words(cards: tuple[int, ...], room: int) -> list[tuple[str, Style]]:
+            return [(held_words(cards, room), held)]
+
+        return self._build_band(model.project_rows[n], shade, model.holding[n] if n < len(model.holding) else [],
+                                words, lambda cards: held if cards else None)
+
+    def _build_band(self, name: str, shade: Style, values: Sequence[V],
+                    words: Callable[[V, int], list[tuple[str, Style]]],
+                    fill: Callable[[V], Style | None] = lambda value: None) -> Strip:
+        """A row above the cards: `name` (inert) in the label column, shaded `shade`, then per stretch of columns
+        with equal values (from now on) the words for it, after a "▏" where the value changes; `fill` styles a
+        whole stretch (None: as the row)."""
+        model = self.model
+        width, cw, lw = self.size.width, self.cell_width, model.label_width
+        columns = len(values)
         base = self.rich_style
         rule, past = base + self._style("rule"), base + self._style("past")
-        shade = self._style(POOL_SHADES[n % 2])
         chars: list[str] = [" "] * (columns * cw)
         now_col = model.column_of(model.now)
         first = min(max(now_col, 0), columns)  # the past is blank and dimmed, as on the card rows
         styles: list[Style] = [past] * (first * cw) + [rule] * ((columns - first) * cw)
-        if 0 <= now_col < columns:
-            chars[now_col * cw], styles[now_col * cw] = "│", rule + self._overlay("now")
+        stretches: list[tuple[int, int, Style]] = []
         column = first
         while column < columns:
             end = column + 1
-            while end < columns and allowed[end] == allowed[column]:
+            while end < columns and values[end] == values[column]:
                 end += 1
+            style = fill(values[column]) or rule
+            styles[column * cw:end * cw] = [style] * ((end - column) * cw)
+            stretches.append((column, end, style))
+            column = end
+        if 0 <= now_col < columns:
+            chars[now_col * cw], styles[now_col * cw] = "│", styles[now_col * cw] + self._overlay("now")
+        for column, end, style in stretches:
             x = column * cw
             if column > 0 and column != now_col:  # a window opens or closes here
-                chars[x], styles[x] = "▏", rule + self._style("rule-edge")
+                chars[x], styles[x] = "▏", style + self._style("rule-edge")
             if column > 0 or column == now_col:  # after the mark, or after the now line
                 x += 1
-            for text, style in self._rule_words(pool, allowed[column], end * cw - x):
+            for text, piece in words(values[column], end * cw - x):
                 for ch in text:
-                    chars[x], styles[x] = ch, style
+                    chars[x], styles[x] = ch, piece
                     x += 1
-            column = end
-        name = set_cell_size(abbreviate(inert(pool.name), lw - 1), lw - 1)
-        segments = [Segment(name, base + self._style("label") + shade), Segment(" ", base)]
+        label = set_cell_size(abbreviate(inert(name), lw - 1), lw - 1)
+        segments = [Segment(label, base + self._style("label") + shade), Segment(" ", base)]
         x = 0
         while x < len(chars):
             end = x + 1

@@ -9,7 +9,7 @@ from textual.widgets import DataTable
 
 from app.core.text import host_cards
 from app.model import Booking
-from app.tui.render import TIME_WIDTH, duration, short_time, untrusted
+from app.tui.render import TIME_WIDTH, duration, holder, short_time, untrusted
 
 
 NOTE_WIDTH = 100  # the note's limit: a fixed width, as an auto one is measured by whatever the console is at the time
@@ -39,7 +39,8 @@ class UpcomingTable(DataTable):
         """The bookings not yet over at `now`; an active one says how long it has left, a later one how soon it starts.
         Another host's cards than `here` read 'gpu2:0,1'."""
         bookings = [b for b in bookings if b.end > now]
-        key = (tuple((b.id, b.start, b.end, b.user, b.note, b.cards, b.host) for b in bookings), int(now // 60), here)
+        key = (tuple((b.id, b.start, b.end, b.user, b.project, b.note, b.cards, b.host) for b in bookings), int(now // 60),
+               here)
         if key == self._shown:
             return
         self._shown = key
@@ -52,7 +53,7 @@ class UpcomingTable(DataTable):
             else:
                 when = Text(f"in {duration(b.start - now)}", style=later)
             self.add_row(
-                Text(str(b.id)), untrusted(b.user, 12, state), Text(host_cards(b.cards, b.host, here)),
+                Text(str(b.id)), untrusted(holder(b, 12), 12, state), Text(host_cards(b.cards, b.host, here)),
                 Text(short_time(b.start, now)), Text(short_time(b.end, now)), Text(duration(b.end - b.start)), when,
                 Text(b.klass), untrusted(b.note, NOTE_WIDTH), key=str(b.id),
             )
