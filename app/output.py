@@ -86,6 +86,8 @@ def booking_line(booking: dict, now: float | None = None, here: str | None = Non
     note = f"  {inert(booking['note'], 60)}" if booking["note"] else ""
     asked = f"  [{text}]" if (text := request_text(booking.get("request"))) else ""
     queued = "  queued" if booking.get("queued") and booking["start"] > (time.time() if now is None else now) else ""
+    if queued and booking.get("place"):  # its place in the queue and why (board list): app.core.fairshare.place
+        queued += f" ({inert(booking['place'], 300)})"
     notice = f"  ({inert(booking['notice'], 80)})" if booking.get("notice") else ""
     series = f" (series {booking['series_id']})" if booking.get("series_id") else ""
     cards = _host_prefix(booking, here) + format_cards(booking["cards"])

@@ -35,10 +35,12 @@ def wait_for_start(client, booking_id: int, *, timeout: float | None = None, clo
             return booking
         if deadline is not None and now >= deadline:
             raise Conflict(f"booking {booking_id} has not started: it starts {format_when(booking['start'], now)}")
-        if (booking["start"], booking["cards"]) != shown:
-            shown = (booking["start"], booking["cards"])
+        if (booking["start"], booking["cards"], booking.get("place")) != shown:
+            shown = (booking["start"], booking["cards"], booking.get("place"))
+            # a queued booking's place and why: its class, then its project's fair share, then first come
+            place = f"; {inert(booking['place'], 300)}" if booking.get("place") else ""
             print(f"board: waiting for booking {booking_id}: starts {format_when(booking['start'], now)} on cards"
-                  f" {format_cards(booking['cards'])}{why}", file=progress, flush=True)
+                  f" {format_cards(booking['cards'])}{why}{place}", file=progress, flush=True)
         pause = min(POLL_S, booking["start"] - now)
         if deadline is not None:
             pause = min(pause, deadline - now)

@@ -239,6 +239,88 @@ def test_wait_sees_a_cancel_while_it_waits_and_gives_up_after_the_timeout(client
                        sleep=lambda s: clock.__setitem__(0, clock[0] + s), progress=progress)
 
 
+def test_get_list_and_wait_say_a_queued_bookings_place_and_why(client, cli):
+    """A waiting booking's `get` and `list` have its place in its class's queue and why; `board wait` and `board
+    list` print it; a booking not waiting has none. Without [[projects]] every booking stands equal: first come
+    (app.core.fairshare). Wrong versions: the place counted across classes (3rd), the online one that goes first
+    left unsaid, a place on a booking that waits for nothing (not queued, or queued at the start it asked for)."""
+    import io
+
+    from app.client.wait import wait_for_start
+
+    start = tomorrow()
+    blocker = client.call("book", count=8, start=start, end=start + HOUR)
+    client.call("book", count=8, start=start, end=start + HOUR, or_later=True)
+    second = client.call("book", count=8, start=start, end=start + HOUR, or_later=True)
+    online = client.call("book", count=8, start=start, end=start + HOUR, or_later=True, **{"class": "online"})
+    said = "2nd of 2 in the experiment queue: first come; 1 waiting online booking goes first"
+    assert client.call("get", id=second["id"])["place"] == said
+    assert "place" not in client.call("get", id=blocker["id"])
+    listed = {b["id"]: b.get("place") for b in client.call("list")["bookings"]}
+    assert listed[second["id"]] == said and listed[blocker["id"]] is None
+    rc, out, err = cli("list")
+    line = next(line for line in out.splitlines() if line.startswith(f"#{second['id']} "))
+    assert rc == 0 and line.endswith(f"  experiment  queued ({said})"), line
+    clock = [time.time()]
+    progress = io.StringIO()
+    with pytest.raises(Conflict, match=f"booking {second['id']} has not started"):
+        wait_for_start(client, second["id"], timeout=60, clock=lambda: clock[0],
+                       sleep=lambda s: clock.__setitem__(0, clock[0] + s), progress=progress)
+    assert progress.getvalue().count(f"; {said}\n") == 1
+    client.call("cancel", id=blocker["id"])  # online moves up to the start it asked for: it waits for nothing now
+    assert client.call("get", id=online["id"])["start"] == start and "place" not in client.call("get", id=online["id"])
+    assert client.call("get", id=second["id"])["place"] == "2nd of 2 in the experiment queue: first come"
+
+
+TWO_PROJECTS = """
+[[projects]]
+name = "A"
+members = ["root"]
+share = 2
+
+[[projects]]
+name = "B"
+members = ["root"]
+"""
+
+
+def test_the_real_agent_moves_the_project_under_its_share_up_first_and_says_why(make_agent):
+    """The issue's case on the real service and socket: project A used 96 card-hours a day ago (written into the
+    store), B nothing; A's booking asked for the earlier start, B's half an hour later, each an hour of the whole
+    fleet, queued behind a two-hour blocker. When it is cancelled, B's goes first (at its asked start), A's after
+    it, and `board wait`'s `get` said so beforehand: A's 96 card-hours from 24 to 12 hours ago are
+    8 * 168 / ln 2 * (2 ** (-0.5/7) - 2 ** (-1/7)) = 89.1 h now, against share 2. Wrong versions: first come
+    before fair share (A first), the use not decayed (96.0 h), the share ignored."""
+    import sqlite3
+
+    from app.store import bookings
+
+    agent = make_agent(start=False)
+    agent.config.write_text(agent.config.read_text() + TWO_PROJECTS)
+    agent.start()
+    client = agent.client()
+    uuids = [card["uuid"] for card in client.call("status")["cards"]]  # the service has made the file and its cards
+    now = int(time.time())
+    with sqlite3.connect(agent.db, timeout=10) as raw:
+        bookings.insert(raw, user="root", uid=0, uuids=uuids, start=now - 24 * HOUR, end=now - 12 * HOUR,
+                        klass="batch", note="", request=None, now=now - 24 * HOUR, created_by=0, project="A")
+    start = tomorrow()
+    half = HOUR // 2
+    blocker = client.call("book", count=8, start=start, end=start + 2 * HOUR, project="B")
+    a = client.call("book", count=8, start=start, end=start + HOUR, or_later=True, project="A", **{"class": "batch"})
+    b = client.call("book", count=8, start=start + half, end=start + half + HOUR, or_later=True, project="B",
+                    **{"class": "batch"})
+    assert (a["start"], b["start"]) == (start + 2 * HOUR, start + 3 * HOUR)  # first come, when they were booked
+    assert client.call("get", id=b["id"])["place"] == (
+        "1st of 2 in the batch queue: project B (used 0.0 h against share 1, decayed) goes before project A"
+        " (89.1 h against share 2); then first come")
+    assert client.call("get", id=a["id"])["place"].startswith("2nd of 2 in the batch queue: project B ")
+    client.call("cancel", id=blocker["id"])
+    # First come (A's earlier asked start) before fair share would give A the start and B the hour after it.
+    assert [client.call("get", id=x["id"])["start"] for x in (b, a)] == [start + half, start + half + HOUR]
+    client.close()
+
+
 def test_run_wait_starts_the_command_when_the_booking_starts(cli, client):
     soon = int(time.time()) + 3
     booking = client.call("book", cards=[7], start=soon, end=soon + HOUR)

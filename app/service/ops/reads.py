@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from app.core.identity import Identity, lookup_user
 from app.errors import BadInput, BoardError
 from app.gpu.model import WireSnapshot, snapshot_to_wire
-from app.model import BookingWire, booking_to_wire
+from app.model import Booking, BookingWire, booking_to_wire
 from app.service.fleet.lastknown import listing as known_listing
 from app.service.fleet.lastknown import read_live, remember_window, unreachable
 from app.service.ops.registry import ById, Int, NoArguments, Request, Span, Time, op
@@ -99,9 +99,22 @@ def status(service: Service, me: Identity, request: NoArguments) -> dict[str, An
     return status_document(service)
 
 
+class Got(BookingWire, total=False):
+    place: str  # a waiting booking's place in its queue and why ("2nd of 3 in the batch queue: ..."): wait, list
+
+
+def placed(booking: Booking, places: dict[int, str]) -> Got:
+    got: Got = {**booking_to_wire(booking)}
+    if booking.id in places:
+        got["place"] = places[booking.id]
+    return got
+
+
 @op("get", ById)
-def get(service: Service, me: Identity, request: ById) -> BookingWire:
-    return booking_to_wire(service.bookings(me).get(request.id))
+def get(service: Service, me: Identity, request: ById) -> Got:
+    rules = service.bookings(me)
+    booking = rules.get(request.id)
+    return placed(booking, rules.queue_places([booking]))
 
 
 class Listing(Request, frozen=True):
@@ -115,7 +128,7 @@ class Listing(Request, frozen=True):
 
 
 class Listed(TypedDict, total=False):
-    bookings: list[BookingWire]
+    bookings: list[Got]
     stale_since: float  # only while a PostgreSQL database is unreachable: when the bookings were last read
 
 
@@ -135,8 +148,9 @@ def listing(service: Service, me: Identity, request: Listing) -> Listed:
             raise
         found, stale_since = known_listing(service, error, start=start, end=end, user=user,
                                            include_cancelled=include_cancelled)
-        return {"bookings": [booking_to_wire(b) for b in found], "stale_since": stale_since}
-    return {"bookings": [booking_to_wire(b) for b in found]}
+        return {"bookings": [placed(b, {}) for b in found], "stale_since": stale_since}
+    places = service.bookings(me).queue_places(found) if any(b.queued for b in found) else {}
+    return {"bookings": [placed(b, places) for b in found]}
 
 
 class Window(Request, frozen=True):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence, TypedDict, TypeVar, cast
 
 from app.config import CLASSES, Config
-from app.core import policy, projects
+from app.core import fairshare, policy, projects
 from app.errors import BadInput, BoardError, Conflict, NotPermitted, error_for
 from app.core.hardware import group_crossing
 from app.core.identity import Identity, lookup_user
@@ -615,7 +615,7 @@ class BookingService:
         """Move queued bookings earlier where time has freed up, in one transaction; returns (before, after) pairs.
 
         Bookings that asked to move (`queued`) and have not started are taken in class order (online first),
-        then by when they were wanted from, then by id; each moves to the earliest start that every rule
+        then by fair share (core.fairshare), then when wanted from, then by id; each moves to the earliest start that every rule
         accepts for its holder, from when it was wanted on, if that is earlier than its start. A booking
         queued on its cards ('time') keeps them; one queued for a count ('cards') may take any group of as
         many. No booking moves later, and none that did not ask to. Each move is audited (actor "board")
@@ -624,24 +624,25 @@ class BookingService:
         with write(self.conn):
             now = int(self.clock())
             # A move frees the slot it left, which may let one earlier in the order move again: until none does.
-            freed: list[tuple[tuple, int]] | None = None
+            freed: list[tuple[Booking, int]] | None = None
             for _ in range(MAX_BACKFILL_ROUNDS):
                 found = self._backfill_round(now, freed)
                 moved += found
                 if not found:
                     break
-                freed = [(_queue_order(before), before.start) for before, _ in found]
+                freed = [(before, before.start) for before, _ in found]
         return moved
 
-    def _backfill_round(self, now: int, freed: list[tuple[tuple, int]] | None) -> list[tuple[Booking, Booking]]:
-        """One pass over the queue in its order. After the first, `freed` is each move of the last pass: (its place
-        in the order, the start it left). Only a booking before that move in the order (those after it were asked
+    def _backfill_round(self, now: int, freed: list[tuple[Booking, int]] | None) -> list[tuple[Booking, Booking]]:
+        """One pass over the queue in its order. After the first, `freed` is each move of the last pass: (the booking
+        as it was, the start it left). Only a booking before that move in the order (those after it were asked
         with the time already free) and ending after the start it left (it cannot reach the time otherwise) may
         move again, so the pass that finds nothing more costs little."""
         moved: list[tuple[Booking, Booking]] = []
-        waiting = sorted(rows.queued(self.conn, now), key=_queue_order)
+        waiting, standing = self._queue(now)
         if freed is not None:
-            waiting = [b for b in waiting if any(order > _queue_order(b) and start < b.end for order, start in freed)]
+            order = functools.partial(fairshare.queue_order, standing=standing)
+            waiting = [b for b in waiting if any(order(before) > order(b) and start < b.end for before, start in freed)]
         for booking in waiting:
             wanted = max(now, booking.requested_at)
             if booking.start <= wanted or booking.host not in ("", self.host):
@@ -672,6 +673,26 @@ class BookingService:
                                             f" on cards {format_cards(plan.cards)}"))
             moved.append((booking, after))
         return moved
+
+    def _queue(self, now: int) -> tuple[list[Booking], dict[str, float]]:
+        """The waiting bookings in the queue's order, and each project's standing (one read of the past use, and only
+        on a board with [[projects]] and a queue): what a backfill round and `queue_place` go by."""
+        waiting = rows.queued(self.conn, now)
+        past = rows.card_spans(self.conn, fairshare.lookback(self.config, now), now) \
+            if waiting and self.config.projects else []
+        standing = fairshare.standings(self.config, past, now)
+        return sorted(waiting, key=functools.partial(fairshare.queue_order, standing=standing)), standing
+
+    def queue_places(self, bookings: Sequence[Booking]) -> dict[int, str]:
+        """Where each waiting booking of `bookings` is in its queue and why (`board wait`, `board list`), by id: one
+        read of the queue, none where none of them waits."""
+        now = int(self.clock())
+        asked = {b.id for b in bookings if b.queued and b.status == "booked" and b.start > max(now, b.requested_at)}
+        if not asked:
+            return {}
+        queue, standing = self._queue(now)
+        waiting = [b for b in queue if b.start > max(now, b.requested_at)]  # at its asked start: it waits for nothing
+        return {b.id: fairshare.place(b, waiting, standing, self.config) for b in waiting if b.id in asked}
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -940,14 +961,6 @@ class BookingService:
         clash = rows.first_conflict(self.conn, uuids, start, end, excluding)
         if clash is not None:
             raise SlotTaken(clash, cards, self.clock())
-
-
-_RANK = {klass: i for i, klass in enumerate(CLASSES)}
-
-
-def _queue_order(booking: Booking) -> tuple:
-    """The queue's order: class (online first), then when it was wanted from, then id."""
-    return _RANK.get(booking.klass, len(_RANK)), booking.requested_at, booking.id
 
 
 class SlotTaken(Conflict):
