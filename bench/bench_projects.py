@@ -1,0 +1,119 @@
+"""What projects cost a booking (issue 34): `book` of 1 card for 1 h, median, on a board without projects (the
+baseline for the ratios), with projects but no budget, and with a GPU-hour budget (read across the project's
+bookings this month); and a refused booking's search for the earliest start a budget allows (--asap over budget),
+all run side by side (interleaved, so machine noise hits every case alike).
+
+    .venv/bin/python bench/bench_projects.py [--bookings 300] [--runs 15]
+
+In process, on BookingService with the calendar in memory as the service keeps it, a real SQLite file per case and
+the simulated fleet with its processes cleared. The month holds --bookings of the project's bookings (1 card,
+1 h, on cards 0-6, spread over the month before and after now), made off the clock; each timed `book` is cancelled again off the
+clock, so every run sees the same calendar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from msgspec.structs import replace
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from app.config import Config, Project  # noqa: E402
+from app.core.identity import Identity  # noqa: E402
+from app.errors import NotPermitted  # noqa: E402
+from app.gpu import open_source  # noqa: E402
+from app.service.rules.bookings import BookingService  # noqa: E402
+from app.store import bookings as rows  # noqa: E402
+from app.store.db import connect  # noqa: E402
+
+T0 = 1795966200  # Sunday 2026-11-29 15:30 UTC, as the tests' FROZEN_NOW
+HOUR = 3600
+ME = Identity("alice", 2001, False)
+
+
+class Clock:
+    def __init__(self, now: int):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def configs(bookings: int) -> dict[str, Config]:
+    team = ("alice", "bob")
+    return {
+        "no projects": Config(),
+        "projects, no budget": Config(projects=(Project(name="B", members=team),)),
+        # The month's bookings leave 2 h of the budget: the timed 1-h booking fits, the 4-card 1-h one does not.
+        "budget": Config(projects=(Project(name="B", members=team, gpu_hours=bookings + 2),)),
+    }
+
+
+def board(path: Path, config: Config, bookings: int) -> tuple[BookingService, Clock]:
+    fleet = open_source(True, clock=lambda: T0).read()
+    cards = [replace(card, processes=()) for card in fleet.cards]
+    clock = Clock(T0 - 28 * 86400 + 3600)  # 1 Nov 01:00: the month's bookings, made from its start
+    conn = connect(path)
+    rows.keep_calendar(conn, T0 - 40 * 86400)
+    rules = BookingService(conn, ME, config, cards, fleet.topology, clock)
+    first = int(clock.now)
+    spread = (T0 + 86400 - first) // bookings  # to a day past now, within the month
+    for n in range(bookings):
+        start = first + n * spread
+        clock.now = start
+        rules.create(cards=[n % 7], start=start, end=start + HOUR, klass="experiment")  # card 7 kept free
+    clock.now = T0
+    return rules, clock
+
+
+def timed_book(rules: BookingService, start: int) -> float:
+    began = time.perf_counter()
+    booking = rules.create(cards=[7], start=start, end=start + HOUR, klass="experiment")
+    took = time.perf_counter() - began
+    rules.cancel(booking.id)
+    return took
+
+
+def timed_refusal(rules: BookingService, start: int) -> float:
+    """A booking past the budget, worded with the earliest start that works (the budget's reset)."""
+    began = time.perf_counter()
+    try:
+        rules.create(count=4, start=start, end=start + HOUR, klass="experiment")
+    except NotPermitted as refused:
+        assert "resets" in str(refused), refused
+    else:
+        raise SystemExit("the booking past the budget was not refused")
+    return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bookings", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=15)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        boards = {name: board(Path(tmp) / f"{n}.db", config, args.bookings)
+                  for n, (name, config) in enumerate(configs(args.bookings).items())}
+        times: dict[str, list[float]] = {name: [] for name in boards}
+        times["budget: refused, worded"] = []
+        for run in range(args.runs):
+            start = T0 + HOUR + run * 600  # on card 7, free all month; the same month as the others
+            for name, (rules, _) in boards.items():
+                times[name].append(timed_book(rules, start))
+            times["budget: refused, worded"].append(timed_refusal(boards["budget"][0], start))
+    base = statistics.median(times["no projects"])
+    print(f"book 1 card for 1 h, {args.bookings} bookings this month, median of {args.runs}:")
+    for name, found in times.items():
+        median = statistics.median(found)
+        print(f"  {name:26} {median * 1000:7.2f} ms   {median / base:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()
