@@ -167,6 +167,7 @@ class Gateway:
                              shares={p.name: p.share for p in config.projects},
                              half_life_s=config.policy.fair_share_half_life_days * 86400)
         self.limits = Limits(config, clock)
+        self.fair_seeded = not config.projects  # the projects' past use, once, from the first state that has it
         self.metrics = Metrics()
         self.pending: list[dict] = []
         # Each record's id, unique across the gateway's restarts: the service records a batch sent twice once.
@@ -219,7 +220,8 @@ class Gateway:
         """Read gateway_state now and at each change; across a restart of the service the last state stands."""
         def refresh() -> None:
             try:
-                state = self.client.call("gateway_state")
+                # The past use that orders the projects is read once (a read over the fair-share lookback).
+                state = self.client.call("gateway_state", **({} if self.fair_seeded else {"fair_use": True}))
             except BoardError as error:
                 log.warning(f"board gateway: cannot read the service's state: {error}")
                 return
@@ -242,6 +244,10 @@ class Gateway:
     def _update(self, state: dict) -> None:
         self.router.update(state)
         self.limits.seed(state.get("tokens_today"))
+        if not self.fair_seeded and isinstance(state.get("fair_use"), dict):
+            for project, tokens in state["fair_use"].items():  # what the service recorded before this gateway began
+                self.router.queue.charged(project, tokens, state["now"])
+            self.fair_seeded = True
 
     async def _flush_loop(self) -> None:
         while True:

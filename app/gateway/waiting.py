@@ -30,7 +30,8 @@ class Usage:
 
     Tokens rather than requests: a slot is held as long as its tokens take, so a project of long prompts uses more of
     a server than one of short questions; and the project's budgets (tokens_per_day, tpm) count tokens too. Kept in
-    memory only: the gateway starts with every project at nothing. Every project decays by the same factor, so their
+    memory, seeded as the gateway starts with what the service recorded (gateway_state's fair_use). Every project
+    decays by the same factor, so their
     order changes only when tokens are added; each is kept as log2 of its tokens scaled to time 0 (the sum of
     tokens * 2^(t / half-life)), which orders them at any time and never overflows."""
 
@@ -38,7 +39,7 @@ class Usage:
         self.half_life_s, self.shares = half_life_s, dict(shares)
         self._scaled: dict[str, float] = {}  # project -> log2(sum of tokens * 2^(t / half_life_s))
 
-    def add(self, project: str, tokens: int, now: float) -> None:
+    def add(self, project: str, tokens: float, now: float) -> None:
         if tokens <= 0:
             return
         new = math.log2(tokens) + now / self.half_life_s
@@ -178,7 +179,7 @@ class WaitQueue:
         """`user` has nothing in flight or waiting: their turns are forgotten (and the map stays small)."""
         self.turns.pop(user, None)
 
-    def charged(self, project: str, tokens: int, now: float) -> None:
+    def charged(self, project: str, tokens: float, now: float) -> None:
         """A request of `project` finished with `tokens`: its waiting requests move by its new standing."""
         self.usage.add(project, tokens, now)
         for alias, classes in self._classes.items():

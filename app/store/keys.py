@@ -128,6 +128,13 @@ def tokens_by_project(conn: sqlite3.Connection, since: int) -> dict[str, int]:
         (since,))}
 
 
+def tokens_by_project_hour(conn: sqlite3.Connection, since: int) -> list[tuple[str, int, int]]:
+    """(project, hour, tokens) since `since`, hour by hour (epoch seconds of its start): fair share's past use."""
+    return [(project, hour * 3600, total or 0) for project, hour, total in conn.execute(
+        "SELECT project, ts / 3600, SUM(prompt_tokens + completion_tokens) FROM gateway_usage WHERE ts >= ?"
+        " GROUP BY project, ts / 3600", (since,))]
+
+
 def tokens_by_user(conn: sqlite3.Connection, since: int, until: int) -> dict[str, tuple[int, int, int]]:
     """user -> (requests, prompt tokens, completion tokens) in [since, until): `board report`'s figures."""
     return {user: (n, p or 0, c or 0) for user, n, p, c in conn.execute(

@@ -492,6 +492,22 @@ class TestKeysOfProjects:
             "since": midnight, "projects": {"A": 30, "B": 6, "": 15}}
 
 
+    def test_a_starting_gateway_is_told_each_projects_past_tokens_decayed_hour_by_hour(self, projects):
+        """fair_use (asked once, as the gateway starts): each project's recorded tokens, each hour's decayed from its
+        middle to now by the half-life (7 days). A's 1,000 a week ago count 500, its 200 this hour (its middle is
+        now) 200; B's 100 from 71 days ago are past the lookback (10 half-lives). Not asked: not read.
+        Wrong versions: no decay (A 1200), decayed from the hour's start (a week and 30 min: 498.6), the lookback
+        ignored (B 0.09), read on every state (fair_use without asking)."""
+        week = 7 * 86400
+        record = {"status": 200, "completion_tokens": 0, "duration_ms": 1}
+        projects.call(GATEWAY, "gateway_usage", {"records": [
+            {**record, "ts": FROZEN_NOW - week, "prompt_tokens": 1000, "project": "A"},
+            {**record, "ts": FROZEN_NOW - 60, "prompt_tokens": 200, "project": "A"},
+            {**record, "ts": FROZEN_NOW - 71 * 86400, "prompt_tokens": 100, "project": "B"}]})
+        assert "fair_use" not in projects.call(GATEWAY, "gateway_state", {})
+        assert projects.call(GATEWAY, "gateway_state", {"fair_use": True})["fair_use"] == {"A": 700.0}
+
+
 def test_a_board_without_projects_keeps_its_key_shapes_and_refuses_a_project(service):
     """No [[projects]]: key_new's reply and key_list carry no "project"; --project is bad input; gateway_state's
     tokens_today names no project.
@@ -501,3 +517,4 @@ def test_a_board_without_projects_keeps_its_key_shapes_and_refuses_a_project(ser
     with pytest.raises(BadInput, match="this board has no projects, so there is no project 'A'; leave out --project"):
         service.call(ALICE, "key_new", {"project": "A"})
     assert service.call(GATEWAY, "gateway_state", {})["tokens_today"]["projects"] == {}
+    assert "fair_use" not in service.call(GATEWAY, "gateway_state", {"fair_use": True})

@@ -311,3 +311,29 @@ async def test_on_the_wire_a_project_under_its_share_is_relayed_before_one_over_
         assert await asyncio.wait_for(asyncio.gather(hal, ann, ben), 10) == [200, 200, 200]
     await upstream.close()
     assert arrived == ["ben", "hal", "ben", "ann"]
+
+
+async def test_a_starting_gateway_seeds_its_fair_order_once_with_what_the_service_recorded():
+    """The first state with fair_use (the projects' recorded tokens, decayed to the state's now) seeds the order:
+    A, which used 700 tokens before this gateway began, waits behind B; a later state's fair_use adds nothing. The
+    gateway asks for it until it has it, and not after.
+    Wrong versions: the past use ignored (A first, first come); seeded on every state (A's use doubled); asked on
+    every refresh."""
+    config = Config(projects=(Project(name="A", members=("alice",)), Project(name="B", members=("bob",))))
+    state = FixedState("http://127.0.0.1:9")
+    asked = []
+    answer = state.call
+
+    def call(op, **args):
+        asked.append(args.get("fair_use", False))
+        return {**answer(op, **args), "now": 1_800_000_000, "fair_use": {"A": 700.0}} if op == "gateway_state" \
+            else answer(op, **args)
+
+    state.call = call
+    async with opened(state, config) as (_, gateway):
+        usage = gateway.router.queue.usage
+        assert usage.tokens("A", 1_800_000_000) == pytest.approx(700.0)
+        assert usage.standing("A") > usage.standing("B")  # B (nothing yet) goes first
+        gateway._update(state.call("gateway_state"))
+        assert usage.tokens("A", 1_800_000_000) == pytest.approx(700.0)
+        assert asked[0] is True and gateway.fair_seeded

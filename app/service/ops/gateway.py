@@ -25,7 +25,7 @@ from app.core.keys import fingerprint, key_hash, new_key
 from app.core import projects
 from app.core.policy import class_refusal, may_use, policy_zone
 from app.errors import BadInput, Conflict, NotPermitted
-from app.service.ops.registry import ById, Int, NoArguments, Request, Time, op
+from app.service.ops.registry import ById, Int, Request, Time, op
 from app.service.rules.audit import audit
 from app.store import bookings as booking_rows
 from app.store import keys as rows
@@ -215,6 +215,13 @@ class GatewayState(TypedDict):
     # Each project's tokens through the gateway since `since`, the policy zone's last midnight (recorded ones: the
     # gateway adds what it counted since, app.gateway.limits). Empty on a board without projects.
     tokens_today: TokensToday
+    # Asked for (fair_use), on a board with projects: each project's recorded tokens decayed to `now` by [policy]
+    # fair_share_half_life_days, hour by hour; a gateway that starts seeds its fair order with them.
+    fair_use: NotRequired[dict[str, float]]
+
+
+class GatewayStateAsk(Request, frozen=True):
+    fair_use: bool = False  # the gateway asks once, as it starts: a read over the lookback, not for each change
 
 
 class TokensToday(TypedDict):
@@ -222,8 +229,8 @@ class TokensToday(TypedDict):
     projects: dict[str, int]
 
 
-@op("gateway_state", NoArguments)
-def gateway_state(service: Service, me: Identity, request: NoArguments) -> GatewayState:
+@op("gateway_state", GatewayStateAsk)
+def gateway_state(service: Service, me: Identity, request: GatewayStateAsk) -> GatewayState:
     """What the gateway routes by: the live servers (with their API keys), the planned ones, the usable keys."""
     _gateway_only(service, me, "gateway_state")
     from app.llama import rows as servers  # start-up: llama's modules load only for servers
@@ -256,8 +263,22 @@ def gateway_state(service: Service, me: Identity, request: NoArguments) -> Gatew
         for alias, owners in service.config.gateway.team_aliases.items()}
     since = projects.day(now, policy_zone(service.config))[0]
     spent = rows.tokens_by_project(conn, since) if service.config.projects else {}
-    return {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys, "team_aliases": teams,
-            "tokens_today": {"since": since, "projects": spent}}
+    state: GatewayState = {"now": now, "servers": found, "planned": planned_servers(conn, now), "keys": keys,
+                           "team_aliases": teams, "tokens_today": {"since": since, "projects": spent}}
+    if request.fair_use and service.config.projects:
+        state["fair_use"] = fair_use(service, now)
+    return state
+
+
+def fair_use(service: Service, now: int) -> dict[str, float]:
+    """Each project's recorded gateway tokens, each hour's decayed from its middle to `now` (fair share's use)."""
+    from app.core import fairshare  # start-up: only a gateway that starts asks
+
+    half_life = service.config.policy.fair_share_half_life_days * 86400
+    found: dict[str, float] = {}
+    for project, hour, tokens in rows.tokens_by_project_hour(service.conn, fairshare.lookback(service.config, now)):
+        found[project] = found.get(project, 0.0) + tokens * 0.5 ** (max(0, now - hour - 1800) / half_life)
+    return found
 
 
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)]  # a JSON number every reader takes whole
