@@ -31,9 +31,8 @@ class Usage:
     Tokens rather than requests: a slot is held as long as its tokens take, so a project of long prompts uses more of
     a server than one of short questions; and the project's budgets (tokens_per_day, tpm) count tokens too. Kept in
     memory, seeded as the gateway starts with what the service recorded (gateway_state's fair_use). Every project
-    decays by the same factor, so their
-    order changes only when tokens are added; each is kept as log2 of its tokens scaled to time 0 (the sum of
-    tokens * 2^(t / half-life)), which orders them at any time and never overflows."""
+    decays by the same factor, so their order changes only when tokens are added; each is kept as log2 of its tokens
+    scaled to time 0 (the sum of tokens * 2^(t / half-life)), which orders them at any time and never overflows."""
 
     def __init__(self, half_life_s: float, shares: Mapping[str, float]) -> None:
         self.half_life_s, self.shares = half_life_s, dict(shares)
