@@ -615,8 +615,8 @@ class BookingService:
         """Move queued bookings earlier where time has freed up, in one transaction; returns (before, after) pairs.
 
         Bookings that asked to move (`queued`) and have not started are taken in class order (online first),
-        then by fair share (core.fairshare), then when wanted from, then by id; each moves to the earliest start that every rule
-        accepts for its holder, from when it was wanted on, if that is earlier than its start. A booking
+        then by fair share (core.fairshare), then when wanted from, then by id; each moves to the earliest start that
+        every rule accepts for its holder, from when it was wanted on, if that is earlier than its start. A booking
         queued on its cards ('time') keeps them; one queued for a count ('cards') may take any group of as
         many. No booking moves later, and none that did not ask to. Each move is audited (actor "board")
         and told to its holder."""
@@ -642,7 +642,9 @@ class BookingService:
         waiting, standing = self._queue(now)
         if freed is not None:
             order = functools.partial(fairshare.queue_order, standing=standing)
-            waiting = [b for b in waiting if any(order(before) > order(b) and start < b.end for before, start in freed)]
+            left = [(order(before), start) for before, start in freed]  # each once: the queue may be long
+            waiting = [b for key, b in ((order(b), b) for b in waiting)
+                       if any(place > key and start < b.end for place, start in left)]
         for booking in waiting:
             wanted = max(now, booking.requested_at)
             if booking.start <= wanted or booking.host not in ("", self.host):
