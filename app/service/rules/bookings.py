@@ -7,12 +7,13 @@ leaves a trace whatever the outcome.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sqlite3
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence, TypedDict, TypeVar, cast
+from typing import Any, Callable, Iterator, Sequence, TypedDict, TypeVar, cast
 
 from app.config import CLASSES, Config
 from app.core import fairshare, policy, projects
@@ -124,6 +125,8 @@ class BookingService:
         self.by_uuid = {c.uuid: c.index for c in cards}
         self.told: list[tuple[int, str]] = []  # (uid, message): notices for the service to publish after a change
         self._others: tuple[int, dict[int, list[GpuProcess]]] | None = None  # (now, _others_now's answer)
+        # During a search (`_searching`), each budget period's bookings, read once: a search tries many starts.
+        self._periods: dict[tuple[int, int], list[Booking]] | None = None
         # A refusal of book, plan or reassign gets its second half (earliest_words) here; behind the socket it is off:
         # the client asks for it when it shows the message (op earliest).
         self.word_refusals = True
@@ -246,28 +249,45 @@ class BookingService:
         opens = self._opens(klass, start, horizon + 1, project)
         # The next day past the slot first, all of the calendar only when that finds nothing: a full
         # calendar is a long read, and this may run under the write lock.
-        for until in (start + duration + LOOKAHEAD_SECONDS, None):
-            busy = self._busy_by_index(start, until, excluding)
-            held = rows.live_between(self.conn, start, until or 2**62, user=user or self.me.name)
-            ends = {e for spans in busy.values() for _, e in spans if e > start}
-            for candidate in sorted({start, *ends, *opens}):
-                if candidate > horizon or (until is not None and candidate + duration > until):
-                    break
-                # Cheap first: a start where the cards (or enough cards) are taken cannot work, whatever the rules.
-                wanted = (candidate, candidate + duration)
-                if cards is not None:
-                    taken = not is_free(busy, cards, wanted)
-                else:
-                    assert count is not None  # no cards named: a group size (_plan checked it)
-                    taken = sum(is_free(busy, (i,), wanted) for i in self.cards) < count
-                if taken:
-                    continue
-                try:
-                    return self._plan_at(cards, count, klass, candidate, duration, now, excluding, busy, held, now_slot,
-                                         project=project)
-                except (Conflict, NotPermitted):
-                    continue
+        with self._searching():
+            for until in (start + duration + LOOKAHEAD_SECONDS, None):
+                busy = self._busy_by_index(start, until, excluding)
+                held = rows.live_between(self.conn, start, until or 2**62, user=user or self.me.name)
+                ends = {e for spans in busy.values() for _, e in spans if e > start}
+                for candidate in sorted({start, *ends, *opens}):
+                    if candidate > horizon or (until is not None and candidate + duration > until):
+                        break
+                    # Cheap first: a start where the cards (or enough cards) are taken cannot work, whatever the rules.
+                    wanted = (candidate, candidate + duration)
+                    if cards is not None:
+                        taken = not is_free(busy, cards, wanted)
+                    else:
+                        assert count is not None  # no cards named: a group size (_plan checked it)
+                        taken = sum(is_free(busy, (i,), wanted) for i in self.cards) < count
+                    if taken:
+                        continue
+                    try:
+                        return self._plan_at(cards, count, klass, candidate, duration, now, excluding, busy, held, now_slot,
+                                             project=project)
+                    except (Conflict, NotPermitted):
+                        continue
         return None
+
+    @contextlib.contextmanager
+    def _searching(self) -> Iterator[None]:
+        """Within a search nothing is written: each budget period's bookings are read once for all its starts."""
+        self._periods = {}
+        try:
+            yield
+        finally:
+            self._periods = None
+
+    def _period_bookings(self, start: int, end: int) -> list[Booking]:
+        if self._periods is None:
+            return rows.live_between(self.conn, start, end)
+        if (start, end) not in self._periods:
+            self._periods[start, end] = rows.live_between(self.conn, start, end)
+        return self._periods[start, end]
 
     def _opens(self, klass: str, start: int, end: int, project: str) -> list[int]:
         """Besides booking ends, the starts in [start, end) where a refusal can turn into a yes: where a pool's window
@@ -311,19 +331,20 @@ class BookingService:
         ends = sorted({b.end for b in rows.live_between(self.conn, start, horizon) if b.end > start})[:MAX_CANDIDATES]
         opens = self._opens(klass, start, horizon + 1, chosen)[:MAX_CANDIDATES]  # a start may be at the horizon
         found: list[tuple[Plan, int | None]] = []
-        for candidate in sorted({start, *ends, *opens}):
-            if len(found) == limit:
-                break
-            try:
-                policy.check_span(self.config, start=candidate, end=candidate + duration, now=now)
-                plan = self._plan_at(None, count, klass, candidate, duration, now, None, project=chosen)
-            except (Conflict, NotPermitted):
-                continue
-            busy = self._busy_by_index(plan.end, plan.end + LOOKAHEAD_SECONDS, None)
-            starts = [begin for i in plan.cards for begin, _ in busy.get(i, ()) if begin >= plan.end]
-            # A later slot on cards already offered adds nothing unless the earlier one was cut short.
-            if not any(plan.cards == seen.cards and (until is None or plan.start < until) for seen, until in found):
-                found.append((plan, min(starts) if starts else None))
+        with self._searching():
+            for candidate in sorted({start, *ends, *opens}):
+                if len(found) == limit:
+                    break
+                try:
+                    policy.check_span(self.config, start=candidate, end=candidate + duration, now=now)
+                    plan = self._plan_at(None, count, klass, candidate, duration, now, None, project=chosen)
+                except (Conflict, NotPermitted):
+                    continue
+                busy = self._busy_by_index(plan.end, plan.end + LOOKAHEAD_SECONDS, None)
+                starts = [begin for i in plan.cards for begin, _ in busy.get(i, ()) if begin >= plan.end]
+                # A later slot on cards already offered adds nothing unless the earlier one was cut short.
+                if not any(plan.cards == seen.cards and (until is None or plan.start < until) for seen, until in found):
+                    found.append((plan, min(starts) if starts else None))
         return found
 
     def next_free(self, cards: Sequence[int], start: int, duration: int, excluding: int | None = None,
@@ -813,7 +834,7 @@ class BookingService:
             at = max(reset, at + 1)  # always forward, whatever a period's arithmetic says
             if not wanted:
                 continue
-            others = [b for b in rows.live_between(self.conn, first, reset) if b.id != excluding]
+            others = [b for b in self._period_bookings(first, reset) if b.id != excluding]
             used, ahead = projects.spent(others, project, first, reset, now)
             if used + ahead + wanted > budget:
                 words = (f"project {project}'s budget is {found.gpu_hours:g} GPU-hours a {found.period}:"
