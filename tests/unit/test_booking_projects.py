@@ -325,3 +325,19 @@ def test_a_series_across_the_reset_counts_each_period_apart(as_):
     outcome = SeriesService(as_("bob", now=utc("2026-12-20 08:00"))).book(
         cards=[0], every="day", start="20:00", until="22:00", first="2026-12-27", last="2027-01-06")
     assert len(outcome.booked) == 11
+
+
+def test_the_earliest_search_takes_only_a_project_its_holder_is_in(as_, conn):
+    """A refusal's second half (the `earliest` operation) is asked by the client with the search the refusal carried;
+    a member who names another project there would have the search treat that project's allocation as theirs and be
+    told A's cards 4-7 are free at 09:00. Refused as a booking is, nothing written; their own project's search still
+    answers. Wrong versions: the search's project taken as given; checked against the caller while searching for
+    another holder."""
+    before = written(conn)
+    search = {"cards": [4], "class": "experiment", "start": utc("2026-12-07 09:00"), "duration": H}
+    with pytest.raises(NotPermitted) as refused:
+        as_("bob").earliest_words({**search, "project": "A"})
+    assert refusal(refused).startswith("bob is not a member of project A")
+    assert as_("bob").earliest_words({**search, "project": "B"}) == \
+        f"next free start for cards 4: <@when:{utc('2026-12-07 19:00')}:{NOW}>"  # as the client words it: Mon 19:00
+    assert written(conn) == before

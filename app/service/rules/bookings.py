@@ -305,9 +305,12 @@ class BookingService:
         count = search.get("count")
         if cards is None and count not in GROUP_SIZES:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
-        found = self._earliest(cards=cards, count=count, klass=self._check_class(search.get("class", "experiment")),
-                               start=search["start"], duration=search["duration"], excluding=search.get("excluding"),
-                               user=search.get("user"), project=search.get("project") or projects.IMPLICIT)
+        klass = self._check_class(search.get("class", "experiment"))
+        # The search's project as a booking's: only one its holder is in (another's allocation is not theirs to try).
+        project = self._check_project(search.get("project"), klass, search.get("user"))
+        found = self._earliest(cards=cards, count=count, klass=klass, start=search["start"],
+                               duration=search["duration"], excluding=search.get("excluding"), user=search.get("user"),
+                               project=project)
         now = self.clock()
         if found is None:
             return f"no start within {self.config.policy.max_ahead_days:g} days works either"
