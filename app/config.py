@@ -87,6 +87,32 @@ class Project(Section, frozen=True):
     share: float = 1.0  # its weight in fair share
 
 
+class PreloadWindow(Section, frozen=True):
+    """When a catalog model is kept warm: local hours (the policy zone) on the days a window starts on."""
+
+    hours: str = "00:00-24:00"  # "09:00-19:00"; "19:00-09:00" wraps midnight
+    days: str = "mon-sun"  # "mon-fri", "sat,sun"
+
+
+class CatalogModel(Section, frozen=True):
+    """[[models]]: a model the gateway starts on free cards when a keyed request names its alias, and gives back when
+    idle (docs/gateway.md, app.service.rules.ondemand). Its cards are not named: the fit estimate says how many."""
+
+    alias: str  # what clients send as "model"
+    model: str  # the GGUF file, under [llama] model_dirs
+    ctx: int = 4096  # total context, shared by the slots
+    parallel: int = 1  # slots
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    args: tuple[str, ...] = ()  # extra llama-server arguments: `serve start`'s allow-list (app.llama.flags)
+    pool: str | None = None  # its cards come from this [[pools]] entry; None: any card
+    project: str | None = None  # billed to; a board with [[projects]] names one
+    klass: str = msgspec.field(name="class", default="online")  # the booking's class
+    ttl_s: float = 600.0  # idle this long: drained, stopped, its booking released
+    preload: PreloadWindow | None = None  # kept warm in these hours, whether asked or not
+    fallbacks: tuple[str, ...] = ()  # other catalog aliases that answer when this one is cold and nothing is free
+
+
 class LlamaSettings(Section, frozen=True):
     server_bin: str | None = None
     port_min: int = 8100
@@ -321,6 +347,7 @@ class Sections(Section, frozen=True):
     classes: dict[str, tuple[str, ...]] = {}
     pools: tuple[Pool, ...] = ()
     projects: tuple[Project, ...] = ()  # none: one implicit project that every member books for
+    models: tuple[CatalogModel, ...] = ()  # the team's catalog of models started on demand
     llama: LlamaSettings = LlamaSettings()
     fit: FitSettings = FitSettings()
     gateway: GatewaySettings = GatewaySettings()

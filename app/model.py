@@ -30,6 +30,12 @@ class Booking:
     def active(self, now: float) -> bool:
         return self.status == "booked" and self.start <= now < self.end
 
+    @property
+    def on_demand(self) -> str:
+        """The catalog alias ([[models]]) an on-demand booking was made for; '' for any other booking. Such a booking
+        is the runner account's and yields to every other (app.service.rules.ondemand)."""
+        return (self.request or {}).get("on_demand") or ""
+
 
 @dataclass(frozen=True, slots=True)
 class Event:

@@ -175,6 +175,7 @@ WRONG = {int: ("12", True), float: ("12", True), str: (12,), bool: ("yes", 1), t
 # [[pools]] and [[notify.targets]]: a good entry first, then one with the wrong key (so the line says #2).
 ENTRIES = {"pools": ({"name": "a", "cards": [0]}, {"name": "b", "cards": [1]}),
            "projects": ({"name": "a", "members": ["alice"]}, {"name": "b", "members": ["bob"]}),
+           "models": ({"alias": "a", "model": "/m/a.gguf"}, {"alias": "b", "model": "/m/b.gguf"}),
            "notify": ({"type": "slack", "url": "https://hooks.example/a"}, {"type": "slack", "url": "https://hooks.example/b"})}
 
 
@@ -186,8 +187,10 @@ def _plain(kind):
 
 
 def _keys(section):
-    """(key, its plain type) of a section Struct, as the file may write them (the loader's own _fields are not)."""
-    return [(name, _plain(kind)) for name, kind in typing.get_type_hints(section).items() if not name.startswith("_")]
+    """(key, its plain type) of a section Struct, as the file may write them (the loader's own _fields are not; a
+    renamed field by its file name: [[models]] class)."""
+    return [(field.encode_name, _plain(field.type)) for field in msgspec.structs.fields(section)
+            if not field.name.startswith("_")]
 
 
 def _toml(value) -> str:
@@ -202,11 +205,12 @@ def _wrong_key_cases():
         if _plain(kind) is tuple:  # [[pools]]
             entry = typing.get_args(kind)[0]
             for key, plain in _keys(entry):
-                for value in WRONG[plain]:
+                for value in [12] if _is_section(plain) else WRONG[plain]:  # [models.preload]: a table
                     good, bad = (dict(e) for e in ENTRIES[name])
                     bad[key] = value
                     text = "".join(f"[[{name}]]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in e.items()) for e in (good, bad))
-                    yield pytest.param(text, f"[[{name}]] #2 {key}: expected {EXPECTED[plain]}, got {_toml(value)}",
+                    expected = "a table" if _is_section(plain) else EXPECTED[plain]
+                    yield pytest.param(text, f"[[{name}]] #2 {key}: expected {expected}, got {_toml(value)}",
                                        id=f"{name}.{key}={value!r}")
         elif _plain(kind) is dict:  # [labels], [classes]: their values
             plain = _plain(typing.get_args(kind)[1])

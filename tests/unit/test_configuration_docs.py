@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from app.config import ConfigFile, PoolWindow, load_config
+from app.config import ConfigFile, PoolWindow, PreloadWindow, load_config
 
 PAGE = Path(__file__).parents[2] / "docs" / "configuration.md"
 
@@ -26,7 +26,8 @@ def example(text: str) -> tuple[str, dict]:
 
 
 def keys(section: type) -> set[str]:
-    return {name for name in section.__struct_fields__ if not name.startswith("_")}  # _fields are the loader's
+    # By the file's names ([[models]] class); _fields are the loader's
+    return {field.encode_name for field in msgspec.structs.fields(section) if not field.name.startswith("_")}
 
 
 def entry(kind: object) -> object:
@@ -56,6 +57,7 @@ def tables(doc: dict) -> list[tuple[str, type, list[dict]]]:
                 found.append((f"[[{name}.{key}]]", entry(inner), shown.get(key, [])))  # [[notify.targets]]
     windows = [w for pool in doc.get("pools", []) for w in pool.get("windows", {}).values()]
     found.append(("[pools.windows]", PoolWindow, windows))
+    found.append(("[models.preload]", PreloadWindow, [m["preload"] for m in doc.get("models", []) if "preload" in m]))
     return found
 
 
