@@ -136,3 +136,137 @@ def test_the_lease_moves_the_end_up_to_the_next_booking_less_ten_seconds_and_nev
         runner.lease(as_("alice").create(cards=[4], start=NOW, end=NOW + H, klass="online").id, NOW + H)
     # Ended: a lease does not bring it back.
     assert as_("board-llama", now=alice_from).lease(booking.id, alice_from + H).end == alice_from - 10
+
+
+# -- it yields ---------------------------------------------------------------------------------------------------------
+
+
+def yields(conn) -> list[dict]:
+    """The on-demand-yield events, oldest first: what the audit says was cut for what."""
+    return [e.details for e in reversed(events.recent(conn, 1000)) if e.action == "on-demand-yield"]
+
+
+def test_a_member_naming_its_cards_two_minutes_ahead_cuts_it_to_ten_seconds_before(as_, conn):
+    """The on-demand booking holds cards 0-1 until 08:10; alice names card 1 from 08:02. Nearest wrong versions: the
+    member refused (the on-demand booking blocking like any other), the cut at her start (no gap for the drain to
+    finish), the cut at now, the booking cancelled though it has started, the cut left out of the audit, the runner
+    told (its account reads no notices), a lease afterwards growing it back over her booking."""
+    runner = as_("board-llama")
+    held = on_demand(runner, within=[0, 1])
+    alice = as_("alice")
+    hers = alice.create(cards=[1], start=NOW + 120, end=NOW + H, klass="online")
+    cut = alice.get(held.id)
+    assert (cut.status, cut.start, cut.end) == ("booked", NOW, NOW + 110)
+    assert yields(conn) == [{"booking": held.id, "by": hers.id}]
+    assert alice.told == [] and cut.notice is None
+    assert runner.lease(held.id, NOW + 2 * H).end == NOW + 110
+
+
+def test_one_starting_now_ends_it_now_and_one_not_started_is_cancelled(as_, conn):
+    """An on-demand booking on card 0 since 07:55, another on card 1 from 08:01 (a preload ahead). Nearest wrong
+    versions: the end put 10 s in the past (the past rewritten), one that has not started cut to a span it never had
+    or left standing."""
+    runner = as_("board-llama", now=NOW - 300)
+    started = runner.create(count=1, start=NOW - 300, end=NOW + 300, klass="online", project="A", on_demand="qwen",
+                            within=[0])
+    ahead = runner.create(count=1, start=NOW + 60, end=NOW + 600, klass="online", project="A", on_demand="mix",
+                          within=[1])
+    mine = as_("alice").create(cards=[0], start=NOW, end=NOW + H, klass="online")
+    assert (runner.get(started.id).status, runner.get(started.id).end) == ("booked", NOW)
+    bobs = as_("bob", now=NOW + 30).create(cards=[1], start=NOW + 30, end=NOW + H)
+    assert runner.get(ahead.id).status == "cancelled"
+    assert yields(conn) == [{"booking": started.id, "by": mine.id}, {"booking": ahead.id, "by": bobs.id}]
+
+
+PLAIN = Config(policy=Policy(timezone="UTC"))  # no projects, no limits in the way: where a count goes is the subject
+ROOMY = replace(CONFIG, policy=replace(POLICY, max_cards_per_user=8, max_booking_hours=2))  # a member holds more, longer
+
+
+def test_a_count_takes_a_group_free_of_on_demand_bookings_while_there_is_one(as_, conn):
+    """The best-connected pair is 0-1, and the on-demand booking holds it. Nearest wrong versions: the opposite
+    preference (0-1 taken, the model stopped though 2-3 were free), the on-demand booking counted as taken (refused
+    once the other cards are full), the preference forgotten in a search (--or-later)."""
+    runner = as_("board-llama", config=PLAIN)
+    held = on_demand(runner, count=2, project="", within=[0, 1])
+    alice = as_("alice", config=PLAIN)
+    assert alice.create(count=2, start=NOW, end=NOW + H).cards == (2, 3)
+    assert alice.create(count=2, start=NOW + 60, end=NOW + H, or_later=True).cards == (4, 5)
+    assert alice.create(count=2, start=NOW, end=NOW + H).cards == (6, 7)
+    assert alice.get(held.id).end == NOW + TTL and yields(conn) == []
+    last = alice.create(count=2, start=NOW + 300, end=NOW + H)
+    assert last.cards == (0, 1) and alice.get(held.id).end == NOW + 290
+    assert yields(conn) == [{"booking": held.id, "by": last.id}]
+
+
+def test_a_series_occurrence_a_move_and_an_extend_over_it_take_the_cards(as_, conn):
+    """Three on-demand bookings: cards 0-1 from now, card 4 from now, card 6 from 09:00 (ahead). A series occurrence
+    on card 1 from 08:02, carol moving alice's 10:00 booking on card 4 to 08:05, alice extending her 08:00-09:00 booking
+    on card 6 to 09:30. Nearest wrong versions: any of the three refused by the on-demand booking (the soft check only
+    in `book`), or writing over it without the cut (the overlap backstop refuses)."""
+    from app.service.rules.series import SeriesService
+
+    runner = as_("board-llama")
+    pair = on_demand(runner, within=[0, 1])
+    four = on_demand(runner, "four", count=1, within=[4])
+    alice = as_("alice", config=ROOMY)
+    later = alice.create(cards=[4], start=NOW + 2 * H, end=NOW + 3 * H, klass="online")
+    six = alice.create(cards=[6], start=NOW, end=NOW + H, klass="online")
+    ahead = runner.create(count=1, start=NOW + H, end=NOW + 2 * H, klass="online", project="A", on_demand="six",
+                          within=[6])
+    booked = SeriesService(as_("bob")).book(cards=[1], every="day", start="08:02", until="08:50", first="2026-12-07",
+                                            last="2026-12-07").booked
+    assert alice.get(pair.id).end == NOW + 110
+    moved = as_("carol", config=ROOMY).move(later.id, NOW + 300, NOW + H)
+    assert (moved.start, alice.get(four.id).end) == (NOW + 300, NOW + 290)
+    assert alice.extend(six.id, NOW + H + 1800).end == NOW + H + 1800
+    assert alice.get(ahead.id).status == "cancelled"
+    assert yields(conn) == [{"booking": pair.id, "by": booked[0].id}, {"booking": four.id, "by": later.id},
+                            {"booking": ahead.id, "by": six.id}]
+
+
+def test_a_reassign_onto_its_cards_takes_them_from_now(as_, conn):
+    """carol gives alice's running booking card 1, which an on-demand booking holds, at 08:01: the new piece starts now
+    and the on-demand booking ends now. Nearest wrong versions: the reassign refused, the cut 10 s in the past."""
+    runner = as_("board-llama")
+    held = on_demand(runner, within=[0, 1])
+    hers = as_("alice").create(cards=[4], start=NOW, end=NOW + H, klass="online")
+    piece = as_("carol", now=NOW + 60).reassign(hers.id, cards=[1])
+    assert (piece.cards, piece.start, runner.get(held.id).end) == ((1,), NOW + 60, NOW + 60)
+    assert yields(conn) == [{"booking": held.id, "by": piece.id}]
+
+
+def test_the_backfill_moves_a_waiting_booking_over_it(as_, conn):
+    """alice waits for card 1 (bob has it 08:02-08:30); bob cancels; the on-demand booking on cards 0-1 leased to
+    08:15 meanwhile. The backfill moves alice up to 08:02 and cuts it. Nearest wrong versions: the backfill's search
+    seeing the on-demand booking (alice left waiting until 08:15), the cut not audited as the backfill's."""
+    runner = as_("board-llama")
+    bobs = as_("bob").create(cards=[1], start=NOW + 120, end=NOW + 1800)
+    waiting = as_("alice").create(cards=[1], start=NOW + 120, end=NOW + H, klass="online", or_later=True)
+    assert waiting.start == NOW + 1800
+    held = on_demand(runner, within=[0, 1], end=NOW + 110)
+    as_("bob").cancel(bobs.id)
+    assert runner.lease(held.id, NOW + 900).end == NOW + 900
+    [(before, after)] = as_("bob").backfill()
+    assert (before.id, after.start, runner.get(held.id).end) == (waiting.id, NOW + 120, NOW + 110)
+    [event] = [e for e in events.recent(conn, 100) if e.action == "on-demand-yield"]
+    assert (event.actor, event.details) == ("board", {"booking": held.id, "by": waiting.id})
+
+
+def test_on_demand_bookings_block_each_other_and_members_block_them(as_):
+    """Nearest wrong versions: an on-demand booking planned as soft as a member's (the second model cuts the first),
+    a member's booking with a request read as on demand (a model path that holds the words), refusal words that name
+    an on-demand booking a member's booking would cut anyway."""
+    runner = as_("board-llama")
+    first = on_demand(runner, within=[0, 1])
+    with pytest.raises(Conflict, match=f"booked by board-llama .*booking {first.id}"):
+        on_demand(runner, "second", count=1, within=[1])
+    assert on_demand(runner, "second", count=1, within=[1, 5]).cards == (5,)
+    quoted = {"model": '/m/"on_demand": x.gguf', "ctx": 4096, "parallel": 1}
+    mine = as_("alice").create(cards=[4], start=NOW, end=NOW + H, klass="online", request=quoted)
+    assert mine.on_demand == ""
+    with pytest.raises(Conflict, match=f"^no card is free .*booked by alice .*booking {mine.id}"):
+        on_demand(runner, "third", count=1, within=[4])
+    with pytest.raises(Conflict) as refused:
+        as_("bob").create(cards=[1, 4], start=NOW, end=NOW + H)
+    said = str(refused.value)
+    assert said.startswith("card 4 is booked by alice until ") and "board-llama" not in said
