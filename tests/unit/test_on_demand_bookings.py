@@ -14,8 +14,13 @@ import pytest
 from msgspec.structs import replace
 
 from app.config import ClassWindow, Config, Policy, Pool, Project, ProjectAllocation
+from app.core.identity import Identity
 from app.errors import BadInput, Conflict, NotPermitted
-from app.store import events
+from app.gpu.model import GpuProcess
+from app.service.rules.bookings import BookingService
+from app.store import bookings, events
+from app.store.db import connect, write
+from tests.conftest import sqlite_only
 
 H = 3600
 
@@ -31,6 +36,8 @@ B = Project(name="B", members=("bob",), classes=("experiment",),
 POLICY = Policy(timezone="UTC", max_booking_hours=1, max_ahead_days=1, max_cards_per_user=1)
 CONFIG = Config(projects=(A, B), policy=POLICY, classes={"online": ("alice",)})
 USERS = {"alice": (1001, False), "bob": (1002, False), "carol": (1003, True), "board-llama": (990, False)}
+PLAIN = Config(policy=Policy(timezone="UTC"))  # no projects, no limits in the way: where a count goes is the subject
+ROOMY = replace(CONFIG, policy=replace(POLICY, max_cards_per_user=8, max_booking_hours=2))  # a member holds more, longer
 TTL = 600
 
 
@@ -163,23 +170,35 @@ def test_a_member_naming_its_cards_two_minutes_ahead_cuts_it_to_ten_seconds_befo
 
 
 def test_one_starting_now_ends_it_now_and_one_not_started_is_cancelled(as_, conn):
-    """An on-demand booking on card 0 since 07:55, another on card 1 from 08:01 (a preload ahead). Nearest wrong
-    versions: the end put 10 s in the past (the past rewritten), one that has not started cut to a span it never had
-    or left standing."""
+    """On-demand bookings on card 0 since 07:55, on card 1 from 08:01 and on card 5 from 08:01 to 09:00 (preloads
+    ahead). Nearest wrong versions: the end put 10 s in the past (the past rewritten), one that has not started cut
+    to a span it never had (card 5's to 08:01-08:29:50) or left standing."""
     runner = as_("board-llama", now=NOW - 300)
     started = runner.create(count=1, start=NOW - 300, end=NOW + 300, klass="online", project="A", on_demand="qwen",
                             within=[0])
-    ahead = runner.create(count=1, start=NOW + 60, end=NOW + 600, klass="online", project="A", on_demand="mix",
-                          within=[1])
+    ahead = [runner.create(count=1, start=NOW + 60, end=end, klass="online", project="A", on_demand=alias,
+                           within=[card]) for alias, card, end in (("mix", 1, NOW + 600), ("five", 5, NOW + H))]
     mine = as_("alice").create(cards=[0], start=NOW, end=NOW + H, klass="online")
     assert (runner.get(started.id).status, runner.get(started.id).end) == ("booked", NOW)
     bobs = as_("bob", now=NOW + 30).create(cards=[1], start=NOW + 30, end=NOW + H)
-    assert runner.get(ahead.id).status == "cancelled"
-    assert yields(conn) == [{"booking": started.id, "by": mine.id}, {"booking": ahead.id, "by": bobs.id}]
+    later = as_("alice", config=ROOMY, now=NOW + 30).create(cards=[5], start=NOW + 1800, end=NOW + H, klass="online")
+    assert [runner.get(b.id).status for b in ahead] == ["cancelled", "cancelled"]
+    assert yields(conn) == [{"booking": started.id, "by": mine.id}, {"booking": ahead[0].id, "by": bobs.id},
+                            {"booking": ahead[1].id, "by": later.id}]
 
 
-PLAIN = Config(policy=Policy(timezone="UTC"))  # no projects, no limits in the way: where a count goes is the subject
-ROOMY = replace(CONFIG, policy=replace(POLICY, max_cards_per_user=8, max_booking_hours=2))  # a member holds more, longer
+def test_a_cut_never_lengthens_what_another_cut_shortened(as_, conn):
+    """Two writers on different cards of one on-demand booking (PostgreSQL: each under its own cards' locks) may cut
+    it in either order: the earlier end stands. Nearest wrong version: the end written as each cut computed it (the
+    later cut, committed last, giving back time that another booking took)."""
+    held = on_demand(as_("board-llama"), within=[0, 1])
+    with write(conn):
+        bookings.cut_end(conn, held.id, NOW + 100)
+    with write(conn):
+        bookings.cut_end(conn, held.id, NOW + 300)
+    assert bookings.get(conn, held.id).end == NOW + 100
+
+
 
 
 def test_a_count_takes_a_group_free_of_on_demand_bookings_while_there_is_one(as_, conn):
@@ -270,3 +289,54 @@ def test_on_demand_bookings_block_each_other_and_members_block_them(as_):
         as_("bob").create(cards=[1, 4], start=NOW, end=NOW + H)
     said = str(refused.value)
     assert said.startswith("card 4 is booked by alice until ") and "board-llama" not in said
+
+
+def test_its_servers_processes_keep_no_member_off_its_cards(as_, conn, fleet):
+    """The server on the on-demand booking (the runner's processes on cards 0-1) and bob's job on card 4: alice's count
+    of 2 now, with every other pair full, takes 0-1. Nearest wrong versions: the runner's processes read as anyone's
+    (the count refused, "passed over card 0 (board-llama's processes)"), every process let through (bob's card 4
+    taken under his job)."""
+    held = on_demand(as_("board-llama", config=PLAIN), project="", within=[0, 1])
+    for cards in ([2, 3], [6, 7]):
+        as_("carol", config=PLAIN).create(cards=cards, start=NOW, end=NOW + H)
+    server = GpuProcess(pid=4242, used_mib=9000, user="board-llama", uid=990, command="llama-server")
+    job = GpuProcess(pid=777, used_mib=2000, user="bob", uid=1002, command="python train.py")
+    seen = [replace(c, processes=(server,) if c.index in (0, 1) else (job,) if c.index == 4 else ())
+            for c in fleet.cards]
+    alice = BookingService(conn, Identity("alice", 1001, False), PLAIN, seen, fleet.topology, lambda: NOW)
+    booking, notes = alice.book(count=2, start=NOW, end=NOW + H)
+    assert booking.cards == (0, 1) and alice.get(held.id).status == "cancelled"  # from now: it keeps nothing
+    assert notes == ("passed over card 4 (bob's processes, 2.0 GiB)",)
+
+
+@sqlite_only
+def test_the_calendar_in_memory_answers_as_the_sql_through_a_cut_and_a_cancel(as_, conn, db_path):
+    """The service keeps its bookings in memory (app.store.bookings.Calendar): after each write here, each read with
+    each `on_demand` answers as the SQL on a connection without one. Nearest wrong versions: the calendar's set of
+    on-demand bookings not emptied by a cancel or a reload, `on_demand=False` read as all, the cut not marked for
+    reading again."""
+    calendar = bookings.keep_calendar(conn, NOW - 86400)
+    plain = connect(db_path)
+    uuids = [c.uuid for c in as_("alice").cards.values()]
+
+    def same() -> None:
+        for which in (None, False, True):
+            for reader in (lambda c: bookings.busy_by_card(c, NOW, None, on_demand=which),
+                           lambda c: bookings.live_between(c, NOW, NOW + 2 * H, on_demand=which),
+                           lambda c: bookings.live_between(c, NOW, NOW + 2 * H, user="board-llama", on_demand=which),
+                           lambda c: bookings.overlapping(c, uuids, NOW, NOW + 2 * H, on_demand=which)):
+                assert reader(conn) == reader(plain)
+
+    runner = as_("board-llama")
+    held = on_demand(runner, within=[0, 1])
+    ahead = runner.create(count=1, start=NOW + 60, end=NOW + 600, klass="online", project="A", on_demand="mix",
+                          within=[4])
+    as_("alice", config=ROOMY).create(cards=[5], start=NOW, end=NOW + H, klass="online")
+    same()
+    assert calendar.on_demand == {held.id, ahead.id}
+    as_("alice", config=ROOMY).create(cards=[1], start=NOW + 120, end=NOW + H, klass="online")
+    same()
+    as_("bob", now=NOW + 30).create(cards=[4], start=NOW + 30, end=NOW + H)
+    same()
+    assert calendar.on_demand == {held.id}
+    plain.close()

@@ -243,11 +243,9 @@ class BookingService:
             assert count is not None  # no cards named: a group size (_plan checked it)
             chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy, project,
                                        yielding)
-        if self._scope.on_demand:  # no limit on cards at once (the runner's account holds them all), the pools' rules
-            for card in chosen:
-                if reason := policy.card_refusal(self.config, card, klass, start, end, project=project):
-                    raise NotPermitted(f"card {card}: {reason}")
-        else:
+        # No limit on cards at once for an on-demand booking: the runner's account holds them all. The pools' rules
+        # and the allocations (card_refusal) held its cards above, named or picked.
+        if not self._scope.on_demand:
             if held is None:
                 held = rows.live_between(self.conn, start, end, user=user or self.me.name)
             spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
