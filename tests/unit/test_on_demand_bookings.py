@@ -20,7 +20,7 @@ from app.gpu.model import GpuProcess
 from app.service.rules.bookings import BookingService
 from app.store import bookings, events
 from app.store.db import connect, write
-from tests.conftest import sqlite_only
+from tests.conftest import FROZEN_NOW, postgresql_only, sqlite_only
 
 H = 3600
 
@@ -340,3 +340,32 @@ def test_the_calendar_in_memory_answers_as_the_sql_through_a_cut_and_a_cancel(as
     same()
     assert calendar.on_demand == {held.id}
     plain.close()
+
+
+@postgresql_only
+def test_on_postgresql_a_booking_on_another_card_cuts_it_while_one_on_its_first_card_is_open(store, conn, fleet,
+                                                                                            make_service, monkeypatch):
+    """The on-demand booking holds cards 0-1 for 2 h. Alice's booking of card 0 from +1 h is parked inside its write,
+    card 0's lock taken; Bob books card 1 from +30 min meanwhile, under card 1's lock alone, cutting it, and commits;
+    then Alice's goes on and finds nothing more to cut. Nearest wrong versions: a booking over an on-demand one taking
+    the store's lock (Bob waits for Alice: the lock's timeout), Alice's write cutting again (a second yield event),
+    the chain broken."""
+    from app.store import pg as pg_module
+    from tests.unit.test_pg_store import Parked, _rules
+
+    monkeypatch.setattr(pg_module, "LOCK_TIMEOUT_MS", 2000)  # a wrong version's wait: a refusal, not a hang
+    now = FROZEN_NOW
+    held = make_service("board-llama", 990, config=PLAIN, now=now).create(
+        count=2, start=now, end=now + 2 * H, klass="online", on_demand="qwen", within=[0, 1])
+    alice = Parked(store, fleet, "alice", 1001)  # books +1 h to +2 h
+    thread = alice.book([0])
+    bob = _rules(store, fleet, "bob", 1002)
+    bobs = bob.create(cards=[1], start=now + 1800, end=now + H)
+    assert alice.outcome.empty() and bob.get(held.id).end == now + 1790
+    alice.go.set()
+    thread.join(60)
+    assert alice.outcome.get_nowait().cards == (0,)
+    assert bob.get(held.id).end == now + 1790 and yields(conn) == [{"booking": held.id, "by": bobs.id}]
+    assert events.first_broken(conn) is None
+    for other in (alice.conn, bob.conn):
+        other.close()
