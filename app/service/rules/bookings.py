@@ -492,10 +492,9 @@ class BookingService:
                     plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
                                       force=force, project=project)
                     notes = plan.notes
+                cut = self._make_way(plan.cards, plan.start, plan.end, now)  # written first: the overlap backstops
             rows.sync_cards(self.conn, self.cards.values(), now, self.host)
             wanted = min(max(start, now), plan.start)
-            with self._planning(scope):
-                cut = self._make_way(plan.cards, plan.start, plan.end, now)
             booking_id = rows.insert(
                 self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
                 klass=klass, note=note, request=request, now=now, created_by=self.me.uid, requested_at=wanted,
