@@ -121,6 +121,18 @@ def test_a_count_within_some_cards_takes_its_group_from_them_alone(as_):
     assert on_demand(as_("board-llama"), "third", within=[0, 1]).cards == (0, 1)
 
 
+def test_a_lost_card_within_is_passed_over_and_none_free_is_a_conflict(as_, conn, fleet):
+    """Card 4 fell off the bus; the pool is 4-5. Nearest wrong versions: `within` checked as named cards (the lost card
+    refuses the whole booking), a card outside the box taken as a refusal."""
+    lost = [replace(c, lost=c.index == 4) for c in fleet.cards]
+    runner = BookingService(conn, Identity("board-llama", 990, False), CONFIG, lost, fleet.topology, lambda: NOW)
+    booking, notes = runner.book(count=1, start=NOW, end=NOW + TTL, klass="online", project="A", on_demand="qwen",
+                                 within=[4, 5, 99])
+    assert booking.cards == (5,) and notes == ("passed over card 4 (LOST: fell off the bus)",)
+    with pytest.raises(Conflict, match="^no card is free for an online booking"):
+        runner.book(count=1, start=NOW, end=NOW + TTL, klass="online", project="A", on_demand="other", within=[4, 5])
+
+
 # -- the lease ---------------------------------------------------------------------------------------------------------
 
 

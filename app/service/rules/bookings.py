@@ -465,7 +465,8 @@ class BookingService:
         # A count, or a start that may move, is planned on a plain read first, outside the write lock;
         # inside it the plan is only re-checked like explicit cards at a fixed start, and re-planned if
         # someone took them meanwhile. The store's sole writer has no one to keep waiting: it plans once, inside.
-        scope = _Scope(bool(on_demand), frozenset(self._check_cards(within)) if within is not None else None)
+        # A pool's cards, as they are: a lost one is passed over like any card a count will not take, not refused.
+        scope = _Scope(bool(on_demand), frozenset(within) if within is not None else None)
         hint = None
         if (cards is None or or_later) and not self.sole_writer:
             try:
