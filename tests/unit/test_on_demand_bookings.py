@@ -49,13 +49,8 @@ def fleet(fleet):
 
 @pytest.fixture
 def as_(make_service):
-    """as_("alice", now=NOW) -> BookingService for that user under CONFIG."""
-
-    def make(user: str, now: int = NOW, config: Config = CONFIG):
-        uid, admin = USERS[user]
-        return make_service(user, uid, admin, config=config, now=now)
-
-    return make
+    """as_("alice", now=NOW, config=CONFIG) -> BookingService for that user."""
+    return lambda user, now=NOW, config=CONFIG: make_service(user, *USERS[user], config=config, now=now)
 
 
 def on_demand(service, alias: str = "qwen", *, count: int = 2, end: int = NOW + TTL, project: str = "A", **how):
