@@ -152,6 +152,25 @@ def test_the_lease_moves_the_end_up_to_the_next_booking_less_ten_seconds_and_nev
     assert as_("board-llama", now=alice_from).lease(booking.id, alice_from + H).end == alice_from - 10
 
 
+@pytest.mark.parametrize("rule", ["window", "allocation", "budget"])
+def test_the_lease_stops_where_a_rule_it_keeps_would_refuse_the_span(as_, rule):
+    """The 2-card on-demand booking from 08:00 to 08:10, leased to 09:00: online on cards 0-1 only until 08:30 (the
+    pool's window), or project B's from 08:20 (an allocation), or project A's budget at 0.5 GPU-hours (2 cards: 08:15).
+    Nearest wrong versions: the lease held to the next booking alone (the rules got round by growing the span), a
+    lease refused whole where part of it is allowed, the boundary by a second."""
+    pool = Pool(name="day", cards=(0, 1), windows={"online": ClassWindow(start_minute=8 * 60, end_minute=8 * 60 + 30)})
+    config, until = {
+        "window": (replace(CONFIG, pools=(pool,)), NOW + 1800),
+        "allocation": (replace(CONFIG, projects=(A, replace(B, allocations=(ProjectAllocation(
+            cards=(0, 1), hours="08:20-12:00", days="mon-sun"),)))), NOW + 1200),
+        "budget": (replace(CONFIG, projects=(replace(A, gpu_hours=0.5), B)), NOW + 900),
+    }[rule]
+    runner = as_("board-llama", config=config)
+    booking = on_demand(runner, within=[0, 1])
+    assert runner.lease(booking.id, NOW + H).end == until
+    assert runner.lease(booking.id, NOW + 2 * H).end == until
+
+
 # -- it yields ---------------------------------------------------------------------------------------------------------
 
 
