@@ -103,7 +103,9 @@ def _problem(config: Config, entry: CatalogModel, cards: Sequence[CardReading], 
     group = pool_cards(config, entry, cards)
     where = f"pool {entry.pool}" if entry.pool else "this box"
     if not group:
-        return f"{where} has no cards on this box; give a pool whose cards are here"
+        if entry.pool:
+            return f"pool {entry.pool} has none of its cards on this box; give a pool whose cards are here"
+        return "this box reports no cards, so no model can run here"
     try:
         needed = cards_needed(entry, card_memory(config, group), config.fit)
     except BadInput as error:
