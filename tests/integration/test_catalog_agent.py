@@ -10,11 +10,10 @@ import shutil
 
 import pytest
 
+from tests.conftest import run_board
 from tests.llama.tiny_gguf import write_tiny_gguf
 from tests.service.support import SERVICE_USER, Agent, check_reachable, ensure_system_user, needs_root
 from tests.shared_install import scratch_dir
-
-pytestmark = pytest.mark.real_users
 
 HUGE_CTX = 1 << 27  # the tiny model's KV cache alone outgrows eight RTX 5090s
 
@@ -57,6 +56,7 @@ def _models(agent) -> str:
     return str(folder)
 
 
+@pytest.mark.real_users
 def test_the_agent_refuses_a_catalog_that_cannot_run_here(agent):
     """Three bad entries among good ones: three lines, in catalog order, exit 2; no socket, no database. Nearest wrong
     versions: the first bad entry only, the check after the socket is bound or the database made, a link out of
@@ -86,6 +86,7 @@ def test_the_agent_refuses_a_catalog_that_cannot_run_here(agent):
     assert not agent.socket.exists() and not agent.db.exists()
 
 
+@pytest.mark.real_users
 def test_the_agent_serves_a_catalog_that_runs(agent):
     """The same box with the good entries alone: it starts and serves. Nearest wrong version: any catalog refused."""
     models = _models(agent)
@@ -94,3 +95,29 @@ def test_the_agent_serves_a_catalog_that_runs(agent):
     agent.start()
     assert agent.answers()
     assert agent.stop() == 0, agent.log_text()
+
+
+def test_doctor_shows_each_bad_entry_as_a_fix(tmp_path):
+    """`board doctor` on the simulated fleet: each bad entry a FIX line (exit 1), a catalog that runs one ok line.
+    Nearest wrong versions: the catalog not checked (exit 0), the lines shown as warnings."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write_tiny_gguf(folder / "tiny.gguf")
+    config = tmp_path / "board.toml"
+    env = {"BOARD_CONFIG": str(config), "BOARD_DB": str(tmp_path / "board.db"), "BOARD_SIMULATE": "1", "TZ": "UTC",
+           "XDG_STATE_HOME": str(tmp_path / "state")}
+    good = {"alias": "tiny", "model": f"{folder}/tiny.gguf"}
+    bad = {"alias": "tiny-long", "model": f"{folder}/tiny.gguf", "ctx": HUGE_CTX}
+    for entries in ([good, bad], [good]):
+        config.write_text(f"[llama]\nmodel_dirs = [{json.dumps(str(folder))}]\n" + "".join(
+            "\n[[models]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in e.items()) for e in entries))
+        result = run_board("doctor", env=env)
+        catalog = [line for line in result.stdout.splitlines() if "[[models]]" in line]
+        if len(entries) == 2:
+            assert catalog == [f"FIX   [[models]] #2 (tiny-long): tiny.gguf with ctx {HUGE_CTX}, parallel 1 fits on no"
+                               " group of the 8 cards of this box (32607 MiB each); lower ctx or parallel, use a q8_0"
+                               " cache or a smaller quantisation, or a pool with more cards (board fit shows the"
+                               " figures)"], result.stdout
+            assert result.returncode == 1
+        else:
+            assert catalog == ["ok    the catalog's 1 model(s) can run on this box's cards ([[models]])"], result.stdout
