@@ -369,7 +369,7 @@ ELSEWHERE = {
 # Any member may, and each answers the same whoever asks, but for these, scoped:
 # key_list (everyone's keys for admins), serve_get and serve_list (a log's path and tail).
 OPEN = set("whoami stats fleet history report status get list window all_bookings log plan next_free slots book"
-           " series_get serve_get serve_list serve_plans faults alerts usage power key_list projects".split())
+           " series_get serve_get serve_list serve_plans faults alerts usage power key_list projects models".split())
 
 
 def written(world: World) -> tuple:
