@@ -113,19 +113,20 @@ def _lease_end(service: Service, entry: CatalogModel, now: int) -> int:
 # -- model_demand --------------------------------------------------------------------------------
 
 
-def wake(service: Service, alias: str) -> ModelDemand:
+def wake(service: Service, alias: str, used: bool = True) -> ModelDemand:
     """The alias's server starting or ready on a live on-demand booking (its lease extended), or a new booking with
-    its plan; unavailable (nothing booked) when no runner is registered or no group is free now."""
+    its plan; unavailable (nothing booked) when no runner is registered or no group is free now. `used`: a request
+    asked (not a preload): the alias's last use is now."""
     entry = entry_of(service, alias)
     runner = runner_identity(service)
     with _WAKING:
         now = int(service.clock())
+        if used:
+            _TOUCHED.setdefault(service, {})[alias] = now
         drain = int(service.config.gateway.drain_s)
-        booking = live_booking(service, alias, now)
-        if booking is not None and runner is not None:
-            booking = _extended(service, runner, booking, _lease_end(service, entry, now))
-            if booking.end - now > drain:  # a lease about to end that cannot grow: a new booking elsewhere
-                return _demand(service, entry, booking, now)
+        booking = _keep(service, entry, now)
+        if booking is not None and booking.end - now > drain:  # one about to end that cannot grow: a new one elsewhere
+            return _demand(service, entry, booking, now)
         registered = getattr(service, "runner", None)
         if runner is None or registered is None or registered.gone:
             who = service.config.llama.runner_user
@@ -205,10 +206,9 @@ def _refused(service: Service, entry: CatalogModel, runner: Identity, count: int
 
 
 def touch(service: Service, aliases: Iterable[str]) -> dict[str, int]:
-    """Each catalog alias used since the gateway's last flush: its live on-demand booking's lease grown to
+    """Each catalog alias the gateway used since its last flush: its live on-demand booking's lease grown to
     now + ttl_s + drain_s (capped by the next booking on its cards); {alias: its end}. An alias that is not in the
     catalog, or has no live booking, is left out: nothing of it runs to keep."""
-    runner = runner_identity(service)
     now = int(service.clock())
     touched = _TOUCHED.setdefault(service, {})
     extended: dict[str, int] = {}
@@ -217,10 +217,19 @@ def touch(service: Service, aliases: Iterable[str]) -> dict[str, int]:
         if (entry := catalog.get(alias)) is None:
             continue
         touched[alias] = now
-        booking = live_booking(service, alias, now)
-        if booking is not None and runner is not None:
-            extended[alias] = _extended(service, runner, booking, _lease_end(service, entry, now)).end
+        if (booking := _keep(service, entry, now)) is not None:
+            extended[alias] = booking.end
     return extended
+
+
+def _keep(service: Service, entry: CatalogModel, now: int) -> Booking | None:
+    """The entry's live on-demand booking with its lease grown to now + ttl_s + drain_s where it can; None: none
+    lives."""
+    runner = runner_identity(service)
+    booking = live_booking(service, entry.alias, now)
+    if booking is None or runner is None:
+        return None
+    return _extended(service, runner, booking, _lease_end(service, entry, now))
 
 
 # -- preload -------------------------------------------------------------------------------------
@@ -240,27 +249,30 @@ def preloaded(window: PreloadWindow, now: int, tz) -> bool:
     return False
 
 
-def keep_pass(server: Agent) -> list[str]:
+def keep_pass(server: Agent) -> list[int]:
     """An enforcement pass's share: each entry with a preload window, inside it now, woken (no request needed) or
-    its lease touched. Returns the aliases woken or kept."""
+    its lease touched. Returns the bookings woken or kept. An entry that cannot start now is logged and tried again
+    at the next pass."""
     service = server.service
     now = int(service.clock())
     tz = policy_zone(service.config)
-    inside = [e.alias for e in service.config.models if e.preload is not None and preloaded(e.preload, now, tz)]
-    if not inside:
-        return []
-    kept = []
-    for alias in inside:
-        if live_booking(service, alias, now) is not None:
-            touch(service, [alias])
-            kept.append(alias)
+    kept: list[int] = []
+    for entry in service.config.models:
+        if entry.preload is None or not preloaded(entry.preload, now, tz):
             continue
-        demand = wake(service, alias)
-        if demand["state"] == "unavailable":
-            log.info(f"on demand: preload of {alias} waits: {demand['message']}")
-        else:
-            audit(service, AGENT, "on-demand-preload", demand["booking"], ok=True, details={"alias": alias})
-            kept.append(alias)
+        try:
+            if (booking := _keep(service, entry, now)) is not None:  # kept warm: not a use (last_used)
+                kept.append(booking.id)
+                continue
+            demand = wake(service, entry.alias, used=False)
+        except BoardError as error:
+            log.warning(f"on demand: preload of {entry.alias} failed: {error}")
+            continue
+        if demand["booking"] is None:
+            log.info(f"on demand: preload of {entry.alias} waits: {demand['message']}")
+            continue
+        audit(service, AGENT, "on-demand-preload", demand["booking"], ok=True, details={"alias": entry.alias})
+        kept.append(demand["booking"])
     return kept
 
 
