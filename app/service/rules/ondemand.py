@@ -99,11 +99,10 @@ def pool_cards(service: Service, entry: CatalogModel) -> tuple[int, ...] | None:
 
 def group_size(service: Service, entry: CatalogModel) -> int | None:
     """How many cards the entry needs on this box (app.llama.catalog.cards_needed); None: no group fits."""
-    from app.llama.catalog import cards_needed  # start-up: llama's modules load only for models
+    from app.llama import catalog  # start-up: llama's modules load only for models
 
-    within = pool_cards(service, entry)
-    cards = [c for c in service.fleet.latest().cards if within is None or c.index in within]
-    return cards_needed(entry, [float(c.memory_total_mib or 0) for c in cards], service.config.fit)
+    cards = catalog.pool_cards(service.config, entry, service.fleet.latest().cards)
+    return catalog.cards_needed(entry, catalog.card_memory(service.config, cards), service.config.fit)
 
 
 def _lease_end(service: Service, entry: CatalogModel, now: int) -> int:
@@ -184,10 +183,14 @@ def _refused(service: Service, entry: CatalogModel, runner: Identity, count: int
              now: int) -> ModelDemand:
     """Unavailable, in words: who holds the cards (the booking rules' refusal) and the earliest start at which a
     group of `count` is free for ttl_s (their earliest-start search); a budget's refusal as it is."""
+    from app.service.rules.bookings import _Scope  # the rules' planning scope: an on-demand booking's search
+
     rules = service.bookings(runner)
-    try:
-        plan = rules._earliest(cards=None, count=count, klass=entry.klass, start=now, duration=int(entry.ttl_s),
-                               project=entry.project or projects.IMPLICIT)
+    within = pool_cards(service, entry)
+    try:  # the rules' own search, planning as for the booking: on demand, a group of the pool's cards
+        with rules._planning(_Scope(True, frozenset(within) if within is not None else None)):
+            plan = rules._earliest(cards=None, count=count, klass=entry.klass, start=now, duration=int(entry.ttl_s),
+                                   project=entry.project or projects.IMPLICIT)
     except BoardError:
         plan = None
     found = plan.start if plan is not None else None
