@@ -358,3 +358,18 @@ def test_a_member_may_not_demand_or_touch(make, op, args):
         board.call(ALICE, op, **args)
     assert str(refused.value) == f"{op} is the gateway's own operation (account {ME.pw_name})"
     assert board.on_demand() == before
+
+
+def test_gateway_state_says_which_servers_are_on_demand(make):
+    """The runner starts alice's planned server and the catalog's; gateway_state names the catalog alias on the
+    latter only. Wrong versions: the key left out, or set from the server's alias for every server."""
+    board = make()
+    starts = board.register_runner()
+    booking = board.call(ALICE, "book", cards=[0], start=NOW, end=NOW + 3600)["id"]
+    board.call(ALICE, "serve_plan", booking=booking, model=board.config.models[0].model, alias="alices")
+    board.client.call("model_demand", alias="team-llm")
+    assert len(board.enforce()["planned_started"]) == 2
+    starts.readline(), starts.readline()
+    servers = board.client.call("gateway_state")["servers"]
+    assert sorted((s["alias"], s["user"], s["on_demand"]) for s in servers) == [
+        ("alices", "alice", ""), ("team-llm", ME.pw_name, "team-llm")]
