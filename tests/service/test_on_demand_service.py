@@ -373,3 +373,24 @@ def test_gateway_state_says_which_servers_are_on_demand(make):
     servers = board.client.call("gateway_state")["servers"]
     assert sorted((s["alias"], s["user"], s["on_demand"]) for s in servers) == [
         ("alices", "alice", ""), ("team-llm", ME.pw_name, "team-llm")]
+
+
+def test_a_lease_that_cannot_grow_is_left_to_end_and_the_next_demand_books_elsewhere(make):
+    """alice books the on-demand card from 10:10:40, so its lease cannot pass 10:10:30 (her start less 10 s). A demand
+    while more than drain_s is left answers with it; one with drain_s left (the gateway would stop routing to it
+    now) books the pool's other card, and `models` then shows the new one.
+    Wrong versions: the dying booking answered to the end (its boundary by one: 31 s left books anew, or 30 s
+    does not); the new booking on the same card (refused: alice's) or outside the pool."""
+    board = make()
+    board.register_runner()
+    first = board.client.call("model_demand", alias="team-llm")
+    [card] = first["cards"]
+    board.call(ALICE, "book", cards=[card], start=NOW + TTL + DRAIN + 10, end=NOW + 7200)
+    board.clock.now = NOW + TTL - 1  # 31 s left
+    assert board.client.call("model_demand", alias="team-llm")["booking"] == first["booking"]
+    assert board.client.call("get", id=first["booking"])["end"] == NOW + TTL + DRAIN
+    board.clock.now = NOW + TTL  # 30 s left: drain_s
+    second = board.client.call("model_demand", alias="team-llm")
+    assert second["booking"] != first["booking"] and second["cards"] == [{2: 3, 3: 2}[card]]
+    [shown] = [m for m in board.client.call("models") if m["alias"] == "team-llm"]
+    assert shown["booking"] == second["booking"]
