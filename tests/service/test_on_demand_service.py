@@ -89,6 +89,8 @@ class Board:
         """Register as the runner over the socket; the reader of the lines the service sends it."""
         self.runner, reader, answer = self.connect().stream("register", {"kind": "runner"})
         assert answer == {"runner": os.getpid()}
+        assert self.service.wake_enforcer.wait(30)  # the registration sets it after its answer: then cleared, so
+        self.service.wake_enforcer.clear()  # that a test sees who sets it next
         self.runner.settimeout(30)  # a start that never comes fails the test, not hangs it
         return reader
 
@@ -138,7 +140,6 @@ def test_concurrent_demands_make_one_booking_the_runners_on_the_pools_cards_and_
     without the entry's ctx or alias; no start sent."""
     board = make()
     starts = board.register_runner()
-    board.service.wake_enforcer.clear()  # the registration set it
     clients = [board.connect() for _ in range(8)]
     with ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(lambda c: c.call("model_demand", alias="team-llm"), clients))
