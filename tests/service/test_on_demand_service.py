@@ -279,10 +279,10 @@ def test_a_preload_window_wakes_inside_and_not_outside(make, at, woken):
 
 def test_models_shows_each_state_and_todays_use(make):
     """cold -> starting (booked, then its server starting) -> ready -> draining (within drain_s of its end) ->
-    failed (the runner reported its start failed); last_used from the last touch, idle_s since; requests and tokens
+    failed (its server crashed); last_used from the last touch, idle_s since; requests and tokens
     today from gateway_usage (yesterday's and another model's rows left out); catalog order; a member may read it.
     Wrong versions: ready while the server starts; draining missed (or from ttl_s); a failed start shown as
-    starting; yesterday's requests counted; last_used from the usage rows while a touch is newer."""
+    starting (or a crash as ready); yesterday's requests counted; last_used from the usage rows while a touch is newer."""
     board = make()
     starts = board.register_runner()
     board.client.call("gateway_usage", records=[
@@ -326,7 +326,7 @@ def test_models_shows_each_state_and_todays_use(make):
     board.clock.now = NOW + 200
     board.client.call("models_touch", aliases=["team-llm"])
     with write(board.service.conn):
-        servers.transition(board.service.conn, server, ("ready",), "failed")
+        servers.transition(board.service.conn, server, ("ready",), "crashed")
     assert (shown()["state"], shown()["last_used"]) == ("failed", NOW + 200)
 
 
@@ -395,3 +395,30 @@ def test_a_lease_that_cannot_grow_is_left_to_end_and_the_next_demand_books_elsew
     assert second["booking"] != first["booking"] and second["cards"] == [{2: 3, 3: 2}[card]]
     [shown] = [m for m in board.client.call("models") if m["alias"] == "team-llm"]
     assert shown["booking"] == second["booking"]
+
+
+def test_a_failed_start_is_unavailable_until_its_lease_runs_out(make):
+    """The runner reports over its line that the start failed: the next demand is unavailable, naming the failure and
+    when it is tried again (the booking's end, not extended), and `models` says failed; once the lease has run out a
+    demand books afresh.
+    Wrong versions: the failed booking answered as starting (the gateway would wait ready_timeout_s for nothing); its
+    lease extended by the demand (never tried again while asked)."""
+    board = make()
+    starts = board.register_runner()
+    first = board.client.call("model_demand", alias="team-llm")
+    [server] = board.enforce()["planned_started"]
+    starts.readline()
+    changes = board.service.hub.subscribe({"servers"})
+    board.runner.sendall(json.dumps({"event": "failed", "server": server, "reason": "out of memory"}).encode() + b"\n")
+    assert changes.take(30)  # recorded: the servers changed
+    board.clock.now = NOW + 60
+    demand = board.client.call("model_demand", alias="team-llm")
+    end = NOW + TTL + DRAIN
+    assert (demand["state"], demand["booking"], demand["free_at"], demand["retry_after"]) == (
+        "unavailable", None, end, end - NOW - 60)
+    assert demand["message"] == (f"team-llm failed to start on cards {first['cards'][0]} (server {server} failed:"
+                                 " out of memory); it is tried again 10:10 (in 10 min)")
+    assert board.client.call("get", id=first["booking"])["end"] == end
+    assert [m["state"] for m in board.client.call("models")] == ["failed", "cold"]
+    board.clock.now = end
+    assert board.client.call("model_demand", alias="team-llm")["booking"] not in (None, first["booking"])
