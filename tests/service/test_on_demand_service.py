@@ -215,6 +215,20 @@ def test_nothing_free_is_unavailable_with_who_holds_the_cards_and_the_earliest_s
     assert board.on_demand() == []
 
 
+def test_a_project_past_its_budget_is_unavailable_in_the_budgets_words(make):
+    """The catalog's project has 0.1 GPU-hours a month; ttl_s on one card needs 0.2 h: unavailable with the budget's
+    refusal, no start found (free_at None, retry_after 60), nothing booked.
+    Wrong versions: the budget passed over for the catalog's booking; its refusal worded as cards taken."""
+    board = make(projects=(Project(name="search", members=("alice",), gpu_hours=0.1),))
+    board.register_runner()
+    demand = board.client.call("model_demand", alias="team-llm")
+    assert (demand["state"], demand["free_at"], demand["retry_after"]) == ("unavailable", None, 60)
+    assert demand["message"].startswith("team-llm needs 1 card of pool prod; project search's budget is 0.1"
+                                        " GPU-hours a month: "), demand["message"]
+    assert demand["message"].endswith("; no start within 30 days works"), demand["message"]
+    assert board.on_demand() == []
+
+
 def test_no_runner_registered_is_unavailable_and_books_nothing(make):
     """Wrong versions: booked anyway (the start would wait for a runner that may never come); the runner's check
     made only after booking."""

@@ -209,7 +209,7 @@ def _refused(service: Service, entry: CatalogModel, runner: Identity, count: int
         held = why.partition(": ")[2]
         why = f"none are free now{f' ({held})' if held else ''}"
     earliest = (f"the earliest is {stamp_when(found, now)}" if found is not None
-                else f"no start within {service.config.policy.max_ahead_days:g} days is free")
+                else f"no start within {service.config.policy.max_ahead_days:g} days works")
     message = localize(f"{entry.alias} needs {group}; {why}; {earliest}", policy_zone(service.config))
     return _unavailable(entry.alias, message, found, now)
 
