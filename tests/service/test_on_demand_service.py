@@ -12,6 +12,7 @@ holds it).
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
@@ -58,7 +59,8 @@ class Board:
             db_path=root / "board.db", policy=Policy(timezone="UTC"), pools=(Pool("prod", (2, 3)),),
             projects=projects, models=(entry, other), alerts=AlertSettings(enabled=False),
             llama=LlamaSettings(model_dirs=(str(models),), server_bin=str(binary), runner_user=ME.pw_name),
-            gateway=GatewaySettings(user=ME.pw_name, drain_s=DRAIN), service=ServiceSettings(group="root"))
+            gateway=GatewaySettings(user=ME.pw_name, drain_s=DRAIN),
+            service=ServiceSettings(group=grp.getgrgid(os.getegid()).gr_name))  # the socket's group: any uid runs it
         source = SimulatedSource(parse_scenario({"cards": {"count": 4}}), clock=self.clock)
         self.service = Service(self.config, Fleet(source, 1.0, clock=self.clock), clock=self.clock, transport="socket")
         self.path = str(root / "board.sock")
