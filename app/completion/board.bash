@@ -22,8 +22,10 @@ _board() {
         if [ "${COMP_WORDS[COMP_CWORD]}" = "$cur" ]; then COMPREPLY+=("$_board_prefix$word"); else COMPREPLY+=("$word"); fi
     done
     if [ -n "$_board_files" ]; then
-        compopt -o filenames 2>/dev/null  # quotes what the shell would read otherwise; only inside a completion
-        mapfile -t -O ${#COMPREPLY[@]} COMPREPLY < <(compgen -f -- "${cur#"$_board_prefix"}")
+        # Readline quotes file names on the line ($, `, ; and spaces in a model's name stay text when the line
+        # runs); compopt works only inside a completion.
+        compopt -o filenames 2>/dev/null
+        [ "$_board_files" = paths ] || mapfile -t -O ${#COMPREPLY[@]} COMPREPLY < <(compgen -f -- "${cur#"$_board_prefix"}")
     fi
     return 0
 }

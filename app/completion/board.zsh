@@ -5,7 +5,7 @@ _board() {
     _board_candidates "${words[CURRENT]}" "${(@)words[2,CURRENT-1]}"
     [ -n "$_board_prefix" ] && compset -P '*='
     compadd -- "${_board_reply[@]}"
-    [ -n "$_board_files" ] && _files
+    [ "$_board_files" = 1 ] && _files
     return 0
 }
 # Autoloaded from site-functions, this file is _board's body: define, then complete; sourced, register it.

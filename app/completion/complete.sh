@@ -5,8 +5,9 @@
 # list); each is matched against what was typed with a quoted [[ == "$cur"* ]] and added to an array as it is.
 
 # _board_candidates CUR WORD...: CUR is the word being completed, the WORDs those between `board` and it.
-# Sets _board_reply (the words to offer), _board_files (1: the shell's own file names too) and _board_prefix
-# (the "--option=" that CUR starts with, not part of the words offered).
+# Sets _board_reply (the words to offer), _board_files (1: the shell's own file names too; "paths": the words are
+# paths, to be quoted on the line as file names are) and _board_prefix (the "--option=" that CUR starts with, not
+# part of the words offered).
 _board_candidates() {
     [ -n "${ZSH_VERSION-}" ] && setopt localoptions shwordsplit noglob
     local cur=$1 node= word pending= positional=0 options_done=
@@ -98,7 +99,7 @@ _board_values() {
         _board_ask cards "$cur" "$head" ;;
     model)  # the models under [llama] model_dirs; the shell's file names when none fits (./my.gguf)
         _board_ask models "$cur" ""
-        [ ${#_board_reply[@]} -eq 0 ] && _board_files=1 ;;
+        if [ ${#_board_reply[@]} -eq 0 ]; then _board_files=1; else _board_files=paths; fi ;;
     file) _board_files=1 ;;
     choice:*)
         local IFS=,

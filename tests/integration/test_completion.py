@@ -32,7 +32,7 @@ BASH = ('source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); _board
         'for w in "${COMPREPLY[@]}"; do printf "%s\\0" "$w"; done')
 # compdef is compinit's: a stub, as the script registers itself with it when sourced.
 ZSH = ('compdef() { :; }; source "$1"; shift; _board_candidates "${@[-1]}" "${(@)@[1,-2]}"; '
-       'for w in "${_board_reply[@]}"; do printf "%s\\0" "$w"; done; [ -n "$_board_files" ] && printf "FILES\\0"; true')
+       'for w in "${_board_reply[@]}"; do printf "%s\\0" "$w"; done; [ "$_board_files" = 1 ] && printf "FILES\\0"; true')
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +188,86 @@ def test_a_model_outside_model_dirs_falls_back_to_the_file_names(scripts, models
     _, env = models
     (tmp_path / "mine.gguf").write_text("")
     assert offered("bash", scripts["bash"], "fit", "./mi", env=env, cwd=tmp_path) == ["./mine.gguf"]
+
+
+# A real zsh completion widget: an interactive zsh on a pseudo-terminal (zsh/zpty), compinit with the script as
+# _board on its fpath, a line typed and TAB pressed; what the terminal shows is read until the pattern appears.
+ZPTY = r"""
+zmodload zsh/zpty
+zpty z "zsh -f -i"
+zpty -w z "PS1='> '; fpath=($1 \$fpath); autoload -U compinit; compinit -u -D; print RE''ADY"
+zpty -r z out '*READY*'
+zpty -w -n z "$2"$'\t'
+zpty -r z out "$3"
+print -r -- "$out"
+zpty -d z
+"""
+
+
+def zsh_widget(script: Path, typed: str, until: str, env: dict, cwd: Path) -> str:
+    """What the terminal shows once TAB after `typed` has shown `until` (a zsh pattern)."""
+    if shutil.which("zsh") is None:
+        pytest.skip("zsh is not installed (apt-get install zsh)")
+    functions = cwd / "functions"
+    functions.mkdir(exist_ok=True)
+    shutil.copy(script, functions / "_board")
+    done = subprocess.run(["zsh", "-f", "-c", ZPTY, "zsh", str(functions), typed, until], capture_output=True,
+                          text=True, env={**ENV, "HOME": str(cwd), **env}, cwd=cwd, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_zsh_completes_in_its_own_widget_and_quotes_a_hostile_name(scripts, tmp_path):
+    """compadd puts a model's name on the line quoted, and nothing in it runs. Wrong versions: compadd -Q (the name
+    unquoted: it would run when the line does); the autoloaded file only defining _board, never completing."""
+    assert "board book" in zsh_widget(scripts["zsh"], "board bo", "*board book*", {}, tmp_path)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "$(touch PWNED).gguf").write_text("")
+    (tmp_path / "board.toml").write_text(f'[llama]\nmodel_dirs = ["{folder}"]\n')
+    shown = zsh_widget(scripts["zsh"], f"board fit {folder}/", "*.gguf*", {"BOARD_CONFIG": str(tmp_path / "board.toml")},
+                       tmp_path)
+    assert "\\$\\(touch\\ PWNED\\).gguf" in shown, shown
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def bash_readline(script: Path, typed: str, until: bytes, env: dict, cwd: Path) -> str:
+    """What the terminal shows once TAB after `typed` has shown `until`: an interactive bash on a pseudo-terminal,
+    the script sourced, so that readline itself puts the word on the line (and quotes it, or not)."""
+    import pty
+    import select
+
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: bash, reading the terminal
+        os.chdir(cwd)
+        os.execve("/bin/bash", ["bash", "--norc", "--noprofile", "-i"], {**ENV, "HOME": str(cwd), **env})
+    shown, mark = b"", 0
+    try:
+        for line, wanted in ((f"PS1='> '; source {script}; echo RE''ADY\n", b"READY\r\n"), (typed + "\t", until)):
+            os.write(terminal, line.encode())
+            while wanted not in shown[mark:]:
+                ready, _, _ = select.select([terminal], [], [], 60)
+                assert ready, f"bash showed no {wanted!r}: {shown!r}"  # a bound against hanging, not a deadline
+                shown += os.read(terminal, 4096)
+            mark = shown.index(wanted, mark) + len(wanted)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(terminal)
+    return shown.partition(b"READY\r\n")[2].decode(errors="replace")
+
+
+def test_bash_puts_a_hostile_model_name_on_the_line_quoted(scripts, tmp_path):
+    """Readline inserts the model's name as a file name, quoted, so that it stays text when the line runs. Wrong
+    versions: compopt -o filenames left out for the models (the name lands raw: `$(touch PWNED).gguf`)."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "$(touch PWNED).gguf").write_text("")
+    (tmp_path / "board.toml").write_text(f'[llama]\nmodel_dirs = ["{folder}"]\n')
+    shown = bash_readline(scripts["bash"], f"board fit {folder}/", b".gguf", {"BOARD_CONFIG": str(tmp_path / "board.toml")},
+                          tmp_path)
+    assert "\\$\\(touch\\ PWNED\\).gguf" in shown, shown
+    assert not list(tmp_path.rglob("PWNED"))
 
 
 # -- the live words: through the service's socket, or nothing -----------------------------------------------------
