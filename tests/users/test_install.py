@@ -103,8 +103,8 @@ def test_the_layout_is_what_the_section_says(installed):
 
 def test_the_completion_scripts_are_installed_for_bash_and_zsh(installed):
     """The installed board's own scripts (from its parser), where bash-completion and zsh look for a local install;
-    bash reads the one it loads, and it completes `bo` to book. Wrong versions: not installed; the checkout's
-    script rather than the installed board's; written 0600 (root's alone)."""
+    bash reads the one it loads, and it completes `bo` to book. Wrong versions: not installed, or only bash's;
+    written 0600 (root's alone: no member's shell could read it)."""
     prefix, output = installed
     board = prefix / "usr/local/bin/board"
     for shell, path in (("bash", "usr/local/share/bash-completion/completions/board"),
