@@ -102,8 +102,8 @@ def table(parser) -> str:
     return "\n".join(lines) + "\n"
 
 
-def script(shell: str) -> str:
-    """The completion script for `shell` (bash or zsh)."""
+def script(shell: str, parser=None) -> str:
+    """The completion script for `shell` (bash or zsh), from `parser` (default: board's own)."""
     from importlib.resources import files
 
     from app import __version__
@@ -114,7 +114,7 @@ def script(shell: str) -> str:
     head = "#compdef board\n" if shell == "zsh" else ""
     return (f"{head}# {shell} completion for board {__version__}, made by `board completion {shell}` from its parser:"
             " make it again after an upgrade.\n\n"
-            + table(build_parser()) + "\n" + (here / "complete.sh").read_text() + "\n" + front)
+            + table(parser or build_parser()) + "\n" + (here / "complete.sh").read_text() + "\n" + front)
 
 
 # -- the live words (the quick path) ------------------------------------------------------------------------------

@@ -107,15 +107,8 @@ def test_a_flag_added_to_the_parser_is_completed_without_editing_the_script(tmp_
     for action in parser._actions:  # book's subparser, given a new option
         if action.__class__.__name__ == "_SubParsersAction":
             action.choices["book"].add_argument("--brand-new-flag", choices=("yes", "no"))
-    from app.cli import completion
-
-    original = completion.table
-    completion.table = lambda _parser: original(parser)
-    try:
-        path = tmp_path / "board.bash"
-        path.write_text(script("bash"))
-    finally:
-        completion.table = original
+    path = tmp_path / "board.bash"
+    path.write_text(script("bash", parser))
     assert offered("bash", path, "book", "--brand") == ["--brand-new-flag"]
     assert offered("bash", path, "book", "--brand-new-flag", "") == ["yes", "no"]
 
