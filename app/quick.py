@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 # command: (flags without a value, {option: attribute}, (positional attribute, its type) or None, defaults)
 QUICK: dict[str, tuple[frozenset, dict, tuple | None, dict]] = {
-    "status": (frozenset({"--json"}), {}, None, {}),
+    "status": (frozenset({"--json", "--short"}), {}, None, {}),
     "whoami": (frozenset({"--json"}), {}, None, {}),
     "book": (
         frozenset({"--json", "--asap", "--or-later"}),
@@ -38,7 +38,7 @@ QUICK: dict[str, tuple[frozenset, dict, tuple | None, dict]] = {
     "release": (frozenset({"--json"}), {}, ("id", "booking_id"), {}),
 }
 # Options argparse refuses together; the full CLI says so.
-EXCLUSIVE = ({"duration", "until"}, {"mine", "user"}, {"asap", "or_later"})
+EXCLUSIVE = ({"duration", "until"}, {"mine", "user"}, {"asap", "or_later"}, {"json", "short"})
 
 
 def _attribute(flag: str) -> str:
