@@ -37,6 +37,8 @@ OVER_BUDGET = "past the budget by an admin: "  # the note and the audit's over_b
 LOOKAHEAD_SECONDS = 86400
 MAX_CANDIDATES = 60  # booking ends tried as starts by `options`: enough for 3 slots on a busy calendar
 MAX_BACKFILL_ROUNDS = 10  # each round moves at least one booking earlier; a bound, not an expected count
+YIELD_GAP_SECONDS = 10  # an on-demand booking ends this long before the booking that takes its cards
+LEASE_MIN_STEP_SECONDS = 5  # a lease that would move an end by less writes nothing: it runs every few seconds
 T = TypeVar("T")
 
 
@@ -51,6 +53,15 @@ class Plan:
     notes: tuple[str, ...] = ()  # one line each: cards passed over or taken despite what runs on them now
     project: str = projects.IMPLICIT  # what it is for ([[projects]])
     over_budget: str | None = None  # an admin's --force took it past its project's budget: by how much (audited)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """What the plan being made is for: an on-demand booking (the catalog's: exempt from the rules about people,
+    app.model.Booking.on_demand), and the cards a count may take its group from (None: any)."""
+
+    on_demand: bool = False
+    within: frozenset[int] | None = None
 
 
 class _Search(TypedDict):
@@ -133,6 +144,7 @@ class BookingService:
         # The store has no writer but this service (SQLite behind the agent): a count is planned once, under the
         # write lock, rather than first on a plain read to keep the lock short for others.
         self.sole_writer = False
+        self._scope = _Scope()  # set while an on-demand booking is planned (`_planning`)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -165,8 +177,12 @@ class BookingService:
         that every rule accepts."""
         now = int(self.clock())
         klass = self._check_class(klass)
-        self._check_access(klass, user)
-        project = self._check_project(project, klass, user)
+        on_demand = self._scope.on_demand
+        if on_demand:  # the catalog is the admin's: its project is the entry's, whoever holds the booking
+            project = self._catalog_project(project or projects.IMPLICIT, klass)
+        else:
+            self._check_access(klass, user)
+            project = self._check_project(project, klass, user)
         if start < now - PAST_GRACE_SECONDS:
             raise BadInput(f"the start {stamp_time(start, now)} is in the past; pick a start from now on")
         if end <= start:
@@ -174,7 +190,8 @@ class BookingService:
         chosen = self._check_cards(cards) if cards is not None else None
         if chosen is None and count not in GROUP_SIZES:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
-        policy.check_span(self.config, start=start, end=end, now=now)  # no other start helps with these
+        if not on_demand:  # its span grows by leases: neither the longest booking nor how far ahead applies
+            policy.check_span(self.config, start=start, end=end, now=now)  # no other start helps with these
         down = self._host_down(chosen, start, now, force)  # refuses one that starts now; a note for any other
         search = _Search(cards=chosen, count=count, klass=klass, start=start, duration=end - start, excluding=excluding,
                          user=user, project=project)
@@ -182,6 +199,8 @@ class BookingService:
             plan = self._plan_at(chosen, count, klass, start, end - start, now, excluding, user=user, project=project,
                                  over_budget=force and self.me.is_admin)
         except (Conflict, NotPermitted) as refused:
+            if on_demand:
+                raise  # its caller words the refusal (model_demand): a member's search says nothing to it
             if not or_later:
                 raise _retry(refused, **search) from None
             found = self._earliest(**search)
@@ -196,11 +215,12 @@ class BookingService:
         self, cards: tuple[int, ...] | None, count: int | None, klass: str, start: int, duration: int, now: int,
         excluding: int | None, busy: dict | None = None, held: list[Booking] | None = None,
         now_slot: bool | None = None, user: str | None = None, project: str = projects.IMPLICIT,
-        over_budget: bool = False,
+        over_budget: bool = False, yielding: dict | None = None,
     ) -> Plan:
         """The booking at exactly `start`, or the refusal that names the rule (NotPermitted) or the holder (Conflict).
 
-        `busy` and `held` (the caller's live bookings), when given, save the reads: `_earliest` tries many starts.
+        `busy`, `yielding` (the on-demand bookings', `_busy_by_index`) and `held` (the caller's live bookings), when
+        given, save the reads: `_earliest` tries many starts.
         `over_budget`: an admin's forced booking passes its project's budget."""
         end = start + duration
         if now_slot is None:  # what runs on the cards now says nothing about a slot that starts later
@@ -221,11 +241,16 @@ class BookingService:
                          for i in chosen if (found := self._foreign(self.cards[i], i in mine))]
         else:
             assert count is not None  # no cards named: a group size (_plan checked it)
-            chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy, project)
-        if held is None:
-            held = rows.live_between(self.conn, start, end, user=user or self.me.name)
-        spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
-        policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=spans, project=project)
+            chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy, project,
+                                       yielding)
+        # No limit on cards at once for an on-demand booking: the runner's account holds them all. The pools' rules
+        # and the allocations (card_refusal) held its cards above, named or picked.
+        if not self._scope.on_demand:
+            if held is None:
+                held = rows.live_between(self.conn, start, end, user=user or self.me.name)
+            spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
+            policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=spans,
+                         project=project)
         if over := self._check_budget(project, [(start, end)], len(chosen), excluding, over_budget):
             notes.append(over)
         if len(chosen) > 1 and (crossing := group_crossing(self.topology, list(self.cards.values()), chosen)):
@@ -252,6 +277,7 @@ class BookingService:
         with self._searching():
             for until in (start + duration + LOOKAHEAD_SECONDS, None):
                 busy = self._busy_by_index(start, until, excluding)
+                yielding = self._busy_by_index(start, until, excluding, yielding=True)
                 held = rows.live_between(self.conn, start, until or 2**62, user=user or self.me.name)
                 ends = {e for spans in busy.values() for _, e in spans if e > start}
                 for candidate in sorted({start, *ends, *opens}):
@@ -263,12 +289,12 @@ class BookingService:
                         taken = not is_free(busy, cards, wanted)
                     else:
                         assert count is not None  # no cards named: a group size (_plan checked it)
-                        taken = sum(is_free(busy, (i,), wanted) for i in self.cards) < count
+                        taken = sum(is_free(busy, (i,), wanted) for i in self._candidates()) < count
                     if taken:
                         continue
                     try:
                         return self._plan_at(cards, count, klass, candidate, duration, now, excluding, busy, held, now_slot,
-                                             project=project)
+                                             project=project, yielding=yielding)
                     except (Conflict, NotPermitted):
                         continue
         return None
@@ -281,6 +307,30 @@ class BookingService:
             yield
         finally:
             self._periods = None
+
+    @contextlib.contextmanager
+    def _planning(self, scope: _Scope) -> Iterator[None]:
+        """Plan for `scope` (an on-demand booking, a count within some cards) until the block ends."""
+        before, self._scope = self._scope, scope
+        try:
+            yield
+        finally:
+            self._scope = before
+
+    def _candidates(self) -> list[int]:
+        """The cards a count may take its group from: `within` while it is set (`_planning`), else every card."""
+        within = self._scope.within
+        return [i for i in sorted(self.cards) if within is None or i in within]
+
+    def _catalog_project(self, project: str, klass: str) -> str:
+        """An on-demand booking's project: its catalog entry's, which the runner's account need not be a member of;
+        a project's own classes still hold."""
+        if bool(self.config.projects) != (projects.named(self.config, project) is not None):
+            known = ", ".join(p.name for p in self.config.projects) or "none"
+            raise BadInput(f"no project {project!r} for the catalog's booking; the projects are {known}")
+        if reason := projects.class_refusal(self.config, project, klass):
+            raise NotPermitted(reason)
+        return project
 
     def _period_bookings(self, start: int, end: int) -> list[Booking]:
         if self._periods is None:
@@ -380,12 +430,24 @@ class BookingService:
         or_later: bool = False,
         force: bool = False,
         project: str | None = None,
+        on_demand: str = "",
+        within: Sequence[int] | None = None,
     ) -> tuple[Booking, tuple[str, ...]]:
         """Create a booking; also returns the notes on what runs on the cards now (Plan.notes).
 
         `or_later`: take the earliest start from `start` on that works, and join the queue: the booking
         moves earlier by itself when time frees up (`backfill`). `force`: named cards on a host that is down
-        (`_host_down`), or an admin's booking past its project's budget. `project`: --project."""
+        (`_host_down`), or an admin's booking past its project's budget. `project`: --project.
+
+        `on_demand`: the catalog alias ([[models]]) the booking is made for (app.service.ops.models): its request
+        says so, and its note. It is exempt from the rules about people ([classes] access, project membership, cards
+        at once, the longest booking, how far ahead: the catalog is the admin's, and its span grows by `lease`), and
+        keeps the pools' rules, other projects' allocations and its project's budget. `within`: the cards a count
+        takes its group from (a pool's)."""
+        if (request or {}).get("on_demand") and not on_demand:
+            raise BadInput("a request's on_demand is the service's to set (app.service.ops.models)")
+        if on_demand:
+            request, note = {**(request or {}), "on_demand": on_demand}, f"on demand: {on_demand}"
         note = self._check_note(note)
         details: dict[str, Any] = {"cards": list(cards) if cards is not None else None, "count": count, "start": start,
                                    "end": end, "class": klass, "note": note}
@@ -395,15 +457,21 @@ class BookingService:
             details["or_later"] = True
         if force:
             details["force"] = True
+        if on_demand:
+            details["on_demand"] = on_demand
+        if within is not None:
+            details["within"] = sorted(set(within))
 
         # A count, or a start that may move, is planned on a plain read first, outside the write lock;
         # inside it the plan is only re-checked like explicit cards at a fixed start, and re-planned if
         # someone took them meanwhile. The store's sole writer has no one to keep waiting: it plans once, inside.
+        scope = _Scope(bool(on_demand), frozenset(self._check_cards(within)) if within is not None else None)
         hint = None
         if (cards is None or or_later) and not self.sole_writer:
             try:
-                hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
-                                  force=force, project=project)
+                with self._planning(scope):
+                    hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
+                                      force=force, project=project)
             except BoardError:
                 pass  # the planning inside the lock raises it again, and audits it
 
@@ -412,19 +480,22 @@ class BookingService:
         def change(now: int) -> int:
             nonlocal notes
             plan = None
-            if hint is not None:
-                try:
-                    plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass, force=force,
-                                      project=project)
-                    notes = hint.notes  # why the count picked these cards
-                except Conflict:
-                    pass
-            if plan is None:
-                plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
-                                  force=force, project=project)
-                notes = plan.notes
+            with self._planning(scope):
+                if hint is not None:
+                    try:
+                        plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass, force=force,
+                                          project=project)
+                        notes = hint.notes  # why the count picked these cards
+                    except Conflict:
+                        pass
+                if plan is None:
+                    plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
+                                      force=force, project=project)
+                    notes = plan.notes
             rows.sync_cards(self.conn, self.cards.values(), now, self.host)
             wanted = min(max(start, now), plan.start)
+            with self._planning(scope):
+                cut = self._make_way(plan.cards, plan.start, plan.end, now)
             booking_id = rows.insert(
                 self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
                 klass=klass, note=note, request=request, now=now, created_by=self.me.uid, requested_at=wanted,
@@ -432,6 +503,7 @@ class BookingService:
                 queued=("cards" if cards is None else "time") if or_later and plan.start > wanted else None,
                 project=plan.project,
             )
+            self._yielded(cut, booking_id, now)
             details.update(cards=list(plan.cards), start=plan.start, end=plan.end)
             if plan.project:
                 details["project"] = plan.project
@@ -473,7 +545,9 @@ class BookingService:
             booking = self._editable(booking_id, "extend", now)
             if end <= booking.end:
                 raise BadInput(f"the new end must be after the current end {stamp_when(booking.end, now)}")
-            self._check_free(booking.cards, booking.end, end, excluding=booking_id)
+            with self._planning(_Scope(on_demand=bool(booking.on_demand))):
+                self._check_free(booking.cards, booking.end, end, excluding=booking_id)
+                cut = self._make_way(booking.cards, booking.end, end, now, excluding=booking_id)
             held = [(b.start, b.end, len(b.cards))
                     for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
             policy.check(self.config, cards=booking.cards, klass=booking.klass, start=booking.start, end=end,
@@ -481,10 +555,32 @@ class BookingService:
             self._check_budget(booking.project, [(booking.start, end)], len(booking.cards), booking_id)
             details["old_end"] = booking.end
             rows.set_times(self.conn, booking_id, booking.start, end)
+            self._yielded(cut, booking_id, now)
             self._tell(booking, f"extended to {stamp_time(end, now)} by admin {self.me.name}")
             return booking_id
 
         return self._audited("extend", booking_id, details, change)
+
+    def lease(self, booking_id: int, end: int) -> Booking:
+        """Keep an on-demand booking's cards until `end`: its end moves there, but never past the start of the next
+        other booking on its cards less YIELD_GAP_SECONDS, and never earlier than it is. Not audited: the gateway's
+        use leases every few seconds; a move of under LEASE_MIN_STEP_SECONDS writes nothing. A booking that has ended
+        or was cancelled comes back as it is: a lease does not revive it."""
+        with write(self.conn):
+            now = int(self.clock())
+            booking = self.get(booking_id)
+            if not booking.on_demand:
+                raise BadInput(f"booking {booking_id} is not on demand; 'board extend' extends it")
+            if booking.status != "booked" or booking.end <= now:
+                return booking
+            with self._planning(_Scope(on_demand=True)):  # on-demand bookings block each other
+                busy = self._busy_by_index(booking.end, end + YIELD_GAP_SECONDS, booking_id)
+            after = [first for i in booking.cards for first, _ in busy.get(i, ()) if first >= booking.end]
+            until = min([end, *(first - YIELD_GAP_SECONDS for first in after)])
+            if until - booking.end < LEASE_MIN_STEP_SECONDS:
+                return booking
+            rows.set_times(self.conn, booking_id, booking.start, until)
+        return self.get(booking_id)
 
     def move(self, booking_id: int, start: int, end: int, override_policy: bool = False) -> Booking:
         """Give a booking new times on the same cards; admins only. The rules apply unless `override_policy`,
@@ -505,7 +601,8 @@ class BookingService:
             if end <= max(start, now):
                 raise BadInput(f"the end {stamp_when(end, now)} must be after the start {stamp_when(start, now)}"
                                " and after now")
-            self._check_free(booking.cards, start, end, excluding=booking_id)
+            with self._planning(_Scope(on_demand=bool(booking.on_demand))):
+                self._check_free(booking.cards, start, end, excluding=booking_id)
             if not override_policy:
                 held = [(b.start, b.end, len(b.cards))
                         for b in rows.live_between(self.conn, start, end, user=booking.user) if b.id != booking_id]
@@ -513,7 +610,10 @@ class BookingService:
                              now=min(now, start), held=held, project=booking.project)
                 self._check_budget(booking.project, [(start, end)], len(booking.cards), booking_id)
             details.update(old_start=booking.start, old_end=booking.end)
+            with self._planning(_Scope(on_demand=bool(booking.on_demand))):
+                cut = self._make_way(booking.cards, start, end, now, excluding=booking_id)
             rows.set_times(self.conn, booking_id, start, end)
+            self._yielded(cut, booking_id, now)
             if booking.queued:  # an admin set its time: the backfill must not move it back
                 rows.set_queued(self.conn, booking_id, None)
             self._tell(booking, f"moved from {stamp_time(booking.start, now)}-{stamp_time(booking.end, now)} to "
@@ -592,13 +692,16 @@ class BookingService:
                     f" cancel {them} first (board serve plan --cancel {planned[0].id}), or pass --force to cancel"
                     f" {them} and {doing}"
                 )
+            cut: list[int] = []
             if moving:
                 begin = max(booking.start, now)
-                try:
-                    self._check_free(chosen, begin, booking.end, excluding=booking_id)
-                except SlotTaken as taken:
-                    raise _retry(taken, cards=chosen, count=None, klass=booking.klass, start=begin,
-                                 duration=booking.end - begin, excluding=booking_id) from None
+                with self._planning(_Scope(on_demand=bool(booking.on_demand))):
+                    try:
+                        self._check_free(chosen, begin, booking.end, excluding=booking_id)
+                    except SlotTaken as taken:
+                        raise _retry(taken, cards=chosen, count=None, klass=booking.klass, start=begin,
+                                     duration=booking.end - begin, excluding=booking_id) from None
+                    cut = self._make_way(chosen, begin, booking.end, now, excluding=booking_id)
             what = " and ".join(
                 ([f"moved to {cards_text(chosen)}"] if moving else [])
                 + ([f"given to {owner[0]}"] if giving else [])) + f" by admin {self.me.name}"
@@ -628,6 +731,7 @@ class BookingService:
                     what += f" (from now on booking {result})"
                 else:
                     rows.set_cards(self.conn, booking_id, uuids)
+            self._yielded(cut, result, now)
             if giving and result == booking_id:
                 rows.set_owner(self.conn, booking_id, *owner)
             self._tell(booking, what, also=(result, owner[1]))
@@ -683,6 +787,7 @@ class BookingService:
                                     project=booking.project)
             if plan is None or plan.start >= booking.start:
                 continue
+            cut = holder._make_way(plan.cards, plan.start, plan.end, now, excluding=booking.id)
             if plan.cards != booking.cards:  # off the old cards first: they may be taken at the new time
                 rows.sync_cards(self.conn, self.cards.values(), now, self.host)
                 rows.set_cards(self.conn, booking.id, ())
@@ -694,6 +799,7 @@ class BookingService:
             events.record(self.conn, ts=now, uid=os.getuid(), actor="board", action="backfill", booking_id=booking.id,
                           ok=True, details={"old_start": booking.start, "old_cards": list(booking.cards),
                                             "start": plan.start, "end": plan.end, "cards": list(plan.cards)})
+            self._yielded(cut, booking.id, now, actor=(os.getuid(), "board"))
             after = self.get(booking.id)
             self.told.append((booking.uid, f"booking {booking.id} was {what}: now {stamp_when(plan.start, now)}"
                                             f" on cards {format_cards(plan.cards)}"))
@@ -871,17 +977,18 @@ class BookingService:
 
     def _pick(
         self, count: int, klass: str, start: int, duration: int, now: int, now_slot: bool, excluding: int | None,
-        busy: dict | None, project: str = projects.IMPLICIT,
+        busy: dict | None, project: str = projects.IMPLICIT, yielding: dict | None = None,
     ) -> tuple[tuple[int, ...], list[str]]:
         """The best-connected `count` cards free at exactly `start`, and notes on the cards passed over.
 
         Too few cards that the pools allow is a refusal by rule, naming each rule; too few of those free
         is a conflict, naming who holds them. A slot that starts now leaves out cards with another
-        user's processes, and HOT cards while a cooler group is free."""
+        user's processes, and HOT cards while a cooler group is free. A group that cuts no on-demand booking short
+        (`yielding`: theirs, by card) is taken first whenever there is one."""
         end = start + duration
-        refusals = {i: f"card {i} is lost (fell off the bus)" if c.lost
+        refusals = {i: f"card {i} is lost (fell off the bus)" if self.cards[i].lost
                     else policy.card_refusal(self.config, i, klass, start, end, project=project)
-                    for i, c in sorted(self.cards.items())}
+                    for i in sorted(self._candidates())}
         eligible = [i for i, reason in refusals.items() if reason is None]
         if len(eligible) < count:
             reasons = "; ".join(dict.fromkeys(reason for reason in refusals.values() if reason is not None))
@@ -895,10 +1002,18 @@ class BookingService:
             busy = self._busy_by_index(start, end, excluding)
         free = [i for i in eligible if i not in foreign and is_free(busy, (i,), (start, end))]
         cool = [i for i in free if not (now_slot and self._hot(i))]
-        chosen = best_group(cool, count, self.topology) or best_group(free, count, self.topology)
+        if self._scope.on_demand:
+            clear = free  # it sees every booking: none of the free cards holds one
+        else:
+            if yielding is None:
+                yielding = self._busy_by_index(start, end, excluding, yielding=True)
+            clear = [i for i in free if is_free(yielding, (i,), (start, end))]
+        chosen = next((group for cards in ([i for i in cool if i in clear], clear, cool, free)
+                       if (group := best_group(cards, count, self.topology))), None)
         why = {i: self._whose(procs) for i, procs in foreign.items() if is_free(busy, (i,), (start, end))}
         # A LOST card the rules would otherwise take is passed over too, and said so.
-        why.update({i: "LOST: fell off the bus" for i, c in self.cards.items() if c.lost and is_free(busy, (i,), (start, end))
+        why.update({i: "LOST: fell off the bus" for i in self._candidates() if self.cards[i].lost
+                    and is_free(busy, (i,), (start, end))
                     and policy.card_refusal(self.config, i, klass, start, end, project=project) is None})
         passed = [f"card {i} ({why[i]})" for i in sorted(why)]
         if chosen is None:
@@ -907,7 +1022,8 @@ class BookingService:
             raise self._no_group(count, klass, start, end, [i for i in eligible if i not in free], passed, excluding)
         why.update({i: f"{self.cards[i].temperature_c} °C" for i in free if i not in cool and i not in chosen})
         notes = [f"passed over {', '.join(f'card {i} ({why[i]})' for i in sorted(why))}"] if why else []
-        notes += [f"took card {i} though it is HOT ({self.cards[i].temperature_c} °C): no cooler group"
+        cooler = " free of on-demand models" if best_group(cool, count, self.topology) else ""
+        notes += [f"took card {i} though it is HOT ({self.cards[i].temperature_c} °C): no cooler group{cooler}"
                   " could start then" for i in chosen if i not in cool]
         return chosen, notes
 
@@ -918,7 +1034,7 @@ class BookingService:
         uuids = {self.cards[i].uuid for i in taken}
         holders = [f"{'card' if len(cards) == 1 else 'cards'} {format_cards(cards)} {'is' if len(cards) == 1 else 'are'}"
                    f" booked by {b.user} {held(b, now)} (booking {b.id})"
-                   for b in rows.live_between(self.conn, start, end) if b.id != excluding
+                   for b in rows.live_between(self.conn, start, end, on_demand=self._seen()) if b.id != excluding
                    if (cards := sorted(self.by_uuid[u] for u in b.card_uuids if u in uuids))]
         why = holders[:3] + (["…"] if len(holders) > 3 else []) + ([f"passed over {', '.join(passed)}"] if passed else [])
         return Conflict(f"no {'card is' if count == 1 else f'{count} cards are'} free for"
@@ -930,9 +1046,23 @@ class BookingService:
         """Each card's processes of someone else's right now. Worked out once for `now`: a search for the
         earliest start asks at every candidate, and a backfill searches for each queued booking."""
         if self._others is None or self._others[0] != now:
-            mine = self._held_now(now)
-            self._others = (now, {i: found for i, card in self.cards.items() if (found := self._foreign(card, i in mine))})
+            mine, serving = self._held_now(now), self._serving_now(now)
+            self._others = (now, {i: found for i, card in self.cards.items()
+                                  if (found := [p for p in self._foreign(card, i in mine)
+                                                if (p.uid if p.uid is not None else p.user) not in serving.get(i, ())])})
         return self._others[1]
+
+    def _serving_now(self, now: int) -> dict[int, set[int | str | None]]:
+        """Each card's on-demand holders right now (uid and name): the server on an on-demand booking goes with it
+        (`_make_way`), so its processes keep nobody off the card."""
+        if not any(c.processes for c in self.cards.values()):
+            return {}
+        found: dict[int, set[int | str | None]] = {}
+        for booking in rows.live_between(self.conn, now, now + 1, on_demand=True):
+            for uuid in booking.card_uuids:
+                if uuid in self.by_uuid:
+                    found.setdefault(self.by_uuid[uuid], set()).update((booking.uid, booking.user))
+        return found
 
     def _held_now(self, now: int) -> set[int]:
         """The cards the caller holds a booking on right now; only asked when some process has no owner."""
@@ -978,13 +1108,48 @@ class BookingService:
         temperature = self.cards[index].temperature_c
         return temperature is not None and temperature >= self.config.hot_celsius
 
-    def _busy_by_index(self, after: int, before: int | None, excluding: int | None) -> dict[int, list[tuple[int, int]]]:
-        by_uuid = rows.busy_by_card(self.conn, after, before, excluding)
+    def _busy_by_index(self, after: int, before: int | None, excluding: int | None,
+                       yielding: bool = False) -> dict[int, list[tuple[int, int]]]:
+        """Each card's taken spans (those of the bookings a plan sees: `_seen`), or with `yielding` the on-demand
+        bookings' spans, which a plan may take."""
+        by_uuid = rows.busy_by_card(self.conn, after, before, excluding, on_demand=True if yielding else self._seen())
         return {self.by_uuid[u]: spans for u, spans in by_uuid.items() if u in self.by_uuid}
+
+    def _seen(self) -> bool | None:
+        """Which bookings take a plan's cards: every one for an on-demand booking's (they block each other), only those
+        not on demand for any other's (on-demand bookings yield to it: `_make_way`). As rows.busy_by_card's
+        `on_demand`."""
+        return None if self._scope.on_demand else False
+
+    def _make_way(self, cards: Sequence[int], start: int, end: int, now: int, excluding: int | None = None) -> list[int]:
+        """Before a booking that is not on demand is written on `cards` over [start, end): cut each on-demand booking
+        there to end YIELD_GAP_SECONDS before `start` (never before now: the past stays), or cancel it if it has not
+        started (or would keep nothing). Returns their ids, for `_yielded` once the booking is written. The gateway
+        drains the server on it before that end, and the enforcement stops it, as for any booking's end."""
+        if self._scope.on_demand:
+            return []
+        cut = []
+        for booking in rows.overlapping(self.conn, [self.cards[i].uuid for i in cards], start, end, excluding,
+                                        on_demand=True):
+            until = min(max(now, start - YIELD_GAP_SECONDS), start)  # a start a moment past (the grace) has it at start
+            if booking.start > now or until <= booking.start:
+                rows.set_cancelled(self.conn, booking.id)
+            else:
+                rows.cut_end(self.conn, booking.id, until)
+            cut.append(booking.id)
+        return cut
+
+    def _yielded(self, cut: Sequence[int], by: int, now: int, actor: tuple[int, str] | None = None) -> None:
+        """Audit each on-demand booking `_make_way` cut for booking `by`, as the writer's (`actor`: uid and name, default
+        the caller). Its holder is the runner's account: nobody to tell."""
+        uid, name = actor or (self.me.uid, self.me.name)
+        for booking_id in cut:
+            events.record(self.conn, ts=now, uid=uid, actor=name, action="on-demand-yield", booking_id=booking_id,
+                          ok=True, details={"booking": booking_id, "by": by})
 
     def _check_free(self, cards: Sequence[int], start: int, end: int, excluding: int | None = None) -> None:
         uuids = [self.cards[i].uuid for i in cards]
-        clash = rows.first_conflict(self.conn, uuids, start, end, excluding)
+        clash = rows.first_conflict(self.conn, uuids, start, end, excluding, on_demand=self._seen())
         if clash is not None:
             raise SlotTaken(clash, cards, self.clock())
 
