@@ -16,7 +16,7 @@
    app's median or less. The package's bytecode is compiled first (an install has it).
 
     [sudo] .venv/bin/python bench/bench_tui.py [--seconds 60] [--skip-idle] [--skip-timeline] [--no-socket]
-    .venv/bin/python bench/bench_tui.py --paint 15     # first paint only
+    .venv/bin/python bench/bench_tui.py --paint 15 [--against /tmp/old]   # first paint only; and another checkout's
 """
 
 from __future__ import annotations
@@ -228,8 +228,10 @@ def first_paint(argv: list[str], env: dict[str, str], painted: Callable[[str], b
         subprocess.run([*tmux, "kill-server"], capture_output=True)
 
 
-def paint_bench(rounds: int) -> dict[str, list[float]]:
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "app")], check=True, stdout=subprocess.DEVNULL)
+def paint_bench(rounds: int, against: Path | None = None) -> dict[str, list[float]]:
+    for checkout in (REPO, *([against] if against else [])):
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "app")], check=True,
+                       stdout=subprocess.DEVNULL)
     tmp = tempfile.mkdtemp(prefix="bench-paint-")
     env = {"TERM": "xterm-256color", "COLORTERM": "truecolor", "XDG_STATE_HOME": tmp, "BOARD_DB": f"{tmp}/board.db",
            "BOARD_SIMULATE": "1", "TZ": "UTC", "HOME": tmp, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -239,6 +241,8 @@ def paint_bench(rounds: int) -> dict[str, list[float]]:
         "minimal app": ([sys.executable, str(REPO / "bench" / "minimal_app.py")], lambda screen: "Quit" in screen),
         "board (file mode)": ([board], lambda screen: CARD_7_ROW.search(screen) is not None),
     }
+    if against is not None:  # the other checkout's board (its own venv), on the same database
+        cases["against: board (file mode)"] = ([str(against / ".venv" / "bin" / "board")], cases["board (file mode)"][1])
     times: dict[str, list[float]] = {name: [] for name in cases}
     try:
         for _ in range(rounds):
@@ -258,9 +262,10 @@ def main() -> None:
     parser.add_argument("--skip-timeline", action="store_true")
     parser.add_argument("--no-socket", action="store_true", help="leave out the board on the socket (root only)")
     parser.add_argument("--paint", type=int, metavar="ROUNDS", help="first paint in tmux at 80x24 only, ROUNDS each")
+    parser.add_argument("--against", type=Path, help="--paint: another checkout's board beside this one's (its venv)")
     args = parser.parse_args()
     if args.paint:
-        times = paint_bench(args.paint)
+        times = paint_bench(args.paint, args.against)
         base = statistics.median(times["minimal app"])
         print(f"first paint at 80x24 in tmux, {args.paint} rounds each, interleaved:")
         for name, values in times.items():
