@@ -438,3 +438,30 @@ def test_a_failed_start_is_unavailable_until_its_lease_runs_out(make):
     assert [m["state"] for m in board.client.call("models")] == ["failed", "cold"]
     board.clock.now = end
     assert board.client.call("model_demand", alias="team-llm")["booking"] not in (None, first["booking"])
+
+
+def test_a_members_booking_over_the_on_demand_card_wins_and_the_next_demand_goes_elsewhere(make):
+    """alice books the on-demand card from 10:02: the catalog's booking is cut to 10:01:50 (it yields), `models`
+    shows it draining once drain_s is left, and a demand then books the pool's other card; with that one taken too
+    (bob's), the demand after is unavailable until alice's booking ends.
+    Wrong versions: the yield's end not honoured by the lease (a demand or touch growing it back over alice's);
+    the draining booking answered; a card outside the pool taken."""
+    board = make()
+    board.register_runner()
+    first = board.client.call("model_demand", alias="team-llm")
+    [card] = first["cards"]
+    other = {2: 3, 3: 2}[card]
+    board.call(ALICE, "book", cards=[card], start=NOW + 120, end=NOW + 3600)
+    assert board.client.call("get", id=first["booking"])["end"] == NOW + 110
+    board.clock.now = NOW + 70
+    assert board.client.call("models_touch", aliases=["team-llm"]) == {"extended": {"team-llm": NOW + 110}}
+    board.clock.now = NOW + 80  # 30 s left: drain_s
+    [shown] = [m for m in board.client.call("models") if m["alias"] == "team-llm"]
+    assert (shown["state"], shown["booking"]) == ("draining", first["booking"])
+    second = board.client.call("model_demand", alias="team-llm")
+    assert second["state"] == "starting" and second["cards"] == [other]
+    assert board.client.call("get", id=first["booking"])["end"] == NOW + 110
+    board.call(ALICE, "book", cards=[other], start=NOW + 200, end=NOW + 3600)
+    board.clock.now = NOW + 170  # the second cut to 10:03:10: 30 s left
+    third = board.client.call("model_demand", alias="team-llm")
+    assert (third["state"], third["free_at"]) == ("unavailable", NOW + 3600)

@@ -348,7 +348,7 @@ def models_view(service: Service, me: Identity) -> list[ModelWire]:
         if booking is not None:
             if start_failure(service, booking) is not None:
                 state = "failed"
-            elif server is not None and (server[1] == "stopping" or booking.end - now <= drain):
+            elif booking.end - now <= drain or (server is not None and server[1] == "stopping"):
                 state = "draining"
             elif server is not None and server[1] == "ready":
                 state = "ready"
