@@ -6,8 +6,8 @@ run on the server's database thread, as `board agent` runs them every [enforce] 
 through the same database thread with their identity (the socket tests of who may are
 tests/service/test_admin_operations.py's).
 
-The simulated fleet has 4 cards; pool prod is cards 2 and 3; the catalog's model is the tests' tiny GGUF (one card
-holds it).
+On SQLite and on PostgreSQL (`store`). The simulated fleet has 4 cards; pool prod is cards 2 and 3; the catalog's
+model is the tests' tiny GGUF (one card holds it).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ ME = pwd.getpwuid(os.geteuid())
 class Board:
     """The service on its socket, with the test's clock; `client` speaks the wire as the gateway (this account)."""
 
-    def __init__(self, root, *, preload: PreloadWindow | None = None, projects: tuple[Project, ...] = ()) -> None:
+    def __init__(self, root, store_url: str | None = None, *, preload: PreloadWindow | None = None,
+                 projects: tuple[Project, ...] = ()) -> None:
         models = root / "models"
         models.mkdir(exist_ok=True)
         model = write_tiny_gguf(models / "tiny.gguf")
@@ -56,7 +57,7 @@ class Board:
                              project="search" if projects else None, klass="online", fallbacks=("other",))
         other = CatalogModel(alias="other", model=str(model), ctx=512, ttl_s=TTL)
         self.config = Config(
-            db_path=root / "board.db", policy=Policy(timezone="UTC"), pools=(Pool("prod", (2, 3)),),
+            db_path=root / "board.db", storage_url=store_url, policy=Policy(timezone="UTC"), pools=(Pool("prod", (2, 3)),),
             projects=projects, models=(entry, other), alerts=AlertSettings(enabled=False),
             llama=LlamaSettings(model_dirs=(str(models),), server_bin=str(binary), runner_user=ME.pw_name),
             gateway=GatewaySettings(user=ME.pw_name, drain_s=DRAIN),
@@ -118,13 +119,14 @@ class Board:
 
 
 @pytest.fixture
-def make(tmp_path):
+def make(tmp_path, store):
+    """make(**kwargs): a Board on SQLite, or on a fresh PostgreSQL database."""
     made: list[Board] = []
 
     def board(**kwargs) -> Board:
         root = tmp_path / f"board{len(made)}"
         root.mkdir()
-        made.append(Board(root, **kwargs))
+        made.append(Board(root, getattr(store, "url", None), **kwargs))
         return made[-1]
 
     yield board
