@@ -39,7 +39,8 @@ class Service(FixedState):
     def __init__(self, upstream: str, replies: dict[str, dict]) -> None:
         super().__init__(upstream)
         self.url = upstream
-        self.served = self.state["servers"].pop()  # alias m's server: added back by `serve`
+        self.served = self.state["servers"].pop()  # a member's server of alias m: nothing served until the test says
+        self.warm = {**self.served, "id": 8, "alias": "warm-llm", "user": "board-llama", "on_demand": "warm-llm"}
         self.replies = replies
         self.demands: list[str] = []
         self.touches: list[list[str]] = []
@@ -67,8 +68,9 @@ class Service(FixedState):
 
 
 def catalog(ready_timeout_s: float = 60.0, **settings) -> Config:
-    return Config(models=(CatalogModel(alias="cold-llm", model="/models/cold.gguf", fallbacks=("spare-llm", "m")),
+    return Config(models=(CatalogModel(alias="cold-llm", model="/models/cold.gguf", fallbacks=("spare-llm", "warm-llm")),
                           CatalogModel(alias="spare-llm", model="/models/spare.gguf"),
+                          CatalogModel(alias="warm-llm", model="/models/warm.gguf"),
                           CatalogModel(alias="hidden-llm", model="/models/hidden.gguf", project="research")),
                   gateway=GatewaySettings(**settings), llama=LlamaSettings(ready_timeout_s=ready_timeout_s))
 
@@ -160,31 +162,32 @@ async def test_an_error_status_after_the_head_arrives_as_an_error_event(upstream
 
 
 async def test_unavailable_goes_to_the_fallbacks_in_order_and_the_reply_names_the_one_that_answered(upstream):
-    """cold-llm cannot start; its first fallback (spare-llm, a catalog alias) cannot either; its second (m, served
-    now) answers, and the body it gets says "model": "m". Wrong versions: the body's model left as asked (the reply
-    says cold-llm); the fallbacks in reverse order (m asked first, spare-llm never); the first failure ending it."""
+    """cold-llm cannot start; its first fallback (spare-llm, a catalog alias) cannot either; its second (warm-llm,
+    served now) answers, and the body it gets says "model": "warm-llm". Wrong versions: the body's model left as
+    asked (the reply says cold-llm); the fallbacks in reverse order (warm-llm asked first, spare-llm never); the first
+    failure ending it."""
     server, seen, _ = upstream
     state = Service(str(server.make_url("")).rstrip("/"), {
         "cold-llm": unavailable("cold-llm needs 2 cards; none are free now"),
         "spare-llm": unavailable("spare-llm needs 1 card; none are free now")})
     async with opened(state, catalog()) as (client, made):
-        made._update({**state.state, "servers": [state.served]})
+        made._update({**state.state, "servers": [state.warm]})
         answer = await client.post("/v1/chat/completions", json=CHAT, headers=HEADERS)
         assert answer.status == 200
-        assert state.demands == ["cold-llm", "spare-llm"] and [s["body"]["model"] for s in seen] == ["m"]
+        assert state.demands == ["cold-llm", "spare-llm"] and [s["body"]["model"] for s in seen] == ["warm-llm"]
         await made._flush()
-        assert [(r["model"], r["server_id"]) for r in state.usage] == [("m", 7)]
+        assert [(r["model"], r["server_id"]) for r in state.usage] == [("warm-llm", 8)]
 
 
 async def test_a_fallback_outside_the_keys_models_is_never_used(upstream):
-    """A key scoped to cold-llm alone is not answered by m, which it may not use: 503 as if no fallback were
+    """A key scoped to cold-llm alone is not answered by warm-llm, which it may not use: 503 as if no fallback were
     configured. Wrong versions: fallbacks taken without the key's scope (the key reaches a model it may not)."""
     server, seen, _ = upstream
     state = Service(str(server.make_url("")).rstrip("/"), {"cold-llm": unavailable("none free", 90),
                                                              "spare-llm": unavailable("none free")})
     state.state["keys"][0]["models"] = ["cold-llm"]
     async with opened(state, catalog()) as (client, made):
-        made._update({**state.state, "servers": [state.served]})
+        made._update({**state.state, "servers": [state.warm]})
         answer = await client.post("/v1/chat/completions", json=CHAT, headers=HEADERS)
         assert answer.status == 503 and seen == [] and state.demands == ["cold-llm"]
 
@@ -197,7 +200,8 @@ async def test_nothing_free_is_503_no_free_cards_with_the_services_retry_after_a
     server, seen, _ = upstream
     line = "cold-llm needs 2 cards of pool prod; none are free now; the earliest is Sat 14:00 (in 25 min)"
     state = Service(str(server.make_url("")).rstrip("/"), {"cold-llm": unavailable(line, 1500),
-                                                             "spare-llm": unavailable("spare: none", 30)})
+                                                             "spare-llm": unavailable("spare: none", 30),
+                                                             "warm-llm": unavailable("warm: none", 20)})
     async with opened(state, catalog()) as (client, made):
         answer = await client.post("/v1/chat/completions", json=CHAT, headers=HEADERS)
         assert answer.status == 503 and answer.headers["Retry-After"] == "1500"
@@ -214,16 +218,16 @@ async def test_nothing_free_is_503_no_free_cards_with_the_services_retry_after_a
 
 async def test_busy_past_the_queues_wait_tries_the_fallbacks(upstream):
     """cold-llm's one slot is held by a stream; a second request waits past queue_timeout_s and is answered by its
-    fallback m. Wrong versions: the 429 model_busy returned as before (the fallbacks only for a cold alias)."""
+    fallback warm-llm. Wrong versions: the 429 model_busy returned as before (the fallbacks only for a cold alias)."""
     server, seen, release = upstream
     state = Service(str(server.make_url("")).rstrip("/"), {"spare-llm": unavailable("none free")})
     async with opened(state, catalog(queue_timeout_s=0.2)) as (client, made):
-        made._update({**state.state, "servers": [state.served, {**state.served, "id": 20, "alias": "cold-llm",
-                                                                "parallel": 1, "on_demand": "cold-llm"}]})
+        made._update({**state.state, "servers": [state.warm, {**state.warm, "id": 20, "alias": "cold-llm",
+                                                              "parallel": 1, "on_demand": "cold-llm"}]})
         holding = await client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=HEADERS)
         await asyncio.wait_for(holding.content.readline(), 10)
         answer = await asyncio.wait_for(client.post("/v1/chat/completions", json=CHAT, headers=HEADERS), 10)
-        assert answer.status == 200 and [s["body"]["model"] for s in seen] == ["cold-llm", "m"]
+        assert answer.status == 200 and [s["body"]["model"] for s in seen] == ["cold-llm", "warm-llm"]
         release.set()
         await holding.read()
 
@@ -308,7 +312,8 @@ async def test_v1_models_lists_the_catalog_cold_ones_too_within_the_keys_scope(u
         listed = (await (await client.get("/v1/models", headers=HEADERS)).json())["data"]
         assert [(m["id"], m["owned_by"], m["board"].get("on_demand"), m["board"].get("state")) for m in listed] == [
             ("m", "alice", None, None), ("spare-llm", "board-llama", True, "ready"),
-            ("cold-llm", "catalog", True, "cold"), ("hidden-llm", "research", True, "cold")]
+            ("cold-llm", "catalog", True, "cold"), ("warm-llm", "catalog", True, "cold"),
+            ("hidden-llm", "research", True, "cold")]
         assert listed[2]["board"] == {"servers": [], "cards": [], "booking_end": None, "slots": 0, "on_demand": True,
                                       "state": "cold"}
         state.state["keys"][0]["models"] = ["cold-llm", "m"]
