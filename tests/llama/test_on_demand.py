@@ -176,8 +176,9 @@ def test_a_cold_alias_is_listed_then_answered_and_board_list_shows_its_booking_u
 def test_a_cold_alias_streamed_gets_the_starting_comment_then_the_stream_and_two_clients_start_one_server(team):
     """curl streams a request for the cold alias: its head and `: board: starting tiny-llm on card 3` come while
     the server starts; the openai client's streamed request, sent meanwhile, and curl's both get whole streams; one
-    booking, one server. Wrong versions: a booking (or a server) per request; the head held until the server is
-    ready; the comment breaking the openai client's parse."""
+    booking, one server. Wrong versions: the head held until the server is ready (curl's first line is data); the
+    comment breaking the openai client's parse. (The service makes one booking of concurrent demands by itself: the
+    gateway's one call per alias is tests/unit/test_gateway_demand.py's.)"""
     key = team.key("bob")["key"]
     before = max(b["id"] for b in team.board.json("carol", "list", "--all")["bookings"])
     body = json.dumps({"model": "tiny-llm", "messages": HI, "max_tokens": 4, "stream": True})
@@ -252,7 +253,8 @@ def test_nothing_free_is_503_with_retry_after_and_the_fallback_answers_once_its_
     """alice holds card 3 (tiny-llm's pool), bob card 4 (spare-llm's): a request for tiny-llm is the openai
     client's 503, code no_free_cards, naming tiny-llm's pool and Retry-After in seconds; nothing is booked. bob
     gives card 4 back: the same request is answered by spare-llm, started on card 4, the reply's model saying so.
-    Wrong versions: a 404 or a hang; the fallback not tried; the reply's model still tiny-llm."""
+    Wrong versions: a 404 or a hang; the fallback not tried. (llama-server names its own alias in the reply whatever
+    the body said: the body's rewrite is tests/unit/test_gateway_demand.py's.)"""
     for user, card in (("alice", "3"), ("bob", "4")):
         team.board.json(user, "book", "--cards", card, "--for", "1h")
     client = team.client(team.key("alice")["key"])
