@@ -8,7 +8,10 @@ the gateway's follow thread does."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+
+import pytest
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -129,19 +132,28 @@ async def test_a_streamed_request_gets_its_head_and_a_starting_comment_at_once_t
         assert [(r["model"], r["status"], r["completion_tokens"]) for r in state.usage] == [("cold-llm", 200, 9)]
 
 
-async def test_an_error_status_after_the_head_arrives_as_an_error_event(upstream):
-    """The head went out as 200 while the model started; the server then answers 400: the stream's one event is its
-    error, in OpenAI's shape, and the request is accounted 400. Wrong versions: the error's body written raw into the
-    stream (no `data:`); accounted 200."""
+@pytest.mark.parametrize("status, body, event", [
+    (400, {"error": {"message": "the prompt is too long", "type": "invalid_request_error",
+                     "code": "context_length_exceeded"}},
+     b'data: {"error": {"message": "the prompt is too long", "type": "invalid_request_error", "code":'
+     b' "context_length_exceeded"}}\n\n'),
+    (200, {"object": "list", "usage": {"prompt_tokens": 5, "completion_tokens": 0}},
+     b'data: { "object": "list", "usage": {  "prompt_tokens": 5,  "completion_tokens": 0 }}\n\n')],  # on one line
+    ids=["error", "not-streamed"])
+async def test_an_answer_that_is_not_a_stream_after_the_head_is_one_event(upstream, status, body, event):
+    """The head went out as 200 while the model started; the server then answers with JSON, not a stream: an error
+    status is the stream's one event, its error in OpenAI's shape, accounted with its status; a 200 (a route that
+    does not stream) is one data event, its tokens counted. Wrong versions: the body written raw into the stream (no
+    `data:`), or the 200's over several lines (the event ends at its first); accounted 200 for the error; the 200's
+    body lost."""
     server, _, _ = upstream
-    refusing = web.Application()
+    answering = web.Application()
 
-    async def refuse(request):
-        return web.json_response({"error": {"message": "the prompt is too long", "type": "invalid_request_error",
-                                            "code": "context_length_exceeded"}}, status=400)
+    async def answer(request):
+        return web.json_response(body, status=status, dumps=lambda doc: json.dumps(doc, indent=1))
 
-    refusing.router.add_post("/v1/chat/completions", refuse)
-    other = TestServer(refusing)
+    answering.router.add_post("/v1/chat/completions", answer)
+    other = TestServer(answering)
     await other.start_server()
     state = Service(str(server.make_url("")).rstrip("/"), {"cold-llm": starting()})
     try:
@@ -150,13 +162,11 @@ async def test_an_error_status_after_the_head_arrives_as_an_error_event(upstream
                                                     headers=HEADERS))
             await until(lambda: "cold-llm" in made.router._watching)
             state.serve(made, "cold-llm", 20, url=str(other.make_url("")).rstrip("/"))
-            answer = await asyncio.wait_for(asked, 10)
-            text = await asyncio.wait_for(answer.read(), 10)
-            assert answer.status == 200 and text.endswith(
-                b'data: {"error": {"message": "the prompt is too long", "type": "invalid_request_error", "code":'
-                b' "context_length_exceeded"}}\n\n')
+            answered = await asyncio.wait_for(asked, 10)
+            text = await asyncio.wait_for(answered.read(), 10)
+            assert answered.status == 200 and text.endswith(event), text
             await made._flush()
-            assert [r["status"] for r in state.usage] == [400]
+            assert [(r["status"], r["prompt_tokens"]) for r in state.usage] == [(status, 5 if status == 200 else 0)]
     finally:
         await other.close()
 
