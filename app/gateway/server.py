@@ -550,16 +550,17 @@ class Gateway:
         """An answer that is not a 200 stream, into a stream whose head went out already: a 200's body as one data
         event, an error status as an error event (the server's own error where it sent one)."""
         meter.status = upstream.status
-        text = bytearray()
+        read = bytearray()
         async for chunk in upstream.content.iter_any():  # whole, up to what the meter parses
-            text += chunk
-            if len(text) > METER_LIMIT:
+            read += chunk
+            if len(read) > METER_LIMIT:
                 break
+        text = bytes(read)
         if upstream.status == 200:
             meter.feed(text)
             meter.finish()
             meter.done = True
-            await early.write(b"data: " + bytes(text).replace(b"\n", b"") + b"\n\n")
+            await early.write(b"data: " + text.replace(b"\n", b"") + b"\n\n")
             await early.write_eof()
             return early, 200
         try:
