@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 # command: (flags without a value, {option: attribute}, (positional attribute, its type) or None, defaults)
 QUICK: dict[str, tuple[frozenset, dict, tuple | None, dict]] = {
-    "status": (frozenset({"--json"}), {}, None, {}),
+    "status": (frozenset({"--json", "--short"}), {}, None, {}),
     "whoami": (frozenset({"--json"}), {}, None, {}),
     "book": (
         frozenset({"--json", "--asap", "--or-later"}),
@@ -38,7 +38,7 @@ QUICK: dict[str, tuple[frozenset, dict, tuple | None, dict]] = {
     "release": (frozenset({"--json"}), {}, ("id", "booking_id"), {}),
 }
 # Options argparse refuses together; the full CLI says so.
-EXCLUSIVE = ({"duration", "until"}, {"mine", "user"}, {"asap", "or_later"})
+EXCLUSIVE = ({"duration", "until"}, {"mine", "user"}, {"asap", "or_later"}, {"json", "short"})
 
 
 def _attribute(flag: str) -> str:
@@ -109,6 +109,10 @@ def shared_socket(environ) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["__complete"]:  # the completion script's live words (app.cli.completion), never argparse
+        from app.cli.completion import words
+
+        return words(argv[1:])
     args = parse(argv)
     if args is None:
         from app.cli import main as full

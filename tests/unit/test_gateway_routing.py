@@ -559,7 +559,7 @@ def test_every_field_the_service_routes_reaches_the_gateways_upstream():
     assert set(RoutedServer.__annotations__) == {f.name for f in fields(Upstream)} - {"outstanding"}
     sent = {"id": 7, "alias": "m7", "api_key": "sk-server-7", "url": "http://127.0.0.1:9007", "parallel": 3,
             "user": "alice", "booking": 70, "booking_end": NOW + 5000, "cards": [2, 5], "state": "ready",
-            "host": "gpu2", "on_demand": "m7"}
+            "host": "gpu2", "on_demand": "team-llm"}
     assert set(sent) == set(RoutedServer.__annotations__)
     r = Router(30.0, 5.0, 8, lambda: NOW)
     r.update({"servers": [sent], "keys": []})
