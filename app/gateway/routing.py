@@ -65,6 +65,7 @@ class Router:
         self.in_flight: dict[str, int] = {}
         self.queue = WaitQueue(Usage(half_life_s, shares or {}))  # requests waiting for a slot, in the order served
         self._watching: dict[str, set[asyncio.Future[None]]] = {}  # alias -> requests waiting for it to be routable
+        self.starting: set[str] = set()  # the aliases of the servers the state lists as starting
 
     # -- the service's view --------------------------------------------------------------------
 
@@ -72,6 +73,7 @@ class Router:
         """A new gateway_state. A server already known stays the same object, updated in place: the requests in flight
         on it hold that object, and their release must free a slot the router still counts."""
         servers = {}
+        self.starting = {s["alias"] for s in state.get("servers", []) if s.get("state") == "starting"}
         for s in state.get("servers", []):
             if s.get("state") not in ("ready",):
                 continue
@@ -164,7 +166,10 @@ class Router:
 
     async def served(self, alias: str) -> None:
         """Return once `alias` has a server that takes requests: woken by each new state (and each server back up),
-        never polled. A started catalog model's requests wait here (app.gateway.demand)."""
+        never polled. A started catalog model's requests wait here (app.gateway.demand). Refused model_unavailable
+        when a server of it that the state listed as starting is gone without having been ready: it failed to
+        start, and waiting on would last to the timeout."""
+        seen = alias in self.starting
         while not self._targets(alias):
             future = asyncio.get_running_loop().create_future()
             self._watching.setdefault(alias, set()).add(future)
@@ -175,10 +180,17 @@ class Router:
                 watchers.discard(future)
                 if not watchers:
                     self._watching.pop(alias, None)
+            if alias in self.starting:
+                seen = True
+            elif seen and alias not in self.models():
+                raise Refused(503, f"{alias[:80]}'s server stopped before it was ready (its log says why: board serve"
+                                   " logs); try again shortly", "server_error", "model_unavailable", retry_after=30)
 
     def _wake(self) -> None:
-        for alias in [a for a in self._watching if self._targets(a)]:
-            for future in self._watching.pop(alias):
+        """A new state: each request waiting for an alias looks again (app.gateway.demand)."""
+        watching, self._watching = self._watching, {}
+        for futures in watching.values():
+            for future in futures:
                 if not future.done():
                     future.set_result(None)
 

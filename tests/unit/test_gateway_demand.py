@@ -258,6 +258,32 @@ async def test_a_server_that_never_comes_is_503_model_not_ready_after_the_wait(u
         assert made.router.in_flight == {} and made.router._watching == {} and seen == []
 
 
+async def test_a_server_that_fails_to_start_ends_the_wait_at_once_and_the_fallbacks_are_tried(upstream):
+    """A state without the alias's server (the runner has not started it yet) keeps the request waiting; one that
+    lists it starting, then one without it (it crashed as it loaded), ends the wait: the fallbacks are asked, and
+    with none, 503 model_unavailable saying so. Wrong versions: the wait going on to the timeout; a failure read
+    from a state that never listed it starting (a request refused before the runner got to it)."""
+    server, seen, _ = upstream
+    state = Service(str(server.make_url("")).rstrip("/"), {"cold-llm": starting(), "spare-llm": unavailable("none"),
+                                                             "warm-llm": unavailable("none")})
+    async with opened(state, catalog()) as (client, made):
+        asked = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=HEADERS))
+        await until(lambda: "cold-llm" in made.router._watching)
+        made._update(state.state)  # no server of it yet
+        await until(lambda: "cold-llm" in made.router._watching)
+        assert not asked.done()
+        made._update({**state.state, "servers": [{**state.served, "id": 20, "alias": "cold-llm", "state": "starting",
+                                                  "on_demand": "cold-llm"}]})
+        await until(lambda: "cold-llm" in made.router._watching)
+        assert not asked.done()
+        made._update(state.state)  # gone: it crashed
+        answer = await asyncio.wait_for(asked, 10)
+        body = await answer.json()
+        assert answer.status == 503 and body["error"]["code"] == "model_unavailable", body
+        assert body["error"]["message"].startswith("cold-llm's server stopped before it was ready")
+        assert state.demands == ["cold-llm", "spare-llm", "warm-llm"] and seen == []
+
+
 async def test_a_client_that_leaves_while_its_model_starts_frees_everything(upstream):
     """Cancelled while it waits for the server: out of the member's count, the router's watchers and the aliases in
     use; the server that comes later gets nothing from it, and a new request is served. Wrong versions: the
