@@ -101,8 +101,10 @@ OPERATIONS: dict[str, Operation] = {
     "gateway_usage": _change("gateway", "a batch of the gateway's accounting records"),
     "usage": _read("gateway", "the gateway's requests and tokens summed by user, key or model"),
     # models: the team catalog ([[models]]) started on demand
-    "model_demand": _books("models", "the gateway asks for a catalog model: booked and started, or why not and when"),
-    "models_touch": _books("models", "the gateway's word that catalog models were used: their leases grow"),
+    # Sent again, each gives the same answer (one booking per alias, a lease to the same end); each says itself when it
+    # booked or moved an end: a touch each second would otherwise reload every board's bookings each second.
+    "model_demand": _read("models", "the gateway asks for a catalog model: booked and started, or why not and when"),
+    "models_touch": _read("models", "the gateway's word that catalog models were used: their leases grow"),
     "models": _read("models", "each catalog model with its state, cards and use today"),
     # projects: what each project has and spends
     "projects": _read("projects", "each project's members, classes, allocations, budget, and use this period"),

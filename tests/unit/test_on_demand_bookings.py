@@ -152,6 +152,20 @@ def test_the_lease_moves_the_end_up_to_the_next_booking_less_ten_seconds_and_nev
     assert as_("board-llama", now=alice_from).lease(booking.id, alice_from + H).end == alice_from - 10
 
 
+def test_a_short_lease_moves_in_steps_of_a_quarter_of_itself(as_):
+    """ttl_s 3 and drain_s 1: a lease of 4 s, asked each second, must move each second, or the model in use is
+    drained after 4 s (the gateway's end-to-end test found it). Nearest wrong versions: the 5 s step for every lease
+    (it never moves), no step at all (every touch writes)."""
+    runner = as_("board-llama")
+    booking = on_demand(runner, end=NOW + 4)
+    at_one = as_("board-llama", now=NOW + 1)
+    assert at_one.lease(booking.id, NOW + 1 + 4).end == NOW + 5  # a lease of 4 s: a step of 1 s
+    assert as_("board-llama", now=NOW + 20).lease(booking.id, NOW + 5 + 39).end == NOW + 5  # ended: never revived
+    long = on_demand(runner, "other", count=1, within=[6], end=NOW + 600)
+    assert at_one.lease(long.id, NOW + 1 + 603).end == NOW + 600  # 10 min: 4 s is under the 5 s step
+    assert at_one.lease(long.id, NOW + 1 + 604).end == NOW + 605
+
+
 @pytest.mark.parametrize("rule", ["window", "allocation", "budget"])
 def test_the_lease_stops_where_a_rule_it_keeps_would_refuse_the_span(as_, rule):
     """The 2-card on-demand booking from 08:00 to 08:10, leased to 09:00: online on cards 0-1 only until 08:30 (the

@@ -565,7 +565,8 @@ class BookingService:
         """Keep an on-demand booking's cards until `end`: its end moves there, but never past the start of the next
         other booking on its cards less YIELD_GAP_SECONDS, nor past what the pools' windows, other projects'
         allocations and its project's budget allow (`_allowed_until`), and never earlier than it is. Not audited: the
-        gateway's use leases every few seconds; a move of under LEASE_MIN_STEP_SECONDS writes nothing. A booking that
+        gateway's use leases every few seconds; a move of under LEASE_MIN_STEP_SECONDS (a quarter of a shorter lease)
+        writes nothing. A booking that
         has ended or was cancelled comes back as it is: a lease does not revive it."""
         with write(self.conn):
             now = int(self.clock())
@@ -578,7 +579,8 @@ class BookingService:
                 busy = self._busy_by_index(booking.end, end + YIELD_GAP_SECONDS, booking_id)
             after = [first for i in booking.cards for first, _ in busy.get(i, ()) if first >= booking.end]
             until = self._allowed_until(booking, min([end, *(first - YIELD_GAP_SECONDS for first in after)]))
-            if until - booking.end < LEASE_MIN_STEP_SECONDS:
+            # A short lease (ttl_s + drain_s of a few seconds) moves in steps of a quarter of itself, or it never would
+            if until - booking.end < min(LEASE_MIN_STEP_SECONDS, max(1, (end - now) // 4)):
                 return booking
             rows.set_times(self.conn, booking_id, booking.start, until)
         return self.get(booking_id)

@@ -162,6 +162,7 @@ def wake(service: Service, alias: str, used: bool = True) -> ModelDemand:
                           booking_id=made.id, ok=True, details={"plan": plan_id, "model": entry.model, "alias": alias,
                                                                 "on_demand": True})
         log.info(f"on demand: {alias} booked on cards {format_cards(made.cards)} (booking {made.id})")
+        service.hub.changed("bookings")
         service.wake_enforcer.set()  # its start need not wait for the next pass
         return _demand(service, entry, made, now)
 
@@ -170,7 +171,10 @@ def _extended(service: Service, runner: Identity, booking: Booking, end: int) ->
     """The booking with its lease grown to `end` where it can (BookingService.lease caps it)."""
     if end <= booking.end:
         return booking
-    return service.bookings(runner, booking=booking.id).lease(booking.id, end)
+    leased = service.bookings(runner, booking=booking.id).lease(booking.id, end)
+    if leased.end != booking.end:
+        service.hub.changed("bookings")  # the gateway's drain and the boards follow the end; a lease kept says nothing
+    return leased
 
 
 def _demand(service: Service, entry: CatalogModel, booking: Booking, now: int) -> ModelDemand:
