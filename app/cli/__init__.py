@@ -16,6 +16,7 @@ Where each command lives (its handler and its part of the parser):
   alerts.py     alerts
   report.py     report
   projects.py   projects (what each project has and spends)
+  models.py     models (the team's catalog of models started on demand, and their state)
   agent.py      agent, doctor, backup, migrate
   gateway.py    key new|list|revoke, usage, gateway (the OpenAI-compatible front door)
   runner.py     runner (planned servers, as the system user board-llama)
@@ -51,8 +52,8 @@ def cmd_board(ctx) -> int:
 def build_parser():
     import argparse
 
-    from app.cli import (admin, agent, alerts, bookings, cards, faults, fit, gateway, notify, power, projects, report,
-                         run, runner, serve, status)
+    from app.cli import (admin, agent, alerts, bookings, cards, faults, fit, gateway, models, notify, power, projects,
+                         report, run, runner, serve, status)
     from app.cli.arguments import Parser
 
     common = Parser(add_help=False)
@@ -105,6 +106,7 @@ def build_parser():
     alerts.add_parser(command)
     report.add_parser(command)
     projects.add_parser(command)
+    models.add_parser(command)
     gateway.add_parser(command, common)
     agent.add_agent(command)
     runner.add_runner(command)
