@@ -25,7 +25,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,8 @@ sys.path.insert(0, str(REPO))
 from bench.bench_llama import by_hand  # noqa: E402
 from tests import agent_process  # noqa: E402
 from tests.llama.test_gateway import Team  # noqa: E402
-from tests.llama.test_servers_service import MEMBERS, SharedBoard  # noqa: E402
+from tests.llama.test_servers_service import SharedBoard  # noqa: E402
+from tests.llama.test_servers_service import runner as runner_fixture  # noqa: E402
 from tests.llama.tiny_gguf import write_tiny_gguf  # noqa: E402
 from tests.ports import port_range  # noqa: E402
 from tests.shared_install import scratch_dir  # noqa: E402
@@ -60,26 +60,12 @@ ttl_s = {TTL_S}
 """
 
 
-def start_runner(board: SharedBoard) -> subprocess.Popen:
-    """`board runner` as board-runner.service starts it (tests/llama/test_servers_service.py's fixture)."""
-    entry = ensure_system_user(RUNNER_USER, MEMBERS)
-    state = board.root / "runner-state"  # the unit's StateDirectory=
-    state.mkdir()
-    os.chown(state, entry.pw_uid, entry.pw_gid)
-    os.chmod(state, 0o700)
-    log = board.root / "runner.log"
-    with open(log, "ab") as out:
-        process = subprocess.Popen(
-            ["/bin/sh", "-c", 'umask 077; exec "$@"', "sh", agent_process.SETPRIV, "--reuid", RUNNER_USER, "--regid",
-             RUNNER_USER, "--init-groups", "--", str(REPO / ".venv" / "bin" / "board"), "runner"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**agent_process.ENVIRON, "BOARD_CONFIG": str(board.agent.config), "XDG_STATE_HOME": str(state)})
-    deadline = time.monotonic() + 30
-    while "board runner: registered with the service" not in log.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the runner did not register:\n{log.read_text()[-2000:]}")
-        time.sleep(0.05)
-    return process
+def start_runner(board: SharedBoard):
+    """`board runner` as board-runner.service starts it: tests/llama/test_servers_service.py's fixture, run as the
+    generator it is (next() starts it; next() again stops it)."""
+    started = runner_fixture.__wrapped__(board)
+    next(started)
+    return started
 
 
 def entry(root_client) -> dict:
@@ -134,6 +120,7 @@ def main() -> None:
 
     ensure_unix_users()
     ensure_system_user(GATEWAY_USER, MEMBERS_GROUP)
+    ensure_system_user(RUNNER_USER, MEMBERS_GROUP)
     for name in ("board", "alice", GATEWAY_USER, RUNNER_USER):
         if problem := cannot_run_checkout(name):
             raise SystemExit(problem)
@@ -146,7 +133,7 @@ def main() -> None:
     team.url = f"http://127.0.0.1:{team.port}"
     board.agent.config.write_text(board.agent.config.read_text() + CATALOG.replace(
         "{listen}", f"127.0.0.1:{team.port}").replace("{model}", str(board.model)))
-    runner = None
+    runner = root_client = None
     try:
         board.agent.start()
         root_client = board.agent.client()
@@ -163,11 +150,12 @@ def main() -> None:
             warm.append(first_token(client)[0])
             hand.append(by_hand(binary, board.model, base + 8, root / "hand.log"))
     finally:
+        if root_client is not None:
+            root_client.close()
         if team.gateway is not None:
             agent_process.stop(team.gateway)
         if runner is not None:
-            runner.terminate()
-            runner.wait(15)
+            next(runner, None)
         board.agent.stop()
         shutil.rmtree(root, ignore_errors=True)
 
