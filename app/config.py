@@ -613,6 +613,7 @@ def _checked(file: ConfigFile, renamed: tuple[str, ...]) -> ConfigFile:
     _fit(file.fit)
     _metrics(file.metrics)
     _enforce(file.enforce)
+    _models(file.models, file.pools, file.projects, file.gateway.team_aliases, file.llama.model_dirs)
     return replace(file, gateway=_gateway(file.gateway, renamed))
 
 
@@ -716,6 +717,127 @@ def _projects(projects: tuple[Project, ...], pools: tuple[Pool, ...]) -> None:
                     raise ValueError(f"{at} holds cards {both} in hours that {other} holds them too; give each card to"
                                      " one project at a time")
             held.append((at, project.name, cards, week))
+
+
+def _alias_text(alias: str) -> bool:
+    """An alias as the gateway matches a request's "model" against it: 1 to 200 printable characters."""
+    return 0 < len(alias) <= 200 and alias.isprintable()
+
+
+def _models(models: tuple[CatalogModel, ...], pools: tuple[Pool, ...], projects: tuple[Project, ...],
+            team_aliases: dict[str, tuple[str, ...]], model_dirs: tuple[str, ...]) -> None:
+    """[[models]]: what the text alone says, the first bad entry in one line naming it (#N and its alias) and the key.
+    Whether its file exists, is a GGUF and fits this box's cards is app.llama.catalog's (board agent, at start)."""
+    if not models:
+        return  # a board without a catalog loads none of what checks one
+    from app.core.request import CACHE_TYPES, MAX_PARALLEL
+    from app.errors import BadInput
+    from app.llama.command import check_extra
+
+    pool_of = {pool.name: pool for pool in pools}
+    project_of = {project.name: project for project in projects}
+    dirs = [os.path.normpath(d) for d in model_dirs if os.path.isabs(d)]
+    aliases: dict[str, int] = {}
+    for number, entry in enumerate(models, 1):
+        where = f"[[models]] #{number}"
+        if not _alias_text(entry.alias):
+            raise ValueError(f"{where} alias is {entry.alias[:40]!r}; give 1 to 200 printable characters, the name"
+                             " clients send as \"model\"")
+        if entry.alias in aliases:
+            raise ValueError(f"{where} alias {entry.alias[:40]!r} is #{aliases[entry.alias]}'s too; give each entry its"
+                             " own alias")
+        aliases[entry.alias] = number
+        where = f"{where} ({entry.alias[:40]})"
+        if entry.alias in team_aliases:
+            raise ValueError(f"{where} alias is a [gateway.team_aliases] name too, which members serve themselves;"
+                             " give the catalog entry another alias")
+        model = entry.model
+        if not (model.endswith(".gguf") and os.path.isabs(model) and model.isprintable()):
+            raise ValueError(f"{where} model is {model[:80]!r}; give the absolute path of a .gguf file")
+        if ".." in model.split("/") or not dirs or not any(os.path.normpath(model).startswith(d.rstrip("/") + "/")
+                                                           for d in dirs):
+            shown = ", ".join(dirs) or "none is set"
+            raise ValueError(f"{where} model {model[:80]} is not under [llama] model_dirs ({shown}); put the file under"
+                             " one of them (without '..') or add its folder there")
+        for key in ("ctx", "parallel"):
+            if getattr(entry, key) < 1:
+                raise ValueError(f"{where} {key} must be a whole number more than 0, not {getattr(entry, key)}")
+        if entry.parallel > min(entry.ctx, MAX_PARALLEL):  # each slot holds ctx / parallel tokens, at least one
+            limit = "its ctx" if entry.ctx < MAX_PARALLEL else "llama.cpp's limit"
+            raise ValueError(f"{where} parallel is {entry.parallel}, more than {limit} ({min(entry.ctx, MAX_PARALLEL)});"
+                             " give fewer slots or more ctx")
+        for key in ("cache_type_k", "cache_type_v"):
+            if getattr(entry, key) not in CACHE_TYPES:
+                raise ValueError(f"{where} {key} is {getattr(entry, key)[:20]!r}; use one of {', '.join(CACHE_TYPES)}")
+        try:
+            check_extra(entry.args, model_dirs)
+        except BadInput as error:
+            raise ValueError(f"{where} args: {error}") from None
+        if entry.klass not in CLASSES:
+            raise ValueError(f"{where} class is {entry.klass[:20]!r}; use one of {', '.join(CLASSES)}")
+        if entry.pool is not None:
+            pool = pool_of.get(entry.pool)
+            if pool is None:
+                known = f"the pools are {', '.join(pool_of)}" if pool_of else "there are no [[pools]]"
+                raise ValueError(f"{where} pool {entry.pool[:40]!r} is not a [[pools]] name; {known}")
+            if entry.klass not in pool.classes:
+                raise ValueError(f"{where} class {entry.klass} is not allowed in pool {pool.name} (it allows"
+                                 f" {', '.join(pool.classes)}); give another class or pool")
+        if projects:
+            project = project_of.get(entry.project) if entry.project is not None else None
+            if project is None:
+                said = f"names {entry.project[:40]!r}, not a [[projects]] name" if entry.project is not None else (
+                    "is missing")
+                raise ValueError(f"{where} project {said}; name the project it is billed to, one of"
+                                 f" {', '.join(project_of)}")
+            if entry.klass not in project.classes:
+                raise ValueError(f"{where} class {entry.klass} is not one project {project.name} may book (it may"
+                                 f" {', '.join(project.classes)}); give another class or project")
+        elif entry.project is not None:
+            raise ValueError(f"{where} project {entry.project[:40]!r}: this board has no [[projects]]; leave project out")
+        if not 0 < entry.ttl_s < float("inf"):
+            raise ValueError(f"{where} ttl_s must be a number of seconds more than 0, not {entry.ttl_s:g}")
+        if entry.preload is not None:
+            try:
+                parse_hours(entry.preload.hours)
+            except ValueError:
+                raise ValueError(f"{where} preload.hours is {entry.preload.hours[:20]!r}; give local hours such as"
+                                 " \"09:00-19:00\" or \"19:00-09:00\"") from None
+            try:
+                parse_days(entry.preload.days)
+            except ValueError:
+                raise ValueError(f"{where} preload.days is {entry.preload.days[:20]!r}; give days such as \"mon-fri\""
+                                 " or \"sat,sun\"") from None
+    for number, entry in enumerate(models, 1):
+        where = f"[[models]] #{number} ({entry.alias[:40]})"
+        for fallback in entry.fallbacks:
+            if fallback == entry.alias:
+                raise ValueError(f"{where} fallbacks names itself; name other [[models]] aliases")
+            if fallback not in aliases:
+                raise ValueError(f"{where} fallbacks: {fallback[:40]!r} is not a [[models]] alias; name other entries"
+                                 f" of the catalog ({', '.join(a[:40] for a in aliases)})")
+    fallbacks = {entry.alias: entry.fallbacks for entry in models}
+    for number, entry in enumerate(models, 1):
+        if cycle := _cycle(entry.alias, fallbacks):
+            raise ValueError(f"[[models]] #{number} ({entry.alias[:40]}) fallbacks go round: {' -> '.join(cycle)};"
+                             " drop one so that each chain ends")
+
+
+def _cycle(start: str, fallbacks: dict[str, tuple[str, ...]]) -> list[str] | None:
+    """A chain of fallbacks from `start` back to it, or None: depth first, each alias once."""
+    seen: set[str] = set()
+
+    def walk(path: list[str]) -> list[str] | None:
+        for then in fallbacks.get(path[-1], ()):
+            if then == start:
+                return [*path, then]
+            if then not in seen:
+                seen.add(then)
+                if found := walk([*path, then]):
+                    return found
+        return None
+
+    return walk([start])
 
 
 def _policy(policy: Policy) -> None:

@@ -100,6 +100,10 @@ OPERATIONS: dict[str, Operation] = {
     "gateway_state": _read("gateway", "what the gateway routes by: servers, plans, usable keys"),
     "gateway_usage": _change("gateway", "a batch of the gateway's accounting records"),
     "usage": _read("gateway", "the gateway's requests and tokens summed by user, key or model"),
+    # models: the team catalog ([[models]]) started on demand
+    "model_demand": _books("models", "the gateway asks for a catalog model: started on free cards, or when"),
+    "models_touch": _books("models", "the gateway's word that catalog models were used: their leases grow"),
+    "models": _read("models", "each catalog model with its state, cards and use today"),
     # projects: what each project has and spends
     "projects": _read("projects", "each project's members, classes, allocations, budget, and use this period"),
     # power: the cards' power limits

@@ -45,14 +45,20 @@ def cmd_agent(ctx) -> int:
         raise BoardError("the board service does not run as root; run it as the system user board:"
                          " systemctl start board-agent, or setpriv --reuid board --regid board --init-groups"
                          " --inh-caps +kill --ambient-caps +kill board agent")
+    from app.llama.catalog import check_catalog
     from app.service import open_service
     from app.service.box.files import secure_state
     from app.service.door.server import log, run_agent
 
+    service = open_service(ctx.config, demo=ctx.demo, environ=ctx.environ, transport="socket")
+    if ctx.config.models and (bad := check_catalog(ctx.config, service.fleet.latest().cards)):
+        service.fleet.close()
+        for line in bad:  # each bad entry, before anything is opened or served
+            print(f"board: bad config {ctx.config.path}: {line}", file=sys.stderr)
+        return 2
     os.umask(0o077)  # the database, its -wal and -shm are the service's alone
     for change in secure_state(ctx.config.db_path):
         log.warning(f"board agent: {change}")
-    service = open_service(ctx.config, demo=ctx.demo, environ=ctx.environ, transport="socket")
     service.conn  # noqa: B018 - opens and migrates the database now, with a clear error if it can't
     return run_agent(service, socket_path)
 

@@ -118,8 +118,8 @@ def cmd_topo(ctx) -> int:
 
 
 def hardware_checks(ctx):
-    """board doctor's part on the box: driver and CUDA for the cards' architecture, the llama-server build, and each
-    card's PCIe link. (ok, line) pairs; ok is None for a warning."""
+    """board doctor's part on the box: driver and CUDA for the cards' architecture, the llama-server build, each
+    card's PCIe link, and the catalog's models against the cards. (ok, line) pairs; ok is None for a warning."""
     from app.core.hardware import by_capability, driver_checks, link_checks
     from app.errors import BoardError
     from app.gpu import NoDriverError
@@ -132,6 +132,20 @@ def hardware_checks(ctx):
     yield from driver_checks(snapshot)
     yield from _build_checks(ctx, list(by_capability(snapshot.cards)))
     yield from link_checks(snapshot.cards)
+    yield from _catalog_checks(ctx.config, snapshot.cards)
+
+
+def _catalog_checks(config, cards):
+    """The catalog ([[models]]) against these cards and the model files this user can read: what `board agent`
+    refuses to start with, a FIX line each."""
+    if not config.models:
+        return
+    from app.llama.catalog import check_catalog
+
+    bad = check_catalog(config, cards)
+    yield from ((False, line) for line in bad)
+    if not bad:
+        yield True, f"the catalog's {len(config.models)} model(s) can run on this box's cards ([[models]])"
 
 
 def _snapshot_for_doctor(ctx):

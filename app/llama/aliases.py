@@ -9,8 +9,8 @@ that would overlap another member's is refused (Conflict), naming the holder and
 Where a clash arose later (a booking extended, a series grown), the earlier holder wins: a live server is never
 displaced, and between plans the older one (the smaller id) holds; the runner's later start is refused and the
 reason recorded on the plan's run. Team aliases ([gateway.team_aliases]) are served together by the users and
-@groups listed there, and by no one else (NotPermitted). The gateway checks again what it routes
-(app.gateway.routing.Router.update).
+@groups listed there, and by no one else (NotPermitted). A catalog alias ([[models]]) is served by the runner
+account's on-demand servers alone (Conflict). The gateway checks again what it routes (app.gateway.routing.Router.update).
 """
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ def check(conn: sqlite3.Connection, config: Config, *, user: str, uid: int, alia
     """Refuse `user` serving `alias` over `spans` (start, end) when another member holds it then.
 
     `defaulted`: the alias is the model's name, not one the member chose (the refusal says how to choose one).
-    `plan`: the member's own plan for this start, whose age decides a clash with another member's plan."""
+    `plan`: the member's own plan for this start, whose age decides a clash with another member's plan.
+
+    A catalog alias ([[models]]) is the runner account's alone: its on-demand plans start it
+    (app.service.rules.ondemand); a member's server under it would take the catalog's traffic."""
+    if user != config.llama.runner_user and any(entry.alias == alias for entry in config.models):
+        raise Conflict(f"alias {alias[:80]} is the team catalog's ([[models]]): it is started on demand; give another"
+                       " --alias")
     owners = config.gateway.team_aliases.get(alias)
     if owners is not None:
         if not listed(owners, user):

@@ -121,6 +121,11 @@ def usage(conn: sqlite3.Connection, since: int, by: str) -> list[UsageRow]:
     return found
 
 
+def last_request(conn: sqlite3.Connection, model: str) -> int | None:
+    """When the gateway last answered a request for `model` (an alias), or None."""
+    return conn.execute("SELECT MAX(ts) FROM gateway_usage WHERE model = ?", (model,)).fetchone()[0]
+
+
 def tokens_by_project(conn: sqlite3.Connection, since: int) -> dict[str, int]:
     """project -> prompt and completion tokens since `since`: what the gateway's token budgets count."""
     return {project: total or 0 for project, total in conn.execute(

@@ -138,6 +138,13 @@ def last_refusal(conn: sqlite3.Connection, plan_id: int) -> dict[str, Any] | Non
     return {"booking": row[0], "error": row[1]} if row and row[1] else None
 
 
+def run_on(conn: sqlite3.Connection, booking_id: int) -> dict[str, Any] | None:
+    """The latest start of a plan on this booking: {"plan", "server" (None: it gave none), "error"}; None: none yet."""
+    row = conn.execute("SELECT plan_id, server_id, error FROM server_plan_runs WHERE booking_id = ?"
+                       " ORDER BY started_at DESC, plan_id DESC LIMIT 1", (booking_id,)).fetchone()
+    return {"plan": row[0], "server": row[1], "error": row[2]} if row else None
+
+
 def plan_of_server(conn: sqlite3.Connection, server_id: int) -> int | None:
     """The plan whose occurrence started this server, or None for a server a member started."""
     row = conn.execute("SELECT plan_id FROM server_plan_runs WHERE server_id = ?", (server_id,)).fetchone()

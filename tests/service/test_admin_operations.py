@@ -12,6 +12,7 @@ OPEN, and test_every_operation_that_checks_who_asks_is_in_the_table keeps the th
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import re
@@ -291,6 +292,14 @@ def check_gateway_state(world, args, made, got):
     assert world.root.call("gateway_state")["keys"] == got["keys"]  # root too
 
 
+def setup_models_touch(world):
+    return {"aliases": ["team-llm"]}, {}
+
+
+def check_models_touch(world, args, made, got):
+    assert got == {"extended": {}}  # the worlds have no catalog ([[models]]): nothing lives to extend
+
+
 RECORD = {"ts": 1_700_000_000, "status": 200, "prompt_tokens": 11, "completion_tokens": 7, "duration_ms": 5,
           "user": "alice", "model": "m"}
 
@@ -354,6 +363,9 @@ TABLE = [
             check_gateway_state, refused=("bob", "carol"), allowed=GATEWAY_USER),
     Guarded("gateway_usage", "gateway_usage", setup_gateway_usage, GATEWAY_ONLY.format(op="gateway_usage"),
             check_gateway_usage, refused=("bob", "carol"), allowed=GATEWAY_USER),
+    # A member's touch would keep the catalog's cards booked (app.service.rules.ondemand).
+    Guarded("models_touch", "models_touch", setup_models_touch, GATEWAY_ONLY.format(op="models_touch"),
+            check_models_touch, refused=("bob", "carol"), allowed=GATEWAY_USER),
 ]
 
 # Those that test_service_permissions.py runs from both sides (the test that does).
@@ -366,10 +378,12 @@ ELSEWHERE = {
     "serve_start": "test_only_the_holder_starts_a_server_on_her_booking",
     "serve_stop": "test_only_the_holder_or_an_admin_stops_a_server",
 }
+# Those that need a catalog ([[models]]) and a runner, which these worlds lack: the test of the module named.
+ON_DEMAND = {"model_demand": ("tests.service.test_on_demand_service", "test_a_member_may_not_demand_or_touch")}
 # Any member may, and each answers the same whoever asks, but for these, scoped:
 # key_list (everyone's keys for admins), serve_get and serve_list (a log's path and tail).
 OPEN = set("whoami stats fleet history report status get list window all_bookings log plan next_free slots book"
-           " series_get serve_get serve_list serve_plans faults alerts usage power key_list projects".split())
+           " series_get serve_get serve_list serve_plans faults alerts usage power key_list projects models".split())
 
 
 def written(world: World) -> tuple:
@@ -407,7 +421,7 @@ def test_only_those_who_may_and_the_same_call_is_done_for_them(world, row):
     got = world[row.allowed].call(row.op, **args)
     row.check(world, args, made, got)
     assert written(world) != before or row.op in ("earliest", "notify_status", "gateway_state", "serve_key",
-                                                  "serve_logs")
+                                                  "serve_logs", "models_touch")
     done = [(event[2], event[4]) for event in world.events_since(mark) if event[0] == row.allowed]
     assert done == [(action, True) for action in row.done]
 
@@ -552,11 +566,13 @@ def test_every_operation_that_checks_who_asks_is_in_the_table():
 
     ops = {name: lookup(name) for name in OPERATIONS}
     tabled = {row.op for row in TABLE}
-    assert tabled | set(ELSEWHERE) | OPEN == set(ops), sorted(set(ops) ^ (tabled | set(ELSEWHERE) | OPEN))
-    assert not tabled & OPEN and not set(ELSEWHERE) & (OPEN | tabled)
+    placed = tabled | set(ELSEWHERE) | set(ON_DEMAND) | OPEN
+    assert placed == set(ops), sorted(set(ops) ^ placed)
+    assert not tabled & OPEN and not set(ELSEWHERE) & (OPEN | tabled) and not set(ON_DEMAND) & (OPEN | tabled)
     import tests.service.test_service_permissions as elsewhere
 
     assert all(hasattr(elsewhere, test) for test in ELSEWHERE.values())
+    assert all(hasattr(importlib.import_module(module), test) for module, test in ON_DEMAND.values())
     checking = {name for name, op in ops.items() if any(w in inspect.getsource(op.handler) for w in PERMISSION_WORDS)}
     # key_list is scoped (test_a_member_lists_only_her_own_keys_even_asking_for_all...); whoami says who is an admin
     assert checking & OPEN == {"key_list", "whoami"}

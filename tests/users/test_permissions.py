@@ -54,8 +54,10 @@ runs as client calls from processes of those users (and [local] in process, iden
     override_policy, power_step, notify_test and notify_status, key_new for another account; the holder or an admin:
     series_extend, series_cancel, key_revoke ("no key N of yours", exit 2, not audited), serve_key, serve_logs,
     serve_plan_cancel; key_list `all` is everyone's for admins only; a per-user alert is its user's alone
-20. service/ops/gateway.py _gateway_only (gateway_state, gateway_usage): the [gateway] user's account or root,
-    admins refused; service/servers.py may_supervise: the runner's account supervises only what a plan started
+20. service/ops/gateway.py _gateway_only (gateway_state, gateway_usage, and service/ops/models.py model_demand,
+    models_touch): the [gateway] user's account or root, admins refused; llama/aliases.py: a catalog alias
+    ([[models]]) is served by the runner's account alone, exit 3 (tests/service/test_on_demand_service.py);
+    service/servers.py may_supervise: the runner's account supervises only what a plan started
 (13-16: tests/llama/test_servers_service.py and tests/unit/test_plans.py; 17-18: tests/service/test_classes.py;
 13-14 and 19-20 from both sides, as one table: tests/service/test_admin_operations.py [socket local].)
 

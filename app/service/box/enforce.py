@@ -23,6 +23,7 @@ from app.service.box.alerts import enforcer_alerts
 from app.service.rules.audit import AGENT, audit
 from app.service.fleet.hosts import refuse_remote
 from app.service.fleet.lastknown import unreachable
+from app.service.rules.ondemand import keep_pass
 from app.service.rules.plans import start_due
 from app.service.box.idle import release_pass
 from app.service.box.processes import UNREAD
@@ -101,6 +102,7 @@ def enforce_once(server: Agent) -> dict[str, list[int]]:
         _tell_started(server, now)
         done.update(enforce_servers(server))
         done["planned_started"] = start_due(server)
+        done["preloaded"] = keep_pass(server)  # after start_due: a model it books starts at the next pass, or at once
         done.update(release_pass(server))  # after the servers' pass: a server that just ended is seen ended
     except BoardError as error:
         if isinstance(error, StoreLocked):  # another session holds a lock for long: the jobs' enforcement goes on

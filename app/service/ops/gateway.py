@@ -192,6 +192,7 @@ class RoutedServer(TypedDict):
     cards: list[int]
     state: str
     host: str
+    on_demand: str  # the catalog alias its booking was made for ([[models]]); "" for a member's server
 
 
 # A usable key as the gateway checks it: its hash, never the key (functional form: `class` is a keyword). Its class
@@ -248,7 +249,8 @@ def gateway_state(service: Service, me: Identity, request: GatewayStateAsk) -> G
             "id": server.id, "alias": server.alias or server.model.rsplit("/", 1)[-1], "api_key": api_keys.get(server.id),
             "url": f"http://{f'[{host}]' if ':' in host else host}:{server.port}", "parallel": server.parallel or 1,
             "user": server.user, "booking": server.booking_id, "booking_end": booking.end if booking else None,
-            "cards": list(server.cards), "state": server.state, "host": "local"})
+            "cards": list(server.cards), "state": server.state, "host": "local",
+            "on_demand": booking.on_demand if booking else ""})
     # A key made before [classes] kept its class from its holder waits after every class (None ranks last).
     keys: list[RoutedKey] = [{"id": k["id"], "hash": k["hash"], "user": k["user"], "models": k["models"],
                               "class": k["class"] if may_use(service.config, k["class"], k["user"]) else None,

@@ -37,6 +37,8 @@ OVER_BUDGET = "past the budget by an admin: "  # the note and the audit's over_b
 LOOKAHEAD_SECONDS = 86400
 MAX_CANDIDATES = 60  # booking ends tried as starts by `options`: enough for 3 slots on a busy calendar
 MAX_BACKFILL_ROUNDS = 10  # each round moves at least one booking earlier; a bound, not an expected count
+YIELD_GAP_SECONDS = 10  # an on-demand booking ends this long before the booking that takes its cards
+LEASE_MIN_STEP_SECONDS = 5  # a lease that would move an end by less writes nothing: it runs every few seconds
 T = TypeVar("T")
 
 
@@ -51,6 +53,15 @@ class Plan:
     notes: tuple[str, ...] = ()  # one line each: cards passed over or taken despite what runs on them now
     project: str = projects.IMPLICIT  # what it is for ([[projects]])
     over_budget: str | None = None  # an admin's --force took it past its project's budget: by how much (audited)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """What the plan being made is for: an on-demand booking (the catalog's: exempt from the rules about people,
+    app.model.Booking.on_demand), and the cards a count may take its group from (None: any)."""
+
+    on_demand: bool = False
+    within: frozenset[int] | None = None
 
 
 class _Search(TypedDict):
@@ -133,6 +144,7 @@ class BookingService:
         # The store has no writer but this service (SQLite behind the agent): a count is planned once, under the
         # write lock, rather than first on a plain read to keep the lock short for others.
         self.sole_writer = False
+        self._scope = _Scope()  # set while an on-demand booking is planned (`_planning`)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -165,8 +177,12 @@ class BookingService:
         that every rule accepts."""
         now = int(self.clock())
         klass = self._check_class(klass)
-        self._check_access(klass, user)
-        project = self._check_project(project, klass, user)
+        on_demand = self._scope.on_demand
+        if on_demand:  # the catalog is the admin's: its project is the entry's, whoever holds the booking
+            project = self._catalog_project(project or projects.IMPLICIT, klass)
+        else:
+            self._check_access(klass, user)
+            project = self._check_project(project, klass, user)
         if start < now - PAST_GRACE_SECONDS:
             raise BadInput(f"the start {stamp_time(start, now)} is in the past; pick a start from now on")
         if end <= start:
@@ -174,7 +190,8 @@ class BookingService:
         chosen = self._check_cards(cards) if cards is not None else None
         if chosen is None and count not in GROUP_SIZES:
             raise BadInput(f"a group is 1, 2, 4 or 8 cards, not {count}")
-        policy.check_span(self.config, start=start, end=end, now=now)  # no other start helps with these
+        if not on_demand:  # its span grows by leases: neither the longest booking nor how far ahead applies
+            policy.check_span(self.config, start=start, end=end, now=now)  # no other start helps with these
         down = self._host_down(chosen, start, now, force)  # refuses one that starts now; a note for any other
         search = _Search(cards=chosen, count=count, klass=klass, start=start, duration=end - start, excluding=excluding,
                          user=user, project=project)
@@ -182,6 +199,8 @@ class BookingService:
             plan = self._plan_at(chosen, count, klass, start, end - start, now, excluding, user=user, project=project,
                                  over_budget=force and self.me.is_admin)
         except (Conflict, NotPermitted) as refused:
+            if on_demand:
+                raise  # its caller words the refusal (model_demand): a member's search says nothing to it
             if not or_later:
                 raise _retry(refused, **search) from None
             found = self._earliest(**search)
@@ -222,10 +241,16 @@ class BookingService:
         else:
             assert count is not None  # no cards named: a group size (_plan checked it)
             chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy, project)
-        if held is None:
-            held = rows.live_between(self.conn, start, end, user=user or self.me.name)
-        spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
-        policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=spans, project=project)
+        if self._scope.on_demand:  # no limit on cards at once (the runner's account holds them all), the pools' rules
+            for card in chosen:
+                if reason := policy.card_refusal(self.config, card, klass, start, end, project=project):
+                    raise NotPermitted(f"card {card}: {reason}")
+        else:
+            if held is None:
+                held = rows.live_between(self.conn, start, end, user=user or self.me.name)
+            spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
+            policy.check(self.config, cards=chosen, klass=klass, start=start, end=end, now=now, held=spans,
+                         project=project)
         if over := self._check_budget(project, [(start, end)], len(chosen), excluding, over_budget):
             notes.append(over)
         if len(chosen) > 1 and (crossing := group_crossing(self.topology, list(self.cards.values()), chosen)):
@@ -263,7 +288,7 @@ class BookingService:
                         taken = not is_free(busy, cards, wanted)
                     else:
                         assert count is not None  # no cards named: a group size (_plan checked it)
-                        taken = sum(is_free(busy, (i,), wanted) for i in self.cards) < count
+                        taken = sum(is_free(busy, (i,), wanted) for i in self._candidates()) < count
                     if taken:
                         continue
                     try:
@@ -281,6 +306,30 @@ class BookingService:
             yield
         finally:
             self._periods = None
+
+    @contextlib.contextmanager
+    def _planning(self, scope: _Scope) -> Iterator[None]:
+        """Plan for `scope` (an on-demand booking, a count within some cards) until the block ends."""
+        before, self._scope = self._scope, scope
+        try:
+            yield
+        finally:
+            self._scope = before
+
+    def _candidates(self) -> list[int]:
+        """The cards a count may take its group from: `within` while it is set (`_planning`), else every card."""
+        within = self._scope.within
+        return [i for i in sorted(self.cards) if within is None or i in within]
+
+    def _catalog_project(self, project: str, klass: str) -> str:
+        """An on-demand booking's project: its catalog entry's, which the runner's account need not be a member of;
+        a project's own classes still hold."""
+        if bool(self.config.projects) != (projects.named(self.config, project) is not None):
+            known = ", ".join(p.name for p in self.config.projects) or "none"
+            raise BadInput(f"no project {project!r} for the catalog's booking; the projects are {known}")
+        if reason := projects.class_refusal(self.config, project, klass):
+            raise NotPermitted(reason)
+        return project
 
     def _period_bookings(self, start: int, end: int) -> list[Booking]:
         if self._periods is None:
@@ -380,12 +429,24 @@ class BookingService:
         or_later: bool = False,
         force: bool = False,
         project: str | None = None,
+        on_demand: str = "",
+        within: Sequence[int] | None = None,
     ) -> tuple[Booking, tuple[str, ...]]:
         """Create a booking; also returns the notes on what runs on the cards now (Plan.notes).
 
         `or_later`: take the earliest start from `start` on that works, and join the queue: the booking
         moves earlier by itself when time frees up (`backfill`). `force`: named cards on a host that is down
-        (`_host_down`), or an admin's booking past its project's budget. `project`: --project."""
+        (`_host_down`), or an admin's booking past its project's budget. `project`: --project.
+
+        `on_demand`: the catalog alias ([[models]]) the booking is made for (app.service.ops.models): its request
+        says so, and its note. It is exempt from the rules about people ([classes] access, project membership, cards
+        at once, the longest booking, how far ahead: the catalog is the admin's, and its span grows by `lease`), and
+        keeps the pools' rules, other projects' allocations and its project's budget. `within`: the cards a count
+        takes its group from (a pool's)."""
+        if (request or {}).get("on_demand") and not on_demand:
+            raise BadInput("a request's on_demand is the service's to set (app.service.ops.models)")
+        if on_demand:
+            request, note = {**(request or {}), "on_demand": on_demand}, f"on demand: {on_demand}"
         note = self._check_note(note)
         details: dict[str, Any] = {"cards": list(cards) if cards is not None else None, "count": count, "start": start,
                                    "end": end, "class": klass, "note": note}
@@ -395,15 +456,21 @@ class BookingService:
             details["or_later"] = True
         if force:
             details["force"] = True
+        if on_demand:
+            details["on_demand"] = on_demand
+        if within is not None:
+            details["within"] = sorted(set(within))
 
         # A count, or a start that may move, is planned on a plain read first, outside the write lock;
         # inside it the plan is only re-checked like explicit cards at a fixed start, and re-planned if
         # someone took them meanwhile. The store's sole writer has no one to keep waiting: it plans once, inside.
+        scope = _Scope(bool(on_demand), frozenset(self._check_cards(within)) if within is not None else None)
         hint = None
         if (cards is None or or_later) and not self.sole_writer:
             try:
-                hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
-                                  force=force, project=project)
+                with self._planning(scope):
+                    hint = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
+                                      force=force, project=project)
             except BoardError:
                 pass  # the planning inside the lock raises it again, and audits it
 
@@ -412,17 +479,18 @@ class BookingService:
         def change(now: int) -> int:
             nonlocal notes
             plan = None
-            if hint is not None:
-                try:
-                    plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass, force=force,
-                                      project=project)
-                    notes = hint.notes  # why the count picked these cards
-                except Conflict:
-                    pass
-            if plan is None:
-                plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
-                                  force=force, project=project)
-                notes = plan.notes
+            with self._planning(scope):
+                if hint is not None:
+                    try:
+                        plan = self._plan(cards=hint.cards, start=hint.start, end=hint.end, klass=klass, force=force,
+                                          project=project)
+                        notes = hint.notes  # why the count picked these cards
+                    except Conflict:
+                        pass
+                if plan is None:
+                    plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
+                                      force=force, project=project)
+                    notes = plan.notes
             rows.sync_cards(self.conn, self.cards.values(), now, self.host)
             wanted = min(max(start, now), plan.start)
             booking_id = rows.insert(
@@ -485,6 +553,26 @@ class BookingService:
             return booking_id
 
         return self._audited("extend", booking_id, details, change)
+
+    def lease(self, booking_id: int, end: int) -> Booking:
+        """Keep an on-demand booking's cards until `end`: its end moves there, but never past the start of the next
+        other booking on its cards less YIELD_GAP_SECONDS, and never earlier than it is. Not audited: the gateway's
+        use leases every few seconds; a move of under LEASE_MIN_STEP_SECONDS writes nothing. A booking that has ended
+        or was cancelled comes back as it is: a lease does not revive it."""
+        with write(self.conn):
+            now = int(self.clock())
+            booking = self.get(booking_id)
+            if not booking.on_demand:
+                raise BadInput(f"booking {booking_id} is not on demand; 'board extend' extends it")
+            if booking.status != "booked" or booking.end <= now:
+                return booking
+            busy = self._busy_by_index(booking.end, end + YIELD_GAP_SECONDS, booking_id)
+            after = [first for i in booking.cards for first, _ in busy.get(i, ()) if first >= booking.end]
+            until = min([end, *(first - YIELD_GAP_SECONDS for first in after)])
+            if until - booking.end < LEASE_MIN_STEP_SECONDS:
+                return booking
+            rows.set_times(self.conn, booking_id, booking.start, until)
+        return self.get(booking_id)
 
     def move(self, booking_id: int, start: int, end: int, override_policy: bool = False) -> Booking:
         """Give a booking new times on the same cards; admins only. The rules apply unless `override_policy`,
@@ -879,9 +967,9 @@ class BookingService:
         is a conflict, naming who holds them. A slot that starts now leaves out cards with another
         user's processes, and HOT cards while a cooler group is free."""
         end = start + duration
-        refusals = {i: f"card {i} is lost (fell off the bus)" if c.lost
+        refusals = {i: f"card {i} is lost (fell off the bus)" if self.cards[i].lost
                     else policy.card_refusal(self.config, i, klass, start, end, project=project)
-                    for i, c in sorted(self.cards.items())}
+                    for i in sorted(self._candidates())}
         eligible = [i for i, reason in refusals.items() if reason is None]
         if len(eligible) < count:
             reasons = "; ".join(dict.fromkeys(reason for reason in refusals.values() if reason is not None))
@@ -898,7 +986,8 @@ class BookingService:
         chosen = best_group(cool, count, self.topology) or best_group(free, count, self.topology)
         why = {i: self._whose(procs) for i, procs in foreign.items() if is_free(busy, (i,), (start, end))}
         # A LOST card the rules would otherwise take is passed over too, and said so.
-        why.update({i: "LOST: fell off the bus" for i, c in self.cards.items() if c.lost and is_free(busy, (i,), (start, end))
+        why.update({i: "LOST: fell off the bus" for i in self._candidates() if self.cards[i].lost
+                    and is_free(busy, (i,), (start, end))
                     and policy.card_refusal(self.config, i, klass, start, end, project=project) is None})
         passed = [f"card {i} ({why[i]})" for i in sorted(why)]
         if chosen is None:
