@@ -62,12 +62,12 @@ check: $(VENV)/.test
 # The whole suite: what is safe in parallel first (pytest-xdist), then the `serial` tests one at a time. More workers
 # than cores: most tests wait on processes and sockets. Lint and the type checker first (seconds); a failed llama-server
 # build, Prometheus download or PostgreSQL install (the `postgresql` tier's throwaway clusters) stops here rather than
-# letting tests skip.
+# letting tests skip; zsh (the completion tests) is installed where make test runs as root.
 WORKERS ?= 4
 test: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/typecheck.py
-	scripts/install_postgresql.sh >/dev/null && \
+	scripts/install_postgresql.sh >/dev/null && scripts/install_zsh.sh && \
 	server="$$(scripts/build_llama_server.sh)" && prometheus="$$(scripts/fetch_prometheus.sh)" && \
 	export BOARD_LLAMA_SERVER="$$server" BOARD_PROMETHEUS_DIR="$$prometheus" || exit; \
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup -m "not serial"; parallel=$$?; \

@@ -109,6 +109,10 @@ def shared_socket(environ) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["__complete"]:  # the completion script's live words (app.cli.completion), never argparse
+        from app.cli.completion import words
+
+        return words(argv[1:])
     args = parse(argv)
     if args is None:
         from app.cli import main as full

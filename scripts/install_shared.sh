@@ -88,6 +88,16 @@ mkdir -p "$BIN"
 ln -sfn "$VENV/bin/board" "$BIN/board"
 say "installed $("$BIN/board" --version) in $VENV, linked as $BIN/board"
 
+# 2b. Shell completion for everyone: bash-completion's folder for local installs and zsh's site-functions. Made by
+# the installed board from its own parser, again at each install, so that new commands and flags are completed.
+BASH_COMPLETIONS=$PREFIX/usr/local/share/bash-completion/completions
+ZSH_FUNCTIONS=$PREFIX/usr/local/share/zsh/site-functions
+install -d -m 0755 "$BASH_COMPLETIONS" "$ZSH_FUNCTIONS"
+"$BIN/board" completion bash >"$BASH_COMPLETIONS/board"
+"$BIN/board" completion zsh >"$ZSH_FUNCTIONS/_board"
+chmod 0644 "$BASH_COMPLETIONS/board" "$ZSH_FUNCTIONS/_board"
+say "completion for bash ($BASH_COMPLETIONS/board, with the bash-completion package) and zsh ($ZSH_FUNCTIONS/_board)"
+
 # 3. The config file: root-owned, readable by all; an existing one is kept.
 install -d -m 0755 "$PREFIX/etc/board"
 if [ ! -e "$CONFIG" ]; then

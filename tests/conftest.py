@@ -39,6 +39,7 @@ TIER_PATHS = {
     "tests/users": "real_users",
     "tests/integration/test_history_budget.py": "slow",  # a synthetic year of history, about 2 minutes
     "tests/integration/test_packaging.py": "slow",  # builds the wheel and installs it in a fresh venv
+    "tests/integration/test_pipx_install.py": "slow",  # pipx from PyPI, and `pipx install` of the checkout
 }
 # Not safe beside other tests: each must answer within a deadline its issue sets, which a busy machine can miss.
 # `make test` runs them after the parallel pass, one at a time. A path, or a node id and what it holds.

@@ -20,6 +20,7 @@ Where each command lives (its handler and its part of the parser):
   agent.py      agent, doctor, backup, migrate
   gateway.py    key new|list|revoke, usage, gateway (the OpenAI-compatible front door)
   runner.py     runner (planned servers, as the system user board-llama)
+  completion.py completion (the bash and zsh scripts), and the live words they ask for (`board __complete`)
 Printing: app.output (bookings, status, series, tables); the rest in the group's module.
 
 Only `board` with no subcommand imports Textual. app.quick parses the hot commands itself and runs
@@ -52,8 +53,8 @@ def cmd_board(ctx) -> int:
 def build_parser():
     import argparse
 
-    from app.cli import (admin, agent, alerts, bookings, cards, faults, fit, gateway, models, notify, power, projects,
-                         report, run, runner, serve, status)
+    from app.cli import (admin, agent, alerts, bookings, cards, completion, faults, fit, gateway, models, notify,
+                         power, projects, report, run, runner, serve, status)
     from app.cli.arguments import Parser
 
     common = Parser(add_help=False)
@@ -110,6 +111,7 @@ def build_parser():
     gateway.add_parser(command, common)
     agent.add_agent(command)
     runner.add_runner(command)
+    completion.add_parser(command)
     return parser
 
 

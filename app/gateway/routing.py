@@ -40,6 +40,7 @@ class Upstream:
     cards: list[int]
     state: str
     host: str = "local"
+    on_demand: str = ""  # the catalog alias its booking was made for ([[models]]); "" for a member's server
     outstanding: int = 0
 
     def draining(self, now: float, drain_s: float) -> bool:
@@ -76,7 +77,7 @@ class Router:
             upstream = Upstream(id=s["id"], alias=s["alias"], url=s["url"], api_key=s.get("api_key"),
                                 parallel=max(1, int(s.get("parallel") or 1)), user=s["user"], booking=s["booking"],
                                 booking_end=s.get("booking_end"), cards=list(s.get("cards") or []), state=s["state"],
-                                host=s.get("host", "local"))
+                                host=s.get("host", "local"), on_demand=s.get("on_demand", ""))
             current = self.servers.get(upstream.id) or self.shut_out.get(upstream.id)
             if current is not None:
                 upstream.outstanding = current.outstanding

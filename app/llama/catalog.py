@@ -22,23 +22,23 @@ if TYPE_CHECKING:
     from app.config import CatalogModel, Config, FitSettings
     from app.gpu.model import CardReading
 
-# path -> ((size, mtime_ns), its model): a repeated sizing reads the header again only when the file changed
-_models: dict[str, tuple[tuple[int, int], Model]] = {}
+# path -> ((size, mtime_ns), its model, its answers by request): a repeated sizing reads the header again, and
+# places the model again, only when the file changed (placing a model takes milliseconds: the service sizes on each
+# demand and each `board models`)
+_models: dict[str, tuple[tuple[int, int], Model, dict[tuple, int | None]]] = {}
 
 
-def _model(path: str) -> Model:
+def _model(path: str) -> tuple[Model, dict[tuple, int | None]]:
     try:
         stat = os.stat(path)
     except OSError:
         _models.pop(path, None)
-        return read_model(path)  # words the refusal (missing, unreadable)
+        return read_model(path), {}  # words the refusal (missing, unreadable)
     key = (stat.st_size, stat.st_mtime_ns)
     cached = _models.get(path)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    model = read_model(path)
-    _models[path] = (key, model)
-    return model
+    if cached is None or cached[0] != key:
+        cached = _models[path] = (key, read_model(path), {})
+    return cached[1], cached[2]
 
 
 def settings_of(entry: CatalogModel) -> Settings:
@@ -53,16 +53,14 @@ def cards_needed(entry: CatalogModel, card_mib: Sequence[float], settings: FitSe
     read or size, or settings llama.cpp would refuse for this model."""
     if not card_mib:
         return None
-    model = _model(entry.model)
+    model, answers = _model(entry.model)
     wanted = settings_of(entry)
-    smallest = min(card_mib)
-    for n in CARD_COUNTS:
-        if n > len(card_mib):
-            break
-        if place(model, wanted, n, card_mib=smallest, overhead_mib=settings.overhead_mib,
-                 max_fill=settings.max_fill).fits:
-            return n
-    return None
+    request = (wanted, min(card_mib), len(card_mib), settings.overhead_mib, settings.max_fill)
+    if request not in answers:
+        answers[request] = next((n for n in CARD_COUNTS if n <= len(card_mib) and place(
+            model, wanted, n, card_mib=request[1], overhead_mib=settings.overhead_mib, max_fill=settings.max_fill).fits),
+            None)
+    return answers[request]
 
 
 def pool_cards(config: Config, entry: CatalogModel, cards: Sequence[CardReading]) -> list[CardReading]:

@@ -7,7 +7,7 @@ import sqlite3
 from bisect import bisect_left, insort
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from app.gpu.model import CardReading
 from app.model import Booking
@@ -31,6 +31,20 @@ _SELECTS = {
 
 def _select(conn: sqlite3.Connection) -> str:
     return _SELECTS[getattr(conn, "dialect", "sqlite")]
+
+
+# An on-demand booking's request (app.model.Booking.on_demand) as `insert` writes it (json.dumps): no other key of a
+# request is named so (app.core.request.FIELDS), and no string value holds an unescaped quote.
+_ON_DEMAND_LIKE = '%"on\\_demand": %'
+
+
+def _which(on_demand: bool | None) -> tuple[str, tuple[str, ...]]:
+    """The condition (and its argument) that keeps the on-demand bookings (True), the others (False) or all (None)."""
+    if on_demand is None:
+        return "", ()
+    if on_demand:
+        return " AND b.request LIKE ? ESCAPE '\\'", (_ON_DEMAND_LIKE,)
+    return " AND (b.request IS NULL OR b.request NOT LIKE ? ESCAPE '\\')", (_ON_DEMAND_LIKE,)
 
 _STATUSES = ("booked", "cancelled")
 
@@ -105,12 +119,15 @@ def _get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
     return found[0] if found else None
 
 
-def live_between(conn: sqlite3.Connection, start: int, end: int, *, user: str | None = None) -> list[Booking]:
-    """Live (not cancelled) bookings that overlap [start, end), oldest start first."""
+def live_between(conn: sqlite3.Connection, start: int, end: int, *, user: str | None = None,
+                 on_demand: bool | None = None) -> list[Booking]:
+    """Live (not cancelled) bookings that overlap [start, end), oldest start first. `on_demand`: only the on-demand
+    ones (True), only the others (False), or all (None)."""
     if (calendar := _calendar(conn, start)) is not None:
-        return calendar.between(start, end, user)
-    sql = _select(conn) + " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ?"
-    args: list[Any] = [start, end]
+        return calendar.between(start, end, user, on_demand)
+    where, extra = _which(on_demand)
+    sql = _select(conn) + " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ?" + where
+    args: list[Any] = [start, end, *extra]
     if user is not None:
         sql += " AND b.user = ?"
         args.append(user)
@@ -138,50 +155,72 @@ def listing(
 
 
 def busy_by_card(
-    conn: sqlite3.Connection, after: int, before: int | None = None, excluding: int | None = None
+    conn: sqlite3.Connection, after: int, before: int | None = None, excluding: int | None = None,
+    on_demand: bool | None = None,
 ) -> dict[str, list[tuple[int, int]]]:
     """Live intervals per card UUID that overlap [after, before), sorted; served by the bookings_live_by_end index.
+    `on_demand`: only the on-demand bookings' (True), only the others' (False), or all (None).
 
     Rows carry the card's integer rowid rather than its UUID: a full calendar is thousands of rows,
     and integers cost nothing to decode.
     """
     if (calendar := _calendar(conn, after)) is not None:
-        return calendar.busy(after, 2**62 if before is None else before, excluding)
+        return calendar.busy(after, 2**62 if before is None else before, excluding, on_demand)
     uuids = dict(conn.execute("SELECT rowid, uuid FROM cards"))
+    where, extra = _which(on_demand)
     rows = conn.execute(
         "SELECT c.rowid, b.starts_at, b.ends_at FROM bookings AS b"
         " JOIN booking_cards AS bc ON bc.booking_id = b.id JOIN cards AS c ON c.uuid = bc.card_uuid"
-        " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS DISTINCT FROM ?"
+        " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS DISTINCT FROM ?" + where +
         " ORDER BY c.rowid, b.starts_at",
-        (after, 2**62 if before is None else before, excluding),
+        (after, 2**62 if before is None else before, excluding, *extra),
     )
     return {uuids[card]: [(start, end) for _, start, end in spans] for card, spans in groupby(rows, itemgetter(0))}
 
 
 def first_conflict(
-    conn: sqlite3.Connection, uuids: Iterable[str], start: int, end: int, excluding: int | None = None
+    conn: sqlite3.Connection, uuids: Iterable[str], start: int, end: int, excluding: int | None = None,
+    on_demand: bool | None = None,
 ) -> Booking | None:
-    """The live booking on any of `uuids` that overlaps [start, end) and ends first, or None.
+    """The live booking on any of `uuids` that overlaps [start, end) and ends first, or None. `on_demand`: only an
+    on-demand booking (True), only another (False), or any (None).
 
     A malformed booking is reported and passed over; the schema's overlap triggers still refuse a
     booking that would overlap it.
     """
+    return next(_overlapping(conn, uuids, start, end, excluding, on_demand), None)
+
+
+def overlapping(
+    conn: sqlite3.Connection, uuids: Iterable[str], start: int, end: int, excluding: int | None = None,
+    on_demand: bool | None = None,
+) -> list[Booking]:
+    """The live bookings on any of `uuids` that overlap [start, end), the first to end first; `on_demand` as in
+    `first_conflict`."""
+    return list(_overlapping(conn, uuids, start, end, excluding, on_demand))
+
+
+def _overlapping(
+    conn: sqlite3.Connection, uuids: Iterable[str], start: int, end: int, excluding: int | None,
+    on_demand: bool | None,
+) -> Iterator[Booking]:
     uuids = list(uuids)
     if (calendar := _calendar(conn, start)) is not None:
-        return calendar.first_conflict(uuids, start, end, excluding)
+        yield from calendar.overlapping(uuids, start, end, excluding, on_demand)
+        return
     if not uuids:  # no card, no conflict (and PostgreSQL has no empty IN ())
-        return None
+        return
     marks = ",".join("?" * len(uuids))
+    where, extra = _which(on_demand)
     ids = [row[0] for row in conn.execute(
         f"SELECT DISTINCT b.id, b.ends_at FROM bookings AS b JOIN booking_cards AS bc ON bc.booking_id = b.id"
         f" WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ? AND b.id IS DISTINCT FROM ?"
-        f" AND bc.card_uuid IN ({marks}) ORDER BY b.ends_at, b.id",
-        [start, end, excluding, *uuids],
+        f" AND bc.card_uuid IN ({marks}){where} ORDER BY b.ends_at, b.id",
+        [start, end, excluding, *uuids, *extra],
     )]
-    for booking_id in ids:
+    for booking_id in ids:  # one at a time: the first conflict is usually all that is asked
         if (found := get(conn, booking_id)) is not None:
-            return found
-    return None
+            yield found
 
 
 def insert(
@@ -234,6 +273,14 @@ def card_spans(conn: sqlite3.Connection, start: int, end: int) -> list[tuple[str
 
 def set_queued(conn: sqlite3.Connection, booking_id: int, queued: str | None) -> None:
     conn.execute("UPDATE bookings SET queued = ? WHERE id = ?", (queued, booking_id))
+    _touched(conn, booking_id)
+
+
+def cut_end(conn: sqlite3.Connection, booking_id: int, end: int) -> None:
+    """End the booking at `end` unless it ends sooner already: two writers cutting it at once (PostgreSQL, each on its
+    own cards' locks) leave the earlier end, whichever commits last."""
+    conn.execute("UPDATE bookings SET ends_at = CASE WHEN ends_at > ? THEN ? ELSE ends_at END WHERE id = ?",
+                 (end, end, booking_id))
     _touched(conn, booking_id)
 
 
@@ -314,6 +361,7 @@ class Calendar:
         self.bookings: dict[int, Booking] = {}
         self.cards: dict[str, tuple[list[tuple[int, int]], list[int]]] = {}  # uuid -> spans (start, end), sorted, and their ids
         self.users: dict[str, list[tuple[int, int]]] = {}  # user -> (start, id), sorted
+        self.on_demand: set[int] = set()  # the on-demand bookings' ids (app.model.Booking.on_demand)
         self.longest = 0  # the longest booking's seconds: how far back a start may be and still overlap
         self.loaded_in_transaction = False  # then read all again when it ends: it may be rolled back
 
@@ -362,6 +410,7 @@ class Calendar:
 
     def _load(self) -> None:
         self.bookings, self.cards, self.users, self.longest = {}, {}, {}, 0
+        self.on_demand = set()
         self.pending.clear()
         self.in_transaction.clear()
         self.stale = False
@@ -380,6 +429,8 @@ class Calendar:
             spans.insert(i, (booking.start, booking.end))
             ids.insert(i, booking.id)
         insort(self.users.setdefault(booking.user, []), (booking.start, booking.id))
+        if booking.on_demand:
+            self.on_demand.add(booking.id)
         self.longest = max(self.longest, booking.end - booking.start)
 
     def _drop(self, booking_id: int) -> None:
@@ -391,6 +442,7 @@ class Calendar:
             i = ids.index(booking.id)
             del spans[i], ids[i]
         self.users[booking.user].remove((booking.start, booking.id))
+        self.on_demand.discard(booking_id)
 
     # -- the answers (as the SQL's) ------------------------------------------------------------------------
 
@@ -414,20 +466,30 @@ class Calendar:
         self._fresh()
         return self.bookings.get(booking_id)
 
-    def busy(self, after: int, before: int, excluding: int | None) -> dict[str, list[tuple[int, int]]]:
+    def _wanted(self, booking_id: int, on_demand: bool | None, excluding: int | None) -> bool:
+        """Whether an answer for `on_demand` (as busy_by_card's) and `excluding` takes the booking."""
+        if booking_id == excluding:
+            return False
+        return on_demand is None or (booking_id in self.on_demand) == on_demand
+
+    def busy(self, after: int, before: int, excluding: int | None,
+             on_demand: bool | None = None) -> dict[str, list[tuple[int, int]]]:
         self._fresh()
+        if on_demand and not self.on_demand:
+            return {}
+        every = on_demand is None or not self.on_demand  # no booking to leave out but `excluding`
         found = {}
         for uuid in self.cards:
             spans, ids, i, j = self._range(uuid, after, before)
-            if i < j and excluding in ids[i:j]:
-                found[uuid] = [spans[k] for k in range(i, j) if ids[k] != excluding]
-            elif i < j:
+            if i >= j:
+                continue
+            if every and excluding not in ids[i:j]:
                 found[uuid] = spans[i:j]
-            if uuid in found and not found[uuid]:
-                del found[uuid]
+            elif kept := [spans[k] for k in range(i, j) if self._wanted(ids[k], on_demand, excluding)]:
+                found[uuid] = kept
         return found
 
-    def between(self, start: int, end: int, user: str | None) -> list[Booking]:
+    def between(self, start: int, end: int, user: str | None, on_demand: bool | None = None) -> list[Booking]:
         self._fresh()
         if user is None:
             ids = {booking_id for uuid in self.cards for _, _, booking_id in self._spans(uuid, start, end)}
@@ -439,14 +501,19 @@ class Calendar:
                 booking = self.bookings[mine[i][1]]
                 if booking.end > start:
                     found.append(booking)
+        if on_demand is not None:
+            found = [b for b in found if self._wanted(b.id, on_demand, None)]
         found.sort(key=lambda b: (b.start, b.id))
         return found
 
-    def first_conflict(self, uuids: list[str], start: int, end: int, excluding: int | None) -> Booking | None:
+    def overlapping(self, uuids: list[str], start: int, end: int, excluding: int | None,
+                    on_demand: bool | None = None) -> list[Booking]:
         self._fresh()
-        found = [(e, booking_id) for uuid in uuids for _, e, booking_id in self._spans(uuid, start, end)
-                 if booking_id != excluding]
-        return self.bookings[min(found)[1]] if found else None
+        if on_demand and not self.on_demand:
+            return []
+        found = {(e, booking_id) for uuid in uuids for _, e, booking_id in self._spans(uuid, start, end)
+                 if self._wanted(booking_id, on_demand, excluding)}
+        return [self.bookings[booking_id] for _, booking_id in sorted(found)]
 
 
 def keep_calendar(conn: sqlite3.Connection, since: int) -> Calendar:

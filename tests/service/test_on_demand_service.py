@@ -12,6 +12,7 @@ holds it).
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
@@ -58,7 +59,8 @@ class Board:
             db_path=root / "board.db", policy=Policy(timezone="UTC"), pools=(Pool("prod", (2, 3)),),
             projects=projects, models=(entry, other), alerts=AlertSettings(enabled=False),
             llama=LlamaSettings(model_dirs=(str(models),), server_bin=str(binary), runner_user=ME.pw_name),
-            gateway=GatewaySettings(user=ME.pw_name, drain_s=DRAIN), service=ServiceSettings(group="root"))
+            gateway=GatewaySettings(user=ME.pw_name, drain_s=DRAIN),
+            service=ServiceSettings(group=grp.getgrgid(os.getegid()).gr_name))  # the socket's group: any uid runs it
         source = SimulatedSource(parse_scenario({"cards": {"count": 4}}), clock=self.clock)
         self.service = Service(self.config, Fleet(source, 1.0, clock=self.clock), clock=self.clock, transport="socket")
         self.path = str(root / "board.sock")
@@ -89,6 +91,8 @@ class Board:
         """Register as the runner over the socket; the reader of the lines the service sends it."""
         self.runner, reader, answer = self.connect().stream("register", {"kind": "runner"})
         assert answer == {"runner": os.getpid()}
+        assert self.service.wake_enforcer.wait(30)  # the registration sets it after its answer: then cleared, so
+        self.service.wake_enforcer.clear()  # that a test sees who sets it next
         self.runner.settimeout(30)  # a start that never comes fails the test, not hangs it
         return reader
 
@@ -138,7 +142,6 @@ def test_concurrent_demands_make_one_booking_the_runners_on_the_pools_cards_and_
     without the entry's ctx or alias; no start sent."""
     board = make()
     starts = board.register_runner()
-    board.service.wake_enforcer.clear()  # the registration set it
     clients = [board.connect() for _ in range(8)]
     with ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(lambda c: c.call("model_demand", alias="team-llm"), clients))
@@ -214,6 +217,20 @@ def test_nothing_free_is_unavailable_with_who_holds_the_cards_and_the_earliest_s
     assert board.on_demand() == []
 
 
+def test_a_project_past_its_budget_is_unavailable_in_the_budgets_words(make):
+    """The catalog's project has 0.1 GPU-hours a month; ttl_s on one card needs 0.2 h: unavailable with the budget's
+    refusal, no start found (free_at None, retry_after 60), nothing booked.
+    Wrong versions: the budget passed over for the catalog's booking; its refusal worded as cards taken."""
+    board = make(projects=(Project(name="search", members=("alice",), gpu_hours=0.1),))
+    board.register_runner()
+    demand = board.client.call("model_demand", alias="team-llm")
+    assert (demand["state"], demand["free_at"], demand["retry_after"]) == ("unavailable", None, 60)
+    assert demand["message"].startswith("team-llm needs 1 card of pool prod; project search's budget is 0.1"
+                                        " GPU-hours a month: "), demand["message"]
+    assert demand["message"].endswith("; no start within 30 days works"), demand["message"]
+    assert board.on_demand() == []
+
+
 def test_no_runner_registered_is_unavailable_and_books_nothing(make):
     """Wrong versions: booked anyway (the start would wait for a runner that may never come); the runner's check
     made only after booking."""
@@ -278,10 +295,10 @@ def test_a_preload_window_wakes_inside_and_not_outside(make, at, woken):
 
 def test_models_shows_each_state_and_todays_use(make):
     """cold -> starting (booked, then its server starting) -> ready -> draining (within drain_s of its end) ->
-    failed (the runner reported its start failed); last_used from the last touch, idle_s since; requests and tokens
+    failed (its server crashed); last_used from the last touch, idle_s since; requests and tokens
     today from gateway_usage (yesterday's and another model's rows left out); catalog order; a member may read it.
     Wrong versions: ready while the server starts; draining missed (or from ttl_s); a failed start shown as
-    starting; yesterday's requests counted; last_used from the usage rows while a touch is newer."""
+    starting (or a crash as ready); yesterday's requests counted; last_used from the usage rows while a touch is newer."""
     board = make()
     starts = board.register_runner()
     board.client.call("gateway_usage", records=[
@@ -325,7 +342,7 @@ def test_models_shows_each_state_and_todays_use(make):
     board.clock.now = NOW + 200
     board.client.call("models_touch", aliases=["team-llm"])
     with write(board.service.conn):
-        servers.transition(board.service.conn, server, ("ready",), "failed")
+        servers.transition(board.service.conn, server, ("ready",), "crashed")
     assert (shown()["state"], shown()["last_used"]) == ("failed", NOW + 200)
 
 
@@ -358,3 +375,66 @@ def test_a_member_may_not_demand_or_touch(make, op, args):
         board.call(ALICE, op, **args)
     assert str(refused.value) == f"{op} is the gateway's own operation (account {ME.pw_name})"
     assert board.on_demand() == before
+
+
+def test_gateway_state_says_which_servers_are_on_demand(make):
+    """The runner starts alice's planned server and the catalog's; gateway_state names the catalog alias on the
+    latter only. Wrong versions: the key left out, or set from the server's alias for every server."""
+    board = make()
+    starts = board.register_runner()
+    booking = board.call(ALICE, "book", cards=[0], start=NOW, end=NOW + 3600)["id"]
+    board.call(ALICE, "serve_plan", booking=booking, model=board.config.models[0].model, alias="alices")
+    board.client.call("model_demand", alias="team-llm")
+    assert len(board.enforce()["planned_started"]) == 2
+    starts.readline(), starts.readline()
+    servers = board.client.call("gateway_state")["servers"]
+    assert sorted((s["alias"], s["user"], s["on_demand"]) for s in servers) == [
+        ("alices", "alice", ""), ("team-llm", ME.pw_name, "team-llm")]
+
+
+def test_a_lease_that_cannot_grow_is_left_to_end_and_the_next_demand_books_elsewhere(make):
+    """alice books the on-demand card from 10:10:40, so its lease cannot pass 10:10:30 (her start less 10 s). A demand
+    while more than drain_s is left answers with it; one with drain_s left (the gateway would stop routing to it
+    now) books the pool's other card, and `models` then shows the new one.
+    Wrong versions: the dying booking answered to the end (its boundary by one: 31 s left books anew, or 30 s
+    does not); the new booking on the same card (refused: alice's) or outside the pool."""
+    board = make()
+    board.register_runner()
+    first = board.client.call("model_demand", alias="team-llm")
+    [card] = first["cards"]
+    board.call(ALICE, "book", cards=[card], start=NOW + TTL + DRAIN + 10, end=NOW + 7200)
+    board.clock.now = NOW + TTL - 1  # 31 s left
+    assert board.client.call("model_demand", alias="team-llm")["booking"] == first["booking"]
+    assert board.client.call("get", id=first["booking"])["end"] == NOW + TTL + DRAIN
+    board.clock.now = NOW + TTL  # 30 s left: drain_s
+    second = board.client.call("model_demand", alias="team-llm")
+    assert second["booking"] != first["booking"] and second["cards"] == [{2: 3, 3: 2}[card]]
+    [shown] = [m for m in board.client.call("models") if m["alias"] == "team-llm"]
+    assert shown["booking"] == second["booking"]
+
+
+def test_a_failed_start_is_unavailable_until_its_lease_runs_out(make):
+    """The runner reports over its line that the start failed: the next demand is unavailable, naming the failure and
+    when it is tried again (the booking's end, not extended), and `models` says failed; once the lease has run out a
+    demand books afresh.
+    Wrong versions: the failed booking answered as starting (the gateway would wait ready_timeout_s for nothing); its
+    lease extended by the demand (never tried again while asked)."""
+    board = make()
+    starts = board.register_runner()
+    first = board.client.call("model_demand", alias="team-llm")
+    [server] = board.enforce()["planned_started"]
+    starts.readline()
+    changes = board.service.hub.subscribe({"servers"})
+    board.runner.sendall(json.dumps({"event": "failed", "server": server, "reason": "out of memory"}).encode() + b"\n")
+    assert changes.take(30)  # recorded: the servers changed
+    board.clock.now = NOW + 60
+    demand = board.client.call("model_demand", alias="team-llm")
+    end = NOW + TTL + DRAIN
+    assert (demand["state"], demand["booking"], demand["free_at"], demand["retry_after"]) == (
+        "unavailable", None, end, end - NOW - 60)
+    assert demand["message"] == (f"team-llm failed to start on cards {first['cards'][0]} (server {server} failed:"
+                                 " out of memory); it is tried again 10:10 (in 10 min)")
+    assert board.client.call("get", id=first["booking"])["end"] == end
+    assert [m["state"] for m in board.client.call("models")] == ["failed", "cold"]
+    board.clock.now = end
+    assert board.client.call("model_demand", alias="team-llm")["booking"] not in (None, first["booking"])

@@ -87,17 +87,21 @@ def test_the_entry_settings_count(heavy):
 
 
 def test_a_repeated_sizing_reads_the_file_once(tmp_path, monkeypatch):
-    """The header is read again only when the file's size or mtime changed. Nearest wrong versions: no cache (a read
-    per call), a cache by path alone (a replaced file sized as the old one)."""
+    """The header is read, and the model placed, again only when the file's size or mtime changed or another
+    request is sized. Nearest wrong versions: no cache (a read per call), a cache by path alone (a replaced file
+    sized as the old one), answers kept whatever the cards (another card size answered as the first)."""
     path = str(tmp_path / "m.gguf")
     write_tiny_gguf(path)
-    reads = []
-    real = catalog.read_model
-    monkeypatch.setattr(catalog, "read_model", lambda p: reads.append(p) or real(p))
+    reads, placed = [], []
+    real_read, real_place = catalog.read_model, catalog.place
+    monkeypatch.setattr(catalog, "read_model", lambda p: reads.append(p) or real_read(p))
+    monkeypatch.setattr(catalog, "place", lambda *a, **k: placed.append(a[2]) or real_place(*a, **k))
     tiny = CatalogModel(alias="tiny", model=path)
     for _ in range(3):
         assert catalog.cards_needed(tiny, [32607.0], FitSettings()) == 1
-    assert reads == [path]
+    assert (reads, placed) == ([path], [1])
+    assert catalog.cards_needed(tiny, [1.0, 1.0], FitSettings()) is None  # other cards: placed again, not read
+    assert (reads, placed) == ([path], [1, 1, 2])
     write_model(path, HEAVY)  # replaced: another size
     os.utime(path, ns=(1, 1))
     too_small = fullest(path, 1) - 1

@@ -341,10 +341,10 @@ def test_a_state_carries_each_ready_servers_fields_with_defaults_for_the_optiona
     assert sorted(r.servers) == [2, 3]
     assert vars(r.servers[2]) == {"id": 2, "alias": "m", "url": "http://127.0.0.1:9002", "api_key": None,
                                   "parallel": 1, "user": "bob", "booking": 52, "booking_end": None, "cards": [],
-                                  "state": "ready", "host": "local", "outstanding": 0}
+                                  "state": "ready", "host": "local", "on_demand": "", "outstanding": 0}
     assert vars(r.servers[3]) == {"id": 3, "alias": "n", "url": "http://127.0.0.1:9003", "api_key": "s3",
                                   "parallel": 4, "user": "alice", "booking": 43, "booking_end": NOW + 3600,
-                                  "cards": [3], "state": "ready", "host": "gpu2", "outstanding": 0}
+                                  "cards": [3], "state": "ready", "host": "gpu2", "on_demand": "", "outstanding": 0}
 
 
 # -- members take turns (issue 31: bob's 8 requests on an online key had carol's every request refused 429) --------
@@ -559,7 +559,7 @@ def test_every_field_the_service_routes_reaches_the_gateways_upstream():
     assert set(RoutedServer.__annotations__) == {f.name for f in fields(Upstream)} - {"outstanding"}
     sent = {"id": 7, "alias": "m7", "api_key": "sk-server-7", "url": "http://127.0.0.1:9007", "parallel": 3,
             "user": "alice", "booking": 70, "booking_end": NOW + 5000, "cards": [2, 5], "state": "ready",
-            "host": "gpu2"}
+            "host": "gpu2", "on_demand": "team-llm"}
     assert set(sent) == set(RoutedServer.__annotations__)
     r = Router(30.0, 5.0, 8, lambda: NOW)
     r.update({"servers": [sent], "keys": []})

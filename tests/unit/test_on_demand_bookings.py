@@ -14,8 +14,13 @@ import pytest
 from msgspec.structs import replace
 
 from app.config import ClassWindow, Config, Policy, Pool, Project, ProjectAllocation
+from app.core.identity import Identity
 from app.errors import BadInput, Conflict, NotPermitted
-from app.store import events
+from app.gpu.model import GpuProcess
+from app.service.rules.bookings import BookingService
+from app.store import bookings, events
+from app.store.db import connect, write
+from tests.conftest import sqlite_only
 
 H = 3600
 
@@ -31,6 +36,8 @@ B = Project(name="B", members=("bob",), classes=("experiment",),
 POLICY = Policy(timezone="UTC", max_booking_hours=1, max_ahead_days=1, max_cards_per_user=1)
 CONFIG = Config(projects=(A, B), policy=POLICY, classes={"online": ("alice",)})
 USERS = {"alice": (1001, False), "bob": (1002, False), "carol": (1003, True), "board-llama": (990, False)}
+PLAIN = Config(policy=Policy(timezone="UTC"))  # no projects, no limits in the way: where a count goes is the subject
+ROOMY = replace(CONFIG, policy=replace(POLICY, max_cards_per_user=8, max_booking_hours=2))  # a member holds more, longer
 TTL = 600
 
 
@@ -136,3 +143,200 @@ def test_the_lease_moves_the_end_up_to_the_next_booking_less_ten_seconds_and_nev
         runner.lease(as_("alice").create(cards=[4], start=NOW, end=NOW + H, klass="online").id, NOW + H)
     # Ended: a lease does not bring it back.
     assert as_("board-llama", now=alice_from).lease(booking.id, alice_from + H).end == alice_from - 10
+
+
+# -- it yields ---------------------------------------------------------------------------------------------------------
+
+
+def yields(conn) -> list[dict]:
+    """The on-demand-yield events, oldest first: what the audit says was cut for what."""
+    return [e.details for e in reversed(events.recent(conn, 1000)) if e.action == "on-demand-yield"]
+
+
+def test_a_member_naming_its_cards_two_minutes_ahead_cuts_it_to_ten_seconds_before(as_, conn):
+    """The on-demand booking holds cards 0-1 until 08:10; alice names card 1 from 08:02. Nearest wrong versions: the
+    member refused (the on-demand booking blocking like any other), the cut at her start (no gap for the drain to
+    finish), the cut at now, the booking cancelled though it has started, the cut left out of the audit, the runner
+    told (its account reads no notices), a lease afterwards growing it back over her booking."""
+    runner = as_("board-llama")
+    held = on_demand(runner, within=[0, 1])
+    alice = as_("alice")
+    hers = alice.create(cards=[1], start=NOW + 120, end=NOW + H, klass="online")
+    cut = alice.get(held.id)
+    assert (cut.status, cut.start, cut.end) == ("booked", NOW, NOW + 110)
+    assert yields(conn) == [{"booking": held.id, "by": hers.id}]
+    assert alice.told == [] and cut.notice is None
+    assert runner.lease(held.id, NOW + 2 * H).end == NOW + 110
+
+
+def test_one_starting_now_ends_it_now_and_one_not_started_is_cancelled(as_, conn):
+    """On-demand bookings on card 0 since 07:55, on card 1 from 08:01 and on card 5 from 08:01 to 09:00 (preloads
+    ahead). Nearest wrong versions: the end put 10 s in the past (the past rewritten), one that has not started cut
+    to a span it never had (card 5's to 08:01-08:29:50) or left standing."""
+    runner = as_("board-llama", now=NOW - 300)
+    started = runner.create(count=1, start=NOW - 300, end=NOW + 300, klass="online", project="A", on_demand="qwen",
+                            within=[0])
+    ahead = [runner.create(count=1, start=NOW + 60, end=end, klass="online", project="A", on_demand=alias,
+                           within=[card]) for alias, card, end in (("mix", 1, NOW + 600), ("five", 5, NOW + H))]
+    mine = as_("alice").create(cards=[0], start=NOW, end=NOW + H, klass="online")
+    assert (runner.get(started.id).status, runner.get(started.id).end) == ("booked", NOW)
+    bobs = as_("bob", now=NOW + 30).create(cards=[1], start=NOW + 30, end=NOW + H)
+    later = as_("alice", config=ROOMY, now=NOW + 30).create(cards=[5], start=NOW + 1800, end=NOW + H, klass="online")
+    assert [runner.get(b.id).status for b in ahead] == ["cancelled", "cancelled"]
+    assert yields(conn) == [{"booking": started.id, "by": mine.id}, {"booking": ahead[0].id, "by": bobs.id},
+                            {"booking": ahead[1].id, "by": later.id}]
+
+
+def test_a_cut_never_lengthens_what_another_cut_shortened(as_, conn):
+    """Two writers on different cards of one on-demand booking (PostgreSQL: each under its own cards' locks) may cut
+    it in either order: the earlier end stands. Nearest wrong version: the end written as each cut computed it (the
+    later cut, committed last, giving back time that another booking took)."""
+    held = on_demand(as_("board-llama"), within=[0, 1])
+    with write(conn):
+        bookings.cut_end(conn, held.id, NOW + 100)
+    with write(conn):
+        bookings.cut_end(conn, held.id, NOW + 300)
+    assert bookings.get(conn, held.id).end == NOW + 100
+
+
+
+
+def test_a_count_takes_a_group_free_of_on_demand_bookings_while_there_is_one(as_, conn):
+    """The best-connected pair is 0-1, and the on-demand booking holds it. Nearest wrong versions: the opposite
+    preference (0-1 taken, the model stopped though 2-3 were free), the on-demand booking counted as taken (refused
+    once the other cards are full), the preference forgotten in a search (--or-later)."""
+    runner = as_("board-llama", config=PLAIN)
+    held = on_demand(runner, count=2, project="", within=[0, 1])
+    alice = as_("alice", config=PLAIN)
+    assert alice.create(count=2, start=NOW, end=NOW + H).cards == (2, 3)
+    assert alice.create(count=2, start=NOW + 60, end=NOW + H, or_later=True).cards == (4, 5)
+    assert alice.create(count=2, start=NOW, end=NOW + H).cards == (6, 7)
+    assert alice.get(held.id).end == NOW + TTL and yields(conn) == []
+    last = alice.create(count=2, start=NOW + 300, end=NOW + H)
+    assert last.cards == (0, 1) and alice.get(held.id).end == NOW + 290
+    assert yields(conn) == [{"booking": held.id, "by": last.id}]
+
+
+def test_a_series_occurrence_a_move_and_an_extend_over_it_take_the_cards(as_, conn):
+    """Three on-demand bookings: cards 0-1 from now, card 4 from now, card 6 from 09:00 (ahead). A series occurrence
+    on card 1 from 08:02, carol moving alice's 10:00 booking on card 4 to 08:05, alice extending her 08:00-09:00 booking
+    on card 6 to 09:30. Nearest wrong versions: any of the three refused by the on-demand booking (the soft check only
+    in `book`), or writing over it without the cut (the overlap backstop refuses)."""
+    from app.service.rules.series import SeriesService
+
+    runner = as_("board-llama")
+    pair = on_demand(runner, within=[0, 1])
+    four = on_demand(runner, "four", count=1, within=[4])
+    alice = as_("alice", config=ROOMY)
+    later = alice.create(cards=[4], start=NOW + 2 * H, end=NOW + 3 * H, klass="online")
+    six = alice.create(cards=[6], start=NOW, end=NOW + H, klass="online")
+    ahead = runner.create(count=1, start=NOW + H, end=NOW + 2 * H, klass="online", project="A", on_demand="six",
+                          within=[6])
+    booked = SeriesService(as_("bob")).book(cards=[1], every="day", start="08:02", until="08:50", first="2026-12-07",
+                                            last="2026-12-07").booked
+    assert alice.get(pair.id).end == NOW + 110
+    moved = as_("carol", config=ROOMY).move(later.id, NOW + 300, NOW + H)
+    assert (moved.start, alice.get(four.id).end) == (NOW + 300, NOW + 290)
+    assert alice.extend(six.id, NOW + H + 1800).end == NOW + H + 1800
+    assert alice.get(ahead.id).status == "cancelled"
+    assert yields(conn) == [{"booking": pair.id, "by": booked[0].id}, {"booking": four.id, "by": later.id},
+                            {"booking": ahead.id, "by": six.id}]
+
+
+def test_a_reassign_onto_its_cards_takes_them_from_now(as_, conn):
+    """carol gives alice's running booking card 1, which an on-demand booking holds, at 08:01: the new piece starts now
+    and the on-demand booking ends now. Nearest wrong versions: the reassign refused, the cut 10 s in the past."""
+    runner = as_("board-llama")
+    held = on_demand(runner, within=[0, 1])
+    hers = as_("alice").create(cards=[4], start=NOW, end=NOW + H, klass="online")
+    piece = as_("carol", now=NOW + 60).reassign(hers.id, cards=[1])
+    assert (piece.cards, piece.start, runner.get(held.id).end) == ((1,), NOW + 60, NOW + 60)
+    assert yields(conn) == [{"booking": held.id, "by": piece.id}]
+
+
+def test_the_backfill_moves_a_waiting_booking_over_it(as_, conn):
+    """alice waits for card 1 (bob has it 08:02-08:30); bob cancels; the on-demand booking on cards 0-1 leased to
+    08:15 meanwhile. The backfill moves alice up to 08:02 and cuts it. Nearest wrong versions: the backfill's search
+    seeing the on-demand booking (alice left waiting until 08:15), the cut not audited as the backfill's."""
+    runner = as_("board-llama")
+    bobs = as_("bob").create(cards=[1], start=NOW + 120, end=NOW + 1800)
+    waiting = as_("alice").create(cards=[1], start=NOW + 120, end=NOW + H, klass="online", or_later=True)
+    assert waiting.start == NOW + 1800
+    held = on_demand(runner, within=[0, 1], end=NOW + 110)
+    as_("bob").cancel(bobs.id)
+    assert runner.lease(held.id, NOW + 900).end == NOW + 900
+    [(before, after)] = as_("bob").backfill()
+    assert (before.id, after.start, runner.get(held.id).end) == (waiting.id, NOW + 120, NOW + 110)
+    [event] = [e for e in events.recent(conn, 100) if e.action == "on-demand-yield"]
+    assert (event.actor, event.details) == ("board", {"booking": held.id, "by": waiting.id})
+
+
+def test_on_demand_bookings_block_each_other_and_members_block_them(as_):
+    """Nearest wrong versions: an on-demand booking planned as soft as a member's (the second model cuts the first),
+    a member's booking with a request read as on demand (a model path that holds the words), refusal words that name
+    an on-demand booking a member's booking would cut anyway."""
+    runner = as_("board-llama")
+    first = on_demand(runner, within=[0, 1])
+    with pytest.raises(Conflict, match=f"booked by board-llama .*booking {first.id}"):
+        on_demand(runner, "second", count=1, within=[1])
+    assert on_demand(runner, "second", count=1, within=[1, 5]).cards == (5,)
+    quoted = {"model": '/m/"on_demand": x.gguf', "ctx": 4096, "parallel": 1}
+    mine = as_("alice").create(cards=[4], start=NOW, end=NOW + H, klass="online", request=quoted)
+    assert mine.on_demand == ""
+    with pytest.raises(Conflict, match=f"^no card is free .*booked by alice .*booking {mine.id}"):
+        on_demand(runner, "third", count=1, within=[4])
+    with pytest.raises(Conflict) as refused:
+        as_("bob").create(cards=[1, 4], start=NOW, end=NOW + H)
+    said = str(refused.value)
+    assert said.startswith("card 4 is booked by alice until ") and "board-llama" not in said
+
+
+def test_its_servers_processes_keep_no_member_off_its_cards(as_, conn, fleet):
+    """The server on the on-demand booking (the runner's processes on cards 0-1) and bob's job on card 4: alice's count
+    of 2 now, with every other pair full, takes 0-1. Nearest wrong versions: the runner's processes read as anyone's
+    (the count refused, "passed over card 0 (board-llama's processes)"), every process let through (bob's card 4
+    taken under his job)."""
+    held = on_demand(as_("board-llama", config=PLAIN), project="", within=[0, 1])
+    for cards in ([2, 3], [6, 7]):
+        as_("carol", config=PLAIN).create(cards=cards, start=NOW, end=NOW + H)
+    server = GpuProcess(pid=4242, used_mib=9000, user="board-llama", uid=990, command="llama-server")
+    job = GpuProcess(pid=777, used_mib=2000, user="bob", uid=1002, command="python train.py")
+    seen = [replace(c, processes=(server,) if c.index in (0, 1) else (job,) if c.index == 4 else ())
+            for c in fleet.cards]
+    alice = BookingService(conn, Identity("alice", 1001, False), PLAIN, seen, fleet.topology, lambda: NOW)
+    booking, notes = alice.book(count=2, start=NOW, end=NOW + H)
+    assert booking.cards == (0, 1) and alice.get(held.id).status == "cancelled"  # from now: it keeps nothing
+    assert notes == ("passed over card 4 (bob's processes, 2.0 GiB)",)
+
+
+@sqlite_only
+def test_the_calendar_in_memory_answers_as_the_sql_through_a_cut_and_a_cancel(as_, conn, db_path):
+    """The service keeps its bookings in memory (app.store.bookings.Calendar): after each write here, each read with
+    each `on_demand` answers as the SQL on a connection without one. Nearest wrong versions: the calendar's set of
+    on-demand bookings not emptied by a cancel or a reload, `on_demand=False` read as all, the cut not marked for
+    reading again."""
+    calendar = bookings.keep_calendar(conn, NOW - 86400)
+    plain = connect(db_path)
+    uuids = [c.uuid for c in as_("alice").cards.values()]
+
+    def same() -> None:
+        for which in (None, False, True):
+            for reader in (lambda c: bookings.busy_by_card(c, NOW, None, on_demand=which),
+                           lambda c: bookings.live_between(c, NOW, NOW + 2 * H, on_demand=which),
+                           lambda c: bookings.live_between(c, NOW, NOW + 2 * H, user="board-llama", on_demand=which),
+                           lambda c: bookings.overlapping(c, uuids, NOW, NOW + 2 * H, on_demand=which)):
+                assert reader(conn) == reader(plain)
+
+    runner = as_("board-llama")
+    held = on_demand(runner, within=[0, 1])
+    ahead = runner.create(count=1, start=NOW + 60, end=NOW + 600, klass="online", project="A", on_demand="mix",
+                          within=[4])
+    as_("alice", config=ROOMY).create(cards=[5], start=NOW, end=NOW + H, klass="online")
+    same()
+    assert calendar.on_demand == {held.id, ahead.id}
+    as_("alice", config=ROOMY).create(cards=[1], start=NOW + 120, end=NOW + H, klass="online")
+    same()
+    as_("bob", now=NOW + 30).create(cards=[4], start=NOW + 30, end=NOW + H)
+    same()
+    assert calendar.on_demand == {held.id}
+    plain.close()

@@ -101,6 +101,25 @@ def test_the_layout_is_what_the_section_says(installed):
         prefix / "var/lib/board/board.db")[:2] == (SERVICE_USER, SERVICE_USER)  # made by the service, not the script
 
 
+def test_the_completion_scripts_are_installed_for_bash_and_zsh(installed):
+    """The installed board's own scripts (from its parser), where bash-completion and zsh look for a local install;
+    bash reads the one it loads, and it completes `bo` to book. Wrong versions: not installed, or only bash's;
+    written 0600 (root's alone: no member's shell could read it)."""
+    prefix, output = installed
+    board = prefix / "usr/local/bin/board"
+    for shell, path in (("bash", "usr/local/share/bash-completion/completions/board"),
+                        ("zsh", "usr/local/share/zsh/site-functions/_board")):
+        made = subprocess.run([str(board), "completion", shell], capture_output=True, text=True, timeout=60)
+        assert (prefix / path).read_text() == made.stdout and made.stdout, shell
+        assert owner_group_mode(prefix / path) == ("root", "root", 0o644)
+    loaded = subprocess.run(["bash", "--norc", "-c", 'source "$1"; COMP_WORDS=(board bo); COMP_CWORD=1; _board; '
+                             'echo "${COMPREPLY[*]}"', "bash", str(prefix / "usr/local/share/bash-completion/"
+                                                                       "completions/board")],
+                            capture_output=True, text=True, timeout=60)
+    assert loaded.stdout == "book\n" and not loaded.stderr, loaded.stderr
+    assert "completion for bash" in output
+
+
 def test_the_unit_is_shipped_in_the_package_and_installed_with_this_prefix(installed):
     prefix, _ = installed
     shipped = list((prefix / "opt/board/lib").glob("python3*/site-packages/app/systemd/board-agent.service"))

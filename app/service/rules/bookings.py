@@ -215,11 +215,12 @@ class BookingService:
         self, cards: tuple[int, ...] | None, count: int | None, klass: str, start: int, duration: int, now: int,
         excluding: int | None, busy: dict | None = None, held: list[Booking] | None = None,
         now_slot: bool | None = None, user: str | None = None, project: str = projects.IMPLICIT,
-        over_budget: bool = False,
+        over_budget: bool = False, yielding: dict | None = None,
     ) -> Plan:
         """The booking at exactly `start`, or the refusal that names the rule (NotPermitted) or the holder (Conflict).
 
-        `busy` and `held` (the caller's live bookings), when given, save the reads: `_earliest` tries many starts.
+        `busy`, `yielding` (the on-demand bookings', `_busy_by_index`) and `held` (the caller's live bookings), when
+        given, save the reads: `_earliest` tries many starts.
         `over_budget`: an admin's forced booking passes its project's budget."""
         end = start + duration
         if now_slot is None:  # what runs on the cards now says nothing about a slot that starts later
@@ -240,12 +241,11 @@ class BookingService:
                          for i in chosen if (found := self._foreign(self.cards[i], i in mine))]
         else:
             assert count is not None  # no cards named: a group size (_plan checked it)
-            chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy, project)
-        if self._scope.on_demand:  # no limit on cards at once (the runner's account holds them all), the pools' rules
-            for card in chosen:
-                if reason := policy.card_refusal(self.config, card, klass, start, end, project=project):
-                    raise NotPermitted(f"card {card}: {reason}")
-        else:
+            chosen, notes = self._pick(count, klass, start, duration, now, now_slot, excluding, busy, project,
+                                       yielding)
+        # No limit on cards at once for an on-demand booking: the runner's account holds them all. The pools' rules
+        # and the allocations (card_refusal) held its cards above, named or picked.
+        if not self._scope.on_demand:
             if held is None:
                 held = rows.live_between(self.conn, start, end, user=user or self.me.name)
             spans = [(b.start, b.end, len(b.cards)) for b in held if b.id != excluding]
@@ -277,6 +277,7 @@ class BookingService:
         with self._searching():
             for until in (start + duration + LOOKAHEAD_SECONDS, None):
                 busy = self._busy_by_index(start, until, excluding)
+                yielding = self._busy_by_index(start, until, excluding, yielding=True)
                 held = rows.live_between(self.conn, start, until or 2**62, user=user or self.me.name)
                 ends = {e for spans in busy.values() for _, e in spans if e > start}
                 for candidate in sorted({start, *ends, *opens}):
@@ -293,7 +294,7 @@ class BookingService:
                         continue
                     try:
                         return self._plan_at(cards, count, klass, candidate, duration, now, excluding, busy, held, now_slot,
-                                             project=project)
+                                             project=project, yielding=yielding)
                     except (Conflict, NotPermitted):
                         continue
         return None
@@ -493,6 +494,8 @@ class BookingService:
                     notes = plan.notes
             rows.sync_cards(self.conn, self.cards.values(), now, self.host)
             wanted = min(max(start, now), plan.start)
+            with self._planning(scope):
+                cut = self._make_way(plan.cards, plan.start, plan.end, now)
             booking_id = rows.insert(
                 self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
                 klass=klass, note=note, request=request, now=now, created_by=self.me.uid, requested_at=wanted,
@@ -500,6 +503,7 @@ class BookingService:
                 queued=("cards" if cards is None else "time") if or_later and plan.start > wanted else None,
                 project=plan.project,
             )
+            self._yielded(cut, booking_id, now)
             details.update(cards=list(plan.cards), start=plan.start, end=plan.end)
             if plan.project:
                 details["project"] = plan.project
@@ -541,7 +545,9 @@ class BookingService:
             booking = self._editable(booking_id, "extend", now)
             if end <= booking.end:
                 raise BadInput(f"the new end must be after the current end {stamp_when(booking.end, now)}")
-            self._check_free(booking.cards, booking.end, end, excluding=booking_id)
+            with self._planning(_Scope(on_demand=bool(booking.on_demand))):
+                self._check_free(booking.cards, booking.end, end, excluding=booking_id)
+                cut = self._make_way(booking.cards, booking.end, end, now, excluding=booking_id)
             held = [(b.start, b.end, len(b.cards))
                     for b in rows.live_between(self.conn, booking.start, end, user=booking.user) if b.id != booking_id]
             policy.check(self.config, cards=booking.cards, klass=booking.klass, start=booking.start, end=end,
@@ -549,6 +555,7 @@ class BookingService:
             self._check_budget(booking.project, [(booking.start, end)], len(booking.cards), booking_id)
             details["old_end"] = booking.end
             rows.set_times(self.conn, booking_id, booking.start, end)
+            self._yielded(cut, booking_id, now)
             self._tell(booking, f"extended to {stamp_time(end, now)} by admin {self.me.name}")
             return booking_id
 
@@ -566,7 +573,8 @@ class BookingService:
                 raise BadInput(f"booking {booking_id} is not on demand; 'board extend' extends it")
             if booking.status != "booked" or booking.end <= now:
                 return booking
-            busy = self._busy_by_index(booking.end, end + YIELD_GAP_SECONDS, booking_id)
+            with self._planning(_Scope(on_demand=True)):  # on-demand bookings block each other
+                busy = self._busy_by_index(booking.end, end + YIELD_GAP_SECONDS, booking_id)
             after = [first for i in booking.cards for first, _ in busy.get(i, ()) if first >= booking.end]
             until = min([end, *(first - YIELD_GAP_SECONDS for first in after)])
             if until - booking.end < LEASE_MIN_STEP_SECONDS:
@@ -593,7 +601,8 @@ class BookingService:
             if end <= max(start, now):
                 raise BadInput(f"the end {stamp_when(end, now)} must be after the start {stamp_when(start, now)}"
                                " and after now")
-            self._check_free(booking.cards, start, end, excluding=booking_id)
+            with self._planning(_Scope(on_demand=bool(booking.on_demand))):
+                self._check_free(booking.cards, start, end, excluding=booking_id)
             if not override_policy:
                 held = [(b.start, b.end, len(b.cards))
                         for b in rows.live_between(self.conn, start, end, user=booking.user) if b.id != booking_id]
@@ -601,7 +610,10 @@ class BookingService:
                              now=min(now, start), held=held, project=booking.project)
                 self._check_budget(booking.project, [(start, end)], len(booking.cards), booking_id)
             details.update(old_start=booking.start, old_end=booking.end)
+            with self._planning(_Scope(on_demand=bool(booking.on_demand))):
+                cut = self._make_way(booking.cards, start, end, now, excluding=booking_id)
             rows.set_times(self.conn, booking_id, start, end)
+            self._yielded(cut, booking_id, now)
             if booking.queued:  # an admin set its time: the backfill must not move it back
                 rows.set_queued(self.conn, booking_id, None)
             self._tell(booking, f"moved from {stamp_time(booking.start, now)}-{stamp_time(booking.end, now)} to "
@@ -680,13 +692,16 @@ class BookingService:
                     f" cancel {them} first (board serve plan --cancel {planned[0].id}), or pass --force to cancel"
                     f" {them} and {doing}"
                 )
+            cut: list[int] = []
             if moving:
                 begin = max(booking.start, now)
-                try:
-                    self._check_free(chosen, begin, booking.end, excluding=booking_id)
-                except SlotTaken as taken:
-                    raise _retry(taken, cards=chosen, count=None, klass=booking.klass, start=begin,
-                                 duration=booking.end - begin, excluding=booking_id) from None
+                with self._planning(_Scope(on_demand=bool(booking.on_demand))):
+                    try:
+                        self._check_free(chosen, begin, booking.end, excluding=booking_id)
+                    except SlotTaken as taken:
+                        raise _retry(taken, cards=chosen, count=None, klass=booking.klass, start=begin,
+                                     duration=booking.end - begin, excluding=booking_id) from None
+                    cut = self._make_way(chosen, begin, booking.end, now, excluding=booking_id)
             what = " and ".join(
                 ([f"moved to {cards_text(chosen)}"] if moving else [])
                 + ([f"given to {owner[0]}"] if giving else [])) + f" by admin {self.me.name}"
@@ -716,6 +731,7 @@ class BookingService:
                     what += f" (from now on booking {result})"
                 else:
                     rows.set_cards(self.conn, booking_id, uuids)
+            self._yielded(cut, result, now)
             if giving and result == booking_id:
                 rows.set_owner(self.conn, booking_id, *owner)
             self._tell(booking, what, also=(result, owner[1]))
@@ -771,6 +787,7 @@ class BookingService:
                                     project=booking.project)
             if plan is None or plan.start >= booking.start:
                 continue
+            cut = holder._make_way(plan.cards, plan.start, plan.end, now, excluding=booking.id)
             if plan.cards != booking.cards:  # off the old cards first: they may be taken at the new time
                 rows.sync_cards(self.conn, self.cards.values(), now, self.host)
                 rows.set_cards(self.conn, booking.id, ())
@@ -782,6 +799,7 @@ class BookingService:
             events.record(self.conn, ts=now, uid=os.getuid(), actor="board", action="backfill", booking_id=booking.id,
                           ok=True, details={"old_start": booking.start, "old_cards": list(booking.cards),
                                             "start": plan.start, "end": plan.end, "cards": list(plan.cards)})
+            self._yielded(cut, booking.id, now, actor=(os.getuid(), "board"))
             after = self.get(booking.id)
             self.told.append((booking.uid, f"booking {booking.id} was {what}: now {stamp_when(plan.start, now)}"
                                             f" on cards {format_cards(plan.cards)}"))
@@ -959,13 +977,14 @@ class BookingService:
 
     def _pick(
         self, count: int, klass: str, start: int, duration: int, now: int, now_slot: bool, excluding: int | None,
-        busy: dict | None, project: str = projects.IMPLICIT,
+        busy: dict | None, project: str = projects.IMPLICIT, yielding: dict | None = None,
     ) -> tuple[tuple[int, ...], list[str]]:
         """The best-connected `count` cards free at exactly `start`, and notes on the cards passed over.
 
         Too few cards that the pools allow is a refusal by rule, naming each rule; too few of those free
         is a conflict, naming who holds them. A slot that starts now leaves out cards with another
-        user's processes, and HOT cards while a cooler group is free."""
+        user's processes, and HOT cards while a cooler group is free. A group that cuts no on-demand booking short
+        (`yielding`: theirs, by card) is taken first whenever there is one."""
         end = start + duration
         refusals = {i: f"card {i} is lost (fell off the bus)" if self.cards[i].lost
                     else policy.card_refusal(self.config, i, klass, start, end, project=project)
@@ -983,7 +1002,14 @@ class BookingService:
             busy = self._busy_by_index(start, end, excluding)
         free = [i for i in eligible if i not in foreign and is_free(busy, (i,), (start, end))]
         cool = [i for i in free if not (now_slot and self._hot(i))]
-        chosen = best_group(cool, count, self.topology) or best_group(free, count, self.topology)
+        if self._scope.on_demand:
+            clear = free  # it sees every booking: none of the free cards holds one
+        else:
+            if yielding is None:
+                yielding = self._busy_by_index(start, end, excluding, yielding=True)
+            clear = [i for i in free if is_free(yielding, (i,), (start, end))]
+        chosen = next((group for cards in ([i for i in cool if i in clear], clear, cool, free)
+                       if (group := best_group(cards, count, self.topology))), None)
         why = {i: self._whose(procs) for i, procs in foreign.items() if is_free(busy, (i,), (start, end))}
         # A LOST card the rules would otherwise take is passed over too, and said so.
         why.update({i: "LOST: fell off the bus" for i in self._candidates() if self.cards[i].lost
@@ -996,7 +1022,8 @@ class BookingService:
             raise self._no_group(count, klass, start, end, [i for i in eligible if i not in free], passed, excluding)
         why.update({i: f"{self.cards[i].temperature_c} °C" for i in free if i not in cool and i not in chosen})
         notes = [f"passed over {', '.join(f'card {i} ({why[i]})' for i in sorted(why))}"] if why else []
-        notes += [f"took card {i} though it is HOT ({self.cards[i].temperature_c} °C): no cooler group"
+        cooler = " free of on-demand models" if best_group(cool, count, self.topology) else ""
+        notes += [f"took card {i} though it is HOT ({self.cards[i].temperature_c} °C): no cooler group{cooler}"
                   " could start then" for i in chosen if i not in cool]
         return chosen, notes
 
@@ -1007,7 +1034,7 @@ class BookingService:
         uuids = {self.cards[i].uuid for i in taken}
         holders = [f"{'card' if len(cards) == 1 else 'cards'} {format_cards(cards)} {'is' if len(cards) == 1 else 'are'}"
                    f" booked by {b.user} {held(b, now)} (booking {b.id})"
-                   for b in rows.live_between(self.conn, start, end) if b.id != excluding
+                   for b in rows.live_between(self.conn, start, end, on_demand=self._seen()) if b.id != excluding
                    if (cards := sorted(self.by_uuid[u] for u in b.card_uuids if u in uuids))]
         why = holders[:3] + (["…"] if len(holders) > 3 else []) + ([f"passed over {', '.join(passed)}"] if passed else [])
         return Conflict(f"no {'card is' if count == 1 else f'{count} cards are'} free for"
@@ -1019,9 +1046,23 @@ class BookingService:
         """Each card's processes of someone else's right now. Worked out once for `now`: a search for the
         earliest start asks at every candidate, and a backfill searches for each queued booking."""
         if self._others is None or self._others[0] != now:
-            mine = self._held_now(now)
-            self._others = (now, {i: found for i, card in self.cards.items() if (found := self._foreign(card, i in mine))})
+            mine, serving = self._held_now(now), self._serving_now(now)
+            self._others = (now, {i: found for i, card in self.cards.items()
+                                  if (found := [p for p in self._foreign(card, i in mine)
+                                                if (p.uid if p.uid is not None else p.user) not in serving.get(i, ())])})
         return self._others[1]
+
+    def _serving_now(self, now: int) -> dict[int, set[int | str | None]]:
+        """Each card's on-demand holders right now (uid and name): the server on an on-demand booking goes with it
+        (`_make_way`), so its processes keep nobody off the card."""
+        if not any(c.processes for c in self.cards.values()):
+            return {}
+        found: dict[int, set[int | str | None]] = {}
+        for booking in rows.live_between(self.conn, now, now + 1, on_demand=True):
+            for uuid in booking.card_uuids:
+                if uuid in self.by_uuid:
+                    found.setdefault(self.by_uuid[uuid], set()).update((booking.uid, booking.user))
+        return found
 
     def _held_now(self, now: int) -> set[int]:
         """The cards the caller holds a booking on right now; only asked when some process has no owner."""
@@ -1067,13 +1108,48 @@ class BookingService:
         temperature = self.cards[index].temperature_c
         return temperature is not None and temperature >= self.config.hot_celsius
 
-    def _busy_by_index(self, after: int, before: int | None, excluding: int | None) -> dict[int, list[tuple[int, int]]]:
-        by_uuid = rows.busy_by_card(self.conn, after, before, excluding)
+    def _busy_by_index(self, after: int, before: int | None, excluding: int | None,
+                       yielding: bool = False) -> dict[int, list[tuple[int, int]]]:
+        """Each card's taken spans (those of the bookings a plan sees: `_seen`), or with `yielding` the on-demand
+        bookings' spans, which a plan may take."""
+        by_uuid = rows.busy_by_card(self.conn, after, before, excluding, on_demand=True if yielding else self._seen())
         return {self.by_uuid[u]: spans for u, spans in by_uuid.items() if u in self.by_uuid}
+
+    def _seen(self) -> bool | None:
+        """Which bookings take a plan's cards: every one for an on-demand booking's (they block each other), only those
+        not on demand for any other's (on-demand bookings yield to it: `_make_way`). As rows.busy_by_card's
+        `on_demand`."""
+        return None if self._scope.on_demand else False
+
+    def _make_way(self, cards: Sequence[int], start: int, end: int, now: int, excluding: int | None = None) -> list[int]:
+        """Before a booking that is not on demand is written on `cards` over [start, end): cut each on-demand booking
+        there to end YIELD_GAP_SECONDS before `start` (never before now: the past stays), or cancel it if it has not
+        started (or would keep nothing). Returns their ids, for `_yielded` once the booking is written. The gateway
+        drains the server on it before that end, and the enforcement stops it, as for any booking's end."""
+        if self._scope.on_demand:
+            return []
+        cut = []
+        for booking in rows.overlapping(self.conn, [self.cards[i].uuid for i in cards], start, end, excluding,
+                                        on_demand=True):
+            until = min(max(now, start - YIELD_GAP_SECONDS), start)  # a start a moment past (the grace) has it at start
+            if booking.start > now or until <= booking.start:
+                rows.set_cancelled(self.conn, booking.id)
+            else:
+                rows.cut_end(self.conn, booking.id, until)
+            cut.append(booking.id)
+        return cut
+
+    def _yielded(self, cut: Sequence[int], by: int, now: int, actor: tuple[int, str] | None = None) -> None:
+        """Audit each on-demand booking `_make_way` cut for booking `by`, as the writer's (`actor`: uid and name, default
+        the caller). Its holder is the runner's account: nobody to tell."""
+        uid, name = actor or (self.me.uid, self.me.name)
+        for booking_id in cut:
+            events.record(self.conn, ts=now, uid=uid, actor=name, action="on-demand-yield", booking_id=booking_id,
+                          ok=True, details={"booking": booking_id, "by": by})
 
     def _check_free(self, cards: Sequence[int], start: int, end: int, excluding: int | None = None) -> None:
         uuids = [self.cards[i].uuid for i in cards]
-        clash = rows.first_conflict(self.conn, uuids, start, end, excluding)
+        clash = rows.first_conflict(self.conn, uuids, start, end, excluding, on_demand=self._seen())
         if clash is not None:
             raise SlotTaken(clash, cards, self.clock())
 

@@ -123,7 +123,13 @@ def wake(service: Service, alias: str, used: bool = True) -> ModelDemand:
         if used:
             _TOUCHED.setdefault(service, {})[alias] = now
         drain = int(service.config.gateway.drain_s)
-        booking = _keep(service, entry, now)
+        booking = live_booking(service, alias, now)
+        if booking is not None and (failure := start_failure(service, booking)) is not None:
+            # Not kept, nor started again on it: its lease runs out, and the next demand after tries afresh.
+            words = f"{alias} failed to start on cards {format_cards(booking.cards)} ({failure}); it is tried again" \
+                    f" {stamp_when(booking.end, now)}"
+            return _unavailable(alias, localize(words, policy_zone(service.config)), booking.end, now)
+        booking = _keep(service, entry, booking, now)
         if booking is not None and booking.end - now > drain:  # one about to end that cannot grow: a new one elsewhere
             return _demand(service, entry, booking, now)
         registered = getattr(service, "runner", None)
@@ -131,7 +137,10 @@ def wake(service: Service, alias: str, used: bool = True) -> ModelDemand:
             who = service.config.llama.runner_user
             return _unavailable(alias, f"{alias} can't start: no runner is registered (board runner, as {who});"
                                        " ask an admin to start it")
-        count = group_size(service, entry)
+        try:
+            count = group_size(service, entry)
+        except BadInput as unreadable:  # its file changed since the agent checked the catalog
+            return _unavailable(alias, f"{alias} can't start: {unreadable}; ask an admin")
         if count is None:
             where = f"pool {entry.pool}'s cards" if entry.pool else "this box's cards"
             return _unavailable(alias, f"{alias} fits on no group of {where} (board fit); ask an admin to fix its"
@@ -140,7 +149,7 @@ def wake(service: Service, alias: str, used: bool = True) -> ModelDemand:
         rules.word_refusals = False  # the refusal is worded here, with the earliest start of the group
         try:
             made, _ = rules.book(count=count, start=now, end=_lease_end(service, entry, now), klass=entry.klass,
-                                 note=f"on demand: {alias}", project=entry.project, on_demand=alias,
+                                 project=entry.project, on_demand=alias,
                                  within=pool_cards(service, entry))
         except (Conflict, NotPermitted) as refused:
             return _refused(service, entry, runner, count, refused, now)
@@ -200,7 +209,7 @@ def _refused(service: Service, entry: CatalogModel, runner: Identity, count: int
         held = why.partition(": ")[2]
         why = f"none are free now{f' ({held})' if held else ''}"
     earliest = (f"the earliest is {stamp_when(found, now)}" if found is not None
-                else f"no start within {service.config.policy.max_ahead_days:g} days is free")
+                else f"no start within {service.config.policy.max_ahead_days:g} days works")
     message = localize(f"{entry.alias} needs {group}; {why}; {earliest}", policy_zone(service.config))
     return _unavailable(entry.alias, message, found, now)
 
@@ -220,16 +229,15 @@ def touch(service: Service, aliases: Iterable[str]) -> dict[str, int]:
         if (entry := catalog.get(alias)) is None:
             continue
         touched[alias] = now
-        if (booking := _keep(service, entry, now)) is not None:
+        if (booking := _keep(service, entry, live_booking(service, alias, now), now)) is not None:
             extended[alias] = booking.end
     return extended
 
 
-def _keep(service: Service, entry: CatalogModel, now: int) -> Booking | None:
-    """The entry's live on-demand booking with its lease grown to now + ttl_s + drain_s where it can; None: none
-    lives."""
+def _keep(service: Service, entry: CatalogModel, booking: Booking | None, now: int) -> Booking | None:
+    """The entry's live on-demand booking (`booking`, None: none lives) with its lease grown to now + ttl_s + drain_s
+    where it can."""
     runner = runner_identity(service)
-    booking = live_booking(service, entry.alias, now)
     if booking is None or runner is None:
         return None
     return _extended(service, runner, booking, _lease_end(service, entry, now))
@@ -264,7 +272,8 @@ def keep_pass(server: Agent) -> list[int]:
         if entry.preload is None or not preloaded(entry.preload, now, tz):
             continue
         try:
-            if (booking := _keep(service, entry, now)) is not None:  # kept warm: not a use (last_used)
+            if (booking := _keep(service, entry, live_booking(service, entry.alias, now), now)) is not None:
+                # kept warm: not a use (last_used)
                 kept.append(booking.id)
                 continue
             demand = wake(service, entry.alias, used=False)
@@ -272,7 +281,7 @@ def keep_pass(server: Agent) -> list[int]:
             log.warning(f"on demand: preload of {entry.alias} failed: {error}")
             continue
         if demand["booking"] is None:
-            log.info(f"on demand: preload of {entry.alias} waits: {demand['message']}")
+            log.debug(f"on demand: preload of {entry.alias} waits: {demand['message']}")  # each pass: not logged
             continue
         audit(service, AGENT, "on-demand-preload", demand["booking"], ok=True, details={"alias": entry.alias})
         kept.append(demand["booking"])
@@ -291,6 +300,24 @@ def server_of(service: Service, booking: Booking) -> tuple[int, str] | None:
         return None
     row = servers.get(service.conn, run["server"])
     return (row.id, row.state) if row else None
+
+
+def start_failure(service: Service, booking: Booking) -> str | None:
+    """Why the booking's on-demand server is not running, where its start failed: the plan's refusal (the rules
+    refused the start) or the server's end (failed or crashed), as its row says; None: none failed."""
+    run = plan_rows.run_on(service.conn, booking.id)
+    if run is None:
+        return None
+    if run["error"]:
+        return str(run["error"])
+    if run["server"] is None:
+        return None
+    from app.llama import rows as servers  # start-up: llama's modules load only for servers
+
+    row = servers.get(service.conn, run["server"])
+    if row is None or row.state not in (servers.FAILED, servers.CRASHED):
+        return None
+    return f"server {row.id} {row.state}{f': {row.reason}' if row.reason else ''}"
 
 
 # One catalog entry as `models` shows it (functional form: `class` is a keyword).
@@ -320,8 +347,7 @@ def models_view(service: Service, me: Identity) -> list[ModelWire]:
         server = server_of(service, booking) if booking is not None else None
         state = "cold"
         if booking is not None:
-            run = plan_rows.run_on(service.conn, booking.id)
-            if (run is not None and run["error"]) or (server is not None and server[1] in ("failed", "crashed")):
+            if start_failure(service, booking) is not None:
                 state = "failed"
             elif server is not None and (server[1] == "stopping" or booking.end - now <= drain):
                 state = "draining"

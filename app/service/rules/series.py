@@ -242,9 +242,11 @@ class SeriesService:
             details["over_budget"] = over
         booked = []
         for start, end in free:
+            cut = self.rules._make_way(cards, start, end, now)  # an on-demand booking yields to an occurrence
             booking_id = rows.insert(self.conn, user=owner[0], uid=owner[1], uuids=uuids, start=start, end=end,
                                      klass=klass, note=note, request=None, now=now, created_by=self.me.uid,
                                      series_id=series_id, project=project)
+            self.rules._yielded(cut, booking_id, now)
             event = {"cards": list(cards), "start": start, "end": end, "class": klass, "note": note,
                      "series_id": series_id}
             if start in broken:
