@@ -727,13 +727,10 @@ def _alias_text(alias: str) -> bool:
 def _models(models: tuple[CatalogModel, ...], pools: tuple[Pool, ...], projects: tuple[Project, ...],
             team_aliases: dict[str, tuple[str, ...]], model_dirs: tuple[str, ...]) -> None:
     """[[models]]: what the text alone says, the first bad entry in one line naming it (#N and its alias) and the key.
-    Whether its file exists, is a GGUF and fits this box's cards is app.llama.catalog's (board agent, at start)."""
+    What llama.cpp's facts say (its slot limit, cache types, the extra arguments' allow-list) and whether its file
+    exists, is a GGUF and fits this box's cards is app.llama.catalog's (board agent, at start: the layers above)."""
     if not models:
         return  # a board without a catalog loads none of what checks one
-    from app.core.request import CACHE_TYPES, MAX_PARALLEL
-    from app.errors import BadInput
-    from app.llama.command import check_extra
-
     pool_of = {pool.name: pool for pool in pools}
     project_of = {project.name: project for project in projects}
     dirs = [os.path.normpath(d) for d in model_dirs if os.path.isabs(d)]
@@ -762,17 +759,9 @@ def _models(models: tuple[CatalogModel, ...], pools: tuple[Pool, ...], projects:
         for key in ("ctx", "parallel"):
             if getattr(entry, key) < 1:
                 raise ValueError(f"{where} {key} must be a whole number more than 0, not {getattr(entry, key)}")
-        if entry.parallel > min(entry.ctx, MAX_PARALLEL):  # each slot holds ctx / parallel tokens, at least one
-            limit = "its ctx" if entry.ctx < MAX_PARALLEL else "llama.cpp's limit"
-            raise ValueError(f"{where} parallel is {entry.parallel}, more than {limit} ({min(entry.ctx, MAX_PARALLEL)});"
-                             " give fewer slots or more ctx")
-        for key in ("cache_type_k", "cache_type_v"):
-            if getattr(entry, key) not in CACHE_TYPES:
-                raise ValueError(f"{where} {key} is {getattr(entry, key)[:20]!r}; use one of {', '.join(CACHE_TYPES)}")
-        try:
-            check_extra(entry.args, model_dirs)
-        except BadInput as error:
-            raise ValueError(f"{where} args: {error}") from None
+        if entry.parallel > entry.ctx:  # each slot holds ctx / parallel tokens, at least one
+            raise ValueError(f"{where} parallel is {entry.parallel}, more than its ctx ({entry.ctx}); give fewer slots"
+                             " or more ctx")
         if entry.klass not in CLASSES:
             raise ValueError(f"{where} class is {entry.klass[:20]!r}; use one of {', '.join(CLASSES)}")
         if entry.pool is not None:

@@ -14,6 +14,17 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message is one line naming the file."""
 
 
+def shared_socket(environ) -> str | None:
+    """The shared service's socket when the config names one and no personal database was asked for; None when the
+    config cannot be read (the full CLI reports it)."""
+    if environ.get("BOARD_DB"):
+        return None
+    try:
+        return configured_socket(environ)
+    except ConfigError:
+        return None
+
+
 def configured_socket(environ=os.environ) -> str | None:
     """`[service] socket` from the config, or None; raises ConfigError like read_config.
 

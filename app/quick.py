@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 # command: (flags without a value, {option: attribute}, (positional attribute, its type) or None, defaults)
 QUICK: dict[str, tuple[frozenset, dict, tuple | None, dict]] = {
-    "status": (frozenset({"--json"}), {}, None, {}),
+    "status": (frozenset({"--json", "--short"}), {}, None, {}),
     "whoami": (frozenset({"--json"}), {}, None, {}),
     "book": (
         frozenset({"--json", "--asap", "--or-later"}),
@@ -38,7 +38,7 @@ QUICK: dict[str, tuple[frozenset, dict, tuple | None, dict]] = {
     "release": (frozenset({"--json"}), {}, ("id", "booking_id"), {}),
 }
 # Options argparse refuses together; the full CLI says so.
-EXCLUSIVE = ({"duration", "until"}, {"mine", "user"}, {"asap", "or_later"})
+EXCLUSIVE = ({"duration", "until"}, {"mine", "user"}, {"asap", "or_later"}, {"json", "short"})
 
 
 def _attribute(flag: str) -> str:
@@ -95,18 +95,6 @@ def handler(command: str):
     return getattr(bookings, f"cmd_{command}")
 
 
-def shared_socket(environ) -> str | None:
-    """The shared service's socket when the config names one and no personal database was asked for."""
-    if environ.get("BOARD_DB"):
-        return None
-    from app.config_file import ConfigError, configured_socket
-
-    try:
-        return configured_socket(environ)
-    except ConfigError:
-        return None  # the full CLI reports it
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["__complete"]:  # the completion script's live words (app.cli.completion), never argparse
@@ -122,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if (refusal := check_arguments(argv)) is not None:
         return refusal
+    from app.config_file import shared_socket
+
     path = shared_socket(os.environ)
     if path is None:  # file mode: the context opens the service in this process, loading what the command runs
         return run_command(handler(argv[0]), Context(args))

@@ -1,4 +1,4 @@
-"""Quick-CLI latency through the shared service's socket: `board status --json` and `board book`
+"""Quick-CLI latency through the shared service's socket: `board status --json`, `board status --short` and `board book`
 as a member (alice) against a running `board agent`, against `python3 -c "import sqlite3"` with
 the same interpreter, run side by side (interleaved, so machine noise hits every case alike).
 Medians; the ratio is against that baseline. Target (issue 8, section 6): 2x or less.
@@ -127,9 +127,11 @@ def socket_mode(runs: int, group: str, user: str, breakdown: bool, against: Path
             install.run(user, "status", check=True)  # the first request opens (and migrates) the database: not timed
             board = str(board_path)
             cases[f"{label}board status --json"] = lambda n, board=board: [board, "status", "--json"]
+            cases[f"{label}board status --short"] = lambda n, board=board: [board, "status", "--short"]
             cases[f"{label}board book 1 --for 10m --start +Nh"] = lambda n, board=board: [
                 board, "book", "1", "--for", "10m", "--start", f"+{n + 1}h", "--json"]
             envs.update({f"{label}board status --json": install.environ(user),
+                         f"{label}board status --short": install.environ(user),
                          f"{label}board book 1 --for 10m --start +Nh": install.environ(user)})
             admins[f"{label}board book 1 --for 10m --start +Nh"] = stack.enter_context(
                 contextlib.closing(install.client()))  # root: cancels each booking after it is timed
@@ -157,6 +159,7 @@ def file_mode(runs: int, against: Path | None = None, breakdown: bool = False) -
             "baseline: python3 -c 'import sqlite3'": lambda n: [sys.executable, "-c", "import sqlite3"],
             "stdlib floor: the same imports, no board": lambda n: [sys.executable, "-c", STDLIB_FLOOR],
             "board status --json (file)": lambda n: [board, "status", "--json"],
+            "board status --short (file)": lambda n: [board, "status", "--short"],
             "board book 1 --for 10m (file)": lambda n: [board, "book", "1", "--start", f"+{n + 1}h", "--for", "10m"],
         }
         if against is not None:  # the other checkout's board (its own venv) on the same file, other slots

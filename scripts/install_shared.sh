@@ -156,6 +156,28 @@ if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
     say "board-runner.service enabled and started"
 fi
 
+# 5d. The power policy at boot (docs/health.md): where the config sets [power] limit_w or [power.cards],
+# board-power.service runs board power apply as root once the driver is loaded. Enabled for the next boot, not run now.
+POWER_UNIT=$PREFIX/etc/systemd/system/board-power.service
+if BOARD_CONFIG=$CONFIG "$VENV/bin/python" -c 'from app.config import load_config
+power = load_config().power
+raise SystemExit(power.limit_w is None and not power.cards)' 2>/dev/null; then
+    sed -e "s|/usr/local/bin/board|$BIN/board|g" \
+        -e "s|/etc/board/board.toml|$CONFIG|g" \
+        -e "s|/var/lib/board-power|$PREFIX/var/lib/board-power|g" \
+        "$(dirname "$SHIPPED")/board-power.service" >"$POWER_UNIT"
+    chmod 0644 "$POWER_UNIT"
+    if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
+        systemctl daemon-reload
+        systemctl enable board-power.service
+    else  # offline (an image, or PREFIX): only the symlink that WantedBy= asks for
+        systemctl --root="${PREFIX:-/}" enable board-power.service
+    fi
+    say "board-power.service enabled: board power apply at each boot ([power] in $CONFIG)"
+else
+    say "no [power] limit_w in $CONFIG: board-power.service not installed (docs/health.md)"
+fi
+
 if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
     systemctl enable --now board-agent.service

@@ -76,6 +76,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(path))  # with pytest-xdist's --dist loadgroup
 
 
+@pytest.fixture(scope="session")
+def prometheus_bin() -> Path:
+    """The folder with prometheus and promtool: BOARD_PROMETHEUS_DIR, the PATH, or the cached download."""
+    import subprocess
+
+    if folder := os.environ.get("BOARD_PROMETHEUS_DIR"):
+        return Path(folder)
+    if (found := shutil.which("promtool")) and shutil.which("prometheus"):
+        return Path(found).parent
+    fetched = subprocess.run([str(REPO / "scripts" / "fetch_prometheus.sh")], capture_output=True, text=True, timeout=300)
+    if fetched.returncode != 0:
+        pytest.skip(f"no prometheus/promtool: scripts/fetch_prometheus.sh failed: {fetched.stderr.strip()[-300:]}")
+    return Path(fetched.stdout.strip())
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_temp_left_by_mutmut(tmp_path_factory):
     """mutmut runs each mutant as a pytest session in a child that ends without atexit, so pytest never unlocks and

@@ -119,8 +119,9 @@ def cmd_topo(ctx) -> int:
 
 def hardware_checks(ctx):
     """board doctor's part on the box: driver and CUDA for the cards' architecture, the llama-server build, each
-    card's PCIe link, and the catalog's models against the cards. (ok, line) pairs; ok is None for a warning."""
-    from app.core.hardware import by_capability, driver_checks, link_checks
+    card's PCIe link, each card's power limit against [power], and the catalog's models against the cards. (ok,
+    line) pairs; ok is None for a warning."""
+    from app.core.hardware import by_capability, driver_checks, link_checks, power_checks
     from app.errors import BoardError
     from app.gpu import NoDriverError
 
@@ -132,6 +133,7 @@ def hardware_checks(ctx):
     yield from driver_checks(snapshot)
     yield from _build_checks(ctx, list(by_capability(snapshot.cards)))
     yield from link_checks(snapshot.cards)
+    yield from power_checks(snapshot.cards, ctx.config.power.policy_w)
     yield from _catalog_checks(ctx.config, snapshot.cards)
 
 

@@ -140,7 +140,7 @@ def _live(what: str) -> list[str]:
     import time
 
     from app.client.socket import SocketClient
-    from app.quick import shared_socket
+    from app.config_file import shared_socket
 
     path = shared_socket(os.environ)
     if path is None:  # no shared service: a personal database is not opened for a TAB

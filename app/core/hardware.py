@@ -1,13 +1,13 @@
 """The box's own health, as pure rules over a fleet snapshot: driver and CUDA against the cards' architecture, each
-card's PCIe link, the chassis table's CUDA numbering, the topology matrix, and whether a group of cards crosses a
-PCIe switch or NUMA node.
+card's PCIe link and power limit against the [power] policy, the chassis table's CUDA numbering, the topology
+matrix, and whether a group of cards crosses a PCIe switch or NUMA node.
 
 `board doctor`, `board cards`, `board topo` and the booking plan's notes print what these return.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from app.gpu.model import LINK_MULTIPLE, LINK_NAMES, CardReading, FleetSnapshot, Topology
@@ -125,6 +125,31 @@ def link_checks(cards: Sequence[CardReading]) -> list[Check]:
     if not checks and cards:
         checks.append((True, f"PCIe links: every card at its full width, none behind the chipset"
                              f" (cards {card_list(c.index for c in cards if not c.lost)})"))
+    return checks
+
+
+DRIFT_W = 1.0  # NVML keeps milliwatts; a limit within a watt of the policy is the policy
+
+
+def drifted(limit_w: float | None, policy_w: float | None) -> bool:
+    """Whether a card's power limit is off its [power] policy (`board power`'s DRIFT, doctor's power check)."""
+    return limit_w is not None and policy_w is not None and abs(limit_w - policy_w) >= DRIFT_W
+
+
+def power_checks(cards: Sequence[CardReading], policy_w: Callable[[int], float | None]) -> list[Check]:
+    """Per card with a [power] policy (`policy_w`: PowerSettings.policy_w): a limit off it is a warning. The limits
+    do not survive a reboot: board-power.service sets them at boot, so a drift is a change since, or a boot unit
+    that did not run. No policy, or no card whose limit the driver reports: no line."""
+    watched = [c for c in cards if not c.lost and c.power_limit_w is not None and policy_w(c.index) is not None]
+    checks: list[Check] = []
+    for card in watched:
+        policy = policy_w(card.index)
+        if drifted(card.power_limit_w, policy):
+            checks.append((None, f"{_where(card)}: power limit {card.power_limit_w:.0f} W, not the [power] policy's"
+                                 f" {policy:.0f} W: it drifted since boot (board-power.service sets it at boot; check"
+                                 " systemctl status board-power), board power apply (as an admin) sets it now"))
+    if not checks and watched:
+        checks.append((True, f"power limits: every card at the [power] policy (cards {card_list(c.index for c in watched)})"))
     return checks
 
 

@@ -40,6 +40,13 @@ def link_capacity_mib_s(gen: int | None, width: int | None) -> float | None:
     return PCIE_LANE_MIB_S[gen] * width
 
 
+def running_link_mib_s(card) -> float | None:
+    """One direction's capacity of the card's link as it runs under load, or None if unknown: an idle card drops its
+    link's generation, so an idle card's is its maximum generation's."""
+    gen = card.pcie_gen if card.utilization_pct else (card.pcie_max_gen or card.pcie_gen)
+    return link_capacity_mib_s(gen, card.pcie_width)
+
+
 # msgspec Structs, not dataclasses: they are defined in C, where six frozen dataclasses cost ~4.5 ms to define on every
 # start-up that reads the cards (board status in file mode). Change one with msgspec.structs.replace.
 class GpuProcess(msgspec.Struct, frozen=True):

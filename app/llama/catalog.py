@@ -12,10 +12,12 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from app.core.request import CACHE_TYPES, MAX_PARALLEL
 from app.errors import BadInput
 from app.fit.estimate import CARD_COUNTS, Settings, place
 from app.fit.gguf_model import Model, read_model
 from app.fit.report import DEFAULT_CARD_MIB
+from app.llama.command import check_extra
 from app.llama.flags import under
 
 if TYPE_CHECKING:
@@ -76,9 +78,10 @@ def card_memory(config: Config, cards: Sequence[CardReading]) -> list[float]:
 
 
 def check_catalog(config: Config, cards: Sequence[CardReading]) -> list[str]:
-    """One line per catalog entry that cannot run on this box (`cards`: the first readings): its file is missing,
-    not a regular file, or outside [llama] model_dirs once symlinks are resolved; board cannot read or size it;
-    or it fits on no group of its pool's cards. [] when every entry can."""
+    """One line per catalog entry that cannot run on this box (`cards`: the first readings): more slots than llama.cpp
+    has, a cache type it lacks, an extra argument off the allow-list; its file is missing, not a regular file, or
+    outside [llama] model_dirs once symlinks are resolved; board cannot read or size it; or it fits on no group of
+    its pool's cards. [] when every entry can."""
     dirs = [os.path.realpath(d) for d in config.llama.model_dirs if os.path.isabs(d)]
     lines = []
     for number, entry in enumerate(config.models, 1):
@@ -88,7 +91,23 @@ def check_catalog(config: Config, cards: Sequence[CardReading]) -> list[str]:
     return lines
 
 
+def spec_problem(entry: CatalogModel, model_dirs: Sequence[str]) -> str | None:
+    """What llama.cpp's facts refuse in the entry's server spec, as `serve start` refuses it; None when nothing."""
+    if entry.parallel > MAX_PARALLEL:
+        return f"parallel is {entry.parallel}, more than llama.cpp's limit ({MAX_PARALLEL}); give fewer slots"
+    for key in ("cache_type_k", "cache_type_v"):
+        if getattr(entry, key) not in CACHE_TYPES:
+            return f"{key} is {getattr(entry, key)[:20]!r}; use one of {', '.join(CACHE_TYPES)}"
+    try:
+        check_extra(entry.args, model_dirs)
+    except BadInput as error:
+        return f"args: {error}"
+    return None
+
+
 def _problem(config: Config, entry: CatalogModel, cards: Sequence[CardReading], dirs: list[str]) -> str | None:
+    if problem := spec_problem(entry, config.llama.model_dirs):
+        return problem
     path = entry.model
     real = os.path.realpath(path)
     if not os.path.lexists(path):

@@ -326,13 +326,11 @@ def fleet_tp_links(conn, bookings, readings: dict[str, CardReading], here: str, 
 
 def _link_capacity(cards) -> dict[str, float]:
     """Each card's PCIe link capacity (MiB/s) by uuid, where its reading says it."""
-    from app.gpu.model import link_capacity_mib_s
+    from app.gpu.model import running_link_mib_s
 
     capacity: dict[str, float] = {}
     for card in cards:
-        # An idle card drops its link's generation: what it runs at under load is its maximum.
-        gen = card.pcie_gen if card.utilization_pct else (card.pcie_max_gen or card.pcie_gen)
-        if (found := link_capacity_mib_s(gen, card.pcie_width)) is not None:
+        if (found := running_link_mib_s(card)) is not None:
             capacity[card.uuid] = found
     return capacity
 

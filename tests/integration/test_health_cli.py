@@ -379,3 +379,30 @@ def test_apply_may_set_a_card_to_its_maximum_and_not_a_watt_over(board, tmp_path
         assert result.returncode == 2 and result.stdout == ""
         assert result.stderr == ("board: card 0: the policy's 601 W is over the card's maximum 600 W; lower [power]"
                                  " limit_w\n")
+
+
+def test_doctor_says_which_cards_drifted_from_the_power_policy_since_boot(board, tmp_path):
+    """On EDGE (cards 0 and 1 at 500 W, card 2 at its default 575 W, card 3 lost), against [power] limit_w = 575,
+    card 0's 500.5 W and card 1's 501 W: card 1 (a watt off) is the one warning (WARN: it does not fail doctor), the
+    lost card none; with card 1's policy at 500 W the warning becomes one ok line for the cards it read.
+    Wrong versions: the drift boundary moved (`>` a watt: card 1 passes; half a watt: card 0 warns); [power.cards]
+    ignored (cards 0 and 1 held to 575 W); a drift counted as a FIX; no line when every card is at the policy."""
+    config = tmp_path / "board.toml"
+    config.write_text("[power]\nlimit_w = 575\n[power.cards]\n0 = 500.5\n1 = 501\n")
+    env = {"BOARD_CONFIG": str(config), "BOARD_LLAMA_SERVER": fake_server(tmp_path, 120)}
+    result = board("doctor", scenario=EDGE, extra_env=env)
+    power = [line for line in result.stdout.splitlines() if "power limit" in line]
+    assert power == ["WARN  card 1 (slot 2): power limit 500 W, not the [power] policy's 501 W: it drifted since boot"
+                     " (board-power.service sets it at boot; check systemctl status board-power), board power apply"
+                     " (as an admin) sets it now"], result.stdout
+    config.write_text("[power]\nlimit_w = 575\n[power.cards]\n0 = 500.5\n1 = 500\n")
+    at_policy = board("doctor", scenario=EDGE, extra_env=env)
+    assert [line for line in at_policy.stdout.splitlines() if "power limit" in line] == [
+        "ok    power limits: every card at the [power] policy (cards 0-2)"], at_policy.stdout
+
+
+def test_doctor_has_no_power_line_without_a_policy(board, tmp_path):
+    """No [power] limit_w: nothing to drift from, so no line (not an ok that claims a policy holds).
+    Wrong version: every card's default limit compared against None (a line per card)."""
+    result = board("doctor", scenario=EDGE, extra_env={"BOARD_LLAMA_SERVER": fake_server(tmp_path, 120)})
+    assert not [line for line in result.stdout.splitlines() if "power limit" in line], result.stdout

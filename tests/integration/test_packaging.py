@@ -168,3 +168,11 @@ def test_the_agent_serves_metrics(installed):
     finally:
         agent.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_dashboard_and_the_rules_ship_in_the_wheel(board):
+    """app/monitoring's files are package data (pyproject's package-data): without them the commands fail here."""
+    dashboard = board.run("monitoring", "dashboard")
+    assert dashboard.returncode == 0 and dashboard.stdout.startswith("{"), dashboard.stderr
+    rules = board.run("monitoring", "rules")
+    assert rules.returncode == 0 and "alert: BoardVramHigh" in rules.stdout, rules.stderr

@@ -1,13 +1,13 @@
 """/metrics of the real agent, as the unit runs it, checked by the real promtool and scraped by a real Prometheus.
 
 Both come from Debian's `prometheus` package: `make test` unpacks it once (scripts/fetch_prometheus.sh) and
-names the folder in BOARD_PROMETHEUS_DIR; run alone, this module calls the same script.
+names the folder in BOARD_PROMETHEUS_DIR; run alone, the `prometheus_bin` fixture (tests/conftest.py) calls the same
+script.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -20,22 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.support import REPO
-
 MIB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def prometheus_bin() -> Path:
-    """The folder with prometheus and promtool: BOARD_PROMETHEUS_DIR, the PATH, or the cached download."""
-    if folder := os.environ.get("BOARD_PROMETHEUS_DIR"):
-        return Path(folder)
-    if (found := shutil.which("promtool")) and shutil.which("prometheus"):
-        return Path(found).parent
-    fetched = subprocess.run([str(REPO / "scripts" / "fetch_prometheus.sh")], capture_output=True, text=True, timeout=300)
-    if fetched.returncode != 0:
-        pytest.skip(f"no prometheus/promtool: scripts/fetch_prometheus.sh failed: {fetched.stderr.strip()[-300:]}")
-    return Path(fetched.stdout.strip())
 
 
 def free_port() -> int:

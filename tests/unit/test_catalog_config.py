@@ -1,5 +1,6 @@
 """[[models]] at config load (app.config._models): what the text alone says, the first bad entry in one line naming
-`[[models]] #N (alias)` and the key, exit 2. Whether the file exists and fits the box is tests/unit/test_catalog_sizing.py's."""
+`[[models]] #N (alias)` and the key, exit 2. llama.cpp's facts (its slot limit, cache types, the extra arguments'
+allow-list), whether the file exists and fits the box are tests/unit/test_catalog_sizing.py's."""
 
 from __future__ import annotations
 
@@ -116,18 +117,6 @@ CASES = [
     pytest.param([{**GOOD, "ctx": 3, "parallel": 4}], False,  # ctx 4, parallel 4 loads
                  "[[models]] #1 (qwen-7b) parallel is 4, more than its ctx (3); give fewer slots or more ctx",
                  id="parallel-over-ctx"),
-    pytest.param([{**GOOD, "ctx": 4096, "parallel": 257}], False,
-                 "[[models]] #1 (qwen-7b) parallel is 257, more than llama.cpp's limit (256); give fewer slots or more"
-                 " ctx", id="parallel-over-llama"),
-    pytest.param([{**GOOD, "cache_type_v": "q6_k"}], False,
-                 "[[models]] #1 (qwen-7b) cache_type_v is 'q6_k'; use one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,"
-                 " q5_1, iq4_nl", id="cache-type"),
-    pytest.param([{**GOOD, "args": ["--port", "9000"]}], False,
-                 "[[models]] #1 (qwen-7b) args: extra argument --port is set by board; use board's --port option"
-                 " instead", id="args-managed"),
-    pytest.param([{**GOOD, "args": ["--lora", "/etc/x.gguf"]}], False,
-                 "[[models]] #1 (qwen-7b) args: extra argument --lora takes one file under [llama] model_dirs"
-                 " (/srv/models, /data/llm), given by its absolute path; not '/etc/x.gguf'", id="args-file-outside"),
     pytest.param([{**GOOD, "class": "urgent"}], False,
                  "[[models]] #1 (qwen-7b) class is 'urgent'; use one of online, batch, finetune, experiment",
                  id="class-unknown"),

@@ -171,6 +171,31 @@ def test_each_bad_entry_is_one_line(tmp_path, models):
     ]
 
 
+def test_llama_cpps_facts_are_one_line_each_before_the_file(tmp_path, models):
+    """What the config's layer cannot know (llama.cpp's slot limit, its cache types, serve start's allow-list for
+    extra arguments) is refused here, a line per entry, before the file is opened: a missing file with a bad spec
+    is named for the spec. Nearest wrong versions: the limit at 257, one cache type checked of the two, the args
+    not checked, a file outside model_dirs let through as an argument."""
+    m = str(models)
+    good = f"{m}/tiny.gguf"
+    config = _config(tmp_path, [
+        {"alias": "slots", "model": f"{m}/none.gguf", "ctx": 4096, "parallel": 257},
+        {"alias": "most", "model": good, "ctx": 4096, "parallel": 256},
+        {"alias": "cache", "model": good, "cache_type_v": "q6_k"},
+        {"alias": "managed", "model": good, "args": ["--port", "9000"]},
+        {"alias": "outside", "model": good, "args": ["--lora", "/etc/x.gguf"]},
+        {"alias": "fine", "model": good, "args": ["--temp", "0.7"]},
+    ])
+    lines = catalog.check_catalog(config, readings(32607, 32607))
+    assert lines == [
+        "[[models]] #1 (slots): parallel is 257, more than llama.cpp's limit (256); give fewer slots",
+        "[[models]] #3 (cache): cache_type_v is 'q6_k'; use one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl",
+        "[[models]] #4 (managed): args: extra argument --port is set by board; use board's --port option instead",
+        f"[[models]] #5 (outside): args: extra argument --lora takes one file under [llama] model_dirs ({m}), given by"
+        " its absolute path; not '/etc/x.gguf'",
+    ], lines
+
+
 def test_a_model_that_fits_no_group_of_its_pool(tmp_path, models, heavy):
     """The pool's cards on this box, each its reported memory: cards a MiB short of a pair's need in a pool of 3 fit
     no group (a line); the same cards in a pool of 4 do (none). Nearest wrong versions: every card of the box sized

@@ -24,8 +24,8 @@ APP = Path(__file__).resolve().parents[2] / "app"
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # Leaves, importing nothing of app: errors, entities, the wire's JSON lines, the operations' table, the config
     # file's reader, and the GPUs (one interface, its backends and the cached Fleet reader; the rules read its frozen
-    # snapshots).
-    {"__init__", "errors", "model", "wire", "operations", "config_file", "gpu"},
+    # snapshots); the Grafana dashboard and Prometheus rules shipped as files (monitoring).
+    {"__init__", "errors", "model", "wire", "operations", "config_file", "gpu", "monitoring"},
     {"config"},  # typed settings from config_file, which every rule takes
     {"core"},  # the pure rules: bookings, policy, slots, card states, time grammar, identity
     {"store"},  # SQLite rows

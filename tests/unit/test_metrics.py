@@ -17,12 +17,13 @@ import pytest
 from msgspec import structs
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.config import Config, ConfigError, HistorySettings, MetricsSettings, Pool, load_config
+from app.config import Config, ConfigError, HistorySettings, MetricsSettings, Pool, PowerSettings, load_config
 from app.core.identity import Identity
 from app.errors import BoardError, Conflict, NotPermitted
 from app.gpu import open_source
 from app.service import Service
 from app.gpu.fleet import Fleet
+from app.gpu.model import PCIE_LANE_MIB_S
 from app.service.box import metrics as metrics_module
 from app.service.box.metrics import MAX_SCRAPES, MetricsServer
 from tests.conftest import Clock, FROZEN_NOW
@@ -30,6 +31,10 @@ from tests.conftest import Clock, FROZEN_NOW
 H = 3600
 ALICE, BOB = Identity("alice", 1001, False), Identity("bob", 1002, False)
 CARD_LABELS = {"uuid", "index", "name", "pool", "holder", "class", "booking_id"}
+LINK_HELP = ("PCIe traffic, the busier of TX and RX, as a share of the link's capacity (0 to 1): a TP group's link share"
+             " (docs/health.md).")
+WAIT_HELP = ("How long the bookings that have started waited: their start less the start their holders asked for"
+             " (0 for a booking that got it).")
 
 
 
@@ -133,6 +138,28 @@ class TestCards:
         got = scrape(metrics)
         assert card(got["board_gpu_sm_clock_hertz"], 6)[0].value == 2006e6
 
+    def test_the_power_policy_per_card_where_power_sets_one(self, service, metrics):
+        """Nearest wrong: the limit itself exported as the policy, or [power.cards]' override ignored."""
+        service.config = structs.replace(service.config, power=PowerSettings(limit_w=500.0, cards={2: 450.0}))
+        got = scrape(metrics)
+        policies = {int(s.labels["index"]): s.value for s in got["board_gpu_power_policy_watts"]}
+        assert policies == {**{i: 500.0 for i in range(8)}, 2: 450.0}
+        assert {s.value for s in got["board_gpu_power_limit_watts"]} == {575.0}
+
+    def test_the_pcie_link_share_is_the_busier_direction_over_the_link_it_runs(self, service, metrics):
+        """Nearest wrong: TX and RX added, the quieter one, or an idle card's dropped generation taken as its link
+        (a card idles at Gen 1: its share would look 16 times as large)."""
+        snapshot = service.fleet.latest()
+        busy = structs.replace(snapshot.cards[1], utilization_pct=80, pcie_gen=5, pcie_max_gen=5, pcie_width=16,
+                               pcie_tx_mib_s=9000.0, pcie_rx_mib_s=12000.0)
+        idle = structs.replace(snapshot.cards[2], utilization_pct=0, pcie_gen=1, pcie_max_gen=5, pcie_width=16,
+                               pcie_tx_mib_s=100.0, pcie_rx_mib_s=50.0)
+        service.fleet._latest = structs.replace(snapshot, cards=(snapshot.cards[0], busy, idle, *snapshot.cards[3:]))
+        got = scrape(metrics)["board_gpu_pcie_link_utilization_ratio"]
+        gen5 = PCIE_LANE_MIB_S[5] * 16
+        assert card(got, 1)[0].value == pytest.approx(12000 / gen5)
+        assert card(got, 2)[0].value == pytest.approx(100 / gen5)
+
 
 class TestCounters:
     def test_created_and_refused_by_reason_and_backfill_moves(self, service, metrics):
@@ -171,6 +198,24 @@ class TestCounters:
         got = scrape(metrics)
         assert {s.labels["reason"]: s.value for s in got["board_bookings_refused"]} == {"conflict": 1, "policy": 2}
         assert value(got["board_bookings_created"], **{"class": "experiment"}) == 4  # three days and bob's hour
+
+    def test_the_wait_summary_counts_the_bookings_that_started_and_their_waits(self, service, metrics):
+        """alice gets her hour at once (0 s), bob asks for the rest of it from 10 min on and gets it after hers: he has
+        waited 50 min once his booking starts, not before. Nearest wrong: a booking counted before it starts, a cancelled one
+        counted, the wait taken from the booking's creation instead of the start its holder asked for."""
+        service.call(ALICE, "book", {"start": FROZEN_NOW, "end": FROZEN_NOW + H, "cards": [3]})
+        service.call(BOB, "book", {"start": FROZEN_NOW + 600, "end": FROZEN_NOW + H, "cards": [3], "or_later": True})
+        gone = service.call(BOB, "book", {"start": FROZEN_NOW + 30, "end": FROZEN_NOW + H, "cards": [4]})
+        service.call(BOB, "cancel", {"id": gone["id"]})
+
+        def waits() -> tuple[float, float]:
+            got = {sample.name: sample.value for sample in scrape(metrics)["board_booking_wait_seconds"]}
+            return got["board_booking_wait_seconds_count"], got["board_booking_wait_seconds_sum"]
+
+        assert waits() == (1, 0)
+        service.clock.now = FROZEN_NOW + H + 5  # bob's booking has started, 50 min after the start he asked for
+        metrics.collector.clock = lambda: 60.0  # the view read again: only the time moved
+        assert waits() == (2, H - 600)
 
     def test_or_later_at_a_free_time_is_not_counted_as_queued(self, service, metrics):
         taken = service.call(BOB, "book", {"start": FROZEN_NOW + H, "end": FROZEN_NOW + 2 * H, "cards": [3],
@@ -322,6 +367,10 @@ class TestExposition:
             expected += [f"# HELP board_{name} {text}", f"# TYPE board_{name} gauge"]
             if name == "gpu_power_limit_watts":  # the SM clock comes after the power limit
                 expected += ["# HELP board_gpu_sm_clock_hertz SM clock.", "# TYPE board_gpu_sm_clock_hertz gauge"]
+                expected += [f"# HELP board_gpu_pcie_link_utilization_ratio {LINK_HELP}",
+                             "# TYPE board_gpu_pcie_link_utilization_ratio gauge"]
+            if name == "bookings_queued":
+                expected += [f"# HELP board_booking_wait_seconds {WAIT_HELP}", "# TYPE board_booking_wait_seconds summary"]
         for name, text in counters:
             expected += [f"# HELP board_{name}_total {text}", f"# TYPE board_{name}_total counter"]
         assert found == expected
@@ -341,7 +390,10 @@ class TestExposition:
             (f"board_gpu_memory_total_bytes{five}", bare.memory_total_mib * 1024 * 1024),
             (f"board_gpu_temperature_celsius{five}", bare.temperature_c),
             (f"board_gpu_power_watts{five}", bare.power_w),
-            (f"board_gpu_power_limit_watts{five}", bare.power_limit_w)]
+            (f"board_gpu_power_limit_watts{five}", bare.power_limit_w),
+            # An unknown utilisation: the link is taken at its maximum generation, as for an idle card.
+            (f"board_gpu_pcie_link_utilization_ratio{five}",
+             max(bare.pcie_tx_mib_s, bare.pcie_rx_mib_s) / (PCIE_LANE_MIB_S[bare.pcie_max_gen] * bare.pcie_width))]
         other = f'pool="prod",uuid="{snapshot.cards[0].uuid}"'  # another card keeps its utilisation
         assert sum(line.startswith("board_gpu_utilization_ratio{") and other in line for line in lines) == 1
 

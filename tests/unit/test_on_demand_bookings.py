@@ -20,7 +20,7 @@ from app.gpu.model import GpuProcess
 from app.service.rules.bookings import BookingService
 from app.store import bookings, events
 from app.store.db import connect, write
-from tests.conftest import sqlite_only
+from tests.conftest import FROZEN_NOW, postgresql_only, sqlite_only
 
 H = 3600
 
@@ -49,13 +49,8 @@ def fleet(fleet):
 
 @pytest.fixture
 def as_(make_service):
-    """as_("alice", now=NOW) -> BookingService for that user under CONFIG."""
-
-    def make(user: str, now: int = NOW, config: Config = CONFIG):
-        uid, admin = USERS[user]
-        return make_service(user, uid, admin, config=config, now=now)
-
-    return make
+    """as_("alice", now=NOW, config=CONFIG) -> BookingService for that user."""
+    return lambda user, now=NOW, config=CONFIG: make_service(user, *USERS[user], config=config, now=now)
 
 
 def on_demand(service, alias: str = "qwen", *, count: int = 2, end: int = NOW + TTL, project: str = "A", **how):
@@ -121,6 +116,18 @@ def test_a_count_within_some_cards_takes_its_group_from_them_alone(as_):
     assert on_demand(as_("board-llama"), "third", within=[0, 1]).cards == (0, 1)
 
 
+def test_a_lost_card_within_is_passed_over_and_none_free_is_a_conflict(as_, conn, fleet):
+    """Card 4 fell off the bus; the pool is 4-5. Nearest wrong versions: `within` checked as named cards (the lost card
+    refuses the whole booking), a card outside the box taken as a refusal."""
+    lost = [replace(c, lost=c.index == 4) for c in fleet.cards]
+    runner = BookingService(conn, Identity("board-llama", 990, False), CONFIG, lost, fleet.topology, lambda: NOW)
+    booking, notes = runner.book(count=1, start=NOW, end=NOW + TTL, klass="online", project="A", on_demand="qwen",
+                                 within=[4, 5, 99])
+    assert booking.cards == (5,) and notes == ("passed over card 4 (LOST: fell off the bus)",)
+    with pytest.raises(Conflict, match="^no card is free for an online booking"):
+        runner.book(count=1, start=NOW, end=NOW + TTL, klass="online", project="A", on_demand="other", within=[4, 5])
+
+
 # -- the lease ---------------------------------------------------------------------------------------------------------
 
 
@@ -143,6 +150,25 @@ def test_the_lease_moves_the_end_up_to_the_next_booking_less_ten_seconds_and_nev
         runner.lease(as_("alice").create(cards=[4], start=NOW, end=NOW + H, klass="online").id, NOW + H)
     # Ended: a lease does not bring it back.
     assert as_("board-llama", now=alice_from).lease(booking.id, alice_from + H).end == alice_from - 10
+
+
+@pytest.mark.parametrize("rule", ["window", "allocation", "budget"])
+def test_the_lease_stops_where_a_rule_it_keeps_would_refuse_the_span(as_, rule):
+    """The 2-card on-demand booking from 08:00 to 08:10, leased to 09:00: online on cards 0-1 only until 08:30 (the
+    pool's window), or project B's from 08:20 (an allocation), or project A's budget at 0.5 GPU-hours (2 cards: 08:15).
+    Nearest wrong versions: the lease held to the next booking alone (the rules got round by growing the span), a
+    lease refused whole where part of it is allowed, the boundary by a second."""
+    pool = Pool(name="day", cards=(0, 1), windows={"online": ClassWindow(start_minute=8 * 60, end_minute=8 * 60 + 30)})
+    config, until = {
+        "window": (replace(CONFIG, pools=(pool,)), NOW + 1800),
+        "allocation": (replace(CONFIG, projects=(A, replace(B, allocations=(ProjectAllocation(
+            cards=(0, 1), hours="08:20-12:00", days="mon-sun"),)))), NOW + 1200),
+        "budget": (replace(CONFIG, projects=(replace(A, gpu_hours=0.5), B)), NOW + 900),
+    }[rule]
+    runner = as_("board-llama", config=config)
+    booking = on_demand(runner, within=[0, 1])
+    assert runner.lease(booking.id, NOW + H).end == until
+    assert runner.lease(booking.id, NOW + 2 * H).end == until
 
 
 # -- it yields ---------------------------------------------------------------------------------------------------------
@@ -340,3 +366,32 @@ def test_the_calendar_in_memory_answers_as_the_sql_through_a_cut_and_a_cancel(as
     same()
     assert calendar.on_demand == {held.id}
     plain.close()
+
+
+@postgresql_only
+def test_on_postgresql_a_booking_on_another_card_cuts_it_while_one_on_its_first_card_is_open(store, conn, fleet,
+                                                                                            make_service, monkeypatch):
+    """The on-demand booking holds cards 0-1 for 2 h. Alice's booking of card 0 from +1 h is parked inside its write,
+    card 0's lock taken; Bob books card 1 from +30 min meanwhile, under card 1's lock alone, cutting it, and commits;
+    then Alice's goes on and finds nothing more to cut. Nearest wrong versions: a booking over an on-demand one taking
+    the store's lock (Bob waits for Alice: the lock's timeout), Alice's write cutting again (a second yield event),
+    the chain broken."""
+    from app.store import pg as pg_module
+    from tests.unit.test_pg_store import Parked, _rules
+
+    monkeypatch.setattr(pg_module, "LOCK_TIMEOUT_MS", 2000)  # a wrong version's wait: a refusal, not a hang
+    now = FROZEN_NOW
+    held = make_service("board-llama", 990, config=PLAIN, now=now).create(
+        count=2, start=now, end=now + 2 * H, klass="online", on_demand="qwen", within=[0, 1])
+    alice = Parked(store, fleet, "alice", 1001)  # books +1 h to +2 h
+    thread = alice.book([0])
+    bob = _rules(store, fleet, "bob", 1002)
+    bobs = bob.create(cards=[1], start=now + 1800, end=now + H)
+    assert alice.outcome.empty() and bob.get(held.id).end == now + 1790
+    alice.go.set()
+    thread.join(60)
+    assert alice.outcome.get_nowait().cards == (0,)
+    assert bob.get(held.id).end == now + 1790 and yields(conn) == [{"booking": held.id, "by": bobs.id}]
+    assert events.first_broken(conn) is None
+    for other in (alice.conn, bob.conn):
+        other.close()

@@ -11,7 +11,7 @@ from app.config_file import scan_socket
 from app.quick import QUICK, handler, parse
 
 AGREE = [
-    ["status"], ["status", "--json"], ["whoami", "--json"],
+    ["status"], ["status", "--json"], ["status", "--short"], ["whoami", "--json"],
     ["book", "2", "--for", "3h"], ["book", "--cards", "0,1", "--start", "tomorrow 9-19", "--json"],
     ["book", "1", "--for=90m", "--class", "batch", "--note", "eval run"], ["book", "--cards=4-7", "--until", "18:00"],
     ["list"], ["list", "--mine", "--all"], ["list", "--user", "alice", "--from", "mon 9:00", "--to", "+2d", "--json"],
@@ -21,6 +21,7 @@ FULL_CLI_ONLY = [
     [], ["book"] + ["--help"], ["status", "--db", "x.db"], ["status", "--demo"], ["book", "2", "--for", "1h", "--until", "2h"],
     ["list", "--mine", "--user", "bob"], ["cancel"], ["cancel", "٣"], ["cancel", "-1"], ["book", "--note", "-x", "1"],
     ["book", "2", "3"], ["status", "extra"], ["extend", "1", "--for", "1h"], ["book", "--cards"], ["serve", "list"],
+    ["status", "--short", "--json"],
 ]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shared_install import scratch_dir, SharedInstall
+from tests.shared_install import SharedInstall, config_text, scratch_dir
 from tests.unix_users import ADMIN_GROUP, MEMBERS_GROUP, REPO, SERVICE_USER
 
 
@@ -37,9 +37,18 @@ def installed(tmp_path_factory, unix_users):
     """Run the script once for the module: (prefix, its output)."""
 
     root = scratch_dir("board-install-")
+    yield run_install(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def run_install(root: Path, config: str | None = None) -> tuple[Path, str]:
+    """Run the script into root/prefix, on an existing config (which it keeps) when `config` is given."""
     source = root / "src"
     shutil.copytree(REPO, source, ignore=IGNORE)  # pip builds in the tree: not in the shared checkout
     prefix = root / "prefix"
+    if config is not None:
+        (prefix / "etc/board").mkdir(parents=True)
+        (prefix / "etc/board/board.toml").write_text(config_text(prefix, extra=config))
     env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         "HOME": os.environ.get("HOME", "/root"),
@@ -52,8 +61,7 @@ def installed(tmp_path_factory, unix_users):
     result = subprocess.run(["sh", str(REPO / "scripts" / "install_shared.sh")], capture_output=True, text=True,
                             env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    yield prefix, result.stdout
-    shutil.rmtree(root, ignore_errors=True)
+    return prefix, result.stdout
 
 
 def as_installed(prefix: Path, scratch: Path) -> SharedInstall:
@@ -215,3 +223,51 @@ def test_the_section_and_the_script_agree():
                  "systemctl enable --now", "doctor", "systemctl status", "board-agent.service"):
         assert step in script, f"the script lost {step!r}"
     assert "init --group" not in script, "the script still runs board init"
+
+
+# -- the power policy at boot (board-power.service) ----------------------------------------------------------------
+
+POWER_UNIT = "etc/systemd/system/board-power.service"
+POWER_WANTED = "etc/systemd/system/multi-user.target.wants/board-power.service"
+
+
+def test_without_a_power_policy_the_boot_unit_is_not_installed(installed):
+    """Wrong version: the unit installed and enabled on every box (it fails at each boot: nothing to apply)."""
+    prefix, output = installed
+    assert not (prefix / POWER_UNIT).exists() and not (prefix / POWER_WANTED).is_symlink()
+    assert f"no [power] limit_w in {prefix}/etc/board/board.toml: board-power.service not installed" in output
+
+
+POLICIES = {"limit_w": "[power]\nlimit_w = 500\npause_s = 0\n", "cards": "[power]\npause_s = 0\n[power.cards]\n3 = 450\n"}
+
+
+@pytest.fixture(scope="module", params=POLICIES.values(), ids=POLICIES.keys())
+def installed_with_power(request, unix_users):
+    root = scratch_dir("board-install-power-")
+    yield run_install(root, request.param)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_power_policy_installs_and_enables_the_boot_unit(installed_with_power):
+    """[power] limit_w, or [power.cards] alone: the unit is installed with this install's paths and enabled (the
+    symlink WantedBy= asks for, as systemctl enable makes it), and the command it runs applies the policy.
+    Wrong versions: only limit_w looked for ([power.cards] alone installs nothing); installed but not enabled;
+    the shipped paths left in (the unit runs another board, or none)."""
+    prefix, output = installed_with_power
+    unit = (prefix / POWER_UNIT).read_text()
+    assert owner_group_mode(prefix / POWER_UNIT) == ("root", "root", 0o644)
+    assert os.readlink(prefix / POWER_WANTED) == "/etc/systemd/system/board-power.service"
+    assert "board-power.service enabled: board power apply at each boot" in output
+    [start] = re.findall(r"^ExecStart=(.*)$", unit, re.MULTILINE)
+    assert start == f"{prefix}/usr/local/bin/board --db {prefix}/var/lib/board-power/power.db power apply"
+    assert f"Environment=BOARD_CONFIG={prefix}/etc/board/board.toml" in unit.splitlines()
+    if shutil.which("systemd-analyze"):
+        verify = subprocess.run(["systemd-analyze", "verify", str(prefix / POWER_UNIT)], capture_output=True, text=True)
+        assert verify.returncode == 0, verify.stderr
+    # What systemd would run: its StateDirectory made as systemd makes it, root, the unit's environment.
+    (prefix / "var/lib/board-power").mkdir(mode=0o700)
+    env = {"PATH": "/usr/bin:/bin", "BOARD_CONFIG": f"{prefix}/etc/board/board.toml", "BOARD_SIMULATE": "1"}
+    applied = subprocess.run(start.split(), capture_output=True, text=True, env=env, timeout=120)
+    assert applied.returncode == 0, applied.stderr
+    assert "set card 3: power limit 575 W -> 450 W (nvidia-smi -i 3 -pl 450)" in applied.stdout or (
+        "set card 3: power limit 575 W -> 500 W (nvidia-smi -i 3 -pl 500)" in applied.stdout), applied.stdout

@@ -36,11 +36,12 @@ from urllib.parse import quote
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from app.core.cardstate import BOOKED, FREE, IN_USE, LOST, SQUATTED, fleet_status
 from app.errors import BoardError
+from app.gpu.model import running_link_mib_s
 from app.history.store import energy_totals
 from app.model import Booking
 from app.service.conn.deadline import DeadlineStream
@@ -90,6 +91,7 @@ class View:
     alerts: dict[str, int] = field(default_factory=dict)  # rule -> alerts fired (rows are kept: a counter)
     faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, Xid code or "") -> faults (rows are kept)
     energy: dict[tuple[str, str], float] | None = None  # (project, user) -> J on their bookings' cards; None: no history
+    waits: tuple[int, float] = (0, 0.0)  # the bookings that have started: how many, and their waits summed (s)
 
 
 class BoardCollector(Collector):
@@ -123,6 +125,10 @@ class BoardCollector(Collector):
             "power": gauge("board_gpu_power_watts", "Power draw."),
             "power_limit": gauge("board_gpu_power_limit_watts", "Power limit."),
             "sm_clock": gauge("board_gpu_sm_clock_hertz", "SM clock."),
+            "power_policy": gauge("board_gpu_power_policy_watts", "The power limit [power] sets for the card (only where"
+                                  " it sets one): a limit that differs has drifted (board power apply)."),
+            "pcie_link": gauge("board_gpu_pcie_link_utilization_ratio", "PCIe traffic, the busier of TX and RX, as a"
+                               " share of the link's capacity (0 to 1): a TP group's link share (docs/health.md)."),
             "state": gauge("board_gpu_state", "The card's state: 1 for the state it is in, 0 for the others.", ("state",)),
         }
         for status in statuses:
@@ -138,6 +144,8 @@ class BoardCollector(Collector):
                 ("power", reading.power_w),
                 ("power_limit", reading.power_limit_w),
                 ("sm_clock", _scaled(sm_clock, 1e6)),
+                ("power_policy", self.service.config.power.policy_w(reading.index)),
+                ("pcie_link", _link_share(reading)),
             ):
                 if value is not None and not reading.lost:  # no value is better than a made-up one
                     families[key].add_metric(labels, value)
@@ -147,6 +155,10 @@ class BoardCollector(Collector):
         yield GaugeMetricFamily("board_fleet_read_timestamp_seconds", "When the GPUs were last read (Unix time).",
                                 value=snapshot.taken_at)
         yield GaugeMetricFamily("board_bookings_queued", "Bookings waiting in the queue to move earlier.", value=view.queued)
+        started, waited = view.waits
+        yield SummaryMetricFamily("board_booking_wait_seconds", "How long the bookings that have started waited: their"
+                                  " start less the start their holders asked for (0 for a booking that got it).",
+                                  count_value=started, sum_value=waited)
         for name, text, _, label, _ in COUNTED:
             counter = CounterMetricFamily(name, text, labels=[label] if label else None)
             totals = view.counts.get(name, {})
@@ -213,6 +225,10 @@ class BoardCollector(Collector):
                     label = "unknown" if label is None else str(label)
                     totals[label] = totals.get(label, 0) + n
             alerts = dict(conn.execute("SELECT rule, count(*) FROM alerts GROUP BY rule").fetchall())
+            # As the alert rule `wait` reads them (app.alerts.engine): a cancelled booking no longer counts.
+            started, waited = conn.execute(
+                "SELECT count(*), coalesce(sum(CASE WHEN starts_at > requested_at THEN starts_at - requested_at ELSE 0"
+                " END), 0) FROM bookings WHERE status = 'booked' AND requested_at > 0 AND starts_at <= ?", (now,)).fetchone()
             faults = {(kind, "" if code is None else str(code)): n for kind, code, n in conn.execute(
                 "SELECT kind, code, count(*) FROM faults WHERE kind IN ('xid', 'oom') GROUP BY 1, 2")}
         finally:
@@ -220,7 +236,7 @@ class BoardCollector(Collector):
         config = self.service.config
         energy = energy_totals(config.history_path) if config.history.enabled else None
         self.reads += 1
-        return View(live, queued, counts, cursor, version, self.clock(), alerts, faults, energy)
+        return View(live, queued, counts, cursor, version, self.clock(), alerts, faults, energy, (started, float(waited)))
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None and isinstance(self.service.config.store, PostgresStore):
@@ -249,6 +265,13 @@ class BoardCollector(Collector):
 
 def _scaled(value: float | None, factor: float) -> float | None:
     return None if value is None else value * factor
+
+
+def _link_share(reading) -> float | None:
+    """The busier direction of the card's PCIe traffic over its link's capacity, as the report's TP groups measure it."""
+    traffic = [v for v in (reading.pcie_tx_mib_s, reading.pcie_rx_mib_s) if v is not None]
+    capacity = running_link_mib_s(reading)
+    return max(traffic) / capacity if traffic and capacity else None
 
 
 class _Handler(WSGIRequestHandler):

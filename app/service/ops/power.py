@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Protocol, TypedDict, cast
 
+from app.core.hardware import drifted
 from app.core.identity import Identity
 from app.errors import BadInput, NotPermitted
 from app.service.ops.registry import Int, NoArguments, Request, op
@@ -19,13 +20,6 @@ from app.service.rules.audit import audit
 
 if TYPE_CHECKING:
     from app.service import Service
-
-DRIFT_W = 1.0  # NVML keeps milliwatts; a limit within a watt of the policy is the policy
-
-
-def drifted(limit_w: float | None, policy_w: float | None) -> bool:
-    return limit_w is not None and policy_w is not None and abs(limit_w - policy_w) >= DRIFT_W
-
 
 class PowerControl(Protocol):
     """What NVML's source and the simulated one add to a GpuSource: they change a card."""

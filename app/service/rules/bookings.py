@@ -465,7 +465,8 @@ class BookingService:
         # A count, or a start that may move, is planned on a plain read first, outside the write lock;
         # inside it the plan is only re-checked like explicit cards at a fixed start, and re-planned if
         # someone took them meanwhile. The store's sole writer has no one to keep waiting: it plans once, inside.
-        scope = _Scope(bool(on_demand), frozenset(self._check_cards(within)) if within is not None else None)
+        # A pool's cards, as they are: a lost one is passed over like any card a count will not take, not refused.
+        scope = _Scope(bool(on_demand), frozenset(within) if within is not None else None)
         hint = None
         if (cards is None or or_later) and not self.sole_writer:
             try:
@@ -492,10 +493,9 @@ class BookingService:
                     plan = self._plan(cards=cards, count=count, start=start, end=end, klass=klass, or_later=or_later,
                                       force=force, project=project)
                     notes = plan.notes
+                cut = self._make_way(plan.cards, plan.start, plan.end, now)  # written first: the overlap backstops
             rows.sync_cards(self.conn, self.cards.values(), now, self.host)
             wanted = min(max(start, now), plan.start)
-            with self._planning(scope):
-                cut = self._make_way(plan.cards, plan.start, plan.end, now)
             booking_id = rows.insert(
                 self.conn, user=self.me.name, uid=self.me.uid, uuids=plan.uuids, start=plan.start, end=plan.end,
                 klass=klass, note=note, request=request, now=now, created_by=self.me.uid, requested_at=wanted,
@@ -563,9 +563,10 @@ class BookingService:
 
     def lease(self, booking_id: int, end: int) -> Booking:
         """Keep an on-demand booking's cards until `end`: its end moves there, but never past the start of the next
-        other booking on its cards less YIELD_GAP_SECONDS, and never earlier than it is. Not audited: the gateway's
-        use leases every few seconds; a move of under LEASE_MIN_STEP_SECONDS writes nothing. A booking that has ended
-        or was cancelled comes back as it is: a lease does not revive it."""
+        other booking on its cards less YIELD_GAP_SECONDS, nor past what the pools' windows, other projects'
+        allocations and its project's budget allow (`_allowed_until`), and never earlier than it is. Not audited: the
+        gateway's use leases every few seconds; a move of under LEASE_MIN_STEP_SECONDS writes nothing. A booking that
+        has ended or was cancelled comes back as it is: a lease does not revive it."""
         with write(self.conn):
             now = int(self.clock())
             booking = self.get(booking_id)
@@ -576,11 +577,34 @@ class BookingService:
             with self._planning(_Scope(on_demand=True)):  # on-demand bookings block each other
                 busy = self._busy_by_index(booking.end, end + YIELD_GAP_SECONDS, booking_id)
             after = [first for i in booking.cards for first, _ in busy.get(i, ()) if first >= booking.end]
-            until = min([end, *(first - YIELD_GAP_SECONDS for first in after)])
+            until = self._allowed_until(booking, min([end, *(first - YIELD_GAP_SECONDS for first in after)]))
             if until - booking.end < LEASE_MIN_STEP_SECONDS:
                 return booking
             rows.set_times(self.conn, booking_id, booking.start, until)
         return self.get(booking_id)
+
+    def _allowed_until(self, booking: Booking, until: int) -> int:
+        """The latest end up to `until` (and from the booking's own on) at which the rules an on-demand booking keeps
+        still take it: its cards' pools and allocations (card_refusal), its project's budget. Each refuses more of a
+        longer span, so the search halves the difference."""
+        def allowed(end: int) -> bool:
+            if any(policy.card_refusal(self.config, i, booking.klass, booking.start, end, project=booking.project)
+                   for i in booking.cards):
+                return False
+            try:
+                self._check_budget(booking.project, [(booking.start, end)], len(booking.cards), booking.id)
+            except NotPermitted:
+                return False
+            return True
+
+        low, high = booking.end, until
+        with self._searching():
+            if high <= low or allowed(high):
+                return high
+            while high - low > 1:
+                middle = (low + high) // 2
+                low, high = (middle, high) if allowed(middle) else (low, middle)
+        return low
 
     def move(self, booking_id: int, start: int, end: int, override_policy: bool = False) -> Booking:
         """Give a booking new times on the same cards; admins only. The rules apply unless `override_policy`,
