@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 from msgspec.structs import replace
 
-from app.config_file import ConfigError, read_config
+from app.config_file import ConfigError, host_name, read_config
 
 DEFAULT_DB_PATH = Path("/var/lib/board/board.db")
 CLASSES = ("online", "batch", "finetune", "experiment")  # highest priority first
@@ -393,7 +393,7 @@ class Config(Sections, frozen=True):
     @property
     def fleet_host(self) -> str:
         """This host's name in the fleet: [fleet] host, else the short hostname."""
-        return self.fleet.host or os.uname().nodename.split(".")[0] or "localhost"
+        return host_name(self.fleet.host)
 
 
 def load_config(db: str | os.PathLike | None = None, environ: os._Environ | dict = os.environ) -> Config:

@@ -26,9 +26,25 @@ def shared_socket(environ) -> str | None:
 
 
 def configured_socket(environ=os.environ) -> str | None:
-    """`[service] socket` from the config, or None; raises ConfigError like read_config.
+    """`[service] socket` from the config, or None; raises ConfigError like read_config."""
+    return configured_string(environ, "service", "socket") or None
 
-    The quick path asks this before every command, and tomllib (with re, typing and string)
+
+def configured_host(environ=os.environ) -> str:
+    """This host's name in the fleet, read as configured_socket reads: `board book` names another host's cards by it,
+    and through the socket app.config (msgspec, tomllib) would cost more than the request."""
+    return host_name(configured_string(environ, "fleet", "host"))
+
+
+def host_name(configured: str) -> str:
+    """This host's name in the fleet: [fleet] host, else the short hostname."""
+    return configured or os.uname().nodename.split(".")[0] or "localhost"
+
+
+def configured_string(environ, table: str, key: str) -> str:
+    """A string setting of the config, "" when it has none; raises ConfigError like read_config.
+
+    The quick path asks for the socket before every command, and tomllib (with re, typing and string)
     costs more than the whole request, so a plain config is read line by line first. Anything
     that scan is not sure of (multi-line strings, escapes, inline or dotted tables, a table
     named twice) goes to tomllib; a test checks that both agree on every config they both read.
@@ -39,19 +55,19 @@ def configured_socket(environ=os.environ) -> str | None:
             text = file.read().decode()
     except (OSError, UnicodeDecodeError):
         text = None
-    if text is not None and (found := scan_socket(text)) is not None:
-        return found or None
+    if text is not None and (found := scan_string(text, table, key)) is not None:
+        return found
     _, raw = read_config(environ)
-    service = raw.get("service")
-    socket = service.get("socket") if isinstance(service, dict) else None
-    return socket if isinstance(socket, str) and socket else None
+    section = raw.get(table)
+    value = section.get(key) if isinstance(section, dict) else None
+    return value if isinstance(value, str) else ""
 
 
-def scan_socket(text: str) -> str | None:
-    """The socket from a plain config: its value, "" when there is none, or None when unsure."""
+def scan_string(text: str, wanted: str, name: str) -> str | None:
+    """`name` in table `wanted` of a plain config: its value, "" when there is none, or None when unsure."""
     if '"""' in text or "'''" in text:
         return None
-    table, socket, tables = "", "", set()
+    table, found, tables = "", "", set()
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -64,16 +80,16 @@ def scan_socket(text: str) -> str | None:
             continue
         key, equals, value = line.partition("=")
         key, value = key.strip(), value.strip()
-        if not equals or key.startswith("service") and table == "" or "." in key or key.startswith(("\"", "'")):
-            return None  # dotted keys and top-level service = {...}: tomllib's job
-        if table == "service" and key == "socket":
+        if not equals or key.startswith(wanted) and table == "" or "." in key or key.startswith(("\"", "'")):
+            return None  # dotted keys and a top-level table = {...}: tomllib's job
+        if table == wanted and key == name:
             if len(value) < 2 or value[0] != '"' or value.count('"') != 2 or "\\" in value:
                 return None
             closing = value.index('"', 1)
             if value[closing + 1:].strip() and not value[closing + 1:].strip().startswith("#"):
                 return None
-            socket = value[1:closing]
-    return socket
+            found = value[1:closing]
+    return found
 
 
 def read_config(environ=os.environ) -> tuple[str, dict]:

@@ -101,7 +101,7 @@ OPERATIONS: dict[str, Operation] = {
     "gateway_usage": _change("gateway", "a batch of the gateway's accounting records"),
     "usage": _read("gateway", "the gateway's requests and tokens summed by user, key or model"),
     # models: the team catalog ([[models]]) started on demand
-    "model_demand": _books("models", "the gateway asks for a catalog model: started on free cards, or when"),
+    "model_demand": _books("models", "the gateway asks for a catalog model: booked and started, or why not and when"),
     "models_touch": _books("models", "the gateway's word that catalog models were used: their leases grow"),
     "models": _read("models", "each catalog model with its state, cards and use today"),
     # projects: what each project has and spends

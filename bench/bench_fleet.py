@@ -22,9 +22,15 @@ tests/postgres.py), measured side by side in one run:
    cards booked now, as are the fleet's. The real CLI as alice (`board status`, text), and the `status`
    operation over the socket (the CLI's start-up is most of its time); rounds interleave the three.
    Target: the fleet within 1.2x of one host.
+4. Latency (--only latency): the rules-alone bookings (1 writer, Service.call in this process) straight to the
+   database's socket and through a local TCP proxy that holds each packet --delay-ms in each direction (a network
+   between the service and the database), interleaved in --latency-rounds rounds: the round trips per booking
+   (counted on the service's connection), the median latency of each, and what the delay adds per round trip.
+   Target (issue 37): 2 round trips or fewer per booking; with the delay, latency <= 2 ms + 2 round trips.
 
     sudo .venv/bin/python bench/bench_fleet.py [--writers 32] [--bookings 40] [--pushes 120] [--cli-runs 15]
-                                               [--status-calls 200] [--only status,push,writers] [--users 2]
+                                               [--status-calls 200] [--only status,push,writers,latency] [--users 2]
+                                               [--delay-ms 1] [--latency-rounds 5]
 
 --users N: the writers book as N members (alice, bob, then member3..memberN, made as alice and bob are), round-robin.
 A booking on named cards holds its user's lock to its commit (the limits it read), so two users let only two
@@ -294,6 +300,77 @@ def rules_alone(url: str, base: int, bookings: int) -> dict:
             **{name: count / bookings for name, count in counts.items()}}
 
 
+class DelayProxy:
+    """127.0.0.1:port -> the cluster's Unix socket, each chunk held `delay` seconds in each direction, in order."""
+
+    def __init__(self, unix_path: str, delay: float) -> None:
+        import asyncio
+
+        self.unix_path, self.delay = unix_path, delay
+        self.loop = asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._client, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    async def _client(self, reader, writer) -> None:
+        import asyncio
+
+        upstream_reader, upstream_writer = await asyncio.open_unix_connection(self.unix_path)
+        await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+
+    async def _pipe(self, reader, writer) -> None:
+        import asyncio
+
+        held: asyncio.Queue = asyncio.Queue()
+
+        async def deliver() -> None:
+            while (item := await held.get()) is not None:
+                due, data = item
+                if (wait := due - self.loop.time()) > 0:
+                    await asyncio.sleep(wait)
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        sender = asyncio.ensure_future(deliver())
+        while data := await reader.read(65536):
+            held.put_nowait((self.loop.time() + self.delay, data))
+        held.put_nowait(None)
+        await sender
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)  # its loop's thread ends with the process
+
+
+def bench_latency(cluster: Cluster, url: str, args: argparse.Namespace) -> None:
+    """Rules alone straight to the database and through DelayProxy, interleaved rounds of --bookings each."""
+    proxy = DelayProxy(str(cluster.sockets / ".s.PGSQL.5432"), args.delay_ms / 1000)
+    delayed = url.replace(f"host={cluster.sockets}", f"host=127.0.0.1&port={proxy.port}")
+    base = (int(time.time()) // HOUR + 24 * 20) * HOUR  # after what the writers book, inside [policy] max_ahead_days
+    hours = -(-args.bookings // 8) + 1  # one run's: eight cards an hour
+    runs: dict[str, list[dict]] = {"straight to the socket": [], f"+{args.delay_ms:g} ms each way (TCP proxy)": []}
+    try:
+        for n in range(args.latency_rounds):
+            for k, (name, target) in enumerate(zip(runs, (url, delayed))):
+                runs[name].append(rules_alone(target, base + HOUR * hours * (2 * n + k), args.bookings))
+    finally:
+        proxy.close()
+    print(f"4. one writer, rules alone (Service.call, no socket), {args.latency_rounds} interleaved rounds of"
+          f" {args.bookings} bookings:")
+    medians = {}
+    for name, rounds in runs.items():
+        latencies = [latency for r in rounds for latency in r["latencies"]]
+        per_round = [statistics.median(r["latencies"]) * 1000 for r in rounds]
+        medians[name] = statistics.median(latencies)
+        print(f"   {name:36} {rounds[0]['statements']:4.1f} round trips/booking  {ms(latencies)}"
+              f"  (round medians {min(per_round):.1f}-{max(per_round):.1f} ms)")
+    trips = next(iter(runs.values()))[0]["statements"]
+    added = (medians[list(runs)[1]] - medians[list(runs)[0]]) * 1000
+    print(f"   the delay adds {added:.1f} ms a booking: {added / trips:.2f} ms per round trip over {trips:.0f} round"
+          f" trips (each pays {2 * args.delay_ms:g} ms at least); target: 2 round trips, and"
+          f" <= 2 ms + 2 x {2 * args.delay_ms:g} ms = {2 + 4 * args.delay_ms:g} ms a booking with the delay")
+
+
 # -- a booking on gpu1 seen on gpu2 ---------------------------------------------------------------------------
 
 
@@ -444,8 +521,10 @@ def main() -> int:
     parser.add_argument("--pushes", type=int, default=120)
     parser.add_argument("--cli-runs", type=int, default=15)
     parser.add_argument("--status-calls", type=int, default=200)
-    parser.add_argument("--only", default="status,push,writers")
+    parser.add_argument("--only", default="status,push,writers,latency")
     parser.add_argument("--users", type=int, default=2, help="the writers book as this many members (default 2)")
+    parser.add_argument("--delay-ms", type=float, default=1.0, help="latency: each packet's delay, each way (1 ms)")
+    parser.add_argument("--latency-rounds", type=int, default=5, help="latency: interleaved rounds (default 5)")
     parser.add_argument("--writer", choices=("service", "raw"), dest="mode", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, help=argparse.SUPPRESS)
@@ -485,6 +564,8 @@ def main() -> int:
             bench_push(fleet[0], fleet[1], args.pushes)
         if "writers" in only:
             bench_writers(cluster, fleet, url, args)
+        if "latency" in only:
+            bench_latency(cluster, url, args)
     finally:
         for agent in agents:
             try:

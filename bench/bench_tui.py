@@ -10,8 +10,13 @@
    agent run as the unit runs it, bench/shared_install.py; the board neither reads NVML nor polls
    SQLite, the agent pushes). Target (issue 8, section 6): idle CPU at most 1.5x the minimal
    app's. The agent's own CPU over the same time is printed beside it.
+3. First paint (--paint N): `board` in file mode (a private database, the simulated fleet) and the minimal app,
+   each started in a fresh tmux session at 80x24, interleaved, N rounds each: the seconds from starting the
+   session until the screen shows card 7's row (the minimal app: its footer). Target (issue 37): 1.5x the minimal
+   app's median or less. The package's bytecode is compiled first (an install has it).
 
     [sudo] .venv/bin/python bench/bench_tui.py [--seconds 60] [--skip-idle] [--skip-timeline] [--no-socket]
+    .venv/bin/python bench/bench_tui.py --paint 15 [--against /tmp/old]   # first paint only; and another checkout's
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fcntl
+import itertools
 import os
 import pty
 import random
+import re
+import shlex
 import shutil
 import statistics
 import struct
@@ -31,6 +39,7 @@ import tempfile
 import termios
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,6 +201,58 @@ def idle_bench(seconds: float, warmup: float, install=None) -> dict[str, dict[st
     return figures
 
 
+# -- 3. first paint -------------------------------------------------------------------------------
+
+_SESSIONS = itertools.count()
+CARD_7_ROW = re.compile(r"^ 7 +[A-Z]", re.MULTILINE)  # the card table's row (the timeline's row starts at column 0)
+
+
+def first_paint(argv: list[str], env: dict[str, str], painted: Callable[[str], bool], timeout: float = 30.0) -> float:
+    """Seconds from starting `argv` in a new 80x24 tmux session (a server of its own) until `painted(screen)`."""
+    server = f"bench-paint-{os.getpid()}-{next(_SESSIONS)}"  # a fresh server each time: none still shutting down
+    tmux = ["tmux", "-L", server]
+    command = " ".join(shlex.quote(word) for word in ["env", *(f"{k}={v}" for k, v in env.items()), *argv])
+    began = time.perf_counter()
+    started = subprocess.run([*tmux, "new-session", "-d", "-s", "paint", "-x", "80", "-y", "24", command],
+                             capture_output=True, text=True)
+    if started.returncode != 0:
+        raise SystemExit(f"tmux new-session failed: {started.stderr.strip()}")
+    try:
+        while time.perf_counter() - began < timeout:
+            screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "paint"], capture_output=True, text=True).stdout
+            if painted(screen):
+                return time.perf_counter() - began
+            time.sleep(0.005)
+        raise SystemExit(f"{argv[-1]} painted nothing recognisable in {timeout:g} s:\n{screen}")
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+def paint_bench(rounds: int, against: Path | None = None) -> dict[str, list[float]]:
+    for checkout in (REPO, *([against] if against else [])):
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "app")], check=True,
+                       stdout=subprocess.DEVNULL)
+    tmp = tempfile.mkdtemp(prefix="bench-paint-")
+    env = {"TERM": "xterm-256color", "COLORTERM": "truecolor", "XDG_STATE_HOME": tmp, "BOARD_DB": f"{tmp}/board.db",
+           "BOARD_SIMULATE": "1", "TZ": "UTC", "HOME": tmp, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    board = str(Path(sys.executable).parent / "board")
+    subprocess.run([board, "status"], env={**os.environ, **env}, check=True, stdout=subprocess.DEVNULL)  # migrate once
+    cases = {
+        "minimal app": ([sys.executable, str(REPO / "bench" / "minimal_app.py")], lambda screen: "Quit" in screen),
+        "board (file mode)": ([board], lambda screen: CARD_7_ROW.search(screen) is not None),
+    }
+    if against is not None:  # the other checkout's board (its own venv), on the same database
+        cases["against: board (file mode)"] = ([str(against / ".venv" / "bin" / "board")], cases["board (file mode)"][1])
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    try:
+        for _ in range(rounds):
+            for name, (argv, painted) in cases.items():  # interleaved, so machine noise hits both alike
+                times[name].append(first_paint(argv, env, painted))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="idle measurement (default 60)")
@@ -200,7 +261,18 @@ def main() -> None:
     parser.add_argument("--skip-idle", action="store_true")
     parser.add_argument("--skip-timeline", action="store_true")
     parser.add_argument("--no-socket", action="store_true", help="leave out the board on the socket (root only)")
+    parser.add_argument("--paint", type=int, metavar="ROUNDS", help="first paint in tmux at 80x24 only, ROUNDS each")
+    parser.add_argument("--against", type=Path, help="--paint: another checkout's board beside this one's (its venv)")
     args = parser.parse_args()
+    if args.paint:
+        times = paint_bench(args.paint, args.against)
+        base = statistics.median(times["minimal app"])
+        print(f"first paint at 80x24 in tmux, {args.paint} rounds each, interleaved:")
+        for name, values in times.items():
+            quartiles = statistics.quantiles(values, n=4)
+            print(f"  {name:<18} median {statistics.median(values):.3f} s  IQR {quartiles[0]:.3f}-{quartiles[2]:.3f} s"
+                  f"  min {min(values):.3f} s  {statistics.median(values) / base:.2f}x")
+        return
 
     os.environ["TZ"] = "UTC"
     time.tzset()

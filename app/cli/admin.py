@@ -18,7 +18,7 @@ def cmd_reassign(ctx) -> int:
     args = ctx.args
     spec = card_spec(args.cards)  # another host's cards ('gpu2:0-3') must be the booking's host's
     print_booking(ctx.client.call("reassign", id=args.id, **spec, user=args.user, force=args.force),
-                  "reassigned", args.json, here=ctx.config.fleet_host)
+                  "reassigned", args.json, here=ctx.here)
     return EXIT_OK
 
 

@@ -61,7 +61,7 @@ def cmd_book(ctx) -> int:
         **({"force": True} if getattr(args, "force", False) else {}),  # the quick parser has no --force
         **({"project": args.project} if args.project else {}),
     )
-    print_booking(booking, "booked", args.json, here=ctx.config.fleet_host)
+    print_booking(booking, "booked", args.json, here=ctx.here)
     from app.core.text import inert  # notes name other users and their processes
 
     for note in booking.get("notes") or ():
@@ -91,7 +91,7 @@ def cmd_list(ctx) -> int:
     elif not found:
         print("no bookings" + ("" if args.all else " from now on; --all shows past and cancelled ones"))
     else:
-        here = ctx.config.fleet_host
+        here = ctx.here
         print("\n".join(booking_line(b, here=here) for b in found))
     return EXIT_OK
 

@@ -69,6 +69,19 @@ class Context:
 
         return connect(self.config.store)
 
+    @cached_property
+    def here(self) -> str:
+        """This host's name in the fleet, which a booking on another host's cards is named beside: read without
+        app.config, which through the socket costs more than the request (a loaded config answers for itself)."""
+        if "config" in vars(self):
+            return self.config.fleet_host
+        from app.config_file import ConfigError, configured_host
+
+        try:
+            return configured_host(self.environ)
+        except ConfigError as error:
+            raise BadInput(str(error)) from None
+
     def now(self) -> datetime:
         return datetime.now().astimezone()
 

@@ -64,6 +64,8 @@ class Router:
         # A member's requests admitted or waiting, across all their keys: keys are cheap, members are not.
         self.in_flight: dict[str, int] = {}
         self.queue = WaitQueue(Usage(half_life_s, shares or {}))  # requests waiting for a slot, in the order served
+        self._watching: dict[str, set[asyncio.Future[None]]] = {}  # alias -> requests waiting for it to be routable
+        self.starting: set[str] = set()  # the aliases of the servers the state lists as starting
 
     # -- the service's view --------------------------------------------------------------------
 
@@ -71,6 +73,7 @@ class Router:
         """A new gateway_state. A server already known stays the same object, updated in place: the requests in flight
         on it hold that object, and their release must free a slot the router still counts."""
         servers = {}
+        self.starting = {s["alias"] for s in state.get("servers", []) if s.get("state") == "starting"}
         for s in state.get("servers", []):
             if s.get("state") not in ("ready",):
                 continue
@@ -91,6 +94,7 @@ class Router:
         self.keys = {k["hash"]: k for k in state.get("keys", [])}
         self.known = True
         self._dispatch()
+        self._wake()
 
     def _one_holder(self, servers: dict[int, Upstream]) -> tuple[dict[int, Upstream], dict[int, Upstream]]:
         """(routed, shut out): an alias's servers are one holder's, or a team alias's holders', even where the rows
@@ -156,6 +160,40 @@ class Router:
         return [s for s in self.servers.values()
                 if s.alias == alias and not s.draining(now, self.drain_s) and s.id not in self.down]
 
+    def serves(self, alias: str) -> bool:
+        """A server of `alias` takes requests now (ready, answering, not draining)."""
+        return bool(self._targets(alias))
+
+    async def served(self, alias: str) -> None:
+        """Return once `alias` has a server that takes requests: woken by each new state (and each server back up),
+        never polled. A started catalog model's requests wait here (app.gateway.demand). Refused model_unavailable
+        when a server of it that the state listed as starting is gone without having been ready: it failed to
+        start, and waiting on would last to the timeout."""
+        seen = alias in self.starting
+        while not self._targets(alias):
+            future = asyncio.get_running_loop().create_future()
+            self._watching.setdefault(alias, set()).add(future)
+            try:
+                await future
+            finally:
+                watchers = self._watching.get(alias, set())
+                watchers.discard(future)
+                if not watchers:
+                    self._watching.pop(alias, None)
+            if alias in self.starting:
+                seen = True
+            elif seen and alias not in self.models():
+                raise Refused(503, f"{alias[:80]}'s server stopped before it was ready (its log says why: board serve"
+                                   " logs); try again shortly", "server_error", "model_unavailable", retry_after=30)
+
+    def _wake(self) -> None:
+        """A new state: each request waiting for an alias looks again (app.gateway.demand)."""
+        watching, self._watching = self._watching, {}
+        for futures in watching.values():
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+
     def _free(self, alias: str) -> Upstream | None:
         """Least outstanding requests among the model's servers with a free slot (fewest in flight per slot on ties)."""
         free = [s for s in self._targets(alias) if s.outstanding < s.parallel]
@@ -190,11 +228,7 @@ class Router:
         if not self._targets(model):
             raise self._unserved(model)
         user = key["user"]
-        if self.in_flight.get(user, 0) >= self.max_per_user:
-            raise Refused(429, f"{user} has {self.max_per_user} requests in flight or waiting, the limit per member"
-                               " across all their keys ([gateway] max_concurrent_per_user); wait for one to finish",
-                          "rate_limit_exceeded", "too_many_requests_per_user", retry_after=1)
-        self.in_flight[user] = self.in_flight.get(user, 0) + 1
+        self.enter(user)
         try:
             ahead = self.queue.waiting(model)  # those waiting already go first
             server = None if ahead else self._free(model)
@@ -215,13 +249,21 @@ class Router:
                 raise
             return server  # _dispatch counted it
         except BaseException:
-            self._done(user)
+            self.leave(user)
             raise
+
+    def enter(self, user: str) -> None:
+        """Count a request of `user` in flight or waiting; Refused 429 when they are at their cap. `leave` after."""
+        if self.in_flight.get(user, 0) >= self.max_per_user:
+            raise Refused(429, f"{user} has {self.max_per_user} requests in flight or waiting, the limit per member"
+                               " across all their keys ([gateway] max_concurrent_per_user); wait for one to finish",
+                          "rate_limit_exceeded", "too_many_requests_per_user", retry_after=1)
+        self.in_flight[user] = self.in_flight.get(user, 0) + 1
 
     def release(self, server: Upstream, key: dict, tokens: int = 0) -> None:
         """The request's slot is free again; its `tokens` (prompt and completion) count against its project's share."""
         server.outstanding -= 1
-        self._done(key["user"])
+        self.leave(key["user"])
         self.queue.charged(project_of(key), tokens, self.clock())
         self._dispatch()
 
@@ -229,6 +271,7 @@ class Router:
         """A server marked down answers again (or is gone from the state): routed again, its slots to the waiters."""
         self.down.discard(server_id)
         self._dispatch()
+        self._wake()
 
     def waiting(self) -> int:
         """Requests waiting for a slot now (the gateway's /metrics shows it)."""
@@ -239,7 +282,7 @@ class Router:
         server.outstanding += 1
         self.queue.served(user, alias)
 
-    def _done(self, user: str) -> None:
+    def leave(self, user: str) -> None:
         left = self.in_flight.get(user, 1) - 1
         if left > 0:
             self.in_flight[user] = left

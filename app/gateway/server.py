@@ -10,6 +10,7 @@ service in batches (gateway_usage) once a second; the Prometheus counters are th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -21,6 +22,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -30,6 +32,7 @@ from app.core.keys import key_hash
 from app.core.text import inert
 from app.errors import BadInput, BoardError
 from app.gateway.connections import BACKLOG, Connections, connection_cap
+from app.gateway.demand import Demand, quietly
 from app.gateway.limits import Limits
 from app.gateway.routing import Refused, Router, Upstream
 
@@ -38,6 +41,7 @@ RECHECK_S = 1.0  # how often every routed server's /health is asked (a dead one 
 MAX_PENDING = 100_000  # accounting records kept while the service is away
 METER_LIMIT = 8 << 20  # a non-streamed answer is parsed for its usage up to this size
 LINE_LIMIT = 1 << 20  # a streamed answer's line (an SSE event) longer than this is cut: the Meter holds one line
+KEEP_ALIVE_S = 5.0  # a streamed request waiting for its model to start gets an SSE comment this often
 PASS_HEADERS = ("Content-Type", "Accept")
 # The routes relayed to llama-server: its OpenAI- and Anthropic-compatible inference routes (docs/gateway.md), by
 # their exact path. Not its own routes (/slots, /props, /metrics, /v1/chat/completions/control, /v1/stream, ...):
@@ -152,6 +156,11 @@ class Metrics:
                              registry=self.registry)
         self.ttft = Histogram("board_gateway_time_to_first_token_seconds", "From the request to the first byte back",
                               ["model"], buckets=buckets, registry=self.registry)
+        self.cold_starts = Counter("board_gateway_cold_starts", "Catalog models started for a request, by alias",
+                                   ["model"], registry=self.registry)
+        self.cold_start_seconds = Histogram(
+            "board_gateway_cold_start_seconds", "From asking the service to start a catalog model to its server taking"
+            " requests", ["model"], buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600), registry=self.registry)
 
     def text(self) -> bytes:
         from prometheus_client import generate_latest
@@ -169,6 +178,7 @@ class Gateway:
         self.limits = Limits(config, clock)
         self.fair_seeded = not config.projects  # the projects' past use, once, from the first state that has it
         self.metrics = Metrics()
+        self.demand = Demand(config, client, self.router, self.metrics)
         self.pending: list[dict] = []
         # Each record's id, unique across the gateway's restarts: the service records a batch sent twice once.
         self._boot, self._requests = secrets.token_hex(8), itertools.count(1)
@@ -243,6 +253,7 @@ class Gateway:
 
     def _update(self, state: dict) -> None:
         self.router.update(state)
+        self.demand.updated()
         self.limits.seed(state.get("tokens_today"))
         if not self.fair_seeded and isinstance(state.get("fair_use"), dict):
             for project, tokens in state["fair_use"].items():  # what the service recorded before this gateway began
@@ -253,6 +264,7 @@ class Gateway:
         while True:
             await asyncio.sleep(FLUSH_S)
             await self._flush()
+            await self.demand.touch()
 
     async def _recheck_loop(self) -> None:
         """Each RECHECK_S every routed server's /health is asked: one that refuses the connection (its llama-server
@@ -347,7 +359,7 @@ class Gateway:
 
     async def list_models(self, request: web.Request) -> web.Response:
         key = request[KEY]
-        data = []
+        data: list[dict[str, Any]] = []
         for alias, servers in sorted(self.router.models().items()):
             if key.get("models") is not None and alias not in key["models"]:
                 continue
@@ -357,11 +369,20 @@ class Gateway:
                          "board": {"servers": [s.id for s in servers], "cards": sorted(c for s in servers for c in s.cards),
                                    "booking_end": max(ends) if ends else None,
                                    "slots": sum(s.parallel for s in servers)}})
+            if alias in self.demand.catalog:
+                data[-1]["board"].update(on_demand=True, state=self.demand.state(alias))
+        for alias, entry in self.demand.catalog.items():  # the catalog's others: started when asked
+            if alias in self.router.models() or (key.get("models") is not None and alias not in key["models"]):
+                continue
+            data.append({"id": alias, "object": "model", "created": 0, "owned_by": entry.project or "catalog",
+                         "board": {"servers": [], "cards": [], "booking_end": None, "slots": 0, "on_demand": True,
+                                   "state": self.demand.state(alias)}})
         return web.json_response({"object": "list", "data": data})
 
     async def relay(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         key, model, server, status, meter = None, None, None, 500, None
+        early: list[web.StreamResponse] = []  # a streamed request's head, sent while its model starts
         try:
             key = request[KEY]
             body = await self._body(request)
@@ -373,19 +394,33 @@ class Gateway:
                               "invalid_request_error", "model_required")
             self.router.authorise(self._hash(request), model)
             admitted = self.limits.admit(key)  # Refused 429 over a budget or a rate limit
-            try:
-                server = await self.router.admit(model, key)
-            except BaseException:  # refused after all, or the client left: the request counts nothing
-                self.limits.cancel(admitted)
-                raise
-            meter = Meter(streamed=False)
-            try:
-                response, status = await self._forward(request, server, body, started, meter)
-                return response
-            finally:
-                self.router.release(server, key, meter.prompt + meter.completion)
+            with contextlib.ExitStack() as using:  # a catalog alias is kept in use while its requests last
+                try:
+                    if model in self.demand.catalog:
+                        using.enter_context(self.demand.using(model))
+                        waiting = functools.partial(self._keep_alive, request, early) if _streamed(body) else quietly
+                        answered, server = await self.demand.admit(model, key, waiting)
+                        if answered != model:  # a fallback answers, and its reply's "model" says so
+                            body, model = _with_model(body, answered), answered
+                            if answered in self.demand.catalog:
+                                using.enter_context(self.demand.using(answered))
+                    else:
+                        server = await self.router.admit(model, key)
+                except BaseException:  # refused after all, or the client left: the request counts nothing
+                    self.limits.cancel(admitted)
+                    raise
+                meter = Meter(streamed=False)
+                try:
+                    response, status = await self._forward(request, server, body, started, meter,
+                                                           early[0] if early else None)
+                    return response
+                finally:
+                    self.router.release(server, key, meter.prompt + meter.completion)
         except Refused as refused:
             status = refused.status
+            if early:  # the head went out as 200: the refusal is the stream's one event
+                await _error_event(early[0], refused.message, refused.kind, refused.code)
+                return early[0]
             response = error_body(refused.status, refused.message, refused.kind, refused.code, refused.retry_after)
             if isinstance(refused, Cut):  # sent now, then closed: aiohttp would go on reading the body otherwise
                 response.force_close()
@@ -403,6 +438,34 @@ class Gateway:
             raise
         finally:
             self._account(request, key, model, server, status, meter, started)
+
+    @contextlib.asynccontextmanager
+    async def _keep_alive(self, request: web.Request, early: list[web.StreamResponse], alias: str, reply: dict):
+        """A streamed request whose model is starting: its 200 event-stream head goes at once, then a comment every
+        KEEP_ALIVE_S (SSE clients skip lines that begin with ':'), so that neither the client nor a proxy between
+        gives up on a silent connection while the server loads."""
+        if not early:
+            response = web.StreamResponse(status=200, headers={
+                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            await response.prepare(request)
+            early.append(response)
+        cards = [c for c in reply.get("cards") or () if isinstance(c, int)]
+        from app.core.ical import card_ranges
+
+        where = f" on {'card' if len(cards) == 1 else 'cards'} {card_ranges(cards)}" if cards else ""
+        line = f": board: starting {alias}{where}\n\n".encode()
+
+        async def beat() -> None:
+            with contextlib.suppress(ConnectionError, RuntimeError):  # the client left: its handler is cancelled
+                while True:
+                    await early[0].write(line)
+                    await asyncio.sleep(KEEP_ALIVE_S)
+
+        beating = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            beating.cancel()
 
     async def _body(self, request: web.Request) -> bytes:
         limit = int(self.settings.max_body_mb * (1 << 20))
@@ -422,7 +485,10 @@ class Gateway:
             raise Cut(400, "the body could not be read as its Content-Encoding says (send it as it is, or"
                                " compressed as the header says)", "invalid_request_error", "invalid_body") from None
 
-    async def _forward(self, request: web.Request, server: Upstream, body: bytes, started: float, meter: Meter):
+    async def _forward(self, request: web.Request, server: Upstream, body: bytes, started: float, meter: Meter,
+                       early: web.StreamResponse | None = None):
+        """Relay the server's answer; `early`: the event-stream head already sent (app.gateway.demand's wait), into
+        which an answer that is not a 200 stream goes as one event."""
         headers = {name: request.headers[name] for name in PASS_HEADERS if name in request.headers}
         headers["Accept-Encoding"] = "identity"  # relayed and metered as it comes, with no Content-Encoding passed on
         if server.api_key:
@@ -443,13 +509,18 @@ class Gateway:
         async with upstream:
             kind = upstream.headers.get("Content-Type", "application/json")
             streamed = "event-stream" in kind
-            response = web.StreamResponse(status=upstream.status, headers={"Content-Type": kind})
-            if streamed:
-                response.headers["Cache-Control"] = "no-cache"
-                response.headers["X-Accel-Buffering"] = "no"  # a proxy in front must not hold the chunks either
-            elif upstream.content_length is not None:
-                response.content_length = upstream.content_length
-            await response.prepare(request)
+            if early is not None and not (streamed and upstream.status == 200):
+                return await self._one_event(early, upstream, server, meter)
+            if early is not None:
+                response = early
+            else:
+                response = web.StreamResponse(status=upstream.status, headers={"Content-Type": kind})
+                if streamed:
+                    response.headers["Cache-Control"] = "no-cache"
+                    response.headers["X-Accel-Buffering"] = "no"  # a proxy in front must not hold the chunks either
+                elif upstream.content_length is not None:
+                    response.content_length = upstream.content_length
+                await response.prepare(request)
             meter.streamed, meter.status = streamed, upstream.status
             meter.expected = None if streamed else upstream.content_length
             try:
@@ -474,11 +545,39 @@ class Gateway:
             await response.write_eof()
             return response, upstream.status
 
+    async def _one_event(self, early: web.StreamResponse, upstream: aiohttp.ClientResponse, server: Upstream,
+                         meter: Meter) -> tuple[web.StreamResponse, int]:
+        """An answer that is not a 200 stream, into a stream whose head went out already: a 200's body as one data
+        event, an error status as an error event (the server's own error where it sent one)."""
+        meter.status = upstream.status
+        read = bytearray()
+        async for chunk in upstream.content.iter_any():  # whole, up to what the meter parses
+            read += chunk
+            if len(read) > METER_LIMIT:
+                break
+        text = bytes(read)
+        if upstream.status == 200:
+            meter.feed(text)
+            meter.finish()
+            meter.done = True
+            await early.write(b"data: " + text.replace(b"\n", b"") + b"\n\n")
+            await early.write_eof()
+            return early, 200
+        try:
+            error = json.loads(text).get("error")
+        except (ValueError, AttributeError):
+            error = None
+        if not isinstance(error, dict):
+            error = {"message": f"server {server.id} ({server.alias}) answered {upstream.status}",
+                     "type": "server_error", "code": "upstream_error"}
+        await _error_event(early, str(error.get("message")), str(error.get("type")), str(error.get("code")))
+        return early, upstream.status
+
     def _account(self, request, key, model, server, status, meter, started) -> None:
         duration = time.monotonic() - started
         user = key["user"] if key else ""
-        known = model if model in self.router.models() or any(p.get("alias") == model for p in self.router.planned) \
-            else ("" if model is None else "other")
+        known = model if model in self.router.models() or model in self.demand.catalog \
+            or any(p.get("alias") == model for p in self.router.planned) else ("" if model is None else "other")
         self.metrics.requests.labels(user, known, str(status)).inc()
         prompt, completion = (meter.prompt, meter.completion) if meter else (0, 0)
         ttft = meter.ttft if meter else None
@@ -508,6 +607,27 @@ def _data(line: bytes | bytearray) -> bytes | bytearray | None:
     if not line.startswith(b"data:"):
         return None
     return line[6:] if line.startswith(b"data: ") else line[5:]
+
+
+async def _error_event(response: web.StreamResponse, message: str, kind: str, code: str) -> None:
+    """The stream's end: one error event in OpenAI's shape (the head went out as 200 already)."""
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await response.write(b"data: " + json.dumps({"error": {"message": message, "type": kind, "code": code}})
+                             .encode() + b"\n\n")
+        await response.write_eof()
+
+
+def _streamed(body: bytes) -> bool:
+    """The request asks for a stream ("stream": true); its body is JSON already (_model_of read it)."""
+    doc = json.loads(body)
+    return isinstance(doc, dict) and doc.get("stream") is True
+
+
+def _with_model(body: bytes, model: str) -> bytes:
+    """The body with its "model" rewritten (a fallback answers under its own name)."""
+    doc = json.loads(body)
+    doc["model"] = model
+    return json.dumps(doc).encode()
 
 
 def _model_of(body: bytes) -> str | None:

@@ -75,7 +75,9 @@ def connect(path: Path | PostgresStore, *, create: bool = True) -> BoardConnecti
         conn.execute("PRAGMA foreign_keys = ON")
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")  # durable enough in WAL; fsyncs at checkpoints
+        # An acknowledged booking survives a power cut, not only a crash: the WAL is synced at each commit (NORMAL
+        # syncs only at checkpoints). About 0.3 ms a commit here; the service's group commit shares one among bookings.
+        conn.execute("PRAGMA synchronous = FULL")
         if conn.execute("PRAGMA user_version").fetchone()[0] != schema.LATEST:
             schema.migrate(conn)
     except sqlite3.Error as error:

@@ -162,7 +162,8 @@ class BoardApp(App[int]):
     def _telemetry_read(self, message: TelemetryRead) -> None:
         self.last_telemetry = time.monotonic()
         for uuid, samples in message.history.items():
-            for taken_at, *values in samples:
+            shown = self.history.pop(uuid, ())  # the first snapshot comes before its history (app.tui.pollers)
+            for taken_at, *values in (*samples, *shown):
                 self._remember(uuid, taken_at, values)
         for card in message.snapshot.cards:
             self._remember(card.uuid, message.snapshot.taken_at, sample(message.snapshot.taken_at, card)[1:])

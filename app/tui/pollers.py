@@ -90,6 +90,8 @@ def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step:
                 if "error" in event:
                     app.post_message(TelemetryFailed(event["error"]))
                     continue
+                if first:  # the first screen waits for no history: the cards now, the sparklines' ten minutes next
+                    app.post_message(fleet_read(client, event))
                 app.post_message(fleet_read(client, event, history_step if first else None))
                 first = False
             elif kind == "bookings":

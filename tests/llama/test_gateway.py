@@ -118,7 +118,8 @@ class Team:
 @contextlib.contextmanager
 def running_team(llama_server, tiny_model, config: str, port: int = 0):
     """The shared install with `config` added (`{listen}`: the gateway's address, the `port`th of the gateway's
-    band, from 0), alice's server `team-llm` on card 2 and the gateway in front of it; all stopped after."""
+    band, from 0; `{model}`: the tiny model's path), alice's server `team-llm` on card 2 and the gateway in front of
+    it; all stopped after."""
     needs_root()
     ensure_unix_users()
     ensure_system_user(GATEWAY_USER, MEMBERS_GROUP)
@@ -129,7 +130,8 @@ def running_team(llama_server, tiny_model, config: str, port: int = 0):
     team = Team(board, root)
     team.port = port_range("gateway", 10)[0] + port
     team.url = f"http://127.0.0.1:{team.port}"
-    board.agent.config.write_text(board.agent.config.read_text() + config.replace("{listen}", f"127.0.0.1:{team.port}"))
+    board.agent.config.write_text(board.agent.config.read_text() + config.replace("{listen}", f"127.0.0.1:{team.port}")
+                                 .replace("{model}", str(board.model)))
     board.agent.start()
     team.server = team.serve("alice", 2)
     team.start_gateway()

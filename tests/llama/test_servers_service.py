@@ -350,6 +350,15 @@ class TestKeysAndRestarts:
 @pytest.fixture
 def runner(shared):
     """`board runner` as board-runner.service starts it: setpriv --reuid board-llama, no capabilities."""
+    process = start_runner(shared)
+    yield process
+    process.terminate()
+    process.wait(15)
+
+
+def start_runner(shared: SharedBoard):
+    """`board runner` for `shared`'s agent, once it has registered (the process; its `log` is the file it writes):
+    as board-runner.service starts it, setpriv --reuid board-llama, no capabilities. Terminate it after."""
     import subprocess
 
     from tests.agent_process import ENVIRON, SETPRIV
@@ -373,9 +382,7 @@ def runner(shared):
     while "board runner: registered with the service" not in log.read_text():
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.05)
-    yield process
-    process.terminate()
-    process.wait(15)
+    return process
 
 
 class TestPlannedServers:

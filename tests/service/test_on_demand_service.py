@@ -6,8 +6,8 @@ run on the server's database thread, as `board agent` runs them every [enforce] 
 through the same database thread with their identity (the socket tests of who may are
 tests/service/test_admin_operations.py's).
 
-The simulated fleet has 4 cards; pool prod is cards 2 and 3; the catalog's model is the tests' tiny GGUF (one card
-holds it).
+On SQLite and on PostgreSQL (`store`). The simulated fleet has 4 cards; pool prod is cards 2 and 3; the catalog's
+model is the tests' tiny GGUF (one card holds it).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ ME = pwd.getpwuid(os.geteuid())
 class Board:
     """The service on its socket, with the test's clock; `client` speaks the wire as the gateway (this account)."""
 
-    def __init__(self, root, *, preload: PreloadWindow | None = None, projects: tuple[Project, ...] = ()) -> None:
+    def __init__(self, root, store_url: str | None = None, *, preload: PreloadWindow | None = None,
+                 projects: tuple[Project, ...] = ()) -> None:
         models = root / "models"
         models.mkdir(exist_ok=True)
         model = write_tiny_gguf(models / "tiny.gguf")
@@ -56,7 +57,7 @@ class Board:
                              project="search" if projects else None, klass="online", fallbacks=("other",))
         other = CatalogModel(alias="other", model=str(model), ctx=512, ttl_s=TTL)
         self.config = Config(
-            db_path=root / "board.db", policy=Policy(timezone="UTC"), pools=(Pool("prod", (2, 3)),),
+            db_path=root / "board.db", storage_url=store_url, policy=Policy(timezone="UTC"), pools=(Pool("prod", (2, 3)),),
             projects=projects, models=(entry, other), alerts=AlertSettings(enabled=False),
             llama=LlamaSettings(model_dirs=(str(models),), server_bin=str(binary), runner_user=ME.pw_name),
             gateway=GatewaySettings(user=ME.pw_name, drain_s=DRAIN),
@@ -118,13 +119,14 @@ class Board:
 
 
 @pytest.fixture
-def make(tmp_path):
+def make(tmp_path, store):
+    """make(**kwargs): a Board on SQLite, or on a fresh PostgreSQL database."""
     made: list[Board] = []
 
     def board(**kwargs) -> Board:
         root = tmp_path / f"board{len(made)}"
         root.mkdir()
-        made.append(Board(root, **kwargs))
+        made.append(Board(root, getattr(store, "url", None), **kwargs))
         return made[-1]
 
     yield board
@@ -438,3 +440,30 @@ def test_a_failed_start_is_unavailable_until_its_lease_runs_out(make):
     assert [m["state"] for m in board.client.call("models")] == ["failed", "cold"]
     board.clock.now = end
     assert board.client.call("model_demand", alias="team-llm")["booking"] not in (None, first["booking"])
+
+
+def test_a_members_booking_over_the_on_demand_card_wins_and_the_next_demand_goes_elsewhere(make):
+    """alice books the on-demand card from 10:02: the catalog's booking is cut to 10:01:50 (it yields), `models`
+    shows it draining once drain_s is left, and a demand then books the pool's other card; with that one taken too
+    (bob's), the demand after is unavailable until alice's booking ends.
+    Wrong versions: the yield's end not honoured by the lease (a demand or touch growing it back over alice's);
+    the draining booking answered; a card outside the pool taken."""
+    board = make()
+    board.register_runner()
+    first = board.client.call("model_demand", alias="team-llm")
+    [card] = first["cards"]
+    other = {2: 3, 3: 2}[card]
+    board.call(ALICE, "book", cards=[card], start=NOW + 120, end=NOW + 3600)
+    assert board.client.call("get", id=first["booking"])["end"] == NOW + 110
+    board.clock.now = NOW + 70
+    assert board.client.call("models_touch", aliases=["team-llm"]) == {"extended": {"team-llm": NOW + 110}}
+    board.clock.now = NOW + 80  # 30 s left: drain_s
+    [shown] = [m for m in board.client.call("models") if m["alias"] == "team-llm"]
+    assert (shown["state"], shown["booking"]) == ("draining", first["booking"])
+    second = board.client.call("model_demand", alias="team-llm")
+    assert second["state"] == "starting" and second["cards"] == [other]
+    assert board.client.call("get", id=first["booking"])["end"] == NOW + 110
+    board.call(ALICE, "book", cards=[other], start=NOW + 200, end=NOW + 3600)
+    board.clock.now = NOW + 170  # the second cut to 10:03:10: 30 s left
+    third = board.client.call("model_demand", alias="team-llm")
+    assert (third["state"], third["free_at"]) == ("unavailable", NOW + 3600)

@@ -642,7 +642,10 @@ async def test_metrics_count_requests_tokens_and_times_by_user_model_and_status(
         "board_gateway_completion_tokens": ("counter", "Completion tokens, by user and model"),
         "board_gateway_request_duration_seconds": ("histogram", "From the request to the answer's end"),
         "board_gateway_waiting_requests": ("gauge", "Requests waiting for a free slot now"),
-        "board_gateway_time_to_first_token_seconds": ("histogram", "From the request to the first byte back")}
+        "board_gateway_time_to_first_token_seconds": ("histogram", "From the request to the first byte back"),
+        "board_gateway_cold_starts": ("counter", "Catalog models started for a request, by alias"),
+        "board_gateway_cold_start_seconds": ("histogram", "From asking the service to start a catalog model to its"
+                                                          " server taking requests")}
 
     def samples(name: str, suffix: str = "_total") -> dict:
         return {tuple(sorted(s.labels.items())): s.value for s in families[name].samples if s.name == name + suffix}

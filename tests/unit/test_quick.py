@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from app.cli import build_parser
-from app.config_file import scan_socket
+from app.config_file import scan_string
 from app.quick import QUICK, handler, parse
 
 AGREE = [
@@ -61,16 +61,28 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("text", CONFIGS)
-def test_the_line_scan_agrees_with_tomllib_or_steps_aside(text):
-    found = scan_socket(text)
+FLEET_CONFIGS = [
+    '[fleet]\nhost = "gpu1"\n', '[service]\nsocket = "/s"\n[fleet]\nhost = "gpu2"  # this box\n',
+    'fleet.host = "dotted"\n', 'fleet = { host = "inline" }\n', "[fleet]\nhost = 'literal'\n",
+    '[gateway]\nhost = "not-this"\n[fleet]\nheartbeat_timeout_s = 30\n',
+]
+
+
+@pytest.mark.parametrize("text", CONFIGS + FLEET_CONFIGS)
+@pytest.mark.parametrize("setting", [("service", "socket"), ("fleet", "host")], ids="_".join)
+def test_the_line_scan_agrees_with_tomllib_or_steps_aside(text, setting):
+    """Wrong versions: the scan reading `host` in any table, or a top-level `fleet = {...}` as no host."""
+    table, key = setting
+    found = scan_string(text, table, key)
     if found is not None:
-        assert found == tomllib.loads(text).get("service", {}).get("socket", "")
+        assert found == tomllib.loads(text).get(table, {}).get(key, "")
 
 
 def test_the_line_scan_reads_the_installed_config():
-    assert scan_socket(CONFIGS[0]) == "/run/board/board.sock"
-    assert scan_socket(CONFIGS[11]) is None  # a multi-line string could hide a fake table: tomllib decides
+    assert scan_string(CONFIGS[0], "service", "socket") == "/run/board/board.sock"
+    assert scan_string(CONFIGS[11], "service", "socket") is None  # a multi-line string could hide a fake table
+    assert scan_string(FLEET_CONFIGS[1], "fleet", "host") == "gpu2"
+    assert scan_string(FLEET_CONFIGS[5], "fleet", "host") == ""  # [gateway] host is another setting
 
 
 def test_the_socket_path_loads_nothing_heavy():

@@ -90,7 +90,7 @@ def live_booking(service: Service, alias: str, now: int) -> Booking | None:
     return max(found, key=lambda b: b.end) if found else None
 
 
-def pool_cards(service: Service, entry: CatalogModel) -> tuple[int, ...] | None:
+def within(service: Service, entry: CatalogModel) -> tuple[int, ...] | None:
     """The cards the entry's group comes from: its pool's; None: any card."""
     if entry.pool is None:
         return None
@@ -149,8 +149,7 @@ def wake(service: Service, alias: str, used: bool = True) -> ModelDemand:
         rules.word_refusals = False  # the refusal is worded here, with the earliest start of the group
         try:
             made, _ = rules.book(count=count, start=now, end=_lease_end(service, entry, now), klass=entry.klass,
-                                 project=entry.project, on_demand=alias,
-                                 within=pool_cards(service, entry))
+                                 project=entry.project, on_demand=alias, within=within(service, entry))
         except (Conflict, NotPermitted) as refused:
             return _refused(service, entry, runner, count, refused, now)
         spec = {"model": entry.model, "ctx": entry.ctx, "parallel": entry.parallel, "alias": alias,
@@ -195,9 +194,9 @@ def _refused(service: Service, entry: CatalogModel, runner: Identity, count: int
     from app.service.rules.bookings import _Scope  # the rules' planning scope: an on-demand booking's search
 
     rules = service.bookings(runner)
-    within = pool_cards(service, entry)
+    pool = within(service, entry)
     try:  # the rules' own search, planning as for the booking: on demand, a group of the pool's cards
-        with rules._planning(_Scope(True, frozenset(within) if within is not None else None)):
+        with rules._planning(_Scope(True, frozenset(pool) if pool is not None else None)):
             plan = rules._earliest(cards=None, count=count, klass=entry.klass, start=now, duration=int(entry.ttl_s),
                                    project=entry.project or projects.IMPLICIT)
     except BoardError:
@@ -349,7 +348,7 @@ def models_view(service: Service, me: Identity) -> list[ModelWire]:
         if booking is not None:
             if start_failure(service, booking) is not None:
                 state = "failed"
-            elif server is not None and (server[1] == "stopping" or booking.end - now <= drain):
+            elif booking.end - now <= drain or (server is not None and server[1] == "stopping"):
                 state = "draining"
             elif server is not None and server[1] == "ready":
                 state = "ready"
