@@ -37,8 +37,7 @@ sys.path.insert(0, str(REPO))
 from bench.bench_llama import by_hand  # noqa: E402
 from tests import agent_process  # noqa: E402
 from tests.llama.test_gateway import Team  # noqa: E402
-from tests.llama.test_servers_service import SharedBoard  # noqa: E402
-from tests.llama.test_servers_service import runner as runner_fixture  # noqa: E402
+from tests.llama.test_servers_service import SharedBoard, start_runner  # noqa: E402
 from tests.llama.tiny_gguf import write_tiny_gguf  # noqa: E402
 from tests.ports import port_range  # noqa: E402
 from tests.shared_install import scratch_dir  # noqa: E402
@@ -60,14 +59,6 @@ model = "{{model}}"
 ctx = 256
 ttl_s = {TTL_S}
 """
-
-
-def start_runner(board: SharedBoard):
-    """`board runner` as board-runner.service starts it: tests/llama/test_servers_service.py's fixture, run as the
-    generator it is (next() starts it; next() again stops it)."""
-    started = runner_fixture.__wrapped__(board)
-    next(started)
-    return started
 
 
 def entry(root_client) -> dict:
@@ -183,7 +174,8 @@ def main() -> None:
         if team.gateway is not None:
             agent_process.stop(team.gateway)
         if runner is not None:
-            next(runner, None)
+            runner.terminate()
+            runner.wait(15)
         board.agent.stop()
         shutil.rmtree(root, ignore_errors=True)
 
