@@ -9,8 +9,8 @@ and the official `openai` client, set up as tests/llama/test_gateway.py sets the
 2. asks it for a streamed chat completion as alice and times the first content token: the gateway's
    `model_demand`, the booking, the plan, the runner's start, llama-server's load, the relay;
 3. asks again at once, warm, for the same figure without the start;
-4. two seconds on (two of the gateway's touches), reads how far the booking's lease grew, and releases the booking
-   as an admin may, so that the next run starts cold (ttl_s is long, so that no lease runs out inside a run);
+4. releases the booking as an admin may, so that the next run starts cold (ttl_s is long, so that no lease runs
+   out inside a run);
 
 and, interleaved, starts llama-server by hand on the same file and polls /health (bench/bench_llama.py's
 `by_hand`): the load alone. Cold minus warm minus the load is what board adds to a cold start. A cold start that
@@ -66,13 +66,10 @@ def entry(root_client) -> dict:
     return found
 
 
-def release(root_client) -> tuple[int, int]:
+def release(root_client) -> None:
     """End the entry's on-demand booking now, as an admin may (the enforcement then stops its server), so that the
-    next run starts cold; returns (its start, its end before): how far its lease had grown."""
-    found = entry(root_client)
-    booking = root_client.call("get", id=found["booking"])
-    root_client.call("release", id=found["booking"])
-    return booking["start"], booking["end"]
+    next run starts cold."""
+    root_client.call("release", id=entry(root_client)["booking"])
 
 
 def wait_cold(root_client, timeout: float = 60) -> float:
@@ -146,7 +143,6 @@ def main() -> None:
                                timeout=120)
         cold, warm, hand, cooled = [], [], [], []
         failed: list[str] = []
-        grown: list[int] = []  # seconds the lease grew past its first end, by the gateway's touches
         for _ in range(runs):  # interleaved, so machine noise hits each alike
             cooled.append(wait_cold(root_client))
             try:
@@ -158,12 +154,10 @@ def main() -> None:
             assert model == ALIAS, model
             cold.append(elapsed)
             warm.append(first_token(client)[0])
-            time.sleep(2)  # two of the gateway's touches: the lease should have grown past start + ttl_s + drain_s
-            start, end = release(root_client)
-            grown.append(end - start - (TTL_S + DRAIN_S))
+            release(root_client)
             hand.append(by_hand(binary, board.model, base + 8, root / "hand.log"))
             print(f"run {len(cold) + len(failed)}: cold {cold[-1]:.3f} s, warm {warm[-1]:.3f} s, by hand {hand[-1]:.3f} s,"
-                  f" cold again after {cooled[-1]:.1f} s, lease grew {grown[-1]} s",
+                  f" cold again after {cooled[-1]:.1f} s",
                   file=sys.stderr, flush=True)
     finally:
         if team.gateway is not None:  # what the gateway and the service said, kept for a look
@@ -190,7 +184,6 @@ def main() -> None:
     added = statistics.median(cold) - statistics.median(warm) - statistics.median(hand)
     print(f"{'  board adds to a cold start (cold-warm-load)':46} {added * 1000:+9.0f}")
     print(row("released to cold (its server stopped)", cooled[1:] or cooled))
-    print(f"the lease grew past its first end by (s): {grown}")
 
 
 if __name__ == "__main__":
