@@ -17,6 +17,7 @@ Where each command lives (its handler and its part of the parser):
   report.py     report
   monitoring.py monitoring dashboard|rules (the Grafana dashboard and Prometheus rules in app/monitoring)
   projects.py   projects (what each project has and spends)
+  models.py     models (the team's catalog of models started on demand, and their state)
   agent.py      agent, doctor, backup, migrate
   gateway.py    key new|list|revoke, usage, gateway (the OpenAI-compatible front door)
   runner.py     runner (planned servers, as the system user board-llama)
@@ -53,8 +54,8 @@ def cmd_board(ctx) -> int:
 def build_parser():
     import argparse
 
-    from app.cli import (admin, agent, alerts, bookings, cards, completion, faults, fit, gateway, monitoring, notify,
-                         power, projects, report, run, runner, serve, status)
+    from app.cli import (admin, agent, alerts, bookings, cards, completion, faults, fit, gateway, models, monitoring,
+                         notify, power, projects, report, run, runner, serve, status)
     from app.cli.arguments import Parser
 
     common = Parser(add_help=False)
@@ -108,6 +109,7 @@ def build_parser():
     report.add_parser(command)
     monitoring.add_parser(command, common)
     projects.add_parser(command)
+    models.add_parser(command)
     gateway.add_parser(command, common)
     agent.add_agent(command)
     runner.add_runner(command)

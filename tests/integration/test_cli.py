@@ -171,8 +171,8 @@ def test_help_lists_every_command(board):
     names = re.findall(r"^ {4}(\S+)", listing, flags=re.MULTILINE)
     assert names == ["status", "book", "list", "ical", "cancel", "release", "extend", "admin", "series", "run", "wait",
                      "log", "whoami", "cards", "topo", "power", "backup", "doctor", "migrate", "serve", "fit", "notify",
-                     "faults", "alerts", "report", "monitoring", "projects", "key", "usage", "gateway", "agent", "runner",
-                     "completion"]
+                     "faults", "alerts", "report", "monitoring", "projects", "models", "key", "usage", "gateway", "agent",
+                     "runner", "completion"]
     # no `init`: the retired shared 2770 directory
 
 

@@ -38,6 +38,7 @@ EXAMPLES = [
     ("json.md", "`board serve plan --list --json`", ("serve", "plan", "--list", "--json")),
     ("json.md", "`board report --json` prints one object:", ("report", "--json")),
     ("json.md", "`board projects --json` prints one object:", ("projects", "--json")),
+    ("json.md", "`board models --json` prints one object:", ("models", "--json")),
     ("gateway.md", "`board usage [--since 7d] [--by user|key|model] [--json]` sums them:", ("usage", "--json")),
 ]
 # The `--json`s json.md names that the demo cannot print.
@@ -51,6 +52,8 @@ UNSEEN = {
     "board usage --json": {"rows[]", "energy[]"},
     # the demo has no [[projects]]: tests/service/test_projects_view.py holds a board's with projects to the example
     "board projects --json": {"projects[]", "projects[].allocations[]"},
+    # the demo has no catalog: tests/integration/test_models_cli.py holds a board's with one to the example
+    "board models --json": {"models[]", "models[].preload"},
 }
 
 

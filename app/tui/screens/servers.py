@@ -10,6 +10,10 @@
 - The detail line shows the memory llama.cpp allocated at load beside board's estimate (`memory_text`);
   card detail shows the same for the servers on its card.
 - The start form is app.tui.screens.server_start.
+- An on-demand server (the team catalog's, started by the gateway: docs/gateway.md#models-on-demand) reads
+  "on demand" in the USER column instead of the runner account that holds its booking, and its detail line
+  names the catalog alias and the project it is billed to. Which servers those are comes from the bookings the
+  board has loaded (`Booking.on_demand`), so the mark needs no field of its own on the wire.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from app.errors import BoardError
 from app.llama import rows
 from app.llama.rows import Server
 from app.model import Booking
-from app.tui.messages import ServerLine, ServersView
+from app.tui.messages import BookingView, ServerLine, ServersView
 from app.tui.node import BoardNode
 from app.tui.pollers import own_client
 from app.tui.render import duration, under_cursor, untrusted
@@ -92,7 +96,20 @@ def planned_text(planned) -> Text:
 # -- the screen ---------------------------------------------------------------------------------
 
 
-def _server_cells(line: ServerLine, now: float) -> tuple[Text, ...]:
+def on_demand_bookings(view: BookingView | None) -> dict[int, Booking]:
+    """The on-demand bookings among those the board has loaded, by id: the servers on them are the catalog's."""
+    if view is None:
+        return {}
+    return {b.id: b for b in (*view.upcoming, *view.window) if b.on_demand}
+
+
+def on_demand_text(booking: Booking) -> str:
+    """'on demand: qwen-7b for project search (board models)': the detail line makes it inert."""
+    project = f" for project {booking.project}" if booking.project else ""
+    return f"on demand: {booking.on_demand}{project} (board models)"
+
+
+def _server_cells(line: ServerLine, now: float, on_demand: Booking | None = None) -> tuple[Text, ...]:
     s = line.server
     uptime = duration(now - (s.ready_at or s.created_at)) if s.state == rows.READY else "-"
     rate = f"{line.tokens_per_s:.1f}" if line.tokens_per_s is not None else ("-" if s.metrics else "off")
@@ -100,7 +117,8 @@ def _server_cells(line: ServerLine, now: float) -> tuple[Text, ...]:
              "stopping": "italic"}.get(s.state, "dim")
     return (
         Text(str(s.id)), Text(s.state, style=style), untrusted(s.alias or Path(s.model).name, 24),
-        untrusted(s.user, 12), Text(format_cards(s.cards)), Text(str(s.port)), Text(uptime), Text(rate),
+        Text("on demand", style="italic") if on_demand else untrusted(s.user, 12), Text(format_cards(s.cards)),
+        Text(str(s.port)), Text(uptime), Text(rate),
     )
 
 
@@ -154,7 +172,8 @@ class ServersScreen(BoardNode, Screen):
     def show(self, view: ServersView) -> None:
         self.view = view
         table = self.query_one(DataTable)
-        now = time.time()
+        now = self.app.clock()  # the board's clock, as the rest of the board reads it
+        demand = on_demand_bookings(self.app.view)
         keys = [str(line.server.id) for line in view.lines]
         current = [k.value for k in table.rows]
         row = table.cursor_row
@@ -162,12 +181,14 @@ class ServersScreen(BoardNode, Screen):
             if keys != current:
                 table.clear()
                 for line in view.lines:
-                    table.add_row(*_server_cells(line, now), key=str(line.server.id))
+                    table.add_row(*_server_cells(line, now, demand.get(line.server.booking_id)),
+                                  key=str(line.server.id))
                 if view.lines:
                     table.move_cursor(row=min(max(row, 0), len(view.lines) - 1))
             else:
                 for line in view.lines:
-                    for (column, _, _), cell in zip(COLUMNS, _server_cells(line, now)):
+                    cells = _server_cells(line, now, demand.get(line.server.booking_id))
+                    for (column, _, _), cell in zip(COLUMNS, cells):
                         table.update_cell(str(line.server.id), column, cell)
         planned = self.query_one("#planned", Static)
         planned.display = bool(view.planned)
@@ -192,8 +213,10 @@ class ServersScreen(BoardNode, Screen):
         elif server is None:
             detail.update(Text("No servers now or in the last day. Press n to start one on your active booking."))
         else:
-            parts = [f"booking #{server.booking_id}", server.url if server.live else "",
-                     server.exit_text or "", server.reason or "", f"log {server.log_path}" if server.log_path else ""]
+            booking = on_demand_bookings(self.app.view).get(server.booking_id)
+            parts = [on_demand_text(booking) if booking else "", f"booking #{server.booking_id}",
+                     server.url if server.live else "", server.exit_text or "", server.reason or "",
+                     f"log {server.log_path}" if server.log_path else ""]
             if server.state in (rows.CRASHED, rows.FAILED):
                 detail.set_classes("-error")
             text = Text(" · ".join(inert(p, 120) for p in parts if p))
