@@ -70,6 +70,9 @@ class Lines:
                 return self._take(len(self._buffer))
             self._buffer += chunk
 
+    def __iter__(self) -> Iterator[bytes]:  # line by line until the service closes, as a file's lines
+        return iter(self.readline, b"")
+
     def _take(self, size: int) -> bytes:
         line = bytes(self._buffer[:size])
         del self._buffer[:size]
