@@ -1,16 +1,18 @@
 """What commands print: JSON documents and plain lines, from the service's wire values (dicts, epoch seconds).
 
-Light on purpose (json and datetime): the quick path prints through it too. Other users' text
-goes through core.text.inert before it reaches a terminal; JSON escapes everything non-ASCII.
+Light on purpose (datetime, and app.wire's JSON writer rather than the json package): the quick path prints through
+it too. Other users' text goes through core.text.inert before it reaches a terminal; JSON escapes everything
+non-ASCII.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from datetime import datetime
 from collections.abc import Sequence
+
+from app.wire import document
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_NOT_PERMITTED = 0, 1, 2, 3, 4
 
@@ -21,7 +23,7 @@ def iso(epoch: int | float | None) -> str | None:
 
 def print_json(value: object) -> None:
     # ensure_ascii keeps other users' text inert on any terminal.
-    print(json.dumps(value, indent=2))
+    print(document(value))
 
 
 def booking_json(booking: dict | None) -> dict | None:

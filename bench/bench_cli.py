@@ -6,6 +6,7 @@ Medians; the ratio is against that baseline. Target (issue 8, section 6): 2x or 
     sudo .venv/bin/python bench/bench_cli.py [--runs 30] [--group boardusers] [--breakdown]
     .venv/bin/python bench/bench_cli.py --file [--runs 30] [--breakdown]     # the old file mode (BOARD_DB), no root
     .venv/bin/python bench/bench_cli.py --file --against /tmp/old   # and another checkout's, in the same rounds
+    .venv/bin/python bench/bench_cli.py --structs [--runs 30]     # the config's sections: Structs or dataclasses
     sudo .venv/bin/python bench/bench_cli.py --against /tmp/old     # the same through two agents, one each
 
 Socket mode needs root: it starts a throwaway agent as the user board, exactly as the unit does
@@ -80,10 +81,12 @@ def run_cases(cases: dict, runs: int, env: dict, cwd: str | None = None, user: s
     return wall, cpu
 
 
-# What the socket client's path costs in imports alone, step by step (--breakdown): the floor of any
-# socket client (json, socket, threading), then what app.quick adds on top of it.
+# What the socket client's path costs in imports alone, step by step (--breakdown): the packages any socket client
+# would use (json, socket, threading: 1.4x the baseline alone), the C modules the quick path uses instead, then what
+# app.quick adds on top of them.
 BREAKDOWN = {
     "imports: json, socket, threading": "import json, socket, threading",
+    "imports: _json, _socket, _thread (app.wire, app.client.socket)": "import _json, _socket, _thread",
     "  + datetime, functools (app.output, app.cli.context)": "import json, socket, threading, datetime, functools",
     "  = app.quick's modules, no request": "import app.quick, app.cli.context, app.cli.bookings, app.cli.status,"
                                            " app.client.socket, app.output, app.config_file",
@@ -105,6 +108,66 @@ FILE_BREAKDOWN = {
                                                " app.client.local, app.gpu.simulated, app.service.ops.reads,"
                                                " app.service.ops.bookings, hashlib",
 }
+
+
+def config_shapes() -> list[tuple[str, list[str]]]:
+    """app.config's sections (msgspec Structs) as (name, field names), in the order the module defines them."""
+    import msgspec
+
+    import app.config
+
+    return [(name, [f.name for f in msgspec.structs.fields(kind)]) for name, kind in vars(app.config).items()
+            if isinstance(kind, type) and issubclass(kind, msgspec.Struct) and kind.__module__ == "app.config"]
+
+
+def struct_modules(folder: Path) -> tuple[Path, Path]:
+    """Two modules defining the config's sections, one as msgspec Structs (as app.config does) and one as frozen,
+    slotted dataclasses (as app.model does): the same names and fields, every field `object = None`, so the two differ
+    only in the kind of class (issue 37, item 4)."""
+    shapes = config_shapes()
+    heads = {"structs": "import msgspec\n\n", "dataclasses": "from dataclasses import dataclass\n\n"}
+    paths = []
+    for kind, head in heads.items():
+        lines = ["from __future__ import annotations\n", head]
+        for name, fields in shapes:
+            if kind == "structs":
+                lines.append(f"class {name}(msgspec.Struct, frozen=True, forbid_unknown_fields=True):\n")
+            else:
+                lines.append(f"@dataclass(frozen=True, slots=True)\nclass {name}:\n")
+            lines += [f"    {field}: object = None\n" for field in fields] or ["    pass\n"]
+        paths.append(folder / f"shapes_{kind}.py")
+        paths[-1].write_text("".join(lines))
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(folder)], check=True, stdout=subprocess.DEVNULL)
+    return paths[0], paths[1]
+
+
+# What file mode loads anyway, before its config: the dataclasses of app.model and app.core.identity, typing, pathlib.
+FILE_MODE_ANYWAY = "import sqlite3, json, datetime, threading, dataclasses, typing, pathlib"
+
+
+def structs_mode(runs: int) -> None:
+    """Item 4: the config's sections as msgspec Structs against the same as dataclasses, alone and on top of what
+    file mode loads anyway; the marginal cost is what choosing one over the other changes on the quick path."""
+    compile_bytecode()
+    with tempfile.TemporaryDirectory() as tmp:
+        structs, dataclasses = struct_modules(Path(tmp))
+        shapes = config_shapes()
+        fields = sum(len(f) for _, f in shapes)
+        python = [sys.executable, "-c"]
+        cases = {
+            "baseline: python3 -c 'import sqlite3'": lambda n: [*python, "import sqlite3"],
+            f"{len(shapes)} sections as Structs (import msgspec)": lambda n: [*python, "import sqlite3, shapes_structs"],
+            f"{len(shapes)} sections as dataclasses": lambda n: [*python, "import sqlite3, shapes_dataclasses"],
+            "file mode's stdlib, no config": lambda n: [*python, FILE_MODE_ANYWAY],
+            "  + the sections as Structs": lambda n: [*python, FILE_MODE_ANYWAY + ", shapes_structs"],
+            "  + the sections as dataclasses": lambda n: [*python, FILE_MODE_ANYWAY + ", shapes_dataclasses"],
+            "  + app.config itself (Structs, its loader)": lambda n: [*python, FILE_MODE_ANYWAY + ", app.config"],
+        }
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, str(REPO)])}
+        wall, cpu = run_cases(cases, runs, env, str(REPO))
+    print(f"{runs} runs each, interleaved: app.config's {len(shapes)} sections ({fields} fields) as msgspec Structs"
+          " and as dataclasses")
+    report(wall, cpu, 3.0)
 
 
 def compile_bytecode() -> None:
@@ -188,9 +251,13 @@ def main() -> None:
     parser.add_argument("--file", action="store_true", help="file mode instead (BOARD_DB; no agent, no root)")
     parser.add_argument("--against", type=Path, help="another checkout's board beside this one's (its own venv; in"
                         " socket mode its own install and agent)")
+    parser.add_argument("--structs", action="store_true", help="the config's sections as msgspec Structs against the"
+                        " same as dataclasses (issue 37, item 4); no agent, no root")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time the quick path's imports step by step (where the time goes; both modes)")
     args = parser.parse_args()
+    if args.structs:
+        return structs_mode(args.runs)
     if not args.file and os.geteuid() != 0:
         print("not root, so no agent of our own: file mode (sudo for the socket, the shared install's path)")
         args.file = True

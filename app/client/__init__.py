@@ -5,7 +5,7 @@
 - SocketClient talks to `board agent` over its Unix socket (the shared install).
 
 Neither the CLI nor the TUI knows which one it holds. This module and app.client.socket stay
-light: the socket path imports json and socket, not sqlite3, the rules or the GPU code.
+light: the socket path imports _socket and _thread (app.wire: _json), not sqlite3, the rules or the GPU code.
 The interface both clients offer is written down in app.client.interface.
 """
 

@@ -1,12 +1,14 @@
 """The shared install's client: requests to `board agent` over its Unix socket, one JSON line each way.
 
-Kept to json and socket so that `board status` and `board book` start fast.
+Kept to the interpreter's own C modules (_socket, _thread; app.wire's _json) so that `board status` and `board book`
+start fast: the socket and threading packages import enum, selectors and weakref sets, which cost a quick command
+more than its request (issue 37). tests/unit/test_quick.py pins what the quick path loads.
 """
 
 from __future__ import annotations
 
-import socket
-import threading
+import _socket
+import _thread
 import time
 from collections.abc import Iterator
 
@@ -16,7 +18,6 @@ from app.errors import BoardError, ServiceDown, error_for
 
 TYPE_CHECKING = False  # typing stays off the quick path; the type checker takes this name as True
 if TYPE_CHECKING:
-    from io import BufferedReader
     from typing import Any
 
 DOWN = "the board service is not running (systemctl status board-agent)"
@@ -47,20 +48,53 @@ class NotSent(ConnectionError):
     it never read it, so any request, a write too, is safe to send again on a new connection."""
 
 
+class Lines:
+    """The lines the service sends on one connection, read as BufferedReader.readline reads them (a line of at most
+    `limit` bytes; b"" once the service has closed), over recv: socket.makefile would need the socket package."""
+
+    def __init__(self, sock: _socket.socket) -> None:
+        self.sock = sock
+        self._buffer = bytearray()
+        self._scanned = 0  # no newline before this offset of the buffer
+
+    def readline(self, limit: int = -1) -> bytes:
+        while True:
+            end = self._buffer.find(b"\n", self._scanned)
+            if end >= 0 and (limit < 0 or end < limit):
+                return self._take(end + 1)
+            if 0 <= limit <= len(self._buffer):
+                return self._take(limit)
+            self._scanned = len(self._buffer)
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                return self._take(len(self._buffer))
+            self._buffer += chunk
+
+    def __iter__(self) -> Iterator[bytes]:  # line by line until the service closes, as a file's lines
+        return iter(self.readline, b"")
+
+    def _take(self, size: int) -> bytes:
+        line = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        self._scanned = 0
+        return line
+
+
 class SocketClient:
     transport = "socket"
 
     def __init__(self, path: str, timeout: float = 30.0) -> None:
         self.path, self.timeout = path, timeout
-        self._sock: socket.socket | None = None
-        self._reader: BufferedReader | None = None
+        self._sock: _socket.socket | None = None
+        self._reader: Lines | None = None
         self._next_id = 0
         self._closed = False
-        self._lock = threading.Lock()  # the board calls from more than one thread; one request at a time per line
-        self._streams: list[socket.socket] = []
+        # threading.Lock is this very lock: the board calls from more than one thread; one request at a time per line
+        self._lock = _thread.allocate_lock()
+        self._streams: list[_socket.socket] = []
 
-    def connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def connect(self) -> _socket.socket:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
             sock.connect(self.path)
@@ -79,7 +113,7 @@ class SocketClient:
             raise ServiceDown(f"{DOWN}: {error.strerror or error}") from None
         return sock
 
-    def _send(self, sock: socket.socket, reader: BufferedReader, op: str, args: dict) -> dict:
+    def _send(self, sock: _socket.socket, reader: Lines, op: str, args: dict) -> dict:
         self._next_id += 1
         try:
             sock.sendall(wire.encode({"v": wire.VERSION, "id": self._next_id, "op": op, "args": args}))
@@ -115,27 +149,27 @@ class SocketClient:
             try:
                 if self._sock is None or self._reader is None:  # set and dropped together
                     self._sock = self.connect()
-                    self._reader = self._sock.makefile("rb")
+                    self._reader = Lines(self._sock)
                 reply = self._send(self._sock, self._reader, op, args)
                 if reply.get("id") != self._next_id:
                     # Said to no request of ours (a refusal at the door): the service closes this line without
                     # reading it, so the next request, sent before that close, would be lost on it.
                     self._drop()
                 break
-            except (ConnectionError, BrokenPipeError, socket.timeout, ValueError) as error:
+            except (ConnectionError, TimeoutError, ValueError) as error:
                 self._drop()
-                if isinstance(error, socket.timeout):
+                if isinstance(error, TimeoutError):
                     raise ServiceDown(f"the board service did not answer within {self.timeout:g} s; try again") from None
                 if attempt == 2 or (not _resend_safe(op) and not isinstance(error, NotSent)):
                     raise ServiceDown(f"the board service stopped while answering ({op}); check with"
                                       " 'board list --mine' before trying again") from None
         return reply
 
-    def stream(self, op: str, args: dict) -> tuple[socket.socket, BufferedReader, Any]:
+    def stream(self, op: str, args: dict) -> tuple[_socket.socket, Lines, Any]:
         """A connection of its own for a stream (subscribe, register): (socket, reader, the first reply's result)."""
         sock = self.connect()
         sock.settimeout(None)
-        reader = sock.makefile("rb")
+        reader = Lines(sock)
         try:
             reply = self._send(sock, reader, op, args)
         except (ConnectionError, ValueError):
@@ -186,7 +220,7 @@ class SocketClient:
         self._drop()
         for sock in self._streams:
             try:
-                sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(_socket.SHUT_RDWR)
             except OSError:
                 pass
             sock.close()

@@ -12,7 +12,7 @@ def worded(text: str) -> str:
     stamp pays for the import."""
     if "<@" not in text:
         return text
-    from app.core.text import localize  # start-up: the socket client's quick path is json and socket only
+    from app.core.text import localize  # start-up: the socket client's quick path loads no re
 
     return localize(text)
 

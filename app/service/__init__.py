@@ -22,12 +22,9 @@ from app.errors import BadInput, BoardError
 from app.gpu import NoDriverError, open_source
 from app.gpu.fleet import Fleet
 from app.operations import OPERATIONS
-from app.service.rules.audit import AGENT
-from app.service.rules.bookings import BookingService
 from app.service.door.hub import Hub
 from app.service.fleet.lastknown import Known, unreachable
 from app.service.ops.registry import lookup
-from app.service.box.processes import Registry
 from app.store import bookings as rows
 from app.store.db import connect, is_postgres, storage_error
 
@@ -35,6 +32,8 @@ CALENDAR_PAST_S = 86400  # the calendar keeps bookings that ended up to a day be
 
 if TYPE_CHECKING:
     from app.history.store import HistoryStore
+    from app.service.box.processes import Registry
+    from app.service.rules.bookings import BookingService
     from app.service.rules.plans import Runner
     from app.service.box.servers import Supervision
     from app.notify.deliver import Deliverer
@@ -57,9 +56,6 @@ class Service:
         self._local = threading.local()
         self._seeded = False
         self._servers_shown = False  # fleet_snapshot has shown llama-servers on the simulated cards
-        # Jobs and servers registered over the socket, by pidfd (app.service.box.processes), and the servers'
-        # reports on top of that (`supervision`).
-        self.processes = Registry()
         if transport == "socket":
             _ = self.supervision  # made before the socket's threads run, not by the first of them
         self.runner: Runner | None = None  # the registered `board runner`, which starts planned servers
@@ -70,6 +66,14 @@ class Service:
         self.clock_offset: float | None = None
         # The bookings as last read, for reads while a PostgreSQL database is unreachable (app.service.fleet.lastknown).
         self.known = Known()
+
+    @functools.cached_property
+    def processes(self) -> Registry:
+        """Jobs and servers registered over the socket, by pidfd (app.service.box.processes), and the servers' reports
+        on top of that (`supervision`). Made on first use: a read in process registers nothing."""
+        from app.service.box.processes import Registry  # start-up: a read in process loads no pidfd registry
+
+        return Registry()
 
     @functools.cached_property
     def supervision(self) -> Supervision:
@@ -131,6 +135,8 @@ class Service:
     def backfill(self) -> None:
         """Move queued bookings up where time has freed (BookingService.backfill); their holders are told."""
         if rows.queued(self.conn, int(self.clock())):
+            from app.service.rules.audit import AGENT  # start-up: a read in process loads no booking rules
+
             rules = self.bookings(AGENT)
             if rules.backfill():
                 self.hub.changed("bookings")
@@ -155,6 +161,8 @@ class Service:
 
             remote = remote_host(self, host)
             snapshot, down_since = remote.snapshot, remote.seen_at if remote.down else None
+        from app.service.rules.bookings import BookingService  # start-up: a read in process loads no booking rules
+
         rules = BookingService(self.conn, me, self.config, snapshot.cards, snapshot.topology, self.clock,
                                jobs=self.processes.jobs_of, users=self.lookup_user, host=host)
         rules.down_since = down_since

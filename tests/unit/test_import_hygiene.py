@@ -113,3 +113,28 @@ def test_file_mode_quick_commands_load_only_what_they_run(tmp_path):
                          "app.service.ops.servers", "app.service.box.servers", "app.service.ops.gateway", "app.core.keys",
                          "app.service.ops.faults", "app.faults.store", "app.service.ops.series", "app.store.plans",
                          "logging", "random", "traceback"}
+
+
+def test_file_mode_reads_load_no_booking_rules_or_registry(tmp_path):
+    """A read in process (`status --json`, `whoami`, `list`) opens the service for the read alone: not the booking
+    rules (and their audit, fair share, projects, hardware), nor the pidfd registry of jobs and servers (signal,
+    select), which only a booking or the socket needs; a booking made next in the same process does load the rules.
+    Nearest wrong versions: app.service importing BookingService or Registry at its top again, Service.__init__
+    making its Registry eagerly."""
+    probe = ("import os, sys, contextlib, io\n"
+             f"os.environ.update(BOARD_DB={str(tmp_path / 'b.db')!r}, BOARD_SIMULATE='1')\n"
+             "from app.quick import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    for argv in (['status', '--json'], ['whoami'], ['list', '--json']):\n"
+             "        assert main(argv) == 0\n"
+             "print(' '.join(sys.modules))\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    assert main(['book', '--cards', '0', '--for', '1h']) == 0\n")
+    result = subprocess.run([sys.executable, "-c", probe + "print(' '.join(sys.modules))"], capture_output=True,
+                            text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 0, result.stderr
+    after_reads, after_book = (set(line.split()) for line in result.stdout.splitlines())
+    rules = {"app.service.rules.bookings", "app.service.rules.audit", "app.core.fairshare", "app.service.box.processes"}
+    assert "app.service.ops.reads" in after_reads  # the probe did read in process
+    assert not after_reads & rules
+    assert {"app.service.rules.bookings", "app.service.box.processes"} <= after_book

@@ -117,3 +117,30 @@ def test_only_what_changes_nothing_is_sent_again_after_the_service_died_while_an
             poke.connect_ex(str(tmp_path / "board.sock"))
         service.thread.join(timeout=10)
     assert OPERATIONS[op].resend_safe == (op in {"history", "slots", "serve_list", "whoami"})
+
+
+def test_the_reader_gives_lines_as_a_buffered_file_does_across_any_split():
+    """app.client.socket.Lines reads recv's chunks into lines as socket.makefile("rb") does (the file it replaced):
+    a line split across chunks, two lines in one chunk, a line over the limit cut at the limit (the caller refuses
+    it), the last bytes without a newline, then b"" for good; iterated, the same lines. Nearest wrong versions: a
+    newline at the limit's edge counted as inside it, the search resumed past a newline already in the buffer, the
+    tail dropped at EOF."""
+    from app.client.socket import Lines
+
+    sent = [b'{"a"', b':1}\n{"b":2}\n{"c"', b":3}\n", b"x" * 9 + b"\n", b"0123456789\n", b"tail"]
+
+    def read(make, limit: int | None) -> list[bytes]:
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            for chunk in sent:
+                theirs.sendall(chunk)
+            theirs.shutdown(socket.SHUT_WR)
+            reader = make(ours)
+            if limit is None:
+                return list(reader)
+            return [reader.readline(limit) for _ in range(10)]
+
+    for limit in (10, 11, None):
+        expected = read(lambda sock: sock.makefile("rb"), limit)
+        assert read(Lines, limit) == expected
+    assert b"0123456789" in read(Lines, 10) and b"tail" in read(Lines, None)  # the cases above are there
