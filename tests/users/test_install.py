@@ -109,6 +109,14 @@ def test_the_layout_is_what_the_section_says(installed):
         prefix / "var/lib/board/board.db")[:2] == (SERVICE_USER, SERVICE_USER)  # made by the service, not the script
 
 
+def test_the_installed_console_script_imports_nothing_but_the_quick_path(installed):
+    """The script pip writes is what every member's quick command starts with: an old pip's imports re (a few ms on
+    each command, issue 37). Wrong version: the venv's bundled pip left as it came."""
+    prefix, _ = installed
+    script = (prefix / "opt/board/bin/board").read_text()
+    assert "from app.quick import main" in script and "import re" not in script, script
+
+
 def test_the_completion_scripts_are_installed_for_bash_and_zsh(installed):
     """The installed board's own scripts (from its parser), where bash-completion and zsh look for a local install;
     bash reads the one it loads, and it completes `bo` to book. Wrong versions: not installed, or only bash's;
