@@ -186,8 +186,9 @@ async def settle(pilot, timeout: float = 5.0) -> None:
 
 def measured(app) -> bool:
     """Every DataTable on the screen has sized its columns to its rows. A table does that in its idle pass, after its
-    rows are added; on a loaded machine two screenshots 0.1 s apart can both come before it (the admin screen's audit
-    log was once shot with its columns as narrow as their labels). The flags are the table's own: no public API says."""
+    rows are added: a screenshot before it is not the screen's last. (The admin screen's audit log shot with its
+    columns as narrow as their labels was the app's: see app/tui/widgets/table.py.) The flags are the table's own: no
+    public API says."""
     from textual.widgets import DataTable
 
     return not any(table._require_update_dimensions or table._updated_cells for table in app.screen.query(DataTable))

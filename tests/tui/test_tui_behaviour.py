@@ -23,7 +23,8 @@ from app.tui.screens.confirm import ConfirmModal, describe
 from app.tui.screens.help import HelpModal
 from app.tui.screens.my_bookings import MyBookingsScreen
 from tests.conftest import FROZEN_NOW, run_board
-from tests.tui.conftest import ALICE, BASE, ERIN_ADMIN, HOUR, HOSTILE_NOTE, HOSTILE_USER, ready, seed, simulated, wait_for
+from tests.tui.conftest import (ALICE, BASE, ERIN_ADMIN, HOUR, HOSTILE_NOTE, HOSTILE_USER, measured, ready, seed, simulated,
+                                wait_for)
 
 import pytest
 
@@ -673,6 +674,36 @@ class TestAdmin:
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal))
             await pilot.press("y")
             await wait_for(pilot, lambda: {b.id: b.status for b in bookings(seeded_db)}[5] == "cancelled")
+
+    async def test_audit_columns_fit_rows_the_screen_drew_before_measuring(self, make_app, monkeypatch):
+        """On a loaded machine the screen's update timer can draw a table between its rows' arrival and its idle
+        pass (which sizes the auto-width columns): drawn here just before each idle pass that has new rows. The
+        OUTCOME cells then show whole (`ok {"cards": [0, 1]}`), not cut to the label's width (`ok {"ca`) until the
+        cursor moves. Wrong versions: the admin screen on Textual's plain DataTable; MeasuredTable without its new
+        cache key after measuring."""
+        from textual.widgets import DataTable
+
+        idle_pass = DataTable._on_idle
+
+        async def draw_then_measure(table, event):
+            if table._new_rows:  # rows not yet measured: the screen draws (and caches) every line first
+                table.app.export_screenshot()
+            await idle_pass(table, event)
+
+        monkeypatch.setattr(DataTable, "_on_idle", draw_then_measure)
+        app = make_app(identity=ERIN_ADMIN)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await pilot.press("a")
+            await wait_for(pilot, lambda: isinstance(app.screen, AdminScreen))
+            audit = app.screen.query_one("#audit", DataTable)
+            await wait_for(pilot, lambda: audit.row_count == 6 and measured(app))
+            outcomes = [audit.get_row_at(i)[-1].plain for i in range(audit.row_count)]
+            assert 'ok {"cards": [0, 1]}' in outcomes
+            await pilot.pause()  # the repaint the measuring asked for
+            shown = [strip.text.rstrip() for strip in app.screen._compositor.render_strips()]  # the terminal's lines
+            for outcome in outcomes:
+                assert any(line.endswith(f"  {outcome}") for line in shown), (outcome, shown)
 
 
 class TestCardDetail:

@@ -22,6 +22,7 @@ from app.tui.node import BoardNode
 from app.tui.render import TIME_WIDTH, holder, short_time, under_cursor, untrusted
 from app.tui.screens.confirm import ConfirmModal, ReassignModal, describe
 from app.tui.widgets.header import BoardHeader
+from app.tui.widgets.table import MeasuredTable
 
 PAST_SECONDS = 86400
 
@@ -45,9 +46,9 @@ class AdminScreen(BoardNode, Screen):
     def compose(self) -> ComposeResult:
         yield BoardHeader()
         yield Static(Text("All bookings (from yesterday on) · c cancel · r reassign"), classes="section")
-        yield DataTable(cursor_type="row", id="all-bookings")
+        yield MeasuredTable(cursor_type="row", id="all-bookings")
         yield Static(Text("Audit log (newest first)"), classes="section")
-        yield DataTable(cursor_type="row", id="audit")
+        yield MeasuredTable(cursor_type="row", id="audit")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -63,8 +64,8 @@ class AdminScreen(BoardNode, Screen):
         for key, label, width in (("time", "TIME", 10), ("actor", "ACTOR", 12), ("action", "ACTION", 9),
                                   ("booking", "#", 5), ("outcome", "OUTCOME", None)):
             audit.add_column(label, key=key, width=width)
-        # After the first refresh: rows added before the tables' own message loops run are never measured (their
-        # idle pass sizes the columns), which left the columns as narrow as their labels now and then.
+        # After the first refresh: the screen shows before its rows are read. Rows drawn before their table measures
+        # them are redrawn at the measured widths (MeasuredTable).
         self.call_after_refresh(self.reload)
         app.bookings_signal.subscribe(self, lambda _: self.reload())
         table.focus()
