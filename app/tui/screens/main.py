@@ -7,7 +7,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from app.core.policy import policy_zone, pool_rules
 from app.core.text import cards_text, host_cards, inert
@@ -16,6 +16,7 @@ from app.tui.render import duration, short_time
 from app.tui.screens.confirm import describe
 from app.tui.card_table_model import WIDE_MIN_WIDTH
 from app.tui.widgets.card_table import CardTable
+from app.tui.widgets.footer import BoardFooter
 from app.tui.widgets.header import BoardHeader
 from app.tui.widgets.timeline import Timeline
 from app.tui.widgets.upcoming import UpcomingTable
@@ -48,7 +49,7 @@ class BoardScreen(BoardNode, Screen):
         yield Static("", id="detail")
         yield Static(Text("Active and upcoming bookings"), id="upcoming-title")
         yield UpcomingTable(app.identity.name, id="upcoming")
-        yield Footer()
+        yield BoardFooter()
 
     def on_mount(self) -> None:
         self.query_one(CardTable).focus()
