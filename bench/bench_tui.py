@@ -208,25 +208,14 @@ _SESSIONS = itertools.count()
 CARD_7_ROW = re.compile(r"^ 7 +[A-Z]", re.MULTILINE)  # the card table's row (the timeline's row starts at column 0)
 
 
-def cpu_seconds(root: int) -> float:
-    """CPU time so far of process `root` and its descendants, every thread (/proc/PID/task/TID/schedstat: ns)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile
-            children.setdefault(ppid, []).append(int(entry.name))
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, ()))
-        try:
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError):
-            continue
+def cpu_seconds(pid: int) -> float:
+    """CPU time so far of process `pid`, every thread (/proc/PID/task/TID/schedstat: ns); 0 once it is gone."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[0])
+    except (OSError, ValueError):
+        pass
     return total / 1e9
 
 
@@ -242,14 +231,16 @@ def first_paint(argv: list[str], env: dict[str, str], painted: Callable[[str], b
                              capture_output=True, text=True)
     if started.returncode != 0:
         raise SystemExit(f"tmux new-session failed: {started.stderr.strip()}")
+    # The pane's process is the command itself (env execs it): its CPU is read before each look at the screen, and
+    # the reading before the look that shows the paint is the figure (the screen's look itself takes a while).
+    pane = subprocess.run([*tmux, "display-message", "-p", "-t", "paint", "#{pane_pid}"],
+                          capture_output=True, text=True).stdout
     try:
         while time.perf_counter() - began < timeout:
+            cpu = cpu_seconds(int(pane))
             screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "paint"], capture_output=True, text=True).stdout
             if painted(screen):
-                wall = time.perf_counter() - began
-                pane = subprocess.run([*tmux, "display-message", "-p", "-t", "paint", "#{pane_pid}"],
-                                      capture_output=True, text=True).stdout
-                return wall, cpu_seconds(int(pane))
+                return time.perf_counter() - began, cpu
             time.sleep(0.005)
         raise SystemExit(f"{argv[-1]} painted nothing recognisable in {timeout:g} s:\n{screen}")
     finally:
