@@ -23,7 +23,7 @@ from app.tui.app import BoardApp
 built = []
 real_build_parser = app.cli.build_parser
 app.cli.build_parser = lambda: built.append("parser") or real_build_parser()
-rows = []
+rows, widgets = [], []
 
 async def first_paint(board):
     async with board.run_test(size=(80, 24)) as pilot:
@@ -32,11 +32,12 @@ async def first_paint(board):
         await asyncio.wait_for(painted.wait(), 60)
         await pilot.pause()
         rows.append(board.board.card_table.row_count)
+        widgets.extend(sorted({{type(node).__name__ for node in board.screen.walk_children()}}))
     return 0
 
 BoardApp.run = lambda board: asyncio.run(first_paint(board))
 code = app.cli.main([])
-print(json.dumps({{"code": code, "built": built, "rows": rows, "modules": sorted(sys.modules)}}))
+print(json.dumps({{"code": code, "built": built, "rows": rows, "widgets": widgets, "modules": sorted(sys.modules)}}))
 """
 
 
@@ -49,8 +50,8 @@ def first_paint(tmp_path) -> dict:
 
 def test_board_alone_paints_its_first_screen_without_the_other_commands_or_the_forms(tmp_path):
     """Wrong versions this fails on: `board` alone parsed by the full parser again (every command's module and
-    app.fit with it); the booking form, the confirmations or the model sizing imported at the board's start
-    rather than when first opened."""
+    app.fit with it); the booking form or the model sizing imported at the board's start rather than when first
+    opened; the upcoming table (hidden below 34 rows) built at 80x24."""
     start = first_paint(tmp_path)
     assert start["code"] == 0 and start["rows"] == [8]  # it did paint: the simulated fleet's eight cards
     assert start["built"] == []
@@ -60,3 +61,4 @@ def test_board_alone_paints_its_first_screen_without_the_other_commands_or_the_f
     later = {"app.fit.estimate", "app.fit.gguf_model", "app.tui.screens.booking_form", "app.tui.screens.servers",
              "app.tui.screens.my_bookings", "app.tui.screens.admin", "app.tui.screens.card_detail"}
     assert not loaded & later, loaded & later
+    assert "UpcomingTable" not in start["widgets"] and "CardTable" in start["widgets"]  # shown on a tall board only
