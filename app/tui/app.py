@@ -18,6 +18,7 @@ Screens that show the fleet, the bookings or the servers hear of each new snapsh
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable
@@ -99,6 +100,9 @@ class BoardApp(App[int]):
         self.stale_since: float | None = None  # the database unreachable since: the bookings shown are as of then
         self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
         self.last_telemetry = time.monotonic()
+        # Set once the first fleet snapshot is on the screen: the events loop reads its history only then, so the
+        # history's read does not take the CPU that the first paint needs (app.tui.pollers.events_loop).
+        self.first_paint = threading.Event()
         self._last_tick = 0.0
         self.window = default_window(clock())  # the span the timeline shows: the loader loads its bookings
         self.fleet_signal: Signal[FleetSnapshot] = Signal(self, "fleet")
@@ -132,6 +136,7 @@ class BoardApp(App[int]):
         self._servers.start()
 
     def on_unmount(self) -> None:
+        self.first_paint.set()  # the events loop waits for it no longer
         self._events.stop()
         self._bookings.stop()
         self._servers.stop()
@@ -176,6 +181,8 @@ class BoardApp(App[int]):
         self.board.show_fleet()
         self.fleet_signal.publish(message.snapshot)
         self._tick()  # the clock moves in the same repaint as the figures
+        if not self.first_paint.is_set():
+            self.call_after_refresh(self.first_paint.set)
 
     def _remember(self, uuid: str, taken_at: float, values) -> None:
         keep = int(HISTORY_SECONDS / self.history_step) + 1
