@@ -12,7 +12,8 @@
    app's. The agent's own CPU over the same time is printed beside it.
 3. First paint (--paint N): `board` in file mode (a private database, the simulated fleet) and the minimal app,
    each started in a fresh tmux session at 80x24, interleaved, N rounds each: the seconds from starting the
-   session until the screen shows card 7's row (the minimal app: its footer). Target (issue 37): 1.5x the minimal
+   session until the screen shows card 7's row (the minimal app: its footer), and the CPU seconds the command had
+   used by then (every thread; steadier on a busy machine). Target (issue 37): 1.5x the minimal
    app's median or less. The package's bytecode is compiled first (an install has it).
 
     [sudo] .venv/bin/python bench/bench_tui.py [--seconds 60] [--skip-idle] [--skip-timeline] [--no-socket]
@@ -207,8 +208,21 @@ _SESSIONS = itertools.count()
 CARD_7_ROW = re.compile(r"^ 7 +[A-Z]", re.MULTILINE)  # the card table's row (the timeline's row starts at column 0)
 
 
-def first_paint(argv: list[str], env: dict[str, str], painted: Callable[[str], bool], timeout: float = 30.0) -> float:
-    """Seconds from starting `argv` in a new 80x24 tmux session (a server of its own) until `painted(screen)`."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time so far of process `pid`, every thread (/proc/PID/task/TID/schedstat: ns); 0 once it is gone."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[0])
+    except (OSError, ValueError):
+        pass
+    return total / 1e9
+
+
+def first_paint(argv: list[str], env: dict[str, str], painted: Callable[[str], bool],
+                timeout: float = 30.0) -> tuple[float, float]:
+    """Seconds from starting `argv` in a new 80x24 tmux session (a server of its own) until `painted(screen)`,
+    and the CPU seconds the command had used by then (steadier than the wall clock on a busy machine)."""
     server = f"bench-paint-{os.getpid()}-{next(_SESSIONS)}"  # a fresh server each time: none still shutting down
     tmux = ["tmux", "-L", server]
     command = " ".join(shlex.quote(word) for word in ["env", *(f"{k}={v}" for k, v in env.items()), *argv])
@@ -217,18 +231,23 @@ def first_paint(argv: list[str], env: dict[str, str], painted: Callable[[str], b
                              capture_output=True, text=True)
     if started.returncode != 0:
         raise SystemExit(f"tmux new-session failed: {started.stderr.strip()}")
+    # The pane's process is the command itself (env execs it): its CPU is read before each look at the screen, and
+    # the reading before the look that shows the paint is the figure (the screen's look itself takes a while).
+    pane = subprocess.run([*tmux, "display-message", "-p", "-t", "paint", "#{pane_pid}"],
+                          capture_output=True, text=True).stdout
     try:
         while time.perf_counter() - began < timeout:
+            cpu = cpu_seconds(int(pane))
             screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "paint"], capture_output=True, text=True).stdout
             if painted(screen):
-                return time.perf_counter() - began
+                return time.perf_counter() - began, cpu
             time.sleep(0.005)
         raise SystemExit(f"{argv[-1]} painted nothing recognisable in {timeout:g} s:\n{screen}")
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
 
 
-def paint_bench(rounds: int, against: Path | None = None) -> dict[str, list[float]]:
+def paint_bench(rounds: int, against: Path | None = None) -> dict[str, list[tuple[float, float]]]:
     for checkout in (REPO, *([against] if against else [])):
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "app")], check=True,
                        stdout=subprocess.DEVNULL)
@@ -243,7 +262,7 @@ def paint_bench(rounds: int, against: Path | None = None) -> dict[str, list[floa
     }
     if against is not None:  # the other checkout's board (its own venv), on the same database
         cases["against: board (file mode)"] = ([str(against / ".venv" / "bin" / "board")], cases["board (file mode)"][1])
-    times: dict[str, list[float]] = {name: [] for name in cases}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
     try:
         for _ in range(rounds):
             for name, (argv, painted) in cases.items():  # interleaved, so machine noise hits both alike
@@ -266,12 +285,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.paint:
         times = paint_bench(args.paint, args.against)
-        base = statistics.median(times["minimal app"])
-        print(f"first paint at 80x24 in tmux, {args.paint} rounds each, interleaved:")
-        for name, values in times.items():
-            quartiles = statistics.quantiles(values, n=4)
-            print(f"  {name:<18} median {statistics.median(values):.3f} s  IQR {quartiles[0]:.3f}-{quartiles[2]:.3f} s"
-                  f"  min {min(values):.3f} s  {statistics.median(values) / base:.2f}x")
+        print(f"first paint at 80x24 in tmux, {args.paint} rounds each, interleaved (wall clock; CPU used by then):")
+        for which, label in ((0, "wall"), (1, "CPU ")):
+            base = statistics.median(run[which] for run in times["minimal app"])
+            for name, runs in times.items():
+                values = [run[which] for run in runs]
+                quartiles = statistics.quantiles(values, n=4)
+                print(f"  {label} {name:<26} median {statistics.median(values):.3f} s"
+                      f"  IQR {quartiles[0]:.3f}-{quartiles[2]:.3f} s  min {min(values):.3f} s"
+                      f"  {statistics.median(values) / base:.2f}x")
         return
 
     os.environ["TZ"] = "UTC"

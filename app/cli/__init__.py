@@ -123,5 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if (refusal := check_arguments(argv)) is not None:
         return refusal
+    if not argv:  # `board` alone opens the board: the parser of every command (a fifth of its start) is not needed
+        from types import SimpleNamespace
+
+        return run_command(cmd_board, Context(SimpleNamespace(handler=cmd_board, json=False)))
     args = build_parser().parse_args(argv)
     return run_command(args.handler, Context(args))

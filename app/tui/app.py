@@ -18,9 +18,10 @@ Screens that show the fleet, the bookings or the servers hear of each new snapsh
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections import deque
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from textual import on, work
 from textual.app import App, SystemCommand
@@ -32,7 +33,6 @@ from app.config import Config
 from app.core.cardstate import CardStatus, fleet_status
 from app.core.identity import Identity
 from app.core.text import cards_text, inert
-from app.fit.request import limits
 from app.gpu.model import FleetSnapshot, HostSnapshot, sample
 from app.tui.backend import Backend
 from app.tui.hangup import ending_on_hangup
@@ -50,10 +50,12 @@ from app.tui.messages import (
 )
 from app.tui.pollers import HISTORY_SECONDS, Poller, bookings_loop, events_loop, servers_loop
 from app.tui.render import short_time
-from app.tui.screens.booking_form import BookingDraft, BookingModal
 from app.tui.screens.main import BoardScreen
 from app.tui.widgets.header import BoardHeader
 from app.tui.timeline_model import default_window
+
+if TYPE_CHECKING:  # the form loads when first opened, not at the board's start
+    from app.tui.screens.booking_form import BookingDraft
 
 ENDING_SOON_SECONDS = 600
 STALL_ALERT_SECONDS = 5.0
@@ -98,6 +100,9 @@ class BoardApp(App[int]):
         self.stale_since: float | None = None  # the database unreachable since: the bookings shown are as of then
         self.warned: set[tuple[int, int]] = set()  # (booking id, end) already toasted
         self.last_telemetry = time.monotonic()
+        # Set once the first fleet snapshot is on the screen: the events loop reads its history only then, so the
+        # history's read does not take the CPU that the first paint needs (app.tui.pollers.events_loop).
+        self.first_paint = threading.Event()
         self._last_tick = 0.0
         self.window = default_window(clock())  # the span the timeline shows: the loader loads its bookings
         self.fleet_signal: Signal[FleetSnapshot] = Signal(self, "fleet")
@@ -107,7 +112,7 @@ class BoardApp(App[int]):
             self, client, clock, lambda: self.window, p))
         self._events = Poller("board-events", lambda p: events_loop(self, client, self._bookings, p, self.history_step))
         self._servers = Poller("board-servers", lambda p: servers_loop(self, client, p))
-        self.backend = Backend(client, clock, self.reload_bookings, fit_limits=limits(config))
+        self.backend = Backend(client, clock, self.reload_bookings, config)
         # Keys that exist only for some: non-admins never get the admin key, nor its palette entry.
         if identity.is_admin:
             self.bind("a", "admin", description="Admin")
@@ -131,6 +136,7 @@ class BoardApp(App[int]):
         self._servers.start()
 
     def on_unmount(self) -> None:
+        self.first_paint.set()  # the events loop waits for it no longer
         self._events.stop()
         self._bookings.stop()
         self._servers.stop()
@@ -175,6 +181,8 @@ class BoardApp(App[int]):
         self.board.show_fleet()
         self.fleet_signal.publish(message.snapshot)
         self._tick()  # the clock moves in the same repaint as the figures
+        if not self.first_paint.is_set():
+            self.call_after_refresh(self.first_paint.set)
 
     def _remember(self, uuid: str, taken_at: float, values) -> None:
         keep = int(HISTORY_SECONDS / self.history_step) + 1
@@ -305,6 +313,8 @@ class BoardApp(App[int]):
 
     def draft(self) -> BookingDraft:
         """What `b` books: the timeline's selection when it has focus or a selection, else the highlighted card."""
+        from app.tui.screens.booking_form import BookingDraft
+
         if not isinstance(self.screen, BoardScreen):
             return BookingDraft()
         timeline, now = self.board.timeline, self.clock()
@@ -328,6 +338,8 @@ class BoardApp(App[int]):
 
     @work(exit_on_error=False, group="book")
     async def action_book(self) -> None:
+        from app.tui.screens.booking_form import BookingModal
+
         booked = await self.push_screen_wait(BookingModal(self.backend, self.draft()))
         if booked is not None:
             booking, now = booked.booking, self.clock()

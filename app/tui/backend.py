@@ -13,16 +13,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, tzinfo
 from functools import partial
-from typing import Any, Callable, Iterable, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from app.config import Config
 from app.errors import BadInput, BoardError, NotPermitted
 from app.core.text import inert
-from app.fit.estimate import Placement, Settings, place
-from app.fit.gguf_model import Model, read_model
-from app.fit.report import fit, request_record
-from app.fit.request import limits
 from app.model import Booking, Event, booking_from_wire
+
+if TYPE_CHECKING:  # app.fit loads when a model is first sized, not at the board's start
+    from app.fit.estimate import Placement, Settings
+    from app.fit.gguf_model import Model
 
 # How far the form looks for models under [llama] model_dirs: a share mounted over the network can be huge.
 MODEL_LIMIT = 2000  # .gguf files listed at most
@@ -35,7 +36,7 @@ class ModelAsk:
     """A request in memory terms: the model file and the server settings it will run with."""
 
     path: str
-    settings: Settings = Settings()
+    settings: Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,8 @@ class Sizing:
         return self.placement.fits
 
     def record(self) -> dict:
+        from app.fit.report import request_record
+
         return request_record(self.placement, self.model, self.settings)
 
     def line(self) -> str:
@@ -214,13 +217,12 @@ class Booked:
 
 class Backend:
     def __init__(self, client, clock: Callable[[], float], on_change: Callable[[], None] = lambda: None,
-                 fit_limits: dict | None = None) -> None:
-        self.client, self.clock = client, clock
+                 config: Config | None = None) -> None:
+        self.client, self.clock, self.config = client, clock, config or Config()
         self._on_change = on_change  # reloads the bookings at once after one of our own writes
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="board-calls")
         # Model files are read on a thread of their own: a big vocabulary takes seconds, service calls must not wait.
         self._fit_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="board-fit")
-        self.fit_limits = fit_limits or limits(Config())  # card_mib, overhead_mib, max_fill: the config's [fit]
         self._models: dict[str, tuple[tuple[int, int], Model]] = {}  # path -> ((mtime_ns, size), model); fit thread only
 
     async def call(self, op: str, **args: Any) -> Any:
@@ -243,6 +245,13 @@ class Backend:
     async def _change(self, op: str, **args: Any) -> Booking:
         return booking_from_wire(await self._write(op, **args))
 
+    @cached_property
+    def fit_limits(self) -> dict:
+        """card_mib, overhead_mib, max_fill: the config's [fit]."""
+        from app.fit.request import limits
+
+        return limits(self.config)
+
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._fit_executor.shutdown(wait=False, cancel_futures=True)
@@ -262,6 +271,8 @@ class Backend:
 
     def _model(self, path: str) -> Model:
         """read_model, once per file version: the header of a big vocabulary takes seconds to read."""
+        from app.fit.gguf_model import read_model
+
         path = os.path.abspath(os.path.expanduser(path))
         try:
             info = os.stat(path)
@@ -276,6 +287,9 @@ class Backend:
         return model
 
     def _size(self, request: BookingRequest) -> Sizing:
+        from app.fit.estimate import place
+        from app.fit.report import fit
+
         ask = request.model
         assert ask is not None
         try:

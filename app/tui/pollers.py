@@ -43,6 +43,7 @@ from app.tui.messages import (
 
 DB_RELOAD_SECONDS = 30.0
 HISTORY_SECONDS = 600
+FIRST_PAINT_WAIT_SECONDS = 5.0  # the most the history waits for the first paint (a board too busy to paint)
 KINDS = ("bookings", "fleet", "servers", "notice")
 SERVERS_RELOAD_SECONDS = 30.0
 METRICS_SECONDS = 2.0  # tokens/s is a rate between two /metrics reads
@@ -90,8 +91,9 @@ def events_loop(app, client, bookings: "Poller", worker: "Poller", history_step:
                 if "error" in event:
                     app.post_message(TelemetryFailed(event["error"]))
                     continue
-                if first:  # the first screen waits for no history: the cards now, the sparklines' ten minutes next
-                    app.post_message(fleet_read(client, event))
+                if first:  # the first screen waits for no history: the cards now, the sparklines' ten minutes once
+                    app.post_message(fleet_read(client, event))  # they are painted (reading them takes the CPU too)
+                    app.first_paint.wait(FIRST_PAINT_WAIT_SECONDS)
                 app.post_message(fleet_read(client, event, history_step if first else None))
                 first = False
             elif kind == "bookings":

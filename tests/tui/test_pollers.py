@@ -36,3 +36,23 @@ async def test_the_cards_show_before_the_history_arrives_and_the_sparklines_fill
             assert [s[0] for s in samples] == sorted(s[0] for s in samples)
     finally:
         held.set()
+
+
+async def test_the_history_is_read_once_the_first_fleet_is_painted(make_app):
+    """The history's read (a big one: ten minutes of every card) waits until the first fleet snapshot is on the
+    screen, so it takes none of the CPU the first paint needs (issue 37). Nearest wrong versions: the history read
+    right after the first snapshot is posted (the card table is still empty then); the wait never released (the
+    sparklines stay at one sample until the wait's 5 s have passed, past this test's)."""
+    app = make_app(live=True)
+    rows_when_asked: list[int] = []
+    answer = app.client.call
+
+    def call(op, **args):
+        if op == "history":
+            rows_when_asked.append(app.board.card_table.row_count)
+        return answer(op, **args)
+
+    app.client.call = call
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: len(app.history[CARD]) > 1, timeout=4.0)
+        assert rows_when_asked == [8]

@@ -225,6 +225,22 @@ class TestUpcoming:
             assert str(table.get_row_at(1)[6]) == "1h59m left"
 
 
+    async def test_a_board_grown_tall_builds_the_table_then_and_fills_it(self, make_app):
+        """At 80x24 the table is not built (the first paint needs none); made tall, the board builds it above the
+        footer and fills it. Wrong versions this fails on: the table built at every size (composed as before); its mount
+        not awaited, so the rows are added before its columns."""
+        app = make_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            assert not app.board.query(UpcomingTable) and not app.board.query("#upcoming-title")
+            await pilot.resize_terminal(120, 40)
+            await wait_for(pilot, lambda: bool(app.board.query(UpcomingTable)))
+            table = app.board.query_one(UpcomingTable)
+            await wait_for(pilot, lambda: table.row_count == 6)
+            assert [str(column.label) for column in table.columns.values()][:3] == ["#", "USER", "CARDS"]
+            assert [type(w).__name__ for w in app.board.children][-3:] == ["Static", "UpcomingTable", "BoardFooter"]
+
+
 class TestLabels:
     async def test_at_80x24_labels_are_abbreviated_and_the_holder_column_stays(self, make_app):
         app = make_app(config=structs.replace(DEMO, labels=LABELS))

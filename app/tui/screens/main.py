@@ -1,4 +1,5 @@
-"""The board: header, live card table, timeline and a line describing what the cursor is on."""
+"""The board: header, live card table, timeline and a line describing what the cursor is on; on a tall terminal
+the active and upcoming bookings under them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from app.core.policy import policy_zone, pool_rules
 from app.core.text import cards_text, host_cards, inert
@@ -16,6 +17,7 @@ from app.tui.render import duration, short_time
 from app.tui.screens.confirm import describe
 from app.tui.card_table_model import WIDE_MIN_WIDTH
 from app.tui.widgets.card_table import CardTable
+from app.tui.widgets.footer import BoardFooter
 from app.tui.widgets.header import BoardHeader
 from app.tui.widgets.timeline import Timeline
 from app.tui.widgets.upcoming import UpcomingTable
@@ -46,9 +48,7 @@ class BoardScreen(BoardNode, Screen):
         yield Timeline(app.identity.name, app.clock(), pools=app.config.pools, zone=policy_zone(app.config),
                        projects=app.config, id="timeline")
         yield Static("", id="detail")
-        yield Static(Text("Active and upcoming bookings"), id="upcoming-title")
-        yield UpcomingTable(app.identity.name, id="upcoming")
-        yield Footer()
+        yield BoardFooter()  # the upcoming table goes above it once the terminal is tall (on_resize)
 
     def on_mount(self) -> None:
         self.query_one(CardTable).focus()
@@ -174,7 +174,11 @@ class BoardScreen(BoardNode, Screen):
         if not self.torn_down:
             self.describe_cursor()
 
-    def on_resize(self) -> None:
-        self.set_class(self.app.size.height >= self.TALL_MIN_HEIGHT, "-tall")
+    async def on_resize(self) -> None:
+        tall = self.app.size.height >= self.TALL_MIN_HEIGHT
+        if tall and not self.query(UpcomingTable):  # built when first shown: at 80x24 the first paint needs none
+            await self.mount(Static(Text("Active and upcoming bookings"), id="upcoming-title"),
+                             UpcomingTable(self.app.identity.name, id="upcoming"), after="#detail")
+        self.set_class(tall, "-tall")
         self.show_fleet()
         self.show_bookings()
