@@ -22,6 +22,7 @@ from app.tui.render import NA, TIME_WIDTH, gib, short_time, untrusted
 from app.tui.messages import ServersView
 from app.tui.screens.servers import memory_text
 from app.tui.widgets.header import BoardHeader
+from app.tui.widgets.table import MeasuredTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +120,11 @@ class CardDetailScreen(BoardNode, Screen):
                     yield Static(label, classes="chart-label", id=f"{key}-label")
                     yield Sparkline([], id=f"{key}-chart", summary_function=max)
         yield Static(Text("Processes"), classes="section")
-        yield DataTable(cursor_type="row", id="processes")
+        yield MeasuredTable(cursor_type="row", id="processes")
         yield Static(Text("Servers"), classes="section", id="servers-title")
         yield Static("", id="servers")
         yield Static(Text("Bookings"), classes="section")
-        yield DataTable(cursor_type="row", id="bookings")
+        yield MeasuredTable(cursor_type="row", id="bookings")
         yield Footer()
 
     def on_mount(self) -> None:

@@ -16,6 +16,7 @@ from app.tui.node import BoardNode
 from app.tui.render import NOTICE_MARK, TIME_WIDTH, duration, short_time, under_cursor, untrusted
 from app.tui.screens.confirm import ConfirmModal, ExtendModal, describe
 from app.tui.widgets.header import BoardHeader
+from app.tui.widgets.table import MeasuredTable
 
 
 class MyBookingsScreen(BoardNode, Screen):
@@ -34,7 +35,7 @@ class MyBookingsScreen(BoardNode, Screen):
     def compose(self) -> ComposeResult:
         yield BoardHeader()
         yield Static(Text("My bookings"), id="title")
-        yield DataTable(cursor_type="row", id="mine")
+        yield MeasuredTable(cursor_type="row", id="mine")
         yield Static("", id="empty")
         yield Footer()
 

@@ -43,6 +43,7 @@ from app.tui.screens.confirm import ConfirmModal
 from app.tui.screens.server_log import ServerLog
 from app.tui.screens.server_start import StartServerModal, find_models, parse_start  # noqa: F401 - re-exported
 from app.tui.widgets.header import BoardHeader
+from app.tui.widgets.table import MeasuredTable
 
 def _notify(app, message: str, severity: str = "information") -> None:
     try:
@@ -149,7 +150,7 @@ class ServersScreen(BoardNode, Screen):
     def compose(self) -> ComposeResult:
         yield BoardHeader()
         yield Static(Text("Servers · n start · x stop · l log · escape back"), id="title")
-        yield DataTable(cursor_type="row", id="servers")
+        yield MeasuredTable(cursor_type="row", id="servers")
         yield Static("", id="planned")
         yield Static("", id="detail")
         yield ServerLog(id="log")

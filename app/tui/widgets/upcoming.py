@@ -10,12 +10,12 @@ from textual.widgets import DataTable
 from app.core.text import host_cards
 from app.model import Booking
 from app.tui.render import TIME_WIDTH, duration, holder, short_time, untrusted
-
+from app.tui.widgets.table import MeasuredTable
 
 NOTE_WIDTH = 100  # the note's limit: a fixed width, as an auto one is measured by whatever the console is at the time
 
 
-class UpcomingTable(DataTable):
+class UpcomingTable(MeasuredTable):
     DEFAULT_CSS = """
     UpcomingTable { height: 1fr; }
     UpcomingTable > .upcoming--active { color: $success; text-style: bold; }
