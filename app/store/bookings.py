@@ -107,9 +107,15 @@ def _decoded(conn: sqlite3.Connection, rows: Iterable) -> list[Booking]:
 
 def get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
     """The booking, or None when there is none or its row is malformed (which is reported). A live one the calendar in
-    memory keeps comes from there (a booking just made is read once, for both)."""
+    memory keeps comes from there (a booking just made is read once, for both); on PostgreSQL one the write that just
+    committed made, from the read sent with its insert (`insert`)."""
     if (calendar := getattr(conn, "calendar", None)) is not None and (found := calendar.get(booking_id)) is not None:
         return found
+    made = getattr(conn, "made", None)
+    if made and (cursor := made.pop(booking_id, None)) is not None and cursor.sent:
+        row = cursor.fetchone()
+        found = _decoded(conn, [row]) if row else []
+        return found[0] if found else None
     return _get(conn, booking_id)
 
 
@@ -228,17 +234,35 @@ def insert(
     note: str, request: dict | None, now: int, created_by: int, requested_at: int | None = None,
     queued: str | None = None, series_id: int | None = None, project: str = "",
 ) -> int:
+    values = (user, uid, start, end, klass, note, json.dumps(request) if request else None, now, created_by,
+              start if requested_at is None else requested_at, queued, series_id, project)
+    if (booking_id := getattr(conn, "reserved_booking", None)) is not None:
+        return _insert_deferred(conn, booking_id, values, list(uuids))
     cursor = conn.execute(
         'INSERT INTO bookings ("user", uid, starts_at, ends_at, class, note, request, created_at, created_by,'
         " requested_at, queued, series_id, project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (user, uid, start, end, klass, note, json.dumps(request) if request else None, now, created_by,
-         start if requested_at is None else requested_at, queued, series_id, project),
+        values,
     )
     booking_id = inserted_id(cursor)
     conn.executemany(
         "INSERT INTO booking_cards (card_uuid, booking_id) VALUES (?, ?)", [(u, booking_id) for u in uuids]
     )
     _touched(conn, booking_id)
+    return booking_id
+
+
+def _insert_deferred(conn, booking_id: int, values: tuple, uuids: list[str]) -> int:
+    """On PostgreSQL, with the id the write took with its locks (app.store.db.write's `new_booking`): the booking and
+    its cards in one statement, and the booking read back after it, both sent with the write's next round trip (its
+    COMMIT: PgConnection.defer); `get` answers from that read."""
+    conn.reserved_booking = None  # one booking's
+    conn.defer(
+        'WITH b AS (INSERT INTO bookings (id, "user", uid, starts_at, ends_at, class, note, request, created_at,'
+        " created_by, requested_at, queued, series_id, project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " RETURNING id) INSERT INTO booking_cards (card_uuid, booking_id) SELECT u, b.id FROM b, unnest(?::text[]) AS u",
+        (booking_id, *values, uuids))
+    _touched(conn, booking_id)
+    conn.made[booking_id] = conn.defer(_select(conn) + " WHERE b.id = ? GROUP BY b.id", (booking_id,))
     return booking_id
 
 
@@ -305,8 +329,14 @@ def set_cards(conn: sqlite3.Connection, booking_id: int, uuids: Iterable[str]) -
 def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int, host: str = "") -> None:
     """Record the cards NVML reports on `host`, keyed by UUID; the index can change after a reboot.
 
-    Reads first and writes only what changed, so the usual booking adds no page to the WAL.
+    Reads first and writes only what changed, so the usual booking adds no page to the WAL. On PostgreSQL a read that
+    found, with what it wrote, is kept (PgConnection.cards_seen) while the cards stay as it found them: the usual
+    booking reads nothing either. A rollback forgets it.
     """
+    cards = list(cards)
+    seen = getattr(conn, "cards_seen", None)
+    if seen is not None and all(seen.get(c.uuid) == (c.index, c.name, host) for c in cards):
+        return
     known = {uuid: (idx, name, h) for uuid, idx, name, h in conn.execute("SELECT uuid, idx, name, host FROM cards")}
     # By UUID: two writers that both record the same cards (PostgreSQL, on their cards' locks) lock the rows in one
     # order, so one waits for the other rather than deadlocking.
@@ -320,6 +350,9 @@ def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int,
     )
     if changed and (calendar := getattr(conn, "calendar", None)) is not None:
         calendar.stale = True  # a booking names its cards by index: read them all again
+    if hasattr(conn, "cards_seen"):  # PostgreSQL's: the rows as they stand now (a rollback forgets them)
+        conn.cards_seen = {**known, **{uuid: (idx, name, h) for uuid, idx, name, _, h in changed
+                                       if name is not None}}  # a None keeps the name it had: not known here
 
 
 def any_live_server(conn: sqlite3.Connection) -> bool:
@@ -523,10 +556,13 @@ def keep_calendar(conn: sqlite3.Connection, since: int) -> Calendar:
 
 
 def rolled_back(conn: sqlite3.Connection) -> None:
-    """Say that a ROLLBACK TO a savepoint undid this transaction's changes so far (the calendar reads them again)."""
+    """Say that a ROLLBACK TO a savepoint undid this transaction's changes so far (the calendar reads them again; on
+    PostgreSQL the cards seen and the bookings read back are forgotten)."""
     calendar = getattr(conn, "calendar", None)
     if calendar is not None:
         calendar.rolled_back()
+    if hasattr(conn, "cards_seen"):
+        conn.cards_seen, conn.made = None, {}  # type: ignore[attr-defined]
 
 
 def _calendar(conn: sqlite3.Connection, after: int) -> Calendar | None:
@@ -535,6 +571,8 @@ def _calendar(conn: sqlite3.Connection, after: int) -> Calendar | None:
 
 
 def _touched(conn: sqlite3.Connection, booking_id: int) -> None:
+    if made := getattr(conn, "made", None):
+        made.pop(booking_id, None)  # read back as it was inserted: changed since
     calendar = getattr(conn, "calendar", None)
     if calendar is not None:
         calendar.pending.add(booking_id)
