@@ -130,7 +130,7 @@ def _refuse_planted_links(path: Path) -> None:
 
 @contextmanager
 def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | None = None, savepoint: str | None = None,
-          own: bool = False, new_booking: bool = False) -> Iterator[sqlite3.Connection]:
+          own: bool = False, new_booking: bool = False, since: int | None = None) -> Iterator[sqlite3.Connection]:
     """One short write transaction: BEGIN IMMEDIATE takes the write lock up front, so checks and writes agree.
 
     A full disk, a read-only file or filesystem, or an I/O error while writing becomes a StoreError that
@@ -151,6 +151,10 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     trip), so that its insert, its audit event and the COMMIT go together in one more (app.store.bookings.insert,
     app.store.events.record, PgConnection.defer).
 
+    `since`: on PostgreSQL with `cards` and `user`, the live bookings on those cards or of that user that end after
+    `since` are read with the locks, in the same round trip, and the write's reads of them are answered from there
+    (app.store.bookings.Prefetched): under those locks no other writer changes them.
+
     `own`: the write changes only this host's own rows (its heartbeat, its cards), which row-level security keeps to
     it and which no other write changes: on PostgreSQL it takes no advisory lock, so a host that holds the store's
     lock (a compromised one) stops no other host's heartbeat.
@@ -163,7 +167,7 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     that transaction: an error rolls back to it, and only it, and passes through.
     """
     if is_postgres(conn):
-        yield from _write_pg(conn, tuple(cards), user, savepoint, own, new_booking)
+        yield from _write_pg(conn, tuple(cards), user, savepoint, own, new_booking, since)
         return
     if conn.in_transaction:  # inside the service's group commit (app.service.door.writer): a savepoint of its transaction
         with _nested(conn):
@@ -218,7 +222,7 @@ def _savepoint(conn: sqlite3.Connection, name: str) -> None:
 
 
 def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | None, own: bool,
-              new_booking: bool) -> Iterator:
+              new_booking: bool, since: int | None) -> Iterator:
     from app.store.pg import WRITE_LOCK, lock_keys  # start-up: only a PostgreSQL store loads it
 
     # BEGIN, the locks and the savepoint in one round trip (PgConnection.script): the keys are integers of our own
@@ -238,11 +242,20 @@ def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | N
         store_lock = "shared"
     if savepoint is not None:
         opening += f"; SAVEPOINT {savepoint}"
-    if new_booking:  # last: its row is the script's last result
+    if new_booking:
         opening += "; SELECT board_next_booking_id()"  # app.store.pg_schema's _V_BOOKING_IDS
+    prefetch = since is not None and bool(cards) and user is not None
+    if prefetch:  # last: the script's last result
+        from app.store.bookings import prefetch_sql  # start-up: see above
+
+        opening += "; " + prefetch_sql(conn, cards, user, since)  # type: ignore[arg-type]
     try:
         results = _lock(conn, opening, wanted, store_lock)
-        conn.reserved_booking = results[-1][0][0] if new_booking else None
+        conn.reserved_booking = results[-1 - prefetch][0][0] if new_booking else None
+        if prefetch:
+            from app.store.bookings import Prefetched  # start-up: see above
+
+            conn.calendar = Prefetched(conn, since, cards, user, results[-1])  # type: ignore[arg-type]
         conn.chain_unlocked = bool(cards)
         yield conn
         if cards and not conn.chain_unlocked:  # the chain's lock, deferred by the append, goes with the COMMIT
@@ -256,7 +269,7 @@ def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | N
         raise
     finally:
         conn.chain_unlocked = False
-        conn.reserved_booking = None
+        conn.reserved_booking = conn.calendar = None  # the locks are gone, and what was read under them with them
 
 
 def inserted_id(cursor: sqlite3.Cursor) -> int:

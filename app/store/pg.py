@@ -278,6 +278,7 @@ class PgConnection:
     round_trips = 0  # each exchange with the database: a statement, a script, or the deferred ones with the next
     reserved_booking: int | None = None  # a booking id taken with the write's locks, for its insert (app.store.db)
     cards_seen: dict[str, tuple] | None = None  # the cards table as last read unchanged (app.store.bookings.sync_cards)
+    calendar: Any = None  # within a write on named cards, its cards' and user's bookings (app.store.bookings.Prefetched)
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
@@ -402,6 +403,12 @@ class PgConnection:
                 results.append(cursor.fetchall() if cursor.description is not None else [])
                 if not cursor.nextset():
                     return results
+
+    def quote(self, value: Any) -> str:
+        """`value` as an SQL literal, quoted by the driver, for a script (which takes no parameters)."""
+        from psycopg import sql  # start-up: loaded by _open already
+
+        return sql.Literal(value).as_string(self._live())
 
     @contextmanager
     def _errors(self, conn: Any) -> Iterator[None]:

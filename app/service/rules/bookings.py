@@ -888,7 +888,8 @@ class BookingService:
         refusal: BoardError | None = None
         result: T | None = None
         try:
-            with write(self.conn, cards=cards, user=user, savepoint="attempt", new_booking=new_booking):
+            with write(self.conn, cards=cards, user=user, savepoint="attempt", new_booking=new_booking,
+                       since=now - PAST_GRACE_SECONDS):  # a plan starts from then on (`_plan`)
                 try:
                     result = change(now)
                 except (Conflict, NotPermitted) as refused:
