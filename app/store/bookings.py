@@ -129,7 +129,7 @@ def live_between(conn: sqlite3.Connection, start: int, end: int, *, user: str | 
                  on_demand: bool | None = None) -> list[Booking]:
     """Live (not cancelled) bookings that overlap [start, end), oldest start first. `on_demand`: only the on-demand
     ones (True), only the others (False), or all (None)."""
-    if (calendar := _calendar(conn, start, user=user, on_demand=on_demand)) is not None:
+    if (calendar := _calendar(conn, start, end, user=user, on_demand=on_demand)) is not None:
         return calendar.between(start, end, user, on_demand)
     where, extra = _which(on_demand)
     sql = _select(conn) + " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ?" + where
@@ -211,7 +211,7 @@ def _overlapping(
     on_demand: bool | None,
 ) -> Iterator[Booking]:
     uuids = list(uuids)
-    if (calendar := _calendar(conn, start, uuids=uuids, on_demand=on_demand)) is not None:
+    if (calendar := _calendar(conn, start, end, uuids=uuids, on_demand=on_demand)) is not None:
         yield from calendar.overlapping(uuids, start, end, excluding, on_demand)
         return
     if not uuids:  # no card, no conflict (and PostgreSQL has no empty IN ())
@@ -479,8 +479,10 @@ class Calendar:
 
     # -- the answers (as the SQL's) ------------------------------------------------------------------------
 
-    def covers(self, after: int, uuids: list[str] | None, user: str | None, on_demand: bool | None = None) -> bool:
-        """Whether it answers a question about the bookings from `after` on (on `uuids`, of `user`): all it keeps."""
+    def covers(self, after: int, before: int | None, uuids: list[str] | None, user: str | None,
+               on_demand: bool | None = None) -> bool:
+        """Whether it answers a question about the bookings in [after, before) (on `uuids`, of `user`): all it
+        keeps, from `since` on."""
         return after >= self.since
 
     def _range(self, uuid: str, start: int, end: int) -> tuple[list, list, int, int]:
@@ -569,43 +571,47 @@ def rolled_back(conn: sqlite3.Connection) -> None:
         conn.cards_seen, conn.made = None, {}  # type: ignore[attr-defined]
 
 
-def _calendar(conn: sqlite3.Connection, after: int, *, uuids: list[str] | None = None, user: str | None = None,
-              on_demand: bool | None = None) -> Calendar | None:
-    """The connection's calendar if it answers a question about the bookings from `after` on (on `uuids`, or of
+def _calendar(conn: sqlite3.Connection, after: int, before: int | None = None, *, uuids: list[str] | None = None,
+              user: str | None = None, on_demand: bool | None = None) -> Calendar | None:
+    """The connection's calendar if it answers a question about the bookings in [after, before) (on `uuids`, or of
     `user`, when the question is only about those; `on_demand` as busy_by_card's)."""
     calendar = getattr(conn, "calendar", None)
-    return calendar if calendar is not None and calendar.covers(after, uuids, user, on_demand) else None
+    return calendar if calendar is not None and calendar.covers(after, before, uuids, user, on_demand) else None
 
 
-def prefetch_sql(conn, uuids: tuple[str, ...], user: str, since: int) -> str:
+def prefetch_sql(conn, uuids: tuple[str, ...], user: str, reads: tuple[int, int]) -> str:
     """The read of what Prefetched keeps, without parameters (it goes in app.store.db.write's opening script)."""
     cards = ", ".join(conn.quote(uuid) for uuid in uuids)
-    return (_select(conn) + f" WHERE b.status = 'booked' AND b.ends_at > {int(since)} AND (b.\"user\" ="
+    return (_select(conn) + f" WHERE b.status = 'booked' AND b.ends_at > {int(reads[0])}"
+            f" AND b.starts_at < {int(reads[1])} AND (b.\"user\" ="
             f" {conn.quote(user)} OR b.id IN (SELECT booking_id FROM booking_cards WHERE card_uuid IN ({cards})))"
             " GROUP BY b.id")
 
 
 class Prefetched(Calendar):
-    """On PostgreSQL, within a write on named cards (app.store.db.write's `since`): the live bookings on its cards and
-    of its user that end after `since`, read with its locks. It answers only questions about those (`covers`); its
+    """On PostgreSQL, within a write on named cards (app.store.db.write's `reads`): the live bookings on its cards and
+    of its user that overlap its span, read with its locks. It answers only questions about those (`covers`); its
     own changes are read again, as the calendar's are.
 
     Under those locks no other writer changes them, but for an on-demand booking that also holds a card outside them:
     a booking on that card cuts it (app.service.rules.bookings `_make_way`) under that card's lock alone. While it
     holds one, a question that may take on-demand bookings in (and a read of one by id) goes to SQL."""
 
-    def __init__(self, conn: sqlite3.Connection, since: int, uuids: tuple[str, ...], user: str, found: list) -> None:
-        super().__init__(conn, since)
+    def __init__(self, conn: sqlite3.Connection, reads: tuple[int, int], uuids: tuple[str, ...], user: str,
+                 found: list) -> None:
+        super().__init__(conn, reads[0])
+        self.until = reads[1]
         self.scope, self.user = frozenset(uuids), user
         self.stale = False
         for booking in _decoded(conn, found):
             self._add(booking)
         self.unsure = {b.id for b in self.bookings.values() if b.on_demand and not self.scope.issuperset(b.card_uuids)}
 
-    def covers(self, after: int, uuids: list[str] | None, user: str | None, on_demand: bool | None = None) -> bool:
-        if self.unsure and on_demand is not False:
+    def covers(self, after: int, before: int | None, uuids: list[str] | None, user: str | None,
+               on_demand: bool | None = None) -> bool:
+        if self.unsure and on_demand is not False or before is None or not self.since <= after < before <= self.until:
             return False
-        return after >= self.since and (user == self.user if uuids is None else self.scope.issuperset(uuids))
+        return user == self.user if uuids is None else self.scope.issuperset(uuids)
 
     def get(self, booking_id: int) -> Booking | None:
         return None if booking_id in self.unsure else super().get(booking_id)

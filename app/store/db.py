@@ -130,7 +130,8 @@ def _refuse_planted_links(path: Path) -> None:
 
 @contextmanager
 def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | None = None, savepoint: str | None = None,
-          own: bool = False, new_booking: bool = False, since: int | None = None) -> Iterator[sqlite3.Connection]:
+          own: bool = False, new_booking: bool = False, reads: tuple[int, int] | None = None
+          ) -> Iterator[sqlite3.Connection]:
     """One short write transaction: BEGIN IMMEDIATE takes the write lock up front, so checks and writes agree.
 
     A full disk, a read-only file or filesystem, or an I/O error while writing becomes a StoreError that
@@ -142,8 +143,8 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
       serialise as SQLite's do;
     - with `cards` (UUIDs: all the write's rules read and change, e.g. a booking on cards it names) and `user`
       (whose limits they read), that lock shared, then one lock per card, sorted, and one for the user; the audit
-      chain's own lock waits for the append (chain_lock). Writes on other cards, by other users, run alongside;
-      only the chain's append and the commit are serial. SQLite ignores them.
+      chain's own lock goes with the append, which goes with the COMMIT (chain_lock). Writes on other cards, by other
+      users, run alongside; only the chain's append and the commit are serial. SQLite ignores them.
 
     `savepoint`: a SAVEPOINT of that name, set right after the locks (on PostgreSQL in the same round trip).
 
@@ -151,9 +152,11 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     trip), so that its insert, its audit event and the COMMIT go together in one more (app.store.bookings.insert,
     app.store.events.record, PgConnection.defer).
 
-    `since`: on PostgreSQL with `cards` and `user`, the live bookings on those cards or of that user that end after
-    `since` are read with the locks, in the same round trip, and the write's reads of them are answered from there
-    (app.store.bookings.Prefetched): under those locks no other writer changes them.
+    `reads` (start, end): on PostgreSQL with `cards` and `user`, the live bookings on those cards or of that user
+    that overlap [start, end) are read with the locks, in the same round trip, and the write's reads of them within
+    that span are answered from there
+    (app.store.bookings.Prefetched): under those locks no other writer changes them (but for an on-demand booking
+    that reaches past them: Prefetched sends what may take it in to SQL).
 
     `own`: the write changes only this host's own rows (its heartbeat, its cards), which row-level security keeps to
     it and which no other write changes: on PostgreSQL it takes no advisory lock, so a host that holds the store's
@@ -167,7 +170,7 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     that transaction: an error rolls back to it, and only it, and passes through.
     """
     if is_postgres(conn):
-        yield from _write_pg(conn, tuple(cards), user, savepoint, own, new_booking, since)
+        yield from _write_pg(conn, tuple(cards), user, savepoint, own, new_booking, reads)
         return
     if conn.in_transaction:  # inside the service's group commit (app.service.door.writer): a savepoint of its transaction
         with _nested(conn):
@@ -222,7 +225,7 @@ def _savepoint(conn: sqlite3.Connection, name: str) -> None:
 
 
 def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | None, own: bool,
-              new_booking: bool, since: int | None) -> Iterator:
+              new_booking: bool, reads: tuple[int, int] | None) -> Iterator:
     from app.store.pg import WRITE_LOCK, lock_keys  # start-up: only a PostgreSQL store loads it
 
     # BEGIN, the locks and the savepoint in one round trip (PgConnection.script): the keys are integers of our own
@@ -244,18 +247,18 @@ def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | N
         opening += f"; SAVEPOINT {savepoint}"
     if new_booking:
         opening += "; SELECT board_next_booking_id()"  # app.store.pg_schema's _V_BOOKING_IDS
-    prefetch = since is not None and bool(cards) and user is not None
+    prefetch = reads is not None and bool(cards) and user is not None
     if prefetch:  # last: the script's last result
         from app.store.bookings import prefetch_sql  # start-up: see above
 
-        opening += "; " + prefetch_sql(conn, cards, user, since)  # type: ignore[arg-type]
+        opening += "; " + prefetch_sql(conn, cards, user, reads)  # type: ignore[arg-type]
     try:
         results = _lock(conn, opening, wanted, store_lock)
         conn.reserved_booking = results[-1 - prefetch][0][0] if new_booking else None
         if prefetch:
             from app.store.bookings import Prefetched  # start-up: see above
 
-            conn.calendar = Prefetched(conn, since, cards, user, results[-1])  # type: ignore[arg-type]
+            conn.calendar = Prefetched(conn, reads, cards, user, results[-1])  # type: ignore[arg-type]
         conn.chain_unlocked = bool(cards)
         yield conn
         if cards and not conn.chain_unlocked:  # the chain's lock, deferred by the append, goes with the COMMIT
