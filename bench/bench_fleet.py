@@ -261,6 +261,8 @@ def rules_alone(url: str, base: int, bookings: int) -> dict:
     conn = client.service.conn
     from app.store.pg import CHAIN_LOCK
 
+    # statements: round trips, as the connection counts them (PgConnection.round_trips; tests/unit/test_pg_round_trips.py
+    # checks that count on the wire)
     counts = {"statements": 0, "locked": 0, "held": 0.0, "serial": 0.0, "serial_statements": 0}
     plain, many, script = conn.execute, conn.executemany, conn.script  # script: ;-separated statements, one trip
     began_at, chain_at = [0.0], [0.0]
@@ -271,15 +273,18 @@ def rules_alone(url: str, base: int, bookings: int) -> dict:
             verb = sql.strip().upper()
             if method is many:
                 rest = (list(rest[0]), *rest[1:])
-            if method is not many or rest[0]:  # an executemany of no rows sends nothing
-                counts["statements"] += 1
-                counts["locked"] += conn.in_transaction or verb.startswith("BEGIN")
+            locked = conn.in_transaction or verb.startswith("BEGIN")
             if verb.startswith("BEGIN"):
                 began_at[0], chain_at[0] = time.perf_counter(), 0.0
-            if chain in verb:
+            # the chain's lock goes in this round trip: in the statement, or deferred to go with it (PgConnection.defer)
+            if chain in verb or any(chain in text.upper() for text, _, _ in conn._deferred):
                 chain_at[0] = time.perf_counter()
-            counts["serial_statements"] += bool(chain_at[0])
+            trips = conn.round_trips
             result = method(sql, *rest)
+            trips = conn.round_trips - trips  # what the connection counted: a pipelined round trip is one
+            counts["statements"] += trips
+            counts["locked"] += trips if locked else 0
+            counts["serial_statements"] += trips if chain_at[0] else 0
             if verb in ("COMMIT", "ROLLBACK"):
                 counts["held"] += time.perf_counter() - began_at[0]
                 counts["serial"] += time.perf_counter() - (chain_at[0] or began_at[0])

@@ -29,13 +29,14 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mutation_report import REPO, entry, explained, percent, results, tally, write_record  # noqa: E402
 
-# the audit chain's append takes its lock through lock_chain: only PostgreSQL tests can see it skip that
-LOCKING = {"app/store/db.py": ("_write_pg", "lock_chain", "_lock"), "app/store/pg.py": ("lock_keys", "_key"),
-           "app/store/events.py": ("record",)}
+# the audit chain's append takes its lock through chain_lock (sent with the COMMIT): only PostgreSQL tests can see it
+# skip that
+LOCKING = {"app/store/db.py": ("_write_pg", "chain_lock", "_lock", "_locking"), "app/store/pg.py": ("lock_keys", "_key"),
+           "app/store/events.py": ("record", "_append_pg")}
 # the locking's tests, SQLite's group commit (the same write() and audit append, where no lock is taken) and the
 # store's own tests (the chain's links, on both stores)
-TESTS = ("tests/unit/test_pg_store.py", "tests/unit/test_pg_fleet_speed.py", "tests/unit/test_group_commit.py",
-         "tests/unit/test_store.py")
+TESTS = ("tests/unit/test_pg_store.py", "tests/unit/test_pg_fleet_speed.py", "tests/unit/test_pg_round_trips.py",
+         "tests/unit/test_group_commit.py", "tests/unit/test_store.py")
 RECORD_KEY = "app/store: PostgreSQL locking"
 COPIED = ("app", "tests", "pyproject.toml")
 

@@ -107,9 +107,15 @@ def _decoded(conn: sqlite3.Connection, rows: Iterable) -> list[Booking]:
 
 def get(conn: sqlite3.Connection, booking_id: int) -> Booking | None:
     """The booking, or None when there is none or its row is malformed (which is reported). A live one the calendar in
-    memory keeps comes from there (a booking just made is read once, for both)."""
+    memory keeps comes from there (a booking just made is read once, for both); on PostgreSQL one the write that just
+    committed made, from the read sent with its insert (`insert`)."""
     if (calendar := getattr(conn, "calendar", None)) is not None and (found := calendar.get(booking_id)) is not None:
         return found
+    made = getattr(conn, "made", None)
+    if made and (cursor := made.pop(booking_id, None)) is not None and cursor.sent:
+        row = cursor.fetchone()
+        found = _decoded(conn, [row]) if row else []
+        return found[0] if found else None
     return _get(conn, booking_id)
 
 
@@ -123,7 +129,7 @@ def live_between(conn: sqlite3.Connection, start: int, end: int, *, user: str | 
                  on_demand: bool | None = None) -> list[Booking]:
     """Live (not cancelled) bookings that overlap [start, end), oldest start first. `on_demand`: only the on-demand
     ones (True), only the others (False), or all (None)."""
-    if (calendar := _calendar(conn, start)) is not None:
+    if (calendar := _calendar(conn, start, end, user=user, on_demand=on_demand)) is not None:
         return calendar.between(start, end, user, on_demand)
     where, extra = _which(on_demand)
     sql = _select(conn) + " WHERE b.status = 'booked' AND b.ends_at > ? AND b.starts_at < ?" + where
@@ -205,7 +211,7 @@ def _overlapping(
     on_demand: bool | None,
 ) -> Iterator[Booking]:
     uuids = list(uuids)
-    if (calendar := _calendar(conn, start)) is not None:
+    if (calendar := _calendar(conn, start, end, uuids=uuids, on_demand=on_demand)) is not None:
         yield from calendar.overlapping(uuids, start, end, excluding, on_demand)
         return
     if not uuids:  # no card, no conflict (and PostgreSQL has no empty IN ())
@@ -228,17 +234,35 @@ def insert(
     note: str, request: dict | None, now: int, created_by: int, requested_at: int | None = None,
     queued: str | None = None, series_id: int | None = None, project: str = "",
 ) -> int:
+    values = (user, uid, start, end, klass, note, json.dumps(request) if request else None, now, created_by,
+              start if requested_at is None else requested_at, queued, series_id, project)
+    if (booking_id := getattr(conn, "reserved_booking", None)) is not None:
+        return _insert_deferred(conn, booking_id, values, list(uuids))
     cursor = conn.execute(
         'INSERT INTO bookings ("user", uid, starts_at, ends_at, class, note, request, created_at, created_by,'
         " requested_at, queued, series_id, project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (user, uid, start, end, klass, note, json.dumps(request) if request else None, now, created_by,
-         start if requested_at is None else requested_at, queued, series_id, project),
+        values,
     )
     booking_id = inserted_id(cursor)
     conn.executemany(
         "INSERT INTO booking_cards (card_uuid, booking_id) VALUES (?, ?)", [(u, booking_id) for u in uuids]
     )
     _touched(conn, booking_id)
+    return booking_id
+
+
+def _insert_deferred(conn, booking_id: int, values: tuple, uuids: list[str]) -> int:
+    """On PostgreSQL, with the id the write took with its locks (app.store.db.write's `new_booking`): the booking and
+    its cards in one statement, and the booking read back after it, both sent with the write's next round trip (its
+    COMMIT: PgConnection.defer); `get` answers from that read."""
+    conn.reserved_booking = None  # one booking's
+    conn.defer(
+        'WITH b AS (INSERT INTO bookings (id, "user", uid, starts_at, ends_at, class, note, request, created_at,'
+        " created_by, requested_at, queued, series_id, project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " RETURNING id) INSERT INTO booking_cards (card_uuid, booking_id) SELECT u, b.id FROM b, unnest(?::text[]) AS u",
+        (booking_id, *values, uuids))
+    _touched(conn, booking_id)
+    conn.made[booking_id] = conn.defer(_select(conn) + " WHERE b.id = ? GROUP BY b.id", (booking_id,))
     return booking_id
 
 
@@ -305,8 +329,14 @@ def set_cards(conn: sqlite3.Connection, booking_id: int, uuids: Iterable[str]) -
 def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int, host: str = "") -> None:
     """Record the cards NVML reports on `host`, keyed by UUID; the index can change after a reboot.
 
-    Reads first and writes only what changed, so the usual booking adds no page to the WAL.
+    Reads first and writes only what changed, so the usual booking adds no page to the WAL. On PostgreSQL a read that
+    found, with what it wrote, is kept (PgConnection.cards_seen) while the cards stay as it found them: the usual
+    booking reads nothing either. A rollback forgets it.
     """
+    cards = list(cards)
+    seen = getattr(conn, "cards_seen", None)
+    if seen is not None and all(seen.get(c.uuid) == (c.index, c.name, host) for c in cards):
+        return
     known = {uuid: (idx, name, h) for uuid, idx, name, h in conn.execute("SELECT uuid, idx, name, host FROM cards")}
     # By UUID: two writers that both record the same cards (PostgreSQL, on their cards' locks) lock the rows in one
     # order, so one waits for the other rather than deadlocking.
@@ -320,6 +350,9 @@ def sync_cards(conn: sqlite3.Connection, cards: Iterable[CardReading], now: int,
     )
     if changed and (calendar := getattr(conn, "calendar", None)) is not None:
         calendar.stale = True  # a booking names its cards by index: read them all again
+    if hasattr(conn, "cards_seen"):  # PostgreSQL's: the rows as they stand now (a rollback forgets them)
+        conn.cards_seen = {**known, **{uuid: (idx, name, h) for uuid, idx, name, _, h in changed
+                                       if name is not None}}  # a None keeps the name it had: not known here
 
 
 def any_live_server(conn: sqlite3.Connection) -> bool:
@@ -446,6 +479,12 @@ class Calendar:
 
     # -- the answers (as the SQL's) ------------------------------------------------------------------------
 
+    def covers(self, after: int, before: int | None, uuids: list[str] | None, user: str | None,
+               on_demand: bool | None = None) -> bool:
+        """Whether it answers a question about the bookings in [after, before) (on `uuids`, of `user`): all it
+        keeps, from `since` on."""
+        return after >= self.since
+
     def _range(self, uuid: str, start: int, end: int) -> tuple[list, list, int, int]:
         """The card's spans and ids, and the range [i, j) of them that overlap [start, end). On one card they do
         not overlap, so only the one just before the first start at or after `start` can reach into it."""
@@ -523,18 +562,71 @@ def keep_calendar(conn: sqlite3.Connection, since: int) -> Calendar:
 
 
 def rolled_back(conn: sqlite3.Connection) -> None:
-    """Say that a ROLLBACK TO a savepoint undid this transaction's changes so far (the calendar reads them again)."""
+    """Say that a ROLLBACK TO a savepoint undid this transaction's changes so far (the calendar reads them again; on
+    PostgreSQL the cards seen and the bookings read back are forgotten)."""
     calendar = getattr(conn, "calendar", None)
     if calendar is not None:
         calendar.rolled_back()
+    if hasattr(conn, "cards_seen"):
+        conn.cards_seen, conn.made = None, {}  # type: ignore[attr-defined]
 
 
-def _calendar(conn: sqlite3.Connection, after: int) -> Calendar | None:
+def _calendar(conn: sqlite3.Connection, after: int, before: int | None = None, *, uuids: list[str] | None = None,
+              user: str | None = None, on_demand: bool | None = None) -> Calendar | None:
+    """The connection's calendar if it answers a question about the bookings in [after, before) (on `uuids`, or of
+    `user`, when the question is only about those; `on_demand` as busy_by_card's)."""
     calendar = getattr(conn, "calendar", None)
-    return calendar if calendar is not None and after >= calendar.since else None
+    return calendar if calendar is not None and calendar.covers(after, before, uuids, user, on_demand) else None
+
+
+def prefetch_sql(conn, uuids: tuple[str, ...], user: str, reads: tuple[int, int]) -> str:
+    """The read of what Prefetched keeps, without parameters (it goes in app.store.db.write's opening script)."""
+    cards = ", ".join(conn.quote(uuid) for uuid in uuids)
+    return (_select(conn) + f" WHERE b.status = 'booked' AND b.ends_at > {int(reads[0])}"
+            f" AND b.starts_at < {int(reads[1])} AND (b.\"user\" ="
+            f" {conn.quote(user)} OR b.id IN (SELECT booking_id FROM booking_cards WHERE card_uuid IN ({cards})))"
+            " GROUP BY b.id")
+
+
+class Prefetched(Calendar):
+    """On PostgreSQL, within a write on named cards (app.store.db.write's `reads`): the live bookings on its cards and
+    of its user that overlap its span, read with its locks. It answers only questions about those (`covers`); its
+    own changes are read again, as the calendar's are.
+
+    Under those locks no other writer changes them, but for an on-demand booking that also holds a card outside them:
+    a booking on that card cuts it (app.service.rules.bookings `_make_way`) under that card's lock alone. While it
+    holds one, a question that may take on-demand bookings in (and a read of one by id) goes to SQL."""
+
+    def __init__(self, conn: sqlite3.Connection, reads: tuple[int, int], uuids: tuple[str, ...], user: str,
+                 found: list) -> None:
+        super().__init__(conn, reads[0])
+        self.until = reads[1]
+        self.scope, self.user = frozenset(uuids), user
+        self.stale = False
+        for booking in _decoded(conn, found):
+            self._add(booking)
+        self.unsure = {b.id for b in self.bookings.values() if b.on_demand and not self.scope.issuperset(b.card_uuids)}
+
+    def covers(self, after: int, before: int | None, uuids: list[str] | None, user: str | None,
+               on_demand: bool | None = None) -> bool:
+        if self.unsure and on_demand is not False or before is None or not self.since <= after < before <= self.until:
+            return False
+        return user == self.user if uuids is None else self.scope.issuperset(uuids)
+
+    def get(self, booking_id: int) -> Booking | None:
+        return None if booking_id in self.unsure else super().get(booking_id)
+
+    def _fresh(self) -> None:
+        for booking_id in self.pending:
+            self._drop(booking_id)
+            if (found := _get(self.conn, booking_id)) is not None:
+                self._add(found)
+        self.pending.clear()
 
 
 def _touched(conn: sqlite3.Connection, booking_id: int) -> None:
+    if made := getattr(conn, "made", None):
+        made.pop(booking_id, None)  # read back as it was inserted: changed since
     calendar = getattr(conn, "calendar", None)
     if calendar is not None:
         calendar.pending.add(booking_id)

@@ -10,7 +10,7 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
 from app.config import PostgresStore
 from app.errors import BadInput, BoardError, NotPermitted
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from app.store.pg import PgConnection
 
 BUSY_TIMEOUT_MS = 10_000
+T = TypeVar("T")
 
 _malformed: dict[tuple[str, str, object], str] = {}  # (database, kind, row id) -> the line logged, once
 
@@ -129,7 +130,8 @@ def _refuse_planted_links(path: Path) -> None:
 
 @contextmanager
 def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | None = None, savepoint: str | None = None,
-          own: bool = False) -> Iterator[sqlite3.Connection]:
+          own: bool = False, new_booking: bool = False, reads: tuple[int, int] | None = None
+          ) -> Iterator[sqlite3.Connection]:
     """One short write transaction: BEGIN IMMEDIATE takes the write lock up front, so checks and writes agree.
 
     A full disk, a read-only file or filesystem, or an I/O error while writing becomes a StoreError that
@@ -141,10 +143,20 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
       serialise as SQLite's do;
     - with `cards` (UUIDs: all the write's rules read and change, e.g. a booking on cards it names) and `user`
       (whose limits they read), that lock shared, then one lock per card, sorted, and one for the user; the audit
-      chain's own lock waits for the append (lock_chain). Writes on other cards, by other users, run alongside;
-      only the chain's append and the commit are serial. SQLite ignores them.
+      chain's own lock goes with the append, which goes with the COMMIT (chain_lock). Writes on other cards, by other
+      users, run alongside; only the chain's append and the commit are serial. SQLite ignores them.
 
     `savepoint`: a SAVEPOINT of that name, set right after the locks (on PostgreSQL in the same round trip).
+
+    `new_booking`: the write may insert a booking. On PostgreSQL its id is taken with the locks (in the same round
+    trip), so that its insert, its audit event and the COMMIT go together in one more (app.store.bookings.insert,
+    app.store.events.record, PgConnection.defer).
+
+    `reads` (start, end): on PostgreSQL with `cards` and `user`, the live bookings on those cards or of that user
+    that overlap [start, end) are read with the locks, in the same round trip, and the write's reads of them within
+    that span are answered from there
+    (app.store.bookings.Prefetched): under those locks no other writer changes them (but for an on-demand booking
+    that reaches past them: Prefetched sends what may take it in to SQL).
 
     `own`: the write changes only this host's own rows (its heartbeat, its cards), which row-level security keeps to
     it and which no other write changes: on PostgreSQL it takes no advisory lock, so a host that holds the store's
@@ -158,7 +170,7 @@ def write(conn: sqlite3.Connection, *, cards: Iterable[str] = (), user: str | No
     that transaction: an error rolls back to it, and only it, and passes through.
     """
     if is_postgres(conn):
-        yield from _write_pg(conn, tuple(cards), user, savepoint, own)
+        yield from _write_pg(conn, tuple(cards), user, savepoint, own, new_booking, reads)
         return
     if conn.in_transaction:  # inside the service's group commit (app.service.door.writer): a savepoint of its transaction
         with _nested(conn):
@@ -212,7 +224,8 @@ def _savepoint(conn: sqlite3.Connection, name: str) -> None:
         calendar.mark()  # app.store.bookings.Calendar: a ROLLBACK TO it undoes only what changes from here
 
 
-def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | None, own: bool) -> Iterator:
+def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | None, own: bool,
+              new_booking: bool, reads: tuple[int, int] | None) -> Iterator:
     from app.store.pg import WRITE_LOCK, lock_keys  # start-up: only a PostgreSQL store loads it
 
     # BEGIN, the locks and the savepoint in one round trip (PgConnection.script): the keys are integers of our own
@@ -232,16 +245,34 @@ def _write_pg(conn, cards: tuple[str, ...], user: str | None, savepoint: str | N
         store_lock = "shared"
     if savepoint is not None:
         opening += f"; SAVEPOINT {savepoint}"
+    if new_booking:
+        opening += "; SELECT board_next_booking_id()"  # app.store.pg_schema's _V_BOOKING_IDS
+    prefetch = reads is not None and bool(cards) and user is not None
+    if prefetch:  # last: the script's last result
+        from app.store.bookings import prefetch_sql  # start-up: see above
+
+        opening += "; " + prefetch_sql(conn, cards, user, reads)  # type: ignore[arg-type]
     try:
-        _lock(conn, opening, wanted, store_lock)
+        results = _lock(conn, opening, wanted, store_lock)
+        conn.reserved_booking = results[-1 - prefetch][0][0] if new_booking else None
+        if prefetch:
+            from app.store.bookings import Prefetched  # start-up: see above
+
+            conn.calendar = Prefetched(conn, reads, cards, user, results[-1])  # type: ignore[arg-type]
         conn.chain_unlocked = bool(cards)
         yield conn
-        conn.execute("COMMIT")
+        if cards and not conn.chain_unlocked:  # the chain's lock, deferred by the append, goes with the COMMIT
+            from app.store.pg import CHAIN_LOCK  # start-up: see above
+
+            _locking(conn, lambda: conn.execute("COMMIT"), [CHAIN_LOCK], None, conn.short_locks)
+        else:
+            conn.execute("COMMIT")  # with what was deferred (the booking, its event), in one round trip
     except BaseException:
         _rollback(conn)
         raise
     finally:
         conn.chain_unlocked = False
+        conn.reserved_booking = conn.calendar = None  # the locks are gone, and what was read under them with them
 
 
 def inserted_id(cursor: sqlite3.Cursor) -> int:
@@ -252,26 +283,23 @@ def inserted_id(cursor: sqlite3.Cursor) -> int:
     return row_id
 
 
-def lock_chain(conn: sqlite3.Connection, then: str) -> list | None:
-    """Before an append to the audit chain (app.store.events.record): in a PostgreSQL write on named cards, take the
-    chain's own lock now, the last of the write's locks, so that the tail read next is the latest one committed.
-    `then`: a statement without parameters (the tail's read) sent in the same round trip, right after the lock;
-    its rows, or None when no lock was taken here (then the caller runs it)."""
-    if getattr(conn, "chain_unlocked", False):
-        from app.store.pg import CHAIN_LOCK, PgConnection  # start-up: only a PostgreSQL store gets here
+def chain_lock(conn: sqlite3.Connection) -> str | None:
+    """Before an append to the audit chain (app.store.events.record): in a PostgreSQL write on named cards, the
+    statement that takes the chain's own lock, the last of the write's locks, so that the tail read after it is the
+    latest one committed; None when the write holds the chain already (the store's lock, or it was taken)."""
+    if not getattr(conn, "chain_unlocked", False):
+        return None
+    from app.store.pg import CHAIN_LOCK  # start-up: only a PostgreSQL store gets here
 
-        assert isinstance(conn, PgConnection)  # the one connection with a chain to unlock
-        rows = _lock(conn, f"SELECT pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]}); {then}", [CHAIN_LOCK])
-        conn.chain_unlocked = False
-        return rows
-    return None
+    conn.chain_unlocked = False  # type: ignore[attr-defined]
+    return f"SELECT pg_advisory_xact_lock({CHAIN_LOCK[0]}, {CHAIN_LOCK[1]})"
 
 
-def _lock(conn, sql: str, wanted: list[tuple[int, int]], store_lock: str | None = None) -> list:
+def _lock(conn, sql: str, wanted: list[tuple[int, int]], store_lock: str | None = None) -> list[list]:
     """Run `sql` (statements without parameters: PgConnection.script) that takes advisory locks (the two-key ones
-    `wanted`, and the store's lock `store_lock`: 'shared', 'exclusive' or None); its last rows. A lock still taken
+    `wanted`, and the store's lock `store_lock`: 'shared', 'exclusive' or None); each statement's rows. A lock still taken
     after the lock timeout: StoreLocked, naming the sessions that hold it (app.store.pg.lock_holders)."""
-    from app.store.pg import HELD_FOR_S, HELD_LOCK_TIMEOUT_MS, LOCK_TIMEOUT_MS, lock_holders  # start-up: see above
+    from app.store.pg import HELD_LOCK_TIMEOUT_MS  # start-up: only a PostgreSQL store gets here
 
     locking = bool(wanted or store_lock)
     # Once a lock stayed taken, the next writes wait less for a while: each one waits on the service's one database
@@ -280,8 +308,18 @@ def _lock(conn, sql: str, wanted: list[tuple[int, int]], store_lock: str | None 
     if short:
         begin = "BEGIN; " if sql.startswith("BEGIN; ") else ""
         sql = f"{begin}SET LOCAL lock_timeout = {HELD_LOCK_TIMEOUT_MS}; {sql.removeprefix(begin)}"
+    conn.short_locks = short  # for the transaction (SET LOCAL): the chain's lock, sent later, waits as long
+    return _locking(conn, lambda: conn.script(sql), wanted, store_lock, short)
+
+
+def _locking(conn, run: Callable[[], T], wanted: list[tuple[int, int]], store_lock: str | None, short: bool) -> T:
+    """`run()`, which sends statements that take advisory locks (as `_lock`'s); a lock still taken after the lock
+    timeout (the short one when `short`): StoreLocked, naming the sessions that hold it."""
+    from app.store.pg import HELD_FOR_S, HELD_LOCK_TIMEOUT_MS, LOCK_TIMEOUT_MS, lock_holders  # start-up: see above
+
+    locking = bool(wanted or store_lock)
     try:
-        rows = conn.script(sql)
+        rows = run()
     except sqlite3.OperationalError as error:
         if getattr(error, "sqlstate", None) != "55P03":  # lock_not_available: lock_timeout passed
             raise
@@ -310,7 +348,10 @@ def is_postgres(conn) -> bool:
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
-    """Roll back if a transaction is still open: SQLite ends it by itself after some errors (a full disk)."""
+    """Roll back if a transaction is still open: SQLite ends it by itself after some errors (a full disk). On
+    PostgreSQL, what the connection kept of the transaction goes too (PgConnection.forget)."""
+    if (forget := getattr(conn, "forget", None)) is not None:
+        forget()
     if conn.in_transaction:
         try:
             conn.execute("ROLLBACK")

@@ -11,7 +11,7 @@ import sqlite3
 from typing import Any
 
 from app.model import Event
-from app.store.db import lock_chain
+from app.store.db import chain_lock, is_postgres
 
 GENESIS = "0" * 64
 _TAIL = "SELECT hash FROM events ORDER BY id DESC LIMIT 1"
@@ -29,21 +29,39 @@ def record(
     details: dict[str, Any] | None = None,
 ) -> None:
     """Append one event. Call inside a write transaction, so the chain's tail cannot move underneath."""
-    # A PostgreSQL write on named cards holds the chain only from here to its commit: the lock and the tail's read
-    # go in one round trip.
-    rows = lock_chain(conn, then=_TAIL)
-    if rows is None:
-        rows = conn.execute(_TAIL).fetchall()
-    prev_hash = rows[0][0] if rows else GENESIS
     if (host := getattr(conn, "fleet_host", None)) is not None:  # the host whose service vouched for the actor
         details = {**(details or {}), "host": host}
     body = json.dumps(details or {}, sort_keys=True, ensure_ascii=False)
+    if is_postgres(conn) and conn.in_transaction:
+        _append_pg(conn, (ts, uid, actor, action, booking_id, ok, body))
+        return
+    rows = conn.execute(_TAIL).fetchall()
+    prev_hash = rows[0][0] if rows else GENESIS
     digest = _digest(prev_hash, ts, uid, actor, action, booking_id, ok, body)
     conn.execute(
         "INSERT INTO events (ts, uid, actor, action, booking_id, ok, details, prev_hash, hash)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (ts, uid, actor, action, booking_id, int(ok), body, prev_hash, digest),
     )
+
+
+# The append on PostgreSQL: the tail is read, and the hash made (as _digest makes it: the fields after the previous
+# hash come as _digest's JSON, made here), by the statement that inserts, sent with the write's COMMIT.
+APPEND_PG = (
+    "INSERT INTO events (ts, uid, actor, action, booking_id, ok, details, prev_hash, hash)"
+    " SELECT ?, ?, ?, ?, ?, ?, ?, t.prev, " + "encode(sha256(convert_to('[' || to_json(t.prev)::text || ', ' || ? || ']',"
+    " 'UTF8')), 'hex') FROM (SELECT coalesce((" + _TAIL + f"), '{GENESIS}') AS prev) AS t"
+)
+
+
+def _append_pg(conn, fields: tuple) -> None:
+    """Defer (PgConnection.defer) the chain's lock, when this write takes it here (app.store.db.chain_lock), and the
+    append after it: a statement of its own, so that its tail is read after the lock, as the latest one committed."""
+    ts, uid, actor, action, booking_id, ok, body = fields
+    if (lock := chain_lock(conn)) is not None:
+        conn.defer(lock)
+    conn.defer(APPEND_PG, (ts, uid, actor, action, booking_id, int(ok), body,
+                           _fields_json(ts, uid, actor, action, booking_id, ok, body)))
 
 
 def recent(conn: sqlite3.Connection, limit: int = 100, booking_id: int | None = None) -> list[Event]:
@@ -87,7 +105,15 @@ def first_broken(conn: sqlite3.Connection) -> int | None:
 
 
 def _digest(prev_hash: str, ts, uid, actor, action, booking_id, ok: bool, details: str) -> str:
+    """The hash of an event: of the JSON list of the previous hash and its fields (APPEND_PG makes the same on
+    PostgreSQL, from _fields_json)."""
     import hashlib  # only writers and doctor need it; keeps read-only commands quick
 
-    fields = json.dumps([prev_hash, ts, uid, actor, action, booking_id, int(ok), details], ensure_ascii=False)
+    fields = json.dumps([prev_hash], ensure_ascii=False)[:-1] + ", " + _fields_json(ts, uid, actor, action, booking_id,
+                                                                                     ok, details) + "]"
     return hashlib.sha256(fields.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _fields_json(ts, uid, actor, action, booking_id, ok: bool, details: str) -> str:
+    """An event's fields as the hashed JSON list holds them after the previous hash, without the brackets."""
+    return json.dumps([ts, uid, actor, action, booking_id, int(ok), details], ensure_ascii=False)[1:-1]

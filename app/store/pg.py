@@ -34,7 +34,7 @@ CONNECT_TIMEOUT_S = 5
 WRITE_LOCK = 0x626F617264  # 'board': the advisory lock every write transaction takes (app.store.db.write)
 # The two-key advisory locks (a key space apart from WRITE_LOCK's) of a write on named cards: (kind, key).
 CARD_LOCK, USER_LOCK = 1, 2  # kinds: a card (its UUID's key), a user (their name's)
-CHAIN_LOCK = (3, 0)  # the audit chain's, taken last, right before its append (app.store.db.lock_chain)
+CHAIN_LOCK = (3, 0)  # the audit chain's, taken last, right before its append (app.store.db.chain_lock)
 CHANNEL = "board_changes"  # NOTIFY'd by the schema's triggers with the kind that changed: bookings, servers, hosts
 BACKOFF_MAX_S = 30.0
 INSUFFICIENT_PRIVILEGE = "42501"  # a missing grant, or a row that row-level security keeps from this role
@@ -215,11 +215,17 @@ def _key(text: str) -> int:
 
 
 class Cursor:
-    """What the store's code reads from sqlite3's cursor: rows, lastrowid, rowcount."""
+    """What the store's code reads from sqlite3's cursor: rows, lastrowid, rowcount. A deferred statement's
+    (PgConnection.defer) has its psycopg cursor once it was sent."""
 
     def __init__(self, cursor: Any, lastrowid: int | None = None, rows: list | None = None) -> None:
         self._cursor, self.lastrowid, self._rows = cursor, lastrowid, rows
         self._returns_rows: bool | None = None
+
+    @property
+    def sent(self) -> bool:
+        """Whether its statement has gone to the database (a deferred one: with the next round trip)."""
+        return self._cursor is not None
 
     def _has_rows(self) -> bool:
         """Whether the statement returned rows; asked once: psycopg builds `description` anew at each look, a column
@@ -268,10 +274,17 @@ class PgConnection:
     dialect = "postgresql"
     chain_unlocked = False  # in a write on named cards, until it takes the audit chain's lock (app.store.db)
     held_until = 0.0  # time.monotonic() until which its writes wait HELD_LOCK_TIMEOUT_MS for locks (app.store.db)
+    short_locks = False  # the open write waits HELD_LOCK_TIMEOUT_MS for each lock (app.store.db._lock)
+    round_trips = 0  # each exchange with the database: a statement, a script, or the deferred ones with the next
+    reserved_booking: int | None = None  # a booking id taken with the write's locks, for its insert (app.store.db)
+    cards_seen: dict[str, tuple] | None = None  # the cards table as last read unchanged (app.store.bookings.sync_cards)
+    calendar: Any = None  # within a write on named cards, its cards' and user's bookings (app.store.bookings.Prefetched)
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
         self.path = store.url  # what an error names (app.store.db.storage_error)
+        self._deferred: list[tuple[str, tuple | dict, Cursor]] = []
+        self.made: dict[int, Cursor] = {}  # a booking inserted in this write -> its row's read, sent with the insert
         self._conn: Any = None
         self._retry_at = 0.0
         self._backoff = 1.0
@@ -325,35 +338,77 @@ class PgConnection:
 
     def execute(self, sql: str, params: Iterable | None = None) -> Cursor:
         text, returns_id = translate(sql)
-        conn = self._live()
-        with self._errors(conn):
-            cursor = conn.execute(text, _params(params))
+        if self.made and not self.in_transaction:
+            self.made = {}  # read back for the write that made them; anything sent after it may change them
+        if self._deferred:  # they go first, in the same round trip
+            cursor = self._send([(text, _params(params), None)])[0]
+        else:
+            conn = self._live()
+            self.round_trips += 1
+            with self._errors(conn):
+                cursor = conn.execute(text, _params(params))
         if returns_id:
             row = cursor.fetchone()
             return Cursor(cursor, row[0] if row else None, rows=[])
         return Cursor(cursor)
 
+    def defer(self, sql: str, params: Iterable | None = None) -> Cursor:
+        """Queue a statement inside a transaction: it goes with the next round trip (the next statement, or the
+        COMMIT), in order, pipelined; an error it meets is raised there. Its cursor answers once it was sent."""
+        text, _ = translate(sql)
+        cursor = Cursor(None)
+        self._deferred.append((text, _params(params), cursor))
+        return cursor
+
+    def _send(self, last: list[tuple[str, tuple | dict, Cursor | None]]) -> list[Any]:
+        """The deferred statements and `last`, in one round trip (psycopg's pipeline mode); `last`'s cursors."""
+        queued, self._deferred = self._deferred, []
+        conn = self._live()
+        self.round_trips += 1
+        sent = []
+        with self._errors(conn), conn.pipeline():
+            for text, params, cursor in [*queued, *last]:
+                raw = conn.execute(text, params)
+                if cursor is not None:
+                    cursor._cursor = raw
+                sent.append(raw)
+        return sent[len(queued):]
+
     def executemany(self, sql: str, seq: Iterable[Iterable]) -> Cursor:
         text, returns_id = translate(sql)
         if returns_id:
             text = text.removesuffix(" RETURNING id")
-        conn = self._live()
         rows = [_params(p) for p in seq]
+        if rows and self._deferred:
+            self._send([])
+        conn = self._live()
         cursor = conn.cursor()
         if rows:
+            self.round_trips += 1  # pipelined by psycopg: one round trip
             with self._errors(conn):
                 cursor.executemany(text, rows)
         return Cursor(cursor, rows=[])
 
-    def script(self, sql: str) -> list:
+    def script(self, sql: str) -> list[list]:
         """Several statements without parameters, `;`-separated, in one round trip (the simple query protocol: each
-        still runs on its own snapshot); the last one's rows."""
+        still runs on its own snapshot); each one's rows."""
+        if self._deferred:
+            self._send([])
         conn = self._live()
+        self.round_trips += 1
+        results = []
         with self._errors(conn):
             cursor = conn.execute(sql)
-            while cursor.nextset():
-                pass
-            return cursor.fetchall() if cursor.description is not None else []
+            while True:
+                results.append(cursor.fetchall() if cursor.description is not None else [])
+                if not cursor.nextset():
+                    return results
+
+    def quote(self, value: Any) -> str:
+        """`value` as an SQL literal, quoted by the driver, for a script (which takes no parameters)."""
+        from psycopg import sql  # start-up: loaded by _open already
+
+        return sql.Literal(value).as_string(self._live())
 
     @contextmanager
     def _errors(self, conn: Any) -> Iterator[None]:
@@ -391,8 +446,14 @@ class PgConnection:
             self.execute("COMMIT")
 
     def rollback(self) -> None:
+        self.forget()
         if self.in_transaction:
             self.execute("ROLLBACK")
+
+    def forget(self) -> None:
+        """What this connection keeps of the open transaction, which a rollback undoes: the statements not sent yet
+        (never sent: nothing to undo), the rows it read back, the cards it saw."""
+        self._deferred, self.made, self.cards_seen, self.reserved_booking = [], {}, None, None
 
     def close(self) -> None:
         if self._conn is not None:

@@ -502,6 +502,19 @@ ALTER TABLE api_keys ADD COLUMN project TEXT NOT NULL DEFAULT '';
 ALTER TABLE gateway_usage ADD COLUMN project TEXT NOT NULL DEFAULT '';
 """
 
+# A booking's id taken before its insert, with the write's locks (app.store.db.write's `new_booking`), so that its
+# insert and its audit event go with the COMMIT in one round trip. The owner's: a host's role has no grant on the
+# sequence (its inserts take ids through the identity default), and needs none for this one.
+_V_BOOKING_IDS = r"""
+CREATE FUNCTION board_next_booking_id() RETURNS BIGINT LANGUAGE sql SECURITY DEFINER AS $$
+    SELECT nextval(pg_get_serial_sequence('bookings', 'id'))
+$$;
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION board_next_booking_id() SET search_path = %I, pg_catalog, pg_temp', current_schema());
+END $$;
+"""
+
 PG_MIGRATIONS: list[str] = [_V1, _V_FLEET_ROLLUPS, _V_FLEET_ROW_SECURITY, _V_PINNED_SEARCH_PATH, _V_DATABASE_IDS,
-                            _V_USAGE_ONCE, _V_PROJECTS]
+                            _V_USAGE_ONCE, _V_PROJECTS, _V_BOOKING_IDS]
 PG_LATEST = len(PG_MIGRATIONS)

@@ -214,13 +214,14 @@ def test_another_projects_allocation_refuses_named_cards_and_a_count_picks_other
     assert refusal(refused) == ("card 4: project A's allocation (mon-fri 09:00-19:00 UTC); pick other cards or a time"
                                 " outside it; next free start for cards 4: 19:00 (in 11 h)")
     assert written(conn) == []
-    assert bob.create(count=4, start=MONDAY_10, end=MONDAY_10 + H).cards == (0, 1, 2, 3)
+    made = bob.create(count=4, start=MONDAY_10, end=MONDAY_10 + H)
+    assert made.cards == (0, 1, 2, 3)
     before = written(conn)
     with pytest.raises(Conflict) as taken:  # 0-3 taken: 4-7 are free but not his to take, now or later
         bob.create(count=4, start=MONDAY_10, end=MONDAY_10 + H)
-    assert worded(taken.value) == (
+    assert worded(taken.value) == (  # its id: on PostgreSQL the refused booking before it took one (with its locks)
         "no 4 cards are free for an experiment booking at 10:00 (in 2 h): cards 0,1,2,3 are booked by bob from 10:00"
-        " (in 2 h) to 11:00 (booking 1); the earliest start that works: 11:00 (in 3 h) on cards 0,1,2,3 (--or-later"
+        f" (in 2 h) to 11:00 (booking {made.id}); the earliest start that works: 11:00 (in 3 h) on cards 0,1,2,3 (--or-later"
         " takes it)")
     assert written(conn) == before
     assert bob.create(cards=[4], start=utc("2026-12-07 19:00"), end=utc("2026-12-07 20:00")).cards == (4,)

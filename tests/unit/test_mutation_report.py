@@ -153,10 +153,10 @@ def test_the_locking_run_counts_only_the_locking_functions_mutants(tmp_path):
     meta.parent.mkdir(parents=True)
     meta.write_text(json.dumps({"exit_code_by_key": {
         "app.store.db.x__write_pg__mutmut_1": 1, "app.store.db.x__write_pg__mutmut_2": 0,
-        "app.store.db.x_lock_chain__mutmut_1": 0, "app.store.db.x__lock__mutmut_1": None,
+        "app.store.db.x_chain_lock__mutmut_1": 0, "app.store.db.x__lock__mutmut_1": None,
         "app.store.db.x_connect__mutmut_1": 0}}))  # generated, not a locking function's: not counted
     explained = tmp_path / "MUTANTS.md"
-    explained.write_text("- `app.store.db.x_lock_chain__mutmut_1`: why nothing observable changes.\n")
+    explained.write_text("- `app.store.db.x_chain_lock__mutmut_1`: why nothing observable changes.\n")
     counts, unexplained = mutation_locks.score(tmp_path, explained)
     assert (counts["mutants"], counts["caught"], counts["equivalent"]) == (4, 1, 1)
     assert unexplained == [("app.store.db.x__write_pg__mutmut_2", "survived"),

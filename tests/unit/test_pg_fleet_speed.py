@@ -4,8 +4,7 @@
   wake them a second time (app.service.fleet.hosts.start_heartbeat), which would make every open board load its window
   twice for each booking made elsewhere (the benchmark counts the events per booking).
 - A result's rows are read without psycopg building its column descriptions again for each row (app.store.pg.Cursor).
-- A booking on named cards makes 10 round trips to the database, not 14: BEGIN, its locks and its savepoint go in one
-  (app.store.db.write), the audit chain's lock and the read of its tail in one (app.store.events.record).
+- A booking's round trips to the database are counted in tests/unit/test_pg_round_trips.py.
 """
 
 from __future__ import annotations
@@ -69,33 +68,3 @@ def test_rows_are_read_without_describing_the_result_again_for_each_row(pg_clust
     assert conn.execute("SELECT 1 WHERE false").fetchone() is None
     assert conn.execute("SET TIME ZONE 'UTC'").fetchall() == []  # no rows to read
     conn.close()
-
-
-def test_a_booking_on_named_cards_is_ten_round_trips(pg_cluster, monkeypatch):
-    import psycopg
-
-    me = current_identity(Config().admin_group)
-    client = LocalClient.on(Config(storage_url=pg_cluster.fresh_database(), fleet=FleetSettings(host="gpu1")),
-                            open_source(True, host="gpu1"), me)
-    start = (int(time.time()) // 3600 + 24) * 3600
-    client.call("book", cards=[0], start=start, end=start + 3600)  # the cards' rows are written by the first
-    sent: list[str] = []
-    raw = client.service.conn.raw  # the psycopg connection
-    execute, executemany = raw.execute, psycopg.Cursor.executemany
-
-    def one(query, *rest, **named):  # a query (several `;`-separated without parameters too) is one round trip
-        sent.append(" ".join(str(query).split())[:90])
-        return execute(query, *rest, **named)
-
-    def many(cursor, query, rows, *rest, **named):  # executemany pipelines its rows: one round trip
-        sent.append("many: " + " ".join(str(query).split())[:90])
-        return executemany(cursor, query, rows, *rest, **named)
-
-    monkeypatch.setattr(raw, "execute", one)
-    monkeypatch.setattr(psycopg.Cursor, "executemany", many)
-    client.call("book", cards=[1], start=start, end=start + 3600)
-    monkeypatch.undo()
-    # BEGIN + the store's lock shared + the card's and the user's + SAVEPOINT; the card's bookings; the user's (the
-    # limits); the cards' rows; the booking; its card; the chain's lock + its tail; the event; COMMIT; the booking read
-    assert len(sent) == 10, "\n".join(sent)
-    client.close()

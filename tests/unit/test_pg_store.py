@@ -351,7 +351,8 @@ def _waits_for_a_lock(watcher, thread: threading.Thread) -> bool:
 def test_writers_on_different_cards_append_to_the_audit_chain_one_after_the_other(pg):
     """Alice's write on one card has appended its event and not committed; Bob's, on another card, runs alongside up
     to his append, which waits for her commit and then links to her event. Had he read the chain's tail before her
-    commit, both events would follow the same one: a fork that first_broken reports as tampering."""
+    commit, both events would follow the same one: a fork that first_broken reports as tampering. (An append goes
+    with the write's next round trip, usually its COMMIT: Alice's next statement sends hers here.)"""
     alice, bob, watcher = connect(pg), connect(pg), connect(pg)
     outcome: queue.Queue = queue.Queue()
 
@@ -365,6 +366,7 @@ def test_writers_on_different_cards_append_to_the_audit_chain_one_after_the_othe
 
     with write(alice, cards=[CARD_1], user="alice"):
         events.record(alice, ts=FROZEN_NOW, uid=1001, actor="alice", action="create", booking_id=None, ok=True)
+        alice.execute("SELECT 1")  # her append is sent with it, and she holds the chain to her commit
         bobs = threading.Thread(target=bobs_write)
         bobs.start()
         assert _waits_for_a_lock(watcher, bobs), f"Bob's append did not wait for Alice's: {outcome.queue}"

@@ -516,7 +516,10 @@ class BookingService:
         uuids = tuple(self.cards[i].uuid for i in cards if i in self.cards) if cards is not None else ()
         if self._budgeted(project):
             uuids = ()  # a budget is read across the project's bookings on any card: the whole store is locked
-        return self._audited("create", None, details, change, cards=uuids, user=self.me.name), notes
+        # The span its rules ask about: the one asked, and the one the plan outside the lock found.
+        reads = (min(start, hint.start), max(end, hint.end)) if hint is not None else (start, end)
+        return self._audited("create", None, details, change, cards=uuids, user=self.me.name, new_booking=True,
+                             reads=reads), notes
 
     def cancel(self, booking_id: int) -> Booking:
         def change(now: int) -> int:
@@ -877,19 +880,23 @@ class BookingService:
 
     def audited(self, action: str, details: dict, change: Callable[[int], T],
                 filed_under: Callable[[T | None], int | None] = lambda _: None,
-                cards: Sequence[str] = (), user: str | None = None) -> T:
+                cards: Sequence[str] = (), user: str | None = None, new_booking: bool = False,
+                reads: tuple[int, int] | None = None) -> T:
         """Run `change(now)` and its audit event in one transaction; a refusal by rule is audited in the same one.
 
         Refusals by rule (Conflict, NotPermitted) roll `change` back, are audited with the rule that refused,
         and are raised again; bad input writes nothing. The event is filed under the booking id
         `filed_under` gives for the result (None after a refusal). `cards` and `user`: all that `change` reads
         and changes, when it is only those cards' bookings and that user's limits (app.store.db.write).
+        `new_booking`: `change` may insert a booking (app.store.db.write's: on PostgreSQL it goes with the COMMIT).
+        `reads`: the span (start, end) that `change` asks about those cards' bookings and that user's (app.store.db.write's:
+        on PostgreSQL they are read with the locks).
         """
         now = int(self.clock())
         refusal: BoardError | None = None
         result: T | None = None
         try:
-            with write(self.conn, cards=cards, user=user, savepoint="attempt"):
+            with write(self.conn, cards=cards, user=user, savepoint="attempt", new_booking=new_booking, reads=reads):
                 try:
                     result = change(now)
                 except (Conflict, NotPermitted) as refused:
