@@ -176,6 +176,14 @@ raise SystemExit(power.limit_w is None and not power.cards)' 2>/dev/null; then
         systemctl --root="${PREFIX:-/}" enable board-power.service
     fi
     say "board-power.service enabled: board power apply at each boot ([power] in $CONFIG)"
+elif [ -e "$POWER_UNIT" ]; then  # the policy was taken out of the config: a unit left would fail at each boot
+    if [ -z "$PREFIX" ] && [ -d /run/systemd/system ]; then
+        systemctl disable board-power.service
+    else
+        systemctl --root="${PREFIX:-/}" disable board-power.service
+    fi
+    rm -f "$POWER_UNIT"
+    say "no [power] limit_w in $CONFIG any more: board-power.service disabled and removed"
 else
     say "no [power] limit_w in $CONFIG: board-power.service not installed (docs/health.md)"
 fi

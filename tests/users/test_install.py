@@ -41,12 +41,14 @@ def installed(tmp_path_factory, unix_users):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def run_install(root: Path, config: str | None = None) -> tuple[Path, str]:
-    """Run the script into root/prefix, on an existing config (which it keeps) when `config` is given."""
+def run_install(root: Path, config: str | None = None, again: bool = False) -> tuple[Path, str]:
+    """Run the script into root/prefix, on an existing config (which it keeps) when `config` is given; `again`: once
+    more over an install there (its source and config as they are now)."""
     source = root / "src"
-    shutil.copytree(REPO, source, ignore=IGNORE)  # pip builds in the tree: not in the shared checkout
+    if not again:
+        shutil.copytree(REPO, source, ignore=IGNORE)  # pip builds in the tree: not in the shared checkout
     prefix = root / "prefix"
-    if config is not None:
+    if config is not None and not again:
         (prefix / "etc/board").mkdir(parents=True)
         (prefix / "etc/board/board.toml").write_text(config_text(prefix, extra=config))
     env = {
@@ -254,6 +256,22 @@ def installed_with_power(request, unix_users):
     root = scratch_dir("board-install-power-")
     yield run_install(root, request.param)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_policy_taken_out_of_the_config_disables_the_unit_at_the_next_install(unix_users):
+    """Installed with [power] limit_w, then the policy removed and the script run again: the unit and its symlink are
+    gone, and the output says so. Wrong version: the unit left enabled, failing at each boot with nothing to apply."""
+    root = scratch_dir("board-install-unpower-")
+    try:
+        prefix, _ = run_install(root, POLICIES["limit_w"])
+        assert (prefix / POWER_WANTED).is_symlink()
+        config = prefix / "etc/board/board.toml"
+        config.write_text(config.read_text().replace(POLICIES["limit_w"], ""))
+        prefix, output = run_install(root, again=True)
+        assert not (prefix / POWER_UNIT).exists() and not os.path.lexists(prefix / POWER_WANTED)
+        assert "board-power.service disabled and removed" in output, output
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_power_policy_installs_and_enables_the_boot_unit(installed_with_power):
